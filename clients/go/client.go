@@ -1,0 +1,380 @@
+// Package hvdd is the Go client of the hvdd daemon: Horovod's collectives
+// (allreduce, allgather, broadcast, alltoall, reducescatter, barrier, join) on
+// typed Go slices, run by the node's daemon over shared memory.
+//
+// A process connects with Init, learns its place in the job from Rank, Size and
+// friends, and calls the collectives. Every collective exists in a blocking form
+// and an asynchronous one returning a handle to Wait on or Poll. Slices made by
+// Alloc live in shared memory and are handed to the daemon without a copy;
+// other slices are staged through the client's shared-memory arena.
+//
+// The client holds no collective logic: names, dtypes and shapes go to the
+// daemon, which matches them across ranks and reports disagreements as errors.
+package hvdd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/hvdd/hvdd/ipc"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/launch"
+	"github.com/hvdd/hvdd/shm"
+)
+
+// Client is a connection to the local hvdd daemon. The zero value is ready for
+// Init; set fields before calling it. A Client is safe for concurrent use once
+// initialised.
+type Client struct {
+	// Socket is the daemon's socket path. Empty means $HVDD_SOCKET, else the
+	// default path (/run/hvdd/hvdd.sock for root, $XDG_RUNTIME_DIR/hvdd.sock).
+	Socket string
+
+	// RequestedLocalRank asks for a local rank. Nil means $HVDD_LOCAL_RANK,
+	// $OMPI_COMM_WORLD_LOCAL_RANK or $SLURM_LOCALID, else any free rank.
+	RequestedLocalRank *int
+
+	// ArenaSize is the size of each shared-memory staging region. Zero means
+	// 256 MiB (memfd pages cost nothing until touched); larger requests get a
+	// region of their own size.
+	ArenaSize int64
+
+	// StartTimeout bounds Init when ctx has no deadline: connecting while the
+	// daemon starts and waiting for every rank to arrive. Zero means
+	// $HVDD_START_TIMEOUT seconds, else 120 s.
+	StartTimeout time.Duration
+
+	ic      *ipc.Conn
+	welcome *ipcpb.Welcome
+
+	// mu guards the fields that follow.
+	mu       sync.Mutex
+	pending  map[uint32]*Handle
+	names    map[string]bool // names in flight
+	nextID   uint32
+	regions  []*arenaRegion
+	granted  map[uint32]*shm.Region
+	nextReg  uint32
+	failed   error // set when the connection is gone
+	closed   bool
+	autoName map[string]int // per collective, for unnamed ops
+
+	readerDone chan struct{}
+	groupSeq   atomic.Uint64
+}
+
+type arenaRegion struct {
+	id    uint32
+	m     *shm.Region
+	arena *shm.Arena
+}
+
+// Init connects to the daemon and returns when the whole job has formed.
+func Init(ctx context.Context) (*Client, error) {
+	c := &Client{}
+	if err := c.Init(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Init connects c to the daemon, registers its staging arena and waits until
+// every rank of the job has arrived. It fails if c is already initialised.
+func (c *Client) Init(ctx context.Context) error {
+	if c.ic != nil {
+		return errors.New("hvdd: client already initialised")
+	}
+	if c.Socket == "" {
+		c.Socket = os.Getenv("HVDD_SOCKET")
+	}
+	if c.Socket == "" {
+		c.Socket = launch.DefaultSocket()
+	}
+	if c.ArenaSize == 0 {
+		c.ArenaSize = 256 << 20
+	}
+	timeout := c.StartTimeout
+	if timeout == 0 {
+		timeout = 120 * time.Second
+		if v, err := strconv.ParseFloat(os.Getenv("HVDD_START_TIMEOUT"), 64); err == nil && v > 0 {
+			timeout = time.Duration(v * float64(time.Second))
+		}
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	uc, err := dial(ctx, c.Socket)
+	if err != nil {
+		return err
+	}
+	c.ic = ipc.NewConn(uc)
+	c.pending = make(map[uint32]*Handle)
+	c.names = make(map[string]bool)
+	c.granted = make(map[uint32]*shm.Region)
+	c.autoName = make(map[string]int)
+	c.readerDone = make(chan struct{})
+	lr := -1
+	if c.RequestedLocalRank != nil {
+		lr = *c.RequestedLocalRank
+	} else {
+		for _, k := range []string{"HVDD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"} {
+			if v, err := strconv.Atoi(os.Getenv(k)); err == nil {
+				lr = v
+				break
+			}
+		}
+	}
+	stop := context.AfterFunc(ctx, func() { uc.Close() })
+	err = c.handshake(lr)
+	if !stop() || err != nil {
+		uc.Close()
+		c.ic = nil
+		if ctx.Err() != nil {
+			return fmt.Errorf("hvdd: init: the job did not form within the start timeout (%v): are all ranks started, and is the daemon's --slots right? (%w)", timeout, ctx.Err())
+		}
+		return err
+	}
+	go c.read()
+	return nil
+}
+
+// dial connects to the daemon, retrying while it is starting.
+func dial(ctx context.Context, path string) (*net.UnixConn, error) {
+	var d net.Dialer
+	delay := 5 * time.Millisecond
+	for {
+		conn, err := d.DialContext(ctx, "unix", path)
+		if err == nil {
+			return conn.(*net.UnixConn), nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("hvdd: cannot reach the daemon at %s: %v (start one with `hvdd serve --slots N`, run under `hvdd run`, or set HVDD_SOCKET)", path, err)
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 200*time.Millisecond)
+	}
+}
+
+func (c *Client) handshake(localRank int) error {
+	if err := c.ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Hello{Hello: &ipcpb.Hello{
+		Version: ipc.Version, Pid: int32(os.Getpid()), LocalRank: int32(localRank), Client: "go",
+	}}}, -1); err != nil {
+		return fmt.Errorf("hvdd: hello: %w", err)
+	}
+	if _, err := c.addRegion(c.ArenaSize); err != nil {
+		return err
+	}
+	for {
+		_, m, err := c.ic.ReadServer()
+		if err != nil {
+			return fmt.Errorf("hvdd: waiting for the job to form: %w", err)
+		}
+		switch m := m.Msg.(type) {
+		case *ipcpb.ServerMessage_Welcome:
+			c.welcome = m.Welcome
+			return nil
+		case *ipcpb.ServerMessage_Fatal:
+			return &Error{Code: m.Fatal.GetCode(), Msg: m.Fatal.GetError()}
+		default:
+			return fmt.Errorf("hvdd: unexpected %T before Welcome", m)
+		}
+	}
+}
+
+// addRegion creates and registers a staging region of at least size bytes.
+// Callers hold c.mu, or run before the reader starts.
+func (c *Client) addRegion(size int64) (*arenaRegion, error) {
+	m, err := shm.Create(fmt.Sprintf("hvdd-client-%d", os.Getpid()), size)
+	if err != nil {
+		return nil, fmt.Errorf("hvdd: %w", err)
+	}
+	r := &arenaRegion{id: c.nextReg, m: m, arena: shm.NewArena(size)}
+	c.nextReg++
+	if err := c.ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_RegisterRegion{
+		RegisterRegion: &ipcpb.RegisterRegion{Region: r.id, Size: uint64(size)}}}, m.FD()); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("hvdd: register region: %w", err)
+	}
+	c.regions = append(c.regions, r)
+	return r, nil
+}
+
+// read is the reader goroutine: it completes handles and maps granted regions.
+func (c *Client) read() {
+	defer close(c.readerDone)
+	var err error
+	for {
+		var id uint32
+		var m *ipcpb.ServerMessage
+		id, m, err = c.ic.ReadServer()
+		if err != nil {
+			break
+		}
+		switch m := m.Msg.(type) {
+		case *ipcpb.ServerMessage_Done:
+			c.mu.Lock()
+			h := c.pending[id]
+			delete(c.pending, id)
+			if h != nil {
+				delete(c.names, h.name)
+			}
+			c.mu.Unlock()
+			if h != nil {
+				h.complete(m.Done, nil)
+			}
+		case *ipcpb.ServerMessage_GrantRegion:
+			var fd int
+			fd, err = c.ic.PopFD()
+			if err != nil {
+				break
+			}
+			var r *shm.Region
+			r, err = shm.Open(fd, int64(m.GrantRegion.GetSize()))
+			if err != nil {
+				break
+			}
+			c.mu.Lock()
+			c.granted[m.GrantRegion.GetRegion()] = r
+			c.mu.Unlock()
+		case *ipcpb.ServerMessage_Fatal:
+			err = &Error{Code: m.Fatal.GetCode(), Msg: m.Fatal.GetError()}
+		}
+		if err != nil {
+			break
+		}
+	}
+	c.mu.Lock()
+	if c.closed {
+		err = &Error{Code: ipcpb.Code_CODE_SHUT_DOWN, Msg: "hvdd: client closed"}
+	} else if errors.Is(err, ipc.ErrClosed) {
+		err = &Error{Code: ipcpb.Code_CODE_SHUT_DOWN, Msg: "hvdd: the daemon closed the connection (did it exit?)"}
+	}
+	c.failed = err
+	pend := c.pending
+	c.pending = map[uint32]*Handle{}
+	c.mu.Unlock()
+	for _, h := range pend {
+		h.complete(nil, err)
+	}
+	c.ic.CloseFDs()
+}
+
+// Close says goodbye to the daemon (an orderly shutdown, not a lost rank),
+// closes the connection and releases the shared memory. Pending operations fail.
+func (c *Client) Close() error {
+	if c.ic == nil {
+		return nil
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	c.ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Goodbye{Goodbye: &ipcpb.Goodbye{}}}, -1)
+	err := c.ic.Close()
+	<-c.readerDone
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range c.regions {
+		r.m.Close()
+	}
+	for _, r := range c.granted {
+		r.Close()
+	}
+	c.regions, c.granted = nil, nil
+	return err
+}
+
+// Rank is this process's global rank.
+func (c *Client) Rank() int { return int(c.welcome.GetRank()) }
+
+// Size is the number of processes in the job.
+func (c *Client) Size() int { return int(c.welcome.GetSize()) }
+
+// LocalRank is this process's rank among those on its node.
+func (c *Client) LocalRank() int { return int(c.welcome.GetLocalRank()) }
+
+// LocalSize is the number of processes on this node.
+func (c *Client) LocalSize() int { return int(c.welcome.GetLocalSize()) }
+
+// CrossRank is this node's index among the nodes that have a process with this
+// local rank.
+func (c *Client) CrossRank() int { return int(c.welcome.GetCrossRank()) }
+
+// CrossSize is the number of nodes that have a process with this local rank.
+func (c *Client) CrossSize() int { return int(c.welcome.GetCrossSize()) }
+
+// IsHomogeneous reports whether every node runs the same number of processes.
+func (c *Client) IsHomogeneous() bool { return c.welcome.GetIsHomogeneous() }
+
+// alloc reserves n bytes of shared memory, growing the arena when needed.
+func (c *Client) alloc(n int64) ([]byte, *arenaRegion, int64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failed != nil {
+		return nil, nil, 0, c.failed
+	}
+	for _, r := range c.regions {
+		if off, ok := r.arena.Alloc(n); ok {
+			return r.m.Bytes()[off : off+n : off+n], r, off, nil
+		}
+	}
+	r, err := c.addRegion(max(c.ArenaSize, (n+int64(shm.PageSize)-1)/int64(shm.PageSize)*int64(shm.PageSize)))
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	off, _ := r.arena.Alloc(n)
+	return r.m.Bytes()[off : off+n : off+n], r, off, nil
+}
+
+// locate finds the arena allocation that holds b, if b lies in shared memory.
+func (c *Client) locate(b []byte) (*arenaRegion, int64, bool) {
+	if len(b) == 0 {
+		return nil, 0, false
+	}
+	p := uintptr(unsafe.Pointer(&b[0]))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range c.regions {
+		base := uintptr(unsafe.Pointer(&r.m.Bytes()[0]))
+		if p >= base && p+uintptr(len(b)) <= base+uintptr(r.m.Size()) {
+			return r, int64(p - base), true
+		}
+	}
+	return nil, 0, false
+}
+
+// output returns the granted bytes a Done points at.
+func (c *Client) output(b *ipcpb.Buffer) ([]byte, error) {
+	if b.GetLength() == 0 {
+		return nil, nil
+	}
+	c.mu.Lock()
+	r := c.granted[b.GetRegion()]
+	c.mu.Unlock()
+	if r == nil {
+		return nil, fmt.Errorf("hvdd: output in unknown region %#x", b.GetRegion())
+	}
+	return r.Slice(b.GetOffset(), b.GetLength())
+}
+
+// release tells the daemon an output has been read.
+func (c *Client) release(b *ipcpb.Buffer) {
+	if b.GetLength() == 0 {
+		return
+	}
+	c.ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Release{Release: &ipcpb.Release{Buffer: b}}}, -1)
+}

@@ -1,0 +1,677 @@
+package hvdd_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	hvdd "github.com/hvdd/hvdd/clients/go"
+	"github.com/hvdd/hvdd/daemon"
+	"github.com/hvdd/hvdd/internal/daemontest"
+	"github.com/hvdd/hvdd/reduce"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+// TestMain turns the test binary into a worker when daemontest re-executes it.
+func TestMain(m *testing.M) {
+	if sc := os.Getenv(daemontest.WorkerEnv); sc != "" {
+		os.Exit(worker(sc))
+	}
+	os.Exit(m.Run())
+}
+
+var scenarios = map[string]func(ctx context.Context, c *hvdd.Client) error{
+	"collectives": collectives,
+	"errors":      errorCases,
+	"join":        joinScenario,
+	"victim":      victim,
+	"async":       asyncScenario,
+}
+
+func worker(name string) int {
+	f := scenarios[name]
+	if f == nil {
+		fmt.Println("unknown scenario", name)
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := hvdd.Init(ctx)
+	if err != nil {
+		fmt.Println("init:", err)
+		return 1
+	}
+	want, _ := strconv.Atoi(os.Getenv("HVDD_TEST_SIZE"))
+	if c.Size() != want || c.LocalSize() != want || c.Rank() != c.LocalRank() || c.CrossSize() != 1 || !c.IsHomogeneous() {
+		fmt.Printf("bad identity: rank %d size %d local %d/%d cross %d/%d\n", c.Rank(), c.Size(), c.LocalRank(), c.LocalSize(), c.CrossRank(), c.CrossSize())
+		return 1
+	}
+	if err := f(ctx, c); err != nil {
+		fmt.Printf("rank %d: %v\n", c.Rank(), err)
+		return 1
+	}
+	if err := c.Close(); err != nil {
+		fmt.Println("close:", err)
+		return 1
+	}
+	fmt.Println("OK")
+	return 0
+}
+
+func TestCollectives(t *testing.T) {
+	srv := daemontest.Start(t, daemon.Config{Slots: 4})
+	_ = srv
+	for _, n := range []int{1, 2, 4} {
+		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
+			s := daemontest.Start(t, daemon.Config{Slots: n, FusionThreshold: 1 << 16})
+			daemontest.Run(t, s.Socket, "collectives", n, 120*time.Second)
+		})
+	}
+}
+
+func TestAsyncAndFusion(t *testing.T) {
+	s := daemontest.Start(t, daemon.Config{Slots: 2})
+	daemontest.Run(t, s.Socket, "async", 2, 60*time.Second)
+}
+
+func TestErrors(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
+			s := daemontest.Start(t, daemon.Config{Slots: n})
+			daemontest.Run(t, s.Socket, "errors", n, 60*time.Second)
+		})
+	}
+}
+
+func TestJoin(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
+			s := daemontest.Start(t, daemon.Config{Slots: n})
+			daemontest.Run(t, s.Socket, "join", n, 60*time.Second)
+		})
+	}
+}
+
+// TestKilledRank kills one rank with SIGKILL while the others wait for it in
+// a collective: they must fail promptly with an error naming it, and the
+// daemon must then run the next job.
+func TestKilledRank(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
+			s := daemontest.Start(t, daemon.Config{Slots: n})
+			ws := daemontest.Spawn(t, s.Socket, "victim", n)
+			victim := ws[n-1]
+			victim.WaitOutput(t, "VICTIM READY", 30*time.Second)
+			for _, w := range ws[:n-1] {
+				w.WaitOutput(t, "WAITING", 30*time.Second)
+			}
+			killed := time.Now()
+			victim.Cmd.Process.Signal(syscall.SIGKILL)
+			for _, w := range ws[:n-1] {
+				if err := w.Wait(30 * time.Second); err != nil {
+					t.Errorf("rank %d: %v\n%s", w.Rank, err, w.Output())
+				}
+				out := w.Output()
+				if !strings.Contains(out, fmt.Sprintf("rank %d (pid %d) was lost", n-1, victim.Cmd.Process.Pid)) {
+					t.Errorf("rank %d's error does not name the lost rank:\n%s", w.Rank, out)
+				}
+			}
+			t.Logf("survivors exited %v after the kill", time.Since(killed))
+			// The daemon takes the next job.
+			daemontest.Run(t, s.Socket, "async", n, 60*time.Second)
+		})
+	}
+}
+
+// ---------------------------------------------------------------------------
+// scenarios
+
+// val is element i of rank r's input: small integers, exact in every dtype.
+func val(r, i int) int64 { return int64((r+1)*(i%7+1))%5 + 1 }
+
+func fromInt[T hvdd.Elem](v int64) T {
+	var z T
+	switch p := any(&z).(type) {
+	case *uint8:
+		*p = uint8(v)
+	case *int8:
+		*p = int8(v)
+	case *uint16:
+		*p = uint16(v)
+	case *int16:
+		*p = int16(v)
+	case *int32:
+		*p = int32(v)
+	case *int64:
+		*p = v
+	case *hvdd.Float16:
+		*p = hvdd.Float16(reduce.Float32ToFloat16(float32(v)))
+	case *hvdd.BFloat16:
+		*p = hvdd.BFloat16(reduce.Float32ToBFloat16(float32(v)))
+	case *float32:
+		*p = float32(v)
+	case *float64:
+		*p = float64(v)
+	case *bool:
+		*p = v%2 == 0
+	}
+	return z
+}
+
+func toFloat[T hvdd.Elem](x T) float64 {
+	switch v := any(x).(type) {
+	case uint8:
+		return float64(v)
+	case int8:
+		return float64(v)
+	case uint16:
+		return float64(v)
+	case int16:
+		return float64(v)
+	case int32:
+		return float64(v)
+	case int64:
+		return float64(v)
+	case hvdd.Float16:
+		return float64(reduce.Float16ToFloat32(uint16(v)))
+	case hvdd.BFloat16:
+		return float64(reduce.BFloat16ToFloat32(uint16(v)))
+	case float32:
+		return float64(v)
+	case float64:
+		return v
+	case bool:
+		if v {
+			return 1
+		}
+		return 0
+	}
+	panic("unreachable")
+}
+
+func isFloat[T hvdd.Elem]() bool { return hvdd.DTypeOf[T]().IsFloat() }
+
+// expectAllreduce is the reference for element i over size ranks.
+func expectAllreduce[T hvdd.Elem](op tensor.ReduceOp, size, i int, pre, post float64) T {
+	dt := hvdd.DTypeOf[T]()
+	if dt == tensor.Bool {
+		acc := fromInt[T](val(0, i))
+		b := any(acc).(bool)
+		for r := 1; r < size; r++ {
+			v := any(fromInt[T](val(r, i))).(bool)
+			if op == tensor.Sum || op == tensor.Max {
+				b = b || v
+			} else {
+				b = b && v
+			}
+		}
+		return any(b).(T)
+	}
+	if isFloat[T]() {
+		acc := toFloat(fromInt[T](val(0, i))) * pre
+		for r := 1; r < size; r++ {
+			v := toFloat(fromInt[T](val(r, i))) * pre
+			switch op {
+			case tensor.Sum, tensor.Average:
+				acc += v
+			case tensor.Min:
+				acc = math.Min(acc, v)
+			case tensor.Max:
+				acc = math.Max(acc, v)
+			case tensor.Product:
+				acc *= v
+			}
+		}
+		if op == tensor.Average {
+			acc /= float64(size)
+		}
+		return fromFloat[T](acc * post)
+	}
+	// Integers: scale each input in float64 and truncate, reduce with the
+	// type's wrap-around, then scale the result (Horovod's rule).
+	scale := func(x T, f float64) T {
+		if f == 1 {
+			return x
+		}
+		return fromInt[T](int64(toFloat(x) * f))
+	}
+	acc := scale(fromInt[T](val(0, i)), pre)
+	for r := 1; r < size; r++ {
+		v := scale(fromInt[T](val(r, i)), pre)
+		acc = intOp(op, acc, v)
+	}
+	if op == tensor.Average {
+		post /= float64(size)
+	}
+	if post != 1 {
+		return fromInt[T](int64(toFloat(acc) * post))
+	}
+	return acc
+}
+
+func fromFloat[T hvdd.Elem](f float64) T {
+	var z T
+	switch p := any(&z).(type) {
+	case *hvdd.Float16:
+		*p = hvdd.Float16(reduce.Float32ToFloat16(float32(f)))
+	case *hvdd.BFloat16:
+		*p = hvdd.BFloat16(reduce.Float32ToBFloat16(float32(f)))
+	case *float32:
+		*p = float32(f)
+	case *float64:
+		*p = f
+	}
+	return z
+}
+
+func intOp[T hvdd.Elem](op tensor.ReduceOp, a, b T) T {
+	switch x := any(a).(type) {
+	case uint8:
+		return any(intOp2(op, x, any(b).(uint8))).(T)
+	case int8:
+		return any(intOp2(op, x, any(b).(int8))).(T)
+	case uint16:
+		return any(intOp2(op, x, any(b).(uint16))).(T)
+	case int16:
+		return any(intOp2(op, x, any(b).(int16))).(T)
+	case int32:
+		return any(intOp2(op, x, any(b).(int32))).(T)
+	case int64:
+		return any(intOp2(op, x, any(b).(int64))).(T)
+	}
+	panic("not an integer")
+}
+
+func intOp2[T uint8 | int8 | uint16 | int16 | int32 | int64](op tensor.ReduceOp, a, b T) T {
+	switch op {
+	case tensor.Min:
+		return min(a, b)
+	case tensor.Max:
+		return max(a, b)
+	case tensor.Product:
+		return a * b
+	}
+	return a + b
+}
+
+func close2[T hvdd.Elem](got, want T) bool {
+	if !isFloat[T]() {
+		return got == want
+	}
+	g, w := toFloat(got), toFloat(want)
+	tol := 1e-6
+	if hvdd.DTypeOf[T]().Size() == 2 {
+		tol = 1e-2
+	}
+	return math.Abs(g-w) <= tol*math.Max(1, math.Abs(w))
+}
+
+func input[T hvdd.Elem](rank, n int) []T {
+	x := make([]T, n)
+	for i := range x {
+		x[i] = fromInt[T](val(rank, i))
+	}
+	return x
+}
+
+func checkType[T hvdd.Elem](ctx context.Context, c *hvdd.Client) error {
+	dt := hvdd.DTypeOf[T]()
+	size, rank := c.Size(), c.Rank()
+	ops := []tensor.ReduceOp{tensor.Sum, tensor.Min, tensor.Max, tensor.Product, tensor.Average}
+	if dt == tensor.Bool {
+		ops = ops[:4]
+	}
+	for _, n := range []int{0, 1, 17, 1000, 70001} {
+		for _, op := range ops {
+			for _, sc := range [][2]float64{{1, 1}, {2, 0.25}} {
+				if dt == tensor.Bool && sc[0] != 1 {
+					continue
+				}
+				for _, shared := range []bool{false, true} {
+					name := fmt.Sprintf("ar.%v.%d.%v.%v.%v", dt, n, op, sc, shared)
+					x := input[T](rank, n)
+					if shared {
+						s, err := hvdd.Alloc[T](c, n)
+						if err != nil {
+							return err
+						}
+						copy(s, x)
+						x = s
+					}
+					err := hvdd.Allreduce(ctx, c, x, hvdd.WithName(name), hvdd.WithOp(op), hvdd.WithPrescale(sc[0]), hvdd.WithPostscale(sc[1]))
+					if err != nil {
+						return fmt.Errorf("%s: %w", name, err)
+					}
+					for i := range x {
+						if want := expectAllreduce[T](op, size, i, sc[0], sc[1]); !close2(x[i], want) {
+							return fmt.Errorf("%s: element %d = %v, want %v", name, i, x[i], want)
+						}
+					}
+					if shared {
+						if err := hvdd.Free(c, x); err != nil {
+							return err
+						}
+					}
+				}
+			}
+		}
+		// Broadcast from every root.
+		for root := 0; root < size; root++ {
+			x := input[T](rank, n)
+			if err := hvdd.Broadcast(ctx, c, x, root, hvdd.WithName(fmt.Sprintf("bc.%v.%d.%d", dt, n, root))); err != nil {
+				return err
+			}
+			want := input[T](root, n)
+			for i := range x {
+				if x[i] != want[i] {
+					return fmt.Errorf("broadcast %v n=%d root %d: element %d = %v, want %v", dt, n, root, i, x[i], want[i])
+				}
+			}
+		}
+	}
+	// Allgather: rank r contributes r+1 rows of 3.
+	const cols = 3
+	x := input[T](rank, (rank+1)*cols)
+	got, err := hvdd.Allgather(ctx, c, x, hvdd.WithShape(int64(rank+1), cols), hvdd.WithName("ag."+dt.String()))
+	if err != nil {
+		return err
+	}
+	var want []T
+	for r := 0; r < size; r++ {
+		want = append(want, input[T](r, (r+1)*cols)...)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		return fmt.Errorf("allgather %v: got %v, want %v", dt, got, want)
+	}
+	// Alltoall: rank s sends s+d+1 rows of 2 to rank d.
+	var splits []int32
+	rows := 0
+	for d := 0; d < size; d++ {
+		splits = append(splits, int32(rank+d+1))
+		rows += rank + d + 1
+	}
+	x = input[T](rank, rows*2)
+	out, recv, err := hvdd.Alltoall(ctx, c, x, splits, hvdd.WithShape(int64(rows), 2), hvdd.WithName("a2a."+dt.String()))
+	if err != nil {
+		return err
+	}
+	want = nil
+	for s := 0; s < size; s++ {
+		src := input[T](s, 0)
+		start := 0
+		for d := 0; d < rank; d++ {
+			start += s + d + 1
+		}
+		all := make([]T, 0)
+		total := 0
+		for d := 0; d < size; d++ {
+			total += s + d + 1
+		}
+		src = input[T](s, total*2)
+		all = append(all, src[start*2:(start+s+rank+1)*2]...)
+		want = append(want, all...)
+		if int(recv[s]) != s+rank+1 {
+			return fmt.Errorf("alltoall %v: received splits %v, want %d from rank %d", dt, recv, s+rank+1, s)
+		}
+	}
+	if fmt.Sprint(out) != fmt.Sprint(want) {
+		return fmt.Errorf("alltoall %v: got %v, want %v", dt, out, want)
+	}
+	// Reducescatter (Sum, and Average for numbers): d0 = 2*size+1 rows of 2.
+	if dt != tensor.Bool {
+		d0 := 2*size + 1
+		for _, op := range []tensor.ReduceOp{tensor.Sum, tensor.Average} {
+			x = input[T](rank, d0*2)
+			got, err := hvdd.Reducescatter(ctx, c, x, hvdd.WithShape(int64(d0), 2), hvdd.WithOp(op), hvdd.WithName(fmt.Sprintf("rs.%v.%v", dt, op)))
+			if err != nil {
+				return err
+			}
+			myRows := d0 / size
+			start := rank*myRows + min(rank, d0%size)
+			if rank < d0%size {
+				myRows++
+			}
+			if len(got) != myRows*2 {
+				return fmt.Errorf("reducescatter %v: %d elements, want %d", dt, len(got), myRows*2)
+			}
+			for i := range got {
+				if w := expectAllreduce[T](op, size, start*2+i, 1, 1); !close2(got[i], w) {
+					return fmt.Errorf("reducescatter %v %v: element %d = %v, want %v", dt, op, i, got[i], w)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func collectives(ctx context.Context, c *hvdd.Client) error {
+	for _, f := range []func(context.Context, *hvdd.Client) error{
+		checkType[uint8], checkType[int8], checkType[uint16], checkType[int16], checkType[int32], checkType[int64],
+		checkType[hvdd.Float16], checkType[hvdd.BFloat16], checkType[float32], checkType[float64], checkType[bool],
+	} {
+		if err := f(ctx, c); err != nil {
+			return err
+		}
+	}
+	// Unnamed ops match by call order; grouped allreduce; barrier.
+	a, b := input[float32](c.Rank(), 5), input[float32](c.Rank(), 9)
+	if err := hvdd.GroupedAllreduce(ctx, c, [][]float32{a, b}, hvdd.WithOp(hvdd.Sum)); err != nil {
+		return fmt.Errorf("grouped: %w", err)
+	}
+	for i := range b {
+		if w := expectAllreduce[float32](tensor.Sum, c.Size(), i, 1, 1); b[i] != w {
+			return fmt.Errorf("grouped: element %d = %v, want %v", i, b[i], w)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		if err := c.Barrier(ctx); err != nil {
+			return fmt.Errorf("barrier: %w", err)
+		}
+	}
+	return nil
+}
+
+func asyncScenario(ctx context.Context, c *hvdd.Client) error {
+	const k = 40
+	bufs := make([][]float32, k)
+	hs := make([]*hvdd.Handle, k)
+	for i := range bufs {
+		bufs[i] = input[float32](c.Rank(), 100+i)
+		h, err := hvdd.AllreduceAsync(c, bufs[i], hvdd.WithName(fmt.Sprintf("grad.%d", i)), hvdd.WithOp(hvdd.Sum))
+		if err != nil {
+			return err
+		}
+		hs[i] = h
+	}
+	for i, h := range hs {
+		if err := h.Wait(ctx); err != nil {
+			return err
+		}
+		if !h.Poll() {
+			return errors.New("Poll false after Wait")
+		}
+		for j, v := range bufs[i] {
+			if w := expectAllreduce[float32](tensor.Sum, c.Size(), j, 1, 1); v != w {
+				return fmt.Errorf("grad.%d[%d] = %v, want %v", i, j, v, w)
+			}
+		}
+	}
+	return nil
+}
+
+// expectErr runs f and checks that it fails with kind and mentions each of subs.
+func expectErr(what string, err error, kind error, subs ...string) error {
+	if err == nil {
+		return fmt.Errorf("%s: succeeded, want an error", what)
+	}
+	if !errors.Is(err, kind) {
+		return fmt.Errorf("%s: error %q is not %v", what, err, kind)
+	}
+	for _, s := range subs {
+		if !strings.Contains(err.Error(), s) {
+			return fmt.Errorf("%s: error %q lacks %q", what, err, s)
+		}
+	}
+	return nil
+}
+
+func errorCases(ctx context.Context, c *hvdd.Client) error {
+	rank := c.Rank()
+	last := c.Size() - 1
+	good := func(tag string) error {
+		x := []float32{1, 2}
+		if err := hvdd.Allreduce(ctx, c, x, hvdd.WithName("good."+tag), hvdd.WithOp(hvdd.Sum)); err != nil {
+			return fmt.Errorf("allreduce after %s: %w", tag, err)
+		}
+		if x[0] != float32(c.Size()) {
+			return fmt.Errorf("allreduce after %s: %v", tag, x)
+		}
+		return nil
+	}
+	// Shape mismatch: the last rank sends a longer tensor.
+	n := 4
+	if rank == last {
+		n = 5
+	}
+	err := hvdd.Allreduce(ctx, c, make([]float32, n), hvdd.WithName("w"))
+	if e := expectErr("shape mismatch", err, hvdd.ErrMismatch, "Mismatched ALLREDUCE tensor shapes", "allreduce.w", fmt.Sprint(last)); e != nil {
+		// The name the daemon reports is the client's name.
+		if e2 := expectErr("shape mismatch", err, hvdd.ErrMismatch, "Mismatched ALLREDUCE tensor shapes", `"w"`); e2 != nil {
+			return e
+		}
+	}
+	if err := good("shape"); err != nil {
+		return err
+	}
+	// Dtype mismatch.
+	if rank == last {
+		err = hvdd.Allreduce(ctx, c, make([]int32, 4), hvdd.WithName("d"))
+	} else {
+		err = hvdd.Allreduce(ctx, c, make([]float32, 4), hvdd.WithName("d"))
+	}
+	if e := expectErr("dtype mismatch", err, hvdd.ErrMismatch, "Mismatched data types", "float32", "int32"); e != nil {
+		return e
+	}
+	// Op mismatch: allreduce against allgather.
+	if rank == last {
+		_, err = hvdd.Allgather(ctx, c, make([]float32, 4), hvdd.WithName("o"))
+	} else {
+		err = hvdd.Allreduce(ctx, c, make([]float32, 4), hvdd.WithName("o"))
+	}
+	if e := expectErr("op mismatch", err, hvdd.ErrMismatch, "Mismatched operations"); e != nil {
+		return e
+	}
+	// Root mismatch.
+	root := 0
+	if rank == last {
+		root = 1
+	}
+	err = hvdd.Broadcast(ctx, c, make([]float32, 4), root, hvdd.WithName("r"))
+	if e := expectErr("root mismatch", err, hvdd.ErrMismatch, "Mismatched BROADCAST root ranks"); e != nil {
+		return e
+	}
+	// Reduce-op mismatch.
+	op := hvdd.Sum
+	if rank == last {
+		op = hvdd.Max
+	}
+	err = hvdd.Allreduce(ctx, c, make([]float32, 4), hvdd.WithName("ro"), hvdd.WithOp(op))
+	if e := expectErr("reduce op mismatch", err, hvdd.ErrMismatch, "Mismatched reduction operation"); e != nil {
+		return e
+	}
+	// Alltoall splits that add up to more rows than the tensor has.
+	splits := make([]int32, c.Size())
+	splits[0] = 100
+	_, _, err = hvdd.Alltoall(ctx, c, make([]float32, 4), splits, hvdd.WithName("sp"))
+	if e := expectErr("bad splits", err, hvdd.ErrInvalidArgument); e != nil {
+		return e
+	}
+	// Reducescatter supports only Average and Sum.
+	_, err = hvdd.Reducescatter(ctx, c, make([]float32, 4*c.Size()), hvdd.WithName("rsmin"), hvdd.WithOp(hvdd.Min))
+	if err == nil {
+		return errors.New("reducescatter with Min succeeded")
+	}
+	// Adasum: not yet.
+	err = hvdd.Allreduce(ctx, c, make([]float32, 4), hvdd.WithName("ada"), hvdd.WithOp(hvdd.Adasum))
+	if e := expectErr("adasum", err, hvdd.ErrUnimplemented); e != nil {
+		return e
+	}
+	if err := good("invalid"); err != nil {
+		return err
+	}
+	// Duplicate name in flight: the second is refused at once.
+	h, err := hvdd.AllreduceAsync(c, make([]float32, 4), hvdd.WithName("dup"))
+	if err != nil {
+		return err
+	}
+	_, err = hvdd.AllreduceAsync(c, make([]float32, 4), hvdd.WithName("dup"))
+	if e := expectErr("duplicate", err, hvdd.ErrDuplicateName, "dup"); e != nil {
+		return e
+	}
+	if err := h.Wait(ctx); err != nil {
+		return err
+	}
+	return good("duplicate")
+}
+
+func joinScenario(ctx context.Context, c *hvdd.Client) error {
+	// Rank r runs r+1 steps, then joins; a joined rank contributes zeros.
+	size, rank := c.Size(), c.Rank()
+	for step := 0; step <= rank; step++ {
+		x := []float32{1, float32(rank)}
+		if err := hvdd.Allreduce(ctx, c, x, hvdd.WithName(fmt.Sprint("step.", step)), hvdd.WithOp(hvdd.Sum)); err != nil {
+			return err
+		}
+		active := size - step // ranks >= step are still stepping
+		var sumRanks float32
+		for r := step; r < size; r++ {
+			sumRanks += float32(r)
+		}
+		if x[0] != float32(active) || x[1] != sumRanks {
+			return fmt.Errorf("step %d: got %v, want [%d %v]", step, x, active, sumRanks)
+		}
+	}
+	last, err := c.Join(ctx)
+	if err != nil {
+		return err
+	}
+	if last != size-1 {
+		return fmt.Errorf("join returned %d, want %d (the last rank to join)", last, size-1)
+	}
+	// After everyone joined, the job goes on normally.
+	x := []float32{1}
+	if err := hvdd.Allreduce(ctx, c, x, hvdd.WithName("after"), hvdd.WithOp(hvdd.Sum)); err != nil || x[0] != float32(size) {
+		return fmt.Errorf("allreduce after join: %v %v", x, err)
+	}
+	return nil
+}
+
+func victim(ctx context.Context, c *hvdd.Client) error {
+	if c.Rank() == c.Size()-1 {
+		fmt.Println("VICTIM READY")
+		select {} // wait for SIGKILL
+	}
+	h, err := hvdd.AllreduceAsync(c, []float32{1}, hvdd.WithName("never"))
+	if err != nil {
+		return err
+	}
+	fmt.Println("WAITING")
+	err = h.Wait(ctx)
+	if !errors.Is(err, hvdd.ErrAborted) {
+		return fmt.Errorf("want ErrAborted, got %v", err)
+	}
+	fmt.Println("error:", err)
+	// Later ops fail at once the same way.
+	err = hvdd.Allreduce(ctx, c, []float32{1}, hvdd.WithName("later"))
+	if !errors.Is(err, hvdd.ErrAborted) {
+		return fmt.Errorf("later op: want ErrAborted, got %v", err)
+	}
+	return nil
+}

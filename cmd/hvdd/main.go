@@ -1,0 +1,50 @@
+// Command hvdd is the hvdd daemon and its tools in one binary:
+//
+//	hvdd serve   run the node daemon
+//	hvdd run     start a daemon if needed and N worker processes (horovodrun)
+//	hvdd bench   measure collectives through the daemon (nccl-tests style)
+//	hvdd version print the version
+//
+// It only parses flags and wires the packages together.
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+const usage = `hvdd: Horovod as a per-node daemon.
+
+Usage:
+  hvdd serve [flags]            run the node daemon (hvdd serve --help)
+  hvdd run -np N [flags] -- CMD run N copies of CMD through a local daemon (hvdd run --help)
+  hvdd bench [flags]            benchmark collectives (hvdd bench --help)
+  hvdd version                  print the version
+
+Environment: HVDD_SOCKET names the daemon's socket for every subcommand.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	args := os.Args[2:]
+	var code int
+	switch os.Args[1] {
+	case "serve":
+		code = serveMain(args)
+	case "run":
+		code = runMain(args)
+	case "bench":
+		code = benchMain(args)
+	case "version", "--version", "-v":
+		fmt.Println("hvdd", version())
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "hvdd: unknown command %q\n\n%s", os.Args[1], usage)
+		code = 2
+	}
+	os.Exit(code)
+}

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hvdd/hvdd/daemon"
+	"github.com/hvdd/hvdd/launch"
+)
+
+func version() string { return daemon.Version }
+
+const serveUsage = `Usage: hvdd serve [flags]
+
+Runs the node daemon: local training processes connect to its Unix socket, and
+it runs their collectives over shared memory.
+
+Flags:
+`
+
+const serveEnv = `
+Environment (Horovod's knobs, honoured when the flag is not given):
+  HVDD_SOCKET                          socket path
+  HOROVOD_FUSION_THRESHOLD             bytes per fused response (0 disables fusion)
+  HOROVOD_CYCLE_TIME                   ms between dispatched plans (batching window)
+  HOROVOD_STALL_CHECK_TIME_SECONDS     stall warning time
+  HOROVOD_STALL_SHUTDOWN_TIME_SECONDS  fail the job after a stall this long
+  HOROVOD_STALL_CHECK_DISABLE          1 disables the stall check
+  HOROVOD_LOG_LEVEL                    trace, debug, info, warning, error, fatal
+
+Example:
+  hvdd serve --slots 4 --socket /tmp/hvdd.sock
+`
+
+func serveMain(argv []string) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var args struct {
+		socket, allowGID, logLevel       string
+		slots, workers                   int
+		fusion                           int64
+		cycle, stallCheck, stallShutdown time.Duration
+	}
+	fs.StringVar(&args.socket, "socket", "", "Unix socket path (default $HVDD_SOCKET, else "+launch.DefaultSocket()+")")
+	fs.IntVar(&args.slots, "slots", 0, "number of local processes per job (required)")
+	fs.StringVar(&args.allowGID, "allow-gid", "", "comma-separated group ids allowed to connect besides the daemon's uid and root")
+	fs.Int64Var(&args.fusion, "fusion-threshold", -2, "bytes per fused response; 0 disables fusion (default $HOROVOD_FUSION_THRESHOLD, else 128 MiB)")
+	fs.DurationVar(&args.cycle, "cycle-time", -1, "least time between dispatched plans, to batch more into one (default $HOROVOD_CYCLE_TIME ms, else 0: event driven)")
+	fs.DurationVar(&args.stallCheck, "stall-check", -2, "log ranks missing from a tensor after this long; negative disables (default $HOROVOD_STALL_CHECK_TIME_SECONDS, else 60s)")
+	fs.DurationVar(&args.stallShutdown, "stall-shutdown", -1, "fail the job after a stall this long; 0 never (default $HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, else 0)")
+	fs.IntVar(&args.workers, "workers", 0, "goroutines per local reduction (default GOMAXPROCS)")
+	fs.StringVar(&args.logLevel, "log-level", "", "debug, info, warning or error (default $HOROVOD_LOG_LEVEL, else info)")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), serveUsage)
+		fs.PrintDefaults()
+		fmt.Fprint(fs.Output(), serveEnv)
+	}
+	if err := fs.Parse(argv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "hvdd serve: unexpected argument %q (see hvdd serve --help)\n", fs.Arg(0))
+		return 2
+	}
+	levelName := args.logLevel
+	if levelName == "" {
+		levelName = os.Getenv("HOROVOD_LOG_LEVEL")
+	}
+	level, err := daemon.LogLevel(levelName)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
+		return 2
+	}
+	cfg := daemon.Config{Slots: args.slots, Workers: args.workers, Logger: daemon.NewLogger(os.Stderr, level)}
+	if err := cfg.ApplyHorovodEnv(os.Getenv); err != nil {
+		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
+		return 2
+	}
+	if args.fusion != -2 {
+		cfg.FusionThreshold = args.fusion
+		if args.fusion == 0 {
+			cfg.FusionThreshold = -1
+		}
+	}
+	if args.cycle >= 0 {
+		cfg.CycleTime = args.cycle
+	}
+	if args.stallCheck != -2 {
+		cfg.StallCheck = args.stallCheck
+	}
+	if args.stallShutdown >= 0 {
+		cfg.StallShutdown = args.stallShutdown
+	}
+	for _, g := range strings.Split(args.allowGID, ",") {
+		if g = strings.TrimSpace(g); g == "" {
+			continue
+		}
+		id, err := strconv.ParseUint(g, 10, 32)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "hvdd serve: --allow-gid %q: want numeric group ids\n", g)
+			return 2
+		}
+		cfg.AllowGIDs = append(cfg.AllowGIDs, uint32(id))
+	}
+	if cfg.StallShutdown > 0 && cfg.StallCheck > 0 && cfg.StallShutdown < cfg.StallCheck {
+		cfg.Logger.Warn("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS is less than HOROVOD_STALL_CHECK_TIME_SECONDS, will not shutdown.")
+	}
+	srv, err := daemon.New(cfg)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
+		return 2
+	}
+	socket := args.socket
+	if socket == "" {
+		socket = os.Getenv("HVDD_SOCKET")
+	}
+	if socket == "" {
+		socket = launch.DefaultSocket()
+	}
+	ln, err := daemon.Listen(socket)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err = srv.Serve(ctx, ln)
+	if err != nil && !errors.Is(err, daemon.ErrServerClosed) && !errors.Is(err, context.Canceled) {
+		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,359 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hvdd/hvdd/ipc"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/shm"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+// grantedBase is the first region id the daemon uses for regions it grants; the
+// ids below belong to the client.
+const grantedBase = 0x80000000
+
+// maxDims bounds a tensor's rank; more is refused as absurd.
+const maxDims = 64
+
+// client is one connection. The reader goroutine owns the ipc read side and the
+// region table; the loop owns the job fields; outputs has its own lock.
+type client struct {
+	s   *Server
+	ic  *ipc.Conn
+	pid int32 // from SO_PEERCRED
+	uid uint32
+
+	// Owned by the reader goroutine.
+	regions map[uint32]*region
+	hello   bool
+	bye     atomic.Bool
+
+	// Owned by the loop.
+	job       *job
+	localRank int
+	rank      int
+	helloPid  int32
+	groups    map[uint64][]*op // partial groups by client group id
+
+	out outputs
+}
+
+// region is a mapped client or daemon region with a reference count: the
+// registration holds one, each op in flight holds one, and the mapping is
+// closed when the count drops to zero.
+type region struct {
+	id   uint32
+	m    *shm.Region
+	refs atomic.Int32
+}
+
+func (r *region) ref() { r.refs.Add(1) }
+
+func (r *region) unref() {
+	if r.refs.Add(-1) == 0 {
+		r.m.Close()
+	}
+}
+
+func newClient(s *Server, uc *net.UnixConn) *client {
+	return &client{s: s, ic: ipc.NewConn(uc), regions: make(map[uint32]*region), localRank: -1, rank: -1}
+}
+
+// shmClose closes a received descriptor that will not be mapped.
+func shmClose(fd int) { unix.Close(fd) }
+
+func (c *client) String() string {
+	if c.job != nil {
+		return fmt.Sprintf("rank %d (pid %d)", c.rank, c.pid)
+	}
+	return fmt.Sprintf("client pid %d", c.pid)
+}
+
+// read is the connection's reader goroutine.
+func (c *client) read() {
+	defer c.s.forget(c)
+	err := c.readLoop()
+	bye := c.bye.Load()
+	if ipc.IsProtocol(err) {
+		c.s.log.Warn("closing client connection: protocol error", "pid", c.pid, "err", err)
+		fatal(c.ic, ipcpb.Code_CODE_PROTOCOL, err.Error())
+	} else if err != nil && !errors.Is(err, ipc.ErrClosed) {
+		c.s.log.Warn("closing client connection", "pid", c.pid, "err", err)
+		var fe *fatalError
+		if errors.As(err, &fe) {
+			fatal(c.ic, fe.code, fe.msg)
+		}
+	}
+	c.ic.Close()
+	c.ic.CloseFDs()
+	for _, r := range c.regions {
+		r.unref()
+	}
+	c.regions = nil
+	c.s.post(event{kind: evClosed, c: c, bye: bye, err: err})
+}
+
+// fatalError ends a connection with a Fatal of the given code.
+type fatalError struct {
+	code ipcpb.Code
+	msg  string
+}
+
+func (e *fatalError) Error() string { return e.msg }
+
+func (c *client) readLoop() error {
+	cred, err := c.ic.PeerCred()
+	if err != nil {
+		return err
+	}
+	c.pid, c.uid = cred.Pid, cred.Uid
+	if !c.s.allowed(cred.Uid, cred.Gid) {
+		return &fatalError{ipcpb.Code_CODE_PERMISSION_DENIED,
+			fmt.Sprintf("uid %d gid %d may not use this daemon (it runs as uid %d; add the group with --allow-gid)", cred.Uid, cred.Gid, c.s.uid)}
+	}
+	for {
+		id, m, err := c.ic.ReadClient()
+		if err != nil {
+			return err
+		}
+		if c.bye.Load() {
+			return &ipc.ProtocolError{Msg: "message after Goodbye"}
+		}
+		switch m := m.Msg.(type) {
+		case *ipcpb.ClientMessage_Hello:
+			if c.hello {
+				return &ipc.ProtocolError{Msg: "second Hello on one connection"}
+			}
+			if v := m.Hello.GetVersion(); v != ipc.Version {
+				return &ipc.ProtocolError{Msg: fmt.Sprintf("client speaks protocol version %d, this daemon speaks %d: upgrade the client or the daemon", v, ipc.Version)}
+			}
+			c.hello = true
+			c.s.post(event{kind: evHello, c: c, hello: m.Hello})
+		case *ipcpb.ClientMessage_RegisterRegion:
+			if err := c.register(m.RegisterRegion); err != nil {
+				return err
+			}
+		case *ipcpb.ClientMessage_UnregisterRegion:
+			r, ok := c.regions[m.UnregisterRegion.GetRegion()]
+			if !ok {
+				return &ipc.ProtocolError{Msg: fmt.Sprintf("unregister of unknown region %d", m.UnregisterRegion.GetRegion())}
+			}
+			delete(c.regions, r.id)
+			r.unref()
+		case *ipcpb.ClientMessage_Enqueue:
+			if !c.hello {
+				return &ipc.ProtocolError{Msg: "Enqueue before Hello"}
+			}
+			o, err := c.resolve(id, m.Enqueue)
+			if err != nil {
+				c.reply(id, &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: err.Error()})
+				continue
+			}
+			c.s.post(event{kind: evEnqueue, c: c, op: o})
+		case *ipcpb.ClientMessage_Release:
+			if err := c.out.release(m.Release.GetBuffer()); err != nil {
+				return &ipc.ProtocolError{Msg: err.Error()}
+			}
+		case *ipcpb.ClientMessage_Goodbye:
+			c.bye.Store(true)
+		default:
+			return &ipc.ProtocolError{Msg: fmt.Sprintf("unknown client message %T", m)}
+		}
+	}
+}
+
+func (c *client) register(m *ipcpb.RegisterRegion) error {
+	fd, err := c.ic.PopFD()
+	if err != nil {
+		return err
+	}
+	id := m.GetRegion()
+	if id >= grantedBase {
+		shmClose(fd)
+		return &ipc.ProtocolError{Msg: fmt.Sprintf("region id %#x is in the daemon's range (client ids are below %#x)", id, grantedBase)}
+	}
+	if _, dup := c.regions[id]; dup {
+		shmClose(fd)
+		return &ipc.ProtocolError{Msg: fmt.Sprintf("region %d registered twice", id)}
+	}
+	if m.GetSize() > shm.MaxRegion {
+		shmClose(fd)
+		return &ipc.ProtocolError{Msg: fmt.Sprintf("region %d claims an absurd size of %d bytes", id, m.GetSize())}
+	}
+	if len(c.regions) >= 4096 {
+		shmClose(fd)
+		return &ipc.ProtocolError{Msg: "more than 4096 regions registered"}
+	}
+	sm, err := shm.Open(fd, int64(m.GetSize()))
+	if err != nil {
+		return &ipc.ProtocolError{Msg: fmt.Sprintf("region %d: %v", id, err)}
+	}
+	r := &region{id: id, m: sm}
+	r.refs.Store(1)
+	c.regions[id] = r
+	return nil
+}
+
+// resolve checks an Enqueue against the protocol and the client's regions and
+// turns it into an op holding a reference on its region.
+func (c *client) resolve(id uint32, e *ipcpb.Enqueue) (*op, error) {
+	t := tensor.OpType(e.GetOp())
+	if !t.Valid() {
+		return nil, fmt.Errorf("unknown collective %d", e.GetOp())
+	}
+	o := &op{c: c, id: id, typ: t, name: e.GetName(), group: e.GetGroup(), groupSize: int(e.GetGroupSize())}
+	o.req.Op = t
+	o.req.Name = e.GetName()
+	o.req.ProcessSet = e.GetProcessSet()
+	if t == tensor.Barrier || t == tensor.Join {
+		return o, nil
+	}
+	if o.name == "" {
+		return nil, fmt.Errorf("%v without a name", t)
+	}
+	dt := tensor.DType(e.GetDtype())
+	if !dt.Valid() {
+		return nil, fmt.Errorf("tensor %q: unsupported dtype %d", o.name, e.GetDtype())
+	}
+	if len(e.GetShape()) > maxDims {
+		return nil, fmt.Errorf("tensor %q: %d dimensions (at most %d)", o.name, len(e.GetShape()), maxDims)
+	}
+	// numel * size must not overflow and must equal the buffer length.
+	n := uint64(dt.Size())
+	for _, d := range e.GetShape() {
+		if d < 0 {
+			return nil, fmt.Errorf("tensor %q: negative dimension in shape %v", o.name, e.GetShape())
+		}
+		hi, lo := bits.Mul64(n, uint64(d))
+		if hi != 0 || lo > shm.MaxRegion {
+			return nil, fmt.Errorf("tensor %q: shape %v is absurdly large", o.name, e.GetShape())
+		}
+		n = lo
+	}
+	b := e.GetBuffer()
+	if b.GetLength() != n {
+		return nil, fmt.Errorf("tensor %q: buffer of %d bytes for shape %v of %v (%d bytes)", o.name, b.GetLength(), e.GetShape(), dt, n)
+	}
+	if n > 0 {
+		r, ok := c.regions[b.GetRegion()]
+		if !ok {
+			return nil, fmt.Errorf("tensor %q: buffer in unknown region %d", o.name, b.GetRegion())
+		}
+		buf, err := r.m.Slice(b.GetOffset(), b.GetLength())
+		if err != nil {
+			return nil, fmt.Errorf("tensor %q: %v", o.name, err)
+		}
+		r.ref()
+		o.reg, o.buf = r, buf
+	}
+	pre, post := e.GetPrescale(), e.GetPostscale()
+	if pre == 0 {
+		pre = 1
+	}
+	if post == 0 {
+		post = 1
+	}
+	if math.IsNaN(pre) || math.IsInf(pre, 0) || math.IsNaN(post) || math.IsInf(post, 0) {
+		o.release()
+		return nil, fmt.Errorf("tensor %q: scale factors must be finite (prescale %v, postscale %v)", o.name, pre, post)
+	}
+	o.req.DType = dt
+	o.req.Shape = tensor.Shape(e.GetShape())
+	o.req.ReduceOp = tensor.ReduceOp(e.GetReduceOp())
+	o.req.Prescale, o.req.Postscale = pre, post
+	o.req.Root = int(e.GetRootRank())
+	o.req.Splits = e.GetSplits()
+	if !o.req.ReduceOp.Valid() {
+		o.release()
+		return nil, fmt.Errorf("tensor %q: unknown reduce op %d", o.name, e.GetReduceOp())
+	}
+	return o, nil
+}
+
+// reply sends a Done for frame id. Write errors mean the client is gone; its
+// reader notices that on its own.
+func (c *client) reply(id uint32, d *ipcpb.Done) {
+	c.ic.WriteServer(id, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Done{Done: d}}, -1)
+}
+
+// outputs are the daemon-owned regions granted to one client for results.
+type outputs struct {
+	// mu guards the fields that follow.
+	mu      sync.Mutex
+	regions []*outRegion
+	nextID  uint32
+	closed  bool
+}
+
+type outRegion struct {
+	id    uint32
+	m     *shm.Region
+	arena *shm.Arena
+}
+
+// alloc reserves n bytes in one of c's output regions, granting a new region to
+// the client first when none has room.
+func (c *client) allocOutput(n int64) ([]byte, *ipcpb.Buffer, error) {
+	if n == 0 {
+		return nil, &ipcpb.Buffer{}, nil
+	}
+	o := &c.out
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return nil, nil, errors.New("client gone")
+	}
+	for _, r := range o.regions {
+		if off, ok := r.arena.Alloc(n); ok {
+			return r.m.Bytes()[off : off+n : off+n], &ipcpb.Buffer{Region: r.id, Offset: uint64(off), Length: uint64(n)}, nil
+		}
+	}
+	size := max(c.s.cfg.OutputRegion, (n+int64(shm.PageSize)-1)/int64(shm.PageSize)*int64(shm.PageSize))
+	m, err := shm.Create(fmt.Sprintf("hvdd-out-%d", c.pid), size)
+	if err != nil {
+		return nil, nil, fmt.Errorf("output region: %w", err)
+	}
+	r := &outRegion{id: grantedBase + o.nextID, m: m, arena: shm.NewArena(size)}
+	o.nextID++
+	if err := c.ic.WriteServer(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_GrantRegion{
+		GrantRegion: &ipcpb.GrantRegion{Region: r.id, Size: uint64(size)}}}, m.FD()); err != nil {
+		m.Close()
+		return nil, nil, fmt.Errorf("grant output region: %w", err)
+	}
+	o.regions = append(o.regions, r)
+	off, _ := r.arena.Alloc(n)
+	return m.Bytes()[off : off+n : off+n], &ipcpb.Buffer{Region: r.id, Offset: uint64(off), Length: uint64(n)}, nil
+}
+
+func (o *outputs) release(b *ipcpb.Buffer) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, r := range o.regions {
+		if r.id == b.GetRegion() {
+			if err := r.arena.Free(int64(b.GetOffset())); err != nil {
+				return fmt.Errorf("release in region %#x: %v", r.id, err)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("release of a buffer in unknown region %#x", b.GetRegion())
+}
+
+func (o *outputs) close() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, r := range o.regions {
+		r.m.Close()
+	}
+	o.regions = nil
+	o.closed = true
+}

@@ -1,0 +1,154 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config configures a Server. Every field's zero value has the meaning its
+// comment gives; New validates the whole.
+type Config struct {
+	// Slots is the number of local client processes a job has on this node.
+	// Required (>= 1).
+	Slots int
+
+	// AllowGIDs are group ids whose members may connect besides the daemon's own
+	// uid and root. Empty: only the daemon's uid and root.
+	AllowGIDs []uint32
+
+	// FusionThreshold is the most bytes fused into one response. Zero means the
+	// default, 128 MiB (Horovod's since 0.21); negative disables fusion.
+	FusionThreshold int64
+
+	// CycleTime, when positive, is the least time between two dispatched plans:
+	// work that becomes ready sooner waits so that it can be fused. Zero (the
+	// default) dispatches as soon as work is ready and the executor is free.
+	CycleTime time.Duration
+
+	// StallCheck is how long some ranks may wait for the others on a tensor
+	// before the daemon logs the missing ranks. Zero means 60 s; negative
+	// disables the check.
+	StallCheck time.Duration
+
+	// StallShutdown, when positive, fails the job once a tensor has stalled this
+	// long. Zero never fails it. It is ignored (with a warning) when shorter than
+	// StallCheck, as Horovod does.
+	StallShutdown time.Duration
+
+	// OutputRegion is the size of each daemon-owned output region granted to a
+	// client (allgather, alltoall and reducescatter results). Zero means 256 MiB;
+	// memfd pages cost nothing until written. Larger outputs get a region of
+	// their own size.
+	OutputRegion int64
+
+	// Workers bounds the goroutines of one local reduction. Zero means
+	// GOMAXPROCS.
+	Workers int
+
+	// Logger receives the daemon's logs. Nil means slog's default logger.
+	Logger *slog.Logger
+}
+
+// DefaultFusionThreshold is Horovod's default fusion buffer size.
+const DefaultFusionThreshold = 128 << 20
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.Slots < 1 {
+		errs = append(errs, fmt.Errorf("slots must be at least 1, got %d (set --slots to the number of local processes)", c.Slots))
+	}
+	if c.CycleTime < 0 {
+		errs = append(errs, fmt.Errorf("cycle time must not be negative, got %v", c.CycleTime))
+	}
+	if c.OutputRegion < 0 {
+		errs = append(errs, fmt.Errorf("output region size must not be negative, got %d", c.OutputRegion))
+	}
+	if c.Workers < 0 {
+		errs = append(errs, fmt.Errorf("workers must not be negative, got %d", c.Workers))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) withDefaults() Config {
+	out := *c
+	if out.FusionThreshold == 0 {
+		out.FusionThreshold = DefaultFusionThreshold
+	} else if out.FusionThreshold < 0 {
+		out.FusionThreshold = 0
+	}
+	if out.StallCheck == 0 {
+		out.StallCheck = 60 * time.Second
+	}
+	if out.OutputRegion == 0 {
+		out.OutputRegion = 256 << 20
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out
+}
+
+// ApplyHorovodEnv overrides fields from Horovod's environment knobs where they
+// are set (HOROVOD_FUSION_THRESHOLD in bytes, HOROVOD_CYCLE_TIME in ms,
+// HOROVOD_STALL_CHECK_DISABLE, HOROVOD_STALL_CHECK_TIME_SECONDS,
+// HOROVOD_STALL_SHUTDOWN_TIME_SECONDS). getenv is os.Getenv in production. The
+// knobs exist for Horovod users' scripts; hvdd's flags are the stable interface.
+func (c *Config) ApplyHorovodEnv(getenv func(string) string) error {
+	var errs []error
+	num := func(key string, f func(float64)) {
+		v := strings.TrimSpace(getenv(key))
+		if v == "" {
+			return
+		}
+		x, err := strconv.ParseFloat(v, 64)
+		if err != nil || x < 0 {
+			errs = append(errs, fmt.Errorf("%s=%q: want a non-negative number", key, v))
+			return
+		}
+		f(x)
+	}
+	num("HOROVOD_FUSION_THRESHOLD", func(x float64) {
+		if x == 0 {
+			c.FusionThreshold = -1 // Horovod: 0 disables fusion
+		} else {
+			c.FusionThreshold = int64(x)
+		}
+	})
+	num("HOROVOD_CYCLE_TIME", func(x float64) { c.CycleTime = time.Duration(x * float64(time.Millisecond)) })
+	num("HOROVOD_STALL_CHECK_TIME_SECONDS", func(x float64) { c.StallCheck = time.Duration(x * float64(time.Second)) })
+	num("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", func(x float64) { c.StallShutdown = time.Duration(x * float64(time.Second)) })
+	if v := getenv("HOROVOD_STALL_CHECK_DISABLE"); v != "" && v != "0" {
+		c.StallCheck = -1
+	}
+	return errors.Join(errs...)
+}
+
+// LogLevel maps Horovod's HOROVOD_LOG_LEVEL names (TRACE, DEBUG, INFO, WARNING,
+// ERROR, FATAL; any case) and slog's to a slog level.
+func LogLevel(name string) (slog.Level, error) {
+	switch strings.ToUpper(strings.TrimSpace(name)) {
+	case "TRACE", "DEBUG":
+		return slog.LevelDebug, nil
+	case "INFO", "":
+		return slog.LevelInfo, nil
+	case "WARNING", "WARN":
+		return slog.LevelWarn, nil
+	case "ERROR", "FATAL":
+		return slog.LevelError, nil
+	}
+	return 0, fmt.Errorf("unknown log level %q (want trace, debug, info, warning, error or fatal)", name)
+}
+
+// NewLogger returns a text logger at level writing to w (os.Stderr if nil).
+func NewLogger(w io.Writer, level slog.Level) *slog.Logger {
+	if w == nil {
+		w = os.Stderr
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}

@@ -1,0 +1,502 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/hvdd/hvdd/daemon/plan"
+	"github.com/hvdd/hvdd/ipc"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+type evKind int
+
+const (
+	evHello evKind = iota
+	evEnqueue
+	evClosed
+)
+
+// event is what reader goroutines send the loop.
+type event struct {
+	kind  evKind
+	c     *client
+	hello *ipcpb.Hello
+	op    *op
+	bye   bool
+	err   error
+}
+
+// op is one client request in flight.
+type op struct {
+	c         *client
+	id        uint32 // frame id: the handle the Done answers
+	typ       tensor.OpType
+	name      string
+	group     uint64
+	groupSize int
+	req       plan.Request
+	reg       *region // holds a reference while the op is in flight
+	buf       []byte  // the input (and in-place output) bytes
+}
+
+func (o *op) release() {
+	if o.reg != nil {
+		o.reg.unref()
+		o.reg = nil
+		o.buf = nil
+	}
+}
+
+// finish answers the op and drops its buffer.
+func (o *op) finish(d *ipcpb.Done) {
+	o.c.reply(o.id, d)
+	o.release()
+}
+
+type opKey struct {
+	rank int
+	set  int32
+	name string
+}
+
+// job is the set of local clients that negotiate together.
+type job struct {
+	id       uint64
+	slots    []*client // by local rank; nil while free
+	joined   int       // slots taken
+	open     int       // connections of the job still open
+	formed   bool
+	table    *plan.Table
+	pending  map[opKey]*op
+	failed   *ipcpb.Done // non-nil once the job failed: every op answers with it
+	barriers []int       // per rank: barriers submitted so far
+}
+
+// loop owns the daemon's job state; only its goroutine touches it.
+type loop struct {
+	s       *Server
+	cfg     Config
+	start   time.Time
+	job     *job
+	waiting []*client // hellos waiting for the current job to end
+	nextJob uint64
+
+	x        *executor
+	execBusy bool
+	dead     []*client // closed clients whose outputs wait for an idle executor
+
+	stall        *time.Timer
+	cycle        *time.Timer
+	lastDispatch time.Time
+}
+
+func newLoop(s *Server) *loop {
+	return &loop{s: s, cfg: s.cfg, start: time.Now(), x: newExecutor(s)}
+}
+
+// now is the plan's logical clock: milliseconds since the loop started.
+func (l *loop) now() int64 { return time.Since(l.start).Milliseconds() }
+
+func (l *loop) run(ctx context.Context) {
+	go l.x.run()
+	defer func() {
+		if l.job != nil {
+			l.fail(l.job, ipcpb.Code_CODE_SHUT_DOWN, "the hvdd daemon is shutting down")
+		}
+		close(l.x.work)
+		<-l.x.stopped
+		for _, c := range l.dead {
+			c.out.close()
+		}
+		if l.job != nil {
+			for _, c := range l.job.slots {
+				if c != nil {
+					c.out.close()
+				}
+			}
+		}
+	}()
+	var stallC, cycleC <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e := <-l.s.ev:
+			switch e.kind {
+			case evHello:
+				l.hello(e.c, e.hello)
+			case evEnqueue:
+				l.enqueue(e.op)
+			case evClosed:
+				l.closed(e.c, e.bye, e.err)
+			}
+		case <-l.x.idle:
+			l.execBusy = false
+			if len(l.dead) > 0 {
+				for _, c := range l.dead {
+					c.out.close()
+				}
+				l.dead = nil
+			}
+		case <-stallC:
+			l.stall = nil
+			l.checkStalls()
+		case <-cycleC:
+			l.cycle = nil
+		}
+		l.dispatch()
+		stallC, cycleC = nil, nil
+		l.armStallTimer()
+		if l.stall != nil {
+			stallC = l.stall.C
+		}
+		if l.cycle != nil {
+			cycleC = l.cycle.C
+		}
+	}
+}
+
+func (l *loop) hello(c *client, h *ipcpb.Hello) {
+	c.helloPid = h.GetPid()
+	j := l.job
+	if j != nil && (j.failed != nil || j.formed) {
+		if j.failed != nil {
+			// The last job is failing; its clients are on their way out.
+			l.waiting = append(l.waiting, c)
+			return
+		}
+		l.refuse(c, fmt.Sprintf("this daemon is running a job of %d ranks (pids %s); wait for it to end, or start another daemon with a different --socket", len(j.slots), j.pids()))
+		return
+	}
+	if j == nil {
+		l.nextJob++
+		j = &job{id: l.nextJob, slots: make([]*client, l.cfg.Slots), pending: make(map[opKey]*op), barriers: make([]int, l.cfg.Slots)}
+		l.job = j
+	}
+	lr := int(h.GetLocalRank())
+	switch {
+	case lr >= len(j.slots):
+		l.refuse(c, fmt.Sprintf("local rank %d is out of range: this daemon runs --slots %d (ranks 0..%d)", lr, len(j.slots), len(j.slots)-1))
+		return
+	case lr >= 0 && j.slots[lr] != nil:
+		l.refuse(c, fmt.Sprintf("local rank %d is already taken by pid %d", lr, j.slots[lr].pid))
+		return
+	case lr < 0:
+		for i, s := range j.slots {
+			if s == nil {
+				lr = i
+				break
+			}
+		}
+	}
+	j.slots[lr] = c
+	j.joined++
+	j.open++
+	c.job, c.localRank, c.rank = j, lr, lr
+	c.groups = make(map[uint64][]*op)
+	l.s.log.Debug("client joined", "pid", c.pid, "local_rank", lr, "job", j.id, "have", j.joined, "want", len(j.slots))
+	if j.joined < len(j.slots) {
+		return
+	}
+	t, err := plan.New(plan.Config{Size: len(j.slots), FusionThreshold: l.cfg.FusionThreshold})
+	if err != nil {
+		l.fail(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("cannot start the job: %v", err))
+		return
+	}
+	j.table, j.formed = t, true
+	l.s.log.Info("job formed", "job", j.id, "size", len(j.slots), "pids", j.pids())
+	for _, c := range j.slots {
+		c.ic.WriteServer(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Welcome{Welcome: &ipcpb.Welcome{
+			Version: ipc.Version, Rank: int32(c.rank), Size: int32(len(j.slots)),
+			LocalRank: int32(c.localRank), LocalSize: int32(len(j.slots)),
+			CrossRank: 0, CrossSize: 1, IsHomogeneous: true,
+			DaemonVersion: Version, JobId: j.id,
+		}}}, -1)
+	}
+}
+
+func (j *job) pids() string {
+	var s []string
+	for _, c := range j.slots {
+		if c != nil {
+			s = append(s, fmt.Sprint(c.pid))
+		}
+	}
+	return strings.Join(s, " ")
+}
+
+// refuse ends a client that cannot join: it gets a Fatal and its connection is
+// closed, which its reader reports as an ordinary close.
+func (l *loop) refuse(c *client, msg string) {
+	l.s.log.Warn("refusing client", "pid", c.pid, "reason", msg)
+	fatal(c.ic, ipcpb.Code_CODE_BUSY, msg)
+	c.ic.Close()
+}
+
+func (l *loop) closed(c *client, bye bool, err error) {
+	for i, w := range l.waiting {
+		if w == c {
+			l.waiting = append(l.waiting[:i], l.waiting[i+1:]...)
+			break
+		}
+	}
+	l.dead = append(l.dead, c)
+	if !l.execBusy {
+		for _, c := range l.dead {
+			c.out.close()
+		}
+		l.dead = nil
+	}
+	j := c.job
+	if j == nil {
+		return
+	}
+	for _, g := range c.groups {
+		for _, o := range g {
+			o.release()
+		}
+	}
+	c.groups = nil
+	j.open--
+	if !j.formed {
+		j.slots[c.localRank] = nil
+		j.joined--
+	} else if j.failed == nil {
+		if bye {
+			l.fail(j, ipcpb.Code_CODE_SHUT_DOWN, fmt.Sprintf(
+				"Horovod has been shut down: rank %d (pid %d) called shutdown() or exited while other ranks still had collectives to run; every rank must run the same collectives", c.rank, c.pid))
+		} else {
+			why := "its connection closed without shutdown: the process died or was killed"
+			if err != nil && !errors.Is(err, ipc.ErrClosed) {
+				why = err.Error()
+			}
+			l.fail(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("rank %d (pid %d) was lost: %s", c.rank, c.pid, why))
+		}
+	}
+	if j.open == 0 {
+		l.s.log.Info("job ended", "job", j.id)
+		l.job = nil
+		w := l.waiting
+		l.waiting = nil
+		for _, c := range w {
+			l.hello(c, &ipcpb.Hello{Pid: c.helloPid, LocalRank: int32(c.localRank)})
+		}
+	}
+}
+
+// fail marks the job failed and answers every pending op with the error.
+func (l *loop) fail(j *job, code ipcpb.Code, msg string) {
+	if j.failed != nil {
+		return
+	}
+	j.failed = &ipcpb.Done{Code: code, Error: msg}
+	switch {
+	case !j.formed:
+	case code == ipcpb.Code_CODE_SHUT_DOWN && len(j.pending) == 0:
+		// An orderly shutdown with nothing in flight: the job is ending.
+		l.s.log.Debug("job shutting down", "job", j.id, "why", msg)
+	default:
+		l.s.log.Error("job failed", "job", j.id, "err", msg, "pending", len(j.pending))
+	}
+	for k, o := range j.pending {
+		o.finish(j.failed)
+		delete(j.pending, k)
+	}
+	for _, c := range j.slots {
+		if c == nil {
+			continue
+		}
+		for id, g := range c.groups {
+			for _, o := range g {
+				o.finish(j.failed)
+			}
+			delete(c.groups, id)
+		}
+	}
+	j.table = nil
+}
+
+func (l *loop) enqueue(o *op) {
+	c := o.c
+	j := c.job
+	switch {
+	case j == nil || !j.formed:
+		o.finish(&ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: "enqueue before the job was formed: wait for init() to return"})
+		return
+	case j.failed != nil:
+		o.finish(j.failed)
+		return
+	case o.req.ProcessSet != 0:
+		o.finish(&ipcpb.Done{Code: ipcpb.Code_CODE_UNIMPLEMENTED, Error: fmt.Sprintf("tensor %q: process sets other than the global one are not supported yet", o.name)})
+		return
+	}
+	o.req.Rank = c.rank
+	switch o.typ {
+	case tensor.Barrier:
+		o.req.Name = fmt.Sprintf("barrier.%d", j.barriers[c.rank])
+		j.barriers[c.rank]++
+	case tensor.Join:
+		o.req.Name = "join"
+	}
+	o.name = o.req.Name
+	if o.groupSize <= 1 {
+		l.submit(j, o)
+		return
+	}
+	g := append(c.groups[o.group], o)
+	if len(g) < o.groupSize {
+		c.groups[o.group] = g
+		return
+	}
+	delete(c.groups, o.group)
+	names := make([]string, len(g))
+	for i, m := range g {
+		names[i] = m.name
+	}
+	sort.Strings(names)
+	key := strings.Join(names, "\x00")
+	for _, m := range g {
+		m.req.Group, m.req.GroupSize = key, len(g)
+		l.submit(j, m)
+	}
+}
+
+func (l *loop) submit(j *job, o *op) {
+	if j.failed != nil {
+		o.finish(j.failed)
+		return
+	}
+	if err := j.table.Submit(o.req, l.now()); err != nil {
+		code := ipcpb.Code_CODE_INVALID_ARGUMENT
+		if errors.Is(err, plan.ErrDuplicateName) {
+			code = ipcpb.Code_CODE_DUPLICATE_NAME
+		}
+		o.finish(&ipcpb.Done{Code: code, Error: err.Error()})
+		return
+	}
+	j.pending[opKey{o.req.Rank, o.req.ProcessSet, o.req.Name}] = o
+}
+
+// dispatch hands everything ready to the executor when it is idle.
+func (l *loop) dispatch() {
+	j := l.job
+	if j == nil || j.table == nil || l.execBusy || l.cycle != nil {
+		return
+	}
+	if l.cfg.CycleTime > 0 {
+		if wait := l.cfg.CycleTime - time.Since(l.lastDispatch); wait > 0 {
+			l.cycle = time.NewTimer(wait)
+			return
+		}
+	}
+	resps := j.table.Ready()
+	if len(resps) == 0 {
+		return
+	}
+	var batch []work
+	for _, r := range resps {
+		names := make([]string, len(r.Tensors))
+		for i, t := range r.Tensors {
+			names[i] = t.Name
+		}
+		if r.Op == tensor.Join {
+			// The join response names no tensor: it completes every rank's join.
+			names = []string{"join"}
+			r.Tensors = []plan.Tensor{{Name: "join"}}
+		}
+		w := work{resp: r, size: len(j.slots), ops: make([][]*op, len(names))}
+		for i, name := range names {
+			row := make([]*op, len(j.slots))
+			for rank := range row {
+				k := opKey{rank, r.ProcessSet, name}
+				if o, ok := j.pending[k]; ok {
+					row[rank] = o
+					delete(j.pending, k)
+				}
+			}
+			w.ops[i] = row
+		}
+		if r.Err != nil {
+			d := &ipcpb.Done{Code: errorCode(r.Err), Error: r.Err.Error()}
+			for _, row := range w.ops {
+				for _, o := range row {
+					if o != nil {
+						o.finish(d)
+					}
+				}
+			}
+			continue
+		}
+		batch = append(batch, w)
+	}
+	if len(batch) == 0 {
+		return
+	}
+	l.execBusy = true
+	l.lastDispatch = time.Now()
+	l.x.work <- batch
+}
+
+// errorCode classifies a plan error response for the wire: a disagreement
+// between ranks is a mismatch; a request every rank agreed on but that cannot
+// run is invalid, or unimplemented when Horovod has the feature and hvdd not.
+func errorCode(e *plan.Error) ipcpb.Code {
+	switch {
+	case len(e.Sides) > 1:
+		return ipcpb.Code_CODE_MISMATCH
+	case strings.Contains(e.Msg, "not supported yet"):
+		return ipcpb.Code_CODE_UNIMPLEMENTED
+	}
+	return ipcpb.Code_CODE_INVALID_ARGUMENT
+}
+
+func (l *loop) armStallTimer() {
+	j := l.job
+	if l.stall != nil || l.cfg.StallCheck <= 0 || j == nil || len(j.pending) == 0 {
+		return
+	}
+	l.stall = time.NewTimer(l.cfg.StallCheck)
+}
+
+func (l *loop) checkStalls() {
+	j := l.job
+	if j == nil || j.table == nil {
+		return
+	}
+	now := l.now()
+	stalls := j.table.Stalls(now, l.cfg.StallCheck.Milliseconds())
+	if len(stalls) == 0 {
+		return
+	}
+	shutdown := l.cfg.StallShutdown > 0 && l.cfg.StallShutdown >= l.cfg.StallCheck
+	var over []plan.Stall
+	var stalled []int
+	if shutdown {
+		for _, st := range stalls {
+			if now-st.FirstSubmit >= l.cfg.StallShutdown.Milliseconds() {
+				over = append(over, st)
+				stalled = append(stalled, st.Missing...)
+			}
+		}
+	}
+	msg := plan.StallMessage(stalls, plan.StallOptions{
+		WarnSeconds:     int64(l.cfg.StallCheck.Seconds()),
+		Stalled:         stalled,
+		ShutdownSeconds: int64(l.cfg.StallShutdown.Seconds()),
+	})
+	l.s.log.Warn(msg, "job", j.id)
+	if len(over) > 0 {
+		var parts []string
+		for _, st := range over {
+			parts = append(parts, fmt.Sprintf("tensor %q waits for ranks %v", st.Name, st.Missing))
+		}
+		l.fail(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("job stopped after a stall of more than %v (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): %s",
+			l.cfg.StallShutdown, strings.Join(parts, "; ")))
+	}
+}

@@ -1,0 +1,232 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hvdd/hvdd/ipc"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+)
+
+// Version is the daemon's version string.
+const Version = "0.1.0"
+
+// ErrServerClosed is returned by Serve after Shutdown or Close.
+var ErrServerClosed = errors.New("daemon: server closed")
+
+// Server is one node's daemon. Create it with New and run it with Serve.
+type Server struct {
+	cfg  Config
+	log  *slog.Logger
+	uid  uint32
+	ev   chan event
+	quit chan struct{} // closed by Close
+	done chan struct{} // closed when the loop has exited
+
+	closeOnce sync.Once
+
+	// mu guards the fields that follow.
+	mu       sync.Mutex
+	ln       *net.UnixListener
+	conns    map[*client]struct{}
+	draining bool
+	idle     chan struct{} // closed when draining and no connection is left
+}
+
+// New checks cfg and returns a Server that is not yet serving.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("daemon: invalid config: %w", err)
+	}
+	c := cfg.withDefaults()
+	return &Server{
+		cfg:   c,
+		log:   c.Logger,
+		uid:   uint32(os.Getuid()),
+		ev:    make(chan event, 1024),
+		quit:  make(chan struct{}),
+		done:  make(chan struct{}),
+		conns: make(map[*client]struct{}),
+	}, nil
+}
+
+// Listen creates the daemon's socket at path: it makes the directory (0755 if
+// missing), refuses to replace a socket some daemon still answers on, removes a
+// stale one, and leaves the new socket at mode 0660.
+func Listen(path string) (*net.UnixListener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("daemon: socket directory: %w", err)
+	}
+	if _, err := os.Lstat(path); err == nil {
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("daemon: another daemon is already listening on %s (stop it, or pass a different --socket)", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("daemon: remove stale socket %s: %w", path, err)
+		}
+	}
+	old := syscall.Umask(0o117)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("daemon: chmod %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(true)
+	return ln, nil
+}
+
+// Serve accepts clients on ln until ctx is done or Shutdown/Close is called. It
+// always returns a non-nil error: ErrServerClosed after Shutdown or Close, the
+// context's error after cancellation.
+func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
+	s.mu.Lock()
+	if s.ln != nil {
+		s.mu.Unlock()
+		return errors.New("daemon: Serve called twice")
+	}
+	s.ln = ln
+	s.mu.Unlock()
+
+	loopCtx, stopLoop := context.WithCancel(context.Background())
+	l := newLoop(s)
+	go func() {
+		defer close(s.done)
+		l.run(loopCtx)
+	}()
+	go func() {
+		select {
+		case <-ctx.Done():
+			s.Close()
+		case <-s.quit:
+		}
+	}()
+	s.log.Info("hvdd daemon listening", "socket", ln.Addr().String(), "slots", s.cfg.Slots,
+		"fusion_threshold", s.cfg.FusionThreshold, "version", Version)
+
+	var err error
+	for {
+		var uc *net.UnixConn
+		uc, err = ln.AcceptUnix()
+		if err != nil {
+			select {
+			case <-s.quit:
+				err = ErrServerClosed
+			default:
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					continue
+				}
+				err = fmt.Errorf("daemon: accept: %w", err)
+			}
+			break
+		}
+		c := newClient(s, uc)
+		s.mu.Lock()
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		go c.read()
+	}
+	s.Close()
+	stopLoop()
+	<-s.done
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+// Shutdown stops accepting clients and waits until every connected client has
+// closed (their jobs are over) or ctx is done, then closes the server. New
+// connections are refused from the start.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.draining = true
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	if s.idle == nil {
+		s.idle = make(chan struct{})
+		if len(s.conns) == 0 {
+			close(s.idle)
+		}
+	}
+	idle := s.idle
+	s.mu.Unlock()
+	var err error
+	select {
+	case <-idle:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	s.Close()
+	return err
+}
+
+// Close stops the server now: the listener and every connection are closed, so
+// clients see their pending operations fail.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.quit)
+		s.mu.Lock()
+		if s.ln != nil {
+			s.ln.Close()
+		}
+		for c := range s.conns {
+			c.ic.Close()
+		}
+		s.mu.Unlock()
+	})
+	return nil
+}
+
+func (s *Server) forget(c *client) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	if s.draining && len(s.conns) == 0 && s.idle != nil {
+		select {
+		case <-s.idle:
+		default:
+			close(s.idle)
+		}
+	}
+	s.mu.Unlock()
+}
+
+// post hands an event to the loop; it gives up once the server is closed.
+func (s *Server) post(e event) {
+	select {
+	case s.ev <- e:
+	case <-s.done:
+	}
+}
+
+// fatal tells a client why its connection is about to be closed.
+func fatal(ic *ipc.Conn, code ipcpb.Code, msg string) {
+	ic.WriteServer(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Fatal{Fatal: &ipcpb.Fatal{Code: code, Error: msg}}}, -1)
+}
+
+// allowed reports whether a peer with these credentials may connect.
+func (s *Server) allowed(uid, gid uint32) bool {
+	if uid == s.uid || uid == 0 {
+		return true
+	}
+	for _, g := range s.cfg.AllowGIDs {
+		if g == gid {
+			return true
+		}
+	}
+	return false
+}

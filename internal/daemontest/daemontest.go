@@ -1,0 +1,207 @@
+// Package daemontest starts real hvdd daemons and real worker processes for
+// tests: an in-process daemon.Server on a temporary socket, and workers that
+// are the test binary itself re-executed with a scenario name.
+package daemontest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hvdd/hvdd/daemon"
+)
+
+// WorkerEnv is the environment variable that turns a re-executed test binary
+// into a worker running the named scenario.
+const WorkerEnv = "HVDD_TEST_WORKER"
+
+// Server is a daemon started for one test.
+type Server struct {
+	Socket string
+	srv    *daemon.Server
+	logs   *syncBuffer
+	errc   chan error
+}
+
+// Start runs a daemon with cfg (Logger is replaced by one that records) on a
+// fresh socket and stops it at the end of the test, failing the test if it did
+// not stop cleanly.
+func Start(tb testing.TB, cfg daemon.Config) *Server {
+	tb.Helper()
+	dir, err := os.MkdirTemp("", "hvdd-test-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(dir) })
+	s := &Server{Socket: filepath.Join(dir, "hvdd.sock"), logs: &syncBuffer{}, errc: make(chan error, 1)}
+	cfg.Logger = slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	s.srv, err = daemon.New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ln, err := daemon.Listen(s.Socket)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	go func() { s.errc <- s.srv.Serve(context.Background(), ln) }()
+	tb.Cleanup(func() {
+		s.srv.Close()
+		select {
+		case err := <-s.errc:
+			if err != daemon.ErrServerClosed {
+				tb.Errorf("daemon stopped with %v, want ErrServerClosed", err)
+			}
+		case <-time.After(10 * time.Second):
+			tb.Errorf("daemon did not stop within 10s of Close")
+		}
+		if tb.Failed() {
+			tb.Logf("daemon log:\n%s", s.logs.String())
+		}
+	})
+	return s
+}
+
+// Logs returns what the daemon has logged so far.
+func (s *Server) Logs() string { return s.logs.String() }
+
+// WaitLog waits until the daemon's log contains substr, or fails the test.
+func (s *Server) WaitLog(tb testing.TB, substr string, timeout time.Duration) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(s.logs.String(), substr) {
+		if time.Now().After(deadline) {
+			tb.Fatalf("daemon log lacks %q after %v:\n%s", substr, timeout, s.logs.String())
+		}
+		s.logs.wait(deadline)
+	}
+}
+
+// Worker is one running worker process.
+type Worker struct {
+	Rank int
+	Cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+// Output is the worker's combined output so far.
+func (w *Worker) Output() string { return w.out.String() }
+
+// WaitOutput waits until the worker printed substr.
+func (w *Worker) WaitOutput(tb testing.TB, substr string, timeout time.Duration) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(w.out.String(), substr) {
+		if time.Now().After(deadline) {
+			tb.Fatalf("rank %d did not print %q within %v; output:\n%s", w.Rank, substr, timeout, w.out.String())
+		}
+		w.out.wait(deadline)
+	}
+}
+
+// Wait waits for the worker to exit and returns its error (nil for status 0).
+func (w *Worker) Wait(timeout time.Duration) error {
+	select {
+	case <-w.done:
+		return w.err
+	case <-time.After(timeout):
+		w.Cmd.Process.Kill()
+		<-w.done
+		return fmt.Errorf("rank %d still running after %v (killed)", w.Rank, timeout)
+	}
+}
+
+// Spawn starts n workers running scenario against socket, with local ranks
+// 0..n-1 and extra environment entries.
+func Spawn(tb testing.TB, socket, scenario string, n int, env ...string) []*Worker {
+	tb.Helper()
+	ws := make([]*Worker, n)
+	for i := range ws {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), WorkerEnv+"="+scenario, "HVDD_SOCKET="+socket,
+			"HVDD_LOCAL_RANK="+strconv.Itoa(i), "HVDD_TEST_SIZE="+strconv.Itoa(n))
+		cmd.Env = append(cmd.Env, env...)
+		w := &Worker{Rank: i, Cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+		cmd.Stdout, cmd.Stderr = w.out, w.out
+		if err := cmd.Start(); err != nil {
+			tb.Fatal(err)
+		}
+		go func() { w.err = cmd.Wait(); close(w.done) }()
+		tb.Cleanup(func() {
+			select {
+			case <-w.done:
+			default:
+				cmd.Process.Kill()
+				<-w.done
+			}
+		})
+		ws[i] = w
+	}
+	return ws
+}
+
+// Run spawns n workers of scenario and fails the test unless all exit 0 within
+// the timeout. It returns their outputs.
+func Run(tb testing.TB, socket, scenario string, n int, timeout time.Duration, env ...string) []string {
+	tb.Helper()
+	ws := Spawn(tb, socket, scenario, n, env...)
+	outs := make([]string, n)
+	for i, w := range ws {
+		if err := w.Wait(timeout); err != nil {
+			tb.Errorf("rank %d of %s: %v; output:\n%s", i, scenario, err, w.Output())
+		}
+		outs[i] = w.Output()
+	}
+	return outs
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers, with a way to wait
+// for the next write.
+type syncBuffer struct {
+	mu      sync.Mutex
+	b       bytes.Buffer
+	changed chan struct{}
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.changed != nil {
+		close(s.changed)
+		s.changed = nil
+	}
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// wait blocks until the next write or the deadline.
+func (s *syncBuffer) wait(deadline time.Time) {
+	s.mu.Lock()
+	if s.changed == nil {
+		s.changed = make(chan struct{})
+	}
+	ch := s.changed
+	s.mu.Unlock()
+	select {
+	case <-ch:
+	case <-time.After(time.Until(deadline)):
+	}
+}
+
+var _ io.Writer = (*syncBuffer)(nil)

@@ -1,0 +1,338 @@
+// Package ipc frames hvdd's client <-> daemon messages on a Unix stream socket
+// and passes file descriptors beside them. PROTOCOL.md in this directory is the
+// wire specification; ipcpb holds the generated protobuf messages.
+//
+// The package knows frames, messages and descriptors. It does not know what a
+// region or a collective is: shm maps the descriptors, the daemon and the
+// clients give the messages meaning.
+package ipc
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+)
+
+// Version is the protocol version this package speaks (Hello.version).
+const Version = 1
+
+// Frame layout constants; see PROTOCOL.md.
+const (
+	HeaderSize = 12
+	MaxBody    = 4 << 20
+	MaxFDs     = 16
+
+	KindClient = 1 // body is an ipcpb.ClientMessage
+	KindServer = 2 // body is an ipcpb.ServerMessage
+
+	magic0, magic1 = 'H', 'V'
+)
+
+// ErrClosed is returned after Close or when the peer has closed the connection.
+var ErrClosed = errors.New("ipc: connection closed")
+
+// ProtocolError is a violation of the wire protocol by the peer: the connection
+// cannot be trusted further and should be answered with a Fatal and closed.
+type ProtocolError struct{ Msg string }
+
+func (e *ProtocolError) Error() string { return "ipc: protocol error: " + e.Msg }
+
+// IsProtocol reports whether err is (or wraps) a ProtocolError.
+func IsProtocol(err error) bool {
+	var pe *ProtocolError
+	return errors.As(err, &pe)
+}
+
+func protoErrf(format string, args ...any) error {
+	return &ProtocolError{Msg: fmt.Sprintf(format, args...)}
+}
+
+// Conn is one end of a framed connection. ReadFrame, PopFD and the Read*
+// helpers must be called from one goroutine; the Write* methods may be called
+// from any number of goroutines.
+type Conn struct {
+	c *net.UnixConn
+
+	// Read side, owned by the reading goroutine.
+	rbuf  []byte
+	r, w  int // unread bytes are rbuf[r:w]
+	oob   []byte
+	fds   []int
+	eof   bool
+	rbody []byte
+
+	// wmu guards the write side.
+	wmu  sync.Mutex
+	wbuf []byte
+}
+
+// NewConn wraps a connected Unix stream socket.
+func NewConn(c *net.UnixConn) *Conn {
+	return &Conn{
+		c:    c,
+		rbuf: make([]byte, 64<<10),
+		oob:  make([]byte, unix.CmsgSpace(MaxFDs*4)),
+	}
+}
+
+// Raw is the underlying socket.
+func (c *Conn) Raw() *net.UnixConn { return c.c }
+
+// Frame is one decoded frame. Body aliases the Conn's buffer and is valid until
+// the next ReadFrame.
+type Frame struct {
+	Kind uint8
+	ID   uint32
+	Body []byte
+}
+
+// fill reads more bytes (and any descriptors riding on them) into rbuf.
+func (c *Conn) fill() error {
+	if c.eof {
+		return ErrClosed
+	}
+	if c.r > 0 && c.r == c.w {
+		c.r, c.w = 0, 0
+	}
+	if c.w == len(c.rbuf) {
+		if c.r > 0 {
+			copy(c.rbuf, c.rbuf[c.r:c.w])
+			c.w -= c.r
+			c.r = 0
+		} else {
+			nb := make([]byte, 2*len(c.rbuf))
+			copy(nb, c.rbuf[:c.w])
+			c.rbuf = nb
+		}
+	}
+	n, oobn, flags, _, err := c.c.ReadMsgUnix(c.rbuf[c.w:], c.oob)
+	if oobn > 0 {
+		if perr := c.takeFDs(c.oob[:oobn]); perr != nil {
+			return perr
+		}
+	}
+	if flags&unix.MSG_CTRUNC != 0 {
+		return protoErrf("more than %d descriptors in one message", MaxFDs)
+	}
+	c.w += n
+	if err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+			c.eof = true
+			return ErrClosed
+		}
+		return fmt.Errorf("ipc: read: %w", err)
+	}
+	if n == 0 {
+		c.eof = true
+		return ErrClosed
+	}
+	return nil
+}
+
+func (c *Conn) takeFDs(oob []byte) error {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return protoErrf("bad control message: %v", err)
+	}
+	for _, m := range msgs {
+		if m.Header.Level != unix.SOL_SOCKET || m.Header.Type != unix.SCM_RIGHTS {
+			continue
+		}
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			return protoErrf("bad SCM_RIGHTS: %v", err)
+		}
+		c.fds = append(c.fds, fds...)
+	}
+	if len(c.fds) > MaxFDs {
+		return protoErrf("%d descriptors received that no message claimed (at most %d)", len(c.fds), MaxFDs)
+	}
+	return nil
+}
+
+// ReadFrame returns the next frame. A malformed header or an oversized body is
+// a *ProtocolError; a closed connection is ErrClosed.
+func (c *Conn) ReadFrame() (Frame, error) {
+	for c.w-c.r < HeaderSize {
+		if err := c.fill(); err != nil {
+			if errors.Is(err, ErrClosed) && c.w > c.r {
+				return Frame{}, protoErrf("connection closed inside a frame header")
+			}
+			return Frame{}, err
+		}
+	}
+	h := c.rbuf[c.r : c.r+HeaderSize]
+	if h[0] != magic0 || h[1] != magic1 {
+		return Frame{}, protoErrf("bad magic %#02x%02x (want \"HV\"): not an hvdd client, or a desynchronised stream", h[0], h[1])
+	}
+	f := Frame{Kind: h[2], ID: binary.LittleEndian.Uint32(h[4:8])}
+	if f.Kind != KindClient && f.Kind != KindServer {
+		return Frame{}, protoErrf("unknown frame kind %d", f.Kind)
+	}
+	if h[3] != 0 {
+		return Frame{}, protoErrf("reserved flags %#x set", h[3])
+	}
+	n := binary.LittleEndian.Uint32(h[8:12])
+	if n > MaxBody {
+		return Frame{}, protoErrf("frame body of %d bytes exceeds the %d-byte limit", n, MaxBody)
+	}
+	total := HeaderSize + int(n)
+	for c.w-c.r < total {
+		if err := c.fill(); err != nil {
+			if errors.Is(err, ErrClosed) {
+				return Frame{}, protoErrf("connection closed inside a %d-byte frame", total)
+			}
+			return Frame{}, err
+		}
+	}
+	f.Body = c.rbuf[c.r+HeaderSize : c.r+total]
+	c.r += total
+	return f, nil
+}
+
+// PopFD takes the oldest received descriptor, which the caller then owns.
+func (c *Conn) PopFD() (int, error) {
+	if len(c.fds) == 0 {
+		return -1, protoErrf("message needs a file descriptor but none was sent with it")
+	}
+	fd := c.fds[0]
+	c.fds = c.fds[1:]
+	return fd, nil
+}
+
+// ReadClient reads and decodes a ClientMessage frame (the daemon's side).
+func (c *Conn) ReadClient() (uint32, *ipcpb.ClientMessage, error) {
+	f, err := c.ReadFrame()
+	if err != nil {
+		return 0, nil, err
+	}
+	if f.Kind != KindClient {
+		return 0, nil, protoErrf("frame kind %d where a client message (kind %d) was expected", f.Kind, KindClient)
+	}
+	m := new(ipcpb.ClientMessage)
+	if err := proto.Unmarshal(f.Body, m); err != nil {
+		return 0, nil, protoErrf("undecodable client message: %v", err)
+	}
+	if m.Msg == nil {
+		return 0, nil, protoErrf("client message with no known content (unknown message type?)")
+	}
+	return f.ID, m, nil
+}
+
+// ReadServer reads and decodes a ServerMessage frame (the client's side).
+func (c *Conn) ReadServer() (uint32, *ipcpb.ServerMessage, error) {
+	f, err := c.ReadFrame()
+	if err != nil {
+		return 0, nil, err
+	}
+	if f.Kind != KindServer {
+		return 0, nil, protoErrf("frame kind %d where a server message (kind %d) was expected", f.Kind, KindServer)
+	}
+	m := new(ipcpb.ServerMessage)
+	if err := proto.Unmarshal(f.Body, m); err != nil {
+		return 0, nil, protoErrf("undecodable server message: %v", err)
+	}
+	if m.Msg == nil {
+		return 0, nil, protoErrf("server message with no known content")
+	}
+	return f.ID, m, nil
+}
+
+// WriteMessage encodes m into one frame of the given kind and sends it, with fd
+// (if >= 0) as SCM_RIGHTS in the same sendmsg.
+func (c *Conn) WriteMessage(kind uint8, id uint32, m proto.Message, fd int) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	b := append(c.wbuf[:0], magic0, magic1, kind, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+	b, err := proto.MarshalOptions{}.MarshalAppend(b, m)
+	if err != nil {
+		return fmt.Errorf("ipc: encode: %w", err)
+	}
+	if len(b)-HeaderSize > MaxBody {
+		return fmt.Errorf("ipc: message of %d bytes exceeds the %d-byte limit", len(b)-HeaderSize, MaxBody)
+	}
+	binary.LittleEndian.PutUint32(b[4:8], id)
+	binary.LittleEndian.PutUint32(b[8:12], uint32(len(b)-HeaderSize))
+	c.wbuf = b
+	return c.writeLocked(b, fd)
+}
+
+// WriteRaw sends bytes as they are (tests use it to send malformed frames).
+func (c *Conn) WriteRaw(b []byte, fd int) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.writeLocked(b, fd)
+}
+
+func (c *Conn) writeLocked(b []byte, fd int) error {
+	var n int
+	var err error
+	if fd >= 0 {
+		n, _, err = c.c.WriteMsgUnix(b, unix.UnixRights(fd), nil)
+	} else {
+		n, err = c.c.Write(b)
+	}
+	if err == nil && n < len(b) {
+		// A stream socket may take part of a sendmsg; the descriptor went
+		// with the first byte, the rest follows as plain data.
+		_, err = c.c.Write(b[n:])
+	}
+	if err != nil {
+		if errors.Is(err, net.ErrClosed) || errors.Is(err, unix.EPIPE) || errors.Is(err, unix.ECONNRESET) {
+			return ErrClosed
+		}
+		return fmt.Errorf("ipc: write: %w", err)
+	}
+	return nil
+}
+
+// WriteServer sends a ServerMessage (the daemon's side).
+func (c *Conn) WriteServer(id uint32, m *ipcpb.ServerMessage, fd int) error {
+	return c.WriteMessage(KindServer, id, m, fd)
+}
+
+// WriteClient sends a ClientMessage (the client's side).
+func (c *Conn) WriteClient(id uint32, m *ipcpb.ClientMessage, fd int) error {
+	return c.WriteMessage(KindClient, id, m, fd)
+}
+
+// PeerCred returns the credentials of the process at the other end, as the
+// kernel recorded them at connect time.
+func (c *Conn) PeerCred() (*unix.Ucred, error) {
+	raw, err := c.c.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("ipc: peer credentials: %w", err)
+	}
+	var cred *unix.Ucred
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, fmt.Errorf("ipc: peer credentials: %w", err)
+	}
+	if serr != nil {
+		return nil, fmt.Errorf("ipc: SO_PEERCRED: %w", serr)
+	}
+	return cred, nil
+}
+
+// Close closes the socket; a blocked ReadFrame returns ErrClosed. The reading
+// goroutine then calls CloseFDs.
+func (c *Conn) Close() error { return c.c.Close() }
+
+// CloseFDs closes received descriptors that no message claimed. Call it only
+// from the reading goroutine (or after it has stopped).
+func (c *Conn) CloseFDs() {
+	for _, fd := range c.fds {
+		unix.Close(fd)
+	}
+	c.fds = nil
+}

@@ -1,0 +1,130 @@
+package launch
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseArgs(t *testing.T) {
+	t.Setenv("HVDD_SOCKET", "/env/hvdd.sock")
+	t.Setenv("HVDD_TEST_EXPORTED", "from-parent")
+	tests := []struct {
+		name    string
+		args    []string
+		want    Config
+		wantErr string // substring; empty for success
+	}{
+		{
+			name: "minimal",
+			args: []string{"-np", "2", "python", "train.py"},
+			want: Config{NP: 2, Command: []string{"python", "train.py"}, Socket: "/env/hvdd.sock"},
+		},
+		{
+			name: "double dash stops flags",
+			args: []string{"-np", "2", "--socket", "/s.sock", "--", "python", "-np", "3"},
+			want: Config{NP: 2, Command: []string{"python", "-np", "3"}, Socket: "/s.sock"},
+		},
+		{
+			name: "first non-flag stops flags",
+			args: []string{"--np=4", "./train", "--socket", "x", "--", "y"},
+			want: Config{NP: 4, Command: []string{"./train", "--socket", "x", "--", "y"}, Socket: "/env/hvdd.sock"},
+		},
+		{
+			name: "all flags",
+			args: []string{"--num-proc", "8", "--no-tag-output", "--start-timeout", "1m", "--kill-grace=2s",
+				"-x", "A=1", "-x", "HVDD_TEST_EXPORTED", "-x", "HVDD_TEST_UNSET", "-x", "B=", "--", "cmd"},
+			want: Config{
+				NP: 8, Command: []string{"cmd"}, Socket: "/env/hvdd.sock", NoTagOutput: true,
+				StartTimeout: time.Minute, KillGrace: 2 * time.Second,
+				Env: []string{"A=1", "HVDD_TEST_EXPORTED=from-parent", "B="},
+			},
+		},
+		{name: "help", args: []string{"--help"}, wantErr: "help requested"},
+		{name: "np missing", args: []string{"python"}, wantErr: "-np is required"},
+		{name: "np zero", args: []string{"-np", "0", "python"}, wantErr: "at least 1"},
+		{name: "np negative", args: []string{"-np", "-1", "python"}, wantErr: "at least 1"},
+		{name: "np not a number", args: []string{"-np", "two", "python"}, wantErr: "see 'hvdd run --help'"},
+		{name: "no command", args: []string{"-np", "2"}, wantErr: "no command"},
+		{name: "no command after dash dash", args: []string{"-np", "2", "--"}, wantErr: "no command"},
+		{name: "unknown flag", args: []string{"-np", "2", "--hostfile", "h", "python"}, wantErr: "flag provided but not defined: -hostfile; see 'hvdd run --help'"},
+		{name: "bad duration", args: []string{"-np", "2", "--kill-grace", "5", "python"}, wantErr: "kill-grace"},
+		{name: "zero duration", args: []string{"-np", "2", "--kill-grace", "0s", "python"}, wantErr: "--kill-grace must be positive"},
+		{name: "negative duration", args: []string{"-np", "2", "--start-timeout", "-1s", "python"}, wantErr: "must not be negative"},
+		{name: "bad -x", args: []string{"-np", "2", "-x", "=v", "python"}, wantErr: "not NAME or NAME=VALUE"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseArgs(tt.args)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("ParseArgs(%q) error = %v, want one containing %q", tt.args, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ParseArgs(%q): %v", tt.args, err)
+			}
+			if got.NP != tt.want.NP || !slices.Equal(got.Command, tt.want.Command) || got.Socket != tt.want.Socket ||
+				got.NoTagOutput != tt.want.NoTagOutput || got.StartTimeout != tt.want.StartTimeout ||
+				got.KillGrace != tt.want.KillGrace || !slices.Equal(got.Env, tt.want.Env) {
+				t.Errorf("ParseArgs(%q) =\n%+v\nwant\n%+v", tt.args, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseArgsHelpIsErrHelp(t *testing.T) {
+	for _, arg := range []string{"-h", "--help", "-help"} {
+		if _, err := ParseArgs([]string{arg}); !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("ParseArgs(%q) = %v, want flag.ErrHelp", arg, err)
+		}
+	}
+}
+
+// TestUsageNamesEveryFlag keeps Usage in step with ParseArgs.
+func TestUsageNamesEveryFlag(t *testing.T) {
+	for _, f := range []string{"-np N", "--num-proc", "--socket PATH", "--no-tag-output", "--start-timeout", "--kill-grace", "-x NAME[=VALUE]", `"--"`, "--help"} {
+		if !strings.Contains(Usage, f) {
+			t.Errorf("Usage does not mention %s", f)
+		}
+	}
+}
+
+func TestSocketPath(t *testing.T) {
+	t.Setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+	t.Setenv("TMPDIR", "/tmp/x")
+	var wantDefault string
+	switch uid := strconv.Itoa(os.Getuid()); {
+	case os.Geteuid() == 0:
+		wantDefault = "/run/hvdd/hvdd.sock"
+	default:
+		wantDefault = "/run/user/1000/hvdd.sock"
+		t.Run("no XDG_RUNTIME_DIR", func(t *testing.T) {
+			t.Setenv("XDG_RUNTIME_DIR", "")
+			if got, want := DefaultSocket(), filepath.Join("/tmp/x", "hvdd-"+uid, "hvdd.sock"); got != want {
+				t.Errorf("DefaultSocket() = %q, want %q", got, want)
+			}
+		})
+	}
+	if got := DefaultSocket(); got != wantDefault {
+		t.Errorf("DefaultSocket() = %q, want %q", got, wantDefault)
+	}
+	t.Setenv("HVDD_SOCKET", "")
+	if got := SocketPath(""); got != wantDefault {
+		t.Errorf("SocketPath(\"\") without $HVDD_SOCKET = %q, want %q", got, wantDefault)
+	}
+	t.Setenv("HVDD_SOCKET", "/env.sock")
+	if got := SocketPath(""); got != "/env.sock" {
+		t.Errorf("SocketPath(\"\") = %q, want $HVDD_SOCKET", got)
+	}
+	if got := SocketPath("/flag.sock"); got != "/flag.sock" {
+		t.Errorf("SocketPath(flag) = %q, want the flag", got)
+	}
+}

@@ -1,0 +1,164 @@
+package launch
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Defaults applied by Run to zero-valued Config fields.
+const (
+	DefaultStartTimeout = 30 * time.Second
+	DefaultKillGrace    = 5 * time.Second
+)
+
+// maxLine is the longest line the output tagger buffers; a longer line is
+// written out in pieces of this size, each tagged as a line of its own.
+const maxLine = 1 << 20
+
+// Config describes one `hvdd run` job. The zero value of every field except
+// NP and Command is usable; Run fills in the documented defaults.
+type Config struct {
+	// NP is the number of worker processes (ranks) to start. It must be at
+	// least 1; the zero value is rejected.
+	NP int
+
+	// Command is the worker program followed by its arguments, started NP
+	// times. Command[0] is looked up in $PATH when it contains no slash. It
+	// must not be empty.
+	Command []string
+
+	// Socket is the path of the daemon's Unix socket; a leading '@' names a
+	// Linux abstract socket. Empty means SocketPath(""): $HVDD_SOCKET, else
+	// DefaultSocket().
+	Socket string
+
+	// DaemonCommand starts a daemon when none accepts connections on Socket,
+	// e.g. [hvdd, "serve", "--slots", "4", "--socket", Socket]. The command
+	// must listen on Socket; Run stops it (SIGTERM, then SIGKILL after
+	// KillGrace) once every worker has exited. Nil means never start one: Run
+	// fails if no daemon is listening.
+	DaemonCommand []string
+
+	// StartTimeout bounds how long Run waits for a daemon it started to
+	// accept connections (and for another hvdd run to release the socket's
+	// lock). Zero means DefaultStartTimeout (30s).
+	StartTimeout time.Duration
+
+	// KillGrace is how long ranks (and a daemon Run started) get between
+	// SIGTERM and SIGKILL when the job is being stopped. Zero means
+	// DefaultKillGrace (5s).
+	KillGrace time.Duration
+
+	// Env holds extra NAME=VALUE entries for every worker, on top of our own
+	// environment. Run's rank variables (HVDD_RANK, HOROVOD_RANK, ...) are
+	// set last and cannot be overridden. Nil means no extra variables.
+	Env []string
+
+	// Dir is the workers' working directory. Empty means ours.
+	Dir string
+
+	// NoTagOutput turns off line tagging: workers then write straight to
+	// Stdout and Stderr (sharing the file descriptors when those are
+	// *os.File). The zero value tags every line as "[rank]<stdout>:line".
+	NoTagOutput bool
+
+	// Stdin is connected to rank 0's standard input, as mpirun does; the
+	// other ranks read the null device. Nil means rank 0 reads the null
+	// device too.
+	Stdin io.Reader
+
+	// Stdout receives the workers' standard output. Nil means os.Stdout.
+	Stdout io.Writer
+
+	// Stderr receives the workers' standard error, the daemon's output
+	// (prefixed "[hvdd] ") and Run's own messages (prefixed "hvdd run: ").
+	// Nil means os.Stderr.
+	Stderr io.Writer
+
+	// Signals delivers the signals to forward to the workers. Nil means Run
+	// subscribes to SIGINT, SIGTERM and SIGHUP with signal.Notify for as long
+	// as it runs. Tests (and embedders that route signals themselves) pass
+	// their own channel.
+	Signals <-chan os.Signal
+}
+
+// DefaultSocket returns the socket path used when neither --socket nor
+// $HVDD_SOCKET is given: /run/hvdd/hvdd.sock for root (effective uid 0),
+// else $XDG_RUNTIME_DIR/hvdd.sock, else <os.TempDir()>/hvdd-<uid>/hvdd.sock.
+func DefaultSocket() string {
+	if os.Geteuid() == 0 {
+		return "/run/hvdd/hvdd.sock"
+	}
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "hvdd.sock")
+	}
+	return filepath.Join(os.TempDir(), "hvdd-"+strconv.Itoa(os.Getuid()), "hvdd.sock")
+}
+
+// SocketPath resolves the socket path the way `hvdd run` and `hvdd serve`
+// do: flagValue if non-empty, else $HVDD_SOCKET if non-empty, else
+// DefaultSocket().
+func SocketPath(flagValue string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	if s := os.Getenv("HVDD_SOCKET"); s != "" {
+		return s
+	}
+	return DefaultSocket()
+}
+
+// withDefaults returns a copy of c with the zero-valued fields filled in.
+func (c Config) withDefaults() Config {
+	c.Socket = SocketPath(c.Socket)
+	if c.StartTimeout == 0 {
+		c.StartTimeout = DefaultStartTimeout
+	}
+	if c.KillGrace == 0 {
+		c.KillGrace = DefaultKillGrace
+	}
+	if c.Stdout == nil {
+		c.Stdout = os.Stdout
+	}
+	if c.Stderr == nil {
+		c.Stderr = os.Stderr
+	}
+	return c
+}
+
+// validate reports the first thing wrong with c, saying how to fix it.
+func (c *Config) validate() error {
+	switch {
+	case c.NP < 1:
+		return fmt.Errorf("the number of processes is %d; it must be at least 1 (pass -np N)", c.NP)
+	case len(c.Command) == 0:
+		return errors.New("no command to run; put it after the flags, e.g. hvdd run -np 2 -- python train.py")
+	case c.Command[0] == "":
+		return errors.New("the command name is empty; put the program to run after the flags")
+	case c.StartTimeout < 0:
+		return fmt.Errorf("start timeout %v is negative; pass a positive duration such as --start-timeout 30s", c.StartTimeout)
+	case c.KillGrace < 0:
+		return fmt.Errorf("kill grace %v is negative; pass a positive duration such as --kill-grace 5s", c.KillGrace)
+	case len(c.DaemonCommand) > 0 && c.DaemonCommand[0] == "":
+		return errors.New("the daemon command's program name is empty")
+	}
+	if strings.ContainsRune(c.Socket, 0) {
+		return fmt.Errorf("socket path %q contains a NUL byte", c.Socket)
+	}
+	// sun_path holds 108 bytes including the terminating NUL.
+	if len(c.Socket) > 107 {
+		return fmt.Errorf("socket path %q is %d bytes, longer than a Unix socket allows (107); pass a shorter --socket", c.Socket, len(c.Socket))
+	}
+	for _, kv := range c.Env {
+		if name, _, ok := strings.Cut(kv, "="); !ok || name == "" {
+			return fmt.Errorf("environment entry %q is not NAME=VALUE", kv)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,132 @@
+//go:build amd64 && !purego
+
+package reduce
+
+import (
+	"unsafe"
+
+	"github.com/hvdd/hvdd/tensor"
+	"golang.org/x/sys/cpu"
+)
+
+// haveAVX2 selects the assembly float32/float64 loops; haveF16C the
+// assembly float16 conversions. Tests flip them to cover both paths.
+var (
+	haveAVX2 = cpu.X86.HasAVX2
+	haveF16C = cpu.X86.HasAVX && cpu.X86.HasF16C
+)
+
+// The assembly loops (kernels_amd64.s). Each reads srcs[0..ns) and writes
+// d0 and, unless it is nil, d1, over the byte range [off, end), which must be
+// a whole number of 128-byte blocks. For each block it loads all sources
+// before it stores, so d0 and d1 may be the same buffers as sources. With
+// scaled it multiplies every source by pre and the result by post.
+//
+//go:noescape
+func sumF32(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float32)
+
+//go:noescape
+func prodF32(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float32)
+
+//go:noescape
+func minF32(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float32)
+
+//go:noescape
+func maxF32(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float32)
+
+//go:noescape
+func sumF64(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float64)
+
+//go:noescape
+func prodF64(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float64)
+
+//go:noescape
+func minF64(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float64)
+
+//go:noescape
+func maxF64(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float64)
+
+// cvtF16ToF32 widens n float16 values (n a multiple of 8) with VCVTPH2PS.
+//
+//go:noescape
+func cvtF16ToF32(dst *float32, src *uint16, n int)
+
+// cvtF32ToF16 narrows n float32 values (n a multiple of 8) with VCVTPS2PH,
+// rounding to nearest even.
+//
+//go:noescape
+func cvtF32ToF16(dst *uint16, src *float32, n int)
+
+// vecChunk runs the assembly loop over the longest prefix of [c, e) that is
+// a whole number of 128-byte blocks, fills dsts[2:] from dsts[0], and returns
+// how many elements it did.
+func vecChunk[T float](j *job, c, e int) int {
+	var z T
+	sz := int(unsafe.Sizeof(z))
+	m := (e - c) &^ (128/sz - 1)
+	if m == 0 {
+		return 0
+	}
+	d0 := unsafe.Pointer(unsafe.SliceData(j.dsts[0]))
+	var d1 unsafe.Pointer
+	if len(j.dsts) > 1 && !same(j.dsts[1], j.dsts[0]) {
+		d1 = unsafe.Pointer(unsafe.SliceData(j.dsts[1]))
+	}
+	off, end := c*sz, (c+m)*sz
+	srcs, ns := j.srcBase(), len(j.srcs)
+	if sz == 4 {
+		pre, post := float32(j.pre), float32(j.post)
+		switch j.op {
+		case tensor.Sum:
+			sumF32(d0, d1, srcs, ns, off, end, j.scaled, pre, post)
+		case tensor.Product:
+			prodF32(d0, d1, srcs, ns, off, end, j.scaled, pre, post)
+		case tensor.Min:
+			minF32(d0, d1, srcs, ns, off, end, j.scaled, pre, post)
+		case tensor.Max:
+			maxF32(d0, d1, srcs, ns, off, end, j.scaled, pre, post)
+		}
+	} else {
+		switch j.op {
+		case tensor.Sum:
+			sumF64(d0, d1, srcs, ns, off, end, j.scaled, j.pre, j.post)
+		case tensor.Product:
+			prodF64(d0, d1, srcs, ns, off, end, j.scaled, j.pre, j.post)
+		case tensor.Min:
+			minF64(d0, d1, srcs, ns, off, end, j.scaled, j.pre, j.post)
+		case tensor.Max:
+			maxF64(d0, d1, srcs, ns, off, end, j.scaled, j.pre, j.post)
+		}
+	}
+	// Later dsts are filled from dsts[0] while the chunk is still in cache.
+	// The loop above has consumed every source of [off, end), so these
+	// writes cannot clobber unread input.
+	for _, d := range j.dsts[min(2, len(j.dsts)):] {
+		if !same(d, j.dsts[0]) {
+			copy(d[off:end], j.dsts[0][off:end])
+		}
+	}
+	return m
+}
+
+// f16ToF32 widens float16 values, with F16C when available.
+func f16ToF32(dst []float32, src []uint16) {
+	n := 0
+	if haveF16C {
+		if n = len(dst) &^ 7; n > 0 {
+			cvtF16ToF32(&dst[0], &src[:n][0], n)
+		}
+	}
+	f16ToF32Go(dst[n:], src[n:])
+}
+
+// f32ToF16 narrows float32 values to float16, with F16C when available.
+func f32ToF16(dst []uint16, src []float32) {
+	n := 0
+	if haveF16C {
+		if n = len(dst) &^ 7; n > 0 {
+			cvtF32ToF16(&dst[0], &src[:n][0], n)
+		}
+	}
+	f32ToF16Go(dst[n:], src[n:])
+}

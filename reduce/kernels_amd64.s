@@ -1,0 +1,237 @@
+//go:build amd64 && !purego
+
+#include "textflag.h"
+
+// AVX2 reduction loops; see the declarations in kernels_amd64.go.
+//
+// Register use:
+//   DI = d0, DX = d1 (0: none), SI = &srcs[0], CX = ns,
+//   AX = byte offset, BX = end offset, R8 = srcs[0],
+//   R9 = source index, R10 = srcs[R9],
+//   Y0-Y3 = the accumulator block (4 vectors = 128 bytes),
+//   Y4-Y7 = the block of the current source, Y14 = pre, Y15 = post.
+//
+// For each 128-byte block the loop loads srcs[0], folds in srcs[1..ns) one
+// after another (the same left-to-right order as the Go code), then stores
+// to d0 and d1. All loads of a block precede its stores, which is what makes
+// d0/d1 == some src safe. The accumulator stays in registers, so a block of
+// the fused case dsts == srcs == {a, b} costs exactly two loads and two
+// stores per vector: the 4 bytes of memory traffic per tensor byte that the
+// operation needs.
+//
+// OPR(t, acc) folds the new vector t into acc:
+//   Sum:     acc = acc + t          (VADDPS t, acc, acc)
+//   Product: acc = acc * t
+//   Min:     acc = t < acc ? t : acc  (VMINPS acc, t, acc: Intel's MINPS
+//            returns its second operand unless first < second, so t must be
+//            the first operand to get the Go code's "if b < a { a = b }")
+//   Max:     acc = t > acc ? t : acc
+// Multiplies by pre/post never fuse with the op (no FMA), matching Go.
+
+#define ADDPS(t, acc) VADDPS t, acc, acc
+#define MULPS(t, acc) VMULPS t, acc, acc
+#define MINPS(t, acc) VMINPS acc, t, acc
+#define MAXPS(t, acc) VMAXPS acc, t, acc
+#define ADDPD(t, acc) VADDPD t, acc, acc
+#define MULPD(t, acc) VMULPD t, acc, acc
+#define MINPD(t, acc) VMINPD acc, t, acc
+#define MAXPD(t, acc) VMAXPD acc, t, acc
+
+// BODY is the whole function body. MOVU/MUL/BCAST are the PS or PD forms of
+// load/store, multiply and broadcast; PRE and POST are the argument
+// addresses of the scale factors.
+#define BODY(OPR, MOVU, MUL, BCAST, PRE, POST) \
+	MOVQ d0+0(FP), DI \
+	MOVQ d1+8(FP), DX \
+	MOVQ srcs+16(FP), SI \
+	MOVQ ns+24(FP), CX \
+	MOVQ off+32(FP), AX \
+	MOVQ end+40(FP), BX \
+	MOVQ (SI), R8 \
+	MOVBLZX scaled+48(FP), R11 \
+	TESTQ R11, R11 \
+	JNZ scaledSetup \
+plain: \
+	CMPQ AX, BX \
+	JAE done \
+	MOVU (R8)(AX*1), Y0 \
+	MOVU 32(R8)(AX*1), Y1 \
+	MOVU 64(R8)(AX*1), Y2 \
+	MOVU 96(R8)(AX*1), Y3 \
+	MOVQ $1, R9 \
+plainSrc: \
+	CMPQ R9, CX \
+	JAE plainStore \
+	MOVQ (SI)(R9*8), R10 \
+	MOVU (R10)(AX*1), Y4 \
+	MOVU 32(R10)(AX*1), Y5 \
+	MOVU 64(R10)(AX*1), Y6 \
+	MOVU 96(R10)(AX*1), Y7 \
+	OPR(Y4, Y0) \
+	OPR(Y5, Y1) \
+	OPR(Y6, Y2) \
+	OPR(Y7, Y3) \
+	INCQ R9 \
+	JMP plainSrc \
+plainStore: \
+	MOVU Y0, (DI)(AX*1) \
+	MOVU Y1, 32(DI)(AX*1) \
+	MOVU Y2, 64(DI)(AX*1) \
+	MOVU Y3, 96(DI)(AX*1) \
+	TESTQ DX, DX \
+	JZ plainNext \
+	MOVU Y0, (DX)(AX*1) \
+	MOVU Y1, 32(DX)(AX*1) \
+	MOVU Y2, 64(DX)(AX*1) \
+	MOVU Y3, 96(DX)(AX*1) \
+plainNext: \
+	ADDQ $128, AX \
+	JMP plain \
+scaledSetup: \
+	BCAST PRE, Y14 \
+	BCAST POST, Y15 \
+scaledLoop: \
+	CMPQ AX, BX \
+	JAE done \
+	MUL (R8)(AX*1), Y14, Y0 \
+	MUL 32(R8)(AX*1), Y14, Y1 \
+	MUL 64(R8)(AX*1), Y14, Y2 \
+	MUL 96(R8)(AX*1), Y14, Y3 \
+	MOVQ $1, R9 \
+scaledSrc: \
+	CMPQ R9, CX \
+	JAE scaledStore \
+	MOVQ (SI)(R9*8), R10 \
+	MUL (R10)(AX*1), Y14, Y4 \
+	MUL 32(R10)(AX*1), Y14, Y5 \
+	MUL 64(R10)(AX*1), Y14, Y6 \
+	MUL 96(R10)(AX*1), Y14, Y7 \
+	OPR(Y4, Y0) \
+	OPR(Y5, Y1) \
+	OPR(Y6, Y2) \
+	OPR(Y7, Y3) \
+	INCQ R9 \
+	JMP scaledSrc \
+scaledStore: \
+	MUL Y15, Y0, Y0 \
+	MUL Y15, Y1, Y1 \
+	MUL Y15, Y2, Y2 \
+	MUL Y15, Y3, Y3 \
+	MOVU Y0, (DI)(AX*1) \
+	MOVU Y1, 32(DI)(AX*1) \
+	MOVU Y2, 64(DI)(AX*1) \
+	MOVU Y3, 96(DI)(AX*1) \
+	TESTQ DX, DX \
+	JZ scaledNext \
+	MOVU Y0, (DX)(AX*1) \
+	MOVU Y1, 32(DX)(AX*1) \
+	MOVU Y2, 64(DX)(AX*1) \
+	MOVU Y3, 96(DX)(AX*1) \
+scaledNext: \
+	ADDQ $128, AX \
+	JMP scaledLoop \
+done: \
+	VZEROUPPER \
+	RET
+
+// func sumF32(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float32)
+TEXT ·sumF32(SB), NOSPLIT, $0-60
+	BODY(ADDPS, VMOVUPS, VMULPS, VBROADCASTSS, pre+52(FP), post+56(FP))
+
+// func prodF32(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float32)
+TEXT ·prodF32(SB), NOSPLIT, $0-60
+	BODY(MULPS, VMOVUPS, VMULPS, VBROADCASTSS, pre+52(FP), post+56(FP))
+
+// func minF32(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float32)
+TEXT ·minF32(SB), NOSPLIT, $0-60
+	BODY(MINPS, VMOVUPS, VMULPS, VBROADCASTSS, pre+52(FP), post+56(FP))
+
+// func maxF32(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float32)
+TEXT ·maxF32(SB), NOSPLIT, $0-60
+	BODY(MAXPS, VMOVUPS, VMULPS, VBROADCASTSS, pre+52(FP), post+56(FP))
+
+// func sumF64(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float64)
+TEXT ·sumF64(SB), NOSPLIT, $0-72
+	BODY(ADDPD, VMOVUPD, VMULPD, VBROADCASTSD, pre+56(FP), post+64(FP))
+
+// func prodF64(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float64)
+TEXT ·prodF64(SB), NOSPLIT, $0-72
+	BODY(MULPD, VMOVUPD, VMULPD, VBROADCASTSD, pre+56(FP), post+64(FP))
+
+// func minF64(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float64)
+TEXT ·minF64(SB), NOSPLIT, $0-72
+	BODY(MINPD, VMOVUPD, VMULPD, VBROADCASTSD, pre+56(FP), post+64(FP))
+
+// func maxF64(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float64)
+TEXT ·maxF64(SB), NOSPLIT, $0-72
+	BODY(MAXPD, VMOVUPD, VMULPD, VBROADCASTSD, pre+56(FP), post+64(FP))
+
+// func cvtF16ToF32(dst *float32, src *uint16, n int)
+TEXT ·cvtF16ToF32(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	XORQ AX, AX
+	CMPQ CX, $32
+	JB   tail8
+
+loop32:
+	VCVTPH2PS (SI)(AX*2), Y0
+	VCVTPH2PS 16(SI)(AX*2), Y1
+	VCVTPH2PS 32(SI)(AX*2), Y2
+	VCVTPH2PS 48(SI)(AX*2), Y3
+	VMOVUPS   Y0, (DI)(AX*4)
+	VMOVUPS   Y1, 32(DI)(AX*4)
+	VMOVUPS   Y2, 64(DI)(AX*4)
+	VMOVUPS   Y3, 96(DI)(AX*4)
+	ADDQ      $32, AX
+	LEAQ      32(AX), R8
+	CMPQ      R8, CX
+	JBE       loop32
+
+tail8:
+	CMPQ AX, CX
+	JAE  cvt1done
+	VCVTPH2PS (SI)(AX*2), Y0
+	VMOVUPS   Y0, (DI)(AX*4)
+	ADDQ      $8, AX
+	JMP       tail8
+
+cvt1done:
+	VZEROUPPER
+	RET
+
+// func cvtF32ToF16(dst *uint16, src *float32, n int)
+TEXT ·cvtF32ToF16(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	XORQ AX, AX
+	CMPQ CX, $32
+	JB   tail8
+
+loop32:
+	VMOVUPS   (SI)(AX*4), Y0
+	VMOVUPS   32(SI)(AX*4), Y1
+	VMOVUPS   64(SI)(AX*4), Y2
+	VMOVUPS   96(SI)(AX*4), Y3
+	VCVTPS2PH $0, Y0, (DI)(AX*2)
+	VCVTPS2PH $0, Y1, 16(DI)(AX*2)
+	VCVTPS2PH $0, Y2, 32(DI)(AX*2)
+	VCVTPS2PH $0, Y3, 48(DI)(AX*2)
+	ADDQ      $32, AX
+	LEAQ      32(AX), R8
+	CMPQ      R8, CX
+	JBE       loop32
+
+tail8:
+	CMPQ AX, CX
+	JAE  cvt2done
+	VMOVUPS   (SI)(AX*4), Y0
+	VCVTPS2PH $0, Y0, (DI)(AX*2)
+	ADDQ      $8, AX
+	JMP       tail8
+
+cvt2done:
+	VZEROUPPER
+	RET
