@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/hvdd/hvdd/ipc"
 )
 
 // Defaults applied by Run to zero-valued Config fields.
@@ -88,31 +88,11 @@ type Config struct {
 	Signals <-chan os.Signal
 }
 
-// DefaultSocket returns the socket path used when neither --socket nor
-// $HVDD_SOCKET is given: /run/hvdd/hvdd.sock for root (effective uid 0),
-// else $XDG_RUNTIME_DIR/hvdd.sock, else <os.TempDir()>/hvdd-<uid>/hvdd.sock.
-func DefaultSocket() string {
-	if os.Geteuid() == 0 {
-		return "/run/hvdd/hvdd.sock"
-	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "hvdd.sock")
-	}
-	return filepath.Join(os.TempDir(), "hvdd-"+strconv.Itoa(os.Getuid()), "hvdd.sock")
-}
+// DefaultSocket is ipc.DefaultSocket, for callers that already import launch.
+func DefaultSocket() string { return ipc.DefaultSocket() }
 
-// SocketPath resolves the socket path the way `hvdd run` and `hvdd serve`
-// do: flagValue if non-empty, else $HVDD_SOCKET if non-empty, else
-// DefaultSocket().
-func SocketPath(flagValue string) string {
-	if flagValue != "" {
-		return flagValue
-	}
-	if s := os.Getenv("HVDD_SOCKET"); s != "" {
-		return s
-	}
-	return DefaultSocket()
-}
+// SocketPath is ipc.SocketPath.
+func SocketPath(flagValue string) string { return ipc.SocketPath(flagValue) }
 
 // withDefaults returns a copy of c with the zero-valued fields filled in.
 func (c Config) withDefaults() Config {

@@ -26,7 +26,6 @@ import (
 
 	"github.com/hvdd/hvdd/ipc"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
-	"github.com/hvdd/hvdd/launch"
 	"github.com/hvdd/hvdd/shm"
 )
 
@@ -92,12 +91,7 @@ func (c *Client) Init(ctx context.Context) error {
 	if c.ic != nil {
 		return errors.New("hvdd: client already initialised")
 	}
-	if c.Socket == "" {
-		c.Socket = os.Getenv("HVDD_SOCKET")
-	}
-	if c.Socket == "" {
-		c.Socket = launch.DefaultSocket()
-	}
+	c.Socket = ipc.SocketPath(c.Socket)
 	if c.ArenaSize == 0 {
 		c.ArenaSize = 256 << 20
 	}

@@ -1,0 +1,35 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/hvdd/hvdd/launch"
+)
+
+func runMain(args []string) int {
+	cfg, err := launch.ParseArgs(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Print(launch.Usage)
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hvdd run: %v\n", err)
+		return 2
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hvdd run: cannot find the hvdd binary to start a daemon: %v\n", err)
+		return 1
+	}
+	cfg.DaemonCommand = []string{exe, "serve", "--slots", strconv.Itoa(cfg.NP), "--socket", cfg.Socket}
+	code, err := launch.Run(context.Background(), cfg)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hvdd run: %v\n", err)
+	}
+	return code
+}

@@ -1,0 +1,53 @@
+package daemon
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/shm"
+)
+
+// FuzzResolve checks every Enqueue against a client's regions: a request is
+// either refused with an error or yields a buffer that lies inside its region
+// and matches the declared shape and dtype.
+func FuzzResolve(f *testing.F) {
+	f.Add("w", int32(1), int32(9), int64(4), int64(2), uint32(1), uint64(0), uint64(32), 1.0, 1.0)
+	f.Add("w", int32(1), int32(9), int64(-1), int64(2), uint32(1), uint64(0), uint64(32), 1.0, 1.0)
+	f.Add("w", int32(3), int32(1), int64(1<<40), int64(1<<40), uint32(1), uint64(1<<63), uint64(1<<63), 0.0, 2.0)
+	f.Add("", int32(6), int32(0), int64(0), int64(0), uint32(0), uint64(0), uint64(0), 0.0, 0.0)
+	m, err := shm.Create("fuzz", 1<<16)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer m.Close()
+	f.Fuzz(func(t *testing.T, name string, op, dt int32, d0, d1 int64, reg uint32, off, n uint64, pre, post float64) {
+		r := &region{id: 1, m: m}
+		r.refs.Store(1)
+		c := &client{regions: map[uint32]*region{1: r}}
+		e := &ipcpb.Enqueue{Name: name, Op: ipcpb.OpType(op), Dtype: ipcpb.DType(dt), Shape: []int64{d0, d1},
+			Buffer: &ipcpb.Buffer{Region: reg, Offset: off, Length: n}, Prescale: pre, Postscale: post}
+		o, err := c.resolve(1, e)
+		if err != nil {
+			if strings.TrimSpace(err.Error()) == "" {
+				t.Fatal("empty error text")
+			}
+			if r.refs.Load() != 1 {
+				t.Fatalf("refused request leaked a region reference (%d)", r.refs.Load())
+			}
+			return
+		}
+		if o.buf != nil {
+			if uint64(len(o.buf)) != n || off+n > uint64(m.Size()) || off+n < off {
+				t.Fatalf("accepted buffer [%d,+%d) outside the %d-byte region", off, n, m.Size())
+			}
+			if int64(len(o.buf)) != o.req.Shape.NumElements()*int64(o.req.DType.Size()) {
+				t.Fatalf("buffer of %d bytes for shape %v %v", len(o.buf), o.req.Shape, o.req.DType)
+			}
+		}
+		o.release()
+		if r.refs.Load() != 1 {
+			t.Fatalf("released op left %d references", r.refs.Load())
+		}
+	})
+}
