@@ -24,20 +24,21 @@ const grantedBase = 0x80000000
 // maxDims bounds a tensor's rank; more is refused as absurd.
 const maxDims = 64
 
-// client is one connection. The reader goroutine owns the ipc read side and the
-// region table; the loop owns the job fields; outputs has its own lock.
+// client is one connection. The loop goroutine owns the read side, the region
+// table and the job fields; the executor writes Done frames (ipc.Conn
+// serialises writes) and allocates outputs, which have their own lock.
 type client struct {
 	s   *Server
 	ic  *ipc.Conn
 	pid int32 // from SO_PEERCRED
 	uid uint32
 
-	// Owned by the reader goroutine.
-	regions map[uint32]*region
-	hello   bool
-	bye     atomic.Bool
-
-	// Owned by the loop.
+	// Owned by the loop goroutine.
+	fd        int // the socket, registered with the loop's poller
+	regions   map[uint32]*region
+	hello     bool
+	bye       bool
+	dropped   bool
 	job       *job
 	localRank int
 	rank      int
@@ -78,28 +79,77 @@ func (c *client) String() string {
 	return fmt.Sprintf("client pid %d", c.pid)
 }
 
-// read is the connection's reader goroutine.
-func (c *client) read() {
-	defer c.s.forget(c)
-	err := c.readLoop()
-	bye := c.bye.Load()
-	if ipc.IsProtocol(err) {
-		c.s.log.Warn("closing client connection: protocol error", "pid", c.pid, "err", err)
-		fatal(c.ic, ipcpb.Code_CODE_PROTOCOL, err.Error())
-	} else if err != nil && !errors.Is(err, ipc.ErrClosed) {
-		c.s.log.Warn("closing client connection", "pid", c.pid, "err", err)
-		var fe *fatalError
-		if errors.As(err, &fe) {
-			fatal(c.ic, fe.code, fe.msg)
+// readable handles the frames a client has sent, without blocking: at most
+// maxFramesPerWake of them, so one chatty client cannot starve the others
+// (epoll is level-triggered and reports the rest). It returns a non-nil error
+// when the connection must be dropped.
+func (l *loop) readable(c *client) error {
+	for i := 0; i < maxFramesPerWake && !c.dropped; i++ {
+		f, ok, err := c.ic.TryReadFrame()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return nil
+		}
+		id, m, err := ipc.DecodeClient(f)
+		if err != nil {
+			return err
+		}
+		if err := l.handle(c, id, m); err != nil {
+			return err
 		}
 	}
-	c.ic.Close()
-	c.ic.CloseFDs()
-	for _, r := range c.regions {
-		r.unref()
+	return nil
+}
+
+// maxFramesPerWake bounds the frames one client gets handled per poll.
+const maxFramesPerWake = 64
+
+// handle acts on one client message.
+func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
+	if c.bye {
+		return &ipc.ProtocolError{Msg: "message after Goodbye"}
 	}
-	c.regions = nil
-	c.s.post(event{kind: evClosed, c: c, bye: bye, err: err})
+	switch m := m.Msg.(type) {
+	case *ipcpb.ClientMessage_Hello:
+		if c.hello {
+			return &ipc.ProtocolError{Msg: "second Hello on one connection"}
+		}
+		if v := m.Hello.GetVersion(); v != ipc.Version {
+			return &ipc.ProtocolError{Msg: fmt.Sprintf("client speaks protocol version %d, this daemon speaks %d: upgrade the client or the daemon", v, ipc.Version)}
+		}
+		c.hello = true
+		l.hello(c, m.Hello)
+	case *ipcpb.ClientMessage_RegisterRegion:
+		return c.register(m.RegisterRegion)
+	case *ipcpb.ClientMessage_UnregisterRegion:
+		r, ok := c.regions[m.UnregisterRegion.GetRegion()]
+		if !ok {
+			return &ipc.ProtocolError{Msg: fmt.Sprintf("unregister of unknown region %d", m.UnregisterRegion.GetRegion())}
+		}
+		delete(c.regions, r.id)
+		r.unref()
+	case *ipcpb.ClientMessage_Enqueue:
+		if !c.hello {
+			return &ipc.ProtocolError{Msg: "Enqueue before Hello"}
+		}
+		o, err := c.resolve(id, m.Enqueue)
+		if err != nil {
+			c.reply(id, &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: err.Error()})
+			return nil
+		}
+		l.enqueue(o)
+	case *ipcpb.ClientMessage_Release:
+		if err := c.out.release(m.Release.GetBuffer()); err != nil {
+			return &ipc.ProtocolError{Msg: err.Error()}
+		}
+	case *ipcpb.ClientMessage_Goodbye:
+		c.bye = true
+	default:
+		return &ipc.ProtocolError{Msg: fmt.Sprintf("unknown client message %T", m)}
+	}
+	return nil
 }
 
 // fatalError ends a connection with a Fatal of the given code.
@@ -110,7 +160,8 @@ type fatalError struct {
 
 func (e *fatalError) Error() string { return e.msg }
 
-func (c *client) readLoop() error {
+// checkPeer reads the peer's credentials and decides whether it may connect.
+func (c *client) checkPeer() error {
 	cred, err := c.ic.PeerCred()
 	if err != nil {
 		return err
@@ -120,55 +171,17 @@ func (c *client) readLoop() error {
 		return &fatalError{ipcpb.Code_CODE_PERMISSION_DENIED,
 			fmt.Sprintf("uid %d gid %d may not use this daemon (it runs as uid %d; add the group with --allow-gid)", cred.Uid, cred.Gid, c.s.uid)}
 	}
-	for {
-		id, m, err := c.ic.ReadClient()
-		if err != nil {
-			return err
-		}
-		if c.bye.Load() {
-			return &ipc.ProtocolError{Msg: "message after Goodbye"}
-		}
-		switch m := m.Msg.(type) {
-		case *ipcpb.ClientMessage_Hello:
-			if c.hello {
-				return &ipc.ProtocolError{Msg: "second Hello on one connection"}
-			}
-			if v := m.Hello.GetVersion(); v != ipc.Version {
-				return &ipc.ProtocolError{Msg: fmt.Sprintf("client speaks protocol version %d, this daemon speaks %d: upgrade the client or the daemon", v, ipc.Version)}
-			}
-			c.hello = true
-			c.s.post(event{kind: evHello, c: c, hello: m.Hello})
-		case *ipcpb.ClientMessage_RegisterRegion:
-			if err := c.register(m.RegisterRegion); err != nil {
-				return err
-			}
-		case *ipcpb.ClientMessage_UnregisterRegion:
-			r, ok := c.regions[m.UnregisterRegion.GetRegion()]
-			if !ok {
-				return &ipc.ProtocolError{Msg: fmt.Sprintf("unregister of unknown region %d", m.UnregisterRegion.GetRegion())}
-			}
-			delete(c.regions, r.id)
-			r.unref()
-		case *ipcpb.ClientMessage_Enqueue:
-			if !c.hello {
-				return &ipc.ProtocolError{Msg: "Enqueue before Hello"}
-			}
-			o, err := c.resolve(id, m.Enqueue)
-			if err != nil {
-				c.reply(id, &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: err.Error()})
-				continue
-			}
-			c.s.post(event{kind: evEnqueue, c: c, op: o})
-		case *ipcpb.ClientMessage_Release:
-			if err := c.out.release(m.Release.GetBuffer()); err != nil {
-				return &ipc.ProtocolError{Msg: err.Error()}
-			}
-		case *ipcpb.ClientMessage_Goodbye:
-			c.bye.Store(true)
-		default:
-			return &ipc.ProtocolError{Msg: fmt.Sprintf("unknown client message %T", m)}
-		}
+	return nil
+}
+
+// release drops the connection's hold on its regions and descriptors. Called
+// once, by the loop, after the socket is closed.
+func (c *client) releaseConn() {
+	c.ic.CloseFDs()
+	for _, r := range c.regions {
+		r.unref()
 	}
+	c.regions = nil
 }
 
 func (c *client) register(m *ipcpb.RegisterRegion) error {

@@ -47,6 +47,12 @@ type Config struct {
 	// their own size.
 	OutputRegion int64
 
+	// Spin is how long the daemon keeps polling its clients without sleeping
+	// after each burst of activity, so that the next request of a busy job
+	// costs no wake-up. Zero means 50 µs; negative never spins (every request
+	// then pays a wake-up, about 30 µs across cores). An idle daemon sleeps.
+	Spin time.Duration
+
 	// Workers bounds the goroutines of one local reduction. Zero means
 	// GOMAXPROCS.
 	Workers int
@@ -84,6 +90,11 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.StallCheck == 0 {
 		out.StallCheck = 60 * time.Second
+	}
+	if out.Spin == 0 {
+		out.Spin = 50 * time.Microsecond
+	} else if out.Spin < 0 {
+		out.Spin = 0
 	}
 	if out.OutputRegion == 0 {
 		out.OutputRegion = 256 << 20

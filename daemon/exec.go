@@ -22,18 +22,18 @@ type work struct {
 // keeps negotiating while data moves.
 type executor struct {
 	s       *Server
+	p       *poller
 	ropts   reduce.Options
 	work    chan []work
-	idle    chan struct{}
 	stopped chan struct{}
 }
 
-func newExecutor(s *Server) *executor {
+func newExecutor(s *Server, p *poller) *executor {
 	return &executor{
 		s:       s,
+		p:       p,
 		ropts:   reduce.Options{Workers: s.cfg.Workers},
-		work:    make(chan []work),
-		idle:    make(chan struct{}, 1),
+		work:    make(chan []work, 1),
 		stopped: make(chan struct{}),
 	}
 }
@@ -44,7 +44,7 @@ func (x *executor) run() {
 		for _, w := range batch {
 			x.execute(w)
 		}
-		x.idle <- struct{}{}
+		x.p.post(msgExecIdle{})
 	}
 }
 

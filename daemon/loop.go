@@ -1,12 +1,14 @@
 package daemon
 
 import (
-	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sort"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc"
@@ -14,23 +16,18 @@ import (
 	"github.com/hvdd/hvdd/tensor"
 )
 
-type evKind int
+// inlineBytes is the most payload the loop executes itself instead of handing
+// the batch to the executor goroutine.
+const inlineBytes = 256 << 10
 
-const (
-	evHello evKind = iota
-	evEnqueue
-	evClosed
+// Messages other goroutines post to the loop through its poller.
+type (
+	msgConn     struct{ c *client } // accepted connection
+	msgExecIdle struct{}            // the executor finished its batch
+	msgStall    struct{}            // the stall timer fired
+	msgCycle    struct{}            // the cycle timer fired
+	msgQuit     struct{}            // Close was called
 )
-
-// event is what reader goroutines send the loop.
-type event struct {
-	kind  evKind
-	c     *client
-	hello *ipcpb.Hello
-	op    *op
-	bye   bool
-	err   error
-}
 
 // op is one client request in flight.
 type op struct {
@@ -78,11 +75,14 @@ type job struct {
 	barriers []int       // per rank: barriers submitted so far
 }
 
-// loop owns the daemon's job state; only its goroutine touches it.
+// loop owns the daemon's job state and every client's read side; only its
+// goroutine touches them.
 type loop struct {
 	s       *Server
 	cfg     Config
+	p       *poller
 	start   time.Time
+	clients map[int]*client // by socket fd
 	job     *job
 	waiting []*client // hellos waiting for the current job to end
 	nextJob uint64
@@ -94,72 +94,169 @@ type loop struct {
 	stall        *time.Timer
 	cycle        *time.Timer
 	lastDispatch time.Time
+	spinUntil    time.Time
+	quit         bool
 }
 
-func newLoop(s *Server) *loop {
-	return &loop{s: s, cfg: s.cfg, start: time.Now(), x: newExecutor(s)}
+func newLoop(s *Server, p *poller) *loop {
+	l := &loop{s: s, cfg: s.cfg, p: p, start: time.Now(), clients: make(map[int]*client)}
+	l.x = newExecutor(s, p)
+	return l
 }
 
 // now is the plan's logical clock: milliseconds since the loop started.
 func (l *loop) now() int64 { return time.Since(l.start).Milliseconds() }
 
-func (l *loop) run(ctx context.Context) {
+// run is the daemon's event loop. It waits in epoll for client frames and
+// posted messages; after any activity it keeps polling without blocking for
+// cfg.Spin, so that the next request of a busy job is picked up without the
+// cost of a wake-up, then blocks again. An idle daemon sleeps in epoll_wait.
+func (l *loop) run() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	go l.x.run()
-	defer func() {
-		if l.job != nil {
-			l.fail(l.job, ipcpb.Code_CODE_SHUT_DOWN, "the hvdd daemon is shutting down")
+	defer l.shutdown()
+	for !l.quit {
+		timeout := -1
+		if l.cfg.Spin > 0 && time.Now().Before(l.spinUntil) {
+			timeout = 0
 		}
-		close(l.x.work)
-		<-l.x.stopped
-		for _, c := range l.dead {
-			c.out.close()
-		}
-		if l.job != nil {
-			for _, c := range l.job.slots {
-				if c != nil {
-					c.out.close()
-				}
-			}
-		}
-	}()
-	var stallC, cycleC <-chan time.Time
-	for {
-		select {
-		case <-ctx.Done():
+		events, err := l.p.wait(timeout)
+		if err != nil {
+			l.s.log.Error("event loop failed", "err", err)
 			return
-		case e := <-l.s.ev:
-			switch e.kind {
-			case evHello:
-				l.hello(e.c, e.hello)
-			case evEnqueue:
-				l.enqueue(e.op)
-			case evClosed:
-				l.closed(e.c, e.bye, e.err)
+		}
+		if len(events) == 0 {
+			if timeout == 0 {
+				unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 			}
-		case <-l.x.idle:
-			l.execBusy = false
-			if len(l.dead) > 0 {
-				for _, c := range l.dead {
-					c.out.close()
+			continue
+		}
+		for _, ev := range events {
+			fd := int(ev.Fd)
+			if fd == l.p.evfd {
+				for _, m := range l.p.drain() {
+					l.message(m)
 				}
-				l.dead = nil
+				continue
 			}
-		case <-stallC:
-			l.stall = nil
-			l.checkStalls()
-		case <-cycleC:
-			l.cycle = nil
+			c := l.clients[fd]
+			if c == nil {
+				continue
+			}
+			if err := l.readable(c); err != nil || ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 && !c.ic.Buffered() {
+				if err == nil {
+					err = ipc.ErrClosed
+				}
+				l.drop(c, err)
+			}
 		}
 		l.dispatch()
-		stallC, cycleC = nil, nil
 		l.armStallTimer()
-		if l.stall != nil {
-			stallC = l.stall.C
-		}
-		if l.cycle != nil {
-			cycleC = l.cycle.C
+		if l.cfg.Spin > 0 {
+			l.spinUntil = time.Now().Add(l.cfg.Spin)
 		}
 	}
+}
+
+func (l *loop) message(m any) {
+	switch m := m.(type) {
+	case msgConn:
+		c := m.c
+		fd, err := sockFD(c)
+		if err == nil {
+			err = l.p.add(fd)
+		}
+		if err != nil {
+			l.s.log.Error("cannot watch client connection", "pid", c.pid, "err", err)
+			c.ic.Close()
+			l.s.forget(c)
+			return
+		}
+		c.fd = fd
+		l.clients[fd] = c
+	case msgExecIdle:
+		l.execBusy = false
+		l.closeDead()
+	case msgStall:
+		l.stall = nil
+		l.checkStalls()
+	case msgCycle:
+		l.cycle = nil
+	case msgQuit:
+		l.quit = true
+	}
+}
+
+// sockFD returns the descriptor of a client's socket. It stays valid until the
+// loop closes the connection.
+func sockFD(c *client) (int, error) {
+	raw, err := c.ic.Raw().SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		return -1, err
+	}
+	return fd, nil
+}
+
+// drop closes a client's connection after an error or its close, telling it
+// why when the error is the client's fault.
+func (l *loop) drop(c *client, err error) {
+	if c.dropped {
+		return
+	}
+	c.dropped = true
+	if ipc.IsProtocol(err) {
+		l.s.log.Warn("closing client connection: protocol error", "pid", c.pid, "err", err)
+		fatal(c.ic, ipcpb.Code_CODE_PROTOCOL, err.Error())
+	} else if err != nil && !errors.Is(err, ipc.ErrClosed) {
+		l.s.log.Warn("closing client connection", "pid", c.pid, "err", err)
+	}
+	l.p.del(c.fd)
+	delete(l.clients, c.fd)
+	c.ic.Close()
+	c.releaseConn()
+	l.s.forget(c)
+	l.closed(c, c.bye, err)
+}
+
+// closeDead releases the output regions of closed clients once the executor
+// can no longer be writing into them.
+func (l *loop) closeDead() {
+	if l.execBusy {
+		return
+	}
+	for _, c := range l.dead {
+		c.out.close()
+	}
+	l.dead = nil
+}
+
+// shutdown fails the running job and closes every connection.
+func (l *loop) shutdown() {
+	if l.job != nil {
+		l.fail(l.job, ipcpb.Code_CODE_SHUT_DOWN, "the hvdd daemon is shutting down")
+	}
+	for _, c := range l.clients {
+		l.drop(c, nil)
+	}
+	for _, c := range l.waiting {
+		c.out.close()
+	}
+	close(l.x.work)
+	<-l.x.stopped
+	l.execBusy = false
+	l.closeDead()
+	if l.stall != nil {
+		l.stall.Stop()
+	}
+	if l.cycle != nil {
+		l.cycle.Stop()
+	}
+	l.p.close()
 }
 
 func (l *loop) hello(c *client, h *ipcpb.Hello) {
@@ -236,7 +333,7 @@ func (j *job) pids() string {
 func (l *loop) refuse(c *client, msg string) {
 	l.s.log.Warn("refusing client", "pid", c.pid, "reason", msg)
 	fatal(c.ic, ipcpb.Code_CODE_BUSY, msg)
-	c.ic.Close()
+	l.drop(c, nil)
 }
 
 func (l *loop) closed(c *client, bye bool, err error) {
@@ -247,12 +344,7 @@ func (l *loop) closed(c *client, bye bool, err error) {
 		}
 	}
 	l.dead = append(l.dead, c)
-	if !l.execBusy {
-		for _, c := range l.dead {
-			c.out.close()
-		}
-		l.dead = nil
-	}
+	l.closeDead()
 	j := c.job
 	if j == nil {
 		return
@@ -391,7 +483,7 @@ func (l *loop) dispatch() {
 	}
 	if l.cfg.CycleTime > 0 {
 		if wait := l.cfg.CycleTime - time.Since(l.lastDispatch); wait > 0 {
-			l.cycle = time.NewTimer(wait)
+			l.cycle = time.AfterFunc(wait, func() { l.p.post(msgCycle{}) })
 			return
 		}
 	}
@@ -438,8 +530,19 @@ func (l *loop) dispatch() {
 	if len(batch) == 0 {
 		return
 	}
-	l.execBusy = true
 	l.lastDispatch = time.Now()
+	var bytes int64
+	for _, w := range batch {
+		bytes += w.resp.Bytes
+	}
+	if bytes <= inlineBytes {
+		// Small work costs less than the hand-off to the executor.
+		for _, w := range batch {
+			l.x.execute(w)
+		}
+		return
+	}
+	l.execBusy = true
 	l.x.work <- batch
 }
 
@@ -461,7 +564,7 @@ func (l *loop) armStallTimer() {
 	if l.stall != nil || l.cfg.StallCheck <= 0 || j == nil || len(j.pending) == 0 {
 		return
 	}
-	l.stall = time.NewTimer(l.cfg.StallCheck)
+	l.stall = time.AfterFunc(l.cfg.StallCheck, func() { l.p.post(msgStall{}) })
 }
 
 func (l *loop) checkStalls() {

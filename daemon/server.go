@@ -27,7 +27,6 @@ type Server struct {
 	cfg  Config
 	log  *slog.Logger
 	uid  uint32
-	ev   chan event
 	quit chan struct{} // closed by Close
 	done chan struct{} // closed when the loop has exited
 
@@ -35,6 +34,8 @@ type Server struct {
 
 	// mu guards the fields that follow.
 	mu       sync.Mutex
+	p        *poller
+	closed   bool
 	ln       *net.UnixListener
 	conns    map[*client]struct{}
 	draining bool
@@ -51,7 +52,6 @@ func New(cfg Config) (*Server, error) {
 		cfg:   c,
 		log:   c.Logger,
 		uid:   uint32(os.Getuid()),
-		ev:    make(chan event, 1024),
 		quit:  make(chan struct{}),
 		done:  make(chan struct{}),
 		conns: make(map[*client]struct{}),
@@ -100,11 +100,21 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	s.ln = ln
 	s.mu.Unlock()
 
-	loopCtx, stopLoop := context.WithCancel(context.Background())
-	l := newLoop(s)
+	p, err := newPoller()
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.p = p
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		p.post(msgQuit{})
+	}
+	l := newLoop(s, p)
 	go func() {
 		defer close(s.done)
-		l.run(loopCtx)
+		l.run()
 	}()
 	go func() {
 		select {
@@ -116,7 +126,6 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	s.log.Info("hvdd daemon listening", "socket", ln.Addr().String(), "slots", s.cfg.Slots,
 		"fusion_threshold", s.cfg.FusionThreshold, "version", Version)
 
-	var err error
 	for {
 		var uc *net.UnixConn
 		uc, err = ln.AcceptUnix()
@@ -134,13 +143,28 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			break
 		}
 		c := newClient(s, uc)
+		if perr := c.checkPeer(); perr != nil {
+			s.log.Warn("refusing connection", "pid", c.pid, "uid", c.uid, "err", perr)
+			var fe *fatalError
+			if errors.As(perr, &fe) {
+				fatal(c.ic, fe.code, fe.msg)
+			}
+			uc.Close()
+			continue
+		}
 		s.mu.Lock()
-		s.conns[c] = struct{}{}
+		closed := s.closed
+		if !closed {
+			s.conns[c] = struct{}{}
+		}
 		s.mu.Unlock()
-		go c.read()
+		if closed {
+			uc.Close()
+			continue
+		}
+		p.post(msgConn{c})
 	}
 	s.Close()
-	stopLoop()
 	<-s.done
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -181,13 +205,16 @@ func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.quit)
 		s.mu.Lock()
+		s.closed = true
 		if s.ln != nil {
 			s.ln.Close()
 		}
-		for c := range s.conns {
-			c.ic.Close()
-		}
+		p := s.p
 		s.mu.Unlock()
+		if p != nil {
+			// The loop closes every connection on its way out.
+			p.post(msgQuit{})
+		}
 	})
 	return nil
 }
@@ -203,14 +230,6 @@ func (s *Server) forget(c *client) {
 		}
 	}
 	s.mu.Unlock()
-}
-
-// post hands an event to the loop; it gives up once the server is closed.
-func (s *Server) post(e event) {
-	select {
-	case s.ev <- e:
-	case <-s.done:
-	}
 }
 
 // fatal tells a client why its connection is about to be closed.

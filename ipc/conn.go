@@ -13,7 +13,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
@@ -59,7 +62,12 @@ func protoErrf(format string, args ...any) error {
 // helpers must be called from one goroutine; the Write* methods may be called
 // from any number of goroutines.
 type Conn struct {
-	c *net.UnixConn
+	c   *net.UnixConn
+	raw syscall.RawConn
+
+	// WriteTimeout bounds each write; a peer that stops reading for this long
+	// is treated as gone. Zero means no bound.
+	WriteTimeout time.Duration
 
 	// Read side, owned by the reading goroutine.
 	rbuf  []byte
@@ -76,8 +84,10 @@ type Conn struct {
 
 // NewConn wraps a connected Unix stream socket.
 func NewConn(c *net.UnixConn) *Conn {
+	raw, _ := c.SyscallConn()
 	return &Conn{
 		c:    c,
+		raw:  raw,
 		rbuf: make([]byte, 64<<10),
 		oob:  make([]byte, unix.CmsgSpace(MaxFDs*4)),
 	}
@@ -94,11 +104,8 @@ type Frame struct {
 	Body []byte
 }
 
-// fill reads more bytes (and any descriptors riding on them) into rbuf.
-func (c *Conn) fill() error {
-	if c.eof {
-		return ErrClosed
-	}
+// makeRoom compacts or grows rbuf so that a read has space.
+func (c *Conn) makeRoom() {
 	if c.r > 0 && c.r == c.w {
 		c.r, c.w = 0, 0
 	}
@@ -113,6 +120,15 @@ func (c *Conn) fill() error {
 			c.rbuf = nb
 		}
 	}
+}
+
+// fill reads more bytes (and any descriptors riding on them) into rbuf,
+// blocking until some arrive.
+func (c *Conn) fill() error {
+	if c.eof {
+		return ErrClosed
+	}
+	c.makeRoom()
 	n, oobn, flags, _, err := c.c.ReadMsgUnix(c.rbuf[c.w:], c.oob)
 	if oobn > 0 {
 		if perr := c.takeFDs(c.oob[:oobn]); perr != nil {
@@ -158,44 +174,121 @@ func (c *Conn) takeFDs(oob []byte) error {
 	return nil
 }
 
-// ReadFrame returns the next frame. A malformed header or an oversized body is
-// a *ProtocolError; a closed connection is ErrClosed.
-func (c *Conn) ReadFrame() (Frame, error) {
-	for c.w-c.r < HeaderSize {
-		if err := c.fill(); err != nil {
-			if errors.Is(err, ErrClosed) && c.w > c.r {
-				return Frame{}, protoErrf("connection closed inside a frame header")
-			}
-			return Frame{}, err
+// fillNow reads whatever bytes are available without blocking. It reports
+// whether it got any.
+func (c *Conn) fillNow() (bool, error) {
+	if c.eof {
+		return false, ErrClosed
+	}
+	c.makeRoom()
+	var n, oobn, flags int
+	var rerr error
+	if err := c.raw.Read(func(fd uintptr) bool {
+		n, oobn, flags, _, rerr = unix.Recvmsg(int(fd), c.rbuf[c.w:], c.oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+		return true
+	}); err != nil {
+		c.eof = true
+		return false, ErrClosed
+	}
+	if rerr == unix.EAGAIN || rerr == unix.EINTR {
+		return false, nil
+	}
+	if oobn > 0 {
+		if perr := c.takeFDs(c.oob[:oobn]); perr != nil {
+			return false, perr
 		}
+	}
+	if flags&unix.MSG_CTRUNC != 0 {
+		return false, protoErrf("more than %d descriptors in one message", MaxFDs)
+	}
+	if rerr != nil {
+		if rerr == unix.ECONNRESET {
+			c.eof = true
+			return false, ErrClosed
+		}
+		return false, fmt.Errorf("ipc: read: %w", rerr)
+	}
+	if n == 0 {
+		c.eof = true
+		return false, ErrClosed
+	}
+	c.w += n
+	return true, nil
+}
+
+// TryReadFrame returns the next frame if it is complete in the buffer or can be
+// completed from bytes available now; ok is false when it would have to wait.
+// Errors are those of ReadFrame. The frame's body is valid until the next read.
+func (c *Conn) TryReadFrame() (f Frame, ok bool, err error) {
+	for {
+		f, ok, err = c.parse()
+		if ok || err != nil {
+			return f, ok, err
+		}
+		got, err := c.fillNow()
+		if err != nil {
+			if errors.Is(err, ErrClosed) && c.w > c.r {
+				return Frame{}, false, protoErrf("connection closed inside a frame")
+			}
+			return Frame{}, false, err
+		}
+		if !got {
+			return Frame{}, false, nil
+		}
+	}
+}
+
+// Buffered reports whether unread bytes are waiting in the Conn's buffer.
+func (c *Conn) Buffered() bool { return c.w > c.r }
+
+// parse decodes a frame from the buffer if a whole one is there.
+func (c *Conn) parse() (Frame, bool, error) {
+	if c.w-c.r < HeaderSize {
+		return Frame{}, false, nil
 	}
 	h := c.rbuf[c.r : c.r+HeaderSize]
 	if h[0] != magic0 || h[1] != magic1 {
-		return Frame{}, protoErrf("bad magic %#02x%02x (want \"HV\"): not an hvdd client, or a desynchronised stream", h[0], h[1])
+		return Frame{}, false, protoErrf("bad magic %#02x%02x (want \"HV\"): not an hvdd client, or a desynchronised stream", h[0], h[1])
 	}
 	f := Frame{Kind: h[2], ID: binary.LittleEndian.Uint32(h[4:8])}
 	if f.Kind != KindClient && f.Kind != KindServer {
-		return Frame{}, protoErrf("unknown frame kind %d", f.Kind)
+		return Frame{}, false, protoErrf("unknown frame kind %d", f.Kind)
 	}
 	if h[3] != 0 {
-		return Frame{}, protoErrf("reserved flags %#x set", h[3])
+		return Frame{}, false, protoErrf("reserved flags %#x set", h[3])
 	}
 	n := binary.LittleEndian.Uint32(h[8:12])
 	if n > MaxBody {
-		return Frame{}, protoErrf("frame body of %d bytes exceeds the %d-byte limit", n, MaxBody)
+		return Frame{}, false, protoErrf("frame body of %d bytes exceeds the %d-byte limit", n, MaxBody)
 	}
 	total := HeaderSize + int(n)
-	for c.w-c.r < total {
+	if c.w-c.r < total {
+		return Frame{}, false, nil
+	}
+	f.Body = c.rbuf[c.r+HeaderSize : c.r+total]
+	c.r += total
+	return f, true, nil
+}
+
+// ReadFrame returns the next frame, blocking until it has arrived. A malformed
+// header or an oversized body is a *ProtocolError; a closed connection is
+// ErrClosed.
+func (c *Conn) ReadFrame() (Frame, error) {
+	for {
+		f, ok, err := c.parse()
+		if err != nil {
+			return Frame{}, err
+		}
+		if ok {
+			return f, nil
+		}
 		if err := c.fill(); err != nil {
-			if errors.Is(err, ErrClosed) {
-				return Frame{}, protoErrf("connection closed inside a %d-byte frame", total)
+			if errors.Is(err, ErrClosed) && c.w > c.r {
+				return Frame{}, protoErrf("connection closed inside a frame")
 			}
 			return Frame{}, err
 		}
 	}
-	f.Body = c.rbuf[c.r+HeaderSize : c.r+total]
-	c.r += total
-	return f, nil
 }
 
 // PopFD takes the oldest received descriptor, which the caller then owns.
@@ -214,6 +307,11 @@ func (c *Conn) ReadClient() (uint32, *ipcpb.ClientMessage, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	return DecodeClient(f)
+}
+
+// DecodeClient decodes a frame that should hold a ClientMessage.
+func DecodeClient(f Frame) (uint32, *ipcpb.ClientMessage, error) {
 	if f.Kind != KindClient {
 		return 0, nil, protoErrf("frame kind %d where a client message (kind %d) was expected", f.Kind, KindClient)
 	}
@@ -233,6 +331,11 @@ func (c *Conn) ReadServer() (uint32, *ipcpb.ServerMessage, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	return DecodeServer(f)
+}
+
+// DecodeServer decodes a frame that should hold a ServerMessage.
+func DecodeServer(f Frame) (uint32, *ipcpb.ServerMessage, error) {
 	if f.Kind != KindServer {
 		return 0, nil, protoErrf("frame kind %d where a server message (kind %d) was expected", f.Kind, KindServer)
 	}
@@ -275,6 +378,9 @@ func (c *Conn) WriteRaw(b []byte, fd int) error {
 func (c *Conn) writeLocked(b []byte, fd int) error {
 	var n int
 	var err error
+	if c.WriteTimeout > 0 {
+		c.c.SetWriteDeadline(time.Now().Add(c.WriteTimeout))
+	}
 	if fd >= 0 {
 		n, _, err = c.c.WriteMsgUnix(b, unix.UnixRights(fd), nil)
 	} else {
@@ -288,6 +394,9 @@ func (c *Conn) writeLocked(b []byte, fd int) error {
 	if err != nil {
 		if errors.Is(err, net.ErrClosed) || errors.Is(err, unix.EPIPE) || errors.Is(err, unix.ECONNRESET) {
 			return ErrClosed
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return fmt.Errorf("ipc: write: peer stopped reading for %v: %w", c.WriteTimeout, ErrClosed)
 		}
 		return fmt.Errorf("ipc: write: %w", err)
 	}

@@ -291,7 +291,7 @@ func runHalf(j *job, lo, hi int) {
 			if j.scaled && pre != 1 {
 				mulInto(tmp, tmp, pre)
 			}
-			combine(j.op, acc, acc, tmp)
+			combineF32(j.op, acc, acc, tmp)
 		}
 		if j.scaled && post != 1 {
 			mulInto(acc, acc, post)

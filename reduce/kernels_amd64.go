@@ -130,3 +130,27 @@ func f32ToF16(dst []uint16, src []float32) {
 	}
 	f32ToF16Go(dst[n:], src[n:])
 }
+
+// combineF32 is combine for the float32 scratch of the half-precision path,
+// with the assembly loop on the whole 32-element blocks.
+func combineF32(op tensor.ReduceOp, acc, a, b []float32) {
+	m := 0
+	if haveAVX2 {
+		m = len(acc) &^ 31
+	}
+	if m > 0 {
+		ptrs := [2]unsafe.Pointer{unsafe.Pointer(&a[0]), unsafe.Pointer(&b[:m][0])}
+		d0 := unsafe.Pointer(&acc[0])
+		switch op {
+		case tensor.Sum:
+			sumF32(d0, nil, &ptrs[0], 2, 0, 4*m, false, 1, 1)
+		case tensor.Product:
+			prodF32(d0, nil, &ptrs[0], 2, 0, 4*m, false, 1, 1)
+		case tensor.Min:
+			minF32(d0, nil, &ptrs[0], 2, 0, 4*m, false, 1, 1)
+		case tensor.Max:
+			maxF32(d0, nil, &ptrs[0], 2, 0, 4*m, false, 1, 1)
+		}
+	}
+	combine(op, acc[m:], a[m:], b[m:])
+}

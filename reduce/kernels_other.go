@@ -2,6 +2,8 @@
 
 package reduce
 
+import "github.com/hvdd/hvdd/tensor"
+
 // haveAVX2 and haveF16C are false without the amd64 assembly; they are
 // variables only so tests can set them on every architecture.
 var (
@@ -14,3 +16,5 @@ func vecChunk[T float](j *job, c, e int) int { return 0 }
 func f16ToF32(dst []float32, src []uint16) { f16ToF32Go(dst, src) }
 
 func f32ToF16(dst []uint16, src []float32) { f32ToF16Go(dst, src) }
+
+func combineF32(op tensor.ReduceOp, acc, a, b []float32) { combine(op, acc, a, b) }

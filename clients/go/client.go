@@ -24,6 +24,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/hvdd/hvdd/ipc"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/shm"
@@ -46,6 +48,11 @@ type Client struct {
 	// region of their own size.
 	ArenaSize int64
 
+	// Spin is how long a waiting goroutine polls the socket before sleeping
+	// in the kernel. Zero means $HVDD_SPIN_US microseconds, else 50 µs;
+	// negative never spins.
+	Spin time.Duration
+
 	// StartTimeout bounds Init when ctx has no deadline: connecting while the
 	// daemon starts and waiting for every rank to arrive. Zero means
 	// $HVDD_START_TIMEOUT seconds, else 120 s.
@@ -66,7 +73,9 @@ type Client struct {
 	closed   bool
 	autoName map[string]int // per collective, for unnamed ops
 
-	readerDone chan struct{}
+	readMu     sync.Mutex    // held by the goroutine reading the socket
+	readerFree chan struct{} // a token: the reader role is free
+	spin       time.Duration
 	groupSeq   atomic.Uint64
 }
 
@@ -116,7 +125,14 @@ func (c *Client) Init(ctx context.Context) error {
 	c.names = make(map[string]bool)
 	c.granted = make(map[uint32]*shm.Region)
 	c.autoName = make(map[string]int)
-	c.readerDone = make(chan struct{})
+	c.readerFree = make(chan struct{}, 1)
+	c.spin = c.Spin
+	if c.spin == 0 {
+		c.spin = 50 * time.Microsecond
+		if v, err := strconv.ParseFloat(os.Getenv("HVDD_SPIN_US"), 64); err == nil {
+			c.spin = time.Duration(v * float64(time.Microsecond))
+		}
+	}
 	lr := -1
 	if c.RequestedLocalRank != nil {
 		lr = *c.RequestedLocalRank
@@ -138,7 +154,6 @@ func (c *Client) Init(ctx context.Context) error {
 		}
 		return err
 	}
-	go c.read()
 	return nil
 }
 
@@ -204,64 +219,158 @@ func (c *Client) addRegion(size int64) (*arenaRegion, error) {
 	return r, nil
 }
 
-// read is the reader goroutine: it completes handles and maps granted regions.
-func (c *Client) read() {
-	defer close(c.readerDone)
-	var err error
-	for {
-		var id uint32
-		var m *ipcpb.ServerMessage
-		id, m, err = c.ic.ReadServer()
+// The client has no reader goroutine: a goroutine that waits for a handle
+// reads the socket itself (holding readMu), completing whatever frames arrive,
+// and hands the reader role on when its own handle is done. With one waiter
+// (the usual training loop) no goroutine hand-off sits on the path. While it
+// waits, the reader first polls the socket without sleeping for Spin, so that
+// a quick answer costs no wake-up, then blocks.
+
+// pump reads and dispatches frames until done() holds. The caller holds
+// readMu. With block false it only takes what is already there.
+func (c *Client) pump(ctx context.Context, done func() bool, block bool) error {
+	spinEnd := time.Now().Add(c.spin)
+	for !done() {
+		f, ok, err := c.ic.TryReadFrame()
 		if err != nil {
-			break
+			c.failAll(err)
+			return err
 		}
-		switch m := m.Msg.(type) {
-		case *ipcpb.ServerMessage_Done:
-			c.mu.Lock()
-			h := c.pending[id]
-			delete(c.pending, id)
-			if h != nil {
-				delete(c.names, h.name)
+		if ok {
+			if err := c.dispatch(f); err != nil {
+				c.failAll(err)
+				return err
 			}
-			c.mu.Unlock()
-			if h != nil {
-				h.complete(m.Done, nil)
+			continue
+		}
+		if !block {
+			return nil
+		}
+		if c.spin > 0 && time.Now().Before(spinEnd) {
+			unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			continue
+		}
+		// Block in the kernel until a frame arrives or ctx is done.
+		stop := context.AfterFunc(ctx, func() { c.ic.Raw().SetReadDeadline(time.Unix(1, 0)) })
+		f, err = c.ic.ReadFrame()
+		if !stop() {
+			c.ic.Raw().SetReadDeadline(time.Time{})
+			if err != nil && ctx.Err() != nil {
+				return ctx.Err()
 			}
-		case *ipcpb.ServerMessage_GrantRegion:
-			var fd int
-			fd, err = c.ic.PopFD()
-			if err != nil {
-				break
-			}
-			var r *shm.Region
-			r, err = shm.Open(fd, int64(m.GrantRegion.GetSize()))
-			if err != nil {
-				break
-			}
-			c.mu.Lock()
-			c.granted[m.GrantRegion.GetRegion()] = r
-			c.mu.Unlock()
-		case *ipcpb.ServerMessage_Fatal:
-			err = &Error{Code: m.Fatal.GetCode(), Msg: m.Fatal.GetError()}
 		}
 		if err != nil {
-			break
+			c.failAll(err)
+			return err
 		}
+		if err := c.dispatch(f); err != nil {
+			c.failAll(err)
+			return err
+		}
+		spinEnd = time.Now().Add(c.spin)
 	}
+	return nil
+}
+
+// dispatch acts on one frame from the daemon.
+func (c *Client) dispatch(f ipc.Frame) error {
+	id, m, err := ipc.DecodeServer(f)
+	if err != nil {
+		return err
+	}
+	switch m := m.Msg.(type) {
+	case *ipcpb.ServerMessage_Done:
+		c.mu.Lock()
+		h := c.pending[id]
+		delete(c.pending, id)
+		if h != nil {
+			delete(c.names, h.name)
+		}
+		c.mu.Unlock()
+		if h != nil {
+			h.complete(m.Done, nil)
+		}
+	case *ipcpb.ServerMessage_GrantRegion:
+		fd, err := c.ic.PopFD()
+		if err != nil {
+			return err
+		}
+		r, err := shm.Open(fd, int64(m.GrantRegion.GetSize()))
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.granted[m.GrantRegion.GetRegion()] = r
+		c.mu.Unlock()
+	case *ipcpb.ServerMessage_Fatal:
+		return &Error{Code: m.Fatal.GetCode(), Msg: m.Fatal.GetError()}
+	}
+	return nil
+}
+
+// failAll records that the connection is gone and fails every pending handle.
+func (c *Client) failAll(err error) {
 	c.mu.Lock()
 	if c.closed {
 		err = &Error{Code: ipcpb.Code_CODE_SHUT_DOWN, Msg: "hvdd: client closed"}
 	} else if errors.Is(err, ipc.ErrClosed) {
 		err = &Error{Code: ipcpb.Code_CODE_SHUT_DOWN, Msg: "hvdd: the daemon closed the connection (did it exit?)"}
 	}
-	c.failed = err
+	if c.failed == nil {
+		c.failed = err
+	}
 	pend := c.pending
 	c.pending = map[uint32]*Handle{}
 	c.mu.Unlock()
 	for _, h := range pend {
 		h.complete(nil, err)
 	}
-	c.ic.CloseFDs()
+}
+
+// waitFor makes progress on the connection until h is done or ctx ends.
+func (c *Client) waitFor(ctx context.Context, h *Handle) error {
+	for {
+		select {
+		case <-h.done:
+			return nil
+		default:
+		}
+		if c.readMu.TryLock() {
+			err := c.pump(ctx, h.isDone, true)
+			c.readMu.Unlock()
+			// Hand the reader role to another waiter, if any.
+			select {
+			case c.readerFree <- struct{}{}:
+			default:
+			}
+			if err != nil && ctx.Err() != nil {
+				return err
+			}
+			if h.isDone() {
+				return nil
+			}
+			continue
+		}
+		select {
+		case <-h.done:
+			return nil
+		case <-c.readerFree:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// progress takes whatever frames have arrived, without blocking.
+func (c *Client) progress() {
+	if c.readMu.TryLock() {
+		c.pump(context.Background(), func() bool { return false }, false)
+		c.readMu.Unlock()
+		select {
+		case c.readerFree <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Close says goodbye to the daemon (an orderly shutdown, not a lost rank),
@@ -279,7 +388,10 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	c.ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Goodbye{Goodbye: &ipcpb.Goodbye{}}}, -1)
 	err := c.ic.Close()
-	<-c.readerDone
+	// A goroutine blocked reading sees the close; then fail what is left.
+	c.readMu.Lock()
+	c.failAll(ipc.ErrClosed)
+	c.readMu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, r := range c.regions {

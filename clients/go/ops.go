@@ -131,6 +131,8 @@ type Handle struct {
 	done chan struct{}
 	res  *ipcpb.Done
 	err  error
+	// parts, for a grouped op, are the member handles; done is unused.
+	parts []*Handle
 	// after runs once, in Wait, on success: copies results back.
 	after func(*ipcpb.Done) error
 	// cleanup runs once, in Wait, always: frees staging memory.
@@ -146,8 +148,15 @@ func (h *Handle) complete(d *ipcpb.Done, err error) {
 	close(h.done)
 }
 
-// Poll reports whether the operation has finished (successfully or not).
-func (h *Handle) Poll() bool {
+func (h *Handle) isDone() bool {
+	if h.parts != nil {
+		for _, p := range h.parts {
+			if !p.isDone() {
+				return false
+			}
+		}
+		return true
+	}
 	select {
 	case <-h.done:
 		return true
@@ -156,14 +165,36 @@ func (h *Handle) Poll() bool {
 	}
 }
 
+// Poll reports whether the operation has finished (successfully or not),
+// taking in whatever the daemon has answered meanwhile. It never blocks.
+func (h *Handle) Poll() bool {
+	if h.isDone() {
+		return true
+	}
+	h.c.progress()
+	return h.isDone()
+}
+
 // Wait blocks until the operation finishes or ctx is done. After a successful
 // Wait, in-place results are in the caller's slice. Waiting again returns the
 // same error. Abandoning a wait with ctx does not cancel the collective.
 func (h *Handle) Wait(ctx context.Context) error {
-	select {
-	case <-h.done:
-	case <-ctx.Done():
-		return fmt.Errorf("hvdd: waiting for %q: %w", h.name, ctx.Err())
+	if h.parts != nil {
+		if !h.waited {
+			for _, p := range h.parts {
+				if err := p.Wait(ctx); err != nil && h.err == nil {
+					if ctx.Err() != nil {
+						return err
+					}
+					h.err = err
+				}
+			}
+			h.waited = true
+		}
+		return h.err
+	}
+	if err := h.c.waitFor(ctx, h); err != nil {
+		return fmt.Errorf("hvdd: waiting for %q: %w", h.name, err)
 	}
 	if !h.waited {
 		h.waited = true
@@ -362,23 +393,7 @@ func GroupedAllreduce[T Elem](ctx context.Context, c *Client, data [][]T, option
 
 // joinHandles makes one handle that finishes when all of hs have.
 func joinHandles(c *Client, hs []*Handle) *Handle {
-	h := &Handle{c: c, done: make(chan struct{}), name: "group"}
-	go func() {
-		for _, m := range hs {
-			<-m.done
-		}
-		h.complete(&ipcpb.Done{}, nil)
-	}()
-	h.after = func(*ipcpb.Done) error {
-		var first error
-		for _, m := range hs {
-			if err := m.Wait(context.Background()); err != nil && first == nil {
-				first = err
-			}
-		}
-		return first
-	}
-	return h
+	return &Handle{c: c, name: "group", parts: hs}
 }
 
 // BroadcastAsync starts an in-place broadcast of root's data to every rank.

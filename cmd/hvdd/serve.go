@@ -47,6 +47,7 @@ func serveMain(argv []string) int {
 		slots, workers                   int
 		fusion                           int64
 		cycle, stallCheck, stallShutdown time.Duration
+		spin                             time.Duration
 	}
 	fs.StringVar(&args.socket, "socket", "", "Unix socket path (default $HVDD_SOCKET, else "+launch.DefaultSocket()+")")
 	fs.IntVar(&args.slots, "slots", 0, "number of local processes per job (required)")
@@ -55,6 +56,7 @@ func serveMain(argv []string) int {
 	fs.DurationVar(&args.cycle, "cycle-time", -1, "least time between dispatched plans, to batch more into one (default $HOROVOD_CYCLE_TIME ms, else 0: event driven)")
 	fs.DurationVar(&args.stallCheck, "stall-check", -2, "log ranks missing from a tensor after this long; negative disables (default $HOROVOD_STALL_CHECK_TIME_SECONDS, else 60s)")
 	fs.DurationVar(&args.stallShutdown, "stall-shutdown", -1, "fail the job after a stall this long; 0 never (default $HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, else 0)")
+	fs.DurationVar(&args.spin, "spin", 0, "after activity, poll clients this long before sleeping (0: default 50µs; negative: never spin)")
 	fs.IntVar(&args.workers, "workers", 0, "goroutines per local reduction (default GOMAXPROCS)")
 	fs.StringVar(&args.logLevel, "log-level", "", "debug, info, warning or error (default $HOROVOD_LOG_LEVEL, else info)")
 	fs.Usage = func() {
@@ -81,7 +83,7 @@ func serveMain(argv []string) int {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 		return 2
 	}
-	cfg := daemon.Config{Slots: args.slots, Workers: args.workers, Logger: daemon.NewLogger(os.Stderr, level)}
+	cfg := daemon.Config{Slots: args.slots, Workers: args.workers, Spin: args.spin, Logger: daemon.NewLogger(os.Stderr, level)}
 	if err := cfg.ApplyHorovodEnv(os.Getenv); err != nil {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 		return 2

@@ -1,0 +1,191 @@
+// Package bench is `hvdd bench`, the project's nccl-tests: it times hvdd's
+// collectives through a real daemon and reports, per size, the median time
+// per iteration (the maximum over ranks of each iteration) with the
+// algorithm and bus bandwidth as nccl-tests defines them. It also has two
+// profiles: resnet50 (161 asynchronous gradient allreduces per step against
+// one fused allreduce) and idle (the CPU an idle daemon and its clients use).
+//
+// Main is the whole command. Run as a rank of a job (HVDD_SOCKET and
+// HVDD_LOCAL_RANK set, as under `hvdd run`) it is one rank; with --np N it
+// starts a private daemon and N copies of itself through package launch.
+// The pure parts (sizes, statistics, bandwidth, check references) are
+// exported for tests and for other tools.
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	hvdd "github.com/hvdd/hvdd/clients/go"
+	"github.com/hvdd/hvdd/launch"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+// Main runs `hvdd bench` with args (the arguments after "bench") and
+// returns the exit status: 0 on success, 1 on a failure or a failed
+// --check, 2 on a usage error.
+func Main(args []string, stdout, stderr io.Writer) int {
+	var help bytes.Buffer
+	cfg, err := ParseArgs(args, &help)
+	if errors.Is(err, flag.ErrHelp) {
+		stdout.Write(help.Bytes())
+		return 0
+	}
+	if err != nil {
+		if help.Len() > 0 {
+			// The flag package's own message comes first.
+			line, _, _ := strings.Cut(help.String(), "\n")
+			fmt.Fprintf(stderr, "hvdd bench: %s (see hvdd bench --help)\n", line)
+		} else {
+			fmt.Fprintf(stderr, "hvdd bench: %v\n", err)
+		}
+		return 2
+	}
+	inJob := os.Getenv("HVDD_LOCAL_RANK") != "" && os.Getenv("HVDD_SOCKET") != ""
+	if cfg.NP > 0 && !inJob {
+		return launchJob(cfg, args, stdout, stderr)
+	}
+	if !inJob && cfg.Socket == "" && os.Getenv("HVDD_SOCKET") == "" {
+		fmt.Fprintln(stderr, "hvdd bench: not part of a job: pass --np N to start one (hvdd bench --np 2), run under hvdd run, or set HVDD_SOCKET")
+		return 2
+	}
+	if err := Worker(context.Background(), cfg, stdout, stderr); err != nil {
+		if !errors.Is(err, errCheckFailed) {
+			fmt.Fprintf(stderr, "hvdd bench: %v\n", err)
+		} else {
+			fmt.Fprintln(stderr, "hvdd bench: --check found wrong results")
+		}
+		return 1
+	}
+	return 0
+}
+
+// launchJob starts a daemon and cfg.NP ranks of this executable running the
+// same bench (the arguments minus --np), and returns the job's exit status.
+func launchJob(cfg Config, args []string, stdout, stderr io.Writer) int {
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(stderr, "hvdd bench: cannot find the hvdd binary: %v\n", err)
+		return 1
+	}
+	socket := cfg.Socket
+	if socket == "" {
+		dir, err := os.MkdirTemp("", "hvdd-bench-")
+		if err != nil {
+			fmt.Fprintf(stderr, "hvdd bench: %v\n", err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		socket = filepath.Join(dir, "hvdd.sock")
+	}
+	np := strconv.Itoa(cfg.NP)
+	lc := launch.Config{
+		NP:            cfg.NP,
+		Command:       append([]string{exe, "bench"}, StripFlag(args, "np")...),
+		Socket:        socket,
+		DaemonCommand: []string{exe, "serve", "--slots", np, "--socket", socket, "--log-level", "warning"},
+		NoTagOutput:   true,
+		Stdout:        stdout,
+		Stderr:        stderr,
+	}
+	code, err := launch.Run(context.Background(), lc)
+	if err != nil {
+		fmt.Fprintf(stderr, "hvdd bench: %v\n", err)
+	}
+	return code
+}
+
+// StripFlag removes every occurrence of the flag name ("-name V",
+// "--name V", "-name=V", "--name=V") from args, stopping at "--".
+func StripFlag(args []string, name string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return append(out, args[i:]...)
+		}
+		bare := strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
+		if strings.HasPrefix(a, "-") && bare == name {
+			i++ // skip the value too
+			continue
+		}
+		if strings.HasPrefix(a, "-") && strings.HasPrefix(bare, name+"=") {
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// Worker runs the benchmark as one rank: it connects to the daemon (cfg.Socket
+// or $HVDD_SOCKET), runs the sweep or profile, and prints rank 0's rows to
+// stdout. It returns an error wrapping a failure or a failed check.
+func Worker(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	c := &hvdd.Client{Socket: cfg.Socket}
+	if err := c.Init(ctx); err != nil {
+		return err
+	}
+	if cfg.NP > 0 && cfg.NP != c.Size() {
+		fmt.Fprintf(stderr, "hvdd bench: warning: --np %d ignored: the job has %d ranks\n", cfg.NP, c.Size())
+	}
+	err := dispatch(ctx, c, cfg, stdout, stderr)
+	if err != nil && !errors.Is(err, errCheckFailed) {
+		err = fmt.Errorf("rank %d: %w", c.Rank(), err)
+	}
+	if cerr := c.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("rank %d: close: %w", c.Rank(), cerr)
+	}
+	return err
+}
+
+// dispatch picks the profile and instantiates it for cfg.DType.
+func dispatch(ctx context.Context, c *hvdd.Client, cfg Config, out, errOut io.Writer) error {
+	if cfg.Profile == "idle" {
+		return idle(ctx, c, cfg, out, errOut)
+	}
+	var f func(context.Context, *hvdd.Client, Config, io.Writer, io.Writer) error
+	switch cfg.DType {
+	case tensor.Uint8:
+		f = pick[uint8](cfg)
+	case tensor.Int8:
+		f = pick[int8](cfg)
+	case tensor.Uint16:
+		f = pick[uint16](cfg)
+	case tensor.Int16:
+		f = pick[int16](cfg)
+	case tensor.Int32:
+		f = pick[int32](cfg)
+	case tensor.Int64:
+		f = pick[int64](cfg)
+	case tensor.Float16:
+		f = pick[hvdd.Float16](cfg)
+	case tensor.BFloat16:
+		f = pick[hvdd.BFloat16](cfg)
+	case tensor.Float32:
+		f = pick[float32](cfg)
+	case tensor.Float64:
+		f = pick[float64](cfg)
+	case tensor.Bool:
+		f = pick[bool](cfg)
+	default:
+		return fmt.Errorf("unsupported dtype %s", cfg.DType)
+	}
+	return f(ctx, c, cfg, out, errOut)
+}
+
+func pick[T hvdd.Elem](cfg Config) func(context.Context, *hvdd.Client, Config, io.Writer, io.Writer) error {
+	if cfg.Profile == "resnet50" {
+		return resnet[T]
+	}
+	return sweep[T]
+}

@@ -1,0 +1,588 @@
+"""The connection to the node's hvdd daemon: framing, regions, handles.
+
+One :class:`Client` per process speaks ``ipc/PROTOCOL.md``: it sends Hello,
+registers a sparse memfd arena, waits for Welcome, then enqueues collectives
+whose tensors it stages in the arena. A single reader thread receives every
+server frame and completes the matching :class:`Handle`. The client holds no
+collective logic: names, dtypes and shapes go to the daemon, which matches them
+across ranks and reports disagreements.
+"""
+
+from __future__ import annotations
+
+import _thread
+import errno
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from ._proto import hvdd_pb2 as pb
+from ._shm import Arena, Region
+from .exceptions import HvddInternalError, HvddUnimplementedError
+
+__all__ = ["Client", "Handle", "PROTOCOL_VERSION", "default_socket_path"]
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+_HEADER = struct.Struct("<2sBBII")
+_HEADER_SIZE = 12
+_MAX_BODY = 4 << 20
+_MAX_FDS = 16
+_KIND_CLIENT = 1
+_KIND_SERVER = 2
+_GRANTED_BASE = 0x80000000
+_DONE_OK = b"\x1a\x00"  # ServerMessage{done: Done{}}: the common reply, parsed without protobuf.
+
+OP_NAMES = {
+    pb.OP_ALLREDUCE: "allreduce",
+    pb.OP_ALLGATHER: "allgather",
+    pb.OP_BROADCAST: "broadcast",
+    pb.OP_ALLTOALL: "alltoall",
+    pb.OP_REDUCESCATTER: "reducescatter",
+    pb.OP_BARRIER: "barrier",
+    pb.OP_JOIN: "join",
+}
+
+DUPLICATE_NAME_ERROR = (
+    "Requested to allreduce, allgather, or broadcast a tensor with the same name as another tensor "
+    "that is currently being processed.  If you want to request another tensor, use a different tensor name."
+)
+
+
+def default_socket_path() -> str:
+    """$HVDD_SOCKET, else the daemon's default (as ``ipc.SocketPath``)."""
+    s = os.environ.get("HVDD_SOCKET")
+    if s:
+        return s
+    if os.geteuid() == 0:
+        return "/run/hvdd/hvdd.sock"
+    d = os.environ.get("XDG_RUNTIME_DIR")
+    if d:
+        return os.path.join(d, "hvdd.sock")
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"hvdd-{os.getuid()}", "hvdd.sock")
+
+
+def _requested_local_rank() -> int:
+    for k in ("HVDD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
+        v = os.environ.get(k)
+        if v:
+            try:
+                return int(v)
+            except ValueError:
+                log.warning("ignoring non-integer %s=%r", k, v)
+    return -1
+
+
+def error_for(code: int, message: str) -> Exception:
+    """Maps a protocol error code to the exception Horovod would raise."""
+    if code == pb.CODE_DUPLICATE_NAME:
+        return ValueError(message or DUPLICATE_NAME_ERROR)
+    if code == pb.CODE_UNIMPLEMENTED:
+        return HvddUnimplementedError(message, code)
+    return HvddInternalError(message, code)
+
+
+class Handle:
+    """One collective in flight. ``lock`` is held until the Done arrives."""
+
+    __slots__ = (
+        "id", "name", "lock", "done", "error", "region", "offset", "finish", "members", "__weakref__",
+    )
+
+    def __init__(self, hid: int, name: str) -> None:
+        self.id = hid
+        self.name = name
+        self.lock = _thread.allocate_lock()
+        self.lock.acquire()
+        self.done: Optional[Any] = None  # pb.Done, or None for a plain OK
+        self.error: Optional[Exception] = None
+        self.region: Optional[Region] = None  # staging allocation to free
+        self.offset = -1
+        # finish(handle) -> result, run once by the waiter on success.
+        self.finish: Optional[Callable[["Handle"], Any]] = None
+        self.members: Optional[list["Handle"]] = None  # grouped ops
+
+    def poll(self) -> bool:
+        if self.members is not None:
+            return all(not m.lock.locked() for m in self.members)
+        return not self.lock.locked()
+
+
+class _Staging:
+    __slots__ = ("region", "arena")
+
+    def __init__(self, region: Region) -> None:
+        self.region = region
+        self.arena = Arena(region.size)
+
+
+class Client:
+    """A connection to the local hvdd daemon."""
+
+    def __init__(
+        self,
+        socket_path: Optional[str] = None,
+        local_rank: Optional[int] = None,
+        arena_size: Optional[int] = None,
+        start_timeout: Optional[float] = None,
+        client_name: str = "python",
+    ) -> None:
+        self.socket_path = socket_path or default_socket_path()
+        self.requested_local_rank = _requested_local_rank() if local_rank is None else local_rank
+        if arena_size is None:
+            arena_size = int(os.environ.get("HVDD_ARENA_SIZE", 256 << 20))
+        self.arena_size = arena_size
+        if start_timeout is None:
+            start_timeout = float(os.environ.get("HVDD_START_TIMEOUT", "120"))
+        self.start_timeout = start_timeout
+        self.client_name = client_name
+        self.welcome: Any = None
+        self._sock: Optional[socket.socket] = None
+        self._wlock = threading.Lock()  # serialises writes and the cached message
+        self._lock = threading.Lock()  # guards what follows
+        self._pending: dict[int, Handle] = {}
+        self._names: set[str] = set()
+        self._next_id = 0
+        self._staging: list[_Staging] = []
+        self._granted: dict[int, Region] = {}
+        self._next_region = 0
+        self._failed: Optional[Exception] = None
+        self._closed = False
+        self._reader: Optional[threading.Thread] = None
+        self._rbuf = bytearray()
+        self._fds: list[int] = []
+        self._cm = pb.ClientMessage()  # reused for every Enqueue, under _wlock
+
+    # ------------------------------------------------------------------ setup
+
+    def connect(self) -> None:
+        """Connects, registers the arena and waits for the whole job to form."""
+        deadline = time.monotonic() + self.start_timeout
+        sock = self._dial(deadline)
+        self._sock = sock
+        try:
+            hello = pb.ClientMessage()
+            h = hello.hello
+            h.version = PROTOCOL_VERSION
+            h.pid = os.getpid()
+            h.local_rank = self.requested_local_rank
+            h.client = self.client_name
+            self._write(0, hello.SerializeToString())
+            self._add_staging(self.arena_size)
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            while True:
+                try:
+                    fid, body = self._read_frame()
+                except socket.timeout:
+                    raise HvddInternalError(
+                        f"hvdd: init: the job did not form within {self.start_timeout:g} s "
+                        "(HVDD_START_TIMEOUT): are all ranks started, and is the daemon's --slots right?"
+                    ) from None
+                m = pb.ServerMessage()
+                m.ParseFromString(body)
+                kind = m.WhichOneof("msg")
+                if kind == "welcome":
+                    self.welcome = m.welcome
+                    break
+                if kind == "fatal":
+                    raise error_for(m.fatal.code, f"hvdd: the daemon refused this process: {m.fatal.error}")
+                if kind == "grant_region":
+                    self._grant(m.grant_region)
+                    continue
+                raise HvddInternalError(f"hvdd: unexpected {kind} before Welcome")
+            sock.settimeout(None)
+        except BaseException:
+            self._teardown()
+            raise
+        self._reader = threading.Thread(target=self._read_loop, name="hvdd-reader", daemon=True)
+        self._reader.start()
+        log.debug(
+            "hvdd: joined job %d as rank %d of %d (daemon %s)",
+            self.welcome.job_id, self.welcome.rank, self.welcome.size, self.welcome.daemon_version,
+        )
+
+    def _dial(self, deadline: float) -> socket.socket:
+        delay = 0.005
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                s.connect(self.socket_path)
+                return s
+            except OSError as e:
+                s.close()
+                if time.monotonic() >= deadline:
+                    raise HvddInternalError(
+                        f"hvdd: cannot reach the daemon at {self.socket_path}: {e} "
+                        "(start one with `hvdd serve --slots N`, run under `hvdd run`, or set HVDD_SOCKET)"
+                    ) from e
+            time.sleep(delay)
+            delay = min(2 * delay, 0.2)
+
+    def _add_staging(self, size: int) -> _Staging:
+        """Creates and registers a staging region. Callers hold _lock (or run
+        before the reader starts)."""
+        r = Region.create(self._next_region, size, f"hvdd-client-{os.getpid()}")
+        self._next_region += 1
+        m = pb.ClientMessage()
+        m.register_region.region = r.id
+        m.register_region.size = size
+        try:
+            self._write(0, m.SerializeToString(), fd=r.fd)
+        except BaseException:
+            r.close()
+            raise
+        r.close_fd()  # the daemon holds its own reference; the mapping stays
+        st = _Staging(r)
+        self._staging.append(st)
+        return st
+
+    # ---------------------------------------------------------------- framing
+
+    def _write(self, fid: int, body: bytes, fd: int = -1) -> None:
+        data = _HEADER.pack(b"HV", _KIND_CLIENT, 0, fid, len(body)) + body
+        sock = self._sock
+        if sock is None:
+            raise HvddInternalError("hvdd: not connected", pb.CODE_SHUT_DOWN)
+        with self._wlock:
+            if fd >= 0:
+                n = socket.send_fds(sock, [data], [fd])
+                if n < len(data):
+                    sock.sendall(data[n:])
+            else:
+                sock.sendall(data)
+
+    def _fill(self) -> None:
+        assert self._sock is not None
+        data, anc, flags, _ = self._sock.recvmsg(1 << 16, socket.CMSG_SPACE(_MAX_FDS * 4))
+        for level, typ, cdata in anc:
+            if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                n = len(cdata) - len(cdata) % 4
+                self._fds.extend(struct.unpack(f"{n // 4}i", cdata[:n]))
+        if flags & socket.MSG_CTRUNC:
+            raise HvddInternalError("hvdd: too many descriptors in one message from the daemon", pb.CODE_PROTOCOL)
+        if not data:
+            raise EOFError
+        self._rbuf += data
+
+    def _read_frame(self) -> tuple[int, bytes]:
+        buf = self._rbuf
+        while len(buf) < _HEADER_SIZE:
+            self._fill()
+            buf = self._rbuf
+        magic, kind, flags, fid, n = _HEADER.unpack_from(buf)
+        if magic != b"HV" or kind != _KIND_SERVER or flags != 0 or n > _MAX_BODY:
+            raise HvddInternalError(
+                f"hvdd: protocol error: bad frame header from the daemon ({bytes(buf[:_HEADER_SIZE])!r})",
+                pb.CODE_PROTOCOL,
+            )
+        total = _HEADER_SIZE + n
+        while len(buf) < total:
+            self._fill()
+            buf = self._rbuf
+        body = bytes(buf[_HEADER_SIZE:total])
+        del buf[:total]
+        return fid, body
+
+    def _grant(self, g: Any) -> None:
+        if not self._fds:
+            raise HvddInternalError("hvdd: protocol error: GrantRegion without a descriptor", pb.CODE_PROTOCOL)
+        fd = self._fds.pop(0)
+        r = Region.open(g.region, g.size, fd)
+        r.close_fd()
+        with self._lock:
+            self._granted[g.region] = r
+
+    def _read_loop(self) -> None:
+        err: Optional[Exception] = None
+        pending = self._pending
+        lock = self._lock
+        names = self._names
+        try:
+            while True:
+                fid, body = self._read_frame()
+                if body == _DONE_OK:
+                    done = None
+                else:
+                    m = pb.ServerMessage()
+                    m.ParseFromString(body)
+                    kind = m.WhichOneof("msg")
+                    if kind == "grant_region":
+                        self._grant(m.grant_region)
+                        continue
+                    if kind == "fatal":
+                        err = error_for(m.fatal.code, m.fatal.error or "hvdd: the daemon closed the connection")
+                        break
+                    if kind != "done":
+                        log.warning("hvdd: ignoring unexpected %s from the daemon", kind)
+                        continue
+                    done = m.done
+                with lock:
+                    h = pending.pop(fid, None)
+                    if h is not None:
+                        names.discard(h.name)
+                if h is None:
+                    log.warning("hvdd: Done for unknown handle %d", fid)
+                    continue
+                if done is not None and done.code != pb.CODE_OK:
+                    h.error = error_for(done.code, done.error)
+                h.done = done
+                h.lock.release()
+        except EOFError:
+            pass
+        except OSError as e:
+            if not self._closed:
+                err = HvddInternalError(f"hvdd: connection to the daemon failed: {e}", pb.CODE_SHUT_DOWN)
+        except Exception as e:  # a protocol fault: fail everything rather than hang
+            err = e if isinstance(e, HvddInternalError) else HvddInternalError(f"hvdd: reader failed: {e!r}")
+        with lock:
+            if self._closed:
+                err = HvddInternalError(
+                    "Horovod has been shut down: this process called shutdown() while collectives were in flight.",
+                    pb.CODE_SHUT_DOWN,
+                )
+            elif err is None:
+                err = HvddInternalError(
+                    "hvdd: the daemon closed the connection (did it exit?)", pb.CODE_SHUT_DOWN
+                )
+            self._failed = err
+            pend = list(pending.values())
+            pending.clear()
+            names.clear()
+        if pend:
+            log.debug("hvdd: failing %d pending collectives: %s", len(pend), err)
+        for h in pend:
+            h.error = err
+            h.lock.release()
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+    # ------------------------------------------------------------- operations
+
+    def stage(self, nbytes: int) -> tuple[Region, int]:
+        """Reserves ``nbytes`` of shared memory; returns (region, offset)."""
+        with self._lock:
+            if self._failed is not None:
+                raise self._failed
+            for st in self._staging:
+                off = st.arena.alloc(nbytes)
+                if off >= 0:
+                    return st.region, off
+            page = 4096
+            size = max(self.arena_size, (nbytes + page - 1) // page * page)
+            log.info("hvdd: staging arena full, registering another region of %d bytes", size)
+            st = self._add_staging(size)
+            off = st.arena.alloc(nbytes)
+            return st.region, off
+
+    def unstage(self, region: Region, offset: int) -> None:
+        with self._lock:
+            for st in self._staging:
+                if st.region is region:
+                    st.arena.free(offset)
+                    return
+
+    def view(self, region: Region, offset: int, nbytes: int) -> np.ndarray:
+        """A uint8 view of nbytes of a staging region."""
+        return region.array[offset : offset + nbytes]
+
+    def output(self, buf: Any) -> np.ndarray:
+        """A uint8 view of a daemon output buffer (a Done's ``output``)."""
+        if buf.length == 0:
+            return np.empty(0, dtype=np.uint8)
+        with self._lock:
+            r = self._granted.get(buf.region)
+        if r is None:
+            raise HvddInternalError(f"hvdd: output in unknown region {buf.region:#x}", pb.CODE_PROTOCOL)
+        return r.array[buf.offset : buf.offset + buf.length]
+
+    def release(self, buf: Any) -> None:
+        """Tells the daemon an output buffer has been read."""
+        if buf.length == 0:
+            return
+        m = pb.ClientMessage()
+        m.release.buffer.CopyFrom(buf)
+        try:
+            self._write(0, m.SerializeToString())
+        except OSError:
+            pass  # the connection is gone; the reader reports it
+
+    def submit(
+        self,
+        op: int,
+        name: str,
+        dtype: int = 0,
+        shape: Sequence[int] = (),
+        region: Optional[Region] = None,
+        offset: int = 0,
+        nbytes: int = 0,
+        reduce_op: int = 0,
+        prescale: float = 1.0,
+        postscale: float = 1.0,
+        root_rank: int = 0,
+        splits: Optional[Sequence[int]] = None,
+        group: int = 0,
+        group_size: int = 0,
+        process_set: int = 0,
+        owns_staging: bool = True,
+    ) -> Handle:
+        """Sends one Enqueue. On failure to send, the staging is freed (when
+        ``owns_staging``) and the error raised."""
+        with self._lock:
+            err = self._failed
+            if err is None and name and name in self._names:
+                err = ValueError(DUPLICATE_NAME_ERROR + f" (tensor {name!r})")
+            if err is not None:
+                if owns_staging and region is not None:
+                    self._free_locked(region, offset)
+                raise err
+            self._next_id = fid = (self._next_id + 1) & 0xFFFFFFFF or 1
+            h = Handle(fid, name)
+            if owns_staging and region is not None:
+                h.region, h.offset = region, offset
+            self._pending[fid] = h
+            if name:
+                self._names.add(name)
+        try:
+            with self._wlock:
+                cm = self._cm
+                e = cm.enqueue
+                e.Clear()
+                e.op = op
+                if name:
+                    e.name = name
+                if dtype:
+                    e.dtype = dtype
+                if shape:
+                    e.shape.extend(shape)
+                if nbytes:
+                    b = e.buffer
+                    b.region = region.id  # type: ignore[union-attr]
+                    b.offset = offset
+                    b.length = nbytes
+                if reduce_op:
+                    e.reduce_op = reduce_op
+                if prescale != 1.0:
+                    e.prescale = prescale
+                if postscale != 1.0:
+                    e.postscale = postscale
+                if root_rank:
+                    e.root_rank = root_rank
+                if splits:
+                    e.splits.extend(splits)
+                if group:
+                    e.group = group
+                    e.group_size = group_size
+                if process_set:
+                    e.process_set = process_set
+                body = cm.SerializeToString()
+                data = _HEADER.pack(b"HV", _KIND_CLIENT, 0, fid, len(body)) + body
+                self._sock.sendall(data)  # type: ignore[union-attr]
+        except BaseException as ex:
+            with self._lock:
+                if self._pending.pop(fid, None) is not None:
+                    self._names.discard(name)
+                if h.region is not None:
+                    self._free_locked(h.region, h.offset)
+                    h.region = None
+            if isinstance(ex, OSError):
+                raise HvddInternalError(f"hvdd: enqueue {name!r}: {ex}", pb.CODE_SHUT_DOWN) from ex
+            raise
+        return h
+
+    def _free_locked(self, region: Region, offset: int) -> None:
+        for st in self._staging:
+            if st.region is region:
+                st.arena.free(offset)
+                return
+
+    def complete(self, h: Handle) -> Any:
+        """Blocks until h (and its members) completes, runs its ``finish`` (which
+        copies results out of shared memory), frees its staging and returns
+        finish's result (a list for grouped handles). Raises the collective's
+        error, if any, after every member has completed."""
+        if h.members is not None:
+            first: Optional[BaseException] = None
+            results = []
+            for m in h.members:
+                try:
+                    results.append(self.complete(m))
+                except BaseException as e:  # wait for all before raising
+                    if first is None:
+                        first = e
+            if first is not None:
+                raise first
+            return h.finish(results) if h.finish is not None else results
+        lk = h.lock
+        if lk.locked():
+            # Wake now and then so that Ctrl-C works on the main thread.
+            while not lk.acquire(timeout=1.0):
+                pass
+            lk.release()
+        try:
+            if h.error is not None:
+                raise h.error
+            fin = h.finish
+            return fin(h) if fin is not None else None
+        finally:
+            if h.region is not None:
+                with self._lock:
+                    self._free_locked(h.region, h.offset)
+                h.region = None
+
+    # ---------------------------------------------------------------- closing
+
+    def close(self) -> None:
+        """Says Goodbye (an orderly shutdown), closes the connection and
+        releases the shared memory. Pending collectives fail."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        sock = self._sock
+        if sock is not None:
+            try:
+                m = pb.ClientMessage()
+                m.goodbye.SetInParent()
+                self._write(0, m.SerializeToString())
+            except OSError:
+                pass
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout=10)
+        self._teardown()
+
+    def _teardown(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+        with self._lock:
+            for st in self._staging:
+                st.region.close()
+            for r in self._granted.values():
+                r.close()
+            self._staging.clear()
+            self._granted.clear()
+            if self._failed is None:
+                self._failed = HvddInternalError("hvdd: client closed", pb.CODE_SHUT_DOWN)
+        for fd in self._fds:
+            try:
+                os.close(fd)
+            except OSError as e:
+                if e.errno != errno.EBADF:
+                    raise
+        self._fds.clear()

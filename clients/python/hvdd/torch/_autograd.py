@@ -1,0 +1,157 @@
+"""Autograd functions behind the differentiable collectives, with Horovod's
+backward rules (``horovod/torch/mpi_ops.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import basics as _basics
+from ..basics import Average, Sum
+from . import mpi_ops as _ops
+
+__all__ = [
+    "HorovodAllreduce",
+    "HorovodGroupedAllreduce",
+    "HorovodAllgather",
+    "HorovodBroadcast",
+    "HorovodAlltoall",
+    "HorovodReducescatter",
+]
+
+
+class HorovodAllreduce(torch.autograd.Function):
+    """An autograd function that performs allreduce on a tensor."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor, average, name, op, prescale_factor, postscale_factor, process_set):  # type: ignore[override]
+        ctx.average = average
+        ctx.op = op
+        ctx.prescale_factor = prescale_factor
+        ctx.postscale_factor = postscale_factor
+        ctx.process_set = process_set
+        handle = _ops.allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+        return _ops.synchronize(handle)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output):  # type: ignore[override]
+        return (
+            _ops.allreduce(
+                grad_output.contiguous(),
+                average=ctx.average,
+                op=ctx.op,
+                prescale_factor=ctx.prescale_factor,
+                postscale_factor=ctx.postscale_factor,
+                process_set=ctx.process_set,
+            ),
+            None, None, None, None, None, None,
+        )
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    """An autograd function that performs a grouped allreduce."""
+
+    @staticmethod
+    def forward(ctx: Any, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):  # type: ignore[override]
+        ctx.average = average
+        ctx.op = op
+        ctx.prescale_factor = prescale_factor
+        ctx.postscale_factor = postscale_factor
+        ctx.process_set = process_set
+        handle = _ops.grouped_allreduce_async(list(tensors), average, name, op, prescale_factor, postscale_factor, process_set)
+        return tuple(_ops.synchronize(handle))
+
+    @staticmethod
+    def backward(ctx: Any, *grad_output):  # type: ignore[override]
+        grads = _ops.grouped_allreduce(
+            [g.contiguous() for g in grad_output],
+            average=ctx.average,
+            op=ctx.op,
+            prescale_factor=ctx.prescale_factor,
+            postscale_factor=ctx.postscale_factor,
+            process_set=ctx.process_set,
+        )
+        return (None, None, None, None, None, None, *grads)
+
+
+class HorovodAllgather(torch.autograd.Function):
+    """An autograd function that performs allgather on a tensor."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor, name, process_set):  # type: ignore[override]
+        ctx.dim = tensor.shape[0] if tensor.dim() > 0 else 0
+        ctx.process_set = process_set
+        handle = _ops.allgather_async(tensor, name, process_set)
+        return _ops.synchronize(handle)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output):  # type: ignore[override]
+        grad_reduced = _ops.allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
+        dim_t = torch.IntTensor([ctx.dim])
+        dim = _ops.allgather(dim_t, process_set=ctx.process_set).view(ctx.process_set.size())
+        r = ctx.process_set.rank()
+        offset = int(torch.sum(dim.narrow(0, 0, r)).item()) if r != 0 else 0
+        return grad_reduced.narrow(0, offset, ctx.dim), None, None
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    """An autograd function that broadcasts a tensor."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor, root_rank, name, process_set):  # type: ignore[override]
+        ctx.root_rank = root_rank
+        ctx.process_set = process_set
+        handle = _ops.broadcast_async(tensor, root_rank, name, process_set)
+        return _ops.synchronize(handle)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output):  # type: ignore[override]
+        grad_reduced = _ops.allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
+        if _basics.rank() != ctx.root_rank:
+            grad_reduced *= 0
+        return grad_reduced, None, None, None
+
+
+class HorovodAlltoall(torch.autograd.Function):
+    """An autograd function that performs alltoall on a tensor."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor, splits, name, process_set):  # type: ignore[override]
+        handle = _ops.alltoall_async(tensor, splits, name, process_set)
+        output, received_splits = _ops.synchronize(handle)
+        ctx.process_set = process_set
+        ctx.recvsplits = received_splits
+        if splits is None:
+            return output
+        ctx.mark_non_differentiable(received_splits)
+        return output, received_splits
+
+    @staticmethod
+    def backward(ctx: Any, grad_output, *dead_gradients):  # type: ignore[override]
+        grad_wrt_tensor, _ = _ops.alltoall(grad_output.contiguous(), splits=ctx.recvsplits, process_set=ctx.process_set)
+        return grad_wrt_tensor, None, None, None
+
+
+class HorovodReducescatter(torch.autograd.Function):
+    """An autograd function that performs reducescatter on a tensor."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor, name, op, process_set, prescale_factor, postscale_factor):  # type: ignore[override]
+        ctx.op = op
+        ctx.process_set = process_set
+        ctx.scale = float(prescale_factor) * float(postscale_factor)
+        handle = _ops.reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor)
+        return _ops.synchronize(handle)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output):  # type: ignore[override]
+        grad = _ops.allgather(grad_output.contiguous(), process_set=ctx.process_set)
+        scale = ctx.scale
+        if ctx.op == Average:
+            scale /= ctx.process_set.size()
+        elif ctx.op != Sum:
+            raise NotImplementedError("reducescatter backward supports only Average and Sum")
+        if scale != 1.0:
+            grad = grad * scale
+        return grad, None, None, None, None, None

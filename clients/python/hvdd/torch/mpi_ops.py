@@ -1,0 +1,834 @@
+"""Horovod's ``horovod/torch/mpi_ops.py`` on hvdd: collectives on torch tensors.
+
+Every collective exists as a blocking call and an ``_async`` one returning an
+integer handle for :func:`poll` and :func:`synchronize`; functions ending in
+``_`` write their result into the input tensor. Tensors are copied once into
+the client's shared-memory arena and results once out of it; the daemon does
+the rest. Tensors are matched across ranks by name: ``"<op>.<name>"`` when a
+name is given, else ``"<op>.noname.<handle>"`` (so unnamed ops match by issue
+order, as in Horovod).
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from .. import basics as _basics
+from .._client import Client, Handle
+from .._proto import hvdd_pb2 as pb
+from ..basics import Average, ReduceOp, Sum, global_process_set, ProcessSet, process_set_id as _ps_id
+from .compression import Compression
+
+__all__ = [
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "sparse_allreduce_async",
+    "allgather",
+    "allgather_async",
+    "grouped_allgather",
+    "grouped_allgather_async",
+    "broadcast",
+    "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
+    "alltoall",
+    "alltoall_async",
+    "reducescatter",
+    "reducescatter_async",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
+    "join",
+    "barrier",
+    "poll",
+    "synchronize",
+    "handle_average_backwards_compatibility",
+]
+
+# torch dtype -> (wire dtype, numpy dtype of the same bits).
+_DTYPES = {
+    torch.uint8: (pb.DTYPE_UINT8, np.uint8),
+    torch.int8: (pb.DTYPE_INT8, np.int8),
+    torch.int16: (pb.DTYPE_INT16, np.int16),
+    torch.int32: (pb.DTYPE_INT32, np.int32),
+    torch.int64: (pb.DTYPE_INT64, np.int64),
+    torch.float16: (pb.DTYPE_FLOAT16, np.float16),
+    torch.bfloat16: (pb.DTYPE_BFLOAT16, np.int16),  # bits, viewed as int16
+    torch.float32: (pb.DTYPE_FLOAT32, np.float32),
+    torch.float64: (pb.DTYPE_FLOAT64, np.float64),
+    torch.bool: (pb.DTYPE_BOOL, np.bool_),
+}
+
+# Public handles, as Horovod's handle manager hands them out.
+_handle_map: dict[int, Tuple[Client, Handle]] = {}
+_handles = itertools.count(1)
+_groups = itertools.count(1)
+
+
+def handle_average_backwards_compatibility(op: Optional[int], average: Optional[bool]) -> int:
+    """Resolves Horovod's deprecated ``average=`` against ``op=``."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+        return op
+    if average is not None:
+        warnings.warn(
+            "Parameter `average` has been replaced with `op` and will be removed in v1.0",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return Average if average else Sum
+    return Average
+
+
+def _reduce_op(op: int) -> int:
+    try:
+        return int(ReduceOp(op))
+    except ValueError:
+        raise ValueError(f"Unknown reduction op {op!r}: use hvd.Average, Sum, Adasum, Min, Max or Product") from None
+
+
+def _check(tensor: torch.Tensor) -> Tuple[int, Any]:
+    """Validates a tensor as Horovod's _check_function does; returns its
+    (wire dtype, numpy dtype)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    dt = _DTYPES.get(tensor.dtype)
+    if dt is None or tensor.is_sparse:
+        raise ValueError("Tensor type %s is not supported." % tensor.type())
+    if not tensor.is_contiguous():
+        raise ValueError("Tensor is required to be contiguous.")
+    return dt
+
+
+def _flat(tensor: torch.Tensor) -> np.ndarray:
+    """A flat uint8 numpy view of a contiguous CPU tensor's bytes."""
+    t = tensor.detach()
+    if t.dtype is torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().reshape(-1).view(np.uint8)
+
+
+def _stage_in(c: Client, tensor: torch.Tensor) -> Tuple[Any, int, int, Optional[torch.Tensor]]:
+    """Copies a tensor into the arena. Returns (region, offset, nbytes, cpu)
+    where cpu is the CPU tensor staged (a copy when the tensor lives on an
+    accelerator, else the tensor itself)."""
+    cpu = tensor if tensor.device.type == "cpu" else tensor.detach().cpu()
+    nbytes = cpu.numel() * cpu.element_size()
+    if nbytes == 0:
+        return None, 0, 0, cpu
+    region, off = c.stage(nbytes)
+    region.array[off : off + nbytes] = _flat(cpu)
+    return region, off, nbytes, cpu
+
+
+def _from_bytes(b: np.ndarray, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
+    """A new torch tensor owning a copy of the bytes b."""
+    np_dt = _DTYPES[dtype][1]
+    arr = b.copy().view(np_dt).reshape(tuple(shape))
+    t = torch.from_numpy(arr)
+    if dtype is torch.bfloat16:
+        t = t.view(torch.bfloat16)
+    return t
+
+
+def _copy_into(target: torch.Tensor, b: np.ndarray) -> None:
+    """Copies the bytes b into a contiguous tensor (on any device)."""
+    if target.device.type == "cpu":
+        _flat(target)[:] = b
+    else:
+        with torch.no_grad():
+            target.copy_(_from_bytes(b, target.dtype, target.shape))
+
+
+def _name(kind: str, name: Optional[str], handle: int) -> str:
+    return f"{kind}.{name}" if name is not None else f"{kind}.noname.{handle}"
+
+
+def _register(handle: int, h: Handle) -> int:
+    _handle_map[handle] = (_basics.client(), h)
+    return handle
+
+
+# ------------------------------------------------------------------ allreduce
+
+
+def _allreduce_submit(
+    c: Client,
+    tensor: torch.Tensor,
+    output: Optional[torch.Tensor],
+    full_name: str,
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    ps: int,
+    group: int = 0,
+    group_size: int = 0,
+) -> Handle:
+    wire_dt = _check(tensor)[0]
+    region, off, nbytes, _ = _stage_in(c, tensor)
+    h = c.submit(
+        pb.OP_ALLREDUCE, full_name, wire_dt, tensor.shape, region, off, nbytes,
+        reduce_op=op, prescale=float(prescale_factor), postscale=float(postscale_factor),
+        process_set=ps, group=group, group_size=group_size,
+    )
+    dtype, shape = tensor.dtype, tensor.shape
+    if output is None:
+        def finish(h: Handle) -> torch.Tensor:
+            if h.region is None:
+                return torch.empty(shape, dtype=dtype)
+            return _from_bytes(h.region.array[h.offset : h.offset + nbytes], dtype, shape)
+    else:
+        def finish(h: Handle) -> torch.Tensor:
+            if h.region is not None:
+                _copy_into(output, h.region.array[h.offset : h.offset + nbytes])
+            return output
+    h.finish = finish
+    return h
+
+
+def _allreduce_async(
+    tensor: torch.Tensor,
+    output: Optional[torch.Tensor],
+    name: Optional[str],
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+) -> int:
+    c = _basics.client()
+    op = _reduce_op(op)
+    ps = _ps_id(process_set)
+    handle = next(_handles)
+    h = _allreduce_submit(c, tensor, output, _name("allreduce", name, handle), op, prescale_factor, postscale_factor, ps)
+    return _register(handle, h)
+
+
+def allreduce_async(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    """A function that performs asynchronous averaging or summation of the input
+    tensor over all the Horovod processes. The input tensor is not modified.
+
+    The reduction operation is keyed by the name. If name is not provided, an
+    incremented auto-generated name is used. The tensor type and shape must be
+    the same on all Horovod processes for a given name. The reduction will not
+    start until all processes are ready to send and receive the tensor.
+
+    Arguments:
+        tensor: A tensor to reduce.
+        average: .. warning:: .. deprecated:: 0.19.0 Use `op` instead.
+        name: A name of the reduction operation.
+        op: The reduction operation to combine tensors across different ranks.
+            Defaults to Average if None is given.
+        prescale_factor: Multiplicative factor to scale tensor before allreduce.
+        postscale_factor: Multiplicative factor to scale tensor after allreduce.
+        process_set: Process set object to limit this operation to a subset of
+            Horovod processes. Default is the global process set.
+
+    Returns:
+        A handle to the allreduce operation that can be used with `poll()` or
+        `synchronize()`.
+    """
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def allreduce_async_(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    """A function that performs asynchronous in-place averaging or summation of
+    the input tensor over all the Horovod processes. The reduction is keyed by
+    name; after `synchronize()` the input tensor holds the result.
+
+    Returns:
+        A handle to the allreduce operation that can be used with `poll()` or
+        `synchronize()`.
+    """
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def allreduce(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    compression: Any = Compression.none,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """A function that performs averaging or summation of the input tensor over
+    all the Horovod processes. The input tensor is not modified.
+
+    This acts as a thin wrapper around an autograd function. If your input
+    tensor requires gradients, then calling this function will allow gradients
+    to be computed and backpropagated.
+
+    Arguments:
+        tensor: A tensor to reduce.
+        average: .. warning:: .. deprecated:: 0.19.0 Use `op` instead.
+        name: A name of the reduction operation.
+        compression: Compression algorithm used during allreduce to reduce the
+            amount of data sent during each parameter update step.
+        op: The reduction operation (Average if None).
+        prescale_factor: Multiplicative factor to scale tensor before allreduce.
+        postscale_factor: Multiplicative factor to scale tensor after allreduce.
+        process_set: Process set object to limit this operation to a subset of
+            Horovod processes. Default is the global process set.
+
+    Returns:
+        A tensor of the same shape and type as `tensor`, averaged or summed
+        across all processes.
+    """
+    from ._autograd import HorovodAllreduce
+
+    tensor_compressed, ctx = compression.compress(tensor)
+    summed = HorovodAllreduce.apply(tensor_compressed, average, name, op, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(summed, ctx)
+
+
+def allreduce_(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """In-place :func:`allreduce`: the input tensor holds the result, which is
+    also returned."""
+    handle = allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    return synchronize(handle)
+
+
+def _grouped_allreduce_async(
+    tensors: Sequence[torch.Tensor],
+    outputs: Optional[Sequence[torch.Tensor]],
+    name: Optional[str],
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+) -> int:
+    c = _basics.client()
+    op = _reduce_op(op)
+    ps = _ps_id(process_set)
+    tensors = list(tensors)
+    for t in tensors:
+        _check(t)
+    if len({t.device for t in tensors}) > 1:
+        raise ValueError("Tensors in list must be on same device.")
+    handle = next(_handles)
+    base = _name("grouped_allreduce", name, handle)
+    group = next(_groups)
+    n = len(tensors)
+    g = Handle(0, base)
+    g.members = []
+    for i, t in enumerate(tensors):
+        out = outputs[i] if outputs is not None else None
+        g.members.append(
+            _allreduce_submit(c, t, out, f"{base}_{i + 1}of{n}", op, prescale_factor, postscale_factor, ps, group, n)
+        )
+    return _register(handle, g)
+
+
+def grouped_allreduce_async(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    """Asynchronous grouped allreduce: the tensors are negotiated (and fused)
+    as one unit, none runs before all are ready on every rank. Inputs are not
+    modified; `synchronize()` returns the list of results."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _grouped_allreduce_async(tensors, None, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def grouped_allreduce_async_(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    """In-place asynchronous grouped allreduce."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    compression: Any = Compression.none,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> List[torch.Tensor]:
+    """Grouped allreduce (differentiable): returns a list of reduced tensors."""
+    from ._autograd import HorovodGroupedAllreduce
+
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
+    summed = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set, *compressed)
+    return [compression.decompress(t, ctx) for t, ctx in zip(summed, ctxs)]
+
+
+def grouped_allreduce_(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> List[torch.Tensor]:
+    """In-place grouped allreduce."""
+    handle = grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
+    return synchronize(handle)
+
+
+def sparse_allreduce_async(
+    tensor: torch.Tensor, name: str, op: int, process_set: ProcessSet = global_process_set
+) -> Callable[[], torch.Tensor]:
+    """Allreduce of a sparse COO tensor as two allgathers (indices and values),
+    as Horovod does. Returns a callable that waits and returns the result."""
+    t = tensor
+    indices_handle = allgather_async(t._indices().transpose(0, 1).contiguous(), name=f"{name}.indices", process_set=process_set)
+    values_handle = allgather_async(t._values().contiguous(), name=f"{name}.values", process_set=process_set)
+
+    def handle() -> torch.Tensor:
+        values = synchronize(values_handle)
+        indices = synchronize(indices_handle)
+        values = (values / process_set.size()) if op == Average else values
+        if indices.dim() == 0 or values.dim() == 0:
+            return t.new().resize_as_(t)
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
+
+    return handle
+
+
+# ------------------------------------------------------------------ allgather
+
+
+def _output_submit(
+    c: Client,
+    kind: int,
+    tensor: torch.Tensor,
+    full_name: str,
+    ps: int,
+    with_splits: bool = False,
+    **kw: Any,
+) -> Handle:
+    """Submits a collective whose result the daemon allocates (allgather,
+    alltoall, reducescatter); finish copies it out and releases it."""
+    wire_dt = _check(tensor)[0]
+    region, off, nbytes, _ = _stage_in(c, tensor)
+    h = c.submit(kind, full_name, wire_dt, tensor.shape, region, off, nbytes, process_set=ps, **kw)
+    dtype = tensor.dtype
+    rest = tuple(tensor.shape[1:])
+
+    def finish(h: Handle) -> Any:
+        d = h.done
+        if d is None or not d.HasField("output") or d.output.length == 0:
+            shape = tuple(d.output_shape) if d is not None and len(d.output_shape) else (0,) + rest
+            out = torch.empty(shape, dtype=dtype)
+        else:
+            try:
+                out = _from_bytes(c.output(d.output), dtype, tuple(d.output_shape))
+            finally:
+                c.release(d.output)
+        if with_splits:
+            rs = list(d.received_splits) if d is not None else []
+            return out, torch.tensor(rs, dtype=torch.int32)
+        return out
+
+    h.finish = finish
+    return h
+
+
+def allgather_async(tensor: torch.Tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> int:
+    """A function that asynchronously concatenates the input tensor with the same
+    input tensor on all other Horovod processes. The input tensor is not
+    modified. The concatenation is done on the first dimension, so the input
+    tensors on the different processes must have the same rank and shape,
+    except for the first dimension, which is allowed to be different.
+
+    Returns:
+        A handle to the allgather operation that can be used with `poll()` or
+        `synchronize()`.
+    """
+    c = _basics.client()
+    ps = _ps_id(process_set)
+    handle = next(_handles)
+    return _register(handle, _output_submit(c, pb.OP_ALLGATHER, tensor, _name("allgather", name, handle), ps))
+
+
+def allgather(tensor: torch.Tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """A function that concatenates the input tensor with the same input tensor
+    on all other Horovod processes, along the first dimension (whose size may
+    differ between processes). Differentiable.
+
+    Returns:
+        A tensor of the same type as `tensor`, concatenated on dimension zero
+        across all processes. The shape is identical to the input shape, except
+        for the first dimension, which may be greater and is the sum of all
+        first dimensions of the tensors in different Horovod processes.
+    """
+    from ._autograd import HorovodAllgather
+
+    return HorovodAllgather.apply(tensor, name, process_set)
+
+
+def grouped_allgather_async(
+    tensors: Sequence[torch.Tensor], name: Optional[str] = None, process_set: ProcessSet = global_process_set
+) -> int:
+    """Asynchronous grouped allgather; `synchronize()` returns a list."""
+    c = _basics.client()
+    ps = _ps_id(process_set)
+    tensors = list(tensors)
+    for t in tensors:
+        _check(t)
+    handle = next(_handles)
+    base = _name("grouped_allgather", name, handle)
+    group = next(_groups)
+    n = len(tensors)
+    g = Handle(0, base)
+    g.members = [
+        _output_submit(c, pb.OP_ALLGATHER, t, f"{base}_{i + 1}of{n}", ps, group=group, group_size=n)
+        for i, t in enumerate(tensors)
+    ]
+    return _register(handle, g)
+
+
+def grouped_allgather(
+    tensors: Sequence[torch.Tensor], name: Optional[str] = None, process_set: ProcessSet = global_process_set
+) -> List[torch.Tensor]:
+    """Grouped allgather: returns the list of gathered tensors."""
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+# ------------------------------------------------------------------ broadcast
+
+
+def _broadcast_async(
+    tensor: torch.Tensor, output: Optional[torch.Tensor], root_rank: int, name: Optional[str], process_set: ProcessSet
+) -> int:
+    c = _basics.client()
+    ps = _ps_id(process_set)
+    wire_dt = _check(tensor)[0]
+    handle = next(_handles)
+    region, off, nbytes, _ = _stage_in(c, tensor)
+    h = c.submit(
+        pb.OP_BROADCAST, _name("broadcast", name, handle), wire_dt, tensor.shape, region, off, nbytes,
+        root_rank=int(root_rank), process_set=ps,
+    )
+    dtype, shape = tensor.dtype, tensor.shape
+    if output is None:
+        def finish(h: Handle) -> torch.Tensor:
+            if h.region is None:
+                return torch.empty(shape, dtype=dtype)
+            return _from_bytes(h.region.array[h.offset : h.offset + nbytes], dtype, shape)
+    else:
+        def finish(h: Handle) -> torch.Tensor:
+            if h.region is not None:
+                _copy_into(output, h.region.array[h.offset : h.offset + nbytes])
+            return output
+    h.finish = finish
+    return _register(handle, h)
+
+
+def broadcast_async(
+    tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, process_set: ProcessSet = global_process_set
+) -> int:
+    """A function that asynchronously broadcasts the input tensor on root rank to
+    the same input tensor on all other Horovod processes. The input tensor is
+    not modified. `root_rank` is a global rank.
+
+    Returns:
+        A handle to the broadcast operation that can be used with `poll()` or
+        `synchronize()`.
+    """
+    return _broadcast_async(tensor, None, root_rank, name, process_set)
+
+
+def broadcast_async_(
+    tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, process_set: ProcessSet = global_process_set
+) -> int:
+    """In-place asynchronous broadcast: after `synchronize()` the input tensor
+    holds the root's values."""
+    return _broadcast_async(tensor, tensor, root_rank, name, process_set)
+
+
+def broadcast(
+    tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
+    """A function that broadcasts the input tensor on root rank to the same input
+    tensor on all other Horovod processes. The input tensor is not modified.
+    Differentiable: the gradient is averaged across ranks and kept on the root.
+
+    Returns:
+        A tensor of the same shape and type as `tensor`, with the value
+        broadcasted from root rank.
+    """
+    from ._autograd import HorovodBroadcast
+
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+
+
+def broadcast_(
+    tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
+    """In-place broadcast: the input tensor holds the root's values, and is
+    returned."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# ------------------------------------------------------------------- alltoall
+
+
+def _splits_list(splits: Any) -> Optional[List[int]]:
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        return [int(x) for x in splits.reshape(-1).tolist()]
+    return [int(x) for x in splits]
+
+
+def alltoall_async(
+    tensor: torch.Tensor,
+    splits: Any = None,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    """A function that scatters slices of the input tensor to all other Horovod
+    processes and returns a tensor of gathered slices from all other Horovod
+    processes. The slicing is done on the first dimension; `splits` (a list or
+    int32 tensor with one entry per process) says how many rows go to each.
+    Without splits the first dimension is divided equally.
+
+    Returns:
+        A handle to the alltoall operation that can be used with `poll()` or
+        `synchronize()`; `synchronize()` returns (output, received_splits).
+    """
+    c = _basics.client()
+    ps = _ps_id(process_set)
+    handle = next(_handles)
+    sp = _splits_list(splits)
+    h = _output_submit(c, pb.OP_ALLTOALL, tensor, _name("alltoall", name, handle), ps, with_splits=True, splits=sp)
+    return _register(handle, h)
+
+
+def alltoall(
+    tensor: torch.Tensor,
+    splits: Any = None,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """A function that scatters slices of the input tensor to all other Horovod
+    processes and returns a tensor of gathered slices from all other Horovod
+    processes. Differentiable.
+
+    Returns:
+        1) A tensor containing the gathered tensor data from all workers.
+        2) If `splits` has been provided: A tensor of integers in rank order
+           describing how many elements in the output tensor have been received
+           from each worker.
+    """
+    from ._autograd import HorovodAlltoall
+
+    return HorovodAlltoall.apply(tensor, splits, name, process_set)
+
+
+# -------------------------------------------------------------- reducescatter
+
+
+def reducescatter_async(
+    tensor: torch.Tensor,
+    name: Optional[str] = None,
+    op: int = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> int:
+    """A function that performs asynchronous reduction of the input tensor over
+    all the Horovod processes, then scatters the results across all Horovod
+    processes along the first dimension (the first d0 % size processes get one
+    row more). The input tensor is not modified. `op` is Average or Sum.
+
+    Returns:
+        A handle to the reducescatter operation that can be used with `poll()`
+        or `synchronize()`.
+    """
+    c = _basics.client()
+    ps = _ps_id(process_set)
+    op = _reduce_op(op)
+    handle = next(_handles)
+    h = _output_submit(
+        c, pb.OP_REDUCESCATTER, tensor, _name("reducescatter", name, handle), ps,
+        reduce_op=op, prescale=float(prescale_factor), postscale=float(postscale_factor),
+    )
+    return _register(handle, h)
+
+
+def reducescatter(
+    tensor: torch.Tensor,
+    name: Optional[str] = None,
+    compression: Any = Compression.none,
+    op: int = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
+    """A function that performs reduction of the input tensor over all the
+    Horovod processes, then scatters the results across all Horovod processes.
+    Differentiable.
+
+    Returns:
+        A tensor of the same rank and type as `tensor`, with this process's
+        block of rows of the reduction.
+    """
+    from ._autograd import HorovodReducescatter
+
+    tensor_compressed, ctx = compression.compress(tensor)
+    out = HorovodReducescatter.apply(tensor_compressed, name, op, process_set, prescale_factor, postscale_factor)
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter_async(
+    tensors: Sequence[torch.Tensor],
+    name: Optional[str] = None,
+    op: int = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> int:
+    """Asynchronous grouped reducescatter; `synchronize()` returns a list."""
+    c = _basics.client()
+    ps = _ps_id(process_set)
+    op = _reduce_op(op)
+    tensors = list(tensors)
+    for t in tensors:
+        _check(t)
+    handle = next(_handles)
+    base = _name("grouped_reducescatter", name, handle)
+    group = next(_groups)
+    n = len(tensors)
+    g = Handle(0, base)
+    g.members = [
+        _output_submit(
+            c, pb.OP_REDUCESCATTER, t, f"{base}_{i + 1}of{n}", ps, reduce_op=op,
+            prescale=float(prescale_factor), postscale=float(postscale_factor), group=group, group_size=n,
+        )
+        for i, t in enumerate(tensors)
+    ]
+    return _register(handle, g)
+
+
+def grouped_reducescatter(
+    tensors: Sequence[torch.Tensor],
+    name: Optional[str] = None,
+    compression: Any = Compression.none,
+    op: int = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> List[torch.Tensor]:
+    """Grouped reducescatter: returns a list of this process's blocks."""
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
+    outs = synchronize(grouped_reducescatter_async(compressed, name, op, process_set, prescale_factor, postscale_factor))
+    return [compression.decompress(t, ctx) for t, ctx in zip(outs, ctxs)]
+
+
+# ------------------------------------------------------- barrier, join, waits
+
+
+def join(device: int = -1) -> int:
+    """A function that indicates that the rank finished processing data.
+
+    All ranks that did not call join() continue to process allreduce
+    operations; this rank takes part in them with zeros. This function blocks
+    Python thread until all ranks join.
+
+    Arguments:
+        device: An id of the device to create temprorary zero tensors (unused:
+            the daemon supplies the zeros).
+
+    Returns:
+        Id of the rank that joined last.
+    """
+    c = _basics.client()
+    h = c.submit(pb.OP_JOIN, "")
+    c.complete(h)
+    return int(h.done.last_joined_rank) if h.done is not None else 0
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """A function that acts as a simple sychronization point for ranks specified
+    in the given process group (default: all ranks)."""
+    c = _basics.client()
+    ps = _ps_id(process_set)
+    c.complete(c.submit(pb.OP_BARRIER, "", process_set=ps))
+
+
+def poll(handle: int) -> bool:
+    """Polls an allreduce, allgather, alltoall, broadcast, or reducescatter
+    handle to determine whether underlying asynchronous operation has
+    completed. After `poll()` returns `True`, `synchronize()` will return
+    without blocking.
+
+    Returns:
+        A flag indicating whether the operation has completed.
+    """
+    e = _handle_map.get(handle)
+    if e is None:
+        raise ValueError(f"Handle {handle} was not created or has been cleared.")
+    return e[1].poll()
+
+
+def synchronize(handle: int) -> Any:
+    """Synchronizes an asynchronous allreduce, allgather, alltoall, broadcast, or
+    reducescatter operation until it's completed. Returns the result of the
+    operation.
+
+    Returns:
+        A single output tensor of the operation or a tuple of multiple output
+        tensors (alltoall returns (output, received_splits)); a list for
+        grouped operations. Raises HorovodInternalError if the collective
+        failed.
+    """
+    e = _handle_map.pop(handle, None)
+    if e is None:
+        return None
+    return e[0].complete(e[1])

@@ -1,0 +1,92 @@
+package daemon
+
+import (
+	"fmt"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// poller is the loop's epoll set: every client socket plus an eventfd that
+// other goroutines write to hand the loop a message (see inbox).
+type poller struct {
+	epfd   int
+	evfd   int
+	events []unix.EpollEvent
+
+	// mu guards inbox.
+	mu    sync.Mutex
+	inbox []any
+}
+
+func newPoller() (*poller, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: epoll_create: %w", err)
+	}
+	evfd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		unix.Close(epfd)
+		return nil, fmt.Errorf("daemon: eventfd: %w", err)
+	}
+	p := &poller{epfd: epfd, evfd: evfd, events: make([]unix.EpollEvent, 64)}
+	if err := p.add(evfd); err != nil {
+		p.close()
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *poller) add(fd int) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(fd)}
+	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		return fmt.Errorf("daemon: epoll add fd %d: %w", fd, err)
+	}
+	return nil
+}
+
+func (p *poller) del(fd int) {
+	unix.EpollCtl(p.epfd, unix.EPOLL_CTL_DEL, fd, nil)
+}
+
+// wait returns the ready events; timeoutMs 0 polls, -1 blocks.
+func (p *poller) wait(timeoutMs int) ([]unix.EpollEvent, error) {
+	for {
+		n, err := unix.EpollWait(p.epfd, p.events, timeoutMs)
+		if err == unix.EINTR {
+			if timeoutMs == 0 {
+				return nil, nil
+			}
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("daemon: epoll_wait: %w", err)
+		}
+		return p.events[:n], nil
+	}
+}
+
+// post queues m for the loop and wakes it. Safe from any goroutine.
+func (p *poller) post(m any) {
+	p.mu.Lock()
+	p.inbox = append(p.inbox, m)
+	p.mu.Unlock()
+	var one = [8]byte{1}
+	unix.Write(p.evfd, one[:])
+}
+
+// drain takes the queued messages and resets the eventfd.
+func (p *poller) drain() []any {
+	var buf [8]byte
+	unix.Read(p.evfd, buf[:])
+	p.mu.Lock()
+	m := p.inbox
+	p.inbox = nil
+	p.mu.Unlock()
+	return m
+}
+
+func (p *poller) close() {
+	unix.Close(p.evfd)
+	unix.Close(p.epfd)
+}
