@@ -24,7 +24,15 @@ func TestMain(m *testing.M) {
 	if sc := os.Getenv(daemontest.WorkerEnv); sc != "" {
 		os.Exit(worker(sc))
 	}
-	os.Exit(m.Run())
+	// The examples talk to a one-slot daemon through HVDD_SOCKET.
+	stop, err := daemontest.StartMain(daemon.Config{Slots: 1})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	stop()
+	os.Exit(code)
 }
 
 var scenarios = map[string]func(ctx context.Context, c *hvdd.Client) error{
@@ -66,8 +74,6 @@ func worker(name string) int {
 }
 
 func TestCollectives(t *testing.T) {
-	srv := daemontest.Start(t, daemon.Config{Slots: 4})
-	_ = srv
 	for _, n := range []int{1, 2, 4} {
 		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
 			s := daemontest.Start(t, daemon.Config{Slots: n, FusionThreshold: 1 << 16})

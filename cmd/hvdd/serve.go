@@ -129,14 +129,19 @@ func serveMain(argv []string) int {
 	if socket == "" {
 		socket = launch.DefaultSocket()
 	}
-	ln, err := daemon.Listen(socket)
+	ln, err := systemdListener()
+	if err == nil && ln == nil {
+		ln, err = daemon.Listen(socket)
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 		return 1
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	sdNotify("READY=1")
 	err = srv.Serve(ctx, ln)
+	sdNotify("STOPPING=1")
 	if err != nil && !errors.Is(err, daemon.ErrServerClosed) && !errors.Is(err, context.Canceled) {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 		return 1

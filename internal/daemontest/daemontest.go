@@ -71,6 +71,33 @@ func Start(tb testing.TB, cfg daemon.Config) *Server {
 	return s
 }
 
+// StartMain runs a daemon for a whole test binary (for examples) and points
+// $HVDD_SOCKET at it. The returned func stops it.
+func StartMain(cfg daemon.Config) (stop func(), err error) {
+	dir, err := os.MkdirTemp("", "hvdd-main-")
+	if err != nil {
+		return nil, err
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv, err := daemon.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	sock := filepath.Join(dir, "hvdd.sock")
+	ln, err := daemon.Listen(sock)
+	if err != nil {
+		return nil, err
+	}
+	done := make(chan struct{})
+	go func() { srv.Serve(context.Background(), ln); close(done) }()
+	os.Setenv("HVDD_SOCKET", sock)
+	return func() {
+		srv.Close()
+		<-done
+		os.RemoveAll(dir)
+	}, nil
+}
+
 // Logs returns what the daemon has logged so far.
 func (s *Server) Logs() string { return s.logs.String() }
 

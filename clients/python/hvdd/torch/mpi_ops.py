@@ -304,7 +304,6 @@ def allreduce(
         A tensor of the same shape and type as `tensor`, averaged or summed
         across all processes.
     """
-    from ._autograd import HorovodAllreduce
 
     tensor_compressed, ctx = compression.compress(tensor)
     summed = HorovodAllreduce.apply(tensor_compressed, average, name, op, prescale_factor, postscale_factor, process_set)
@@ -398,7 +397,6 @@ def grouped_allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> List[torch.Tensor]:
     """Grouped allreduce (differentiable): returns a list of reduced tensors."""
-    from ._autograd import HorovodGroupedAllreduce
 
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
     summed = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set, *compressed)
@@ -506,7 +504,6 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None, process_set: Pro
         for the first dimension, which may be greater and is the sum of all
         first dimensions of the tensors in different Horovod processes.
     """
-    from ._autograd import HorovodAllgather
 
     return HorovodAllgather.apply(tensor, name, process_set)
 
@@ -602,7 +599,6 @@ def broadcast(
         A tensor of the same shape and type as `tensor`, with the value
         broadcasted from root rank.
     """
-    from ._autograd import HorovodBroadcast
 
     return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
@@ -666,7 +662,6 @@ def alltoall(
            describing how many elements in the output tensor have been received
            from each worker.
     """
-    from ._autograd import HorovodAlltoall
 
     return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
@@ -719,7 +714,6 @@ def reducescatter(
         A tensor of the same rank and type as `tensor`, with this process's
         block of rows of the reduction.
     """
-    from ._autograd import HorovodReducescatter
 
     tensor_compressed, ctx = compression.compress(tensor)
     out = HorovodReducescatter.apply(tensor_compressed, name, op, process_set, prescale_factor, postscale_factor)
@@ -832,3 +826,14 @@ def synchronize(handle: int) -> Any:
     if e is None:
         return None
     return e[0].complete(e[1])
+
+
+# At the end: _autograd imports this module.
+from ._autograd import (  # noqa: E402
+    HorovodAllgather,
+    HorovodAllreduce,
+    HorovodAlltoall,
+    HorovodBroadcast,
+    HorovodGroupedAllreduce,
+    HorovodReducescatter,
+)

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Per-op overhead of the Python client: the median latency of N 4-byte
+allreduces through ``hvdd.torch`` on 2 ranks, next to the same through the Go
+client (bench/goclient) when Go is available. The difference is what the Python
+client adds per op.
+
+Usage (from the repository root, after ``go build -o bin/hvdd ./cmd/hvdd``)::
+
+    .venv/bin/python clients/python/bench/overhead.py [-n 5000] [--np 2]
+
+It starts its own daemon on a temporary socket. As a worker (under ``hvdd run``
+or with HVDD_SOCKET set) use ``--worker``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+
+
+def worker(n: int, warmup: int) -> None:
+    import torch
+
+    import hvdd.torch as hvd
+
+    hvd.init()
+    t = torch.ones(1, dtype=torch.float32)
+    lat = []
+    for i in range(warmup + n):
+        t0 = time.perf_counter()
+        hvd.allreduce_(t, name="bench", op=hvd.Sum)
+        if i >= warmup:
+            lat.append((time.perf_counter() - t0) * 1e6)
+    # Also the out-of-place, autograd-wrapped form most scripts use.
+    lat2 = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        hvd.allreduce(t, name="bench2", op=hvd.Sum)
+        lat2.append((time.perf_counter() - t0) * 1e6)
+    if hvd.rank() == 0:
+        sys.stdout.write(
+            f"python median_us={statistics.median(lat):.1f} (allreduce_) "
+            f"{statistics.median(lat2):.1f} (allreduce) n={n}\n"
+        )
+    hvd.shutdown()
+
+
+def run_job(np_: int, cmd: list[str], sock: str, env_extra: dict[str, str]) -> str:
+    procs = []
+    for r in range(np_):
+        env = dict(os.environ, HVDD_SOCKET=sock, HVDD_LOCAL_RANK=str(r), HVDD_RANK=str(r), HVDD_SIZE=str(np_))
+        env.update(env_extra)
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+    out = ""
+    for p in procs:
+        o, _ = p.communicate(timeout=300)
+        if p.returncode != 0:
+            raise SystemExit(f"worker failed ({p.returncode}): {' '.join(cmd)}")
+        out += o
+    return out.strip()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=5000, help="timed allreduces per run")
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--np", type=int, default=2, help="ranks")
+    ap.add_argument("--hvdd", default=os.path.join(ROOT, "bin", "hvdd"), help="daemon binary")
+    ap.add_argument("--worker", action="store_true", help="run as one rank (internal)")
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.n, args.warmup)
+        return
+
+    tmp = tempfile.mkdtemp(prefix="hvdd-bench-")
+    sock = os.path.join(tmp, "hvdd.sock")
+    daemon = subprocess.Popen(
+        [args.hvdd, "serve", "--slots", str(args.np), "--socket", sock, "--log-level", "warning"],
+    )
+    try:
+        py = run_job(args.np, [sys.executable, os.path.abspath(__file__), "--worker", "-n", str(args.n),
+                               "--warmup", str(args.warmup)], sock, {})
+        print(py)
+        gobin = None
+        if shutil.which("go"):
+            gobin = os.path.join(tmp, "goclient")
+            subprocess.run(["go", "build", "-o", gobin, "."], cwd=os.path.join(HERE, "goclient"), check=True,
+                           env=dict(os.environ, GOFLAGS="-mod=mod"))
+        if gobin:
+            go = run_job(args.np, [gobin, "-n", str(args.n), "-warmup", str(args.warmup)], sock, {})
+            print(go)
+            p = float(py.split("median_us=")[1].split()[0])
+            g = float(go.split("median_us=")[1].split()[0])
+            print(f"overhead_us={p - g:.1f} (python allreduce_ minus go Allreduce, medians)")
+    finally:
+        daemon.terminate()
+        daemon.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
