@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs everything hvdd needs to build, test and run its demo on a fresh
+# Debian 12 machine: system packages (apt), Go modules, the hvdd binary in
+# bin/, and a Python virtualenv in .venv with the hvdd client installed.
+# Safe to run again; it skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+for p in python3-torch python3-numpy python3-protobuf python3-pytest python3-venv \
+         openmpi-bin libopenmpi-dev gcc iproute2 iperf3 protobuf-compiler; do
+  have "$p" || need_apt+=("$p")
+done
+if ((${#need_apt[@]})); then
+  echo "setup: installing ${need_apt[*]}" >&2
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+if ! command -v go >/dev/null; then
+  if [ -x /usr/local/go/bin/go ]; then export PATH=$PATH:/usr/local/go/bin
+  else
+    echo "setup: Go is missing; installing Debian's golang (needs Go >= 1.24)" >&2
+    apt-get install -y -qq golang-go >/dev/null
+  fi
+fi
+go mod download
+mkdir -p bin
+go build -o bin/hvdd ./cmd/hvdd
+
+# Debian's python has torch, numpy and protobuf; the venv sees them.
+PY=/usr/bin/python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv --system-site-packages .venv
+fi
+if ! .venv/bin/python -c 'import hvdd' 2>/dev/null; then
+  .venv/bin/pip install -q --no-deps --no-build-isolation -e clients/python 2>/dev/null \
+    || .venv/bin/pip install -q --no-deps -e clients/python
+fi
+echo "setup: ok (bin/hvdd, .venv)" >&2

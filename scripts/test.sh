@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole hvdd test suite: formatting and vet, the Go tests under the race
+# detector, a short run of every fuzz target, and the Python client's tests.
+# It installs what it needs first (scripts/setup.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+
+echo "== gofmt / go vet"
+bad=$(gofmt -l $(git ls-files '*.go' | grep -v '\.pb\.go$') || true)
+if [ -n "$bad" ]; then echo "gofmt needed on: $bad"; exit 1; fi
+go vet ./...
+
+echo "== go test -race"
+go test -race -count=1 -timeout 20m ./...
+
+echo "== fuzz (${FUZZTIME:=10s} per target)"
+for t in "./ipc FuzzReadClient" "./daemon FuzzResolve" "./shm FuzzSlice" "./reduce FuzzReduce" "./daemon/plan FuzzTable"; do
+  set -- $t
+  go test -run '^$' -fuzz "^$2\$" -fuzztime "$FUZZTIME" "$1"
+done
+
+if [ -d clients/python/tests ]; then
+  echo "== python client"
+  HVDD_BIN="$PWD/bin/hvdd" .venv/bin/python -m pytest -q clients/python/tests
+fi
+echo "== all tests passed"
