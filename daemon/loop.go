@@ -313,7 +313,7 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 			Version: ipc.Version, Rank: int32(c.rank), Size: int32(len(j.slots)),
 			LocalRank: int32(c.localRank), LocalSize: int32(len(j.slots)),
 			CrossRank: 0, CrossSize: 1, IsHomogeneous: true,
-			DaemonVersion: Version, JobId: j.id,
+			DaemonVersion: Version, JobId: j.id, Backends: []string{"shm"},
 		}}}, -1)
 	}
 }
