@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -42,7 +43,7 @@ type client struct {
 	job       *job
 	localRank int
 	rank      int
-	helloPid  int32
+	helloMsg  *ipcpb.Hello
 	groups    map[uint64][]*op // partial groups by client group id
 
 	out outputs
@@ -66,7 +67,10 @@ func (r *region) unref() {
 }
 
 func newClient(s *Server, uc *net.UnixConn) *client {
-	return &client{s: s, ic: ipc.NewConn(uc), regions: make(map[uint32]*region), localRank: -1, rank: -1}
+	ic := ipc.NewConn(uc)
+	// A client that stops reading must not stall the daemon for long.
+	ic.WriteTimeout = 5 * time.Second
+	return &client{s: s, ic: ic, regions: make(map[uint32]*region), localRank: -1, rank: -1}
 }
 
 // shmClose closes a received descriptor that will not be mapped.

@@ -260,7 +260,7 @@ func (l *loop) shutdown() {
 }
 
 func (l *loop) hello(c *client, h *ipcpb.Hello) {
-	c.helloPid = h.GetPid()
+	c.helloMsg = h
 	j := l.job
 	if j != nil && (j.failed != nil || j.formed) {
 		if j.failed != nil {
@@ -377,7 +377,7 @@ func (l *loop) closed(c *client, bye bool, err error) {
 		w := l.waiting
 		l.waiting = nil
 		for _, c := range w {
-			l.hello(c, &ipcpb.Hello{Pid: c.helloPid, LocalRank: int32(c.localRank)})
+			l.hello(c, c.helloMsg)
 		}
 	}
 }

@@ -1,0 +1,58 @@
+"""End-to-end tests: real daemon, real worker processes (see workers.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+
+
+def test_basics(job):
+    job.run("basics", np=2)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_allreduce(job, np):
+    job.run("allreduce_ops", np=np)
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_other_collectives(job, np):
+    job.run("other_ops", np=np)
+
+
+def test_errors(job):
+    job.run("errors", np=2)
+
+
+def test_killed_rank(job):
+    # The last rank SIGKILLs itself; the others must raise HorovodInternalError.
+    res = job.run("victim", np=3, expect=lambda r: (-9,) if r == 2 else (0,))
+    assert "rank 2" in res.daemon_log and "lost" in res.daemon_log
+
+
+def test_distributed_optimizer_and_broadcasts(job):
+    job.run("optimizer", np=2)
+
+
+def test_sync_batch_norm(job):
+    job.run("sync_bn", np=2)
+
+
+def test_mnist_example(job, tmp_path):
+    script = os.path.join(ROOT, "examples", "pytorch_mnist.py")
+    ckpt = tmp_path / "ckpt"
+    res = job.run(
+        "", np=2, timeout=120,
+        cmd=[sys.executable, script, "--epochs", "2", "--synthetic-size", "1024", "--batch-size", "32",
+             "--checkpoint-dir", str(ckpt)],
+    )
+    losses = [float(l.split("loss=")[1].split()[0]) for l in res.outputs[0].splitlines() if "Epoch" in l and "loss=" in l]
+    assert len(losses) == 2 and losses[1] < losses[0], res.outputs[0]
+    assert not any("loss=" in l for l in res.outputs[1].splitlines()), res.outputs[1]
+    files = sorted(os.listdir(ckpt))
+    assert files == ["checkpoint-1.pth.tar", "checkpoint-2.pth.tar"], files

@@ -1,0 +1,599 @@
+"""Worker scenarios run on every rank by the tests (``python workers.py NAME``).
+
+Each scenario checks results against references computed locally from every
+rank's (deterministic) inputs and exits non-zero on the first failure.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import warnings
+
+import torch
+
+import hvdd
+import hvdd.torch as hvd
+
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+          torch.float32, torch.float64, torch.bool]
+
+
+def data(rank: int, dtype: torch.dtype, shape=(3, 4), seed: int = 0) -> torch.Tensor:
+    """Rank-specific deterministic input with small values (no overflow)."""
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    if dtype is torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        return (torch.randint(-8, 9, shape, generator=g).double() / 4).to(dtype)
+    lo = 0 if dtype is torch.uint8 else -3
+    return torch.randint(lo, 4, shape, generator=g).to(dtype)
+
+
+def expect_equal(got: torch.Tensor, want: torch.Tensor, what: str, tol: float = 0.0) -> None:
+    if got.dtype != want.dtype:
+        raise AssertionError(f"{what}: dtype {got.dtype}, want {want.dtype}")
+    if tuple(got.shape) != tuple(want.shape):
+        raise AssertionError(f"{what}: shape {tuple(got.shape)}, want {tuple(want.shape)}")
+    if got.dtype is torch.bool or not got.dtype.is_floating_point:
+        ok = torch.equal(got, want)
+    else:
+        ok = torch.allclose(got.double(), want.double(), atol=tol, rtol=tol)
+    if not ok:
+        raise AssertionError(f"{what}: got\n{got}\nwant\n{want}")
+
+
+def reference_reduce(ts: list[torch.Tensor], op: int, n: int, pre: float = 1.0, post: float = 1.0) -> torch.Tensor:
+    dt = ts[0].dtype
+    if dt is torch.bool:
+        stack = torch.stack(ts)
+        if op in (hvd.Sum, hvd.Max, hvd.Average):
+            return stack.any(0)
+        return stack.all(0)  # Min, Product
+    x = [t.double() * pre for t in ts]
+    if op in (hvd.Sum, hvd.Average):
+        r = sum(x[1:], x[0])
+    elif op == hvd.Min:
+        r = torch.stack(x).min(0).values
+    elif op == hvd.Max:
+        r = torch.stack(x).max(0).values
+    else:
+        r = x[0]
+        for t in x[1:]:
+            r = r * t
+    f = post / n if op == hvd.Average else post
+    r = r * f
+    if not dt.is_floating_point:
+        r = r.trunc()
+    return r.to(dt)
+
+
+def tol_for(dt: torch.dtype) -> float:
+    return {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-5, torch.float64: 1e-12}.get(dt, 0.0)
+
+
+# --------------------------------------------------------------------------- basics
+
+
+def basics() -> None:
+    # Before init: Horovod's error text.
+    for f in (hvd.rank, hvd.size, hvd.local_rank, hvd.local_size, hvd.cross_rank, hvd.cross_size):
+        try:
+            f()
+        except ValueError as e:
+            assert str(e) == "Horovod has not been initialized; use hvd.init().", str(e)
+        else:
+            raise AssertionError(f"{f.__name__} before init did not raise")
+    assert not hvd.is_initialized()
+    try:
+        hvd.allreduce(torch.ones(1))
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("allreduce before init did not raise")
+    try:
+        hvd.init(comm=[0])
+    except NotImplementedError:
+        pass
+    else:
+        raise AssertionError("init(comm=...) did not raise")
+
+    hvd.init()
+    hvd.init()  # idempotent
+    assert hvd.is_initialized()
+    n = int(os.environ["HVDD_SIZE"])
+    r = int(os.environ["HVDD_RANK"])
+    assert hvd.size() == n and hvd.rank() == r, (hvd.size(), hvd.rank())
+    assert hvd.local_size() == n and hvd.local_rank() == r
+    assert hvd.cross_size() == 1 and hvd.cross_rank() == 0
+    assert hvd.is_homogeneous() is True
+    assert hvdd.rank() == r  # the basics are shared
+    assert hvd.nccl_built() == 0 and not hvd.cuda_built() and not hvd.rocm_built()
+    assert not hvd.mpi_built() and not hvd.gloo_built() and not hvd.ddl_built() and not hvd.ccl_built()
+    assert not hvd.mpi_enabled() and not hvd.gloo_enabled()
+    try:
+        hvd.mpi_threads_supported()
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("mpi_threads_supported without MPI did not raise")
+    try:
+        hvd.start_timeline("/tmp/x.json")
+    except ValueError as e:
+        assert "HOROVOD_TIMELINE=DYNAMIC" in str(e)
+    else:
+        raise AssertionError("start_timeline did not raise")
+    assert (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product) == (0, 1, 2, 3, 4, 5)
+    assert hvd.global_process_set.process_set_id == 0
+    assert hvd.global_process_set.size() == n and hvd.global_process_set.rank() == r
+    assert hvd.global_process_set.included()
+    assert hvd.HorovodInternalError is hvdd.HvddInternalError
+    assert issubclass(hvd.HorovodInternalError, RuntimeError)
+    ps = hvd.ProcessSet([0])
+    try:
+        hvd.allreduce(torch.ones(1), process_set=ps)
+    except NotImplementedError:
+        pass
+    else:
+        raise AssertionError("non-global process set did not raise")
+    try:
+        hvd.add_process_set([0])
+    except NotImplementedError:
+        pass
+    else:
+        raise AssertionError("add_process_set did not raise")
+
+    # shutdown then init again joins a new job.
+    expect_equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)), "before reinit")
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    hvd.shutdown()  # harmless twice
+    hvd.init()
+    assert hvd.rank() == r
+    expect_equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after"), torch.full((2,), float(n)), "after reinit")
+    hvd.shutdown()
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+def allreduce_ops() -> None:
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    for dt in DTYPES:
+        for op in (hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product):
+            if dt is torch.bool and op == hvd.Average:
+                continue
+            ins = [data(k, dt, seed=op) for k in range(n)]
+            want = reference_reduce(ins, op, n)
+            what = f"allreduce {dt} op={op}"
+            x = ins[r].clone()
+            got = hvd.allreduce(x, op=op, name=f"ar.{dt}.{op}")
+            expect_equal(got, want, what, tol_for(dt))
+            expect_equal(x, ins[r], what + " (input untouched)")
+            # in-place
+            y = ins[r].clone()
+            out = hvd.allreduce_(y, op=op)
+            assert out is y
+            expect_equal(y, want, what + " in place", tol_for(dt))
+            # async, both forms, polled then synchronised
+            z = ins[r].clone()
+            h1 = hvd.allreduce_async(z, op=op, name=f"a1.{dt}.{op}")
+            h2 = hvd.allreduce_async_(z, op=op, name=f"a2.{dt}.{op}")
+            got1 = hvd.synchronize(h1)
+            hvd.synchronize(h2)
+            assert hvd.synchronize(h1) is None  # a finished handle is gone, as in Horovod
+            expect_equal(got1, want, what + " async", tol_for(dt))
+            expect_equal(z, want, what + " async_", tol_for(dt))
+
+    # scale factors, integer truncation, deprecated average=
+    ins = [data(k, torch.float64, seed=7) for k in range(n)]
+    got = hvd.allreduce(ins[r], op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0)
+    expect_equal(got, reference_reduce(ins, hvd.Sum, n, 0.5, 3.0), "pre/postscale", 1e-12)
+    got = hvd.allreduce(ins[r], prescale_factor=2.0)
+    expect_equal(got, reference_reduce(ins, hvd.Average, n, 2.0), "average prescale", 1e-12)
+    iins = [torch.tensor([r * 3 + 1, 7, -5], dtype=torch.int32) for r in range(n)]
+    expect_equal(hvd.allreduce(iins[r]), reference_reduce(iins, hvd.Average, n), "int average truncates")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = hvd.allreduce(ins[r], average=False)
+        assert any(issubclass(x.category, DeprecationWarning) for x in w), w
+    expect_equal(got, reference_reduce(ins, hvd.Sum, n), "average=False", 1e-12)
+    try:
+        hvd.allreduce(ins[r], average=True, op=hvd.Sum)
+    except ValueError as e:
+        assert "supersedes average" in str(e)
+    else:
+        raise AssertionError("average and op together did not raise")
+    try:
+        hvd.allreduce(torch.ones(4, 4).t())
+    except ValueError as e:
+        assert str(e) == "Tensor is required to be contiguous."
+    else:
+        raise AssertionError("non-contiguous did not raise")
+    try:
+        hvd.allreduce(torch.ones(2, dtype=torch.complex64))
+    except ValueError as e:
+        assert "is not supported" in str(e)
+    else:
+        raise AssertionError("complex did not raise")
+
+    # zero-size and scalar tensors
+    expect_equal(hvd.allreduce(torch.empty(0, 3)), torch.empty(0, 3), "empty")
+    expect_equal(hvd.allreduce(torch.tensor(2.0), op=hvd.Sum), torch.tensor(2.0 * n), "scalar")
+
+    # grouped
+    gins = [[data(k, torch.float32, (2, 2), seed=11), data(k, torch.int64, (5,), seed=12)] for k in range(n)]
+    wants = [reference_reduce([g[i] for g in gins], hvd.Sum, n) for i in range(2)]
+    outs = hvd.grouped_allreduce([t.clone() for t in gins[r]], op=hvd.Sum, name="grp")
+    for o, w_ in zip(outs, wants):
+        expect_equal(o, w_, "grouped_allreduce", 1e-6)
+    mine = [t.clone() for t in gins[r]]
+    hvd.grouped_allreduce_(mine, op=hvd.Sum)
+    for o, w_ in zip(mine, wants):
+        expect_equal(o, w_, "grouped_allreduce_", 1e-6)
+    h = hvd.grouped_allreduce_async([t.clone() for t in gins[r]], op=hvd.Sum)
+    for o, w_ in zip(hvd.synchronize(h), wants):
+        expect_equal(o, w_, "grouped_allreduce_async", 1e-6)
+    mine = [t.clone() for t in gins[r]]
+    hvd.synchronize(hvd.grouped_allreduce_async_(mine, op=hvd.Sum))
+    for o, w_ in zip(mine, wants):
+        expect_equal(o, w_, "grouped_allreduce_async_", 1e-6)
+
+    # fp16 compression round-trips
+    ins = [data(k, torch.float32, seed=13) for k in range(n)]
+    got = hvd.allreduce(ins[r], op=hvd.Sum, compression=hvd.Compression.fp16)
+    assert got.dtype is torch.float32
+    expect_equal(got, reference_reduce(ins, hvd.Sum, n), "fp16 compression", 1e-3)
+    c, ctx = hvd.Compression.fp16.compress(torch.ones(2, dtype=torch.int32))
+    assert c.dtype is torch.int32 and hvd.Compression.fp16.decompress(c, ctx).dtype is torch.int32
+
+    # autograd
+    x = data(r, torch.float64, seed=14).requires_grad_()
+    y = hvd.allreduce(x, op=hvd.Sum)
+    (y * (r + 1)).sum().backward()
+    # d/dx_r sum_k (k+1) * sum_j x_j = sum_k (k+1), summed again by backward's allreduce(Sum)
+    expect_equal(x.grad, torch.full_like(x, float(sum(k + 1 for k in range(n)))), "allreduce grad")
+    x = torch.ones(3, dtype=torch.float64, requires_grad=True)
+    hvd.allreduce(x).sum().backward()  # Average: grad = average of ones
+    expect_equal(x.grad, torch.ones(3, dtype=torch.float64), "allreduce average grad")
+    hvd.shutdown()
+
+
+def other_ops() -> None:
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    for dt in DTYPES:
+        # allgather with uneven first dimensions
+        ins = [data(k, dt, (k + 1, 2), seed=20) for k in range(n)]
+        want = torch.cat(ins)
+        expect_equal(hvd.allgather(ins[r], name=f"ag.{dt}"), want, f"allgather {dt}")
+        expect_equal(hvd.synchronize(hvd.allgather_async(ins[r])), want, f"allgather_async {dt}")
+        # broadcast from the last rank, all four forms
+        root = n - 1
+        ins = [data(k, dt, (2, 3), seed=21) for k in range(n)]
+        x = ins[r].clone()
+        expect_equal(hvd.broadcast(x, root, name=f"bc.{dt}"), ins[root], f"broadcast {dt}")
+        expect_equal(x, ins[r], f"broadcast {dt} input untouched")
+        expect_equal(hvd.synchronize(hvd.broadcast_async(x, root)), ins[root], f"broadcast_async {dt}")
+        y = ins[r].clone()
+        assert hvd.broadcast_(y, root) is y
+        expect_equal(y, ins[root], f"broadcast_ {dt}")
+        y = ins[r].clone()
+        hvd.synchronize(hvd.broadcast_async_(y, root))
+        expect_equal(y, ins[root], f"broadcast_async_ {dt}")
+        # alltoall, equal split: returns just the output
+        ins = [data(k, dt, (2 * n, 3), seed=22) for k in range(n)]
+        got = hvd.alltoall(ins[r], name=f"a2a.{dt}")
+        assert isinstance(got, torch.Tensor)
+        want = torch.cat([ins[k][2 * r:2 * r + 2] for k in range(n)])
+        expect_equal(got, want, f"alltoall {dt}")
+        if dt is not torch.bool:
+            # reducescatter, uneven rows: the first d0 % n ranks get one more
+            d0 = 2 * n + 1
+            ins = [data(k, dt, (d0, 2), seed=23) for k in range(n)]
+            for op in (hvd.Sum, hvd.Average):
+                full = reference_reduce(ins, op, n)
+                rows = [d0 // n + (1 if k < d0 % n else 0) for k in range(n)]
+                start = sum(rows[:r])
+                got = hvd.reducescatter(ins[r], op=op, name=f"rs.{dt}.{op}")
+                expect_equal(got, full[start:start + rows[r]], f"reducescatter {dt} op={op}", tol_for(dt))
+                got = hvd.synchronize(hvd.reducescatter_async(ins[r], op=op))
+                expect_equal(got, full[start:start + rows[r]], f"reducescatter_async {dt} op={op}", tol_for(dt))
+
+    # alltoall with explicit splits returns (output, received_splits)
+    splits = [[(s + d) % 3 for d in range(n)] for s in range(n)]  # rows rank s sends to rank d
+    ins = [torch.arange(sum(splits[s]) * 2, dtype=torch.float32).view(-1, 2) + 100 * s for s in range(n)]
+    out, rsplits = hvd.alltoall(ins[r], splits=splits[r])
+    parts = []
+    for s in range(n):
+        off = sum(splits[s][:r])
+        parts.append(ins[s][off:off + splits[s][r]])
+    expect_equal(out, torch.cat(parts), "alltoall splits")
+    expect_equal(rsplits, torch.tensor([splits[s][r] for s in range(n)], dtype=torch.int32), "received_splits")
+    out2, rs2 = hvd.synchronize(hvd.alltoall_async(ins[r], splits=torch.tensor(splits[r], dtype=torch.int32)))
+    expect_equal(out2, out, "alltoall_async splits tensor")
+
+    # grouped allgather / reducescatter
+    gins = [[data(k, torch.float32, (k + 1, 2), seed=30), data(k, torch.int32, (2,), seed=31)] for k in range(n)]
+    outs = hvd.grouped_allgather(gins[r])
+    for i, o in enumerate(outs):
+        expect_equal(o, torch.cat([g[i] for g in gins]), f"grouped_allgather {i}")
+    gins = [[data(k, torch.float32, (n, 2), seed=32), data(k, torch.float64, (2 * n,), seed=33)] for k in range(n)]
+    outs = hvd.grouped_reducescatter(gins[r], op=hvd.Sum)
+    for i, o in enumerate(outs):
+        full = reference_reduce([g[i] for g in gins], hvd.Sum, n)
+        k = full.shape[0] // n
+        expect_equal(o, full[r * k:(r + 1) * k], f"grouped_reducescatter {i}", 1e-6)
+
+    # autograd through broadcast and allgather
+    x = torch.ones(4, dtype=torch.float64, requires_grad=True)
+    hvd.broadcast(x, 0).sum().backward()
+    expect_equal(x.grad, torch.full((4,), 1.0 if r == 0 else 0.0, dtype=torch.float64), "broadcast grad")
+    x = torch.ones(r + 1, 2, dtype=torch.float64, requires_grad=True)
+    g = hvd.allgather(x)
+    (g * torch.arange(g.shape[0], dtype=torch.float64).view(-1, 1)).sum().backward()
+    off = sum(k + 1 for k in range(r))
+    want = torch.arange(off, off + r + 1, dtype=torch.float64).view(-1, 1).expand(r + 1, 2)
+    expect_equal(x.grad, want.contiguous(), "allgather grad", 1e-12)
+
+    # poll, barrier, join
+    h = hvd.allreduce_async(torch.ones(1), name="polled")
+    hvd.barrier()
+    # after a barrier every rank has submitted "polled"; poll turns true without sleeping
+    while not hvd.poll(h):
+        pass
+    hvd.synchronize(h)
+    last = hvd.join()
+    assert 0 <= last < n, last
+    ranks = hvd.allgather(torch.tensor([last]))
+    assert len(set(ranks.tolist())) == 1, ranks
+    hvd.shutdown()
+
+
+def errors() -> None:
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    # mismatched shapes: every rank gets HorovodInternalError naming the tensor
+    try:
+        hvd.allreduce(torch.ones(r + 2), name="mismatch")
+    except hvd.HorovodInternalError as e:
+        assert "mismatch" in str(e), str(e)
+    else:
+        raise AssertionError("mismatched shapes did not raise")
+    # mismatched dtypes
+    try:
+        hvd.allreduce(torch.ones(2, dtype=torch.float32 if r == 0 else torch.float64), name="dt")
+    except hvd.HorovodInternalError:
+        pass
+    else:
+        raise AssertionError("mismatched dtypes did not raise")
+    # duplicate name in flight: ValueError at enqueue
+    h = hvd.allreduce_async(torch.ones(2), name="dup")
+    try:
+        hvd.allreduce_async(torch.ones(2), name="dup")
+    except ValueError as e:
+        assert "same name" in str(e), str(e)
+    else:
+        raise AssertionError("duplicate name did not raise")
+    hvd.synchronize(h)
+    # Adasum: the daemon does not support it yet
+    try:
+        hvd.allreduce(torch.ones(2), op=hvd.Adasum, name="adasum")
+    except hvd.HorovodInternalError as e:
+        assert "Adasum" in str(e), str(e)
+    else:
+        raise AssertionError("Adasum did not raise")
+    # broadcast with a bad root
+    try:
+        hvd.broadcast(torch.ones(1), n + 3, name="badroot")
+    except hvd.HorovodInternalError:
+        pass
+    else:
+        raise AssertionError("bad root did not raise")
+    # the job keeps working after op errors
+    expect_equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="ok"), torch.full((2,), float(n)), "after errors")
+    hvd.shutdown()
+
+
+def victim() -> None:
+    """The last rank dies (SIGKILL) with a collective pending elsewhere; the
+    others must get HorovodInternalError instead of hanging."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    hvd.allreduce(torch.ones(1), name="warm")
+    if r == n - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        hvd.allreduce(torch.ones(1), name="never")
+    except hvd.HorovodInternalError as e:
+        assert "lost" in str(e) or "rank" in str(e), str(e)
+    else:
+        raise AssertionError("allreduce with a dead rank did not raise")
+    # and later ops fail the same way
+    try:
+        hvd.allreduce(torch.ones(1), name="later")
+    except hvd.HorovodInternalError:
+        pass
+    else:
+        raise AssertionError("later op did not raise")
+    hvd.shutdown()
+
+
+# --------------------------------------------------------------------------- training helpers
+
+
+def _model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+
+def _batch(rank: int, step: int, bs: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(bs, 4, generator=g), torch.randn(bs, 2, generator=g)
+
+
+def optimizer() -> None:
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    steps = 5
+
+    def reference(passes: int) -> list[torch.Tensor]:
+        """One process training on every rank's batches: the mean of the
+        per-rank losses (same batch size everywhere) gives the averaged grads."""
+        m = _model(1)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        for s in range(steps):
+            opt.zero_grad()
+            for p in range(passes):
+                for k in range(n):
+                    x, y = _batch(k, s * passes + p)
+                    (torch.nn.functional.mse_loss(m(x), y) / n).backward()
+            opt.step()
+        return [p.detach().clone() for p in m.parameters()]
+
+    for passes, compression, tol in ((1, hvd.Compression.none, 1e-5), (2, hvd.Compression.none, 1e-5),
+                                     (1, hvd.Compression.fp16, 1e-2)):
+        m = _model(1 + r)  # different on purpose: broadcast_parameters must fix it
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        opt = hvd.DistributedOptimizer(opt, named_parameters=m.named_parameters(), compression=compression,
+                                       backward_passes_per_step=passes)
+        hvd.broadcast_parameters(m.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        for s in range(steps):
+            opt.zero_grad()
+            for p in range(passes):
+                x, y = _batch(r, s * passes + p)
+                torch.nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+        want = reference(passes)
+        for got, w in zip(m.parameters(), want):
+            expect_equal(got.detach(), w, f"DistributedOptimizer passes={passes} {compression.__name__}", tol)
+        gathered = hvd.allgather_object([p.detach() for p in m.parameters()])
+        for other in gathered:
+            for a, b in zip(other, gathered[0]):
+                expect_equal(a, b, "parameters equal across ranks", 0.0)
+
+    # too many backward passes
+    m = _model(1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters())
+    x, y = _batch(r, 0)
+    torch.nn.functional.mse_loss(m(x), y).backward()
+    try:
+        torch.nn.functional.mse_loss(m(x), y).backward()
+    except AssertionError as e:
+        assert "backward_passes_per_step" in str(e)
+    else:
+        raise AssertionError("a second backward did not raise")
+    opt.synchronize()
+    with opt.skip_synchronize():
+        opt.step()
+
+    # synchronize + step without skip_synchronize warns
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(m(x), y).backward()
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        opt.step()
+        assert any("skip_synchronize" in str(x.message) for x in w)
+
+    # validation errors, as Horovod
+    m = _model(1)
+    for kwargs, text in (
+        (dict(named_parameters=[("a", p) for p in m.parameters()]), "must be unique"),
+        (dict(named_parameters=list(m.named_parameters())[:1]), "were not named"),
+        (dict(named_parameters=[p for p in m.parameters()]), "sequence of tuples"),
+        (dict(backward_passes_per_step=0), "backward_passes_per_step must be > 0"),
+        (dict(op=hvd.Sum, gradient_predivide_factor=2.0), "gradient_predivide_factor not supported"),
+    ):
+        try:
+            hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), **kwargs)
+        except ValueError as e:
+            assert text in str(e), (text, str(e))
+        else:
+            raise AssertionError(f"{kwargs} did not raise")
+
+    # groups and gradient_predivide_factor give the same result as plain
+    for kwargs in (dict(groups=2), dict(gradient_predivide_factor=2.0), dict(op=hvd.Sum)):
+        m = _model(1)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(), **kwargs)
+        opt.zero_grad()
+        x, y = _batch(r, 0)
+        torch.nn.functional.mse_loss(m(x), y).backward()
+        opt.synchronize()
+        grads = [p.grad.clone() for p in m.parameters()]
+        ref = _model(1)
+        for k in range(n):
+            xk, yk = _batch(k, 0)
+            scale = 1.0 if kwargs.get("op") == hvd.Sum else 1.0 / n
+            (torch.nn.functional.mse_loss(ref(xk), yk) * scale).backward()
+        for g, p in zip(grads, ref.parameters()):
+            expect_equal(g, p.grad, f"grads with {kwargs}", 1e-5)
+
+    # broadcast_optimizer_state makes Adam state and options identical
+    m = _model(1)
+    opt = torch.optim.Adam(m.parameters(), lr=0.01 * (r + 1), betas=(0.9, 0.99 - 0.01 * r))
+    x, y = _batch(r, 3)
+    torch.nn.functional.mse_loss(m(x), y).backward()
+    opt.step()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    st = hvd.allgather_object(opt.state_dict())
+    for k in range(n):
+        assert st[k]["param_groups"] == st[0]["param_groups"], st
+        for pid, s in st[k]["state"].items():
+            for key, v in s.items():
+                expect_equal(torch.as_tensor(v), torch.as_tensor(st[0]["state"][pid][key]), f"adam state {key}")
+    assert opt.param_groups[0]["lr"] == 0.01 and isinstance(opt.param_groups[0]["betas"], tuple)
+    try:
+        hvd.broadcast_optimizer_state(torch.optim.LBFGS(m.parameters()), 0)
+    except ValueError as e:
+        assert "LBFGS" in str(e)
+    else:
+        raise AssertionError("LBFGS did not raise")
+
+    # broadcast_object / allgather_object with arbitrary picklable objects
+    class Thing:
+        def __init__(self, v):
+            self.v = v
+
+        def __eq__(self, o):
+            return isinstance(o, Thing) and o.v == self.v
+
+    obj = {"rank": r, "list": [1, 2.5, "x" * (r * 100)], "t": torch.arange(r + 2), "thing": Thing(r)}
+    got = hvd.broadcast_object(obj, root_rank=n - 1)
+    assert got["rank"] == n - 1 and got["list"][2] == "x" * ((n - 1) * 100) and got["thing"] == Thing(n - 1)
+    assert torch.equal(got["t"], torch.arange(n + 1))
+    assert hvd.broadcast_object(None) is None
+    allg = hvd.allgather_object(obj)
+    assert [o["rank"] for o in allg] == list(range(n)) and [o["thing"].v for o in allg] == list(range(n))
+    hvd.shutdown()
+
+
+def sync_bn() -> None:
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(5)
+    full = torch.randn(4 * n, 3, 5, dtype=torch.float64)
+    mine = full[4 * r:4 * r + 4].clone().requires_grad_()
+    bn = hvd.SyncBatchNorm(3).double()
+    ref = torch.nn.BatchNorm1d(3).double()
+    out = bn(mine)
+    whole = full.clone().requires_grad_()
+    ref_out = ref(whole)
+    expect_equal(out.detach(), ref_out.detach()[4 * r:4 * r + 4], "SyncBatchNorm forward", 1e-9)
+    expect_equal(bn.running_mean, ref.running_mean, "running_mean", 1e-9)
+    expect_equal(bn.running_var, ref.running_var, "running_var", 1e-9)
+    w = torch.arange(full.numel(), dtype=torch.float64).view_as(full)
+    (out * w[4 * r:4 * r + 4]).sum().backward()
+    (ref_out * w).sum().backward()
+    expect_equal(mine.grad, whole.grad[4 * r:4 * r + 4], "SyncBatchNorm input grad", 1e-7)
+    hvd.shutdown()
+
+
+SCENARIOS = {f.__name__: f for f in (basics, allreduce_ops, other_ops, errors, victim, optimizer, sync_bn)}
+
+if __name__ == "__main__":
+    SCENARIOS[sys.argv[1]]()
+    sys.stdout.write("OK\n")
