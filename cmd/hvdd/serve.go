@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -139,6 +140,13 @@ func serveMain(argv []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if p := os.Getenv("HVDD_CPUPROFILE"); p != "" {
+		// A debugging aid, not a stable interface.
+		if f, err := os.Create(p); err == nil {
+			pprof.StartCPUProfile(f)
+			defer pprof.StopCPUProfile()
+		}
+	}
 	sdNotify("READY=1")
 	err = srv.Serve(ctx, ln)
 	sdNotify("STOPPING=1")
