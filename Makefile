@@ -15,6 +15,7 @@ demo:
 # protoc-gen-go (go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12).
 proto:
 	protoc --go_out=. --go_opt=module=github.com/hvdd/hvdd -Iipc/ipcpb ipc/ipcpb/hvdd.proto
+	protoc --go_out=. --go_opt=module=github.com/hvdd/hvdd -Icluster/clusterpb cluster/clusterpb/cluster.proto
 	[ ! -x clients/python/gen_proto.sh ] || clients/python/gen_proto.sh
 
 fuzz:

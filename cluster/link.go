@@ -1,0 +1,301 @@
+// Package cluster carries the control plane of a multi-node hvdd job: one
+// authenticated TCP link from each node's daemon to the coordinator (node 0),
+// framed protobuf messages (clusterpb), and heartbeats that turn a silent peer
+// into an error within a bounded time.
+//
+// It moves messages; the daemon decides what they mean. Tensor data never
+// travels here (that is the backends' job).
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/hvdd/hvdd/cluster/clusterpb"
+	"github.com/hvdd/hvdd/rendezvous"
+)
+
+// MaxMessage bounds one control message (a plan of many tensors).
+const MaxMessage = 64 << 20
+
+// Defaults for Config's zero values.
+const (
+	DefaultHeartbeat   = time.Second
+	DefaultPeerTimeout = 3 * time.Second
+)
+
+// ErrAuth reports a peer that failed the shared-secret handshake.
+var ErrAuth = errors.New("cluster: peer failed authentication (is --secret-file / HVDD_SECRET the same on every node?)")
+
+// Config tunes links.
+type Config struct {
+	// Secret is the job's shared secret; required.
+	Secret []byte
+	// Heartbeat is how often a link sends a heartbeat. Zero means 1 s.
+	Heartbeat time.Duration
+	// PeerTimeout is how long a link may stay silent before Recv fails. Zero
+	// means 3 s; it must exceed Heartbeat.
+	PeerTimeout time.Duration
+}
+
+func (c *Config) defaults() {
+	if c.Heartbeat == 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.PeerTimeout == 0 {
+		c.PeerTimeout = DefaultPeerTimeout
+	}
+}
+
+// Link is one authenticated control connection. Send may be called from any
+// goroutine; Recv from one goroutine at a time.
+type Link struct {
+	c    net.Conn
+	cfg  Config
+	peer string
+
+	// wmu guards writes.
+	wmu  sync.Mutex
+	wbuf []byte
+
+	rbuf []byte
+	stop chan struct{}
+	once sync.Once
+}
+
+// handshake labels keep the two directions' MACs distinct.
+var (
+	labelClient = []byte("hvdd-cluster-client-v1")
+	labelServer = []byte("hvdd-cluster-server-v1")
+)
+
+// Dial connects to the coordinator at addr and authenticates both ways; ctx
+// bounds the whole exchange. who names the dialing node for the peer's logs.
+func Dial(ctx context.Context, addr string, cfg Config, who string) (*Link, error) {
+	cfg.defaults()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: dial coordinator %s: %w", addr, err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	} else {
+		c.SetDeadline(time.Now().Add(cfg.PeerTimeout))
+	}
+	// Server speaks first: its nonce. We answer with ours and a MAC over both;
+	// it proves itself with a MAC over both in the other order.
+	ns := make([]byte, 32)
+	if _, err := io.ReadFull(c, ns); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("cluster: handshake with %s: %w", addr, err)
+	}
+	nc := nonce()
+	whoB := []byte(who)
+	msg := make([]byte, 0, 32+32+2+len(whoB))
+	msg = append(msg, nc...)
+	msg = append(msg, rendezvous.Sign(cfg.Secret, labelClient, ns, nc, whoB)...)
+	msg = binary.BigEndian.AppendUint16(msg, uint16(len(whoB)))
+	msg = append(msg, whoB...)
+	if _, err := c.Write(msg); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("cluster: handshake with %s: %w", addr, err)
+	}
+	mac := make([]byte, 32)
+	if _, err := io.ReadFull(c, mac); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("cluster: handshake with %s: %w (the coordinator closed the connection: wrong secret?)", addr, err)
+	}
+	if !rendezvous.Verify(cfg.Secret, mac, labelServer, nc, ns) {
+		c.Close()
+		return nil, fmt.Errorf("cluster: coordinator %s: %w", addr, ErrAuth)
+	}
+	c.SetDeadline(time.Time{})
+	return newLink(c, cfg, addr), nil
+}
+
+// Listener accepts authenticated links.
+type Listener struct {
+	ln  net.Listener
+	cfg Config
+}
+
+// Listen binds addr (host:port, an explicit host; port 0 picks one).
+func Listen(addr string, cfg Config) (*Listener, error) {
+	cfg.defaults()
+	if len(cfg.Secret) == 0 {
+		return nil, errors.New("cluster: a shared secret is required")
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: listen address %q: %w", addr, err)
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		return nil, fmt.Errorf("cluster: listen address %q binds every interface; give the host to listen on", addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: listen on %s: %w", addr, err)
+	}
+	return &Listener{ln: ln, cfg: cfg}, nil
+}
+
+// Addr is the bound address.
+func (l *Listener) Addr() string { return l.ln.Addr().String() }
+
+// Close stops accepting.
+func (l *Listener) Close() error { return l.ln.Close() }
+
+// Accept waits for the next peer and authenticates it. A peer that fails the
+// handshake is closed and reported with an error wrapping ErrAuth (or the I/O
+// error); the listener stays usable.
+func (l *Listener) Accept() (*Link, string, error) {
+	c, err := l.ln.Accept()
+	if err != nil {
+		return nil, "", err
+	}
+	link, who, err := l.handshake(c)
+	if err != nil {
+		c.Close()
+		return nil, "", fmt.Errorf("cluster: peer %s: %w", c.RemoteAddr(), err)
+	}
+	return link, who, nil
+}
+
+func (l *Listener) handshake(c net.Conn) (*Link, string, error) {
+	c.SetDeadline(time.Now().Add(l.cfg.PeerTimeout))
+	ns := nonce()
+	if _, err := c.Write(ns); err != nil {
+		return nil, "", err
+	}
+	head := make([]byte, 32+32+2)
+	if _, err := io.ReadFull(c, head); err != nil {
+		return nil, "", err
+	}
+	nc, mac := head[:32], head[32:64]
+	whoB := make([]byte, binary.BigEndian.Uint16(head[64:]))
+	if _, err := io.ReadFull(c, whoB); err != nil {
+		return nil, "", err
+	}
+	if !rendezvous.Verify(l.cfg.Secret, mac, labelClient, ns, nc, whoB) {
+		return nil, "", ErrAuth
+	}
+	if _, err := c.Write(rendezvous.Sign(l.cfg.Secret, labelServer, nc, ns)); err != nil {
+		return nil, "", err
+	}
+	c.SetDeadline(time.Time{})
+	return newLink(c, l.cfg, c.RemoteAddr().String()), string(whoB), nil
+}
+
+func nonce() []byte {
+	b := make([]byte, 32)
+	rand.Read(b)
+	return b
+}
+
+func newLink(c net.Conn, cfg Config, peer string) *Link {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	l := &Link{c: c, cfg: cfg, peer: peer, stop: make(chan struct{})}
+	go l.heartbeat()
+	return l
+}
+
+// Peer is the remote address.
+func (l *Link) Peer() string { return l.peer }
+
+func (l *Link) heartbeat() {
+	t := time.NewTicker(l.cfg.Heartbeat)
+	defer t.Stop()
+	hb := &clusterpb.Message{Msg: &clusterpb.Message_Heartbeat{Heartbeat: &clusterpb.Heartbeat{}}}
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+			if l.Send(hb) != nil {
+				return
+			}
+		}
+	}
+}
+
+// Send writes one message.
+func (l *Link) Send(m *clusterpb.Message) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	b := append(l.wbuf[:0], 0, 0, 0, 0)
+	b, err := proto.MarshalOptions{}.MarshalAppend(b, m)
+	if err != nil {
+		return fmt.Errorf("cluster: encode: %w", err)
+	}
+	if len(b)-4 > MaxMessage {
+		return fmt.Errorf("cluster: message of %d bytes exceeds %d", len(b)-4, MaxMessage)
+	}
+	binary.BigEndian.PutUint32(b, uint32(len(b)-4))
+	l.wbuf = b
+	l.c.SetWriteDeadline(time.Now().Add(l.cfg.PeerTimeout))
+	if _, err := l.c.Write(b); err != nil {
+		return fmt.Errorf("cluster: send to %s: %w", l.peer, err)
+	}
+	return nil
+}
+
+// Recv returns the next message other than a heartbeat. It fails when the
+// peer closes the link, breaks the framing, or stays silent (no heartbeat
+// either) for PeerTimeout.
+func (l *Link) Recv() (*clusterpb.Message, error) {
+	var hdr [4]byte
+	for {
+		l.c.SetReadDeadline(time.Now().Add(l.cfg.PeerTimeout))
+		if _, err := io.ReadFull(l.c, hdr[:]); err != nil {
+			return nil, l.readErr(err)
+		}
+		n := binary.BigEndian.Uint32(hdr[:])
+		if n > MaxMessage {
+			return nil, fmt.Errorf("cluster: %s sent a %d-byte message (limit %d)", l.peer, n, MaxMessage)
+		}
+		if cap(l.rbuf) < int(n) {
+			l.rbuf = make([]byte, n)
+		}
+		b := l.rbuf[:n]
+		if _, err := io.ReadFull(l.c, b); err != nil {
+			return nil, l.readErr(err)
+		}
+		m := new(clusterpb.Message)
+		if err := proto.Unmarshal(b, m); err != nil || m.Msg == nil {
+			return nil, fmt.Errorf("cluster: undecodable message from %s: %v", l.peer, err)
+		}
+		if _, hb := m.Msg.(*clusterpb.Message_Heartbeat); hb {
+			continue
+		}
+		return m, nil
+	}
+}
+
+func (l *Link) readErr(err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("cluster: %s silent for %v (no heartbeat): node or link lost", l.peer, l.cfg.PeerTimeout)
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("cluster: %s closed the connection", l.peer)
+	}
+	return fmt.Errorf("cluster: receive from %s: %w", l.peer, err)
+}
+
+// Close closes the link; a blocked Recv returns an error.
+func (l *Link) Close() error {
+	l.once.Do(func() { close(l.stop) })
+	return l.c.Close()
+}
