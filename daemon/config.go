@@ -59,6 +59,29 @@ type Config struct {
 
 	// Logger receives the daemon's logs. Nil means slog's default logger.
 	Logger *slog.Logger
+
+	// Nodes is the number of nodes (daemons) in a job. Zero or 1: this node
+	// alone, and the fields below are ignored.
+	Nodes int
+	// NodeRank is this daemon's node index in [0, Nodes); node 0 coordinates
+	// and serves the rendezvous.
+	NodeRank int
+	// Rendezvous is node 0's rendezvous address (host:port); node 0 binds it.
+	Rendezvous string
+	// Advertise is the host this node binds its control and data listeners
+	// on and that other nodes dial. Required with Nodes > 1.
+	Advertise string
+	// Secret authenticates daemons to each other and to the rendezvous.
+	// Required with Nodes > 1 (at least 16 bytes).
+	Secret []byte
+	// NewBackend creates the data engine of each multi-node job. Required
+	// with Nodes > 1 (cmd/hvdd passes the tcp or mpi engine).
+	NewBackend BackendFactory
+	// StartTimeout bounds forming a job across nodes. Zero means 120 s.
+	StartTimeout time.Duration
+	// Heartbeat and PeerTimeout tune the control links: a node silent for
+	// PeerTimeout is lost. Zero means 1 s and 3 s.
+	Heartbeat, PeerTimeout time.Duration
 }
 
 // DefaultFusionThreshold is Horovod's default fusion buffer size.
@@ -77,6 +100,23 @@ func (c *Config) validate() error {
 	}
 	if c.Workers < 0 {
 		errs = append(errs, fmt.Errorf("workers must not be negative, got %d", c.Workers))
+	}
+	if c.Nodes > 1 {
+		if c.NodeRank < 0 || c.NodeRank >= c.Nodes {
+			errs = append(errs, fmt.Errorf("node rank %d is out of range for %d nodes", c.NodeRank, c.Nodes))
+		}
+		if c.Rendezvous == "" {
+			errs = append(errs, errors.New("a multi-node job needs --rendezvous HOST:PORT (node 0's address)"))
+		}
+		if c.Advertise == "" {
+			errs = append(errs, errors.New("a multi-node job needs --advertise HOST (this node's address the others reach)"))
+		}
+		if len(c.Secret) < 16 {
+			errs = append(errs, errors.New("a multi-node job needs a shared secret of at least 16 bytes (--secret-file or HVDD_SECRET)"))
+		}
+		if c.NewBackend == nil {
+			errs = append(errs, errors.New("a multi-node job needs a backend"))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -98,6 +138,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.OutputRegion == 0 {
 		out.OutputRegion = 256 << 20
+	}
+	if out.StartTimeout == 0 {
+		out.StartTimeout = 120 * time.Second
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()

@@ -14,6 +14,7 @@ import (
 // op for resp.Tensors[i], nil for a rank that has joined.
 type work struct {
 	resp plan.Response
+	j    *job
 	size int
 	ops  [][]*op
 }
@@ -24,6 +25,7 @@ type executor struct {
 	s       *Server
 	p       *poller
 	ropts   reduce.Options
+	fuse    []byte // fusion buffer of cross-node ops, reused
 	work    chan []work
 	stopped chan struct{}
 }
@@ -49,6 +51,10 @@ func (x *executor) run() {
 }
 
 func (x *executor) execute(w work) {
+	if w.j != nil && w.j.backend != nil {
+		x.executeMulti(w)
+		return
+	}
 	r := &w.resp
 	for i, t := range r.Tensors {
 		ops := w.ops[i]

@@ -10,6 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/cluster/clusterpb"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -72,7 +74,15 @@ type job struct {
 	table    *plan.Table
 	pending  map[opKey]*op
 	failed   *ipcpb.Done // non-nil once the job failed: every op answers with it
-	barriers []int       // per rank: barriers submitted so far
+	barriers []int       // per global rank: barriers submitted so far
+
+	// The job across nodes; on one node nodeSlots is [slots], offset 0.
+	nodeSlots []int            // slot count of every node
+	node      int              // our node rank
+	offset    int              // global rank of our local rank 0
+	size      int              // global size
+	backend   backends.Backend // cross-node engine; nil on one node
+	mn        *multiJob        // multi-node negotiation state; nil on one node
 }
 
 // loop owns the daemon's job state and every client's read side; only its
@@ -81,7 +91,7 @@ type loop struct {
 	s       *Server
 	cfg     Config
 	p       *poller
-	start   time.Time
+	epoch   time.Time
 	clients map[int]*client // by socket fd
 	job     *job
 	waiting []*client // hellos waiting for the current job to end
@@ -91,6 +101,8 @@ type loop struct {
 	execBusy bool
 	dead     []*client // closed clients whose outputs wait for an idle executor
 
+	cl *clusterNode // the multi-node side; nil on a single node
+
 	stall        *time.Timer
 	cycle        *time.Timer
 	lastDispatch time.Time
@@ -98,14 +110,21 @@ type loop struct {
 	quit         bool
 }
 
-func newLoop(s *Server, p *poller) *loop {
-	l := &loop{s: s, cfg: s.cfg, p: p, start: time.Now(), clients: make(map[int]*client)}
+func newLoop(s *Server, p *poller) (*loop, error) {
+	l := &loop{s: s, cfg: s.cfg, p: p, epoch: time.Now(), clients: make(map[int]*client)}
 	l.x = newExecutor(s, p)
-	return l
+	if s.cfg.Nodes > 1 {
+		cl, err := newClusterNode(l)
+		if err != nil {
+			return nil, err
+		}
+		l.cl = cl
+	}
+	return l, nil
 }
 
 // now is the plan's logical clock: milliseconds since the loop started.
-func (l *loop) now() int64 { return time.Since(l.start).Milliseconds() }
+func (l *loop) now() int64 { return time.Since(l.epoch).Milliseconds() }
 
 // run is the daemon's event loop. It waits in epoll for client frames and
 // posted messages; after any activity it keeps polling without blocking for
@@ -151,6 +170,9 @@ func (l *loop) run() {
 				l.drop(c, err)
 			}
 		}
+		if l.cl != nil {
+			l.cl.flush(l.job)
+		}
 		l.dispatch()
 		l.armStallTimer()
 		if l.cfg.Spin > 0 {
@@ -185,6 +207,20 @@ func (l *loop) message(m any) {
 		l.cycle = nil
 	case msgQuit:
 		l.quit = true
+	case msgJoin:
+		l.cl.join(m.nj)
+	case msgLayout:
+		l.cl.layout(m)
+	case msgBackendUp:
+		l.cl.backendUp(m)
+	case msgCtrl:
+		l.cl.control(m)
+	case msgCtrlErr:
+		l.cl.linkLost(m)
+	case msgExecErr:
+		if m.j == l.job && m.j.failed == nil {
+			l.abort(m.j, ipcpb.Code_CODE_ABORTED, m.err.Error(), true)
+		}
 	}
 }
 
@@ -256,6 +292,9 @@ func (l *loop) shutdown() {
 	if l.cycle != nil {
 		l.cycle.Stop()
 	}
+	if l.cl != nil {
+		l.cl.close()
+	}
 	l.p.close()
 }
 
@@ -273,7 +312,7 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 	}
 	if j == nil {
 		l.nextJob++
-		j = &job{id: l.nextJob, slots: make([]*client, l.cfg.Slots), pending: make(map[opKey]*op), barriers: make([]int, l.cfg.Slots)}
+		j = &job{id: l.nextJob, slots: make([]*client, l.cfg.Slots), pending: make(map[opKey]*op)}
 		l.job = j
 	}
 	lr := int(h.GetLocalRank())
@@ -301,19 +340,63 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 	if j.joined < len(j.slots) {
 		return
 	}
-	t, err := plan.New(plan.Config{Size: len(j.slots), FusionThreshold: l.cfg.FusionThreshold})
-	if err != nil {
-		l.fail(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("cannot start the job: %v", err))
+	if l.cl != nil {
+		// Every local client is here: now the nodes form the job together.
+		l.cl.localComplete(j)
 		return
 	}
-	j.table, j.formed = t, true
-	l.s.log.Info("job formed", "job", j.id, "size", len(j.slots), "pids", j.pids())
+	l.start(j, []int{len(j.slots)}, 0, nil)
+}
+
+// start begins a formed job: slots lists every node's slot count, node is
+// ours, b the cross-node engine (nil on one node). It sends every local client
+// its Welcome.
+func (l *loop) start(j *job, slots []int, node int, b backends.Backend) {
+	j.nodeSlots, j.node, j.backend = slots, node, b
+	j.size = 0
+	for i, n := range slots {
+		if i < node {
+			j.offset += n
+		}
+		j.size += n
+	}
+	if j.backend == nil || node == 0 {
+		t, err := plan.New(plan.Config{Size: j.size, FusionThreshold: l.cfg.FusionThreshold})
+		if err != nil {
+			l.fail(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("cannot start the job: %v", err))
+			return
+		}
+		j.table = t
+	}
+	j.formed = true
+	j.barriers = make([]int, j.size)
+	homog := true
+	for _, n := range slots {
+		homog = homog && n == slots[0]
+	}
+	backendNames := []string{"shm"}
+	if b != nil {
+		backendNames = append(backendNames, b.Name())
+	}
+	l.s.log.Info("job formed", "job", j.id, "size", j.size, "node", node, "nodes", len(slots), "pids", j.pids())
 	for _, c := range j.slots {
+		c.rank = j.offset + c.localRank
+		// cross_rank/cross_size: among the nodes that have a process with
+		// this local rank (Horovod's meaning).
+		crossRank, crossSize := 0, 0
+		for i, n := range slots {
+			if n > c.localRank {
+				if i < node {
+					crossRank++
+				}
+				crossSize++
+			}
+		}
 		c.ic.WriteServer(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Welcome{Welcome: &ipcpb.Welcome{
-			Version: ipc.Version, Rank: int32(c.rank), Size: int32(len(j.slots)),
+			Version: ipc.Version, Rank: int32(c.rank), Size: int32(j.size),
 			LocalRank: int32(c.localRank), LocalSize: int32(len(j.slots)),
-			CrossRank: 0, CrossSize: 1, IsHomogeneous: true,
-			DaemonVersion: Version, JobId: j.id, Backends: []string{"shm"},
+			CrossRank: int32(crossRank), CrossSize: int32(crossSize), IsHomogeneous: homog,
+			DaemonVersion: Version, JobId: j.id, Backends: backendNames,
 		}}}, -1)
 	}
 }
@@ -360,19 +443,24 @@ func (l *loop) closed(c *client, bye bool, err error) {
 		j.slots[c.localRank] = nil
 		j.joined--
 	} else if j.failed == nil {
+		where := ""
+		if j.mn != nil {
+			where = fmt.Sprintf(" on node %d", j.node)
+		}
 		if bye {
-			l.fail(j, ipcpb.Code_CODE_SHUT_DOWN, fmt.Sprintf(
-				"Horovod has been shut down: rank %d (pid %d) called shutdown() or exited while other ranks still had collectives to run; every rank must run the same collectives", c.rank, c.pid))
+			l.abort(j, ipcpb.Code_CODE_SHUT_DOWN, fmt.Sprintf(
+				"Horovod has been shut down: rank %d (pid %d%s) called shutdown() or exited while other ranks still had collectives to run; every rank must run the same collectives", c.rank, c.pid, where), true)
 		} else {
 			why := "its connection closed without shutdown: the process died or was killed"
 			if err != nil && !errors.Is(err, ipc.ErrClosed) {
 				why = err.Error()
 			}
-			l.fail(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("rank %d (pid %d) was lost: %s", c.rank, c.pid, why))
+			l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("rank %d (pid %d%s) was lost: %s", c.rank, c.pid, where, why), true)
 		}
 	}
 	if j.open == 0 {
 		l.s.log.Info("job ended", "job", j.id)
+		l.endMulti(j)
 		l.job = nil
 		w := l.waiting
 		l.waiting = nil
@@ -464,6 +552,10 @@ func (l *loop) submit(j *job, o *op) {
 		o.finish(j.failed)
 		return
 	}
+	if j.mn != nil {
+		l.cl.submitMulti(j, o)
+		return
+	}
 	if err := j.table.Submit(o.req, l.now()); err != nil {
 		code := ipcpb.Code_CODE_INVALID_ARGUMENT
 		if errors.Is(err, plan.ErrDuplicateName) {
@@ -478,7 +570,7 @@ func (l *loop) submit(j *job, o *op) {
 // dispatch hands everything ready to the executor when it is idle.
 func (l *loop) dispatch() {
 	j := l.job
-	if j == nil || j.table == nil || l.execBusy || l.cycle != nil {
+	if j == nil || !j.formed || j.failed != nil || l.execBusy || l.cycle != nil {
 		return
 	}
 	if l.cfg.CycleTime > 0 {
@@ -487,10 +579,18 @@ func (l *loop) dispatch() {
 			return
 		}
 	}
-	resps := j.table.Ready()
-	if len(resps) == 0 {
+	if j.mn != nil {
+		l.cl.dispatchMulti(j)
 		return
 	}
+	if resps := j.table.Ready(); len(resps) > 0 {
+		l.runResponses(j, resps, true)
+	}
+}
+
+// runResponses answers error responses at once and runs the rest as one batch,
+// inline when small and allowed, else on the executor.
+func (l *loop) runResponses(j *job, resps []plan.Response, inlineOK bool) {
 	var batch []work
 	for _, r := range resps {
 		names := make([]string, len(r.Tensors))
@@ -502,10 +602,11 @@ func (l *loop) dispatch() {
 			names = []string{"join"}
 			r.Tensors = []plan.Tensor{{Name: "join"}}
 		}
-		w := work{resp: r, size: len(j.slots), ops: make([][]*op, len(names))}
+		w := work{resp: r, j: j, size: j.size, ops: make([][]*op, len(names))}
 		for i, name := range names {
-			row := make([]*op, len(j.slots))
-			for rank := range row {
+			row := make([]*op, j.size)
+			for lr := range j.slots {
+				rank := j.offset + lr
 				k := opKey{rank, r.ProcessSet, name}
 				if o, ok := j.pending[k]; ok {
 					row[rank] = o
@@ -535,7 +636,7 @@ func (l *loop) dispatch() {
 	for _, w := range batch {
 		bytes += w.resp.Bytes
 	}
-	if bytes <= inlineBytes {
+	if inlineOK && j.backend == nil && bytes <= inlineBytes {
 		// Small work costs less than the hand-off to the executor.
 		for _, w := range batch {
 			l.x.execute(w)
@@ -544,6 +645,60 @@ func (l *loop) dispatch() {
 	}
 	l.execBusy = true
 	l.x.work <- batch
+}
+
+// abort fails the job and, on several nodes, tells the others (notify) and
+// closes the data engine so that a blocked collective returns.
+func (l *loop) abort(j *job, code ipcpb.Code, msg string, notify bool) {
+	if j.failed != nil {
+		return
+	}
+	l.fail(j, code, msg)
+	if j.mn == nil {
+		return
+	}
+	if notify {
+		a := &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(code), Msg: msg}}}
+		for _, link := range j.mn.links {
+			link.Send(a)
+		}
+	}
+	if j.backend != nil {
+		j.backend.Close()
+	}
+}
+
+// formFailed ends a job that could not form across nodes: its clients, still
+// waiting in init, get the reason.
+func (l *loop) formFailed(j *job, msg string) {
+	l.s.log.Error("job could not form", "job", j.id, "err", msg)
+	l.fail(j, ipcpb.Code_CODE_ABORTED, msg)
+	for _, c := range j.slots {
+		if c != nil && !c.dropped {
+			fatal(c.ic, ipcpb.Code_CODE_ABORTED, msg)
+			l.drop(c, nil)
+		}
+	}
+}
+
+// endMulti releases a finished job's links and engine.
+func (l *loop) endMulti(j *job) {
+	if l.cl != nil && l.cl.waiting == j {
+		l.cl.waiting = nil
+	}
+	if j.mn == nil {
+		return
+	}
+	bye := &clusterpb.Message{Msg: &clusterpb.Message_Bye{Bye: &clusterpb.Bye{}}}
+	for _, link := range j.mn.links {
+		if j.failed == nil || j.failed.GetCode() == ipcpb.Code_CODE_SHUT_DOWN {
+			link.Send(bye)
+		}
+		link.Close()
+	}
+	if j.backend != nil {
+		j.backend.Close()
+	}
 }
 
 // errorCode classifies a plan error response for the wire: a disagreement

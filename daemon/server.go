@@ -111,7 +111,11 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	if closed {
 		p.post(msgQuit{})
 	}
-	l := newLoop(s, p)
+	l, err := newLoop(s, p)
+	if err != nil {
+		p.close()
+		return err
+	}
 	go func() {
 		defer close(s.done)
 		l.run()

@@ -57,7 +57,12 @@ func worker(name string) int {
 		return 1
 	}
 	want, _ := strconv.Atoi(os.Getenv("HVDD_TEST_SIZE"))
-	if c.Size() != want || c.LocalSize() != want || c.Rank() != c.LocalRank() || c.CrossSize() != 1 || !c.IsHomogeneous() {
+	local, err := strconv.Atoi(os.Getenv("HVDD_TEST_LOCAL_SIZE"))
+	if err != nil {
+		local = want
+	}
+	nodes := want / local
+	if c.Size() != want || c.LocalSize() != local || c.Rank() != c.CrossRank()*local+c.LocalRank() || c.CrossSize() != nodes || !c.IsHomogeneous() {
 		fmt.Printf("bad identity: rank %d size %d local %d/%d cross %d/%d\n", c.Rank(), c.Size(), c.LocalRank(), c.LocalSize(), c.CrossRank(), c.CrossSize())
 		return 1
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hvdd/hvdd/daemon"
 	"github.com/hvdd/hvdd/launch"
+	"github.com/hvdd/hvdd/rendezvous"
 )
 
 func version() string { return daemon.Version }
@@ -30,6 +31,7 @@ Flags:
 const serveEnv = `
 Environment (Horovod's knobs, honoured when the flag is not given):
   HVDD_SOCKET                          socket path
+  HVDD_SECRET                          shared secret of a multi-node job (hex or raw)
   HOROVOD_FUSION_THRESHOLD             bytes per fused response (0 disables fusion)
   HOROVOD_CYCLE_TIME                   ms between dispatched plans (batching window)
   HOROVOD_STALL_CHECK_TIME_SECONDS     stall warning time
@@ -37,18 +39,23 @@ Environment (Horovod's knobs, honoured when the flag is not given):
   HOROVOD_STALL_CHECK_DISABLE          1 disables the stall check
   HOROVOD_LOG_LEVEL                    trace, debug, info, warning, error, fatal
 
-Example:
+Examples:
   hvdd serve --slots 4 --socket /tmp/hvdd.sock
+  # two nodes, 2 processes each; the same secret file on both:
+  hvdd serve --slots 2 --nodes 2 --node-rank 0 --rendezvous 10.0.0.1:29500 --advertise 10.0.0.1 --secret-file s
+  hvdd serve --slots 2 --nodes 2 --node-rank 1 --rendezvous 10.0.0.1:29500 --advertise 10.0.0.2 --secret-file s
 `
 
 func serveMain(argv []string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	var args struct {
-		socket, allowGID, logLevel       string
-		slots, workers                   int
-		fusion                           int64
-		cycle, stallCheck, stallShutdown time.Duration
-		spin                             time.Duration
+		socket, allowGID, logLevel                 string
+		slots, workers                             int
+		fusion                                     int64
+		cycle, stallCheck, stallShutdown           time.Duration
+		spin                                       time.Duration
+		nodes, nodeRank                            int
+		rendezvous, advertise, secretFile, backend string
 	}
 	fs.StringVar(&args.socket, "socket", "", "Unix socket path (default $HVDD_SOCKET, else "+launch.DefaultSocket()+")")
 	fs.IntVar(&args.slots, "slots", 0, "number of local processes per job (required)")
@@ -59,6 +66,12 @@ func serveMain(argv []string) int {
 	fs.DurationVar(&args.stallShutdown, "stall-shutdown", -1, "fail the job after a stall this long; 0 never (default $HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, else 0)")
 	fs.DurationVar(&args.spin, "spin", 0, "after activity, poll clients this long before sleeping (0: default 50µs; negative: never spin)")
 	fs.IntVar(&args.workers, "workers", 0, "goroutines per local reduction (default GOMAXPROCS)")
+	fs.IntVar(&args.nodes, "nodes", 1, "number of nodes (daemons) in a job")
+	fs.IntVar(&args.nodeRank, "node-rank", 0, "this node's index in [0, --nodes); node 0 coordinates and serves the rendezvous")
+	fs.StringVar(&args.rendezvous, "rendezvous", "", "node 0's rendezvous address HOST:PORT (node 0 binds it)")
+	fs.StringVar(&args.advertise, "advertise", "", "this node's address (host) that the other nodes reach; control and data listeners bind it")
+	fs.StringVar(&args.secretFile, "secret-file", "", "file holding the job's shared secret (default $HVDD_SECRET); required with --nodes > 1")
+	fs.StringVar(&args.backend, "backend", "tcp", "cross-node engine: tcp (embedded) or mpi (needs a build with -tags mpi)")
 	fs.StringVar(&args.logLevel, "log-level", "", "debug, info, warning or error (default $HOROVOD_LOG_LEVEL, else info)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
@@ -117,6 +130,20 @@ func serveMain(argv []string) int {
 	}
 	if cfg.StallShutdown > 0 && cfg.StallCheck > 0 && cfg.StallShutdown < cfg.StallCheck {
 		cfg.Logger.Warn("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS is less than HOROVOD_STALL_CHECK_TIME_SECONDS, will not shutdown.")
+	}
+	if args.nodes > 1 {
+		secret, err := rendezvous.LoadSecret(args.secretFile, os.Getenv("HVDD_SECRET"))
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "hvdd serve: %v (generate one with: head -c 32 /dev/urandom | xxd -p -c 64 > secret; give every node the same file)\n", err)
+			return 2
+		}
+		factory, err := backendFactory(args.backend)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
+			return 2
+		}
+		cfg.Nodes, cfg.NodeRank, cfg.Rendezvous, cfg.Advertise = args.nodes, args.nodeRank, args.rendezvous, args.advertise
+		cfg.Secret, cfg.NewBackend = secret, factory
 	}
 	srv, err := daemon.New(cfg)
 	if err != nil {

@@ -1,0 +1,561 @@
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/cluster"
+	"github.com/hvdd/hvdd/cluster/clusterpb"
+	"github.com/hvdd/hvdd/daemon/plan"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/rendezvous"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+// A multi-node job. Node 0's daemon is the coordinator: it serves the
+// rendezvous store and a control listener. When a node has all its local
+// clients it dials the coordinator and sends Join; once the coordinator has
+// every node (and its own clients) it answers each with the same Layout (a
+// fresh job id and every node's slot count), and every node creates the data
+// backend for that job id and welcomes its clients.
+//
+// During the job each non-coordinator node forwards a tensor's requests (of
+// all its local ranks, in one Ready message per loop pass) once every local
+// rank has submitted it; joins go at once. The coordinator feeds its own
+// clients' requests and the forwarded ones to one plan table over all global
+// ranks and, whenever its executor is idle, sends the next batch of responses
+// to every node as a numbered Plan. Every node runs the plans in order:
+// local reduction through shared memory, the backend on the fused buffer,
+// write-back. A lost link, a lost client, a backend error or an Abort fails
+// the job on every node.
+
+// ClusterJob describes a formed multi-node job to a BackendFactory.
+type ClusterJob struct {
+	// ID identifies the job; backends use it to refuse peers of other jobs.
+	ID string
+	// NodeRank is this node, Nodes the number of nodes, Slots every node's
+	// local rank count.
+	NodeRank, Nodes int
+	Slots           []int
+	// Store is the rendezvous store, already namespaced for this job.
+	Store rendezvous.Store
+	// Host is the address this node advertises and binds for data.
+	Host string
+	// Secret is the job's shared secret.
+	Secret []byte
+	// Logger is the daemon's logger.
+	Logger *slog.Logger
+}
+
+// BackendFactory creates the cross-node engine of a job; every node calls it
+// at about the same time, and it returns once the engine is connected.
+type BackendFactory func(ctx context.Context, j ClusterJob) (backends.Backend, error)
+
+// clusterNode is the loop's multi-node side. Only the loop goroutine touches
+// it, except where noted.
+type clusterNode struct {
+	l     *loop
+	nodes int
+	rank  int
+	host  string
+	store rendezvous.Store
+	ccfg  cluster.Config
+
+	// Node 0 only.
+	rdv     *rendezvous.Server
+	ctrl    *cluster.Listener
+	joins   map[int]nodeJoin // nodes waiting for the next job
+	waiting *job             // our local job, complete, waiting for the nodes
+}
+
+type nodeJoin struct {
+	link *cluster.Link
+	join *clusterpb.Join
+}
+
+// multiJob is a job's multi-node negotiation state.
+type multiJob struct {
+	links  map[int]*cluster.Link // node 0: every other node; else {0: coordinator}
+	byes   map[int]bool          // node 0: nodes whose job ended normally
+	count  map[setName]int       // non-coordinator: local submissions per tensor
+	joined int                   // non-coordinator: local ranks joined
+	out    []*clusterpb.Request  // non-coordinator: requests to forward
+	plans  []*clusterpb.Plan     // non-coordinator: received, not yet run
+	seq    uint64                // plans sent (node 0) or run (others)
+}
+
+type setName struct {
+	set  int32
+	name string
+}
+
+// Messages of the multi-node side.
+type (
+	msgJoin      struct{ nj nodeJoin }
+	msgLayout    struct {
+		j      *job
+		link   *cluster.Link
+		layout *clusterpb.Layout
+		err    error
+	}
+	msgBackendUp struct {
+		j     *job
+		b     backends.Backend
+		slots []int
+		err   error
+	}
+	msgCtrl    struct {
+		j    *job
+		node int
+		m    *clusterpb.Message
+	}
+	msgCtrlErr struct {
+		j    *job
+		node int
+		err  error
+	}
+	msgExecErr struct {
+		j   *job
+		err error
+	}
+)
+
+func newClusterNode(l *loop) (*clusterNode, error) {
+	cfg := l.cfg
+	c := &clusterNode{l: l, nodes: cfg.Nodes, rank: cfg.NodeRank, host: cfg.Advertise, joins: make(map[int]nodeJoin),
+		ccfg: cluster.Config{Secret: cfg.Secret, Heartbeat: cfg.Heartbeat, PeerTimeout: cfg.PeerTimeout}}
+	if c.rank != 0 {
+		c.store = rendezvous.NewClient(cfg.Rendezvous, cfg.Secret)
+		return c, nil
+	}
+	rdv, err := rendezvous.NewServer(rendezvous.ServerConfig{Addr: cfg.Rendezvous, Secret: cfg.Secret, Logger: l.s.log})
+	if err != nil {
+		return nil, fmt.Errorf("daemon: rendezvous: %w", err)
+	}
+	ctrl, err := cluster.Listen(net.JoinHostPort(c.host, "0"), c.ccfg)
+	if err != nil {
+		rdv.Close()
+		return nil, err
+	}
+	c.rdv, c.ctrl, c.store = rdv, ctrl, rdv.Store()
+	go rdv.Serve(context.Background())
+	if err := c.store.Set(context.Background(), "coordinator", []byte(ctrl.Addr())); err != nil {
+		rdv.Close()
+		ctrl.Close()
+		return nil, err
+	}
+	go c.accept()
+	l.s.log.Info("coordinator listening", "rendezvous", rdv.Addr(), "control", ctrl.Addr(), "nodes", c.nodes)
+	return c, nil
+}
+
+func (c *clusterNode) close() {
+	if c.ctrl != nil {
+		c.ctrl.Close()
+	}
+	if c.rdv != nil {
+		c.rdv.Close()
+	}
+	for _, nj := range c.joins {
+		nj.link.Close()
+	}
+}
+
+// accept runs on its own goroutine (node 0): it authenticates nodes and hands
+// their Join to the loop.
+func (c *clusterNode) accept() {
+	for {
+		link, who, err := c.ctrl.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			c.l.s.log.Warn("refused a node", "err", err)
+			continue
+		}
+		go func() {
+			m, err := link.Recv()
+			if err != nil || m.GetJoin() == nil {
+				c.l.s.log.Warn("node did not join", "peer", who, "err", err)
+				link.Close()
+				return
+			}
+			c.l.p.post(msgJoin{nodeJoin{link, m.GetJoin()}})
+		}()
+	}
+}
+
+// localComplete is called when every local client of j has said hello.
+func (c *clusterNode) localComplete(j *job) {
+	j.mn = &multiJob{links: make(map[int]*cluster.Link), byes: make(map[int]bool), count: make(map[setName]int)}
+	if c.rank == 0 {
+		c.waiting = j
+		c.maybeLayout()
+		return
+	}
+	go c.joinCoordinator(j)
+}
+
+// joinCoordinator (its own goroutine) reaches node 0 and waits for the layout.
+func (c *clusterNode) joinCoordinator(j *job) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.l.cfg.StartTimeout)
+	defer cancel()
+	res := msgLayout{j: j}
+	defer func() { c.l.p.post(res) }()
+	kv, err := c.store.Wait(ctx, "coordinator")
+	if err != nil {
+		res.err = fmt.Errorf("no coordinator registered at the rendezvous %s: %w", c.l.cfg.Rendezvous, err)
+		return
+	}
+	var link *cluster.Link
+	for {
+		link, err = cluster.Dial(ctx, string(kv["coordinator"]), c.ccfg, "node "+strconv.Itoa(c.rank))
+		if err == nil || errors.Is(err, cluster.ErrAuth) || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if err != nil {
+		res.err = err
+		return
+	}
+	pids := make([]int32, 0, len(j.slots))
+	for _, cl := range j.slots {
+		pids = append(pids, cl.pid)
+	}
+	if err := link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Join{Join: &clusterpb.Join{
+		NodeRank: int32(c.rank), Slots: int32(len(j.slots)), DataHost: c.host, Pids: pids}}}); err != nil {
+		link.Close()
+		res.err = err
+		return
+	}
+	m, err := link.Recv()
+	if err != nil {
+		link.Close()
+		res.err = fmt.Errorf("waiting for the other nodes: %w", err)
+		return
+	}
+	if a := m.GetAbort(); a != nil {
+		link.Close()
+		res.err = errors.New(a.GetMsg())
+		return
+	}
+	if m.GetLayout() == nil {
+		link.Close()
+		res.err = fmt.Errorf("coordinator sent %T instead of a layout", m.Msg)
+		return
+	}
+	res.link, res.layout = link, m.GetLayout()
+}
+
+// join records a node that wants the next job (node 0).
+func (c *clusterNode) join(nj nodeJoin) {
+	r := int(nj.join.GetNodeRank())
+	refuse := func(msg string) {
+		c.l.s.log.Warn("refusing node", "node", r, "reason", msg)
+		nj.link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(ipcpb.Code_CODE_BUSY), Msg: msg}}})
+		nj.link.Close()
+	}
+	switch {
+	case r <= 0 || r >= c.nodes:
+		refuse(fmt.Sprintf("node rank %d is out of range: the coordinator expects nodes 1..%d (--nodes %d)", r, c.nodes-1, c.nodes))
+		return
+	case nj.join.GetSlots() < 1:
+		refuse(fmt.Sprintf("node %d has no slots", r))
+		return
+	}
+	if old, ok := c.joins[r]; ok {
+		// A restarted node: its new link replaces the stale one.
+		old.link.Close()
+	}
+	c.joins[r] = nj
+	c.maybeLayout()
+}
+
+// maybeLayout forms the job once our clients and every node are there.
+func (c *clusterNode) maybeLayout() {
+	j := c.waiting
+	if j == nil || len(c.joins) < c.nodes-1 || j != c.l.job || j.failed != nil {
+		return
+	}
+	var idb [8]byte
+	rand.Read(idb[:])
+	id := binary.LittleEndian.Uint64(idb[:])
+	slots := make([]int, c.nodes)
+	slots[0] = len(j.slots)
+	for r, nj := range c.joins {
+		slots[r] = int(nj.join.GetSlots())
+	}
+	lay := &clusterpb.Message{Msg: &clusterpb.Message_Layout{Layout: &clusterpb.Layout{Generation: id, Slots: ints32(slots)}}}
+	for r, nj := range c.joins {
+		j.mn.links[r] = nj.link
+		if err := nj.link.Send(lay); err != nil {
+			c.l.s.log.Warn("node left before the job formed", "node", r, "err", err)
+		}
+	}
+	c.joins = make(map[int]nodeJoin)
+	c.waiting = nil
+	for r, link := range j.mn.links {
+		go c.read(j, r, link)
+	}
+	go c.startBackend(j, id, slots)
+}
+
+// layout is a non-coordinator's answer from node 0.
+func (c *clusterNode) layout(m msgLayout) {
+	j := m.j
+	if j != c.l.job || j.failed != nil {
+		if m.link != nil {
+			m.link.Close()
+		}
+		return
+	}
+	if m.err != nil {
+		c.l.formFailed(j, fmt.Sprintf("node %d could not join the job: %v", c.rank, m.err))
+		return
+	}
+	slots := ints(m.layout.GetSlots())
+	if len(slots) != c.nodes || slots[c.rank] != len(j.slots) {
+		m.link.Close()
+		c.l.formFailed(j, fmt.Sprintf("the coordinator's layout %v does not fit this node (node %d of %d with %d slots)", slots, c.rank, c.nodes, len(j.slots)))
+		return
+	}
+	j.mn.links[0] = m.link
+	go c.read(j, 0, m.link)
+	go c.startBackend(j, m.layout.GetGeneration(), slots)
+}
+
+// startBackend (its own goroutine) connects the job's data engine.
+func (c *clusterNode) startBackend(j *job, id uint64, slots []int) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.l.cfg.StartTimeout)
+	defer cancel()
+	jid := fmt.Sprintf("job-%016x", id)
+	b, err := c.l.cfg.NewBackend(ctx, ClusterJob{
+		ID: jid, NodeRank: c.rank, Nodes: c.nodes, Slots: slots,
+		Store: rendezvous.Prefix(c.store, jid), Host: c.host, Secret: c.l.cfg.Secret, Logger: c.l.s.log,
+	})
+	c.l.p.post(msgBackendUp{j: j, b: b, slots: slots, err: err})
+}
+
+func (c *clusterNode) backendUp(m msgBackendUp) {
+	j := m.j
+	if j != c.l.job || j.failed != nil {
+		if m.b != nil {
+			m.b.Close()
+		}
+		return
+	}
+	if m.err != nil {
+		c.l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node %d could not connect the %d nodes' data engine: %v", c.rank, c.nodes, m.err), true)
+		return
+	}
+	c.l.start(j, m.slots, c.rank, m.b)
+}
+
+// read (its own goroutine per link) hands a link's messages to the loop.
+func (c *clusterNode) read(j *job, node int, link *cluster.Link) {
+	for {
+		m, err := link.Recv()
+		if err != nil {
+			c.l.p.post(msgCtrlErr{j: j, node: node, err: err})
+			return
+		}
+		c.l.p.post(msgCtrl{j: j, node: node, m: m})
+	}
+}
+
+// control acts on a message from another node of the running job.
+func (c *clusterNode) control(m msgCtrl) {
+	j := m.j
+	if j != c.l.job || j.mn == nil {
+		return
+	}
+	switch msg := m.m.Msg.(type) {
+	case *clusterpb.Message_Ready:
+		if c.rank != 0 || j.failed != nil || j.table == nil {
+			return
+		}
+		for _, pr := range msg.Ready.GetRequests() {
+			r := requestFromPB(pr)
+			if err := j.table.Submit(r, c.l.now()); err != nil {
+				c.l.abort(j, ipcpb.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("rank %d's request for %q was refused: %v", r.Rank, r.Name, err), true)
+				return
+			}
+		}
+	case *clusterpb.Message_Plan:
+		if c.rank != 0 {
+			j.mn.plans = append(j.mn.plans, msg.Plan)
+		}
+	case *clusterpb.Message_Abort:
+		// Node 0 relays a node's abort to the others.
+		c.l.abort(j, ipcpb.Code(msg.Abort.GetCode()), msg.Abort.GetMsg(), c.rank == 0)
+	case *clusterpb.Message_Bye:
+		j.mn.byes[m.node] = true
+	}
+}
+
+// linkLost handles a broken control link.
+func (c *clusterNode) linkLost(m msgCtrlErr) {
+	j := m.j
+	if j != c.l.job || j.mn == nil || j.failed != nil || j.mn.byes[m.node] {
+		return
+	}
+	who := fmt.Sprintf("node %d", m.node)
+	if m.node == 0 {
+		who = "node 0 (the coordinator)"
+	}
+	c.l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("%s%s was lost: %v", who, j.rankRange(m.node), m.err), true)
+}
+
+// rankRange names the global ranks of a node, " (ranks 2-3)".
+func (j *job) rankRange(node int) string {
+	if node < 0 || node >= len(j.nodeSlots) {
+		return ""
+	}
+	lo := 0
+	for i := 0; i < node; i++ {
+		lo += j.nodeSlots[i]
+	}
+	hi := lo + j.nodeSlots[node] - 1
+	if lo == hi {
+		return fmt.Sprintf(" (rank %d)", lo)
+	}
+	return fmt.Sprintf(" (ranks %d-%d)", lo, hi)
+}
+
+// submitMulti takes a local request of a multi-node job.
+func (c *clusterNode) submitMulti(j *job, o *op) {
+	k := opKey{o.req.Rank, o.req.ProcessSet, o.req.Name}
+	if c.rank == 0 {
+		if err := j.table.Submit(o.req, c.l.now()); err != nil {
+			code := ipcpb.Code_CODE_INVALID_ARGUMENT
+			if errors.Is(err, plan.ErrDuplicateName) {
+				code = ipcpb.Code_CODE_DUPLICATE_NAME
+			}
+			o.finish(&ipcpb.Done{Code: code, Error: err.Error()})
+			return
+		}
+		j.pending[k] = o
+		return
+	}
+	if _, dup := j.pending[k]; dup {
+		o.finish(&ipcpb.Done{Code: ipcpb.Code_CODE_DUPLICATE_NAME, Error: fmt.Sprintf(
+			"Requested to %s a tensor with the same name as another tensor that is currently being processed (%q). If you want to request another tensor, use a different tensor name.",
+			lowerOp(o.typ), o.name)})
+		return
+	}
+	j.pending[k] = o
+	mn := j.mn
+	if o.typ == tensor.Join {
+		mn.joined++
+		mn.out = append(mn.out, requestToPB(&o.req))
+		// Tensors the remaining local ranks have all submitted are ready now.
+		for sn, n := range mn.count {
+			if n >= len(j.slots)-mn.joined {
+				c.forward(j, sn)
+			}
+		}
+		return
+	}
+	sn := setName{o.req.ProcessSet, o.req.Name}
+	mn.count[sn]++
+	if mn.count[sn] >= len(j.slots)-mn.joined {
+		c.forward(j, sn)
+	}
+}
+
+// forward queues every local rank's request for a locally ready tensor.
+func (c *clusterNode) forward(j *job, sn setName) {
+	delete(j.mn.count, sn)
+	for lr := range j.slots {
+		if o, ok := j.pending[opKey{j.offset + lr, sn.set, sn.name}]; ok {
+			j.mn.out = append(j.mn.out, requestToPB(&o.req))
+		}
+	}
+}
+
+// flush sends what became locally ready during this loop pass, in one message.
+func (c *clusterNode) flush(j *job) {
+	if j == nil || j.mn == nil || len(j.mn.out) == 0 || j.failed != nil {
+		return
+	}
+	out := j.mn.out
+	j.mn.out = nil
+	if link := j.mn.links[0]; link != nil {
+		if err := link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Ready{Ready: &clusterpb.Ready{Requests: out}}}); err != nil {
+			c.l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node 0 (the coordinator) was lost: %v", err), false)
+		}
+	}
+}
+
+// dispatchMulti starts the next plan when the executor is idle.
+func (c *clusterNode) dispatchMulti(j *job) {
+	if c.l.execBusy || j.failed != nil {
+		return
+	}
+	var resps []plan.Response
+	if c.rank == 0 {
+		resps = j.table.Ready()
+		if len(resps) == 0 {
+			return
+		}
+		j.mn.seq++
+		pm := &clusterpb.Plan{Seq: j.mn.seq}
+		for i := range resps {
+			pm.Responses = append(pm.Responses, responseToPB(&resps[i]))
+		}
+		msg := &clusterpb.Message{Msg: &clusterpb.Message_Plan{Plan: pm}}
+		for r, link := range j.mn.links {
+			if err := link.Send(msg); err != nil {
+				c.l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node %d%s was lost: %v", r, j.rankRange(r), err), true)
+				return
+			}
+		}
+	} else {
+		if len(j.mn.plans) == 0 {
+			return
+		}
+		pm := j.mn.plans[0]
+		j.mn.plans = j.mn.plans[1:]
+		j.mn.seq++
+		if pm.GetSeq() != j.mn.seq {
+			c.l.abort(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("plan %d arrived where %d was due", pm.GetSeq(), j.mn.seq), true)
+			return
+		}
+		for _, pr := range pm.GetResponses() {
+			resps = append(resps, responseFromPB(pr))
+		}
+	}
+	for _, r := range resps {
+		if r.Op == tensor.Join {
+			j.mn.joined = 0
+		}
+	}
+	c.l.runResponses(j, resps, false)
+}
+
+// lowerOp is an op's lower-case name ("allreduce").
+func lowerOp(t tensor.OpType) string {
+	b := []byte(t.String())
+	for i, ch := range b {
+		if 'A' <= ch && ch <= 'Z' {
+			b[i] = ch + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
+
+// hostname is this machine's name for logs.
+var hostname, _ = os.Hostname()

@@ -1,0 +1,415 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/plan"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/reduce"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+// Hierarchical collectives for a job across nodes: the node's local ranks meet
+// in shared memory, the backend moves one node's worth of bytes between nodes,
+// and the result is written back locally. Global ranks are node-major, so a
+// node's ranks are contiguous and node order is rank order.
+
+// nodeOf returns the node of a global rank.
+func (j *job) nodeOf(rank int) int {
+	for n, s := range j.nodeSlots {
+		if rank < s {
+			return n
+		}
+		rank -= s
+	}
+	return -1
+}
+
+// nodeRanks returns the global ranks [lo, hi) of node n.
+func (j *job) nodeRanks(n int) (lo, hi int) {
+	for i := 0; i < n; i++ {
+		lo += j.nodeSlots[i]
+	}
+	return lo, lo + j.nodeSlots[n]
+}
+
+// fusion returns a scratch buffer of n bytes, reused across ops.
+func (x *executor) fusion(n int) []byte {
+	if cap(x.fuse) < n {
+		x.fuse = make([]byte, n)
+	}
+	return x.fuse[:n]
+}
+
+// executeMulti runs one response across nodes and answers the local ops. A
+// backend failure fails the ops with ABORTED and the whole job (through the
+// loop).
+func (x *executor) executeMulti(w work) {
+	r := &w.resp
+	b := w.j.backend
+	ctx := context.Background()
+	var err error
+	var dones [][]*ipcpb.Done // per tensor, per global rank (nil = plain OK)
+	switch r.Op {
+	case tensor.Allreduce:
+		err = x.allreduceMulti(ctx, b, w)
+	case tensor.Broadcast:
+		err = x.broadcastMulti(ctx, b, w)
+	case tensor.Allgather:
+		dones, err = x.allgatherMulti(ctx, b, w)
+	case tensor.Alltoall:
+		dones, err = x.alltoallMulti(ctx, b, w)
+	case tensor.Reducescatter:
+		dones, err = x.reducescatterMulti(ctx, b, w)
+	case tensor.Barrier:
+		err = b.Barrier(ctx)
+	case tensor.Join:
+	default:
+		err = fmt.Errorf("collective %v is not implemented across nodes", r.Op)
+	}
+	if err != nil {
+		msg := fmt.Sprintf("%v across nodes failed: %v", r.Op, err)
+		if n, ok := backends.LostRank(err); ok {
+			msg = fmt.Sprintf("node %d%s was lost during %v: %v", n, w.j.rankRange(n), r.Op, err)
+		}
+		d := &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: msg}
+		for _, row := range w.ops {
+			for _, o := range row {
+				if o != nil {
+					o.finish(d)
+				}
+			}
+		}
+		x.p.post(msgExecErr{j: w.j, err: fmt.Errorf("%s", msg)})
+		return
+	}
+	for i, row := range w.ops {
+		for rank, o := range row {
+			if o == nil {
+				continue
+			}
+			d := &ipcpb.Done{}
+			if dones != nil && dones[i][rank] != nil {
+				d = dones[i][rank]
+			}
+			if r.Op == tensor.Join {
+				d.LastJoinedRank = int32(r.LastJoinedRank)
+			}
+			o.finish(d)
+		}
+	}
+}
+
+// localBufs returns the buffers of the local ranks that submitted tensor i.
+func localBufs(row []*op) [][]byte {
+	var bufs [][]byte
+	for _, o := range row {
+		if o != nil && len(o.buf) > 0 {
+			bufs = append(bufs, o.buf)
+		}
+	}
+	return bufs
+}
+
+func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w work) error {
+	r := &w.resp
+	op, pre, post := scales(r, w.size)
+	es := r.DType.Size()
+	total := 0
+	for _, t := range r.Tensors {
+		total += int(t.Shape.NumElements()) * es
+	}
+	// Reduce the local ranks' buffers into the fusion buffer, tensor after
+	// tensor; a node whose ranks all joined contributes the neutral element.
+	f := x.fusion(total)
+	off := 0
+	for i, t := range r.Tensors {
+		n := int(t.Shape.NumElements()) * es
+		seg := f[off : off+n]
+		if bufs := localBufs(w.ops[i]); len(bufs) > 0 {
+			if err := reduce.Reduce([][]byte{seg}, bufs, r.DType, op, pre, 1, &x.ropts); err != nil {
+				return err
+			}
+		} else if err := reduce.Fill(seg, r.DType, op); err != nil {
+			return err
+		}
+		off += n
+	}
+	if err := b.Allreduce(ctx, f, r.DType, op); err != nil {
+		return err
+	}
+	// Write back, applying the postscale in the same pass.
+	off = 0
+	for i, t := range r.Tensors {
+		n := int(t.Shape.NumElements()) * es
+		if bufs := localBufs(w.ops[i]); len(bufs) > 0 {
+			if err := reduce.Reduce(bufs, [][]byte{f[off : off+n]}, r.DType, op, 1, post, &x.ropts); err != nil {
+				return err
+			}
+		}
+		off += n
+	}
+	return nil
+}
+
+func (x *executor) broadcastMulti(ctx context.Context, b backends.Backend, w work) error {
+	r := &w.resp
+	rootNode := w.j.nodeOf(r.Root)
+	for i := range r.Tensors {
+		row := w.ops[i]
+		// The root's own buffer travels as is; elsewhere one local buffer
+		// receives and the others copy from it.
+		var src []byte
+		if row[r.Root] != nil {
+			src = row[r.Root].buf
+		} else {
+			for _, o := range row {
+				if o != nil {
+					src = o.buf
+					break
+				}
+			}
+		}
+		if src == nil {
+			src = x.fusion(int(r.Tensors[i].Shape.NumElements()) * r.DType.Size())
+		}
+		if err := b.Broadcast(ctx, src, rootNode); err != nil {
+			return err
+		}
+		var dsts [][]byte
+		for _, o := range row {
+			if o != nil && len(o.buf) > 0 && &o.buf[0] != &src[0] {
+				dsts = append(dsts, o.buf)
+			}
+		}
+		if len(src) > 0 {
+			parallelCopy(dsts, src)
+		}
+	}
+	return nil
+}
+
+func (x *executor) allgatherMulti(ctx context.Context, b backends.Backend, w work) ([][]*ipcpb.Done, error) {
+	r := &w.resp
+	j := w.j
+	dones := make([][]*ipcpb.Done, len(r.Tensors))
+	for i, t := range r.Tensors {
+		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
+		rankBytes := func(rank int) int {
+			if rank >= len(t.RankShapes) || len(t.RankShapes[rank]) == 0 {
+				return 0
+			}
+			return int(t.RankShapes[rank][0]) * rowBytes
+		}
+		counts := make([]int, len(j.nodeSlots))
+		var rows int64
+		total := 0
+		for n := range counts {
+			lo, hi := j.nodeRanks(n)
+			for rank := lo; rank < hi; rank++ {
+				counts[n] += rankBytes(rank)
+				if rank < len(t.RankShapes) && len(t.RankShapes[rank]) > 0 {
+					rows += t.RankShapes[rank][0]
+				}
+			}
+			total += counts[n]
+		}
+		in := make([]byte, 0, counts[j.node])
+		for _, o := range w.ops[i][j.offset : j.offset+len(j.slots)] {
+			if o != nil {
+				in = append(in, o.buf...)
+			}
+		}
+		out := x.fusion(total)
+		if err := b.Allgatherv(ctx, in, out, counts); err != nil {
+			return nil, err
+		}
+		shape := append(tensor.Shape{rows}, t.Shape[1:]...)
+		dones[i] = x.outputs(w.ops[i], func(_ int, dst []byte) { copy(dst, out) }, func(int) int { return total }, shape, nil)
+	}
+	return dones, nil
+}
+
+// outputs allocates each local op's output of size(rank) bytes, fills it with
+// fill and returns the Done of each, with shape (or shapeOf(rank) when shape is
+// nil) and received splits.
+func (x *executor) outputs(row []*op, fill func(rank int, dst []byte), size func(rank int) int, shape tensor.Shape, extra func(rank int, d *ipcpb.Done)) []*ipcpb.Done {
+	dones := make([]*ipcpb.Done, len(row))
+	for rank, o := range row {
+		if o == nil {
+			continue
+		}
+		buf, ref, err := o.c.allocOutput(int64(size(rank)))
+		if err != nil {
+			dones[rank] = &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("tensor %q: %v", o.name, err)}
+			continue
+		}
+		fill(rank, buf)
+		d := &ipcpb.Done{Output: ref, OutputShape: shape}
+		if extra != nil {
+			extra(rank, d)
+		}
+		dones[rank] = d
+	}
+	return dones
+}
+
+func (x *executor) alltoallMulti(ctx context.Context, b backends.Backend, w work) ([][]*ipcpb.Done, error) {
+	r := &w.resp
+	j := w.j
+	nn := len(j.nodeSlots)
+	myLo, myHi := j.nodeRanks(j.node)
+	dones := make([][]*ipcpb.Done, len(r.Tensors))
+	for i, t := range r.Tensors {
+		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
+		sp := t.Splits
+		piece := func(s, d int) int { return int(sp[s][d]) * rowBytes }
+		// start(s, d): byte offset of rank s's piece for d in s's input.
+		start := func(s, d int) int {
+			o := 0
+			for k := 0; k < d; k++ {
+				o += piece(s, k)
+			}
+			return o
+		}
+		// Send to node m: for each rank d of m, the pieces of our ranks s.
+		sendCounts := make([]int, nn)
+		recvCounts := make([]int, nn)
+		var in []byte
+		for m := 0; m < nn; m++ {
+			lo, hi := j.nodeRanks(m)
+			for d := lo; d < hi; d++ {
+				for s := myLo; s < myHi; s++ {
+					if o := w.ops[i][s]; o != nil {
+						p := o.buf[start(s, d) : start(s, d)+piece(s, d)]
+						in = append(in, p...)
+						sendCounts[m] += len(p)
+					}
+				}
+			}
+			// Receive from node m: for each of our ranks d, the pieces of m's ranks.
+			for d := myLo; d < myHi; d++ {
+				for s := lo; s < hi; s++ {
+					recvCounts[m] += piece(s, d)
+				}
+			}
+		}
+		total := 0
+		for _, c := range recvCounts {
+			total += c
+		}
+		out := x.fusion(total)
+		if err := b.Alltoallv(ctx, in, sendCounts, out, recvCounts); err != nil {
+			return nil, err
+		}
+		// Where d's pieces from node m begin inside out.
+		blockStart := make([]int, nn)
+		for m := 1; m < nn; m++ {
+			blockStart[m] = blockStart[m-1] + recvCounts[m-1]
+		}
+		rowsFor := func(d int) int {
+			n := 0
+			for s := range sp {
+				n += int(sp[s][d])
+			}
+			return n
+		}
+		fill := func(d int, dst []byte) {
+			at := 0
+			for m := 0; m < nn; m++ {
+				lo, hi := j.nodeRanks(m)
+				off := blockStart[m]
+				for dd := myLo; dd < d; dd++ {
+					for s := lo; s < hi; s++ {
+						off += piece(s, dd)
+					}
+				}
+				for s := lo; s < hi; s++ {
+					at += copy(dst[at:], out[off:off+piece(s, d)])
+					off += piece(s, d)
+				}
+			}
+		}
+		row := w.ops[i]
+		dones[i] = make([]*ipcpb.Done, len(row))
+		for d, o := range row {
+			if o == nil {
+				continue
+			}
+			ds := x.outputs(row[d:d+1], func(_ int, dst []byte) { fill(d, dst) }, func(int) int { return rowsFor(d) * rowBytes },
+				append(tensor.Shape{int64(rowsFor(d))}, t.Shape[1:]...), func(_ int, dn *ipcpb.Done) {
+					for s := range sp {
+						dn.ReceivedSplits = append(dn.ReceivedSplits, sp[s][d])
+					}
+				})
+			dones[i][d] = ds[0]
+		}
+	}
+	return dones, nil
+}
+
+func (x *executor) reducescatterMulti(ctx context.Context, b backends.Backend, w work) ([][]*ipcpb.Done, error) {
+	r := &w.resp
+	j := w.j
+	op, pre, post := scales(r, w.size)
+	dones := make([][]*ipcpb.Done, len(r.Tensors))
+	for i, t := range r.Tensors {
+		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
+		var d0 int
+		if len(t.Shape) > 0 {
+			d0 = int(t.Shape[0])
+		}
+		n := w.size
+		rows := func(rank int) int {
+			k := d0 / n
+			if rank < d0%n {
+				k++
+			}
+			return k
+		}
+		full := x.fusion(d0 * rowBytes)
+		if bufs := localBufs(w.ops[i]); len(bufs) > 0 {
+			if err := reduce.Reduce([][]byte{full}, bufs, r.DType, op, pre, 1, &x.ropts); err != nil {
+				return nil, err
+			}
+		} else if err := reduce.Fill(full, r.DType, op); err != nil {
+			return nil, err
+		}
+		counts := make([]int, len(j.nodeSlots))
+		for m := range counts {
+			lo, hi := j.nodeRanks(m)
+			for rank := lo; rank < hi; rank++ {
+				counts[m] += rows(rank) * rowBytes
+			}
+		}
+		block := make([]byte, counts[j.node])
+		if err := b.ReduceScatter(ctx, full, block, counts, r.DType, op); err != nil {
+			return nil, err
+		}
+		// Our block holds our ranks' rows, in rank order.
+		at := make([]int, w.size)
+		off := 0
+		for rank := j.offset; rank < j.offset+len(j.slots); rank++ {
+			at[rank] = off
+			off += rows(rank) * rowBytes
+		}
+		var ferr error
+		dones[i] = x.outputs(w.ops[i], func(rank int, dst []byte) {
+			if len(dst) > 0 {
+				if err := reduce.Reduce([][]byte{dst}, [][]byte{block[at[rank] : at[rank]+len(dst)]}, r.DType, op, 1, post, &x.ropts); err != nil {
+					ferr = err
+				}
+			}
+		}, func(rank int) int { return rows(rank) * rowBytes }, nil, func(rank int, d *ipcpb.Done) {
+			d.OutputShape = append(tensor.Shape{int64(rows(rank))}, t.Shape[1:]...)
+		})
+		if ferr != nil {
+			return nil, ferr
+		}
+	}
+	return dones, nil
+}
+
+var _ = plan.Response{}
