@@ -35,6 +35,13 @@ Sizes of 64 KiB or less run at least --small-iters iterations and at least
 --small-time worth of them (as OSU does), so that latency rows are stable; a
 latency row is allreduce at 4 bytes.
 
+--check fills each rank's input with small whole numbers, checks every
+result of every iteration against a reference computed locally (exact for
+integers, a few ulps for floats), and for allgather, alltoall and
+reducescatter overwrites the input as soon as the op is done, so that a
+daemon still reading it is caught. Exit status: 0, 1 on a failure or a
+wrong result, 2 on bad usage.
+
 Profiles (--profile):
   resnet50   per step, allreduce (Average) ResNet-50's 161 gradient tensors
              (25,557,032 float32) asynchronously and wait for all; compare
@@ -51,7 +58,7 @@ Examples:
   hvdd bench --np 2 --min-bytes 4 --max-bytes 4      # latency row
   hvdd bench --np 2 --min-bytes 64M --max-bytes 64M --iters 20
   hvdd bench --np 4 --op allgather --dtype float16 --check
-  hvdd bench --np 2 --op reducescatter --op-reduce max --json
+  hvdd bench --np 2 --op reducescatter --op-reduce average --json
   hvdd bench --np 2 --profile resnet50
   hvdd bench --np 2 --profile idle --duration 10s
   hvdd run -np 2 -- hvdd bench --op broadcast        # as the ranks of a job

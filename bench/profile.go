@@ -88,16 +88,12 @@ func resnet[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, out, e
 			}
 			handles[i] = h
 		}
-		var first error
 		for _, h := range handles {
-			if err := h.Wait(ctx); err != nil && first == nil {
-				first = err
+			if err := h.Wait(ctx); err != nil {
+				return 0, err
 			}
 		}
 		dt := time.Since(t0)
-		if first != nil {
-			return 0, first
-		}
 		if cfg.Check {
 			for i := range grads {
 				verify(&grads[i])
@@ -261,9 +257,11 @@ func idle(ctx context.Context, c *hvdd.Client, cfg Config, out, errOut io.Writer
 		return nil
 	}
 	r := Row{Profile: "idle", Ranks: c.Size(), ZeroCopy: cfg.ZeroCopy, DurationS: wall.Seconds(), DaemonPID: pid, ClientCPUPct: clients, ClockTicksPerS: ClockTicks}
+	var total float64
 	for _, v := range clients {
-		r.ClientsCPUPct += v
+		total += v
 	}
+	r.ClientsCPUPct = &total
 	if pid > 0 && derr == nil {
 		v := pct(d1 - d0)
 		r.DaemonCPUPct = &v
@@ -284,7 +282,7 @@ func idle(ctx context.Context, c *hvdd.Client, cfg Config, out, errOut io.Writer
 	for i, v := range clients {
 		p.text("client rank %-8d %8.3f %%\n", i, v)
 	}
-	p.text("clients total        %8.3f %%\n", r.ClientsCPUPct)
+	p.text("clients total        %8.3f %%\n", total)
 	return nil
 }
 

@@ -35,7 +35,7 @@ type Row struct {
 	DaemonPID      int       `json:"daemon_pid,omitempty"`
 	DaemonCPUPct   *float64  `json:"daemon_cpu_pct,omitempty"`
 	ClientCPUPct   []float64 `json:"client_cpu_pct,omitempty"`
-	ClientsCPUPct  float64   `json:"clients_cpu_pct_total,omitempty"`
+	ClientsCPUPct  *float64  `json:"clients_cpu_pct_total,omitempty"`
 	ClockTicksPerS int       `json:"clock_ticks_per_s,omitempty"`
 }
 

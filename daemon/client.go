@@ -84,27 +84,30 @@ func (c *client) String() string {
 }
 
 // readable handles the frames a client has sent, without blocking: at most
-// maxFramesPerWake of them, so one chatty client cannot starve the others
-// (epoll is level-triggered and reports the rest). It returns a non-nil error
-// when the connection must be dropped.
-func (l *loop) readable(c *client) error {
-	for i := 0; i < maxFramesPerWake && !c.dropped; i++ {
+// maxFramesPerWake of them, so one chatty client cannot starve the others. more
+// reports that it stopped at the limit (frames may wait in user space, where
+// epoll cannot see them). A non-nil error means the connection must be dropped.
+func (l *loop) readable(c *client) (more bool, err error) {
+	for i := 0; i < maxFramesPerWake; i++ {
+		if c.dropped {
+			return false, nil
+		}
 		f, ok, err := c.ic.TryReadFrame()
 		if err != nil {
-			return err
+			return false, err
 		}
 		if !ok {
-			return nil
+			return false, nil
 		}
 		id, m, err := ipc.DecodeClient(f)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if err := l.handle(c, id, m); err != nil {
-			return err
+			return false, err
 		}
 	}
-	return nil
+	return true, nil
 }
 
 // maxFramesPerWake bounds the frames one client gets handled per poll.

@@ -100,8 +100,8 @@ type setName struct {
 
 // Messages of the multi-node side.
 type (
-	msgJoin      struct{ nj nodeJoin }
-	msgLayout    struct {
+	msgJoin   struct{ nj nodeJoin }
+	msgLayout struct {
 		j      *job
 		link   *cluster.Link
 		layout *clusterpb.Layout
@@ -113,7 +113,7 @@ type (
 		slots []int
 		err   error
 	}
-	msgCtrl    struct {
+	msgCtrl struct {
 		j    *job
 		node int
 		m    *clusterpb.Message

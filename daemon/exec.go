@@ -262,6 +262,7 @@ func (x *executor) each(ops []*op, f func(o *op) (*ipcpb.Done, error)) error {
 
 func (x *executor) eachRank(ops []*op, f func(rank int, o *op) (*ipcpb.Done, error)) error {
 	var wg sync.WaitGroup
+	dones := make([]*ipcpb.Done, len(ops))
 	for i, o := range ops {
 		if o == nil {
 			continue
@@ -273,13 +274,15 @@ func (x *executor) eachRank(ops []*op, f func(rank int, o *op) (*ipcpb.Done, err
 			if err != nil {
 				d = &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("tensor %q: %v", o.name, err)}
 			}
-			o.c.reply(o.id, d)
+			dones[i] = d
 		}()
 	}
+	// Every rank's input may be read while building any rank's output, so
+	// no rank hears "done" (and reuses its input) before all are built.
 	wg.Wait()
-	for _, o := range ops {
+	for i, o := range ops {
 		if o != nil {
-			o.release()
+			o.finish(dones[i])
 		}
 	}
 	return nil

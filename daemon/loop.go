@@ -101,7 +101,8 @@ type loop struct {
 	execBusy bool
 	dead     []*client // closed clients whose outputs wait for an idle executor
 
-	cl *clusterNode // the multi-node side; nil on a single node
+	cl    *clusterNode // the multi-node side; nil on a single node
+	again []*client    // clients with frames left over from the last pass
 
 	stall        *time.Timer
 	cycle        *time.Timer
@@ -163,11 +164,17 @@ func (l *loop) run() {
 			if c == nil {
 				continue
 			}
-			if err := l.readable(c); err != nil || ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 && !c.ic.Buffered() {
-				if err == nil {
-					err = ipc.ErrClosed
+			l.serveClient(c, ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0)
+		}
+		// Clients cut off by the per-wake frame limit still hold frames in
+		// user space, which epoll cannot see: serve them again.
+		for len(l.again) > 0 {
+			again := l.again
+			l.again = nil
+			for _, c := range again {
+				if !c.dropped {
+					l.serveClient(c, false)
 				}
-				l.drop(c, err)
 			}
 		}
 		if l.cl != nil {
@@ -178,6 +185,21 @@ func (l *loop) run() {
 		if l.cfg.Spin > 0 {
 			l.spinUntil = time.Now().Add(l.cfg.Spin)
 		}
+	}
+}
+
+// serveClient handles what a client sent; hup reports a hung-up socket.
+func (l *loop) serveClient(c *client, hup bool) {
+	more, err := l.readable(c)
+	if err != nil || hup && !c.ic.Buffered() {
+		if err == nil {
+			err = ipc.ErrClosed
+		}
+		l.drop(c, err)
+		return
+	}
+	if more {
+		l.again = append(l.again, c)
 	}
 }
 

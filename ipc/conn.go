@@ -138,7 +138,9 @@ func (c *Conn) fill() error {
 	if flags&unix.MSG_CTRUNC != 0 {
 		return protoErrf("more than %d descriptors in one message", MaxFDs)
 	}
-	c.w += n
+	if n > 0 {
+		c.w += n
+	}
 	if err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
 			c.eof = true
@@ -146,7 +148,7 @@ func (c *Conn) fill() error {
 		}
 		return fmt.Errorf("ipc: read: %w", err)
 	}
-	if n == 0 {
+	if n <= 0 {
 		c.eof = true
 		return ErrClosed
 	}
