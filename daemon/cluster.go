@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/cluster"
 	"github.com/hvdd/hvdd/cluster/clusterpb"
@@ -84,13 +86,23 @@ type nodeJoin struct {
 
 // multiJob is a job's multi-node negotiation state.
 type multiJob struct {
-	links  map[int]*cluster.Link // node 0: every other node; else {0: coordinator}
-	byes   map[int]bool          // node 0: nodes whose job ended normally
-	count  map[setName]int       // non-coordinator: local submissions per tensor
-	joined int                   // non-coordinator: local ranks joined
-	out    []*clusterpb.Request  // non-coordinator: requests to forward
-	plans  []*clusterpb.Plan     // non-coordinator: received, not yet run
-	seq    uint64                // plans sent (node 0) or run (others)
+	links  map[int]*cluster.Link            // node 0: every other node; else {0: coordinator}
+	byes   map[int]bool                     // node 0: nodes whose job ended normally
+	count  map[setName]int                  // non-coordinator: local submissions per tensor
+	joined int                              // non-coordinator: local ranks joined
+	out    [][]*clusterpb.Request           // non-coordinator: groups of requests to forward
+	outKey []setName                        // the tensor of each group (zero value: a join)
+	sent   map[setName]*cacheEntry          // non-coordinator: what was forwarded before
+	nslots int                              // non-coordinator: cache slots used
+	plans  []*clusterpb.Plan                // non-coordinator: received, not yet run
+	seq    uint64                           // plans sent (node 0) or run (others)
+	caches map[int]map[int32][]plan.Request // node 0: per node, cache slot -> requests
+}
+
+// cacheEntry is a tensor's requests as last forwarded, under a cache slot.
+type cacheEntry struct {
+	slot int32
+	reqs []*clusterpb.Request
 }
 
 type setName struct {
@@ -196,7 +208,8 @@ func (c *clusterNode) accept() {
 
 // localComplete is called when every local client of j has said hello.
 func (c *clusterNode) localComplete(j *job) {
-	j.mn = &multiJob{links: make(map[int]*cluster.Link), byes: make(map[int]bool), count: make(map[setName]int)}
+	j.mn = &multiJob{links: make(map[int]*cluster.Link), byes: make(map[int]bool), count: make(map[setName]int),
+		sent: make(map[setName]*cacheEntry), caches: make(map[int]map[int32][]plan.Request)}
 	if c.rank == 0 {
 		c.waiting = j
 		c.maybeLayout()
@@ -298,6 +311,18 @@ func (c *clusterNode) maybeLayout() {
 	for r, nj := range c.joins {
 		slots[r] = int(nj.join.GetSlots())
 	}
+	// The table exists before any node can forward requests: a node whose
+	// engine connects first may submit before ours is up.
+	total := 0
+	for _, n := range slots {
+		total += n
+	}
+	t, err := plan.New(plan.Config{Size: total, FusionThreshold: c.l.cfg.FusionThreshold})
+	if err != nil {
+		c.l.formFailed(j, fmt.Sprintf("cannot start the job: %v", err))
+		return
+	}
+	j.table = t
 	lay := &clusterpb.Message{Msg: &clusterpb.Message_Layout{Layout: &clusterpb.Layout{Generation: id, Slots: ints32(slots)}}}
 	for r, nj := range c.joins {
 		j.mn.links[r] = nj.link
@@ -387,12 +412,9 @@ func (c *clusterNode) control(m msgCtrl) {
 		if c.rank != 0 || j.failed != nil || j.table == nil {
 			return
 		}
-		for _, pr := range msg.Ready.GetRequests() {
-			r := requestFromPB(pr)
-			if err := j.table.Submit(r, c.l.now()); err != nil {
-				c.l.abort(j, ipcpb.Code_CODE_INVALID_ARGUMENT, fmt.Sprintf("rank %d's request for %q was refused: %v", r.Rank, r.Name, err), true)
-				return
-			}
+		if err := c.ready(j, m.node, msg.Ready); err != nil {
+			c.l.abort(j, ipcpb.Code_CODE_INVALID_ARGUMENT, err.Error(), true)
+			return
 		}
 	case *clusterpb.Message_Plan:
 		if c.rank != 0 {
@@ -404,6 +426,56 @@ func (c *clusterNode) control(m msgCtrl) {
 	case *clusterpb.Message_Bye:
 		j.mn.byes[m.node] = true
 	}
+}
+
+// ready submits what a node forwarded (node 0): new request groups, which
+// also fill the node's cache slots, and the cached groups its bit vector names.
+func (c *clusterNode) ready(j *job, node int, rd *clusterpb.Ready) error {
+	cache := j.mn.caches[node]
+	if cache == nil {
+		cache = make(map[int32][]plan.Request)
+		j.mn.caches[node] = cache
+	}
+	var all []plan.Request
+	reqs, starts, slots := rd.GetRequests(), rd.GetGroupStart(), rd.GetSlot()
+	if len(starts) != len(slots) {
+		return fmt.Errorf("node %d sent a malformed Ready (%d groups, %d slots)", node, len(starts), len(slots))
+	}
+	for g := range starts {
+		lo, hi := int(starts[g]), len(reqs)
+		if g+1 < len(starts) {
+			hi = int(starts[g+1])
+		}
+		if lo < 0 || lo > hi || hi > len(reqs) {
+			return fmt.Errorf("node %d sent a malformed Ready (group %d spans [%d, %d) of %d)", node, g, lo, hi, len(reqs))
+		}
+		group := make([]plan.Request, 0, hi-lo)
+		for _, pr := range reqs[lo:hi] {
+			group = append(group, requestFromPB(pr))
+		}
+		if slots[g] >= 0 {
+			cache[slots[g]] = group
+		}
+		all = append(all, group...)
+	}
+	for i, b := range rd.GetCached() {
+		for bit := 0; bit < 8; bit++ {
+			if b&(1<<bit) == 0 {
+				continue
+			}
+			group, ok := cache[int32(i*8+bit)]
+			if !ok {
+				return fmt.Errorf("node %d named cache slot %d, which it never filled", node, i*8+bit)
+			}
+			all = append(all, group...)
+		}
+	}
+	for _, r := range all {
+		if err := j.table.Submit(r, c.l.now()); err != nil {
+			return fmt.Errorf("rank %d's request for %q was refused: %v", r.Rank, r.Name, err)
+		}
+	}
+	return nil
 }
 
 // linkLost handles a broken control link.
@@ -460,7 +532,8 @@ func (c *clusterNode) submitMulti(j *job, o *op) {
 	mn := j.mn
 	if o.typ == tensor.Join {
 		mn.joined++
-		mn.out = append(mn.out, requestToPB(&o.req))
+		mn.out = append(mn.out, []*clusterpb.Request{requestToPB(&o.req)})
+		mn.outKey = append(mn.outKey, setName{})
 		// Tensors the remaining local ranks have all submitted are ready now.
 		for sn, n := range mn.count {
 			if n >= len(j.slots)-mn.joined {
@@ -479,25 +552,71 @@ func (c *clusterNode) submitMulti(j *job, o *op) {
 // forward queues every local rank's request for a locally ready tensor.
 func (c *clusterNode) forward(j *job, sn setName) {
 	delete(j.mn.count, sn)
+	var group []*clusterpb.Request
 	for lr := range j.slots {
 		if o, ok := j.pending[opKey{j.offset + lr, sn.set, sn.name}]; ok {
-			j.mn.out = append(j.mn.out, requestToPB(&o.req))
+			group = append(group, requestToPB(&o.req))
 		}
 	}
+	j.mn.out = append(j.mn.out, group)
+	j.mn.outKey = append(j.mn.outKey, sn)
 }
 
-// flush sends what became locally ready during this loop pass, in one message.
+// flush sends what became locally ready during this loop pass, in one
+// message. A tensor forwarded before with the same requests travels as one
+// bit of the cache vector; others travel whole and (re)fill a cache slot.
 func (c *clusterNode) flush(j *job) {
 	if j == nil || j.mn == nil || len(j.mn.out) == 0 || j.failed != nil {
 		return
 	}
-	out := j.mn.out
-	j.mn.out = nil
-	if link := j.mn.links[0]; link != nil {
-		if err := link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Ready{Ready: &clusterpb.Ready{Requests: out}}}); err != nil {
+	mn := j.mn
+	rd := &clusterpb.Ready{}
+	for i, group := range mn.out {
+		sn := mn.outKey[i]
+		if sn == (setName{}) {
+			// A join: never cached.
+			rd.GroupStart = append(rd.GroupStart, int32(len(rd.Requests)))
+			rd.Slot = append(rd.Slot, -1)
+			rd.Requests = append(rd.Requests, group...)
+			continue
+		}
+		e := mn.sent[sn]
+		if e != nil && sameRequests(e.reqs, group) {
+			for int(e.slot/8) >= len(rd.Cached) {
+				rd.Cached = append(rd.Cached, 0)
+			}
+			rd.Cached[e.slot/8] |= 1 << (e.slot % 8)
+			continue
+		}
+		if e == nil {
+			e = &cacheEntry{slot: int32(mn.nslots)}
+			mn.nslots++
+			mn.sent[sn] = e
+		}
+		e.reqs = group
+		rd.GroupStart = append(rd.GroupStart, int32(len(rd.Requests)))
+		rd.Slot = append(rd.Slot, e.slot)
+		rd.Requests = append(rd.Requests, group...)
+	}
+	mn.out, mn.outKey = nil, nil
+	if link := mn.links[0]; link != nil {
+		if err := link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Ready{Ready: rd}}); err != nil {
 			c.l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node 0 (the coordinator) was lost: %v", err), false)
 		}
 	}
+}
+
+// sameRequests compares two groups of requests field by field.
+func sameRequests(a, b []*clusterpb.Request) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !proto.Equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // dispatchMulti starts the next plan when the executor is idle.

@@ -382,7 +382,7 @@ func (l *loop) start(j *job, slots []int, node int, b backends.Backend) {
 		}
 		j.size += n
 	}
-	if j.backend == nil || node == 0 {
+	if (j.backend == nil || node == 0) && j.table == nil {
 		t, err := plan.New(plan.Config{Size: j.size, FusionThreshold: l.cfg.FusionThreshold})
 		if err != nil {
 			l.fail(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("cannot start the job: %v", err))

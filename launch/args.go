@@ -11,18 +11,40 @@ import (
 
 // Usage is the help text of `hvdd run`.
 const Usage = `Usage: hvdd run -np N [flags] [--] COMMAND [ARGS...]
+       hvdd run -np N -H HOST:SLOTS,... [flags] [--] COMMAND [ARGS...]
 
-Start N copies of COMMAND on this node as one hvdd job, like horovodrun or
-mpirun. If no hvdd daemon is listening on the socket, one is started for the
-job and stopped when the job ends; a daemon that was already running is left
-alone.
+Start N copies of COMMAND as one hvdd job, like horovodrun or mpirun.
+
+On this node (no -H or --hostfile): if no hvdd daemon is listening on the
+socket, one is started for the job and stopped when the job ends; a daemon
+that was already running is left alone.
+
+Across hosts (-H or --hostfile): ranks are placed node-major, filling each
+host's slots in the order given (host 0 gets ranks 0..SLOTS-1, and so on);
+hosts left without a rank are not used. Every host gets a daemon of its own
+for the job (hvdd serve --nodes H --node-rank I), with a per-job socket under
+/tmp and a fresh random secret handed over on its standard input; host 0
+coordinates and serves the rendezvous. Hosts that are this machine
+(localhost, 127.0.0.0/8, or one of its addresses or names) are started
+directly; the others through ssh -o BatchMode=yes (or --agent), which must
+log in without a password, find hvdd at the same path as here (or
+--hvdd-path), and find COMMAND in the same working directory. Remote ranks
+get the rank variables and -x exports (not the rest of this environment).
+When the job ends, or a rank fails, remote processes are stopped by closing
+their agent's standard input: a wrapper on the remote side then sends them
+SIGTERM, and SIGKILL after the kill grace. Signals sent to hvdd run reach
+remote ranks as SIGTERM. If the ranks all fit on this machine, the job runs
+as on one node.
 
 Each rank gets its place in the job through the environment:
   HVDD_RANK, HVDD_SIZE, HVDD_LOCAL_RANK, HVDD_LOCAL_SIZE, HVDD_SOCKET
   HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, HOROVOD_LOCAL_SIZE,
   HOROVOD_CROSS_RANK (0), HOROVOD_CROSS_SIZE (1)
+Across hosts also HVDD_CROSS_RANK and HVDD_CROSS_SIZE, and the cross rank
+and size are Horovod's: among the hosts that have that local rank.
 
-Every line a rank writes is tagged with its rank, as mpirun --tag-output does:
+Every line a rank writes is tagged with its (global) rank, as mpirun
+--tag-output does:
   [1]<stdout>:epoch 3 loss 0.25
   [0]<stderr>:warning: ...
 
@@ -52,11 +74,39 @@ Flags (they stop at "--" or at the first argument that is not a flag):
   -h, --help
         show this help
 
+Flags for jobs across hosts:
+  -H HOST[:SLOTS],..., --hosts HOST[:SLOTS],...
+        the hosts and how many ranks each may run (default 1); IPv6
+        addresses in brackets: [fd00::2]:4
+  --hostfile FILE
+        the hosts, one per line as "HOST slots=N" or "HOST:N" (# comments)
+  --backend tcp|mpi
+        the daemons' cross-node engine (default tcp; mpi is not supported by
+        hvdd run yet)
+  --rendezvous-port PORT
+        host 0's rendezvous port (default: a free port when host 0 is this
+        machine, else 29500)
+  -p PORT, --ssh-port PORT
+        ssh's port on the remote hosts
+  -i FILE, --ssh-identity-file FILE
+        ssh's identity file
+  --agent COMMAND
+        run COMMAND HOST 'SHELL COMMAND' instead of ssh to reach a remote
+        host, as mpirun's plm_rsh_agent (COMMAND is split on spaces)
+  --hvdd-path PATH
+        hvdd on the remote hosts (default: this hvdd's absolute path)
+  (--socket is not used across hosts: every host gets a socket for the job.)
+
 Examples:
   hvdd run -np 4 python train.py --epochs 10
   hvdd run -np 2 --socket /tmp/hvdd.sock -- python -u train.py
   hvdd run -np 8 -x NCCL_DEBUG=INFO -x CUDA_VISIBLE_DEVICES -- ./train
   hvdd run -np 2 --no-tag-output --kill-grace 30s -- python train.py
+  hvdd run -np 8 -H node1:4,node2:4 -- python train.py
+  hvdd run -np 6 --hostfile hosts.txt -x NCCL_DEBUG=INFO -- python train.py
+  hvdd run -np 4 -H 10.0.0.1:2,10.0.0.2:2 -p 2222 -i ~/.ssh/job_key -- ./train
+  hvdd run -np 4 -H a:2,b:2 --agent "ssh -o StrictHostKeyChecking=no" -- ./train
+  hvdd run -np 4 -H a:2,b:2 --hvdd-path /opt/hvdd/bin/hvdd --rendezvous-port 29600 -- ./train
 `
 
 // envList is the flag.Value behind -x.
@@ -108,6 +158,18 @@ func ParseArgs(args []string) (Config, error) {
 	fs.DurationVar(&c.StartTimeout, "start-timeout", 0, "")
 	fs.DurationVar(&c.KillGrace, "kill-grace", 0, "")
 	fs.Var(envList{&c.Env}, "x", "")
+	var hosts, hostfile string
+	fs.StringVar(&hosts, "H", "", "")
+	fs.StringVar(&hosts, "hosts", "", "")
+	fs.StringVar(&hostfile, "hostfile", "", "")
+	fs.StringVar(&c.Backend, "backend", "", "")
+	fs.IntVar(&c.RendezvousPort, "rendezvous-port", 0, "")
+	fs.IntVar(&c.SSHPort, "p", 0, "")
+	fs.IntVar(&c.SSHPort, "ssh-port", 0, "")
+	fs.StringVar(&c.SSHIdentityFile, "i", "", "")
+	fs.StringVar(&c.SSHIdentityFile, "ssh-identity-file", "", "")
+	fs.StringVar(&c.Agent, "agent", "", "")
+	fs.StringVar(&c.RemoteHvddPath, "hvdd-path", "", "")
 
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -127,6 +189,24 @@ func ParseArgs(args []string) (Config, error) {
 	}
 	if c.KillGrace == 0 && flagSet(fs, "kill-grace") {
 		return Config{}, errors.New("--kill-grace must be positive; pass e.g. 5s (SIGKILL at once is not supported)")
+	}
+	switch {
+	case hosts != "" && hostfile != "":
+		return Config{}, errors.New("-H and --hostfile both name the hosts; pass one of them")
+	case hosts != "":
+		h, err := ParseHosts(hosts)
+		if err != nil {
+			return Config{}, err
+		}
+		c.Hosts = h
+	case hostfile != "":
+		h, err := ReadHostfile(hostfile)
+		if err != nil {
+			return Config{}, err
+		}
+		c.Hosts = h
+	case flagSet(fs, "H") || flagSet(fs, "hosts"):
+		return Config{}, errors.New("-H is empty; pass the hosts as host1:slots,host2:slots")
 	}
 	c.Socket = SocketPath(c.Socket)
 	if err := c.validate(); err != nil {

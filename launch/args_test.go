@@ -53,7 +53,7 @@ func TestParseArgs(t *testing.T) {
 		{name: "np not a number", args: []string{"-np", "two", "python"}, wantErr: "see 'hvdd run --help'"},
 		{name: "no command", args: []string{"-np", "2"}, wantErr: "no command"},
 		{name: "no command after dash dash", args: []string{"-np", "2", "--"}, wantErr: "no command"},
-		{name: "unknown flag", args: []string{"-np", "2", "--hostfile", "h", "python"}, wantErr: "flag provided but not defined: -hostfile; see 'hvdd run --help'"},
+		{name: "unknown flag", args: []string{"-np", "2", "--hostsfile", "h", "python"}, wantErr: "flag provided but not defined: -hostsfile; see 'hvdd run --help'"},
 		{name: "bad duration", args: []string{"-np", "2", "--kill-grace", "5", "python"}, wantErr: "kill-grace"},
 		{name: "zero duration", args: []string{"-np", "2", "--kill-grace", "0s", "python"}, wantErr: "--kill-grace must be positive"},
 		{name: "negative duration", args: []string{"-np", "2", "--start-timeout", "-1s", "python"}, wantErr: "must not be negative"},
@@ -90,7 +90,7 @@ func TestParseArgsHelpIsErrHelp(t *testing.T) {
 
 // TestUsageNamesEveryFlag keeps Usage in step with ParseArgs.
 func TestUsageNamesEveryFlag(t *testing.T) {
-	for _, f := range []string{"-np N", "--num-proc", "--socket PATH", "--no-tag-output", "--start-timeout", "--kill-grace", "-x NAME[=VALUE]", `"--"`, "--help"} {
+	for _, f := range []string{"-np N", "--num-proc", "--socket PATH", "--no-tag-output", "--start-timeout", "--kill-grace", "-x NAME[=VALUE]", `"--"`, "--help", "-H HOST[:SLOTS]", "--hosts", "--hostfile FILE", "--backend tcp|mpi", "--rendezvous-port PORT", "-p PORT", "--ssh-port", "-i FILE", "--ssh-identity-file", "--agent COMMAND", "--hvdd-path PATH"} {
 		if !strings.Contains(Usage, f) {
 			t.Errorf("Usage does not mention %s", f)
 		}

@@ -86,6 +86,45 @@ type Config struct {
 	// as it runs. Tests (and embedders that route signals themselves) pass
 	// their own channel.
 	Signals <-chan os.Signal
+
+	// The fields below are for jobs across hosts (see multi.go). They are
+	// ignored when Hosts is nil, or when the ranks all land on one host that
+	// is this machine: that job runs on the single-node path above.
+
+	// Hosts lists the job's hosts in node order (-H, --hostfile). Ranks are
+	// placed node-major, filling each host's slots in turn; NP must not
+	// exceed their total. Nil means this node only.
+	Hosts []Host
+
+	// Backend is the daemons' cross-node engine: "tcp" (the zero value) or
+	// "mpi" (not yet supported by Run).
+	Backend string
+
+	// RendezvousPort is the TCP port node 0's daemon serves the rendezvous
+	// on. Zero means a free port when node 0 is this machine, else 29500.
+	RendezvousPort int
+
+	// SSHPort and SSHIdentityFile are ssh's -p and -i for remote hosts. Zero
+	// and empty leave ssh's defaults.
+	SSHPort         int
+	SSHIdentityFile string
+
+	// Agent replaces ssh for remote hosts: its words (split on white space)
+	// are run followed by the host and one shell command line, as mpirun's
+	// plm_rsh_agent. Empty means "ssh -o BatchMode=yes [-p SSHPort] [-i
+	// SSHIdentityFile]".
+	Agent string
+
+	// HvddPath is the hvdd binary that starts the daemons of this machine's
+	// hosts. Required when the job spans hosts.
+	HvddPath string
+
+	// RemoteHvddPath is the hvdd binary on the remote hosts (--hvdd-path).
+	// Empty means HvddPath.
+	RemoteHvddPath string
+
+	// localHost, if non-nil, replaces isLocalHost (tests).
+	localHost func(host string) bool
 }
 
 // DefaultSocket is ipc.DefaultSocket, for callers that already import launch.
@@ -134,6 +173,11 @@ func (c *Config) validate() error {
 	// sun_path holds 108 bytes including the terminating NUL.
 	if len(c.Socket) > 107 {
 		return fmt.Errorf("socket path %q is %d bytes, longer than a Unix socket allows (107); pass a shorter --socket", c.Socket, len(c.Socket))
+	}
+	if len(c.Hosts) > 0 {
+		if err := c.validateHosts(); err != nil {
+			return err
+		}
 	}
 	for _, kv := range c.Env {
 		if name, _, ok := strings.Cut(kv, "="); !ok || name == "" {

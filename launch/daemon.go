@@ -38,6 +38,25 @@ type daemonProc struct {
 	cmd  *exec.Cmd
 	tail *tailBuffer   // its last output, for error messages
 	done chan struct{} // closed once cmd.Wait has returned
+
+	// For the daemons of a job across hosts (multi.go):
+	host  string   // the host it serves; empty on the single-node path
+	stdin *os.File // remote: the write end of the agent's stdin; closing it stops the daemon
+	ready chan struct{}
+	// remoteGrace is how long after stdin closes the remote wrapper waits
+	// before it SIGKILLs the daemon.
+	remoteGrace time.Duration
+}
+
+// describe names the daemon in messages.
+func (d *daemonProc) describe() string {
+	switch {
+	case d.host == "":
+		return fmt.Sprintf("the hvdd daemon (pid %d)", d.cmd.Process.Pid)
+	case d.stdin != nil:
+		return fmt.Sprintf("the hvdd daemon on %s (agent pid %d)", d.host, d.cmd.Process.Pid)
+	}
+	return fmt.Sprintf("the hvdd daemon for %s (pid %d)", d.host, d.cmd.Process.Pid)
 }
 
 // ensureDaemon makes sure a daemon accepts connections on cfg.Socket. It
@@ -197,7 +216,14 @@ func (d *daemonProc) stop(grace time.Duration) {
 		return
 	default:
 	}
-	d.cmd.Process.Signal(syscall.SIGTERM)
+	if d.stdin != nil {
+		// The remote wrapper sends SIGTERM, then SIGKILL after its grace;
+		// killing the agent is the last resort.
+		d.stdin.Close()
+		grace = d.remoteGrace + grace
+	} else {
+		d.cmd.Process.Signal(syscall.SIGTERM)
+	}
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {

@@ -1,5 +1,5 @@
-// Package launch starts an hvdd job on one node: it is the engine of
-// `hvdd run`, hvdd's equivalent of horovodrun or mpirun for a single host.
+// Package launch starts an hvdd job: it is the engine of `hvdd run`, hvdd's
+// equivalent of horovodrun or mpirun, on one host or across several.
 //
 // Run makes sure an hvdd daemon listens on the node's Unix socket (starting
 // one from Config.DaemonCommand if none does, and stopping it again at the
@@ -9,9 +9,25 @@
 // --tag-output format, and supervises them: the first rank that fails stops
 // the others, and SIGINT, SIGTERM and SIGHUP are forwarded to every rank.
 //
-// The package does not launch across hosts (there is no hostfile, ssh or
-// cross-node rendezvous), does not restart failed ranks (no elastic mode), and
-// does not talk the daemon's protocol: it only checks that something accepts
+// With Config.Hosts (-H, --hostfile) naming more than this machine, Run
+// places the ranks node-major on the hosts and starts one daemon per host for
+// the job (hvdd serve --nodes H --node-rank I, a per-job socket under /tmp,
+// a fresh random secret on the daemon's standard input; host 0 serves the
+// rendezvous). Hosts that are this machine get their daemon and ranks as
+// child processes, the others through the agent (ssh -o BatchMode=yes, or
+// Config.Agent run as "AGENT HOST 'sh -c ...'", as mpirun's plm_rsh_agent).
+// Every remote command line runs its process in the background under a
+// watcher that sends it SIGTERM, then SIGKILL after the kill grace, when the
+// agent's standard input closes; Run stops remote daemons and ranks by
+// closing it (so ssh needs no tty, and a dead hvdd run or agent also stops
+// them). Signals forwarded to the job therefore reach remote ranks as
+// SIGTERM. Remote ranks get only the rank variables and Config.Env, and run
+// in the same working directory as here; a remote daemon is ready when its
+// wrapper sees the socket appear and prints a marker line. See multi.go.
+// --backend mpi (daemons started by mpirun) is not supported yet.
+//
+// The package does not restart failed ranks (no elastic mode), and does not
+// talk the daemon's protocol: it only checks that something accepts
 // connections on the socket.
 //
 // Ranks stay in hvdd run's process group, as the terminal's job control

@@ -29,7 +29,11 @@ func TestMain(m *testing.M) {
 	if os.Getenv("GORACE") == "" {
 		os.Setenv("GORACE", "atexit_sleep_ms=0")
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if hvddBinDir != "" {
+		os.RemoveAll(hvddBinDir)
+	}
+	os.Exit(code)
 }
 
 // helperCmd returns the command line that runs helper mode with args.
@@ -114,6 +118,9 @@ func helper(mode string, args []string) int {
 
 	case "job":
 		return jobHelper()
+
+	case "allreduce":
+		return allreduceHelper()
 
 	case "daemon":
 		return daemonHelper(args)

@@ -59,6 +59,9 @@ type lineWriter struct {
 	prefix []byte
 	max    int
 	tail   *tailBuffer // if non-nil, also receives the untagged bytes
+	// drop, if non-nil, sees every line (with its newline, if any) before
+	// it is written, and returns true to leave it out.
+	drop func(line []byte) bool
 
 	buf []byte // the current incomplete line
 	out []byte // scratch: the tagged lines of one Write
@@ -126,6 +129,9 @@ func (lw *lineWriter) Flush() error {
 }
 
 func (lw *lineWriter) appendLine(out, line []byte) []byte {
+	if lw.drop != nil && lw.drop(line) {
+		return out
+	}
 	out = append(out, lw.prefix...)
 	out = append(out, line...)
 	if line[len(line)-1] != '\n' {

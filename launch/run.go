@@ -49,6 +49,23 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 	if err := cfg.validate(); err != nil {
 		return exitUsage, err
 	}
+	if len(cfg.Hosts) > 0 {
+		nodes, err := layout(cfg.Hosts, cfg.NP)
+		if err != nil {
+			return exitUsage, err
+		}
+		isLocal := isLocalHost
+		if cfg.localHost != nil {
+			isLocal = cfg.localHost
+		}
+		for i := range nodes {
+			nodes[i].Local = isLocal(nodes[i].Host)
+		}
+		if len(nodes) > 1 || !nodes[0].Local {
+			return runMulti(ctx, &cfg, nodes)
+		}
+		// Every rank on this machine: the single-node path.
+	}
 	path, code, err := lookCommand(&cfg)
 	if err != nil {
 		return code, err
@@ -73,11 +90,11 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 		}
 		return exitLaunchFailed, err
 	}
+	j := &job{cfg: &cfg, o: o, exits: make(chan exitEvent, cfg.NP)}
 	if d != nil {
 		defer d.stop(cfg.KillGrace)
+		j.daemons = []*daemonProc{d}
 	}
-
-	j := &job{cfg: &cfg, o: o, exits: make(chan exitEvent, cfg.NP), daemon: d}
 	for rank := range cfg.NP {
 		if err := j.start(path, rank); err != nil {
 			j.abort()
@@ -156,7 +173,13 @@ type job struct {
 	running int
 	pumps   []*pump        // every rank's output copiers
 	exits   chan exitEvent // one per started rank
-	daemon  *daemonProc    // nil if the daemon was already running
+	daemons []*daemonProc  // the daemons this Run started; none if one was already running
+	// stdins holds, per rank started through the agent (a remote host), the
+	// write end of the agent's standard input: closing it makes the remote
+	// wrapper stop the rank. Nil entries (and a nil slice) are local ranks.
+	stdins []*os.File
+	// hosts names the host of each rank started through the agent.
+	hosts map[int]string
 }
 
 type exitEvent struct {
@@ -208,6 +231,18 @@ func (j *job) start(path string, rank int) error {
 	if rank == 0 {
 		cmd.Stdin = cfg.Stdin
 	}
+	// Ranks stay in our process group, so a terminal's Ctrl-C reaches them
+	// directly; they also get SIGTERM if hvdd run itself is killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	return j.startCmd(cmd, rank, nil)
+}
+
+// startCmd starts cmd as rank, with its output tagged, and a goroutine that
+// reports its exit on j.exits. stdin, if non-nil, is the write end of the
+// pipe cmd reads (a rank started through the agent); the job closes it to
+// stop the rank.
+func (j *job) startCmd(cmd *exec.Cmd, rank int, stdin *os.File) error {
+	cfg := j.cfg
 	var pumps []*pump
 	started := false
 	defer func() {
@@ -244,9 +279,6 @@ func (j *job) start(path string, rank int) error {
 	if cmd.Stderr, err = connect(cfg.Stderr, "stderr"); err != nil {
 		return err
 	}
-	// Ranks stay in our process group, so a terminal's Ctrl-C reaches them
-	// directly; they also get SIGTERM if hvdd run itself is killed.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	// Don't wait forever to copy a Stdin that is not an *os.File.
 	cmd.WaitDelay = time.Second
 	if err := cmd.Start(); err != nil {
@@ -259,6 +291,12 @@ func (j *job) start(path string, rank int) error {
 	j.pumps = append(j.pumps, pumps...)
 	j.workers = append(j.workers, cmd)
 	j.exited = append(j.exited, false)
+	if stdin != nil {
+		for len(j.stdins) < rank {
+			j.stdins = append(j.stdins, nil)
+		}
+		j.stdins = append(j.stdins, stdin)
+	}
 	j.running++
 	go func() {
 		cmd.Wait()
@@ -304,6 +342,7 @@ func workerEnv(cfg *Config, rank int) []string {
 // abort kills the ranks started so far and waits for them.
 func (j *job) abort() {
 	j.signalAll(syscall.SIGKILL)
+	j.closeStdins()
 	for ; j.running > 0; j.running-- {
 		<-j.exits
 	}
@@ -313,10 +352,28 @@ func (j *job) abort() {
 // signalAll sends sig to every rank that has not been seen to exit. A rank
 // that exited meanwhile is not an error: os.Process refuses to signal a
 // reaped process, so a recycled pid is never hit.
+//
+// A rank on a remote host cannot be signalled: any signal but SIGKILL closes
+// its agent's standard input, on which the remote wrapper sends the rank
+// SIGTERM (and SIGKILL after the kill grace); SIGKILL kills the agent.
 func (j *job) signalAll(sig os.Signal) {
 	for i, cmd := range j.workers {
-		if !j.exited[i] {
-			cmd.Process.Signal(sig)
+		if j.exited[i] {
+			continue
+		}
+		if i < len(j.stdins) && j.stdins[i] != nil && sig != syscall.SIGKILL {
+			j.stdins[i].Close()
+			continue
+		}
+		cmd.Process.Signal(sig)
+	}
+}
+
+// closeStdins closes what is left of the remote ranks' standard inputs.
+func (j *job) closeStdins() {
+	for _, f := range j.stdins {
+		if f != nil {
+			f.Close() // a second Close just fails
 		}
 	}
 }
@@ -335,10 +392,18 @@ func (j *job) supervise(ctx context.Context, sigs <-chan os.Signal) (int, error)
 		code    int
 		killC   <-chan time.Time // fires KillGrace after the job began stopping
 		ctxDone = ctx.Done()
-		daemonC <-chan struct{}
+		daemonC = make(chan *daemonProc, len(j.daemons))
+		quit    = make(chan struct{})
 	)
-	if j.daemon != nil {
-		daemonC = j.daemon.done
+	defer close(quit)
+	for _, d := range j.daemons {
+		go func() {
+			select {
+			case <-d.done:
+				daemonC <- d
+			case <-quit:
+			}
+		}()
 	}
 	stop := func(sig os.Signal) {
 		j.signalAll(sig)
@@ -355,6 +420,9 @@ func (j *job) supervise(ctx context.Context, sigs <-chan os.Signal) (int, error)
 			}
 			state, code = failed, c
 			msg := fmt.Sprintf("rank %d (pid %d) %s", e.rank, j.workers[e.rank].Process.Pid, how)
+			if h, ok := j.hosts[e.rank]; ok {
+				msg = fmt.Sprintf("rank %d on %s (agent pid %d) %s", e.rank, h, j.workers[e.rank].Process.Pid, how)
+			}
 			if j.running > 0 {
 				msg += fmt.Sprintf("; stopping the other %s", ranks(j.running))
 			}
@@ -391,13 +459,13 @@ func (j *job) supervise(ctx context.Context, sigs <-chan os.Signal) (int, error)
 			j.o.logf("%s still running %v after being asked to stop; sending SIGKILL", ranks(j.running), j.cfg.KillGrace)
 			j.signalAll(syscall.SIGKILL)
 
-		case <-daemonC:
-			daemonC = nil
-			_, how := describeExit(j.daemon.cmd.ProcessState)
-			j.o.logf("the hvdd daemon (pid %d) %s while the job was running; its last output:\n%s",
-				j.daemon.cmd.Process.Pid, how, j.daemon.tail.lines(10))
+		case d := <-daemonC:
+			_, how := describeExit(d.cmd.ProcessState)
+			j.o.logf("%s %s while the job was running; its last output:\n%s",
+				d.describe(), how, d.tail.lines(10))
 		}
 	}
+	j.closeStdins()
 	j.drain()
 	if state == cancelled {
 		return code, fmt.Errorf("job stopped: %w", context.Cause(ctx))

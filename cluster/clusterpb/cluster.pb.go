@@ -293,10 +293,18 @@ func (x *Request) GetGroupSize() int32 {
 }
 
 // Ready carries the requests of tensors every local rank of a node has
-// submitted (and joins, which are forwarded at once).
+// submitted (and joins, which are forwarded at once). Steady-state training
+// submits the same tensors every step: a tensor whose local requests equal the
+// ones sent before under cache slot k is sent as bit k of cached instead.
 type Ready struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Requests      []*Request             `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Requests []*Request             `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
+	// Cache slots assigned to the groups of requests above: requests[i] belongs
+	// to the group that starts at index group_start[j] and gets slot slot[j].
+	GroupStart []int32 `protobuf:"varint,2,rep,packed,name=group_start,json=groupStart,proto3" json:"group_start,omitempty"`
+	Slot       []int32 `protobuf:"varint,3,rep,packed,name=slot,proto3" json:"slot,omitempty"`
+	// Bit k set: resubmit the requests cached in slot k.
+	Cached        []byte `protobuf:"bytes,4,opt,name=cached,proto3" json:"cached,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -334,6 +342,27 @@ func (*Ready) Descriptor() ([]byte, []int) {
 func (x *Ready) GetRequests() []*Request {
 	if x != nil {
 		return x.Requests
+	}
+	return nil
+}
+
+func (x *Ready) GetGroupStart() []int32 {
+	if x != nil {
+		return x.GroupStart
+	}
+	return nil
+}
+
+func (x *Ready) GetSlot() []int32 {
+	if x != nil {
+		return x.Slot
+	}
+	return nil
+}
+
+func (x *Ready) GetCached() []byte {
+	if x != nil {
+		return x.Cached
 	}
 	return nil
 }
@@ -1136,9 +1165,13 @@ const file_cluster_proto_rawDesc = "" +
 	"\x06splits\x18\v \x03(\x05R\x06splits\x12\x14\n" +
 	"\x05group\x18\f \x01(\tR\x05group\x12\x1d\n" +
 	"\n" +
-	"group_size\x18\r \x01(\x05R\tgroupSize\"=\n" +
+	"group_size\x18\r \x01(\x05R\tgroupSize\"\x8a\x01\n" +
 	"\x05Ready\x124\n" +
-	"\brequests\x18\x01 \x03(\v2\x18.hvdd.cluster.v1.RequestR\brequests\"2\n" +
+	"\brequests\x18\x01 \x03(\v2\x18.hvdd.cluster.v1.RequestR\brequests\x12\x1f\n" +
+	"\vgroup_start\x18\x02 \x03(\x05R\n" +
+	"groupStart\x12\x12\n" +
+	"\x04slot\x18\x03 \x03(\x05R\x04slot\x12\x16\n" +
+	"\x06cached\x18\x04 \x01(\fR\x06cached\"2\n" +
 	"\x04Side\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\tR\x05value\x12\x14\n" +
 	"\x05ranks\x18\x02 \x03(\x05R\x05ranks\"\x88\x01\n" +

@@ -18,6 +18,7 @@ const usage = `hvdd: Horovod as a per-node daemon.
 Usage:
   hvdd serve [flags]            run the node daemon (hvdd serve --help)
   hvdd run -np N [flags] -- CMD run N copies of CMD through a local daemon (hvdd run --help)
+  hvdd run -np N -H h1:S,h2:S -- CMD  the same across hosts, one daemon per host
   hvdd bench [flags]            benchmark collectives (hvdd bench --help)
   hvdd version                  print the version
 

@@ -27,6 +27,7 @@ func runMain(args []string) int {
 		return 1
 	}
 	cfg.DaemonCommand = []string{exe, "serve", "--slots", strconv.Itoa(cfg.NP), "--socket", cfg.Socket}
+	cfg.HvddPath = exe // the daemons of a job across hosts
 	code, err := launch.Run(context.Background(), cfg)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "hvdd run: %v\n", err)

@@ -38,6 +38,7 @@ _MAX_FDS = 16
 _KIND_CLIENT = 1
 _KIND_SERVER = 2
 _GRANTED_BASE = 0x80000000
+_ANC_SIZE = socket.CMSG_SPACE(_MAX_FDS * 4)
 _DONE_OK = b"\x1a\x00"  # ServerMessage{done: Done{}}: the common reply, parsed without protobuf.
 
 OP_NAMES = {
@@ -95,7 +96,7 @@ class Handle:
     """One collective in flight. ``lock`` is held until the Done arrives."""
 
     __slots__ = (
-        "id", "name", "lock", "done", "error", "region", "offset", "finish", "members", "__weakref__",
+        "id", "name", "lock", "done", "error", "region", "offset", "finish", "members", "deferred", "__weakref__",
     )
 
     def __init__(self, hid: int, name: str) -> None:
@@ -110,6 +111,9 @@ class Handle:
         # finish(handle) -> result, run once by the waiter on success.
         self.finish: Optional[Callable[["Handle"], Any]] = None
         self.members: Optional[list["Handle"]] = None  # grouped ops
+        # Input staging the daemon may still read after this op's Done (see
+        # Client._quarantine).
+        self.deferred = False
 
     def poll(self) -> bool:
         if self.members is not None:
@@ -158,9 +162,22 @@ class Client:
         self._failed: Optional[Exception] = None
         self._closed = False
         self._reader: Optional[threading.Thread] = None
+        self._rlock = threading.Lock()  # held by the thread reading the socket
+        self._waiters = 0  # threads in complete(), under _lock
+        self._idle = threading.Event()
+        self._sock_dead = False
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._rbuf = bytearray()
+        self._rview = memoryview(bytearray(1 << 16))  # recvmsg_into target, reused
+        self._rbufs = [self._rview]
         self._fds: list[int] = []
         self._cm = pb.ClientMessage()  # reused for every Enqueue, under _wlock
+        # Input staging of allgather/alltoall/reducescatter ops that completed:
+        # the daemon answers each rank as soon as that rank's output is ready,
+        # while it may still be copying this rank's input into other ranks'
+        # outputs. Its executor runs one collective at a time, so the next OK
+        # Done proves those copies finished; until then the bytes stay put.
+        self._quarantine: list[tuple[Region, int]] = []
 
     # ------------------------------------------------------------------ setup
 
@@ -203,7 +220,7 @@ class Client:
         except BaseException:
             self._teardown()
             raise
-        self._reader = threading.Thread(target=self._read_loop, name="hvdd-reader", daemon=True)
+        self._reader = threading.Thread(target=self._background_reader, name="hvdd-reader", daemon=True)
         self._reader.start()
         log.debug(
             "hvdd: joined job %d as rank %d of %d (daemon %s)",
@@ -262,16 +279,17 @@ class Client:
 
     def _fill(self) -> None:
         assert self._sock is not None
-        data, anc, flags, _ = self._sock.recvmsg(1 << 16, socket.CMSG_SPACE(_MAX_FDS * 4))
-        for level, typ, cdata in anc:
-            if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-                n = len(cdata) - len(cdata) % 4
-                self._fds.extend(struct.unpack(f"{n // 4}i", cdata[:n]))
+        n, anc, flags, _ = self._sock.recvmsg_into(self._rbufs, _ANC_SIZE)
+        if anc:
+            for level, typ, cdata in anc:
+                if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                    k = len(cdata) - len(cdata) % 4
+                    self._fds.extend(struct.unpack(f"{k // 4}i", cdata[:k]))
         if flags & socket.MSG_CTRUNC:
             raise HvddInternalError("hvdd: too many descriptors in one message from the daemon", pb.CODE_PROTOCOL)
-        if not data:
+        if not n:
             raise EOFError
-        self._rbuf += data
+        self._rbuf += self._rview[:n]
 
     def _read_frame(self) -> tuple[int, bytes]:
         buf = self._rbuf
@@ -301,70 +319,157 @@ class Client:
         with self._lock:
             self._granted[g.region] = r
 
-    def _read_loop(self) -> None:
-        err: Optional[Exception] = None
-        pending = self._pending
-        lock = self._lock
-        names = self._names
-        try:
-            while True:
-                fid, body = self._read_frame()
-                if body == _DONE_OK:
-                    done = None
-                else:
-                    m = pb.ServerMessage()
-                    m.ParseFromString(body)
-                    kind = m.WhichOneof("msg")
-                    if kind == "grant_region":
-                        self._grant(m.grant_region)
-                        continue
-                    if kind == "fatal":
-                        err = error_for(m.fatal.code, m.fatal.error or "hvdd: the daemon closed the connection")
-                        break
-                    if kind != "done":
-                        log.warning("hvdd: ignoring unexpected %s from the daemon", kind)
-                        continue
-                    done = m.done
-                with lock:
-                    h = pending.pop(fid, None)
-                    if h is not None:
-                        names.discard(h.name)
-                if h is None:
-                    log.warning("hvdd: Done for unknown handle %d", fid)
-                    continue
-                if done is not None and done.code != pb.CODE_OK:
-                    h.error = error_for(done.code, done.error)
-                h.done = done
-                h.lock.release()
-        except EOFError:
-            pass
-        except OSError as e:
-            if not self._closed:
-                err = HvddInternalError(f"hvdd: connection to the daemon failed: {e}", pb.CODE_SHUT_DOWN)
-        except Exception as e:  # a protocol fault: fail everything rather than hang
-            err = e if isinstance(e, HvddInternalError) else HvddInternalError(f"hvdd: reader failed: {e!r}")
-        with lock:
+    # ------------------------------------------------------------- reading
+    #
+    # Whoever holds _rlock reads the socket. A thread waiting for a handle
+    # (complete) takes it and reads inline: the Done wakes the waiting thread
+    # itself, with no hand-off between threads (which costs more than the rest
+    # of a small op in CPython). When nobody waits, the background reader
+    # thread holds it, so that handles still complete (poll) and a lost daemon
+    # is noticed; a waiter that finds it there pokes it through a pipe.
+
+    def _dispatch(self, fid: int, body: bytes) -> None:
+        """Handles one server frame read after Welcome."""
+        if body == _DONE_OK:
+            done = None
+        else:
+            m = pb.ServerMessage()
+            m.ParseFromString(body)
+            kind = m.WhichOneof("msg")
+            if kind == "grant_region":
+                self._grant(m.grant_region)
+                return
+            if kind == "fatal":
+                raise error_for(m.fatal.code, m.fatal.error or "hvdd: the daemon closed the connection")
+            if kind != "done":
+                log.warning("hvdd: ignoring unexpected %s from the daemon", kind)
+                return
+            done = m.done
+        ok = done is None or done.code == pb.CODE_OK
+        with self._lock:
+            h = self._pending.pop(fid, None)
+            if h is not None:
+                self._names.discard(h.name)
+                q = self._quarantine
+                if ok and q:
+                    for reg, off in q:
+                        self._free_locked(reg, off)
+                    q.clear()
+                if h.deferred and h.region is not None:
+                    q.append((h.region, h.offset))
+                    h.region = None
+        if h is None:
+            log.warning("hvdd: Done for unknown handle %d", fid)
+            return
+        if not ok:
+            h.error = error_for(done.code, done.error)  # type: ignore[union-attr]
+        h.done = done
+        h.lock.release()
+
+    def _dispatch_buffered(self) -> None:
+        """Dispatches every complete frame already in the read buffer."""
+        buf = self._rbuf
+        while len(buf) >= _HEADER_SIZE:
+            n = _HEADER.unpack_from(buf)[4]
+            if len(buf) < _HEADER_SIZE + n:
+                return
+            fid, body = self._read_frame()
+            self._dispatch(fid, body)
+
+    def _fail(self, e: BaseException) -> None:
+        """The connection is unusable: fails every pending handle, once."""
+        with self._lock:
+            if self._failed is not None and not self._pending:
+                return
             if self._closed:
-                err = HvddInternalError(
+                err: Exception = HvddInternalError(
                     "Horovod has been shut down: this process called shutdown() while collectives were in flight.",
                     pb.CODE_SHUT_DOWN,
                 )
-            elif err is None:
-                err = HvddInternalError(
-                    "hvdd: the daemon closed the connection (did it exit?)", pb.CODE_SHUT_DOWN
-                )
-            self._failed = err
-            pend = list(pending.values())
-            pending.clear()
-            names.clear()
+            elif isinstance(e, EOFError):
+                err = HvddInternalError("hvdd: the daemon closed the connection (did it exit?)", pb.CODE_SHUT_DOWN)
+            elif isinstance(e, OSError):
+                err = HvddInternalError(f"hvdd: connection to the daemon failed: {e}", pb.CODE_SHUT_DOWN)
+            elif isinstance(e, Exception):
+                err = e if isinstance(e, (HvddInternalError, ValueError)) else HvddInternalError(f"hvdd: reader failed: {e!r}")
+            else:
+                err = HvddInternalError(f"hvdd: reader interrupted: {e!r}")
+            if self._failed is None:
+                self._failed = err
+            err = self._failed
+            pend = list(self._pending.values())
+            self._pending.clear()
+            self._names.clear()
         if pend:
             log.debug("hvdd: failing %d pending collectives: %s", len(pend), err)
         for h in pend:
             h.error = err
             h.lock.release()
-        for fd in self._fds:
-            os.close(fd)
-        self._fds.clear()
+
+    def _wait_inline(self, h: Handle) -> None:
+        """Blocks until h's Done has been dispatched, reading the socket in this
+        thread whenever no other thread is."""
+        with self._lock:
+            self._waiters += 1
+        try:
+            rlock = self._rlock
+            while h.lock.locked():
+                if not rlock.acquire(blocking=False):
+                    # The background reader (or another waiter) is reading:
+                    # make the background reader let go, then queue for it.
+                    os.write(self._wake_w, b"x")
+                    while not rlock.acquire(timeout=1.0):
+                        if not h.lock.locked():
+                            return
+                try:
+                    while h.lock.locked():
+                        if self._failed is not None and self._sock_dead:
+                            self._fail(EOFError())
+                            break
+                        try:
+                            fid, body = self._read_frame()
+                            self._dispatch(fid, body)
+                        except BaseException as e:
+                            self._sock_dead = True
+                            self._fail(e)
+                            if not isinstance(e, Exception):
+                                raise
+                            break
+                finally:
+                    rlock.release()
+        finally:
+            with self._lock:
+                self._waiters -= 1
+
+    def _background_reader(self) -> None:
+        """Reads while no caller waits; exits once the connection is dead."""
+        import select
+
+        sock, wake_r, rlock = self._sock, self._wake_r, self._rlock
+        while not self._sock_dead:
+            if self._waiters:
+                # Callers read for themselves; check back now and then.
+                self._idle.wait(0.05)
+                self._idle.clear()
+                continue
+            if not rlock.acquire(timeout=0.05):
+                continue
+            try:
+                if self._waiters or self._sock_dead:
+                    continue
+                try:
+                    self._dispatch_buffered()
+                    r, _, _ = select.select([sock, wake_r], [], [], 1.0)
+                    if wake_r in r:
+                        os.read(wake_r, 4096)
+                    if sock in r:
+                        self._fill()
+                        self._dispatch_buffered()
+                except BaseException as e:
+                    self._sock_dead = True
+                    self._fail(e)
+            finally:
+                rlock.release()
 
     # ------------------------------------------------------------- operations
 
@@ -449,6 +554,7 @@ class Client:
             h = Handle(fid, name)
             if owns_staging and region is not None:
                 h.region, h.offset = region, offset
+                h.deferred = op == pb.OP_ALLGATHER or op == pb.OP_ALLTOALL or op == pb.OP_REDUCESCATTER
             self._pending[fid] = h
             if name:
                 self._names.add(name)
@@ -522,12 +628,8 @@ class Client:
             if first is not None:
                 raise first
             return h.finish(results) if h.finish is not None else results
-        lk = h.lock
-        if lk.locked():
-            # Wake now and then so that Ctrl-C works on the main thread.
-            while not lk.acquire(timeout=1.0):
-                pass
-            lk.release()
+        if h.lock.locked():
+            self._wait_inline(h)
         try:
             if h.error is not None:
                 raise h.error
@@ -560,11 +662,23 @@ class Client:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(timeout=10)
+        self._sock_dead = True
+        self._fail(EOFError())  # anything still pending fails as shut down
         self._teardown()
 
     def _teardown(self) -> None:
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._wake_r = self._wake_w = -1
         if self._sock is not None:
             try:
                 self._sock.close()

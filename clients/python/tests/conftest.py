@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -27,7 +28,15 @@ def hvdd_bin() -> str:
         return os.environ["HVDD_BIN"]
     out = os.path.join(ROOT, "bin", "hvdd")
     if shutil.which("go"):
-        subprocess.run(["go", "build", "-o", out, "./cmd/hvdd"], cwd=ROOT, check=True)
+        tmp = out + ".pytest"
+        b = subprocess.run(["go", "build", "-o", tmp, "./cmd/hvdd"], cwd=ROOT, capture_output=True, text=True)
+        if b.returncode == 0:
+            os.replace(tmp, out)
+        elif os.path.exists(out):
+            # The tree may be mid-edit by others; test the last good build.
+            warnings.warn(f"go build ./cmd/hvdd failed, using the existing {out}:\n{b.stderr}")
+        else:
+            pytest.fail(f"go build ./cmd/hvdd failed:\n{b.stderr}")
     if not os.path.exists(out):
         pytest.fail("no hvdd daemon binary: install Go and run `go build -o bin/hvdd ./cmd/hvdd`")
     return out
@@ -102,9 +111,12 @@ class Job:
         with open(dlog_path) as f:
             dl = f.read()
         res = Result([p.returncode for p in procs], outs, dl)
+        bad = []
         for r, (rc, o) in enumerate(zip(res.returncodes, outs)):
             ok = expect(r) if expect else (0,)
-            assert rc in ok, f"rank {r} exited {rc} (want {ok}):\n{o}\n--- daemon log ---\n{dl}"
+            if rc not in ok:
+                bad.append(f"--- rank {r} exited {rc} (want {ok}):\n{o}")
+        assert not bad, "\n".join(bad) + f"\n--- daemon log ---\n{dl}"
         return res
 
 

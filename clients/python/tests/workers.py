@@ -370,13 +370,20 @@ def errors() -> None:
     else:
         raise AssertionError("mismatched dtypes did not raise")
     # duplicate name in flight: ValueError at enqueue
-    h = hvd.allreduce_async(torch.ones(2), name="dup")
-    try:
-        hvd.allreduce_async(torch.ones(2), name="dup")
-    except ValueError as e:
-        assert "same name" in str(e), str(e)
+    # (rank 0 checks while the others wait in a broadcast it joins only after,
+    # so "dup" cannot have completed yet)
+    if r == 0:
+        h = hvd.allreduce_async(torch.ones(2), name="dup")
+        try:
+            hvd.allreduce_async(torch.ones(2), name="dup")
+        except ValueError as e:
+            assert "same name" in str(e), str(e)
+        else:
+            raise AssertionError("duplicate name did not raise")
+        hvd.broadcast(torch.ones(1), 0, name="go")
     else:
-        raise AssertionError("duplicate name did not raise")
+        hvd.broadcast(torch.ones(1), 0, name="go")
+        h = hvd.allreduce_async(torch.ones(2), name="dup")
     hvd.synchronize(h)
     # Adasum: the daemon does not support it yet
     try:
@@ -432,6 +439,16 @@ def _model(seed: int = 0) -> torch.nn.Module:
 def _batch(rank: int, step: int, bs: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(100 * step + rank)
     return torch.randn(bs, 4, generator=g), torch.randn(bs, 2, generator=g)
+
+
+class Thing:
+    """A user-defined picklable class for the object collectives."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __eq__(self, o):
+        return isinstance(o, Thing) and o.v == self.v
 
 
 def optimizer() -> None:
@@ -554,13 +571,6 @@ def optimizer() -> None:
         raise AssertionError("LBFGS did not raise")
 
     # broadcast_object / allgather_object with arbitrary picklable objects
-    class Thing:
-        def __init__(self, v):
-            self.v = v
-
-        def __eq__(self, o):
-            return isinstance(o, Thing) and o.v == self.v
-
     obj = {"rank": r, "list": [1, 2.5, "x" * (r * 100)], "t": torch.arange(r + 2), "thing": Thing(r)}
     got = hvd.broadcast_object(obj, root_rank=n - 1)
     assert got["rank"] == n - 1 and got["list"][2] == "x" * ((n - 1) * 100) and got["thing"] == Thing(n - 1)

@@ -1,0 +1,6 @@
+//go:build mpi && !mpich && !mpi_noconfig
+
+package mpi
+
+// #cgo pkg-config: ompi-c
+import "C"

@@ -1,0 +1,578 @@
+package tcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/reduce"
+)
+
+// Backend is the tcp engine's backends.Backend for one node rank. It also
+// implements backends.StatsReporter.
+type Backend struct {
+	cfg        Config
+	rank, size int
+	log        *slog.Logger
+	peers      []*peer // by rank; nil at b.rank
+	addr       string  // the advertised address
+	// inlineMax is the largest message a small-message algorithm writes
+	// before it reads: one that surely fits the socket send buffer, so the
+	// write cannot block on the peer (see exchange).
+	inlineMax int
+	ropts     reduce.Options
+	// verdictWait is how long a broken data connection waits for the
+	// control connection to name the real culprit (see linkErr).
+	verdictWait time.Duration
+	bufs        sync.Pool // *[]byte scratch
+
+	// mu guards the fields that follow.
+	mu      sync.Mutex
+	err     error // the first failure; later calls return it
+	ln      net.Listener
+	pending map[net.Conn]struct{} // connections in their handshake
+	refusal error                 // the last refused handshake, for New's error
+
+	failed    chan struct{} // closed when err is set
+	noBeat    chan struct{} // closed by tests to stop heartbeats
+	closeOnce sync.Once
+	wg        sync.WaitGroup // control readers, heartbeat, acceptor
+}
+
+var _ backends.Backend = (*Backend)(nil)
+var _ backends.StatsReporter = (*Backend)(nil)
+
+// peer is one remote rank's connections and counters.
+type peer struct {
+	rank int
+
+	// mu guards conns while New registers them and Close closes them; once
+	// New has returned, ctrl and data are only read.
+	mu     sync.Mutex
+	ctrl   net.Conn
+	data   []net.Conn // Config.Streams data connections
+	closed bool
+
+	ctrlMu sync.Mutex // serializes control frame writes
+
+	sent, recv atomic.Int64
+}
+
+// New connects rank cfg.Rank to every other rank of the group and returns
+// when all connections are authenticated, or ctx (or cfg.ConnectTimeout)
+// ends, or a peer is refused. Every rank must call New with matching Size,
+// Prefix, Secret, Streams, ChunkBytes and SmallBytes. With Size 1 it opens no
+// socket.
+func New(ctx context.Context, cfg Config) (*Backend, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	b := &Backend{
+		cfg:         cfg,
+		rank:        cfg.Rank,
+		size:        cfg.Size,
+		log:         cfg.Logger.With("backend", "tcp", "rank", cfg.Rank),
+		peers:       make([]*peer, cfg.Size),
+		inlineMax:   4 << 10,
+		ropts:       reduce.Options{Workers: 1},
+		verdictWait: min(cfg.PeerTimeout/2, time.Second),
+		pending:     make(map[net.Conn]struct{}),
+		failed:      make(chan struct{}),
+		noBeat:      make(chan struct{}),
+	}
+	if b.size == 1 {
+		return b, nil
+	}
+	for r := range b.peers {
+		if r != b.rank {
+			b.peers[r] = &peer{rank: r, data: make([]net.Conn, cfg.Streams)}
+		}
+	}
+	if err := b.connect(ctx); err != nil {
+		b.Close()
+		return nil, fmt.Errorf("tcp: rank %d of %d: %w", b.rank, b.size, err)
+	}
+	return b, nil
+}
+
+func (b *Backend) key(rank int) string {
+	return b.cfg.Prefix + "/tcp/addr/" + strconv.Itoa(rank)
+}
+
+// connect listens, publishes the address, dials the higher ranks and accepts
+// the lower ones: Streams+1 connections per pair, each authenticated.
+func (b *Backend) connect(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.ConnectTimeout)
+	defer cancel()
+
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", b.cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	b.mu.Lock()
+	b.ln = ln
+	b.mu.Unlock()
+	defer ln.Close() // no connection is expected after New
+	b.addr = b.cfg.Advertise
+	if b.addr == "" {
+		b.addr = ln.Addr().String()
+		if ip := ln.Addr().(*net.TCPAddr).IP; ip.IsUnspecified() {
+			return fmt.Errorf("listening on %s (all interfaces) needs Advertise", b.addr)
+		}
+	}
+	b.log.Debug("listening", "addr", ln.Addr(), "advertise", b.addr)
+
+	// Heartbeats start before the group is complete, so that peers that
+	// finished connecting do not time out a rank still dialing others.
+	b.wg.Add(2)
+	go b.heartbeat()
+	accepted := make(chan struct{}, b.rank*(b.cfg.Streams+1))
+	go b.accept(ln, accepted)
+
+	if err := b.cfg.Store.Set(ctx, b.key(b.rank), []byte(b.addr)); err != nil {
+		return fmt.Errorf("publish address: %w", err)
+	}
+	dialed := make(chan error, 1)
+	go func() { dialed <- b.dialHigher(ctx) }()
+
+	for need, dialing := b.rank*(b.cfg.Streams+1), true; need > 0 || dialing; {
+		select {
+		case <-accepted:
+			need--
+		case err := <-dialed:
+			if err != nil {
+				return err
+			}
+			dialing = false
+		case <-b.failed:
+			return b.failure()
+		case <-ctx.Done():
+			b.mu.Lock()
+			why := b.refusal
+			b.mu.Unlock()
+			if why != nil {
+				return fmt.Errorf("waiting for %d connections from lower ranks: %w (last refused: %v)", need, ctx.Err(), why)
+			}
+			return fmt.Errorf("waiting for %d connections from lower ranks: %w", need, ctx.Err())
+		}
+	}
+	b.inlineMax = b.sendBufferFloor()
+	b.log.Debug("connected", "peers", b.size-1, "streams", b.cfg.Streams)
+	return b.failure()
+}
+
+// dialHigher opens the connections to every higher rank.
+func (b *Backend) dialHigher(ctx context.Context) error {
+	if b.rank == b.size-1 {
+		return nil
+	}
+	keys := make([]string, 0, b.size-b.rank-1)
+	for r := b.rank + 1; r < b.size; r++ {
+		keys = append(keys, b.key(r))
+	}
+	addrs, err := b.cfg.Store.Wait(ctx, keys...)
+	if err != nil {
+		return fmt.Errorf("wait for peer addresses: %w", err)
+	}
+	d := net.Dialer{}
+	if host, _, _ := net.SplitHostPort(b.cfg.ListenAddr); host != "" {
+		// Leave through the interface we listen on, so that peers see
+		// the address they expect on a multi-homed host.
+		if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
+			d.LocalAddr = &net.TCPAddr{IP: ip}
+		}
+	}
+	sh := b.shake()
+	for r := b.rank + 1; r < b.size; r++ {
+		addr := string(addrs[b.key(r)])
+		for s := 0; s <= b.cfg.Streams; s++ {
+			c, err := dialRetry(ctx, &d, addr)
+			if err != nil {
+				return fmt.Errorf("dial rank %d at %s: %w", r, addr, err)
+			}
+			if dl, ok := ctx.Deadline(); ok {
+				c.SetDeadline(dl)
+			}
+			if err := sh.client(c, r, s); err != nil {
+				c.Close()
+				b.log.Error("handshake refused", "peer", r, "addr", addr, "err", err)
+				return fmt.Errorf("handshake with rank %d at %s: %w", r, addr, err)
+			}
+			c.SetDeadline(time.Time{})
+			b.register(r, s, c)
+		}
+	}
+	return nil
+}
+
+// dialRetry dials addr until it answers or ctx ends; a peer may publish its
+// address a moment before its accept queue is visible on every route.
+func dialRetry(ctx context.Context, d *net.Dialer, addr string) (net.Conn, error) {
+	for delay := time.Millisecond; ; delay = min(2*delay, 500*time.Millisecond) {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-time.After(delay):
+		}
+	}
+}
+
+// accept runs the server side of the handshake for every incoming
+// connection until the listener closes. Refused connections are logged and
+// dropped: a stray client must not stop a job from forming.
+func (b *Backend) accept(ln net.Listener, accepted chan<- struct{}) {
+	defer b.wg.Done()
+	sh := b.shake()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		b.mu.Lock()
+		if b.err != nil {
+			b.mu.Unlock()
+			c.Close()
+			return
+		}
+		b.pending[c] = struct{}{}
+		b.wg.Add(1)
+		b.mu.Unlock()
+		go func() {
+			defer b.wg.Done()
+			c.SetDeadline(time.Now().Add(min(b.cfg.ConnectTimeout, 10*time.Second)))
+			from, stream, err := sh.server(c)
+			b.mu.Lock()
+			delete(b.pending, c)
+			if err != nil {
+				b.refusal = fmt.Errorf("connection from %s: %w", c.RemoteAddr(), err)
+			}
+			b.mu.Unlock()
+			if err != nil {
+				b.log.Warn("refused connection", "remote", c.RemoteAddr(), "err", err)
+				c.Close()
+				return
+			}
+			c.SetDeadline(time.Time{})
+			if b.register(from, stream, c) {
+				accepted <- struct{}{}
+			}
+		}()
+	}
+}
+
+// register installs an authenticated connection; stream 0 is the control
+// connection, whose reader starts here. It reports whether c was new.
+func (b *Backend) register(rank, stream int, c net.Conn) bool {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+		if n := b.cfg.SocketBuffer; n > 0 && stream > 0 {
+			tc.SetReadBuffer(n)
+			tc.SetWriteBuffer(n)
+		}
+	}
+	p := b.peers[rank]
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	slot := &p.ctrl
+	if stream > 0 {
+		slot = &p.data[stream-1]
+	}
+	if p.closed || *slot != nil {
+		if *slot != nil {
+			b.log.Warn("duplicate connection", "peer", rank, "stream", stream)
+		}
+		c.Close()
+		return false
+	}
+	*slot = c
+	if stream == 0 {
+		b.wg.Add(1)
+		go b.readControl(p, c)
+	}
+	return true
+}
+
+// sendBufferFloor returns a quarter of the smallest SO_SNDBUF of the data
+// connections: Linux reports twice the requested size and charges skb
+// overhead against it, so a write of that many bytes always fits.
+func (b *Backend) sendBufferFloor() int {
+	floor := 1 << 30
+	for _, p := range b.peers {
+		if p == nil {
+			continue
+		}
+		for _, c := range p.data {
+			tc, ok := c.(*net.TCPConn)
+			if !ok {
+				return 4 << 10
+			}
+			rc, err := tc.SyscallConn()
+			if err != nil {
+				return 4 << 10
+			}
+			var v int
+			var gerr error
+			rc.Control(func(fd uintptr) {
+				v, gerr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF)
+			})
+			if gerr != nil {
+				return 4 << 10
+			}
+			floor = min(floor, v/4)
+		}
+	}
+	return max(floor, 1<<10)
+}
+
+// Name returns "tcp".
+func (b *Backend) Name() string { return "tcp" }
+
+// Rank returns this node's rank.
+func (b *Backend) Rank() int { return b.rank }
+
+// Size returns the number of nodes.
+func (b *Backend) Size() int { return b.size }
+
+// Addr returns the address peers dial (empty for a group of one).
+func (b *Backend) Addr() string { return b.addr }
+
+// Stats returns the payload bytes exchanged with each rank so far (control
+// and handshake bytes are not counted).
+func (b *Backend) Stats() backends.Stats {
+	s := backends.Stats{SentBytes: make([]int64, b.size), RecvBytes: make([]int64, b.size)}
+	for r, p := range b.peers {
+		if p != nil {
+			s.SentBytes[r], s.RecvBytes[r] = p.sent.Load(), p.recv.Load()
+		}
+	}
+	return s
+}
+
+// Close says goodbye to the peers (so they fail with a PeerError naming this
+// rank at once) and closes every connection; blocked calls return
+// backends.ErrClosed. Close is idempotent and always returns nil.
+func (b *Backend) Close() error {
+	b.closeOnce.Do(func() {
+		b.fail(backends.ErrClosed)
+		b.mu.Lock()
+		if b.ln != nil {
+			b.ln.Close()
+		}
+		for c := range b.pending {
+			c.Close()
+		}
+		b.mu.Unlock()
+		for _, p := range b.peers {
+			if p != nil {
+				p.closeAll()
+			}
+		}
+		b.wg.Wait()
+	})
+	return nil
+}
+
+// failure returns the error the backend failed with, or nil.
+func (b *Backend) failure() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
+}
+
+// fail records err as the backend's failure unless one is recorded already,
+// tells every peer (a bye naming the reason), and closes the data
+// connections so that blocked transfers return. It returns the recorded
+// failure.
+func (b *Backend) fail(err error) error {
+	b.mu.Lock()
+	if b.err != nil {
+		err = b.err
+		b.mu.Unlock()
+		return err
+	}
+	b.err = err
+	close(b.failed)
+	b.mu.Unlock()
+	if !errors.Is(err, backends.ErrClosed) {
+		b.log.Warn("backend failed", "err", err)
+	}
+	bye := b.byeFor(err).marshal()
+	for _, p := range b.peers {
+		if p != nil {
+			p.sendCtrl(bye, 500*time.Millisecond)
+		}
+	}
+	for _, p := range b.peers {
+		if p != nil {
+			p.closeData()
+		}
+	}
+	return err
+}
+
+// linkErr handles a failed transfer with rank. The data connection alone
+// cannot tell who failed: when a rank dies its neighbours stop too, and the
+// socket that breaks first may be a survivor's. The control connections can:
+// a dead rank's breaks at once, and a survivor's bye names the rank it lost.
+// So linkErr gives them verdictWait to decide before blaming rank itself.
+func (b *Backend) linkErr(rank int, err error) error {
+	if e := b.failure(); e != nil {
+		return e
+	}
+	t := time.NewTimer(b.verdictWait)
+	defer t.Stop()
+	select {
+	case <-b.failed:
+	case <-t.C:
+	}
+	return b.fail(&backends.PeerError{Rank: rank, Err: err})
+}
+
+func (p *peer) sendCtrl(f []byte, timeout time.Duration) error {
+	p.mu.Lock()
+	c := p.ctrl
+	p.mu.Unlock()
+	if c == nil {
+		return net.ErrClosed
+	}
+	p.ctrlMu.Lock()
+	defer p.ctrlMu.Unlock()
+	c.SetWriteDeadline(time.Now().Add(timeout))
+	_, err := c.Write(f)
+	return err
+}
+
+func (p *peer) closeData() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, c := range p.data {
+		if c != nil {
+			c.Close()
+		}
+	}
+}
+
+func (p *peer) closeAll() {
+	p.closeData()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ctrl != nil {
+		p.ctrl.Close()
+	}
+}
+
+// kill closes every connection without a bye, as a crashed process would
+// (tests only).
+func (b *Backend) kill() {
+	b.mu.Lock()
+	if b.err == nil {
+		b.err = errors.New("killed")
+		close(b.failed)
+	}
+	b.mu.Unlock()
+	for _, p := range b.peers {
+		if p != nil {
+			p.closeAll()
+		}
+	}
+}
+
+// do runs one collective: it refuses calls on a failed backend, makes ctx
+// cancellation abort the transfers, and turns any error into the backend's
+// (first) failure. A collective that stops half way leaves the byte streams
+// out of step, so every failure, cancellation included, is final.
+func (b *Backend) do(ctx context.Context, name string, f func() error) error {
+	if err := b.failure(); err != nil {
+		return fmt.Errorf("tcp: %s: %w", name, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("tcp: %s: %w", name, err)
+	}
+	if b.size == 1 {
+		return f()
+	}
+	stop := context.AfterFunc(ctx, func() {
+		b.fail(fmt.Errorf("%s aborted: %w", name, ctx.Err()))
+	})
+	err := f()
+	stop()
+	if err != nil {
+		return fmt.Errorf("tcp: %s: %w", name, b.fail(err))
+	}
+	return nil
+}
+
+// send writes buf to rank's data connection on stream s.
+func (b *Backend) send(p *peer, s int, buf []byte) error {
+	if len(buf) == 0 {
+		return nil
+	}
+	if _, err := p.data[s].Write(buf); err != nil {
+		return b.linkErr(p.rank, fmt.Errorf("send to rank %d: %w", p.rank, err))
+	}
+	p.sent.Add(int64(len(buf)))
+	return nil
+}
+
+// recv fills buf from rank's data connection on stream s.
+func (b *Backend) recv(p *peer, s int, buf []byte) error {
+	if len(buf) == 0 {
+		return nil
+	}
+	if _, err := io.ReadFull(p.data[s], buf); err != nil {
+		return b.linkErr(p.rank, fmt.Errorf("receive from rank %d: %w", p.rank, err))
+	}
+	p.recv.Add(int64(len(buf)))
+	return nil
+}
+
+// exchange sends out to and receives in from rank p (possibly different
+// lengths) on stream s. When out fits the socket send buffer it is written
+// before the read, from the calling goroutine: the write cannot block, since
+// the buffer has room, and the exchange costs no goroutine wake-up. Larger
+// messages are written from a second goroutine while this one reads, so two
+// ranks exchanging with each other cannot both block in write.
+func (b *Backend) exchange(to *peer, out []byte, from *peer, in []byte, s int) error {
+	if len(out) <= b.inlineMax {
+		if err := b.send(to, s, out); err != nil {
+			return err
+		}
+		return b.recv(from, s, in)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- b.send(to, s, out) }()
+	rerr := b.recv(from, s, in)
+	if serr := <-errc; rerr == nil {
+		return serr
+	}
+	return rerr
+}
+
+// getBuf returns a scratch buffer of n bytes; putBuf gives it back.
+func (b *Backend) getBuf(n int) *[]byte {
+	p, _ := b.bufs.Get().(*[]byte)
+	if p == nil || cap(*p) < n {
+		s := make([]byte, n)
+		return &s
+	}
+	*p = (*p)[:n]
+	return p
+}
+
+func (b *Backend) putBuf(p *[]byte) { b.bufs.Put(p) }

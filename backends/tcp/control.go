@@ -1,0 +1,159 @@
+package tcp
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/hvdd/hvdd/backends"
+)
+
+// Every pair of ranks shares one control connection (stream 0) beside its
+// data connections. It carries fixed 8-byte frames:
+//
+//	kind u8 | reason u8 | 0 u16 | rank i32 (big-endian)
+//
+// A heartbeat (kind 1) every Config.Heartbeat says "still here"; its reader
+// declares the peer lost after Config.PeerTimeout of silence, which catches
+// hung hosts and dead links that never close a socket. A bye (kind 2) is the
+// last frame a rank sends: it says why the rank stops (closed, aborted, or
+// failed because it lost some rank). A bye that names a lost rank lets every
+// survivor blame the rank that really failed, rather than the neighbour whose
+// data connection broke first.
+
+const ctrlLen = 8
+
+const (
+	ctrlHeartbeat = 1
+	ctrlBye       = 2
+)
+
+// Reasons carried by a bye.
+const (
+	byeClosed  = 1 // Close was called
+	byeAborted = 2 // a collective was cancelled or called with bad arguments
+	byeLost    = 3 // the sender lost the rank named in the frame
+)
+
+type ctrlMsg struct {
+	kind, reason byte
+	rank         int
+}
+
+func (m ctrlMsg) marshal() []byte {
+	var f [ctrlLen]byte
+	f[0], f[1] = m.kind, m.reason
+	binary.BigEndian.PutUint32(f[4:], uint32(int32(m.rank)))
+	return f[:]
+}
+
+// parseCtrl decodes a control frame; it never panics.
+func parseCtrl(f []byte) (ctrlMsg, error) {
+	if len(f) != ctrlLen {
+		return ctrlMsg{}, fmt.Errorf("control frame of %d bytes", len(f))
+	}
+	m := ctrlMsg{kind: f[0], reason: f[1], rank: int(int32(binary.BigEndian.Uint32(f[4:])))}
+	switch {
+	case f[2] != 0 || f[3] != 0:
+		return ctrlMsg{}, errors.New("control frame padding is not zero")
+	case m.kind == ctrlHeartbeat && (m.reason != 0 || m.rank != 0):
+		return ctrlMsg{}, errors.New("malformed heartbeat")
+	case m.kind == ctrlBye && (m.reason < byeClosed || m.reason > byeLost):
+		return ctrlMsg{}, fmt.Errorf("bye with unknown reason %d", m.reason)
+	case m.kind != ctrlHeartbeat && m.kind != ctrlBye:
+		return ctrlMsg{}, fmt.Errorf("unknown control frame kind %d", m.kind)
+	}
+	return m, nil
+}
+
+// errDropped marks the failure of a rank that a peer declared lost.
+var errDropped = errors.New("a peer declared this rank lost")
+
+// byeFor is the bye this rank sends when it fails with err.
+func (b *Backend) byeFor(err error) ctrlMsg {
+	var pe *backends.PeerError
+	switch {
+	case errors.Is(err, backends.ErrClosed):
+		return ctrlMsg{kind: ctrlBye, reason: byeClosed}
+	case errors.Is(err, errDropped):
+		// The group gave up on us (a hung or partitioned rank); we must
+		// not pass our view of who failed on as if it were news.
+		return ctrlMsg{kind: ctrlBye, reason: byeAborted}
+	case errors.As(err, &pe):
+		return ctrlMsg{kind: ctrlBye, reason: byeLost, rank: pe.Rank}
+	}
+	return ctrlMsg{kind: ctrlBye, reason: byeAborted}
+}
+
+// byeError turns a bye from rank from into this rank's failure.
+func (b *Backend) byeError(from int, m ctrlMsg) error {
+	switch {
+	case m.reason == byeLost && m.rank != b.rank && m.rank >= 0 && m.rank < b.size && m.rank != from:
+		return &backends.PeerError{Rank: m.rank, Err: fmt.Errorf("reported lost by rank %d", from)}
+	case m.reason == byeLost:
+		return &backends.PeerError{Rank: from, Err: fmt.Errorf("%w (rank %d lost rank %d)", errDropped, from, m.rank)}
+	case m.reason == byeClosed:
+		return &backends.PeerError{Rank: from, Err: errors.New("peer closed its backend")}
+	}
+	return &backends.PeerError{Rank: from, Err: errors.New("peer aborted a collective")}
+}
+
+// readControl reads p's control connection until it breaks, turning
+// silence, errors and byes into the backend's failure.
+func (b *Backend) readControl(p *peer, c net.Conn) {
+	defer b.wg.Done()
+	var f [ctrlLen]byte
+	for {
+		c.SetReadDeadline(time.Now().Add(b.cfg.PeerTimeout))
+		_, err := io.ReadFull(c, f[:])
+		if b.failure() != nil {
+			return // we stopped first; whatever the peer does no longer matters
+		}
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				err = fmt.Errorf("no heartbeat for %v", b.cfg.PeerTimeout)
+			} else {
+				err = fmt.Errorf("control connection: %w", err)
+			}
+			b.fail(&backends.PeerError{Rank: p.rank, Err: err})
+			return
+		}
+		m, err := parseCtrl(f[:])
+		if err != nil {
+			b.fail(&backends.PeerError{Rank: p.rank, Err: fmt.Errorf("control connection: %w", err)})
+			return
+		}
+		if m.kind == ctrlBye {
+			b.fail(b.byeError(p.rank, m))
+			return
+		}
+	}
+}
+
+// heartbeat sends a heartbeat to every connected peer each Config.Heartbeat
+// until the backend fails. Write errors are left to the control readers,
+// which see the same broken connection.
+func (b *Backend) heartbeat() {
+	defer b.wg.Done()
+	t := time.NewTicker(b.cfg.Heartbeat)
+	defer t.Stop()
+	beat := ctrlMsg{kind: ctrlHeartbeat}.marshal()
+	for {
+		select {
+		case <-b.failed:
+			return
+		case <-b.noBeat: // tests: simulate a hung host
+			return
+		case <-t.C:
+		}
+		for _, p := range b.peers {
+			if p != nil {
+				p.sendCtrl(beat, b.cfg.PeerTimeout)
+			}
+		}
+	}
+}

@@ -1,0 +1,148 @@
+package tcp
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+// fastFailure shortens the failure detector for tests.
+func fastFailure(c *Config) {
+	c.Heartbeat = 100 * time.Millisecond
+	c.PeerTimeout = time.Second
+}
+
+// loop runs allreduces on every rank but skip until each fails, and returns
+// the errors and when they happened. started is closed after every rank has
+// completed a few collectives.
+func loop(g []*Backend, skip int, started chan<- struct{}) ([]error, []time.Time) {
+	n := len(g)
+	errs, when := make([]error, n), make([]time.Time, n)
+	var wg, warm sync.WaitGroup
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for k, b := range g {
+		if k == skip {
+			continue
+		}
+		wg.Add(1)
+		warm.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 1<<20)
+			for i := 0; ; i++ {
+				if i == 3 {
+					warm.Done()
+				}
+				if err := b.Allreduce(ctx, buf, tensor.Float32, tensor.Sum); err != nil {
+					if i < 3 {
+						warm.Done()
+					}
+					errs[k], when[k] = err, time.Now()
+					return
+				}
+			}
+		}()
+	}
+	go func() { warm.Wait(); close(started) }()
+	wg.Wait()
+	return errs, when
+}
+
+// TestPeerKilled closes a rank's sockets without a goodbye, as a crashed
+// process does, in the middle of a stream of allreduces.
+func TestPeerKilled(t *testing.T) {
+	g := group(t, 4, fastFailure)
+	const victim = 2
+	started := make(chan struct{})
+	var killed time.Time
+	go func() {
+		<-started
+		killed = time.Now()
+		g[victim].kill()
+	}()
+	errs, when := loop(g, -1, started)
+	for k, err := range errs {
+		if k == victim {
+			continue
+		}
+		if r, ok := backends.LostRank(err); !ok || r != victim {
+			t.Errorf("rank %d: got %v, want a PeerError naming rank %d", k, err, victim)
+		}
+		if d := when[k].Sub(killed); d > g[k].cfg.PeerTimeout {
+			t.Errorf("rank %d noticed after %v, more than the peer timeout", k, d)
+		}
+	}
+}
+
+// TestPeerHung stops a rank's heartbeats and keeps it out of the collective,
+// as a hung host would: nothing closes, only the silence tells.
+func TestPeerHung(t *testing.T) {
+	g := group(t, 3, fastFailure)
+	const victim = 1
+	close(g[victim].noBeat)
+	start := time.Now()
+	errs, when := loop(g, victim, make(chan struct{}))
+	for k, err := range errs {
+		if k == victim {
+			continue
+		}
+		if r, ok := backends.LostRank(err); !ok || r != victim {
+			t.Errorf("rank %d: got %v, want a PeerError naming rank %d", k, err, victim)
+		}
+		// Heartbeats stop at most one interval before start.
+		if d := when[k].Sub(start); d > g[k].cfg.PeerTimeout+g[k].cfg.Heartbeat+g[k].verdictWait {
+			t.Errorf("rank %d noticed after %v", k, d)
+		}
+		// Later calls fail the same way.
+		if r, ok := backends.LostRank(g[k].Barrier(context.Background())); !ok || r != victim {
+			t.Errorf("rank %d: a later call did not fail with the same PeerError", k)
+		}
+	}
+}
+
+// TestCloseUnblocks closes a backend while its call waits for a peer.
+func TestCloseUnblocks(t *testing.T) {
+	g := group(t, 2, nil)
+	errc := make(chan error, 1)
+	go func() { errc <- g[0].Allreduce(context.Background(), make([]byte, 1<<20), tensor.Float32, tensor.Sum) }()
+	time.Sleep(50 * time.Millisecond)
+	g[0].Close()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, backends.ErrClosed) {
+			t.Errorf("got %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not unblock the call")
+	}
+	// The peer hears about it at once (its streams still hold the bytes
+	// rank 0 sent, so only the control connection can tell).
+	select {
+	case <-g[1].failed:
+	case <-time.After(time.Second):
+		t.Fatal("rank 1 not told within a second")
+	}
+	err := g[1].Barrier(context.Background())
+	if r, ok := backends.LostRank(err); !ok || r != 0 {
+		t.Errorf("rank 1: got %v, want a PeerError naming rank 0", err)
+	}
+}
+
+// TestBadArguments: invalid arguments fail the call and the backend, and the
+// peers learn of it rather than hang.
+func TestBadArguments(t *testing.T) {
+	g := group(t, 2, nil)
+	ctx := context.Background()
+	if err := g[0].Allreduce(ctx, make([]byte, 3), tensor.Float32, tensor.Sum); err == nil {
+		t.Error("3-byte float32 buffer accepted")
+	}
+	if r, ok := backends.LostRank(g[1].Barrier(ctx)); !ok || r != 0 {
+		t.Error("rank 1 was not told that rank 0 failed")
+	}
+}
