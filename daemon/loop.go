@@ -719,6 +719,10 @@ func (l *loop) endMulti(j *job) {
 		link.Close()
 	}
 	if j.backend != nil {
+		if sr, ok := j.backend.(backends.StatsReporter); ok {
+			st := sr.Stats()
+			l.s.log.Info("cross-node bytes of the job", "job", j.id, "node", j.node, "sent", st.SentBytes, "received", st.RecvBytes)
+		}
 		j.backend.Close()
 	}
 }

@@ -314,11 +314,20 @@ func (m *multiJob) daemonArgs(i int) []string {
 	n := m.nodes[i]
 	args := []string{"serve", "--slots", strconv.Itoa(n.Slots), "--nodes", strconv.Itoa(len(m.nodes)),
 		"--node-rank", strconv.Itoa(i), "--rendezvous", m.rendezvous, "--advertise", n.Host,
-		"--socket", m.socket(i), "--log-level", "warning", "--secret-file", "/dev/stdin"}
+		"--socket", m.socket(i), "--log-level", daemonLogLevel(), "--secret-file", "/dev/stdin"}
 	if m.cfg.Backend != "" {
 		args = append(args, "--backend", m.cfg.Backend)
 	}
 	return args
+}
+
+// daemonLogLevel is $HOROVOD_LOG_LEVEL when set, else warning: the daemons a
+// job starts speak up only when something is wrong.
+func daemonLogLevel() string {
+	if v := os.Getenv("HOROVOD_LOG_LEVEL"); v != "" {
+		return v
+	}
+	return "warning"
 }
 
 func (m *multiJob) readyMarker(i int) string {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"strconv"
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/backends/tcp"
@@ -27,4 +29,28 @@ func backendFactory(name string) (daemon.BackendFactory, error) {
 		return nil, fmt.Errorf("--backend mpi: this hvdd was built without MPI; rebuild with `go build -tags mpi ./cmd/hvdd` (needs libopenmpi-dev)")
 	}
 	return nil, fmt.Errorf("unknown --backend %q (want tcp or mpi)", name)
+}
+
+// launcherRank reads the process count and rank an MPI launcher gave us.
+func launcherRank() (size, rank int, ok bool) {
+	for _, k := range [][2]string{{"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"}, {"PMI_SIZE", "PMI_RANK"}} {
+		s, err1 := strconv.Atoi(os.Getenv(k[0]))
+		r, err2 := strconv.Atoi(os.Getenv(k[1]))
+		if err1 == nil && err2 == nil {
+			return s, r, true
+		}
+	}
+	return 0, 0, false
+}
+
+// routeTo returns the local address the kernel would use to reach addr
+// (host:port), or "" if there is none.
+func routeTo(addr string) string {
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	host, _, _ := net.SplitHostPort(c.LocalAddr().String())
+	return host
 }

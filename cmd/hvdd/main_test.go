@@ -96,3 +96,13 @@ func TestSystemdActivation(t *testing.T) {
 	}
 	c.Close()
 }
+
+// freeTCP returns a free 127.0.0.1 port as host:port.
+func freeTCP(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}

@@ -27,6 +27,10 @@ func runMain(args []string) int {
 		return 1
 	}
 	cfg.DaemonCommand = []string{exe, "serve", "--slots", strconv.Itoa(cfg.NP), "--socket", cfg.Socket}
+	if os.Getenv("HOROVOD_LOG_LEVEL") == "" {
+		// The daemon a job starts for itself speaks up only when something is wrong.
+		cfg.DaemonCommand = append(cfg.DaemonCommand, "--log-level", "warning")
+	}
 	cfg.HvddPath = exe // the daemons of a job across hosts
 	code, err := launch.Run(context.Background(), cfg)
 	if err != nil {

@@ -57,7 +57,7 @@ func serveMain(argv []string) int {
 		nodes, nodeRank                            int
 		rendezvous, advertise, secretFile, backend string
 	}
-	fs.StringVar(&args.socket, "socket", "", "Unix socket path (default $HVDD_SOCKET, else "+launch.DefaultSocket()+")")
+	fs.StringVar(&args.socket, "socket", "", "Unix socket path; {node} is replaced by the node rank (default $HVDD_SOCKET, else "+launch.DefaultSocket()+")")
 	fs.IntVar(&args.slots, "slots", 0, "number of local processes per job (required)")
 	fs.StringVar(&args.allowGID, "allow-gid", "", "comma-separated group ids allowed to connect besides the daemon's uid and root")
 	fs.Int64Var(&args.fusion, "fusion-threshold", -2, "bytes per fused response; 0 disables fusion (default $HOROVOD_FUSION_THRESHOLD, else 128 MiB)")
@@ -66,10 +66,10 @@ func serveMain(argv []string) int {
 	fs.DurationVar(&args.stallShutdown, "stall-shutdown", -1, "fail the job after a stall this long; 0 never (default $HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, else 0)")
 	fs.DurationVar(&args.spin, "spin", 0, "after activity, poll clients this long before sleeping (0: default 50µs; negative: never spin)")
 	fs.IntVar(&args.workers, "workers", 0, "goroutines per local reduction (default GOMAXPROCS)")
-	fs.IntVar(&args.nodes, "nodes", 1, "number of nodes (daemons) in a job")
-	fs.IntVar(&args.nodeRank, "node-rank", 0, "this node's index in [0, --nodes); node 0 coordinates and serves the rendezvous")
+	fs.IntVar(&args.nodes, "nodes", 1, "number of nodes (daemons) in a job; -1: mpirun's process count")
+	fs.IntVar(&args.nodeRank, "node-rank", 0, "this node's index in [0, --nodes); node 0 coordinates and serves the rendezvous; -1: mpirun's rank")
 	fs.StringVar(&args.rendezvous, "rendezvous", "", "node 0's rendezvous address HOST:PORT (node 0 binds it)")
-	fs.StringVar(&args.advertise, "advertise", "", "this node's address (host) that the other nodes reach; control and data listeners bind it")
+	fs.StringVar(&args.advertise, "advertise", "", "this node's address (host) that the other nodes reach; control and data listeners bind it (default: the local address of the route to --rendezvous)")
 	fs.StringVar(&args.secretFile, "secret-file", "", "file holding the job's shared secret (default $HVDD_SECRET); required with --nodes > 1")
 	fs.StringVar(&args.backend, "backend", "tcp", "cross-node engine: tcp (embedded) or mpi (needs a build with -tags mpi)")
 	fs.StringVar(&args.logLevel, "log-level", "", "debug, info, warning or error (default $HOROVOD_LOG_LEVEL, else info)")
@@ -131,6 +131,31 @@ func serveMain(argv []string) int {
 	if cfg.StallShutdown > 0 && cfg.StallCheck > 0 && cfg.StallShutdown < cfg.StallCheck {
 		cfg.Logger.Warn("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS is less than HOROVOD_STALL_CHECK_TIME_SECONDS, will not shutdown.")
 	}
+	socket := args.socket
+	if socket == "" {
+		socket = os.Getenv("HVDD_SOCKET")
+	}
+	if socket == "" {
+		socket = launch.DefaultSocket()
+	}
+	// Under mpirun, -1 takes the node rank and count from the MPI launcher.
+	if args.nodes < 0 || args.nodeRank < 0 {
+		n, r, ok := launcherRank()
+		if !ok {
+			fmt.Fprintln(os.Stderr, "hvdd serve: --nodes -1 / --node-rank -1 need mpirun (OMPI_COMM_WORLD_RANK or PMI_RANK unset)")
+			return 2
+		}
+		if args.nodes < 0 {
+			args.nodes = n
+		}
+		if args.nodeRank < 0 {
+			args.nodeRank = r
+		}
+	}
+	socket = strings.ReplaceAll(socket, "{node}", strconv.Itoa(args.nodeRank))
+	if args.nodes > 1 && args.advertise == "" {
+		args.advertise = routeTo(args.rendezvous)
+	}
 	if args.nodes > 1 {
 		secret, err := rendezvous.LoadSecret(args.secretFile, os.Getenv("HVDD_SECRET"))
 		if err != nil {
@@ -149,13 +174,6 @@ func serveMain(argv []string) int {
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 		return 2
-	}
-	socket := args.socket
-	if socket == "" {
-		socket = os.Getenv("HVDD_SOCKET")
-	}
-	if socket == "" {
-		socket = launch.DefaultSocket()
 	}
 	ln, err := systemdListener()
 	if err == nil && ln == nil {

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Two "nodes" in network namespaces joined by a veth pair (optionally limited
+# to 10 Gbit/s with tc tbf), measured in one run: iperf3 across the pair, hvdd
+# (tcp engine, 2 nodes x 1 rank) allreduce of 64 MiB float32 and 4 B, Open MPI's
+# MPI_Allreduce over its tcp transport on the same pair, and hvdd 2 nodes x 2
+# ranks with the daemons' cross-node byte counters. Needs root, iproute2,
+# iperf3, Open MPI (scripts/setup.sh installs them).
+#
+# Usage: bench/netbench.sh [--tbf] [--rounds N]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TBF=0; ROUNDS=3
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tbf) TBF=1 ;;
+    --rounds) ROUNDS=$2; shift ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+go build -o bin/hvdd ./cmd/hvdd
+OUT="bench/results/net-$(date +%Y-%m-%d_%H%M%S)"; mkdir -p "$OUT"
+W=$(mktemp -d); trap 'ip netns del hvb0 2>/dev/null; ip netns del hvb1 2>/dev/null; rm -rf "$W"' EXIT
+A=10.213.250.1; B=10.213.250.2
+ip netns del hvb0 2>/dev/null || true; ip netns del hvb1 2>/dev/null || true
+ip netns add hvb0; ip netns add hvb1
+ip link add hvb0i netns hvb0 type veth peer name hvb1i netns hvb1
+ip -n hvb0 addr add $A/24 dev hvb0i; ip -n hvb1 addr add $B/24 dev hvb1i
+for n in hvb0 hvb1; do ip -n $n link set lo up; ip -n $n link set ${n}i up; done
+if [ "$TBF" = 1 ]; then
+  for n in hvb0 hvb1; do ip netns exec $n tc qdisc add dev ${n}i root tbf rate 10gbit burst 1mb latency 10ms; done
+fi
+cat > "$W/agent" <<AGENT
+#!/bin/sh
+# hvdd run / mpirun remote agent: run the command in the host's namespace.
+host=\$1; shift
+case "\$host" in $A|hvb0) ns=hvb0 ;; $B|hvb1) ns=hvb1 ;; *) echo "unknown host \$host" >&2; exit 255 ;; esac
+exec ip netns exec \$ns sh -c "\$*"
+AGENT
+chmod +x "$W/agent"
+gcc -O3 -march=native -o "$W/mpi_allreduce" -I../shared/bench/peers ../shared/bench/peers/mpi_allreduce.c $(pkg-config --cflags --libs ompi-c) 2>/dev/null \
+  || mpicc -O3 -march=native -o "$W/mpi_allreduce" ../shared/bench/peers/mpi_allreduce.c
+
+for r in $(seq 1 "$ROUNDS"); do
+  echo "== round $r" | tee -a "$OUT/log"
+  ip netns exec hvb1 iperf3 -s -1 -B $B >/dev/null 2>&1 &
+  sleep 0.5
+  ip netns exec hvb0 iperf3 -c $B -t 3 -J > "$OUT/iperf-$r.json" || true
+  wait || true
+  python3 -c "import json;d=json.load(open('$OUT/iperf-$r.json'));print('iperf3 Gbit/s', round(d['end']['sum_received']['bits_per_second']/1e9,2))" | tee -a "$OUT/log"
+  bin/hvdd run -np 2 -H $A:1,$B:1 --agent "$W/agent" -- "$PWD/bin/hvdd" bench --op allreduce --min-bytes 4 --max-bytes 4 --json 2>&1 \
+    | grep -o '{.*}' | sed 's/^/hvdd-lat /' | tee -a "$OUT/log"
+  bin/hvdd run -np 2 -H $A:1,$B:1 --agent "$W/agent" -- "$PWD/bin/hvdd" bench --op allreduce --min-bytes 64M --max-bytes 64M --iters 10 --json 2>&1 \
+    | grep -o '{.*}' | sed 's/^/hvdd-64M /' | tee -a "$OUT/log"
+  mpirun --host $A,$B -np 2 --mca plm_rsh_agent "$W/agent" --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include hvb0i,hvb1i \
+    "$W/mpi_allreduce" sweep 3 67108864 4 2>&1 | grep -E '^ +(4|67108864) ' | sed 's/^/mpi-tcp /' | tee -a "$OUT/log" || echo "mpi-tcp failed" | tee -a "$OUT/log"
+done
+echo "== 2 nodes x 2 ranks: cross-node bytes of 20 steps of a 64 MiB allreduce" | tee -a "$OUT/log"
+HOROVOD_LOG_LEVEL=info bin/hvdd run -np 4 -H $A:2,$B:2 --agent "$W/agent" -- "$PWD/bin/hvdd" bench --op allreduce --min-bytes 64M --max-bytes 64M --iters 15 --warmup 5 --json 2>&1 \
+  | grep -E 'cross-node bytes|^\[0\]' | tee -a "$OUT/log"
+echo "results in $OUT"

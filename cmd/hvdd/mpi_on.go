@@ -1,0 +1,29 @@
+//go:build mpi
+
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/backends/mpi"
+	"github.com/hvdd/hvdd/daemon"
+)
+
+// mpiFactory returns the MPI engine: the daemons are MPI ranks (started by
+// mpirun, one per node); each job duplicates MPI_COMM_WORLD. The node rank the
+// daemon was given must be its MPI rank.
+func mpiFactory() daemon.BackendFactory {
+	return func(ctx context.Context, j daemon.ClusterJob) (backends.Backend, error) {
+		b, err := mpi.New(mpi.Config{})
+		if err != nil {
+			return nil, err
+		}
+		if b.Rank() != j.NodeRank || b.Size() != j.Nodes {
+			b.Close()
+			return nil, fmt.Errorf("MPI rank %d of %d does not match --node-rank %d of --nodes %d: start one daemon per node with mpirun and --node-rank -1", b.Rank(), b.Size(), j.NodeRank, j.Nodes)
+		}
+		return b, nil
+	}
+}

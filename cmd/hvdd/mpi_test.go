@@ -1,0 +1,101 @@
+//go:build mpi
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	hvdd "github.com/hvdd/hvdd/clients/go"
+)
+
+// TestMPIBackend starts two daemons as the ranks of a real mpirun (--backend
+// mpi, node rank and count from MPI) and runs a client on each: the allreduce
+// crosses the MPI engine.
+func TestMPIBackend(t *testing.T) {
+	if _, err := exec.LookPath("mpirun"); err != nil {
+		t.Skip("mpirun missing: apt-get install openmpi-bin libopenmpi-dev")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "hvdd-mpi")
+	if out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags mpi: %v\n%s", err, out)
+	}
+	ln := freeTCP(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "mpirun", "-np", "2", "--oversubscribe", "-x", "HVDD_SECRET", bin, "serve",
+		"--slots", "1", "--nodes", "-1", "--node-rank", "-1", "--backend", "mpi",
+		"--rendezvous", ln, "--socket", filepath.Join(dir, "n{node}.sock"))
+	cmd.Env = append(os.Environ(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+		"HVDD_SECRET=0123456789abcdef0123456789abcdef")
+	var logs strings.Builder
+	var mu sync.Mutex
+	cmd.Stdout, cmd.Stderr = lockedBuilder{&logs, &mu}, lockedBuilder{&logs, &mu}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			mu.Lock()
+			t.Logf("mpirun output:\n%s", logs.String())
+			mu.Unlock()
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for n := 0; n < 2; n++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &hvdd.Client{Socket: filepath.Join(dir, fmt.Sprintf("n%d.sock", n))}
+			if err := c.Init(ctx); err != nil {
+				errs[n] = err
+				return
+			}
+			defer c.Close()
+			if c.Size() != 2 || c.Rank() != n || !strings.Contains(fmt.Sprint(c.Rank()), fmt.Sprint(n)) {
+				errs[n] = fmt.Errorf("rank %d of %d on node %d", c.Rank(), c.Size(), n)
+				return
+			}
+			x := []float32{1, float32(n)}
+			if err := hvdd.Allreduce(ctx, c, x, hvdd.WithOp(hvdd.Sum), hvdd.WithName("x")); err != nil {
+				errs[n] = err
+				return
+			}
+			if x[0] != 2 || x[1] != 1 {
+				errs[n] = fmt.Errorf("allreduce gave %v, want [2 1]", x)
+			}
+			g, err := hvdd.Allgather(ctx, c, []int32{int32(n), int32(n)}, hvdd.WithName("g"))
+			if err != nil || fmt.Sprint(g) != "[0 0 1 1]" {
+				errs[n] = fmt.Errorf("allgather gave %v, %v", g, err)
+			}
+		}()
+	}
+	wg.Wait()
+	for n, err := range errs {
+		if err != nil {
+			t.Errorf("node %d: %v", n, err)
+		}
+	}
+}
+
+type lockedBuilder struct {
+	b  *strings.Builder
+	mu *sync.Mutex
+}
+
+func (l lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
