@@ -1,7 +1,9 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 
 	"github.com/hvdd/hvdd/daemon/plan"
@@ -56,12 +58,26 @@ func (x *executor) execute(w work) {
 		return
 	}
 	r := &w.resp
+	if r.Op == tensor.Allreduce {
+		if err := x.allreduceFused(r, w.ops, w.size); err != nil {
+			x.s.log.Error("allreduce failed", "tensors", len(r.Tensors), "err", err)
+			d := &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("allreduce of %d tensors: %v", len(r.Tensors), err)}
+			for _, row := range w.ops {
+				for _, o := range row {
+					if o != nil {
+						o.finish(d)
+					}
+				}
+			}
+			return
+		}
+		x.finishBatched(w.ops)
+		return
+	}
 	for i, t := range r.Tensors {
 		ops := w.ops[i]
 		var err error
 		switch r.Op {
-		case tensor.Allreduce:
-			err = x.allreduce(r, ops, w.size)
 		case tensor.Broadcast:
 			err = x.broadcast(r, ops)
 		case tensor.Allgather:
@@ -90,6 +106,41 @@ func (x *executor) execute(w work) {
 	}
 }
 
+// finishBatched answers every op OK, one write per client.
+func (x *executor) finishBatched(ops [][]*op) {
+	type batch struct {
+		ids []uint32
+		ms  []*ipcpb.ServerMessage
+		ops []*op
+	}
+	by := make(map[*client]*batch)
+	var order []*client
+	ok := &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Done{Done: &ipcpb.Done{}}}
+	for _, row := range ops {
+		for _, o := range row {
+			if o == nil {
+				continue
+			}
+			b := by[o.c]
+			if b == nil {
+				b = &batch{}
+				by[o.c] = b
+				order = append(order, o.c)
+			}
+			b.ids = append(b.ids, o.id)
+			b.ms = append(b.ms, ok)
+			b.ops = append(b.ops, o)
+		}
+	}
+	for _, c := range order {
+		b := by[c]
+		c.ic.WriteServerBatch(b.ids, b.ms)
+		for _, o := range b.ops {
+			o.release()
+		}
+	}
+}
+
 // finishAll answers every op with d (OK when nil).
 func (x *executor) finishAll(ops []*op, d *ipcpb.Done) error {
 	if d == nil {
@@ -114,23 +165,81 @@ func scales(r *plan.Response, size int) (tensor.ReduceOp, float64, float64) {
 	return op, r.Prescale, post
 }
 
-// allreduce reduces every rank's buffer and writes the result into each of
-// them in one pass. Joined ranks have no buffer and so contribute nothing (the
-// neutral element); the Average divisor still counts them, as in Horovod.
-func (x *executor) allreduce(r *plan.Response, ops []*op, size int) error {
-	bufs := make([][]byte, 0, len(ops))
-	for _, o := range ops {
-		if o != nil && len(o.buf) > 0 {
-			bufs = append(bufs, o.buf)
-		}
+// allreduceFused reduces every tensor of a fused response: for each, every
+// rank's buffer is read and the result written into all of them in one pass.
+// Joined ranks have no buffer and so contribute nothing (the neutral element);
+// the Average divisor still counts them, as in Horovod.
+//
+// The work is split by bytes across the whole response rather than tensor by
+// tensor, so that many mid-sized tensors keep every worker as busy as one
+// large fused buffer would. Split points are multiples of 4 KiB of the
+// concatenation; every tensor starts at a multiple of the element size there,
+// so every piece is whole elements.
+func (x *executor) allreduceFused(r *plan.Response, ops [][]*op, size int) error {
+	type seg struct {
+		bufs  [][]byte
+		start int // offset in the concatenation
 	}
-	if len(bufs) > 0 {
-		rop, pre, post := scales(r, size)
-		if err := reduce.Reduce(bufs, bufs, r.DType, rop, pre, post, &x.ropts); err != nil {
-			return err
+	var segs []seg
+	total := 0
+	for _, row := range ops {
+		var bufs [][]byte
+		for _, o := range row {
+			if o != nil && len(o.buf) > 0 {
+				bufs = append(bufs, o.buf)
+			}
 		}
+		if len(bufs) == 0 {
+			continue
+		}
+		segs = append(segs, seg{bufs, total})
+		total += len(bufs[0])
 	}
-	return x.finishAll(ops, nil)
+	rop, pre, post := scales(r, size)
+	workers := x.ropts.Workers
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	if total < 1<<20 || workers == 1 || len(segs) == 1 {
+		for _, sg := range segs {
+			if err := reduce.Reduce(sg.bufs, sg.bufs, r.DType, rop, pre, post, &x.ropts); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	per := (total/workers + 4095) &^ 4095
+	one := reduce.Options{Workers: 1}
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for wk := 0; wk < workers; wk++ {
+		lo, hi := wk*per, min((wk+1)*per, total)
+		if lo >= hi {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sub := make([][]byte, 0, 8)
+			for _, sg := range segs {
+				n := len(sg.bufs[0])
+				a, b := max(lo, sg.start), min(hi, sg.start+n)
+				if a >= b {
+					continue
+				}
+				sub = sub[:0]
+				for _, buf := range sg.bufs {
+					sub = append(sub, buf[a-sg.start:b-sg.start])
+				}
+				if err := reduce.Reduce(sub, sub, r.DType, rop, pre, post, &one); err != nil {
+					errs[wk] = err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // broadcast copies the root's buffer into every other rank's.
