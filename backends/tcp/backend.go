@@ -408,7 +408,11 @@ func (b *Backend) fail(err error) error {
 	b.err = err
 	close(b.failed)
 	b.mu.Unlock()
-	if !errors.Is(err, backends.ErrClosed) {
+	switch {
+	case errors.Is(err, backends.ErrClosed):
+	case errors.Is(err, errPeerClosed):
+		b.log.Debug("peer closed its backend", "err", err)
+	default:
 		b.log.Warn("backend failed", "err", err)
 	}
 	bye := b.byeFor(err).marshal()

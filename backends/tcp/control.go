@@ -96,7 +96,7 @@ func (b *Backend) byeError(from int, m ctrlMsg) error {
 	case m.reason == byeLost:
 		return &backends.PeerError{Rank: from, Err: fmt.Errorf("%w (rank %d lost rank %d)", errDropped, from, m.rank)}
 	case m.reason == byeClosed:
-		return &backends.PeerError{Rank: from, Err: errors.New("peer closed its backend")}
+		return &backends.PeerError{Rank: from, Err: errPeerClosed}
 	}
 	return &backends.PeerError{Rank: from, Err: errors.New("peer aborted a collective")}
 }
@@ -157,3 +157,7 @@ func (b *Backend) heartbeat() {
 		}
 	}
 }
+
+// errPeerClosed is a peer's orderly close (its job ended); the survivors fail
+// their later calls with it, but it is no fault worth a warning.
+var errPeerClosed = errors.New("peer closed its backend")
