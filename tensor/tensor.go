@@ -7,6 +7,7 @@ package tensor
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -226,14 +227,13 @@ func (s Shape) Equal(o Shape) bool {
 
 // String formats the shape as Horovod does: "[17, 17, 17]".
 func (s Shape) String() string {
-	var b strings.Builder
-	b.WriteByte('[')
+	b := make([]byte, 0, 2+len(s)*6)
+	b = append(b, '[')
 	for i, d := range s {
 		if i > 0 {
-			b.WriteString(", ")
+			b = append(b, ", "...)
 		}
-		fmt.Fprintf(&b, "%d", d)
+		b = strconv.AppendInt(b, d, 10)
 	}
-	b.WriteByte(']')
-	return b.String()
+	return string(append(b, ']'))
 }

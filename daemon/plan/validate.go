@@ -3,6 +3,7 @@ package plan
 import (
 	"fmt"
 	"slices"
+	"strconv"
 
 	"github.com/hvdd/hvdd/tensor"
 )
@@ -173,7 +174,7 @@ func (t *Table) check(e *entry, reqs []subReq, joined []int) *Error {
 		if r.Group == "" {
 			return "none"
 		}
-		return fmt.Sprintf("%q of %d", r.Group, r.GroupSize)
+		return strconv.Quote(r.Group) + " of " + strconv.Itoa(r.GroupSize)
 	}
 	if err := disagree("group", groupOf,
 		func(a, b *Request) string { return msgMismatchedGroups(groupOf(a), groupOf(b)) }); err != nil {
@@ -191,7 +192,7 @@ func (t *Table) check(e *entry, reqs []subReq, joined []int) *Error {
 			func(a, b *Request) string { return msgMismatchedReduceOps(a.ReduceOp, b.ReduceOp) })
 	}
 	scalesOf := func(r *Request) string {
-		return fmt.Sprintf("factors (%s, %s)", fmtFloat(r.Prescale), fmtFloat(r.Postscale))
+		return "factors (" + fmtFloat(r.Prescale) + ", " + fmtFloat(r.Postscale) + ")"
 	}
 	scales := func() *Error {
 		return disagree("scale", scalesOf,
