@@ -117,6 +117,19 @@ func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w wor
 	r := &w.resp
 	op, pre, post := scales(r, w.size)
 	es := r.DType.Size()
+	if len(r.Tensors) == 1 && pre == 1 {
+		if bufs := localBufs(w.ops[0]); len(bufs) == 1 {
+			// One local rank holds the only buffer: the engine works on the
+			// client's shared memory directly, with no copy in or out.
+			if err := b.Allreduce(ctx, bufs[0], r.DType, op); err != nil {
+				return err
+			}
+			if post != 1 {
+				return reduce.Scale(bufs[0], r.DType, post)
+			}
+			return nil
+		}
+	}
 	total := 0
 	for _, t := range r.Tensors {
 		total += int(t.Shape.NumElements()) * es
