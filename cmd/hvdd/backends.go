@@ -12,14 +12,17 @@ import (
 	"github.com/hvdd/hvdd/daemon"
 )
 
-// backendFactory returns the constructor of the named cross-node engine.
-func backendFactory(name string) (daemon.BackendFactory, error) {
+// backendFactory returns the constructor of the named cross-node engine;
+// streams (tcp only) is the number of data connections per peer, 0 for the
+// engine's default. Every node must use the same.
+func backendFactory(name string, streams int) (daemon.BackendFactory, error) {
 	switch name {
 	case "tcp":
 		return func(ctx context.Context, j daemon.ClusterJob) (backends.Backend, error) {
 			return tcp.New(ctx, tcp.Config{
 				Rank: j.NodeRank, Size: j.Nodes, Store: j.Store, Prefix: j.ID,
 				ListenAddr: net.JoinHostPort(j.Host, "0"), Secret: j.Secret, Logger: j.Logger,
+				Streams: streams,
 			})
 		}, nil
 	case "mpi":

@@ -54,7 +54,7 @@ func serveMain(argv []string) int {
 		fusion                                     int64
 		cycle, stallCheck, stallShutdown           time.Duration
 		spin                                       time.Duration
-		nodes, nodeRank                            int
+		nodes, nodeRank, streams                   int
 		rendezvous, advertise, secretFile, backend string
 	}
 	fs.StringVar(&args.socket, "socket", "", "Unix socket path; {node} is replaced by the node rank (default $HVDD_SOCKET, else "+launch.DefaultSocket()+")")
@@ -72,6 +72,13 @@ func serveMain(argv []string) int {
 	fs.StringVar(&args.advertise, "advertise", "", "this node's address (host) that the other nodes reach; control and data listeners bind it (default: the local address of the route to --rendezvous)")
 	fs.StringVar(&args.secretFile, "secret-file", "", "file holding the job's shared secret (default $HVDD_SECRET); required with --nodes > 1")
 	fs.StringVar(&args.backend, "backend", "tcp", "cross-node engine: tcp (embedded) or mpi (needs a build with -tags mpi)")
+	defStreams, err := strconv.Atoi(os.Getenv("HVDD_TCP_STREAMS"))
+	if err != nil || defStreams <= 0 {
+		// Measured across two network namespaces: 4 streams filled the link
+		// better than 2 (docs/BENCHMARKS.md).
+		defStreams = 4
+	}
+	fs.IntVar(&args.streams, "tcp-streams", defStreams, "tcp engine: data connections per peer node, the same on every node (default $HVDD_TCP_STREAMS, else 4)")
 	fs.StringVar(&args.logLevel, "log-level", "", "debug, info, warning or error (default $HOROVOD_LOG_LEVEL, else info)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
@@ -162,7 +169,7 @@ func serveMain(argv []string) int {
 			fmt.Fprintf(os.Stderr, "hvdd serve: %v (generate one with: head -c 32 /dev/urandom | xxd -p -c 64 > secret; give every node the same file)\n", err)
 			return 2
 		}
-		factory, err := backendFactory(args.backend)
+		factory, err := backendFactory(args.backend, args.streams)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 			return 2
