@@ -81,8 +81,9 @@ Flags for jobs across hosts:
   --hostfile FILE
         the hosts, one per line as "HOST slots=N" or "HOST:N" (# comments)
   --backend tcp|mpi
-        the daemons' cross-node engine (default tcp; mpi is not supported by
-        hvdd run yet)
+        the daemons' cross-node engine (default tcp). mpi starts the daemons as
+        the ranks of one mpirun (one per host; the agent, if any, becomes its
+        plm_rsh_agent) and needs hvdd built with -tags mpi on every host
   --rendezvous-port PORT
         host 0's rendezvous port (default: a free port when host 0 is this
         machine, else 29500)

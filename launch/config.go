@@ -97,7 +97,7 @@ type Config struct {
 	Hosts []Host
 
 	// Backend is the daemons' cross-node engine: "tcp" (the zero value) or
-	// "mpi" (not yet supported by Run).
+	// "mpi" (the daemons run as the ranks of one mpirun).
 	Backend string
 
 	// RendezvousPort is the TCP port node 0's daemon serves the rendezvous

@@ -87,9 +87,6 @@ func (m *multiJob) socket(i int) string {
 
 // runMulti is Run for a job on several hosts (or on one remote host).
 func runMulti(ctx context.Context, cfg *Config, nodes []node) (int, error) {
-	if cfg.Backend == "mpi" {
-		return exitUsage, errors.New("--backend mpi is not supported across hosts by hvdd run yet; use --backend tcp (the default), or start one 'hvdd serve --backend mpi' per host with mpirun yourself")
-	}
 	if cfg.HvddPath == "" {
 		return exitUsage, errors.New("no hvdd binary to start the daemons with (Config.HvddPath is empty)")
 	}
@@ -477,7 +474,13 @@ func (m *multiJob) startDaemonsInterruptibly(ctx context.Context, o *output, sig
 		case <-stopWatch:
 		}
 	}()
-	ds, err := m.startDaemons(startCtx, o)
+	var ds []*daemonProc
+	var err error
+	if m.cfg.Backend == "mpi" {
+		ds, err = m.startMPIDaemons(startCtx, o)
+	} else {
+		ds, err = m.startDaemons(startCtx, o)
+	}
 	close(stopWatch)
 	<-watchDone
 	return ds, sig, err

@@ -383,8 +383,11 @@ func TestMultiHostBackendMPI(t *testing.T) {
 		NP: 2, Command: helperCmd("allreduce"), Backend: "mpi",
 		Hosts: []Host{{"127.0.0.2", 1}, {"127.0.0.3", 1}},
 	})
-	if r.code != exitUsage || r.err == nil || !strings.Contains(r.err.Error(), "not supported") {
-		t.Errorf("Run = %d, %v; want %d and a 'not supported' error", r.code, r.err, exitUsage)
+	// The test binary's hvdd has no MPI engine (or there is no mpirun): the
+	// launch must fail saying so, not hang. cmd/hvdd's mpi-tagged tests run
+	// the real thing.
+	if r.code == 0 || r.err == nil || !strings.Contains(r.err.Error(), "mpi") {
+		t.Errorf("Run = %d, %v; want a failure that mentions mpi", r.code, r.err)
 	}
 }
 

@@ -99,3 +99,34 @@ func (l lockedBuilder) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
+
+// TestRunBackendMPI: `hvdd run --backend mpi` across two "hosts" (two
+// loopback addresses; mpirun reaches them through an agent that runs the
+// command here) with hvdd bench --check as the ranks.
+func TestRunBackendMPI(t *testing.T) {
+	if _, err := exec.LookPath("mpirun"); err != nil {
+		t.Skip("mpirun missing: apt-get install openmpi-bin libopenmpi-dev")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "hvdd-mpi")
+	if out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags mpi: %v\n%s", err, out)
+	}
+	agent := filepath.Join(dir, "agent")
+	if err := os.WriteFile(agent, []byte("#!/bin/sh\nshift\nexec sh -c \"$*\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "run", "-np", "2", "-H", "127.0.0.2:1,127.0.0.3:1", "--backend", "mpi", "--agent", agent, "--",
+		bin, "bench", "--op", "allreduce", "--check", "--min-bytes", "4", "--max-bytes", "1K", "--step-factor", "16",
+		"--iters", "3", "--warmup", "1", "--small-iters", "5", "--small-time", "0")
+	cmd.Env = append(os.Environ(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "ok") {
+		t.Fatalf("hvdd run --backend mpi: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "mismatch") {
+		t.Fatalf("wrong results:\n%s", out)
+	}
+}

@@ -1,0 +1,114 @@
+package launch
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// With --backend mpi the daemons are the ranks of one mpirun, one per host,
+// started as an MPMD job so that each gets its own slot count and address:
+//
+//	mpirun -x HVDD_SECRET [--mca plm_rsh_agent AGENT] \
+//	    -np 1 --host H0 hvdd serve --slots S0 --nodes N --node-rank 0 ... : \
+//	    -np 1 --host H1 hvdd serve --slots S1 --nodes N --node-rank 1 ...
+//
+// MPI ranks follow the order of the app contexts, so node i is MPI rank i (the
+// daemon checks it). The secret travels in mpirun's environment (-x), never on
+// a command line. The ranks of the job are started as with the tcp engine.
+
+// mpiDaemonArgs is node i's `hvdd serve` argument list under mpirun.
+func (m *multiJob) mpiDaemonArgs(i int) []string {
+	n := m.nodes[i]
+	return []string{"serve", "--slots", strconv.Itoa(n.Slots), "--nodes", strconv.Itoa(len(m.nodes)),
+		"--node-rank", strconv.Itoa(i), "--rendezvous", m.rendezvous, "--advertise", n.Host,
+		"--socket", m.socket(i), "--log-level", daemonLogLevel(), "--backend", "mpi"}
+}
+
+// mpirunArgs is the whole mpirun command line.
+func (m *multiJob) mpirunArgs() []string {
+	args := []string{"-x", secretEnv}
+	if m.cfg.Agent != "" {
+		args = append(args, "--mca", "plm_rsh_agent", m.cfg.Agent)
+	}
+	for i, n := range m.nodes {
+		if i > 0 {
+			args = append(args, ":")
+		}
+		exe := m.remoteHvdd
+		if n.Local {
+			exe = m.cfg.HvddPath
+		}
+		args = append(args, "-np", "1", "--host", n.Host+":1", exe)
+		args = append(args, m.mpiDaemonArgs(i)...)
+	}
+	return args
+}
+
+// startMPIDaemons runs the daemons under one mpirun and waits until every
+// socket answers (local hosts: a dial; remote ones: `test -S` through the
+// agent), the mpirun exits, or the start timeout passes.
+func (m *multiJob) startMPIDaemons(ctx context.Context, o *output) ([]*daemonProc, error) {
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		return nil, fmt.Errorf("--backend mpi needs mpirun: %w (apt-get install openmpi-bin libopenmpi-dev, and build hvdd with -tags mpi)", err)
+	}
+	for i, n := range m.nodes {
+		if n.Local {
+			if err := os.Mkdir(filepath.Dir(m.socket(i)), 0o700); err != nil {
+				return nil, fmt.Errorf("create the daemon's socket directory: %w", err)
+			}
+		}
+	}
+	d := &daemonProc{tail: &tailBuffer{max: 8 << 10}, done: make(chan struct{}), host: "mpirun", ready: make(chan struct{})}
+	out := newLineWriter(o, o.stderr, "[hvdd mpirun] ", maxLine)
+	out.tail = d.tail
+	d.cmd = exec.Command(mpirun, m.mpirunArgs()...)
+	d.cmd.Env = append(environ(), secretEnv+"="+m.secret)
+	d.cmd.Stdout, d.cmd.Stderr = out, out
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	d.cmd.WaitDelay = time.Second
+	if err := d.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start mpirun: %w", err)
+	}
+	go func() {
+		d.cmd.Wait()
+		out.Flush()
+		close(d.done)
+	}()
+	ds := []*daemonProc{d}
+	deadline := time.Now().Add(m.cfg.StartTimeout)
+	for i, n := range m.nodes {
+		for delay := pollMin; ; delay = min(2*delay, pollMax) {
+			if m.socketUp(i) {
+				break
+			}
+			select {
+			case <-d.done:
+				_, how := describeExit(d.cmd.ProcessState)
+				return ds, fmt.Errorf("mpirun %s before the daemon on %s was ready; its last output:\n%s\nis hvdd built with -tags mpi on every host?", how, n.Host, d.tail.lines(10))
+			case <-ctx.Done():
+				return ds, fmt.Errorf("waiting for the hvdd daemon on %s to start: %w", n.Host, context.Cause(ctx))
+			case <-time.After(delay):
+			}
+			if time.Now().After(deadline) {
+				return ds, fmt.Errorf("the hvdd daemon on %s was not ready within %v under mpirun; its last output:\n%s", n.Host, m.cfg.StartTimeout, d.tail.lines(10))
+			}
+		}
+	}
+	return ds, nil
+}
+
+// socketUp reports whether node i's daemon socket accepts (local) or exists
+// (remote, checked through the agent).
+func (m *multiJob) socketUp(i int) bool {
+	if m.nodes[i].Local {
+		return probe(m.socket(i)) == nil
+	}
+	return m.agent(m.nodes[i].Host, "test -S "+shellQuote(m.socket(i))).Run() == nil
+}
