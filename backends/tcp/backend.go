@@ -20,6 +20,10 @@ import (
 // Backend is the tcp engine's backends.Backend for one node rank. It also
 // implements backends.StatsReporter.
 type Backend struct {
+	// completed counts the collectives this rank finished; an orderly bye
+	// carries it, so that a peer may finish the collective both were in.
+	completed atomic.Uint32
+
 	cfg        Config
 	rank, size int
 	log        *slog.Logger
@@ -65,6 +69,10 @@ type peer struct {
 	ctrlMu sync.Mutex // serializes control frame writes
 
 	sent, recv atomic.Int64
+
+	// doneAt is how many collectives the peer had completed when it closed
+	// its backend in an orderly way, or -1 while it has not.
+	doneAt atomic.Int64
 }
 
 // New connects rank cfg.Rank to every other rank of the group and returns
@@ -96,6 +104,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	for r := range b.peers {
 		if r != b.rank {
 			b.peers[r] = &peer{rank: r, data: make([]net.Conn, cfg.Streams)}
+			b.peers[r].doneAt.Store(-1)
 		}
 	}
 	if err := b.connect(ctx); err != nil {
@@ -511,6 +520,16 @@ func (b *Backend) do(ctx context.Context, name string, f func() error) error {
 	if b.size == 1 {
 		return f()
 	}
+	// A peer that closed after finishing k collectives takes part in none
+	// after the k-th.
+	next := int64(b.completed.Load()) + 1
+	for _, p := range b.peers {
+		if p != nil {
+			if at := p.doneAt.Load(); at >= 0 && next > at {
+				return fmt.Errorf("tcp: %s: %w", name, b.fail(&backends.PeerError{Rank: p.rank, Err: errPeerClosed}))
+			}
+		}
+	}
 	stop := context.AfterFunc(ctx, func() {
 		b.fail(fmt.Errorf("%s aborted: %w", name, ctx.Err()))
 	})
@@ -519,6 +538,7 @@ func (b *Backend) do(ctx context.Context, name string, f func() error) error {
 	if err != nil {
 		return fmt.Errorf("tcp: %s: %w", name, b.fail(err))
 	}
+	b.completed.Add(1)
 	return nil
 }
 

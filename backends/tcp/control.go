@@ -77,7 +77,8 @@ func (b *Backend) byeFor(err error) ctrlMsg {
 	var pe *backends.PeerError
 	switch {
 	case errors.Is(err, backends.ErrClosed):
-		return ctrlMsg{kind: ctrlBye, reason: byeClosed}
+		// The count of finished collectives rides in the rank field.
+		return ctrlMsg{kind: ctrlBye, reason: byeClosed, rank: int(int32(b.completed.Load()))}
 	case errors.Is(err, errDropped):
 		// The group gave up on us (a hung or partitioned rank); we must
 		// not pass our view of who failed on as if it were news.
@@ -128,6 +129,22 @@ func (b *Backend) readControl(p *peer, c net.Conn) {
 			return
 		}
 		if m.kind == ctrlBye {
+			if m.reason == byeClosed {
+				// An orderly close, typically right after the last
+				// collective of a job. If the peer finished the
+				// collective we are in (or about to start), what it sent
+				// is still on the data connections: let that one
+				// complete, and fail any later one at its start (do).
+				// Otherwise fail now, before stale bytes are read.
+				done := int64(uint32(int32(m.rank)))
+				p.doneAt.Store(done)
+				if int64(b.completed.Load())+1 > done {
+					b.fail(b.byeError(p.rank, m))
+				} else {
+					b.log.Debug("peer closed its backend after our current collective", "peer", p.rank)
+				}
+				return
+			}
 			b.fail(b.byeError(p.rank, m))
 			return
 		}
