@@ -163,6 +163,23 @@ def _register(handle: int, h: Handle) -> int:
 # ------------------------------------------------------------------ allreduce
 
 
+def _set_finish(h: Handle, output: Optional[torch.Tensor], dtype: torch.dtype, shape: Any, nbytes: int) -> None:
+    """Makes h's result the staged bytes: copied into output (in-place
+    variants), or a new tensor of dtype and shape."""
+    if output is None:
+        def finish(h: Handle) -> torch.Tensor:
+            if h.region is None:
+                return torch.empty(shape, dtype=dtype)
+            return _from_bytes(h.region.array[h.offset : h.offset + nbytes], dtype, shape)
+    else:
+        def finish(h: Handle) -> torch.Tensor:
+            if h.region is not None:
+                _copy_into(output, h.region.array[h.offset : h.offset + nbytes])
+            return output
+    h.finish = finish
+
+
+
 def _allreduce_submit(
     c: Client,
     tensor: torch.Tensor,
@@ -182,18 +199,7 @@ def _allreduce_submit(
         reduce_op=op, prescale=float(prescale_factor), postscale=float(postscale_factor),
         process_set=ps, group=group, group_size=group_size,
     )
-    dtype, shape = tensor.dtype, tensor.shape
-    if output is None:
-        def finish(h: Handle) -> torch.Tensor:
-            if h.region is None:
-                return torch.empty(shape, dtype=dtype)
-            return _from_bytes(h.region.array[h.offset : h.offset + nbytes], dtype, shape)
-    else:
-        def finish(h: Handle) -> torch.Tensor:
-            if h.region is not None:
-                _copy_into(output, h.region.array[h.offset : h.offset + nbytes])
-            return output
-    h.finish = finish
+    _set_finish(h, output, tensor.dtype, tensor.shape, nbytes)
     return h
 
 
@@ -551,18 +557,7 @@ def _broadcast_async(
         pb.OP_BROADCAST, _name("broadcast", name, handle), wire_dt, tensor.shape, region, off, nbytes,
         root_rank=int(root_rank), process_set=ps,
     )
-    dtype, shape = tensor.dtype, tensor.shape
-    if output is None:
-        def finish(h: Handle) -> torch.Tensor:
-            if h.region is None:
-                return torch.empty(shape, dtype=dtype)
-            return _from_bytes(h.region.array[h.offset : h.offset + nbytes], dtype, shape)
-    else:
-        def finish(h: Handle) -> torch.Tensor:
-            if h.region is not None:
-                _copy_into(output, h.region.array[h.offset : h.offset + nbytes])
-            return output
-    h.finish = finish
+    _set_finish(h, output, tensor.dtype, tensor.shape, nbytes)
     return _register(handle, h)
 
 
