@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"strconv"
 	"time"
 
@@ -525,7 +524,7 @@ func (c *clusterNode) submitMulti(j *job, o *op) {
 	if _, dup := j.pending[k]; dup {
 		o.finish(&ipcpb.Done{Code: ipcpb.Code_CODE_DUPLICATE_NAME, Error: fmt.Sprintf(
 			"Requested to %s a tensor with the same name as another tensor that is currently being processed (%q). If you want to request another tensor, use a different tensor name.",
-			lowerOp(o.typ), o.name)})
+			o.typ.Lower(), o.name)})
 		return
 	}
 	j.pending[k] = o
@@ -664,17 +663,3 @@ func (c *clusterNode) dispatchMulti(j *job) {
 	}
 	c.l.runResponses(j, resps, false)
 }
-
-// lowerOp is an op's lower-case name ("allreduce").
-func lowerOp(t tensor.OpType) string {
-	b := []byte(t.String())
-	for i, ch := range b {
-		if 'A' <= ch && ch <= 'Z' {
-			b[i] = ch + 'a' - 'A'
-		}
-	}
-	return string(b)
-}
-
-// hostname is this machine's name for logs.
-var hostname, _ = os.Hostname()

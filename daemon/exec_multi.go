@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/hvdd/hvdd/backends"
-	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/reduce"
 	"github.com/hvdd/hvdd/tensor"
@@ -424,5 +423,3 @@ func (x *executor) reducescatterMulti(ctx context.Context, b backends.Backend, w
 	}
 	return dones, nil
 }
-
-var _ = plan.Response{}

@@ -178,6 +178,10 @@ func (o OpType) String() string {
 	return opNames[o]
 }
 
+// Lower returns the name in lower case ("allreduce"), as Horovod's messages
+// and tensor-name prefixes spell it.
+func (o OpType) Lower() string { return strings.ToLower(o.String()) }
+
 // Valid reports whether o names a real collective.
 func (o OpType) Valid() bool { return o > OpInvalid && o < numOpTypes }
 

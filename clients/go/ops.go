@@ -254,7 +254,7 @@ func (c *Client) submit(e *ipcpb.Enqueue, data []byte, copyBack bool) (*Handle, 
 		n := c.autoName[kind]
 		c.autoName[kind] = n + 1
 		c.mu.Unlock()
-		e.Name = fmt.Sprintf("%s.noname.%d", lower(kind), n)
+		e.Name = fmt.Sprintf("%s.noname.%d", tensor.OpType(e.Op).Lower(), n)
 	}
 	h.name = e.Name
 	if len(data) > 0 {
@@ -289,7 +289,7 @@ func (c *Client) submit(e *ipcpb.Enqueue, data []byte, copyBack bool) (*Handle, 
 		}
 		return nil, &Error{Code: ipcpb.Code_CODE_DUPLICATE_NAME, Msg: fmt.Sprintf(
 			"Requested to %s a tensor with the same name as another tensor that is currently being processed (%q). If you want to request another tensor, use a different tensor name.",
-			lower(tensor.OpType(e.Op).String()), e.Name)}
+			tensor.OpType(e.Op).Lower(), e.Name)}
 	}
 	c.nextID++
 	id := c.nextID
@@ -309,16 +309,6 @@ func (c *Client) submit(e *ipcpb.Enqueue, data []byte, copyBack bool) (*Handle, 
 		return nil, fmt.Errorf("hvdd: enqueue %q: %w", e.Name, err)
 	}
 	return h, nil
-}
-
-func lower(s string) string {
-	b := []byte(s)
-	for i, ch := range b {
-		if 'A' <= ch && ch <= 'Z' {
-			b[i] = ch + 'a' - 'A'
-		}
-	}
-	return string(b)
 }
 
 func apply(os []Option) opts {

@@ -179,7 +179,6 @@ def _set_finish(h: Handle, output: Optional[torch.Tensor], dtype: torch.dtype, s
     h.finish = finish
 
 
-
 def _allreduce_submit(
     c: Client,
     tensor: torch.Tensor,
