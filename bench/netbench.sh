@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Two "nodes" in network namespaces joined by a veth pair (optionally limited
 # to 10 Gbit/s with tc tbf), measured in one run: iperf3 across the pair, hvdd
-# (tcp engine, 2 nodes x 1 rank) allreduce of 64 MiB float32 and 4 B, Open MPI's
-# MPI_Allreduce over its tcp transport on the same pair, and hvdd 2 nodes x 2
+# (tcp engine, 2 nodes x 1 rank) allreduce of 64 MiB float32 and 4 B, PyTorch
+# gloo (bench/gloo_net.py) and Open MPI's MPI_Allreduce over its tcp transport
+# (which does not launch across namespaces yet) on the same pair, and hvdd 2 nodes x 2
 # ranks with the daemons' cross-node byte counters. Needs root, iproute2,
 # iperf3, Open MPI (scripts/setup.sh installs them).
 #
@@ -54,6 +55,11 @@ for r in $(seq 1 "$ROUNDS"); do
     | grep -o '{.*}' | sed 's/^/hvdd-lat /' | tee -a "$OUT/log"
   bin/hvdd run -np 2 -H $A:1,$B:1 --agent "$W/agent" -- "$PWD/bin/hvdd" bench --op allreduce --min-bytes 64M --max-bytes 64M --iters 10 --json 2>&1 \
     | grep -o '{.*}' | sed 's/^/hvdd-64M /' | tee -a "$OUT/log"
+  if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    ip netns exec hvb1 env GLOO_SOCKET_IFNAME=hvb1i /usr/bin/python3 bench/gloo_net.py --rank 1 --addr $A > "$W/gloo1.log" 2>&1 &
+    ip netns exec hvb0 env GLOO_SOCKET_IFNAME=hvb0i /usr/bin/python3 bench/gloo_net.py --rank 0 --addr $A 2>&1 | sed 's/^/gloo /' | tee -a "$OUT/log"
+    wait || true
+  fi
   mpirun --host $A,$B -np 2 --mca plm_rsh_agent "$W/agent" --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include hvb0i,hvb1i \
     "$W/mpi_allreduce" sweep 3 67108864 4 2>&1 | grep -E '^ +(4|67108864) ' | sed 's/^/mpi-tcp /' | tee -a "$OUT/log" || echo "mpi-tcp failed" | tee -a "$OUT/log"
 done
