@@ -62,13 +62,7 @@ func (x *executor) execute(w work) {
 		if err := x.allreduceFused(r, w.ops, w.size); err != nil {
 			x.s.log.Error("allreduce failed", "tensors", len(r.Tensors), "err", err)
 			d := &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("allreduce of %d tensors: %v", len(r.Tensors), err)}
-			for _, row := range w.ops {
-				for _, o := range row {
-					if o != nil {
-						o.finish(d)
-					}
-				}
-			}
+			finishRows(w.ops, d)
 			return
 		}
 		x.finishBatched(w.ops)
@@ -141,6 +135,17 @@ func (x *executor) finishBatched(ops [][]*op) {
 	}
 }
 
+// finishRows answers every op of every row with d.
+func finishRows(rows [][]*op, d *ipcpb.Done) {
+	for _, row := range rows {
+		for _, o := range row {
+			if o != nil {
+				o.finish(d)
+			}
+		}
+	}
+}
+
 // finishAll answers every op with d (OK when nil).
 func (x *executor) finishAll(ops []*op, d *ipcpb.Done) error {
 	if d == nil {
@@ -183,12 +188,7 @@ func (x *executor) allreduceFused(r *plan.Response, ops [][]*op, size int) error
 	var segs []seg
 	total := 0
 	for _, row := range ops {
-		var bufs [][]byte
-		for _, o := range row {
-			if o != nil && len(o.buf) > 0 {
-				bufs = append(bufs, o.buf)
-			}
-		}
+		bufs := localBufs(row)
 		if len(bufs) == 0 {
 			continue
 		}

@@ -74,13 +74,7 @@ func (x *executor) executeMulti(w work) {
 			msg = fmt.Sprintf("node %d%s was lost during %v: %v", n, w.j.rankRange(n), r.Op, err)
 		}
 		d := &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: msg}
-		for _, row := range w.ops {
-			for _, o := range row {
-				if o != nil {
-					o.finish(d)
-				}
-			}
-		}
+		finishRows(w.ops, d)
 		x.p.post(msgExecErr{j: w.j, err: fmt.Errorf("%s", msg)})
 		return
 	}
@@ -101,7 +95,8 @@ func (x *executor) executeMulti(w work) {
 	}
 }
 
-// localBufs returns the buffers of the local ranks that submitted tensor i.
+// localBufs returns the non-empty buffers of a row's ops (the local ranks
+// that submitted the tensor).
 func localBufs(row []*op) [][]byte {
 	var bufs [][]byte
 	for _, o := range row {

@@ -639,13 +639,7 @@ func (l *loop) runResponses(j *job, resps []plan.Response, inlineOK bool) {
 		}
 		if r.Err != nil {
 			d := &ipcpb.Done{Code: errorCode(r.Err), Error: r.Err.Error()}
-			for _, row := range w.ops {
-				for _, o := range row {
-					if o != nil {
-						o.finish(d)
-					}
-				}
-			}
+			finishRows(w.ops, d)
 			continue
 		}
 		batch = append(batch, w)

@@ -130,16 +130,8 @@ func (c *Conn) fill() error {
 	}
 	c.makeRoom()
 	n, oobn, flags, _, err := c.c.ReadMsgUnix(c.rbuf[c.w:], c.oob)
-	if oobn > 0 {
-		if perr := c.takeFDs(c.oob[:oobn]); perr != nil {
-			return perr
-		}
-	}
-	if flags&unix.MSG_CTRUNC != 0 {
-		return protoErrf("more than %d descriptors in one message", MaxFDs)
-	}
-	if n > 0 {
-		c.w += n
+	if perr := c.received(n, oobn, flags); perr != nil {
+		return perr
 	}
 	if err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
@@ -151,6 +143,24 @@ func (c *Conn) fill() error {
 	if n <= 0 {
 		c.eof = true
 		return ErrClosed
+	}
+	return nil
+}
+
+// received takes in what one recvmsg returned: n bytes (ignored when n <= 0,
+// as on an error) and oobn bytes of ancillary data, whose descriptors are
+// queued for PopFD.
+func (c *Conn) received(n, oobn, flags int) error {
+	if oobn > 0 {
+		if err := c.takeFDs(c.oob[:oobn]); err != nil {
+			return err
+		}
+	}
+	if flags&unix.MSG_CTRUNC != 0 {
+		return protoErrf("more than %d descriptors in one message", MaxFDs)
+	}
+	if n > 0 {
+		c.w += n
 	}
 	return nil
 }
@@ -195,13 +205,8 @@ func (c *Conn) fillNow() (bool, error) {
 	if rerr == unix.EAGAIN || rerr == unix.EINTR {
 		return false, nil
 	}
-	if oobn > 0 {
-		if perr := c.takeFDs(c.oob[:oobn]); perr != nil {
-			return false, perr
-		}
-	}
-	if flags&unix.MSG_CTRUNC != 0 {
-		return false, protoErrf("more than %d descriptors in one message", MaxFDs)
+	if err := c.received(n, oobn, flags); err != nil {
+		return false, err
 	}
 	if rerr != nil {
 		if rerr == unix.ECONNRESET {
@@ -210,11 +215,10 @@ func (c *Conn) fillNow() (bool, error) {
 		}
 		return false, fmt.Errorf("ipc: read: %w", rerr)
 	}
-	if n == 0 {
+	if n <= 0 {
 		c.eof = true
 		return false, ErrClosed
 	}
-	c.w += n
 	return true, nil
 }
 
@@ -351,22 +355,33 @@ func DecodeServer(f Frame) (uint32, *ipcpb.ServerMessage, error) {
 	return f.ID, m, nil
 }
 
+// appendFrame appends m as one frame of the given kind and id to b.
+func appendFrame(b []byte, kind uint8, id uint32, m proto.Message) ([]byte, error) {
+	start := len(b)
+	b = append(b, magic0, magic1, kind, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+	b, err := proto.MarshalOptions{}.MarshalAppend(b, m)
+	if err != nil {
+		return b[:start], fmt.Errorf("ipc: encode: %w", err)
+	}
+	n := len(b) - start - HeaderSize
+	if n > MaxBody {
+		return b[:start], fmt.Errorf("ipc: message of %d bytes exceeds the %d-byte limit", n, MaxBody)
+	}
+	binary.LittleEndian.PutUint32(b[start+4:start+8], id)
+	binary.LittleEndian.PutUint32(b[start+8:start+12], uint32(n))
+	return b, nil
+}
+
 // WriteMessage encodes m into one frame of the given kind and sends it, with fd
 // (if >= 0) as SCM_RIGHTS in the same sendmsg.
 func (c *Conn) WriteMessage(kind uint8, id uint32, m proto.Message, fd int) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	b := append(c.wbuf[:0], magic0, magic1, kind, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-	b, err := proto.MarshalOptions{}.MarshalAppend(b, m)
-	if err != nil {
-		return fmt.Errorf("ipc: encode: %w", err)
-	}
-	if len(b)-HeaderSize > MaxBody {
-		return fmt.Errorf("ipc: message of %d bytes exceeds the %d-byte limit", len(b)-HeaderSize, MaxBody)
-	}
-	binary.LittleEndian.PutUint32(b[4:8], id)
-	binary.LittleEndian.PutUint32(b[8:12], uint32(len(b)-HeaderSize))
+	b, err := appendFrame(c.wbuf[:0], kind, id, m)
 	c.wbuf = b
+	if err != nil {
+		return err
+	}
 	return c.writeLocked(b, fd)
 }
 
@@ -378,19 +393,11 @@ func (c *Conn) WriteServerBatch(ids []uint32, ms []*ipcpb.ServerMessage) error {
 	defer c.wmu.Unlock()
 	b := c.wbuf[:0]
 	for i, m := range ms {
-		start := len(b)
-		b = append(b, magic0, magic1, KindServer, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 		var err error
-		b, err = proto.MarshalOptions{}.MarshalAppend(b, m)
-		if err != nil {
-			return fmt.Errorf("ipc: encode: %w", err)
+		if b, err = appendFrame(b, KindServer, ids[i], m); err != nil {
+			c.wbuf = b
+			return err
 		}
-		n := len(b) - start - HeaderSize
-		if n > MaxBody {
-			return fmt.Errorf("ipc: message of %d bytes exceeds the %d-byte limit", n, MaxBody)
-		}
-		binary.LittleEndian.PutUint32(b[start+4:start+8], ids[i])
-		binary.LittleEndian.PutUint32(b[start+8:start+12], uint32(n))
 	}
 	c.wbuf = b
 	return c.writeLocked(b, -1)

@@ -462,27 +462,15 @@ func (m *multiJob) waitReady(ctx context.Context, d *daemonProc, i int, deadline
 // are ready, giving up when a signal arrives (returned) or one fails. The
 // daemons it returns are started, ready or not, and must be stopped.
 func (m *multiJob) startDaemonsInterruptibly(ctx context.Context, o *output, sigs <-chan os.Signal) ([]*daemonProc, os.Signal, error) {
-	startCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var sig os.Signal
-	stopWatch, watchDone := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		select {
-		case sig = <-sigs:
-			cancel()
-		case <-stopWatch:
-		}
-	}()
 	var ds []*daemonProc
-	var err error
-	if m.cfg.Backend == "mpi" {
-		ds, err = m.startMPIDaemons(startCtx, o)
-	} else {
-		ds, err = m.startDaemons(startCtx, o)
-	}
-	close(stopWatch)
-	<-watchDone
+	sig, err := interruptibly(ctx, sigs, func(ctx context.Context) (err error) {
+		if m.cfg.Backend == "mpi" {
+			ds, err = m.startMPIDaemons(ctx, o)
+		} else {
+			ds, err = m.startDaemons(ctx, o)
+		}
+		return err
+	})
 	return ds, sig, err
 }
 

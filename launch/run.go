@@ -128,6 +128,22 @@ func lookCommand(cfg *Config) (path string, code int, err error) {
 // startDaemonInterruptibly runs ensureDaemon, giving up when a signal
 // arrives. It returns the signal if one did.
 func startDaemonInterruptibly(ctx context.Context, cfg *Config, o *output, sigs <-chan os.Signal) (*daemonProc, os.Signal, error) {
+	var d *daemonProc
+	sig, err := interruptibly(ctx, sigs, func(ctx context.Context) (err error) {
+		d, err = ensureDaemon(ctx, cfg, o)
+		return err
+	})
+	if sig != nil && d != nil {
+		d.stop(cfg.KillGrace)
+		d = nil
+	}
+	return d, sig, err
+}
+
+// interruptibly runs start with a context that is cancelled when a signal
+// arrives on sigs, and returns that signal (nil if none came) with start's
+// error.
+func interruptibly(ctx context.Context, sigs <-chan os.Signal, start func(context.Context) error) (os.Signal, error) {
 	startCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var sig os.Signal
@@ -140,14 +156,10 @@ func startDaemonInterruptibly(ctx context.Context, cfg *Config, o *output, sigs 
 		case <-stopWatch:
 		}
 	}()
-	d, err := ensureDaemon(startCtx, cfg, o)
+	err := start(startCtx)
 	close(stopWatch)
 	<-watchDone
-	if sig != nil && d != nil {
-		d.stop(cfg.KillGrace)
-		d = nil
-	}
-	return d, sig, err
+	return sig, err
 }
 
 // How long output may lag behind the process that wrote it. A rank's

@@ -317,19 +317,37 @@ func (c *checker) reduceScatter(bases []int) {
 	}
 }
 
-// barrier: the rank that arrives 30 ms late holds every other rank back.
+// barrier: no rank leaves a barrier before every rank has entered it. Each
+// rank records (wall clock, one machine) when it entered and left; the
+// times are exchanged afterwards, and every exit must follow every entry.
+// One rank enters late each round so that a broken barrier shows.
 func (c *checker) barrier() {
 	b, n := c.b, c.b.Size()
 	for round := range 4 {
 		c.do("Barrier", b.Barrier(c.ctx()))
-		late := round % n
-		if b.Rank() == late {
-			time.Sleep(30 * time.Millisecond)
+		if b.Rank() == round%n {
+			time.Sleep(30 * time.Millisecond) // arrive late; the check does not depend on how late
 		}
-		start := time.Now()
+		enter := time.Now().UnixNano()
 		c.do("Barrier", b.Barrier(c.ctx()))
-		if waited := time.Since(start); b.Rank() != late && waited < 10*time.Millisecond {
-			c.t.Fatalf("rank %d left barrier %d after %v, before late rank %d could arrive", b.Rank(), round, waited, late)
+		exit := time.Now().UnixNano()
+		mine := make([]byte, 16)
+		binary.LittleEndian.PutUint64(mine, uint64(enter))
+		binary.LittleEndian.PutUint64(mine[8:], uint64(exit))
+		all := make([]byte, 16*n)
+		counts := make([]int, n)
+		for i := range counts {
+			counts[i] = 16
+		}
+		c.do("Allgatherv", b.Allgatherv(c.ctx(), mine, all, counts))
+		var lastEnter int64
+		for r := 0; r < n; r++ {
+			lastEnter = max(lastEnter, int64(binary.LittleEndian.Uint64(all[16*r:])))
+		}
+		for r := 0; r < n; r++ {
+			if ex := int64(binary.LittleEndian.Uint64(all[16*r+8:])); ex < lastEnter {
+				c.t.Fatalf("barrier %d: rank %d left %v before the last rank entered", round, r, time.Duration(lastEnter-ex))
+			}
 		}
 	}
 }

@@ -96,7 +96,7 @@ class Handle:
     """One collective in flight. ``lock`` is held until the Done arrives."""
 
     __slots__ = (
-        "id", "name", "lock", "done", "error", "region", "offset", "finish", "members", "deferred", "__weakref__",
+        "id", "name", "lock", "done", "error", "region", "offset", "finish", "members", "free_on_done", "__weakref__",
     )
 
     def __init__(self, hid: int, name: str) -> None:
@@ -111,9 +111,10 @@ class Handle:
         # finish(handle) -> result, run once by the waiter on success.
         self.finish: Optional[Callable[["Handle"], Any]] = None
         self.members: Optional[list["Handle"]] = None  # grouped ops
-        # Input staging the daemon may still read after this op's Done (see
-        # Client._quarantine).
-        self.deferred = False
+        # Input staging that is not the result (allgather, alltoall,
+        # reducescatter put theirs in a daemon region): freed at the Done, by
+        # which the daemon has read every rank's input.
+        self.free_on_done = False
 
     def poll(self) -> bool:
         if self.members is not None:
@@ -172,12 +173,6 @@ class Client:
         self._rbufs = [self._rview]
         self._fds: list[int] = []
         self._cm = pb.ClientMessage()  # reused for every Enqueue, under _wlock
-        # Input staging of allgather/alltoall/reducescatter ops that completed:
-        # the daemon answers each rank as soon as that rank's output is ready,
-        # while it may still be copying this rank's input into other ranks'
-        # outputs. Its executor runs one collective at a time, so the next OK
-        # Done proves those copies finished; until then the bytes stay put.
-        self._quarantine: list[tuple[Region, int]] = []
 
     # ------------------------------------------------------------------ setup
 
@@ -350,13 +345,8 @@ class Client:
             h = self._pending.pop(fid, None)
             if h is not None:
                 self._names.discard(h.name)
-                q = self._quarantine
-                if ok and q:
-                    for reg, off in q:
-                        self._free_locked(reg, off)
-                    q.clear()
-                if h.deferred and h.region is not None:
-                    q.append((h.region, h.offset))
+                if h.free_on_done and h.region is not None:
+                    self._free_locked(h.region, h.offset)
                     h.region = None
         if h is None:
             log.warning("hvdd: Done for unknown handle %d", fid)
@@ -554,7 +544,7 @@ class Client:
             h = Handle(fid, name)
             if owns_staging and region is not None:
                 h.region, h.offset = region, offset
-                h.deferred = op == pb.OP_ALLGATHER or op == pb.OP_ALLTOALL or op == pb.OP_REDUCESCATTER
+                h.free_on_done = op == pb.OP_ALLGATHER or op == pb.OP_ALLTOALL or op == pb.OP_REDUCESCATTER
             self._pending[fid] = h
             if name:
                 self._names.add(name)

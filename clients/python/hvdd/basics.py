@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence, Union
 from ._client import Client
 from .exceptions import HvddInternalError
 
-__all__ = [
+PUBLIC = (
     "init",
     "shutdown",
     "is_initialized",
@@ -49,9 +49,10 @@ __all__ = [
     "global_process_set",
     "add_process_set",
     "remove_process_set",
-    "client",
-    "daemon_backends",
-]
+)
+"""The names hvdd and hvdd.torch re-export: Horovod's common basics."""
+
+__all__ = [*PUBLIC, "client", "daemon_backends"]
 
 log = logging.getLogger(__name__)
 

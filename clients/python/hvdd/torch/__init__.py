@@ -7,6 +7,7 @@ hvdd implements has the same signature and meaning.
 from __future__ import annotations
 
 from ..basics import (
+    PUBLIC as _BASICS,
     Adasum,
     Average,
     Max,
@@ -79,12 +80,7 @@ from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     # basics
-    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
-    "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled",
-    "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",
-    "stop_timeline", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet",
-    "global_process_set", "add_process_set", "remove_process_set", "HorovodInternalError",
-    "HvddInternalError", "HostsUpdatedInterrupt",
+    *_BASICS, "HorovodInternalError", "HvddInternalError", "HostsUpdatedInterrupt",
     # collectives
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "sparse_allreduce_async",
