@@ -45,6 +45,14 @@ type client struct {
 	rank      int
 	helloMsg  *ipcpb.Hello
 	groups    map[uint64][]*op // partial groups by client group id
+	chReg     *region          // the channel's mapping, while registered
+	sockIn    uint64           // counted socket frames taken since the channel
+	sockWant  uint64           // counted socket frames owed before the ring
+
+	// txMu serialises what the daemon sends this client: the channel's
+	// sending side and the socket writes it counts.
+	txMu sync.Mutex
+	ch   *ipc.Channel // shared-memory frame rings; nil until registered
 
 	out outputs
 }
@@ -66,11 +74,14 @@ func (r *region) unref() {
 	}
 }
 
-func newClient(s *Server, uc *net.UnixConn) *client {
-	ic := ipc.NewConn(uc)
+func newClient(s *Server, uc *net.UnixConn) (*client, error) {
+	ic, err := ipc.NewConn(uc)
+	if err != nil {
+		return nil, err
+	}
 	// A client that stops reading must not stall the daemon for long.
 	ic.WriteTimeout = 5 * time.Second
-	return &client{s: s, ic: ic, regions: make(map[uint32]*region), localRank: -1, rank: -1}
+	return &client{s: s, ic: ic, regions: make(map[uint32]*region), localRank: -1, rank: -1}, nil
 }
 
 // shmClose closes a received descriptor that will not be mapped.
@@ -86,18 +97,23 @@ func (c *client) String() string {
 // readable handles the frames a client has sent, without blocking: at most
 // maxFramesPerWake of them, so one chatty client cannot starve the others. more
 // reports that it stopped at the limit (frames may wait in user space, where
-// epoll cannot see them). A non-nil error means the connection must be dropped.
-func (l *loop) readable(c *client) (more bool, err error) {
+// epoll cannot see them). sock says the socket is readable; without it only
+// the channel (and socket frames it says are owed) is read. A non-nil error
+// means the connection must be dropped.
+func (l *loop) readable(c *client, sock bool) (more bool, err error) {
 	for i := 0; i < maxFramesPerWake; i++ {
 		if c.dropped {
 			return false, nil
 		}
-		f, ok, err := c.ic.TryReadFrame()
+		f, ok, err := c.nextFrame(sock)
 		if err != nil {
 			return false, err
 		}
 		if !ok {
 			return false, nil
+		}
+		if f.Kind == ipc.KindWake {
+			continue
 		}
 		id, m, err := ipc.DecodeClient(f)
 		if err != nil {
@@ -108,6 +124,46 @@ func (l *loop) readable(c *client) (more bool, err error) {
 		}
 	}
 	return true, nil
+}
+
+// nextFrame returns the client's next frame in the order it sent them: socket
+// frames the channel says were sent before what its ring holds, then the ring,
+// then (when sock says the socket is readable, or bytes wait in the buffer)
+// the socket's own.
+func (c *client) nextFrame(sock bool) (ipc.Frame, bool, error) {
+	if c.ch == nil {
+		return c.ic.TryReadFrame()
+	}
+	for round := 0; ; round++ {
+		if c.sockIn < c.sockWant {
+			f, ok, err := c.ic.TryReadFrame()
+			if ok && f.Kind != ipc.KindWake {
+				c.sockIn++
+			}
+			return f, ok, err
+		}
+		f, ok, err := c.ch.Next()
+		if ok || err != nil {
+			return f, ok, err
+		}
+		if round > 0 {
+			break
+		}
+		// The ring is read up to the last snapshot: take a new one.
+		want := c.ch.Snapshot()
+		if want < c.sockWant {
+			return ipc.Frame{}, false, &ipc.ProtocolError{Msg: fmt.Sprintf("channel: socket frame count went back from %d to %d", c.sockWant, want)}
+		}
+		c.sockWant = want
+	}
+	if sock || c.ic.Buffered() {
+		f, ok, err := c.ic.TryReadFrame()
+		if ok && f.Kind != ipc.KindWake {
+			c.sockIn++
+		}
+		return f, ok, err
+	}
+	return ipc.Frame{}, false, nil
 }
 
 // maxFramesPerWake bounds the frames one client gets handled per poll.
@@ -151,6 +207,11 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		if err := c.out.release(m.Release.GetBuffer()); err != nil {
 			return &ipc.ProtocolError{Msg: err.Error()}
 		}
+	case *ipcpb.ClientMessage_RegisterChannel:
+		if err := c.registerChannel(m.RegisterChannel); err != nil {
+			return err
+		}
+		l.chans = append(l.chans, c)
 	case *ipcpb.ClientMessage_Goodbye:
 		c.bye = true
 	default:
@@ -189,6 +250,13 @@ func (c *client) releaseConn() {
 		r.unref()
 	}
 	c.regions = nil
+	if c.chReg != nil {
+		c.txMu.Lock()
+		c.ch = nil
+		c.txMu.Unlock()
+		c.chReg.unref()
+		c.chReg = nil
+	}
 }
 
 func (c *client) register(m *ipcpb.RegisterRegion) error {
@@ -220,6 +288,39 @@ func (c *client) register(m *ipcpb.RegisterRegion) error {
 	r := &region{id: id, m: sm}
 	r.refs.Store(1)
 	c.regions[id] = r
+	return nil
+}
+
+// registerChannel maps the client's channel region; from now on its frames
+// may come through the rings and its Done frames go out through them.
+func (c *client) registerChannel(m *ipcpb.RegisterChannel) error {
+	fd, err := c.ic.PopFD()
+	if err != nil {
+		return err
+	}
+	if c.chReg != nil {
+		shmClose(fd)
+		return &ipc.ProtocolError{Msg: "second RegisterChannel on one connection"}
+	}
+	if m.GetSize() > 64<<20 {
+		shmClose(fd)
+		return &ipc.ProtocolError{Msg: fmt.Sprintf("channel region of %d bytes is absurd", m.GetSize())}
+	}
+	sm, err := shm.Open(fd, int64(m.GetSize()))
+	if err != nil {
+		return &ipc.ProtocolError{Msg: fmt.Sprintf("channel region: %v", err)}
+	}
+	ch, err := ipc.NewChannel(sm.Bytes(), ipc.DaemonSide)
+	if err != nil {
+		sm.Close()
+		return &ipc.ProtocolError{Msg: err.Error()}
+	}
+	r := &region{id: ^uint32(0), m: sm}
+	r.refs.Store(1)
+	c.chReg = r
+	c.txMu.Lock()
+	c.ch = ch
+	c.txMu.Unlock()
 	return nil
 }
 
@@ -302,7 +403,51 @@ func (c *client) resolve(id uint32, e *ipcpb.Enqueue) (*op, error) {
 // reply sends a Done for frame id. Write errors mean the client is gone; its
 // reader notices that on its own.
 func (c *client) reply(id uint32, d *ipcpb.Done) {
-	c.ic.WriteServer(id, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Done{Done: d}}, -1)
+	c.sendBatch([]uint32{id}, []*ipcpb.ServerMessage{{Msg: &ipcpb.ServerMessage_Done{Done: d}}})
+}
+
+// sendBatch sends messages that carry no descriptor: through the channel when
+// there is one and it has room (ringing the doorbell if the client sleeps),
+// else on the socket in one write.
+func (c *client) sendBatch(ids []uint32, ms []*ipcpb.ServerMessage) error {
+	c.txMu.Lock()
+	defer c.txMu.Unlock()
+	if c.ch != nil {
+		i := 0
+		for ; i < len(ms); i++ {
+			ok, err := c.ch.Send(ipc.KindServer, ids[i], ms[i])
+			if err != nil {
+				return err
+			}
+			if !ok {
+				break
+			}
+		}
+		if i > 0 && c.ch.PeerAsleep() {
+			c.ic.WriteWake()
+		}
+		ids, ms = ids[i:], ms[i:]
+		if len(ms) == 0 {
+			return nil
+		}
+	}
+	err := c.ic.WriteServerBatch(ids, ms)
+	if err == nil && c.ch != nil {
+		c.ch.SocketSent(len(ms))
+	}
+	return err
+}
+
+// sendSocket sends a message on the socket (with fd, if >= 0), counted for
+// the channel so that the client takes it before later ring frames.
+func (c *client) sendSocket(id uint32, m *ipcpb.ServerMessage, fd int) error {
+	c.txMu.Lock()
+	defer c.txMu.Unlock()
+	err := c.ic.WriteServer(id, m, fd)
+	if err == nil && c.ch != nil {
+		c.ch.SocketSent(1)
+	}
+	return err
 }
 
 // outputs are the daemon-owned regions granted to one client for results.
@@ -344,7 +489,7 @@ func (c *client) allocOutput(n int64) ([]byte, *ipcpb.Buffer, error) {
 	}
 	r := &outRegion{id: grantedBase + o.nextID, m: m, arena: shm.NewArena(size)}
 	o.nextID++
-	if err := c.ic.WriteServer(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_GrantRegion{
+	if err := c.sendSocket(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_GrantRegion{
 		GrantRegion: &ipcpb.GrantRegion{Region: r.id, Size: uint64(size)}}}, m.FD()); err != nil {
 		m.Close()
 		return nil, nil, fmt.Errorf("grant output region: %w", err)

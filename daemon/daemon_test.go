@@ -37,8 +37,12 @@ func dialRaw(t *testing.T, socket string) *rawClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Close() })
-	return &rawClient{t: t, ic: ipc.NewConn(c)}
+	ic, err := ipc.NewConn(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ic.Close() })
+	return &rawClient{t: t, ic: ic}
 }
 
 func (r *rawClient) send(id uint32, m *ipcpb.ClientMessage, fd int) {
@@ -55,8 +59,9 @@ func (r *rawClient) hello(localRank int32) {
 // next reads the next server message, failing the test after 10 s.
 func (r *rawClient) next() (uint32, *ipcpb.ServerMessage, error) {
 	r.t.Helper()
-	r.ic.Raw().SetReadDeadline(time.Now().Add(10 * time.Second))
-	return r.ic.ReadServer()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return r.ic.ReadServer(ctx)
 }
 
 // expectFatal reads until a Fatal arrives and checks its code and text, then
@@ -162,7 +167,7 @@ func TestBadFrames(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.name == "truncated" {
-				r.ic.Raw().CloseWrite()
+				r.ic.CloseWrite()
 			}
 			r.expectFatal(ipcpb.Code_CODE_PROTOCOL, tc.want)
 		})
@@ -286,6 +291,62 @@ func TestBadEnqueue(t *testing.T) {
 
 func nan() float64 { var z float64; return z / z }
 
+// TestBadChannel: a channel region of the wrong size, a second channel, and a
+// ring holding garbage or counters out of range each end that connection with
+// a protocol error, while a healthy job (whose clients use channels) runs.
+func TestBadChannel(t *testing.T) {
+	s := daemontest.Start(t, daemon.Config{Slots: 2})
+	regChan := func(size int) (*ipcpb.ClientMessage, *shm.Region) {
+		m, err := shm.Create("t", int64(size))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_RegisterChannel{RegisterChannel: &ipcpb.RegisterChannel{Size: uint64(size)}}}, m
+	}
+	put := func(b []byte, off int, v uint64) { binary.LittleEndian.PutUint64(b[off:], v) }
+	good := ipc.ChannelBytes(4096)
+	tests := []struct {
+		name  string
+		size  int
+		twice bool
+		fill  func(b []byte)
+		want  string
+	}{
+		{"wrong size", 4 * 4096, false, nil, "channel region must be"},
+		{"second channel", good, true, nil, "second RegisterChannel"},
+		{"garbage frame", good, false, func(b []byte) {
+			copy(b[ipc.ChannelHeader:], "garbage-garbage!")
+			put(b, 0, 16)
+		}, "bad magic"},
+		{"head out of range", good, false, func(b []byte) { put(b, 0, 1<<30) }, "head"},
+		{"undecodable body", good, false, func(b []byte) {
+			copy(b[ipc.ChannelHeader:], "HV\x01\x00\x00\x00\x00\x00\x04\x00\x00\x00\xff\xff\xff\xff")
+			put(b, 0, 16)
+		}, "undecodable"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := dialRaw(t, s.Socket)
+			msg, m := regChan(tc.size)
+			r.send(0, msg, m.FD())
+			if tc.twice {
+				msg2, m2 := regChan(tc.size)
+				r.send(0, msg2, m2.FD())
+			}
+			if tc.fill != nil {
+				tc.fill(m.Bytes())
+				// The daemon may be asleep: ring the doorbell.
+				if err := r.ic.WriteWake(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r.expectFatal(ipcpb.Code_CODE_PROTOCOL, tc.want)
+		})
+	}
+	healthyJob(t, s.Socket)
+}
+
 func TestBusyAndRanks(t *testing.T) {
 	s := daemontest.Start(t, daemon.Config{Slots: 2})
 	a := dialRaw(t, s.Socket)
@@ -347,9 +408,13 @@ func TestMain(m *testing.M) {
 			fmt.Println("dial:", err)
 			os.Exit(1)
 		}
-		ic := ipc.NewConn(c.(*net.UnixConn))
+		ic, err := ipc.NewConn(c.(*net.UnixConn))
+		if err != nil {
+			fmt.Println("conn:", err)
+			os.Exit(1)
+		}
 		ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Hello{Hello: &ipcpb.Hello{Version: ipc.Version}}}, -1)
-		_, msg, err := ic.ReadServer()
+		_, msg, err := ic.ReadServer(context.Background())
 		fmt.Println(msg.GetFatal().GetCode(), msg.GetFatal().GetError(), err)
 		os.Exit(0)
 	}

@@ -128,7 +128,7 @@ func (x *executor) finishBatched(ops [][]*op) {
 	}
 	for _, c := range order {
 		b := by[c]
-		c.ic.WriteServerBatch(b.ids, b.ms)
+		c.sendBatch(b.ids, b.ms)
 		for _, o := range b.ops {
 			o.release()
 		}

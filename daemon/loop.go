@@ -103,6 +103,7 @@ type loop struct {
 
 	cl    *clusterNode // the multi-node side; nil on a single node
 	again []*client    // clients with frames left over from the last pass
+	chans []*client    // clients with a shared-memory channel
 
 	stall        *time.Timer
 	cycle        *time.Timer
@@ -137,21 +138,23 @@ func (l *loop) run() {
 	go l.x.run()
 	defer l.shutdown()
 	for !l.quit {
-		timeout := -1
-		if l.cfg.Spin > 0 && time.Now().Before(l.spinUntil) {
-			timeout = 0
+		timeout := 0
+		if l.cfg.Spin <= 0 || !time.Now().Before(l.spinUntil) {
+			// Going to sleep: tell the channels' clients to ring the
+			// doorbell, unless something arrived meanwhile.
+			if !l.setAsleep(true) {
+				timeout = -1
+			}
 		}
 		events, err := l.p.wait(timeout)
+		if timeout < 0 {
+			l.setAsleep(false)
+		}
 		if err != nil {
 			l.s.log.Error("event loop failed", "err", err)
 			return
 		}
-		if len(events) == 0 {
-			if timeout == 0 {
-				unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-			}
-			continue
-		}
+		active := len(events) > 0
 		for _, ev := range events {
 			fd := int(ev.Fd)
 			if fd == l.p.evfd {
@@ -164,7 +167,19 @@ func (l *loop) run() {
 			if c == nil {
 				continue
 			}
-			l.serveClient(c, ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0)
+			l.serveClient(c, ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0, true)
+		}
+		for _, c := range l.chans {
+			if !c.dropped && c.ch.Pending() {
+				l.serveClient(c, false, false)
+				active = true
+			}
+		}
+		if !active {
+			if timeout == 0 {
+				unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			}
+			continue
 		}
 		// Clients cut off by the per-wake frame limit still hold frames in
 		// user space, which epoll cannot see: serve them again.
@@ -173,7 +188,7 @@ func (l *loop) run() {
 			l.again = nil
 			for _, c := range again {
 				if !c.dropped {
-					l.serveClient(c, false)
+					l.serveClient(c, false, true)
 				}
 			}
 		}
@@ -188,9 +203,29 @@ func (l *loop) run() {
 	}
 }
 
-// serveClient handles what a client sent; hup reports a hung-up socket.
-func (l *loop) serveClient(c *client, hup bool) {
-	more, err := l.readable(c)
+// setAsleep sets the asleep flag of every channel. Setting it, it reports
+// whether a ring holds frames after all (then the flags are cleared again and
+// the loop must not sleep).
+func (l *loop) setAsleep(v bool) (pending bool) {
+	for _, c := range l.chans {
+		c.ch.SetAsleep(v)
+	}
+	if !v {
+		return false
+	}
+	for _, c := range l.chans {
+		if c.ch.Pending() {
+			l.setAsleep(false)
+			return true
+		}
+	}
+	return false
+}
+
+// serveClient handles what a client sent; hup reports a hung-up socket, sock
+// a readable one.
+func (l *loop) serveClient(c *client, hup, sock bool) {
+	more, err := l.readable(c, sock)
 	if err != nil || hup && !c.ic.Buffered() {
 		if err == nil {
 			err = ipc.ErrClosed
@@ -248,17 +283,7 @@ func (l *loop) message(m any) {
 
 // sockFD returns the descriptor of a client's socket. It stays valid until the
 // loop closes the connection.
-func sockFD(c *client) (int, error) {
-	raw, err := c.ic.Raw().SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	fd := -1
-	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
-		return -1, err
-	}
-	return fd, nil
-}
+func sockFD(c *client) (int, error) { return c.ic.FD(), nil }
 
 // drop closes a client's connection after an error or its close, telling it
 // why when the error is the client's fault.
@@ -269,12 +294,18 @@ func (l *loop) drop(c *client, err error) {
 	c.dropped = true
 	if ipc.IsProtocol(err) {
 		l.s.log.Warn("closing client connection: protocol error", "pid", c.pid, "err", err)
-		fatal(c.ic, ipcpb.Code_CODE_PROTOCOL, err.Error())
+		c.fatal(ipcpb.Code_CODE_PROTOCOL, err.Error())
 	} else if err != nil && !errors.Is(err, ipc.ErrClosed) {
 		l.s.log.Warn("closing client connection", "pid", c.pid, "err", err)
 	}
 	l.p.del(c.fd)
 	delete(l.clients, c.fd)
+	for i, x := range l.chans {
+		if x == c {
+			l.chans = append(l.chans[:i], l.chans[i+1:]...)
+			break
+		}
+	}
 	c.ic.Close()
 	c.releaseConn()
 	l.s.forget(c)
@@ -414,7 +445,7 @@ func (l *loop) start(j *job, slots []int, node int, b backends.Backend) {
 				crossSize++
 			}
 		}
-		c.ic.WriteServer(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Welcome{Welcome: &ipcpb.Welcome{
+		c.sendSocket(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Welcome{Welcome: &ipcpb.Welcome{
 			Version: ipc.Version, Rank: int32(c.rank), Size: int32(j.size),
 			LocalRank: int32(c.localRank), LocalSize: int32(len(j.slots)),
 			CrossRank: int32(crossRank), CrossSize: int32(crossSize), IsHomogeneous: homog,
@@ -437,7 +468,7 @@ func (j *job) pids() string {
 // closed, which its reader reports as an ordinary close.
 func (l *loop) refuse(c *client, msg string) {
 	l.s.log.Warn("refusing client", "pid", c.pid, "reason", msg)
-	fatal(c.ic, ipcpb.Code_CODE_BUSY, msg)
+	c.fatal(ipcpb.Code_CODE_BUSY, msg)
 	l.drop(c, nil)
 }
 
@@ -691,7 +722,7 @@ func (l *loop) formFailed(j *job, msg string) {
 	l.fail(j, ipcpb.Code_CODE_ABORTED, msg)
 	for _, c := range j.slots {
 		if c != nil && !c.dropped {
-			fatal(c.ic, ipcpb.Code_CODE_ABORTED, msg)
+			c.fatal(ipcpb.Code_CODE_ABORTED, msg)
 			l.drop(c, nil)
 		}
 	}

@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hvdd/hvdd/ipc"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 )
 
@@ -146,14 +145,19 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			}
 			break
 		}
-		c := newClient(s, uc)
+		c, cerr := newClient(s, uc)
+		if cerr != nil {
+			s.log.Warn("refusing connection", "err", cerr)
+			uc.Close()
+			continue
+		}
 		if perr := c.checkPeer(); perr != nil {
 			s.log.Warn("refusing connection", "pid", c.pid, "uid", c.uid, "err", perr)
 			var fe *fatalError
 			if errors.As(perr, &fe) {
-				fatal(c.ic, fe.code, fe.msg)
+				c.fatal(fe.code, fe.msg)
 			}
-			uc.Close()
+			c.ic.Close()
 			continue
 		}
 		s.mu.Lock()
@@ -237,8 +241,8 @@ func (s *Server) forget(c *client) {
 }
 
 // fatal tells a client why its connection is about to be closed.
-func fatal(ic *ipc.Conn, code ipcpb.Code, msg string) {
-	ic.WriteServer(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Fatal{Fatal: &ipcpb.Fatal{Code: code, Error: msg}}}, -1)
+func (c *client) fatal(code ipcpb.Code, msg string) {
+	c.sendSocket(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Fatal{Fatal: &ipcpb.Fatal{Code: code, Error: msg}}}, -1)
 }
 
 // allowed reports whether a peer with these credentials may connect.

@@ -8,14 +8,13 @@
 package ipc
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"os"
 	"sync"
-	"syscall"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -35,6 +34,7 @@ const (
 
 	KindClient = 1 // body is an ipcpb.ClientMessage
 	KindServer = 2 // body is an ipcpb.ServerMessage
+	KindWake   = 3 // no body: a Channel's doorbell (see Channel)
 
 	magic0, magic1 = 'H', 'V'
 )
@@ -61,40 +61,92 @@ func protoErrf(format string, args ...any) error {
 // Conn is one end of a framed connection. ReadFrame, PopFD and the Read*
 // helpers must be called from one goroutine; the Write* methods may be called
 // from any number of goroutines.
+//
+// A Conn owns its socket descriptor outright, outside Go's network poller:
+// the poller would be woken (and would wake a runtime thread) by every frame
+// and every drained write queue, which on a busy job costs more than the frame
+// itself. Reads that must wait use poll(2) with an eventfd that cancellation
+// rings; writes use MSG_DONTWAIT and poll for room.
 type Conn struct {
-	c   *net.UnixConn
-	raw syscall.RawConn
+	// fdmu is held shared around every system call on fd; Close takes it
+	// exclusively to close the descriptor once no call is using it.
+	fdmu   sync.RWMutex
+	fd     int
+	intr   int // eventfd: a write interrupts a blocked read
+	closed atomic.Bool
 
 	// WriteTimeout bounds each write; a peer that stops reading for this long
 	// is treated as gone. Zero means no bound.
 	WriteTimeout time.Duration
 
 	// Read side, owned by the reading goroutine.
-	rbuf  []byte
-	r, w  int // unread bytes are rbuf[r:w]
-	oob   []byte
-	fds   []int
-	eof   bool
-	rbody []byte
+	rbuf []byte
+	r, w int // unread bytes are rbuf[r:w]
+	oob  []byte
+	fds  []int
+	eof  bool
 
 	// wmu guards the write side.
 	wmu  sync.Mutex
 	wbuf []byte
 }
 
-// NewConn wraps a connected Unix stream socket.
-func NewConn(c *net.UnixConn) *Conn {
-	raw, _ := c.SyscallConn()
-	return &Conn{
-		c:    c,
-		raw:  raw,
-		rbuf: make([]byte, 64<<10),
-		oob:  make([]byte, unix.CmsgSpace(MaxFDs*4)),
+// NewConn takes over a connected Unix stream socket: its descriptor is
+// duplicated out of Go's network poller and uc is closed.
+func NewConn(uc *net.UnixConn) (*Conn, error) {
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("ipc: %w", err)
 	}
+	fd := -1
+	var derr error
+	if err := raw.Control(func(f uintptr) {
+		fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0)
+	}); err != nil {
+		return nil, fmt.Errorf("ipc: %w", err)
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("ipc: duplicate socket: %w", derr)
+	}
+	uc.Close()
+	c, err := NewConnFD(fd)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return c, nil
 }
 
-// Raw is the underlying socket.
-func (c *Conn) Raw() *net.UnixConn { return c.c }
+// NewConnFD wraps a connected Unix stream socket descriptor, which the Conn
+// then owns.
+func NewConnFD(fd int) (*Conn, error) {
+	intr, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("ipc: eventfd: %w", err)
+	}
+	return &Conn{
+		fd:   fd,
+		intr: intr,
+		rbuf: make([]byte, 64<<10),
+		oob:  make([]byte, unix.CmsgSpace(MaxFDs*4)),
+	}, nil
+}
+
+// FD is the socket's descriptor, for an event loop to watch. It stays valid
+// until Close.
+func (c *Conn) FD() int { return c.fd }
+
+// hold pins the descriptor for one system call; it fails once Close began.
+func (c *Conn) hold() bool {
+	c.fdmu.RLock()
+	if c.fd < 0 {
+		c.fdmu.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (c *Conn) unhold() { c.fdmu.RUnlock() }
 
 // Frame is one decoded frame. Body aliases the Conn's buffer and is valid until
 // the next ReadFrame.
@@ -123,28 +175,60 @@ func (c *Conn) makeRoom() {
 }
 
 // fill reads more bytes (and any descriptors riding on them) into rbuf,
-// blocking until some arrive.
-func (c *Conn) fill() error {
-	if c.eof {
-		return ErrClosed
-	}
-	c.makeRoom()
-	n, oobn, flags, _, err := c.c.ReadMsgUnix(c.rbuf[c.w:], c.oob)
-	if perr := c.received(n, oobn, flags); perr != nil {
-		return perr
-	}
-	if err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
-			c.eof = true
-			return ErrClosed
+// waiting until some arrive or ctx is done.
+func (c *Conn) fill(ctx context.Context) error {
+	for {
+		got, err := c.fillNow()
+		if err != nil || got {
+			return err
 		}
-		return fmt.Errorf("ipc: read: %w", err)
+		if err := c.waitReadable(ctx); err != nil {
+			return err
+		}
 	}
-	if n <= 0 {
-		c.eof = true
+}
+
+// waitReadable sleeps in poll(2) until the socket is readable (or hung up),
+// ctx is done, or Close is called.
+func (c *Conn) waitReadable(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if !c.hold() {
 		return ErrClosed
+	}
+	defer c.unhold()
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, c.interrupt)
+		defer stop()
+	}
+	pfd := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLIN}, {Fd: int32(c.intr), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(pfd, -1)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("ipc: poll: %w", err)
+		}
+		break
+	}
+	if pfd[1].Revents != 0 {
+		var b [8]byte
+		unix.Read(c.intr, b[:])
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// interrupt wakes a read blocked in waitReadable.
+func (c *Conn) interrupt() {
+	if c.hold() {
+		unix.Write(c.intr, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+		c.unhold()
+	}
 }
 
 // received takes in what one recvmsg returned: n bytes (ignored when n <= 0,
@@ -193,15 +277,12 @@ func (c *Conn) fillNow() (bool, error) {
 		return false, ErrClosed
 	}
 	c.makeRoom()
-	var n, oobn, flags int
-	var rerr error
-	if err := c.raw.Read(func(fd uintptr) bool {
-		n, oobn, flags, _, rerr = unix.Recvmsg(int(fd), c.rbuf[c.w:], c.oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
-		return true
-	}); err != nil {
+	if !c.hold() {
 		c.eof = true
 		return false, ErrClosed
 	}
+	n, oobn, flags, _, rerr := unix.Recvmsg(c.fd, c.rbuf[c.w:], c.oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+	c.unhold()
 	if rerr == unix.EAGAIN || rerr == unix.EINTR {
 		return false, nil
 	}
@@ -252,20 +333,9 @@ func (c *Conn) parse() (Frame, bool, error) {
 	if c.w-c.r < HeaderSize {
 		return Frame{}, false, nil
 	}
-	h := c.rbuf[c.r : c.r+HeaderSize]
-	if h[0] != magic0 || h[1] != magic1 {
-		return Frame{}, false, protoErrf("bad magic %#02x%02x (want \"HV\"): not an hvdd client, or a desynchronised stream", h[0], h[1])
-	}
-	f := Frame{Kind: h[2], ID: binary.LittleEndian.Uint32(h[4:8])}
-	if f.Kind != KindClient && f.Kind != KindServer {
-		return Frame{}, false, protoErrf("unknown frame kind %d", f.Kind)
-	}
-	if h[3] != 0 {
-		return Frame{}, false, protoErrf("reserved flags %#x set", h[3])
-	}
-	n := binary.LittleEndian.Uint32(h[8:12])
-	if n > MaxBody {
-		return Frame{}, false, protoErrf("frame body of %d bytes exceeds the %d-byte limit", n, MaxBody)
+	f, n, err := parseHeader(c.rbuf[c.r : c.r+HeaderSize])
+	if err != nil {
+		return Frame{}, false, err
 	}
 	total := HeaderSize + int(n)
 	if c.w-c.r < total {
@@ -276,10 +346,52 @@ func (c *Conn) parse() (Frame, bool, error) {
 	return f, true, nil
 }
 
-// ReadFrame returns the next frame, blocking until it has arrived. A malformed
-// header or an oversized body is a *ProtocolError; a closed connection is
-// ErrClosed.
-func (c *Conn) ReadFrame() (Frame, error) {
+// parseHeader checks a frame header and returns the frame's kind and id and
+// its body length.
+func parseHeader(h []byte) (Frame, uint32, error) {
+	if h[0] != magic0 || h[1] != magic1 {
+		return Frame{}, 0, protoErrf("bad magic %#02x%02x (want \"HV\"): not an hvdd client, or a desynchronised stream", h[0], h[1])
+	}
+	f := Frame{Kind: h[2], ID: binary.LittleEndian.Uint32(h[4:8])}
+	if f.Kind != KindClient && f.Kind != KindServer && f.Kind != KindWake {
+		return Frame{}, 0, protoErrf("unknown frame kind %d", f.Kind)
+	}
+	if h[3] != 0 {
+		return Frame{}, 0, protoErrf("reserved flags %#x set", h[3])
+	}
+	n := binary.LittleEndian.Uint32(h[8:12])
+	if n > MaxBody {
+		return Frame{}, 0, protoErrf("frame body of %d bytes exceeds the %d-byte limit", n, MaxBody)
+	}
+	if f.Kind == KindWake && n != 0 {
+		return Frame{}, 0, protoErrf("wake frame with a %d-byte body", n)
+	}
+	return f, n, nil
+}
+
+// parseFrame checks a whole frame held in b (header and body, nothing more).
+func parseFrame(b []byte) (Frame, error) {
+	f, n, err := parseHeader(b[:HeaderSize])
+	if err != nil {
+		return Frame{}, err
+	}
+	if int(n) != len(b)-HeaderSize {
+		return Frame{}, protoErrf("frame body of %d bytes in %d", n, len(b)-HeaderSize)
+	}
+	f.Body = b[HeaderSize:]
+	return f, nil
+}
+
+// WriteWake sends a Channel's doorbell: a Wake frame, which the receiver takes
+// as a reason to look at the ring and otherwise ignores.
+func (c *Conn) WriteWake() error {
+	return c.WriteRaw([]byte{magic0, magic1, KindWake, 0, 0, 0, 0, 0, 0, 0, 0, 0}, -1)
+}
+
+// ReadFrame returns the next frame, blocking until it has arrived or ctx is
+// done (then ctx's error). A malformed header or an oversized body is a
+// *ProtocolError; a closed connection is ErrClosed.
+func (c *Conn) ReadFrame(ctx context.Context) (Frame, error) {
 	for {
 		f, ok, err := c.parse()
 		if err != nil {
@@ -288,7 +400,7 @@ func (c *Conn) ReadFrame() (Frame, error) {
 		if ok {
 			return f, nil
 		}
-		if err := c.fill(); err != nil {
+		if err := c.fill(ctx); err != nil {
 			if errors.Is(err, ErrClosed) && c.w > c.r {
 				return Frame{}, protoErrf("connection closed inside a frame")
 			}
@@ -308,8 +420,8 @@ func (c *Conn) PopFD() (int, error) {
 }
 
 // ReadClient reads and decodes a ClientMessage frame (the daemon's side).
-func (c *Conn) ReadClient() (uint32, *ipcpb.ClientMessage, error) {
-	f, err := c.ReadFrame()
+func (c *Conn) ReadClient(ctx context.Context) (uint32, *ipcpb.ClientMessage, error) {
+	f, err := c.ReadFrame(ctx)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -332,8 +444,8 @@ func DecodeClient(f Frame) (uint32, *ipcpb.ClientMessage, error) {
 }
 
 // ReadServer reads and decodes a ServerMessage frame (the client's side).
-func (c *Conn) ReadServer() (uint32, *ipcpb.ServerMessage, error) {
-	f, err := c.ReadFrame()
+func (c *Conn) ReadServer(ctx context.Context) (uint32, *ipcpb.ServerMessage, error) {
+	f, err := c.ReadFrame(ctx)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -411,31 +523,62 @@ func (c *Conn) WriteRaw(b []byte, fd int) error {
 }
 
 func (c *Conn) writeLocked(b []byte, fd int) error {
-	var n int
-	var err error
+	if !c.hold() {
+		return ErrClosed
+	}
+	defer c.unhold()
+	var deadline time.Time
 	if c.WriteTimeout > 0 {
-		c.c.SetWriteDeadline(time.Now().Add(c.WriteTimeout))
+		deadline = time.Now().Add(c.WriteTimeout)
 	}
+	var oob []byte
 	if fd >= 0 {
-		n, _, err = c.c.WriteMsgUnix(b, unix.UnixRights(fd), nil)
-	} else {
-		n, err = c.c.Write(b)
+		oob = unix.UnixRights(fd)
 	}
-	if err == nil && n < len(b) {
-		// A stream socket may take part of a sendmsg; the descriptor went
+	for len(b) > 0 {
+		// A stream socket may take part of a sendmsg; the descriptor goes
 		// with the first byte, the rest follows as plain data.
-		_, err = c.c.Write(b[n:])
-	}
-	if err != nil {
-		if errors.Is(err, net.ErrClosed) || errors.Is(err, unix.EPIPE) || errors.Is(err, unix.ECONNRESET) {
+		n, err := unix.SendmsgN(c.fd, b, oob, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		if n > 0 {
+			b, oob = b[n:], nil
+		}
+		switch {
+		case err == nil || err == unix.EINTR:
+		case err == unix.EAGAIN:
+			if err := c.waitWritable(deadline); err != nil {
+				return err
+			}
+		case err == unix.EPIPE || err == unix.ECONNRESET || err == unix.ENOTCONN:
 			return ErrClosed
+		default:
+			return fmt.Errorf("ipc: write: %w", err)
 		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return fmt.Errorf("ipc: write: peer stopped reading for %v: %w", c.WriteTimeout, ErrClosed)
-		}
-		return fmt.Errorf("ipc: write: %w", err)
 	}
 	return nil
+}
+
+// waitWritable sleeps until the socket has room, until deadline (zero: no
+// bound). The caller holds the descriptor.
+func (c *Conn) waitWritable(deadline time.Time) error {
+	pfd := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLOUT}}
+	for {
+		ms := -1
+		if !deadline.IsZero() {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return fmt.Errorf("ipc: write: peer stopped reading for %v: %w", c.WriteTimeout, ErrClosed)
+			}
+			ms = int((left + time.Millisecond - 1) / time.Millisecond)
+		}
+		n, err := unix.Poll(pfd, ms)
+		if err == unix.EINTR || n == 0 {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("ipc: poll: %w", err)
+		}
+		return nil // writable, or hung up: the next sendmsg says which
+	}
 }
 
 // WriteServer sends a ServerMessage (the daemon's side).
@@ -451,26 +594,57 @@ func (c *Conn) WriteClient(id uint32, m *ipcpb.ClientMessage, fd int) error {
 // PeerCred returns the credentials of the process at the other end, as the
 // kernel recorded them at connect time.
 func (c *Conn) PeerCred() (*unix.Ucred, error) {
-	raw, err := c.c.SyscallConn()
+	if !c.hold() {
+		return nil, ErrClosed
+	}
+	defer c.unhold()
+	cred, err := unix.GetsockoptUcred(c.fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
 	if err != nil {
-		return nil, fmt.Errorf("ipc: peer credentials: %w", err)
-	}
-	var cred *unix.Ucred
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return nil, fmt.Errorf("ipc: peer credentials: %w", err)
-	}
-	if serr != nil {
-		return nil, fmt.Errorf("ipc: SO_PEERCRED: %w", serr)
+		return nil, fmt.Errorf("ipc: SO_PEERCRED: %w", err)
 	}
 	return cred, nil
 }
 
-// Close closes the socket; a blocked ReadFrame returns ErrClosed. The reading
-// goroutine then calls CloseFDs.
-func (c *Conn) Close() error { return c.c.Close() }
+// PeerClosed waits up to d for the peer to close or shut down its end, and
+// reports whether it has, without reading anything.
+func (c *Conn) PeerClosed(d time.Duration) bool {
+	if !c.hold() {
+		return true
+	}
+	defer c.unhold()
+	pfd := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLRDHUP}}
+	n, err := unix.Poll(pfd, int(d/time.Millisecond))
+	return err == nil && n > 0 && pfd[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
+}
+
+// CloseWrite shuts down the sending side: the peer reads the end of the
+// stream after what was sent.
+func (c *Conn) CloseWrite() error {
+	if !c.hold() {
+		return ErrClosed
+	}
+	defer c.unhold()
+	return unix.Shutdown(c.fd, unix.SHUT_WR)
+}
+
+// Close closes the connection. A read or write blocked in another goroutine
+// returns ErrClosed; the reading goroutine then calls CloseFDs.
+func (c *Conn) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	// Wake whoever sleeps on the socket, then close it once they are out.
+	c.fdmu.RLock()
+	unix.Shutdown(c.fd, unix.SHUT_RDWR)
+	unix.Write(c.intr, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+	c.fdmu.RUnlock()
+	c.fdmu.Lock()
+	err := unix.Close(c.fd)
+	unix.Close(c.intr)
+	c.fd, c.intr = -1, -1
+	c.fdmu.Unlock()
+	return err
+}
 
 // CloseFDs closes received descriptors that no message claimed. Call it only
 // from the reading goroutine (or after it has stopped).

@@ -1,6 +1,7 @@
 package ipc
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"net"
@@ -30,10 +31,10 @@ func FuzzReadClient(f *testing.F) {
 			a.Write(data)
 			a.Close()
 		}()
-		c := NewConn(b)
+		c := mustConn(t, b)
 		defer c.Close()
 		for i := 0; i < 64; i++ {
-			_, m, err := c.ReadClient()
+			_, m, err := c.ReadClient(context.Background())
 			if err != nil {
 				if !errors.Is(err, ErrClosed) && !IsProtocol(err) {
 					t.Fatalf("unexpected error kind: %v", err)
@@ -48,6 +49,15 @@ func FuzzReadClient(f *testing.F) {
 			}
 		}
 	})
+}
+
+func mustConn(t testing.TB, uc *net.UnixConn) *Conn {
+	t.Helper()
+	c, err := NewConn(uc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 func frameBytes(kind, flags byte, id uint32, body []byte) []byte {
@@ -80,13 +90,13 @@ func socketPair(t testing.TB) (*net.UnixConn, *net.UnixConn) {
 // TestRoundTrip sends messages with and without descriptors both ways.
 func TestRoundTrip(t *testing.T) {
 	a, b := socketPair(t)
-	ca, cb := NewConn(a), NewConn(b)
+	ca, cb := mustConn(t, a), mustConn(t, b)
 	for i := uint32(1); i <= 100; i++ {
 		m := &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Enqueue{Enqueue: &ipcpb.Enqueue{Name: "t", Shape: []int64{int64(i)}}}}
 		if err := ca.WriteClient(i, m, -1); err != nil {
 			t.Fatal(err)
 		}
-		id, got, err := cb.ReadClient()
+		id, got, err := cb.ReadClient(context.Background())
 		if err != nil || id != i || got.GetEnqueue().GetShape()[0] != int64(i) {
 			t.Fatalf("frame %d: got id %d %v %v", i, id, got, err)
 		}
@@ -94,7 +104,7 @@ func TestRoundTrip(t *testing.T) {
 	// A large body crosses several reads.
 	big := &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Done{Done: &ipcpb.Done{OutputShape: make([]int64, 200000)}}}
 	go cb.WriteServer(9, big, -1)
-	id, got, err := ca.ReadServer()
+	id, got, err := ca.ReadServer(context.Background())
 	if err != nil || id != 9 || len(got.GetDone().GetOutputShape()) != 200000 {
 		t.Fatalf("big frame: %d %v", id, err)
 	}

@@ -19,7 +19,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 go test -tags mpi -count=1 -timeout 10m ./backends/mpi/ ./cmd/hvdd/
 
 echo "== fuzz (${FUZZTIME:=10s} per target)"
-for t in "./ipc FuzzReadClient" "./daemon FuzzResolve" "./shm FuzzSlice" "./reduce FuzzReduce" "./daemon/plan FuzzTable" \
+for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon FuzzResolve" "./shm FuzzSlice" "./reduce FuzzReduce" "./daemon/plan FuzzTable" \
          "./backends/tcp FuzzParse" "./backends/tcp FuzzHandshakeServer"; do
   set -- $t
   go test -run '^$' -fuzz "^$2\$" -fuzztime "$FUZZTIME" "$1"

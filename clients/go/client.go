@@ -48,10 +48,19 @@ type Client struct {
 	// region of their own size.
 	ArenaSize int64
 
-	// Spin is how long a waiting goroutine polls the socket before sleeping
-	// in the kernel. Zero means $HVDD_SPIN_US microseconds, else 50 µs;
-	// negative never spins.
+	// Spin is how long a waiting goroutine polls for the daemon's answers
+	// before sleeping in the kernel. Zero means $HVDD_SPIN_US microseconds,
+	// else 50 µs; negative never spins.
 	Spin time.Duration
+
+	// NoChannel keeps every message on the socket instead of the
+	// shared-memory channel (ipc.Channel), which saves the system calls of
+	// a busy job. $HVDD_CHANNEL=0 does the same.
+	NoChannel bool
+
+	// RingSize is the size of each of the channel's two rings, a power of
+	// two from 4 KiB to 16 MiB. Zero means $HVDD_RING_BYTES, else 128 KiB.
+	RingSize int
 
 	// StartTimeout bounds Init when ctx has no deadline: connecting while the
 	// daemon starts and waiting for every rank to arrive. Zero means
@@ -77,6 +86,14 @@ type Client struct {
 	readerFree chan struct{} // a token: the reader role is free
 	spin       time.Duration
 	groupSeq   atomic.Uint64
+	sockIn     uint64 // counted socket frames read since the channel (readMu)
+
+	// txMu serialises sending: the channel's ring and the socket writes it
+	// counts.
+	txMu   sync.Mutex
+	ch     *ipc.Channel // nil without a channel
+	chMem  *shm.Region
+	txWait time.Duration // total time spent waiting for ring room (stats)
 }
 
 type arenaRegion struct {
@@ -120,7 +137,10 @@ func (c *Client) Init(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c.ic = ipc.NewConn(uc)
+	if c.ic, err = ipc.NewConn(uc); err != nil {
+		uc.Close()
+		return fmt.Errorf("hvdd: %w", err)
+	}
 	c.pending = make(map[uint32]*Handle)
 	c.names = make(map[string]bool)
 	c.granted = make(map[uint32]*shm.Region)
@@ -144,10 +164,12 @@ func (c *Client) Init(ctx context.Context) error {
 			}
 		}
 	}
-	stop := context.AfterFunc(ctx, func() { uc.Close() })
-	err = c.handshake(lr)
-	if !stop() || err != nil {
-		uc.Close()
+	err = c.handshake(ctx, lr)
+	if err == nil && !c.NoChannel && os.Getenv("HVDD_CHANNEL") != "0" {
+		err = c.openChannel()
+	}
+	if err != nil {
+		c.ic.Close()
 		c.ic = nil
 		if ctx.Err() != nil {
 			return fmt.Errorf("hvdd: init: the job did not form within the start timeout (%v): are all ranks started, and is the daemon's --slots right? (%w)", timeout, ctx.Err())
@@ -175,7 +197,97 @@ func dial(ctx context.Context, path string) (*net.UnixConn, error) {
 	}
 }
 
-func (c *Client) handshake(localRank int) error {
+// openChannel creates the shared-memory channel and registers it. It runs
+// after Welcome and before any request, so that the daemon sends nothing on
+// the socket between the registration and the first frame it counts.
+func (c *Client) openChannel() error {
+	ring := c.RingSize
+	if ring == 0 {
+		ring = ipc.DefaultRingSize
+		if v, err := strconv.Atoi(os.Getenv("HVDD_RING_BYTES")); err == nil {
+			ring = v
+		}
+	}
+	m, err := shm.Create(fmt.Sprintf("hvdd-chan-%d", os.Getpid()), int64(ipc.ChannelBytes(ring)))
+	if err != nil {
+		return fmt.Errorf("hvdd: channel: %w", err)
+	}
+	ch, err := ipc.NewChannel(m.Bytes(), ipc.ClientSide)
+	if err != nil {
+		err = fmt.Errorf("ring size %d (RingSize, HVDD_RING_BYTES): %w", ring, err)
+	}
+	if err == nil {
+		err = c.ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_RegisterChannel{
+			RegisterChannel: &ipcpb.RegisterChannel{Size: uint64(m.Size())}}}, m.FD())
+	}
+	if err != nil {
+		m.Close()
+		return fmt.Errorf("hvdd: channel: %w", err)
+	}
+	c.ch, c.chMem = ch, m
+	return nil
+}
+
+// send sends one message: through the channel when there is one and the
+// message carries no descriptor (waiting for room if the ring is full), else
+// on the socket, after the ring has drained so that the daemon sees the
+// messages in the order they were sent.
+func (c *Client) send(id uint32, m *ipcpb.ClientMessage, fd int) error {
+	c.txMu.Lock()
+	defer c.txMu.Unlock()
+	if c.ch == nil {
+		return c.ic.WriteClient(id, m, fd)
+	}
+	b, err := c.ch.Encode(ipc.KindClient, id, m)
+	if err != nil {
+		return err
+	}
+	if fd < 0 && len(b) <= c.ch.MaxFrame() {
+		for {
+			ok, err := c.ch.SendFrame(b)
+			if err != nil {
+				return err
+			}
+			if ok {
+				if c.ch.PeerAsleep() {
+					return c.ic.WriteWake()
+				}
+				return nil
+			}
+			if err := c.waitRing(func() bool { return c.ch.Room(len(b)) }); err != nil {
+				return err
+			}
+		}
+	}
+	if err := c.waitRing(c.ch.Empty); err != nil {
+		return err
+	}
+	if err := c.ic.WriteRaw(b, fd); err != nil {
+		return err
+	}
+	c.ch.SocketSent(1)
+	return nil
+}
+
+// waitRing waits until cond holds of the ring the daemon drains: yielding at
+// first, then sleeping a millisecond at a time while watching the socket for
+// the daemon's end. The caller holds txMu.
+func (c *Client) waitRing(cond func() bool) error {
+	start := time.Now()
+	defer func() { c.txWait += time.Since(start) }()
+	for i := 0; !cond(); i++ {
+		if i < 1000 {
+			unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			continue
+		}
+		if c.ic.PeerClosed(time.Millisecond) {
+			return ipc.ErrClosed
+		}
+	}
+	return nil
+}
+
+func (c *Client) handshake(ctx context.Context, localRank int) error {
 	if err := c.ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Hello{Hello: &ipcpb.Hello{
 		Version: ipc.Version, Pid: int32(os.Getpid()), LocalRank: int32(localRank), Client: "go",
 	}}}, -1); err != nil {
@@ -185,7 +297,7 @@ func (c *Client) handshake(localRank int) error {
 		return err
 	}
 	for {
-		_, m, err := c.ic.ReadServer()
+		_, m, err := c.ic.ReadServer(ctx)
 		if err != nil {
 			return fmt.Errorf("hvdd: waiting for the job to form: %w", err)
 		}
@@ -210,7 +322,7 @@ func (c *Client) addRegion(size int64) (*arenaRegion, error) {
 	}
 	r := &arenaRegion{id: c.nextReg, m: m, arena: shm.NewArena(size)}
 	c.nextReg++
-	if err := c.ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_RegisterRegion{
+	if err := c.send(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_RegisterRegion{
 		RegisterRegion: &ipcpb.RegisterRegion{Region: r.id, Size: uint64(size)}}}, m.FD()); err != nil {
 		m.Close()
 		return nil, fmt.Errorf("hvdd: register region: %w", err)
@@ -220,27 +332,29 @@ func (c *Client) addRegion(size int64) (*arenaRegion, error) {
 }
 
 // The client has no reader goroutine: a goroutine that waits for a handle
-// reads the socket itself (holding readMu), completing whatever frames arrive,
-// and hands the reader role on when its own handle is done. With one waiter
-// (the usual training loop) no goroutine hand-off sits on the path. While it
-// waits, the reader first polls the socket without sleeping for Spin, so that
-// a quick answer costs no wake-up, then blocks.
+// reads the channel and the socket itself (holding readMu), completing
+// whatever frames arrive, and hands the reader role on when its own handle is
+// done. With one waiter (the usual training loop) no goroutine hand-off sits
+// on the path. While it waits, the reader first polls without sleeping for
+// Spin (the channel's ring is a memory read; without a channel the socket is
+// read without blocking), so that a quick answer costs no wake-up, then
+// sleeps on the socket, telling the daemon through the channel to ring.
 
 // pump reads and dispatches frames until done() holds. The caller holds
 // readMu. With block false it only takes what is already there.
 func (c *Client) pump(ctx context.Context, done func() bool, block bool) error {
 	spinEnd := time.Now().Add(c.spin)
+	woke := false
 	for !done() {
-		f, ok, err := c.ic.TryReadFrame()
+		// After a sleep, also drain the socket: doorbells rung while we
+		// slept would otherwise wake the next sleep for nothing.
+		got, err := c.take(!block || woke)
+		woke = false
 		if err != nil {
 			c.failAll(err)
 			return err
 		}
-		if ok {
-			if err := c.dispatch(f); err != nil {
-				c.failAll(err)
-				return err
-			}
+		if got {
 			continue
 		}
 		if !block {
@@ -250,26 +364,91 @@ func (c *Client) pump(ctx context.Context, done func() bool, block bool) error {
 			unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 			continue
 		}
-		// Block in the kernel until a frame arrives or ctx is done.
-		stop := context.AfterFunc(ctx, func() { c.ic.Raw().SetReadDeadline(time.Unix(1, 0)) })
-		f, err = c.ic.ReadFrame()
-		if !stop() {
-			c.ic.Raw().SetReadDeadline(time.Time{})
-			if err != nil && ctx.Err() != nil {
-				return ctx.Err()
+		if c.ch != nil {
+			// Say we sleep, then look once more: a frame published before
+			// the daemon could see the flag rang no doorbell.
+			c.ch.SetAsleep(true)
+			if c.ch.Pending() {
+				c.ch.SetAsleep(false)
+				continue
 			}
+		}
+		// Block in the kernel until a frame arrives or ctx is done.
+		f, err := c.ic.ReadFrame(ctx)
+		if c.ch != nil {
+			c.ch.SetAsleep(false)
+		}
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err == nil {
+			err = c.dispatchSocket(f)
 		}
 		if err != nil {
 			c.failAll(err)
 			return err
 		}
-		if err := c.dispatch(f); err != nil {
-			c.failAll(err)
-			return err
-		}
+		woke = true
 		spinEnd = time.Now().Add(c.spin)
 	}
 	return nil
+}
+
+// take dispatches the frames that have arrived, without sleeping: with a
+// channel, the socket frames the daemon counted before its ring's head, then
+// the ring; with sock (or without a channel) also the socket's own frames.
+func (c *Client) take(sock bool) (bool, error) {
+	got := false
+	if c.ch != nil {
+		want := c.ch.Snapshot()
+		for c.sockIn < want {
+			// Written before the ring frames: already in the socket.
+			f, err := c.ic.ReadFrame(context.Background())
+			if err != nil {
+				return got, err
+			}
+			if err := c.dispatchSocket(f); err != nil {
+				return got, err
+			}
+			got = true
+		}
+		for {
+			f, ok, err := c.ch.Next()
+			if err != nil {
+				return got, err
+			}
+			if !ok {
+				break
+			}
+			if err := c.dispatch(f); err != nil {
+				return got, err
+			}
+			got = true
+		}
+		if !sock {
+			return got, nil
+		}
+	}
+	for {
+		f, ok, err := c.ic.TryReadFrame()
+		if err != nil || !ok {
+			return got, err
+		}
+		if err := c.dispatchSocket(f); err != nil {
+			return got, err
+		}
+		got = true
+	}
+}
+
+// dispatchSocket acts on a frame read from the socket, counting it for the
+// channel's order.
+func (c *Client) dispatchSocket(f ipc.Frame) error {
+	if f.Kind == ipc.KindWake {
+		return nil
+	}
+	c.sockIn++
+	return c.dispatch(f)
 }
 
 // dispatch acts on one frame from the daemon.
@@ -386,7 +565,7 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	c.mu.Unlock()
-	c.ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Goodbye{Goodbye: &ipcpb.Goodbye{}}}, -1)
+	c.send(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Goodbye{Goodbye: &ipcpb.Goodbye{}}}, -1)
 	err := c.ic.Close()
 	// A goroutine blocked reading sees the close; then fail what is left.
 	c.readMu.Lock()
@@ -401,6 +580,13 @@ func (c *Client) Close() error {
 		r.Close()
 	}
 	c.regions, c.granted = nil, nil
+	c.txMu.Lock()
+	if c.chMem != nil {
+		c.ch = nil
+		c.chMem.Close()
+		c.chMem = nil
+	}
+	c.txMu.Unlock()
 	return err
 }
 
@@ -482,5 +668,5 @@ func (c *Client) release(b *ipcpb.Buffer) {
 	if b.GetLength() == 0 {
 		return
 	}
-	c.ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Release{Release: &ipcpb.Release{Buffer: b}}}, -1)
+	c.send(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Release{Release: &ipcpb.Release{Buffer: b}}}, -1)
 }

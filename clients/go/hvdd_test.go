@@ -51,6 +51,9 @@ func worker(name string) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	if lr, _ := strconv.Atoi(os.Getenv("HVDD_LOCAL_RANK")); os.Getenv("HVDD_TEST_CHANNEL") == "odd" && lr%2 == 1 {
+		os.Setenv("HVDD_CHANNEL", "0")
+	}
 	c, err := hvdd.Init(ctx)
 	if err != nil {
 		fmt.Println("init:", err)
@@ -95,7 +98,20 @@ func TestCollectives(t *testing.T) {
 
 func TestAsyncAndFusion(t *testing.T) {
 	s := daemontest.Start(t, daemon.Config{Slots: 2})
-	daemontest.Run(t, s.Socket, "async", 2, 60*time.Second)
+	// A small ring, so that the burst fills it and the long name overflows it.
+	daemontest.Run(t, s.Socket, "async", 2, 60*time.Second, "HVDD_RING_BYTES=4096")
+}
+
+// TestSocketOnly runs clients without the shared-memory channel beside ones
+// with it (HVDD_TEST_CHANNEL=odd turns it off on odd local ranks): the socket
+// path must give the same results, in the same job.
+func TestSocketOnly(t *testing.T) {
+	for _, sc := range []string{"collectives", "async"} {
+		t.Run(sc, func(t *testing.T) {
+			s := daemontest.Start(t, daemon.Config{Slots: 2, FusionThreshold: 1 << 16})
+			daemontest.Run(t, s.Socket, sc, 2, 120*time.Second, "HVDD_TEST_CHANNEL=odd")
+		})
+	}
 }
 
 func TestErrors(t *testing.T) {
@@ -524,13 +540,19 @@ func asyncScenario(ctx context.Context, c *hvdd.Client) error {
 	if lateBuf[0] != float32(c.Size()) {
 		return fmt.Errorf("late = %v, want %d", lateBuf[0], c.Size())
 	}
-	// A burst of more requests than the daemon reads per wake-up.
-	const k = 200
+	// A burst of more requests than the daemon reads per wake-up, and than
+	// the channel's ring holds (the client waits for room), with one whose
+	// frame is too large for the ring: it goes on the socket, in order.
+	const k = 3000
 	bufs := make([][]float32, k)
 	hs := make([]*hvdd.Handle, k)
 	for i := range bufs {
-		bufs[i] = input[float32](c.Rank(), 100+i)
-		h, err := hvdd.AllreduceAsync(c, bufs[i], hvdd.WithName(fmt.Sprintf("grad.%d", i)), hvdd.WithOp(hvdd.Sum))
+		bufs[i] = input[float32](c.Rank(), 1+i%200)
+		name := fmt.Sprintf("grad.%d", i)
+		if i == k/2 {
+			name += strings.Repeat("x", 70000)
+		}
+		h, err := hvdd.AllreduceAsync(c, bufs[i], hvdd.WithName(name), hvdd.WithOp(hvdd.Sum))
 		if err != nil {
 			return err
 		}

@@ -298,7 +298,7 @@ func (c *Client) submit(e *ipcpb.Enqueue, data []byte, copyBack bool) (*Handle, 
 		c.names[e.Name] = true
 	}
 	c.mu.Unlock()
-	if err := c.ic.WriteClient(id, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Enqueue{Enqueue: e}}, -1); err != nil {
+	if err := c.send(id, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Enqueue{Enqueue: e}}, -1); err != nil {
 		c.mu.Lock()
 		delete(c.pending, id)
 		delete(c.names, e.Name)

@@ -738,6 +738,55 @@ func (x *Release) GetBuffer() *Buffer {
 	return nil
 }
 
+// RegisterChannel announces a client-created memfd (passed like a region's,
+// sealed the same way) that holds the two frame rings of a shared-memory
+// channel (see ipc/PROTOCOL.md, "Channel"): ChannelHeader + 2 * ring bytes,
+// the ring a power of two. At most one per connection. Frames after it may
+// travel through the rings.
+type RegisterChannel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Size          uint64                 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterChannel) Reset() {
+	*x = RegisterChannel{}
+	mi := &file_hvdd_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterChannel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterChannel) ProtoMessage() {}
+
+func (x *RegisterChannel) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterChannel.ProtoReflect.Descriptor instead.
+func (*RegisterChannel) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RegisterChannel) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
 // Goodbye announces an orderly close (hvd.shutdown()): the rank is not "lost".
 type Goodbye struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -747,7 +796,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_hvdd_proto_msgTypes[6]
+	mi := &file_hvdd_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +808,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[6]
+	mi := &file_hvdd_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +821,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{6}
+	return file_hvdd_proto_rawDescGZIP(), []int{7}
 }
 
 type ClientMessage struct {
@@ -785,6 +834,7 @@ type ClientMessage struct {
 	//	*ClientMessage_Enqueue
 	//	*ClientMessage_Release
 	//	*ClientMessage_Goodbye
+	//	*ClientMessage_RegisterChannel
 	Msg           isClientMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -792,7 +842,7 @@ type ClientMessage struct {
 
 func (x *ClientMessage) Reset() {
 	*x = ClientMessage{}
-	mi := &file_hvdd_proto_msgTypes[7]
+	mi := &file_hvdd_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -804,7 +854,7 @@ func (x *ClientMessage) String() string {
 func (*ClientMessage) ProtoMessage() {}
 
 func (x *ClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[7]
+	mi := &file_hvdd_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -817,7 +867,7 @@ func (x *ClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientMessage.ProtoReflect.Descriptor instead.
 func (*ClientMessage) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{7}
+	return file_hvdd_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ClientMessage) GetMsg() isClientMessage_Msg {
@@ -881,6 +931,15 @@ func (x *ClientMessage) GetGoodbye() *Goodbye {
 	return nil
 }
 
+func (x *ClientMessage) GetRegisterChannel() *RegisterChannel {
+	if x != nil {
+		if x, ok := x.Msg.(*ClientMessage_RegisterChannel); ok {
+			return x.RegisterChannel
+		}
+	}
+	return nil
+}
+
 type isClientMessage_Msg interface {
 	isClientMessage_Msg()
 }
@@ -909,6 +968,10 @@ type ClientMessage_Goodbye struct {
 	Goodbye *Goodbye `protobuf:"bytes,6,opt,name=goodbye,proto3,oneof"`
 }
 
+type ClientMessage_RegisterChannel struct {
+	RegisterChannel *RegisterChannel `protobuf:"bytes,7,opt,name=register_channel,json=registerChannel,proto3,oneof"`
+}
+
 func (*ClientMessage_Hello) isClientMessage_Msg() {}
 
 func (*ClientMessage_RegisterRegion) isClientMessage_Msg() {}
@@ -920,6 +983,8 @@ func (*ClientMessage_Enqueue) isClientMessage_Msg() {}
 func (*ClientMessage_Release) isClientMessage_Msg() {}
 
 func (*ClientMessage_Goodbye) isClientMessage_Msg() {}
+
+func (*ClientMessage_RegisterChannel) isClientMessage_Msg() {}
 
 // Welcome answers Hello once the whole job is formed.
 type Welcome struct {
@@ -942,7 +1007,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_hvdd_proto_msgTypes[8]
+	mi := &file_hvdd_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -954,7 +1019,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[8]
+	mi := &file_hvdd_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -967,7 +1032,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{8}
+	return file_hvdd_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Welcome) GetVersion() uint32 {
@@ -1059,7 +1124,7 @@ type GrantRegion struct {
 
 func (x *GrantRegion) Reset() {
 	*x = GrantRegion{}
-	mi := &file_hvdd_proto_msgTypes[9]
+	mi := &file_hvdd_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1071,7 +1136,7 @@ func (x *GrantRegion) String() string {
 func (*GrantRegion) ProtoMessage() {}
 
 func (x *GrantRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[9]
+	mi := &file_hvdd_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1084,7 +1149,7 @@ func (x *GrantRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRegion.ProtoReflect.Descriptor instead.
 func (*GrantRegion) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{9}
+	return file_hvdd_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GrantRegion) GetRegion() uint32 {
@@ -1119,7 +1184,7 @@ type Done struct {
 
 func (x *Done) Reset() {
 	*x = Done{}
-	mi := &file_hvdd_proto_msgTypes[10]
+	mi := &file_hvdd_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1131,7 +1196,7 @@ func (x *Done) String() string {
 func (*Done) ProtoMessage() {}
 
 func (x *Done) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[10]
+	mi := &file_hvdd_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1144,7 +1209,7 @@ func (x *Done) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Done.ProtoReflect.Descriptor instead.
 func (*Done) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{10}
+	return file_hvdd_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Done) GetCode() Code {
@@ -1200,7 +1265,7 @@ type Fatal struct {
 
 func (x *Fatal) Reset() {
 	*x = Fatal{}
-	mi := &file_hvdd_proto_msgTypes[11]
+	mi := &file_hvdd_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1212,7 +1277,7 @@ func (x *Fatal) String() string {
 func (*Fatal) ProtoMessage() {}
 
 func (x *Fatal) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[11]
+	mi := &file_hvdd_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1225,7 +1290,7 @@ func (x *Fatal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fatal.ProtoReflect.Descriptor instead.
 func (*Fatal) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{11}
+	return file_hvdd_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Fatal) GetCode() Code {
@@ -1257,7 +1322,7 @@ type ServerMessage struct {
 
 func (x *ServerMessage) Reset() {
 	*x = ServerMessage{}
-	mi := &file_hvdd_proto_msgTypes[12]
+	mi := &file_hvdd_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1269,7 +1334,7 @@ func (x *ServerMessage) String() string {
 func (*ServerMessage) ProtoMessage() {}
 
 func (x *ServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[12]
+	mi := &file_hvdd_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1282,7 +1347,7 @@ func (x *ServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerMessage.ProtoReflect.Descriptor instead.
 func (*ServerMessage) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{12}
+	return file_hvdd_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ServerMessage) GetMsg() isServerMessage_Msg {
@@ -1395,15 +1460,18 @@ const file_hvdd_proto_rawDesc = "" +
 	"\vprocess_set\x18\r \x01(\x05R\n" +
 	"processSet\"6\n" +
 	"\aRelease\x12+\n" +
-	"\x06buffer\x18\x01 \x01(\v2\x13.hvdd.ipc.v1.BufferR\x06buffer\"\t\n" +
-	"\aGoodbye\"\xee\x02\n" +
+	"\x06buffer\x18\x01 \x01(\v2\x13.hvdd.ipc.v1.BufferR\x06buffer\"%\n" +
+	"\x0fRegisterChannel\x12\x12\n" +
+	"\x04size\x18\x01 \x01(\x04R\x04size\"\t\n" +
+	"\aGoodbye\"\xb9\x03\n" +
 	"\rClientMessage\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.hvdd.ipc.v1.HelloH\x00R\x05hello\x12F\n" +
 	"\x0fregister_region\x18\x02 \x01(\v2\x1b.hvdd.ipc.v1.RegisterRegionH\x00R\x0eregisterRegion\x12L\n" +
 	"\x11unregister_region\x18\x03 \x01(\v2\x1d.hvdd.ipc.v1.UnregisterRegionH\x00R\x10unregisterRegion\x120\n" +
 	"\aenqueue\x18\x04 \x01(\v2\x14.hvdd.ipc.v1.EnqueueH\x00R\aenqueue\x120\n" +
 	"\arelease\x18\x05 \x01(\v2\x14.hvdd.ipc.v1.ReleaseH\x00R\arelease\x120\n" +
-	"\agoodbye\x18\x06 \x01(\v2\x14.hvdd.ipc.v1.GoodbyeH\x00R\agoodbyeB\x05\n" +
+	"\agoodbye\x18\x06 \x01(\v2\x14.hvdd.ipc.v1.GoodbyeH\x00R\agoodbye\x12I\n" +
+	"\x10register_channel\x18\a \x01(\v2\x1c.hvdd.ipc.v1.RegisterChannelH\x00R\x0fregisterChannelB\x05\n" +
 	"\x03msg\"\xc8\x02\n" +
 	"\aWelcome\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x12\n" +
@@ -1504,7 +1572,7 @@ func file_hvdd_proto_rawDescGZIP() []byte {
 }
 
 var file_hvdd_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_hvdd_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_hvdd_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_hvdd_proto_goTypes = []any{
 	(DType)(0),               // 0: hvdd.ipc.v1.DType
 	(OpType)(0),              // 1: hvdd.ipc.v1.OpType
@@ -1516,13 +1584,14 @@ var file_hvdd_proto_goTypes = []any{
 	(*UnregisterRegion)(nil), // 7: hvdd.ipc.v1.UnregisterRegion
 	(*Enqueue)(nil),          // 8: hvdd.ipc.v1.Enqueue
 	(*Release)(nil),          // 9: hvdd.ipc.v1.Release
-	(*Goodbye)(nil),          // 10: hvdd.ipc.v1.Goodbye
-	(*ClientMessage)(nil),    // 11: hvdd.ipc.v1.ClientMessage
-	(*Welcome)(nil),          // 12: hvdd.ipc.v1.Welcome
-	(*GrantRegion)(nil),      // 13: hvdd.ipc.v1.GrantRegion
-	(*Done)(nil),             // 14: hvdd.ipc.v1.Done
-	(*Fatal)(nil),            // 15: hvdd.ipc.v1.Fatal
-	(*ServerMessage)(nil),    // 16: hvdd.ipc.v1.ServerMessage
+	(*RegisterChannel)(nil),  // 10: hvdd.ipc.v1.RegisterChannel
+	(*Goodbye)(nil),          // 11: hvdd.ipc.v1.Goodbye
+	(*ClientMessage)(nil),    // 12: hvdd.ipc.v1.ClientMessage
+	(*Welcome)(nil),          // 13: hvdd.ipc.v1.Welcome
+	(*GrantRegion)(nil),      // 14: hvdd.ipc.v1.GrantRegion
+	(*Done)(nil),             // 15: hvdd.ipc.v1.Done
+	(*Fatal)(nil),            // 16: hvdd.ipc.v1.Fatal
+	(*ServerMessage)(nil),    // 17: hvdd.ipc.v1.ServerMessage
 }
 var file_hvdd_proto_depIdxs = []int32{
 	1,  // 0: hvdd.ipc.v1.Enqueue.op:type_name -> hvdd.ipc.v1.OpType
@@ -1535,19 +1604,20 @@ var file_hvdd_proto_depIdxs = []int32{
 	7,  // 7: hvdd.ipc.v1.ClientMessage.unregister_region:type_name -> hvdd.ipc.v1.UnregisterRegion
 	8,  // 8: hvdd.ipc.v1.ClientMessage.enqueue:type_name -> hvdd.ipc.v1.Enqueue
 	9,  // 9: hvdd.ipc.v1.ClientMessage.release:type_name -> hvdd.ipc.v1.Release
-	10, // 10: hvdd.ipc.v1.ClientMessage.goodbye:type_name -> hvdd.ipc.v1.Goodbye
-	3,  // 11: hvdd.ipc.v1.Done.code:type_name -> hvdd.ipc.v1.Code
-	4,  // 12: hvdd.ipc.v1.Done.output:type_name -> hvdd.ipc.v1.Buffer
-	3,  // 13: hvdd.ipc.v1.Fatal.code:type_name -> hvdd.ipc.v1.Code
-	12, // 14: hvdd.ipc.v1.ServerMessage.welcome:type_name -> hvdd.ipc.v1.Welcome
-	13, // 15: hvdd.ipc.v1.ServerMessage.grant_region:type_name -> hvdd.ipc.v1.GrantRegion
-	14, // 16: hvdd.ipc.v1.ServerMessage.done:type_name -> hvdd.ipc.v1.Done
-	15, // 17: hvdd.ipc.v1.ServerMessage.fatal:type_name -> hvdd.ipc.v1.Fatal
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	11, // 10: hvdd.ipc.v1.ClientMessage.goodbye:type_name -> hvdd.ipc.v1.Goodbye
+	10, // 11: hvdd.ipc.v1.ClientMessage.register_channel:type_name -> hvdd.ipc.v1.RegisterChannel
+	3,  // 12: hvdd.ipc.v1.Done.code:type_name -> hvdd.ipc.v1.Code
+	4,  // 13: hvdd.ipc.v1.Done.output:type_name -> hvdd.ipc.v1.Buffer
+	3,  // 14: hvdd.ipc.v1.Fatal.code:type_name -> hvdd.ipc.v1.Code
+	13, // 15: hvdd.ipc.v1.ServerMessage.welcome:type_name -> hvdd.ipc.v1.Welcome
+	14, // 16: hvdd.ipc.v1.ServerMessage.grant_region:type_name -> hvdd.ipc.v1.GrantRegion
+	15, // 17: hvdd.ipc.v1.ServerMessage.done:type_name -> hvdd.ipc.v1.Done
+	16, // 18: hvdd.ipc.v1.ServerMessage.fatal:type_name -> hvdd.ipc.v1.Fatal
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_hvdd_proto_init() }
@@ -1555,15 +1625,16 @@ func file_hvdd_proto_init() {
 	if File_hvdd_proto != nil {
 		return
 	}
-	file_hvdd_proto_msgTypes[7].OneofWrappers = []any{
+	file_hvdd_proto_msgTypes[8].OneofWrappers = []any{
 		(*ClientMessage_Hello)(nil),
 		(*ClientMessage_RegisterRegion)(nil),
 		(*ClientMessage_UnregisterRegion)(nil),
 		(*ClientMessage_Enqueue)(nil),
 		(*ClientMessage_Release)(nil),
 		(*ClientMessage_Goodbye)(nil),
+		(*ClientMessage_RegisterChannel)(nil),
 	}
-	file_hvdd_proto_msgTypes[12].OneofWrappers = []any{
+	file_hvdd_proto_msgTypes[13].OneofWrappers = []any{
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_GrantRegion)(nil),
 		(*ServerMessage_Done)(nil),
@@ -1575,7 +1646,7 @@ func file_hvdd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hvdd_proto_rawDesc), len(file_hvdd_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
