@@ -661,5 +661,5 @@ func (c *clusterNode) dispatchMulti(j *job) {
 			j.mn.joined = 0
 		}
 	}
-	c.l.runResponses(j, resps, false)
+	c.l.runResponses(j, resps)
 }

@@ -22,6 +22,12 @@ import (
 // the batch to the executor goroutine.
 const inlineBytes = 256 << 10
 
+// inlineMultiBytes is the same across nodes, where the loop then waits on the
+// network: a small plan costs a round trip or two, less than the hand-off to
+// the executor and back; a peer that fails makes the engine's call return (a
+// reset connection at once, a silent one after the engine's peer timeout).
+const inlineMultiBytes = 64 << 10
+
 // Messages other goroutines post to the loop through its poller.
 type (
 	msgConn     struct{ c *client } // accepted connection
@@ -137,6 +143,7 @@ func (l *loop) run() {
 	defer runtime.UnlockOSThread()
 	go l.x.run()
 	defer l.shutdown()
+	spin := l.cfg.Spin
 	for !l.quit {
 		timeout := 0
 		if l.cfg.Spin <= 0 || !time.Now().Before(l.spinUntil) {
@@ -146,9 +153,14 @@ func (l *loop) run() {
 				timeout = -1
 			}
 		}
+		var slept time.Time
+		if timeout < 0 {
+			slept = time.Now()
+		}
 		events, err := l.p.wait(timeout)
 		if timeout < 0 {
 			l.setAsleep(false)
+			spin = ipc.AdaptSpin(spin, l.cfg.Spin, time.Since(slept))
 		}
 		if err != nil {
 			l.s.log.Error("event loop failed", "err", err)
@@ -198,7 +210,7 @@ func (l *loop) run() {
 		l.dispatch()
 		l.armStallTimer()
 		if l.cfg.Spin > 0 {
-			l.spinUntil = time.Now().Add(l.cfg.Spin)
+			l.spinUntil = time.Now().Add(spin)
 		}
 	}
 }
@@ -637,13 +649,13 @@ func (l *loop) dispatch() {
 		return
 	}
 	if resps := j.table.Ready(); len(resps) > 0 {
-		l.runResponses(j, resps, true)
+		l.runResponses(j, resps)
 	}
 }
 
 // runResponses answers error responses at once and runs the rest as one batch,
-// inline when small and allowed, else on the executor.
-func (l *loop) runResponses(j *job, resps []plan.Response, inlineOK bool) {
+// inline when small, else on the executor.
+func (l *loop) runResponses(j *job, resps []plan.Response) {
 	var batch []work
 	for _, r := range resps {
 		names := make([]string, len(r.Tensors))
@@ -683,7 +695,7 @@ func (l *loop) runResponses(j *job, resps []plan.Response, inlineOK bool) {
 	for _, w := range batch {
 		bytes += w.resp.Bytes
 	}
-	if inlineOK && j.backend == nil && bytes <= inlineBytes {
+	if j.backend == nil && bytes <= inlineBytes || j.backend != nil && bytes <= inlineMultiBytes {
 		// Small work costs less than the hand-off to the executor.
 		for _, w := range batch {
 			l.x.execute(w)

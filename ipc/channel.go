@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"google.golang.org/protobuf/proto"
@@ -246,4 +247,17 @@ func (ch *Channel) read(dst []byte, pos uint64) {
 	at := pos & (ch.size - 1)
 	n := copy(dst, ch.rx.data[at:])
 	copy(dst[n:], ch.rx.data)
+}
+
+// AdaptSpin returns the next spin window of a spin-then-sleep wait after it
+// slept for slept: an answer that came a little after the window widens it (to
+// twice the gap, averaged with the current window, at most ten times base), so
+// that a peer whose messages come every 50-100 µs (a Python training loop)
+// stops costing a wake-up each; a long sleep (an idle job) restores base. The
+// daemon's loop and the clients adapt their windows this way.
+func AdaptSpin(cur, base, slept time.Duration) time.Duration {
+	if hi := 10 * base; slept < hi {
+		return max(base, min(hi, (cur+2*slept)/2))
+	}
+	return base
 }

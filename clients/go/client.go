@@ -86,7 +86,8 @@ type Client struct {
 	readerFree chan struct{} // a token: the reader role is free
 	spin       time.Duration
 	groupSeq   atomic.Uint64
-	sockIn     uint64 // counted socket frames read since the channel (readMu)
+	sockIn     uint64        // counted socket frames read since the channel (readMu)
+	curSpin    time.Duration // the adaptive spin window (readMu)
 
 	// txMu serialises sending: the channel's ring and the socket writes it
 	// counts.
@@ -343,7 +344,10 @@ func (c *Client) addRegion(size int64) (*arenaRegion, error) {
 // pump reads and dispatches frames until done() holds. The caller holds
 // readMu. With block false it only takes what is already there.
 func (c *Client) pump(ctx context.Context, done func() bool, block bool) error {
-	spinEnd := time.Now().Add(c.spin)
+	if c.curSpin < c.spin {
+		c.curSpin = c.spin
+	}
+	spinEnd := time.Now().Add(c.curSpin)
 	woke := false
 	for !done() {
 		// After a sleep, also drain the socket: doorbells rung while we
@@ -374,9 +378,13 @@ func (c *Client) pump(ctx context.Context, done func() bool, block bool) error {
 			}
 		}
 		// Block in the kernel until a frame arrives or ctx is done.
+		slept := time.Now()
 		f, err := c.ic.ReadFrame(ctx)
 		if c.ch != nil {
 			c.ch.SetAsleep(false)
+		}
+		if c.spin > 0 {
+			c.curSpin = ipc.AdaptSpin(c.curSpin, c.spin, time.Since(slept))
 		}
 		if err != nil && ctx.Err() != nil {
 			return ctx.Err()
@@ -389,7 +397,7 @@ func (c *Client) pump(ctx context.Context, done func() bool, block bool) error {
 			return err
 		}
 		woke = true
-		spinEnd = time.Now().Add(c.spin)
+		spinEnd = time.Now().Add(c.curSpin)
 	}
 	return nil
 }

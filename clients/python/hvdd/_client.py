@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from ._channel import DEFAULT_RING, Channel, ChannelError, channel_bytes, fence
 from ._proto import hvdd_pb2 as pb
 from ._shm import Arena, Region
 from .exceptions import HvddInternalError, HvddUnimplementedError
@@ -37,6 +38,8 @@ _MAX_BODY = 4 << 20
 _MAX_FDS = 16
 _KIND_CLIENT = 1
 _KIND_SERVER = 2
+_KIND_WAKE = 3
+_WAKE = _HEADER.pack(b"HV", _KIND_WAKE, 0, 0, 0)
 _GRANTED_BASE = 0x80000000
 _ANC_SIZE = socket.CMSG_SPACE(_MAX_FDS * 4)
 _DONE_OK = b"\x1a\x00"  # ServerMessage{done: Done{}}: the common reply, parsed without protobuf.
@@ -55,6 +58,17 @@ DUPLICATE_NAME_ERROR = (
     "Requested to allreduce, allgather, or broadcast a tensor with the same name as another tensor "
     "that is currently being processed.  If you want to request another tensor, use a different tensor name."
 )
+
+
+def _adapt_spin(cur: float, base: float, slept: float) -> float:
+    """The next spin window after sleeping ``slept`` seconds: an answer that
+    came a little after the window widens it (to twice the gap, averaged, at
+    most ten times the base), a long sleep restores the base. As the daemon's
+    ``adaptSpin``."""
+    hi = 10 * base
+    if slept < hi:
+        return max(base, min(hi, (cur + 2 * slept) / 2))
+    return base
 
 
 def default_socket_path() -> str:
@@ -173,6 +187,14 @@ class Client:
         self._rbufs = [self._rview]
         self._fds: list[int] = []
         self._cm = pb.ClientMessage()  # reused for every Enqueue, under _wlock
+        # The shared-memory channel (ipc/PROTOCOL.md, "Channel"): sending under
+        # _wlock, receiving under _rlock.
+        self._ch: Optional[Channel] = None
+        self._sock_in = 0  # counted socket frames read since the channel
+        # Spin-then-sleep while waiting: the window starts at HVDD_SPIN_US
+        # and adapts (see _adapt_spin).
+        self._spin_base = float(os.environ.get("HVDD_SPIN_US", "50")) * 1e-6
+        self._spin = self._spin_base
 
     # ------------------------------------------------------------------ setup
 
@@ -212,6 +234,8 @@ class Client:
                     continue
                 raise HvddInternalError(f"hvdd: unexpected {kind} before Welcome")
             sock.settimeout(None)
+            if os.environ.get("HVDD_CHANNEL", "1") != "0":
+                self._open_channel()
         except BaseException:
             self._teardown()
             raise
@@ -239,6 +263,23 @@ class Client:
             time.sleep(delay)
             delay = min(2 * delay, 0.2)
 
+    def _open_channel(self) -> None:
+        """Creates and registers the channel. Runs after Welcome and before
+        any request, so that the daemon sends nothing on the socket between
+        the registration and the first frame it counts."""
+        ring = int(os.environ.get("HVDD_RING_BYTES", DEFAULT_RING))
+        r = Region.create(-1, channel_bytes(ring), f"hvdd-chan-{os.getpid()}")
+        try:
+            ch = Channel(r, ring)
+            m = pb.ClientMessage()
+            m.register_channel.size = r.size
+            self._write(0, m.SerializeToString(), fd=r.fd)
+        except BaseException:
+            r.close()
+            raise
+        r.close_fd()
+        self._ch = ch
+
     def _add_staging(self, size: int) -> _Staging:
         """Creates and registers a staging region. Callers hold _lock (or run
         before the reader starts)."""
@@ -261,20 +302,61 @@ class Client:
 
     def _write(self, fid: int, body: bytes, fd: int = -1) -> None:
         data = _HEADER.pack(b"HV", _KIND_CLIENT, 0, fid, len(body)) + body
+        with self._wlock:
+            self._send_locked(data, fd)
+
+    def _send_locked(self, data: bytes, fd: int = -1) -> None:
+        """Sends one frame, under _wlock: through the channel when there is one
+        and the frame carries no descriptor (waiting for room if the ring is
+        full), else on the socket once the daemon has drained the ring, so that
+        it sees the frames in the order they were sent."""
         sock = self._sock
         if sock is None:
             raise HvddInternalError("hvdd: not connected", pb.CODE_SHUT_DOWN)
-        with self._wlock:
-            if fd >= 0:
-                n = socket.send_fds(sock, [data], [fd])
-                if n < len(data):
-                    sock.sendall(data[n:])
-            else:
-                sock.sendall(data)
+        ch = self._ch
+        if ch is not None and fd < 0 and len(data) <= ch.max_frame:
+            while not ch.send(data):
+                self._wait_ring(lambda: ch.room(len(data)))
+            fence()  # the head store before the load of the daemon's flag
+            if ch.daemon_asleep():
+                sock.sendall(_WAKE)
+            return
+        if ch is not None:
+            self._wait_ring(ch.empty)
+        if fd >= 0:
+            n = socket.send_fds(sock, [data], [fd])
+            if n < len(data):
+                sock.sendall(data[n:])
+        else:
+            sock.sendall(data)
+        if ch is not None:
+            ch.socket_sent()
 
-    def _fill(self) -> None:
+    def _wait_ring(self, cond: Callable[[], bool]) -> None:
+        """Waits until cond holds of the ring the daemon drains: yielding at
+        first, then a millisecond at a time while watching for the daemon's
+        end of the socket."""
+        import select
+
+        i = 0
+        while not cond():
+            i += 1
+            if i < 1000:
+                os.sched_yield()
+                continue
+            p = select.poll()
+            p.register(self._sock, select.POLLRDHUP)
+            if p.poll(1):
+                raise HvddInternalError("hvdd: the daemon closed the connection (did it exit?)", pb.CODE_SHUT_DOWN)
+
+    def _fill(self, nowait: bool = False) -> bool:
+        """Reads more bytes from the socket; with nowait, returns False when
+        none are there instead of blocking."""
         assert self._sock is not None
-        n, anc, flags, _ = self._sock.recvmsg_into(self._rbufs, _ANC_SIZE)
+        try:
+            n, anc, flags, _ = self._sock.recvmsg_into(self._rbufs, _ANC_SIZE, socket.MSG_DONTWAIT if nowait else 0)
+        except BlockingIOError:
+            return False
         if anc:
             for level, typ, cdata in anc:
                 if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
@@ -285,6 +367,7 @@ class Client:
         if not n:
             raise EOFError
         self._rbuf += self._rview[:n]
+        return True
 
     def _read_frame(self) -> tuple[int, bytes]:
         buf = self._rbuf
@@ -292,7 +375,7 @@ class Client:
             self._fill()
             buf = self._rbuf
         magic, kind, flags, fid, n = _HEADER.unpack_from(buf)
-        if magic != b"HV" or kind != _KIND_SERVER or flags != 0 or n > _MAX_BODY:
+        if magic != b"HV" or kind not in (_KIND_SERVER, _KIND_WAKE) or flags != 0 or n > _MAX_BODY:
             raise HvddInternalError(
                 f"hvdd: protocol error: bad frame header from the daemon ({bytes(buf[:_HEADER_SIZE])!r})",
                 pb.CODE_PROTOCOL,
@@ -301,7 +384,7 @@ class Client:
         while len(buf) < total:
             self._fill()
             buf = self._rbuf
-        body = bytes(buf[_HEADER_SIZE:total])
+        body = bytes(buf[_HEADER_SIZE:total]) if kind == _KIND_SERVER else b""
         del buf[:total]
         return fid, body
 
@@ -356,15 +439,61 @@ class Client:
         h.done = done
         h.lock.release()
 
-    def _dispatch_buffered(self) -> None:
+    def _dispatch_sock(self, fid: int, body: bytes) -> None:
+        """Handles a frame read from the socket: a Wake (empty body) only
+        wakes; others count for the channel's order."""
+        if not body:
+            return
+        self._sock_in += 1
+        self._dispatch(fid, body)
+
+    def _dispatch_buffered(self) -> bool:
         """Dispatches every complete frame already in the read buffer."""
         buf = self._rbuf
+        got = False
         while len(buf) >= _HEADER_SIZE:
             n = _HEADER.unpack_from(buf)[4]
             if len(buf) < _HEADER_SIZE + n:
-                return
+                break
             fid, body = self._read_frame()
-            self._dispatch(fid, body)
+            self._dispatch_sock(fid, body)
+            got = True
+        return got
+
+    def _take(self) -> bool:
+        """Dispatches what the channel holds, after the socket frames the
+        daemon counted before it (already in the socket: read blocking).
+        Caller holds _rlock."""
+        ch = self._ch
+        if ch is None:
+            return False
+        got = False
+        want = ch.snapshot()
+        while self._sock_in < want:
+            fid, body = self._read_frame()
+            self._dispatch_sock(fid, body)
+            got = True
+        while True:
+            f = ch.next()
+            if f is None:
+                return got
+            kind, fid, body = f
+            if kind == _KIND_SERVER:
+                self._dispatch(fid, body)
+            got = True
+
+    def _sleep_ok(self) -> bool:
+        """Raises the asleep flag and tells whether sleeping on the socket is
+        safe (nothing arrived on the ring meanwhile); lowers it if not."""
+        ch = self._ch
+        if ch is None:
+            return True
+        ch.set_asleep(True)
+        fence()  # the flag's store before the head's load
+        if ch.pending():
+            ch.set_asleep(False)
+            return False
+        return True
 
     def _fail(self, e: BaseException) -> None:
         """The connection is unusable: fails every pending handle, once."""
@@ -378,6 +507,8 @@ class Client:
                 )
             elif isinstance(e, EOFError):
                 err = HvddInternalError("hvdd: the daemon closed the connection (did it exit?)", pb.CODE_SHUT_DOWN)
+            elif isinstance(e, ChannelError):
+                err = HvddInternalError(f"hvdd: protocol error: {e}", pb.CODE_PROTOCOL)
             elif isinstance(e, OSError):
                 err = HvddInternalError(f"hvdd: connection to the daemon failed: {e}", pb.CODE_SHUT_DOWN)
             elif isinstance(e, Exception):
@@ -412,13 +543,34 @@ class Client:
                         if not h.lock.locked():
                             return
                 try:
+                    ch = self._ch
+                    spin = self._spin
+                    end = time.perf_counter() + spin
                     while h.lock.locked():
                         if self._failed is not None and self._sock_dead:
                             self._fail(EOFError())
                             break
                         try:
-                            fid, body = self._read_frame()
-                            self._dispatch(fid, body)
+                            if ch is None:
+                                fid, body = self._read_frame()
+                                self._dispatch(fid, body)
+                                continue
+                            if self._take() or self._dispatch_buffered():
+                                end = time.perf_counter() + spin
+                                continue
+                            if time.perf_counter() < end:
+                                os.sched_yield()
+                                continue
+                            if not self._sleep_ok():
+                                continue
+                            slept = time.perf_counter()
+                            try:
+                                fid, body = self._read_frame()
+                            finally:
+                                ch.set_asleep(False)
+                            self._spin = spin = _adapt_spin(spin, self._spin_base, time.perf_counter() - slept)
+                            self._dispatch_sock(fid, body)
+                            end = time.perf_counter() + spin
                         except BaseException as e:
                             self._sock_dead = True
                             self._fail(e)
@@ -449,12 +601,19 @@ class Client:
                     continue
                 try:
                     self._dispatch_buffered()
-                    r, _, _ = select.select([sock, wake_r], [], [], 1.0)
+                    if self._take() or not self._sleep_ok():
+                        continue
+                    try:
+                        r, _, _ = select.select([sock, wake_r], [], [], 1.0)
+                    finally:
+                        if self._ch is not None:
+                            self._ch.set_asleep(False)
                     if wake_r in r:
                         os.read(wake_r, 4096)
                     if sock in r:
                         self._fill()
                         self._dispatch_buffered()
+                    self._take()
                 except BaseException as e:
                     self._sock_dead = True
                     self._fail(e)
@@ -581,8 +740,7 @@ class Client:
                 if process_set:
                     e.process_set = process_set
                 body = cm.SerializeToString()
-                data = _HEADER.pack(b"HV", _KIND_CLIENT, 0, fid, len(body)) + body
-                self._sock.sendall(data)  # type: ignore[union-attr]
+                self._send_locked(_HEADER.pack(b"HV", _KIND_CLIENT, 0, fid, len(body)) + body)
         except BaseException as ex:
             with self._lock:
                 if self._pending.pop(fid, None) is not None:
@@ -674,6 +832,10 @@ class Client:
                 self._sock.close()
             except OSError:
                 pass
+        ch, self._ch = self._ch, None
+        if ch is not None:
+            ch.close()
+            ch.region.close()
         with self._lock:
             for st in self._staging:
                 st.region.close()

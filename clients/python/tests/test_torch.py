@@ -25,6 +25,16 @@ def test_other_collectives(job, np):
     job.run("other_ops", np=np)
 
 
+def test_socket_only(job):
+    # Without the shared-memory channel every frame goes on the socket.
+    job.run("allreduce_ops", np=2, env={"HVDD_CHANNEL": "0"})
+
+
+def test_small_ring(job):
+    # A 4 KiB ring: bursts wait for room, large frames take the socket.
+    job.run("other_ops", np=2, env={"HVDD_RING_BYTES": "4096"})
+
+
 def test_errors(job):
     job.run("errors", np=2)
 
