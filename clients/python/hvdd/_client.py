@@ -60,6 +60,79 @@ DUPLICATE_NAME_ERROR = (
 )
 
 
+_F64 = struct.Struct("<d")
+
+
+def _varint(v: int) -> bytes:
+    """Protobuf base-128 varint of v (negative int32/int64 as 64-bit two's
+    complement, as protobuf encodes them)."""
+    if 0 <= v < 0x80:
+        return bytes((v,))
+    if v < 0:
+        v += 1 << 64
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def encode_enqueue(
+    op: int,
+    name: str,
+    dtype: int,
+    shape: Sequence[int],
+    region: int,
+    offset: int,
+    nbytes: int,
+    reduce_op: int,
+    prescale: float,
+    postscale: float,
+    root_rank: int,
+    splits: Optional[Sequence[int]],
+    group: int,
+    group_size: int,
+    process_set: int,
+) -> bytes:
+    """The body of ``ClientMessage{enqueue: Enqueue{...}}``, encoded by hand:
+    the same bytes protobuf writes (fields in number order, defaults left
+    out), at a third of the cost of filling a message in Python. Checked
+    against the generated code in tests/test_units.py."""
+    v = _varint
+    parts = []
+    if name:
+        b = name.encode()
+        parts += (b"\x0a", v(len(b)), b)
+    if op:
+        parts += (b"\x10", v(op))
+    if dtype:
+        parts += (b"\x18", v(dtype))
+    if shape:
+        p = b"".join([v(d) for d in shape])
+        parts += (b"\x22", v(len(p)), p)
+    if nbytes:
+        buf = (b"\x08" + v(region) if region else b"") + (b"\x10" + v(offset) if offset else b"") + b"\x18" + v(nbytes)
+        parts += (b"\x2a", v(len(buf)), buf)
+    if reduce_op:
+        parts += (b"\x30", v(reduce_op))
+    if prescale != 1.0 and prescale != 0.0:
+        parts += (b"\x39", _F64.pack(prescale))
+    if postscale != 1.0 and postscale != 0.0:
+        parts += (b"\x41", _F64.pack(postscale))
+    if root_rank:
+        parts += (b"\x48", v(root_rank))
+    if splits:
+        p = b"".join([v(s) for s in splits])
+        parts += (b"\x52", v(len(p)), p)
+    if group:
+        parts += (b"\x58", v(group), b"\x60", v(group_size))
+    if process_set:
+        parts += (b"\x68", v(process_set))
+    e = b"".join(parts)
+    return b"\x22" + v(len(e)) + e
+
+
 def _adapt_spin(cur: float, base: float, slept: float) -> float:
     """The next spin window after sleeping ``slept`` seconds: an answer that
     came a little after the window widens it (to twice the gap, averaged, at
@@ -186,7 +259,6 @@ class Client:
         self._rview = memoryview(bytearray(1 << 16))  # recvmsg_into target, reused
         self._rbufs = [self._rview]
         self._fds: list[int] = []
-        self._cm = pb.ClientMessage()  # reused for every Enqueue, under _wlock
         # The shared-memory channel (ipc/PROTOCOL.md, "Channel"): sending under
         # _wlock, receiving under _rlock.
         self._ch: Optional[Channel] = None
@@ -708,38 +780,11 @@ class Client:
             if name:
                 self._names.add(name)
         try:
+            body = encode_enqueue(
+                op, name, dtype, shape, region.id if region is not None else 0, offset, nbytes, reduce_op,
+                prescale, postscale, root_rank, splits, group, group_size, process_set,
+            )
             with self._wlock:
-                cm = self._cm
-                e = cm.enqueue
-                e.Clear()
-                e.op = op
-                if name:
-                    e.name = name
-                if dtype:
-                    e.dtype = dtype
-                if shape:
-                    e.shape.extend(shape)
-                if nbytes:
-                    b = e.buffer
-                    b.region = region.id  # type: ignore[union-attr]
-                    b.offset = offset
-                    b.length = nbytes
-                if reduce_op:
-                    e.reduce_op = reduce_op
-                if prescale != 1.0:
-                    e.prescale = prescale
-                if postscale != 1.0:
-                    e.postscale = postscale
-                if root_rank:
-                    e.root_rank = root_rank
-                if splits:
-                    e.splits.extend(splits)
-                if group:
-                    e.group = group
-                    e.group_size = group_size
-                if process_set:
-                    e.process_set = process_set
-                body = cm.SerializeToString()
                 self._send_locked(_HEADER.pack(b"HV", _KIND_CLIENT, 0, fid, len(body)) + body)
         except BaseException as ex:
             with self._lock:

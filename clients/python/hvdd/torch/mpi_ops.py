@@ -113,7 +113,7 @@ def _check(tensor: torch.Tensor) -> Tuple[int, Any]:
 
 def _flat(tensor: torch.Tensor) -> np.ndarray:
     """A flat uint8 numpy view of a contiguous CPU tensor's bytes."""
-    t = tensor.detach()
+    t = tensor.detach() if tensor.requires_grad else tensor
     if t.dtype is torch.bfloat16:
         t = t.view(torch.int16)
     return t.numpy().reshape(-1).view(np.uint8)
@@ -123,7 +123,7 @@ def _stage_in(c: Client, tensor: torch.Tensor) -> Tuple[Any, int, int, Optional[
     """Copies a tensor into the arena. Returns (region, offset, nbytes, cpu)
     where cpu is the CPU tensor staged (a copy when the tensor lives on an
     accelerator, else the tensor itself)."""
-    cpu = tensor if tensor.device.type == "cpu" else tensor.detach().cpu()
+    cpu = tensor if tensor.is_cpu else tensor.detach().cpu()
     nbytes = cpu.numel() * cpu.element_size()
     if nbytes == 0:
         return None, 0, 0, cpu
@@ -144,7 +144,7 @@ def _from_bytes(b: np.ndarray, dtype: torch.dtype, shape: Sequence[int]) -> torc
 
 def _copy_into(target: torch.Tensor, b: np.ndarray) -> None:
     """Copies the bytes b into a contiguous tensor (on any device)."""
-    if target.device.type == "cpu":
+    if target.is_cpu:
         _flat(target)[:] = b
     else:
         with torch.no_grad():
