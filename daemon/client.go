@@ -203,6 +203,20 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 			return nil
 		}
 		l.enqueue(o)
+	case *ipcpb.ClientMessage_AddProcessSet:
+		if !c.hello {
+			return &ipc.ProtocolError{Msg: "AddProcessSet before Hello"}
+		}
+		ranks := make([]int, len(m.AddProcessSet.GetRanks()))
+		for i, r := range m.AddProcessSet.GetRanks() {
+			ranks[i] = int(r)
+		}
+		l.processSetReq(psReq{c: c, id: id, add: true, ranks: ranks})
+	case *ipcpb.ClientMessage_RemoveProcessSet:
+		if !c.hello {
+			return &ipc.ProtocolError{Msg: "RemoveProcessSet before Hello"}
+		}
+		l.processSetReq(psReq{c: c, id: id, set: m.RemoveProcessSet.GetProcessSet()})
 	case *ipcpb.ClientMessage_Release:
 		if err := c.out.release(m.Release.GetBuffer()); err != nil {
 			return &ipc.ProtocolError{Msg: err.Error()}

@@ -22,11 +22,9 @@ import (
 // the batch to the executor goroutine.
 const inlineBytes = 256 << 10
 
-// inlineMultiBytes is the same across nodes, where the loop then waits on the
-// network: a small plan costs a round trip or two, less than the hand-off to
-// the executor and back; a peer that fails makes the engine's call return (a
-// reset connection at once, a silent one after the engine's peer timeout).
-const inlineMultiBytes = 64 << 10
+// Plans across nodes always go to the executor: the loop's goroutine is locked
+// to its thread, and parking it in Go's network poller to wait for a peer cost
+// up to 10 ms per wait (the poller was then only polled by sysmon).
 
 // Messages other goroutines post to the loop through its poller.
 type (
@@ -79,8 +77,11 @@ type job struct {
 	formed   bool
 	table    *plan.Table
 	pending  map[opKey]*op
-	failed   *ipcpb.Done // non-nil once the job failed: every op answers with it
-	barriers []int       // per global rank: barriers submitted so far
+	failed   *ipcpb.Done     // non-nil once the job failed: every op answers with it
+	barriers map[int32][]int // per process set, per global rank: barriers submitted so far
+	psq      [][]psReq       // per local rank: set requests waiting for the others
+	sets     map[int32][]int // registered process sets other than 0: members
+	nextSet  int32           // the last process set id given out
 
 	// The job across nodes; on one node nodeSlots is [slots], offset 0.
 	nodeSlots []int            // slot count of every node
@@ -434,7 +435,7 @@ func (l *loop) start(j *job, slots []int, node int, b backends.Backend) {
 		j.table = t
 	}
 	j.formed = true
-	j.barriers = make([]int, j.size)
+	j.barriers = map[int32][]int{0: make([]int, j.size)}
 	homog := true
 	for _, n := range slots {
 		homog = homog && n == slots[0]
@@ -553,6 +554,12 @@ func (l *loop) fail(j *job, code ipcpb.Code, msg string) {
 		o.finish(j.failed)
 		delete(j.pending, k)
 	}
+	for i, q := range j.psq {
+		for _, r := range q {
+			r.c.reply(r.id, j.failed)
+		}
+		j.psq[i] = nil
+	}
 	for _, c := range j.slots {
 		if c == nil {
 			continue
@@ -577,15 +584,20 @@ func (l *loop) enqueue(o *op) {
 	case j.failed != nil:
 		o.finish(j.failed)
 		return
-	case o.req.ProcessSet != 0:
-		o.finish(&ipcpb.Done{Code: ipcpb.Code_CODE_UNIMPLEMENTED, Error: fmt.Sprintf("tensor %q: process sets other than the global one are not supported yet", o.name)})
+	case o.req.ProcessSet != 0 && j.mn != nil:
+		o.finish(&ipcpb.Done{Code: ipcpb.Code_CODE_UNIMPLEMENTED, Error: fmt.Sprintf("tensor %q: process sets across several nodes are not supported yet; on one node they are", o.name)})
 		return
 	}
 	o.req.Rank = c.rank
 	switch o.typ {
 	case tensor.Barrier:
-		o.req.Name = fmt.Sprintf("barrier.%d", j.barriers[c.rank])
-		j.barriers[c.rank]++
+		n := j.barriers[o.req.ProcessSet]
+		if n == nil {
+			n = make([]int, j.size)
+			j.barriers[o.req.ProcessSet] = n
+		}
+		o.req.Name = fmt.Sprintf("barrier.%d", n[c.rank])
+		n[c.rank]++
 	case tensor.Join:
 		o.req.Name = "join"
 	}
@@ -668,7 +680,26 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 			r.Tensors = []plan.Tensor{{Name: "join"}}
 		}
 		w := work{resp: r, j: j, size: j.size, ops: make([][]*op, len(names))}
+		// A process set's rows are its members in set order (one node only),
+		// which is how the plan indexes shapes and splits: the executor then
+		// works as on a job of that size.
+		members, root := j.setRows(r.ProcessSet, r.Root)
+		if members != nil {
+			w.size, w.resp.Root = len(members), root
+		}
 		for i, name := range names {
+			if members != nil {
+				row := make([]*op, len(members))
+				for si, rank := range members {
+					k := opKey{rank, r.ProcessSet, name}
+					if o, ok := j.pending[k]; ok {
+						row[si] = o
+						delete(j.pending, k)
+					}
+				}
+				w.ops[i] = row
+				continue
+			}
 			row := make([]*op, j.size)
 			for lr := range j.slots {
 				rank := j.offset + lr
@@ -695,7 +726,7 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 	for _, w := range batch {
 		bytes += w.resp.Bytes
 	}
-	if j.backend == nil && bytes <= inlineBytes || j.backend != nil && bytes <= inlineMultiBytes {
+	if j.backend == nil && bytes <= inlineBytes {
 		// Small work costs less than the hand-off to the executor.
 		for _, w := range batch {
 			l.x.execute(w)

@@ -10,11 +10,15 @@ comparison:
 
     torchrun --nproc_per_node 2 examples/pytorch_synthetic_benchmark.py --ddp
     python examples/pytorch_synthetic_benchmark.py --ddp --np 2   # spawns its own ranks
+
+With HVDD_BENCH_IMPL=horovod the same script runs through horovod.torch instead
+of hvdd.torch (for bench/horovod/run.sh, under horovodrun).
 """
 
 import argparse
 import os
 import timeit
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -109,8 +113,20 @@ def benchmark(args, rank, size, model, optimizer, log):
     log("Total img/sec on %d rank(s): %.1f +-%.1f" % (size, size * img_sec_mean, size * img_sec_conf))
 
 
+def import_hvd() -> ModuleType:
+    """hvdd.torch, or horovod.torch when HVDD_BENCH_IMPL=horovod."""
+    impl = os.environ.get("HVDD_BENCH_IMPL", "hvdd")
+    if impl == "horovod":
+        import horovod.torch as hvd
+    elif impl == "hvdd":
+        import hvdd.torch as hvd
+    else:
+        raise SystemExit("HVDD_BENCH_IMPL must be hvdd or horovod, not %r" % impl)
+    return hvd
+
+
 def run_hvdd(args):
-    import hvdd.torch as hvd
+    hvd = import_hvd()
 
     hvd.init()
     torch.set_num_threads(args.threads)
@@ -127,6 +143,7 @@ def run_hvdd(args):
         if hvd.rank() == 0:
             print(s, flush=True)
 
+    log("Implementation: %s" % hvd.__name__)
     benchmark(args, hvd.rank(), hvd.size(), model, optimizer, log)
     hvd.shutdown()
 

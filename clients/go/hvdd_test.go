@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,6 +42,7 @@ var scenarios = map[string]func(ctx context.Context, c *hvdd.Client) error{
 	"join":        joinScenario,
 	"victim":      victim,
 	"async":       asyncScenario,
+	"procsets":    procSets,
 }
 
 func worker(name string) int {
@@ -100,6 +102,13 @@ func TestAsyncAndFusion(t *testing.T) {
 	s := daemontest.Start(t, daemon.Config{Slots: 2})
 	// A small ring, so that the burst fills it and the long name overflows it.
 	daemontest.Run(t, s.Socket, "async", 2, 60*time.Second, "HVDD_RING_BYTES=4096")
+}
+
+// TestProcessSets registers process sets on 4 ranks and runs collectives in
+// them (see procSets).
+func TestProcessSets(t *testing.T) {
+	s := daemontest.Start(t, daemon.Config{Slots: 4})
+	daemontest.Run(t, s.Socket, "procsets", 4, 60*time.Second)
 }
 
 // TestSocketOnly runs clients without the shared-memory channel beside ones
@@ -741,4 +750,95 @@ func victim(ctx context.Context, c *hvdd.Client) error {
 		return fmt.Errorf("later op: want ErrAborted, got %v", err)
 	}
 	return nil
+}
+
+// procSets: sets [0 2] and [1 2 3]; each member allreduces (Sum, Average over
+// the set's size), allgathers and broadcasts from a global root in its sets;
+// a non-member is refused; ranks that disagree about a set get an error; a
+// removed set is gone.
+func procSets(ctx context.Context, c *hvdd.Client) error {
+	rank := c.Rank()
+	a, err := c.AddProcessSet(ctx, []int{2, 0})
+	if err != nil {
+		return err
+	}
+	b, err := c.AddProcessSet(ctx, []int{1, 2, 3})
+	if err != nil {
+		return err
+	}
+	if a.ID == 0 || b.ID == 0 || a.ID == b.ID || !slices.Equal(a.Ranks, []int{0, 2}) {
+		return fmt.Errorf("sets %+v %+v", a, b)
+	}
+	for _, ps := range []*hvdd.ProcessSet{a, b} {
+		me := ps.Rank(c)
+		if me < 0 {
+			x := []float32{1}
+			err := hvdd.Allreduce(ctx, c, x, hvdd.WithName(fmt.Sprintf("outsider.%d", ps.ID)), hvdd.WithProcessSet(ps))
+			if err := expectErr("allreduce by a non-member", err, hvdd.ErrInvalidArgument, "not a member"); err != nil {
+				return err
+			}
+			continue
+		}
+		k := len(ps.Ranks)
+		sum := 0
+		for _, r := range ps.Ranks {
+			sum += r + 1
+		}
+		x := []float32{float32(rank + 1), 2}
+		if err := hvdd.Allreduce(ctx, c, x, hvdd.WithName(fmt.Sprintf("sum.%d", ps.ID)), hvdd.WithOp(hvdd.Sum), hvdd.WithProcessSet(ps)); err != nil {
+			return err
+		}
+		if x[0] != float32(sum) || x[1] != float32(2*k) {
+			return fmt.Errorf("set %v: Sum = %v, want [%d %d]", ps.Ranks, x, sum, 2*k)
+		}
+		y := []float64{float64(rank)}
+		if err := hvdd.Allreduce(ctx, c, y, hvdd.WithName(fmt.Sprintf("avg.%d", ps.ID)), hvdd.WithProcessSet(ps)); err != nil {
+			return err
+		}
+		if want := float64(sum-k) / float64(k); math.Abs(y[0]-want) > 1e-12 {
+			return fmt.Errorf("set %v: Average = %v, want %v", ps.Ranks, y[0], want)
+		}
+		g, err := hvdd.Allgather(ctx, c, []int32{int32(rank)}, hvdd.WithName(fmt.Sprintf("ag.%d", ps.ID)), hvdd.WithProcessSet(ps))
+		if err != nil {
+			return err
+		}
+		for i, r := range ps.Ranks {
+			if int(g[i]) != r {
+				return fmt.Errorf("set %v: allgather %v", ps.Ranks, g)
+			}
+		}
+		root := ps.Ranks[k-1]
+		z := []int64{int64(rank * 10)}
+		if err := hvdd.Broadcast(ctx, c, z, root, hvdd.WithName(fmt.Sprintf("bc.%d", ps.ID)), hvdd.WithProcessSet(ps)); err != nil {
+			return err
+		}
+		if z[0] != int64(root*10) {
+			return fmt.Errorf("set %v: broadcast from %d gave %d", ps.Ranks, root, z[0])
+		}
+		if err := c.Barrier(ctx, hvdd.WithProcessSet(ps)); err != nil {
+			return err
+		}
+	}
+	want := []int{0, 1}
+	if rank == 3 {
+		want = []int{0, 3}
+	}
+	_, err = c.AddProcessSet(ctx, want)
+	if err := expectErr("mismatching sets", err, hvdd.ErrInvalidArgument, "mismatching"); err != nil {
+		return err
+	}
+	_, err = c.AddProcessSet(ctx, []int{1, 2, 3})
+	if err := expectErr("duplicate set", err, hvdd.ErrInvalidArgument, "duplicate"); err != nil {
+		return err
+	}
+	if err := c.RemoveProcessSet(ctx, b); err != nil {
+		return err
+	}
+	if slices.Contains(b.Ranks, rank) {
+		err := hvdd.Allreduce(ctx, c, []float32{1}, hvdd.WithName("removed"), hvdd.WithProcessSet(b))
+		if err := expectErr("allreduce in a removed set", err, hvdd.ErrInvalidArgument, "does not exist"); err != nil {
+			return err
+		}
+	}
+	return c.Barrier(ctx)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"unsafe"
 
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -70,6 +71,7 @@ type opts struct {
 	prescale  float64
 	postscale float64
 	shape     []int64
+	set       int32
 }
 
 // WithName names the tensor; ranks match tensors by name. Unnamed ops are
@@ -84,6 +86,17 @@ func WithPrescale(f float64) Option { return func(o *opts) { o.prescale = f } }
 
 // WithPostscale multiplies the reduced result by f.
 func WithPostscale(f float64) Option { return func(o *opts) { o.postscale = f } }
+
+// WithProcessSet runs the collective over the members of ps only (Horovod's
+// process_set=); only they call it, and results count only them (an Average
+// divides by ps's size). Broadcast roots stay global ranks.
+func WithProcessSet(ps *ProcessSet) Option {
+	return func(o *opts) {
+		if ps != nil {
+			o.set = ps.ID
+		}
+	}
+}
 
 // WithShape gives the tensor's shape; the slice holds its elements in row-major
 // order. The default is one dimension, len(data). Allgather, alltoall and
@@ -327,6 +340,7 @@ func enqueue[T Elem](op tensor.OpType, data []T, o *opts) *ipcpb.Enqueue {
 	return &ipcpb.Enqueue{
 		Name: o.name, Op: ipcpb.OpType(op), Dtype: ipcpb.DType(DTypeOf[T]()), Shape: shape,
 		ReduceOp: ipcpb.ReduceOp(o.op), Prescale: o.prescale, Postscale: o.postscale,
+		ProcessSet: o.set,
 	}
 }
 
@@ -514,9 +528,11 @@ func Reducescatter[T Elem](ctx context.Context, c *Client, data []T, options ...
 	return f.Wait(ctx)
 }
 
-// Barrier blocks until every rank has called it.
-func (c *Client) Barrier(ctx context.Context) error {
-	h, err := c.submit(&ipcpb.Enqueue{Op: ipcpb.OpType_OP_BARRIER}, nil, false)
+// Barrier blocks until every rank (of the process set given with
+// WithProcessSet, else of the job) has called it.
+func (c *Client) Barrier(ctx context.Context, options ...Option) error {
+	o := apply(options)
+	h, err := c.submit(&ipcpb.Enqueue{Op: ipcpb.OpType_OP_BARRIER, ProcessSet: o.set}, nil, false)
 	if err != nil {
 		return err
 	}
@@ -535,4 +551,65 @@ func (c *Client) Join(ctx context.Context) (int, error) {
 		return -1, err
 	}
 	return int(h.res.GetLastJoinedRank()), nil
+}
+
+// ProcessSet is a registered subset of the job's global ranks that
+// collectives can run over (Horovod's process sets), on one node.
+type ProcessSet struct {
+	// ID is the daemon's id for the set; 0 is the whole job.
+	ID int32
+	// Ranks are the members' global ranks, sorted.
+	Ranks []int
+}
+
+// Rank is this client's index in the set, or -1 when it is not a member.
+func (ps *ProcessSet) Rank(c *Client) int { return slices.Index(ps.Ranks, c.Rank()) }
+
+// AddProcessSet registers the set of the given global ranks. It is a
+// collective over every rank of the job: all must call it with the same
+// ranks, in the same order of calls; ranks that disagree, a duplicate of a
+// registered set, or ranks out of range get an error.
+func (c *Client) AddProcessSet(ctx context.Context, ranks []int) (*ProcessSet, error) {
+	rs := slices.Sorted(slices.Values(ranks))
+	m := &ipcpb.AddProcessSet{}
+	for _, r := range rs {
+		m.Ranks = append(m.Ranks, int32(r))
+	}
+	d, err := c.call(ctx, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_AddProcessSet{AddProcessSet: m}})
+	if err != nil {
+		return nil, err
+	}
+	return &ProcessSet{ID: d.GetProcessSetId(), Ranks: rs}, nil
+}
+
+// RemoveProcessSet drops a registered set, collectively like AddProcessSet.
+func (c *Client) RemoveProcessSet(ctx context.Context, ps *ProcessSet) error {
+	_, err := c.call(ctx, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_RemoveProcessSet{
+		RemoveProcessSet: &ipcpb.RemoveProcessSet{ProcessSet: ps.ID}}})
+	return err
+}
+
+// call sends a request the daemon answers with one Done and waits for it.
+func (c *Client) call(ctx context.Context, m *ipcpb.ClientMessage) (*ipcpb.Done, error) {
+	h := &Handle{c: c, done: make(chan struct{})}
+	c.mu.Lock()
+	if c.failed != nil {
+		err := c.failed
+		c.mu.Unlock()
+		return nil, err
+	}
+	c.nextID++
+	id := c.nextID
+	c.pending[id] = h
+	c.mu.Unlock()
+	if err := c.send(id, m, -1); err != nil {
+		c.mu.Lock()
+		delete(c.pending, id)
+		c.mu.Unlock()
+		return nil, fmt.Errorf("hvdd: %w", err)
+	}
+	if err := h.Wait(ctx); err != nil {
+		return nil, err
+	}
+	return h.res, nil
 }

@@ -787,6 +787,101 @@ func (x *RegisterChannel) GetSize() uint64 {
 	return 0
 }
 
+// AddProcessSet registers a process set (Horovod's ProcessSet): a subset of
+// the job's global ranks, sorted, that collectives can then run over. It is
+// itself collective: every rank of the job sends the same sets in the same
+// order, and each gets a Done carrying the new set's id (ids count up from 1;
+// 0 is the global set).
+type AddProcessSet struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ranks         []int32                `protobuf:"varint,1,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddProcessSet) Reset() {
+	*x = AddProcessSet{}
+	mi := &file_hvdd_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddProcessSet) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddProcessSet) ProtoMessage() {}
+
+func (x *AddProcessSet) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddProcessSet.ProtoReflect.Descriptor instead.
+func (*AddProcessSet) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *AddProcessSet) GetRanks() []int32 {
+	if x != nil {
+		return x.Ranks
+	}
+	return nil
+}
+
+// RemoveProcessSet drops a registered set, collectively like AddProcessSet.
+// Collectives of the set still waiting fail.
+type RemoveProcessSet struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProcessSet    int32                  `protobuf:"varint,1,opt,name=process_set,json=processSet,proto3" json:"process_set,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveProcessSet) Reset() {
+	*x = RemoveProcessSet{}
+	mi := &file_hvdd_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveProcessSet) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveProcessSet) ProtoMessage() {}
+
+func (x *RemoveProcessSet) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveProcessSet.ProtoReflect.Descriptor instead.
+func (*RemoveProcessSet) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RemoveProcessSet) GetProcessSet() int32 {
+	if x != nil {
+		return x.ProcessSet
+	}
+	return 0
+}
+
 // Goodbye announces an orderly close (hvd.shutdown()): the rank is not "lost".
 type Goodbye struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -796,7 +891,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_hvdd_proto_msgTypes[7]
+	mi := &file_hvdd_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +903,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[7]
+	mi := &file_hvdd_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +916,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{7}
+	return file_hvdd_proto_rawDescGZIP(), []int{9}
 }
 
 type ClientMessage struct {
@@ -835,6 +930,8 @@ type ClientMessage struct {
 	//	*ClientMessage_Release
 	//	*ClientMessage_Goodbye
 	//	*ClientMessage_RegisterChannel
+	//	*ClientMessage_AddProcessSet
+	//	*ClientMessage_RemoveProcessSet
 	Msg           isClientMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -842,7 +939,7 @@ type ClientMessage struct {
 
 func (x *ClientMessage) Reset() {
 	*x = ClientMessage{}
-	mi := &file_hvdd_proto_msgTypes[8]
+	mi := &file_hvdd_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +951,7 @@ func (x *ClientMessage) String() string {
 func (*ClientMessage) ProtoMessage() {}
 
 func (x *ClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[8]
+	mi := &file_hvdd_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +964,7 @@ func (x *ClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientMessage.ProtoReflect.Descriptor instead.
 func (*ClientMessage) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{8}
+	return file_hvdd_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ClientMessage) GetMsg() isClientMessage_Msg {
@@ -940,6 +1037,24 @@ func (x *ClientMessage) GetRegisterChannel() *RegisterChannel {
 	return nil
 }
 
+func (x *ClientMessage) GetAddProcessSet() *AddProcessSet {
+	if x != nil {
+		if x, ok := x.Msg.(*ClientMessage_AddProcessSet); ok {
+			return x.AddProcessSet
+		}
+	}
+	return nil
+}
+
+func (x *ClientMessage) GetRemoveProcessSet() *RemoveProcessSet {
+	if x != nil {
+		if x, ok := x.Msg.(*ClientMessage_RemoveProcessSet); ok {
+			return x.RemoveProcessSet
+		}
+	}
+	return nil
+}
+
 type isClientMessage_Msg interface {
 	isClientMessage_Msg()
 }
@@ -972,6 +1087,14 @@ type ClientMessage_RegisterChannel struct {
 	RegisterChannel *RegisterChannel `protobuf:"bytes,7,opt,name=register_channel,json=registerChannel,proto3,oneof"`
 }
 
+type ClientMessage_AddProcessSet struct {
+	AddProcessSet *AddProcessSet `protobuf:"bytes,8,opt,name=add_process_set,json=addProcessSet,proto3,oneof"`
+}
+
+type ClientMessage_RemoveProcessSet struct {
+	RemoveProcessSet *RemoveProcessSet `protobuf:"bytes,9,opt,name=remove_process_set,json=removeProcessSet,proto3,oneof"`
+}
+
 func (*ClientMessage_Hello) isClientMessage_Msg() {}
 
 func (*ClientMessage_RegisterRegion) isClientMessage_Msg() {}
@@ -985,6 +1108,10 @@ func (*ClientMessage_Release) isClientMessage_Msg() {}
 func (*ClientMessage_Goodbye) isClientMessage_Msg() {}
 
 func (*ClientMessage_RegisterChannel) isClientMessage_Msg() {}
+
+func (*ClientMessage_AddProcessSet) isClientMessage_Msg() {}
+
+func (*ClientMessage_RemoveProcessSet) isClientMessage_Msg() {}
 
 // Welcome answers Hello once the whole job is formed.
 type Welcome struct {
@@ -1007,7 +1134,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_hvdd_proto_msgTypes[9]
+	mi := &file_hvdd_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1146,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[9]
+	mi := &file_hvdd_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1159,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{9}
+	return file_hvdd_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Welcome) GetVersion() uint32 {
@@ -1124,7 +1251,7 @@ type GrantRegion struct {
 
 func (x *GrantRegion) Reset() {
 	*x = GrantRegion{}
-	mi := &file_hvdd_proto_msgTypes[10]
+	mi := &file_hvdd_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1136,7 +1263,7 @@ func (x *GrantRegion) String() string {
 func (*GrantRegion) ProtoMessage() {}
 
 func (x *GrantRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[10]
+	mi := &file_hvdd_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1149,7 +1276,7 @@ func (x *GrantRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRegion.ProtoReflect.Descriptor instead.
 func (*GrantRegion) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{10}
+	return file_hvdd_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GrantRegion) GetRegion() uint32 {
@@ -1178,13 +1305,15 @@ type Done struct {
 	ReceivedSplits []int32 `protobuf:"varint,5,rep,packed,name=received_splits,json=receivedSplits,proto3" json:"received_splits,omitempty"`
 	// Join: the last rank to join.
 	LastJoinedRank int32 `protobuf:"varint,6,opt,name=last_joined_rank,json=lastJoinedRank,proto3" json:"last_joined_rank,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// AddProcessSet: the new set's id.
+	ProcessSetId  int32 `protobuf:"varint,7,opt,name=process_set_id,json=processSetId,proto3" json:"process_set_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Done) Reset() {
 	*x = Done{}
-	mi := &file_hvdd_proto_msgTypes[11]
+	mi := &file_hvdd_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1196,7 +1325,7 @@ func (x *Done) String() string {
 func (*Done) ProtoMessage() {}
 
 func (x *Done) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[11]
+	mi := &file_hvdd_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1209,7 +1338,7 @@ func (x *Done) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Done.ProtoReflect.Descriptor instead.
 func (*Done) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{11}
+	return file_hvdd_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Done) GetCode() Code {
@@ -1254,6 +1383,13 @@ func (x *Done) GetLastJoinedRank() int32 {
 	return 0
 }
 
+func (x *Done) GetProcessSetId() int32 {
+	if x != nil {
+		return x.ProcessSetId
+	}
+	return 0
+}
+
 // Fatal precedes the daemon closing a connection because of it.
 type Fatal struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1265,7 +1401,7 @@ type Fatal struct {
 
 func (x *Fatal) Reset() {
 	*x = Fatal{}
-	mi := &file_hvdd_proto_msgTypes[12]
+	mi := &file_hvdd_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1277,7 +1413,7 @@ func (x *Fatal) String() string {
 func (*Fatal) ProtoMessage() {}
 
 func (x *Fatal) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[12]
+	mi := &file_hvdd_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1290,7 +1426,7 @@ func (x *Fatal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fatal.ProtoReflect.Descriptor instead.
 func (*Fatal) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{12}
+	return file_hvdd_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Fatal) GetCode() Code {
@@ -1322,7 +1458,7 @@ type ServerMessage struct {
 
 func (x *ServerMessage) Reset() {
 	*x = ServerMessage{}
-	mi := &file_hvdd_proto_msgTypes[13]
+	mi := &file_hvdd_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1470,7 @@ func (x *ServerMessage) String() string {
 func (*ServerMessage) ProtoMessage() {}
 
 func (x *ServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[13]
+	mi := &file_hvdd_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1483,7 @@ func (x *ServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerMessage.ProtoReflect.Descriptor instead.
 func (*ServerMessage) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{13}
+	return file_hvdd_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ServerMessage) GetMsg() isServerMessage_Msg {
@@ -1462,8 +1598,13 @@ const file_hvdd_proto_rawDesc = "" +
 	"\aRelease\x12+\n" +
 	"\x06buffer\x18\x01 \x01(\v2\x13.hvdd.ipc.v1.BufferR\x06buffer\"%\n" +
 	"\x0fRegisterChannel\x12\x12\n" +
-	"\x04size\x18\x01 \x01(\x04R\x04size\"\t\n" +
-	"\aGoodbye\"\xb9\x03\n" +
+	"\x04size\x18\x01 \x01(\x04R\x04size\"%\n" +
+	"\rAddProcessSet\x12\x14\n" +
+	"\x05ranks\x18\x01 \x03(\x05R\x05ranks\"3\n" +
+	"\x10RemoveProcessSet\x12\x1f\n" +
+	"\vprocess_set\x18\x01 \x01(\x05R\n" +
+	"processSet\"\t\n" +
+	"\aGoodbye\"\xce\x04\n" +
 	"\rClientMessage\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.hvdd.ipc.v1.HelloH\x00R\x05hello\x12F\n" +
 	"\x0fregister_region\x18\x02 \x01(\v2\x1b.hvdd.ipc.v1.RegisterRegionH\x00R\x0eregisterRegion\x12L\n" +
@@ -1471,7 +1612,9 @@ const file_hvdd_proto_rawDesc = "" +
 	"\aenqueue\x18\x04 \x01(\v2\x14.hvdd.ipc.v1.EnqueueH\x00R\aenqueue\x120\n" +
 	"\arelease\x18\x05 \x01(\v2\x14.hvdd.ipc.v1.ReleaseH\x00R\arelease\x120\n" +
 	"\agoodbye\x18\x06 \x01(\v2\x14.hvdd.ipc.v1.GoodbyeH\x00R\agoodbye\x12I\n" +
-	"\x10register_channel\x18\a \x01(\v2\x1c.hvdd.ipc.v1.RegisterChannelH\x00R\x0fregisterChannelB\x05\n" +
+	"\x10register_channel\x18\a \x01(\v2\x1c.hvdd.ipc.v1.RegisterChannelH\x00R\x0fregisterChannel\x12D\n" +
+	"\x0fadd_process_set\x18\b \x01(\v2\x1a.hvdd.ipc.v1.AddProcessSetH\x00R\raddProcessSet\x12M\n" +
+	"\x12remove_process_set\x18\t \x01(\v2\x1d.hvdd.ipc.v1.RemoveProcessSetH\x00R\x10removeProcessSetB\x05\n" +
 	"\x03msg\"\xc8\x02\n" +
 	"\aWelcome\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x12\n" +
@@ -1492,14 +1635,15 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x06job_id\x18\v \x01(\x04R\x05jobId\"9\n" +
 	"\vGrantRegion\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\"\xe6\x01\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"\x8c\x02\n" +
 	"\x04Done\x12%\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x11.hvdd.ipc.v1.CodeR\x04code\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12+\n" +
 	"\x06output\x18\x03 \x01(\v2\x13.hvdd.ipc.v1.BufferR\x06output\x12!\n" +
 	"\foutput_shape\x18\x04 \x03(\x03R\voutputShape\x12'\n" +
 	"\x0freceived_splits\x18\x05 \x03(\x05R\x0ereceivedSplits\x12(\n" +
-	"\x10last_joined_rank\x18\x06 \x01(\x05R\x0elastJoinedRank\"D\n" +
+	"\x10last_joined_rank\x18\x06 \x01(\x05R\x0elastJoinedRank\x12$\n" +
+	"\x0eprocess_set_id\x18\a \x01(\x05R\fprocessSetId\"D\n" +
 	"\x05Fatal\x12%\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x11.hvdd.ipc.v1.CodeR\x04code\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"\xdc\x01\n" +
@@ -1572,7 +1716,7 @@ func file_hvdd_proto_rawDescGZIP() []byte {
 }
 
 var file_hvdd_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_hvdd_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_hvdd_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_hvdd_proto_goTypes = []any{
 	(DType)(0),               // 0: hvdd.ipc.v1.DType
 	(OpType)(0),              // 1: hvdd.ipc.v1.OpType
@@ -1585,13 +1729,15 @@ var file_hvdd_proto_goTypes = []any{
 	(*Enqueue)(nil),          // 8: hvdd.ipc.v1.Enqueue
 	(*Release)(nil),          // 9: hvdd.ipc.v1.Release
 	(*RegisterChannel)(nil),  // 10: hvdd.ipc.v1.RegisterChannel
-	(*Goodbye)(nil),          // 11: hvdd.ipc.v1.Goodbye
-	(*ClientMessage)(nil),    // 12: hvdd.ipc.v1.ClientMessage
-	(*Welcome)(nil),          // 13: hvdd.ipc.v1.Welcome
-	(*GrantRegion)(nil),      // 14: hvdd.ipc.v1.GrantRegion
-	(*Done)(nil),             // 15: hvdd.ipc.v1.Done
-	(*Fatal)(nil),            // 16: hvdd.ipc.v1.Fatal
-	(*ServerMessage)(nil),    // 17: hvdd.ipc.v1.ServerMessage
+	(*AddProcessSet)(nil),    // 11: hvdd.ipc.v1.AddProcessSet
+	(*RemoveProcessSet)(nil), // 12: hvdd.ipc.v1.RemoveProcessSet
+	(*Goodbye)(nil),          // 13: hvdd.ipc.v1.Goodbye
+	(*ClientMessage)(nil),    // 14: hvdd.ipc.v1.ClientMessage
+	(*Welcome)(nil),          // 15: hvdd.ipc.v1.Welcome
+	(*GrantRegion)(nil),      // 16: hvdd.ipc.v1.GrantRegion
+	(*Done)(nil),             // 17: hvdd.ipc.v1.Done
+	(*Fatal)(nil),            // 18: hvdd.ipc.v1.Fatal
+	(*ServerMessage)(nil),    // 19: hvdd.ipc.v1.ServerMessage
 }
 var file_hvdd_proto_depIdxs = []int32{
 	1,  // 0: hvdd.ipc.v1.Enqueue.op:type_name -> hvdd.ipc.v1.OpType
@@ -1604,20 +1750,22 @@ var file_hvdd_proto_depIdxs = []int32{
 	7,  // 7: hvdd.ipc.v1.ClientMessage.unregister_region:type_name -> hvdd.ipc.v1.UnregisterRegion
 	8,  // 8: hvdd.ipc.v1.ClientMessage.enqueue:type_name -> hvdd.ipc.v1.Enqueue
 	9,  // 9: hvdd.ipc.v1.ClientMessage.release:type_name -> hvdd.ipc.v1.Release
-	11, // 10: hvdd.ipc.v1.ClientMessage.goodbye:type_name -> hvdd.ipc.v1.Goodbye
+	13, // 10: hvdd.ipc.v1.ClientMessage.goodbye:type_name -> hvdd.ipc.v1.Goodbye
 	10, // 11: hvdd.ipc.v1.ClientMessage.register_channel:type_name -> hvdd.ipc.v1.RegisterChannel
-	3,  // 12: hvdd.ipc.v1.Done.code:type_name -> hvdd.ipc.v1.Code
-	4,  // 13: hvdd.ipc.v1.Done.output:type_name -> hvdd.ipc.v1.Buffer
-	3,  // 14: hvdd.ipc.v1.Fatal.code:type_name -> hvdd.ipc.v1.Code
-	13, // 15: hvdd.ipc.v1.ServerMessage.welcome:type_name -> hvdd.ipc.v1.Welcome
-	14, // 16: hvdd.ipc.v1.ServerMessage.grant_region:type_name -> hvdd.ipc.v1.GrantRegion
-	15, // 17: hvdd.ipc.v1.ServerMessage.done:type_name -> hvdd.ipc.v1.Done
-	16, // 18: hvdd.ipc.v1.ServerMessage.fatal:type_name -> hvdd.ipc.v1.Fatal
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	11, // 12: hvdd.ipc.v1.ClientMessage.add_process_set:type_name -> hvdd.ipc.v1.AddProcessSet
+	12, // 13: hvdd.ipc.v1.ClientMessage.remove_process_set:type_name -> hvdd.ipc.v1.RemoveProcessSet
+	3,  // 14: hvdd.ipc.v1.Done.code:type_name -> hvdd.ipc.v1.Code
+	4,  // 15: hvdd.ipc.v1.Done.output:type_name -> hvdd.ipc.v1.Buffer
+	3,  // 16: hvdd.ipc.v1.Fatal.code:type_name -> hvdd.ipc.v1.Code
+	15, // 17: hvdd.ipc.v1.ServerMessage.welcome:type_name -> hvdd.ipc.v1.Welcome
+	16, // 18: hvdd.ipc.v1.ServerMessage.grant_region:type_name -> hvdd.ipc.v1.GrantRegion
+	17, // 19: hvdd.ipc.v1.ServerMessage.done:type_name -> hvdd.ipc.v1.Done
+	18, // 20: hvdd.ipc.v1.ServerMessage.fatal:type_name -> hvdd.ipc.v1.Fatal
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_hvdd_proto_init() }
@@ -1625,7 +1773,7 @@ func file_hvdd_proto_init() {
 	if File_hvdd_proto != nil {
 		return
 	}
-	file_hvdd_proto_msgTypes[8].OneofWrappers = []any{
+	file_hvdd_proto_msgTypes[10].OneofWrappers = []any{
 		(*ClientMessage_Hello)(nil),
 		(*ClientMessage_RegisterRegion)(nil),
 		(*ClientMessage_UnregisterRegion)(nil),
@@ -1633,8 +1781,10 @@ func file_hvdd_proto_init() {
 		(*ClientMessage_Release)(nil),
 		(*ClientMessage_Goodbye)(nil),
 		(*ClientMessage_RegisterChannel)(nil),
+		(*ClientMessage_AddProcessSet)(nil),
+		(*ClientMessage_RemoveProcessSet)(nil),
 	}
-	file_hvdd_proto_msgTypes[13].OneofWrappers = []any{
+	file_hvdd_proto_msgTypes[15].OneofWrappers = []any{
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_GrantRegion)(nil),
 		(*ServerMessage_Done)(nil),
@@ -1646,7 +1796,7 @@ func file_hvdd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hvdd_proto_rawDesc), len(file_hvdd_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -9,7 +9,8 @@ Usage (from the repository root, after ``go build -o bin/hvdd ./cmd/hvdd``)::
     .venv/bin/python clients/python/bench/overhead.py [-n 5000] [--np 2]
 
 It starts its own daemon on a temporary socket. As a worker (under ``hvdd run``
-or with HVDD_SOCKET set) use ``--worker``.
+or with HVDD_SOCKET set) use ``--worker``; with HVDD_BENCH_IMPL=horovod the
+worker measures horovod.torch instead (under horovodrun, see bench/horovod/).
 """
 
 from __future__ import annotations
@@ -22,15 +23,28 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import ModuleType
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 
 
+def import_hvd() -> ModuleType:
+    """hvdd.torch, or horovod.torch when HVDD_BENCH_IMPL=horovod (bench/horovod/run.sh)."""
+    impl = os.environ.get("HVDD_BENCH_IMPL", "hvdd")
+    if impl == "horovod":
+        import horovod.torch as hvd
+    elif impl == "hvdd":
+        import hvdd.torch as hvd
+    else:
+        raise SystemExit(f"HVDD_BENCH_IMPL must be hvdd or horovod, not {impl!r}")
+    return hvd
+
+
 def worker(n: int, warmup: int) -> None:
     import torch
 
-    import hvdd.torch as hvd
+    hvd = import_hvd()
 
     hvd.init()
     t = torch.ones(1, dtype=torch.float32)

@@ -13,6 +13,7 @@ import threading
 from typing import Any, Optional, Sequence, Union
 
 from ._client import Client
+from ._proto import hvdd_pb2 as _pb
 from .exceptions import HvddInternalError
 
 PUBLIC = (
@@ -57,9 +58,9 @@ __all__ = [*PUBLIC, "client", "daemon_backends"]
 log = logging.getLogger(__name__)
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
-_PROCESS_SETS_UNSUPPORTED = (
-    "hvdd supports only the global process set so far; process sets other than "
-    "hvd.global_process_set are not implemented yet"
+_DYNAMIC_DISABLED = (
+    "Horovod: dynamic process sets are not enabled: call hvd.init(process_sets=\"dynamic\") "
+    "or set HOROVOD_DYNAMIC_PROCESS_SETS=1"
 )
 
 
@@ -83,6 +84,8 @@ Product = ReduceOp.PRODUCT
 
 _state_lock = threading.RLock()
 _client: Optional[Client] = None
+_dynamic = False  # init(process_sets="dynamic")
+_registered: list["ProcessSet"] = []  # sets this process registered, invalidated at shutdown
 _atexit_registered = False
 
 
@@ -95,10 +98,12 @@ def client() -> Client:
 
 
 class ProcessSet:
-    """A subset of the job's ranks that collectives can run on, as in Horovod.
-
-    hvdd implements only the global set (``global_process_set``) so far; other
-    sets can be described but not registered.
+    """A subset of the job's ranks that collectives can run on, as in Horovod:
+    pass the sets to ``init(process_sets=[...])``, or with dynamic process
+    sets register them later with ``add_process_set``; then give
+    ``process_set=`` to collectives, which only the set's members call.
+    Broadcast roots stay global ranks. (On one node; across nodes the daemon
+    answers that it does not support them yet.)
     """
 
     def __init__(self, ranks_or_comm: Union[Sequence[int], Any]) -> None:
@@ -165,20 +170,65 @@ global_process_set: ProcessSet = _GlobalProcessSet()
 
 
 def process_set_id(process_set: ProcessSet) -> int:
-    """The wire id of a process set; only the global one is supported."""
-    if process_set is global_process_set or process_set.process_set_id == 0:
+    """The wire id of a registered process set."""
+    if process_set is global_process_set:
         return 0
-    raise NotImplementedError(_PROCESS_SETS_UNSUPPORTED)
+    pid = process_set.process_set_id
+    if pid is None:
+        raise ValueError("Process set provided does not exist, or has not been registered.")
+    return pid
+
+
+def _register(c: Client, ps: ProcessSet) -> None:
+    """Registers ps with the daemon (a collective over every rank)."""
+    if ps.ranks is None:
+        raise NotImplementedError("hvdd: process sets from an MPI communicator are not supported; give the ranks")
+    m = _pb.ClientMessage()
+    m.add_process_set.ranks.extend(ps.ranks)
+    try:
+        done = c.call(m)
+    except HvddInternalError as e:
+        raise ValueError(str(e)) from e
+    ps.process_set_id = done.process_set_id
+    _registered.append(ps)
+
+
+def _dynamic_enabled() -> bool:
+    return _dynamic or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0") not in ("", "0")
 
 
 def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
-    """Horovod's dynamic process sets; not implemented by hvdd yet."""
-    raise NotImplementedError(_PROCESS_SETS_UNSUPPORTED)
+    """Registers a process set while the job runs (dynamic process sets). A
+    collective: every rank must call it with the same set, in the same order
+    of calls. Returns the registered ProcessSet."""
+    c = client()
+    if not _dynamic_enabled():
+        raise ValueError(_DYNAMIC_DISABLED)
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.process_set_id is not None:
+        raise ValueError(f"Attempted to add a duplicate process set: {ps} is already registered")
+    _register(c, ps)
+    return ps
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
-    """Horovod's dynamic process sets; not implemented by hvdd yet."""
-    raise NotImplementedError(_PROCESS_SETS_UNSUPPORTED)
+    """Removes a registered process set (dynamic process sets; collective like
+    ``add_process_set``). Returns False for the global set or one that is
+    not registered."""
+    c = client()
+    if not _dynamic_enabled():
+        raise ValueError(_DYNAMIC_DISABLED)
+    pid = process_set.process_set_id
+    if pid is None or pid == 0:
+        return False
+    m = _pb.ClientMessage()
+    m.remove_process_set.process_set = pid
+    try:
+        c.call(m)
+    except HvddInternalError as e:
+        raise ValueError(str(e)) from e
+    process_set._invalidate()
+    return True
 
 
 def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None:
@@ -192,15 +242,16 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
         process_sets: Horovod's static process sets; hvdd supports only None
             or an empty list (the global set alone).
     """
-    global _client, _atexit_registered
+    global _client, _atexit_registered, _dynamic
     if comm is not None:
         raise NotImplementedError(
             "hvdd: init(comm=...) is not supported; every process the daemon's job holds takes part "
             "(choose them with `hvdd run -np N` or the daemon's --slots)"
         )
+    sets: list[ProcessSet] = []
     if process_sets == "dynamic":
-        raise NotImplementedError(_PROCESS_SETS_UNSUPPORTED)
-    if process_sets:
+        _dynamic = True
+    elif process_sets:
         sets = list(process_sets)
         for i, ps in enumerate(sets):
             for j in range(i):
@@ -209,7 +260,6 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
                         f"Horovod could not be initialized: process_sets entry number {i} is a duplicate "
                         f"of entry number {j}"
                     )
-        raise NotImplementedError(_PROCESS_SETS_UNSUPPORTED)
     with _state_lock:
         if _client is not None:
             return
@@ -220,6 +270,12 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
             raise ValueError(
                 f"Horovod initialization failed: {e}"
             ) from e
+        try:
+            for ps in sets:
+                _register(c, ps)
+        except ValueError as e:
+            c.close()
+            raise ValueError(f"Horovod could not be initialized: {e}") from e
         _client = c
         if not _atexit_registered:
             atexit.register(shutdown)
@@ -229,10 +285,14 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
 def shutdown() -> None:
     """Says goodbye to the daemon and closes the connection. Collectives still in
     flight fail with HorovodInternalError. A later ``init()`` starts afresh."""
-    global _client
+    global _client, _dynamic
     with _state_lock:
         c = _client
         _client = None
+        _dynamic = False
+        for ps in _registered:
+            ps._invalidate()
+        _registered.clear()
     if c is not None:
         c.close()
 

@@ -35,6 +35,10 @@ def test_small_ring(job):
     job.run("other_ops", np=2, env={"HVDD_RING_BYTES": "4096"})
 
 
+def test_process_sets(job):
+    job.run("process_sets", np=4)
+
+
 def test_errors(job):
     job.run("errors", np=2)
 

@@ -130,17 +130,19 @@ def basics() -> None:
     assert hvd.global_process_set.included()
     assert hvd.HorovodInternalError is hvdd.HvddInternalError
     assert issubclass(hvd.HorovodInternalError, RuntimeError)
+    # An unregistered set, and dynamic sets without dynamic mode (process_sets
+    # covers them in full).
     ps = hvd.ProcessSet([0])
     try:
         hvd.allreduce(torch.ones(1), process_set=ps)
-    except NotImplementedError:
-        pass
+    except ValueError as e:
+        assert "not been registered" in str(e), e
     else:
-        raise AssertionError("non-global process set did not raise")
+        raise AssertionError("an unregistered process set did not raise")
     try:
         hvd.add_process_set([0])
-    except NotImplementedError:
-        pass
+    except ValueError as e:
+        assert "dynamic" in str(e), e
     else:
         raise AssertionError("add_process_set did not raise")
 
@@ -602,7 +604,107 @@ def sync_bn() -> None:
     hvd.shutdown()
 
 
-SCENARIOS = {f.__name__: f for f in (basics, allreduce_ops, other_ops, errors, victim, optimizer, sync_bn)}
+def process_sets() -> None:
+    """4 ranks: static sets [0, 1] and [1, 2, 3] from init, every collective in
+    a set against references over its members only, errors, then dynamic
+    add/remove."""
+    even, odd3 = hvd.ProcessSet([0, 2]), hvd.ProcessSet([1, 2, 3])
+    hvd.init(process_sets=[even, odd3])
+    r, n = hvd.rank(), hvd.size()
+    assert n == 4, n
+    assert even.process_set_id == 1 and odd3.process_set_id == 2, (even, odd3)
+    assert hvd.global_process_set.process_set_id == 0
+    for ps in (even, odd3):
+        members = ps.ranks
+        if r not in members:
+            assert ps.included() is False and ps.rank() == -1
+            continue
+        assert ps.included() and ps.rank() == members.index(r) and ps.size() == len(members)
+        k = len(members)
+        tag = ps.process_set_id
+        for dt in (torch.float32, torch.int32, torch.float16):
+            ins = {m: data(m, dt, (3, 4), seed=40) for m in members}
+            for op in (hvd.Sum, hvd.Average, hvd.Max):
+                got = hvd.allreduce(ins[r], op=op, name=f"ps{tag}.ar.{dt}.{op}", process_set=ps)
+                expect_equal(got, reference_reduce([ins[m] for m in members], op, k), f"set {members} allreduce {dt} {op}", tol_for(dt))
+            # allgather with uneven first dimensions, in set order
+            ag = {m: data(m, dt, (members.index(m) + 1, 2), seed=41) for m in members}
+            expect_equal(hvd.allgather(ag[r], name=f"ps{tag}.ag.{dt}", process_set=ps),
+                         torch.cat([ag[m] for m in members]), f"set {members} allgather {dt}")
+            # broadcast: the root is a global rank
+            root = members[-1]
+            expect_equal(hvd.broadcast(ins[r], root, name=f"ps{tag}.bc.{dt}", process_set=ps), ins[root],
+                         f"set {members} broadcast {dt}")
+            # alltoall with splits over the set's members
+            a2 = {m: data(m, dt, (k * (members.index(m) + 1), 2), seed=42) for m in members}
+            splits = [members.index(r) + 1] * k
+            out, rsplits = hvd.alltoall(a2[r], splits=splits, name=f"ps{tag}.a2a.{dt}", process_set=ps)
+            me = members.index(r)
+            want = torch.cat([a2[m][me * (members.index(m) + 1):(me + 1) * (members.index(m) + 1)] for m in members])
+            expect_equal(out, want, f"set {members} alltoall {dt}")
+            assert rsplits.tolist() == [members.index(m) + 1 for m in members], rsplits
+            # reducescatter over the set
+            d0 = 2 * k + 1
+            rs = {m: data(m, dt, (d0, 2), seed=43) for m in members}
+            full = reference_reduce([rs[m] for m in members], hvd.Sum, k)
+            rows = [d0 // k + (1 if i < d0 % k else 0) for i in range(k)]
+            start = sum(rows[:me])
+            expect_equal(hvd.reducescatter(rs[r], op=hvd.Sum, name=f"ps{tag}.rs.{dt}", process_set=ps),
+                         full[start:start + rows[me]], f"set {members} reducescatter {dt}", tol_for(dt))
+        hvd.barrier(process_set=ps)
+        # A rank outside the set cannot use it; a root outside it is refused.
+        try:
+            hvd.broadcast(torch.ones(2), [x for x in range(n) if x not in members][0], name=f"ps{tag}.badroot", process_set=ps)
+            raise AssertionError("broadcast from a root outside the set succeeded")
+        except hvd.HorovodInternalError as e:
+            assert "invalid root rank" in str(e), e
+    if r not in even.ranks:
+        try:
+            hvd.allreduce(torch.ones(2), name="notmember", process_set=even)
+            raise AssertionError("a non-member's allreduce in the set succeeded")
+        except hvd.HorovodInternalError as e:
+            assert "not a member" in str(e), e
+    # The global set still works beside them.
+    expect_equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="global"), torch.full((2,), 4.0), "global after sets")
+    # Dynamic sets need dynamic mode.
+    try:
+        hvd.add_process_set([0, 1])
+        raise AssertionError("add_process_set without dynamic mode succeeded")
+    except ValueError as e:
+        assert "dynamic" in str(e), e
+    hvd.shutdown()
+    assert even.process_set_id is None, "shutdown must invalidate registered sets"
+
+    hvd.init(process_sets="dynamic")
+    pair = hvd.add_process_set([2, 3])
+    assert pair.process_set_id is not None and pair.size() == 2
+    try:
+        hvd.add_process_set(hvd.ProcessSet([2, 3]))
+        raise AssertionError("a duplicate process set was added")
+    except ValueError as e:
+        assert "duplicate" in str(e), e
+    if r in (2, 3):
+        got = hvd.allreduce(torch.full((3,), float(r)), op=hvd.Average, name="dyn", process_set=pair)
+        expect_equal(got, torch.full((3,), 2.5), "dynamic set allreduce")
+    assert hvd.remove_process_set(pair) is True
+    assert pair.process_set_id is None
+    assert hvd.remove_process_set(hvd.global_process_set) is False
+    try:
+        hvd.allreduce(torch.ones(1), name="removed", process_set=pair)
+        raise AssertionError("a removed set was used")
+    except ValueError as e:
+        assert "not been registered" in str(e), e
+    # Ranks that disagree on a set get an error naming both requests.
+    try:
+        hvd.add_process_set([0, 1] if r == 0 else [0, 2])
+        raise AssertionError("mismatching process sets were added")
+    except ValueError as e:
+        assert "mismatching" in str(e), e
+    hvd.shutdown()
+    print("OK")
+
+
+SCENARIOS = {f.__name__: f for f in (basics, allreduce_ops, other_ops, errors, victim, optimizer, sync_bn, process_sets)}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]]()

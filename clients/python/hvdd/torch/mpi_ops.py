@@ -119,17 +119,19 @@ def _flat(tensor: torch.Tensor) -> np.ndarray:
     return t.numpy().reshape(-1).view(np.uint8)
 
 
-def _stage_in(c: Client, tensor: torch.Tensor) -> Tuple[Any, int, int, Optional[torch.Tensor]]:
-    """Copies a tensor into the arena. Returns (region, offset, nbytes, cpu)
-    where cpu is the CPU tensor staged (a copy when the tensor lives on an
-    accelerator, else the tensor itself)."""
+def _stage_in(c: Client, tensor: torch.Tensor) -> Tuple[Any, int, int, Optional[np.ndarray]]:
+    """Copies a tensor into the arena. Returns (region, offset, nbytes, flat)
+    where flat is the staged CPU tensor's bytes as a numpy view (of the tensor
+    itself when it lives on the CPU, so an in-place result can be copied
+    straight back into it), or None when it is empty."""
     cpu = tensor if tensor.is_cpu else tensor.detach().cpu()
     nbytes = cpu.numel() * cpu.element_size()
     if nbytes == 0:
-        return None, 0, 0, cpu
+        return None, 0, 0, None
     region, off = c.stage(nbytes)
-    region.array[off : off + nbytes] = _flat(cpu)
-    return region, off, nbytes, cpu
+    flat = _flat(cpu)
+    region.array[off : off + nbytes] = flat
+    return region, off, nbytes, flat
 
 
 def _from_bytes(b: np.ndarray, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
@@ -163,10 +165,19 @@ def _register(handle: int, h: Handle) -> int:
 # ------------------------------------------------------------------ allreduce
 
 
-def _set_finish(h: Handle, output: Optional[torch.Tensor], dtype: torch.dtype, shape: Any, nbytes: int) -> None:
+def _set_finish(
+    h: Handle, output: Optional[torch.Tensor], dtype: torch.dtype, shape: Any, nbytes: int,
+    out_flat: Optional[np.ndarray] = None,
+) -> None:
     """Makes h's result the staged bytes: copied into output (in-place
-    variants), or a new tensor of dtype and shape."""
-    if output is None:
+    variants; through out_flat, its bytes, when given), or a new tensor of
+    dtype and shape."""
+    if output is not None and out_flat is not None:
+        def finish(h: Handle) -> torch.Tensor:
+            if h.region is not None:
+                out_flat[:] = h.region.array[h.offset : h.offset + nbytes]
+            return output
+    elif output is None:
         def finish(h: Handle) -> torch.Tensor:
             if h.region is None:
                 return torch.empty(shape, dtype=dtype)
@@ -192,13 +203,15 @@ def _allreduce_submit(
     group_size: int = 0,
 ) -> Handle:
     wire_dt = _check(tensor)[0]
-    region, off, nbytes, _ = _stage_in(c, tensor)
+    region, off, nbytes, flat = _stage_in(c, tensor)
     h = c.submit(
         pb.OP_ALLREDUCE, full_name, wire_dt, tensor.shape, region, off, nbytes,
         reduce_op=op, prescale=float(prescale_factor), postscale=float(postscale_factor),
         process_set=ps, group=group, group_size=group_size,
     )
-    _set_finish(h, output, tensor.dtype, tensor.shape, nbytes)
+    # In place on a CPU tensor: the staged view is the output's own bytes.
+    same = output is tensor and tensor.is_cpu
+    _set_finish(h, output, tensor.dtype, tensor.shape, nbytes, flat if same else None)
     return h
 
 

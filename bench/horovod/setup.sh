@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Build Horovod 0.28.1 from its PyPI source package (PyTorch + Gloo, CPU only)
+# into a virtualenv of its own, so that the project's .venv is left alone.
+# Idempotent: a venv that already holds a working build is only re-checked.
+#
+#   bench/horovod/setup.sh                     # venv at ../hvd-venv (beside the repo)
+#   HOROVOD_VENV=/path/to/venv bench/horovod/setup.sh
+#
+# Environment:
+#   HOROVOD_VENV       the virtualenv (default: <repo>/../hvd-venv)
+#   HOROVOD_BUILD_LOG  pip's verbose build log (default: /tmp/horovod-build.log)
+#   HOROVOD_VERSION    default 0.28.1
+#   HOROVOD_REBUILD=1  rebuild even if the venv already has a working build
+#
+# Needs: Debian's python3 (3.11) with python3-venv, python3-dev and python3-torch
+# (torch 1.13, reached through --system-site-packages), cmake, g++, make.
+# Missing Debian packages are installed with apt-get when running as root.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+VENV="${HOROVOD_VENV:-$(dirname "$REPO")/hvd-venv}"
+LOG="${HOROVOD_BUILD_LOG:-/tmp/horovod-build.log}"
+VERSION="${HOROVOD_VERSION:-0.28.1}"
+PY=/usr/bin/python3
+
+say() { printf '[horovod-setup] %s\n' "$*"; }
+die() { printf '[horovod-setup] FAILED: %s\n' "$*" >&2; exit 1; }
+
+# 1. System prerequisites.
+need_pkgs=()
+command -v cmake >/dev/null || need_pkgs+=(cmake)
+command -v g++ >/dev/null || need_pkgs+=(g++)
+command -v make >/dev/null || need_pkgs+=(make)
+[ -x "$PY" ] || need_pkgs+=(python3)
+"$PY" -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+[ -n "$("$PY" -c 'import sysconfig; import os; print(os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) or "")' 2>/dev/null)" ] \
+  || need_pkgs+=(python3-dev)
+"$PY" -c 'import torch' 2>/dev/null || need_pkgs+=(python3-torch)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing ${need_pkgs[*]} with apt-get"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" \
+      || die "apt-get install ${need_pkgs[*]} failed"
+  else
+    die "missing ${need_pkgs[*]}: install them (apt-get install -y ${need_pkgs[*]}) and rerun"
+  fi
+fi
+
+# 2. The virtualenv, seeing Debian's torch through the system site-packages.
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV"
+  "$PY" -m venv --system-site-packages "$VENV" || die "python3 -m venv $VENV"
+fi
+"$VENV/bin/python" -c 'import torch' || die "torch is not importable in $VENV (python3-torch missing?)"
+
+# 3. Build, unless a working build of the same version is already there.
+built_ok() {
+  local out
+  out="$(cd /tmp && "$VENV/bin/horovodrun" --check-build 2>&1)" || return 1
+  grep -q "Horovod v$VERSION:" <<<"$out" && grep -q '\[X\] PyTorch' <<<"$out" && grep -q '\[X\] Gloo' <<<"$out"
+}
+if [ "${HOROVOD_REBUILD:-0}" != 1 ] && [ -x "$VENV/bin/horovodrun" ] && built_ok; then
+  say "horovod $VERSION already built in $VENV"
+else
+  say "building horovod $VERSION from source (about 5 minutes on 2 cores); log: $LOG"
+  "$VENV/bin/pip" uninstall -y -q horovod >/dev/null 2>&1 || true
+  # cd /tmp: keep pip and setup.py away from any horovod/ directory in the current one.
+  if ! (cd /tmp && env HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+        HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo \
+        MAKEFLAGS="-j$(nproc)" \
+        "$VENV/bin/pip" install -v --no-cache-dir --no-binary horovod "horovod==$VERSION" >"$LOG" 2>&1); then
+    tail -n 40 "$LOG" >&2
+    die "pip could not build horovod $VERSION (full log: $LOG)"
+  fi
+fi
+
+# 4. Check the build, then one 2-rank allreduce through horovodrun --gloo.
+built_ok || { (cd /tmp && "$VENV/bin/horovodrun" --check-build) >&2 || true;
+              die "horovodrun --check-build does not show v$VERSION with PyTorch and Gloo"; }
+(cd /tmp && "$VENV/bin/horovodrun" --check-build)
+say "smoke test: 2 ranks, horovodrun --gloo"
+out="$(cd /tmp && timeout 120 "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo "$VENV/bin/python" -c \
+  'import horovod.torch as hvd, torch; hvd.init(); print("rank", hvd.rank(), "sum", hvd.allreduce(torch.ones(3), op=hvd.Sum).tolist())' 2>&1)" \
+  || { printf '%s\n' "$out" >&2; die "2-rank horovodrun --gloo smoke test"; }
+printf '%s\n' "$out"
+[ "$(grep -c 'sum \[2.0, 2.0, 2.0\]' <<<"$out")" = 2 ] || die "2-rank allreduce gave a wrong result"
+say "OK: horovod $VERSION in $VENV (horovodrun: $VENV/bin/horovodrun)"
