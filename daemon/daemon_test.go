@@ -261,7 +261,7 @@ func TestBadEnqueue(t *testing.T) {
 		{"bad op", &ipcpb.Enqueue{Name: "h", Op: 42, Dtype: f32}, "unknown collective"},
 		{"no name", &ipcpb.Enqueue{Op: ar, Dtype: f32, Shape: []int64{4}, Buffer: &ipcpb.Buffer{Region: 3, Length: 16}}, "without a name"},
 		{"nan scale", &ipcpb.Enqueue{Name: "i", Op: ar, Dtype: f32, Shape: []int64{4}, Prescale: nan(), Buffer: &ipcpb.Buffer{Region: 3, Length: 16}}, "finite"},
-		{"process set", &ipcpb.Enqueue{Name: "j", Op: ar, Dtype: f32, Shape: []int64{4}, ProcessSet: 3, Buffer: &ipcpb.Buffer{Region: 3, Length: 16}}, "process sets"},
+		{"process set", &ipcpb.Enqueue{Name: "j", Op: ar, Dtype: f32, Shape: []int64{4}, ProcessSet: 3, Buffer: &ipcpb.Buffer{Region: 3, Length: 16}}, "does not exist"},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
