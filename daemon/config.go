@@ -50,7 +50,9 @@ type Config struct {
 	// Spin is how long the daemon keeps polling its clients without sleeping
 	// after each burst of activity, so that the next request of a busy job
 	// costs no wake-up. Zero means 50 µs; negative never spins (every request
-	// then pays a wake-up, about 30 µs across cores). An idle daemon sleeps.
+	// then pays a wake-up, about 30 µs across cores). The window adapts up to
+	// 10x (ipc.AdaptSpin) for jobs whose requests come just after it. An idle
+	// daemon sleeps.
 	Spin time.Duration
 
 	// Workers bounds the goroutines of one local reduction. Zero means

@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import io
 import pickle
-from typing import Any, Iterable, List, Optional, Union
+from typing import Any, Iterable, List, Optional
 
 import torch
 

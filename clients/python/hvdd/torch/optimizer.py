@@ -14,7 +14,6 @@ from typing import Any, Iterator, List, Optional
 
 import torch
 
-from .. import basics as _basics
 from ..basics import Adasum, Average, ProcessSet, global_process_set, rocm_built, size
 from .compression import Compression
 from .functions import broadcast_object
