@@ -113,28 +113,23 @@ func resnet[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, out, e
 		}
 		return dt, err
 	}
-	measure := func(f func() (time.Duration, error)) ([]time.Duration, error) {
-		for range cfg.Warmup {
-			if _, err := f(); err != nil {
-				return nil, err
-			}
+	// The two variants alternate, iteration by iteration, so that a shared
+	// machine's drift (this VM's speed moves by tens of percent between
+	// seconds) weighs on both alike.
+	stepTs := make([]time.Duration, cfg.Iters)
+	fusedTs := make([]time.Duration, cfg.Iters)
+	for i := -cfg.Warmup; i < cfg.Iters; i++ {
+		ts, err := step()
+		if err != nil {
+			return fmt.Errorf("resnet50 step: %w", err)
 		}
-		ts := make([]time.Duration, cfg.Iters)
-		for i := range ts {
-			var err error
-			if ts[i], err = f(); err != nil {
-				return nil, err
-			}
+		tf, err := one()
+		if err != nil {
+			return fmt.Errorf("resnet50 fused allreduce: %w", err)
 		}
-		return ts, nil
-	}
-	stepTs, err := measure(step)
-	if err != nil {
-		return fmt.Errorf("resnet50 step: %w", err)
-	}
-	fusedTs, err := measure(one)
-	if err != nil {
-		return fmt.Errorf("resnet50 fused allreduce: %w", err)
+		if i >= 0 {
+			stepTs[i], fusedTs[i] = ts, tf
+		}
 	}
 	all, extra, err := maxOverRanks(ctx, c, append(stepTs, fusedTs...), float64(bad))
 	if err != nil {
