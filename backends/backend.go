@@ -101,3 +101,13 @@ func LostRank(err error) (int, bool) {
 
 // ErrClosed is returned by calls on a closed Backend.
 var ErrClosed = errors.New("backends: closed")
+
+// LoopRunnable is implemented by engines whose collectives on small buffers
+// wait for their peers in the kernel (poll, blocking reads) instead of
+// parking the goroutine in Go's network poller. A goroutine locked to its OS
+// thread, such as the daemon's event loop, may then run them itself: parked
+// in the poller it would be woken only by the runtime's 10 ms sysmon poll.
+// LoopRunnable returns the largest buffer (bytes) for which that holds.
+type LoopRunnable interface {
+	LoopRunnable() int
+}

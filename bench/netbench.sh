@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Two "nodes" in network namespaces joined by a veth pair (optionally limited
 # to 10 Gbit/s with tc tbf), measured in one run: iperf3 across the pair, hvdd
-# (tcp engine, 2 nodes x 1 rank) allreduce of 64 MiB float32 and 4 B, PyTorch
+# (tcp engine, 2 nodes x 1 rank) allreduce of 64 MiB float32 and 4 B (beside the
+# TCP round trip of peers/tcp_pingpong across the same pair), PyTorch
 # gloo (bench/gloo_net.py) and Open MPI's MPI_Allreduce over its tcp transport
 # (64 MiB) on the same pair, and hvdd 2 nodes x 2
 # ranks with the daemons' cross-node byte counters. Needs root, iproute2,
@@ -41,6 +42,7 @@ case "\$host" in $A|hvb0) ns=hvb0 ;; $B|hvb1) ns=hvb1 ;; *) echo "unknown host \
 exec ip netns exec \$ns sh -c "\$*"
 AGENT
 chmod +x "$W/agent"
+gcc -O2 -o "$W/tcp_pingpong" ../shared/bench/peers/tcp_pingpong.c
 gcc -O3 -march=native -o "$W/mpi_allreduce" -I../shared/bench/peers ../shared/bench/peers/mpi_allreduce.c $(pkg-config --cflags --libs ompi-c) 2>/dev/null \
   || mpicc -O3 -march=native -o "$W/mpi_allreduce" ../shared/bench/peers/mpi_allreduce.c
 
@@ -51,6 +53,11 @@ for r in $(seq 1 "$ROUNDS"); do
   ip netns exec hvb0 iperf3 -c $B -t 3 -J > "$OUT/iperf-$r.json" || true
   wait || true
   python3 -c "import json;d=json.load(open('$OUT/iperf-$r.json'));print('iperf3 Gbit/s', round(d['end']['sum_received']['bits_per_second']/1e9,2))" | tee -a "$OUT/log"
+  # The TCP round trip across the pair, for the 4-byte target (2 round trips + the local path).
+  ip netns exec hvb1 "$W/tcp_pingpong" server 5999 >/dev/null 2>&1 &
+  sleep 0.3
+  ip netns exec hvb0 "$W/tcp_pingpong" client $B 5999 5000 8 3 | sed 's/^/tcp-rtt /' | tee -a "$OUT/log" || true
+  wait || true
   bin/hvdd run -np 2 -H $A:1,$B:1 --agent "$W/agent" -- "$PWD/bin/hvdd" bench --op allreduce --min-bytes 4 --max-bytes 4 --json 2>&1 \
     | grep -o '{.*}' | sed 's/^/hvdd-lat /' | tee -a "$OUT/log"
   bin/hvdd run -np 2 -H $A:1,$B:1 --agent "$W/agent" -- "$PWD/bin/hvdd" bench --op allreduce --min-bytes 64M --max-bytes 64M --iters 10 --json 2>&1 \

@@ -22,9 +22,9 @@ import (
 // the batch to the executor goroutine.
 const inlineBytes = 256 << 10
 
-// Plans across nodes always go to the executor: the loop's goroutine is locked
-// to its thread, and parking it in Go's network poller to wait for a peer cost
-// up to 10 ms per wait (the poller was then only polled by sysmon).
+// inlineMultiBytes is the same across nodes, where the loop then also waits
+// for the network (see loopRunnable).
+const inlineMultiBytes = 64 << 10
 
 // Messages other goroutines post to the loop through its poller.
 type (
@@ -726,7 +726,7 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 	for _, w := range batch {
 		bytes += w.resp.Bytes
 	}
-	if j.backend == nil && bytes <= inlineBytes {
+	if j.backend == nil && bytes <= inlineBytes || loopRunnable(j.backend, bytes) {
 		// Small work costs less than the hand-off to the executor.
 		for _, w := range batch {
 			l.x.execute(w)
@@ -735,6 +735,15 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 	}
 	l.execBusy = true
 	l.x.work <- batch
+}
+
+// loopRunnable reports whether a cross-node batch of this many bytes may run
+// in the loop itself: small, on an engine that waits in the kernel rather
+// than in Go's network poller (which would leave the loop's locked thread to
+// sysmon's 10 ms poll). It saves a hand-off to the executor and back.
+func loopRunnable(b backends.Backend, bytes int64) bool {
+	lr, ok := b.(backends.LoopRunnable)
+	return ok && bytes <= inlineMultiBytes && bytes <= int64(lr.LoopRunnable())
 }
 
 // abort fails the job and, on several nodes, tells the others (notify) and

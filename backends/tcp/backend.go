@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/reduce"
 )
@@ -554,9 +556,20 @@ func (b *Backend) send(p *peer, s int, buf []byte) error {
 	return nil
 }
 
+// LoopRunnable reports that collectives on up to Config.SmallBytes wait in
+// the kernel (see recvPoll), never in Go's network poller.
+func (b *Backend) LoopRunnable() int { return b.cfg.SmallBytes }
+
 // recv fills buf from rank's data connection on stream s.
 func (b *Backend) recv(p *peer, s int, buf []byte) error {
 	if len(buf) == 0 {
+		return nil
+	}
+	if len(buf) <= b.cfg.SmallBytes {
+		if err := b.recvPoll(p.data[s], buf); err != nil {
+			return b.linkErr(p.rank, fmt.Errorf("receive from rank %d: %w", p.rank, err))
+		}
+		p.recv.Add(int64(len(buf)))
 		return nil
 	}
 	if _, err := io.ReadFull(p.data[s], buf); err != nil {
@@ -564,6 +577,52 @@ func (b *Backend) recv(p *peer, s int, buf []byte) error {
 	}
 	p.recv.Add(int64(len(buf)))
 	return nil
+}
+
+// recvPoll fills a small buf from c, waiting for data in poll(2), so that the
+// calling thread sleeps in the kernel and is woken by it directly, instead of
+// the goroutine parking in Go's network poller. Between waits of at most
+// 10 ms it checks whether the backend has failed (a peer lost, Close).
+func (b *Backend) recvPoll(c net.Conn, buf []byte) error {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		_, err := io.ReadFull(c, buf)
+		return err
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	got := 0
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for got < len(buf) {
+			n, err := unix.Read(int(fd), buf[got:])
+			switch {
+			case n > 0:
+				got += n
+			case err == unix.EAGAIN:
+				if ferr := b.failure(); ferr != nil {
+					rerr = ferr
+					return true
+				}
+				unix.Poll(pfd, 10)
+			case err == unix.EINTR:
+			case err != nil:
+				rerr = err
+				return true
+			default:
+				rerr = io.ErrUnexpectedEOF
+				return true
+			}
+		}
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	return rerr
 }
 
 // exchange sends out to and receives in from rank p (possibly different
