@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/bits"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,8 +52,10 @@ type client struct {
 
 	// txMu serialises what the daemon sends this client: the channel's
 	// sending side and the socket writes it counts.
-	txMu sync.Mutex
-	ch   *ipc.Channel // shared-memory frame rings; nil until registered
+	txMu   sync.Mutex
+	ch     *ipc.Channel // shared-memory frame rings; nil until registered
+	outq   [][]byte     // frames waiting for room in the ring (see sendBatch)
+	hasOut atomic.Bool  // outq is not empty: the loop must flush it
 
 	out outputs
 }
@@ -423,33 +426,85 @@ func (c *client) reply(id uint32, d *ipcpb.Done) {
 // sendBatch sends messages that carry no descriptor: through the channel when
 // there is one and it has room (ringing the doorbell if the client sleeps),
 // else on the socket in one write.
+//
+// The daemon never waits for a client that does not read: when the ring is
+// full the frames wait in memory (at most one Done per op in flight) and the
+// loop moves them into the ring as the client makes room (flushOut). A
+// socket write could block the loop, whose client might itself be waiting for
+// room in its own ring: each would wait for the other.
 func (c *client) sendBatch(ids []uint32, ms []*ipcpb.ServerMessage) error {
 	c.txMu.Lock()
 	defer c.txMu.Unlock()
 	if c.ch != nil {
-		i := 0
-		for ; i < len(ms); i++ {
-			ok, err := c.ch.Send(ipc.KindServer, ids[i], ms[i])
+		published := false
+		for i, m := range ms {
+			b, err := c.ch.Encode(ipc.KindServer, ids[i], m)
 			if err != nil {
 				return err
 			}
-			if !ok {
-				break
+			if len(b) > c.ch.MaxFrame() {
+				// Too large for the ring at all: the socket (counted).
+				if err := c.ic.WriteRaw(b, -1); err != nil {
+					return err
+				}
+				c.ch.SocketSent(1)
+				continue
 			}
+			if len(c.outq) == 0 {
+				ok, err := c.ch.SendFrame(b)
+				if err != nil {
+					return err
+				}
+				if ok {
+					published = true
+					continue
+				}
+			}
+			c.outq = append(c.outq, slices.Clone(b))
+			c.hasOut.Store(true)
 		}
-		if i > 0 && c.ch.PeerAsleep() {
-			c.ic.WriteWake()
+		if published && c.ch.PeerAsleep() {
+			c.ic.TryWriteWake()
 		}
-		ids, ms = ids[i:], ms[i:]
-		if len(ms) == 0 {
-			return nil
-		}
+		return nil
 	}
 	err := c.ic.WriteServerBatch(ids, ms)
 	if err == nil && c.ch != nil {
 		c.ch.SocketSent(len(ms))
 	}
 	return err
+}
+
+// flushOut moves frames that waited for room into the channel's ring, as far
+// as they fit, ringing the doorbell if the client sleeps. The loop calls it
+// for clients whose hasOut is set.
+func (c *client) flushOut() error {
+	c.txMu.Lock()
+	defer c.txMu.Unlock()
+	if c.ch == nil {
+		c.outq = nil
+		c.hasOut.Store(false)
+		return nil
+	}
+	n := 0
+	for _, b := range c.outq {
+		ok, err := c.ch.SendFrame(b)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		n++
+	}
+	if n > 0 {
+		c.outq = slices.Delete(c.outq, 0, n)
+		if c.ch.PeerAsleep() {
+			c.ic.TryWriteWake()
+		}
+	}
+	c.hasOut.Store(len(c.outq) > 0)
+	return nil
 }
 
 // sendSocket sends a message on the socket (with fd, if >= 0), counted for

@@ -152,14 +152,19 @@ func (l *loop) run() {
 			// doorbell, unless something arrived meanwhile.
 			if !l.setAsleep(true) {
 				timeout = -1
+				if l.outWaiting() {
+					// A client's frames wait for room in its ring, and
+					// nothing tells us when it makes room: look again soon.
+					timeout = 1
+				}
 			}
 		}
 		var slept time.Time
-		if timeout < 0 {
+		if timeout != 0 {
 			slept = time.Now()
 		}
 		events, err := l.p.wait(timeout)
-		if timeout < 0 {
+		if timeout != 0 {
 			l.setAsleep(false)
 			spin = ipc.AdaptSpin(spin, l.cfg.Spin, time.Since(slept))
 		}
@@ -186,6 +191,11 @@ func (l *loop) run() {
 			if !c.dropped && c.ch.Pending() {
 				l.serveClient(c, false, false)
 				active = true
+			}
+			if !c.dropped && c.hasOut.Load() {
+				if err := c.flushOut(); err != nil {
+					l.drop(c, err)
+				}
 			}
 		}
 		if !active {
@@ -214,6 +224,17 @@ func (l *loop) run() {
 			l.spinUntil = time.Now().Add(spin)
 		}
 	}
+}
+
+// outWaiting reports whether some client has frames waiting for room in its
+// channel's ring.
+func (l *loop) outWaiting() bool {
+	for _, c := range l.chans {
+		if !c.dropped && c.hasOut.Load() {
+			return true
+		}
+	}
+	return false
 }
 
 // setAsleep sets the asleep flag of every channel. Setting it, it reports

@@ -388,6 +388,21 @@ func (c *Conn) WriteWake() error {
 	return c.WriteRaw([]byte{magic0, magic1, KindWake, 0, 0, 0, 0, 0, 0, 0, 0, 0}, -1)
 }
 
+// TryWriteWake sends a Wake frame if it can do so at once: not when another
+// write holds the socket or its buffer is full, for then the peer has bytes
+// to read and will look at the ring anyway. It never blocks.
+func (c *Conn) TryWriteWake() {
+	if !c.wmu.TryLock() {
+		return
+	}
+	defer c.wmu.Unlock()
+	if !c.hold() {
+		return
+	}
+	defer c.unhold()
+	unix.SendmsgN(c.fd, []byte{magic0, magic1, KindWake, 0, 0, 0, 0, 0, 0, 0, 0, 0}, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+}
+
 // ReadFrame returns the next frame, blocking until it has arrived or ctx is
 // done (then ctx's error). A malformed header or an oversized body is a
 // *ProtocolError; a closed connection is ErrClosed.
