@@ -134,39 +134,32 @@ func (l *loop) readable(c *client, sock bool) (more bool, err error) {
 // then (when sock says the socket is readable, or bytes wait in the buffer)
 // the socket's own.
 func (c *client) nextFrame(sock bool) (ipc.Frame, bool, error) {
-	if c.ch == nil {
-		return c.ic.TryReadFrame()
-	}
-	for round := 0; ; round++ {
-		if c.sockIn < c.sockWant {
-			f, ok, err := c.ic.TryReadFrame()
-			if ok && f.Kind != ipc.KindWake {
-				c.sockIn++
-			}
-			return f, ok, err
-		}
+	if c.ch != nil && c.sockIn >= c.sockWant {
 		f, ok, err := c.ch.Next()
+		if !ok && err == nil {
+			// The ring is read up to the last snapshot: take a new one.
+			want := c.ch.Snapshot()
+			if want < c.sockWant {
+				return ipc.Frame{}, false, &ipc.ProtocolError{Msg: fmt.Sprintf("channel: socket frame count went back from %d to %d", c.sockWant, want)}
+			}
+			c.sockWant = want
+			if c.sockIn >= c.sockWant {
+				f, ok, err = c.ch.Next()
+			}
+		}
 		if ok || err != nil {
 			return f, ok, err
 		}
-		if round > 0 {
-			break
+		if c.sockIn >= c.sockWant && !sock && !c.ic.Buffered() {
+			return ipc.Frame{}, false, nil
 		}
-		// The ring is read up to the last snapshot: take a new one.
-		want := c.ch.Snapshot()
-		if want < c.sockWant {
-			return ipc.Frame{}, false, &ipc.ProtocolError{Msg: fmt.Sprintf("channel: socket frame count went back from %d to %d", c.sockWant, want)}
-		}
-		c.sockWant = want
 	}
-	if sock || c.ic.Buffered() {
-		f, ok, err := c.ic.TryReadFrame()
-		if ok && f.Kind != ipc.KindWake {
-			c.sockIn++
-		}
-		return f, ok, err
+	// The socket: frames the ring's counter says came first, or its own.
+	f, ok, err := c.ic.TryReadFrame()
+	if ok && f.Kind != ipc.KindWake && c.ch != nil {
+		c.sockIn++
 	}
-	return ipc.Frame{}, false, nil
+	return f, ok, err
 }
 
 // maxFramesPerWake bounds the frames one client gets handled per poll.

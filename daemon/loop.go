@@ -82,6 +82,9 @@ type job struct {
 	psq      [][]psReq       // per local rank: set requests waiting for the others
 	sets     map[int32][]int // registered process sets other than 0: members
 	nextSet  int32           // the last process set id given out
+	// globalRows maps the executor's row index for the global set (the
+	// global rank) to the local rank there, or -1 for another node's.
+	globalRows []int
 
 	// The job across nodes; on one node nodeSlots is [slots], offset 0.
 	nodeSlots []int            // slot count of every node
@@ -276,11 +279,8 @@ func (l *loop) message(m any) {
 	switch m := m.(type) {
 	case msgConn:
 		c := m.c
-		fd, err := sockFD(c)
-		if err == nil {
-			err = l.p.add(fd)
-		}
-		if err != nil {
+		fd := c.ic.FD()
+		if err := l.p.add(fd); err != nil {
 			l.s.log.Error("cannot watch client connection", "pid", c.pid, "err", err)
 			c.ic.Close()
 			l.s.forget(c)
@@ -314,10 +314,6 @@ func (l *loop) message(m any) {
 		}
 	}
 }
-
-// sockFD returns the descriptor of a client's socket. It stays valid until the
-// loop closes the connection.
-func sockFD(c *client) (int, error) { return c.ic.FD(), nil }
 
 // drop closes a client's connection after an error or its close, telling it
 // why when the error is the client's fault.
@@ -456,6 +452,13 @@ func (l *loop) start(j *job, slots []int, node int, b backends.Backend) {
 		j.table = t
 	}
 	j.formed = true
+	j.globalRows = make([]int, j.size)
+	for i := range j.globalRows {
+		j.globalRows[i] = -1
+	}
+	for lr := range j.slots {
+		j.globalRows[j.offset+lr] = j.offset + lr
+	}
 	j.barriers = map[int32][]int{0: make([]int, j.size)}
 	homog := true
 	for _, n := range slots {
@@ -700,33 +703,18 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 			names = []string{"join"}
 			r.Tensors = []plan.Tensor{{Name: "join"}}
 		}
-		w := work{resp: r, j: j, size: j.size, ops: make([][]*op, len(names))}
-		// A process set's rows are its members in set order (one node only),
-		// which is how the plan indexes shapes and splits: the executor then
-		// works as on a job of that size.
-		members, root := j.setRows(r.ProcessSet, r.Root)
-		if members != nil {
-			w.size, w.resp.Root = len(members), root
-		}
+		rows, root := j.rowRanks(r.ProcessSet, r.Root)
+		w := work{resp: r, j: j, size: len(rows), ops: make([][]*op, len(names))}
+		w.resp.Root = root
 		for i, name := range names {
-			if members != nil {
-				row := make([]*op, len(members))
-				for si, rank := range members {
-					k := opKey{rank, r.ProcessSet, name}
-					if o, ok := j.pending[k]; ok {
-						row[si] = o
-						delete(j.pending, k)
-					}
+			row := make([]*op, len(rows))
+			for at, rank := range rows {
+				if rank < 0 {
+					continue
 				}
-				w.ops[i] = row
-				continue
-			}
-			row := make([]*op, j.size)
-			for lr := range j.slots {
-				rank := j.offset + lr
 				k := opKey{rank, r.ProcessSet, name}
 				if o, ok := j.pending[k]; ok {
-					row[rank] = o
+					row[at] = o
 					delete(j.pending, k)
 				}
 			}

@@ -133,13 +133,17 @@ func (l *loop) settleSets(j *job, round []psReq) {
 	}
 }
 
-// setRows returns the members of a response's process set in set order (the
-// order the plan indexes shapes and splits by) and the set index of root.
-func (j *job) setRows(set int32, root int) (members []int, setRoot int) {
+// rowRanks returns, for each row of a response in set (the index the
+// executor treats as the rank), the global rank whose op goes there, or -1
+// for a rank on another node; and root as a row index. The global set's rows
+// are the global ranks. Another set's rows are its members in set order (one
+// node only), the order the plan indexes shapes and splits by, so the
+// executor works as on a job of the set's size: the Average divisor,
+// allgather order, alltoall splits, reducescatter blocks.
+func (j *job) rowRanks(set int32, root int) ([]int, int) {
 	if set == 0 {
-		return nil, root
+		return j.globalRows, root
 	}
-	members = j.sets[set]
-	setRoot = slices.Index(members, root)
-	return members, setRoot
+	members := j.sets[set]
+	return members, slices.Index(members, root)
 }

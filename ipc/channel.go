@@ -122,20 +122,8 @@ func NewChannel(mem []byte, side Side) (*Channel, error) {
 // socket.
 func (ch *Channel) MaxFrame() int { return int(ch.size / 2) }
 
-// Send encodes m as one frame and publishes it on the ring. It reports false,
-// sending nothing, when the frame is larger than MaxFrame or the ring lacks
-// room; the caller then waits for room or uses the socket. The caller
-// serialises Send, SendFrame and SocketSent.
-func (ch *Channel) Send(kind uint8, id uint32, m proto.Message) (bool, error) {
-	b, err := ch.Encode(kind, id, m)
-	if err != nil {
-		return false, err
-	}
-	return ch.SendFrame(b)
-}
-
 // Encode encodes m as one frame in the channel's scratch buffer, valid until
-// the next Encode or Send.
+// the next Encode.
 func (ch *Channel) Encode(kind uint8, id uint32, m proto.Message) ([]byte, error) {
 	b, err := appendFrame(ch.wbuf[:0], kind, id, m)
 	ch.wbuf = b
@@ -148,7 +136,10 @@ func (ch *Channel) Room(n int) bool {
 	return used <= ch.size && ch.size-used >= uint64(n)
 }
 
-// SendFrame publishes an encoded frame; see Send.
+// SendFrame publishes an encoded frame on the ring. It reports false,
+// sending nothing, when the frame is larger than MaxFrame or the ring lacks
+// room; the caller then waits for room, keeps the frame, or uses the socket.
+// The caller serialises Encode, SendFrame and SocketSent.
 func (ch *Channel) SendFrame(b []byte) (bool, error) {
 	if len(b) > ch.MaxFrame() {
 		return false, nil

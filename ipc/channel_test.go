@@ -45,6 +45,15 @@ func dupFD(t testing.TB, fd int) int {
 	return nfd
 }
 
+// send encodes m and publishes it, as the clients and the daemon do.
+func send(ch *Channel, kind uint8, id uint32, m proto.Message) (bool, error) {
+	b, err := ch.Encode(kind, id, m)
+	if err != nil {
+		return false, err
+	}
+	return ch.SendFrame(b)
+}
+
 func enqueue(name string) *ipcpb.ClientMessage {
 	return &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Enqueue{Enqueue: &ipcpb.Enqueue{Name: name}}}
 }
@@ -62,7 +71,7 @@ func TestChannelOrderAndWrap(t *testing.T) {
 		for i := 0; i < n; i++ {
 			m := enqueue(fmt.Sprintf("t%d.%s", i, strings.Repeat("y", i%300)))
 			for {
-				ok, err := client.Send(KindClient, uint32(i), m)
+				ok, err := send(client, KindClient, uint32(i), m)
 				if err != nil {
 					t.Error(err)
 					return
@@ -100,7 +109,7 @@ func TestChannelOrderAndWrap(t *testing.T) {
 	}
 	// The other direction, through the same region.
 	done := &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Done{Done: &ipcpb.Done{}}}
-	if ok, err := daemon.Send(KindServer, 7, done); !ok || err != nil {
+	if ok, err := send(daemon, KindServer, 7, done); !ok || err != nil {
 		t.Fatalf("send: %v %v", ok, err)
 	}
 	client.Snapshot()
@@ -114,12 +123,12 @@ func TestChannelOrderAndWrap(t *testing.T) {
 // it; a frame over MaxFrame is refused whatever the room.
 func TestChannelFullAndTooBig(t *testing.T) {
 	client, daemon, _ := channelPair(t, 4096)
-	if ok, _ := client.Send(KindClient, 1, enqueue(strings.Repeat("z", client.MaxFrame()))); ok {
+	if ok, _ := send(client, KindClient, 1, enqueue(strings.Repeat("z", client.MaxFrame()))); ok {
 		t.Fatal("a frame over MaxFrame was sent through the ring")
 	}
 	sent := 0
 	for {
-		ok, err := client.Send(KindClient, uint32(sent), enqueue("fill"))
+		ok, err := send(client, KindClient, uint32(sent), enqueue("fill"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -153,7 +162,7 @@ func TestChannelFullAndTooBig(t *testing.T) {
 func TestChannelSocketCount(t *testing.T) {
 	client, daemon, _ := channelPair(t, 4096)
 	client.SocketSent(2)
-	client.Send(KindClient, 1, enqueue("after"))
+	send(client, KindClient, 1, enqueue("after"))
 	if got := daemon.Snapshot(); got != 2 {
 		t.Fatalf("socket count %d, want 2", got)
 	}
@@ -205,7 +214,7 @@ func TestChannelCorruption(t *testing.T) {
 	// beyond the daemon's head makes Send fail, not overwrite unread frames.
 	_, daemon, mem := channelPair(t, 4096)
 	put(mem, 192, 1<<40)
-	if _, err := daemon.Send(KindServer, 1, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Done{Done: &ipcpb.Done{}}}); !IsProtocol(err) {
+	if _, err := send(daemon, KindServer, 1, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Done{Done: &ipcpb.Done{}}}); !IsProtocol(err) {
 		t.Fatalf("send with a corrupt tail: %v", err)
 	}
 }

@@ -384,9 +384,10 @@ func parseFrame(b []byte) (Frame, error) {
 
 // WriteWake sends a Channel's doorbell: a Wake frame, which the receiver takes
 // as a reason to look at the ring and otherwise ignores.
-func (c *Conn) WriteWake() error {
-	return c.WriteRaw([]byte{magic0, magic1, KindWake, 0, 0, 0, 0, 0, 0, 0, 0, 0}, -1)
-}
+func (c *Conn) WriteWake() error { return c.WriteRaw(wakeFrame[:], -1) }
+
+// wakeFrame is the encoded Wake frame: a header with no body.
+var wakeFrame = [HeaderSize]byte{magic0, magic1, KindWake}
 
 // TryWriteWake sends a Wake frame if it can do so at once: not when another
 // write holds the socket or its buffer is full, for then the peer has bytes
@@ -400,7 +401,7 @@ func (c *Conn) TryWriteWake() {
 		return
 	}
 	defer c.unhold()
-	unix.SendmsgN(c.fd, []byte{magic0, magic1, KindWake, 0, 0, 0, 0, 0, 0, 0, 0, 0}, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+	unix.SendmsgN(c.fd, wakeFrame[:], nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
 }
 
 // ReadFrame returns the next frame, blocking until it has arrived or ctx is

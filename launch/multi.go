@@ -151,14 +151,8 @@ func runMulti(ctx context.Context, cfg *Config, nodes []node) (int, error) {
 
 	ds, sig, err := m.startDaemonsInterruptibly(ctx, o, sigs)
 	defer m.stopDaemons(ds)
-	if sig != nil {
-		return 128 + signum(sig), fmt.Errorf("interrupted by %s while starting the hvdd daemons", signame(sig))
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return 128 + int(syscall.SIGTERM), err
-		}
-		return exitLaunchFailed, err
+	if code, err := startFailed(ctx, sig, err, "the hvdd daemons"); err != nil {
+		return code, err
 	}
 
 	j := &job{cfg: cfg, o: o, exits: make(chan exitEvent, cfg.NP), daemons: ds}

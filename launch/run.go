@@ -81,14 +81,8 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 	}
 
 	d, sig, err := startDaemonInterruptibly(ctx, &cfg, o, sigs)
-	if sig != nil {
-		return 128 + signum(sig), fmt.Errorf("interrupted by %s while starting the hvdd daemon", signame(sig))
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return 128 + int(syscall.SIGTERM), err
-		}
-		return exitLaunchFailed, err
+	if code, err := startFailed(ctx, sig, err, "the hvdd daemon"); err != nil {
+		return code, err
 	}
 	j := &job{cfg: &cfg, o: o, exits: make(chan exitEvent, cfg.NP)}
 	if d != nil {
@@ -519,4 +513,20 @@ func signame(sig os.Signal) string {
 		}
 	}
 	return sig.String()
+}
+
+// startFailed turns what starting the daemons (what) returned into the exit
+// code and error of the run: a signal that interrupted it, a cancelled ctx, or
+// a failed launch. A nil error means the start went well.
+func startFailed(ctx context.Context, sig os.Signal, err error, what string) (int, error) {
+	if sig != nil {
+		return 128 + signum(sig), fmt.Errorf("interrupted by %s while starting %s", signame(sig), what)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return 128 + int(syscall.SIGTERM), err
+		}
+		return exitLaunchFailed, err
+	}
+	return 0, nil
 }

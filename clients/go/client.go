@@ -91,10 +91,9 @@ type Client struct {
 
 	// txMu serialises sending: the channel's ring and the socket writes it
 	// counts.
-	txMu   sync.Mutex
-	ch     *ipc.Channel // nil without a channel
-	chMem  *shm.Region
-	txWait time.Duration // total time spent waiting for ring room (stats)
+	txMu  sync.Mutex
+	ch    *ipc.Channel // nil without a channel
+	chMem *shm.Region
 }
 
 type arenaRegion struct {
@@ -274,8 +273,6 @@ func (c *Client) send(id uint32, m *ipcpb.ClientMessage, fd int) error {
 // first, then sleeping a millisecond at a time while watching the socket for
 // the daemon's end. The caller holds txMu.
 func (c *Client) waitRing(cond func() bool) error {
-	start := time.Now()
-	defer func() { c.txWait += time.Since(start) }()
 	for i := 0; !cond(); i++ {
 		if i < 1000 {
 			unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)

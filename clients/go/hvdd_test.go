@@ -831,6 +831,10 @@ func procSets(ctx context.Context, c *hvdd.Client) error {
 	if err := expectErr("duplicate set", err, hvdd.ErrInvalidArgument, "duplicate"); err != nil {
 		return err
 	}
+	err = c.RemoveProcessSet(ctx, &hvdd.ProcessSet{ID: 99})
+	if err := expectErr("removing an unknown set", err, hvdd.ErrInvalidArgument, "not a registered set"); err != nil {
+		return err
+	}
 	if err := c.RemoveProcessSet(ctx, b); err != nil {
 		return err
 	}

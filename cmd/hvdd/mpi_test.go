@@ -20,14 +20,8 @@ import (
 // mpi, node rank and count from MPI) and runs a client on each: the allreduce
 // crosses the MPI engine.
 func TestMPIBackend(t *testing.T) {
-	if _, err := exec.LookPath("mpirun"); err != nil {
-		t.Skip("mpirun missing: apt-get install openmpi-bin libopenmpi-dev")
-	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "hvdd-mpi")
-	if out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build -tags mpi: %v\n%s", err, out)
-	}
+	bin := buildMPI(t, dir)
 	ln := freeTCP(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -107,14 +101,8 @@ func (l lockedBuilder) Write(p []byte) (int, error) {
 // loopback addresses; mpirun reaches them through an agent that runs the
 // command here) with hvdd bench --check as the ranks.
 func TestRunBackendMPI(t *testing.T) {
-	if _, err := exec.LookPath("mpirun"); err != nil {
-		t.Skip("mpirun missing: apt-get install openmpi-bin libopenmpi-dev")
-	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "hvdd-mpi")
-	if out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build -tags mpi: %v\n%s", err, out)
-	}
+	bin := buildMPI(t, dir)
 	agent := filepath.Join(dir, "agent")
 	if err := os.WriteFile(agent, []byte("#!/bin/sh\nshift\nexec sh -c \"$*\"\n"), 0o755); err != nil {
 		t.Fatal(err)
@@ -135,4 +123,18 @@ func TestRunBackendMPI(t *testing.T) {
 	if strings.Contains(string(out), "mismatch") {
 		t.Fatalf("wrong results:\n%s", out)
 	}
+}
+
+// buildMPI builds hvdd with the MPI engine into dir. These tests only build
+// with -tags mpi, so a missing mpirun is a broken set-up, not a skip.
+func buildMPI(t *testing.T, dir string) string {
+	t.Helper()
+	if _, err := exec.LookPath("mpirun"); err != nil {
+		t.Fatal("mpirun missing: apt-get install openmpi-bin libopenmpi-dev (scripts/setup.sh does)")
+	}
+	bin := filepath.Join(dir, "hvdd-mpi")
+	if out, err := exec.Command("go", "build", "-tags", "mpi", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags mpi: %v\n%s", err, out)
+	}
+	return bin
 }

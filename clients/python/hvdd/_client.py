@@ -106,8 +106,7 @@ def encode_enqueue(
            tuple(splits) if splits else None, group, group_size, process_set)
     cached = _enqueue_cache.get(key)
     if cached is None:
-        cached = _enqueue_fields(op, name, dtype, shape, reduce_op, prescale, postscale, root_rank, splits,
-                                 group, group_size, process_set)
+        cached = _enqueue_fields(*key)
         if len(_enqueue_cache) >= 4096:
             _enqueue_cache.clear()
         _enqueue_cache[key] = cached
