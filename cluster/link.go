@@ -15,12 +15,8 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
-	"github.com/hvdd/hvdd/cluster/clusterpb"
 	"github.com/hvdd/hvdd/rendezvous"
 )
 
@@ -47,29 +43,15 @@ type Config struct {
 	PeerTimeout time.Duration
 }
 
-func (c *Config) defaults() {
+// WithDefaults returns c with its zero values replaced by the defaults.
+func (c Config) WithDefaults() Config {
 	if c.Heartbeat == 0 {
 		c.Heartbeat = DefaultHeartbeat
 	}
 	if c.PeerTimeout == 0 {
 		c.PeerTimeout = DefaultPeerTimeout
 	}
-}
-
-// Link is one authenticated control connection. Send may be called from any
-// goroutine; Recv from one goroutine at a time.
-type Link struct {
-	c    net.Conn
-	cfg  Config
-	peer string
-
-	// wmu guards writes.
-	wmu  sync.Mutex
-	wbuf []byte
-
-	rbuf []byte
-	stop chan struct{}
-	once sync.Once
+	return c
 }
 
 // handshake labels keep the two directions' MACs distinct.
@@ -81,7 +63,7 @@ var (
 // Dial connects to the coordinator at addr and authenticates both ways; ctx
 // bounds the whole exchange. who names the dialing node for the peer's logs.
 func Dial(ctx context.Context, addr string, cfg Config, who string) (*Link, error) {
-	cfg.defaults()
+	cfg = cfg.WithDefaults()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -120,7 +102,12 @@ func Dial(ctx context.Context, addr string, cfg Config, who string) (*Link, erro
 		return nil, fmt.Errorf("cluster: coordinator %s: %w", addr, ErrAuth)
 	}
 	c.SetDeadline(time.Time{})
-	return newLink(c, cfg, addr), nil
+	link, err := newLink(c, cfg, addr)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return link, nil
 }
 
 // Listener accepts authenticated links.
@@ -131,7 +118,7 @@ type Listener struct {
 
 // Listen binds addr (host:port, an explicit host; port 0 picks one).
 func Listen(addr string, cfg Config) (*Listener, error) {
-	cfg.defaults()
+	cfg = cfg.WithDefaults()
 	if len(cfg.Secret) == 0 {
 		return nil, errors.New("cluster: a shared secret is required")
 	}
@@ -193,109 +180,15 @@ func (l *Listener) handshake(c net.Conn) (*Link, string, error) {
 		return nil, "", err
 	}
 	c.SetDeadline(time.Time{})
-	return newLink(c, l.cfg, c.RemoteAddr().String()), string(whoB), nil
+	link, err := newLink(c, l.cfg, c.RemoteAddr().String())
+	if err != nil {
+		return nil, "", err
+	}
+	return link, string(whoB), nil
 }
 
 func nonce() []byte {
 	b := make([]byte, 32)
 	rand.Read(b)
 	return b
-}
-
-func newLink(c net.Conn, cfg Config, peer string) *Link {
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
-	l := &Link{c: c, cfg: cfg, peer: peer, stop: make(chan struct{})}
-	go l.heartbeat()
-	return l
-}
-
-// Peer is the remote address.
-func (l *Link) Peer() string { return l.peer }
-
-func (l *Link) heartbeat() {
-	t := time.NewTicker(l.cfg.Heartbeat)
-	defer t.Stop()
-	hb := &clusterpb.Message{Msg: &clusterpb.Message_Heartbeat{Heartbeat: &clusterpb.Heartbeat{}}}
-	for {
-		select {
-		case <-l.stop:
-			return
-		case <-t.C:
-			if l.Send(hb) != nil {
-				return
-			}
-		}
-	}
-}
-
-// Send writes one message.
-func (l *Link) Send(m *clusterpb.Message) error {
-	l.wmu.Lock()
-	defer l.wmu.Unlock()
-	b := append(l.wbuf[:0], 0, 0, 0, 0)
-	b, err := proto.MarshalOptions{}.MarshalAppend(b, m)
-	if err != nil {
-		return fmt.Errorf("cluster: encode: %w", err)
-	}
-	if len(b)-4 > MaxMessage {
-		return fmt.Errorf("cluster: message of %d bytes exceeds %d", len(b)-4, MaxMessage)
-	}
-	binary.BigEndian.PutUint32(b, uint32(len(b)-4))
-	l.wbuf = b
-	l.c.SetWriteDeadline(time.Now().Add(l.cfg.PeerTimeout))
-	if _, err := l.c.Write(b); err != nil {
-		return fmt.Errorf("cluster: send to %s: %w", l.peer, err)
-	}
-	return nil
-}
-
-// Recv returns the next message other than a heartbeat. It fails when the
-// peer closes the link, breaks the framing, or stays silent (no heartbeat
-// either) for PeerTimeout.
-func (l *Link) Recv() (*clusterpb.Message, error) {
-	var hdr [4]byte
-	for {
-		l.c.SetReadDeadline(time.Now().Add(l.cfg.PeerTimeout))
-		if _, err := io.ReadFull(l.c, hdr[:]); err != nil {
-			return nil, l.readErr(err)
-		}
-		n := binary.BigEndian.Uint32(hdr[:])
-		if n > MaxMessage {
-			return nil, fmt.Errorf("cluster: %s sent a %d-byte message (limit %d)", l.peer, n, MaxMessage)
-		}
-		if cap(l.rbuf) < int(n) {
-			l.rbuf = make([]byte, n)
-		}
-		b := l.rbuf[:n]
-		if _, err := io.ReadFull(l.c, b); err != nil {
-			return nil, l.readErr(err)
-		}
-		m := new(clusterpb.Message)
-		if err := proto.Unmarshal(b, m); err != nil || m.Msg == nil {
-			return nil, fmt.Errorf("cluster: undecodable message from %s: %v", l.peer, err)
-		}
-		if _, hb := m.Msg.(*clusterpb.Message_Heartbeat); hb {
-			continue
-		}
-		return m, nil
-	}
-}
-
-func (l *Link) readErr(err error) error {
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return fmt.Errorf("cluster: %s silent for %v (no heartbeat): node or link lost", l.peer, l.cfg.PeerTimeout)
-	}
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return fmt.Errorf("cluster: %s closed the connection", l.peer)
-	}
-	return fmt.Errorf("cluster: receive from %s: %w", l.peer, err)
-}
-
-// Close closes the link; a blocked Recv returns an error.
-func (l *Link) Close() error {
-	l.once.Do(func() { close(l.stop) })
-	return l.c.Close()
 }

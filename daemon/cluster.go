@@ -76,6 +76,9 @@ type clusterNode struct {
 	ctrl    *cluster.Listener
 	joins   map[int]nodeJoin // nodes waiting for the next job
 	waiting *job             // our local job, complete, waiting for the nodes
+
+	watched   map[int]*watchedLink // the running job's control links, by descriptor
+	linkCheck *time.Timer          // next checkLinks; nil when none is due
 }
 
 type nodeJoin struct {
@@ -124,17 +127,8 @@ type (
 		slots []int
 		err   error
 	}
-	msgCtrl struct {
-		j    *job
-		node int
-		m    *clusterpb.Message
-	}
-	msgCtrlErr struct {
-		j    *job
-		node int
-		err  error
-	}
-	msgExecErr struct {
+	msgLinkCheck struct{} // time to look for silent control links
+	msgExecErr   struct {
 		j   *job
 		err error
 	}
@@ -143,7 +137,8 @@ type (
 func newClusterNode(l *loop) (*clusterNode, error) {
 	cfg := l.cfg
 	c := &clusterNode{l: l, nodes: cfg.Nodes, rank: cfg.NodeRank, host: cfg.Advertise, joins: make(map[int]nodeJoin),
-		ccfg: cluster.Config{Secret: cfg.Secret, Heartbeat: cfg.Heartbeat, PeerTimeout: cfg.PeerTimeout}}
+		watched: make(map[int]*watchedLink),
+		ccfg:    cluster.Config{Secret: cfg.Secret, Heartbeat: cfg.Heartbeat, PeerTimeout: cfg.PeerTimeout}.WithDefaults()}
 	if c.rank != 0 {
 		c.store = rendezvous.NewClient(cfg.Rendezvous, cfg.Secret)
 		return c, nil
@@ -170,6 +165,9 @@ func newClusterNode(l *loop) (*clusterNode, error) {
 }
 
 func (c *clusterNode) close() {
+	if c.linkCheck != nil {
+		c.linkCheck.Stop()
+	}
 	if c.ctrl != nil {
 		c.ctrl.Close()
 	}
@@ -332,7 +330,7 @@ func (c *clusterNode) maybeLayout() {
 	c.joins = make(map[int]nodeJoin)
 	c.waiting = nil
 	for r, link := range j.mn.links {
-		go c.read(j, r, link)
+		c.watch(j, r, link)
 	}
 	go c.startBackend(j, id, slots)
 }
@@ -357,7 +355,7 @@ func (c *clusterNode) layout(m msgLayout) {
 		return
 	}
 	j.mn.links[0] = m.link
-	go c.read(j, 0, m.link)
+	c.watch(j, 0, m.link)
 	go c.startBackend(j, m.layout.GetGeneration(), slots)
 }
 
@@ -388,30 +386,86 @@ func (c *clusterNode) backendUp(m msgBackendUp) {
 	c.l.start(j, m.slots, c.rank, m.b)
 }
 
-// read (its own goroutine per link) hands a link's messages to the loop.
-func (c *clusterNode) read(j *job, node int, link *cluster.Link) {
-	for {
-		m, err := link.Recv()
+// watchedLink is a control link of the running job that the loop reads from
+// its own epoll set: a control message costs no goroutine hand-off.
+type watchedLink struct {
+	j    *job
+	node int
+	link *cluster.Link
+	fd   int
+}
+
+// watch starts reading a job's link in the loop.
+func (c *clusterNode) watch(j *job, node int, link *cluster.Link) {
+	fd := link.FD()
+	if err := c.l.p.add(fd); err != nil {
+		c.l.abort(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("cannot watch the control link to node %d: %v", node, err), true)
+		return
+	}
+	c.watched[fd] = &watchedLink{j: j, node: node, link: link, fd: fd}
+	if c.linkCheck == nil {
+		c.linkCheck = time.AfterFunc(c.ccfg.Heartbeat, func() { c.l.p.post(msgLinkCheck{}) })
+	}
+}
+
+// unwatch stops reading link; it must happen before the link closes, while
+// its descriptor is still its own.
+func (c *clusterNode) unwatch(link *cluster.Link) {
+	for fd, w := range c.watched {
+		if w.link == link {
+			c.l.p.del(fd)
+			delete(c.watched, fd)
+		}
+	}
+}
+
+// readLink handles every whole message a readable link holds.
+func (c *clusterNode) readLink(w *watchedLink) {
+	for c.watched[w.fd] == w {
+		m, err := w.link.TryRecv()
 		if err != nil {
-			c.l.p.post(msgCtrlErr{j: j, node: node, err: err})
+			c.unwatch(w.link)
+			c.linkLost(w.j, w.node, err)
 			return
 		}
-		c.l.p.post(msgCtrl{j: j, node: node, m: m})
+		if m == nil {
+			return
+		}
+		c.control(w.j, w.node, m)
+	}
+}
+
+// checkLinks (every heartbeat period while links are watched) reads what the
+// links hold and declares lost those silent for the peer timeout.
+func (c *clusterNode) checkLinks() {
+	c.linkCheck = nil
+	now := time.Now()
+	for _, w := range c.watched {
+		c.readLink(w)
+		if c.watched[w.fd] != w {
+			continue
+		}
+		if err := w.link.Silent(now); err != nil {
+			c.unwatch(w.link)
+			c.linkLost(w.j, w.node, err)
+		}
+	}
+	if len(c.watched) > 0 && c.linkCheck == nil {
+		c.linkCheck = time.AfterFunc(c.ccfg.Heartbeat, func() { c.l.p.post(msgLinkCheck{}) })
 	}
 }
 
 // control acts on a message from another node of the running job.
-func (c *clusterNode) control(m msgCtrl) {
-	j := m.j
+func (c *clusterNode) control(j *job, node int, m *clusterpb.Message) {
 	if j != c.l.job || j.mn == nil {
 		return
 	}
-	switch msg := m.m.Msg.(type) {
+	switch msg := m.Msg.(type) {
 	case *clusterpb.Message_Ready:
 		if c.rank != 0 || j.failed != nil || j.table == nil {
 			return
 		}
-		if err := c.ready(j, m.node, msg.Ready); err != nil {
+		if err := c.ready(j, node, msg.Ready); err != nil {
 			c.l.abort(j, ipcpb.Code_CODE_INVALID_ARGUMENT, err.Error(), true)
 			return
 		}
@@ -423,7 +477,7 @@ func (c *clusterNode) control(m msgCtrl) {
 		// Node 0 relays a node's abort to the others.
 		c.l.abort(j, ipcpb.Code(msg.Abort.GetCode()), msg.Abort.GetMsg(), c.rank == 0)
 	case *clusterpb.Message_Bye:
-		j.mn.byes[m.node] = true
+		j.mn.byes[node] = true
 	}
 }
 
@@ -478,16 +532,15 @@ func (c *clusterNode) ready(j *job, node int, rd *clusterpb.Ready) error {
 }
 
 // linkLost handles a broken control link.
-func (c *clusterNode) linkLost(m msgCtrlErr) {
-	j := m.j
-	if j != c.l.job || j.mn == nil || j.failed != nil || j.mn.byes[m.node] {
+func (c *clusterNode) linkLost(j *job, node int, err error) {
+	if j != c.l.job || j.mn == nil || j.failed != nil || j.mn.byes[node] {
 		return
 	}
-	who := fmt.Sprintf("node %d", m.node)
-	if m.node == 0 {
+	who := fmt.Sprintf("node %d", node)
+	if node == 0 {
 		who = "node 0 (the coordinator)"
 	}
-	c.l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("%s%s was lost: %v", who, j.rankRange(m.node), m.err), true)
+	c.l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("%s%s was lost: %v", who, j.rankRange(node), err), true)
 }
 
 // rankRange names the global ranks of a node, " (ranks 2-3)".

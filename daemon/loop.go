@@ -186,6 +186,9 @@ func (l *loop) run() {
 			}
 			c := l.clients[fd]
 			if c == nil {
+				if l.cl != nil && l.cl.watched[fd] != nil {
+					l.cl.readLink(l.cl.watched[fd])
+				}
 				continue
 			}
 			l.serveClient(c, ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0, true)
@@ -304,10 +307,8 @@ func (l *loop) message(m any) {
 		l.cl.layout(m)
 	case msgBackendUp:
 		l.cl.backendUp(m)
-	case msgCtrl:
-		l.cl.control(m)
-	case msgCtrlErr:
-		l.cl.linkLost(m)
+	case msgLinkCheck:
+		l.cl.checkLinks()
 	case msgExecErr:
 		if m.j == l.job && m.j.failed == nil {
 			l.abort(m.j, ipcpb.Code_CODE_ABORTED, m.err.Error(), true)
@@ -802,6 +803,7 @@ func (l *loop) endMulti(j *job) {
 		if j.failed == nil || j.failed.GetCode() == ipcpb.Code_CODE_SHUT_DOWN {
 			link.Send(bye)
 		}
+		l.cl.unwatch(link)
 		link.Close()
 	}
 	if j.backend != nil {

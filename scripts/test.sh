@@ -20,7 +20,7 @@ go test -tags mpi -count=1 -timeout 10m ./backends/mpi/ ./cmd/hvdd/
 
 echo "== fuzz (${FUZZTIME:=10s} per target)"
 for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon FuzzResolve" "./shm FuzzSlice" "./reduce FuzzReduce" "./daemon/plan FuzzTable" \
-         "./backends/tcp FuzzParse" "./backends/tcp FuzzHandshakeServer"; do
+         "./backends/tcp FuzzParse" "./backends/tcp FuzzHandshakeServer" "./cluster FuzzFrames"; do
   set -- $t
   # Go's fuzzer fails with "context deadline exceeded" when -fuzztime runs
   # out while it is still gathering baseline coverage (a slow, loaded

@@ -32,6 +32,8 @@ const serveEnv = `
 Environment (Horovod's knobs, honoured when the flag is not given):
   HVDD_SOCKET                          socket path
   HVDD_SECRET                          shared secret of a multi-node job (hex or raw)
+  HVDD_SPIN                            --spin, as a duration (-1ns: never spin)
+  HVDD_TCP_STREAMS                     --tcp-streams
   HOROVOD_FUSION_THRESHOLD             bytes per fused response (0 disables fusion)
   HOROVOD_CYCLE_TIME                   ms between dispatched plans (batching window)
   HOROVOD_STALL_CHECK_TIME_SECONDS     stall warning time
@@ -64,7 +66,11 @@ func serveMain(argv []string) int {
 	fs.DurationVar(&args.cycle, "cycle-time", -1, "least time between dispatched plans, to batch more into one (default $HOROVOD_CYCLE_TIME ms, else 0: event driven)")
 	fs.DurationVar(&args.stallCheck, "stall-check", -2, "log ranks missing from a tensor after this long; negative disables (default $HOROVOD_STALL_CHECK_TIME_SECONDS, else 60s)")
 	fs.DurationVar(&args.stallShutdown, "stall-shutdown", -1, "fail the job after a stall this long; 0 never (default $HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, else 0)")
-	fs.DurationVar(&args.spin, "spin", 0, "after activity, poll clients (their shared-memory rings) this long before sleeping; the window widens to 10x for jobs whose requests come just after it (0: default 50µs; negative: never spin)")
+	defSpin, err := time.ParseDuration(os.Getenv("HVDD_SPIN"))
+	if err != nil {
+		defSpin = 0
+	}
+	fs.DurationVar(&args.spin, "spin", defSpin, "after activity, poll clients (their shared-memory rings) this long before sleeping; the window widens to 10x for jobs whose requests come just after it (default $HVDD_SPIN, else 0: 50µs; negative: never spin)")
 	fs.IntVar(&args.workers, "workers", 0, "goroutines per local reduction (default GOMAXPROCS)")
 	fs.IntVar(&args.nodes, "nodes", 1, "number of nodes (daemons) in a job; -1: mpirun's process count")
 	fs.IntVar(&args.nodeRank, "node-rank", 0, "this node's index in [0, --nodes); node 0 coordinates and serves the rendezvous; -1: mpirun's rank")
