@@ -17,6 +17,8 @@ go test -race -count=1 -timeout 20m ./...
 echo "== MPI engine under a real mpirun (build tag mpi)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 go test -tags mpi -count=1 -timeout 10m ./backends/mpi/ ./cmd/hvdd/
+# Daemons across 4 nodes x 2 ranks on both engines (too slow under -race).
+go test -tags mpi -count=1 -timeout 10m -run 'TestMPIMultiNode|TestMultiNodeWide' ./clients/go/
 
 echo "== fuzz (${FUZZTIME:=10s} per target)"
 for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon FuzzResolve" "./shm FuzzSlice" "./reduce FuzzReduce" "./daemon/plan FuzzTable" \

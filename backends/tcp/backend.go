@@ -25,6 +25,10 @@ type Backend struct {
 	// completed counts the collectives this rank finished; an orderly bye
 	// carries it, so that a peer may finish the collective both were in.
 	completed atomic.Uint32
+	// active is the number (completed+1) of the collective in progress, 0
+	// between collectives: a peer's orderly close fails only a collective
+	// the peer never took part in (see readControl).
+	active atomic.Int64
 
 	cfg        Config
 	rank, size int
@@ -523,8 +527,12 @@ func (b *Backend) do(ctx context.Context, name string, f func() error) error {
 		return f()
 	}
 	// A peer that closed after finishing k collectives takes part in none
-	// after the k-th.
+	// after the k-th. active is published before doneAt is read, and
+	// readControl stores doneAt before it reads active: one of the two sees
+	// the other (both are sequentially consistent atomics).
 	next := int64(b.completed.Load()) + 1
+	b.active.Store(next)
+	defer b.active.Store(0)
 	for _, p := range b.peers {
 		if p != nil {
 			if at := p.doneAt.Load(); at >= 0 && next > at {

@@ -132,16 +132,21 @@ func (b *Backend) readControl(p *peer, c net.Conn) {
 			if m.reason == byeClosed {
 				// An orderly close, typically right after the last
 				// collective of a job. If the peer finished the
-				// collective we are in (or about to start), what it sent
-				// is still on the data connections: let that one
-				// complete, and fail any later one at its start (do).
-				// Otherwise fail now, before stale bytes are read.
+				// collective we are in, what it sent is still on the
+				// data connections: let that one complete. A later
+				// collective fails at its start (do). Only a collective
+				// in progress that the peer never took part in fails
+				// now, before it waits for bytes that will not come.
+				// Between collectives nothing fails: this rank may be
+				// done too, and a failure would tell the other peers,
+				// still finishing their last collective, that this one
+				// was lost.
 				done := int64(uint32(int32(m.rank)))
 				p.doneAt.Store(done)
-				if int64(b.completed.Load())+1 > done {
+				if a := b.active.Load(); a > done {
 					b.fail(b.byeError(p.rank, m))
 				} else {
-					b.log.Debug("peer closed its backend after our current collective", "peer", p.rank)
+					b.log.Debug("peer closed its backend", "peer", p.rank, "after", done, "our_current", a)
 				}
 				return
 			}

@@ -3,6 +3,7 @@ package tcp
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -121,16 +122,44 @@ func TestCloseUnblocks(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close did not unblock the call")
 	}
-	// The peer hears about it at once (its streams still hold the bytes
-	// rank 0 sent, so only the control connection can tell).
-	select {
-	case <-g[1].failed:
-	case <-time.After(time.Second):
-		t.Fatal("rank 1 not told within a second")
-	}
+	// Rank 1, between collectives, fails its next one naming rank 0, once
+	// it has read rank 0's bye. (Started before, a mismatched Barrier could
+	// take a byte of rank 0's Allreduce for its token; the daemon never runs
+	// different collectives on different ranks.)
+	waitBye(t, g[1], 0)
 	err := g[1].Barrier(context.Background())
 	if r, ok := backends.LostRank(err); !ok || r != 0 {
 		t.Errorf("rank 1: got %v, want a PeerError naming rank 0", err)
+	}
+}
+
+// TestOrderlyCloseBetweenCollectives: a rank that closes after the last
+// collective fails nobody who finished it too, and so tells nobody still
+// finishing it that it was lost; only a later collective fails, naming it.
+func TestOrderlyCloseBetweenCollectives(t *testing.T) {
+	g := group(t, 3, nil)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for _, b := range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.Allreduce(ctx, make([]byte, 64), tensor.Float32, tensor.Sum); err != nil {
+				t.Errorf("rank %d: %v", b.rank, err)
+			}
+		}()
+	}
+	wg.Wait()
+	g[0].Close()
+	// Wait until ranks 1 and 2 have read rank 0's bye.
+	for _, b := range g[1:] {
+		waitBye(t, b, 0)
+		if err := b.failure(); err != nil {
+			t.Errorf("rank %d failed between collectives: %v", b.rank, err)
+		}
+	}
+	if r, ok := backends.LostRank(g[1].Barrier(ctx)); !ok || r != 0 {
+		t.Errorf("rank 1's next collective: want a PeerError naming rank 0")
 	}
 }
 
@@ -144,5 +173,15 @@ func TestBadArguments(t *testing.T) {
 	}
 	if r, ok := backends.LostRank(g[1].Barrier(ctx)); !ok || r != 0 {
 		t.Error("rank 1 was not told that rank 0 failed")
+	}
+}
+
+// waitBye waits until b has read the orderly bye of rank from.
+func waitBye(t *testing.T, b *Backend, from int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); b.peers[from].doneAt.Load() < 0; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatalf("rank %d never read rank %d's bye", b.rank, from)
+		}
 	}
 }

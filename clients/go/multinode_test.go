@@ -76,7 +76,7 @@ func TestMultiNodeCollectives(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-node suite is long")
 	}
-	for _, slots := range [][]int{{1, 1}, {2, 2}, {1, 1, 1}, {1, 2}} {
+	for _, slots := range [][]int{{1, 1}, {2, 2}, {1, 1, 1}, {1, 2}, {1, 1, 1, 1}} {
 		t.Run(fmt.Sprint(slots), func(t *testing.T) {
 			ss := startNodes(t, slots...)
 			for _, scenario := range []string{"collectives", "errors", "join", "async"} {
