@@ -368,6 +368,9 @@ func (c *clusterNode) startBackend(j *job, id uint64, slots []int) {
 		ID: jid, NodeRank: c.rank, Nodes: c.nodes, Slots: slots,
 		Store: rendezvous.Prefix(c.store, jid), Host: c.host, Secret: c.l.cfg.Secret, Logger: c.l.s.log,
 	})
+	if err != nil {
+		b = nil // a factory may return a typed nil with its error
+	}
 	c.l.p.post(msgBackendUp{j: j, b: b, slots: slots, err: err})
 }
 
@@ -402,7 +405,11 @@ func (c *clusterNode) watch(j *job, node int, link *cluster.Link) {
 		c.l.abort(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("cannot watch the control link to node %d: %v", node, err), true)
 		return
 	}
-	c.watched[fd] = &watchedLink{j: j, node: node, link: link, fd: fd}
+	w := &watchedLink{j: j, node: node, link: link, fd: fd}
+	c.watched[fd] = w
+	// Recv may have read past the message it returned while the job formed;
+	// epoll would not report those bytes again.
+	c.readLink(w)
 	if c.linkCheck == nil {
 		c.linkCheck = time.AfterFunc(c.ccfg.Heartbeat, func() { c.l.p.post(msgLinkCheck{}) })
 	}

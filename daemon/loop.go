@@ -762,7 +762,12 @@ func (l *loop) abort(j *job, code ipcpb.Code, msg string, notify bool) {
 	if j.failed != nil {
 		return
 	}
-	l.fail(j, code, msg)
+	if j.formed {
+		l.fail(j, code, msg)
+	} else {
+		// Its clients still wait in init: they get the reason.
+		l.formFailed(j, msg)
+	}
 	if j.mn == nil {
 		return
 	}

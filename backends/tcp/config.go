@@ -30,9 +30,9 @@ const (
 	DefaultConnectTimeout = 2 * time.Minute
 )
 
-// maxStreams bounds Config.Streams; more connections per peer than this
+// MaxStreams bounds Config.Streams; more connections per peer than this
 // only cost file descriptors.
-const maxStreams = 16
+const MaxStreams = 16
 
 // Config configures New. Fields marked as such must agree on every rank
 // (the handshake refuses peers whose values differ).
@@ -138,8 +138,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("tcp: Size %d must be at least 1", c.Size)
 	case c.Rank < 0 || c.Rank >= c.Size:
 		return fmt.Errorf("tcp: Rank %d is outside [0, %d)", c.Rank, c.Size)
-	case c.Streams < 1 || c.Streams > maxStreams:
-		return fmt.Errorf("tcp: Streams %d is outside [1, %d]", c.Streams, maxStreams)
+	case c.Streams < 1 || c.Streams > MaxStreams:
+		return fmt.Errorf("tcp: Streams %d is outside [1, %d]", c.Streams, MaxStreams)
 	case c.ChunkBytes < 64:
 		return fmt.Errorf("tcp: ChunkBytes %d is below 64", c.ChunkBytes)
 	case c.Heartbeat < 0 || c.PeerTimeout <= c.Heartbeat:

@@ -2,6 +2,7 @@ package hvdd_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -313,4 +314,32 @@ func TestMultiNodeLinkCut(t *testing.T) {
 		t.Errorf("rank 0's error does not name the lost node:\n%s", out)
 	}
 	ws[1].Cmd.Process.Kill()
+}
+
+// TestMultiNodeEngineFails: a data engine that cannot start fails init on
+// every node with its reason, and the daemons stay up for the next job. The
+// factory returns a typed nil with its error, which once crashed the daemon.
+func TestMultiNodeEngineFails(t *testing.T) {
+	rdv := freePort(t, "127.0.0.2")
+	bad := func(ctx context.Context, j daemon.ClusterJob) (backends.Backend, error) {
+		var b *tcp.Backend
+		return b, errors.New("engine refused to start")
+	}
+	var ss []*daemontest.Server
+	for n := 0; n < 2; n++ {
+		ss = append(ss, daemontest.Start(t, daemon.Config{
+			Slots: 1, Nodes: 2, NodeRank: n, Rendezvous: rdv,
+			Advertise: fmt.Sprintf("127.0.0.%d", n+2), Secret: testSecret, NewBackend: bad,
+			Heartbeat: 100 * time.Millisecond, PeerTimeout: time.Second, StartTimeout: 30 * time.Second,
+		}))
+	}
+	for round := 0; round < 2; round++ {
+		for _, node := range spawnNodes(t, ss, "async", 1, 1) {
+			for _, w := range node {
+				if err := w.Wait(60 * time.Second); err == nil || !strings.Contains(w.Output(), "engine refused to start") {
+					t.Errorf("round %d: rank %d: %v, want an init error naming the engine's failure:\n%s", round, w.Rank, err, w.Output())
+				}
+			}
+		}
+	}
 }

@@ -18,12 +18,20 @@ import (
 func backendFactory(name string, streams int) (daemon.BackendFactory, error) {
 	switch name {
 	case "tcp":
+		if streams < 1 || streams > tcp.MaxStreams {
+			return nil, fmt.Errorf("--tcp-streams %d is outside [1, %d]", streams, tcp.MaxStreams)
+		}
 		return func(ctx context.Context, j daemon.ClusterJob) (backends.Backend, error) {
-			return tcp.New(ctx, tcp.Config{
+			b, err := tcp.New(ctx, tcp.Config{
 				Rank: j.NodeRank, Size: j.Nodes, Store: j.Store, Prefix: j.ID,
 				ListenAddr: net.JoinHostPort(j.Host, "0"), Secret: j.Secret, Logger: j.Logger,
 				Streams: streams,
 			})
+			if err != nil {
+				// Not a typed nil in the interface.
+				return nil, err
+			}
+			return b, nil
 		}, nil
 	case "mpi":
 		if f := mpiFactory(); f != nil {
