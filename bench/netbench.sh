@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Two "nodes" in network namespaces joined by a veth pair (optionally limited
-# to 10 Gbit/s with tc tbf), measured in one run: iperf3 across the pair, hvdd
+# to 10 Gbit/s with tc tbf), measured in one run: iperf3 across the pair (one
+# direction, then both at once), hvdd
 # (tcp engine, 2 nodes x 1 rank) allreduce of 64 MiB float32 and 4 B (beside the
 # TCP round trip of peers/tcp_pingpong across the same pair), PyTorch
 # gloo (bench/gloo_net.py) and Open MPI's MPI_Allreduce over its tcp transport
@@ -53,6 +54,13 @@ for r in $(seq 1 "$ROUNDS"); do
   ip netns exec hvb0 iperf3 -c $B -t 3 -J > "$OUT/iperf-$r.json" || true
   wait || true
   python3 -c "import json;d=json.load(open('$OUT/iperf-$r.json'));print('iperf3 Gbit/s', round(d['end']['sum_received']['bits_per_second']/1e9,2))" | tee -a "$OUT/log"
+  # Both directions at once, as an allreduce uses the pair: on a veth pair the
+  # two directions share the CPUs, so each gets less than one alone.
+  ip netns exec hvb1 iperf3 -s -1 -B $B >/dev/null 2>&1 &
+  sleep 0.5
+  ip netns exec hvb0 iperf3 -c $B -t 3 --bidir -J > "$OUT/iperf-bidir-$r.json" || true
+  wait || true
+  python3 -c "import json;e=json.load(open('$OUT/iperf-bidir-$r.json'))['end'];print('iperf3-bidir Gbit/s', round(e['sum_received']['bits_per_second']/1e9,2), round(e['sum_received_bidir_reverse']['bits_per_second']/1e9,2))" | tee -a "$OUT/log" || true
   # The TCP round trip across the pair, for the 4-byte target (2 round trips + the local path).
   ip netns exec hvb1 "$W/tcp_pingpong" server 5999 >/dev/null 2>&1 &
   sleep 0.3

@@ -40,7 +40,11 @@
 // the rank that really failed. A failed backend fails every later call with
 // the same error, and so does a cancelled call (its peers see it as lost):
 // after a collective stops half way the byte streams are out of step, and
-// the daemon re-forms the group rather than resynchronise it.
+// the daemon re-forms the group rather than resynchronise it. An orderly
+// Close is different: its bye carries how many collectives the rank
+// finished, so a peer still in the last of them completes it, a peer
+// between collectives fails nothing (and so reports nobody lost), and only a
+// later collective, which the closed rank will never join, fails.
 //
 // The package does not negotiate: callers (the daemon) guarantee that every
 // rank issues the same collectives in the same order with matching

@@ -81,10 +81,10 @@ func serveMain(argv []string) int {
 	defStreams, err := strconv.Atoi(os.Getenv("HVDD_TCP_STREAMS"))
 	if err != nil || defStreams <= 0 {
 		// Measured across two network namespaces: 4 streams filled the link
-		// better than 2 (docs/BENCHMARKS.md).
-		defStreams = 4
+		// better than 2, and 8 better than 4 (docs/BENCHMARKS.md).
+		defStreams = 8
 	}
-	fs.IntVar(&args.streams, "tcp-streams", defStreams, "tcp engine: data connections per peer node, the same on every node (default $HVDD_TCP_STREAMS, else 4)")
+	fs.IntVar(&args.streams, "tcp-streams", defStreams, "tcp engine: data connections per peer node, the same on every node (default $HVDD_TCP_STREAMS, else 8)")
 	fs.StringVar(&args.logLevel, "log-level", "", "debug, info, warning or error (default $HOROVOD_LOG_LEVEL, else info)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
