@@ -762,6 +762,14 @@ func (l *loop) abort(j *job, code ipcpb.Code, msg string, notify bool) {
 	if j.failed != nil {
 		return
 	}
+	if j.mn != nil && notify {
+		// First, while the links are open: failing a job that has not
+		// formed ends it, and its end closes them.
+		a := &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(code), Msg: msg}}}
+		for _, link := range j.mn.links {
+			link.Send(a)
+		}
+	}
 	if j.formed {
 		l.fail(j, code, msg)
 	} else {
@@ -770,12 +778,6 @@ func (l *loop) abort(j *job, code ipcpb.Code, msg string, notify bool) {
 	}
 	if j.mn == nil {
 		return
-	}
-	if notify {
-		a := &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(code), Msg: msg}}}
-		for _, link := range j.mn.links {
-			link.Send(a)
-		}
 	}
 	if j.backend != nil {
 		j.backend.Close()

@@ -78,18 +78,22 @@ func TestMultiNodeCollectives(t *testing.T) {
 		t.Skip("multi-node suite is long")
 	}
 	for _, slots := range [][]int{{1, 1}, {2, 2}, {1, 1, 1}, {1, 2}, {1, 1, 1, 1}} {
-		t.Run(fmt.Sprint(slots), func(t *testing.T) {
-			ss := startNodes(t, slots...)
-			for _, scenario := range []string{"collectives", "errors", "join", "async"} {
-				for _, node := range spawnNodes(t, ss, scenario, slots...) {
-					for _, w := range node {
-						if err := w.Wait(180 * time.Second); err != nil {
-							t.Errorf("%s: rank %d: %v\n%s", scenario, w.Rank, err, w.Output())
-						}
-					}
+		t.Run(fmt.Sprint(slots), func(t *testing.T) { runScenarios(t, slots...) })
+	}
+}
+
+// runScenarios starts a daemon per node (tcp engine) and runs the
+// collectives, errors, join and async scenarios on them, one job each.
+func runScenarios(t *testing.T, slots ...int) {
+	ss := startNodes(t, slots...)
+	for _, scenario := range []string{"collectives", "errors", "join", "async"} {
+		for _, node := range spawnNodes(t, ss, scenario, slots...) {
+			for _, w := range node {
+				if err := w.Wait(180 * time.Second); err != nil {
+					t.Errorf("%s: rank %d: %v\n%s", scenario, w.Rank, err, w.Output())
 				}
 			}
-		})
+		}
 	}
 }
 
