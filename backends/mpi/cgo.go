@@ -117,9 +117,27 @@ static void hv_sum_u16(void *invec, void *inoutvec, int *len, MPI_Datatype *dt) 
 	}
 }
 
+// Min and Max of unsigned 8- and 16-bit integers. MPICH 4.0.2 (Debian 12)
+// compares MPI_UINT8_T, MPI_UINT16_T (and wider unsigned types, which hvdd
+// does not have) as signed in MPI_MIN and MPI_MAX: min(0x86, 0x4f) = 0x86.
+#define HV_UMINMAX(name, T, cmp) \
+static void name(void *invec, void *inoutvec, int *len, MPI_Datatype *dt) { \
+	(void)dt; \
+	const unsigned char *in = invec; unsigned char *io = inoutvec; \
+	for (int i = 0; i < *len; i++) { \
+		T x, y; memcpy(&x, in + sizeof(T) * i, sizeof(T)); memcpy(&y, io + sizeof(T) * i, sizeof(T)); \
+		if (x cmp y) memcpy(io + sizeof(T) * i, &x, sizeof(T)); \
+	} \
+}
+HV_UMINMAX(hv_min_u8, uint8_t, <)
+HV_UMINMAX(hv_max_u8, uint8_t, >)
+HV_UMINMAX(hv_min_u16, uint16_t, <)
+HV_UMINMAX(hv_max_u16, uint16_t, >)
+
 static MPI_Datatype hv_f16_type, hv_bf16_type;
 static MPI_Op hv_half_ops[2][6]; // [bf16][tensor.ReduceOp]
 static MPI_Op hv_sum8_op, hv_sum16_op;
+static MPI_Op hv_umin8_op, hv_umax8_op, hv_umin16_op, hv_umax16_op;
 static int hv_ready;
 
 // hv_setup creates the half types and ops once per process.
@@ -138,6 +156,8 @@ static int hv_setup(void) {
 			if (fns[t][o] && (rc = MPI_Op_create(fns[t][o], 1, &hv_half_ops[t][o]))) return rc;
 		}
 	if ((rc = MPI_Op_create(hv_sum_u8, 1, &hv_sum8_op)) || (rc = MPI_Op_create(hv_sum_u16, 1, &hv_sum16_op))) return rc;
+	if ((rc = MPI_Op_create(hv_min_u8, 1, &hv_umin8_op)) || (rc = MPI_Op_create(hv_max_u8, 1, &hv_umax8_op)) ||
+	    (rc = MPI_Op_create(hv_min_u16, 1, &hv_umin16_op)) || (rc = MPI_Op_create(hv_max_u16, 1, &hv_umax16_op))) return rc;
 	hv_ready = 1;
 	return MPI_SUCCESS;
 }
@@ -164,6 +184,8 @@ static MPI_Op hv_op(int dt, int op) {
 	if (dt == HV_FLOAT16 || dt == HV_BFLOAT16) return hv_half_ops[dt == HV_BFLOAT16][op];
 	if (op == HV_SUM && (dt == HV_UINT8 || dt == HV_INT8)) return hv_sum8_op;
 	if (op == HV_SUM && (dt == HV_UINT16 || dt == HV_INT16)) return hv_sum16_op;
+	if (dt == HV_UINT8 && (op == HV_MIN || op == HV_MAX)) return op == HV_MIN ? hv_umin8_op : hv_umax8_op;
+	if (dt == HV_UINT16 && (op == HV_MIN || op == HV_MAX)) return op == HV_MIN ? hv_umin16_op : hv_umax16_op;
 	switch (op) {
 	case HV_SUM: return MPI_SUM;
 	case HV_MIN: return MPI_MIN;

@@ -20,6 +20,10 @@
 // (PKG_CONFIG_PATH selects which mpich.pc or ompi-c.pc is found.) The C
 // code uses only MPI-3 calls and handles, no Open MPI internals, plus ULFM's
 // MPIX_Comm_failure_ack where the library defines MPIX_ERR_PROC_FAILED.
+// scripts/test.sh runs the conformance test on Open MPI and on MPICH. Where
+// a library's built-in op is wrong the engine uses its own (MPI_Op_create):
+// wrapping 8- and 16-bit sums (Open MPI 4.1's op/avx saturates them) and
+// unsigned 8- and 16-bit Min and Max (MPICH 4.0.2 compares them as signed).
 //
 // Without the tag the package still exists, pure Go and cgo-free: Available
 // reports false and New returns ErrUnavailable, so the daemon can name the
