@@ -237,7 +237,20 @@ static int hv_init(int want, int *level, int *ours, int *main) {
 	return hv_setup();
 }
 
-static int hv_finalize(void) { return MPI_Finalize(); }
+// hv_finalize frees what hv_setup made, then finalises MPI.
+static int hv_finalize(void) {
+	if (hv_ready) {
+		MPI_Type_free(&hv_f16_type);
+		MPI_Type_free(&hv_bf16_type);
+		for (int t = 0; t < 2; t++)
+			for (int o = 0; o < 6; o++)
+				if (hv_half_ops[t][o] != MPI_OP_NULL) MPI_Op_free(&hv_half_ops[t][o]);
+		MPI_Op *ops[] = {&hv_sum8_op, &hv_sum16_op, &hv_umin8_op, &hv_umax8_op, &hv_umin16_op, &hv_umax16_op};
+		for (unsigned i = 0; i < sizeof ops / sizeof ops[0]; i++) MPI_Op_free(ops[i]);
+		hv_ready = 0;
+	}
+	return MPI_Finalize();
+}
 
 static int hv_dup_world(MPI_Comm *out, int *rank, int *size) {
 	int rc;

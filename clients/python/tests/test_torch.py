@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
+
+from conftest import WORKERS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
@@ -70,3 +73,18 @@ def test_mnist_example(job, tmp_path):
     assert not any("loss=" in l for l in res.outputs[1].splitlines()), res.outputs[1]
     files = sorted(os.listdir(ckpt))
     assert files == ["checkpoint-1.pth.tar", "checkpoint-2.pth.tar"], files
+
+
+def test_across_nodes(hvdd_bin, tmp_path):
+    """hvdd run over two "hosts" (two loopback addresses of this machine, so
+    no ssh): a daemon per host, the tcp engine between them, 2 ranks each."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HVDD_START_TIMEOUT="60")
+    p = subprocess.run(
+        [hvdd_bin, "run", "-np", "4", "-H", "127.0.0.1:2,127.0.0.2:2", "--",
+         sys.executable, WORKERS, "across_nodes"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for r in range(4):
+        assert f"[{r}]<stdout>:OK" in out, out

@@ -704,7 +704,25 @@ def process_sets() -> None:
     print("OK")
 
 
-SCENARIOS = {f.__name__: f for f in (basics, allreduce_ops, other_ops, errors, victim, optimizer, sync_bn, process_sets)}
+def across_nodes() -> None:
+    """Under `hvdd run -H a:2,b:2`: Horovod's rank layout across two nodes,
+    then every collective and DistributedOptimizer through both daemons."""
+    hvd.init()
+    env = os.environ
+    assert hvd.size() == int(env["HOROVOD_SIZE"]) == 4 and hvd.rank() == int(env["HOROVOD_RANK"])
+    assert hvd.local_size() == int(env["HOROVOD_LOCAL_SIZE"]) == 2
+    assert hvd.local_rank() == int(env["HOROVOD_LOCAL_RANK"]) == hvd.rank() % 2
+    assert hvd.cross_size() == 2 and hvd.cross_rank() == hvd.rank() // 2 == int(env["HOROVOD_CROSS_RANK"])
+    assert hvd.is_homogeneous() is True
+    allreduce_ops()
+    other_ops()
+    optimizer()
+
+
+SCENARIOS = {
+    f.__name__: f
+    for f in (basics, allreduce_ops, other_ops, errors, victim, optimizer, sync_bn, process_sets, across_nodes)
+}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]]()
