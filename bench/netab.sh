@@ -24,23 +24,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ $# -gt 0 ] || { echo "give at least one hvdd binary (see --help)" >&2; exit 2; }
-A=10.213.252.1; B=10.213.252.2
-W=$(mktemp -d); trap 'ip netns del hva0 2>/dev/null; ip netns del hva1 2>/dev/null; rm -rf "$W"' EXIT
-ip netns del hva0 2>/dev/null || true; ip netns del hva1 2>/dev/null || true
-ip netns add hva0; ip netns add hva1
-ip link add hva0i netns hva0 type veth peer name hva1i netns hva1
-ip -n hva0 addr add $A/24 dev hva0i; ip -n hva1 addr add $B/24 dev hva1i
-for n in hva0 hva1; do ip -n $n link set lo up; ip -n $n link set ${n}i up; done
-if [ "$TBF" = 1 ]; then
-  for n in hva0 hva1; do ip netns exec $n tc qdisc add dev ${n}i root tbf rate 10gbit burst 1mb latency 10ms; done
-fi
-cat > "$W/agent" <<AGENT
-#!/bin/sh
-host=\$1; shift
-case "\$host" in $A) ns=hva0 ;; $B) ns=hva1 ;; *) echo "unknown host \$host" >&2; exit 255 ;; esac
-exec ip netns exec \$ns sh -c "\$*"
-AGENT
-chmod +x "$W/agent"
+NS=hva; A=10.213.252.1; B=10.213.252.2; W=$(mktemp -d)
+trap netns_cleanup EXIT
+. bench/netns.sh
 field() { grep -o "\"$1\":[0-9.e-]*" | head -1 | cut -d: -f2; }
 for r in $(seq 1 "$ROUNDS"); do
   for bin in "$@"; do

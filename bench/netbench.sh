@@ -25,24 +25,9 @@ done
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 go build -o bin/hvdd ./cmd/hvdd
 OUT="bench/results/net-$(date +%Y-%m-%d_%H%M%S)"; mkdir -p "$OUT"
-W=$(mktemp -d); trap 'ip netns del hvb0 2>/dev/null; ip netns del hvb1 2>/dev/null; rm -rf "$W"' EXIT
-A=10.213.250.1; B=10.213.250.2
-ip netns del hvb0 2>/dev/null || true; ip netns del hvb1 2>/dev/null || true
-ip netns add hvb0; ip netns add hvb1
-ip link add hvb0i netns hvb0 type veth peer name hvb1i netns hvb1
-ip -n hvb0 addr add $A/24 dev hvb0i; ip -n hvb1 addr add $B/24 dev hvb1i
-for n in hvb0 hvb1; do ip -n $n link set lo up; ip -n $n link set ${n}i up; done
-if [ "$TBF" = 1 ]; then
-  for n in hvb0 hvb1; do ip netns exec $n tc qdisc add dev ${n}i root tbf rate 10gbit burst 1mb latency 10ms; done
-fi
-cat > "$W/agent" <<AGENT
-#!/bin/sh
-# hvdd run / mpirun remote agent: run the command in the host's namespace.
-host=\$1; shift
-case "\$host" in $A|hvb0) ns=hvb0 ;; $B|hvb1) ns=hvb1 ;; *) echo "unknown host \$host" >&2; exit 255 ;; esac
-exec ip netns exec \$ns sh -c "\$*"
-AGENT
-chmod +x "$W/agent"
+NS=hvb; A=10.213.250.1; B=10.213.250.2; W=$(mktemp -d)
+trap netns_cleanup EXIT
+. bench/netns.sh
 gcc -O2 -o "$W/tcp_pingpong" ../shared/bench/peers/tcp_pingpong.c
 gcc -O3 -march=native -o "$W/mpi_allreduce" -I../shared/bench/peers ../shared/bench/peers/mpi_allreduce.c $(pkg-config --cflags --libs ompi-c) 2>/dev/null \
   || mpicc -O3 -march=native -o "$W/mpi_allreduce" ../shared/bench/peers/mpi_allreduce.c
