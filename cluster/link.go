@@ -63,12 +63,19 @@ var (
 // Dial connects to the coordinator at addr and authenticates both ways; ctx
 // bounds the whole exchange. who names the dialing node for the peer's logs.
 func Dial(ctx context.Context, addr string, cfg Config, who string) (*Link, error) {
-	cfg = cfg.WithDefaults()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: dial coordinator %s: %w", addr, err)
 	}
+	return ClientHandshake(ctx, c, addr, cfg, who)
+}
+
+// ClientHandshake authenticates a connection to the coordinator that the
+// caller opened (over TCP, or a stream of the MPI bridge) and makes it a
+// Link; peer names the coordinator in errors. On failure c is closed.
+func ClientHandshake(ctx context.Context, c net.Conn, peer string, cfg Config, who string) (*Link, error) {
+	cfg = cfg.WithDefaults()
 	if dl, ok := ctx.Deadline(); ok {
 		c.SetDeadline(dl)
 	} else {
@@ -79,7 +86,7 @@ func Dial(ctx context.Context, addr string, cfg Config, who string) (*Link, erro
 	ns := make([]byte, 32)
 	if _, err := io.ReadFull(c, ns); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("cluster: handshake with %s: %w", addr, err)
+		return nil, fmt.Errorf("cluster: handshake with %s: %w", peer, err)
 	}
 	nc := nonce()
 	whoB := []byte(who)
@@ -90,19 +97,19 @@ func Dial(ctx context.Context, addr string, cfg Config, who string) (*Link, erro
 	msg = append(msg, whoB...)
 	if _, err := c.Write(msg); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("cluster: handshake with %s: %w", addr, err)
+		return nil, fmt.Errorf("cluster: handshake with %s: %w", peer, err)
 	}
 	mac := make([]byte, 32)
 	if _, err := io.ReadFull(c, mac); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("cluster: handshake with %s: %w (the coordinator closed the connection: wrong secret?)", addr, err)
+		return nil, fmt.Errorf("cluster: handshake with %s: %w (the coordinator closed the connection: wrong secret?)", peer, err)
 	}
 	if !rendezvous.Verify(cfg.Secret, mac, labelServer, nc, ns) {
 		c.Close()
-		return nil, fmt.Errorf("cluster: coordinator %s: %w", addr, ErrAuth)
+		return nil, fmt.Errorf("cluster: coordinator %s: %w", peer, ErrAuth)
 	}
 	c.SetDeadline(time.Time{})
-	link, err := newLink(c, cfg, addr)
+	link, err := newLink(c, cfg, peer)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -150,16 +157,26 @@ func (l *Listener) Accept() (*Link, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	link, who, err := l.handshake(c)
+	return ServerHandshake(c, c.RemoteAddr().String(), l.cfg)
+}
+
+// ServerHandshake authenticates a connection a node opened to the
+// coordinator (accepted over TCP, or a stream of the MPI bridge) and makes it
+// a Link; it returns the name the node gave. peer names the node in errors
+// and logs. On failure c is closed and the error wraps ErrAuth or the I/O
+// error.
+func ServerHandshake(c net.Conn, peer string, cfg Config) (*Link, string, error) {
+	cfg = cfg.WithDefaults()
+	link, who, err := serverHandshake(c, peer, cfg)
 	if err != nil {
 		c.Close()
-		return nil, "", fmt.Errorf("cluster: peer %s: %w", c.RemoteAddr(), err)
+		return nil, "", fmt.Errorf("cluster: peer %s: %w", peer, err)
 	}
 	return link, who, nil
 }
 
-func (l *Listener) handshake(c net.Conn) (*Link, string, error) {
-	c.SetDeadline(time.Now().Add(l.cfg.PeerTimeout))
+func serverHandshake(c net.Conn, peer string, cfg Config) (*Link, string, error) {
+	c.SetDeadline(time.Now().Add(cfg.PeerTimeout))
 	ns := nonce()
 	if _, err := c.Write(ns); err != nil {
 		return nil, "", err
@@ -173,14 +190,14 @@ func (l *Listener) handshake(c net.Conn) (*Link, string, error) {
 	if _, err := io.ReadFull(c, whoB); err != nil {
 		return nil, "", err
 	}
-	if !rendezvous.Verify(l.cfg.Secret, mac, labelClient, ns, nc, whoB) {
+	if !rendezvous.Verify(cfg.Secret, mac, labelClient, ns, nc, whoB) {
 		return nil, "", ErrAuth
 	}
-	if _, err := c.Write(rendezvous.Sign(l.cfg.Secret, labelServer, nc, ns)); err != nil {
+	if _, err := c.Write(rendezvous.Sign(cfg.Secret, labelServer, nc, ns)); err != nil {
 		return nil, "", err
 	}
 	c.SetDeadline(time.Time{})
-	link, err := newLink(c, l.cfg, c.RemoteAddr().String())
+	link, err := newLink(c, cfg, peer)
 	if err != nil {
 		return nil, "", err
 	}

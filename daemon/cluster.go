@@ -57,6 +57,17 @@ type ClusterJob struct {
 	Logger *slog.Logger
 }
 
+// ControlTransport opens the streams that carry the control links between
+// daemons when they do not use TCP: the coordinator (node 0) accepts one
+// stream from every other node per job. The links' handshake and framing run
+// on the streams as on TCP.
+type ControlTransport interface {
+	// Dial opens a stream to node.
+	Dial(ctx context.Context, node int) (net.Conn, error)
+	// Accept returns the next stream another node opened, and that node.
+	Accept() (net.Conn, int, error)
+}
+
 // BackendFactory creates the cross-node engine of a job; every node calls it
 // at about the same time, and it returns once the engine is connected.
 type BackendFactory func(ctx context.Context, j ClusterJob) (backends.Backend, error)
@@ -139,6 +150,14 @@ func newClusterNode(l *loop) (*clusterNode, error) {
 	c := &clusterNode{l: l, nodes: cfg.Nodes, rank: cfg.NodeRank, host: cfg.Advertise, joins: make(map[int]nodeJoin),
 		watched: make(map[int]*watchedLink),
 		ccfg:    cluster.Config{Secret: cfg.Secret, Heartbeat: cfg.Heartbeat, PeerTimeout: cfg.PeerTimeout}.WithDefaults()}
+	if cfg.Control != nil {
+		// Control streams come from the transport; nothing listens.
+		l.s.log.Info("control links through the daemons' transport (no rendezvous)", "node", c.rank, "nodes", c.nodes)
+		if c.rank == 0 {
+			go c.acceptControl(cfg.Control)
+		}
+		return c, nil
+	}
 	if c.rank != 0 {
 		c.store = rendezvous.NewClient(cfg.Rendezvous, cfg.Secret)
 		return c, nil
@@ -191,16 +210,38 @@ func (c *clusterNode) accept() {
 			c.l.s.log.Warn("refused a node", "err", err)
 			continue
 		}
+		go c.takeJoin(link, who)
+	}
+}
+
+// acceptControl is accept for streams of a ControlTransport.
+func (c *clusterNode) acceptControl(t ControlTransport) {
+	for {
+		conn, node, err := t.Accept()
+		if err != nil {
+			return // the transport closed
+		}
 		go func() {
-			m, err := link.Recv()
-			if err != nil || m.GetJoin() == nil {
-				c.l.s.log.Warn("node did not join", "peer", who, "err", err)
-				link.Close()
+			link, who, err := cluster.ServerHandshake(conn, fmt.Sprintf("node %d", node), c.ccfg)
+			if err != nil {
+				c.l.s.log.Warn("refused a node", "err", err)
 				return
 			}
-			c.l.p.post(msgJoin{nodeJoin{link, m.GetJoin()}})
+			c.takeJoin(link, who)
 		}()
 	}
+}
+
+// takeJoin (its own goroutine) waits for a new link's Join and hands it to
+// the loop.
+func (c *clusterNode) takeJoin(link *cluster.Link, who string) {
+	m, err := link.Recv()
+	if err != nil || m.GetJoin() == nil {
+		c.l.s.log.Warn("node did not join", "peer", who, "err", err)
+		link.Close()
+		return
+	}
+	c.l.p.post(msgJoin{nodeJoin{link, m.GetJoin()}})
 }
 
 // localComplete is called when every local client of j has said hello.
@@ -221,22 +262,7 @@ func (c *clusterNode) joinCoordinator(j *job) {
 	defer cancel()
 	res := msgLayout{j: j}
 	defer func() { c.l.p.post(res) }()
-	kv, err := c.store.Wait(ctx, "coordinator")
-	if err != nil {
-		res.err = fmt.Errorf("no coordinator registered at the rendezvous %s: %w", c.l.cfg.Rendezvous, err)
-		return
-	}
-	var link *cluster.Link
-	for {
-		link, err = cluster.Dial(ctx, string(kv["coordinator"]), c.ccfg, "node "+strconv.Itoa(c.rank))
-		if err == nil || errors.Is(err, cluster.ErrAuth) || ctx.Err() != nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	link, err := c.dialCoordinator(ctx)
 	if err != nil {
 		res.err = err
 		return
@@ -268,6 +294,34 @@ func (c *clusterNode) joinCoordinator(j *job) {
 		return
 	}
 	res.link, res.layout = link, m.GetLayout()
+}
+
+// dialCoordinator opens an authenticated link to node 0: through the
+// control transport, or over TCP to the address node 0 registered at the
+// rendezvous.
+func (c *clusterNode) dialCoordinator(ctx context.Context) (*cluster.Link, error) {
+	who := "node " + strconv.Itoa(c.rank)
+	if t := c.l.cfg.Control; t != nil {
+		conn, err := t.Dial(ctx, 0)
+		if err != nil {
+			return nil, fmt.Errorf("cannot reach node 0 (the coordinator): %w", err)
+		}
+		return cluster.ClientHandshake(ctx, conn, "node 0 (the coordinator)", c.ccfg, who)
+	}
+	kv, err := c.store.Wait(ctx, "coordinator")
+	if err != nil {
+		return nil, fmt.Errorf("no coordinator registered at the rendezvous %s: %w", c.l.cfg.Rendezvous, err)
+	}
+	for {
+		link, err := cluster.Dial(ctx, string(kv["coordinator"]), c.ccfg, who)
+		if err == nil || errors.Is(err, cluster.ErrAuth) || ctx.Err() != nil {
+			return link, err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // join records a node that wants the next job (node 0).
@@ -364,9 +418,13 @@ func (c *clusterNode) startBackend(j *job, id uint64, slots []int) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.l.cfg.StartTimeout)
 	defer cancel()
 	jid := fmt.Sprintf("job-%016x", id)
+	var store rendezvous.Store
+	if c.store != nil {
+		store = rendezvous.Prefix(c.store, jid)
+	}
 	b, err := c.l.cfg.NewBackend(ctx, ClusterJob{
 		ID: jid, NodeRank: c.rank, Nodes: c.nodes, Slots: slots,
-		Store: rendezvous.Prefix(c.store, jid), Host: c.host, Secret: c.l.cfg.Secret, Logger: c.l.s.log,
+		Store: store, Host: c.host, Secret: c.l.cfg.Secret, Logger: c.l.s.log,
 	})
 	if err != nil {
 		b = nil // a factory may return a typed nil with its error

@@ -79,6 +79,10 @@ type Config struct {
 	// NewBackend creates the data engine of each multi-node job. Required
 	// with Nodes > 1 (cmd/hvdd passes the tcp or mpi engine).
 	NewBackend BackendFactory
+	// Control, when set, carries the control links between the daemons
+	// instead of TCP, and the nodes need no rendezvous (cmd/hvdd passes the
+	// MPI bridge with --backend mpi, so that MPI carries control and data).
+	Control ControlTransport
 	// StartTimeout bounds forming a job across nodes. Zero means 120 s.
 	StartTimeout time.Duration
 	// Heartbeat and PeerTimeout tune the control links: a node silent for
@@ -107,10 +111,10 @@ func (c *Config) validate() error {
 		if c.NodeRank < 0 || c.NodeRank >= c.Nodes {
 			errs = append(errs, fmt.Errorf("node rank %d is out of range for %d nodes", c.NodeRank, c.Nodes))
 		}
-		if c.Rendezvous == "" {
+		if c.Rendezvous == "" && c.Control == nil {
 			errs = append(errs, errors.New("a multi-node job needs --rendezvous HOST:PORT (node 0's address)"))
 		}
-		if c.Advertise == "" {
+		if c.Advertise == "" && c.Control == nil {
 			errs = append(errs, errors.New("a multi-node job needs --advertise HOST (this node's address the others reach)"))
 		}
 		if len(c.Secret) < 16 {

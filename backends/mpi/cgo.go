@@ -299,6 +299,27 @@ static int hv_barrier(MPI_Comm c, MPI_Request *req) {
 	return MPI_Barrier(c);
 }
 
+// Tagged point-to-point messages of the Bridge.
+static int hv_iprobe_any(MPI_Comm c, int *flag, int *src, int *tag, int *n) {
+	MPI_Status st;
+	int rc = MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, c, flag, &st);
+	if (rc || !*flag) return rc;
+	*src = st.MPI_SOURCE; *tag = st.MPI_TAG;
+	return MPI_Get_count(&st, MPI_BYTE, n);
+}
+static int hv_recv_from(MPI_Comm c, void *buf, int n, int src, int tag) {
+	return MPI_Recv(buf, n, MPI_BYTE, src, tag, c, MPI_STATUS_IGNORE);
+}
+static int hv_send_tag(MPI_Comm c, void *buf, int n, int dst, int tag) {
+	return MPI_Send(buf, n, MPI_BYTE, dst, tag, c);
+}
+static int hv_tag_ub(MPI_Comm c, int *ub) {
+	int *v, flag;
+	int rc = MPI_Comm_get_attr(c, MPI_TAG_UB, &v, &flag);
+	*ub = (rc == MPI_SUCCESS && flag) ? *v : 32767;
+	return rc;
+}
+
 static int hv_isend(MPI_Comm c, void *buf, int n, int peer, MPI_Request *req) {
 	return MPI_Isend(HV_P(buf), n, MPI_BYTE, peer, 0, c, req);
 }
@@ -451,6 +472,35 @@ func (c comm) reduce(in, out unsafe.Pointer, count, dt, op, root int, req *reque
 }
 
 func (c comm) barrier(req *request) int { return int(C.hv_barrier(c.c, reqPtr(req))) }
+
+// probeAny reports a waiting message without receiving it (MPI_Iprobe).
+func (c comm) probeAny() (ok bool, src, tag, n, rc int) {
+	var f, cs, ct, cn C.int
+	rc = int(C.hv_iprobe_any(c.c, &f, &cs, &ct, &cn))
+	return f != 0, int(cs), int(ct), int(cn), rc
+}
+
+func (c comm) recvFrom(buf []byte, src, tag int) int {
+	var p unsafe.Pointer
+	if len(buf) > 0 {
+		p = unsafe.Pointer(&buf[0])
+	}
+	return int(C.hv_recv_from(c.c, p, C.int(len(buf)), C.int(src), C.int(tag)))
+}
+
+func (c comm) sendTag(buf []byte, dst, tag int) int {
+	var p unsafe.Pointer
+	if len(buf) > 0 {
+		p = unsafe.Pointer(&buf[0])
+	}
+	return int(C.hv_send_tag(c.c, p, C.int(len(buf)), C.int(dst), C.int(tag)))
+}
+
+func (c comm) tagUB() int {
+	var ub C.int
+	C.hv_tag_ub(c.c, &ub)
+	return int(ub)
+}
 
 func (c comm) isend(buf unsafe.Pointer, n, peer int, req *request) int {
 	return int(C.hv_isend(c.c, buf, C.int(n), C.int(peer), &req.r))

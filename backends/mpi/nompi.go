@@ -4,6 +4,7 @@ package mpi
 
 import (
 	"context"
+	"net"
 
 	"github.com/hvdd/hvdd/tensor"
 )
@@ -48,3 +49,15 @@ func (*Backend) ThreadLevel() string { return "" }
 
 // LibraryVersion returns "" in a build without MPI.
 func LibraryVersion() string { return "" }
+
+// Bridge is never created in a build without MPI.
+type Bridge struct{}
+
+// NewBridge returns ErrUnavailable: this build has no MPI.
+func NewBridge() (*Bridge, error) { return nil, ErrUnavailable }
+
+func (*Bridge) Rank() int                                   { return 0 }
+func (*Bridge) Size() int                                   { return 0 }
+func (*Bridge) Dial(context.Context, int) (net.Conn, error) { return nil, ErrUnavailable }
+func (*Bridge) Accept() (net.Conn, int, error)              { return nil, -1, ErrUnavailable }
+func (*Bridge) Close() error                                { return nil }

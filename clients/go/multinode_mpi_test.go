@@ -20,7 +20,8 @@ import (
 // on the mpi engine: one hvdd daemon per "node", started by a real mpirun
 // (Open MPI, --backend mpi, node rank and count from MPI), and real client
 // processes on every node's socket checking every collective and dtype
-// against references computed in the test.
+// against references computed in the test. The control messages travel over
+// the daemons' TCP links, and in one case over MPI too (--control mpi).
 func TestMPIMultiNodeCollectives(t *testing.T) {
 	if _, err := exec.LookPath("mpirun"); err != nil {
 		t.Fatal("mpirun missing: apt-get install openmpi-bin libopenmpi-dev (scripts/setup.sh does)")
@@ -30,43 +31,40 @@ func TestMPIMultiNodeCollectives(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build -tags mpi: %v\n%s", err, out)
 	}
-	for _, slots := range []int{1, 2} {
-		for _, nodes := range []int{2, 4} {
-			if slots == 1 && nodes == 4 {
-				continue // 4 x 2 covers it
+	for _, c := range []struct {
+		nodes, slots int
+		control      string
+	}{{2, 1, "tcp"}, {2, 2, "tcp"}, {4, 2, "tcp"}, {2, 2, "mpi"}} {
+		nodes, slots := c.nodes, c.slots
+		t.Run(fmt.Sprintf("%dx%d,control=%s", nodes, slots, c.control), func(t *testing.T) {
+			sockets := startMPINodes(t, bin, nodes, slots, "--control", c.control)
+			for _, scenario := range []string{"collectives", "errors", "join", "async"} {
+				var ws []*daemontest.Worker
+				for _, s := range sockets {
+					ws = append(ws, daemontest.Spawn(t, s, scenario, slots,
+						"HVDD_TEST_SIZE="+strconv.Itoa(nodes*slots), "HVDD_TEST_LOCAL_SIZE="+strconv.Itoa(slots))...)
+				}
+				for _, w := range ws {
+					if err := w.Wait(180 * time.Second); err != nil {
+						t.Errorf("%s: local rank %d: %v\n%s", scenario, w.Rank, err, w.Output())
+					}
+				}
 			}
-			t.Run(fmt.Sprintf("%dx%d", nodes, slots), func(t *testing.T) {
-				sockets := startMPINodes(t, bin, nodes, slots)
-				perNode := make([]int, nodes)
-				for i := range perNode {
-					perNode[i] = slots
-				}
-				for _, scenario := range []string{"collectives", "errors", "join", "async"} {
-					var ws []*daemontest.Worker
-					for _, s := range sockets {
-						ws = append(ws, daemontest.Spawn(t, s, scenario, slots,
-							"HVDD_TEST_SIZE="+strconv.Itoa(nodes*slots), "HVDD_TEST_LOCAL_SIZE="+strconv.Itoa(slots))...)
-					}
-					for _, w := range ws {
-						if err := w.Wait(180 * time.Second); err != nil {
-							t.Errorf("%s: local rank %d: %v\n%s", scenario, w.Rank, err, w.Output())
-						}
-					}
-				}
-			})
-		}
+		})
 	}
 }
 
 // startMPINodes starts nodes daemons of slots local ranks each under mpirun
-// and returns their sockets, by node rank. The daemons stop with the test.
-func startMPINodes(t *testing.T, bin string, nodes, slots int) []string {
+// (with extra serve arguments) and returns their sockets, by node rank. The
+// daemons stop with the test.
+func startMPINodes(t *testing.T, bin string, nodes, slots int, extra ...string) []string {
 	t.Helper()
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, "mpirun", "-np", strconv.Itoa(nodes), "--oversubscribe", "-x", "HVDD_SECRET",
 		bin, "serve", "--slots", strconv.Itoa(slots), "--nodes", "-1", "--node-rank", "-1", "--backend", "mpi",
 		"--rendezvous", freePort(t, "127.0.0.1"), "--socket", filepath.Join(dir, "n{node}.sock"))
+	cmd.Args = append(cmd.Args, extra...)
 	// Open MPI 4.1's orted can crash writing its hwloc topology to shared
 	// memory when several "hosts" share one machine; no binding is needed.
 	cmd.Env = append(os.Environ(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_rtc=^hwloc",

@@ -2,7 +2,16 @@
 
 package main
 
-import "github.com/hvdd/hvdd/daemon"
+import (
+	"errors"
+
+	"github.com/hvdd/hvdd/daemon"
+)
 
 // mpiFactory is nil in builds without the mpi tag.
 func mpiFactory() daemon.BackendFactory { return nil }
+
+// mpiControl is unavailable in builds without the mpi tag.
+func mpiControl(int, int) (daemon.ControlTransport, error) {
+	return nil, errors.New("this hvdd was built without MPI; rebuild with `go build -tags mpi ./cmd/hvdd`")
+}

@@ -27,3 +27,18 @@ func mpiFactory() daemon.BackendFactory {
 		return b, nil
 	}
 }
+
+// mpiControl starts the MPI bridge that carries the daemons' control links,
+// so that with --backend mpi MPI carries control and data and the nodes need
+// no rendezvous. Every daemon of the mpirun job starts it at once.
+func mpiControl(nodeRank, nodes int) (daemon.ControlTransport, error) {
+	b, err := mpi.NewBridge()
+	if err != nil {
+		return nil, err
+	}
+	if b.Rank() != nodeRank || b.Size() != nodes {
+		b.Close()
+		return nil, fmt.Errorf("MPI rank %d of %d does not match --node-rank %d of --nodes %d: start one daemon per node with mpirun and --node-rank -1", b.Rank(), b.Size(), nodeRank, nodes)
+	}
+	return b, nil
+}

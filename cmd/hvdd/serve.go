@@ -34,6 +34,7 @@ Environment (Horovod's knobs, honoured when the flag is not given):
   HVDD_SECRET                          shared secret of a multi-node job (hex or raw)
   HVDD_SPIN                            --spin, as a duration (-1ns: never spin)
   HVDD_TCP_STREAMS                     --tcp-streams
+  HVDD_CONTROL                         --control (tcp or mpi)
   HOROVOD_FUSION_THRESHOLD             bytes per fused response (0 disables fusion)
   HOROVOD_CYCLE_TIME                   ms between dispatched plans (batching window)
   HOROVOD_STALL_CHECK_TIME_SECONDS     stall warning time
@@ -58,6 +59,7 @@ func serveMain(argv []string) int {
 		spin                                       time.Duration
 		nodes, nodeRank, streams                   int
 		rendezvous, advertise, secretFile, backend string
+		control                                    string
 	}
 	fs.StringVar(&args.socket, "socket", "", "Unix socket path; {node} is replaced by the node rank (default $HVDD_SOCKET, else "+launch.DefaultSocket()+")")
 	fs.IntVar(&args.slots, "slots", 0, "number of local processes per job (required)")
@@ -78,6 +80,11 @@ func serveMain(argv []string) int {
 	fs.StringVar(&args.advertise, "advertise", "", "this node's address (host) that the other nodes reach; control and data listeners bind it (default: the local address of the route to --rendezvous)")
 	fs.StringVar(&args.secretFile, "secret-file", "", "file holding the job's shared secret (default $HVDD_SECRET); required with --nodes > 1")
 	fs.StringVar(&args.backend, "backend", "tcp", "cross-node engine: tcp (embedded) or mpi (needs a build with -tags mpi)")
+	defControl := os.Getenv("HVDD_CONTROL")
+	if defControl == "" {
+		defControl = "tcp"
+	}
+	fs.StringVar(&args.control, "control", defControl, "what carries the daemons' control messages: tcp (authenticated links, fastest) or mpi (with --backend mpi: MPI messages, no rendezvous needed; see docs/BENCHMARKS.md for the cost) (default $HVDD_CONTROL, else tcp)")
 	defStreams, err := strconv.Atoi(os.Getenv("HVDD_TCP_STREAMS"))
 	if err != nil || defStreams <= 0 {
 		// Measured across two network namespaces: 4 streams filled the link
@@ -182,6 +189,23 @@ func serveMain(argv []string) int {
 		}
 		cfg.Nodes, cfg.NodeRank, cfg.Rendezvous, cfg.Advertise = args.nodes, args.nodeRank, args.rendezvous, args.advertise
 		cfg.Secret, cfg.NewBackend = secret, factory
+		switch {
+		case args.control == "tcp":
+		case args.control != "mpi":
+			fmt.Fprintf(os.Stderr, "hvdd serve: unknown --control %q (want tcp or mpi)\n", args.control)
+			return 2
+		case args.backend != "mpi":
+			fmt.Fprintln(os.Stderr, "hvdd serve: --control mpi needs --backend mpi (daemons started by mpirun)")
+			return 2
+		default:
+			// MPI carries the control links too: no rendezvous needed.
+			ctl, err := mpiControl(args.nodeRank, args.nodes)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
+				return 2
+			}
+			cfg.Control = ctl
+		}
 	}
 	srv, err := daemon.New(cfg)
 	if err != nil {

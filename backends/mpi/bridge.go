@@ -1,0 +1,330 @@
+//go:build mpi
+
+package mpi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Bridge carries byte streams between the processes of MPI_COMM_WORLD over
+// MPI point-to-point messages, so that the daemons' control links travel on
+// MPI when the data does (hvdd serve --backend mpi). The caller gets each
+// stream as a net.Conn, one end of a Unix socketpair; pumps move the bytes
+// between the other end and MPI messages on a private communicator. A stream
+// is ordered and reliable because MPI messages between two ranks with the
+// same tag are.
+//
+// Tags encode a stream's id (the dialer's number for it), the direction
+// (sent by the dialer or by the acceptor) and the kind (open, data, close).
+// One goroutine, locked to a thread, receives every message (probing, see
+// receive); sends are blocking MPI_Send calls from the pump goroutines. It
+// needs MPI_THREAD_MULTIPLE.
+type Bridge struct {
+	comm       comm
+	rank, size int
+	maxID      int
+
+	mu      sync.Mutex
+	next    int                 // the last id dialled
+	streams map[[2]int]*bstream // by (dialer rank, id)
+	accept  chan accepted       // streams other ranks opened
+	recvErr error               // why the receiver stopped
+	pumps   sync.WaitGroup      // pumpOut goroutines
+	done    chan struct{}       // closed when the receiver returns
+	closed  atomic.Bool         // Close was called: the receiver returns
+	closing sync.Once
+}
+
+type accepted struct {
+	conn net.Conn
+	peer int
+}
+
+// bstream is one stream: local is our end of its socketpair.
+type bstream struct {
+	key    [2]int
+	peer   int
+	out    int // direction bit of what we send
+	local  int
+	mu     sync.Mutex
+	halves int // ends closed: ours (EOF read) and theirs (close received)
+}
+
+const (
+	kindOpen  = 0
+	kindData  = 1
+	kindClose = 2
+
+	bridgeChunk = 64 << 10
+	// bridgeHot is how long the receiver keeps probing without sleeping
+	// after a message; bridgeIdleWait the longest it sleeps between probes.
+	bridgeHot      = 20 * time.Millisecond
+	bridgeMinWait  = 20 * time.Microsecond
+	bridgeIdleWait = 5 * time.Millisecond
+)
+
+func bridgeTag(id, dir, kind int) int { return id<<3 | dir<<2 | kind }
+
+// NewBridge starts the bridge. It is collective: every rank of
+// MPI_COMM_WORLD calls it once, in the same order relative to New.
+func NewBridge() (*Bridge, error) {
+	proc.mu.Lock()
+	defer proc.mu.Unlock()
+	if err := initMPI(); err != nil {
+		return nil, err
+	}
+	if proc.level != levelMultiple {
+		return nil, fmt.Errorf("mpi: the control bridge needs MPI_THREAD_MULTIPLE; this MPI gives %v", proc.level)
+	}
+	b := &Bridge{streams: make(map[[2]int]*bstream), accept: make(chan accepted, 64), done: make(chan struct{})}
+	var rc int
+	if b.comm, b.rank, b.size, rc = cDupWorld(); rc != 0 {
+		return nil, fmt.Errorf("mpi: MPI_Comm_dup(MPI_COMM_WORLD): %w", newError(rc))
+	}
+	b.maxID = b.comm.tagUB() >> 3
+	go b.receive()
+	return b, nil
+}
+
+// Rank and Size are this process's place in MPI_COMM_WORLD.
+func (b *Bridge) Rank() int { return b.rank }
+
+// Size is the number of processes in MPI_COMM_WORLD.
+func (b *Bridge) Size() int { return b.size }
+
+// Dial opens a stream to rank peer, which gets it from Accept.
+func (b *Bridge) Dial(ctx context.Context, peer int) (net.Conn, error) {
+	if peer < 0 || peer >= b.size || peer == b.rank {
+		return nil, fmt.Errorf("mpi bridge: no rank %d to dial (size %d, we are %d)", peer, b.size, b.rank)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	if b.recvErr != nil {
+		err := b.recvErr
+		b.mu.Unlock()
+		return nil, err
+	}
+	id := 0
+	for tries := 0; tries < b.maxID; tries++ {
+		b.next = b.next%b.maxID + 1
+		if _, busy := b.streams[[2]int{b.rank, b.next}]; !busy {
+			id = b.next
+			break
+		}
+	}
+	b.mu.Unlock()
+	if id == 0 {
+		return nil, errors.New("mpi bridge: every stream id is in use")
+	}
+	s, conn, err := b.newStream([2]int{b.rank, id}, peer, 0)
+	if err != nil {
+		return nil, err
+	}
+	if rc := b.comm.sendTag([]byte{1}, peer, bridgeTag(id, 0, kindOpen)); rc != 0 {
+		conn.Close()
+		return nil, fmt.Errorf("mpi bridge: open stream to rank %d: %w", peer, newError(rc))
+	}
+	b.startPump(s)
+	return conn, nil
+}
+
+// Accept returns the next stream another rank opened, and that rank.
+func (b *Bridge) Accept() (net.Conn, int, error) {
+	select {
+	case a := <-b.accept:
+		return a.conn, a.peer, nil
+	case <-b.done:
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return nil, -1, b.recvErr
+	}
+}
+
+// newStream makes the socketpair of a stream and registers it.
+func (b *Bridge) newStream(key [2]int, peer, out int) (*bstream, net.Conn, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("mpi bridge: socketpair: %w", err)
+	}
+	f := os.NewFile(uintptr(fds[1]), "mpi-bridge")
+	conn, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		unix.Close(fds[0])
+		return nil, nil, fmt.Errorf("mpi bridge: %w", err)
+	}
+	s := &bstream{key: key, peer: peer, out: out, local: fds[0]}
+	b.mu.Lock()
+	b.streams[key] = s
+	b.mu.Unlock()
+	return s, conn, nil
+}
+
+func (b *Bridge) startPump(s *bstream) {
+	b.pumps.Add(1)
+	go func() {
+		defer b.pumps.Done()
+		b.pumpOut(s)
+	}()
+}
+
+// pumpOut sends what the caller writes to its end as data messages, and a
+// close message at EOF.
+func (b *Bridge) pumpOut(s *bstream) {
+	buf := make([]byte, bridgeChunk)
+	id := s.key[1]
+	for {
+		n, err := unix.Read(s.local, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if n <= 0 {
+			break
+		}
+		if rc := b.comm.sendTag(buf[:n], s.peer, bridgeTag(id, s.out, kindData)); rc != 0 {
+			break
+		}
+	}
+	b.comm.sendTag(nil, s.peer, bridgeTag(id, s.out, kindClose))
+	b.halfClosed(s)
+}
+
+// halfClosed records that one direction of s ended; the second frees it.
+func (b *Bridge) halfClosed(s *bstream) {
+	s.mu.Lock()
+	s.halves++
+	last := s.halves == 2
+	s.mu.Unlock()
+	if !last {
+		return
+	}
+	b.mu.Lock()
+	if b.streams[s.key] == s {
+		delete(b.streams, s.key)
+	}
+	b.mu.Unlock()
+	unix.Close(s.local)
+}
+
+// receive (one goroutine, its own thread) takes every message and hands it
+// to its stream. It probes rather than blocking in MPI_Recv, which MPI
+// libraries implement by spinning a core: for bridgeHot after a message it
+// sleeps bridgeMinWait between probes, then longer and longer, up to
+// bridgeIdleWait, so that an idle daemon costs nothing measurable.
+func (b *Bridge) receive() {
+	runtime.LockOSThread()
+	defer close(b.done)
+	buf := make([]byte, bridgeChunk)
+	idle := time.Duration(0)
+	last := time.Now()
+	for !b.closed.Load() {
+		ok, src, tag, n, rc := b.comm.probeAny()
+		if rc == 0 && ok {
+			rc = b.comm.recvFrom(buf[:n], src, tag)
+		}
+		if rc != 0 {
+			b.stop(fmt.Errorf("mpi bridge: receive: %w", newError(rc)))
+			return
+		}
+		if !ok {
+			if time.Since(last) < bridgeHot {
+				idle = bridgeMinWait
+			} else {
+				idle = min(max(2*idle, bridgeMinWait), bridgeIdleWait)
+			}
+			// nanosleep(2) itself: time.Sleep rounds waits under a
+			// millisecond up to one.
+			ts := unix.NsecToTimespec(int64(idle))
+			unix.Nanosleep(&ts, nil)
+			continue
+		}
+		idle, last = 0, time.Now()
+		id, dir, kind := tag>>3, tag>>2&1, tag&3
+		key := [2]int{src, id} // sent by the dialer: src dialled it
+		if dir == 1 {
+			key = [2]int{b.rank, id} // sent by the acceptor: we dialled it
+		}
+		switch kind {
+		case kindOpen:
+			s, conn, err := b.newStream(key, src, 1)
+			if err != nil {
+				continue // the dialer sees its stream never answer
+			}
+			b.startPump(s)
+			b.accept <- accepted{conn, src}
+		case kindData:
+			b.mu.Lock()
+			s := b.streams[key]
+			b.mu.Unlock()
+			if s != nil {
+				writeAll(s.local, buf[:n])
+			}
+		case kindClose:
+			b.mu.Lock()
+			s := b.streams[key]
+			b.mu.Unlock()
+			if s != nil {
+				unix.Shutdown(s.local, unix.SHUT_WR)
+				b.halfClosed(s)
+			}
+		}
+	}
+	b.stop(errors.New("mpi bridge: closed"))
+}
+
+func writeAll(fd int, p []byte) {
+	for len(p) > 0 {
+		n, err := unix.Write(fd, p)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return // the caller closed its end: drop the bytes
+		}
+		p = p[n:]
+	}
+}
+
+func (b *Bridge) stop(err error) {
+	b.mu.Lock()
+	if b.recvErr == nil {
+		b.recvErr = err
+	}
+	b.mu.Unlock()
+}
+
+// Close stops the bridge: its streams end (their callers read EOF), and the
+// communicator is freed. Every rank should close its bridge before
+// Finalize.
+func (b *Bridge) Close() error {
+	b.closing.Do(func() {
+		b.closed.Store(true)
+		<-b.done
+		b.mu.Lock()
+		for _, s := range b.streams {
+			unix.Shutdown(s.local, unix.SHUT_RDWR)
+		}
+		b.mu.Unlock()
+		b.pumps.Wait()
+		b.mu.Lock()
+		for k, s := range b.streams {
+			unix.Close(s.local) // half open: the peer never closed its side
+			delete(b.streams, k)
+		}
+		b.mu.Unlock()
+		b.comm.free()
+	})
+	return nil
+}
