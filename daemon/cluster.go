@@ -47,7 +47,8 @@ type ClusterJob struct {
 	// local rank count.
 	NodeRank, Nodes int
 	Slots           []int
-	// Store is the rendezvous store, already namespaced for this job.
+	// Store is the rendezvous store, already namespaced for this job; nil
+	// when the nodes have none (Config.Control).
 	Store rendezvous.Store
 	// Host is the address this node advertises and binds for data.
 	Host string

@@ -33,6 +33,10 @@ func (m *multiJob) mpiDaemonArgs(i int) []string {
 // mpirunArgs is the whole mpirun command line.
 func (m *multiJob) mpirunArgs() []string {
 	args := []string{"-x", secretEnv}
+	if os.Getenv("HVDD_CONTROL") != "" {
+		// The daemons' --control default (tcp, or mpi for control over MPI).
+		args = append(args, "-x", "HVDD_CONTROL")
+	}
 	if m.cfg.Agent != "" {
 		args = append(args, "--mca", "plm_rsh_agent", m.cfg.Agent)
 	}
