@@ -489,3 +489,19 @@ func TestAgentCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestMpirunArgsControl: HVDD_CONTROL reaches the daemons started by
+// mpirun (it selects what carries their control links), and only when set.
+func TestMpirunArgsControl(t *testing.T) {
+	m := &multiJob{cfg: &Config{HvddPath: "/bin/hvdd"}, nodes: []node{{Host: "a", Slots: 1, Local: true}, {Host: "b", Slots: 1}},
+		id: "x", rendezvous: "a:1", remoteHvdd: "hvdd"}
+	has := func() bool { return strings.Contains(strings.Join(m.mpirunArgs(), " "), "-x HVDD_CONTROL") }
+	t.Setenv("HVDD_CONTROL", "")
+	if has() {
+		t.Error("HVDD_CONTROL forwarded while unset")
+	}
+	t.Setenv("HVDD_CONTROL", "mpi")
+	if !has() {
+		t.Errorf("HVDD_CONTROL not forwarded: %v", m.mpirunArgs())
+	}
+}
