@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hvdd/hvdd/cluster/clusterpb"
+	"github.com/hvdd/hvdd/internal/rawsock"
 )
 
 // Link is one authenticated control connection. Send may be called from any
@@ -29,12 +29,11 @@ type Link struct {
 	cfg  Config
 	peer string
 
-	// fdmu is held shared around every system call on fd; Close takes it
-	// exclusively to close the descriptor once no call is using it.
-	fdmu   sync.RWMutex
-	fd     int
-	intr   int // eventfd, rung once by Close: wakes blocked waits for good
-	closed atomic.Bool
+	// pin is held around every system call on fd; Close closes the
+	// descriptor once no call is using it.
+	pin  rawsock.Pin
+	fd   int
+	intr int // eventfd, rung once by Close: wakes blocked waits for good
 
 	// wmu guards writes.
 	wmu  sync.Mutex
@@ -59,34 +58,22 @@ func newLink(c net.Conn, cfg Config, peer string) (*Link, error) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	sc, ok := c.(syscall.Conn)
+	sc, ok := c.(interface {
+		syscall.Conn
+		Close() error
+	})
 	if !ok {
 		return nil, fmt.Errorf("cluster: link to %s has no descriptor", peer)
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return nil, fmt.Errorf("cluster: link to %s: %w", peer, err)
-	}
-	fd := -1
-	var derr error
-	if err := rc.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
-		return nil, fmt.Errorf("cluster: link to %s: %w", peer, err)
-	}
-	if derr != nil {
-		return nil, fmt.Errorf("cluster: link to %s: duplicate socket: %w", peer, derr)
-	}
 	intr, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err == nil {
-		err = unix.SetNonblock(fd, true)
-	}
 	if err != nil {
-		unix.Close(fd)
-		if intr >= 0 {
-			unix.Close(intr)
-		}
+		return nil, fmt.Errorf("cluster: link to %s: eventfd: %w", peer, err)
+	}
+	fd, err := rawsock.Detach(sc)
+	if err != nil {
+		unix.Close(intr)
 		return nil, fmt.Errorf("cluster: link to %s: %w", peer, err)
 	}
-	c.Close()
 	l := &Link{cfg: cfg, peer: peer, fd: fd, intr: intr, stop: make(chan struct{}), heard: time.Now()}
 	go l.heartbeat()
 	return l, nil
@@ -100,19 +87,9 @@ func (l *Link) Peer() string { return l.peer }
 func (l *Link) FD() int { return l.fd }
 
 // hold pins the descriptor for one system call; it fails once Close began.
-func (l *Link) hold() bool {
-	if l.closed.Load() {
-		return false
-	}
-	l.fdmu.RLock()
-	if l.fd < 0 {
-		l.fdmu.RUnlock()
-		return false
-	}
-	return true
-}
+func (l *Link) hold() bool { return l.pin.Hold() }
 
-func (l *Link) unhold() { l.fdmu.RUnlock() }
+func (l *Link) unhold() { l.pin.Release() }
 
 var (
 	errLinkClosed = errors.New("link closed")
@@ -240,6 +217,20 @@ func (l *Link) TryRecv() (*clusterpb.Message, error) {
 	}
 }
 
+// Buffered reports whether a whole frame waits in the link's buffer (or a
+// header TryRecv will refuse): TryRecv then answers without reading the
+// socket. An event loop that stops calling TryRecv when nothing is buffered
+// saves the read that would find the socket empty; bytes still in the
+// socket make a level-triggered epoll report it again.
+func (l *Link) Buffered() bool {
+	avail := l.pb[l.pr:]
+	if len(avail) < 4 {
+		return false
+	}
+	n := binary.BigEndian.Uint32(avail)
+	return n > MaxMessage || len(avail) >= 4+int(n)
+}
+
 // buffered decodes the next whole frame in pb[pr:], skipping heartbeats.
 // With none there it returns how many bytes the frame in progress needs in
 // all (header and body).
@@ -335,20 +326,17 @@ func (l *Link) Silent(now time.Time) error {
 
 // Close closes the link; a blocked Recv or Send returns an error.
 func (l *Link) Close() error {
-	first := false
+	var err error
 	l.once.Do(func() {
-		first = true
 		close(l.stop)
-		l.closed.Store(true)
+		// Wake a wait in poll for good, then close once no call is using
+		// the descriptor.
 		unix.Write(l.intr, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+		l.pin.Close(func() {
+			err = unix.Close(l.fd)
+			unix.Close(l.intr)
+			l.fd, l.intr = -1, -1
+		})
 	})
-	if !first {
-		return nil
-	}
-	l.fdmu.Lock()
-	defer l.fdmu.Unlock()
-	err := unix.Close(l.fd)
-	unix.Close(l.intr)
-	l.fd, l.intr = -1, -1
 	return err
 }

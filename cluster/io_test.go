@@ -214,3 +214,44 @@ func FuzzFrames(f *testing.F) {
 		t.Fatal("more messages than bytes")
 	})
 }
+
+// TestBuffered: Buffered tells whether TryRecv can answer from the buffer
+// alone (the daemon's loop stops reading a link when it cannot).
+func TestBuffered(t *testing.T) {
+	l, raw := rawPair(t, Config{Secret: secret, Heartbeat: time.Hour})
+	if l.Buffered() {
+		t.Fatal("empty link reports a buffered frame")
+	}
+	two := append(frame(t, &clusterpb.Message{Msg: &clusterpb.Message_Plan{Plan: &clusterpb.Plan{Seq: 1}}}),
+		frame(t, &clusterpb.Message{Msg: &clusterpb.Message_Plan{Plan: &clusterpb.Plan{Seq: 2}}})...)
+	if _, err := raw.Write(two); err != nil {
+		t.Fatal(err)
+	}
+	var m *clusterpb.Message
+	for m == nil {
+		waitReadable(t, l)
+		var err error
+		if m, err = l.TryRecv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One small write arrives in one read: the second frame is buffered.
+	if !l.Buffered() {
+		t.Fatal("second frame not reported buffered")
+	}
+	if m, err := l.TryRecv(); err != nil || m.GetPlan().GetSeq() != 2 {
+		t.Fatalf("second frame: %v %v", m, err)
+	}
+	if l.Buffered() {
+		t.Fatal("drained link reports a buffered frame")
+	}
+	// A header TryRecv will refuse counts as buffered, so that it is read.
+	raw.Write(binary.BigEndian.AppendUint32(nil, MaxMessage+1))
+	waitReadable(t, l)
+	if _, err := l.TryRecv(); err == nil {
+		t.Fatal("oversized frame accepted")
+	}
+	if !l.Buffered() {
+		t.Fatal("an oversized header is not reported")
+	}
+}

@@ -468,10 +468,24 @@ func (c *clusterNode) watch(j *job, node int, link *cluster.Link) {
 	c.watched[fd] = w
 	// Recv may have read past the message it returned while the job formed;
 	// epoll would not report those bytes again.
-	c.readLink(w)
-	if c.linkCheck == nil {
+	c.readLink(w, false)
+	c.armLinkCheck()
+}
+
+// armLinkCheck schedules the next checkLinks while links are watched.
+func (c *clusterNode) armLinkCheck() {
+	if len(c.watched) > 0 && c.linkCheck == nil {
 		c.linkCheck = time.AfterFunc(c.ccfg.Heartbeat, func() { c.l.p.post(msgLinkCheck{}) })
 	}
+}
+
+// linkOn returns the link watched on descriptor fd, or nil (also on a
+// single node, where c is nil).
+func (c *clusterNode) linkOn(fd int) *watchedLink {
+	if c == nil {
+		return nil
+	}
+	return c.watched[fd]
 }
 
 // unwatch stops reading link; it must happen before the link closes, while
@@ -485,8 +499,12 @@ func (c *clusterNode) unwatch(link *cluster.Link) {
 	}
 }
 
-// readLink handles every whole message a readable link holds.
-func (c *clusterNode) readLink(w *watchedLink) {
+// readLink handles the whole messages a readable link holds. Unless drain is
+// set it stops when none is left in the link's buffer, leaving bytes still in
+// the socket to the next epoll report (level-triggered), which saves a read
+// that finds the socket empty on every control message. Drain reads until the
+// socket is empty, so that Silent judges by the latest byte.
+func (c *clusterNode) readLink(w *watchedLink, drain bool) {
 	for c.watched[w.fd] == w {
 		m, err := w.link.TryRecv()
 		if err != nil {
@@ -498,6 +516,9 @@ func (c *clusterNode) readLink(w *watchedLink) {
 			return
 		}
 		c.control(w.j, w.node, m)
+		if !drain && !w.link.Buffered() {
+			return
+		}
 	}
 }
 
@@ -507,7 +528,7 @@ func (c *clusterNode) checkLinks() {
 	c.linkCheck = nil
 	now := time.Now()
 	for _, w := range c.watched {
-		c.readLink(w)
+		c.readLink(w, true)
 		if c.watched[w.fd] != w {
 			continue
 		}
@@ -516,9 +537,7 @@ func (c *clusterNode) checkLinks() {
 			c.linkLost(w.j, w.node, err)
 		}
 	}
-	if len(c.watched) > 0 && c.linkCheck == nil {
-		c.linkCheck = time.AfterFunc(c.ccfg.Heartbeat, func() { c.l.p.post(msgLinkCheck{}) })
-	}
+	c.armLinkCheck()
 }
 
 // control acts on a message from another node of the running job.

@@ -186,8 +186,8 @@ func (l *loop) run() {
 			}
 			c := l.clients[fd]
 			if c == nil {
-				if l.cl != nil && l.cl.watched[fd] != nil {
-					l.cl.readLink(l.cl.watched[fd])
+				if w := l.cl.linkOn(fd); w != nil {
+					l.cl.readLink(w, false)
 				}
 				continue
 			}

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/hvdd/hvdd/internal/rawsock"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 )
 
@@ -68,9 +69,9 @@ func protoErrf(format string, args ...any) error {
 // itself. Reads that must wait use poll(2) with an eventfd that cancellation
 // rings; writes use MSG_DONTWAIT and poll for room.
 type Conn struct {
-	// fdmu is held shared around every system call on fd; Close takes it
-	// exclusively to close the descriptor once no call is using it.
-	fdmu   sync.RWMutex
+	// pin is held around every system call on fd; Close closes the
+	// descriptor once no call is using it.
+	pin    rawsock.Pin
 	fd     int
 	intr   int // eventfd: a write interrupts a blocked read
 	closed atomic.Bool
@@ -94,21 +95,10 @@ type Conn struct {
 // NewConn takes over a connected Unix stream socket: its descriptor is
 // duplicated out of Go's network poller and uc is closed.
 func NewConn(uc *net.UnixConn) (*Conn, error) {
-	raw, err := uc.SyscallConn()
+	fd, err := rawsock.Detach(uc)
 	if err != nil {
 		return nil, fmt.Errorf("ipc: %w", err)
 	}
-	fd := -1
-	var derr error
-	if err := raw.Control(func(f uintptr) {
-		fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0)
-	}); err != nil {
-		return nil, fmt.Errorf("ipc: %w", err)
-	}
-	if derr != nil {
-		return nil, fmt.Errorf("ipc: duplicate socket: %w", derr)
-	}
-	uc.Close()
 	c, err := NewConnFD(fd)
 	if err != nil {
 		unix.Close(fd)
@@ -137,16 +127,9 @@ func NewConnFD(fd int) (*Conn, error) {
 func (c *Conn) FD() int { return c.fd }
 
 // hold pins the descriptor for one system call; it fails once Close began.
-func (c *Conn) hold() bool {
-	c.fdmu.RLock()
-	if c.fd < 0 {
-		c.fdmu.RUnlock()
-		return false
-	}
-	return true
-}
+func (c *Conn) hold() bool { return c.pin.Hold() }
 
-func (c *Conn) unhold() { c.fdmu.RUnlock() }
+func (c *Conn) unhold() { c.pin.Release() }
 
 // Frame is one decoded frame. Body aliases the Conn's buffer and is valid until
 // the next ReadFrame.
@@ -650,15 +633,17 @@ func (c *Conn) Close() error {
 		return nil
 	}
 	// Wake whoever sleeps on the socket, then close it once they are out.
-	c.fdmu.RLock()
-	unix.Shutdown(c.fd, unix.SHUT_RDWR)
-	unix.Write(c.intr, []byte{1, 0, 0, 0, 0, 0, 0, 0})
-	c.fdmu.RUnlock()
-	c.fdmu.Lock()
-	err := unix.Close(c.fd)
-	unix.Close(c.intr)
-	c.fd, c.intr = -1, -1
-	c.fdmu.Unlock()
+	if c.hold() {
+		unix.Shutdown(c.fd, unix.SHUT_RDWR)
+		unix.Write(c.intr, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+		c.unhold()
+	}
+	var err error
+	c.pin.Close(func() {
+		err = unix.Close(c.fd)
+		unix.Close(c.intr)
+		c.fd, c.intr = -1, -1
+	})
 	return err
 }
 

@@ -232,6 +232,10 @@ func (b *Bridge) receive() {
 	for !b.closed.Load() {
 		ok, src, tag, n, rc := b.comm.probeAny()
 		if rc == 0 && ok {
+			if n > len(buf) {
+				// Our pumps send at most bridgeChunk; take whatever comes.
+				buf = make([]byte, n)
+			}
 			rc = b.comm.recvFrom(buf[:n], src, tag)
 		}
 		if rc != 0 {

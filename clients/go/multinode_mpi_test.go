@@ -11,9 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/hvdd/hvdd/internal/daemontest"
 )
 
 // TestMPIMultiNodeCollectives runs the scenarios of TestMultiNodeCollectives
@@ -37,19 +34,11 @@ func TestMPIMultiNodeCollectives(t *testing.T) {
 	}{{2, 1, "tcp"}, {2, 2, "tcp"}, {4, 2, "tcp"}, {2, 2, "mpi"}} {
 		nodes, slots := c.nodes, c.slots
 		t.Run(fmt.Sprintf("%dx%d,control=%s", nodes, slots, c.control), func(t *testing.T) {
-			sockets := startMPINodes(t, bin, nodes, slots, "--control", c.control)
-			for _, scenario := range []string{"collectives", "errors", "join", "async"} {
-				var ws []*daemontest.Worker
-				for _, s := range sockets {
-					ws = append(ws, daemontest.Spawn(t, s, scenario, slots,
-						"HVDD_TEST_SIZE="+strconv.Itoa(nodes*slots), "HVDD_TEST_LOCAL_SIZE="+strconv.Itoa(slots))...)
-				}
-				for _, w := range ws {
-					if err := w.Wait(180 * time.Second); err != nil {
-						t.Errorf("%s: local rank %d: %v\n%s", scenario, w.Rank, err, w.Output())
-					}
-				}
+			perNode := make([]int, nodes)
+			for i := range perNode {
+				perNode[i] = slots
 			}
+			runScenariosOn(t, startMPINodes(t, bin, nodes, slots, "--control", c.control), perNode...)
 		})
 	}
 }

@@ -54,6 +54,16 @@ func startNodes(t *testing.T, slots ...int) []*daemontest.Server {
 }
 
 func spawnNodes(t *testing.T, ss []*daemontest.Server, scenario string, slots ...int) [][]*daemontest.Worker {
+	sockets := make([]string, len(ss))
+	for i, s := range ss {
+		sockets[i] = s.Socket
+	}
+	return spawnSockets(t, sockets, scenario, slots...)
+}
+
+// spawnSockets starts every node's ranks of scenario on the daemons listening on
+// sockets (by node), with the job's sizes in their environment.
+func spawnSockets(t *testing.T, sockets []string, scenario string, slots ...int) [][]*daemontest.Worker {
 	total := 0
 	for _, n := range slots {
 		total += n
@@ -63,12 +73,12 @@ func spawnNodes(t *testing.T, ss []*daemontest.Server, scenario string, slots ..
 		hetero = hetero || n != slots[0]
 	}
 	var ws [][]*daemontest.Worker
-	for i, s := range ss {
+	for i, s := range sockets {
 		env := []string{fmt.Sprint("HVDD_TEST_SIZE=", total), fmt.Sprint("HVDD_TEST_LOCAL_SIZE=", slots[i])}
 		if hetero {
 			env = append(env, "HVDD_TEST_HETERO=1")
 		}
-		ws = append(ws, daemontest.Spawn(t, s.Socket, scenario, slots[i], env...))
+		ws = append(ws, daemontest.Spawn(t, s, scenario, slots[i], env...))
 	}
 	return ws
 }
@@ -86,8 +96,17 @@ func TestMultiNodeCollectives(t *testing.T) {
 // collectives, errors, join and async scenarios on them, one job each.
 func runScenarios(t *testing.T, slots ...int) {
 	ss := startNodes(t, slots...)
+	sockets := make([]string, len(ss))
+	for i, s := range ss {
+		sockets[i] = s.Socket
+	}
+	runScenariosOn(t, sockets, slots...)
+}
+
+// runScenariosOn runs the scenarios on daemons already listening on sockets.
+func runScenariosOn(t *testing.T, sockets []string, slots ...int) {
 	for _, scenario := range []string{"collectives", "errors", "join", "async"} {
-		for _, node := range spawnNodes(t, ss, scenario, slots...) {
+		for _, node := range spawnSockets(t, sockets, scenario, slots...) {
 			for _, w := range node {
 				if err := w.Wait(180 * time.Second); err != nil {
 					t.Errorf("%s: rank %d: %v\n%s", scenario, w.Rank, err, w.Output())

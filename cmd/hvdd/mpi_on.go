@@ -20,9 +20,9 @@ func mpiFactory() daemon.BackendFactory {
 		if err != nil {
 			return nil, err
 		}
-		if b.Rank() != j.NodeRank || b.Size() != j.Nodes {
+		if err := sameRank(b.Rank(), b.Size(), j.NodeRank, j.Nodes); err != nil {
 			b.Close()
-			return nil, fmt.Errorf("MPI rank %d of %d does not match --node-rank %d of --nodes %d: start one daemon per node with mpirun and --node-rank -1", b.Rank(), b.Size(), j.NodeRank, j.Nodes)
+			return nil, err
 		}
 		return b, nil
 	}
@@ -36,9 +36,17 @@ func mpiControl(nodeRank, nodes int) (daemon.ControlTransport, error) {
 	if err != nil {
 		return nil, err
 	}
-	if b.Rank() != nodeRank || b.Size() != nodes {
+	if err := sameRank(b.Rank(), b.Size(), nodeRank, nodes); err != nil {
 		b.Close()
-		return nil, fmt.Errorf("MPI rank %d of %d does not match --node-rank %d of --nodes %d: start one daemon per node with mpirun and --node-rank -1", b.Rank(), b.Size(), nodeRank, nodes)
+		return nil, err
 	}
 	return b, nil
+}
+
+// sameRank checks that the daemon's MPI rank is the node rank it was given.
+func sameRank(rank, size, nodeRank, nodes int) error {
+	if rank != nodeRank || size != nodes {
+		return fmt.Errorf("MPI rank %d of %d does not match --node-rank %d of --nodes %d: start one daemon per node with mpirun and --node-rank -1", rank, size, nodeRank, nodes)
+	}
+	return nil
 }
