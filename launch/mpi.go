@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -14,13 +15,15 @@ import (
 // With --backend mpi the daemons are the ranks of one mpirun, one per host,
 // started as an MPMD job so that each gets its own slot count and address:
 //
-//	mpirun -x HVDD_SECRET [--mca plm_rsh_agent AGENT] \
+//	mpirun --bind-to none -x HVDD_SECRET [--mca plm_rsh_agent AGENT] \
 //	    -np 1 --host H0 hvdd serve --slots S0 --nodes N --node-rank 0 ... : \
 //	    -np 1 --host H1 hvdd serve --slots S1 --nodes N --node-rank 1 ...
 //
 // MPI ranks follow the order of the app contexts, so node i is MPI rank i (the
 // daemon checks it). The secret travels in mpirun's environment (-x), never on
-// a command line. The ranks of the job are started as with the tcp engine.
+// a command line. Each daemon may use every core of its host: mpirun would
+// otherwise bind it to one (its default for two ranks or fewer). The ranks
+// of the job are started as with the tcp engine.
 
 // mpiDaemonArgs is node i's `hvdd serve` argument list under mpirun.
 func (m *multiJob) mpiDaemonArgs(i int) []string {
@@ -32,7 +35,7 @@ func (m *multiJob) mpiDaemonArgs(i int) []string {
 
 // mpirunArgs is the whole mpirun command line.
 func (m *multiJob) mpirunArgs() []string {
-	args := []string{"-x", secretEnv}
+	args := []string{"--bind-to", "none", "-x", secretEnv}
 	if os.Getenv("HVDD_CONTROL") != "" {
 		// The daemons' --control default (tcp, or mpi for control over MPI).
 		args = append(args, "-x", "HVDD_CONTROL")
@@ -95,7 +98,8 @@ func (m *multiJob) startMPIDaemons(ctx context.Context, o *output) ([]*daemonPro
 			select {
 			case <-d.done:
 				_, how := describeExit(d.cmd.ProcessState)
-				return ds, fmt.Errorf("mpirun %s before the daemon on %s was ready; its last output:\n%s\nis hvdd built with -tags mpi on every host?", how, n.Host, d.tail.lines(10))
+				tail := d.tail.lines(10)
+				return ds, fmt.Errorf("mpirun %s before the daemon on %s was ready; its last output:\n%s\n%s", how, n.Host, tail, mpirunHint(tail))
 			case <-ctx.Done():
 				return ds, fmt.Errorf("waiting for the hvdd daemon on %s to start: %w", n.Host, context.Cause(ctx))
 			case <-time.After(delay):
@@ -115,4 +119,16 @@ func (m *multiJob) socketUp(i int) bool {
 		return probe(m.socket(i)) == nil
 	}
 	return m.agent(m.nodes[i].Host, "test -S "+shellQuote(m.socket(i))).Run() == nil
+}
+
+// mpirunHint says what to do about an mpirun that failed before the daemons
+// were up, judging by the tail of its output.
+func mpirunHint(tail string) string {
+	switch {
+	case strings.Contains(tail, "OMPI_ALLOW_RUN_AS_ROOT"):
+		return "Open MPI refuses to run as root: run as another user, or set OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
+	case strings.Contains(tail, "ORTE was unable to reliably start"), strings.Contains(tail, "ORTE does not know how to route"):
+		return "mpirun could not start its daemon (orted) on every host: check that each host reaches the others and has Open MPI installed"
+	}
+	return "is hvdd built with -tags mpi on every host?"
 }

@@ -504,4 +504,23 @@ func TestMpirunArgsControl(t *testing.T) {
 	if !has() {
 		t.Errorf("HVDD_CONTROL not forwarded: %v", m.mpirunArgs())
 	}
+	// Every daemon may use all its host's cores.
+	if args := strings.Join(m.mpirunArgs(), " "); !strings.HasPrefix(args, "--bind-to none ") {
+		t.Errorf("mpirun binds the daemons: %s", args)
+	}
+}
+
+// TestMpirunHint: an mpirun that fails before the daemons are up gets a
+// hint that fits its output.
+func TestMpirunHint(t *testing.T) {
+	for _, c := range []struct{ tail, want string }{
+		{"the variable OMPI_ALLOW_RUN_AS_ROOT=1 to indicate the desire to override this", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"},
+		{"ORTE was unable to reliably start one or more daemons.", "could not start its daemon"},
+		{"hvdd: unknown --backend \"mpi\" (this hvdd was built without -tags mpi)", "-tags mpi"},
+		{"", "-tags mpi"},
+	} {
+		if got := mpirunHint(c.tail); !strings.Contains(got, c.want) {
+			t.Errorf("mpirunHint(%q) = %q, want it to mention %q", c.tail, got, c.want)
+		}
+	}
 }

@@ -6,6 +6,9 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/backends/tcp"
@@ -64,4 +67,56 @@ func routeTo(addr string) string {
 	defer c.Close()
 	host, _, _ := net.SplitHostPort(c.LocalAddr().String())
 	return host
+}
+
+// boundWarning is the warning for a daemon that its launcher bound to fewer
+// CPUs than the machine has online, or "" when it is not: mpirun binds each
+// rank to one core by default when it starts two or fewer, and the daemon's
+// threads (event loop, reductions, engine streams) would then share it.
+// Only a single CPU out of several counts, so that a cpuset a container or
+// a deliberate --bind-to socket gives is left alone.
+func boundWarning(allowed, online int) string {
+	if allowed != 1 || online <= 1 {
+		return ""
+	}
+	return fmt.Sprintf("this daemon is bound to 1 of %d CPUs (mpirun binds each rank to a core by default when it starts 2 or fewer), so all its threads share one core; start it with mpirun --bind-to none (hvdd run does)", online)
+}
+
+// onlineCPUs counts the CPUs in a list such as /sys/devices/system/cpu/online
+// holds ("0-3,8,10-11"); 0 if the list does not parse.
+func onlineCPUs(list string) int {
+	n := 0
+	for _, part := range strings.Split(strings.TrimSpace(list), ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil {
+			return 0
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(hi); err != nil || b < a {
+				return 0
+			}
+		}
+		n += b - a + 1
+	}
+	return n
+}
+
+// warnIfBound logs boundWarning for this process under an MPI launcher.
+func warnIfBound(log interface{ Warn(string, ...any) }) {
+	if _, _, ok := launcherRank(); !ok {
+		return
+	}
+	var set unix.CPUSet
+	if unix.SchedGetaffinity(0, &set) != nil {
+		return
+	}
+	list, err := os.ReadFile("/sys/devices/system/cpu/online")
+	if err != nil {
+		return
+	}
+	if w := boundWarning(set.Count(), onlineCPUs(string(list))); w != "" {
+		log.Warn(w)
+	}
 }

@@ -47,6 +47,10 @@ Examples:
   # two nodes, 2 processes each; the same secret file on both:
   hvdd serve --slots 2 --nodes 2 --node-rank 0 --rendezvous 10.0.0.1:29500 --advertise 10.0.0.1 --secret-file s
   hvdd serve --slots 2 --nodes 2 --node-rank 1 --rendezvous 10.0.0.1:29500 --advertise 10.0.0.2 --secret-file s
+  # one daemon per node under mpirun (hvdd built with -tags mpi); --bind-to none
+  # lets each use all its node's cores:
+  HVDD_SECRET=$(cat s) mpirun --bind-to none -x HVDD_SECRET -np 2 -H 10.0.0.1,10.0.0.2 \
+      hvdd serve --slots 2 --nodes -1 --node-rank -1 --rendezvous 10.0.0.1:29500 --backend mpi
 `
 
 func serveMain(argv []string) int {
@@ -189,6 +193,7 @@ func serveMain(argv []string) int {
 		}
 		cfg.Nodes, cfg.NodeRank, cfg.Rendezvous, cfg.Advertise = args.nodes, args.nodeRank, args.rendezvous, args.advertise
 		cfg.Secret, cfg.NewBackend = secret, factory
+		warnIfBound(cfg.Logger)
 		switch {
 		case args.control == "tcp":
 		case args.control != "mpi":

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestOnlineCPUs(t *testing.T) {
+	for _, c := range []struct {
+		list string
+		want int
+	}{
+		{"0\n", 1},
+		{"0-1\n", 2},
+		{"0-3,8,10-11", 7},
+		{"", 0},
+		{"3-1", 0},
+		{"a-b", 0},
+	} {
+		if got := onlineCPUs(c.list); got != c.want {
+			t.Errorf("onlineCPUs(%q) = %d, want %d", c.list, got, c.want)
+		}
+	}
+}
+
+// TestBoundWarning: only a daemon bound to one CPU of several is warned,
+// and the warning says what to do.
+func TestBoundWarning(t *testing.T) {
+	for _, c := range []struct {
+		allowed, online int
+		warn            bool
+	}{
+		{1, 2, true},
+		{1, 64, true},
+		{1, 1, false},
+		{2, 2, false},
+		{8, 64, false}, // a cpuset or --bind-to socket: deliberate
+		{1, 0, false},  // online CPUs unknown
+	} {
+		w := boundWarning(c.allowed, c.online)
+		if (w != "") != c.warn {
+			t.Errorf("boundWarning(%d, %d) = %q, want a warning: %v", c.allowed, c.online, w, c.warn)
+		}
+		if w != "" && !strings.Contains(w, "--bind-to none") {
+			t.Errorf("the warning does not say what to do: %q", w)
+		}
+	}
+}
