@@ -112,7 +112,12 @@ func TestCloseUnblocks(t *testing.T) {
 	g := group(t, 2, nil)
 	errc := make(chan error, 1)
 	go func() { errc <- g[0].Allreduce(context.Background(), make([]byte, 1<<20), tensor.Float32, tensor.Sum) }()
-	time.Sleep(50 * time.Millisecond)
+	// Close while the call is in progress (it waits for rank 1 forever).
+	for deadline := time.Now().Add(5 * time.Second); g[0].active.Load() == 0; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatal("the Allreduce never started")
+		}
+	}
 	g[0].Close()
 	select {
 	case err := <-errc:
