@@ -222,6 +222,7 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 			return err
 		}
 		l.chans = append(l.chans, c)
+		l.s.log.Debug("shared-memory channel registered", "pid", c.pid, "local_rank", c.localRank)
 	case *ipcpb.ClientMessage_Goodbye:
 		c.bye = true
 	default:

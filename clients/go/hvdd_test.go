@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -119,6 +120,15 @@ func TestSocketOnly(t *testing.T) {
 		t.Run(sc, func(t *testing.T) {
 			s := daemontest.Start(t, daemon.Config{Slots: 2, FusionThreshold: 1 << 16})
 			daemontest.Run(t, s.Socket, sc, 2, 120*time.Second, "HVDD_TEST_CHANNEL=odd")
+			// Local rank 0 registered a channel; local rank 1 ran on the
+			// socket alone.
+			logs := s.Logs()
+			if !regexp.MustCompile(`shared-memory channel registered" pid=\d+ local_rank=0\b`).MatchString(logs) {
+				t.Errorf("local rank 0 registered no channel; daemon log:\n%s", logs)
+			}
+			if regexp.MustCompile(`shared-memory channel registered" pid=\d+ local_rank=1\b`).MatchString(logs) {
+				t.Errorf("local rank 1 (HVDD_CHANNEL=0) registered a channel; daemon log:\n%s", logs)
+			}
 		})
 	}
 }

@@ -66,6 +66,7 @@ class Job:
         args: Sequence[str] = (),
         env: Optional[dict] = None,
         cmd: Optional[Sequence[str]] = None,
+        log_level: str = "info",
     ) -> Result:
         """Runs `workers.py scenario` (or cmd) on np ranks and asserts every
         rank exits 0 (or with a code in expect(rank))."""
@@ -74,7 +75,7 @@ class Job:
         dlog_path = os.path.join(self.tmp, f"daemon{self.n}.log")
         with open(dlog_path, "w") as dlog:
             daemon = subprocess.Popen(
-                [self.hvdd_bin, "serve", "--slots", str(np), "--socket", sock, "--log-level", "info"],
+                [self.hvdd_bin, "serve", "--slots", str(np), "--socket", sock, "--log-level", log_level],
                 stdout=dlog, stderr=subprocess.STDOUT,
             )
         procs = []

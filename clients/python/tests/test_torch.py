@@ -30,7 +30,9 @@ def test_other_collectives(job, np):
 
 def test_socket_only(job):
     # Without the shared-memory channel every frame goes on the socket.
-    job.run("allreduce_ops", np=2, env={"HVDD_CHANNEL": "0"})
+    res = job.run("allreduce_ops", np=2, env={"HVDD_CHANNEL": "0"}, log_level="debug")
+    assert res.daemon_log.count('msg="client joined"') == 2, res.daemon_log
+    assert "shared-memory channel registered" not in res.daemon_log, res.daemon_log
 
 
 def test_small_ring(job):
