@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Control links over TCP or over MPI (hvdd serve --control tcp|mpi) with the
+# mpi engine: the 4-byte allreduce median, 2 "nodes" x 1 rank on the loopback
+# addresses 127.0.0.2 and 127.0.0.3 of this machine (a local agent stands in
+# for ssh), alternated round by round. Needs hvdd built with -tags mpi and
+# Open MPI's mpirun.
+#
+# Usage: bench/mpictl.sh [--rounds N] [--iters N] [HVDD_BIN]   (default: a fresh -tags mpi build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=4; ITERS=1000
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) ROUNDS=$2; shift ;;
+    --iters) ITERS=$2; shift ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    -*) echo "unknown argument $1" >&2; exit 2 ;;
+    *) break ;;
+  esac
+  shift
+done
+W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+bin=${1:-}
+if [ -z "$bin" ]; then
+  bin=$W/hvdd; go build -tags mpi -o "$bin" ./cmd/hvdd
+fi
+bin=$(readlink -f "$bin")
+printf '#!/bin/sh\n# agent HOST COMMAND: every "host" is this machine\nshift\nexec sh -c "$*"\n' > "$W/agent"
+chmod +x "$W/agent"
+# Open MPI refuses root without these; its orted can crash writing the hwloc
+# topology when several "hosts" share one machine (rtc_hwloc_vmhole=none).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rtc_hwloc_vmhole=none
+for r in $(seq 1 "$ROUNDS"); do
+  for ctl in tcp mpi; do
+    med=$(HVDD_CONTROL=$ctl "$bin" run -np 2 -H 127.0.0.2:1,127.0.0.3:1 --backend mpi --agent "$W/agent" -- \
+      "$bin" bench --op allreduce --min-bytes 4 --max-bytes 4 --iters "$ITERS" --json 2>&1 \
+      | grep -o '"median_us":[0-9.e-]*' | head -1 | cut -d: -f2)
+    echo "round $r control $ctl 4B median_us ${med:-FAILED}"
+  done
+done
