@@ -45,8 +45,17 @@ def main() -> None:
         n = a.world
         print(json.dumps({"peer": "gloo", "bytes": 4, "median_us": lat * 1e6}))
         algbw = (64 << 20) / big / 1e9
-        print(json.dumps({"peer": "gloo", "bytes": 64 << 20, "median_us": big * 1e6, "algbw_gbps": algbw,
-                          "busbw_gbps": algbw * 2 * (n - 1) / n}))
+        print(
+            json.dumps(
+                {
+                    "peer": "gloo",
+                    "bytes": 64 << 20,
+                    "median_us": big * 1e6,
+                    "algbw_gbps": algbw,
+                    "busbw_gbps": algbw * 2 * (n - 1) / n,
+                }
+            )
+        )
     dist.destroy_process_group()
 
 

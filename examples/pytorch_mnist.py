@@ -28,32 +28,39 @@ import hvdd.torch as hvd
 
 # Training settings
 parser = argparse.ArgumentParser(description="PyTorch MNIST Example")
-parser.add_argument("--batch-size", type=int, default=64, metavar="N",
-                    help="input batch size for training (default: 64)")
-parser.add_argument("--test-batch-size", type=int, default=1000, metavar="N",
-                    help="input batch size for testing (default: 1000)")
-parser.add_argument("--epochs", type=int, default=10, metavar="N",
-                    help="number of epochs to train (default: 10)")
-parser.add_argument("--lr", type=float, default=0.01, metavar="LR",
-                    help="learning rate (default: 0.01)")
-parser.add_argument("--momentum", type=float, default=0.5, metavar="M",
-                    help="SGD momentum (default: 0.5)")
-parser.add_argument("--seed", type=int, default=42, metavar="S",
-                    help="random seed (default: 42)")
-parser.add_argument("--log-interval", type=int, default=10, metavar="N",
-                    help="how many batches to wait before logging training status")
-parser.add_argument("--fp16-allreduce", action="store_true", default=False,
-                    help="use fp16 compression during allreduce")
-parser.add_argument("--use-adasum", action="store_true", default=False,
-                    help="use adasum algorithm to do reduction")
-parser.add_argument("--gradient-predivide-factor", type=float, default=1.0,
-                    help="apply gradient predivide factor in optimizer (default: 1.0)")
-parser.add_argument("--data-dir",
-                    help="directory holding the MNIST idx files (a synthetic stand-in is used when absent)")
-parser.add_argument("--synthetic-size", type=int, default=30000,
-                    help="training examples of the synthetic stand-in (test set: a quarter of it)")
-parser.add_argument("--checkpoint-dir", default="./checkpoints",
-                    help="where rank 0 writes checkpoint-{epoch}.pth.tar")
+parser.add_argument(
+    "--batch-size", type=int, default=64, metavar="N", help="input batch size for training (default: 64)"
+)
+parser.add_argument(
+    "--test-batch-size", type=int, default=1000, metavar="N", help="input batch size for testing (default: 1000)"
+)
+parser.add_argument("--epochs", type=int, default=10, metavar="N", help="number of epochs to train (default: 10)")
+parser.add_argument("--lr", type=float, default=0.01, metavar="LR", help="learning rate (default: 0.01)")
+parser.add_argument("--momentum", type=float, default=0.5, metavar="M", help="SGD momentum (default: 0.5)")
+parser.add_argument("--seed", type=int, default=42, metavar="S", help="random seed (default: 42)")
+parser.add_argument(
+    "--log-interval", type=int, default=10, metavar="N", help="how many batches to wait before logging training status"
+)
+parser.add_argument(
+    "--fp16-allreduce", action="store_true", default=False, help="use fp16 compression during allreduce"
+)
+parser.add_argument("--use-adasum", action="store_true", default=False, help="use adasum algorithm to do reduction")
+parser.add_argument(
+    "--gradient-predivide-factor",
+    type=float,
+    default=1.0,
+    help="apply gradient predivide factor in optimizer (default: 1.0)",
+)
+parser.add_argument(
+    "--data-dir", help="directory holding the MNIST idx files (a synthetic stand-in is used when absent)"
+)
+parser.add_argument(
+    "--synthetic-size",
+    type=int,
+    default=30000,
+    help="training examples of the synthetic stand-in (test set: a quarter of it)",
+)
+parser.add_argument("--checkpoint-dir", default="./checkpoints", help="where rank 0 writes checkpoint-{epoch}.pth.tar")
 
 
 def read_idx(path):
@@ -144,22 +151,25 @@ def main():
     test_dataset = mnist_dataset(args.data_dir, train=False)
     if train_dataset is None or test_dataset is None:
         if hvd.rank() == 0:
-            print("MNIST idx files not found%s: training on a synthetic stand-in of %d examples"
-                  % (" in " + args.data_dir if args.data_dir else "", args.synthetic_size), flush=True)
+            print(
+                "MNIST idx files not found%s: training on a synthetic stand-in of %d examples"
+                % (" in " + args.data_dir if args.data_dir else "", args.synthetic_size),
+                flush=True,
+            )
         train_dataset = synthetic_dataset(args.synthetic_size, seed=1)
         test_dataset = synthetic_dataset(max(args.synthetic_size // 4, 2 * hvd.size()), seed=2)
 
     # Horovod: use DistributedSampler to partition the training data.
     train_sampler = torch.utils.data.distributed.DistributedSampler(
-        train_dataset, num_replicas=hvd.size(), rank=hvd.rank())
-    train_loader = torch.utils.data.DataLoader(
-        train_dataset, batch_size=args.batch_size, sampler=train_sampler)
+        train_dataset, num_replicas=hvd.size(), rank=hvd.rank()
+    )
+    train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=args.batch_size, sampler=train_sampler)
 
     # Horovod: use DistributedSampler to partition the test data.
     test_sampler = torch.utils.data.distributed.DistributedSampler(
-        test_dataset, num_replicas=hvd.size(), rank=hvd.rank())
-    test_loader = torch.utils.data.DataLoader(test_dataset, batch_size=args.test_batch_size,
-                                              sampler=test_sampler)
+        test_dataset, num_replicas=hvd.size(), rank=hvd.rank()
+    )
+    test_loader = torch.utils.data.DataLoader(test_dataset, batch_size=args.test_batch_size, sampler=test_sampler)
 
     model = Net()
 
@@ -167,8 +177,7 @@ def main():
     lr_scaler = hvd.size() if not args.use_adasum else 1
 
     # Horovod: scale learning rate by lr_scaler.
-    optimizer = optim.SGD(model.parameters(), lr=args.lr * lr_scaler,
-                          momentum=args.momentum)
+    optimizer = optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=args.momentum)
 
     # Horovod: broadcast parameters & optimizer state.
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -178,11 +187,13 @@ def main():
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
 
     # Horovod: wrap optimizer with DistributedOptimizer.
-    optimizer = hvd.DistributedOptimizer(optimizer,
-                                         named_parameters=model.named_parameters(),
-                                         compression=compression,
-                                         op=hvd.Adasum if args.use_adasum else hvd.Average,
-                                         gradient_predivide_factor=args.gradient_predivide_factor)
+    optimizer = hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=compression,
+        op=hvd.Adasum if args.use_adasum else hvd.Average,
+        gradient_predivide_factor=args.gradient_predivide_factor,
+    )
 
     def train(epoch):
         model.train()
@@ -200,16 +211,23 @@ def main():
             if batch_idx % args.log_interval == 0 and hvd.rank() == 0:
                 # Horovod: use train_sampler to determine the number of examples in
                 # this worker's partition.
-                print("Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}".format(
-                    epoch, batch_idx * len(data), len(train_sampler),
-                    100. * batch_idx / len(train_loader), loss.item()), flush=True)
+                print(
+                    "Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}".format(
+                        epoch,
+                        batch_idx * len(data),
+                        len(train_sampler),
+                        100.0 * batch_idx / len(train_loader),
+                        loss.item(),
+                    ),
+                    flush=True,
+                )
         # Horovod: average the epoch's training loss across workers.
         return metric_average(total / max(batches, 1), "avg_train_loss")
 
     def test():
         model.eval()
-        test_loss = 0.
-        test_accuracy = 0.
+        test_loss = 0.0
+        test_accuracy = 0.0
         with torch.no_grad():
             for data, target in test_loader:
                 output = model(data)
@@ -234,13 +252,19 @@ def main():
         test_loss, test_accuracy = test()
         # Horovod: print output only on first rank.
         if hvd.rank() == 0:
-            print("Epoch {}: loss={:.4f} test_loss={:.4f} test_accuracy={:.2f}%".format(
-                epoch, train_loss, test_loss, 100. * test_accuracy), flush=True)
+            print(
+                "Epoch {}: loss={:.4f} test_loss={:.4f} test_accuracy={:.2f}%".format(
+                    epoch, train_loss, test_loss, 100.0 * test_accuracy
+                ),
+                flush=True,
+            )
             # Horovod: save checkpoints only on worker 0 to prevent other workers
             # from corrupting them.
             os.makedirs(args.checkpoint_dir, exist_ok=True)
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
-                       os.path.join(args.checkpoint_dir, "checkpoint-{}.pth.tar".format(epoch)))
+            torch.save(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
+                os.path.join(args.checkpoint_dir, "checkpoint-{}.pth.tar".format(epoch)),
+            )
 
     hvd.shutdown()
 

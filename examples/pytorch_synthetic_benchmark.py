@@ -26,21 +26,28 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 
-parser = argparse.ArgumentParser(description="PyTorch Synthetic Benchmark",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-parser.add_argument("--fp16-allreduce", action="store_true", default=False,
-                    help="use fp16 compression during allreduce")
+parser = argparse.ArgumentParser(
+    description="PyTorch Synthetic Benchmark", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+)
+parser.add_argument(
+    "--fp16-allreduce", action="store_true", default=False, help="use fp16 compression during allreduce"
+)
 parser.add_argument("--batch-size", type=int, default=16, help="input batch size")
 parser.add_argument("--image-size", type=int, default=64, help="input images are image-size x image-size")
 parser.add_argument("--width", type=int, default=32, help="channels of the first stage")
-parser.add_argument("--num-warmup-batches", type=int, default=2, help="number of warm-up batches that don't count towards benchmark")
+parser.add_argument(
+    "--num-warmup-batches", type=int, default=2, help="number of warm-up batches that don't count towards benchmark"
+)
 parser.add_argument("--num-batches-per-iter", type=int, default=5, help="number of batches per benchmark iteration")
 parser.add_argument("--num-iters", type=int, default=5, help="number of benchmark iterations")
 parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
-parser.add_argument("--ddp", action="store_true", default=False,
-                    help="run under torch.distributed DistributedDataParallel (gloo) instead of hvdd")
-parser.add_argument("--np", type=int, default=0,
-                    help="with --ddp outside torchrun: spawn this many local ranks")
+parser.add_argument(
+    "--ddp",
+    action="store_true",
+    default=False,
+    help="run under torch.distributed DistributedDataParallel (gloo) instead of hvdd",
+)
+parser.add_argument("--np", type=int, default=0, help="with --ddp outside torchrun: spawn this many local ranks")
 
 
 class Block(nn.Module):
@@ -134,8 +141,7 @@ def run_hvdd(args):
     model = SmallResNet(args.width)
     optimizer = optim.SGD(model.parameters(), lr=0.01 * hvd.size())
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The whole hvdd test suite: formatting and vet, the Go tests under the race
+# The whole hvdd test suite: formatting (gofmt, black) and vet, the Go tests under the race
 # detector, a short run of every fuzz target, and the Python client's tests.
 # It installs what it needs first (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 
-echo "== gofmt / go vet"
+echo "== gofmt / go vet / black"
 bad=$(gofmt -l $(git ls-files '*.go' | grep -v '\.pb\.go$') || true)
 if [ -n "$bad" ]; then echo "gofmt needed on: $bad"; exit 1; fi
 go vet ./...
+# Python: black (Debian's), line length and exclusions in clients/python/pyproject.toml.
+black --config clients/python/pyproject.toml --check -q $(git ls-files '*.py') \
+  || { echo "black needed: black --config clients/python/pyproject.toml \$(git ls-files '*.py')"; exit 1; }
 
 echo "== go test -race"
 go test -race -count=1 -timeout 20m ./...

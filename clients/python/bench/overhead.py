@@ -101,14 +101,22 @@ def main() -> None:
         [args.hvdd, "serve", "--slots", str(args.np), "--socket", sock, "--log-level", "warning"],
     )
     try:
-        py = run_job(args.np, [sys.executable, os.path.abspath(__file__), "--worker", "-n", str(args.n),
-                               "--warmup", str(args.warmup)], sock, {})
+        py = run_job(
+            args.np,
+            [sys.executable, os.path.abspath(__file__), "--worker", "-n", str(args.n), "--warmup", str(args.warmup)],
+            sock,
+            {},
+        )
         print(py)
         gobin = None
         if shutil.which("go"):
             gobin = os.path.join(tmp, "goclient")
-            subprocess.run(["go", "build", "-o", gobin, "."], cwd=os.path.join(HERE, "goclient"), check=True,
-                           env=dict(os.environ, GOFLAGS="-mod=mod"))
+            subprocess.run(
+                ["go", "build", "-o", gobin, "."],
+                cwd=os.path.join(HERE, "goclient"),
+                check=True,
+                env=dict(os.environ, GOFLAGS="-mod=mod"),
+            )
         if gobin:
             go = run_job(args.np, [gobin, "-n", str(args.n), "-warmup", str(args.warmup)], sock, {})
             print(go)

@@ -61,7 +61,9 @@ class Channel:
 
     def __init__(self, region: Region, ring: int) -> None:
         if ring < 4096 or ring & (ring - 1) or region.size != channel_bytes(ring):
-            raise ValueError(f"channel: rings must be a power of two >= 4096 bytes in a region of {HEADER} + 2 x ring bytes")
+            raise ValueError(
+                f"channel: rings must be a power of two >= 4096 bytes in a region of {HEADER} + 2 x ring bytes"
+            )
         self.region = region
         self.ring = ring
         self.max_frame = ring // 2
@@ -87,7 +89,9 @@ class Channel:
         tail = self._q[_C2D_TAIL]
         used = head - tail
         if used < 0 or used > self.ring:
-            raise ChannelError(f"channel: the daemon moved the ring's tail to {tail}, outside [{head - self.ring}, {head}]")
+            raise ChannelError(
+                f"channel: the daemon moved the ring's tail to {tail}, outside [{head - self.ring}, {head}]"
+            )
         if self.ring - used < n:
             return False
         at = head & (self.ring - 1)
@@ -140,7 +144,9 @@ class Channel:
         if avail == 0:
             return None
         if avail < 0 or avail > self.ring:
-            raise ChannelError(f"channel: the daemon moved the ring's head to {self._limit}, outside [{tail}, {tail + self.ring}]")
+            raise ChannelError(
+                f"channel: the daemon moved the ring's head to {self._limit}, outside [{tail}, {tail + self.ring}]"
+            )
         if avail < _FRAME_SIZE:
             raise ChannelError(f"channel: {avail} bytes published, less than a frame header")
         hdr = self._read(tail, _FRAME_SIZE)

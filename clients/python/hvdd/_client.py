@@ -102,8 +102,20 @@ def encode_enqueue(
     against the generated code in tests/test_units.py. A training loop sends
     the same tensors every step: the fields around the buffer are cached."""
     v = _varint
-    key = (op, name, dtype, tuple(shape), reduce_op, prescale, postscale, root_rank,
-           tuple(splits) if splits else None, group, group_size, process_set)
+    key = (
+        op,
+        name,
+        dtype,
+        tuple(shape),
+        reduce_op,
+        prescale,
+        postscale,
+        root_rank,
+        tuple(splits) if splits else None,
+        group,
+        group_size,
+        process_set,
+    )
     cached = _enqueue_cache.get(key)
     if cached is None:
         cached = _enqueue_fields(*key)
@@ -219,7 +231,17 @@ class Handle:
     """One collective in flight. ``lock`` is held until the Done arrives."""
 
     __slots__ = (
-        "id", "name", "lock", "done", "error", "region", "offset", "finish", "members", "free_on_done", "__weakref__",
+        "id",
+        "name",
+        "lock",
+        "done",
+        "error",
+        "region",
+        "offset",
+        "finish",
+        "members",
+        "free_on_done",
+        "__weakref__",
     )
 
     def __init__(self, hid: int, name: str) -> None:
@@ -351,7 +373,10 @@ class Client:
         self._reader.start()
         log.debug(
             "hvdd: joined job %d as rank %d of %d (daemon %s)",
-            self.welcome.job_id, self.welcome.rank, self.welcome.size, self.welcome.daemon_version,
+            self.welcome.job_id,
+            self.welcome.rank,
+            self.welcome.size,
+            self.welcome.daemon_version,
         )
 
     def _dial(self, deadline: float) -> socket.socket:
@@ -620,7 +645,11 @@ class Client:
             elif isinstance(e, OSError):
                 err = HvddInternalError(f"hvdd: connection to the daemon failed: {e}", pb.CODE_SHUT_DOWN)
             elif isinstance(e, Exception):
-                err = e if isinstance(e, (HvddInternalError, ValueError)) else HvddInternalError(f"hvdd: reader failed: {e!r}")
+                err = (
+                    e
+                    if isinstance(e, (HvddInternalError, ValueError))
+                    else HvddInternalError(f"hvdd: reader failed: {e!r}")
+                )
             else:
                 err = HvddInternalError(f"hvdd: reader interrupted: {e!r}")
             if self._failed is None:
@@ -817,8 +846,21 @@ class Client:
                 self._names.add(name)
         try:
             body = encode_enqueue(
-                op, name, dtype, shape, region.id if region is not None else 0, offset, nbytes, reduce_op,
-                prescale, postscale, root_rank, splits, group, group_size, process_set,
+                op,
+                name,
+                dtype,
+                shape,
+                region.id if region is not None else 0,
+                offset,
+                nbytes,
+                reduce_op,
+                prescale,
+                postscale,
+                root_rank,
+                splits,
+                group,
+                group_size,
+                process_set,
             )
             with self._wlock:
                 self._send_locked(_HEADER.pack(b"HV", _KIND_CLIENT, 0, fid, len(body)) + body)

@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 _DYNAMIC_DISABLED = (
-    "Horovod: dynamic process sets are not enabled: call hvd.init(process_sets=\"dynamic\") "
+    'Horovod: dynamic process sets are not enabled: call hvd.init(process_sets="dynamic") '
     "or set HOROVOD_DYNAMIC_PROCESS_SETS=1"
 )
 
@@ -267,9 +267,7 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
         try:
             c.connect()
         except HvddInternalError as e:
-            raise ValueError(
-                f"Horovod initialization failed: {e}"
-            ) from e
+            raise ValueError(f"Horovod initialization failed: {e}") from e
         try:
             for ps in sets:
                 _register(c, ps)

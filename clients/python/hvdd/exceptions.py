@@ -46,9 +46,7 @@ class HorovodVersionMismatchError(ImportError):
     never raised."""
 
     def __init__(self, name: str, version: str, framework_version: str) -> None:
-        super().__init__(
-            f"Framework {name} installed with version {framework_version} but found version {version}."
-        )
+        super().__init__(f"Framework {name} installed with version {framework_version} but found version {version}.")
         self.name = name
         self.version = version
         self.framework_version = framework_version

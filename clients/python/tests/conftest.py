@@ -76,19 +76,30 @@ class Job:
         with open(dlog_path, "w") as dlog:
             daemon = subprocess.Popen(
                 [self.hvdd_bin, "serve", "--slots", str(np), "--socket", sock, "--log-level", log_level],
-                stdout=dlog, stderr=subprocess.STDOUT,
+                stdout=dlog,
+                stderr=subprocess.STDOUT,
             )
         procs = []
         try:
             for r in range(np):
                 e = dict(os.environ)
-                e.update(HVDD_SOCKET=sock, HVDD_LOCAL_RANK=str(r), HVDD_RANK=str(r), HVDD_SIZE=str(np),
-                         HVDD_START_TIMEOUT="60", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+                e.update(
+                    HVDD_SOCKET=sock,
+                    HVDD_LOCAL_RANK=str(r),
+                    HVDD_RANK=str(r),
+                    HVDD_SIZE=str(np),
+                    HVDD_START_TIMEOUT="60",
+                    PYTHONUNBUFFERED="1",
+                    OMP_NUM_THREADS="1",
+                )
                 if env:
                     e.update(env)
                 c = list(cmd) if cmd else [sys.executable, WORKERS, scenario, *args]
-                procs.append(subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                              text=True, cwd=self.tmp))
+                procs.append(
+                    subprocess.Popen(
+                        c, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=self.tmp
+                    )
+                )
             outs = []
             for p in procs:
                 try:

@@ -66,11 +66,25 @@ def test_mnist_example(job, tmp_path):
     script = os.path.join(ROOT, "examples", "pytorch_mnist.py")
     ckpt = tmp_path / "ckpt"
     res = job.run(
-        "", np=2, timeout=120,
-        cmd=[sys.executable, script, "--epochs", "2", "--synthetic-size", "1024", "--batch-size", "32",
-             "--checkpoint-dir", str(ckpt)],
+        "",
+        np=2,
+        timeout=120,
+        cmd=[
+            sys.executable,
+            script,
+            "--epochs",
+            "2",
+            "--synthetic-size",
+            "1024",
+            "--batch-size",
+            "32",
+            "--checkpoint-dir",
+            str(ckpt),
+        ],
     )
-    losses = [float(l.split("loss=")[1].split()[0]) for l in res.outputs[0].splitlines() if "Epoch" in l and "loss=" in l]
+    losses = [
+        float(l.split("loss=")[1].split()[0]) for l in res.outputs[0].splitlines() if "Epoch" in l and "loss=" in l
+    ]
     assert len(losses) == 2 and losses[1] < losses[0], res.outputs[0]
     assert not any("loss=" in l for l in res.outputs[1].splitlines()), res.outputs[1]
     files = sorted(os.listdir(ckpt))
@@ -82,9 +96,12 @@ def test_across_nodes(hvdd_bin, tmp_path):
     no ssh): a daemon per host, the tcp engine between them, 2 ranks each."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HVDD_START_TIMEOUT="60")
     p = subprocess.run(
-        [hvdd_bin, "run", "-np", "4", "-H", "127.0.0.1:2,127.0.0.2:2", "--",
-         sys.executable, WORKERS, "across_nodes"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        [hvdd_bin, "run", "-np", "4", "-H", "127.0.0.1:2,127.0.0.2:2", "--", sys.executable, WORKERS, "across_nodes"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     out = p.stdout + p.stderr
     assert p.returncode == 0, out

@@ -16,8 +16,18 @@ import torch
 import hvdd
 import hvdd.torch as hvd
 
-DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
-          torch.float32, torch.float64, torch.bool]
+DTYPES = [
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.bool,
+]
 
 
 def data(rank: int, dtype: torch.dtype, shape=(3, 4), seed: int = 0) -> torch.Tensor:
@@ -289,7 +299,7 @@ def other_ops() -> None:
         ins = [data(k, dt, (2 * n, 3), seed=22) for k in range(n)]
         got = hvd.alltoall(ins[r], name=f"a2a.{dt}")
         assert isinstance(got, torch.Tensor)
-        want = torch.cat([ins[k][2 * r:2 * r + 2] for k in range(n)])
+        want = torch.cat([ins[k][2 * r : 2 * r + 2] for k in range(n)])
         expect_equal(got, want, f"alltoall {dt}")
         if dt is not torch.bool:
             # reducescatter, uneven rows: the first d0 % n ranks get one more
@@ -300,9 +310,9 @@ def other_ops() -> None:
                 rows = [d0 // n + (1 if k < d0 % n else 0) for k in range(n)]
                 start = sum(rows[:r])
                 got = hvd.reducescatter(ins[r], op=op, name=f"rs.{dt}.{op}")
-                expect_equal(got, full[start:start + rows[r]], f"reducescatter {dt} op={op}", tol_for(dt))
+                expect_equal(got, full[start : start + rows[r]], f"reducescatter {dt} op={op}", tol_for(dt))
                 got = hvd.synchronize(hvd.reducescatter_async(ins[r], op=op))
-                expect_equal(got, full[start:start + rows[r]], f"reducescatter_async {dt} op={op}", tol_for(dt))
+                expect_equal(got, full[start : start + rows[r]], f"reducescatter_async {dt} op={op}", tol_for(dt))
 
     # alltoall with explicit splits returns (output, received_splits)
     splits = [[(s + d) % 3 for d in range(n)] for s in range(n)]  # rows rank s sends to rank d
@@ -311,7 +321,7 @@ def other_ops() -> None:
     parts = []
     for s in range(n):
         off = sum(splits[s][:r])
-        parts.append(ins[s][off:off + splits[s][r]])
+        parts.append(ins[s][off : off + splits[s][r]])
     expect_equal(out, torch.cat(parts), "alltoall splits")
     expect_equal(rsplits, torch.tensor([splits[s][r] for s in range(n)], dtype=torch.int32), "received_splits")
     out2, rs2 = hvd.synchronize(hvd.alltoall_async(ins[r], splits=torch.tensor(splits[r], dtype=torch.int32)))
@@ -327,7 +337,7 @@ def other_ops() -> None:
     for i, o in enumerate(outs):
         full = reference_reduce([g[i] for g in gins], hvd.Sum, n)
         k = full.shape[0] // n
-        expect_equal(o, full[r * k:(r + 1) * k], f"grouped_reducescatter {i}", 1e-6)
+        expect_equal(o, full[r * k : (r + 1) * k], f"grouped_reducescatter {i}", 1e-6)
 
     # autograd through broadcast and allgather
     x = torch.ones(4, dtype=torch.float64, requires_grad=True)
@@ -472,12 +482,16 @@ def optimizer() -> None:
             opt.step()
         return [p.detach().clone() for p in m.parameters()]
 
-    for passes, compression, tol in ((1, hvd.Compression.none, 1e-5), (2, hvd.Compression.none, 1e-5),
-                                     (1, hvd.Compression.fp16, 1e-2)):
+    for passes, compression, tol in (
+        (1, hvd.Compression.none, 1e-5),
+        (2, hvd.Compression.none, 1e-5),
+        (1, hvd.Compression.fp16, 1e-2),
+    ):
         m = _model(1 + r)  # different on purpose: broadcast_parameters must fix it
         opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-        opt = hvd.DistributedOptimizer(opt, named_parameters=m.named_parameters(), compression=compression,
-                                       backward_passes_per_step=passes)
+        opt = hvd.DistributedOptimizer(
+            opt, named_parameters=m.named_parameters(), compression=compression, backward_passes_per_step=passes
+        )
         hvd.broadcast_parameters(m.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
         for s in range(steps):
@@ -537,7 +551,9 @@ def optimizer() -> None:
     # groups and gradient_predivide_factor give the same result as plain
     for kwargs in (dict(groups=2), dict(gradient_predivide_factor=2.0), dict(op=hvd.Sum)):
         m = _model(1)
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(), **kwargs)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(), **kwargs
+        )
         opt.zero_grad()
         x, y = _batch(r, 0)
         torch.nn.functional.mse_loss(m(x), y).backward()
@@ -588,19 +604,19 @@ def sync_bn() -> None:
     r, n = hvd.rank(), hvd.size()
     torch.manual_seed(5)
     full = torch.randn(4 * n, 3, 5, dtype=torch.float64)
-    mine = full[4 * r:4 * r + 4].clone().requires_grad_()
+    mine = full[4 * r : 4 * r + 4].clone().requires_grad_()
     bn = hvd.SyncBatchNorm(3).double()
     ref = torch.nn.BatchNorm1d(3).double()
     out = bn(mine)
     whole = full.clone().requires_grad_()
     ref_out = ref(whole)
-    expect_equal(out.detach(), ref_out.detach()[4 * r:4 * r + 4], "SyncBatchNorm forward", 1e-9)
+    expect_equal(out.detach(), ref_out.detach()[4 * r : 4 * r + 4], "SyncBatchNorm forward", 1e-9)
     expect_equal(bn.running_mean, ref.running_mean, "running_mean", 1e-9)
     expect_equal(bn.running_var, ref.running_var, "running_var", 1e-9)
     w = torch.arange(full.numel(), dtype=torch.float64).view_as(full)
-    (out * w[4 * r:4 * r + 4]).sum().backward()
+    (out * w[4 * r : 4 * r + 4]).sum().backward()
     (ref_out * w).sum().backward()
-    expect_equal(mine.grad, whole.grad[4 * r:4 * r + 4], "SyncBatchNorm input grad", 1e-7)
+    expect_equal(mine.grad, whole.grad[4 * r : 4 * r + 4], "SyncBatchNorm input grad", 1e-7)
     hvd.shutdown()
 
 
@@ -626,21 +642,32 @@ def process_sets() -> None:
             ins = {m: data(m, dt, (3, 4), seed=40) for m in members}
             for op in (hvd.Sum, hvd.Average, hvd.Max):
                 got = hvd.allreduce(ins[r], op=op, name=f"ps{tag}.ar.{dt}.{op}", process_set=ps)
-                expect_equal(got, reference_reduce([ins[m] for m in members], op, k), f"set {members} allreduce {dt} {op}", tol_for(dt))
+                expect_equal(
+                    got,
+                    reference_reduce([ins[m] for m in members], op, k),
+                    f"set {members} allreduce {dt} {op}",
+                    tol_for(dt),
+                )
             # allgather with uneven first dimensions, in set order
             ag = {m: data(m, dt, (members.index(m) + 1, 2), seed=41) for m in members}
-            expect_equal(hvd.allgather(ag[r], name=f"ps{tag}.ag.{dt}", process_set=ps),
-                         torch.cat([ag[m] for m in members]), f"set {members} allgather {dt}")
+            expect_equal(
+                hvd.allgather(ag[r], name=f"ps{tag}.ag.{dt}", process_set=ps),
+                torch.cat([ag[m] for m in members]),
+                f"set {members} allgather {dt}",
+            )
             # broadcast: the root is a global rank
             root = members[-1]
-            expect_equal(hvd.broadcast(ins[r], root, name=f"ps{tag}.bc.{dt}", process_set=ps), ins[root],
-                         f"set {members} broadcast {dt}")
+            expect_equal(
+                hvd.broadcast(ins[r], root, name=f"ps{tag}.bc.{dt}", process_set=ps),
+                ins[root],
+                f"set {members} broadcast {dt}",
+            )
             # alltoall with splits over the set's members
             a2 = {m: data(m, dt, (k * (members.index(m) + 1), 2), seed=42) for m in members}
             splits = [members.index(r) + 1] * k
             out, rsplits = hvd.alltoall(a2[r], splits=splits, name=f"ps{tag}.a2a.{dt}", process_set=ps)
             me = members.index(r)
-            want = torch.cat([a2[m][me * (members.index(m) + 1):(me + 1) * (members.index(m) + 1)] for m in members])
+            want = torch.cat([a2[m][me * (members.index(m) + 1) : (me + 1) * (members.index(m) + 1)] for m in members])
             expect_equal(out, want, f"set {members} alltoall {dt}")
             assert rsplits.tolist() == [members.index(m) + 1 for m in members], rsplits
             # reducescatter over the set
@@ -649,12 +676,18 @@ def process_sets() -> None:
             full = reference_reduce([rs[m] for m in members], hvd.Sum, k)
             rows = [d0 // k + (1 if i < d0 % k else 0) for i in range(k)]
             start = sum(rows[:me])
-            expect_equal(hvd.reducescatter(rs[r], op=hvd.Sum, name=f"ps{tag}.rs.{dt}", process_set=ps),
-                         full[start:start + rows[me]], f"set {members} reducescatter {dt}", tol_for(dt))
+            expect_equal(
+                hvd.reducescatter(rs[r], op=hvd.Sum, name=f"ps{tag}.rs.{dt}", process_set=ps),
+                full[start : start + rows[me]],
+                f"set {members} reducescatter {dt}",
+                tol_for(dt),
+            )
         hvd.barrier(process_set=ps)
         # A rank outside the set cannot use it; a root outside it is refused.
         try:
-            hvd.broadcast(torch.ones(2), [x for x in range(n) if x not in members][0], name=f"ps{tag}.badroot", process_set=ps)
+            hvd.broadcast(
+                torch.ones(2), [x for x in range(n) if x not in members][0], name=f"ps{tag}.badroot", process_set=ps
+            )
             raise AssertionError("broadcast from a root outside the set succeeded")
         except hvd.HorovodInternalError as e:
             assert "invalid root rank" in str(e), e

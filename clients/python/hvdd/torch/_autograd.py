@@ -45,7 +45,12 @@ class HorovodAllreduce(torch.autograd.Function):
                 postscale_factor=ctx.postscale_factor,
                 process_set=ctx.process_set,
             ),
-            None, None, None, None, None, None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
         )
 
 
@@ -59,7 +64,9 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
         ctx.prescale_factor = prescale_factor
         ctx.postscale_factor = postscale_factor
         ctx.process_set = process_set
-        handle = _ops.grouped_allreduce_async(list(tensors), average, name, op, prescale_factor, postscale_factor, process_set)
+        handle = _ops.grouped_allreduce_async(
+            list(tensors), average, name, op, prescale_factor, postscale_factor, process_set
+        )
         return tuple(_ops.synchronize(handle))
 
     @staticmethod

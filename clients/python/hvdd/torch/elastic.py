@@ -72,7 +72,9 @@ class State:
 class ObjectState(State):
     """State for simple Python objects, synchronised with broadcast_object."""
 
-    def __init__(self, bcast_object: Callable[..., Any] = broadcast_object, get_rank: Callable[[], int] = rank, **kwargs: Any) -> None:
+    def __init__(
+        self, bcast_object: Callable[..., Any] = broadcast_object, get_rank: Callable[[], int] = rank, **kwargs: Any
+    ) -> None:
         self._saved_state = kwargs
         self._set_attrs()
         super().__init__(bcast_object=bcast_object, get_rank=get_rank)
@@ -100,7 +102,9 @@ class TorchState(ObjectState):
     """State representation of a PyTorch training process: the model, the
     optimizer and any picklable attributes (``epoch=1, batch=0``)."""
 
-    def __init__(self, model: Optional[torch.nn.Module] = None, optimizer: Optional[torch.optim.Optimizer] = None, **kwargs: Any) -> None:
+    def __init__(
+        self, model: Optional[torch.nn.Module] = None, optimizer: Optional[torch.optim.Optimizer] = None, **kwargs: Any
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self._saved_model_state = copy.deepcopy(model.state_dict()) if model is not None else None

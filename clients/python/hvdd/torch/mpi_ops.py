@@ -166,27 +166,37 @@ def _register(handle: int, h: Handle) -> int:
 
 
 def _set_finish(
-    h: Handle, output: Optional[torch.Tensor], dtype: torch.dtype, shape: Any, nbytes: int,
+    h: Handle,
+    output: Optional[torch.Tensor],
+    dtype: torch.dtype,
+    shape: Any,
+    nbytes: int,
     out_flat: Optional[np.ndarray] = None,
 ) -> None:
     """Makes h's result the staged bytes: copied into output (in-place
     variants; through out_flat, its bytes, when given), or a new tensor of
     dtype and shape."""
     if output is not None and out_flat is not None:
+
         def finish(h: Handle) -> torch.Tensor:
             if h.region is not None:
                 out_flat[:] = h.region.array[h.offset : h.offset + nbytes]
             return output
+
     elif output is None:
+
         def finish(h: Handle) -> torch.Tensor:
             if h.region is None:
                 return torch.empty(shape, dtype=dtype)
             return _from_bytes(h.region.array[h.offset : h.offset + nbytes], dtype, shape)
+
     else:
+
         def finish(h: Handle) -> torch.Tensor:
             if h.region is not None:
                 _copy_into(output, h.region.array[h.offset : h.offset + nbytes])
             return output
+
     h.finish = finish
 
 
@@ -205,9 +215,19 @@ def _allreduce_submit(
     wire_dt = _check(tensor)[0]
     region, off, nbytes, flat = _stage_in(c, tensor)
     h = c.submit(
-        pb.OP_ALLREDUCE, full_name, wire_dt, tensor.shape, region, off, nbytes,
-        reduce_op=op, prescale=float(prescale_factor), postscale=float(postscale_factor),
-        process_set=ps, group=group, group_size=group_size,
+        pb.OP_ALLREDUCE,
+        full_name,
+        wire_dt,
+        tensor.shape,
+        region,
+        off,
+        nbytes,
+        reduce_op=op,
+        prescale=float(prescale_factor),
+        postscale=float(postscale_factor),
+        process_set=ps,
+        group=group,
+        group_size=group_size,
     )
     # In place on a CPU tensor: the staged view is the output's own bytes.
     same = output is tensor and tensor.is_cpu
@@ -228,7 +248,9 @@ def _allreduce_async(
     op = _reduce_op(op)
     ps = _ps_id(process_set)
     handle = next(_handles)
-    h = _allreduce_submit(c, tensor, output, _name("allreduce", name, handle), op, prescale_factor, postscale_factor, ps)
+    h = _allreduce_submit(
+        c, tensor, output, _name("allreduce", name, handle), op, prescale_factor, postscale_factor, ps
+    )
     return _register(handle, h)
 
 
@@ -324,7 +346,9 @@ def allreduce(
     """
 
     tensor_compressed, ctx = compression.compress(tensor)
-    summed = HorovodAllreduce.apply(tensor_compressed, average, name, op, prescale_factor, postscale_factor, process_set)
+    summed = HorovodAllreduce.apply(
+        tensor_compressed, average, name, op, prescale_factor, postscale_factor, process_set
+    )
     return compression.decompress(summed, ctx)
 
 
@@ -417,7 +441,9 @@ def grouped_allreduce(
     """Grouped allreduce (differentiable): returns a list of reduced tensors."""
 
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
-    summed = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set, *compressed)
+    summed = HorovodGroupedAllreduce.apply(
+        average, name, op, prescale_factor, postscale_factor, process_set, *compressed
+    )
     return [compression.decompress(t, ctx) for t, ctx in zip(summed, ctxs)]
 
 
@@ -441,7 +467,9 @@ def sparse_allreduce_async(
     """Allreduce of a sparse COO tensor as two allgathers (indices and values),
     as Horovod does. Returns a callable that waits and returns the result."""
     t = tensor
-    indices_handle = allgather_async(t._indices().transpose(0, 1).contiguous(), name=f"{name}.indices", process_set=process_set)
+    indices_handle = allgather_async(
+        t._indices().transpose(0, 1).contiguous(), name=f"{name}.indices", process_set=process_set
+    )
     values_handle = allgather_async(t._values().contiguous(), name=f"{name}.values", process_set=process_set)
 
     def handle() -> torch.Tensor:
@@ -494,7 +522,9 @@ def _output_submit(
     return h
 
 
-def allgather_async(tensor: torch.Tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> int:
+def allgather_async(
+    tensor: torch.Tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set
+) -> int:
     """A function that asynchronously concatenates the input tensor with the same
     input tensor on all other Horovod processes. The input tensor is not
     modified. The concatenation is done on the first dimension, so the input
@@ -511,7 +541,9 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None, process_se
     return _register(handle, _output_submit(c, pb.OP_ALLGATHER, tensor, _name("allgather", name, handle), ps))
 
 
-def allgather(tensor: torch.Tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def allgather(
+    tensor: torch.Tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
     """A function that concatenates the input tensor with the same input tensor
     on all other Horovod processes, along the first dimension (whose size may
     differ between processes). Differentiable.
@@ -566,8 +598,15 @@ def _broadcast_async(
     handle = next(_handles)
     region, off, nbytes, _ = _stage_in(c, tensor)
     h = c.submit(
-        pb.OP_BROADCAST, _name("broadcast", name, handle), wire_dt, tensor.shape, region, off, nbytes,
-        root_rank=int(root_rank), process_set=ps,
+        pb.OP_BROADCAST,
+        _name("broadcast", name, handle),
+        wire_dt,
+        tensor.shape,
+        region,
+        off,
+        nbytes,
+        root_rank=int(root_rank),
+        process_set=ps,
     )
     _set_finish(h, output, tensor.dtype, tensor.shape, nbytes)
     return _register(handle, h)
@@ -698,8 +737,14 @@ def reducescatter_async(
     op = _reduce_op(op)
     handle = next(_handles)
     h = _output_submit(
-        c, pb.OP_REDUCESCATTER, tensor, _name("reducescatter", name, handle), ps,
-        reduce_op=op, prescale=float(prescale_factor), postscale=float(postscale_factor),
+        c,
+        pb.OP_REDUCESCATTER,
+        tensor,
+        _name("reducescatter", name, handle),
+        ps,
+        reduce_op=op,
+        prescale=float(prescale_factor),
+        postscale=float(postscale_factor),
     )
     return _register(handle, h)
 
@@ -749,8 +794,16 @@ def grouped_reducescatter_async(
     g = Handle(0, base)
     g.members = [
         _output_submit(
-            c, pb.OP_REDUCESCATTER, t, f"{base}_{i + 1}of{n}", ps, reduce_op=op,
-            prescale=float(prescale_factor), postscale=float(postscale_factor), group=group, group_size=n,
+            c,
+            pb.OP_REDUCESCATTER,
+            t,
+            f"{base}_{i + 1}of{n}",
+            ps,
+            reduce_op=op,
+            prescale=float(prescale_factor),
+            postscale=float(postscale_factor),
+            group=group,
+            group_size=n,
         )
         for i, t in enumerate(tensors)
     ]
@@ -768,7 +821,9 @@ def grouped_reducescatter(
 ) -> List[torch.Tensor]:
     """Grouped reducescatter: returns a list of this process's blocks."""
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
-    outs = synchronize(grouped_reducescatter_async(compressed, name, op, process_set, prescale_factor, postscale_factor))
+    outs = synchronize(
+        grouped_reducescatter_async(compressed, name, op, process_set, prescale_factor, postscale_factor)
+    )
     return [compression.decompress(t, ctx) for t, ctx in zip(outs, ctxs)]
 
 

@@ -30,7 +30,7 @@ __all__ = ["DistributedOptimizer"]
 def split_list(x: List[Any], n: int) -> List[List[Any]]:
     """Splits x into n contiguous, nearly equal parts (Horovod's helper)."""
     d, r = divmod(len(x), n)
-    return [x[i * d + min(i, r):(i + 1) * d + min(i + 1, r)] for i in range(n)]
+    return [x[i * d + min(i, r) : (i + 1) * d + min(i + 1, r)] for i in range(n)]
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -70,8 +70,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         dups = _DistributedOptimizer.find_duplicates([k for k, _ in named_parameters])
         if len(dups) > 0:
             raise ValueError(
-                "Parameter names in named_parameters must be unique. "
-                "Found duplicates: %s" % ", ".join(dups)
+                "Parameter names in named_parameters must be unique. " "Found duplicates: %s" % ", ".join(dups)
             )
 
         all_param_ids = {id(v) for param_group in self.param_groups for v in param_group["params"]}
@@ -86,7 +85,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
         self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
         self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {v: self.backward_passes_per_step for _, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self._allreduce_delay = {
+            v: self.backward_passes_per_step for _, v in sorted(named_parameters, key=lambda kv: kv[0])
+        }
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
@@ -214,8 +215,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         tensor_compressed, ctx = self._compression.compress(tensor)
         prescale_factor, postscale_factor = self._scales()
         handle = allreduce_async_(
-            tensor_compressed, name=name, op=self.op,
-            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+            tensor_compressed,
+            name=name,
+            op=self.op,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
             process_set=self.process_set,
         )
         return handle, ctx
@@ -225,8 +229,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         tensors_compressed, ctxs = zip(*[self._compression.compress(p.grad) for p in ps])
         prescale_factor, postscale_factor = self._scales()
         handle = grouped_allreduce_async_(
-            list(tensors_compressed), name=name, op=self.op,
-            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+            list(tensors_compressed),
+            name=name,
+            op=self.op,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
             process_set=self.process_set,
         )
         return handle, ctxs
@@ -442,6 +449,13 @@ def DistributedOptimizer(
     # answers every allreduce with an error (raised by step()).
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(
-        optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-        gradient_predivide_factor, groups, sparse_as_dense, process_set,
+        optimizer.param_groups,
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        op,
+        gradient_predivide_factor,
+        groups,
+        sparse_as_dense,
+        process_set,
     )

@@ -57,8 +57,14 @@ class SyncBatchNorm(_BatchNorm):
 
     def _run_bn(self, input: torch.Tensor) -> torch.Tensor:
         return F.batch_norm(
-            input, self.running_mean, self.running_var, self.weight, self.bias,
-            self.training or not self.track_running_stats, self.momentum or 0.0, self.eps,
+            input,
+            self.running_mean,
+            self.running_var,
+            self.weight,
+            self.bias,
+            self.training or not self.track_running_stats,
+            self.momentum or 0.0,
+            self.eps,
         )
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -76,8 +82,16 @@ class SyncBatchNorm(_BatchNorm):
 
         if (not self.training and self.track_running_stats) or size() == 1:
             if self.training and self.track_running_stats and self.momentum is None:
-                return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias,
-                                    True, exponential_average_factor, self.eps)
+                return F.batch_norm(
+                    input,
+                    self.running_mean,
+                    self.running_var,
+                    self.weight,
+                    self.bias,
+                    True,
+                    exponential_average_factor,
+                    self.eps,
+                )
             return self._run_bn(input)
 
         c = input.shape[1]
@@ -88,7 +102,7 @@ class SyncBatchNorm(_BatchNorm):
         stats = allreduce(stats, op=Sum)
         total = stats[-1]
         mean = stats[:c] / total
-        var = (stats[c:2 * c] / total - mean * mean).clamp_min(0)
+        var = (stats[c : 2 * c] / total - mean * mean).clamp_min(0)
 
         if self.training and self.track_running_stats:
             with torch.no_grad():
