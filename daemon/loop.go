@@ -358,7 +358,7 @@ func (l *loop) closeDead() {
 // shutdown fails the running job and closes every connection.
 func (l *loop) shutdown() {
 	if l.job != nil {
-		l.fail(l.job, ipcpb.Code_CODE_SHUT_DOWN, "the hvdd daemon is shutting down")
+		l.fail(l.job, ipcpb.Code_CODE_SHUT_DOWN, l.s.shutdownNote())
 	}
 	for _, c := range l.clients {
 		l.drop(c, nil)

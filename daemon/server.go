@@ -39,6 +39,7 @@ type Server struct {
 	conns    map[*client]struct{}
 	draining bool
 	idle     chan struct{} // closed when draining and no connection is left
+	cause    error         // why Serve's context ended, told to the clients
 }
 
 // New checks cfg and returns a Server that is not yet serving.
@@ -122,6 +123,9 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	go func() {
 		select {
 		case <-ctx.Done():
+			s.mu.Lock()
+			s.cause = context.Cause(ctx)
+			s.mu.Unlock()
 			s.Close()
 		case <-s.quit:
 		}
@@ -225,6 +229,17 @@ func (s *Server) Close() error {
 		}
 	})
 	return nil
+}
+
+// shutdownNote is what clients are told when the server stops: its
+// context's cause (cmd/hvdd names the signal), if it gave one.
+func (s *Server) shutdownNote() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cause == nil || errors.Is(s.cause, context.Canceled) || errors.Is(s.cause, context.DeadlineExceeded) {
+		return "the hvdd daemon is shutting down"
+	}
+	return "the hvdd daemon is shutting down: " + s.cause.Error()
 }
 
 func (s *Server) forget(c *client) {

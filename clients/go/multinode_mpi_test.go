@@ -5,12 +5,17 @@ package hvdd_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestMPIMultiNodeCollectives runs the scenarios of TestMultiNodeCollectives
@@ -20,14 +25,7 @@ import (
 // against references computed in the test. The control messages travel over
 // the daemons' TCP links, and in one case over MPI too (--control mpi).
 func TestMPIMultiNodeCollectives(t *testing.T) {
-	if _, err := exec.LookPath("mpirun"); err != nil {
-		t.Fatal("mpirun missing: apt-get install openmpi-bin libopenmpi-dev (scripts/setup.sh does)")
-	}
-	bin := filepath.Join(t.TempDir(), "hvdd-mpi")
-	build := exec.Command("go", "build", "-tags", "mpi", "-o", bin, "../../cmd/hvdd")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build -tags mpi: %v\n%s", err, out)
-	}
+	bin := buildMPI(t)
 	for _, c := range []struct {
 		nodes, slots int
 		control      string
@@ -38,15 +36,30 @@ func TestMPIMultiNodeCollectives(t *testing.T) {
 			for i := range perNode {
 				perNode[i] = slots
 			}
-			runScenariosOn(t, startMPINodes(t, bin, nodes, slots, "--control", c.control), perNode...)
+			sockets, _ := startMPINodes(t, bin, nodes, slots, "--control", c.control)
+			runScenariosOn(t, sockets, perNode...)
 		})
 	}
 }
 
+// buildMPI builds hvdd with -tags mpi for the test.
+func buildMPI(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("mpirun"); err != nil {
+		t.Fatal("mpirun missing: apt-get install openmpi-bin libopenmpi-dev (scripts/setup.sh does)")
+	}
+	bin := filepath.Join(t.TempDir(), "hvdd-mpi")
+	build := exec.Command("go", "build", "-tags", "mpi", "-o", bin, "../../cmd/hvdd")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags mpi: %v\n%s", err, out)
+	}
+	return bin
+}
+
 // startMPINodes starts nodes daemons of slots local ranks each under mpirun
-// (with extra serve arguments) and returns their sockets, by node rank. The
-// daemons stop with the test.
-func startMPINodes(t *testing.T, bin string, nodes, slots int, extra ...string) []string {
+// (with extra serve arguments) and returns their sockets, by node rank, and
+// a channel closed when mpirun exits. The daemons stop with the test.
+func startMPINodes(t *testing.T, bin string, nodes, slots int, extra ...string) ([]string, <-chan struct{}) {
 	t.Helper()
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -63,9 +76,11 @@ func startMPINodes(t *testing.T, bin string, nodes, slots int, extra ...string) 
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		cancel()
-		cmd.Wait()
+		<-exited
 		if t.Failed() {
 			t.Logf("mpirun output:\n%s", logs.String())
 		}
@@ -74,5 +89,63 @@ func startMPINodes(t *testing.T, bin string, nodes, slots int, extra ...string) 
 	for n := range sockets {
 		sockets[n] = filepath.Join(dir, fmt.Sprintf("n%d.sock", n))
 	}
-	return sockets
+	return sockets, exited
+}
+
+// TestMPIMultiNodeDaemonKilled kills node 1's daemon with SIGKILL while rank
+// 0 waits in a collective, on the mpi engine, with control links over TCP
+// and over MPI. Open MPI's mpirun then ends the whole job, node 0's daemon
+// included (MPI has no surviving ranks without ULFM), so rank 0 hears either
+// that node 1 was lost (the TCP link broke first) or that its daemon was
+// stopped by mpirun (over MPI nothing breaks: only the heartbeat timeout
+// would tell); it must fail with that error instead of hanging, and mpirun
+// must end.
+func TestMPIMultiNodeDaemonKilled(t *testing.T) {
+	bin := buildMPI(t)
+	for _, control := range []string{"tcp", "mpi"} {
+		t.Run("control="+control, func(t *testing.T) { mpiDaemonKilled(t, bin, control) })
+	}
+}
+
+func mpiDaemonKilled(t *testing.T, bin, control string) {
+	sockets, exited := startMPINodes(t, bin, 2, 1, "--control", control)
+	ws := spawnSockets(t, sockets, "victim", 1, 1)
+	ws[1][0].WaitOutput(t, "VICTIM READY", 60*time.Second)
+	ws[0][0].WaitOutput(t, "WAITING", 60*time.Second)
+	pid := daemonPID(t, sockets[1])
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err := ws[0][0].Wait(30 * time.Second)
+	out := ws[0][0].Output()
+	t.Logf("rank 0 (exit %v):\n%s", err, out)
+	if !strings.Contains(out, "node 1 (rank 1) was lost") && !strings.Contains(out, "mpirun ends the whole job") {
+		t.Errorf("rank 0's error names neither node 1 nor mpirun's end of the job:\n%s", out)
+	}
+	ws[1][0].Cmd.Process.Kill()
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		t.Error("mpirun did not end after a daemon was killed")
+	}
+}
+
+// daemonPID returns the pid of the daemon listening on socket (SO_PEERCRED).
+func daemonPID(t *testing.T, socket string) int {
+	t.Helper()
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw, err := c.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cred *unix.Ucred
+	raw.Control(func(fd uintptr) { cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(cred.Pid)
 }

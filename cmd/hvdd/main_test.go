@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -105,4 +107,42 @@ func freeTCP(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// TestSignalTellsClients: a daemon stopped by SIGTERM fails its clients'
+// pending operations with an error that names the signal.
+func TestSignalTellsClients(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "hvdd.sock")
+	d := exec.Command(hvddBin, "serve", "--slots", "2", "--socket", sock, "--log-level", "error")
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer d.Process.Kill()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	clients := make([]*hvdd.Client, 2)
+	errc := make(chan error, 2)
+	for i := range clients {
+		lr := i
+		clients[i] = &hvdd.Client{Socket: sock, RequestedLocalRank: &lr}
+		go func() { errc <- clients[i].Init(ctx) }()
+	}
+	for range clients {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Rank 1 never submits "lonely": rank 0's op waits until the daemon goes.
+	h, err := hvdd.AllreduceAsync(clients[0], []float32{1}, hvdd.WithName("lonely"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Process.Signal(syscall.SIGTERM)
+	err = h.Wait(ctx)
+	if err == nil || !strings.Contains(err.Error(), "received SIGTERM") {
+		t.Errorf("pending op after SIGTERM: %v, want an error naming SIGTERM", err)
+	}
+	if err := d.Wait(); err != nil {
+		t.Errorf("hvdd serve after SIGTERM: %v", err)
+	}
 }

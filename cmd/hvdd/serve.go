@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/hvdd/hvdd/daemon"
 	"github.com/hvdd/hvdd/launch"
 	"github.com/hvdd/hvdd/rendezvous"
@@ -225,7 +227,7 @@ func serveMain(argv []string) int {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 		return 1
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	defer stop()
 	if p := os.Getenv("HVDD_CPUPROFILE"); p != "" {
 		// A debugging aid, not a stable interface.
@@ -242,4 +244,26 @@ func serveMain(argv []string) int {
 		return 1
 	}
 	return 0
+}
+
+// signalContext is cancelled by SIGINT or SIGTERM, with a cause that names
+// the signal: the daemon tells its clients why it stops. Under mpirun a
+// SIGTERM usually means that mpirun is ending the job because a daemon on
+// another node died (MPI jobs do not outlive a rank), which the message says.
+func signalContext() (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case sig := <-ch:
+			why := fmt.Sprintf("it received %s", unix.SignalName(sig.(syscall.Signal)))
+			if _, _, ok := launcherRank(); ok && sig == syscall.SIGTERM {
+				why += " (under mpirun: mpirun ends the whole job when any of its daemons dies)"
+			}
+			cancel(errors.New(why))
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { signal.Stop(ch); cancel(context.Canceled) }
 }
