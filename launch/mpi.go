@@ -15,15 +15,17 @@ import (
 // With --backend mpi the daemons are the ranks of one mpirun, one per host,
 // started as an MPMD job so that each gets its own slot count and address:
 //
-//	mpirun --bind-to none -x HVDD_SECRET [--mca plm_rsh_agent AGENT] \
+//	mpirun --allow-run-as-root --bind-to none -x HVDD_SECRET [--mca plm_rsh_agent AGENT] \
 //	    -np 1 --host H0 hvdd serve --slots S0 --nodes N --node-rank 0 ... : \
 //	    -np 1 --host H1 hvdd serve --slots S1 --nodes N --node-rank 1 ...
 //
 // MPI ranks follow the order of the app contexts, so node i is MPI rank i (the
 // daemon checks it). The secret travels in mpirun's environment (-x), never on
 // a command line. Each daemon may use every core of its host: mpirun would
-// otherwise bind it to one (its default for two ranks or fewer). The ranks
-// of the job are started as with the tcp engine.
+// otherwise bind it to one (its default for two ranks or fewer). As with
+// horovodrun, root may launch (containers often run as root), which Open
+// MPI refuses unless told. The ranks of the job are started as with the tcp
+// engine.
 
 // mpiDaemonArgs is node i's `hvdd serve` argument list under mpirun.
 func (m *multiJob) mpiDaemonArgs(i int) []string {
@@ -35,7 +37,7 @@ func (m *multiJob) mpiDaemonArgs(i int) []string {
 
 // mpirunArgs is the whole mpirun command line.
 func (m *multiJob) mpirunArgs() []string {
-	args := []string{"--bind-to", "none", "-x", secretEnv}
+	args := []string{"--allow-run-as-root", "--bind-to", "none", "-x", secretEnv}
 	if os.Getenv("HVDD_CONTROL") != "" {
 		// The daemons' --control default (tcp, or mpi for control over MPI).
 		args = append(args, "-x", "HVDD_CONTROL")

@@ -504,9 +504,10 @@ func TestMpirunArgsControl(t *testing.T) {
 	if !has() {
 		t.Errorf("HVDD_CONTROL not forwarded: %v", m.mpirunArgs())
 	}
-	// Every daemon may use all its host's cores.
-	if args := strings.Join(m.mpirunArgs(), " "); !strings.HasPrefix(args, "--bind-to none ") {
-		t.Errorf("mpirun binds the daemons: %s", args)
+	// Every daemon may use all its host's cores; root may launch, as with
+	// horovodrun.
+	if args := strings.Join(m.mpirunArgs(), " "); !strings.HasPrefix(args, "--allow-run-as-root --bind-to none ") {
+		t.Errorf("mpirun binds the daemons or refuses root: %s", args)
 	}
 }
 
