@@ -38,6 +38,9 @@ type Link struct {
 	// wmu guards writes.
 	wmu  sync.Mutex
 	wbuf []byte
+	// direct, if set, sends a whole frame instead of the socket (see
+	// DirectWriter).
+	direct func([]byte) error
 
 	// Read side, one reader at a time: bytes received and not yet decoded
 	// are pb[pr:]; heard is when a byte last arrived.
@@ -47,6 +50,15 @@ type Link struct {
 
 	stop chan struct{}
 	once sync.Once
+}
+
+// DirectWriter is a connection whose writes travel some other way than its
+// descriptor: the MPI bridge (backends/mpi) sends each as an MPI message on
+// the writer's thread, saving a hand-off to a pump per control message. A
+// Link over one sends each frame with DirectWrite and only reads the
+// descriptor; the handshake's writes must have gone the same way (Write).
+type DirectWriter interface {
+	DirectWrite(b []byte) error
 }
 
 // tryReadChunk is the least room a read offers the kernel.
@@ -75,6 +87,9 @@ func newLink(c net.Conn, cfg Config, peer string) (*Link, error) {
 		return nil, fmt.Errorf("cluster: link to %s: %w", peer, err)
 	}
 	l := &Link{cfg: cfg, peer: peer, fd: fd, intr: intr, stop: make(chan struct{}), heard: time.Now()}
+	if dw, ok := c.(DirectWriter); ok {
+		l.direct = dw.DirectWrite
+	}
 	go l.heartbeat()
 	return l, nil
 }
@@ -154,6 +169,16 @@ func (l *Link) Send(m *clusterpb.Message) error {
 	}
 	binary.BigEndian.PutUint32(b, uint32(len(b)-4))
 	l.wbuf = b
+	if l.direct != nil {
+		if !l.hold() {
+			return fmt.Errorf("cluster: send to %s: %w", l.peer, errLinkClosed)
+		}
+		defer l.unhold()
+		if err := l.direct(b); err != nil {
+			return fmt.Errorf("cluster: send to %s: %w", l.peer, err)
+		}
+		return nil
+	}
 	deadline := time.Now().Add(l.cfg.PeerTimeout)
 	for len(b) > 0 {
 		if !l.hold() {

@@ -255,3 +255,58 @@ func TestBuffered(t *testing.T) {
 		t.Fatal("an oversized header is not reported")
 	}
 }
+
+// directConn is a connection whose writes go elsewhere (as the MPI bridge's
+// do): it records each DirectWrite.
+type directConn struct {
+	*net.TCPConn
+	frames chan []byte
+}
+
+func (c *directConn) DirectWrite(b []byte) error {
+	c.frames <- append([]byte(nil), b...)
+	return nil
+}
+
+// TestDirectWriter: a Link over a DirectWriter sends each message as one
+// whole frame through DirectWrite, never on the descriptor, and still reads
+// the descriptor.
+func TestDirectWriter(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() { c, _ := ln.Accept(); acc <- c }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := <-acc
+	defer raw.Close()
+	dc := &directConn{TCPConn: c.(*net.TCPConn), frames: make(chan []byte, 4)}
+	l, err := newLink(dc, Config{Secret: secret, Heartbeat: time.Hour}.WithDefaults(), "peer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	m := &clusterpb.Message{Msg: &clusterpb.Message_Heartbeat{Heartbeat: &clusterpb.Heartbeat{}}}
+	ready := &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Msg: "direct"}}}
+	if err := l.Send(ready); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := <-dc.frames, frame(t, ready); string(got) != string(want) {
+		t.Errorf("DirectWrite got % x, want the frame % x", got, want)
+	}
+	raw.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if n, err := raw.Read(make([]byte, 1)); n != 0 || err == nil {
+		t.Errorf("the descriptor carried %d bytes (%v)", n, err)
+	}
+	// Reads still come from the descriptor.
+	raw.Write(append(frame(t, m), frame(t, ready)...))
+	got, err := l.Recv()
+	if err != nil || got.GetAbort().GetMsg() != "direct" {
+		t.Errorf("Recv = %v, %v; want the abort", got, err)
+	}
+}
