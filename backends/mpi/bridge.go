@@ -19,10 +19,10 @@ import (
 // Bridge carries byte streams between the processes of MPI_COMM_WORLD over
 // MPI point-to-point messages, so that the daemons' control links travel on
 // MPI when the data does (hvdd serve --backend mpi). The caller gets each
-// stream as a net.Conn, one end of a Unix socketpair; pumps move the bytes
-// between the other end and MPI messages on a private communicator. A stream
-// is ordered and reliable because MPI messages between two ranks with the
-// same tag are.
+// stream as a net.Conn: it reads from one end of a Unix socketpair, into
+// which the receiver writes what arrives, and its writes become MPI messages
+// on a private communicator. A stream is ordered and reliable because MPI
+// messages between two ranks on one communicator do not overtake each other.
 //
 // Tags encode a stream's id (the dialer's number for it), the direction
 // (sent by the dialer or by the acceptor) and the kind (open, data, close).
@@ -33,6 +33,11 @@ import (
 // descriptor itself (none, from cluster.Link) and sends the close once the
 // caller has closed its end. One goroutine, locked to a thread, receives
 // every message (probing, see receive). It needs MPI_THREAD_MULTIPLE.
+//
+// Limits: the receiver writes to a caller's end with blocking writes, so a
+// caller that stops reading one stream, with its socket buffer full, stalls
+// every stream; a large write waits in MPI_Send until the peer's receiver
+// takes it. The daemon's loop always reads its links.
 type Bridge struct {
 	comm       comm
 	rank, size int
@@ -97,7 +102,8 @@ const (
 	kindData  = 1
 	kindClose = 2
 
-	bridgeChunk = 64 << 10
+	bridgeChunk   = 64 << 10
+	bridgeSockBuf = 4 << 20
 	// bridgeHot is how long the receiver keeps probing without sleeping
 	// after a message; bridgeIdleWait the longest it sleeps between probes.
 	bridgeHot      = 20 * time.Millisecond
@@ -190,6 +196,11 @@ func (b *Bridge) newStream(key [2]int, peer, out int) (*bstream, net.Conn, error
 	if err != nil {
 		return nil, nil, fmt.Errorf("mpi bridge: socketpair: %w", err)
 	}
+	// Room for what the receiver hands the caller (best effort, up to
+	// net.core.wmem_max): a receiver that blocks on a full end receives
+	// nothing else until the caller reads, and a peer's MPI_Send of a large
+	// message waits for it.
+	unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_SNDBUF, bridgeSockBuf)
 	f := os.NewFile(uintptr(fds[1]), "mpi-bridge")
 	conn, err := net.FileConn(f)
 	f.Close()
