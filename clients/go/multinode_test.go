@@ -125,6 +125,7 @@ func TestMultiNodeLostRank(t *testing.T) {
 	victim.WaitOutput(t, "VICTIM READY", 60*time.Second)
 	ws[0][0].WaitOutput(t, "WAITING", 60*time.Second)
 	victim.Cmd.Process.Signal(syscall.SIGKILL)
+	failsWithin(t, ws[0][0], time.Now(), "rank 1 was killed")
 	if err := ws[0][0].Wait(30 * time.Second); err != nil {
 		t.Fatalf("survivor: %v\n%s", err, ws[0][0].Output())
 	}
@@ -269,6 +270,24 @@ func spawnOn(t *testing.T, ds []*daemonProc, scenario string) []*daemontest.Work
 
 const secretA = "0123456789abcdef0123456789abcdef"
 
+// failLimit is how soon after a node, link or rank is lost the ranks on
+// other nodes must see their pending collective fail (issue 3: 5 s). The
+// daemons' defaults detect a cut link in at most PeerTimeout (3 s) plus
+// one heartbeat period (1 s); a closed connection at once.
+const failLimit = 5 * time.Second
+
+// failsWithin fails t unless w (the victim scenario's waiting rank) prints
+// its error within failLimit of since, and logs how long it took.
+func failsWithin(t *testing.T, w *daemontest.Worker, since time.Time, what string) {
+	t.Helper()
+	w.WaitOutput(t, "error:", 30*time.Second)
+	took := time.Since(since)
+	t.Logf("rank %d's pending collective failed %v after %s", w.Rank, took.Round(time.Millisecond), what)
+	if took > failLimit {
+		t.Errorf("rank %d's pending collective failed %v after %s; want within %v", w.Rank, took, what, failLimit)
+	}
+}
+
 // TestMultiNodeDaemonKilled kills node 1's daemon with SIGKILL while rank 0
 // waits in a collective: rank 0 fails naming node 1, and after node 1's
 // daemon restarts, the surviving daemon runs the next job.
@@ -278,6 +297,7 @@ func TestMultiNodeDaemonKilled(t *testing.T) {
 	ws[1].WaitOutput(t, "VICTIM READY", 60*time.Second)
 	ws[0].WaitOutput(t, "WAITING", 60*time.Second)
 	ds[1].cmd.Process.Signal(syscall.SIGKILL)
+	failsWithin(t, ws[0], time.Now(), "node 1's daemon was killed")
 	if err := ws[0].Wait(30 * time.Second); err != nil {
 		t.Fatalf("rank 0: %v\n%s", err, ws[0].Output())
 	}
@@ -330,6 +350,7 @@ func TestMultiNodeLinkCut(t *testing.T) {
 	ws[1].WaitOutput(t, "VICTIM READY", 60*time.Second)
 	ws[0].WaitOutput(t, "WAITING", 60*time.Second)
 	hosts[1].SetLink(t, false)
+	failsWithin(t, ws[0], time.Now(), "the link was cut")
 	if err := ws[0].Wait(30 * time.Second); err != nil {
 		t.Fatalf("rank 0: %v\n%s", err, ws[0].Output())
 	}
