@@ -26,9 +26,12 @@ for the job (hvdd serve --nodes H --node-rank I), with a per-job socket under
 /tmp and a fresh random secret handed over on its standard input; host 0
 coordinates and serves the rendezvous. Hosts that are this machine
 (localhost, 127.0.0.0/8, or one of its addresses or names) are started
-directly; the others through ssh -o BatchMode=yes (or --agent), which must
-log in without a password, find hvdd at the same path as here (or
---hvdd-path), and find COMMAND in the same working directory. Remote ranks
+directly; the others through ssh -o BatchMode=yes -o
+StrictHostKeyChecking=accept-new (or --agent), which must log in without a
+password, find hvdd at the same path as here (or --hvdd-path), and find
+COMMAND in the same working directory. Like horovodrun's ssh, it takes a
+host it has never seen (accept-new records its key; a changed key is still
+refused). Remote ranks
 get the rank variables and -x exports (not the rest of this environment).
 When the job ends, or a rank fails, remote processes are stopped by closing
 their agent's standard input: a wrapper on the remote side then sends them
@@ -82,8 +85,9 @@ Flags for jobs across hosts:
         the hosts, one per line as "HOST slots=N" or "HOST:N" (# comments)
   --backend tcp|mpi
         the daemons' cross-node engine (default tcp). mpi starts the daemons as
-        the ranks of one mpirun (one per host; the agent, if any, becomes its
-        plm_rsh_agent) and needs hvdd built with -tags mpi on every host
+        the ranks of one mpirun (one per host, reached through the same agent
+        or ssh command, its plm_rsh_agent) and needs hvdd built with -tags mpi
+        on every host
   --rendezvous-port PORT
         host 0's rendezvous port (default: a free port when host 0 is this
         machine, else 29500)

@@ -111,8 +111,8 @@ type Config struct {
 
 	// Agent replaces ssh for remote hosts: its words (split on white space)
 	// are run followed by the host and one shell command line, as mpirun's
-	// plm_rsh_agent. Empty means "ssh -o BatchMode=yes [-p SSHPort] [-i
-	// SSHIdentityFile]".
+	// plm_rsh_agent. Empty means "ssh -o BatchMode=yes -o
+	// StrictHostKeyChecking=accept-new [-p SSHPort] [-i SSHIdentityFile]".
 	Agent string
 
 	// HvddPath is the hvdd binary that starts the daemons of this machine's

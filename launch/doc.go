@@ -14,7 +14,8 @@
 // the job (hvdd serve --nodes H --node-rank I, a per-job socket under /tmp,
 // a fresh random secret on the daemon's standard input; host 0 serves the
 // rendezvous). Hosts that are this machine get their daemon and ranks as
-// child processes, the others through the agent (ssh -o BatchMode=yes, or
+// child processes, the others through the agent (ssh -o BatchMode=yes -o
+// StrictHostKeyChecking=accept-new, or
 // Config.Agent run as "AGENT HOST 'sh -c ...'", as mpirun's plm_rsh_agent).
 // Every remote command line runs its process in the background under a
 // watcher that sends it SIGTERM, then SIGKILL after the kill grace, when the

@@ -15,7 +15,7 @@ import (
 // With --backend mpi the daemons are the ranks of one mpirun, one per host,
 // started as an MPMD job so that each gets its own slot count and address:
 //
-//	mpirun --allow-run-as-root --bind-to none -x HVDD_SECRET [--mca plm_rsh_agent AGENT] \
+//	mpirun --allow-run-as-root --bind-to none -x HVDD_SECRET --mca plm_rsh_agent AGENT \
 //	    -np 1 --host H0 hvdd serve --slots S0 --nodes N --node-rank 0 ... : \
 //	    -np 1 --host H1 hvdd serve --slots S1 --nodes N --node-rank 1 ...
 //
@@ -42,9 +42,10 @@ func (m *multiJob) mpirunArgs() []string {
 		// The daemons' --control default (tcp, or mpi for control over MPI).
 		args = append(args, "-x", "HVDD_CONTROL")
 	}
-	if m.cfg.Agent != "" {
-		args = append(args, "--mca", "plm_rsh_agent", m.cfg.Agent)
-	}
+	// mpirun reaches the hosts as hvdd run would: the agent, or our ssh
+	// command with its port and key (mpirun's own ssh would stop at a host
+	// key it has not seen).
+	args = append(args, "--mca", "plm_rsh_agent", strings.Join(m.agentArgv(), " "))
 	for i, n := range m.nodes {
 		if i > 0 {
 			args = append(args, ":")

@@ -214,22 +214,27 @@ func (m *multiJob) rankEnv(i, lr int) []string {
 	}
 }
 
+// agentArgv is the command that reaches a remote host, before the host and
+// its command line: --agent's words, else ssh with --ssh-port and
+// --ssh-identity-file.
+func (m *multiJob) agentArgv() []string {
+	if m.cfg.Agent != "" {
+		return strings.Fields(m.cfg.Agent)
+	}
+	argv := append([]string(nil), sshCommand...)
+	if m.cfg.SSHPort != 0 {
+		argv = append(argv, "-p", strconv.Itoa(m.cfg.SSHPort))
+	}
+	if m.cfg.SSHIdentityFile != "" {
+		argv = append(argv, "-i", m.cfg.SSHIdentityFile)
+	}
+	return argv
+}
+
 // agent returns the command that runs script on host.
 func (m *multiJob) agent(host, script string) *exec.Cmd {
-	var argv []string
-	if m.cfg.Agent != "" {
-		argv = strings.Fields(m.cfg.Agent)
-	} else {
-		argv = []string{"ssh", "-o", "BatchMode=yes"}
-		if m.cfg.SSHPort != 0 {
-			argv = append(argv, "-p", strconv.Itoa(m.cfg.SSHPort))
-		}
-		if m.cfg.SSHIdentityFile != "" {
-			argv = append(argv, "-i", m.cfg.SSHIdentityFile)
-		}
-	}
 	// The remote login shell may not be sh; it gets one quoted word for sh.
-	argv = append(argv, host, "sh -c "+shellQuote(script))
+	argv := append(m.agentArgv(), host, "sh -c "+shellQuote(script))
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = environ()
 	return cmd
@@ -240,8 +245,14 @@ func (m *multiJob) agentString() string {
 	if m.cfg.Agent != "" {
 		return m.cfg.Agent
 	}
-	return "ssh -o BatchMode=yes"
+	return strings.Join(sshCommand, " ")
 }
+
+// sshCommand reaches remote hosts when no agent is given: never a password
+// prompt (BatchMode), and, as horovodrun's ssh does, a host not yet in
+// known_hosts is taken (accept-new records its key; unlike horovodrun's
+// StrictHostKeyChecking=no, a changed key is still refused).
+var sshCommand = []string{"ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new"}
 
 // watch wraps the sh command line cmd (which must not read its stdin): it
 // runs in the background, and when our stdin ends it gets SIGTERM, then

@@ -473,7 +473,7 @@ func TestMultiHostSignal(t *testing.T) {
 func TestAgentCommand(t *testing.T) {
 	m := &multiJob{cfg: &Config{SSHPort: 2222, SSHIdentityFile: "/k ey"}}
 	got := m.agent("node1", "echo 'hi'").Args
-	want := []string{"ssh", "-o", "BatchMode=yes", "-p", "2222", "-i", "/k ey", "node1", `sh -c 'echo '\''hi'\'''`}
+	want := []string{"ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-p", "2222", "-i", "/k ey", "node1", `sh -c 'echo '\''hi'\'''`}
 	if !slices.Equal(got, want) {
 		t.Errorf("ssh agent = %q, want %q", got, want)
 	}
@@ -503,6 +503,16 @@ func TestMpirunArgsControl(t *testing.T) {
 	t.Setenv("HVDD_CONTROL", "mpi")
 	if !has() {
 		t.Errorf("HVDD_CONTROL not forwarded: %v", m.mpirunArgs())
+	}
+	// mpirun reaches the hosts with our ssh command (port included), or
+	// with the agent.
+	m.cfg.SSHPort = 2222
+	if args := strings.Join(m.mpirunArgs(), " "); !strings.Contains(args, "--mca plm_rsh_agent ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new -p 2222 -np 1") {
+		t.Errorf("mpirun's rsh agent is not our ssh: %s", args)
+	}
+	m.cfg.Agent = "my-agent -x"
+	if args := strings.Join(m.mpirunArgs(), " "); !strings.Contains(args, "--mca plm_rsh_agent my-agent -x -np 1") {
+		t.Errorf("mpirun's rsh agent is not --agent: %s", args)
 	}
 	// Every daemon may use all its host's cores; root may launch, as with
 	// horovodrun.
