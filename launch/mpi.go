@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -68,6 +69,9 @@ func (m *multiJob) startMPIDaemons(ctx context.Context, o *output) ([]*daemonPro
 	if err != nil {
 		return nil, fmt.Errorf("--backend mpi needs mpirun: %w (apt-get install openmpi-bin libopenmpi-dev, and build hvdd with -tags mpi)", err)
 	}
+	if err := checkOpenMPI(mpirun); err != nil {
+		return nil, err
+	}
 	for i, n := range m.nodes {
 		if n.Local {
 			if err := os.Mkdir(filepath.Dir(m.socket(i)), 0o700); err != nil {
@@ -134,4 +138,19 @@ func mpirunHint(tail string) string {
 		return "mpirun could not start its daemon (orted) on every host: check that each host reaches the others and has Open MPI installed"
 	}
 	return "is hvdd built with -tags mpi on every host?"
+}
+
+// checkOpenMPI refuses an mpirun that is not Open MPI's: the command line
+// above uses its flags (-x, --mca, --bind-to none, --allow-run-as-root).
+// With another MPI (MPICH's hydra) the daemons can still be started by hand.
+func checkOpenMPI(mpirun string) error {
+	out, _ := exec.Command(mpirun, "--version").CombinedOutput()
+	if bytes.Contains(out, []byte("Open MPI")) || bytes.Contains(out, []byte("OpenRTE")) {
+		return nil
+	}
+	first, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	return fmt.Errorf("hvdd run --backend mpi launches through Open MPI's mpirun, and %s is not (it says %q); "+
+		"install openmpi-bin and put its mpirun first on PATH, or start one daemon per node with your MPI's launcher: "+
+		"mpiexec -n NODES hvdd serve --slots S --nodes -1 --node-rank -1 --backend mpi --rendezvous HOST0:PORT "+
+		"(HVDD_SECRET in its environment; see hvdd serve --help)", mpirun, first)
 }

@@ -377,6 +377,26 @@ exec ip netns exec "$ns" sh -c "$2"`, hosts[0].Addr, hosts[0].NS, hosts[1].Addr,
 	checkCleanedUp(t, ranks)
 }
 
+// TestCheckOpenMPI: an mpirun other than Open MPI's (here a stand-in that
+// answers like MPICH's hydra) is refused with what to do instead.
+func TestCheckOpenMPI(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ version, want string }{
+		{"mpirun (Open MPI) 4.1.4", ""},
+		{"HYDRA build details:\n    Version: 4.0.2", `it says "HYDRA build details:"`},
+	} {
+		fake := filepath.Join(dir, "mpirun")
+		os.WriteFile(fake, []byte("#!/bin/sh\necho '"+strings.ReplaceAll(c.version, "\n", "'\necho '")+"'\n"), 0o755)
+		err := checkOpenMPI(fake)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%q refused: %v", c.version, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "--node-rank -1")):
+			t.Errorf("%q: got %v, want an error saying %s and how to start the daemons", c.version, err, c.want)
+		}
+	}
+}
+
 func TestMultiHostBackendMPI(t *testing.T) {
 	t.Parallel()
 	r := multiRun(t, Config{
