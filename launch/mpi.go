@@ -142,7 +142,8 @@ func mpirunHint(tail string) string {
 
 // checkOpenMPI refuses an mpirun that is not Open MPI's: the command line
 // above uses its flags (-x, --mca, --bind-to none, --allow-run-as-root).
-// With another MPI (MPICH's hydra) the daemons can still be started by hand.
+// With another MPI (MPICH's hydra) the daemons can still be started by hand
+// (clients/go's TestMPICHMultiNodeCollectives does).
 func checkOpenMPI(mpirun string) error {
 	out, _ := exec.Command(mpirun, "--version").CombinedOutput()
 	if bytes.Contains(out, []byte("Open MPI")) || bytes.Contains(out, []byte("OpenRTE")) {
@@ -150,7 +151,8 @@ func checkOpenMPI(mpirun string) error {
 	}
 	first, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
 	return fmt.Errorf("hvdd run --backend mpi launches through Open MPI's mpirun, and %s is not (it says %q); "+
-		"install openmpi-bin and put its mpirun first on PATH, or start one daemon per node with your MPI's launcher: "+
+		"install openmpi-bin and put its mpirun first on PATH, or start one daemon per node with your MPI's launcher "+
+		"(hvdd built for that MPI: -tags 'mpi mpich' for MPICH): "+
 		"mpiexec -n NODES hvdd serve --slots S --nodes -1 --node-rank -1 --backend mpi --rendezvous HOST0:PORT "+
-		"(HVDD_SECRET in its environment; see hvdd serve --help)", mpirun, first)
+		"(HVDD_SECRET in its environment; see hvdd serve --help), then the ranks on each node's socket", mpirun, first)
 }

@@ -42,35 +42,74 @@ func TestMPIMultiNodeCollectives(t *testing.T) {
 	}
 }
 
-// buildMPI builds hvdd with -tags mpi for the test.
-func buildMPI(t *testing.T) string {
+// TestMPICHMultiNodeCollectives runs the collective scenarios on daemons
+// built for MPICH (-tags 'mpi mpich') and started by its mpiexec, with the
+// control links over TCP and over MPI: hvdd run launches through Open MPI
+// only, but the daemons run under MPICH too.
+func TestMPICHMultiNodeCollectives(t *testing.T) {
+	bin := buildMPITags(t, mpich, "mpi mpich")
+	for _, control := range []string{"tcp", "mpi"} {
+		t.Run("2x1,control="+control, func(t *testing.T) {
+			sockets, _ := startMPINodesWith(t, mpich, bin, 2, 1, "--control", control)
+			runScenariosOn(t, sockets, 1, 1)
+		})
+	}
+}
+
+// buildMPI builds hvdd with -tags mpi for the test, for Open MPI.
+func buildMPI(t *testing.T) string { return buildMPITags(t, openMPI, "mpi") }
+
+// buildMPITags builds hvdd with the given build tags, for launcher l's MPI.
+func buildMPITags(t *testing.T, l mpiLauncher, tags string) string {
 	t.Helper()
-	if _, err := exec.LookPath("mpirun"); err != nil {
-		t.Fatal("mpirun missing: apt-get install openmpi-bin libopenmpi-dev (scripts/setup.sh does)")
+	if _, err := exec.LookPath(l.path); err != nil {
+		t.Fatalf("%s missing: %s (scripts/setup.sh installs it)", l.path, l.install)
 	}
 	bin := filepath.Join(t.TempDir(), "hvdd-mpi")
-	build := exec.Command("go", "build", "-tags", "mpi", "-o", bin, "../../cmd/hvdd")
+	build := exec.Command("go", "build", "-tags", tags, "-o", bin, "../../cmd/hvdd")
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build -tags mpi: %v\n%s", err, out)
+		t.Fatalf("go build -tags %q: %v\n%s", tags, err, out)
 	}
 	return bin
 }
 
-// startMPINodes starts nodes daemons of slots local ranks each under mpirun
-// (with extra serve arguments) and returns their sockets, by node rank, and
-// a channel closed when mpirun exits. The daemons stop with the test.
+// mpiLauncher starts the n ranks of one MPI job.
+type mpiLauncher struct {
+	path    string
+	install string               // what provides it
+	args    func(n int) []string // before the program
+	env     []string
+}
+
+var (
+	// Open MPI 4.1's orted can crash writing its hwloc topology to shared
+	// memory when several "hosts" share one machine; no binding is needed.
+	openMPI = mpiLauncher{"mpirun", "apt-get install openmpi-bin libopenmpi-dev",
+		func(n int) []string { return []string{"-np", strconv.Itoa(n), "--oversubscribe", "-x", "HVDD_SECRET"} },
+		[]string{"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_rtc=^hwloc"}}
+	// MPICH's hydra passes the whole environment.
+	mpich = mpiLauncher{"mpiexec.mpich", "apt-get install mpich libmpich-dev",
+		func(n int) []string { return []string{"-n", strconv.Itoa(n)} }, nil}
+)
+
+// startMPINodes starts nodes daemons of slots local ranks each under Open
+// MPI's mpirun (with extra serve arguments) and returns their sockets, by
+// node rank, and a channel closed when mpirun exits. The daemons stop with
+// the test.
 func startMPINodes(t *testing.T, bin string, nodes, slots int, extra ...string) ([]string, <-chan struct{}) {
+	return startMPINodesWith(t, openMPI, bin, nodes, slots, extra...)
+}
+
+// startMPINodesWith is startMPINodes under launcher l.
+func startMPINodesWith(t *testing.T, l mpiLauncher, bin string, nodes, slots int, extra ...string) ([]string, <-chan struct{}) {
 	t.Helper()
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, "mpirun", "-np", strconv.Itoa(nodes), "--oversubscribe", "-x", "HVDD_SECRET",
-		bin, "serve", "--slots", strconv.Itoa(slots), "--nodes", "-1", "--node-rank", "-1", "--backend", "mpi",
+	cmd := exec.CommandContext(ctx, l.path, l.args(nodes)...)
+	cmd.Args = append(cmd.Args, bin, "serve", "--slots", strconv.Itoa(slots), "--nodes", "-1", "--node-rank", "-1", "--backend", "mpi",
 		"--rendezvous", freePort(t, "127.0.0.1"), "--socket", filepath.Join(dir, "n{node}.sock"))
 	cmd.Args = append(cmd.Args, extra...)
-	// Open MPI 4.1's orted can crash writing its hwloc topology to shared
-	// memory when several "hosts" share one machine; no binding is needed.
-	cmd.Env = append(os.Environ(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_rtc=^hwloc",
-		"HVDD_SECRET="+string(testSecret))
+	cmd.Env = append(append(os.Environ(), l.env...), "HVDD_SECRET="+string(testSecret))
 	var logs strings.Builder
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
@@ -82,7 +121,7 @@ func startMPINodes(t *testing.T, bin string, nodes, slots int, extra ...string) 
 		cancel()
 		<-exited
 		if t.Failed() {
-			t.Logf("mpirun output:\n%s", logs.String())
+			t.Logf("%s output:\n%s", l.path, logs.String())
 		}
 	})
 	sockets := make([]string, nodes)
