@@ -46,6 +46,7 @@ from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt, HvddIntern
 from . import elastic
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .mpi_ops import COLLECTIVES as _COLLECTIVES
 from .mpi_ops import (
     allgather,
     allgather_async,
@@ -85,33 +86,7 @@ __all__ = [
     "HvddInternalError",
     "HostsUpdatedInterrupt",
     # collectives
-    "allreduce",
-    "allreduce_",
-    "allreduce_async",
-    "allreduce_async_",
-    "grouped_allreduce",
-    "grouped_allreduce_",
-    "grouped_allreduce_async",
-    "grouped_allreduce_async_",
-    "sparse_allreduce_async",
-    "allgather",
-    "allgather_async",
-    "grouped_allgather",
-    "grouped_allgather_async",
-    "broadcast",
-    "broadcast_",
-    "broadcast_async",
-    "broadcast_async_",
-    "alltoall",
-    "alltoall_async",
-    "reducescatter",
-    "reducescatter_async",
-    "grouped_reducescatter",
-    "grouped_reducescatter_async",
-    "join",
-    "barrier",
-    "poll",
-    "synchronize",
+    *_COLLECTIVES,
     # training helpers
     "Compression",
     "DistributedOptimizer",

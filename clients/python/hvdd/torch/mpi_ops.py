@@ -24,7 +24,8 @@ from .._proto import hvdd_pb2 as pb
 from ..basics import Average, ReduceOp, Sum, global_process_set, ProcessSet, process_set_id as _ps_id
 from .compression import Compression
 
-__all__ = [
+# The collectives hvdd.torch exports, as horovod.torch does.
+COLLECTIVES = [
     "allreduce",
     "allreduce_",
     "allreduce_async",
@@ -52,8 +53,9 @@ __all__ = [
     "barrier",
     "poll",
     "synchronize",
-    "handle_average_backwards_compatibility",
 ]
+
+__all__ = [*COLLECTIVES, "handle_average_backwards_compatibility"]
 
 # torch dtype -> (wire dtype, numpy dtype of the same bits).
 _DTYPES = {
