@@ -27,9 +27,9 @@ fi
 bin=$(readlink -f "$bin")
 printf '#!/bin/sh\n# agent HOST COMMAND: every "host" is this machine\nshift\nexec sh -c "$*"\n' > "$W/agent"
 chmod +x "$W/agent"
-# Open MPI refuses root without these; its orted can crash writing the hwloc
-# topology when several "hosts" share one machine (rtc_hwloc_vmhole=none).
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rtc_hwloc_vmhole=none
+# Open MPI's orted can crash writing the hwloc topology when several "hosts"
+# share one machine (rtc_hwloc_vmhole=none).
+export OMPI_MCA_rtc_hwloc_vmhole=none
 for r in $(seq 1 "$ROUNDS"); do
   for ctl in tcp mpi; do
     med=$(HVDD_CONTROL=$ctl "$bin" run -np 2 -H 127.0.0.2:1,127.0.0.3:1 --backend mpi --agent "$W/agent" -- \

@@ -309,4 +309,8 @@ func TestDirectWriter(t *testing.T) {
 	if err != nil || got.GetAbort().GetMsg() != "direct" {
 		t.Errorf("Recv = %v, %v; want the abort", got, err)
 	}
+	l.Close()
+	if err := l.Send(ready); err == nil || len(dc.frames) != 0 {
+		t.Errorf("Send on a closed link: %v, %d frames written", err, len(dc.frames))
+	}
 }

@@ -425,18 +425,7 @@ func TestStallWarningAndShutdown(t *testing.T) {
 	s := daemontest.Start(t, daemon.Config{Slots: 2, StallCheck: 200 * time.Millisecond, StallShutdown: 400 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	clients := make([]*hvdd.Client, 2)
-	errc := make(chan error, 2)
-	for i := range clients {
-		lr := i
-		clients[i] = &hvdd.Client{Socket: s.Socket, RequestedLocalRank: &lr}
-		go func() { errc <- clients[lr].Init(ctx) }()
-	}
-	for range clients {
-		if err := <-errc; err != nil {
-			t.Fatal(err)
-		}
-	}
+	clients := daemontest.InitClients(t, ctx, s.Socket, 2)
 	defer clients[0].Close()
 	defer clients[1].Close()
 	// Rank 0 submits a tensor that rank 1 never does.

@@ -46,7 +46,7 @@ func (m *multiJob) mpirunArgs() []string {
 	// mpirun reaches the hosts as hvdd run would: the agent, or our ssh
 	// command with its port and key (mpirun's own ssh would stop at a host
 	// key it has not seen).
-	args = append(args, "--mca", "plm_rsh_agent", strings.Join(m.agentArgv(), " "))
+	args = append(args, "--mca", "plm_rsh_agent", m.agentString())
 	for i, n := range m.nodes {
 		if i > 0 {
 			args = append(args, ":")
@@ -131,10 +131,7 @@ func (m *multiJob) socketUp(i int) bool {
 // mpirunHint says what to do about an mpirun that failed before the daemons
 // were up, judging by the tail of its output.
 func mpirunHint(tail string) string {
-	switch {
-	case strings.Contains(tail, "OMPI_ALLOW_RUN_AS_ROOT"):
-		return "Open MPI refuses to run as root: run as another user, or set OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
-	case strings.Contains(tail, "ORTE was unable to reliably start"), strings.Contains(tail, "ORTE does not know how to route"):
+	if strings.Contains(tail, "ORTE was unable to reliably start") || strings.Contains(tail, "ORTE does not know how to route") {
 		return "mpirun could not start its daemon (orted) on every host: check that each host reaches the others and has Open MPI installed"
 	}
 	return "is hvdd built with -tags mpi on every host?"

@@ -240,13 +240,9 @@ func (m *multiJob) agent(host, script string) *exec.Cmd {
 	return cmd
 }
 
-// agentString is the agent's command for messages.
-func (m *multiJob) agentString() string {
-	if m.cfg.Agent != "" {
-		return m.cfg.Agent
-	}
-	return strings.Join(sshCommand, " ")
-}
+// agentString is agentArgv as one line, for messages and mpirun's
+// plm_rsh_agent.
+func (m *multiJob) agentString() string { return strings.Join(m.agentArgv(), " ") }
 
 // sshCommand reaches remote hosts when no agent is given: never a password
 // prompt (BatchMode), and, as horovodrun's ssh does, a host not yet in

@@ -545,7 +545,6 @@ func TestMpirunArgsControl(t *testing.T) {
 // hint that fits its output.
 func TestMpirunHint(t *testing.T) {
 	for _, c := range []struct{ tail, want string }{
-		{"the variable OMPI_ALLOW_RUN_AS_ROOT=1 to indicate the desire to override this", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"},
 		{"ORTE was unable to reliably start one or more daemons.", "could not start its daemon"},
 		{"hvdd: unknown --backend \"mpi\" (this hvdd was built without -tags mpi)", "-tags mpi"},
 		{"", "-tags mpi"},

@@ -3,7 +3,6 @@ package tcp
 import (
 	"context"
 	"errors"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -113,10 +112,8 @@ func TestCloseUnblocks(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- g[0].Allreduce(context.Background(), make([]byte, 1<<20), tensor.Float32, tensor.Sum) }()
 	// Close while the call is in progress (it waits for rank 1 forever).
-	for deadline := time.Now().Add(5 * time.Second); g[0].active.Load() == 0; runtime.Gosched() {
-		if time.Now().After(deadline) {
-			t.Fatal("the Allreduce never started")
-		}
+	if !waitFor(func() bool { return g[0].active.Load() != 0 }) {
+		t.Fatal("the Allreduce never started")
 	}
 	g[0].Close()
 	select {
@@ -184,9 +181,7 @@ func TestBadArguments(t *testing.T) {
 // waitBye waits until b has read the orderly bye of rank from.
 func waitBye(t *testing.T, b *Backend, from int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); b.peers[from].doneAt.Load() < 0; runtime.Gosched() {
-		if time.Now().After(deadline) {
-			t.Fatalf("rank %d never read rank %d's bye", b.rank, from)
-		}
+	if !waitFor(func() bool { return b.peers[from].doneAt.Load() >= 0 }) {
+		t.Fatalf("rank %d never read rank %d's bye", b.rank, from)
 	}
 }

@@ -131,8 +131,10 @@ func TestRefusals(t *testing.T) {
 	}
 }
 
+// waitFor polls cond every 10 ms for up to 10 s and reports whether it
+// came true.
 func waitFor(cond func() bool) bool {
-	for range 200 {
+	for range 1000 {
 		if cond() {
 			return true
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -104,7 +105,7 @@ func onlineCPUs(list string) int {
 }
 
 // warnIfBound logs boundWarning for this process under an MPI launcher.
-func warnIfBound(log interface{ Warn(string, ...any) }) {
+func warnIfBound(log *slog.Logger) {
 	if _, _, ok := launcherRank(); !ok {
 		return
 	}

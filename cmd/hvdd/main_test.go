@@ -13,6 +13,7 @@ import (
 	"time"
 
 	hvdd "github.com/hvdd/hvdd/clients/go"
+	"github.com/hvdd/hvdd/internal/daemontest"
 )
 
 var hvddBin string
@@ -120,18 +121,7 @@ func TestSignalTellsClients(t *testing.T) {
 	defer d.Process.Kill()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	clients := make([]*hvdd.Client, 2)
-	errc := make(chan error, 2)
-	for i := range clients {
-		lr := i
-		clients[i] = &hvdd.Client{Socket: sock, RequestedLocalRank: &lr}
-		go func() { errc <- clients[i].Init(ctx) }()
-	}
-	for range clients {
-		if err := <-errc; err != nil {
-			t.Fatal(err)
-		}
-	}
+	clients := daemontest.InitClients(t, ctx, sock, 2)
 	// Rank 1 never submits "lonely": rank 0's op waits until the daemon goes.
 	h, err := hvdd.AllreduceAsync(clients[0], []float32{1}, hvdd.WithName("lonely"))
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	hvdd "github.com/hvdd/hvdd/clients/go"
 	"github.com/hvdd/hvdd/daemon"
 )
 
@@ -232,3 +233,23 @@ func (s *syncBuffer) wait(deadline time.Time) {
 }
 
 var _ io.Writer = (*syncBuffer)(nil)
+
+// InitClients joins n Go clients of this process to the job of the daemon
+// on socket, as local ranks 0..n-1 (Init returns only once every rank has
+// arrived, so they start together). It fails tb if one cannot join.
+func InitClients(tb testing.TB, ctx context.Context, socket string, n int) []*hvdd.Client {
+	tb.Helper()
+	clients := make([]*hvdd.Client, n)
+	errc := make(chan error, n)
+	for i := range clients {
+		lr := i
+		clients[i] = &hvdd.Client{Socket: socket, RequestedLocalRank: &lr}
+		go func() { errc <- clients[i].Init(ctx) }()
+	}
+	for range clients {
+		if err := <-errc; err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return clients
+}
