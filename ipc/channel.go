@@ -156,7 +156,8 @@ func (ch *Channel) SendFrame(b []byte) (bool, error) {
 	n := copy(ch.tx.data[at:], b)
 	copy(ch.tx.data, b[n:])
 	ch.txHead += uint64(len(b))
-	ch.tx.head.Store(ch.txHead)
+	// An exchange, not a store: see SetAsleep.
+	ch.tx.head.Swap(ch.txHead)
 	return true, nil
 }
 
@@ -177,12 +178,24 @@ func (ch *Channel) PeerAsleep() bool { return ch.peerAsleep.Load() != 0 }
 // SetAsleep tells the peer whether this side sleeps on the socket. After
 // setting it, check Pending once more before sleeping: a frame published
 // before the peer saw the flag rang no doorbell.
+//
+// The handshake is a store then a load on each side (the receiver's flag,
+// then the ring's head; the sender's head, then the flag), and it holds
+// only if neither load can pass the store before it. The flag and the head
+// are therefore written with an atomic exchange, a full barrier, rather
+// than a store: under the race detector Go's atomic stores are release
+// stores, which a later load of another location may pass when the
+// location is shared with another process (golang/go#58020). The receiver
+// then slept with a frame in its ring and no doorbell coming: an
+// intermittent hang of the race-enabled multi-node tests, caught by the
+// counters of both sides. Without the race detector a store is already an
+// exchange on amd64, so this costs nothing there.
 func (ch *Channel) SetAsleep(v bool) {
 	var x uint32
 	if v {
 		x = 1
 	}
-	ch.myAsleep.Store(x)
+	ch.myAsleep.Swap(x)
 }
 
 // Pending reports whether unread frames wait in the ring.
