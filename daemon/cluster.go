@@ -111,6 +111,10 @@ type multiJob struct {
 	plans  []*clusterpb.Plan                // non-coordinator: received, not yet run
 	seq    uint64                           // plans sent (node 0) or run (others)
 	caches map[int]map[int32][]plan.Request // node 0: per node, cache slot -> requests
+	// shutdown is an orderly shutdown (an Abort with CODE_SHUT_DOWN) that
+	// waits for the plans received before it: they ran, or run, on the node
+	// it came from, so they run here too.
+	shutdown *clusterpb.Abort
 }
 
 // cacheEntry is a tensor's requests as last forwarded, under a cache slot.
@@ -559,6 +563,13 @@ func (c *clusterNode) control(j *job, node int, m *clusterpb.Message) {
 			j.mn.plans = append(j.mn.plans, msg.Plan)
 		}
 	case *clusterpb.Message_Abort:
+		if ipcpb.Code(msg.Abort.GetCode()) == ipcpb.Code_CODE_SHUT_DOWN && (c.l.execBusy || len(j.mn.plans) > 0) {
+			// A rank shut down after its last collective; plans sent
+			// before that still run here (see dispatchMulti).
+			c.l.s.log.Debug("shutdown waits for the plans before it", "job", j.id, "from", node, "plans", len(j.mn.plans), "running", c.l.execBusy)
+			j.mn.shutdown = msg.Abort
+			return
+		}
 		// Node 0 relays a node's abort to the others.
 		c.l.abort(j, ipcpb.Code(msg.Abort.GetCode()), msg.Abort.GetMsg(), c.rank == 0)
 	case *clusterpb.Message_Bye:
@@ -756,13 +767,20 @@ func sameRequests(a, b []*clusterpb.Request) bool {
 	return true
 }
 
-// dispatchMulti starts the next plan when the executor is idle.
+// dispatchMulti starts plans while the executor is idle: on node 0 the next
+// batch of ready responses, which it sends to every node first; on the
+// others every plan received so far, in order. A shutdown that came after
+// plans takes effect once they have run.
 func (c *clusterNode) dispatchMulti(j *job) {
 	if c.l.execBusy || j.failed != nil {
 		return
 	}
+	defer c.shutdownAfterPlans(j)
 	var resps []plan.Response
 	if c.rank == 0 {
+		if j.mn.shutdown != nil {
+			return
+		}
 		resps = j.table.Ready()
 		if len(resps) == 0 {
 			return
@@ -779,10 +797,14 @@ func (c *clusterNode) dispatchMulti(j *job) {
 				return
 			}
 		}
-	} else {
-		if len(j.mn.plans) == 0 {
-			return
-		}
+		c.runPlan(j, resps)
+		return
+	}
+	// Several plans may have arrived in one read. Run them all while the
+	// executor stays idle: one that runs in the loop leaves nothing that
+	// would bring the loop back here for the next, and the ranks waiting
+	// for it send nothing more.
+	for len(j.mn.plans) > 0 && !c.l.execBusy && j.failed == nil {
 		pm := j.mn.plans[0]
 		j.mn.plans = j.mn.plans[1:]
 		j.mn.seq++
@@ -790,10 +812,26 @@ func (c *clusterNode) dispatchMulti(j *job) {
 			c.l.abort(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("plan %d arrived where %d was due", pm.GetSeq(), j.mn.seq), true)
 			return
 		}
+		resps = nil
 		for _, pr := range pm.GetResponses() {
 			resps = append(resps, responseFromPB(pr))
 		}
+		c.runPlan(j, resps)
 	}
+}
+
+// shutdownAfterPlans applies a deferred shutdown once no plan waits or runs.
+func (c *clusterNode) shutdownAfterPlans(j *job) {
+	a := j.mn.shutdown
+	if a == nil || c.l.execBusy || len(j.mn.plans) > 0 || j.failed != nil {
+		return
+	}
+	j.mn.shutdown = nil
+	c.l.abort(j, ipcpb.Code(a.GetCode()), a.GetMsg(), c.rank == 0)
+}
+
+// runPlan runs one plan's responses (every node, in plan order).
+func (c *clusterNode) runPlan(j *job, resps []plan.Response) {
 	for _, r := range resps {
 		if r.Op == tensor.Join {
 			j.mn.joined = 0
