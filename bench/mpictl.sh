@@ -25,7 +25,14 @@ if [ -z "$bin" ]; then
   bin=$W/hvdd; go build -tags mpi -o "$bin" ./cmd/hvdd
 fi
 bin=$(readlink -f "$bin")
-printf '#!/bin/sh\n# agent HOST COMMAND: every "host" is this machine\nshift\nexec sh -c "$*"\n' > "$W/agent"
+# agent HOST COMMAND: every "host" is this machine; each orted gets its own
+# Open MPI session directory (two creating a shared one can fail, EEXIST).
+cat > "$W/agent" <<AGENT
+#!/bin/sh
+OMPI_MCA_orte_tmpdir_base=$W/ompi-\$1; export OMPI_MCA_orte_tmpdir_base
+mkdir -p "\$OMPI_MCA_orte_tmpdir_base"; shift
+exec sh -c "\$*"
+AGENT
 chmod +x "$W/agent"
 # Open MPI's orted can crash writing the hwloc topology when several "hosts"
 # share one machine (rtc_hwloc_vmhole=none).

@@ -18,6 +18,9 @@ cat > "$W/agent" <<AGENT
 # hvdd run / mpirun remote agent: run the command in the host's namespace.
 host=\$1; shift
 case "\$host" in $A|${NS}0) ns=${NS}0 ;; $B|${NS}1) ns=${NS}1 ;; *) echo "unknown host \$host" >&2; exit 255 ;; esac
+# The namespaces share one file system: an Open MPI session directory each.
+OMPI_MCA_orte_tmpdir_base=$W/ompi-\$ns; export OMPI_MCA_orte_tmpdir_base
+mkdir -p "\$OMPI_MCA_orte_tmpdir_base"
 exec ip netns exec \$ns sh -c "\$*"
 AGENT
 chmod +x "$W/agent"

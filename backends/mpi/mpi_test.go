@@ -493,6 +493,10 @@ func TestMPIMultiHost(t *testing.T) {
 		"host=$1; shift\n" +
 		"echo \"$host\" >> " + log + "\n" +
 		"HVDD_MPI_TEST_HOST=$host; export HVDD_MPI_TEST_HOST\n" +
+		// Both "hosts" are this machine: a session directory each, or
+		// two orteds creating the shared one at once can fail (EEXIST).
+		"OMPI_MCA_orte_tmpdir_base=" + dir + "/ompi-$host; export OMPI_MCA_orte_tmpdir_base\n" +
+		"mkdir -p \"$OMPI_MCA_orte_tmpdir_base\"\n" +
 		"exec /bin/sh -c \"$*\"\n"
 	if err := os.WriteFile(agent, []byte(script), 0o755); err != nil {
 		t.Fatal(err)

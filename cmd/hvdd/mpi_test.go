@@ -104,7 +104,14 @@ func TestRunBackendMPI(t *testing.T) {
 	dir := t.TempDir()
 	bin := buildMPI(t, dir)
 	agent := filepath.Join(dir, "agent")
-	if err := os.WriteFile(agent, []byte("#!/bin/sh\nshift\nexec sh -c \"$*\"\n"), 0o755); err != nil {
+	// Every "host" is this machine. Each orted gets a session directory of
+	// its own: under one hostname they would share Open MPI's, and two
+	// orteds creating it at once can fail with EEXIST (seen in CI).
+	script := "#!/bin/sh\n" +
+		"OMPI_MCA_orte_tmpdir_base=" + dir + "/ompi-$1; export OMPI_MCA_orte_tmpdir_base\n" +
+		"mkdir -p \"$OMPI_MCA_orte_tmpdir_base\"; shift\n" +
+		"exec sh -c \"$*\"\n"
+	if err := os.WriteFile(agent, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
