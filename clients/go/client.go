@@ -289,10 +289,10 @@ func (c *Client) handshake(ctx context.Context, localRank int) error {
 	if err := c.ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Hello{Hello: &ipcpb.Hello{
 		Version: ipc.Version, Pid: int32(os.Getpid()), LocalRank: int32(localRank), Client: "go",
 	}}}, -1); err != nil {
-		return fmt.Errorf("hvdd: hello: %w", err)
+		return c.refusal(fmt.Errorf("hvdd: hello: %w", err))
 	}
 	if _, err := c.addRegion(c.ArenaSize); err != nil {
-		return err
+		return c.refusal(err)
 	}
 	for {
 		_, m, err := c.ic.ReadServer(ctx)
@@ -307,6 +307,25 @@ func (c *Client) handshake(ctx context.Context, localRank int) error {
 			return &Error{Code: m.Fatal.GetCode(), Msg: m.Fatal.GetError()}
 		default:
 			return fmt.Errorf("hvdd: unexpected %T before Welcome", m)
+		}
+	}
+}
+
+// refusal returns the daemon's reason for refusing this process, if it sent
+// one before closing the connection, in place of err: a write of the
+// handshake that fails because the daemon has closed the connection races
+// with reading its Fatal, which waits unread in the socket.
+func (c *Client) refusal(err error) error {
+	if !errors.Is(err, ipc.ErrClosed) {
+		return err
+	}
+	for {
+		f, ok, rerr := c.ic.TryReadFrame()
+		if rerr != nil || !ok {
+			return err
+		}
+		if _, m, derr := ipc.DecodeServer(f); derr == nil && m.GetFatal() != nil {
+			return &Error{Code: m.GetFatal().GetCode(), Msg: m.GetFatal().GetError()}
 		}
 	}
 }

@@ -340,8 +340,12 @@ class Client:
             h.pid = os.getpid()
             h.local_rank = self.requested_local_rank
             h.client = self.client_name
-            self._write(0, hello.SerializeToString())
-            self._add_staging(self.arena_size)
+            try:
+                self._write(0, hello.SerializeToString())
+                self._add_staging(self.arena_size)
+            except OSError:
+                self._raise_refusal()
+                raise
             sock.settimeout(max(0.001, deadline - time.monotonic()))
             while True:
                 try:
@@ -412,6 +416,23 @@ class Client:
             raise
         r.close_fd()
         self._ch = ch
+
+    def _raise_refusal(self) -> None:
+        """Raises the daemon's reason for refusing this process, if it sent one
+        before closing the connection: a write of the handshake that fails
+        because the daemon has closed the connection races with reading its
+        Fatal, which waits unread in the socket. Returns when there is none."""
+        assert self._sock is not None
+        self._sock.settimeout(1.0)  # the daemon has closed: data or EOF at once
+        while True:
+            try:
+                _, body = self._read_frame()
+            except (OSError, EOFError, HvddInternalError):
+                return
+            m = pb.ServerMessage()
+            m.ParseFromString(body)
+            if m.WhichOneof("msg") == "fatal":
+                raise error_for(m.fatal.code, f"hvdd: the daemon refused this process: {m.fatal.error}")
 
     def _add_staging(self, size: int) -> _Staging:
         """Creates and registers a staging region. Callers hold _lock (or run

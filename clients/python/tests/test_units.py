@@ -120,3 +120,27 @@ def test_encode_enqueue_matches_protobuf():
         got = encode_enqueue(**kw)
         assert pb.ClientMessage.FromString(got) == m, kw
         assert got == m.SerializeToString(), kw
+
+
+def test_refusal_before_hello(monkeypatch):
+    """The daemon refused this process (a Fatal, then the connection closed)
+    before its handshake wrote anything: the write fails, and connect must
+    raise the daemon's reason, not the broken pipe (the two raced in CI)."""
+    import socket
+
+    from hvdd._client import _HEADER, _KIND_SERVER, Client, HvddInternalError
+    from hvdd._proto import hvdd_pb2 as pb
+
+    ours, daemons = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    m = pb.ServerMessage()
+    m.fatal.code = pb.CODE_ABORTED
+    m.fatal.error = "node 1 could not join the job: authentication failed"
+    body = m.SerializeToString()
+    daemons.sendall(_HEADER.pack(b"HV", _KIND_SERVER, 0, 0, len(body)) + body)
+    daemons.close()
+    c = Client(socket_path="/nonexistent", local_rank=0, arena_size=1 << 20, start_timeout=5)
+    monkeypatch.setattr(c, "_dial", lambda deadline: ours)
+    with pytest.raises(
+        HvddInternalError, match="refused this process: node 1 could not join the job: authentication failed"
+    ):
+        c.connect()
