@@ -432,7 +432,7 @@ class Client:
             m = pb.ServerMessage()
             m.ParseFromString(body)
             if m.WhichOneof("msg") == "fatal":
-                raise error_for(m.fatal.code, f"hvdd: the daemon refused this process: {m.fatal.error}")
+                raise error_for(m.fatal.code, f"hvdd: the daemon refused this process: {m.fatal.error}") from None
 
     def _add_staging(self, size: int) -> _Staging:
         """Creates and registers a staging region. Callers hold _lock (or run
