@@ -776,12 +776,11 @@ func (c *clusterNode) dispatchMulti(j *job) {
 		return
 	}
 	defer c.shutdownAfterPlans(j)
-	var resps []plan.Response
 	if c.rank == 0 {
 		if j.mn.shutdown != nil {
 			return
 		}
-		resps = j.table.Ready()
+		resps := j.table.Ready()
 		if len(resps) == 0 {
 			return
 		}
@@ -812,7 +811,7 @@ func (c *clusterNode) dispatchMulti(j *job) {
 			c.l.abort(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("plan %d arrived where %d was due", pm.GetSeq(), j.mn.seq), true)
 			return
 		}
-		resps = nil
+		resps := make([]plan.Response, 0, len(pm.GetResponses()))
 		for _, pr := range pm.GetResponses() {
 			resps = append(resps, responseFromPB(pr))
 		}

@@ -42,3 +42,21 @@ func TestRefusalBeforeHello(t *testing.T) {
 		t.Fatalf("handshake returned %v; want the daemon's refusal %q", err, why)
 	}
 }
+
+// TestClosedBeforeHello: a daemon that closed the connection without a
+// Fatal leaves the client with the closed connection as its error.
+func TestClosedBeforeHello(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fds[1])
+	c := &Client{ArenaSize: 1 << 20}
+	if c.ic, err = ipc.NewConnFD(fds[0]); err != nil {
+		t.Fatal(err)
+	}
+	defer c.ic.Close()
+	if err := c.handshake(context.Background(), 0); !errors.Is(err, ipc.ErrClosed) {
+		t.Fatalf("handshake returned %v; want the closed connection", err)
+	}
+}

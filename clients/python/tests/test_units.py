@@ -144,3 +144,18 @@ def test_refusal_before_hello(monkeypatch):
         HvddInternalError, match="refused this process: node 1 could not join the job: authentication failed"
     ):
         c.connect()
+
+
+def test_closed_before_hello(monkeypatch):
+    """A daemon that closed the connection without a Fatal: connect raises
+    the broken pipe itself."""
+    import socket
+
+    from hvdd._client import Client
+
+    ours, daemons = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    daemons.close()
+    c = Client(socket_path="/nonexistent", local_rank=0, arena_size=1 << 20, start_timeout=5)
+    monkeypatch.setattr(c, "_dial", lambda deadline: ours)
+    with pytest.raises(BrokenPipeError):
+        c.connect()

@@ -617,6 +617,11 @@ def sync_bn() -> None:
     (out * w[4 * r : 4 * r + 4]).sum().backward()
     (ref_out * w).sum().backward()
     expect_equal(mine.grad, whole.grad[4 * r : 4 * r + 4], "SyncBatchNorm input grad", 1e-7)
+    # Evaluation normalises locally with the running statistics.
+    bn.eval()
+    ref.eval()
+    with torch.no_grad():
+        expect_equal(bn(mine), ref(whole)[4 * r : 4 * r + 4], "SyncBatchNorm eval forward", 1e-9)
     hvd.shutdown()
 
 

@@ -55,18 +55,6 @@ class SyncBatchNorm(_BatchNorm):
         if input.dim() < 2:
             raise ValueError("expected at least 2D input (got {}D input)".format(input.dim()))
 
-    def _run_bn(self, input: torch.Tensor) -> torch.Tensor:
-        return F.batch_norm(
-            input,
-            self.running_mean,
-            self.running_var,
-            self.weight,
-            self.bias,
-            self.training or not self.track_running_stats,
-            self.momentum or 0.0,
-            self.eps,
-        )
-
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
 
@@ -81,18 +69,18 @@ class SyncBatchNorm(_BatchNorm):
             exponential_average_factor = 0.0
 
         if (not self.training and self.track_running_stats) or size() == 1:
-            if self.training and self.track_running_stats and self.momentum is None:
-                return F.batch_norm(
-                    input,
-                    self.running_mean,
-                    self.running_var,
-                    self.weight,
-                    self.bias,
-                    True,
-                    exponential_average_factor,
-                    self.eps,
-                )
-            return self._run_bn(input)
+            # Local statistics (torch's own _BatchNorm.forward): batch ones
+            # while training or without running stats, the running ones else.
+            return F.batch_norm(
+                input,
+                self.running_mean,
+                self.running_var,
+                self.weight,
+                self.bias,
+                self.training or not self.track_running_stats,
+                exponential_average_factor,
+                self.eps,
+            )
 
         c = input.shape[1]
         dims = [0] + list(range(2, input.dim()))
