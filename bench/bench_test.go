@@ -188,6 +188,9 @@ func TestParseArgs(t *testing.T) {
 		cfg.ZeroCopy || cfg.NP != 3 || cfg.Socket != "/tmp/x.sock" {
 		t.Errorf("parsed %+v", cfg)
 	}
+	if cfg, err := ParseArgs([]string{"--gap", "50ms"}, &bytes.Buffer{}); err != nil || cfg.Gap != 50*time.Millisecond {
+		t.Errorf("--gap 50ms: %+v, %v", cfg, err)
+	}
 	if cfg, err := ParseArgs([]string{"--profile", "resnet"}, &bytes.Buffer{}); err != nil || cfg.Profile != "resnet50" {
 		t.Errorf("--profile resnet: %+v, %v", cfg, err)
 	}
@@ -198,7 +201,7 @@ func TestParseArgs(t *testing.T) {
 	for _, bad := range []string{
 		"--op barrier", "--op nope", "--dtype float128", "--op-reduce adasum", "--op reducescatter --op-reduce max",
 		"--min-bytes 0", "--min-bytes 8 --max-bytes 4", "--step-factor 1", "--iters 0", "--warmup -1",
-		"--profile vgg", "--duration 0s", "--np -1", "stray", "--max-bytes 1X",
+		"--profile vgg", "--duration 0s", "--np -1", "stray", "--max-bytes 1X", "--gap -1ms",
 	} {
 		if _, err := ParseArgs(strings.Fields(bad), &bytes.Buffer{}); err == nil {
 			t.Errorf("ParseArgs(%q) succeeded", bad)

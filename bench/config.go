@@ -57,6 +57,7 @@ Examples:
   hvdd bench --np 2                                  # allreduce sweep 4 B..64 MiB
   hvdd bench --np 2 --min-bytes 4 --max-bytes 4      # latency row
   hvdd bench --np 2 --min-bytes 64M --max-bytes 64M --iters 20
+  hvdd bench --np 2 --max-bytes 4 --gap 50ms --iters 60  # 4 B after 50 ms pauses
   hvdd bench --np 4 --op allgather --dtype float16 --check
   hvdd bench --np 2 --op reducescatter --op-reduce average --json
   hvdd bench --np 2 --profile resnet50
@@ -76,6 +77,7 @@ type Config struct {
 	Warmup     int             // untimed iterations before them
 	SmallIters int             // least iterations for sizes <= SmallBytes
 	SmallTime  time.Duration   // least timed duration for sizes <= SmallBytes
+	Gap        time.Duration   // sleep before each timed iteration
 	Check      bool            // verify every result
 	JSON       bool            // one JSON object per row
 	ZeroCopy   bool            // buffers from hvdd.Alloc
@@ -115,6 +117,7 @@ func ParseArgs(args []string, out io.Writer) (Config, error) {
 	fs.IntVar(&cfg.Warmup, "warmup", cfg.Warmup, "untimed iterations before the timed ones")
 	fs.IntVar(&cfg.SmallIters, "small-iters", cfg.SmallIters, "least timed iterations for sizes <= 64 KiB")
 	fs.DurationVar(&cfg.SmallTime, "small-time", cfg.SmallTime, "least timed duration for sizes <= 64 KiB (iterations estimated from the warm-up)")
+	fs.DurationVar(&cfg.Gap, "gap", 0, "sleep this long before each timed iteration, as a training step's compute would: the time of an op after a pause, taken by the last rank to arrive (the minimum over ranks); every size then runs --iters iterations")
 	fs.BoolVar(&cfg.Check, "check", false, "verify every result against a locally computed reference; exit 1 on any mismatch")
 	fs.BoolVar(&cfg.JSON, "json", false, "print one JSON object per row instead of the table")
 	fs.BoolVar(&cfg.ZeroCopy, "zero-copy", cfg.ZeroCopy, "use buffers from hvdd.Alloc (shared memory); false: plain Go slices the client stages")
@@ -174,6 +177,8 @@ func ParseArgs(args []string, out io.Writer) (Config, error) {
 		return cfg, errors.New("--warmup must not be negative")
 	case cfg.SmallIters < 0 || cfg.SmallTime < 0:
 		return cfg, errors.New("--small-iters and --small-time must not be negative")
+	case cfg.Gap < 0:
+		return cfg, errors.New("--gap must not be negative")
 	case cfg.NP < 0:
 		return cfg, errors.New("--np must not be negative")
 	case cfg.Duration <= 0:

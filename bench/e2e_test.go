@@ -123,6 +123,27 @@ func TestTableAndDTypes(t *testing.T) {
 	}
 }
 
+// TestGap: with --gap, small sizes run exactly --iters iterations (not the
+// --small-iters minimum), the rows say the gap, and each iteration is
+// checked.
+func TestGap(t *testing.T) {
+	outs, errs := runBench(t, 2, "--check --min-bytes 4 --max-bytes 64 --step-factor 16 --iters 3 --warmup 1 --gap 1ms --json")
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v; output:\n%s", i, err, outs[i])
+		}
+	}
+	rows := jsonRows(t, outs[0])
+	if len(rows) != 2 {
+		t.Fatalf("want two rows:\n%s", outs[0])
+	}
+	for _, r := range rows {
+		if r.Iters != 3 || r.GapUS != 1000 || r.Check != "ok" {
+			t.Errorf("bad row %+v", r)
+		}
+	}
+}
+
 // TestIdleProfile runs the idle profile briefly; the daemon is in this
 // process, so FindDaemon must find us.
 func TestIdleProfile(t *testing.T) {

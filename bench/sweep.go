@@ -21,6 +21,7 @@ type Row struct {
 	Reduce   string  `json:"reduce,omitempty"`
 	Ranks    int     `json:"ranks"`
 	ZeroCopy bool    `json:"zero_copy"`
+	GapUS    float64 `json:"gap_us,omitempty"`
 	Iters    int     `json:"iters,omitempty"`
 	MedianUS float64 `json:"median_us,omitempty"`
 	MinUS    float64 `json:"min_us,omitempty"`
@@ -107,8 +108,12 @@ func runOnce[T hvdd.Elem](ctx context.Context, c *hvdd.Client, e Expect, in []T)
 func sweep[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, out, errOut io.Writer) error {
 	n, rank := c.Size(), c.Rank()
 	p := newPrinter(cfg, out, rank == 0)
-	p.header(fmt.Sprintf("# hvdd bench: %s %s, %d ranks, reduce %s, zero-copy %v, warmup %d, iters %d (sizes <= 64K: >= %d and >= %v), check %v",
-		lower(cfg.Op.String()), cfg.DType, n, cfg.Reduce, cfg.ZeroCopy, cfg.Warmup, cfg.Iters, cfg.SmallIters, cfg.SmallTime, cfg.Check),
+	iters := fmt.Sprintf("iters %d (sizes <= 64K: >= %d and >= %v)", cfg.Iters, cfg.SmallIters, cfg.SmallTime)
+	if cfg.Gap > 0 {
+		iters = fmt.Sprintf("iters %d, each after a %v pause", cfg.Iters, cfg.Gap)
+	}
+	p.header(fmt.Sprintf("# hvdd bench: %s %s, %d ranks, reduce %s, zero-copy %v, warmup %d, %s, check %v",
+		lower(cfg.Op.String()), cfg.DType, n, cfg.Reduce, cfg.ZeroCopy, cfg.Warmup, iters, cfg.Check),
 		tableHeader)
 	es := cfg.DType.Size()
 	failed := false
@@ -132,7 +137,7 @@ var errCheckFailed = fmt.Errorf("--check found wrong results")
 
 // measureSize runs the warm-up and the timed loop of one size.
 func measureSize[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, e Expect, errOut io.Writer) (Row, bool, error) {
-	row := Row{Op: lower(e.Op.String()), Count: e.Count, DType: e.DType.String(), Ranks: e.Ranks, ZeroCopy: cfg.ZeroCopy}
+	row := Row{Op: lower(e.Op.String()), Count: e.Count, DType: e.DType.String(), Ranks: e.Ranks, ZeroCopy: cfg.ZeroCopy, GapUS: us(cfg.Gap)}
 	if e.Op == tensor.Allreduce || e.Op == tensor.Reducescatter {
 		row.Reduce = e.Reduce.String()
 	}
@@ -186,7 +191,7 @@ func measureSize[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, e
 	}
 	iters := cfg.Iters
 	bytes := e.Count * int64(e.DType.Size())
-	if bytes <= SmallBytes {
+	if bytes <= SmallBytes && cfg.Gap == 0 {
 		// Every rank must run the same number of iterations: agree on the
 		// slowest rank's warm-up estimate.
 		est := Summarize(warm).Median
@@ -198,13 +203,30 @@ func measureSize[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, e
 	}
 	ts := make([]time.Duration, iters)
 	for i := range ts {
+		if cfg.Gap > 0 {
+			time.Sleep(cfg.Gap)
+		}
 		if ts[i], err = one(); err != nil {
 			return row, false, err
+		}
+	}
+	if cfg.Gap > 0 {
+		// After a pause an iteration's time is the minimum over ranks: each
+		// rank leaves its pause at a slightly different moment (a sleep
+		// overshoots by up to a millisecond), and the last to arrive times
+		// the op itself where the others time their wait for it too.
+		for i := range ts {
+			ts[i] = -ts[i]
 		}
 	}
 	ts, extra, err := maxOverRanks(ctx, c, ts, float64(bad))
 	if err != nil {
 		return row, false, err
+	}
+	if cfg.Gap > 0 {
+		for i := range ts {
+			ts[i] = -ts[i]
+		}
 	}
 	row.fillStats(ts, bytes, BusFactor(e.Op, e.Ranks))
 	row.Check = "off"

@@ -41,6 +41,13 @@ type Link struct {
 	// direct, if set, sends a whole frame instead of the socket (see
 	// DirectWriter).
 	direct func([]byte) error
+	// expect, if set, tells the connection whether the link awaits
+	// messages (see Expecter); expecting is what it was told last, and
+	// after Close it is told nothing more (unexpected).
+	emu        sync.Mutex
+	expect     func(bool)
+	expecting  bool
+	unexpected bool
 
 	// Read side, one reader at a time: bytes received and not yet decoded
 	// are pb[pr:]; heard is when a byte last arrived.
@@ -59,6 +66,13 @@ type Link struct {
 // descriptor; the handshake's writes must have gone the same way (Write).
 type DirectWriter interface {
 	DirectWrite(b []byte) error
+}
+
+// Expecter is a connection that wants to know when its reader awaits
+// messages: the MPI bridge, which has to poll for them, polls often then and
+// rarely otherwise. Expect(true) and Expect(false) alternate.
+type Expecter interface {
+	Expect(on bool)
 }
 
 // tryReadChunk is the least room a read offers the kernel.
@@ -89,6 +103,9 @@ func newLink(c net.Conn, cfg Config, peer string) (*Link, error) {
 	l := &Link{cfg: cfg, peer: peer, fd: fd, intr: intr, stop: make(chan struct{}), heard: time.Now()}
 	if dw, ok := c.(DirectWriter); ok {
 		l.direct = dw.DirectWrite
+	}
+	if e, ok := c.(Expecter); ok {
+		l.expect = e.Expect
 	}
 	go l.heartbeat()
 	return l, nil
@@ -151,6 +168,21 @@ func (l *Link) heartbeat() {
 				return
 			}
 		}
+	}
+}
+
+// Expect says whether the link's reader now awaits messages from the peer,
+// for a connection that wants to know (Expecter); for others it does
+// nothing. Close ends the expecting.
+func (l *Link) Expect(on bool) {
+	if l.expect == nil {
+		return
+	}
+	l.emu.Lock()
+	defer l.emu.Unlock()
+	if l.expecting != on && !l.unexpected {
+		l.expecting = on
+		l.expect(on)
 	}
 }
 
@@ -353,6 +385,10 @@ func (l *Link) Silent(now time.Time) error {
 func (l *Link) Close() error {
 	var err error
 	l.once.Do(func() {
+		l.Expect(false)
+		l.emu.Lock()
+		l.unexpected = true
+		l.emu.Unlock()
 		close(l.stop)
 		// Wake a wait in poll for good, then close once no call is using
 		// the descriptor.

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -312,5 +313,47 @@ func TestDirectWriter(t *testing.T) {
 	l.Close()
 	if err := l.Send(ready); err == nil || len(dc.frames) != 0 {
 		t.Errorf("Send on a closed link: %v, %d frames written", err, len(dc.frames))
+	}
+}
+
+// expectConn records what its link tells it through Expect.
+type expectConn struct {
+	*net.TCPConn
+	told []bool
+}
+
+func (c *expectConn) Expect(on bool) { c.told = append(c.told, on) }
+
+// TestExpecter: a link passes changes of Expect to a connection that wants
+// them (the MPI bridge), once each, ends with false at Close, and is silent
+// after it.
+func TestExpecter(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() { c, _ := ln.Accept(); acc <- c }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer (<-acc).Close()
+	ec := &expectConn{TCPConn: c.(*net.TCPConn)}
+	l, err := newLink(ec, Config{Secret: secret, Heartbeat: time.Hour}.WithDefaults(), "peer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, on := range []bool{false, true, true, false, false, true} {
+		l.Expect(on)
+	}
+	if got, want := fmt.Sprint(ec.told), "[true false true]"; got != want {
+		t.Fatalf("told %s before Close, want %s", got, want)
+	}
+	l.Close()
+	l.Expect(true)
+	if got, want := fmt.Sprint(ec.told), "[true false true false]"; got != want {
+		t.Fatalf("told %s after Close, want %s", got, want)
 	}
 }

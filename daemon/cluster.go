@@ -115,6 +115,8 @@ type multiJob struct {
 	// waits for the plans received before it: they ran, or run, on the node
 	// it came from, so they run here too.
 	shutdown *clusterpb.Abort
+	// expecting is what the links were last told (cluster.Link.Expect).
+	expecting bool
 }
 
 // cacheEntry is a tensor's requests as last forwarded, under a cache slot.
@@ -750,6 +752,25 @@ func (c *clusterNode) flush(j *job) {
 	if link := mn.links[0]; link != nil {
 		if err := link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Ready{Ready: rd}}); err != nil {
 			c.l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node 0 (the coordinator) was lost: %v", err), false)
+		}
+	}
+}
+
+// expect tells the job's control links whether this node awaits messages
+// on them: while a local request is pending it does. Links over MPI
+// (--control mpi) then probe for messages often, and rarely otherwise.
+func (c *clusterNode) expect(j *job) {
+	if j == nil || j.mn == nil {
+		return
+	}
+	on := len(j.pending) > 0
+	if on == j.mn.expecting {
+		return
+	}
+	j.mn.expecting = on
+	for _, link := range j.mn.links {
+		if link != nil {
+			link.Expect(on)
 		}
 	}
 }

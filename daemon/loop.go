@@ -225,6 +225,9 @@ func (l *loop) run() {
 			l.cl.flush(l.job)
 		}
 		l.dispatch()
+		if l.cl != nil {
+			l.cl.expect(l.job)
+		}
 		l.armStallTimer()
 		if l.cfg.Spin > 0 {
 			l.spinUntil = time.Now().Add(spin)

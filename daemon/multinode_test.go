@@ -129,10 +129,17 @@ type coordinator struct {
 
 // startAsCoordinator starts node 1's daemon, joins its two clients and
 // forms the job with node 0's single (absent) rank.
-func startAsCoordinator(t *testing.T) *coordinator {
+func startAsCoordinator(t *testing.T) *coordinator { return startWrapped(t, nil) }
+
+// startWrapped is startAsCoordinator with node 1's end of the control
+// stream passed through wrap, if set.
+func startWrapped(t *testing.T, wrap func(net.Conn) net.Conn) *coordinator {
 	secret := []byte("fake coordinator secret, 32 B...")
 	backend := newStubBackend()
 	mine, theirs := socketPair(t)
+	if wrap != nil {
+		theirs = wrap(theirs)
+	}
 	raw, err := mine.(*net.UnixConn).File()
 	if err != nil {
 		t.Fatal(err)
@@ -347,4 +354,48 @@ func TestShutdownDuringPlan(t *testing.T) {
 	close(co.backend.release)
 	co.expectSum("the last plan", h, x, 10)
 	co.expectShutdown()
+}
+
+// expectRecorder is a control stream that records what node 1's link tells
+// it through cluster.Expecter, as the MPI bridge would hear it.
+type expectRecorder struct {
+	*net.UnixConn
+	told chan bool
+}
+
+func (e *expectRecorder) Expect(on bool) { e.told <- on }
+
+// TestLinksExpectWhilePending: node 1 tells its control link that it awaits
+// messages once a local request is pending, and that it no longer does once
+// the request is done (over MPI the bridge probes often only in between).
+func TestLinksExpectWhilePending(t *testing.T) {
+	rec := &expectRecorder{told: make(chan bool, 16)}
+	co := startWrapped(t, func(c net.Conn) net.Conn {
+		rec.UnixConn = c.(*net.UnixConn)
+		return rec
+	})
+	next := func(what string) bool {
+		select {
+		case on := <-rec.told:
+			return on
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the link was told nothing in 10 s", what)
+			return false
+		}
+	}
+	if len(rec.told) != 0 {
+		t.Fatalf("told %v with nothing pending", <-rec.told)
+	}
+	for step, name := range []string{"a", "b"} {
+		hs, xs := co.submit(name, 2, 10)
+		if !next("submitted") {
+			t.Fatalf("step %d: told false once a request was pending", step)
+		}
+		reqs := co.awaitReady(name)
+		co.write(co.planFrame(uint64(step+1), reqs[name]))
+		co.expectSum(name, hs, xs, 10)
+		if next("done") {
+			t.Fatalf("step %d: told true again once the request was done", step)
+		}
+	}
 }

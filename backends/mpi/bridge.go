@@ -4,6 +4,7 @@ package mpi
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -52,6 +53,18 @@ type Bridge struct {
 	done    chan struct{}       // closed when the receiver returns
 	closed  atomic.Bool         // Close was called: the receiver returns
 	closing sync.Once
+
+	// A send tells the receiver a reply may come (see pacer.sent): it sets
+	// sent, and rings wake if the receiver is napping, in its idle wait
+	// (nap). Both flags are swapped, not stored, so that either the sender
+	// sees napping or the receiver sees sent.
+	sent    atomic.Bool
+	napping atomic.Bool
+	wmu     sync.Mutex // guards wake against Close
+	wake    int        // eventfd; -1 once closed
+	// expecting counts the streams whose callers expect messages
+	// (bridgeConn.Expect); the first one rings wake.
+	expecting atomic.Int32
 }
 
 type accepted struct {
@@ -86,7 +99,41 @@ func (c *bridgeConn) DirectWrite(p []byte) error {
 	if rc := c.b.comm.sendTag(p, c.s.peer, bridgeTag(c.s.key[1], c.s.out, kindData)); rc != 0 {
 		return fmt.Errorf("mpi bridge: send to rank %d: %w", c.s.peer, newError(rc))
 	}
+	c.b.kick()
 	return nil
+}
+
+// Expect says whether the stream's caller now awaits messages (see
+// cluster.Expecter): while any stream does, the receiver's idle waits stay
+// short (bridgeIdleWait); while none does, they grow to bridgeDeepWait. The
+// caller alternates true and false, starting with true.
+func (c *bridgeConn) Expect(on bool) {
+	if !on {
+		c.b.expecting.Add(-1)
+		return
+	}
+	if c.b.expecting.Add(1) == 1 {
+		c.b.kick()
+	}
+}
+
+// kick tells the receiver that a message went out (see Bridge.sent).
+func (b *Bridge) kick() {
+	b.sent.Swap(true)
+	if b.napping.Load() {
+		b.ring()
+	}
+}
+
+// ring wakes the receiver from its nap.
+func (b *Bridge) ring() {
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
+	if b.wake >= 0 {
+		unix.Write(b.wake, one[:])
+	}
 }
 
 // Write sends p; see DirectWrite.
@@ -104,11 +151,15 @@ const (
 
 	bridgeChunk   = 64 << 10
 	bridgeSockBuf = 4 << 20
-	// bridgeHot is how long the receiver keeps probing without sleeping
-	// after a message; bridgeIdleWait the longest it sleeps between probes.
+	// The receiver's pacing (see pacer): bridgeHot is how long it keeps
+	// probing every bridgeMinWait after a message that follows another
+	// within bridgeHot. Otherwise its waits double up to bridgeIdleWait
+	// while some stream expects messages (Expect), up to bridgeDeepWait
+	// while none does.
 	bridgeHot      = 20 * time.Millisecond
 	bridgeMinWait  = 20 * time.Microsecond
 	bridgeIdleWait = 5 * time.Millisecond
+	bridgeDeepWait = 50 * time.Millisecond
 )
 
 func bridgeTag(id, dir, kind int) int { return id<<3 | dir<<2 | kind }
@@ -124,9 +175,14 @@ func NewBridge() (*Bridge, error) {
 	if proc.level != levelMultiple {
 		return nil, fmt.Errorf("mpi: the control bridge needs MPI_THREAD_MULTIPLE; this MPI gives %v", proc.level)
 	}
-	b := &Bridge{streams: make(map[[2]int]*bstream), accept: make(chan accepted, 64), done: make(chan struct{})}
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("mpi bridge: eventfd: %w", err)
+	}
+	b := &Bridge{streams: make(map[[2]int]*bstream), accept: make(chan accepted, 64), done: make(chan struct{}), wake: wake}
 	var rc int
 	if b.comm, b.rank, b.size, rc = cDupWorld(); rc != 0 {
+		unix.Close(wake)
 		return nil, fmt.Errorf("mpi: MPI_Comm_dup(MPI_COMM_WORLD): %w", newError(rc))
 	}
 	b.maxID = b.comm.tagUB() >> 3
@@ -264,17 +320,20 @@ func (b *Bridge) halfClosed(s *bstream) {
 
 // receive (one goroutine, its own thread) takes every message and hands it
 // to its stream. It probes rather than blocking in MPI_Recv, which MPI
-// libraries implement by spinning a core: for bridgeHot after a message it
-// sleeps bridgeMinWait between probes, then longer and longer, up to
-// bridgeIdleWait, so that an idle daemon costs nothing measurable.
+// libraries implement by spinning a core, and sleeps between probes as its
+// pacer says: bridgeMinWait while messages flow, then longer and longer, up
+// to bridgeIdleWait while the daemon expects messages and bridgeDeepWait
+// while it does not, so that an idle daemon costs nothing measurable.
 func (b *Bridge) receive() {
 	runtime.LockOSThread()
 	defer close(b.done)
 	buf := make([]byte, bridgeChunk)
-	idle := time.Duration(0)
-	last := time.Now()
+	pace := pacer{window: bridgeHot}
 	for !b.closed.Load() {
 		ok, src, tag, n, rc := b.comm.probeAny()
+		if rc == 0 && !ok {
+			ok, src, tag, n, rc = b.nap(&pace)
+		}
 		if rc == 0 && ok {
 			if n > len(buf) {
 				// A direct write is one message of any size.
@@ -287,18 +346,9 @@ func (b *Bridge) receive() {
 			return
 		}
 		if !ok {
-			if time.Since(last) < bridgeHot {
-				idle = bridgeMinWait
-			} else {
-				idle = min(max(2*idle, bridgeMinWait), bridgeIdleWait)
-			}
-			// nanosleep(2) itself: time.Sleep rounds waits under a
-			// millisecond up to one.
-			ts := unix.NsecToTimespec(int64(idle))
-			unix.Nanosleep(&ts, nil)
 			continue
 		}
-		idle, last = 0, time.Now()
+		pace.message(time.Now())
 		id, dir, kind := tag>>3, tag>>2&1, tag&3
 		key := [2]int{src, id} // sent by the dialer: src dialled it
 		if dir == 1 {
@@ -332,6 +382,33 @@ func (b *Bridge) receive() {
 	b.stop(errors.New("mpi bridge: closed"))
 }
 
+// nap waits after an empty probe, as the pacer says. While the receiver is
+// hot it sleeps minWait here, in nanosleep(2) itself (time.Sleep rounds
+// waits under a millisecond up to one). Otherwise it leaves the wait to C,
+// which probes too and returns what it found; a send (kick) or Close rings
+// the eventfd to end that wait early.
+func (b *Bridge) nap(pace *pacer) (ok bool, src, tag, n, rc int) {
+	if b.sent.Swap(false) {
+		pace.sent()
+	}
+	if pace.hot(time.Now()) {
+		ts := unix.NsecToTimespec(int64(bridgeMinWait))
+		unix.Nanosleep(&ts, nil)
+		return false, 0, 0, 0, 0
+	}
+	b.napping.Swap(true)
+	if b.sent.Swap(false) {
+		pace.sent() // a send since the check above, which may not have rung
+	}
+	maxWait := bridgeDeepWait
+	if b.expecting.Load() > 0 {
+		maxWait = bridgeIdleWait
+	}
+	ok, src, tag, n, rc = b.comm.idleProbe(b.wake, &pace.wait, bridgeMinWait, maxWait)
+	b.napping.Store(false)
+	return ok, src, tag, n, rc
+}
+
 func writeAll(fd int, p []byte) {
 	for len(p) > 0 {
 		n, err := unix.Write(fd, p)
@@ -359,6 +436,7 @@ func (b *Bridge) stop(err error) {
 func (b *Bridge) Close() error {
 	b.closing.Do(func() {
 		b.closed.Store(true)
+		b.ring()
 		<-b.done
 		b.mu.Lock()
 		for _, s := range b.streams {
@@ -373,6 +451,10 @@ func (b *Bridge) Close() error {
 		}
 		b.mu.Unlock()
 		b.comm.free()
+		b.wmu.Lock()
+		unix.Close(b.wake)
+		b.wake = -1
+		b.wmu.Unlock()
 	})
 	return nil
 }

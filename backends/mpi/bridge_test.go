@@ -9,6 +9,7 @@ import (
 	"io"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestMPIBridge: every rank but 0 opens a stream to rank 0 and sends a
@@ -74,5 +75,28 @@ func TestMPIBridge(t *testing.T) {
 	Finalize()
 	if !t.Failed() {
 		markOK(b, "bridge")
+	}
+}
+
+// TestNextWait: the receiver's idle waits double from the least to the cap,
+// and a lower cap takes effect at once.
+func TestNextWait(t *testing.T) {
+	const us = time.Microsecond
+	minW, maxW := 20*us, 5*time.Millisecond
+	var got []time.Duration
+	w := time.Duration(0)
+	for range 11 {
+		w = nextWait(w, minW, maxW)
+		got = append(got, w)
+	}
+	want := []time.Duration{20 * us, 40 * us, 80 * us, 160 * us, 320 * us, 640 * us, 1280 * us, 2560 * us, 5000 * us, 5000 * us, 5000 * us}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("waits %v, want %v", got, want)
+	}
+	if w := nextWait(50*time.Millisecond, minW, maxW); w != maxW {
+		t.Fatalf("after a 50 ms wait with a 5 ms cap: %v, want %v", w, maxW)
+	}
+	if w := nextWait(1<<62, minW, 50*time.Millisecond); w != 50*time.Millisecond {
+		t.Fatalf("a huge wait: %v, want the cap", w)
 	}
 }
