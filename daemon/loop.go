@@ -138,6 +138,18 @@ func newLoop(s *Server, p *poller) (*loop, error) {
 // now is the plan's logical clock: milliseconds since the loop started.
 func (l *loop) now() int64 { return time.Since(l.epoch).Milliseconds() }
 
+// yieldEvery is how often at most the loop yields its P (runtime.Gosched)
+// before it blocks in epoll_wait, when its previous wait lasted over a
+// millisecond (ops that come apart, not a busy job). Go's sysmon takes the P
+// of a goroutine that has held one scheduling tick for 10 ms, even while it
+// waits in a system call, and then restarts its own polling at 20 µs
+// intervals for a millisecond or more. The loop never gives up its tick by
+// itself, so in a job whose ops come a few ms apart (a training step's
+// compute between them) that polling cost the daemon more CPU than its
+// work. bench/gapcpu.sh 10ms, ticks of 10 ms in 2 s: 13-16 without the
+// yield, 5-7 with it.
+const yieldEvery = 5 * time.Millisecond
+
 // run is the daemon's event loop. It waits in epoll for client frames and
 // posted messages; after any activity it keeps polling without blocking for
 // cfg.Spin, so that the next request of a busy job is picked up without the
@@ -148,6 +160,8 @@ func (l *loop) run() {
 	go l.x.run()
 	defer l.shutdown()
 	spin := l.cfg.Spin
+	var yielded time.Time
+	var lastSleep time.Duration // the previous blocking wait
 	for !l.quit {
 		timeout := 0
 		if l.cfg.Spin <= 0 || !time.Now().Before(l.spinUntil) {
@@ -165,11 +179,17 @@ func (l *loop) run() {
 		var slept time.Time
 		if timeout != 0 {
 			slept = time.Now()
+			if lastSleep > time.Millisecond && slept.Sub(yielded) > yieldEvery {
+				// See yieldEvery.
+				runtime.Gosched()
+				yielded = slept
+			}
 		}
 		events, err := l.p.wait(timeout)
 		if timeout != 0 {
 			l.setAsleep(false)
-			spin = ipc.AdaptSpin(spin, l.cfg.Spin, time.Since(slept))
+			lastSleep = time.Since(slept)
+			spin = ipc.AdaptSpin(spin, l.cfg.Spin, lastSleep)
 		}
 		if err != nil {
 			l.s.log.Error("event loop failed", "err", err)
