@@ -269,10 +269,10 @@ func (c *directConn) DirectWrite(b []byte) error {
 	return nil
 }
 
-// TestDirectWriter: a Link over a DirectWriter sends each message as one
-// whole frame through DirectWrite, never on the descriptor, and still reads
-// the descriptor.
-func TestDirectWriter(t *testing.T) {
+// tcpPair returns both ends of a loopback TCP connection; the test closes
+// the accepted end when it ends.
+func tcpPair(t *testing.T) (*net.TCPConn, net.Conn) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -285,8 +285,16 @@ func TestDirectWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	raw := <-acc
-	defer raw.Close()
-	dc := &directConn{TCPConn: c.(*net.TCPConn), frames: make(chan []byte, 4)}
+	t.Cleanup(func() { raw.Close() })
+	return c.(*net.TCPConn), raw
+}
+
+// TestDirectWriter: a Link over a DirectWriter sends each message as one
+// whole frame through DirectWrite, never on the descriptor, and still reads
+// the descriptor.
+func TestDirectWriter(t *testing.T) {
+	c, raw := tcpPair(t)
+	dc := &directConn{TCPConn: c, frames: make(chan []byte, 4)}
 	l, err := newLink(dc, Config{Secret: secret, Heartbeat: time.Hour}.WithDefaults(), "peer")
 	if err != nil {
 		t.Fatal(err)
@@ -328,19 +336,8 @@ func (c *expectConn) Expect(on bool) { c.told = append(c.told, on) }
 // them (the MPI bridge), once each, ends with false at Close, and is silent
 // after it.
 func TestExpecter(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	acc := make(chan net.Conn, 1)
-	go func() { c, _ := ln.Accept(); acc <- c }()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer (<-acc).Close()
-	ec := &expectConn{TCPConn: c.(*net.TCPConn)}
+	c, _ := tcpPair(t)
+	ec := &expectConn{TCPConn: c}
 	l, err := newLink(ec, Config{Secret: secret, Heartbeat: time.Hour}.WithDefaults(), "peer")
 	if err != nil {
 		t.Fatal(err)
