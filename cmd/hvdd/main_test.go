@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -38,6 +39,11 @@ func TestHelp(t *testing.T) {
 		out, err := exec.Command(hvddBin, args...).CombinedOutput()
 		if err != nil || len(out) == 0 {
 			t.Errorf("hvdd %v: %v\n%s", args, err, out)
+		}
+		// A flag that names its own default shows no sentinel such as
+		// "(default -1ns)" besides it.
+		if m := regexp.MustCompile(`\(default \$[^)]*\) \(default [^)]*\)`).Find(out); m != nil {
+			t.Errorf("hvdd %v shows two defaults: %s", args, m)
 		}
 	}
 	out, err := exec.Command(hvddBin, "serve").CombinedOutput()

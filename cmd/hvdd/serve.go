@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"reflect"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -101,7 +102,7 @@ func serveMain(argv []string) int {
 	fs.StringVar(&args.logLevel, "log-level", "", "debug, info, warning or error (default $HOROVOD_LOG_LEVEL, else info)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
-		fs.PrintDefaults()
+		printDefaults(fs)
 		fmt.Fprint(fs.Output(), serveEnv)
 	}
 	if err := fs.Parse(argv); err != nil {
@@ -266,4 +267,17 @@ func signalContext() (context.Context, func()) {
 		}
 	}()
 	return ctx, func() { signal.Stop(ch); cancel(context.Canceled) }
+}
+
+// printDefaults is fs.PrintDefaults for flags whose usage states their own
+// default ("(default $VAR, else ...)"): their value before parsing is only a
+// sentinel meaning "not given" (such as -1ns), which flag would print too.
+func printDefaults(fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		if strings.Contains(f.Usage, "(default $") {
+			// flag omits a default that reads as the type's zero value.
+			f.DefValue = reflect.New(reflect.TypeOf(f.Value).Elem()).Interface().(flag.Value).String()
+		}
+	})
+	fs.PrintDefaults()
 }
