@@ -40,7 +40,8 @@ func (m *multiJob) mpiDaemonArgs(i int) []string {
 func (m *multiJob) mpirunArgs() []string {
 	args := []string{"--allow-run-as-root", "--bind-to", "none", "-x", secretEnv}
 	if os.Getenv("HVDD_CONTROL") != "" {
-		// The daemons' --control default (tcp, or mpi for control over MPI).
+		// The daemons' --control default (auto, which is tcp here since
+		// they get a rendezvous; or mpi for control over MPI).
 		args = append(args, "-x", "HVDD_CONTROL")
 	}
 	// mpirun reaches the hosts as hvdd run would: the agent, or our ssh
@@ -150,6 +151,7 @@ func checkOpenMPI(mpirun string) error {
 	return fmt.Errorf("hvdd run --backend mpi launches through Open MPI's mpirun, and %s is not (it says %q); "+
 		"install openmpi-bin and put its mpirun first on PATH, or start one daemon per node with your MPI's launcher "+
 		"(hvdd built for that MPI: -tags 'mpi mpich' for MPICH): "+
-		"mpiexec -n NODES hvdd serve --slots S --nodes -1 --node-rank -1 --backend mpi --rendezvous HOST0:PORT "+
-		"(HVDD_SECRET in its environment; see hvdd serve --help), then the ranks on each node's socket", mpirun, first)
+		"mpiexec -n NODES hvdd serve --slots S --nodes -1 --node-rank -1 --backend mpi "+
+		"(control over MPI; add --rendezvous HOST0:PORT and HVDD_SECRET in its environment for faster TCP control; "+
+		"see hvdd serve --help), then the ranks on each node's socket", mpirun, first)
 }

@@ -4,6 +4,7 @@ package mpi
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -43,6 +45,7 @@ type Bridge struct {
 	comm       comm
 	rank, size int
 	maxID      int
+	secret     []byte
 
 	mu      sync.Mutex
 	next    int                 // the last id dialled
@@ -149,8 +152,9 @@ const (
 	kindData  = 1
 	kindClose = 2
 
-	bridgeChunk   = 64 << 10
-	bridgeSockBuf = 4 << 20
+	bridgeChunk     = 64 << 10
+	bridgeSecretLen = 32
+	bridgeSockBuf   = 4 << 20
 	// The receiver's pacing (see pacer): bridgeHot is how long it keeps
 	// probing every bridgeMinWait after a message that follows another
 	// within bridgeHot. Otherwise its waits double up to bridgeIdleWait
@@ -186,9 +190,25 @@ func NewBridge() (*Bridge, error) {
 		return nil, fmt.Errorf("mpi: MPI_Comm_dup(MPI_COMM_WORLD): %w", newError(rc))
 	}
 	b.maxID = b.comm.tagUB() >> 3
+	// The control links' handshake wants a shared secret; rank 0 makes one
+	// and MPI hands it to the others (see Secret).
+	b.secret = make([]byte, bridgeSecretLen)
+	if b.rank == 0 {
+		rand.Read(b.secret) // never fails (crypto/rand)
+	}
+	if rc := b.comm.bcast(unsafe.Pointer(&b.secret[0]), len(b.secret), 0, nil); rc != 0 {
+		b.comm.free()
+		unix.Close(wake)
+		return nil, fmt.Errorf("mpi bridge: MPI_Bcast of the secret: %w", newError(rc))
+	}
 	go b.receive()
 	return b, nil
 }
+
+// Secret is a random secret that every rank's bridge shares (rank 0 made it
+// and broadcast it when the bridge started), for daemons under a mpirun that
+// was given none: their control links travel inside the MPI job.
+func (b *Bridge) Secret() []byte { return b.secret }
 
 // Rank and Size are this process's place in MPI_COMM_WORLD.
 func (b *Bridge) Rank() int { return b.rank }

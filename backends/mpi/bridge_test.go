@@ -13,8 +13,10 @@ import (
 )
 
 // TestMPIBridge: every rank but 0 opens a stream to rank 0 and sends a
-// message larger than a bridge chunk; rank 0 echoes each stream back and
-// closes it; the senders read their bytes back, then EOF.
+// message larger than a bridge chunk, starting with its bridge's secret;
+// rank 0 checks that it starts with its own (every bridge has the one rank 0
+// made), echoes each stream back and closes it; the senders read their bytes
+// back, then EOF.
 func TestMPIBridge(t *testing.T) {
 	if !underMPI() {
 		out := mpirun(t, job{np: 3, run: "^TestMPIBridge$"})
@@ -25,8 +27,12 @@ func TestMPIBridge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(br.Secret()) != 32 || bytes.Equal(br.Secret(), make([]byte, 32)) {
+		t.Fatalf("secret %x: want 32 random bytes", br.Secret())
+	}
 	payload := func(r int) []byte {
-		return bytes.Repeat([]byte(fmt.Sprintf("rank %d says hello; ", r)), 20000) // ~400 KB
+		hello := bytes.Repeat([]byte(fmt.Sprintf("rank %d says hello; ", r)), 20000) // ~400 KB
+		return append(bytes.Clone(br.Secret()), hello...)
 	}
 	if br.Rank() == 0 {
 		var wg sync.WaitGroup

@@ -57,6 +57,7 @@ type Bridge struct{}
 func NewBridge() (*Bridge, error) { return nil, ErrUnavailable }
 
 func (*Bridge) Rank() int                                   { return 0 }
+func (*Bridge) Secret() []byte                              { return nil }
 func (*Bridge) Size() int                                   { return 0 }
 func (*Bridge) Dial(context.Context, int) (net.Conn, error) { return nil, ErrUnavailable }
 func (*Bridge) Accept() (net.Conn, int, error)              { return nil, -1, ErrUnavailable }

@@ -23,13 +23,15 @@ import (
 // (Open MPI, --backend mpi, node rank and count from MPI), and real client
 // processes on every node's socket checking every collective and dtype
 // against references computed in the test. The control messages travel over
-// the daemons' TCP links, and in one case over MPI too (--control mpi).
+// the daemons' TCP links, and in two cases over MPI too: --control mpi, and a
+// bare mpirun (no rendezvous, no secret), where --control auto picks MPI and
+// the MPI bridge makes the secret.
 func TestMPIMultiNodeCollectives(t *testing.T) {
 	bin := buildMPI(t)
 	for _, c := range []struct {
 		nodes, slots int
 		control      string
-	}{{2, 1, "tcp"}, {2, 2, "tcp"}, {4, 2, "tcp"}, {2, 2, "mpi"}} {
+	}{{2, 1, "tcp"}, {2, 2, "tcp"}, {4, 2, "tcp"}, {2, 2, "mpi"}, {2, 1, "auto"}} {
 		nodes, slots := c.nodes, c.slots
 		t.Run(fmt.Sprintf("%dx%d,control=%s", nodes, slots, c.control), func(t *testing.T) {
 			perNode := make([]int, nodes)
@@ -100,16 +102,22 @@ func startMPINodes(t *testing.T, bin string, nodes, slots int, extra ...string) 
 	return startMPINodesWith(t, openMPI, bin, nodes, slots, extra...)
 }
 
-// startMPINodesWith is startMPINodes under launcher l.
+// startMPINodesWith is startMPINodes under launcher l. The daemons get a
+// rendezvous address and a secret, except with extra "--control auto": then
+// they get neither, as under a bare mpirun.
 func startMPINodesWith(t *testing.T, l mpiLauncher, bin string, nodes, slots int, extra ...string) ([]string, <-chan struct{}) {
 	t.Helper()
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, l.path, l.args(nodes)...)
 	cmd.Args = append(cmd.Args, bin, "serve", "--slots", strconv.Itoa(slots), "--nodes", "-1", "--node-rank", "-1", "--backend", "mpi",
-		"--rendezvous", freePort(t, "127.0.0.1"), "--socket", filepath.Join(dir, "n{node}.sock"))
+		"--socket", filepath.Join(dir, "n{node}.sock"))
 	cmd.Args = append(cmd.Args, extra...)
-	cmd.Env = append(append(os.Environ(), l.env...), "HVDD_SECRET="+string(testSecret))
+	cmd.Env = append(os.Environ(), l.env...)
+	if bare := strings.Join(extra, " ") == "--control auto"; !bare {
+		cmd.Args = append(cmd.Args, "--rendezvous", freePort(t, "127.0.0.1"))
+		cmd.Env = append(cmd.Env, "HVDD_SECRET="+string(testSecret))
+	}
 	var logs strings.Builder
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {

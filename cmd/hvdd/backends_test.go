@@ -46,3 +46,24 @@ func TestBoundWarning(t *testing.T) {
 		}
 	}
 }
+
+func TestResolveControl(t *testing.T) {
+	for _, c := range []struct {
+		control, backend, rendezvous string
+		want, err                    string
+	}{
+		{"auto", "mpi", "", "mpi", ""},               // a bare mpirun: MPI is all the daemons share
+		{"auto", "mpi", "10.0.0.1:29500", "tcp", ""}, // hvdd run --backend mpi gives a rendezvous
+		{"auto", "tcp", "10.0.0.1:29500", "tcp", ""},
+		{"auto", "tcp", "", "tcp", ""}, // the daemon then asks for --rendezvous
+		{"tcp", "mpi", "", "tcp", ""},
+		{"mpi", "mpi", "10.0.0.1:29500", "mpi", ""},
+		{"mpi", "tcp", "", "", "needs --backend mpi"},
+		{"udp", "mpi", "", "", `unknown --control "udp"`},
+	} {
+		got, err := resolveControl(c.control, c.backend, c.rendezvous)
+		if got != c.want || (err == nil) != (c.err == "") || err != nil && !strings.Contains(err.Error(), c.err) {
+			t.Errorf("resolveControl(%q, %q, %q) = %q, %v; want %q, error %q", c.control, c.backend, c.rendezvous, got, err, c.want, c.err)
+		}
+	}
+}

@@ -30,8 +30,9 @@ func mpiFactory() daemon.BackendFactory {
 
 // mpiControl starts the MPI bridge that carries the daemons' control links,
 // so that with --backend mpi MPI carries control and data and the nodes need
-// no rendezvous. Every daemon of the mpirun job starts it at once.
-func mpiControl(nodeRank, nodes int) (daemon.ControlTransport, error) {
+// no rendezvous (nor a secret: the bridge has one). Every daemon of the mpirun
+// job starts it at once.
+func mpiControl(nodeRank, nodes int) (*mpi.Bridge, error) {
 	b, err := mpi.NewBridge()
 	if err != nil {
 		return nil, err

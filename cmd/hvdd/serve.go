@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hvdd/hvdd/backends/mpi"
 	"github.com/hvdd/hvdd/daemon"
 	"github.com/hvdd/hvdd/launch"
 	"github.com/hvdd/hvdd/rendezvous"
@@ -37,7 +38,7 @@ Environment (Horovod's knobs, honoured when the flag is not given):
   HVDD_SECRET                          shared secret of a multi-node job (hex or raw)
   HVDD_SPIN                            --spin, as a duration (-1ns: never spin)
   HVDD_TCP_STREAMS                     --tcp-streams
-  HVDD_CONTROL                         --control (tcp or mpi)
+  HVDD_CONTROL                         --control (auto, tcp or mpi)
   HOROVOD_FUSION_THRESHOLD             bytes per fused response (0 disables fusion)
   HOROVOD_CYCLE_TIME                   ms between dispatched plans (batching window)
   HOROVOD_STALL_CHECK_TIME_SECONDS     stall warning time
@@ -51,7 +52,11 @@ Examples:
   hvdd serve --slots 2 --nodes 2 --node-rank 0 --rendezvous 10.0.0.1:29500 --advertise 10.0.0.1 --secret-file s
   hvdd serve --slots 2 --nodes 2 --node-rank 1 --rendezvous 10.0.0.1:29500 --advertise 10.0.0.2 --secret-file s
   # one daemon per node under mpirun (hvdd built with -tags mpi); --bind-to none
-  # lets each use all its node's cores:
+  # lets each use all its node's cores. MPI carries control and data, and
+  # makes the job's secret:
+  mpirun --bind-to none -np 2 -H 10.0.0.1,10.0.0.2 \
+      hvdd serve --slots 2 --nodes -1 --node-rank -1 --backend mpi
+  # the same with control over TCP links, faster (what hvdd run --backend mpi does):
   HVDD_SECRET=$(cat s) mpirun --bind-to none -x HVDD_SECRET -np 2 -H 10.0.0.1,10.0.0.2 \
       hvdd serve --slots 2 --nodes -1 --node-rank -1 --rendezvous 10.0.0.1:29500 --backend mpi
 `
@@ -89,9 +94,9 @@ func serveMain(argv []string) int {
 	fs.StringVar(&args.backend, "backend", "tcp", "cross-node engine: tcp (embedded) or mpi (needs a build with -tags mpi)")
 	defControl := os.Getenv("HVDD_CONTROL")
 	if defControl == "" {
-		defControl = "tcp"
+		defControl = "auto"
 	}
-	fs.StringVar(&args.control, "control", defControl, "what carries the daemons' control messages: tcp (authenticated links, fastest) or mpi (with --backend mpi: MPI messages, no rendezvous needed; see docs/BENCHMARKS.md for the cost) (default $HVDD_CONTROL, else tcp)")
+	fs.StringVar(&args.control, "control", defControl, "what carries the daemons' control messages: tcp (authenticated links over --rendezvous, fastest), mpi (with --backend mpi: MPI messages; no rendezvous, and MPI makes the secret if none is given; see docs/BENCHMARKS.md for the cost), or auto: mpi with --backend mpi and no --rendezvous, else tcp (default $HVDD_CONTROL, else auto)")
 	defStreams, err := strconv.Atoi(os.Getenv("HVDD_TCP_STREAMS"))
 	if err != nil || defStreams <= 0 {
 		// Measured across two network namespaces: 4 streams filled the link
@@ -184,7 +189,25 @@ func serveMain(argv []string) int {
 		args.advertise = routeTo(args.rendezvous)
 	}
 	if args.nodes > 1 {
+		control, err := resolveControl(args.control, args.backend, args.rendezvous)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
+			return 2
+		}
+		var bridge *mpi.Bridge
+		if control == "mpi" {
+			// MPI carries the control links too: no rendezvous needed.
+			if bridge, err = mpiControl(args.nodeRank, args.nodes); err != nil {
+				fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
+				return 2
+			}
+			cfg.Control = bridge
+		}
 		secret, err := rendezvous.LoadSecret(args.secretFile, os.Getenv("HVDD_SECRET"))
+		if errors.Is(err, rendezvous.ErrNoSecret) && bridge != nil {
+			// The links travel inside the MPI job: the one rank 0 made.
+			secret, err = bridge.Secret(), nil
+		}
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "hvdd serve: %v (generate one with: head -c 32 /dev/urandom | xxd -p -c 64 > secret; give every node the same file)\n", err)
 			return 2
@@ -197,23 +220,6 @@ func serveMain(argv []string) int {
 		cfg.Nodes, cfg.NodeRank, cfg.Rendezvous, cfg.Advertise = args.nodes, args.nodeRank, args.rendezvous, args.advertise
 		cfg.Secret, cfg.NewBackend = secret, factory
 		warnIfBound(cfg.Logger)
-		switch {
-		case args.control == "tcp":
-		case args.control != "mpi":
-			fmt.Fprintf(os.Stderr, "hvdd serve: unknown --control %q (want tcp or mpi)\n", args.control)
-			return 2
-		case args.backend != "mpi":
-			fmt.Fprintln(os.Stderr, "hvdd serve: --control mpi needs --backend mpi (daemons started by mpirun)")
-			return 2
-		default:
-			// MPI carries the control links too: no rendezvous needed.
-			ctl, err := mpiControl(args.nodeRank, args.nodes)
-			if err != nil {
-				fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
-				return 2
-			}
-			cfg.Control = ctl
-		}
 	}
 	srv, err := daemon.New(cfg)
 	if err != nil {
@@ -280,4 +286,21 @@ func printDefaults(fs *flag.FlagSet) {
 		}
 	})
 	fs.PrintDefaults()
+}
+
+// resolveControl turns --control into tcp or mpi. auto picks mpi for daemons
+// of the mpi engine given no rendezvous (under a plain mpirun, MPI is all
+// they share) and tcp otherwise.
+func resolveControl(control, backend, rendezvous string) (string, error) {
+	switch {
+	case control == "auto" && backend == "mpi" && rendezvous == "":
+		return "mpi", nil
+	case control == "auto", control == "tcp":
+		return "tcp", nil
+	case control != "mpi":
+		return "", fmt.Errorf("unknown --control %q (want auto, tcp or mpi)", control)
+	case backend != "mpi":
+		return "", errors.New("--control mpi needs --backend mpi (daemons started by mpirun)")
+	}
+	return "mpi", nil
 }
