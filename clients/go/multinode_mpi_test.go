@@ -46,11 +46,11 @@ func TestMPIMultiNodeCollectives(t *testing.T) {
 
 // TestMPICHMultiNodeCollectives runs the collective scenarios on daemons
 // built for MPICH (-tags 'mpi mpich') and started by its mpiexec, with the
-// control links over TCP and over MPI: hvdd run launches through Open MPI
-// only, but the daemons run under MPICH too.
+// control links over TCP and over MPI, and under a bare mpiexec (auto): hvdd
+// run launches through Open MPI only, but the daemons run under MPICH too.
 func TestMPICHMultiNodeCollectives(t *testing.T) {
 	bin := buildMPITags(t, mpich, "mpi mpich")
-	for _, control := range []string{"tcp", "mpi"} {
+	for _, control := range []string{"tcp", "mpi", "auto"} {
 		t.Run("2x1,control="+control, func(t *testing.T) {
 			sockets, _ := startMPINodesWith(t, mpich, bin, 2, 1, "--control", control)
 			runScenariosOn(t, sockets, 1, 1)
