@@ -136,6 +136,26 @@ func startMPINodesWith(t *testing.T, l mpiLauncher, bin string, nodes, slots int
 	for n := range sockets {
 		sockets[n] = filepath.Join(dir, fmt.Sprintf("n%d.sock", n))
 	}
+	// Wait for every daemon's socket, or fail at once if the launcher ends
+	// first (a daemon that refused to start): the ranks would retry for
+	// their whole start timeout in each scenario.
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(60 * time.Second)
+	for _, sock := range sockets {
+		for {
+			if _, err := os.Stat(sock); err == nil {
+				break
+			}
+			select {
+			case <-exited:
+				t.Fatalf("%s ended before the daemons were up (its output follows)", l.path)
+			case <-deadline:
+				t.Fatalf("no daemon socket %s after 60 s (the launcher's output follows)", sock)
+			case <-tick.C:
+			}
+		}
+	}
 	return sockets, exited
 }
 
