@@ -70,6 +70,20 @@ func maxOverRanks(ctx context.Context, c *hvdd.Client, ts []time.Duration, extra
 	return out, buf[len(ts):], nil
 }
 
+// minOverRanks is maxOverRanks with each time the minimum over ranks (the
+// maximum of the negated times); extra values still come back maxed.
+func minOverRanks(ctx context.Context, c *hvdd.Client, ts []time.Duration, extra ...float64) ([]time.Duration, []float64, error) {
+	neg := make([]time.Duration, len(ts))
+	for i, t := range ts {
+		neg[i] = -t
+	}
+	out, ex, err := maxOverRanks(ctx, c, neg, extra...)
+	for i := range out {
+		out[i] = -out[i]
+	}
+	return out, ex, err
+}
+
 // buffer returns n elements: shared memory from Alloc with zero-copy, else a
 // plain Go slice; free gives shared memory back.
 func buffer[T hvdd.Elem](c *hvdd.Client, n int, zeroCopy bool) (buf []T, free func(), err error) {
@@ -210,23 +224,17 @@ func measureSize[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, e
 			return row, false, err
 		}
 	}
+	overRanks := maxOverRanks
 	if cfg.Gap > 0 {
 		// After a pause an iteration's time is the minimum over ranks: each
 		// rank leaves its pause at a slightly different moment (a sleep
 		// overshoots by up to a millisecond), and the last to arrive times
 		// the op itself where the others time their wait for it too.
-		for i := range ts {
-			ts[i] = -ts[i]
-		}
+		overRanks = minOverRanks
 	}
-	ts, extra, err := maxOverRanks(ctx, c, ts, float64(bad))
+	ts, extra, err := overRanks(ctx, c, ts, float64(bad))
 	if err != nil {
 		return row, false, err
-	}
-	if cfg.Gap > 0 {
-		for i := range ts {
-			ts[i] = -ts[i]
-		}
 	}
 	row.fillStats(ts, bytes, BusFactor(e.Op, e.Ranks))
 	row.Check = "off"

@@ -42,12 +42,11 @@ type Link struct {
 	// DirectWriter).
 	direct func([]byte) error
 	// expect, if set, tells the connection whether the link awaits
-	// messages (see Expecter); expecting is what it was told last, and
-	// after Close it is told nothing more (unexpected).
-	emu        sync.Mutex
-	expect     func(bool)
-	expecting  bool
-	unexpected bool
+	// messages (see Expecter); expecting is what it was told last. Close
+	// clears expect: the connection is told nothing more.
+	emu       sync.Mutex
+	expect    func(bool)
+	expecting bool
 
 	// Read side, one reader at a time: bytes received and not yet decoded
 	// are pb[pr:]; heard is when a byte last arrived.
@@ -175,12 +174,9 @@ func (l *Link) heartbeat() {
 // for a connection that wants to know (Expecter); for others it does
 // nothing. Close ends the expecting.
 func (l *Link) Expect(on bool) {
-	if l.expect == nil {
-		return
-	}
 	l.emu.Lock()
 	defer l.emu.Unlock()
-	if l.expecting != on && !l.unexpected {
+	if l.expect != nil && l.expecting != on {
 		l.expecting = on
 		l.expect(on)
 	}
@@ -387,7 +383,7 @@ func (l *Link) Close() error {
 	l.once.Do(func() {
 		l.Expect(false)
 		l.emu.Lock()
-		l.unexpected = true
+		l.expect = nil
 		l.emu.Unlock()
 		close(l.stop)
 		// Wake a wait in poll for good, then close once no call is using

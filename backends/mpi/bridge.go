@@ -408,17 +408,15 @@ func (b *Bridge) receive() {
 // which probes too and returns what it found; a send (kick) or Close rings
 // the eventfd to end that wait early.
 func (b *Bridge) nap(pace *pacer) (ok bool, src, tag, n, rc int) {
-	if b.sent.Swap(false) {
-		pace.sent()
-	}
 	if pace.hot(time.Now()) {
 		ts := unix.NsecToTimespec(int64(bridgeMinWait))
 		unix.Nanosleep(&ts, nil)
 		return false, 0, 0, 0, 0
 	}
+	// Raise napping before taking sent: a send after this rings wake.
 	b.napping.Swap(true)
 	if b.sent.Swap(false) {
-		pace.sent() // a send since the check above, which may not have rung
+		pace.sent()
 	}
 	maxWait := bridgeDeepWait
 	if b.expecting.Load() > 0 {

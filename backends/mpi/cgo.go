@@ -314,9 +314,8 @@ static int hv_iprobe_any(MPI_Comm c, int *flag, int *src, int *tag, int *n) {
 // hv_next_wait is the bridge receiver's next idle wait after w: twice as
 // long, at least min_ns, at most max_ns.
 static int64_t hv_next_wait(int64_t w, int64_t min_ns, int64_t max_ns) {
-	w = w > max_ns ? max_ns : 2 * w;
-	if (w < min_ns) w = min_ns;
-	return w > max_ns ? max_ns : w;
+	if (w >= max_ns / 2) return max_ns; // (and no overflow)
+	return 2 * w < min_ns ? min_ns : 2 * w;
 }
 
 // hv_idle_probe is the bridge receiver's idle wait (Bridge.nap): it sleeps,

@@ -17,11 +17,8 @@ import (
 // write fails, and Init must report the daemon's reason, not the closed
 // connection; the two raced in CI (TestMultiNodeWrongSecret).
 func TestRefusalBeforeHello(t *testing.T) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	daemon, err := ipc.NewConnFD(fds[1])
+	c, fd := clientPair(t)
+	daemon, err := ipc.NewConnFD(fd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,11 +28,6 @@ func TestRefusalBeforeHello(t *testing.T) {
 		t.Fatal(err)
 	}
 	daemon.Close()
-	c := &Client{ArenaSize: 1 << 20}
-	if c.ic, err = ipc.NewConnFD(fds[0]); err != nil {
-		t.Fatal(err)
-	}
-	defer c.ic.Close()
 	err = c.handshake(context.Background(), 0)
 	var herr *Error
 	if !errors.As(err, &herr) || herr.Code != ipcpb.Code_CODE_ABORTED || !strings.Contains(herr.Msg, why) {
@@ -46,17 +38,24 @@ func TestRefusalBeforeHello(t *testing.T) {
 // TestClosedBeforeHello: a daemon that closed the connection without a
 // Fatal leaves the client with the closed connection as its error.
 func TestClosedBeforeHello(t *testing.T) {
+	c, fd := clientPair(t)
+	unix.Close(fd)
+	if err := c.handshake(context.Background(), 0); !errors.Is(err, ipc.ErrClosed) {
+		t.Fatalf("handshake returned %v; want the closed connection", err)
+	}
+}
+
+// clientPair returns a client not yet handshaken, connected to the other
+// end of a socket pair, which the test plays as the daemon.
+func clientPair(t *testing.T) (*Client, int) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	unix.Close(fds[1])
 	c := &Client{ArenaSize: 1 << 20}
 	if c.ic, err = ipc.NewConnFD(fds[0]); err != nil {
 		t.Fatal(err)
 	}
-	defer c.ic.Close()
-	if err := c.handshake(context.Background(), 0); !errors.Is(err, ipc.ErrClosed) {
-		t.Fatalf("handshake returned %v; want the closed connection", err)
-	}
+	t.Cleanup(func() { c.ic.Close() })
+	return c, fds[1]
 }

@@ -122,13 +122,23 @@ def test_encode_enqueue_matches_protobuf():
         assert got == m.SerializeToString(), kw
 
 
+def _client_over(monkeypatch, sock):
+    """A client whose connection to the daemon is sock (the test plays the
+    daemon at the other end)."""
+    from hvdd._client import Client
+
+    c = Client(socket_path="/nonexistent", local_rank=0, arena_size=1 << 20, start_timeout=5)
+    monkeypatch.setattr(c, "_dial", lambda deadline: sock)
+    return c
+
+
 def test_refusal_before_hello(monkeypatch):
     """The daemon refused this process (a Fatal, then the connection closed)
     before its handshake wrote anything: the write fails, and connect must
     raise the daemon's reason, not the broken pipe (the two raced in CI)."""
     import socket
 
-    from hvdd._client import _HEADER, _KIND_SERVER, Client, HvddInternalError
+    from hvdd._client import _HEADER, _KIND_SERVER, HvddInternalError
     from hvdd._proto import hvdd_pb2 as pb
 
     ours, daemons = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -138,8 +148,7 @@ def test_refusal_before_hello(monkeypatch):
     body = m.SerializeToString()
     daemons.sendall(_HEADER.pack(b"HV", _KIND_SERVER, 0, 0, len(body)) + body)
     daemons.close()
-    c = Client(socket_path="/nonexistent", local_rank=0, arena_size=1 << 20, start_timeout=5)
-    monkeypatch.setattr(c, "_dial", lambda deadline: ours)
+    c = _client_over(monkeypatch, ours)
     with pytest.raises(
         HvddInternalError, match="refused this process: node 1 could not join the job: authentication failed"
     ):
@@ -151,11 +160,8 @@ def test_closed_before_hello(monkeypatch):
     the broken pipe itself."""
     import socket
 
-    from hvdd._client import Client
-
     ours, daemons = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     daemons.close()
-    c = Client(socket_path="/nonexistent", local_rank=0, arena_size=1 << 20, start_timeout=5)
-    monkeypatch.setattr(c, "_dial", lambda deadline: ours)
+    c = _client_over(monkeypatch, ours)
     with pytest.raises(BrokenPipeError):
         c.connect()
