@@ -117,7 +117,7 @@ func ParseArgs(args []string, out io.Writer) (Config, error) {
 	fs.IntVar(&cfg.Warmup, "warmup", cfg.Warmup, "untimed iterations before the timed ones")
 	fs.IntVar(&cfg.SmallIters, "small-iters", cfg.SmallIters, "least timed iterations for sizes <= 64 KiB")
 	fs.DurationVar(&cfg.SmallTime, "small-time", cfg.SmallTime, "least timed duration for sizes <= 64 KiB (iterations estimated from the warm-up)")
-	fs.DurationVar(&cfg.Gap, "gap", 0, "sleep this long before each timed iteration, as a training step's compute would: the time of an op after a pause, taken by the last rank to arrive (the minimum over ranks); every size then runs --iters iterations")
+	fs.DurationVar(&cfg.Gap, "gap", 0, "sleep this long before each timed iteration, as a training step's compute would: the time of an op after a pause, taken by the last rank to arrive (the minimum over ranks); every size then runs --iters iterations, and the row adds the daemon's CPU over them")
 	fs.BoolVar(&cfg.Check, "check", false, "verify every result against a locally computed reference; exit 1 on any mismatch")
 	fs.BoolVar(&cfg.JSON, "json", false, "print one JSON object per row instead of the table")
 	fs.BoolVar(&cfg.ZeroCopy, "zero-copy", cfg.ZeroCopy, "use buffers from hvdd.Alloc (shared memory); false: plain Go slices the client stages")

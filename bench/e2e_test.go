@@ -124,8 +124,8 @@ func TestTableAndDTypes(t *testing.T) {
 }
 
 // TestGap: with --gap, small sizes run exactly --iters iterations (not the
-// --small-iters minimum), the rows say the gap, and each iteration is
-// checked.
+// --small-iters minimum), the rows say the gap and the daemon's CPU, and
+// each iteration is checked.
 func TestGap(t *testing.T) {
 	outs, errs := runBench(t, 2, "--check --min-bytes 4 --max-bytes 64 --step-factor 16 --iters 3 --warmup 1 --gap 1ms --json")
 	for i, err := range errs {
@@ -138,7 +138,8 @@ func TestGap(t *testing.T) {
 		t.Fatalf("want two rows:\n%s", outs[0])
 	}
 	for _, r := range rows {
-		if r.Iters != 3 || r.GapUS != 1000 || r.Check != "ok" {
+		// The daemon is this process (daemontest), which FindDaemon finds.
+		if r.Iters != 3 || r.GapUS != 1000 || r.Check != "ok" || r.DaemonPID != os.Getpid() || r.DaemonCPUPct == nil {
 			t.Errorf("bad row %+v", r)
 		}
 	}

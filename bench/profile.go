@@ -173,6 +173,11 @@ func resnet[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, out, e
 // /proc/<pid>/stat; 100 on every Linux architecture Go supports.
 const ClockTicks = 100
 
+// cpuPct is ticks of CPU time over wall, as % of one core.
+func cpuPct(ticks int64, wall time.Duration) float64 {
+	return float64(ticks) / ClockTicks / wall.Seconds() * 100
+}
+
 // CPUTicks returns utime+stime of process pid (all its threads) in clock
 // ticks, from /proc/<pid>/stat.
 func CPUTicks(pid int) (int64, error) {
@@ -243,7 +248,7 @@ func idle(ctx context.Context, c *hvdd.Client, cfg Config, out, errOut io.Writer
 	if err != nil {
 		return err
 	}
-	pct := func(ticks int64) float64 { return float64(ticks) / ClockTicks / wall.Seconds() * 100 }
+	pct := func(ticks int64) float64 { return cpuPct(ticks, wall) }
 	clients, err := hvdd.Allgather(ctx, c, []float64{pct(s1 - s0)})
 	if err != nil {
 		return err

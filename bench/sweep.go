@@ -215,6 +215,18 @@ func measureSize[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, e
 		}
 		iters = IterationsFor(bytes, cfg.Iters, cfg.SmallIters, cfg.SmallTime, m[0])
 	}
+	// With --gap, rank 0 also measures the CPU time of the daemon (the
+	// process serving the socket) over the paced loop: what ops that come
+	// apart cost it (bench/gapcpu.sh).
+	daemon, cpu0 := 0, int64(0)
+	if cfg.Gap > 0 && e.Rank == 0 {
+		if pid, err := FindDaemon(c.Socket); err == nil {
+			if cpu0, err = CPUTicks(pid); err == nil {
+				daemon = pid
+			}
+		}
+	}
+	t0 := time.Now()
 	ts := make([]time.Duration, iters)
 	for i := range ts {
 		if cfg.Gap > 0 {
@@ -222,6 +234,12 @@ func measureSize[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, e
 		}
 		if ts[i], err = one(); err != nil {
 			return row, false, err
+		}
+	}
+	if daemon > 0 {
+		if cpu1, err := CPUTicks(daemon); err == nil {
+			v := cpuPct(cpu1-cpu0, time.Since(t0))
+			row.DaemonPID, row.DaemonCPUPct = daemon, &v
 		}
 	}
 	overRanks := maxOverRanks

@@ -146,8 +146,8 @@ func (l *loop) now() int64 { return time.Since(l.epoch).Milliseconds() }
 // intervals for a millisecond or more. The loop never gives up its tick by
 // itself, so in a job whose ops come a few ms apart (a training step's
 // compute between them) that polling cost the daemon more CPU than its
-// work. bench/gapcpu.sh 10ms, ticks of 10 ms in 2 s: 13-16 without the
-// yield, 5-7 with it.
+// work. At 10 ms gaps (bench/gapcpu.sh) the daemon took 7-8 % of a core
+// without the yield, 2.5-3.5 % with it.
 const yieldEvery = 5 * time.Millisecond
 
 // run is the daemon's event loop. It waits in epoll for client frames and
