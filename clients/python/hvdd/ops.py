@@ -1,0 +1,531 @@
+"""Framework-neutral collectives on numpy arrays, shared by ``hvdd.torch`` and
+``hvdd.tensorflow`` (as Horovod shares ``horovod/common``).
+
+A framework module turns its tensors into numpy arrays (views of their
+memory where it can), and this module does the rest: it stages the bytes in
+the client's shared-memory arena, names the collective, sends the Enqueue and
+turns the daemon's answer back into an array. The handles it hands out are
+Horovod's integer handles, for ``poll`` and ``synchronize``; the result of a
+handle is the array (or list, or tuple) its ``finish`` makes, which the
+framework module converts.
+
+Names follow Horovod: ``"<op>.<name>"`` when the caller names the
+collective, else ``"<op>.noname.<handle>"``, so unnamed collectives match
+across ranks by the order in which each rank issued them.
+
+Nothing here imports a framework; importing ``hvdd.tensorflow`` does not
+import torch, nor the reverse.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import pickle
+import warnings
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import basics as _basics
+from ._client import Client, Handle
+from ._proto import hvdd_pb2 as pb
+from .basics import Average, ProcessSet, ReduceOp, Sum, global_process_set
+from .basics import process_set_id as _ps_id
+
+try:  # Horovod pickles with cloudpickle; use it when present (lambdas, closures).
+    import cloudpickle as _pickle  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - depends on the environment
+    _pickle = pickle  # type: ignore[assignment]
+
+__all__ = [
+    "wire_dtype",
+    "reduce_op",
+    "handle_average_backwards_compatibility",
+    "collective_name",
+    "next_handle",
+    "register",
+    "poll",
+    "synchronize",
+    "submit_allreduce",
+    "submit_broadcast",
+    "submit_output",
+    "group",
+    "allreduce",
+    "grouped_allreduce",
+    "allgather",
+    "broadcast",
+    "alltoall",
+    "reducescatter",
+    "join",
+    "barrier",
+    "broadcast_object",
+    "allgather_object",
+]
+
+# numpy dtype name -> wire dtype. bfloat16 is ml_dtypes' (what TensorFlow's
+# .numpy() returns); torch hands its bfloat16 bits over as int16 and names
+# the wire dtype itself.
+_WIRE = {
+    "uint8": pb.DTYPE_UINT8,
+    "int8": pb.DTYPE_INT8,
+    "uint16": pb.DTYPE_UINT16,
+    "int16": pb.DTYPE_INT16,
+    "int32": pb.DTYPE_INT32,
+    "int64": pb.DTYPE_INT64,
+    "float16": pb.DTYPE_FLOAT16,
+    "bfloat16": pb.DTYPE_BFLOAT16,
+    "float32": pb.DTYPE_FLOAT32,
+    "float64": pb.DTYPE_FLOAT64,
+    "bool": pb.DTYPE_BOOL,
+}
+
+# Public handles, as Horovod's handle manager hands them out.
+_handle_map: dict[int, Tuple[Client, Handle]] = {}
+_handles = itertools.count(1)
+_groups = itertools.count(1)
+
+
+def wire_dtype(dtype: Any) -> int:
+    """The wire dtype of a numpy dtype; ValueError for one the daemon does not
+    reduce (as Horovod's ``Tensor type ... is not supported``)."""
+    w = _WIRE.get(np.dtype(dtype).name)
+    if w is None:
+        raise ValueError(f"Tensor type {np.dtype(dtype).name} is not supported.")
+    return w
+
+
+def reduce_op(op: Any) -> int:
+    """Validates a reduction op (hvd.Average, Sum, Adasum, Min, Max, Product)."""
+    try:
+        return int(ReduceOp(op))
+    except ValueError:
+        raise ValueError(f"Unknown reduction op {op!r}: use hvd.Average, Sum, Adasum, Min, Max or Product") from None
+
+
+def handle_average_backwards_compatibility(op: Optional[int], average: Optional[bool]) -> int:
+    """Resolves Horovod's deprecated ``average=`` against ``op=``."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+        return op
+    if average is not None:
+        warnings.warn(
+            "Parameter `average` has been replaced with `op` and will be removed in v1.0",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return Average if average else Sum
+    return Average
+
+
+def collective_name(kind: str, name: Optional[str], handle: int) -> str:
+    """The name the daemon matches across ranks (see the module doc)."""
+    return f"{kind}.{name}" if name is not None else f"{kind}.noname.{handle}"
+
+
+def next_handle() -> int:
+    """A fresh public handle number."""
+    return next(_handles)
+
+
+def register(handle: int, h: Handle) -> int:
+    """Makes h reachable through the public handle number; returns it."""
+    _handle_map[handle] = (_basics.client(), h)
+    return handle
+
+
+def poll(handle: int) -> bool:
+    """Polls an allreduce, allgather, alltoall, broadcast, or reducescatter
+    handle to determine whether underlying asynchronous operation has
+    completed. After `poll()` returns `True`, `synchronize()` will return
+    without blocking.
+
+    Returns:
+        A flag indicating whether the operation has completed.
+    """
+    e = _handle_map.get(handle)
+    if e is None:
+        raise ValueError(f"Handle {handle} was not created or has been cleared.")
+    return e[1].poll()
+
+
+def synchronize(handle: int) -> Any:
+    """Waits for a handle and returns its result (the framework's value that
+    its ``finish`` made); None for a handle already synchronized. Raises
+    HorovodInternalError if the collective failed."""
+    e = _handle_map.pop(handle, None)
+    if e is None:
+        return None
+    return e[0].complete(e[1])
+
+
+# ------------------------------------------------------------------ submission
+
+
+def _stage(c: Client, flat: np.ndarray) -> Tuple[Any, int, int]:
+    """Copies a flat uint8 array into the arena: (region, offset, nbytes)."""
+    nbytes = flat.size
+    if nbytes == 0:
+        return None, 0, 0
+    region, off = c.stage(nbytes)
+    region.array[off : off + nbytes] = flat
+    return region, off, nbytes
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    """A flat uint8 view of a C-contiguous array's bytes (a copy when the
+    array is not contiguous)."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def _new_array(b: np.ndarray, dtype: Any, shape: Sequence[int]) -> np.ndarray:
+    """A new array owning a copy of the bytes b."""
+    return b.copy().view(dtype).reshape(tuple(shape))
+
+
+def submit_allreduce(
+    c: Client,
+    a: np.ndarray,
+    name: str,
+    op: int,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    ps: int = 0,
+    out: Optional[np.ndarray] = None,
+    wire: Optional[int] = None,
+    group: int = 0,
+    group_size: int = 0,
+    convert: Optional[Callable[[np.ndarray], Any]] = None,
+) -> Handle:
+    """Sends an allreduce of a (reduced in the arena, in place). The handle's
+    result is ``out`` with the result copied into its bytes (an array of a's
+    bytes, e.g. a view of the caller's tensor), else a new array of a's dtype
+    and shape, passed through ``convert`` when given."""
+    flat = _bytes(a)
+    region, off, nbytes = _stage(c, flat)
+    h = c.submit(
+        pb.OP_ALLREDUCE,
+        name,
+        wire_dtype(a.dtype) if wire is None else wire,
+        a.shape,
+        region,
+        off,
+        nbytes,
+        reduce_op=op,
+        prescale=float(prescale),
+        postscale=float(postscale),
+        process_set=ps,
+        group=group,
+        group_size=group_size,
+    )
+    _finish_in_arena(h, a.dtype, a.shape, nbytes, out, convert)
+    return h
+
+
+def _finish_in_arena(
+    h: Handle,
+    dtype: Any,
+    shape: Sequence[int],
+    nbytes: int,
+    out: Optional[np.ndarray],
+    convert: Optional[Callable[[np.ndarray], Any]],
+) -> None:
+    """Makes h's result the nbytes staged at its arena offset: copied into
+    out's bytes, or into a new array of dtype and shape."""
+    if out is not None:
+        out_flat = out.reshape(-1).view(np.uint8)
+
+        def finish(h: Handle) -> Any:
+            if h.region is not None:
+                out_flat[:] = h.region.array[h.offset : h.offset + nbytes]
+            return convert(out) if convert is not None else out
+
+    else:
+
+        def finish(h: Handle) -> Any:
+            if h.region is None:
+                r = np.empty(shape, dtype=dtype)
+            else:
+                r = _new_array(h.region.array[h.offset : h.offset + nbytes], dtype, shape)
+            return convert(r) if convert is not None else r
+
+    h.finish = finish
+
+
+def submit_broadcast(
+    c: Client,
+    a: np.ndarray,
+    name: str,
+    root_rank: int,
+    ps: int = 0,
+    out: Optional[np.ndarray] = None,
+    wire: Optional[int] = None,
+    convert: Optional[Callable[[np.ndarray], Any]] = None,
+) -> Handle:
+    """Sends a broadcast of a from the global rank root_rank; the result is as
+    :func:`submit_allreduce`'s."""
+    flat = _bytes(a)
+    region, off, nbytes = _stage(c, flat)
+    h = c.submit(
+        pb.OP_BROADCAST,
+        name,
+        wire_dtype(a.dtype) if wire is None else wire,
+        a.shape,
+        region,
+        off,
+        nbytes,
+        root_rank=int(root_rank),
+        process_set=ps,
+    )
+    _finish_in_arena(h, a.dtype, a.shape, nbytes, out, convert)
+    return h
+
+
+def submit_output(
+    c: Client,
+    kind: int,
+    a: np.ndarray,
+    name: str,
+    ps: int = 0,
+    with_splits: bool = False,
+    wire: Optional[int] = None,
+    convert: Optional[Callable[[np.ndarray], Any]] = None,
+    convert_splits: Optional[Callable[[np.ndarray], Any]] = None,
+    **kw: Any,
+) -> Handle:
+    """Sends a collective whose result the daemon allocates (allgather,
+    alltoall, reducescatter; ``kw`` carries splits, reduce_op, scales, group).
+    The result is a new array (converted), or (array, received splits as
+    int32) when with_splits."""
+    region, off, nbytes = _stage(c, _bytes(a))
+    h = c.submit(
+        kind, name, wire_dtype(a.dtype) if wire is None else wire, a.shape, region, off, nbytes, process_set=ps, **kw
+    )
+    dtype = a.dtype
+    rest = tuple(a.shape[1:])
+
+    def finish(h: Handle) -> Any:
+        d = h.done
+        if d is None or not d.HasField("output") or d.output.length == 0:
+            shape = tuple(d.output_shape) if d is not None and len(d.output_shape) else (0,) + rest
+            r = np.empty(shape, dtype=dtype)
+        else:
+            try:
+                r = _new_array(c.output(d.output), dtype, tuple(d.output_shape))
+            finally:
+                c.release(d.output)
+        if convert is not None:
+            r = convert(r)
+        if with_splits:
+            rs = np.array(list(d.received_splits) if d is not None else [], dtype=np.int32)
+            return r, (convert_splits(rs) if convert_splits is not None else rs)
+        return r
+
+    h.finish = finish
+    return h
+
+
+def group(base: str, submit: Callable[[str, int, int, int], Handle], n: int) -> Handle:
+    """A grouped collective: ``submit(name, index, group, n)`` sends member
+    index; members are named ``<base>_<i>of<n>`` and negotiated as one unit.
+    The handle's result is the list of the members' results."""
+    gid = next(_groups)
+    g = Handle(0, base)
+    g.members = [submit(f"{base}_{i + 1}of{n}", i, gid, n) for i in range(n)]
+    return g
+
+
+# --------------------------------------------------- blocking array collectives
+#
+# Each takes arrays and returns arrays; the name is the full collective name
+# when given (``full_name``), else made from ``name`` and a fresh handle.
+
+
+def _full(kind: str, name: Optional[str], full_name: Optional[str]) -> str:
+    return full_name if full_name is not None else collective_name(kind, name, next_handle())
+
+
+def allreduce(
+    a: np.ndarray,
+    op: int = Average,
+    name: Optional[str] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+    full_name: Optional[str] = None,
+) -> np.ndarray:
+    """Allreduce of one array; returns a new array."""
+    c = _basics.client()
+    h = submit_allreduce(
+        c,
+        a,
+        _full("allreduce", name, full_name),
+        reduce_op(op),
+        prescale_factor,
+        postscale_factor,
+        _ps_id(process_set),
+    )
+    return c.complete(h)
+
+
+def grouped_allreduce(
+    arrays: Sequence[np.ndarray],
+    op: int = Average,
+    name: Optional[str] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+    full_name: Optional[str] = None,
+    groups: Optional[Sequence[Sequence[int]]] = None,
+) -> List[np.ndarray]:
+    """Allreduce of several arrays, sent together and negotiated as one group
+    (or as the given groups of indices, each its own group, all sent before
+    any is waited for) so that the daemon fuses them. Returns new arrays in
+    the input order."""
+    c = _basics.client()
+    op = reduce_op(op)
+    ps = _ps_id(process_set)
+    arrays = list(arrays)
+    if not arrays:
+        return []
+    base = _full("grouped_allreduce", name, full_name)
+    parts = [list(range(len(arrays)))] if groups is None else [list(g) for g in groups if len(g)]
+    handles = []
+    for k, idx in enumerate(parts):
+        gname = base if len(parts) == 1 else f"{base}.g{k}"
+
+        def sub(nm: str, i: int, gid: int, n: int, idx: list[int] = idx) -> Handle:
+            return submit_allreduce(
+                c, arrays[idx[i]], nm, op, prescale_factor, postscale_factor, ps, group=gid, group_size=n
+            )
+
+        handles.append((idx, group(gname, sub, len(idx))))
+    out: List[Any] = [None] * len(arrays)
+    first: Optional[BaseException] = None
+    for idx, h in handles:  # wait for every group before raising
+        try:
+            for i, r in zip(idx, c.complete(h)):
+                out[i] = r
+        except BaseException as e:
+            first = first or e
+    if first is not None:
+        raise first
+    return out
+
+
+def allgather(
+    a: np.ndarray,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+    full_name: Optional[str] = None,
+) -> np.ndarray:
+    """Allgather along the first dimension (which may differ per rank)."""
+    c = _basics.client()
+    h = submit_output(c, pb.OP_ALLGATHER, a, _full("allgather", name, full_name), _ps_id(process_set))
+    return c.complete(h)
+
+
+def broadcast(
+    a: np.ndarray,
+    root_rank: int,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+    full_name: Optional[str] = None,
+) -> np.ndarray:
+    """Broadcast from the global rank root_rank; returns a new array."""
+    c = _basics.client()
+    h = submit_broadcast(c, a, _full("broadcast", name, full_name), root_rank, _ps_id(process_set))
+    return c.complete(h)
+
+
+def alltoall(
+    a: np.ndarray,
+    splits: Optional[Sequence[int]] = None,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+    full_name: Optional[str] = None,
+) -> Tuple[np.ndarray, np.ndarray]:
+    """Alltoall along the first dimension: (output, received splits)."""
+    c = _basics.client()
+    sp = None if splits is None else [int(x) for x in np.asarray(splits).reshape(-1)]
+    h = submit_output(
+        c, pb.OP_ALLTOALL, a, _full("alltoall", name, full_name), _ps_id(process_set), with_splits=True, splits=sp
+    )
+    return c.complete(h)
+
+
+def reducescatter(
+    a: np.ndarray,
+    op: int = Average,
+    name: Optional[str] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+    full_name: Optional[str] = None,
+) -> np.ndarray:
+    """Reduce, then this rank's block of rows (the first d0 % n ranks get one
+    more)."""
+    c = _basics.client()
+    h = submit_output(
+        c,
+        pb.OP_REDUCESCATTER,
+        a,
+        _full("reducescatter", name, full_name),
+        _ps_id(process_set),
+        reduce_op=reduce_op(op),
+        prescale=float(prescale_factor),
+        postscale=float(postscale_factor),
+    )
+    return c.complete(h)
+
+
+def join() -> int:
+    """Marks this rank as out of data and blocks until every rank has joined;
+    meanwhile it takes part in the others' allreduces with zeros. Returns the
+    rank that joined last."""
+    c = _basics.client()
+    h = c.submit(pb.OP_JOIN, "")
+    c.complete(h)
+    return int(h.done.last_joined_rank) if h.done is not None else 0
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Blocks until every rank of the process set has reached it."""
+    c = _basics.client()
+    c.complete(c.submit(pb.OP_BARRIER, "", process_set=_ps_id(process_set)))
+
+
+# ------------------------------------------------------------ Python objects
+
+
+def broadcast_object(
+    obj: Any, root_rank: int = 0, name: Optional[str] = None, process_set: ProcessSet = global_process_set
+) -> Any:
+    """Pickles obj on the root and returns it unpickled on every rank: its size
+    is broadcast as ``<name>.sz``, then its bytes as ``<name>.t`` (name
+    defaults to the object's type name), as Horovod does."""
+    if name is None:
+        name = type(obj).__name__
+    if _basics.rank() == root_rank:
+        b = io.BytesIO()
+        _pickle.dump(obj, b)
+        data = np.frombuffer(b.getvalue(), dtype=np.uint8)
+        broadcast(np.array([data.size], dtype=np.int32), root_rank, name + ".sz", process_set)
+        broadcast(data, root_rank, name + ".t", process_set)
+        return obj
+    sz = broadcast(np.zeros(1, dtype=np.int32), root_rank, name + ".sz", process_set)
+    data = broadcast(np.zeros(int(sz[0]), dtype=np.uint8), root_rank, name + ".t", process_set)
+    return _pickle.loads(data.tobytes())
+
+
+def allgather_object(obj: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> List[Any]:
+    """Pickles obj on every rank and returns the list of every rank's object,
+    in rank order (sizes gathered as ``<name>.sz``, bytes as ``<name>.t``)."""
+    if name is None:
+        name = type(obj).__name__
+    data = np.frombuffer(_pickle.dumps(obj), dtype=np.uint8)
+    sizes = allgather(np.array([data.size], dtype=np.int32), name + ".sz", process_set)
+    gathered = allgather(data, name + ".t", process_set)
+    offs = np.concatenate([[0], np.cumsum(sizes)])
+    return [_pickle.loads(gathered[offs[i] : offs[i + 1]].tobytes()) for i in range(len(sizes))]

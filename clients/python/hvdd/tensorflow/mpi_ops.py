@@ -1,0 +1,787 @@
+"""Horovod's ``horovod/tensorflow/mpi_ops.py`` on hvdd: collectives on
+TensorFlow tensors, in eager mode, inside ``tf.function`` and in TF1 graphs.
+
+There is no compiled op library. Each collective is a Python function over
+numpy arrays (``hvdd.ops``); in eager mode it runs at once on the tensors'
+values, and in a graph it becomes one ``tf.numpy_function`` node that runs it
+when the graph runs. Gradients are registered with ``tf.custom_gradient``, as
+Horovod registers them for its ops: an allreduce's gradient is the allreduce
+of the gradient, an allgather's is this rank's slice of the summed gradient,
+a broadcast's is the summed gradient on the root and zero elsewhere.
+
+Graph nodes block a TensorFlow thread while the daemon works; collectives in
+one graph therefore run in the order the program created them (``tf.function``
+orders stateful nodes itself; in TF1 graphs each collective waits for the one
+created before it), so two ranks never wait on each other's pending nodes.
+
+Names: a graph collective is named after its input tensor (Horovod's
+``HorovodAllreduce_<tensor name>``), which is the same on every rank running
+the same program; in eager mode an unnamed collective is named by call order,
+as ``hvdd.torch`` names them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import weakref
+from typing import Any, Callable, Iterator, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from .. import basics as _basics
+from .. import ops as _ops
+from .._proto import hvdd_pb2 as pb
+from ..basics import Adasum, Average, ProcessSet, Sum, global_process_set
+from .compression import Compression
+
+__all__ = [
+    "allreduce",
+    "grouped_allreduce",
+    "allgather",
+    "grouped_allgather",
+    "broadcast",
+    "broadcast_",
+    "alltoall",
+    "reducescatter",
+    "grouped_reducescatter",
+    "join",
+    "barrier",
+    "size_op",
+    "local_size_op",
+    "rank_op",
+    "local_rank_op",
+    "process_set_included_op",
+    "handle_average_backwards_compatibility",
+]
+
+handle_average_backwards_compatibility = _ops.handle_average_backwards_compatibility
+
+
+def _executing_eagerly() -> bool:
+    return tf.executing_eagerly()
+
+
+def _normalize_name(name: str) -> str:
+    """Normalizes operation name to TensorFlow rules."""
+    return re.sub("[^a-zA-Z0-9_]", "_", name)
+
+
+def _check_dtype(dtype: tf.DType) -> None:
+    try:
+        _ops.wire_dtype(np.dtype(dtype.as_numpy_dtype))
+    except (TypeError, ValueError):
+        raise ValueError(f"Tensor type {dtype.name} is not supported.") from None
+
+
+def _name(kind: str, prefix: str, tensor: Any, name: Optional[str], ignore_name_scope: bool) -> str:
+    """The collective's name (see the module doc); prefix is Horovod's op type
+    (HorovodAllreduce, ...)."""
+    if _executing_eagerly():
+        return _ops.collective_name(kind, name, _ops.next_handle())
+    if name is None:
+        name = f"{prefix}_{_normalize_name(tensor.name)}"
+    scope = "" if ignore_name_scope else tf.compat.v1.get_default_graph().get_name_scope()
+    return f"{kind}.{scope}/{name}" if scope else f"{kind}.{name}"
+
+
+# The last collective created in each TF1 graph, which the next one waits for.
+_last_in_graph: "weakref.WeakKeyDictionary[Any, tf.Operation]" = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def _in_order() -> Iterator[None]:
+    """Orders this collective after the previous one of its TF1 graph (see the
+    module doc). tf.function orders its stateful nodes itself, and nodes in
+    control flow keep the order of their context."""
+    g = tf.compat.v1.get_default_graph()
+    prev = _last_in_graph.get(g)
+    in_flow = getattr(g, "_get_control_flow_context", lambda: None)() is not None
+    if tf.inside_function() or prev is None or in_flow:
+        yield
+        return
+    with g.control_dependencies([prev]):
+        yield
+
+
+def _run(
+    fn: Callable[..., Sequence[np.ndarray]],
+    inputs: Sequence[tf.Tensor],
+    touts: Sequence[tf.DType],
+    shapes: Sequence[Any],
+    name: str,
+) -> List[tf.Tensor]:
+    """Runs fn over the inputs' values: now in eager mode, else as one graph
+    node. fn takes numpy arrays and returns a list of arrays."""
+    if _executing_eagerly():
+        outs = fn(*[t.numpy() for t in inputs])
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
+    with _in_order():
+        outs = tf.numpy_function(fn, list(inputs), list(touts), stateful=True, name=_normalize_name(name)[:200])
+    if not isinstance(outs, (list, tuple)):
+        outs = [outs]
+    g = tf.compat.v1.get_default_graph()
+    if not tf.inside_function() and outs:
+        _last_in_graph[g] = outs[0].op
+    for o, s in zip(outs, shapes):
+        o.set_shape(s)
+    return list(outs)
+
+
+def _tensor(x: Any) -> tf.Tensor:
+    """A tensor of x's value (variables read), so that custom gradients see a
+    plain input."""
+    if isinstance(x, tf.Variable):
+        return x.read_value() if not _executing_eagerly() else tf.convert_to_tensor(x)
+    return tf.convert_to_tensor(x)
+
+
+def _zeros_for_none(dys: Sequence[Any], ys: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+    return [tf.zeros_like(y) if dy is None else dy for dy, y in zip(dys, ys)]
+
+
+def _set_size(process_set: ProcessSet) -> int:
+    n = process_set.size()
+    if n is None:
+        raise ValueError("Process set provided does not exist, or has not been registered.")
+    return n
+
+
+# ------------------------------------------------------------------ allreduce
+
+
+def _allreduce(
+    tensor: Any,
+    name: Optional[str] = None,
+    op: int = Sum,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> tf.Tensor:
+    """An op which reduces an input tensor over all the Horovod processes. The
+    default reduction is a sum. Differentiable: the gradient is the allreduce
+    of the gradient with the same op and scale factors."""
+    return _grouped_allreduce(
+        [tensor], name, op, prescale_factor, postscale_factor, ignore_name_scope, process_set, single=True
+    )[0]
+
+
+def _grouped_allreduce(
+    tensors: Sequence[Any],
+    name: Optional[str] = None,
+    op: int = Sum,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+    groups: Optional[Sequence[Sequence[int]]] = None,
+    single: bool = False,
+) -> List[tf.Tensor]:
+    """Allreduce of a list of tensors as one graph node (one group, or the
+    given groups of indices), differentiable."""
+    op = _ops.reduce_op(op)
+    ps_id = _basics.process_set_id(process_set)
+    xs = [_tensor(t) for t in tensors]
+    if not xs:
+        return []
+    for x in xs:
+        _check_dtype(x.dtype)
+    if single:
+        full = _name("allreduce", "HorovodAllreduce", xs[0], name, ignore_name_scope)
+    else:
+        full = _name("grouped_allreduce", "HorovodGroupedAllreduce", xs[0], name, ignore_name_scope)
+    pre, post = float(prescale_factor), float(postscale_factor)
+
+    def fn(*arrays: np.ndarray) -> List[np.ndarray]:
+        c = _basics.client()
+        if single:
+            return [c.complete(_ops.submit_allreduce(c, arrays[0], full, op, pre, post, ps_id))]
+        return _ops.grouped_allreduce(arrays, op, None, pre, post, process_set, full_name=full, groups=groups)
+
+    @tf.custom_gradient
+    def f(*xs: tf.Tensor) -> Any:
+        ys = _run(fn, xs, [x.dtype for x in xs], [x.shape for x in xs], full)
+
+        def grad(*dys: tf.Tensor) -> Any:
+            dys = _zeros_for_none(dys, ys)
+            return _grouped_allreduce(
+                dys, None, op, pre, post, ignore_name_scope, process_set, groups=groups, single=single
+            )
+
+        return ys, grad
+
+    return list(f(*xs))
+
+
+def _sparse_allreduce(
+    tensor: tf.IndexedSlices, name: Optional[str], op: int, ignore_name_scope: bool, process_set: ProcessSet
+) -> tf.IndexedSlices:
+    """Allreduce of IndexedSlices as two allgathers, as Horovod does."""
+    if op == Adasum:
+        raise NotImplementedError(
+            "The Adasum reduction does not currently support sparse tensors. As a "
+            "workaround please pass sparse_as_dense=True to DistributedOptimizer"
+        )
+    if op not in (Average, Sum):
+        raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
+    base = name if name is not None else None
+    values = allgather(
+        tensor.values,
+        name=None if base is None else f"{base}.values",
+        ignore_name_scope=ignore_name_scope,
+        process_set=process_set,
+    )
+    indices = allgather(
+        tensor.indices,
+        name=None if base is None else f"{base}.indices",
+        ignore_name_scope=ignore_name_scope,
+        process_set=process_set,
+    )
+    if op == Average:
+        n = tf.cast(_set_size(process_set), values.dtype)
+        values = values / n
+    return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+
+
+def allreduce(
+    tensor: Any,
+    average: Optional[bool] = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+    ignore_name_scope: bool = False,
+) -> Any:
+    """Perform an allreduce on a tf.Tensor or tf.IndexedSlices.
+
+    This function performs a bandwidth-optimal ring allreduce on the input
+    tensor. If the input is an tf.IndexedSlices, the function instead does an
+    allgather on the values and the indices, effectively doing an allreduce on
+    the represented tensor.
+
+    Arguments:
+        tensor: tf.Tensor, tf.Variable, or tf.IndexedSlices to reduce.
+                The shape of the input must be identical across all ranks.
+        average:
+            .. warning:: .. deprecated:: 0.19.0
+
+                Use `op` instead. Will be removed in v1.0.
+
+        device_dense: Device to be used for dense tensors (unused: hvdd's
+                      daemon does the reduction).
+        device_sparse: Device to be used for sparse tensors (unused).
+        compression: Compression algorithm used to reduce the amount of data
+                     sent and received by each worker node.  Defaults to not
+                     using compression.
+        op: The reduction operation to combine tensors across different ranks.
+            Defaults to Average if None is given.
+        prescale_factor: Multiplicative factor to scale tensor before allreduce.
+        postscale_factor: Multiplicative factor to scale tensor after allreduce.
+        name: A name of the allreduce operation.
+        process_set: Process set object to limit this operation to a subset of
+                     Horovod processes. Default is the global process set.
+        ignore_name_scope: If True, ignores any outer name scope applied by
+                           TensorFlow in the name used by the Horovod operation.
+
+    Returns:
+        A tensor of the same shape and type as `tensor`, summed across all
+        processes.
+    """
+    op = handle_average_backwards_compatibility(op, average)
+    if isinstance(tensor, tf.IndexedSlices):
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+        return _sparse_allreduce(tensor, name, op, ignore_name_scope, process_set)
+    tensor_compressed, ctx = compression.compress(_tensor(tensor))
+    summed = _allreduce(
+        tensor_compressed,
+        name=name,
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        ignore_name_scope=ignore_name_scope,
+        process_set=process_set,
+    )
+    return compression.decompress(summed, ctx)
+
+
+def grouped_allreduce(
+    tensors: Sequence[Any],
+    average: Optional[bool] = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+    ignore_name_scope: bool = False,
+    name: Optional[str] = None,
+) -> List[Any]:
+    """Perform grouped allreduces on a sequence of tf.Tensor or
+    tf.IndexedSlices: the dense tensors go to the daemon together, in one
+    step, and are negotiated and fused as one unit; IndexedSlices are
+    allgathered.
+
+    Returns:
+        A list of tensors of the same shapes and types as `tensors`, reduced
+        across all processes.
+    """
+    op = handle_average_backwards_compatibility(op, average)
+    tensors = list(tensors)
+    dense_idx = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    out: List[Any] = [None] * len(tensors)
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices):
+            if prescale_factor != 1.0 or postscale_factor != 1.0:
+                raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+            out[i] = _sparse_allreduce(t, None if name is None else f"{name}.{i}", op, ignore_name_scope, process_set)
+    if dense_idx:
+        compressed, ctxs = zip(*[compression.compress(_tensor(tensors[i])) for i in dense_idx])
+        summed = _grouped_allreduce(
+            list(compressed), name, op, prescale_factor, postscale_factor, ignore_name_scope, process_set
+        )
+        for i, s, ctx in zip(dense_idx, summed, ctxs):
+            out[i] = compression.decompress(s, ctx)
+    return out
+
+
+# ------------------------------------------------------------------ allgather
+
+
+def _allgather_splits(x: tf.Tensor, process_set: ProcessSet, ignore_name_scope: bool) -> tf.Tensor:
+    """Every rank's first dimension, in rank order."""
+    d = tf.reshape(tf.shape(x, out_type=tf.int32)[0], [1])
+    return allgather(d, ignore_name_scope=ignore_name_scope, process_set=process_set)
+
+
+def allgather(
+    tensor: Any,
+    name: Optional[str] = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> tf.Tensor:
+    """An op which concatenates the input tensor with the same input tensor on
+    all other Horovod processes.
+
+    The concatenation is done on the first dimension, so the input tensors on
+    the different processes must have the same rank and shape, except for the
+    first dimension, which is allowed to be different.
+
+    Returns:
+      A tensor of the same type as `tensor`, concatenated on dimension zero
+      across all processes. The shape is identical to the input shape, except
+      for the first dimension, which may be greater and is the sum of all first
+      dimensions of the tensors in different Horovod processes.
+    """
+    return grouped_allgather([tensor], name, ignore_name_scope, process_set, _single=True)[0]
+
+
+def grouped_allgather(
+    tensors: Sequence[Any],
+    name: Optional[str] = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+    _single: bool = False,
+) -> List[tf.Tensor]:
+    """Grouped allgather: the tensors are gathered as one unit; returns the
+    list of gathered tensors. Differentiable."""
+    ps_id = _basics.process_set_id(process_set)
+    xs = [_tensor(t) for t in tensors]
+    if not xs:
+        return []
+    for x in xs:
+        _check_dtype(x.dtype)
+        if x.shape.rank == 0:
+            raise ValueError("Rank-zero tensors cannot be allgathered: reshape them to [1].")
+    kind, prefix = ("allgather", "HorovodAllgather") if _single else ("grouped_allgather", "HorovodGroupedAllgather")
+    full = _name(kind, prefix, xs[0], name, ignore_name_scope)
+
+    def fn(*arrays: np.ndarray) -> List[np.ndarray]:
+        c = _basics.client()
+        if _single:
+            return [c.complete(_ops.submit_output(c, pb.OP_ALLGATHER, arrays[0], full, ps_id))]
+
+        def sub(nm: str, i: int, gid: int, n: int) -> Any:
+            return _ops.submit_output(c, pb.OP_ALLGATHER, arrays[i], nm, ps_id, group=gid, group_size=n)
+
+        return c.complete(_ops.group(full, sub, len(arrays)))
+
+    @tf.custom_gradient
+    def f(*xs: tf.Tensor) -> Any:
+        shapes = [tf.TensorShape([None]).concatenate(x.shape[1:]) for x in xs]
+        ys = _run(fn, xs, [x.dtype for x in xs], shapes, full)
+
+        def grad(*dys: tf.Tensor) -> Any:
+            dys = _zeros_for_none(dys, ys)
+            summed = _grouped_allreduce(dys, None, Sum, 1.0, 1.0, ignore_name_scope, process_set)
+            r = process_set.rank() if process_set is not global_process_set else _basics.rank()
+            out = []
+            for x, g in zip(xs, summed):
+                splits = _allgather_splits(x, process_set, ignore_name_scope)
+                start = tf.reduce_sum(splits[:r])
+                out.append(g[start : start + splits[r]])
+            return out
+
+        return ys, grad
+
+    return list(f(*xs))
+
+
+# ------------------------------------------------------------------ broadcast
+
+
+def broadcast(
+    tensor: Any,
+    root_rank: int,
+    name: Optional[str] = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> tf.Tensor:
+    """An op which broadcasts the input tensor on root rank to the same input
+    tensor on all other Horovod processes.
+
+    The broadcast operation is keyed by the name of the op. The tensor type and
+    shape must be the same on all Horovod processes for a given name. The
+    broadcast will not start until all processes are ready to send and receive
+    the tensor.
+
+    Returns:
+      A tensor of the same shape and type as `tensor`, with the value
+      broadcasted from root rank.
+    """
+    return _broadcast_many([tensor], root_rank, name, ignore_name_scope, process_set, single=True)[0]
+
+
+def _broadcast_many(
+    tensors: Sequence[Any],
+    root_rank: int,
+    name: Optional[str],
+    ignore_name_scope: bool,
+    process_set: ProcessSet,
+    single: bool = False,
+) -> List[tf.Tensor]:
+    """Broadcasts of several tensors sent together as one graph node.
+    Differentiable: the gradient is summed across ranks and kept on the
+    root."""
+    ps_id = _basics.process_set_id(process_set)
+    root = int(root_rank)
+    xs = [_tensor(t) for t in tensors]
+    if not xs:
+        return []
+    for x in xs:
+        _check_dtype(x.dtype)
+    full = _name("broadcast", "HorovodBroadcast", xs[0], name, ignore_name_scope)
+
+    def fn(*arrays: np.ndarray) -> List[np.ndarray]:
+        c = _basics.client()
+        if single:
+            return [c.complete(_ops.submit_broadcast(c, arrays[0], full, root, ps_id))]
+        hs = [_ops.submit_broadcast(c, a, f"{full}_{i + 1}of{len(arrays)}", root, ps_id) for i, a in enumerate(arrays)]
+        return _complete_all(c, hs)
+
+    @tf.custom_gradient
+    def f(*xs: tf.Tensor) -> Any:
+        ys = _run(fn, xs, [x.dtype for x in xs], [x.shape for x in xs], full)
+
+        def grad(*dys: tf.Tensor) -> Any:
+            dys = _zeros_for_none(dys, ys)
+            summed = _grouped_allreduce(dys, None, Sum, 1.0, 1.0, ignore_name_scope, process_set)
+            if _basics.rank() != root:
+                return [g * 0 for g in summed]
+            return summed
+
+        return ys, grad
+
+    return list(f(*xs))
+
+
+def _complete_all(c: Any, handles: Sequence[Any]) -> List[Any]:
+    """Waits for every handle, then raises the first error, if any."""
+    out, first = [], None
+    for h in handles:
+        try:
+            out.append(c.complete(h))
+        except BaseException as e:
+            first = first or e
+    if first is not None:
+        raise first
+    return out
+
+
+def broadcast_(
+    variables: Any, root_rank: int, name: Optional[str] = None, process_set: ProcessSet = global_process_set
+) -> Any:
+    """An op which in-place broadcasts the input variables from the root rank
+    to the same input variables on all other Horovod processes.
+
+    Returns:
+      The tensor values of the updated `variables` as broadcasted from root
+      rank (a list when given a list).
+    """
+    single = isinstance(variables, tf.Variable)
+    vs = [variables] if single else list(variables)
+    values = _broadcast_many(vs, root_rank, name, False, process_set)
+    assigned = [v.assign(x) for v, x in zip(vs, values)]
+    return assigned[0] if single else assigned
+
+
+# ------------------------------------------------------------------- alltoall
+
+
+def alltoall(
+    tensor: Any,
+    splits: Any = None,
+    name: Optional[str] = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> Any:
+    """An op that scatters slices of the input tensor to all other Horovod
+    processes and returns a tensor of gathered slices from all other Horovod
+    processes.
+
+    The slicing is done on the first dimension, so the input tensors on the
+    different processes must have the same rank and shape, except for the
+    first dimension, which is allowed to be different.
+
+    Arguments:
+      tensor: A tensor to distribute with alltoall.
+      splits: A tensor of integers in rank order describing how many elements
+              in `tensor` to send to each worker. Splitting is applied along
+              the first dimension of `tensor`. If `splits` is not provided, the
+              first dimension is split equally by the number of Horovod
+              processes.
+
+    Returns:
+      A tensor containing the gathered tensor data from all workers, and, if
+      `splits` has been provided, a tensor of integers in rank order describing
+      how many elements in the output tensor have been received from each
+      worker.
+    """
+    ps_id = _basics.process_set_id(process_set)
+    x = _tensor(tensor)
+    _check_dtype(x.dtype)
+    if splits is None:
+        sp = tf.zeros([0], dtype=tf.int32)
+    else:
+        sp = tf.cast(tf.reshape(tf.convert_to_tensor(splits), [-1]), tf.int32)
+    full = _name("alltoall", "HorovodAlltoall", x, name, ignore_name_scope)
+    n = _set_size(process_set)
+
+    def fn(a: np.ndarray, s: np.ndarray) -> List[np.ndarray]:
+        c = _basics.client()
+        spl = [int(v) for v in s] if s.size else None
+        h = _ops.submit_output(c, pb.OP_ALLTOALL, a, full, ps_id, with_splits=True, splits=spl)
+        out, rs = c.complete(h)
+        return [out, rs]
+
+    @tf.custom_gradient
+    def f(x: tf.Tensor) -> Any:
+        out, rs = _run(fn, [x, sp], [x.dtype, tf.int32], [tf.TensorShape([None]).concatenate(x.shape[1:]), [n]], full)
+
+        def grad(dy: tf.Tensor, drs: Any = None) -> Any:
+            dy = tf.zeros_like(out) if dy is None else dy
+            g, _ = alltoall(dy, splits=rs, ignore_name_scope=ignore_name_scope, process_set=process_set)
+            return g
+
+        return (out, rs), grad
+
+    out, rs = f(x)
+    if splits is None:
+        return out
+    return out, rs
+
+
+# -------------------------------------------------------------- reducescatter
+
+
+def reducescatter(
+    tensor: Any,
+    device_dense: str = "",
+    compression: Any = Compression.none,
+    op: int = Average,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+    ignore_name_scope: bool = False,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> tf.Tensor:
+    """Perform a reducescatter on a tf.Tensor: the tensor is reduced (Average or
+    Sum) across ranks and this rank keeps its block of rows of the result
+    (the first d0 % size ranks get one row more).
+
+    Returns:
+        A tensor of the same rank and type as `tensor`, with this process's
+        rows of the reduction.
+    """
+    return grouped_reducescatter(
+        [tensor],
+        device_dense,
+        compression,
+        op,
+        name,
+        process_set,
+        ignore_name_scope,
+        prescale_factor,
+        postscale_factor,
+        _single=True,
+    )[0]
+
+
+def grouped_reducescatter(
+    tensors: Sequence[Any],
+    device_dense: str = "",
+    compression: Any = Compression.none,
+    op: int = Average,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+    ignore_name_scope: bool = False,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    _single: bool = False,
+) -> List[tf.Tensor]:
+    """Grouped reducescatter: returns the list of this rank's blocks.
+    Differentiable: the gradient is the allgather of the gradient, scaled as
+    the forward pass scaled."""
+    op = _ops.reduce_op(op)
+    if op not in (Average, Sum):
+        raise ValueError("Reducescatter only supports the Average and Sum ops.")
+    ps_id = _basics.process_set_id(process_set)
+    comp = [compression.compress(_tensor(t)) for t in tensors]
+    xs = [c for c, _ in comp]
+    if not xs:
+        return []
+    for x in xs:
+        _check_dtype(x.dtype)
+        if x.shape.rank == 0:
+            raise ValueError("Rank-zero tensors cannot be reducescattered: reshape them to [1].")
+    kind, prefix = (
+        ("reducescatter", "HorovodReducescatter")
+        if _single
+        else ("grouped_reducescatter", "HorovodGroupedReducescatter")
+    )
+    full = _name(kind, prefix, xs[0], name, ignore_name_scope)
+    pre, post = float(prescale_factor), float(postscale_factor)
+    kw = dict(reduce_op=op, prescale=pre, postscale=post)
+
+    def fn(*arrays: np.ndarray) -> List[np.ndarray]:
+        c = _basics.client()
+        if _single:
+            return [c.complete(_ops.submit_output(c, pb.OP_REDUCESCATTER, arrays[0], full, ps_id, **kw))]
+
+        def sub(nm: str, i: int, gid: int, n: int) -> Any:
+            return _ops.submit_output(c, pb.OP_REDUCESCATTER, arrays[i], nm, ps_id, group=gid, group_size=n, **kw)
+
+        return c.complete(_ops.group(full, sub, len(arrays)))
+
+    @tf.custom_gradient
+    def f(*xs: tf.Tensor) -> Any:
+        shapes = [tf.TensorShape([None]).concatenate(x.shape[1:]) for x in xs]
+        ys = _run(fn, xs, [x.dtype for x in xs], shapes, full)
+
+        def grad(*dys: tf.Tensor) -> Any:
+            dys = _zeros_for_none(dys, ys)
+            gathered = grouped_allgather(dys, None, ignore_name_scope, process_set)
+            scale = pre * post / (_set_size(process_set) if op == Average else 1)
+            return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered]
+
+        return ys, grad
+
+    ys = f(*xs)
+    return [compression.decompress(y, ctx) for y, (_, ctx) in zip(ys, comp)]
+
+
+# ------------------------------------------------------- join, barrier, sizes
+
+
+def join() -> tf.Tensor:
+    """An op to indicate that the rank finished processing data.
+
+    All ranks that did not call join() continue to process allreduce
+    operations; this rank takes part in them with zeros. This op blocks until
+    all ranks join.
+
+    Returns:
+      The rank of the last process that joined, as an int32 scalar tensor.
+    """
+    return _scalar_op(lambda: _ops.join(), "HorovodJoin")
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> Any:
+    """An op which blocks until every rank of the process set reaches it."""
+    ps = process_set
+
+    def fn() -> np.ndarray:
+        _ops.barrier(ps)
+        return np.int32(0)
+
+    out = _scalar_op(fn, "HorovodBarrier")
+    return None if _executing_eagerly() else out.op
+
+
+def _scalar_op(value: Callable[[], Any], name: str) -> tf.Tensor:
+    """An int32 scalar computed when the op runs (now, in eager mode)."""
+
+    def fn() -> np.ndarray:
+        return np.int32(value())
+
+    if _executing_eagerly():
+        return tf.constant(fn(), dtype=tf.int32)
+    with _in_order():
+        out = tf.numpy_function(fn, [], tf.int32, stateful=True, name=name)
+    out.set_shape([])
+    return out
+
+
+def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    """An op that returns the number of Horovod processes (of the process
+    set), evaluated when it runs rather than when the graph is built."""
+    return _info_op(lambda: _basics.size() if process_set_id == 0 else _set_by_id(process_set_id).size(), name)
+
+
+def local_size_op(name: Optional[str] = None) -> tf.Tensor:
+    """An op that returns the number of Horovod processes within the node the
+    current process is running on."""
+    return _info_op(_basics.local_size, name)
+
+
+def rank_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    """An op that returns the Horovod rank of the calling process (within the
+    process set)."""
+    return _info_op(lambda: _basics.rank() if process_set_id == 0 else _set_by_id(process_set_id).rank(), name)
+
+
+def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
+    """An op that returns the local Horovod rank of the calling process, within
+    the node that it is running on."""
+    return _info_op(_basics.local_rank, name)
+
+
+def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    """An op that returns 1 if the calling process is in the process set, else
+    0."""
+    return _info_op(lambda: 1 if process_set_id == 0 else int(bool(_set_by_id(process_set_id).included())), name)
+
+
+def _set_by_id(process_set_id: int) -> ProcessSet:
+    for ps in _basics._registered:
+        if ps.process_set_id == process_set_id:
+            return ps
+    raise ValueError(f"Process set {process_set_id} does not exist, or has not been registered.")
+
+
+def _info_op(value: Callable[[], int], name: Optional[str]) -> tf.Tensor:
+    def fn() -> np.ndarray:
+        return np.int32(value())
+
+    if _executing_eagerly():
+        return tf.constant(fn(), dtype=tf.int32)
+    out = tf.numpy_function(fn, [], tf.int32, stateful=True, name=name or "HorovodInfo")
+    out.set_shape([])
+    return out
