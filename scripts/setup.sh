@@ -36,6 +36,14 @@ PY=/usr/bin/python3
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv --system-site-packages .venv
 fi
+# TensorFlow and Keras as users install them: the newest from PyPI
+# (tensorflow, which tf_keras requires by that name), with tf_keras for TF_USE_LEGACY_KERAS=1. numpy stays below 2 for
+# Debian's torch, which was built against numpy 1.x; TF brings a newer
+# protobuf runtime, which reads hvdd's generated messages too.
+if ! .venv/bin/python -c 'import tensorflow, keras, tf_keras' 2>/dev/null; then
+  echo "setup: installing tensorflow, keras and tf-keras from PyPI into .venv" >&2
+  .venv/bin/pip install -q --disable-pip-version-check tensorflow keras tf-keras "numpy<2"
+fi
 if ! .venv/bin/python -c 'import hvdd' 2>/dev/null; then
   .venv/bin/pip install -q --no-deps --no-build-isolation -e clients/python 2>/dev/null \
     || .venv/bin/pip install -q --no-deps -e clients/python

@@ -4,20 +4,13 @@ optimizer state and arbitrary picklable objects."""
 from __future__ import annotations
 
 import collections
-import io
-import pickle
 from typing import Any, Iterable, List, Optional
 
 import torch
 
-from .. import basics as _basics
+from .. import ops as _ops
 from ..basics import ProcessSet, global_process_set
-from .mpi_ops import allgather, broadcast_, broadcast_async_, synchronize
-
-try:  # Horovod pickles with cloudpickle; use it when present (lambdas, closures).
-    import cloudpickle as _pickle  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - depends on the environment
-    _pickle = pickle  # type: ignore[assignment]
+from .mpi_ops import broadcast_async_, synchronize
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"]
 
@@ -171,27 +164,7 @@ def broadcast_object(
     Returns:
         The object that was broadcast from the `root_rank`.
     """
-    if name is None:
-        name = type(obj).__name__
-
-    if _basics.rank() == root_rank:
-        b = io.BytesIO()
-        _pickle.dump(obj, b)
-        t = torch.ByteTensor(bytearray(b.getvalue()))
-        sz = torch.IntTensor([t.shape[0]])
-        broadcast_(sz, root_rank, name + ".sz", process_set)
-    else:
-        sz = torch.IntTensor([0])
-        broadcast_(sz, root_rank, name + ".sz", process_set)
-        t = torch.ByteTensor(int(sz.tolist()[0]))
-
-    broadcast_(t, root_rank, name + ".t", process_set)
-
-    if _basics.rank() != root_rank:
-        buf = io.BytesIO(t.numpy().tobytes())
-        obj = _pickle.load(buf)
-
-    return obj
+    return _ops.broadcast_object(obj, root_rank, name, process_set)
 
 
 def allgather_object(obj: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> List[Any]:
@@ -207,26 +180,4 @@ def allgather_object(obj: Any, name: Optional[str] = None, process_set: ProcessS
     Returns:
         The list of objects that were allgathered across all ranks.
     """
-    if name is None:
-        name = type(obj).__name__
-
-    def load(byte_array: Any) -> Any:
-        buf = io.BytesIO(byte_array.tobytes())
-        return _pickle.load(buf)
-
-    b = io.BytesIO()
-    _pickle.dump(obj, b)
-
-    t = torch.ByteTensor(bytearray(b.getvalue()))
-    sz = torch.IntTensor([t.shape[0]])
-
-    sizes = allgather(sz, name=name + ".sz", process_set=process_set).numpy()
-    gathered = allgather(t, name=name + ".t", process_set=process_set).numpy()
-
-    def select(i: int) -> Any:
-        start = int(sizes[:i].sum())
-        end = start + int(sizes[i])
-        return gathered[start:end]
-
-    n = process_set.size()
-    return [load(select(i)) for i in range(n or 0)]
+    return _ops.allgather_object(obj, name, process_set)

@@ -11,17 +11,18 @@ order, as in Horovod).
 
 from __future__ import annotations
 
-import itertools
-import warnings
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from .. import basics as _basics
+from .. import ops as _ops
 from .._client import Client, Handle
 from .._proto import hvdd_pb2 as pb
-from ..basics import Average, ReduceOp, Sum, global_process_set, ProcessSet, process_set_id as _ps_id
+from ..basics import Average, ProcessSet, global_process_set
+from ..basics import process_set_id as _ps_id
+from ..ops import handle_average_backwards_compatibility, poll, synchronize  # noqa: F401 (re-exported)
 from .compression import Compression
 
 # The collectives hvdd.torch exports, as horovod.torch does.
@@ -71,33 +72,8 @@ _DTYPES = {
     torch.bool: (pb.DTYPE_BOOL, np.bool_),
 }
 
-# Public handles, as Horovod's handle manager hands them out.
-_handle_map: dict[int, Tuple[Client, Handle]] = {}
-_handles = itertools.count(1)
-_groups = itertools.count(1)
-
-
-def handle_average_backwards_compatibility(op: Optional[int], average: Optional[bool]) -> int:
-    """Resolves Horovod's deprecated ``average=`` against ``op=``."""
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-        return op
-    if average is not None:
-        warnings.warn(
-            "Parameter `average` has been replaced with `op` and will be removed in v1.0",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return Average if average else Sum
-    return Average
-
-
-def _reduce_op(op: int) -> int:
-    try:
-        return int(ReduceOp(op))
-    except ValueError:
-        raise ValueError(f"Unknown reduction op {op!r}: use hvd.Average, Sum, Adasum, Min, Max or Product") from None
+_reduce_op = _ops.reduce_op
+_name = _ops.collective_name
 
 
 def _check(tensor: torch.Tensor) -> Tuple[int, Any]:
@@ -113,93 +89,40 @@ def _check(tensor: torch.Tensor) -> Tuple[int, Any]:
     return dt
 
 
-def _flat(tensor: torch.Tensor) -> np.ndarray:
-    """A flat uint8 numpy view of a contiguous CPU tensor's bytes."""
-    t = tensor.detach() if tensor.requires_grad else tensor
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a contiguous tensor's values (a CPU copy of a device
+    tensor's); bfloat16 as its int16 bits, which the wire dtype names."""
+    t = tensor.detach()
+    if not t.is_cpu:
+        t = t.cpu()
     if t.dtype is torch.bfloat16:
         t = t.view(torch.int16)
-    return t.numpy().reshape(-1).view(np.uint8)
+    return t.numpy()
 
 
-def _stage_in(c: Client, tensor: torch.Tensor) -> Tuple[Any, int, int, Optional[np.ndarray]]:
-    """Copies a tensor into the arena. Returns (region, offset, nbytes, flat)
-    where flat is the staged CPU tensor's bytes as a numpy view (of the tensor
-    itself when it lives on the CPU, so an in-place result can be copied
-    straight back into it), or None when it is empty."""
-    cpu = tensor if tensor.is_cpu else tensor.detach().cpu()
-    nbytes = cpu.numel() * cpu.element_size()
-    if nbytes == 0:
-        return None, 0, 0, None
-    region, off = c.stage(nbytes)
-    flat = _flat(cpu)
-    region.array[off : off + nbytes] = flat
-    return region, off, nbytes, flat
-
-
-def _from_bytes(b: np.ndarray, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
-    """A new torch tensor owning a copy of the bytes b."""
-    np_dt = _DTYPES[dtype][1]
-    arr = b.copy().view(np_dt).reshape(tuple(shape))
-    t = torch.from_numpy(arr)
+def _to_torch(dtype: torch.dtype) -> Callable[[np.ndarray], torch.Tensor]:
+    """Converts a result array (which the caller owns) to a tensor of dtype."""
     if dtype is torch.bfloat16:
-        t = t.view(torch.bfloat16)
-    return t
+        return lambda a: torch.from_numpy(a).view(torch.bfloat16)
+    return torch.from_numpy
 
 
-def _copy_into(target: torch.Tensor, b: np.ndarray) -> None:
-    """Copies the bytes b into a contiguous tensor (on any device)."""
-    if target.is_cpu:
-        _flat(target)[:] = b
-    else:
+def _into(output: torch.Tensor) -> Tuple[Optional[np.ndarray], Callable[[np.ndarray], torch.Tensor]]:
+    """The (out, convert) pair that makes an in-place result land in output:
+    a CPU tensor's own bytes take it directly; a device tensor is copied to."""
+    if output.is_cpu:
+        return _array(output), lambda _: output
+
+    def copy(a: np.ndarray) -> torch.Tensor:
         with torch.no_grad():
-            target.copy_(_from_bytes(b, target.dtype, target.shape))
+            output.copy_(_to_torch(output.dtype)(a))
+        return output
 
-
-def _name(kind: str, name: Optional[str], handle: int) -> str:
-    return f"{kind}.{name}" if name is not None else f"{kind}.noname.{handle}"
+    return None, copy
 
 
 def _register(handle: int, h: Handle) -> int:
-    _handle_map[handle] = (_basics.client(), h)
-    return handle
-
-
-# ------------------------------------------------------------------ allreduce
-
-
-def _set_finish(
-    h: Handle,
-    output: Optional[torch.Tensor],
-    dtype: torch.dtype,
-    shape: Any,
-    nbytes: int,
-    out_flat: Optional[np.ndarray] = None,
-) -> None:
-    """Makes h's result the staged bytes: copied into output (in-place
-    variants; through out_flat, its bytes, when given), or a new tensor of
-    dtype and shape."""
-    if output is not None and out_flat is not None:
-
-        def finish(h: Handle) -> torch.Tensor:
-            if h.region is not None:
-                out_flat[:] = h.region.array[h.offset : h.offset + nbytes]
-            return output
-
-    elif output is None:
-
-        def finish(h: Handle) -> torch.Tensor:
-            if h.region is None:
-                return torch.empty(shape, dtype=dtype)
-            return _from_bytes(h.region.array[h.offset : h.offset + nbytes], dtype, shape)
-
-    else:
-
-        def finish(h: Handle) -> torch.Tensor:
-            if h.region is not None:
-                _copy_into(output, h.region.array[h.offset : h.offset + nbytes])
-            return output
-
-    h.finish = finish
+    return _ops.register(handle, h)
 
 
 def _allreduce_submit(
@@ -215,26 +138,21 @@ def _allreduce_submit(
     group_size: int = 0,
 ) -> Handle:
     wire_dt = _check(tensor)[0]
-    region, off, nbytes, flat = _stage_in(c, tensor)
-    h = c.submit(
-        pb.OP_ALLREDUCE,
+    out, convert = _into(output) if output is not None else (None, _to_torch(tensor.dtype))
+    return _ops.submit_allreduce(
+        c,
+        _array(tensor),
         full_name,
-        wire_dt,
-        tensor.shape,
-        region,
-        off,
-        nbytes,
-        reduce_op=op,
-        prescale=float(prescale_factor),
-        postscale=float(postscale_factor),
-        process_set=ps,
+        op,
+        prescale_factor,
+        postscale_factor,
+        ps,
+        out=out,
+        wire=wire_dt,
         group=group,
         group_size=group_size,
+        convert=convert,
     )
-    # In place on a CPU tensor: the staged view is the output's own bytes.
-    same = output is tensor and tensor.is_cpu
-    _set_finish(h, output, tensor.dtype, tensor.shape, nbytes, flat if same else None)
-    return h
 
 
 def _allreduce_async(
@@ -249,7 +167,7 @@ def _allreduce_async(
     c = _basics.client()
     op = _reduce_op(op)
     ps = _ps_id(process_set)
-    handle = next(_handles)
+    handle = _ops.next_handle()
     h = _allreduce_submit(
         c, tensor, output, _name("allreduce", name, handle), op, prescale_factor, postscale_factor, ps
     )
@@ -386,18 +304,13 @@ def _grouped_allreduce_async(
         _check(t)
     if len({t.device for t in tensors}) > 1:
         raise ValueError("Tensors in list must be on same device.")
-    handle = next(_handles)
-    base = _name("grouped_allreduce", name, handle)
-    group = next(_groups)
-    n = len(tensors)
-    g = Handle(0, base)
-    g.members = []
-    for i, t in enumerate(tensors):
+    handle = _ops.next_handle()
+
+    def sub(nm: str, i: int, gid: int, n: int) -> Handle:
         out = outputs[i] if outputs is not None else None
-        g.members.append(
-            _allreduce_submit(c, t, out, f"{base}_{i + 1}of{n}", op, prescale_factor, postscale_factor, ps, group, n)
-        )
-    return _register(handle, g)
+        return _allreduce_submit(c, tensors[i], out, nm, op, prescale_factor, postscale_factor, ps, gid, n)
+
+    return _register(handle, _ops.group(_name("grouped_allreduce", name, handle), sub, len(tensors)))
 
 
 def grouped_allreduce_async(
@@ -498,30 +411,20 @@ def _output_submit(
     **kw: Any,
 ) -> Handle:
     """Submits a collective whose result the daemon allocates (allgather,
-    alltoall, reducescatter); finish copies it out and releases it."""
+    alltoall, reducescatter)."""
     wire_dt = _check(tensor)[0]
-    region, off, nbytes, _ = _stage_in(c, tensor)
-    h = c.submit(kind, full_name, wire_dt, tensor.shape, region, off, nbytes, process_set=ps, **kw)
-    dtype = tensor.dtype
-    rest = tuple(tensor.shape[1:])
-
-    def finish(h: Handle) -> Any:
-        d = h.done
-        if d is None or not d.HasField("output") or d.output.length == 0:
-            shape = tuple(d.output_shape) if d is not None and len(d.output_shape) else (0,) + rest
-            out = torch.empty(shape, dtype=dtype)
-        else:
-            try:
-                out = _from_bytes(c.output(d.output), dtype, tuple(d.output_shape))
-            finally:
-                c.release(d.output)
-        if with_splits:
-            rs = list(d.received_splits) if d is not None else []
-            return out, torch.tensor(rs, dtype=torch.int32)
-        return out
-
-    h.finish = finish
-    return h
+    return _ops.submit_output(
+        c,
+        kind,
+        _array(tensor),
+        full_name,
+        ps,
+        with_splits=with_splits,
+        wire=wire_dt,
+        convert=_to_torch(tensor.dtype),
+        convert_splits=torch.from_numpy,
+        **kw,
+    )
 
 
 def allgather_async(
@@ -539,7 +442,7 @@ def allgather_async(
     """
     c = _basics.client()
     ps = _ps_id(process_set)
-    handle = next(_handles)
+    handle = _ops.next_handle()
     return _register(handle, _output_submit(c, pb.OP_ALLGATHER, tensor, _name("allgather", name, handle), ps))
 
 
@@ -569,16 +472,12 @@ def grouped_allgather_async(
     tensors = list(tensors)
     for t in tensors:
         _check(t)
-    handle = next(_handles)
-    base = _name("grouped_allgather", name, handle)
-    group = next(_groups)
-    n = len(tensors)
-    g = Handle(0, base)
-    g.members = [
-        _output_submit(c, pb.OP_ALLGATHER, t, f"{base}_{i + 1}of{n}", ps, group=group, group_size=n)
-        for i, t in enumerate(tensors)
-    ]
-    return _register(handle, g)
+    handle = _ops.next_handle()
+
+    def sub(nm: str, i: int, gid: int, n: int) -> Handle:
+        return _output_submit(c, pb.OP_ALLGATHER, tensors[i], nm, ps, group=gid, group_size=n)
+
+    return _register(handle, _ops.group(_name("grouped_allgather", name, handle), sub, len(tensors)))
 
 
 def grouped_allgather(
@@ -597,20 +496,11 @@ def _broadcast_async(
     c = _basics.client()
     ps = _ps_id(process_set)
     wire_dt = _check(tensor)[0]
-    handle = next(_handles)
-    region, off, nbytes, _ = _stage_in(c, tensor)
-    h = c.submit(
-        pb.OP_BROADCAST,
-        _name("broadcast", name, handle),
-        wire_dt,
-        tensor.shape,
-        region,
-        off,
-        nbytes,
-        root_rank=int(root_rank),
-        process_set=ps,
+    handle = _ops.next_handle()
+    out, convert = _into(output) if output is not None else (None, _to_torch(tensor.dtype))
+    h = _ops.submit_broadcast(
+        c, _array(tensor), _name("broadcast", name, handle), root_rank, ps, out=out, wire=wire_dt, convert=convert
     )
-    _set_finish(h, output, tensor.dtype, tensor.shape, nbytes)
     return _register(handle, h)
 
 
@@ -688,7 +578,7 @@ def alltoall_async(
     """
     c = _basics.client()
     ps = _ps_id(process_set)
-    handle = next(_handles)
+    handle = _ops.next_handle()
     sp = _splits_list(splits)
     h = _output_submit(c, pb.OP_ALLTOALL, tensor, _name("alltoall", name, handle), ps, with_splits=True, splits=sp)
     return _register(handle, h)
@@ -737,7 +627,7 @@ def reducescatter_async(
     c = _basics.client()
     ps = _ps_id(process_set)
     op = _reduce_op(op)
-    handle = next(_handles)
+    handle = _ops.next_handle()
     h = _output_submit(
         c,
         pb.OP_REDUCESCATTER,
@@ -789,27 +679,23 @@ def grouped_reducescatter_async(
     tensors = list(tensors)
     for t in tensors:
         _check(t)
-    handle = next(_handles)
-    base = _name("grouped_reducescatter", name, handle)
-    group = next(_groups)
-    n = len(tensors)
-    g = Handle(0, base)
-    g.members = [
-        _output_submit(
+    handle = _ops.next_handle()
+
+    def sub(nm: str, i: int, gid: int, n: int) -> Handle:
+        return _output_submit(
             c,
             pb.OP_REDUCESCATTER,
-            t,
-            f"{base}_{i + 1}of{n}",
+            tensors[i],
+            nm,
             ps,
             reduce_op=op,
             prescale=float(prescale_factor),
             postscale=float(postscale_factor),
-            group=group,
+            group=gid,
             group_size=n,
         )
-        for i, t in enumerate(tensors)
-    ]
-    return _register(handle, g)
+
+    return _register(handle, _ops.group(_name("grouped_reducescatter", name, handle), sub, len(tensors)))
 
 
 def grouped_reducescatter(
@@ -846,50 +732,13 @@ def join(device: int = -1) -> int:
     Returns:
         Id of the rank that joined last.
     """
-    c = _basics.client()
-    h = c.submit(pb.OP_JOIN, "")
-    c.complete(h)
-    return int(h.done.last_joined_rank) if h.done is not None else 0
+    return _ops.join()
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """A function that acts as a simple sychronization point for ranks specified
     in the given process group (default: all ranks)."""
-    c = _basics.client()
-    ps = _ps_id(process_set)
-    c.complete(c.submit(pb.OP_BARRIER, "", process_set=ps))
-
-
-def poll(handle: int) -> bool:
-    """Polls an allreduce, allgather, alltoall, broadcast, or reducescatter
-    handle to determine whether underlying asynchronous operation has
-    completed. After `poll()` returns `True`, `synchronize()` will return
-    without blocking.
-
-    Returns:
-        A flag indicating whether the operation has completed.
-    """
-    e = _handle_map.get(handle)
-    if e is None:
-        raise ValueError(f"Handle {handle} was not created or has been cleared.")
-    return e[1].poll()
-
-
-def synchronize(handle: int) -> Any:
-    """Synchronizes an asynchronous allreduce, allgather, alltoall, broadcast, or
-    reducescatter operation until it's completed. Returns the result of the
-    operation.
-
-    Returns:
-        A single output tensor of the operation or a tuple of multiple output
-        tensors (alltoall returns (output, received_splits)); a list for
-        grouped operations. Raises HorovodInternalError if the collective
-        failed.
-    """
-    e = _handle_map.pop(handle, None)
-    if e is None:
-        return None
-    return e[0].complete(e[1])
+    _ops.barrier(process_set)
 
 
 # At the end: _autograd imports this module.
