@@ -137,6 +137,7 @@ class LocalGradientAggregationHelper:
         self.average_aggregated_gradients = average_aggregated_gradients
         self.counter: Optional[tf.Variable] = None
         self.accumulators: dict[int, tf.Variable] = {}
+        self._last_pass: Any = None  # compute_gradients' decision, for apply_gradients
 
     def _variable(self, initial: Any, name: str) -> tf.Variable:
         with tf.init_scope():
@@ -185,9 +186,11 @@ class LocalGradientAggregationHelper:
             return [tf.identity(self.accumulators[i].read_value()) for i in idx]
 
         with tf.control_dependencies([bump]):
+            # Read after the increment; apply_gradients decides on this value.
+            self._last_pass = self._is_last_pass()
             if not idx:
                 return list(grads)
-            vals = tf.cond(self._is_last_pass(), reduced, local)
+            vals = tf.cond(self._last_pass, reduced, local)
         if not isinstance(vals, (list, tuple)):
             vals = [vals]
         out: List[Any] = [None] * len(grads)
@@ -210,5 +213,8 @@ class LocalGradientAggregationHelper:
         def skip() -> tf.Tensor:
             return tf.constant(False)
 
-        r = tf.cond(self._is_last_pass(), do_apply, skip)
+        pred = self._last_pass
+        if pred is None or (not _executing_eagerly() and pred.graph is not tf.compat.v1.get_default_graph()):
+            pred = self._is_last_pass()
+        r = tf.cond(pred, do_apply, skip)
         return r if _executing_eagerly() else r.op

@@ -9,10 +9,13 @@ Horovod registers them for its ops: an allreduce's gradient is the allreduce
 of the gradient, an allgather's is this rank's slice of the summed gradient,
 a broadcast's is the summed gradient on the root and zero elsewhere.
 
-Graph nodes block a TensorFlow thread while the daemon works; collectives in
-one graph therefore run in the order the program created them (``tf.function``
-orders stateful nodes itself; in TF1 graphs each collective waits for the one
-created before it), so two ranks never wait on each other's pending nodes.
+A graph node holds one of TensorFlow's inter-op threads while it waits for
+the daemon. ``tf.function`` runs stateful nodes in program order, so its
+collectives run one after another, in the same order on every rank. A TF1
+graph may run independent collectives at once, each holding a thread: the
+training helpers therefore put a step's gradients (and a broadcast's
+variables) in one node, and a TF1 graph with more independent collectives
+than inter-op threads should order them with control dependencies.
 
 Names: a graph collective is named after its input tensor (Horovod's
 ``HorovodAllreduce_<tensor name>``), which is the same on every rank running
@@ -22,10 +25,8 @@ as ``hvdd.torch`` names them.
 
 from __future__ import annotations
 
-import contextlib
 import re
-import weakref
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -86,25 +87,6 @@ def _name(kind: str, prefix: str, tensor: Any, name: Optional[str], ignore_name_
     return f"{kind}.{scope}/{name}" if scope else f"{kind}.{name}"
 
 
-# The last collective created in each TF1 graph, which the next one waits for.
-_last_in_graph: "weakref.WeakKeyDictionary[Any, tf.Operation]" = weakref.WeakKeyDictionary()
-
-
-@contextlib.contextmanager
-def _in_order() -> Iterator[None]:
-    """Orders this collective after the previous one of its TF1 graph (see the
-    module doc). tf.function orders its stateful nodes itself, and nodes in
-    control flow keep the order of their context."""
-    g = tf.compat.v1.get_default_graph()
-    prev = _last_in_graph.get(g)
-    in_flow = getattr(g, "_get_control_flow_context", lambda: None)() is not None
-    if tf.inside_function() or prev is None or in_flow:
-        yield
-        return
-    with g.control_dependencies([prev]):
-        yield
-
-
 def _run(
     fn: Callable[..., Sequence[np.ndarray]],
     inputs: Sequence[tf.Tensor],
@@ -117,13 +99,9 @@ def _run(
     if _executing_eagerly():
         outs = fn(*[t.numpy() for t in inputs])
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
-    with _in_order():
-        outs = tf.numpy_function(fn, list(inputs), list(touts), stateful=True, name=_normalize_name(name)[:200])
+    outs = tf.numpy_function(fn, list(inputs), list(touts), stateful=True, name=_normalize_name(name)[:200])
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
-    g = tf.compat.v1.get_default_graph()
-    if not tf.inside_function() and outs:
-        _last_in_graph[g] = outs[0].op
     for o, s in zip(outs, shapes):
         o.set_shape(s)
     return list(outs)
@@ -733,8 +711,7 @@ def _scalar_op(value: Callable[[], Any], name: str) -> tf.Tensor:
 
     if _executing_eagerly():
         return tf.constant(fn(), dtype=tf.int32)
-    with _in_order():
-        out = tf.numpy_function(fn, [], tf.int32, stateful=True, name=name)
+    out = tf.numpy_function(fn, [], tf.int32, stateful=True, name=name)
     out.set_shape([])
     return out
 

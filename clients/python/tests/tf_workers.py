@@ -1,0 +1,489 @@
+"""TensorFlow worker scenarios run on every rank by test_tensorflow.py
+(``python tf_workers.py NAME [MODE]``).
+
+Each scenario builds its collectives once and runs them in one of three
+modes: ``eager``, ``function`` (inside ``tf.function``) or ``graph`` (a TF1
+graph run by a ``tf.compat.v1.Session``). Results are checked against
+references computed here from every rank's deterministic inputs; the first
+failure exits non-zero. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Dict
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+MODE = sys.argv[2] if len(sys.argv) > 2 else "eager"
+if MODE == "graph":
+    tf.compat.v1.disable_eager_execution()
+
+import hvdd.tensorflow as hvd  # noqa: E402
+
+DTYPES = [
+    tf.uint8,
+    tf.int8,
+    tf.uint16,
+    tf.int16,
+    tf.int32,
+    tf.int64,
+    tf.float16,
+    tf.bfloat16,
+    tf.float32,
+    tf.float64,
+    tf.bool,
+]
+FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+
+def data(rank: int, dtype: tf.DType, shape=(3, 4), seed: int = 0) -> np.ndarray:
+    """Rank-specific deterministic input with small values (no overflow), as
+    float64 (bool as 0/1)."""
+    g = np.random.default_rng(1000 * seed + rank)
+    if dtype == tf.bool:
+        return g.integers(0, 2, shape).astype(np.float64)
+    if dtype in FLOATS:
+        return g.integers(-8, 9, shape) / 4.0
+    lo = 0 if dtype in (tf.uint8, tf.uint16) else -3
+    return g.integers(lo, 4, shape).astype(np.float64)
+
+
+def reference_reduce(xs: list, op: int, dtype: tf.DType, n: int, pre: float = 1.0, post: float = 1.0) -> np.ndarray:
+    if dtype == tf.bool:
+        st = np.stack(xs) != 0
+        return (st.any(0) if op in (hvd.Sum, hvd.Max, hvd.Average) else st.all(0)).astype(np.float64)
+    x = [a * pre for a in xs]
+    if op in (hvd.Sum, hvd.Average):
+        r = np.sum(x, axis=0)
+    elif op == hvd.Min:
+        r = np.min(x, axis=0)
+    elif op == hvd.Max:
+        r = np.max(x, axis=0)
+    else:
+        r = np.prod(x, axis=0)
+    r = r * (post / n if op == hvd.Average else post)
+    if dtype not in FLOATS:
+        r = np.trunc(r)
+    return r
+
+
+def tol(dtype: tf.DType) -> float:
+    return {tf.float16: 1e-2, tf.bfloat16: 5e-2}.get(dtype, 1e-6)
+
+
+def check(got: Any, want: Any, what: str, t: float = 0.0) -> None:
+    got = np.asarray(got, dtype=np.float64) if not isinstance(got, np.ndarray) else got.astype(np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape or not np.allclose(got, want, atol=t, rtol=t):
+        raise AssertionError(f"{what}: got\n{got}\nwant\n{want}")
+
+
+def run(build: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    """Builds the collectives and runs them in MODE; returns numpy values."""
+    if MODE == "eager":
+        out = build()
+    elif MODE == "function":
+        out = tf.function(build)()
+    else:
+        with tf.compat.v1.Session() as s:
+            out = build()
+            s.run(tf.compat.v1.global_variables_initializer())
+            return s.run(out)
+    return tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, out)
+
+
+def const(a: np.ndarray, dtype: tf.DType) -> tf.Tensor:
+    return tf.cast(tf.constant(a), dtype)
+
+
+# ------------------------------------------------------------------ scenarios
+
+
+def ops() -> None:
+    """Every collective on every dtype it takes, against references."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    cases = []  # (key, dtype, reference)
+
+    def build() -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        cases.clear()
+        for dt in DTYPES:
+            x = const(data(r, dt), dt)
+            everyone = [data(q, dt) for q in range(n)]
+            ops_ = [hvd.Sum, hvd.Min, hvd.Max, hvd.Product, hvd.Average]
+            for op in ops_:
+                if dt == tf.bool and op == hvd.Average:
+                    continue
+                k = f"allreduce/{dt.name}/{int(op)}"
+                out[k] = hvd.allreduce(x, op=op, name=k)
+                cases.append((k, dt, reference_reduce(everyone, op, dt, n)))
+            if dt in FLOATS or dt in (tf.int32, tf.int64):
+                k = f"scaled/{dt.name}"
+                out[k] = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0, name=k)
+                want = reference_reduce(everyone, hvd.Sum, dt, n, 0.5, 3.0)
+                if dt not in FLOATS:  # integer scaling: int(fp64(x) * f) per rank, as Horovod
+                    want = np.trunc(np.sum([np.trunc(a * 0.5) for a in everyone], 0) * 3.0)
+                cases.append((k, dt, want))
+            # allgather with a first dimension that differs per rank
+            k = f"allgather/{dt.name}"
+            out[k] = hvd.allgather(const(data(r, dt, (r + 1, 2)), dt), name=k)
+            cases.append((k, dt, np.concatenate([data(q, dt, (q + 1, 2)) for q in range(n)])))
+            k = f"broadcast/{dt.name}"
+            out[k] = hvd.broadcast(x, root_rank=n - 1, name=k)
+            cases.append((k, dt, everyone[n - 1]))
+            k = f"alltoall/{dt.name}"
+            out[k] = hvd.alltoall(const(data(r, dt, (2 * n, 3)), dt), name=k)
+            cases.append((k, dt, np.concatenate([data(q, dt, (2 * n, 3))[2 * r : 2 * r + 2] for q in range(n)])))
+        # grouped allreduce: one node, several tensors
+        xs = [const(data(r, tf.float32, (i + 2,), seed=i), tf.float32) for i in range(3)]
+        for i, y in enumerate(hvd.grouped_allreduce(xs, op=hvd.Sum, name="grp")):
+            out[f"grouped/{i}"] = y
+            cases.append((f"grouped/{i}", tf.float32, sum(data(q, tf.float32, (i + 2,), seed=i) for q in range(n))))
+        for i, y in enumerate(
+            hvd.grouped_allgather([const(data(r, tf.int32, (r + 1,), seed=i), tf.int32) for i in range(2)])
+        ):
+            out[f"grouped_allgather/{i}"] = y
+            want = np.concatenate([data(q, tf.int32, (q + 1,), seed=i) for q in range(n)])
+            cases.append((f"grouped_allgather/{i}", tf.int32, want))
+        # alltoall with splits: rank r sends q+1 rows to rank q
+        rows = sum(q + 1 for q in range(n))
+        a2a_in = const(data(r, tf.float32, (rows, 2), seed=5), tf.float32)
+        got, rsp = hvd.alltoall(a2a_in, splits=[q + 1 for q in range(n)], name="a2a_splits")
+        out["a2a_splits"], out["a2a_recv"] = got, rsp
+        start = sum(q + 1 for q in range(r))
+        cases.append(
+            (
+                "a2a_splits",
+                tf.float32,
+                np.concatenate([data(q, tf.float32, (rows, 2), seed=5)[start : start + r + 1] for q in range(n)]),
+            )
+        )
+        cases.append(("a2a_recv", tf.int32, np.full(n, r + 1)))
+        # reducescatter, Sum and Average, uneven rows; grouped
+        d0 = 2 * n + 1
+        lo = sum(d0 // n + (1 if q < d0 % n else 0) for q in range(r))
+        hi = lo + d0 // n + (1 if r < d0 % n else 0)
+        for op in (hvd.Sum, hvd.Average):
+            k = f"reducescatter/{int(op)}"
+            out[k] = hvd.reducescatter(const(data(r, tf.float64, (d0, 2)), tf.float64), op=op, name=k)
+            full = reference_reduce([data(q, tf.float64, (d0, 2)) for q in range(n)], op, tf.float64, n)
+            cases.append((k, tf.float64, full[lo:hi]))
+        g = hvd.grouped_reducescatter([const(data(r, tf.float32, (d0, 2), seed=7), tf.float32)], op=hvd.Sum)
+        out["grouped_reducescatter"] = g[0]
+        cases.append(
+            (
+                "grouped_reducescatter",
+                tf.float32,
+                sum(data(q, tf.float32, (d0, 2), seed=7) for q in range(n))[lo:hi],
+            )
+        )
+        # IndexedSlices: allgathered values and indices, averaged values
+        sl = tf.IndexedSlices(
+            tf.constant(data(r, tf.float32, (2, 3), seed=9), tf.float32), tf.constant([r, 0], tf.int64), [n + 1, 3]
+        )
+        red = hvd.allreduce(sl, name="slices")
+        out["slices/values"], out["slices/indices"] = red.values, red.indices
+        cases.append(
+            ("slices/values", tf.float32, np.concatenate([data(q, tf.float32, (2, 3), seed=9) for q in range(n)]) / n)
+        )
+        cases.append(("slices/indices", tf.int64, np.array([v for q in range(n) for v in (q, 0)])))
+        # fp16 compression keeps the dtype and the values
+        c = hvd.allreduce(const(data(r, tf.float32), tf.float32), op=hvd.Sum, compression=hvd.Compression.fp16)
+        out["fp16"] = c
+        cases.append(("fp16", tf.float32, sum(data(q, tf.float32) for q in range(n))))
+        out["size_op"], out["rank_op"] = hvd.size_op(), hvd.rank_op()
+        out["local_size_op"], out["local_rank_op"] = hvd.local_size_op(), hvd.local_rank_op()
+        cases.extend([("size_op", tf.int32, n), ("rank_op", tf.int32, r), ("local_size_op", tf.int32, n)])
+        cases.append(("local_rank_op", tf.int32, r))
+        return out
+
+    got = run(build)
+    for k, dt, want in cases:
+        check(got[k], want, f"{MODE} {k}", tol(dt))
+        if k.startswith(("allreduce/", "broadcast/", "allgather/")):
+            want_dt = dt.as_numpy_dtype
+            if np.asarray(got[k]).dtype != np.dtype(want_dt):
+                raise AssertionError(f"{MODE} {k}: dtype {np.asarray(got[k]).dtype}, want {np.dtype(want_dt)}")
+    # Variables: broadcast_ in place, broadcast_variables; objects.
+    if MODE == "graph":
+        v = tf.compat.v1.Variable(np.full(3, float(r)), dtype=tf.float64)
+        w = tf.compat.v1.Variable(np.full(2, float(r + 10)), dtype=tf.float32)
+        with tf.compat.v1.Session() as s:
+            s.run(tf.compat.v1.global_variables_initializer())
+            s.run(hvd.broadcast_(v, root_rank=n - 1))
+            s.run(hvd.broadcast_variables([w], root_rank=0))
+            vv, wv = s.run([v, w])
+            s.run(hvd.barrier())
+            last = s.run(hvd.join())
+    else:
+        v = tf.Variable(np.full(3, float(r)), dtype=tf.float64)
+        w = tf.Variable(np.full(2, float(r + 10)), dtype=tf.float32)
+        hvd.broadcast_(v, root_rank=n - 1)
+        hvd.broadcast_variables([w], root_rank=0)
+        vv, wv = v.numpy(), w.numpy()
+        hvd.barrier()
+        last = hvd.join().numpy()
+    check(vv, np.full(3, n - 1.0), f"{MODE} broadcast_")
+    check(wv, np.full(2, 10.0), f"{MODE} broadcast_variables")
+    if not 0 <= int(last) < n:
+        raise AssertionError(f"join returned {last}")
+    obj = hvd.broadcast_object({"from": r, "list": [r] * 3}, root_rank=n - 1)
+    if obj != {"from": n - 1, "list": [n - 1] * 3}:
+        raise AssertionError(f"broadcast_object: {obj}")
+    if hvd.allgather_object(("rank", r)) != [("rank", q) for q in range(n)]:
+        raise AssertionError("allgather_object")
+    print(f"rank {r}: {MODE} ops ok ({len(cases)} checks)")
+
+
+def grads() -> None:
+    """Gradients of allreduce, allgather, broadcast (and alltoall,
+    reducescatter), as Horovod registers them."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    x0 = data(r, tf.float64, (r + 1, 2))
+    want: Dict[str, np.ndarray] = {}
+
+    def build() -> Dict[str, Any]:
+        x = tf.constant(x0)
+        c = tf.constant(np.full((2, 3), r + 1.0))
+        out = {}
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch([x, c])
+            # allreduce Sum: d/dc sum(w * allreduce(c)) = allreduce(w) = sum of ranks' w
+            ar = hvd.allreduce(c * (r + 1), op=hvd.Sum)
+            l_ar = tf.reduce_sum(ar * (r + 1))
+            # allgather: rank r's slice of the summed upstream gradient
+            ag = hvd.allgather(x)
+            weights = tf.reshape(tf.range(tf.shape(ag)[0] * 2, dtype=tf.float64), tf.shape(ag))
+            l_ag = tf.reduce_sum(ag * weights * (r + 1))
+            # broadcast: summed gradient on the root, zero elsewhere
+            bc = hvd.broadcast(c, root_rank=0)
+            l_bc = tf.reduce_sum(bc * (r + 2))
+            # average allreduce: the gradient is averaged too
+            av = hvd.allreduce(c)
+            l_av = tf.reduce_sum(av * (r + 1))
+        out["ar"] = tape.gradient(l_ar, c)
+        out["ag"] = tape.gradient(l_ag, x)
+        out["bc"] = tape.gradient(l_bc, c)
+        out["av"] = tape.gradient(l_av, c)
+        return out
+
+    sum_w = sum(q + 1 for q in range(n))
+    want["ar"] = np.full((2, 3), float(sum_w) * (r + 1))
+    total_rows = sum(q + 1 for q in range(n))
+    w_all = np.arange(total_rows * 2, dtype=np.float64).reshape(total_rows, 2) * sum_w
+    start = sum(q + 1 for q in range(r))
+    want["ag"] = w_all[start : start + r + 1]
+    want["bc"] = np.full((2, 3), float(sum(q + 2 for q in range(n)))) if r == 0 else np.zeros((2, 3))
+    want["av"] = np.full((2, 3), sum_w / n)
+    got = run(build)
+    for k, w in want.items():
+        check(got[k], w, f"{MODE} grad {k}", 1e-9)
+    print(f"rank {r}: {MODE} grads ok")
+
+
+def _linear_data(rank: int, step: int, bs: int = 4) -> tuple:
+    g = np.random.default_rng(100 * step + rank)
+    x = g.normal(size=(bs, 3)).astype(np.float32)
+    y = (x @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 0.1).astype(np.float32)
+    return x, y
+
+
+def tape() -> None:
+    """DistributedGradientTape on 2 ranks ends with the weights of one process
+    training on both ranks' batches (eager and tf.function; groups; an
+    embedding's IndexedSlices gradient with and without sparse_as_dense)."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    steps, lr = 4, 0.1
+
+    def train(distributed: bool, fn: bool, **kw: Any) -> list:
+        # Initial values differ per rank (the broadcast makes them rank 0's);
+        # the reference starts from rank 0's.
+        k = r + 1 if distributed else 1
+        w = tf.Variable(np.full((3, 1), 0.3 * k, np.float32))
+        b = tf.Variable(np.zeros(1, np.float32))
+        emb = tf.Variable(np.ones((5, 2), np.float32) * k)
+        if distributed:
+            hvd.broadcast_variables([w, b, emb], root_rank=0)
+
+        def step(x: tf.Tensor, y: tf.Tensor, ids: tf.Tensor) -> None:
+            with tf.GradientTape() as t:
+                pred = tf.matmul(x, w) + b
+                e = tf.reduce_sum(tf.gather(emb, ids), axis=1, keepdims=True)
+                loss = tf.reduce_mean((pred + 0.01 * e - y) ** 2)
+            if distributed:
+                t = hvd.DistributedGradientTape(t, **kw)
+            gs = t.gradient(loss, [w, b, emb])
+            for v, g in zip([w, b, emb], gs):
+                v.assign_sub(lr * tf.convert_to_tensor(g))
+
+        f = tf.function(step) if fn else step
+        for s in range(steps):
+            if distributed:
+                x, y = _linear_data(r, s)
+                ids = np.array([r, s % 5, 4, 1], np.int32)
+            else:  # one process on every rank's batch
+                xs, ys = zip(*[_linear_data(q, s) for q in range(n)])
+                x, y = np.concatenate(xs), np.concatenate(ys)
+                ids = None
+            if distributed:
+                f(tf.constant(x), tf.constant(y), tf.constant(ids))
+            else:
+                # the reference: average of the per-rank mean losses' gradients
+                with tf.GradientTape() as t:
+                    loss = 0.0
+                    for q in range(n):
+                        xq, yq = _linear_data(q, s)
+                        idq = tf.constant([q, s % 5, 4, 1], tf.int32)
+                        pred = tf.matmul(xq, w) + b
+                        e = tf.reduce_sum(tf.gather(emb, idq), axis=1, keepdims=True)
+                        loss += tf.reduce_mean((pred + 0.01 * e - yq) ** 2) / n
+                gs = t.gradient(loss, [w, b, emb])
+                for v, g in zip([w, b, emb], gs):
+                    v.assign_sub(lr * tf.convert_to_tensor(g))
+        return [w.numpy(), b.numpy(), emb.numpy()]
+
+    ref = train(False, False)
+    for fn in (False, True):
+        for kw in ({}, {"sparse_as_dense": True}, {"groups": 2}, {"compression": hvd.Compression.fp16}):
+            got = train(True, fn, **kw)
+            for i, (g, w_) in enumerate(zip(got, ref)):
+                check(g, w_, f"tape fn={fn} {kw} var {i}", 1e-3 if kw.get("compression") else 1e-5)
+    print(f"rank {r}: tape ok")
+
+
+def tf1_optimizer() -> None:
+    """TF1 DistributedOptimizer with MonitoredTrainingSession and
+    BroadcastGlobalVariablesHook matches one process on every batch; with
+    backward_passes_per_step=2 it applies the summed (or averaged) gradient
+    every second pass."""
+    tf.compat.v1.disable_eager_execution()
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    lr, steps = 0.1, 4
+
+    def reference(passes: int, average_aggregated: bool) -> np.ndarray:
+        w = np.full((3, 1), 0.3, np.float64)  # rank 0's initial value
+        acc = np.zeros_like(w)
+        for s in range(steps):
+            g = np.zeros_like(w)
+            for q in range(n):
+                x, y = (a.astype(np.float64) for a in _linear_data(q, s))
+                g += 2 * x.T @ (x @ w - y) / len(x) / n
+            acc += g
+            if (s + 1) % passes == 0:
+                w = w - lr * (acc / passes if average_aggregated else acc)
+                acc[:] = 0
+        return w
+
+    for passes, avg in ((1, False), (2, False), (2, True)):
+        with tf.Graph().as_default():
+            config = tf.compat.v1.ConfigProto()
+            config.gpu_options.visible_device_list = str(hvd.local_rank())
+            x = tf.compat.v1.placeholder(tf.float32, [None, 3])
+            y = tf.compat.v1.placeholder(tf.float32, [None, 1])
+            w = tf.compat.v1.get_variable("w", initializer=np.full((3, 1), 0.3 * (r + 1), np.float32))
+            loss = tf.reduce_mean((tf.matmul(x, w) - y) ** 2)
+            opt = hvd.DistributedOptimizer(
+                tf.compat.v1.train.GradientDescentOptimizer(lr),
+                backward_passes_per_step=passes,
+                average_aggregated_gradients=avg,
+            )
+            train = opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+            hooks = [hvd.BroadcastGlobalVariablesHook(0)]
+            with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks, config=config) as sess:
+                for s in range(steps):
+                    xb, yb = _linear_data(r, s)
+                    sess.run(train, feed_dict={x: xb, y: yb})
+                got = sess.run(w)
+        check(got, reference(passes, avg), f"tf1 optimizer passes={passes} avg={avg}", 1e-5)
+    # broadcast_global_variables in a plain session
+    with tf.Graph().as_default():
+        v = tf.compat.v1.get_variable("v", initializer=np.full(2, float(r), np.float32))
+        bcast = hvd.broadcast_global_variables(1)
+        with tf.compat.v1.Session() as s:
+            s.run(tf.compat.v1.global_variables_initializer())
+            s.run(bcast)
+            check(s.run(v), np.full(2, 1.0), "broadcast_global_variables")
+    print(f"rank {r}: tf1 optimizer ok")
+
+
+def errors() -> None:
+    """Mismatches raise on every rank with the daemon's message; bad arguments
+    raise ValueError before anything is sent; the job goes on."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+
+    def expect_fail(build: Callable[[], Any], words: tuple, what: str) -> None:
+        try:
+            run(lambda: {"x": build()})
+        except hvd.HorovodInternalError as e:
+            msg = str(e)
+        except tf.errors.OpError as e:  # inside a graph TF wraps the error
+            msg = e.message
+        else:
+            raise AssertionError(f"{MODE} {what}: no error")
+        for w in words:
+            if w not in msg:
+                raise AssertionError(f"{MODE} {what}: {w!r} not in {msg!r}")
+
+    shape = (2,) if r == 0 else (3,)
+    expect_fail(lambda: hvd.allreduce(tf.ones(shape), name="bad_shape"), ("bad_shape", "shape"), "shape mismatch")
+    dt = tf.float32 if r == 0 else tf.float64
+    expect_fail(lambda: hvd.allreduce(tf.ones([2], dt), name="bad_dtype"), ("bad_dtype",), "dtype mismatch")
+    op = hvd.Sum if r == 0 else hvd.Max
+    expect_fail(lambda: hvd.allreduce(tf.ones([2]), op=op, name="bad_op"), ("bad_op",), "op mismatch")
+    # Bad arguments: ValueError, nothing sent.
+    for bad, what in (
+        (lambda: hvd.allreduce(tf.constant(["a"]), name="s"), "string tensor"),
+        (lambda: hvd.allreduce(tf.ones([2]), op=17), "unknown op"),
+        (lambda: hvd.allreduce(tf.ones([2]), op=hvd.Sum, average=True), "op and average"),
+    ):
+        try:
+            bad()
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"{what}: no ValueError")
+    # The job still works.
+    got = run(lambda: {"x": hvd.allreduce(tf.ones([2]) * (r + 1), op=hvd.Sum, name="after")})
+    check(got["x"], np.full(2, n * (n + 1) / 2), "allreduce after errors")
+    print(f"rank {r}: {MODE} errors ok")
+
+
+def victim() -> None:
+    """The last rank dies before a collective; the others' pending collective
+    fails (HorovodInternalError eagerly, an OpError in a graph) instead of
+    hanging."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    hvd.allreduce(tf.ones([1]), name="warmup")
+    if r == n - 1:
+        os.kill(os.getpid(), 9)
+    try:
+        run(lambda: {"x": hvd.allreduce(tf.ones([4]), name="orphan")})
+    except (hvd.HorovodInternalError, tf.errors.OpError) as e:
+        msg = str(e)
+        if f"rank {n - 1}" not in msg:
+            raise AssertionError(f"error does not name the lost rank: {msg}")
+        print(f"rank {r}: {MODE} lost rank reported: {msg.splitlines()[0][:200]}")
+        return
+    raise AssertionError("no error after a rank died")
+
+
+def imports() -> None:
+    """hvdd.tensorflow does not import torch."""
+    if "torch" in sys.modules:
+        raise AssertionError("importing hvdd.tensorflow imported torch")
+    print("imports ok")
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]]()
