@@ -62,3 +62,53 @@ def test_imports_are_separate():
         code = f"import sys, {mod}; assert {other!r} not in sys.modules, sorted(m for m in sys.modules if m.startswith({other!r}))"
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **ENV})
         assert p.returncode == 0, p.stderr
+
+
+def hvdd_run(hvdd_bin, tmp_path, script_args, timeout=240):
+    """Runs an example under `hvdd run -np 2` with a daemon of its own (a
+    fresh socket); returns rank 0's and rank 1's output lines."""
+    env = {**os.environ, **ENV, "HVDD_SOCKET": str(tmp_path / "hvdd.sock")}
+    p = subprocess.run(
+        [hvdd_bin, "run", "-np", "2", "--", sys.executable, *script_args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=tmp_path,
+    )
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    lines = out.splitlines()
+    return [l for l in lines if l.startswith("[0]")], [l for l in lines if l.startswith("[1]")]
+
+
+def test_example_tensorflow2_mnist(hvdd_bin, tmp_path):
+    script = os.path.join(ROOT, "examples", "tensorflow2_mnist.py")
+    ckpt = tmp_path / "ckpt"
+    r0, r1 = hvdd_run(
+        hvdd_bin, tmp_path, [script, "--steps", "240", "--synthetic-size", "2000", "--checkpoint-dir", str(ckpt)]
+    )
+    losses = [float(l.split("Loss:")[1]) for l in r0 if "Loss:" in l]
+    assert len(losses) == 12 and min(losses[-3:]) < losses[0] - 0.5, r0
+    assert os.path.exists(ckpt / "checkpoint"), os.listdir(tmp_path)
+
+
+def test_example_tensorflow_mnist(hvdd_bin, tmp_path):
+    script = os.path.join(ROOT, "examples", "tensorflow_mnist.py")
+    ckpt = tmp_path / "ckpt"
+    r0, r1 = hvdd_run(
+        hvdd_bin, tmp_path, [script, "--steps", "200", "--synthetic-size", "2000", "--checkpoint-dir", str(ckpt)]
+    )
+    losses = [float(l.split("loss = ")[1].split(",")[0]) for l in r0 if "loss = " in l]
+    assert len(losses) == 10 and min(losses[-3:]) < losses[0] - 0.5, r0
+    # Checkpoints on rank 0 only: the only checkpoint directory is rank 0's.
+    assert os.path.exists(ckpt / "checkpoint"), os.listdir(tmp_path)
+
+
+def test_example_tensorflow2_synthetic_benchmark(hvdd_bin, tmp_path):
+    script = os.path.join(ROOT, "examples", "tensorflow2_synthetic_benchmark.py")
+    args = ["--model", "MobileNetV2", "--image-size", "32", "--batch-size", "8", "--num-classes", "10"]
+    args += ["--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2"]
+    r0, r1 = hvdd_run(hvdd_bin, tmp_path, [script, *args])
+    assert any("Img/sec per rank:" in l for l in r0), r0
+    assert not any("Img/sec" in l for l in r1), r1
