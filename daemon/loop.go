@@ -93,6 +93,18 @@ type job struct {
 	size      int              // global size
 	backend   backends.Backend // cross-node engine; nil on one node
 	mn        *multiJob        // multi-node negotiation state; nil on one node
+
+	stats jobStats // what the job ran, logged when it ends
+}
+
+// jobStats counts what a job ran, to show fusion at work: a training step
+// whose gradients were fused runs as one batch of one response per dtype,
+// however many tensors it had.
+type jobStats struct {
+	batches   int64 // batches run (each: what was ready together)
+	responses int64 // fused responses run (each: one collective on one buffer)
+	tensors   int64 // tensors in them
+	bytes     int64 // their bytes
 }
 
 // loop owns the daemon's job state and every client's read side; only its
@@ -573,7 +585,8 @@ func (l *loop) closed(c *client, bye bool, err error) {
 		}
 	}
 	if j.open == 0 {
-		l.s.log.Info("job ended", "job", j.id)
+		st := j.stats
+		l.s.log.Info("job ended", "job", j.id, "batches", st.batches, "responses", st.responses, "tensors", st.tensors, "bytes", st.bytes)
 		l.endMulti(j)
 		l.job = nil
 		w := l.waiting
@@ -758,7 +771,11 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 	var bytes int64
 	for _, w := range batch {
 		bytes += w.resp.Bytes
+		j.stats.tensors += int64(len(w.resp.Tensors))
 	}
+	j.stats.batches++
+	j.stats.responses += int64(len(batch))
+	j.stats.bytes += bytes
 	if j.backend == nil && bytes <= inlineBytes || loopRunnable(j.backend, bytes) {
 		// Small work costs less than the hand-off to the executor.
 		for _, w := range batch {

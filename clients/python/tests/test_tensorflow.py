@@ -56,6 +56,31 @@ def test_killed_rank(job, mode):
     assert sum("lost rank reported" in o for o in res.outputs) == 2, res.outputs
 
 
+def _job_stats(daemon_log: str) -> dict:
+    line = [l for l in daemon_log.splitlines() if 'msg="job ended"' in l][-1]
+    return {k: int(line.split(f" {k}=")[1].split()[0]) for k in ("batches", "responses", "tensors")}
+
+
+@pytest.mark.parametrize("groups", [0, 2])
+def test_gradients_fused_per_step(job, groups):
+    # The daemon's counters: a step's six gradients reach it together and run
+    # as one batch (one fused response); with two groups, at most two.
+    steps = 6
+    res = job.run(
+        "fusion",
+        np=2,
+        cmd=[sys.executable, TF_WORKERS, "fusion", "function", str(groups)],
+        env={**ENV, "STEPS": str(steps)},
+        timeout=180,
+    )
+    st = _job_stats(res.daemon_log)
+    assert st["tensors"] == 6 * steps, st
+    if groups == 0:
+        assert st["batches"] == steps and st["responses"] == steps, st
+    else:
+        assert steps <= st["batches"] <= 2 * steps and st["responses"] <= 2 * steps, st
+
+
 def test_imports_are_separate():
     # hvdd.tensorflow must not import torch, nor hvdd.torch tensorflow.
     for mod, other in (("hvdd.tensorflow", "torch"), ("hvdd.torch", "tensorflow")):

@@ -478,6 +478,30 @@ def victim() -> None:
     raise AssertionError("no error after a rank died")
 
 
+def fusion() -> None:
+    """STEPS steps of a tf.function train step with DistributedGradientTape over
+    six variables and no other collective: the test reads the daemon's
+    counters (argv[3]: groups)."""
+    hvd.init()
+    r = hvd.rank()
+    groups = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    vs = [tf.Variable(tf.ones([i + 1, 3])) for i in range(6)]
+
+    @tf.function
+    def step(x: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as t:
+            loss = tf.add_n([tf.reduce_sum(v * x) for v in vs])
+        t = hvd.DistributedGradientTape(t, groups=groups or None)
+        for v, g in zip(vs, t.gradient(loss, vs)):
+            v.assign_sub(0.1 * g)
+        return loss
+
+    for _ in range(int(os.environ.get("STEPS", "5"))):
+        step(tf.constant(float(r + 1)))
+    check(vs[0].numpy(), np.full((1, 3), 1 - 0.1 * 1.5 * int(os.environ.get("STEPS", "5"))), "fusion weights", 1e-5)
+    print(f"rank {r}: fusion ok")
+
+
 def imports() -> None:
     """hvdd.tensorflow does not import torch."""
     if "torch" in sys.modules:
