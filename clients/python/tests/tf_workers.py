@@ -90,7 +90,11 @@ def run(build: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
     elif MODE == "function":
         out = tf.function(build)()
     else:
-        with tf.compat.v1.Session() as s:
+        # Every collective of a TF1 graph that can run at once holds an
+        # inter-op thread while it waits (see hvdd/tensorflow/mpi_ops.py): give
+        # the session more threads than the graph has collectives.
+        config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=256)
+        with tf.compat.v1.Session(config=config) as s:
             out = build()
             s.run(tf.compat.v1.global_variables_initializer())
             return s.run(out)

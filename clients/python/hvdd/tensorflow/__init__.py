@@ -13,42 +13,9 @@ from typing import Any, List, Optional
 
 import tensorflow as tf
 
-from ..basics import (
-    PUBLIC as _BASICS,
-    Adasum,
-    Average,
-    Max,
-    Min,
-    ProcessSet,
-    Product,
-    ReduceOp,
-    Sum,
-    add_process_set,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    global_process_set,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    remove_process_set,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
+from .. import basics as _basics
+from ..basics import PUBLIC as _BASICS
+from ..basics import Adasum, Average, ProcessSet, global_process_set
 from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt, HvddInternalError
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
@@ -74,6 +41,9 @@ from .mpi_ops import (
     reducescatter,
     size_op,
 )
+
+# Horovod's common basics (init, rank, size, reduce ops, process sets, ...).
+globals().update({_n: getattr(_basics, _n) for _n in _BASICS})
 
 __all__ = [
     *_BASICS,

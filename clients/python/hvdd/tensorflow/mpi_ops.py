@@ -15,7 +15,8 @@ collectives run one after another, in the same order on every rank. A TF1
 graph may run independent collectives at once, each holding a thread: the
 training helpers therefore put a step's gradients (and a broadcast's
 variables) in one node, and a TF1 graph with more independent collectives
-than inter-op threads should order them with control dependencies.
+than inter-op threads should order them with control dependencies or run
+in a session with more ``inter_op_parallelism_threads``.
 
 Names: a graph collective is named after its input tensor (Horovod's
 ``HorovodAllreduce_<tensor name>``), which is the same on every rank running
@@ -69,11 +70,20 @@ def _normalize_name(name: str) -> str:
     return re.sub("[^a-zA-Z0-9_]", "_", name)
 
 
+_supported: dict = {}  # tf.DType -> bool
+
+
 def _check_dtype(dtype: tf.DType) -> None:
-    try:
-        _ops.wire_dtype(np.dtype(dtype.as_numpy_dtype))
-    except (TypeError, ValueError):
-        raise ValueError(f"Tensor type {dtype.name} is not supported.") from None
+    ok = _supported.get(dtype)
+    if ok is None:
+        try:
+            _ops.wire_dtype(np.dtype(dtype.as_numpy_dtype))
+            ok = True
+        except (TypeError, ValueError):
+            ok = False
+        _supported[dtype] = ok
+    if not ok:
+        raise ValueError(f"Tensor type {dtype.name} is not supported.")
 
 
 def _name(kind: str, prefix: str, tensor: Any, name: Optional[str], ignore_name_scope: bool) -> str:
@@ -98,7 +108,7 @@ def _run(
     node. fn takes numpy arrays and returns a list of arrays."""
     if _executing_eagerly():
         outs = fn(*[t.numpy() for t in inputs])
-        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
+        return [tf.convert_to_tensor(o) for o in outs]
     outs = tf.numpy_function(fn, list(inputs), list(touts), stateful=True, name=_normalize_name(name)[:200])
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
@@ -107,9 +117,34 @@ def _run(
     return list(outs)
 
 
+try:  # TensorFlow >= 2.13
+    from tensorflow.python.eager.record import could_possibly_record as _could_record
+except ImportError:  # pragma: no cover - older TensorFlow
+
+    def _could_record() -> bool:
+        return True
+
+
+def _differentiable(forward: Callable[..., Any], grad: Callable[..., Any], xs: Sequence[tf.Tensor]) -> Any:
+    """forward(*xs) with ``grad(ys, *dys)`` as its gradient; in eager mode with
+    no tape recording, just forward(*xs) (custom_gradient costs more than a
+    small collective)."""
+    if _executing_eagerly() and not _could_record():
+        return forward(*xs)
+
+    @tf.custom_gradient
+    def f(*xs: tf.Tensor) -> Any:
+        ys = forward(*xs)
+        return ys, lambda *dys: grad(ys, *dys)
+
+    return f(*xs)
+
+
 def _tensor(x: Any) -> tf.Tensor:
     """A tensor of x's value (variables read), so that custom gradients see a
     plain input."""
+    if isinstance(x, tf.Tensor):
+        return x
     if isinstance(x, tf.Variable):
         return x.read_value() if not _executing_eagerly() else tf.convert_to_tensor(x)
     return tf.convert_to_tensor(x)
@@ -178,19 +213,16 @@ def _grouped_allreduce(
             return [c.complete(_ops.submit_allreduce(c, arrays[0], full, op, pre, post, ps_id))]
         return _ops.grouped_allreduce(arrays, op, None, pre, post, process_set, full_name=full, groups=groups)
 
-    @tf.custom_gradient
-    def f(*xs: tf.Tensor) -> Any:
-        ys = _run(fn, xs, [x.dtype for x in xs], [x.shape for x in xs], full)
+    def forward(*xs: tf.Tensor) -> List[tf.Tensor]:
+        return _run(fn, xs, [x.dtype for x in xs], [x.shape for x in xs], full)
 
-        def grad(*dys: tf.Tensor) -> Any:
-            dys = _zeros_for_none(dys, ys)
-            return _grouped_allreduce(
-                dys, None, op, pre, post, ignore_name_scope, process_set, groups=groups, single=single
-            )
+    def grad(ys: List[tf.Tensor], *dys: tf.Tensor) -> Any:
+        dys = _zeros_for_none(dys, ys)
+        return _grouped_allreduce(
+            dys, None, op, pre, post, ignore_name_scope, process_set, groups=groups, single=single
+        )
 
-        return ys, grad
-
-    return list(f(*xs))
+    return list(_differentiable(forward, grad, xs))
 
 
 def _sparse_allreduce(
@@ -391,25 +423,22 @@ def grouped_allgather(
 
         return c.complete(_ops.group(full, sub, len(arrays)))
 
-    @tf.custom_gradient
-    def f(*xs: tf.Tensor) -> Any:
+    def forward(*xs: tf.Tensor) -> List[tf.Tensor]:
         shapes = [tf.TensorShape([None]).concatenate(x.shape[1:]) for x in xs]
-        ys = _run(fn, xs, [x.dtype for x in xs], shapes, full)
+        return _run(fn, xs, [x.dtype for x in xs], shapes, full)
 
-        def grad(*dys: tf.Tensor) -> Any:
-            dys = _zeros_for_none(dys, ys)
-            summed = _grouped_allreduce(dys, None, Sum, 1.0, 1.0, ignore_name_scope, process_set)
-            r = process_set.rank() if process_set is not global_process_set else _basics.rank()
-            out = []
-            for x, g in zip(xs, summed):
-                splits = _allgather_splits(x, process_set, ignore_name_scope)
-                start = tf.reduce_sum(splits[:r])
-                out.append(g[start : start + splits[r]])
-            return out
+    def grad(ys: List[tf.Tensor], *dys: tf.Tensor) -> Any:
+        dys = _zeros_for_none(dys, ys)
+        summed = _grouped_allreduce(dys, None, Sum, 1.0, 1.0, ignore_name_scope, process_set)
+        r = process_set.rank() if process_set is not global_process_set else _basics.rank()
+        out = []
+        for x, g in zip(xs, summed):
+            splits = _allgather_splits(x, process_set, ignore_name_scope)
+            start = tf.reduce_sum(splits[:r])
+            out.append(g[start : start + splits[r]])
+        return out
 
-        return ys, grad
-
-    return list(f(*xs))
+    return list(_differentiable(forward, grad, xs))
 
 
 # ------------------------------------------------------------------ broadcast
@@ -464,20 +493,17 @@ def _broadcast_many(
         hs = [_ops.submit_broadcast(c, a, f"{full}_{i + 1}of{len(arrays)}", root, ps_id) for i, a in enumerate(arrays)]
         return _complete_all(c, hs)
 
-    @tf.custom_gradient
-    def f(*xs: tf.Tensor) -> Any:
-        ys = _run(fn, xs, [x.dtype for x in xs], [x.shape for x in xs], full)
+    def forward(*xs: tf.Tensor) -> List[tf.Tensor]:
+        return _run(fn, xs, [x.dtype for x in xs], [x.shape for x in xs], full)
 
-        def grad(*dys: tf.Tensor) -> Any:
-            dys = _zeros_for_none(dys, ys)
-            summed = _grouped_allreduce(dys, None, Sum, 1.0, 1.0, ignore_name_scope, process_set)
-            if _basics.rank() != root:
-                return [g * 0 for g in summed]
-            return summed
+    def grad(ys: List[tf.Tensor], *dys: tf.Tensor) -> Any:
+        dys = _zeros_for_none(dys, ys)
+        summed = _grouped_allreduce(dys, None, Sum, 1.0, 1.0, ignore_name_scope, process_set)
+        if _basics.rank() != root:
+            return [g * 0 for g in summed]
+        return summed
 
-        return ys, grad
-
-    return list(f(*xs))
+    return list(_differentiable(forward, grad, xs))
 
 
 def _complete_all(c: Any, handles: Sequence[Any]) -> List[Any]:
@@ -559,18 +585,17 @@ def alltoall(
         out, rs = c.complete(h)
         return [out, rs]
 
-    @tf.custom_gradient
-    def f(x: tf.Tensor) -> Any:
+    def forward(x: tf.Tensor) -> Any:
         out, rs = _run(fn, [x, sp], [x.dtype, tf.int32], [tf.TensorShape([None]).concatenate(x.shape[1:]), [n]], full)
+        return out, rs
 
-        def grad(dy: tf.Tensor, drs: Any = None) -> Any:
-            dy = tf.zeros_like(out) if dy is None else dy
-            g, _ = alltoall(dy, splits=rs, ignore_name_scope=ignore_name_scope, process_set=process_set)
-            return g
+    def grad(ys: Any, dy: tf.Tensor, drs: Any = None) -> Any:
+        out, rs = ys
+        dy = tf.zeros_like(out) if dy is None else dy
+        g, _ = alltoall(dy, splits=rs, ignore_name_scope=ignore_name_scope, process_set=process_set)
+        return g
 
-        return (out, rs), grad
-
-    out, rs = f(x)
+    out, rs = _differentiable(forward, grad, [x])
     if splits is None:
         return out
     return out, rs
@@ -658,20 +683,17 @@ def grouped_reducescatter(
 
         return c.complete(_ops.group(full, sub, len(arrays)))
 
-    @tf.custom_gradient
-    def f(*xs: tf.Tensor) -> Any:
+    def forward(*xs: tf.Tensor) -> List[tf.Tensor]:
         shapes = [tf.TensorShape([None]).concatenate(x.shape[1:]) for x in xs]
-        ys = _run(fn, xs, [x.dtype for x in xs], shapes, full)
+        return _run(fn, xs, [x.dtype for x in xs], shapes, full)
 
-        def grad(*dys: tf.Tensor) -> Any:
-            dys = _zeros_for_none(dys, ys)
-            gathered = grouped_allgather(dys, None, ignore_name_scope, process_set)
-            scale = pre * post / (_set_size(process_set) if op == Average else 1)
-            return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered]
+    def grad(ys: List[tf.Tensor], *dys: tf.Tensor) -> Any:
+        dys = _zeros_for_none(dys, ys)
+        gathered = grouped_allgather(dys, None, ignore_name_scope, process_set)
+        scale = pre * post / (_set_size(process_set) if op == Average else 1)
+        return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered]
 
-        return ys, grad
-
-    ys = f(*xs)
+    ys = _differentiable(forward, grad, xs)
     return [compression.decompress(y, ctx) for y, (_, ctx) in zip(ys, comp)]
 
 

@@ -1,0 +1,12 @@
+"""``hvdd.keras.callbacks``: Horovod's Keras callbacks for the ``keras``
+package (``horovod.keras.callbacks``)."""
+
+from __future__ import annotations
+
+import keras as _keras
+
+from .._keras import public_callbacks as _api
+
+globals().update(_api.bind(_keras, __name__))
+
+__all__ = list(_api.PUBLIC)
