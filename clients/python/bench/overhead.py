@@ -68,6 +68,26 @@ def worker(n: int, warmup: int) -> None:
     hvd.shutdown()
 
 
+def tf_worker(n: int, warmup: int) -> None:
+    """The same blocking 4-byte allreduce through hvdd.tensorflow, eagerly."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    import hvdd.tensorflow as hvd
+
+    hvd.init()
+    t = tf.ones([1], dtype=tf.float32)
+    lat = []
+    for i in range(warmup + n):
+        t0 = time.perf_counter()
+        hvd.allreduce(t, name="bench", op=hvd.Sum)
+        if i >= warmup:
+            lat.append((time.perf_counter() - t0) * 1e6)
+    if hvd.rank() == 0:
+        sys.stdout.write(f"tensorflow median_us={statistics.median(lat):.1f} (eager allreduce) n={n}\n")
+    hvd.shutdown()
+
+
 def run_job(np_: int, cmd: list[str], sock: str, env_extra: dict[str, str]) -> str:
     procs = []
     for r in range(np_):
@@ -90,9 +110,20 @@ def main() -> None:
     ap.add_argument("--np", type=int, default=2, help="ranks")
     ap.add_argument("--hvdd", default=os.path.join(ROOT, "bin", "hvdd"), help="daemon binary")
     ap.add_argument("--worker", action="store_true", help="run as one rank (internal)")
+    ap.add_argument("--tf-worker", action="store_true", help="run as one TensorFlow rank (internal)")
+    ap.add_argument(
+        "--tf",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="also time hvdd.tensorflow's eager allreduce: ROUNDS alternated torch/TF runs, with their ratios",
+    )
     args = ap.parse_args()
     if args.worker:
         worker(args.n, args.warmup)
+        return
+    if args.tf_worker:
+        tf_worker(args.n, args.warmup)
         return
 
     tmp = tempfile.mkdtemp(prefix="hvdd-bench-")
@@ -108,6 +139,17 @@ def main() -> None:
             {},
         )
         print(py)
+        me = [sys.executable, os.path.abspath(__file__), "-n", str(args.n), "--warmup", str(args.warmup)]
+        for rnd in range(args.tf):
+            torch_out = py if rnd == 0 else run_job(args.np, me + ["--worker"], sock, {})
+            tf_out = run_job(args.np, me + ["--tf-worker"], sock, {})
+            # The same call: torch's out-of-place hvd.allreduce (the second median).
+            t_us = float(torch_out.split("(allreduce_) ")[1].split()[0])
+            f_us = float(tf_out.split("median_us=")[1].split()[0])
+            if rnd:
+                print(torch_out)
+            print(tf_out)
+            print(f"round {rnd + 1}: tf/torch allreduce = {f_us / t_us:.2f} ({f_us:.1f} / {t_us:.1f} us, medians)")
         gobin = None
         if shutil.which("go"):
             gobin = os.path.join(tmp, "goclient")
