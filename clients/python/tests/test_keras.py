@@ -16,8 +16,6 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 KERAS_WORKERS = os.path.join(HERE, "keras_workers.py")
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
-pytest.importorskip("tensorflow")
-
 
 def run(job, scenario: str, np: int = 2, env: dict | None = None, timeout: float = 240):
     return job.run(

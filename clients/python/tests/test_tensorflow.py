@@ -15,8 +15,6 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 TF_WORKERS = os.path.join(HERE, "tf_workers.py")
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
-pytest.importorskip("tensorflow", reason="hvdd.tensorflow needs TensorFlow: scripts/setup.sh installs it")
-
 
 def tf_job(job, scenario: str, mode: str = "eager", np: int = 2, **kw):
     return job.run(scenario, np=np, cmd=[sys.executable, TF_WORKERS, scenario, mode], env=ENV, timeout=180, **kw)
