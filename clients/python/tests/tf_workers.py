@@ -144,6 +144,12 @@ def ops() -> None:
             k = f"alltoall/{dt.name}"
             out[k] = hvd.alltoall(const(data(r, dt, (2 * n, 3)), dt), name=k)
             cases.append((k, dt, np.concatenate([data(q, dt, (2 * n, 3))[2 * r : 2 * r + 2] for q in range(n)])))
+        # Two unnamed collectives of one tensor in one graph get distinct names.
+        x2 = const(data(r, tf.float32, seed=3), tf.float32)
+        out["twice/sum"], out["twice/max"] = hvd.allreduce(x2, op=hvd.Sum), hvd.allreduce(x2, op=hvd.Max)
+        everyone2 = [data(q, tf.float32, seed=3) for q in range(n)]
+        cases.append(("twice/sum", tf.float32, reference_reduce(everyone2, hvd.Sum, tf.float32, n)))
+        cases.append(("twice/max", tf.float32, reference_reduce(everyone2, hvd.Max, tf.float32, n)))
         # grouped allreduce: one node, several tensors
         xs = [const(data(r, tf.float32, (i + 2,), seed=i), tf.float32) for i in range(3)]
         for i, y in enumerate(hvd.grouped_allreduce(xs, op=hvd.Sum, name="grp")):
@@ -360,6 +366,18 @@ def tape() -> None:
             got = train(True, fn, **kw)
             for i, (g, w_) in enumerate(zip(got, ref)):
                 check(g, w_, f"tape fn={fn} {kw} var {i}", 1e-3 if kw.get("compression") else 1e-5)
+    # PartialDistributedGradientTape: the local layer's gradient is this
+    # rank's own, divided by the number of ranks; the others are averaged.
+    dense = tf.keras.layers.Dense(1, kernel_initializer="ones")
+    local = tf.keras.layers.Dense(1, kernel_initializer="ones")
+    xin = tf.constant(np.full((2, 3), r + 1.0, np.float32))
+    dense(xin), local(xin)
+    with tf.GradientTape() as t:
+        loss = tf.reduce_sum(dense(xin)) + tf.reduce_sum(local(xin))
+    t = hvd.PartialDistributedGradientTape(t, local_layers=[local])
+    gd, gl = t.gradient(loss, [dense.kernel, local.kernel])
+    check(gd, np.full((3, 1), 2.0 * sum(q + 1 for q in range(n)) / n), "partial tape: shared gradient", 1e-6)
+    check(gl, np.full((3, 1), 2.0 * (r + 1) / n), "partial tape: local gradient", 1e-6)
     print(f"rank {r}: tape ok")
 
 

@@ -9,6 +9,7 @@ changes. Importing it does not import torch.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, List, Optional
 
 import tensorflow as tf
@@ -309,13 +310,15 @@ def DistributedOptimizer(
 
 
 def _is_keras_optimizer(optimizer: Any) -> bool:
+    """Whether optimizer is a Keras one (Keras 3, tf_keras or its legacy
+    optimizers), looking only at Keras packages already imported."""
     for mod in ("keras", "tf_keras"):
-        m = __import__("sys").modules.get(mod)
-        base = getattr(getattr(m, "optimizers", None), "Optimizer", None) if m is not None else None
-        if base is not None and isinstance(optimizer, base):
-            return True
-        legacy = getattr(getattr(getattr(m, "optimizers", None), "legacy", None), "Optimizer", None) if m else None
-        if legacy is not None and isinstance(optimizer, legacy):
+        optimizers = getattr(sys.modules.get(mod), "optimizers", None)
+        bases = (
+            getattr(optimizers, "Optimizer", None),
+            getattr(getattr(optimizers, "legacy", None), "Optimizer", None),
+        )
+        if any(b is not None and isinstance(optimizer, b) for b in bases):
             return True
     return False
 

@@ -93,8 +93,13 @@ def _name(kind: str, prefix: str, tensor: Any, name: Optional[str], ignore_name_
         return _ops.collective_name(kind, name, _ops.next_handle())
     if name is None:
         name = f"{prefix}_{_normalize_name(tensor.name)}"
-    scope = "" if ignore_name_scope else tf.compat.v1.get_default_graph().get_name_scope()
-    return f"{kind}.{scope}/{name}" if scope else f"{kind}.{name}"
+    # Unique in the graph, as TensorFlow makes node names (x, x_1, ...): two
+    # collectives of one tensor in one graph do not share a name.
+    g = tf.compat.v1.get_default_graph()
+    if ignore_name_scope:
+        with g.name_scope(None):
+            return f"{kind}.{g.unique_name(name)}"
+    return f"{kind}.{g.unique_name(name)}"
 
 
 def _run(
