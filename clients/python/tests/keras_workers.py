@@ -521,6 +521,31 @@ def mismatch() -> None:
     hvd.shutdown()
 
 
+def victim() -> None:
+    """The last rank dies in the middle of model.fit (SIGKILL at its third
+    batch); the others' fit must raise, naming the lost rank, instead of
+    hanging."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    model = mlp()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    x, y = data(r, 8)
+
+    class Die(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if r == n - 1 and batch == 2:
+                os.kill(os.getpid(), 9)
+
+    try:
+        model.fit(x, y, batch_size=BS, epochs=1, verbose=0, callbacks=[Die()])
+    except (hvd.HorovodInternalError, tf.errors.OpError) as e:
+        msg = str(e)
+        assert f"rank {n - 1}" in msg and "lost" in msg, msg
+        print("LOST " + msg[msg.find("HvddInternalError") :][:300].replace("\n", " "))
+        return
+    raise AssertionError("model.fit went on after a rank died")
+
+
 def keras_package() -> None:
     """hvdd.keras on the keras package."""
     import keras as k3
@@ -583,6 +608,7 @@ SCENARIOS = {
         load_model,
         legacy,
         mismatch,
+        victim,
         keras_package,
     )
 }

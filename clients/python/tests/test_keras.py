@@ -132,6 +132,18 @@ def test_mismatched_models_raise_on_every_rank(job):
         assert "ERROR HvddInternalError: Mismatched ALLREDUCE tensor shapes" in out, out
 
 
+def test_killed_rank_during_fit(job):
+    res = job.run(
+        "victim",
+        np=3,
+        cmd=[sys.executable, KERAS_WORKERS, "victim"],
+        env=ENV,
+        timeout=240,
+        expect=lambda r: (-9,) if r == 2 else (0,),
+    )
+    assert sum("LOST " in o for o in res.outputs) == 2, res.outputs
+
+
 def test_keras_package(job):
     run(job, "keras_package")
 
