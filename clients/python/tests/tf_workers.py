@@ -474,6 +474,15 @@ def errors() -> None:
             pass
         else:
             raise AssertionError(f"{what}: no ValueError")
+    # Inside XLA-compiled code: a clear ValueError at trace time.
+    if MODE == "function":
+        try:
+            tf.function(lambda: hvd.allreduce(tf.ones([2]), name="xla"), jit_compile=True)()
+        except ValueError as e:
+            if "jit_compile=False" not in str(e):
+                raise
+        else:
+            raise AssertionError("no ValueError for a collective under jit_compile=True")
     # The job still works.
     got = run(lambda: {"x": hvd.allreduce(tf.ones([2]) * (r + 1), op=hvd.Sum, name="after")})
     check(got["x"], np.full(2, n * (n + 1) / 2), "allreduce after errors")

@@ -102,6 +102,28 @@ def _name(kind: str, prefix: str, tensor: Any, name: Optional[str], ignore_name_
     return f"{kind}.{g.unique_name(name)}"
 
 
+_XLA_ERROR = (
+    "hvdd: a collective cannot run inside XLA-compiled code (tf.function(jit_compile=True), or Keras' "
+    "model.compile with jit_compile=True, its default when a GPU is present): pass jit_compile=False"
+)
+
+
+def _check_not_xla() -> None:
+    """Raises ValueError when the graph being built will be compiled by XLA,
+    which cannot run a numpy_function (TensorFlow's own error would say only
+    that no PyFunc kernel is registered for XLA)."""
+    if _in_xla(tf.compat.v1.get_default_graph()):
+        raise ValueError(_XLA_ERROR)
+
+
+try:
+    from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla
+except ImportError:  # pragma: no cover - older TensorFlow
+
+    def _in_xla(graph: Any) -> bool:
+        return False
+
+
 def _run(
     fn: Callable[..., Sequence[np.ndarray]],
     inputs: Sequence[tf.Tensor],
@@ -114,6 +136,7 @@ def _run(
     if _executing_eagerly():
         outs = fn(*[t.numpy() for t in inputs])
         return [tf.convert_to_tensor(o) for o in outs]
+    _check_not_xla()
     outs = tf.numpy_function(fn, list(inputs), list(touts), stateful=True, name=_normalize_name(name)[:200])
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
@@ -738,6 +761,7 @@ def _scalar_op(value: Callable[[], Any], name: str) -> tf.Tensor:
 
     if _executing_eagerly():
         return tf.constant(fn(), dtype=tf.int32)
+    _check_not_xla()
     out = tf.numpy_function(fn, [], tf.int32, stateful=True, name=name)
     out.set_shape([])
     return out
@@ -786,6 +810,7 @@ def _info_op(value: Callable[[], int], name: Optional[str]) -> tf.Tensor:
 
     if _executing_eagerly():
         return tf.constant(fn(), dtype=tf.int32)
+    _check_not_xla()
     out = tf.numpy_function(fn, [], tf.int32, stateful=True, name=name or "HorovodInfo")
     out.set_shape([])
     return out
