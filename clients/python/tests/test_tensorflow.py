@@ -79,6 +79,17 @@ def test_gradients_fused_per_step(job, groups):
         assert steps <= st["batches"] <= 2 * steps and st["responses"] <= 2 * steps, st
 
 
+def test_graph_wait_warning(job):
+    res = job.run(
+        "late_rank",
+        np=2,
+        cmd=[sys.executable, TF_WORKERS, "late_rank", "graph"],
+        env={**ENV, "HVDD_GRAPH_WAIT_WARN": "1"},
+    )
+    assert "has waited" in res.outputs[0] and "allreduce.late" in res.outputs[0], res.outputs[0]
+    assert "has waited" not in res.outputs[1], res.outputs[1]
+
+
 def test_imports_are_separate():
     # hvdd.tensorflow must not import torch, nor hvdd.torch tensorflow.
     for mod, other in (("hvdd.tensorflow", "torch"), ("hvdd.torch", "tensorflow")):

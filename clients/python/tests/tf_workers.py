@@ -533,6 +533,21 @@ def fusion() -> None:
     print(f"rank {r}: fusion ok")
 
 
+def late_rank() -> None:
+    """Rank 1 starts its graph collective late; rank 0's waits longer than
+    HVDD_GRAPH_WAIT_WARN (1 s here) and the watchdog warns, naming it."""
+    hvd.init()
+    r = hvd.rank()
+    x = hvd.allreduce(tf.ones([2]), op=hvd.Sum, name="late")
+    with tf.compat.v1.Session() as s:
+        if r == 1:
+            import time
+
+            time.sleep(4)  # the late rank: the condition under test, not synchronisation
+        check(s.run(x), np.full(2, 2.0), "late allreduce")
+    print(f"rank {r}: late ok")
+
+
 def imports() -> None:
     """hvdd.tensorflow does not import torch."""
     if "torch" in sys.modules:

@@ -26,7 +26,11 @@ as ``hvdd.torch`` names them.
 
 from __future__ import annotations
 
+import os
 import re
+import threading
+import time
+import warnings
 from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
@@ -102,6 +106,49 @@ def _name(kind: str, prefix: str, tensor: Any, name: Optional[str], ignore_name_
     return f"{kind}.{g.unique_name(name)}"
 
 
+# Graph collectives waiting now: id -> [start, name, warned]. A watchdog
+# thread warns about one that waits longer than HVDD_GRAPH_WAIT_WARN seconds
+# (default 60): in a TF1 graph that is the sign of collectives holding every
+# inter-op thread (see the module doc), which would otherwise hang silently.
+_waiting: dict = {}
+_watchdog: Optional[threading.Thread] = None
+_WAIT_WARNING = (
+    "hvdd: the graph collective {name!r} has waited {secs:.0f} s for other ranks. Each collective node "
+    "holds one of TensorFlow's inter-op threads while it waits: if a session.run can start more independent "
+    "collectives than the session has inter-op threads, each rank may be waiting for one the others have not "
+    "started. Order them with control dependencies, or raise ConfigProto.inter_op_parallelism_threads."
+)
+
+
+def _watch() -> None:
+    limit = float(os.environ.get("HVDD_GRAPH_WAIT_WARN", "60"))
+    while True:
+        time.sleep(min(5.0, limit / 2))
+        now = time.monotonic()
+        for entry in list(_waiting.values()):
+            if not entry[2] and now - entry[0] > limit:
+                entry[2] = True
+                warnings.warn(_WAIT_WARNING.format(name=entry[1], secs=now - entry[0]), RuntimeWarning, stacklevel=1)
+
+
+def _watched(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """fn, registered with the watchdog while it runs."""
+
+    def run(*arrays: np.ndarray) -> Any:
+        global _watchdog
+        if _watchdog is None:
+            _watchdog = threading.Thread(target=_watch, name="hvdd-graph-watchdog", daemon=True)
+            _watchdog.start()
+        key = object()
+        _waiting[id(key)] = [time.monotonic(), name, False]
+        try:
+            return fn(*arrays)
+        finally:
+            _waiting.pop(id(key), None)
+
+    return run
+
+
 _XLA_ERROR = (
     "hvdd: a collective cannot run inside XLA-compiled code (tf.function(jit_compile=True), or Keras' "
     "model.compile with jit_compile=True, its default when a GPU is present): pass jit_compile=False"
@@ -137,7 +184,9 @@ def _run(
         outs = fn(*[t.numpy() for t in inputs])
         return [tf.convert_to_tensor(o) for o in outs]
     _check_not_xla()
-    outs = tf.numpy_function(fn, list(inputs), list(touts), stateful=True, name=_normalize_name(name)[:200])
+    outs = tf.numpy_function(
+        _watched(fn, name), list(inputs), list(touts), stateful=True, name=_normalize_name(name)[:200]
+    )
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
     for o, s in zip(outs, shapes):
