@@ -111,6 +111,27 @@ if args.fit:
         with strategy.scope():
             model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
         callbacks = []
+        if hasattr(model, "_maybe_symbolic_build"):
+            # Keras 3's fit builds the model from the first distributed batch, which it
+            # averages with strategy.reduce over the (x, y) tuple; MultiWorkerMirroredStrategy
+            # refuses nested structures there ("Attempt to convert a value (PerReplica...)
+            # to a Tensor"; keras-team/keras#20585, tensorflow/tensorflow#72388). Build
+            # from the local batch instead: it has the per-replica shapes.
+            def _build_from_local_batch(iterator=None, data_batch=None):
+                with strategy.scope():
+                    model._symbolic_build(data_batch=(data, target))
+
+            model._maybe_symbolic_build = _build_from_local_batch
+            # It then averages the step's logs across workers with
+            # strategy.reduce("MEAN", v, axis=0), which fails on the scalar loss ("Invalid
+            # reduction dimension 0 for input with 0 dimensions"): hand it shape-[1] logs.
+            # (Keras 2 sums them across workers, so both do one small allreduce a step.)
+            keras_train_step = model.train_step
+
+            def train_step(batch):
+                return {k: tf.reshape(v, [1]) for k, v in keras_train_step(batch).items()}
+
+            model.train_step = train_step
     else:
         if args.impl == "hvdd":
             import hvdd.tensorflow.keras as hvd_keras
@@ -136,13 +157,15 @@ if args.fit:
         def on_epoch_end(self, epoch, logs=None):
             self.times.append(timeit.default_timer() - self.t0)
 
-    per_replica = args.batch_size
     ds = tf.data.Dataset.from_tensors((data, target)).repeat()
     if args.impl == "mwms":
-        ds = tf.data.Dataset.from_tensors((data, target)).repeat()
+        # model.fit under the strategy takes the global batch (every worker reads the
+        # same dataset, no sharding) and splits it, batch-size images per replica.
+        global_batch = (tf.concat([data] * size, 0), tf.concat([target] * size, 0))
         opts = tf.data.Options()
         opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        ds = ds.unbatch().batch(per_replica * size).with_options(opts)
+        ds = tf.data.Dataset.from_tensor_slices(global_batch).repeat()
+        ds = ds.batch(args.batch_size * size, drop_remainder=True).with_options(opts)
     timer = Timer()
     log(f"Model: {args.model}, batch size: {args.batch_size}, ranks: {size}, impl: {args.impl} (model.fit)")
     log("Running warmup...")
