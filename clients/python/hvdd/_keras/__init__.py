@@ -29,14 +29,14 @@ counter, as Horovod's ``LocalGradientAggregationHelper`` does.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import tensorflow as tf
 
 import hvdd.tensorflow as hvd
-from hvdd.tensorflow import Adasum, Average, ProcessSet, global_process_set
+from hvdd.tensorflow import Average, ProcessSet, global_process_set
 from hvdd.tensorflow.compression import Compression
+from hvdd.tensorflow.gradient_aggregation import check_optimizer_args, make_allreduce_grads_fn, var_ids
 
 from .callbacks import (
     BestModelCheckpointImpl,
@@ -67,110 +67,6 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- gradient reduction
-
-
-def _var_ids(v: Any) -> List[int]:
-    """Identities under which a variable may be seen: itself and, for a Keras 3
-    variable, the tf.Variable it wraps."""
-    ids = [id(v)]
-    inner = getattr(v, "value", None)
-    if isinstance(inner, tf.Variable) and inner is not v:
-        ids.append(id(inner))
-    return ids
-
-
-def _split_groups(groups: Any, variables: Sequence[Any], idx: Sequence[int]) -> List[List[int]]:
-    """The positions idx (dense gradients to reduce) split into allreduce
-    groups: one group when groups is None; N contiguous, nearly equal groups
-    when it is an int; else one group per list of variables, plus one for the
-    variables no list names."""
-    idx = list(idx)
-    if not idx:
-        return []
-    if groups is None:
-        return [idx]
-    if isinstance(groups, int):
-        n = max(1, min(groups, len(idx)))
-        k, m = divmod(len(idx), n)
-        return [idx[i * k + min(i, m) : (i + 1) * k + min(i + 1, m)] for i in range(n)]
-    where: Dict[int, int] = {}
-    for i in idx:
-        for key in _var_ids(variables[i]):
-            where.setdefault(key, i)
-    out: List[List[int]] = []
-    seen: set = set()
-    for group in groups:
-        members = []
-        for v in group:
-            i = next((where[k] for k in _var_ids(v) if k in where), None)
-            if i is not None and i not in seen:
-                seen.add(i)
-                members.append(i)
-        if members:
-            out.append(sorted(members))
-    rest = [i for i in idx if i not in seen]
-    if rest:
-        out.append(rest)
-    return out
-
-
-def _make_allreduce_grads(
-    name: str,
-    compression: Any,
-    sparse_as_dense: bool,
-    op: int,
-    gradient_predivide_factor: float,
-    groups: Any,
-    process_set: ProcessSet,
-    scale_local_gradients: bool,
-    local_ids: set,
-) -> Callable[[Sequence[Any], Sequence[Any]], List[Any]]:
-    """Returns ``allreduce_grads(grads, variables)``: the gradients reduced
-    across the process set (None stays None). Gradients of variables registered
-    as local are not reduced (divided by the set's size when
-    scale_local_gradients)."""
-    if op == Average:
-        prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
-    else:
-        prescale = postscale = 1.0
-
-    def allreduce_grads(grads: Sequence[Any], variables: Sequence[Any]) -> List[Any]:
-        out = list(grads)
-        if sparse_as_dense:
-            out = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in out]
-        n = process_set.size() or 1
-        local = {i for i, v in enumerate(variables) if local_ids and any(k in local_ids for k in _var_ids(v))}
-        if scale_local_gradients and n > 1:
-            for i in local:
-                g = out[i]
-                if isinstance(g, tf.IndexedSlices):
-                    out[i] = tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
-                elif g is not None:
-                    out[i] = g / tf.cast(n, g.dtype)
-        if n == 1:
-            # Every reduction over one rank is the identity (the factors cancel).
-            return out
-        todo = [i for i, g in enumerate(out) if g is not None and i not in local]
-        sparse = [i for i in todo if isinstance(out[i], tf.IndexedSlices)]
-        dense = [i for i in todo if not isinstance(out[i], tf.IndexedSlices)]
-        with tf.name_scope(name + "_Allreduce"):
-            for i in sparse:
-                # Allgathered values and indices; Average divides by the set size.
-                out[i] = hvd.allreduce(out[i], op=op, process_set=process_set)
-            for group in _split_groups(groups, variables, dense):
-                reduced = hvd.grouped_allreduce(
-                    [out[i] for i in group],
-                    compression=compression,
-                    op=op,
-                    prescale_factor=prescale,
-                    postscale_factor=postscale,
-                    process_set=process_set,
-                )
-                for i, r in zip(group, reduced):
-                    out[i] = r
-        return out
-
-    return allreduce_grads
 
 
 class _State:
@@ -222,20 +118,6 @@ def _is_legacy_v2(cls: type) -> bool:
     return any(m.endswith(".OptimizerV2") for m in _mro_modules(cls))
 
 
-def _check_args(
-    op: int,
-    gradient_predivide_factor: float,
-    backward_passes_per_step: int,
-    average_aggregated_gradients: bool,
-) -> None:
-    if op == Adasum and average_aggregated_gradients:
-        raise ValueError("Adasum does not support average_aggregated_gradients == True")
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if backward_passes_per_step <= 0:
-        raise ValueError("backward_passes_per_step must be > 0")
-
-
 def distributed_optimizer_class(
     keras: Any,
     base: type,
@@ -256,7 +138,7 @@ def distributed_optimizer_class(
     ranks before applying them. It has ``base``'s name and module, so that
     ``isinstance``, ``get_config`` and saving keep working and a saved model
     loads without hvdd. Its constructor takes ``base``'s arguments."""
-    _check_args(op, gradient_predivide_factor, backward_passes_per_step, average_aggregated_gradients)
+    check_optimizer_args(op, gradient_predivide_factor, average_aggregated_gradients, 0, None, backward_passes_per_step)
     if getattr(base, "_HVDD_DISTRIBUTED", False):
         raise ValueError(f"{base.__name__} is already a DistributedOptimizer")
     keras3 = _is_keras3(base)
@@ -271,8 +153,8 @@ def distributed_optimizer_class(
             super().__init__(*args, **kwargs)
             self._hvdd_name = name or f"Distributed{base.__name__}"
             self._hvdd_state = _State(passes)
-            self._allreduce_grads = _make_allreduce_grads(
-                self._hvdd_name,
+            self._allreduce_grads = make_allreduce_grads_fn(
+                None,
                 compression,
                 sparse_as_dense,
                 op,
@@ -288,11 +170,12 @@ def distributed_optimizer_class(
             """Registers a source/variable as worker local. Horovod will not
             perform any global operations on gradients corresponding to these
             sources and will instead return the local gradient."""
-            self._hvdd_state.local_ids.update(_var_ids(var))
+            self._hvdd_state.local_ids.update(var_ids(var))
 
         def _allreduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> List[Any]:
             self._aggregated_gradients = True
-            return self._allreduce_grads(list(grads), list(variables))
+            with tf.name_scope(self._hvdd_name + "_Allreduce"):
+                return self._allreduce_grads(list(grads), list(variables))
 
         def _hvdd_skip_pass(self) -> Any:
             it = getattr(self, "_iterations", None)
@@ -444,20 +327,11 @@ def create_distributed_optimizer(
     module doc). The arguments are checked as Horovod's DistributedOptimizer
     checks them. The wrapped instance's state is not carried over (as in
     Horovod, the new optimizer is made from ``optimizer.get_config()``)."""
-    _check_args(op, gradient_predivide_factor, backward_passes_per_step, average_aggregated_gradients)
+    groups = check_optimizer_args(
+        op, gradient_predivide_factor, average_aggregated_gradients, num_groups, groups, backward_passes_per_step
+    )
     if op != Average and op != hvd.Sum:
         raise ValueError("op currently only supports Average and Sum")
-    if num_groups != 0:
-        warnings.warn(
-            "Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        if groups is None:
-            groups = num_groups
-    if groups is not None:
-        if not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
-            raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
     if getattr(type(optimizer), "_HVDD_DISTRIBUTED", False):
         raise ValueError("The optimizer is already a DistributedOptimizer")
     cls = distributed_optimizer_class(

@@ -20,7 +20,7 @@ from ..basics import Adasum, Average, ProcessSet, global_process_set
 from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt, HvddInternalError
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
-from .gradient_aggregation import LocalGradientAggregationHelper, check_optimizer_args, make_allreduce_grads_fn
+from .gradient_aggregation import LocalGradientAggregationHelper, check_optimizer_args, make_allreduce_grads_fn, var_ids
 from .mpi_ops import __all__ as _COLLECTIVES
 from .mpi_ops import (
     _executing_eagerly,
@@ -265,7 +265,9 @@ def DistributedOptimizer(
       scale_local_gradients:
         Whether to scale the gradients of local variables (Keras only).
     """
-    groups = check_optimizer_args(op, gradient_predivide_factor, average_aggregated_gradients, num_groups, groups)
+    groups = check_optimizer_args(
+        op, gradient_predivide_factor, average_aggregated_gradients, num_groups, groups, backward_passes_per_step
+    )
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         if op == Adasum:
             raise NotImplementedError(
@@ -343,6 +345,7 @@ class _DistributedGradientTape(tf.GradientTape):
     ) -> None:
         super(self.__class__, self).__init__(persistent, watch_accessed_variables)
         self._tape = tape
+        local_ids = {k for v in (local_sources or []) for k in var_ids(v)}
         self._allreduce_grads = make_allreduce_grads_fn(
             "DistributedGradientTape_Allreduce",
             compression,
@@ -351,10 +354,9 @@ class _DistributedGradientTape(tf.GradientTape):
             gradient_predivide_factor,
             groups,
             process_set,
+            scale_local_gradients,
+            local_ids,
         )
-        self._local_sources = {id(v) for v in (local_sources or [])}
-        self._scale_local_gradients = scale_local_gradients
-        self._process_set = process_set
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any) -> Any:
         """Computes the gradients as ``tf.GradientTape.gradient`` does, then
@@ -362,25 +364,7 @@ class _DistributedGradientTape(tf.GradientTape):
         local, scaled by 1/size when ``scale_local_gradients``)."""
         grads = super(self.__class__, self).gradient(target, sources, output_gradients, **kwargs)
         flat_sources = tf.nest.flatten(sources)
-        flat_grads = tf.nest.flatten(grads, expand_composites=False)
-        if not self._local_sources:
-            reduced = self._allreduce_grads(flat_grads, flat_sources)
-        else:
-            shared = [i for i, v in enumerate(flat_sources) if id(v) not in self._local_sources]
-            reduced = list(flat_grads)
-            for i, r in zip(
-                shared, self._allreduce_grads([flat_grads[i] for i in shared], [flat_sources[i] for i in shared])
-            ):
-                reduced[i] = r
-            if self._scale_local_gradients:
-                n = self._process_set.size() or 1
-                for i, v in enumerate(flat_sources):
-                    g = reduced[i]
-                    if id(v) in self._local_sources and g is not None:
-                        if isinstance(g, tf.IndexedSlices):
-                            reduced[i] = tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
-                        else:
-                            reduced[i] = g / tf.cast(n, g.dtype)
+        reduced = self._allreduce_grads(tf.nest.flatten(grads), flat_sources)
         return tf.nest.pack_sequence_as(grads, reduced)
 
 

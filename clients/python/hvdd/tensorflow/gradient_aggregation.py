@@ -12,7 +12,7 @@ them; IndexedSlices gradients are allgathered unless ``sparse_as_dense``.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -20,11 +20,22 @@ from ..basics import Adasum, Average, ProcessSet, global_process_set
 from .compression import Compression
 from .mpi_ops import _executing_eagerly, _grouped_allreduce, _sparse_allreduce
 
-__all__ = ["check_optimizer_args", "make_allreduce_grads_fn", "LocalGradientAggregationHelper"]
+__all__ = [
+    "check_optimizer_args",
+    "var_ids",
+    "split_groups",
+    "make_allreduce_grads_fn",
+    "LocalGradientAggregationHelper",
+]
 
 
 def check_optimizer_args(
-    op: int, gradient_predivide_factor: float, average_aggregated_gradients: bool, num_groups: int, groups: Any
+    op: int,
+    gradient_predivide_factor: float,
+    average_aggregated_gradients: bool,
+    num_groups: int,
+    groups: Any,
+    backward_passes_per_step: int = 1,
 ) -> Any:
     """Validates a DistributedOptimizer's arguments as Horovod does; returns the
     groups to use (``num_groups`` is the deprecated spelling of ``groups``)."""
@@ -32,6 +43,8 @@ def check_optimizer_args(
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum and average_aggregated_gradients:
         raise ValueError("Adasum does not support average_aggregated_gradients == True")
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
     if num_groups != 0:
         warnings.warn(
             "Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
@@ -46,30 +59,46 @@ def check_optimizer_args(
     return groups
 
 
-def _group_indices(groups: Any, variables: Sequence[Any], dense: Sequence[int]) -> Optional[List[List[int]]]:
-    """Splits the dense gradients' positions into allreduce groups: None (one
-    group), N (N nearly equal groups, in order) or lists of variables (each
-    list a group; the other variables one more group)."""
+def var_ids(v: Any) -> List[int]:
+    """Identities under which a variable may be seen: itself and, for a Keras 3
+    variable, the tf.Variable it wraps."""
+    ids = [id(v)]
+    inner = getattr(v, "value", None)
+    if isinstance(inner, tf.Variable) and inner is not v:
+        ids.append(id(inner))
+    return ids
+
+
+def split_groups(groups: Any, variables: Sequence[Any], idx: Sequence[int]) -> List[List[int]]:
+    """The positions idx (dense gradients to reduce) split into allreduce
+    groups: one group when groups is None; N contiguous, nearly equal groups
+    when it is an int; else one group per list of variables, plus one for the
+    variables no list names."""
+    idx = list(idx)
+    if not idx:
+        return []
     if groups is None:
-        return None
+        return [idx]
     if isinstance(groups, int):
-        n = min(groups, len(dense)) or 1
-        k, r = divmod(len(dense), n)
-        out, start = [], 0
-        for i in range(n):
-            size = k + (1 if i < r else 0)
-            out.append(list(dense[start : start + size]))
-            start += size
-        return out
-    where = {id(v): i for i, v in enumerate(variables)}
-    dense_set = set(dense)
-    out, seen = [], set()
-    for g in groups:
-        idx = [where[id(v)] for v in g if id(v) in where and where[id(v)] in dense_set]
-        seen.update(idx)
-        if idx:
-            out.append(idx)
-    rest = [i for i in dense if i not in seen]
+        n = max(1, min(groups, len(idx)))
+        k, m = divmod(len(idx), n)
+        return [idx[i * k + min(i, m) : (i + 1) * k + min(i + 1, m)] for i in range(n)]
+    where: Dict[int, int] = {}
+    for i in idx:
+        for key in var_ids(variables[i]):
+            where.setdefault(key, i)
+    out: List[List[int]] = []
+    seen: set = set()
+    for group in groups:
+        members = []
+        for v in group:
+            i = next((where[k] for k in var_ids(v) if k in where), None)
+            if i is not None and i not in seen:
+                seen.add(i)
+                members.append(i)
+        if members:
+            out.append(sorted(members))
+    rest = [i for i in idx if i not in seen]
     if rest:
         out.append(rest)
     return out
@@ -83,9 +112,14 @@ def make_allreduce_grads_fn(
     gradient_predivide_factor: float = 1.0,
     groups: Any = None,
     process_set: ProcessSet = global_process_set,
+    scale_local_gradients: bool = True,
+    local_ids: Optional[set] = None,
 ) -> Callable[[Sequence[Any], Sequence[Any]], List[Any]]:
     """Returns ``allreduce_grads(grads, variables)``: the gradients reduced
-    across ranks (None stays None), the dense ones in one node."""
+    across ranks (None stays None), the dense ones in one node (one grouped
+    allreduce per group). Gradients of variables whose identity is in
+    ``local_ids`` (a set the caller may grow later) are not reduced, and are
+    divided by the set's size when ``scale_local_gradients``."""
     if op == Average:
         # The daemon divides by the set's size for Average; the predivide factor
         # splits that division around the sum.
@@ -94,21 +128,35 @@ def make_allreduce_grads_fn(
         prescale = postscale = 1.0
 
     def allreduce_grads(grads: Sequence[Any], variables: Sequence[Any]) -> List[Any]:
-        grads = list(grads)
+        out = list(grads)
         if sparse_as_dense:
-            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-        out: List[Any] = [None] * len(grads)
-        dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
-        for i, g in enumerate(grads):
-            if isinstance(g, tf.IndexedSlices):
-                out[i] = _sparse_allreduce(g, None if name is None else f"{name}.{i}", op, False, process_set)
+            out = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in out]
+        n = process_set.size() or 1
+        local = set()
+        if local_ids:
+            local = {i for i, v in enumerate(variables) if any(k in local_ids for k in var_ids(v))}
+        if scale_local_gradients and n > 1:
+            for i in local:
+                g = out[i]
+                if isinstance(g, tf.IndexedSlices):
+                    out[i] = tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                elif g is not None:
+                    out[i] = g / tf.cast(n, g.dtype)
+        if n == 1:
+            # Every reduction over one rank is the identity (the factors cancel).
+            return out
+        todo = [i for i, g in enumerate(out) if g is not None and i not in local]
+        dense = [i for i in todo if not isinstance(out[i], tf.IndexedSlices)]
+        for i in todo:
+            if isinstance(out[i], tf.IndexedSlices):
+                out[i] = _sparse_allreduce(out[i], None if name is None else f"{name}.{i}", op, False, process_set)
         if dense:
-            compressed, ctxs = zip(*[compression.compress(grads[i]) for i in dense])
-            idx = _group_indices(groups, variables, dense)
-            if idx is not None:
-                pos = {j: k for k, j in enumerate(dense)}
-                idx = [[pos[j] for j in g] for g in idx]
-            reduced = _grouped_allreduce(list(compressed), name, op, prescale, postscale, False, process_set, idx)
+            compressed, ctxs = zip(*[compression.compress(out[i]) for i in dense])
+            pos = {j: k for k, j in enumerate(dense)}
+            idx = [[pos[j] for j in g] for g in split_groups(groups, variables, dense)]
+            reduced = _grouped_allreduce(
+                list(compressed), name, op, prescale, postscale, False, process_set, idx if len(idx) > 1 else None
+            )
             for i, r, ctx in zip(dense, reduced, ctxs):
                 out[i] = compression.decompress(r, ctx)
         return out
