@@ -27,24 +27,11 @@ say() { printf '[horovod-setup] %s\n' "$*"; }
 die() { printf '[horovod-setup] FAILED: %s\n' "$*" >&2; exit 1; }
 
 # 1. System prerequisites.
-need_pkgs=()
-command -v cmake >/dev/null || need_pkgs+=(cmake)
-command -v g++ >/dev/null || need_pkgs+=(g++)
-command -v make >/dev/null || need_pkgs+=(make)
-[ -x "$PY" ] || need_pkgs+=(python3)
-"$PY" -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
-[ -n "$("$PY" -c 'import sysconfig; import os; print(os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) or "")' 2>/dev/null)" ] \
-  || need_pkgs+=(python3-dev)
-"$PY" -c 'import torch' 2>/dev/null || need_pkgs+=(python3-torch)
-if [ ${#need_pkgs[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "installing ${need_pkgs[*]} with apt-get"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" \
-      || die "apt-get install ${need_pkgs[*]} failed"
-  else
-    die "missing ${need_pkgs[*]}: install them (apt-get install -y ${need_pkgs[*]}) and rerun"
-  fi
-fi
+. "$REPO/bench/horovod/common.sh"
+extra=()
+command -v cmake >/dev/null || extra+=(cmake)
+"$PY" -c 'import torch' 2>/dev/null || extra+=(python3-torch)
+ensure_build_prereqs "${extra[@]}"
 
 # 2. The virtualenv, seeing Debian's torch through the system site-packages.
 if [ ! -x "$VENV/bin/python" ]; then

@@ -32,22 +32,8 @@ say() { printf '[horovod-tf-setup] %s\n' "$*"; }
 die() { printf '[horovod-tf-setup] FAILED: %s\n' "$*" >&2; exit 1; }
 
 # 1. System prerequisites.
-need_pkgs=()
-command -v g++ >/dev/null || need_pkgs+=(g++)
-command -v make >/dev/null || need_pkgs+=(make)
-[ -x "$PY" ] || need_pkgs+=(python3)
-"$PY" -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
-[ -n "$("$PY" -c 'import sysconfig; import os; print(os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) or "")' 2>/dev/null)" ] \
-  || need_pkgs+=(python3-dev)
-if [ ${#need_pkgs[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "installing ${need_pkgs[*]} with apt-get"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" \
-      || die "apt-get install ${need_pkgs[*]} failed"
-  else
-    die "missing ${need_pkgs[*]}: install them (apt-get install -y ${need_pkgs[*]}) and rerun"
-  fi
-fi
+. "$REPO/bench/horovod/common.sh"
+ensure_build_prereqs
 
 # 2. The virtualenv (isolated), with TensorFlow and the build dependencies.
 if [ ! -x "$VENV/bin/python" ]; then
