@@ -202,16 +202,14 @@ def submit_allreduce(
     result is ``out`` with the result copied into its bytes (an array of a's
     bytes, e.g. a view of the caller's tensor), else a new array of a's dtype
     and shape, passed through ``convert`` when given."""
-    flat = _bytes(a)
-    region, off, nbytes = _stage(c, flat)
-    h = c.submit(
+    return _submit_in_arena(
+        c,
         pb.OP_ALLREDUCE,
+        a,
         name,
-        wire_dtype(a.dtype) if wire is None else wire,
-        a.shape,
-        region,
-        off,
-        nbytes,
+        out,
+        wire,
+        convert,
         reduce_op=op,
         prescale=float(prescale),
         postscale=float(postscale),
@@ -219,20 +217,40 @@ def submit_allreduce(
         group=group,
         group_size=group_size,
     )
-    _finish_in_arena(h, a.dtype, a.shape, nbytes, out, convert)
-    return h
 
 
-def _finish_in_arena(
-    h: Handle,
-    dtype: Any,
-    shape: Sequence[int],
-    nbytes: int,
+def submit_broadcast(
+    c: Client,
+    a: np.ndarray,
+    name: str,
+    root_rank: int,
+    ps: int = 0,
+    out: Optional[np.ndarray] = None,
+    wire: Optional[int] = None,
+    convert: Optional[Callable[[np.ndarray], Any]] = None,
+) -> Handle:
+    """Sends a broadcast of a from the global rank root_rank; the result is as
+    :func:`submit_allreduce`'s."""
+    return _submit_in_arena(c, pb.OP_BROADCAST, a, name, out, wire, convert, root_rank=int(root_rank), process_set=ps)
+
+
+def _submit_in_arena(
+    c: Client,
+    kind: int,
+    a: np.ndarray,
+    name: str,
     out: Optional[np.ndarray],
+    wire: Optional[int],
     convert: Optional[Callable[[np.ndarray], Any]],
-) -> None:
-    """Makes h's result the nbytes staged at its arena offset: copied into
-    out's bytes, or into a new array of dtype and shape."""
+    **kw: Any,
+) -> Handle:
+    """Stages a and sends a collective whose result the daemon writes over the
+    staged bytes (allreduce, broadcast). The handle's result is those bytes
+    copied into out's bytes, or into a new array of a's dtype and shape,
+    passed through convert."""
+    region, off, nbytes = _stage(c, _bytes(a))
+    h = c.submit(kind, name, wire_dtype(a.dtype) if wire is None else wire, a.shape, region, off, nbytes, **kw)
+    dtype, shape = a.dtype, a.shape
     if out is not None:
         out_flat = out.reshape(-1).view(np.uint8)
 
@@ -251,34 +269,6 @@ def _finish_in_arena(
             return convert(r) if convert is not None else r
 
     h.finish = finish
-
-
-def submit_broadcast(
-    c: Client,
-    a: np.ndarray,
-    name: str,
-    root_rank: int,
-    ps: int = 0,
-    out: Optional[np.ndarray] = None,
-    wire: Optional[int] = None,
-    convert: Optional[Callable[[np.ndarray], Any]] = None,
-) -> Handle:
-    """Sends a broadcast of a from the global rank root_rank; the result is as
-    :func:`submit_allreduce`'s."""
-    flat = _bytes(a)
-    region, off, nbytes = _stage(c, flat)
-    h = c.submit(
-        pb.OP_BROADCAST,
-        name,
-        wire_dtype(a.dtype) if wire is None else wire,
-        a.shape,
-        region,
-        off,
-        nbytes,
-        root_rank=int(root_rank),
-        process_set=ps,
-    )
-    _finish_in_arena(h, a.dtype, a.shape, nbytes, out, convert)
     return h
 
 

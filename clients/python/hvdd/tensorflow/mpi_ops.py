@@ -139,12 +139,12 @@ def _watched(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         if _watchdog is None:
             _watchdog = threading.Thread(target=_watch, name="hvdd-graph-watchdog", daemon=True)
             _watchdog.start()
-        key = object()
-        _waiting[id(key)] = [time.monotonic(), name, False]
+        entry = [time.monotonic(), name, False]
+        _waiting[id(entry)] = entry
         try:
             return fn(*arrays)
         finally:
-            _waiting.pop(id(key), None)
+            del _waiting[id(entry)]
 
     return run
 
@@ -792,18 +792,13 @@ def join() -> tf.Tensor:
 
 def barrier(process_set: ProcessSet = global_process_set) -> Any:
     """An op which blocks until every rank of the process set reaches it."""
-    ps = process_set
-
-    def fn() -> np.ndarray:
-        _ops.barrier(ps)
-        return np.int32(0)
-
-    out = _scalar_op(fn, "HorovodBarrier")
+    out = _scalar_op(lambda: _ops.barrier(process_set) or 0, "HorovodBarrier")
     return None if _executing_eagerly() else out.op
 
 
 def _scalar_op(value: Callable[[], Any], name: str) -> tf.Tensor:
-    """An int32 scalar computed when the op runs (now, in eager mode)."""
+    """An int32 scalar computed when the op runs (now, in eager mode): join,
+    barrier and the ``*_op`` queries."""
 
     def fn() -> np.ndarray:
         return np.int32(value())
@@ -811,7 +806,7 @@ def _scalar_op(value: Callable[[], Any], name: str) -> tf.Tensor:
     if _executing_eagerly():
         return tf.constant(fn(), dtype=tf.int32)
     _check_not_xla()
-    out = tf.numpy_function(fn, [], tf.int32, stateful=True, name=name)
+    out = tf.numpy_function(_watched(fn, name), [], tf.int32, stateful=True, name=name)
     out.set_shape([])
     return out
 
@@ -819,31 +814,37 @@ def _scalar_op(value: Callable[[], Any], name: str) -> tf.Tensor:
 def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
     """An op that returns the number of Horovod processes (of the process
     set), evaluated when it runs rather than when the graph is built."""
-    return _info_op(lambda: _basics.size() if process_set_id == 0 else _set_by_id(process_set_id).size(), name)
+    return _scalar_op(
+        lambda: _basics.size() if process_set_id == 0 else _set_by_id(process_set_id).size(), name or "HorovodInfo"
+    )
 
 
 def local_size_op(name: Optional[str] = None) -> tf.Tensor:
     """An op that returns the number of Horovod processes within the node the
     current process is running on."""
-    return _info_op(_basics.local_size, name)
+    return _scalar_op(_basics.local_size, name or "HorovodInfo")
 
 
 def rank_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
     """An op that returns the Horovod rank of the calling process (within the
     process set)."""
-    return _info_op(lambda: _basics.rank() if process_set_id == 0 else _set_by_id(process_set_id).rank(), name)
+    return _scalar_op(
+        lambda: _basics.rank() if process_set_id == 0 else _set_by_id(process_set_id).rank(), name or "HorovodInfo"
+    )
 
 
 def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
     """An op that returns the local Horovod rank of the calling process, within
     the node that it is running on."""
-    return _info_op(_basics.local_rank, name)
+    return _scalar_op(_basics.local_rank, name or "HorovodInfo")
 
 
 def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
     """An op that returns 1 if the calling process is in the process set, else
     0."""
-    return _info_op(lambda: 1 if process_set_id == 0 else int(bool(_set_by_id(process_set_id).included())), name)
+    return _scalar_op(
+        lambda: 1 if process_set_id == 0 else int(bool(_set_by_id(process_set_id).included())), name or "HorovodInfo"
+    )
 
 
 def _set_by_id(process_set_id: int) -> ProcessSet:
@@ -851,15 +852,3 @@ def _set_by_id(process_set_id: int) -> ProcessSet:
         if ps.process_set_id == process_set_id:
             return ps
     raise ValueError(f"Process set {process_set_id} does not exist, or has not been registered.")
-
-
-def _info_op(value: Callable[[], int], name: Optional[str]) -> tf.Tensor:
-    def fn() -> np.ndarray:
-        return np.int32(value())
-
-    if _executing_eagerly():
-        return tf.constant(fn(), dtype=tf.int32)
-    _check_not_xla()
-    out = tf.numpy_function(fn, [], tf.int32, stateful=True, name=name or "HorovodInfo")
-    out.set_shape([])
-    return out
