@@ -483,6 +483,21 @@ def errors() -> None:
                 raise
         else:
             raise AssertionError("no ValueError for a collective under jit_compile=True")
+    # DistributedOptimizer's argument checks, before anything is built.
+    sgd = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    for bad, exc, what in (
+        (lambda: hvd.DistributedOptimizer(object()), ValueError, "not an optimizer"),
+        (lambda: hvd.DistributedOptimizer(sgd, op=hvd.Adasum), NotImplementedError, "Adasum"),
+        (lambda: hvd.DistributedOptimizer(sgd, op=hvd.Sum, gradient_predivide_factor=2.0), ValueError, "predivide"),
+        (lambda: hvd.DistributedOptimizer(sgd, backward_passes_per_step=0), ValueError, "no passes"),
+        (lambda: hvd.DistributedGradientTape(tf.GradientTape(), groups=-1), ValueError, "negative groups"),
+    ):
+        try:
+            bad()
+        except exc:
+            pass
+        else:
+            raise AssertionError(f"DistributedOptimizer with {what}: no {exc.__name__}")
     # The job still works.
     got = run(lambda: {"x": hvd.allreduce(tf.ones([2]) * (r + 1), op=hvd.Sum, name="after")})
     check(got["x"], np.full(2, n * (n + 1) / 2), "allreduce after errors")
