@@ -83,8 +83,18 @@ def tf_worker(n: int, warmup: int) -> None:
         hvd.allreduce(t, name="bench", op=hvd.Sum)
         if i >= warmup:
             lat.append((time.perf_counter() - t0) * 1e6)
+    # A variable: one read more.
+    v = tf.Variable(t)
+    lat_v = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        hvd.allreduce(v, name="bench_var", op=hvd.Sum)
+        lat_v.append((time.perf_counter() - t0) * 1e6)
     if hvd.rank() == 0:
-        sys.stdout.write(f"tensorflow median_us={statistics.median(lat):.1f} (eager allreduce) n={n}\n")
+        sys.stdout.write(
+            f"tensorflow median_us={statistics.median(lat):.1f} (eager allreduce) "
+            f"{statistics.median(lat_v):.1f} (of a tf.Variable) n={n}\n"
+        )
     hvd.shutdown()
 
 

@@ -89,10 +89,19 @@ _groups = itertools.count(1)
 def wire_dtype(dtype: Any) -> int:
     """The wire dtype of a numpy dtype; ValueError for one the daemon does not
     reduce (as Horovod's ``Tensor type ... is not supported``)."""
-    w = _WIRE.get(np.dtype(dtype).name)
+    w = _wire_cache.get(dtype)
     if w is None:
-        raise ValueError(f"Tensor type {np.dtype(dtype).name} is not supported.")
+        w = _WIRE.get(np.dtype(dtype).name)
+        if w is None:
+            raise ValueError(f"Tensor type {np.dtype(dtype).name} is not supported.")
+        if isinstance(dtype, np.dtype):
+            _wire_cache[dtype] = w
     return w
+
+
+# numpy dtype -> wire dtype, for the dtypes seen (the name lookup costs more
+# than a small collective's other client work).
+_wire_cache: dict = {}
 
 
 def reduce_op(op: Any) -> int:
@@ -248,8 +257,10 @@ def _submit_in_arena(
     staged bytes (allreduce, broadcast). The handle's result is those bytes
     copied into out's bytes, or into a new array of a's dtype and shape,
     passed through convert."""
+    if wire is None:
+        wire = wire_dtype(a.dtype)  # before staging: an unsupported dtype stages nothing
     region, off, nbytes = _stage(c, _bytes(a))
-    h = c.submit(kind, name, wire_dtype(a.dtype) if wire is None else wire, a.shape, region, off, nbytes, **kw)
+    h = c.submit(kind, name, wire, a.shape, region, off, nbytes, **kw)
     dtype, shape = a.dtype, a.shape
     if out is not None:
         out_flat = out.reshape(-1).view(np.uint8)
@@ -288,10 +299,10 @@ def submit_output(
     alltoall, reducescatter; ``kw`` carries splits, reduce_op, scales, group).
     The result is a new array (converted), or (array, received splits as
     int32) when with_splits."""
+    if wire is None:
+        wire = wire_dtype(a.dtype)
     region, off, nbytes = _stage(c, _bytes(a))
-    h = c.submit(
-        kind, name, wire_dtype(a.dtype) if wire is None else wire, a.shape, region, off, nbytes, process_set=ps, **kw
-    )
+    h = c.submit(kind, name, wire, a.shape, region, off, nbytes, process_set=ps, **kw)
     dtype = a.dtype
     rest = tuple(a.shape[1:])
 

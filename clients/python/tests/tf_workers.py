@@ -237,6 +237,15 @@ def ops() -> None:
         hvd.broadcast_(v, root_rank=n - 1)
         hvd.broadcast_variables([w], root_rank=0)
         vv, wv = v.numpy(), w.numpy()
+        # Eagerly, a plain tensor takes allreduce's fast path and a variable
+        # the general one: both give a tensor of the value, on the device
+        # the call runs on.
+        for what, x in (("tensor", tf.constant([1.0, float(r)])), ("variable", tf.Variable([1.0, float(r)]))):
+            with tf.device("/CPU:0"):
+                y = hvd.allreduce(x, op=hvd.Sum, name=f"eager/{what}")
+            if not isinstance(y, tf.Tensor) or "CPU:0" not in y.device:
+                raise AssertionError(f"eager allreduce of a {what}: {type(y)} on {getattr(y, 'device', None)}")
+            check(y.numpy(), np.array([n, n * (n - 1) / 2]), f"eager allreduce of a {what}")
         hvd.barrier()
         last = hvd.join().numpy()
     check(vv, np.full(3, n - 1.0), f"{MODE} broadcast_")

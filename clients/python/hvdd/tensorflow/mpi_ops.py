@@ -42,6 +42,15 @@ from .._proto import hvdd_pb2 as pb
 from ..basics import Adasum, Average, ProcessSet, Sum, global_process_set
 from .compression import Compression
 
+try:
+    from tensorflow.python.eager.context import context as _context
+    from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
+except ImportError:  # pragma: no cover - a TensorFlow without these: no fast path
+
+    class _EagerTensor:  # type: ignore[no-redef]
+        pass
+
+
 __all__ = [
     "allreduce",
     "grouped_allreduce",
@@ -302,6 +311,44 @@ def _grouped_allreduce(
     return list(_differentiable(forward, grad, xs))
 
 
+def _eager_allreduce(
+    tensor: Any,
+    value: np.ndarray,
+    name: Optional[str],
+    op: int,
+    prescale: float,
+    postscale: float,
+    process_set: ProcessSet,
+) -> tf.Tensor:
+    """allreduce's path for the commonest eager call (a tensor or variable
+    whose value is ``value``, no compression, no tape recording): the same
+    collective as
+    :func:`_grouped_allreduce` without the TensorFlow conversions around it,
+    which cost more than a small collective itself."""
+    op = _ops.reduce_op(op)
+    _check_dtype(tensor.dtype)
+    c = _basics.client()
+    h = _ops.submit_allreduce(
+        c,
+        value,
+        _ops.collective_name("allreduce", name, _ops.next_handle()),
+        op,
+        float(prescale),
+        float(postscale),
+        _basics.process_set_id(process_set),
+        convert=_to_eager,
+    )
+    return c.complete(h)
+
+
+def _to_eager(a: np.ndarray) -> tf.Tensor:
+    """A new eager tensor of a, on the current device (what
+    tf.convert_to_tensor makes, without its dispatch)."""
+    ctx = _context()
+    ctx.ensure_initialized()
+    return _EagerTensor(a, ctx.device_name, None)
+
+
 def _sparse_allreduce(
     tensor: tf.IndexedSlices, name: Optional[str], op: int, ignore_name_scope: bool, process_set: ProcessSet
 ) -> tf.IndexedSlices:
@@ -381,6 +428,13 @@ def allreduce(
         processes.
     """
     op = handle_average_backwards_compatibility(op, average)
+    if compression is Compression.none and not _could_record():
+        if type(tensor) is _EagerTensor:
+            return _eager_allreduce(tensor, tensor._numpy(), name, op, prescale_factor, postscale_factor, process_set)
+        if isinstance(tensor, tf.Variable) and _executing_eagerly():
+            return _eager_allreduce(
+                tensor, tensor.value()._numpy(), name, op, prescale_factor, postscale_factor, process_set
+            )
     if isinstance(tensor, tf.IndexedSlices):
         if prescale_factor != 1.0 or postscale_factor != 1.0:
             raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
