@@ -4,26 +4,42 @@
 //
 // # The loop
 //
-// One goroutine, run by Serve, owns all job state. Everything else talks to it
-// through events:
+// One goroutine, run by Serve, owns all job state and reads every client:
 //
-//	client reader goroutines  --hello/enqueue/closed-->  loop
+//	accept goroutine  --new connection-->  loop
+//	clients  --frames on the socket or the shared-memory ring-->  loop
 //	loop  --batch of plan responses-->  executor goroutine
 //	executor  --idle-->  loop
 //
-// A reader decodes its connection's frames, maps the client's regions and checks
-// every buffer against them before the loop sees a request, so a malformed or
-// hostile client costs only its own connection. The loop submits requests to the
-// pure negotiation core (package plan), and whenever the executor is idle drains
-// what plan reports ready (validated, grouped and fused) into one batch. While
-// the executor works, newly ready tensors accumulate, so a busy daemon fuses
-// more. Nothing runs on a timer while no tensor is pending: an idle daemon
-// sleeps in epoll and uses no CPU.
+// The loop waits in one epoll set for the clients' sockets, its own event
+// descriptor (messages other goroutines post) and, across nodes, the job's
+// control links; after activity it keeps polling the clients' shared-memory
+// rings for a short spin before it sleeps again. It decodes a client's
+// frames, maps the client's regions and checks every buffer against them
+// before a request goes further, so a malformed or hostile client costs only
+// its own connection. Whenever the executor is idle it drains what is ready
+// (validated, grouped and fused) into one batch; small batches run in the
+// loop itself. While the executor works, newly ready tensors accumulate, so a
+// busy daemon fuses more. Nothing runs on a timer while no tensor is pending:
+// an idle daemon sleeps in epoll and uses no CPU.
+//
+// # Two seams
+//
+// What differs between one node and several sits behind two interfaces
+// (coordination.go). A formation forms a job once its local clients are
+// there: oneNode at once, multiNode (multinode.go) with the other nodes'
+// daemons through the coordinator on node 0. A coordination negotiates a
+// formed job's tensors: localCoord submits them to a plan.Table; multiCoord
+// (multinode_job.go) forwards them to the coordinator's table and runs the
+// plans it sends, in order, on every node. Both share the job's membership
+// (every node's slot count, this node, an epoch) and reach the loop only
+// through loopHooks.
 //
 // The executor reduces, copies or scatters directly between the clients'
 // shared-memory buffers (in place for allreduce and broadcast; into
-// daemon-owned output regions for allgather, alltoall and reducescatter), then
-// answers each client with a Done frame.
+// daemon-owned output regions for allgather, alltoall and reducescatter),
+// with the job's cross-node engine in between on several nodes
+// (exec_multinode.go), then answers each client with a Done frame.
 //
 // # Failure
 //

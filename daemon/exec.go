@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 
+	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/reduce"
@@ -17,6 +18,7 @@ import (
 type work struct {
 	resp plan.Response
 	j    *job
+	b    backends.Backend // the job's cross-node engine; nil on one node
 	size int
 	ops  [][]*op
 }
@@ -53,7 +55,7 @@ func (x *executor) run() {
 }
 
 func (x *executor) execute(w work) {
-	if w.j != nil && w.j.backend != nil {
+	if w.b != nil {
 		x.executeMulti(w)
 		return
 	}

@@ -11,7 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hvdd/hvdd/backends"
-	"github.com/hvdd/hvdd/cluster/clusterpb"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -33,79 +32,11 @@ type (
 	msgStall    struct{}            // the stall timer fired
 	msgCycle    struct{}            // the cycle timer fired
 	msgQuit     struct{}            // Close was called
-)
-
-// op is one client request in flight.
-type op struct {
-	c         *client
-	id        uint32 // frame id: the handle the Done answers
-	typ       tensor.OpType
-	name      string
-	group     uint64
-	groupSize int
-	req       plan.Request
-	reg       *region // holds a reference while the op is in flight
-	buf       []byte  // the input (and in-place output) bytes
-}
-
-func (o *op) release() {
-	if o.reg != nil {
-		o.reg.unref()
-		o.reg = nil
-		o.buf = nil
+	msgExecErr  struct {            // a collective across nodes failed: the job fails
+		j   *job
+		err error
 	}
-}
-
-// finish answers the op and drops its buffer.
-func (o *op) finish(d *ipcpb.Done) {
-	o.c.reply(o.id, d)
-	o.release()
-}
-
-type opKey struct {
-	rank int
-	set  int32
-	name string
-}
-
-// job is the set of local clients that negotiate together.
-type job struct {
-	id       uint64
-	slots    []*client // by local rank; nil while free
-	joined   int       // slots taken
-	open     int       // connections of the job still open
-	formed   bool
-	table    *plan.Table
-	pending  map[opKey]*op
-	failed   *ipcpb.Done     // non-nil once the job failed: every op answers with it
-	barriers map[int32][]int // per process set, per global rank: barriers submitted so far
-	psq      [][]psReq       // per local rank: set requests waiting for the others
-	sets     map[int32][]int // registered process sets other than 0: members
-	nextSet  int32           // the last process set id given out
-	// globalRows maps the executor's row index for the global set (the
-	// global rank) to the local rank there, or -1 for another node's.
-	globalRows []int
-
-	// The job across nodes; on one node nodeSlots is [slots], offset 0.
-	nodeSlots []int            // slot count of every node
-	node      int              // our node rank
-	offset    int              // global rank of our local rank 0
-	size      int              // global size
-	backend   backends.Backend // cross-node engine; nil on one node
-	mn        *multiJob        // multi-node negotiation state; nil on one node
-
-	stats jobStats // what the job ran, logged when it ends
-}
-
-// jobStats counts what a job ran, to show fusion at work: a training step
-// whose gradients were fused runs as one batch of one response per dtype,
-// however many tensors it had.
-type jobStats struct {
-	batches   int64 // batches run (each: what was ready together)
-	responses int64 // fused responses run (each: one collective on one buffer)
-	tensors   int64 // tensors in them
-	bytes     int64 // their bytes
-}
+)
 
 // loop owns the daemon's job state and every client's read side; only its
 // goroutine touches them.
@@ -123,9 +54,9 @@ type loop struct {
 	execBusy bool
 	dead     []*client // closed clients whose outputs wait for an idle executor
 
-	cl    *clusterNode // the multi-node side; nil on a single node
-	again []*client    // clients with frames left over from the last pass
-	chans []*client    // clients with a shared-memory channel
+	nodes formation // how jobs form: on this node alone, or across nodes
+	again []*client // clients with frames left over from the last pass
+	chans []*client // clients with a shared-memory channel
 
 	stall        *time.Timer
 	cycle        *time.Timer
@@ -138,11 +69,13 @@ func newLoop(s *Server, p *poller) (*loop, error) {
 	l := &loop{s: s, cfg: s.cfg, p: p, epoch: time.Now(), clients: make(map[int]*client)}
 	l.x = newExecutor(s, p)
 	if s.cfg.Nodes > 1 {
-		cl, err := newClusterNode(l)
+		mn, err := newMultiNode(l, p, s.cfg, s.log)
 		if err != nil {
 			return nil, err
 		}
-		l.cl = cl
+		l.nodes = mn
+	} else {
+		l.nodes = &oneNode{hooks: l, fusionThreshold: s.cfg.FusionThreshold}
 	}
 	return l, nil
 }
@@ -218,9 +151,7 @@ func (l *loop) run() {
 			}
 			c := l.clients[fd]
 			if c == nil {
-				if w := l.cl.linkOn(fd); w != nil {
-					l.cl.readLink(w, false)
-				}
+				l.nodes.readable(fd)
 				continue
 			}
 			l.serveClient(c, ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0, true)
@@ -253,12 +184,13 @@ func (l *loop) run() {
 				}
 			}
 		}
-		if l.cl != nil {
-			l.cl.flush(l.job)
+		j := l.job
+		if j != nil && j.coord != nil {
+			j.coord.flush()
 		}
 		l.dispatch()
-		if l.cl != nil {
-			l.cl.expect(l.job)
+		if j := l.job; j != nil && j.coord != nil {
+			j.coord.expect(len(j.pending) > 0)
 		}
 		l.armStallTimer()
 		if l.cfg.Spin > 0 {
@@ -336,17 +268,13 @@ func (l *loop) message(m any) {
 		l.cycle = nil
 	case msgQuit:
 		l.quit = true
-	case msgJoin:
-		l.cl.join(m.nj)
-	case msgLayout:
-		l.cl.layout(m)
-	case msgBackendUp:
-		l.cl.backendUp(m)
-	case msgLinkCheck:
-		l.cl.checkLinks()
 	case msgExecErr:
 		if m.j == l.job && m.j.failed == nil {
 			l.abort(m.j, ipcpb.Code_CODE_ABORTED, m.err.Error(), true)
+		}
+	default:
+		if !l.nodes.message(m) {
+			l.s.log.Error("unknown message to the loop", "type", fmt.Sprintf("%T", m))
 		}
 	}
 }
@@ -411,9 +339,7 @@ func (l *loop) shutdown() {
 	if l.cycle != nil {
 		l.cycle.Stop()
 	}
-	if l.cl != nil {
-		l.cl.close()
-	}
+	l.nodes.close()
 	l.p.close()
 }
 
@@ -459,83 +385,45 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 	if j.joined < len(j.slots) {
 		return
 	}
-	if l.cl != nil {
-		// Every local client is here: now the nodes form the job together.
-		l.cl.localComplete(j)
-		return
-	}
-	l.start(j, []int{len(j.slots)}, 0, nil)
+	// Every local client is here: the job forms, alone or with the other
+	// nodes.
+	l.nodes.complete(j)
 }
 
-// start begins a formed job: slots lists every node's slot count, node is
-// ours, b the cross-node engine (nil on one node). It sends every local client
-// its Welcome.
-func (l *loop) start(j *job, slots []int, node int, b backends.Backend) {
-	j.nodeSlots, j.node, j.backend = slots, node, b
-	j.size = 0
-	for i, n := range slots {
-		if i < node {
-			j.offset += n
-		}
-		j.size += n
-	}
-	if (j.backend == nil || node == 0) && j.table == nil {
-		t, err := plan.New(plan.Config{Size: j.size, FusionThreshold: l.cfg.FusionThreshold})
-		if err != nil {
-			l.fail(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("cannot start the job: %v", err))
-			return
-		}
-		j.table = t
-	}
+// start begins a formed job (loopHooks): it sends every local client its
+// Welcome.
+func (l *loop) start(j *job, m membership, c coordination) {
+	j.members, j.coord = m, c
 	j.formed = true
-	j.globalRows = make([]int, j.size)
+	j.globalRows = make([]int, m.size)
 	for i := range j.globalRows {
 		j.globalRows[i] = -1
 	}
 	for lr := range j.slots {
-		j.globalRows[j.offset+lr] = j.offset + lr
+		j.globalRows[m.offset+lr] = m.offset + lr
 	}
-	j.barriers = map[int32][]int{0: make([]int, j.size)}
-	homog := true
-	for _, n := range slots {
-		homog = homog && n == slots[0]
-	}
+	j.barriers = map[int32][]int{0: make([]int, m.size)}
 	backendNames := []string{"shm"}
-	if b != nil {
+	if b := c.engine(); b != nil {
 		backendNames = append(backendNames, b.Name())
 	}
-	l.s.log.Info("job formed", "job", j.id, "size", j.size, "node", node, "nodes", len(slots), "pids", j.pids())
-	for _, c := range j.slots {
-		c.rank = j.offset + c.localRank
-		// cross_rank/cross_size: among the nodes that have a process with
-		// this local rank (Horovod's meaning).
-		crossRank, crossSize := 0, 0
-		for i, n := range slots {
-			if n > c.localRank {
-				if i < node {
-					crossRank++
-				}
-				crossSize++
-			}
-		}
-		c.sendSocket(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Welcome{Welcome: &ipcpb.Welcome{
-			Version: ipc.Version, Rank: int32(c.rank), Size: int32(j.size),
-			LocalRank: int32(c.localRank), LocalSize: int32(len(j.slots)),
+	l.s.log.Info("job formed", "job", j.id, "size", m.size, "node", m.node, "nodes", m.nodes(), "pids", j.pids())
+	homog := m.homogeneous()
+	for _, cl := range j.slots {
+		cl.rank = m.offset + cl.localRank
+		crossRank, crossSize := m.cross(cl.localRank)
+		cl.sendSocket(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Welcome{Welcome: &ipcpb.Welcome{
+			Version: ipc.Version, Rank: int32(cl.rank), Size: int32(m.size),
+			LocalRank: int32(cl.localRank), LocalSize: int32(len(j.slots)),
 			CrossRank: int32(crossRank), CrossSize: int32(crossSize), IsHomogeneous: homog,
 			DaemonVersion: Version, JobId: j.id, Backends: backendNames,
 		}}}, -1)
 	}
 }
 
-func (j *job) pids() string {
-	var s []string
-	for _, c := range j.slots {
-		if c != nil {
-			s = append(s, fmt.Sprint(c.pid))
-		}
-	}
-	return strings.Join(s, " ")
-}
+// now, executing and current serve loopHooks.
+func (l *loop) executing() bool     { return l.execBusy }
+func (l *loop) current(j *job) bool { return j == l.job }
 
 // refuse ends a client that cannot join: it gets a Fatal and its connection is
 // closed, which its reader reports as an ordinary close.
@@ -570,8 +458,8 @@ func (l *loop) closed(c *client, bye bool, err error) {
 		j.joined--
 	} else if j.failed == nil {
 		where := ""
-		if j.mn != nil {
-			where = fmt.Sprintf(" on node %d", j.node)
+		if j.members.nodes() > 1 {
+			where = fmt.Sprintf(" on node %d", j.members.node)
 		}
 		if bye {
 			l.abort(j, ipcpb.Code_CODE_SHUT_DOWN, fmt.Sprintf(
@@ -587,7 +475,10 @@ func (l *loop) closed(c *client, bye bool, err error) {
 	if j.open == 0 {
 		st := j.stats
 		l.s.log.Info("job ended", "job", j.id, "batches", st.batches, "responses", st.responses, "tensors", st.tensors, "bytes", st.bytes)
-		l.endMulti(j)
+		l.nodes.ended(j)
+		if j.coord != nil {
+			j.coord.end()
+		}
 		l.job = nil
 		w := l.waiting
 		l.waiting = nil
@@ -632,7 +523,6 @@ func (l *loop) fail(j *job, code ipcpb.Code, msg string) {
 			delete(c.groups, id)
 		}
 	}
-	j.table = nil
 }
 
 func (l *loop) enqueue(o *op) {
@@ -645,7 +535,7 @@ func (l *loop) enqueue(o *op) {
 	case j.failed != nil:
 		o.finish(j.failed)
 		return
-	case o.req.ProcessSet != 0 && j.mn != nil:
+	case o.req.ProcessSet != 0 && j.coord.processSets() == nil:
 		o.finish(&ipcpb.Done{Code: ipcpb.Code_CODE_UNIMPLEMENTED, Error: fmt.Sprintf("tensor %q: process sets across several nodes are not supported yet; on one node they are", o.name)})
 		return
 	}
@@ -654,7 +544,7 @@ func (l *loop) enqueue(o *op) {
 	case tensor.Barrier:
 		n := j.barriers[o.req.ProcessSet]
 		if n == nil {
-			n = make([]int, j.size)
+			n = make([]int, j.members.size)
 			j.barriers[o.req.ProcessSet] = n
 		}
 		o.req.Name = fmt.Sprintf("barrier.%d", n[c.rank])
@@ -690,19 +580,9 @@ func (l *loop) submit(j *job, o *op) {
 		o.finish(j.failed)
 		return
 	}
-	if j.mn != nil {
-		l.cl.submitMulti(j, o)
-		return
+	if d := j.coord.submit(o); d != nil {
+		o.finish(d)
 	}
-	if err := j.table.Submit(o.req, l.now()); err != nil {
-		code := ipcpb.Code_CODE_INVALID_ARGUMENT
-		if errors.Is(err, plan.ErrDuplicateName) {
-			code = ipcpb.Code_CODE_DUPLICATE_NAME
-		}
-		o.finish(&ipcpb.Done{Code: code, Error: err.Error()})
-		return
-	}
-	j.pending[opKey{o.req.Rank, o.req.ProcessSet, o.req.Name}] = o
 }
 
 // dispatch hands everything ready to the executor when it is idle.
@@ -717,11 +597,11 @@ func (l *loop) dispatch() {
 			return
 		}
 	}
-	if j.mn != nil {
-		l.cl.dispatchMulti(j)
-		return
-	}
-	if resps := j.table.Ready(); len(resps) > 0 {
+	for !l.execBusy && j.failed == nil {
+		resps := j.coord.next()
+		if resps == nil {
+			return
+		}
 		l.runResponses(j, resps)
 	}
 }
@@ -729,6 +609,7 @@ func (l *loop) dispatch() {
 // runResponses answers error responses at once and runs the rest as one batch,
 // inline when small, else on the executor.
 func (l *loop) runResponses(j *job, resps []plan.Response) {
+	b := j.coord.engine()
 	var batch []work
 	for _, r := range resps {
 		names := make([]string, len(r.Tensors))
@@ -741,7 +622,7 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 			r.Tensors = []plan.Tensor{{Name: "join"}}
 		}
 		rows, root := j.rowRanks(r.ProcessSet, r.Root)
-		w := work{resp: r, j: j, size: len(rows), ops: make([][]*op, len(names))}
+		w := work{resp: r, j: j, b: b, size: len(rows), ops: make([][]*op, len(names))}
 		w.resp.Root = root
 		for i, name := range names {
 			row := make([]*op, len(rows))
@@ -776,7 +657,7 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 	j.stats.batches++
 	j.stats.responses += int64(len(batch))
 	j.stats.bytes += bytes
-	if j.backend == nil && bytes <= inlineBytes || loopRunnable(j.backend, bytes) {
+	if b == nil && bytes <= inlineBytes || loopRunnable(b, bytes) {
 		// Small work costs less than the hand-off to the executor.
 		for _, w := range batch {
 			l.x.execute(w)
@@ -796,31 +677,21 @@ func loopRunnable(b backends.Backend, bytes int64) bool {
 	return ok && bytes <= inlineMultiBytes && bytes <= int64(lr.LoopRunnable())
 }
 
-// abort fails the job and, on several nodes, tells the others (notify) and
-// closes the data engine so that a blocked collective returns.
+// abort fails the job (loopHooks); its coordination first tells the other
+// nodes (notify) and closes the data engine, so that a blocked collective
+// returns.
 func (l *loop) abort(j *job, code ipcpb.Code, msg string, notify bool) {
 	if j.failed != nil {
 		return
 	}
-	if j.mn != nil && notify {
-		// First, while the links are open: failing a job that has not
-		// formed ends it, and its end closes them.
-		a := &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(code), Msg: msg}}}
-		for _, link := range j.mn.links {
-			link.Send(a)
-		}
+	if j.coord != nil {
+		j.coord.abort(code, msg, notify)
 	}
 	if j.formed {
 		l.fail(j, code, msg)
 	} else {
 		// Its clients still wait in init: they get the reason.
 		l.formFailed(j, msg)
-	}
-	if j.mn == nil {
-		return
-	}
-	if j.backend != nil {
-		j.backend.Close()
 	}
 }
 
@@ -834,31 +705,6 @@ func (l *loop) formFailed(j *job, msg string) {
 			c.fatal(ipcpb.Code_CODE_ABORTED, msg)
 			l.drop(c, nil)
 		}
-	}
-}
-
-// endMulti releases a finished job's links and engine.
-func (l *loop) endMulti(j *job) {
-	if l.cl != nil && l.cl.waiting == j {
-		l.cl.waiting = nil
-	}
-	if j.mn == nil {
-		return
-	}
-	bye := &clusterpb.Message{Msg: &clusterpb.Message_Bye{Bye: &clusterpb.Bye{}}}
-	for _, link := range j.mn.links {
-		if j.failed == nil || j.failed.GetCode() == ipcpb.Code_CODE_SHUT_DOWN {
-			link.Send(bye)
-		}
-		l.cl.unwatch(link)
-		link.Close()
-	}
-	if j.backend != nil {
-		if sr, ok := j.backend.(backends.StatsReporter); ok {
-			st := sr.Stats()
-			l.s.log.Info("cross-node bytes of the job", "job", j.id, "node", j.node, "sent", st.SentBytes, "received", st.RecvBytes)
-		}
-		j.backend.Close()
 	}
 }
 
@@ -885,11 +731,11 @@ func (l *loop) armStallTimer() {
 
 func (l *loop) checkStalls() {
 	j := l.job
-	if j == nil || j.table == nil {
+	if j == nil || j.coord == nil || j.failed != nil {
 		return
 	}
 	now := l.now()
-	stalls := j.table.Stalls(now, l.cfg.StallCheck.Milliseconds())
+	stalls := j.coord.stalls(now, l.cfg.StallCheck.Milliseconds())
 	if len(stalls) == 0 {
 		return
 	}

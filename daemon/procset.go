@@ -37,7 +37,7 @@ func (l *loop) processSetReq(r psReq) {
 	case j.failed != nil:
 		c.reply(r.id, j.failed)
 		return
-	case j.mn != nil:
+	case j.coord.processSets() == nil:
 		c.reply(r.id, &ipcpb.Done{Code: ipcpb.Code_CODE_UNIMPLEMENTED, Error: "process sets across several nodes are not supported yet; on one node they are"})
 		return
 	}
@@ -80,7 +80,7 @@ func (l *loop) settleSets(j *job, round []psReq) {
 			fail(fmt.Sprintf("process set %d cannot be removed: it is not a registered set (the global set 0 never is)", first.set))
 			return
 		}
-		aborted, err := j.table.RemoveProcessSet(first.set)
+		aborted, err := j.coord.processSets().RemoveProcessSet(first.set)
 		if err != nil {
 			fail(err.Error())
 			return
@@ -107,8 +107,8 @@ func (l *loop) settleSets(j *job, round []psReq) {
 		return
 	}
 	for i, r := range ranks {
-		if r < 0 || r >= j.size || i > 0 && r <= ranks[i-1] {
-			fail(fmt.Sprintf("process set %v: ranks must be distinct, sorted and in 0..%d", ranks, j.size-1))
+		if r < 0 || r >= j.members.size || i > 0 && r <= ranks[i-1] {
+			fail(fmt.Sprintf("process set %v: ranks must be distinct, sorted and in 0..%d", ranks, j.members.size-1))
 			return
 		}
 	}
@@ -120,7 +120,7 @@ func (l *loop) settleSets(j *job, round []psReq) {
 	}
 	j.nextSet++
 	id := j.nextSet
-	if err := j.table.AddProcessSet(id, ranks); err != nil {
+	if err := j.coord.processSets().AddProcessSet(id, ranks); err != nil {
 		fail(err.Error())
 		return
 	}

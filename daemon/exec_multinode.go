@@ -15,25 +15,6 @@ import (
 // and the result is written back locally. Global ranks are node-major, so a
 // node's ranks are contiguous and node order is rank order.
 
-// nodeOf returns the node of a global rank.
-func (j *job) nodeOf(rank int) int {
-	for n, s := range j.nodeSlots {
-		if rank < s {
-			return n
-		}
-		rank -= s
-	}
-	return -1
-}
-
-// nodeRanks returns the global ranks [lo, hi) of node n.
-func (j *job) nodeRanks(n int) (lo, hi int) {
-	for i := 0; i < n; i++ {
-		lo += j.nodeSlots[i]
-	}
-	return lo, lo + j.nodeSlots[n]
-}
-
 // fusion returns a scratch buffer of n bytes, reused across ops.
 func (x *executor) fusion(n int) []byte {
 	if cap(x.fuse) < n {
@@ -47,7 +28,7 @@ func (x *executor) fusion(n int) []byte {
 // loop).
 func (x *executor) executeMulti(w work) {
 	r := &w.resp
-	b := w.j.backend
+	b := w.b
 	ctx := context.Background()
 	var err error
 	var dones [][]*ipcpb.Done // per tensor, per global rank (nil = plain OK)
@@ -71,7 +52,7 @@ func (x *executor) executeMulti(w work) {
 	if err != nil {
 		msg := fmt.Sprintf("%v across nodes failed: %v", r.Op, err)
 		if n, ok := backends.LostRank(err); ok {
-			msg = fmt.Sprintf("node %d%s was lost during %v: %v", n, w.j.rankRange(n), r.Op, err)
+			msg = fmt.Sprintf("node %d%s was lost during %v: %v", n, w.j.members.rankRange(n), r.Op, err)
 		}
 		d := &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: msg}
 		finishRows(w.ops, d)
@@ -163,7 +144,7 @@ func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w wor
 
 func (x *executor) broadcastMulti(ctx context.Context, b backends.Backend, w work) error {
 	r := &w.resp
-	rootNode := w.j.nodeOf(r.Root)
+	rootNode := w.j.members.nodeOf(r.Root)
 	for i := range r.Tensors {
 		row := w.ops[i]
 		// The root's own buffer travels as is; elsewhere one local buffer
@@ -200,7 +181,7 @@ func (x *executor) broadcastMulti(ctx context.Context, b backends.Backend, w wor
 
 func (x *executor) allgatherMulti(ctx context.Context, b backends.Backend, w work) ([][]*ipcpb.Done, error) {
 	r := &w.resp
-	j := w.j
+	mb := w.j.members
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	for i, t := range r.Tensors {
 		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
@@ -210,11 +191,11 @@ func (x *executor) allgatherMulti(ctx context.Context, b backends.Backend, w wor
 			}
 			return int(t.RankShapes[rank][0]) * rowBytes
 		}
-		counts := make([]int, len(j.nodeSlots))
+		counts := make([]int, mb.nodes())
 		var rows int64
 		total := 0
 		for n := range counts {
-			lo, hi := j.nodeRanks(n)
+			lo, hi := mb.nodeRanks(n)
 			for rank := lo; rank < hi; rank++ {
 				counts[n] += rankBytes(rank)
 				if rank < len(t.RankShapes) && len(t.RankShapes[rank]) > 0 {
@@ -223,8 +204,8 @@ func (x *executor) allgatherMulti(ctx context.Context, b backends.Backend, w wor
 			}
 			total += counts[n]
 		}
-		in := make([]byte, 0, counts[j.node])
-		for _, o := range w.ops[i][j.offset : j.offset+len(j.slots)] {
+		in := make([]byte, 0, counts[mb.node])
+		for _, o := range w.ops[i][mb.offset : mb.offset+mb.local()] {
 			if o != nil {
 				in = append(in, o.buf...)
 			}
@@ -265,9 +246,9 @@ func (x *executor) outputs(row []*op, fill func(rank int, dst []byte), size func
 
 func (x *executor) alltoallMulti(ctx context.Context, b backends.Backend, w work) ([][]*ipcpb.Done, error) {
 	r := &w.resp
-	j := w.j
-	nn := len(j.nodeSlots)
-	myLo, myHi := j.nodeRanks(j.node)
+	mb := w.j.members
+	nn := mb.nodes()
+	myLo, myHi := mb.nodeRanks(mb.node)
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	for i, t := range r.Tensors {
 		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
@@ -286,7 +267,7 @@ func (x *executor) alltoallMulti(ctx context.Context, b backends.Backend, w work
 		recvCounts := make([]int, nn)
 		var in []byte
 		for m := 0; m < nn; m++ {
-			lo, hi := j.nodeRanks(m)
+			lo, hi := mb.nodeRanks(m)
 			for d := lo; d < hi; d++ {
 				for s := myLo; s < myHi; s++ {
 					if o := w.ops[i][s]; o != nil {
@@ -326,7 +307,7 @@ func (x *executor) alltoallMulti(ctx context.Context, b backends.Backend, w work
 		fill := func(d int, dst []byte) {
 			at := 0
 			for m := 0; m < nn; m++ {
-				lo, hi := j.nodeRanks(m)
+				lo, hi := mb.nodeRanks(m)
 				off := blockStart[m]
 				for dd := myLo; dd < d; dd++ {
 					for s := lo; s < hi; s++ {
@@ -359,7 +340,7 @@ func (x *executor) alltoallMulti(ctx context.Context, b backends.Backend, w work
 
 func (x *executor) reducescatterMulti(ctx context.Context, b backends.Backend, w work) ([][]*ipcpb.Done, error) {
 	r := &w.resp
-	j := w.j
+	mb := w.j.members
 	op, pre, post := scales(r, w.size)
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	for i, t := range r.Tensors {
@@ -384,21 +365,21 @@ func (x *executor) reducescatterMulti(ctx context.Context, b backends.Backend, w
 		} else if err := reduce.Fill(full, r.DType, op); err != nil {
 			return nil, err
 		}
-		counts := make([]int, len(j.nodeSlots))
+		counts := make([]int, mb.nodes())
 		for m := range counts {
-			lo, hi := j.nodeRanks(m)
+			lo, hi := mb.nodeRanks(m)
 			for rank := lo; rank < hi; rank++ {
 				counts[m] += rows(rank) * rowBytes
 			}
 		}
-		block := make([]byte, counts[j.node])
+		block := make([]byte, counts[mb.node])
 		if err := b.ReduceScatter(ctx, full, block, counts, r.DType, op); err != nil {
 			return nil, err
 		}
 		// Our block holds our ranks' rows, in rank order.
 		at := make([]int, w.size)
 		off := 0
-		for rank := j.offset; rank < j.offset+len(j.slots); rank++ {
+		for rank := mb.offset; rank < mb.offset+mb.local(); rank++ {
 			at[rank] = off
 			off += rows(rank) * rowBytes
 		}

@@ -1,0 +1,178 @@
+package daemon
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/hvdd/hvdd/daemon/plan"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+// op is one client request in flight.
+type op struct {
+	c         *client
+	id        uint32 // frame id: the handle the Done answers
+	typ       tensor.OpType
+	name      string
+	group     uint64
+	groupSize int
+	req       plan.Request
+	reg       *region // holds a reference while the op is in flight
+	buf       []byte  // the input (and in-place output) bytes
+}
+
+func (o *op) release() {
+	if o.reg != nil {
+		o.reg.unref()
+		o.reg = nil
+		o.buf = nil
+	}
+}
+
+// finish answers the op and drops its buffer.
+func (o *op) finish(d *ipcpb.Done) {
+	o.c.reply(o.id, d)
+	o.release()
+}
+
+// opKey finds a pending op: a global rank's tensor in a process set.
+type opKey struct {
+	rank int
+	set  int32
+	name string
+}
+
+// job is the set of local clients that negotiate together: what every job
+// has, on one node or across several. How its tensors are negotiated is its
+// coordination's business (coordination.go), which keeps its own state.
+type job struct {
+	id      uint64
+	slots   []*client // by local rank; nil while free
+	joined  int       // slots taken
+	open    int       // connections of the job still open
+	formed  bool
+	members membership   // who the ranks are; set when the job forms
+	coord   coordination // set once every local client is here
+	pending map[opKey]*op
+	failed  *ipcpb.Done // non-nil once the job failed: every op answers with it
+
+	barriers map[int32][]int // per process set, per global rank: barriers submitted so far
+	psq      [][]psReq       // per local rank: set requests waiting for the others
+	sets     map[int32][]int // registered process sets other than 0: members
+	nextSet  int32           // the last process set id given out
+	// globalRows maps the executor's row index for the global set (the
+	// global rank) to the local rank there, or -1 for another node's.
+	globalRows []int
+
+	stats jobStats // what the job ran, logged when it ends
+}
+
+// jobStats counts what a job ran, to show fusion at work: a training step
+// whose gradients were fused runs as one batch of one response per dtype,
+// however many tensors it had.
+type jobStats struct {
+	batches   int64 // batches run (each: what was ready together)
+	responses int64 // fused responses run (each: one collective on one buffer)
+	tensors   int64 // tensors in them
+	bytes     int64 // their bytes
+}
+
+func (j *job) pids() string {
+	var s []string
+	for _, c := range j.slots {
+		if c != nil {
+			s = append(s, fmt.Sprint(c.pid))
+		}
+	}
+	return strings.Join(s, " ")
+}
+
+// membership is who a formed job's ranks are: every node's slot count and
+// this node among them. Global ranks are node-major, so a node's ranks are
+// contiguous and node order is rank order. The epoch numbers the
+// memberships of one job; it is 0 today, and an elastic job will advance it
+// each time ranks come or go.
+type membership struct {
+	epoch  uint64
+	slots  []int // slot count of every node
+	node   int   // this node
+	offset int   // global rank of this node's local rank 0
+	size   int   // global size
+}
+
+// newMembership is the membership of nodes with these slot counts, seen from
+// node.
+func newMembership(slots []int, node int) membership {
+	m := membership{slots: slots, node: node}
+	for i, n := range slots {
+		if i < node {
+			m.offset += n
+		}
+		m.size += n
+	}
+	return m
+}
+
+// nodes is the number of nodes.
+func (m membership) nodes() int { return len(m.slots) }
+
+// local is the number of this node's ranks.
+func (m membership) local() int { return m.slots[m.node] }
+
+// homogeneous reports whether every node has as many ranks.
+func (m membership) homogeneous() bool {
+	for _, n := range m.slots {
+		if n != m.slots[0] {
+			return false
+		}
+	}
+	return true
+}
+
+// cross returns Horovod's cross_rank and cross_size of local rank lr: its
+// place among the nodes that have a process with this local rank.
+func (m membership) cross(lr int) (rank, size int) {
+	for i, n := range m.slots {
+		if n > lr {
+			if i < m.node {
+				rank++
+			}
+			size++
+		}
+	}
+	return rank, size
+}
+
+// nodeOf returns the node of a global rank, or -1.
+func (m membership) nodeOf(rank int) int {
+	for n, s := range m.slots {
+		if rank < s {
+			return n
+		}
+		rank -= s
+	}
+	return -1
+}
+
+// nodeRanks returns the global ranks [lo, hi) of node n.
+func (m membership) nodeRanks(n int) (lo, hi int) {
+	for i := 0; i < n; i++ {
+		lo += m.slots[i]
+	}
+	return lo, lo + m.slots[n]
+}
+
+// rankRange names the global ranks of a node, " (ranks 2-3)"; "" for a node
+// it does not know.
+func (m membership) rankRange(node int) string {
+	if node < 0 || node >= len(m.slots) {
+		return ""
+	}
+	lo, hi := m.nodeRanks(node)
+	hi--
+	if lo == hi {
+		return fmt.Sprintf(" (rank %d)", lo)
+	}
+	return fmt.Sprintf(" (ranks %d-%d)", lo, hi)
+}

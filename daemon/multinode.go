@@ -1,0 +1,533 @@
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/cluster"
+	"github.com/hvdd/hvdd/cluster/clusterpb"
+	"github.com/hvdd/hvdd/daemon/plan"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/rendezvous"
+)
+
+// Forming a job across nodes. Node 0's daemon is the coordinator: it serves
+// the rendezvous store and a control listener. When a node has all its local
+// clients it dials the coordinator and sends Join; once the coordinator has
+// every node (and its own clients) it answers each with the same Layout (a
+// fresh job id and every node's slot count), and every node creates the data
+// backend for that job id and welcomes its clients. The job's tensors are
+// then negotiated by its multiCoord (multinode_job.go); multiNode watches the
+// job's control links in the loop's epoll set and hands it their messages.
+
+// ClusterJob describes a formed multi-node job to a BackendFactory.
+type ClusterJob struct {
+	// ID identifies the job; backends use it to refuse peers of other jobs.
+	ID string
+	// NodeRank is this node, Nodes the number of nodes, Slots every node's
+	// local rank count.
+	NodeRank, Nodes int
+	Slots           []int
+	// Store is the rendezvous store, already namespaced for this job; nil
+	// when the nodes have none (Config.Control).
+	Store rendezvous.Store
+	// Host is the address this node advertises and binds for data.
+	Host string
+	// Secret is the job's shared secret.
+	Secret []byte
+	// Logger is the daemon's logger.
+	Logger *slog.Logger
+}
+
+// ControlTransport opens the streams that carry the control links between
+// daemons when they do not use TCP: the coordinator (node 0) accepts one
+// stream from every other node per job. The links' handshake and framing run
+// on the streams as on TCP.
+type ControlTransport interface {
+	// Dial opens a stream to node.
+	Dial(ctx context.Context, node int) (net.Conn, error)
+	// Accept returns the next stream another node opened, and that node.
+	Accept() (net.Conn, int, error)
+}
+
+// BackendFactory creates the cross-node engine of a job; every node calls it
+// at about the same time, and it returns once the engine is connected.
+type BackendFactory func(ctx context.Context, j ClusterJob) (backends.Backend, error)
+
+// multiNode forms jobs with the daemons of the other nodes (the loop's
+// formation on several nodes) and watches the running job's control links.
+// Only the loop goroutine touches it, except where noted.
+type multiNode struct {
+	hooks loopHooks
+	p     *poller
+	log   *slog.Logger
+	cfg   Config
+	nodes int
+	rank  int
+	host  string
+	store rendezvous.Store
+	ccfg  cluster.Config
+
+	// Node 0 only.
+	rdv     *rendezvous.Server
+	ctrl    *cluster.Listener
+	joins   map[int]nodeJoin // nodes waiting for the next job
+	waiting *job             // our local job, complete, waiting for the nodes
+
+	watched   map[int]*watchedLink // the running job's control links, by descriptor
+	linkCheck *time.Timer          // next checkLinks; nil when none is due
+}
+
+type nodeJoin struct {
+	link *cluster.Link
+	join *clusterpb.Join
+}
+
+// Messages of the multi-node side.
+type (
+	msgJoin   struct{ nj nodeJoin }
+	msgLayout struct {
+		j      *job
+		link   *cluster.Link
+		layout *clusterpb.Layout
+		err    error
+	}
+	msgBackendUp struct {
+		j     *job
+		b     backends.Backend
+		slots []int
+		err   error
+	}
+	msgLinkCheck struct{} // time to look for silent control links
+)
+
+func newMultiNode(hooks loopHooks, p *poller, cfg Config, log *slog.Logger) (*multiNode, error) {
+	c := &multiNode{hooks: hooks, p: p, log: log, cfg: cfg, nodes: cfg.Nodes, rank: cfg.NodeRank, host: cfg.Advertise, joins: make(map[int]nodeJoin),
+		watched: make(map[int]*watchedLink),
+		ccfg:    cluster.Config{Secret: cfg.Secret, Heartbeat: cfg.Heartbeat, PeerTimeout: cfg.PeerTimeout}.WithDefaults()}
+	if cfg.Control != nil {
+		// Control streams come from the transport; nothing listens.
+		c.log.Info("control links through the daemons' transport (no rendezvous)", "node", c.rank, "nodes", c.nodes)
+		if c.rank == 0 {
+			go c.acceptControl(cfg.Control)
+		}
+		return c, nil
+	}
+	if c.rank != 0 {
+		c.store = rendezvous.NewClient(cfg.Rendezvous, cfg.Secret)
+		return c, nil
+	}
+	rdv, err := rendezvous.NewServer(rendezvous.ServerConfig{Addr: cfg.Rendezvous, Secret: cfg.Secret, Logger: c.log})
+	if err != nil {
+		return nil, fmt.Errorf("daemon: rendezvous: %w", err)
+	}
+	ctrl, err := cluster.Listen(net.JoinHostPort(c.host, "0"), c.ccfg)
+	if err != nil {
+		rdv.Close()
+		return nil, err
+	}
+	c.rdv, c.ctrl, c.store = rdv, ctrl, rdv.Store()
+	go rdv.Serve(context.Background())
+	if err := c.store.Set(context.Background(), "coordinator", []byte(ctrl.Addr())); err != nil {
+		rdv.Close()
+		ctrl.Close()
+		return nil, err
+	}
+	go c.accept()
+	c.log.Info("coordinator listening", "rendezvous", rdv.Addr(), "control", ctrl.Addr(), "nodes", c.nodes)
+	return c, nil
+}
+
+func (c *multiNode) close() {
+	if c.linkCheck != nil {
+		c.linkCheck.Stop()
+	}
+	if c.ctrl != nil {
+		c.ctrl.Close()
+	}
+	if c.rdv != nil {
+		c.rdv.Close()
+	}
+	for _, nj := range c.joins {
+		nj.link.Close()
+	}
+}
+
+// accept runs on its own goroutine (node 0): it authenticates nodes and hands
+// their Join to the loop.
+func (c *multiNode) accept() {
+	for {
+		link, who, err := c.ctrl.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			c.log.Warn("refused a node", "err", err)
+			continue
+		}
+		go c.takeJoin(link, who)
+	}
+}
+
+// acceptControl is accept for streams of a ControlTransport.
+func (c *multiNode) acceptControl(t ControlTransport) {
+	for {
+		conn, node, err := t.Accept()
+		if err != nil {
+			return // the transport closed
+		}
+		go func() {
+			link, who, err := cluster.ServerHandshake(conn, fmt.Sprintf("node %d", node), c.ccfg)
+			if err != nil {
+				c.log.Warn("refused a node", "err", err)
+				return
+			}
+			c.takeJoin(link, who)
+		}()
+	}
+}
+
+// takeJoin (its own goroutine) waits for a new link's Join and hands it to
+// the loop.
+func (c *multiNode) takeJoin(link *cluster.Link, who string) {
+	m, err := link.Recv()
+	if err != nil || m.GetJoin() == nil {
+		c.log.Warn("node did not join", "peer", who, "err", err)
+		link.Close()
+		return
+	}
+	c.p.post(msgJoin{nodeJoin{link, m.GetJoin()}})
+}
+
+// complete is called when every local client of j has said hello: the job
+// forms with the other nodes (formation).
+func (c *multiNode) complete(j *job) {
+	j.coord = newMultiCoord(c, j)
+	if c.rank == 0 {
+		c.waiting = j
+		c.maybeLayout()
+		return
+	}
+	go c.joinCoordinator(j)
+}
+
+// joinCoordinator (its own goroutine) reaches node 0 and waits for the layout.
+func (c *multiNode) joinCoordinator(j *job) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
+	defer cancel()
+	res := msgLayout{j: j}
+	defer func() { c.p.post(res) }()
+	link, err := c.dialCoordinator(ctx)
+	if err != nil {
+		res.err = err
+		return
+	}
+	pids := make([]int32, 0, len(j.slots))
+	for _, cl := range j.slots {
+		pids = append(pids, cl.pid)
+	}
+	if err := link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Join{Join: &clusterpb.Join{
+		NodeRank: int32(c.rank), Slots: int32(len(j.slots)), DataHost: c.host, Pids: pids}}}); err != nil {
+		link.Close()
+		res.err = err
+		return
+	}
+	m, err := link.Recv()
+	if err != nil {
+		link.Close()
+		res.err = fmt.Errorf("waiting for the other nodes: %w", err)
+		return
+	}
+	if a := m.GetAbort(); a != nil {
+		link.Close()
+		res.err = errors.New(a.GetMsg())
+		return
+	}
+	if m.GetLayout() == nil {
+		link.Close()
+		res.err = fmt.Errorf("coordinator sent %T instead of a layout", m.Msg)
+		return
+	}
+	res.link, res.layout = link, m.GetLayout()
+}
+
+// dialCoordinator opens an authenticated link to node 0: through the
+// control transport, or over TCP to the address node 0 registered at the
+// rendezvous.
+func (c *multiNode) dialCoordinator(ctx context.Context) (*cluster.Link, error) {
+	who := "node " + strconv.Itoa(c.rank)
+	if t := c.cfg.Control; t != nil {
+		conn, err := t.Dial(ctx, 0)
+		if err != nil {
+			return nil, fmt.Errorf("cannot reach node 0 (the coordinator): %w", err)
+		}
+		return cluster.ClientHandshake(ctx, conn, "node 0 (the coordinator)", c.ccfg, who)
+	}
+	kv, err := c.store.Wait(ctx, "coordinator")
+	if err != nil {
+		return nil, fmt.Errorf("no coordinator registered at the rendezvous %s: %w", c.cfg.Rendezvous, err)
+	}
+	for {
+		link, err := cluster.Dial(ctx, string(kv["coordinator"]), c.ccfg, who)
+		if err == nil || errors.Is(err, cluster.ErrAuth) || ctx.Err() != nil {
+			return link, err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// join records a node that wants the next job (node 0).
+func (c *multiNode) join(nj nodeJoin) {
+	r := int(nj.join.GetNodeRank())
+	refuse := func(msg string) {
+		c.log.Warn("refusing node", "node", r, "reason", msg)
+		nj.link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(ipcpb.Code_CODE_BUSY), Msg: msg}}})
+		nj.link.Close()
+	}
+	switch {
+	case r <= 0 || r >= c.nodes:
+		refuse(fmt.Sprintf("node rank %d is out of range: the coordinator expects nodes 1..%d (--nodes %d)", r, c.nodes-1, c.nodes))
+		return
+	case nj.join.GetSlots() < 1:
+		refuse(fmt.Sprintf("node %d has no slots", r))
+		return
+	}
+	if old, ok := c.joins[r]; ok {
+		// A restarted node: its new link replaces the stale one.
+		old.link.Close()
+	}
+	c.joins[r] = nj
+	c.maybeLayout()
+}
+
+// maybeLayout forms the job once our clients and every node are there.
+func (c *multiNode) maybeLayout() {
+	j := c.waiting
+	if j == nil || len(c.joins) < c.nodes-1 || !c.hooks.current(j) || j.failed != nil {
+		return
+	}
+	var idb [8]byte
+	rand.Read(idb[:])
+	id := binary.LittleEndian.Uint64(idb[:])
+	slots := make([]int, c.nodes)
+	slots[0] = len(j.slots)
+	for r, nj := range c.joins {
+		slots[r] = int(nj.join.GetSlots())
+	}
+	// The table exists before any node can forward requests: a node whose
+	// engine connects first may submit before ours is up.
+	total := 0
+	for _, n := range slots {
+		total += n
+	}
+	t, err := plan.New(plan.Config{Size: total, FusionThreshold: c.cfg.FusionThreshold})
+	if err != nil {
+		c.hooks.formFailed(j, fmt.Sprintf("cannot start the job: %v", err))
+		return
+	}
+	mc := coordOf(j)
+	mc.table = t
+	lay := &clusterpb.Message{Msg: &clusterpb.Message_Layout{Layout: &clusterpb.Layout{Generation: id, Slots: ints32(slots)}}}
+	for r, nj := range c.joins {
+		mc.links[r] = nj.link
+		if err := nj.link.Send(lay); err != nil {
+			c.log.Warn("node left before the job formed", "node", r, "err", err)
+		}
+	}
+	c.joins = make(map[int]nodeJoin)
+	c.waiting = nil
+	for r, link := range mc.links {
+		c.watch(mc, r, link)
+	}
+	go c.startBackend(j, id, slots)
+}
+
+// layout is a non-coordinator's answer from node 0.
+func (c *multiNode) layout(m msgLayout) {
+	j := m.j
+	if !c.hooks.current(j) || j.failed != nil {
+		if m.link != nil {
+			m.link.Close()
+		}
+		return
+	}
+	if m.err != nil {
+		c.hooks.formFailed(j, fmt.Sprintf("node %d could not join the job: %v", c.rank, m.err))
+		return
+	}
+	slots := ints(m.layout.GetSlots())
+	if len(slots) != c.nodes || slots[c.rank] != len(j.slots) {
+		m.link.Close()
+		c.hooks.formFailed(j, fmt.Sprintf("the coordinator's layout %v does not fit this node (node %d of %d with %d slots)", slots, c.rank, c.nodes, len(j.slots)))
+		return
+	}
+	mc := coordOf(j)
+	mc.links[0] = m.link
+	c.watch(mc, 0, m.link)
+	go c.startBackend(j, m.layout.GetGeneration(), slots)
+}
+
+// startBackend (its own goroutine) connects the job's data engine.
+func (c *multiNode) startBackend(j *job, id uint64, slots []int) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
+	defer cancel()
+	jid := fmt.Sprintf("job-%016x", id)
+	var store rendezvous.Store
+	if c.store != nil {
+		store = rendezvous.Prefix(c.store, jid)
+	}
+	b, err := c.cfg.NewBackend(ctx, ClusterJob{
+		ID: jid, NodeRank: c.rank, Nodes: c.nodes, Slots: slots,
+		Store: store, Host: c.host, Secret: c.cfg.Secret, Logger: c.log,
+	})
+	if err != nil {
+		b = nil // a factory may return a typed nil with its error
+	}
+	c.p.post(msgBackendUp{j: j, b: b, slots: slots, err: err})
+}
+
+func (c *multiNode) backendUp(m msgBackendUp) {
+	j := m.j
+	if !c.hooks.current(j) || j.failed != nil {
+		if m.b != nil {
+			m.b.Close()
+		}
+		return
+	}
+	if m.err != nil {
+		c.hooks.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node %d could not connect the %d nodes' data engine: %v", c.rank, c.nodes, m.err), true)
+		return
+	}
+	mc := coordOf(j)
+	mc.b = m.b
+	c.hooks.start(j, newMembership(m.slots, c.rank), mc)
+}
+
+// watchedLink is a control link of the running job that the loop reads from
+// its own epoll set: a control message costs no goroutine hand-off.
+type watchedLink struct {
+	mc   *multiCoord
+	node int
+	link *cluster.Link
+	fd   int
+}
+
+// watch starts reading a job's link in the loop.
+func (c *multiNode) watch(mc *multiCoord, node int, link *cluster.Link) {
+	fd := link.FD()
+	if err := c.p.add(fd); err != nil {
+		c.hooks.abort(mc.j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("cannot watch the control link to node %d: %v", node, err), true)
+		return
+	}
+	w := &watchedLink{mc: mc, node: node, link: link, fd: fd}
+	c.watched[fd] = w
+	// Recv may have read past the message it returned while the job formed;
+	// epoll would not report those bytes again.
+	c.readLink(w, false)
+	c.armLinkCheck()
+}
+
+// armLinkCheck schedules the next checkLinks while links are watched.
+func (c *multiNode) armLinkCheck() {
+	if len(c.watched) > 0 && c.linkCheck == nil {
+		c.linkCheck = time.AfterFunc(c.ccfg.Heartbeat, func() { c.p.post(msgLinkCheck{}) })
+	}
+}
+
+// readable reads the control link watched on descriptor fd (formation).
+func (c *multiNode) readable(fd int) bool {
+	w := c.watched[fd]
+	if w == nil {
+		return false
+	}
+	c.readLink(w, false)
+	return true
+}
+
+// message handles the messages of the multi-node side (formation).
+func (c *multiNode) message(m any) bool {
+	switch m := m.(type) {
+	case msgJoin:
+		c.join(m.nj)
+	case msgLayout:
+		c.layout(m)
+	case msgBackendUp:
+		c.backendUp(m)
+	case msgLinkCheck:
+		c.checkLinks()
+	default:
+		return false
+	}
+	return true
+}
+
+// ended forgets a job that ended while it waited for the other nodes
+// (formation).
+func (c *multiNode) ended(j *job) {
+	if c.waiting == j {
+		c.waiting = nil
+	}
+}
+
+// unwatch stops reading link; it must happen before the link closes, while
+// its descriptor is still its own.
+func (c *multiNode) unwatch(link *cluster.Link) {
+	for fd, w := range c.watched {
+		if w.link == link {
+			c.p.del(fd)
+			delete(c.watched, fd)
+		}
+	}
+}
+
+// readLink handles the whole messages a readable link holds. Unless drain is
+// set it stops when none is left in the link's buffer, leaving bytes still in
+// the socket to the next epoll report (level-triggered), which saves a read
+// that finds the socket empty on every control message. Drain reads until the
+// socket is empty, so that Silent judges by the latest byte.
+func (c *multiNode) readLink(w *watchedLink, drain bool) {
+	for c.watched[w.fd] == w {
+		m, err := w.link.TryRecv()
+		if err != nil {
+			c.unwatch(w.link)
+			w.mc.linkLost(w.node, err)
+			return
+		}
+		if m == nil {
+			return
+		}
+		w.mc.control(w.node, m)
+		if !drain && !w.link.Buffered() {
+			return
+		}
+	}
+}
+
+// checkLinks (every heartbeat period while links are watched) reads what the
+// links hold and declares lost those silent for the peer timeout.
+func (c *multiNode) checkLinks() {
+	c.linkCheck = nil
+	now := time.Now()
+	for _, w := range c.watched {
+		c.readLink(w, true)
+		if c.watched[w.fd] != w {
+			continue
+		}
+		if err := w.link.Silent(now); err != nil {
+			c.unwatch(w.link)
+			w.mc.linkLost(w.node, err)
+		}
+	}
+	c.armLinkCheck()
+}

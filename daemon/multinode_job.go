@@ -1,0 +1,407 @@
+package daemon
+
+import (
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/cluster"
+	"github.com/hvdd/hvdd/cluster/clusterpb"
+	"github.com/hvdd/hvdd/daemon/plan"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+// Negotiating a job across nodes (multiCoord, the job's coordination).
+// During the job each follower (a node other than 0) forwards a tensor's
+// requests (of all its local ranks, in one Ready message per loop pass) once
+// every local rank has submitted it; joins go at once. The coordinator (node
+// 0) feeds its own clients' requests and the forwarded ones to one plan table
+// over all global ranks and, whenever its executor is idle, sends the next
+// batch of responses to every node as a numbered Plan. Every node runs the
+// plans in order: local reduction through shared memory, the backend on the
+// fused buffer, write-back. A lost link, a lost client, a backend error or an
+// Abort fails the job on every node.
+
+// multiCoord is the coordination of a job across nodes, as coordinator
+// (node 0) or follower.
+type multiCoord struct {
+	n     *multiNode
+	hooks loopHooks
+	j     *job
+	b     backends.Backend // the data engine, once connected
+	table *plan.Table      // coordinator: the table over every global rank
+
+	links  map[int]*cluster.Link            // coordinator: every other node; else {0: coordinator}
+	byes   map[int]bool                     // coordinator: nodes whose job ended normally
+	count  map[setName]int                  // follower: local submissions per tensor
+	joined int                              // follower: local ranks joined
+	out    [][]*clusterpb.Request           // follower: groups of requests to forward
+	outKey []setName                        // the tensor of each group (zero value: a join)
+	sent   map[setName]*cacheEntry          // follower: what was forwarded before
+	nslots int                              // follower: cache slots used
+	plans  []*clusterpb.Plan                // follower: received, not yet run
+	seq    uint64                           // plans sent (coordinator) or run (followers)
+	caches map[int]map[int32][]plan.Request // coordinator: per node, cache slot -> requests
+	// shutdown is an orderly shutdown (an Abort with CODE_SHUT_DOWN) that
+	// waits for the plans received before it: they ran, or run, on the node
+	// it came from, so they run here too.
+	shutdown *clusterpb.Abort
+	// expecting is what the links were last told (cluster.Link.Expect).
+	expecting bool
+}
+
+// cacheEntry is a tensor's requests as last forwarded, under a cache slot.
+type cacheEntry struct {
+	slot int32
+	reqs []*clusterpb.Request
+}
+
+type setName struct {
+	set  int32
+	name string
+}
+
+func newMultiCoord(n *multiNode, j *job) *multiCoord {
+	return &multiCoord{n: n, hooks: n.hooks, j: j, links: make(map[int]*cluster.Link), byes: make(map[int]bool),
+		count: make(map[setName]int), sent: make(map[setName]*cacheEntry), caches: make(map[int]map[int32][]plan.Request)}
+}
+
+// coordOf returns the multi-node coordination of j.
+func coordOf(j *job) *multiCoord { return j.coord.(*multiCoord) }
+
+func (mc *multiCoord) coordinator() bool { return mc.n.rank == 0 }
+
+func (mc *multiCoord) engine() backends.Backend { return mc.b }
+
+// processSets: not across nodes yet.
+func (mc *multiCoord) processSets() setRegistry { return nil }
+
+func (mc *multiCoord) stalls(now, olderThan int64) []plan.Stall {
+	if mc.table == nil {
+		return nil
+	}
+	return mc.table.Stalls(now, olderThan)
+}
+
+// control acts on a message from another node of the running job.
+func (mc *multiCoord) control(node int, m *clusterpb.Message) {
+	j := mc.j
+	if !mc.hooks.current(j) {
+		return
+	}
+	switch msg := m.Msg.(type) {
+	case *clusterpb.Message_Ready:
+		if !mc.coordinator() || j.failed != nil || mc.table == nil {
+			return
+		}
+		if err := mc.ready(node, msg.Ready); err != nil {
+			mc.hooks.abort(j, ipcpb.Code_CODE_INVALID_ARGUMENT, err.Error(), true)
+			return
+		}
+	case *clusterpb.Message_Plan:
+		if !mc.coordinator() {
+			mc.plans = append(mc.plans, msg.Plan)
+		}
+	case *clusterpb.Message_Abort:
+		if ipcpb.Code(msg.Abort.GetCode()) == ipcpb.Code_CODE_SHUT_DOWN && (mc.hooks.executing() || len(mc.plans) > 0) {
+			// A rank shut down after its last collective; plans sent
+			// before that still run here (see next).
+			mc.n.log.Debug("shutdown waits for the plans before it", "job", j.id, "from", node, "plans", len(mc.plans), "running", mc.hooks.executing())
+			mc.shutdown = msg.Abort
+			return
+		}
+		// Node 0 relays a node's abort to the others.
+		mc.hooks.abort(j, ipcpb.Code(msg.Abort.GetCode()), msg.Abort.GetMsg(), mc.coordinator())
+	case *clusterpb.Message_Bye:
+		mc.byes[node] = true
+	}
+}
+
+// ready submits what a node forwarded (node 0): new request groups, which
+// also fill the node's cache slots, and the cached groups its bit vector names.
+func (mc *multiCoord) ready(node int, rd *clusterpb.Ready) error {
+	cache := mc.caches[node]
+	if cache == nil {
+		cache = make(map[int32][]plan.Request)
+		mc.caches[node] = cache
+	}
+	var all []plan.Request
+	reqs, starts, slots := rd.GetRequests(), rd.GetGroupStart(), rd.GetSlot()
+	if len(starts) != len(slots) {
+		return fmt.Errorf("node %d sent a malformed Ready (%d groups, %d slots)", node, len(starts), len(slots))
+	}
+	for g := range starts {
+		lo, hi := int(starts[g]), len(reqs)
+		if g+1 < len(starts) {
+			hi = int(starts[g+1])
+		}
+		if lo < 0 || lo > hi || hi > len(reqs) {
+			return fmt.Errorf("node %d sent a malformed Ready (group %d spans [%d, %d) of %d)", node, g, lo, hi, len(reqs))
+		}
+		group := make([]plan.Request, 0, hi-lo)
+		for _, pr := range reqs[lo:hi] {
+			group = append(group, requestFromPB(pr))
+		}
+		if slots[g] >= 0 {
+			cache[slots[g]] = group
+		}
+		all = append(all, group...)
+	}
+	for i, b := range rd.GetCached() {
+		for bit := 0; bit < 8; bit++ {
+			if b&(1<<bit) == 0 {
+				continue
+			}
+			group, ok := cache[int32(i*8+bit)]
+			if !ok {
+				return fmt.Errorf("node %d named cache slot %d, which it never filled", node, i*8+bit)
+			}
+			all = append(all, group...)
+		}
+	}
+	for _, r := range all {
+		if err := mc.table.Submit(r, mc.hooks.now()); err != nil {
+			return fmt.Errorf("rank %d's request for %q was refused: %v", r.Rank, r.Name, err)
+		}
+	}
+	return nil
+}
+
+// linkLost handles a broken control link.
+func (mc *multiCoord) linkLost(node int, err error) {
+	j := mc.j
+	if !mc.hooks.current(j) || j.failed != nil || mc.byes[node] {
+		return
+	}
+	who := fmt.Sprintf("node %d", node)
+	if node == 0 {
+		who = "node 0 (the coordinator)"
+	}
+	mc.hooks.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("%s%s was lost: %v", who, j.members.rankRange(node), err), true)
+}
+
+// submit takes a local request (coordination): the coordinator submits it
+// to its table; a follower forwards it once every local rank has.
+func (mc *multiCoord) submit(o *op) *ipcpb.Done {
+	j := mc.j
+	if mc.coordinator() {
+		return tableSubmit(mc.table, j, o, mc.hooks.now())
+	}
+	k := opKey{o.req.Rank, o.req.ProcessSet, o.req.Name}
+	if _, dup := j.pending[k]; dup {
+		return &ipcpb.Done{Code: ipcpb.Code_CODE_DUPLICATE_NAME, Error: fmt.Sprintf(
+			"Requested to %s a tensor with the same name as another tensor that is currently being processed (%q). If you want to request another tensor, use a different tensor name.",
+			o.typ.Lower(), o.name)}
+	}
+	j.pending[k] = o
+	mn := mc
+	if o.typ == tensor.Join {
+		mn.joined++
+		mn.out = append(mn.out, []*clusterpb.Request{requestToPB(&o.req)})
+		mn.outKey = append(mn.outKey, setName{})
+		// Tensors the remaining local ranks have all submitted are ready now.
+		for sn, n := range mn.count {
+			if n >= len(j.slots)-mn.joined {
+				mc.forward(sn)
+			}
+		}
+		return nil
+	}
+	sn := setName{o.req.ProcessSet, o.req.Name}
+	mn.count[sn]++
+	if mn.count[sn] >= len(j.slots)-mn.joined {
+		mc.forward(sn)
+	}
+	return nil
+}
+
+// forward queues every local rank's request for a locally ready tensor.
+func (mc *multiCoord) forward(sn setName) {
+	j := mc.j
+	delete(mc.count, sn)
+	var group []*clusterpb.Request
+	for lr := range j.slots {
+		if o, ok := j.pending[opKey{j.members.offset + lr, sn.set, sn.name}]; ok {
+			group = append(group, requestToPB(&o.req))
+		}
+	}
+	mc.out = append(mc.out, group)
+	mc.outKey = append(mc.outKey, sn)
+}
+
+// flush sends what became locally ready during this loop pass, in one
+// message. A tensor forwarded before with the same requests travels as one
+// bit of the cache vector; others travel whole and (re)fill a cache slot.
+func (mc *multiCoord) flush() {
+	j := mc.j
+	if len(mc.out) == 0 || j.failed != nil {
+		return
+	}
+	mn := mc
+	rd := &clusterpb.Ready{}
+	for i, group := range mn.out {
+		sn := mn.outKey[i]
+		if sn == (setName{}) {
+			// A join: never cached.
+			rd.GroupStart = append(rd.GroupStart, int32(len(rd.Requests)))
+			rd.Slot = append(rd.Slot, -1)
+			rd.Requests = append(rd.Requests, group...)
+			continue
+		}
+		e := mn.sent[sn]
+		if e != nil && sameRequests(e.reqs, group) {
+			for int(e.slot/8) >= len(rd.Cached) {
+				rd.Cached = append(rd.Cached, 0)
+			}
+			rd.Cached[e.slot/8] |= 1 << (e.slot % 8)
+			continue
+		}
+		if e == nil {
+			e = &cacheEntry{slot: int32(mn.nslots)}
+			mn.nslots++
+			mn.sent[sn] = e
+		}
+		e.reqs = group
+		rd.GroupStart = append(rd.GroupStart, int32(len(rd.Requests)))
+		rd.Slot = append(rd.Slot, e.slot)
+		rd.Requests = append(rd.Requests, group...)
+	}
+	mn.out, mn.outKey = nil, nil
+	if link := mn.links[0]; link != nil {
+		if err := link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Ready{Ready: rd}}); err != nil {
+			mc.hooks.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node 0 (the coordinator) was lost: %v", err), false)
+		}
+	}
+}
+
+// expect tells the job's control links whether this node awaits messages
+// on them: while a local request is pending it does. Links over MPI
+// (--control mpi) then probe for messages often, and rarely otherwise.
+func (mc *multiCoord) expect(on bool) {
+	if on == mc.expecting {
+		return
+	}
+	mc.expecting = on
+	for _, link := range mc.links {
+		if link != nil {
+			link.Expect(on)
+		}
+	}
+}
+
+// next returns the next plan to run (coordination), called while the
+// executor is idle: on the coordinator the next batch of ready responses,
+// which it sends to every node first; on a follower the next plan received,
+// in order. A shutdown that came after plans takes effect once they have
+// run.
+func (mc *multiCoord) next() []plan.Response {
+	j := mc.j
+	if mc.coordinator() {
+		if mc.shutdown != nil {
+			mc.shutdownAfterPlans()
+			return nil
+		}
+		resps := mc.table.Ready()
+		if len(resps) == 0 {
+			return nil
+		}
+		mc.seq++
+		pm := &clusterpb.Plan{Seq: mc.seq}
+		for i := range resps {
+			pm.Responses = append(pm.Responses, responseToPB(&resps[i]))
+		}
+		msg := &clusterpb.Message{Msg: &clusterpb.Message_Plan{Plan: pm}}
+		for r, link := range mc.links {
+			if err := link.Send(msg); err != nil {
+				mc.hooks.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node %d%s was lost: %v", r, j.members.rankRange(r), err), true)
+				return nil
+			}
+		}
+		return resps
+	}
+	// Several plans may have arrived in one read: the loop asks for them
+	// all while the executor stays idle, since one that runs in the loop
+	// leaves nothing that would bring the loop back here for the next, and
+	// the ranks waiting for it send nothing more.
+	if len(mc.plans) == 0 {
+		mc.shutdownAfterPlans()
+		return nil
+	}
+	pm := mc.plans[0]
+	mc.plans = mc.plans[1:]
+	mc.seq++
+	if pm.GetSeq() != mc.seq {
+		mc.hooks.abort(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("plan %d arrived where %d was due", pm.GetSeq(), mc.seq), true)
+		return nil
+	}
+	resps := make([]plan.Response, 0, len(pm.GetResponses()))
+	for _, pr := range pm.GetResponses() {
+		resps = append(resps, responseFromPB(pr))
+	}
+	for _, r := range resps {
+		if r.Op == tensor.Join {
+			mc.joined = 0
+		}
+	}
+	return resps
+}
+
+// shutdownAfterPlans applies a deferred shutdown once no plan waits or runs.
+func (mc *multiCoord) shutdownAfterPlans() {
+	a := mc.shutdown
+	if a == nil || mc.hooks.executing() || len(mc.plans) > 0 || mc.j.failed != nil {
+		return
+	}
+	mc.shutdown = nil
+	mc.hooks.abort(mc.j, ipcpb.Code(a.GetCode()), a.GetMsg(), mc.coordinator())
+}
+
+// abort tells the other nodes why the job fails (notify), while the links
+// are open, and closes the data engine (coordination).
+func (mc *multiCoord) abort(code ipcpb.Code, msg string, notify bool) {
+	if notify {
+		a := &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(code), Msg: msg}}}
+		for _, link := range mc.links {
+			link.Send(a)
+		}
+	}
+	if mc.b != nil {
+		mc.b.Close()
+	}
+}
+
+// end says goodbye on the links of a job that ended normally, closes them
+// and the engine (coordination).
+func (mc *multiCoord) end() {
+	j := mc.j
+	bye := &clusterpb.Message{Msg: &clusterpb.Message_Bye{Bye: &clusterpb.Bye{}}}
+	for _, link := range mc.links {
+		if j.failed == nil || j.failed.GetCode() == ipcpb.Code_CODE_SHUT_DOWN {
+			link.Send(bye)
+		}
+		mc.n.unwatch(link)
+		link.Close()
+	}
+	if mc.b != nil {
+		if sr, ok := mc.b.(backends.StatsReporter); ok {
+			st := sr.Stats()
+			mc.n.log.Info("cross-node bytes of the job", "job", j.id, "node", j.members.node, "sent", st.SentBytes, "received", st.RecvBytes)
+		}
+		mc.b.Close()
+	}
+}
+
+// sameRequests compares two groups of requests field by field.
+func sameRequests(a, b []*clusterpb.Request) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !proto.Equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
+}
