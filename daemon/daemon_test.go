@@ -418,7 +418,7 @@ func TestMain(m *testing.M) {
 		fmt.Println(msg.GetFatal().GetCode(), msg.GetFatal().GetError(), err)
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(daemontest.Main(m))
 }
 
 func TestStallWarningAndShutdown(t *testing.T) {

@@ -34,6 +34,12 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	stop()
+	if code == 0 {
+		if err := daemontest.Leaks(); err != nil {
+			fmt.Fprintf(os.Stderr, "FAIL: goroutines outlived the tests' daemons and clients:\n%v\n", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 

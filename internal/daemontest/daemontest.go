@@ -18,9 +18,38 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	hvdd "github.com/hvdd/hvdd/clients/go"
 	"github.com/hvdd/hvdd/daemon"
 )
+
+// Leaks reports the goroutines still running, other than the test
+// framework's own, after they had a few seconds to end: called by a test
+// binary's TestMain once every test (and so every daemon and client it
+// started) has stopped, it fails the binary when a stopped daemon left a
+// goroutine behind.
+func Leaks() error {
+	return goleak.Find(
+		// fasthttp's worker-pool cleaner (the rendezvous server) sees its
+		// server's stop only after its next 10 s sleep; it then ends.
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+	)
+}
+
+// Main runs a test binary's tests (m.Run) and then checks for goroutines
+// that outlived them (Leaks); it returns the exit code.
+func Main(m interface{ Run() int }) int {
+	code := m.Run()
+	if code != 0 {
+		return code
+	}
+	if err := Leaks(); err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: goroutines outlived the tests' daemons and clients:\n%v\n", err)
+		return 1
+	}
+	return 0
+}
 
 // WorkerEnv is the environment variable that turns a re-executed test binary
 // into a worker running the named scenario.
