@@ -34,8 +34,8 @@ type Config struct {
 	Command []string
 
 	// Socket is the path of the daemon's Unix socket; a leading '@' names a
-	// Linux abstract socket. Empty means SocketPath(""): $HVDD_SOCKET, else
-	// DefaultSocket().
+	// Linux abstract socket. Empty means ipc.SocketPath(""): $HVDD_SOCKET,
+	// else ipc.DefaultSocket().
 	Socket string
 
 	// DaemonCommand starts a daemon when none accepts connections on Socket,
@@ -127,15 +127,9 @@ type Config struct {
 	localHost func(host string) bool
 }
 
-// DefaultSocket is ipc.DefaultSocket, for callers that already import launch.
-func DefaultSocket() string { return ipc.DefaultSocket() }
-
-// SocketPath is ipc.SocketPath.
-func SocketPath(flagValue string) string { return ipc.SocketPath(flagValue) }
-
 // withDefaults returns a copy of c with the zero-valued fields filled in.
 func (c Config) withDefaults() Config {
-	c.Socket = SocketPath(c.Socket)
+	c.Socket = ipc.SocketPath(c.Socket)
 	if c.StartTimeout == 0 {
 		c.StartTimeout = DefaultStartTimeout
 	}

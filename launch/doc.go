@@ -40,7 +40,7 @@
 // Lifecycle of Run:
 //
 //  1. Validate the Config and resolve the socket (Config.Socket, else
-//     $HVDD_SOCKET, else DefaultSocket()).
+//     $HVDD_SOCKET, else ipc.DefaultSocket()).
 //  2. Dial the socket. If nothing accepts, take <socket>.lock, remove a stale
 //     socket file, start Config.DaemonCommand and poll the socket until it
 //     accepts or Config.StartTimeout passes.
