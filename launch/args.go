@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/hvdd/hvdd/ipc"
 )
 
 // Usage is the help text of `hvdd run`.
@@ -145,7 +147,7 @@ func (e envList) Set(s string) error {
 // ParseArgs parses the arguments of `hvdd run` (without "run" itself) into a
 // Config. Flags end at "--" or at the first argument that is not a flag; the
 // rest is the command. Both -flag and --flag spellings are accepted. Socket
-// is resolved with SocketPath, so the returned Config names the socket Run
+// is resolved with ipc.SocketPath, so the returned Config names the socket Run
 // will use (cmd/hvdd needs it to build DaemonCommand). Durations not given
 // are left zero, meaning Run's defaults.
 //
@@ -213,7 +215,7 @@ func ParseArgs(args []string) (Config, error) {
 	case flagSet(fs, "H") || flagSet(fs, "hosts"):
 		return Config{}, errors.New("-H is empty; pass the hosts as host1:slots,host2:slots")
 	}
-	c.Socket = SocketPath(c.Socket)
+	c.Socket = ipc.SocketPath(c.Socket)
 	if err := c.validate(); err != nil {
 		return Config{}, err
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hvdd/hvdd/ipc"
 )
 
 func TestParseArgs(t *testing.T) {
@@ -97,6 +99,8 @@ func TestUsageNamesEveryFlag(t *testing.T) {
 	}
 }
 
+// TestSocketPath checks the socket resolution that ParseArgs and Run use
+// (ipc.SocketPath).
 func TestSocketPath(t *testing.T) {
 	t.Setenv("XDG_RUNTIME_DIR", "/run/user/1000")
 	t.Setenv("TMPDIR", "/tmp/x")
@@ -108,23 +112,23 @@ func TestSocketPath(t *testing.T) {
 		wantDefault = "/run/user/1000/hvdd.sock"
 		t.Run("no XDG_RUNTIME_DIR", func(t *testing.T) {
 			t.Setenv("XDG_RUNTIME_DIR", "")
-			if got, want := DefaultSocket(), filepath.Join("/tmp/x", "hvdd-"+uid, "hvdd.sock"); got != want {
+			if got, want := ipc.DefaultSocket(), filepath.Join("/tmp/x", "hvdd-"+uid, "hvdd.sock"); got != want {
 				t.Errorf("DefaultSocket() = %q, want %q", got, want)
 			}
 		})
 	}
-	if got := DefaultSocket(); got != wantDefault {
+	if got := ipc.DefaultSocket(); got != wantDefault {
 		t.Errorf("DefaultSocket() = %q, want %q", got, wantDefault)
 	}
 	t.Setenv("HVDD_SOCKET", "")
-	if got := SocketPath(""); got != wantDefault {
+	if got := ipc.SocketPath(""); got != wantDefault {
 		t.Errorf("SocketPath(\"\") without $HVDD_SOCKET = %q, want %q", got, wantDefault)
 	}
 	t.Setenv("HVDD_SOCKET", "/env.sock")
-	if got := SocketPath(""); got != "/env.sock" {
+	if got := ipc.SocketPath(""); got != "/env.sock" {
 		t.Errorf("SocketPath(\"\") = %q, want $HVDD_SOCKET", got)
 	}
-	if got := SocketPath("/flag.sock"); got != "/flag.sock" {
+	if got := ipc.SocketPath("/flag.sock"); got != "/flag.sock" {
 		t.Errorf("SocketPath(flag) = %q, want the flag", got)
 	}
 }

@@ -34,8 +34,9 @@ type Config struct {
 	Command []string
 
 	// Socket is the path of the daemon's Unix socket; a leading '@' names a
-	// Linux abstract socket. Empty means SocketPath(""): $HVDD_SOCKET, else
-	// DefaultSocket().
+	// Linux abstract socket. Empty means ipc.SocketPath(""): $HVDD_SOCKET,
+	// else ipc.DefaultSocket(). A job across hosts does not use it: every
+	// host's daemon gets a socket of its own for the job.
 	Socket string
 
 	// DaemonCommand starts a daemon when none accepts connections on Socket,
@@ -87,9 +88,9 @@ type Config struct {
 	// their own channel.
 	Signals <-chan os.Signal
 
-	// The fields below are for jobs across hosts (see multi.go). They are
-	// ignored when Hosts is nil, or when the ranks all land on one host that
-	// is this machine: that job runs on the single-node path above.
+	// The fields below are for jobs across hosts. They are ignored when
+	// Hosts is nil, or when the ranks all land on one host that is this
+	// machine: that job's one node uses Socket and DaemonCommand above.
 
 	// Hosts lists the job's hosts in node order (-H, --hostfile). Ranks are
 	// placed node-major, filling each host's slots in turn; NP must not
@@ -127,15 +128,9 @@ type Config struct {
 	localHost func(host string) bool
 }
 
-// DefaultSocket is ipc.DefaultSocket, for callers that already import launch.
-func DefaultSocket() string { return ipc.DefaultSocket() }
-
-// SocketPath is ipc.SocketPath.
-func SocketPath(flagValue string) string { return ipc.SocketPath(flagValue) }
-
 // withDefaults returns a copy of c with the zero-valued fields filled in.
 func (c Config) withDefaults() Config {
-	c.Socket = SocketPath(c.Socket)
+	c.Socket = ipc.SocketPath(c.Socket)
 	if c.StartTimeout == 0 {
 		c.StartTimeout = DefaultStartTimeout
 	}
@@ -183,6 +178,29 @@ func (c *Config) validate() error {
 		if name, _, ok := strings.Cut(kv, "="); !ok || name == "" {
 			return fmt.Errorf("environment entry %q is not NAME=VALUE", kv)
 		}
+	}
+	return nil
+}
+
+// validateHosts reports the first thing wrong with the fields for jobs
+// across hosts.
+func (c *Config) validateHosts() error {
+	if _, err := layout(c.Hosts, c.NP); err != nil {
+		return err
+	}
+	switch c.Backend {
+	case "", "tcp", "mpi":
+	default:
+		return fmt.Errorf("unknown --backend %q; pass tcp or mpi", c.Backend)
+	}
+	if c.RendezvousPort < 0 || c.RendezvousPort > 65535 {
+		return fmt.Errorf("--rendezvous-port %d is not a TCP port (1-65535; 0 picks one)", c.RendezvousPort)
+	}
+	if c.SSHPort < 0 || c.SSHPort > 65535 {
+		return fmt.Errorf("--ssh-port %d is not a TCP port (1-65535)", c.SSHPort)
+	}
+	if c.Agent != "" && len(strings.Fields(c.Agent)) == 0 {
+		return errors.New("--agent is blank; pass a command such as 'ssh -o BatchMode=yes'")
 	}
 	return nil
 }

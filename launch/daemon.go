@@ -1,18 +1,40 @@
 package launch
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strings"
+	"strconv"
+	"sync"
 	"syscall"
 	"time"
 )
+
+// Every node's ranks talk to one daemon on the node's socket. Where it comes
+// from is a property of the node:
+//
+//   - The shared node (a job on this machine only) uses the machine's
+//     daemon on Config.Socket: one already listening is left alone, else one
+//     is started from Config.DaemonCommand for the job (shared.go).
+//   - Every other node gets a daemon of its own for the job, `hvdd serve
+//     --slots S --nodes H --node-rank I --rendezvous HOST0:PORT --advertise
+//     HOST --socket /tmp/hvdd-run-JOB-I/hvdd.sock --secret-file /dev/stdin`,
+//     with a fresh random secret for the job on its standard input (never
+//     on a command line). Node 0 coordinates and serves the rendezvous.
+//     Nodes on this machine (isLocalHost) get it as a child process, ready
+//     when its socket accepts a connection; remote ones through the agent
+//     (agent.go), ready when the remote wrapper sees the socket appear and
+//     prints a marker line, which hvdd run takes out of the daemon's output.
+//   - With --backend mpi, the daemons of all nodes are the ranks of one
+//     mpirun (mpi.go).
+
+// secretEnv is the daemon's environment variable for the secret; it must not
+// reach a daemon given --secret-file (hvdd serve refuses both).
+const secretEnv = "HVDD_SECRET"
 
 // Polling bounds while waiting for a daemon to listen or for the socket lock.
 const (
@@ -33,19 +55,62 @@ func probe(socket string) error {
 	return c.Close()
 }
 
-// daemonProc is a daemon started by Run.
+// daemonProc is a daemon (or the agent or mpirun that runs daemons) started
+// by Run.
 type daemonProc struct {
-	cmd  *exec.Cmd
-	tail *tailBuffer   // its last output, for error messages
-	done chan struct{} // closed once cmd.Wait has returned
+	cmd   *exec.Cmd
+	tail  *tailBuffer   // its last output, for error messages
+	done  chan struct{} // closed once cmd.Wait has returned
+	ready chan struct{} // closed when its ready marker line arrives (remote daemons)
 
-	// For the daemons of a job across hosts (multi.go):
-	host  string   // the host it serves; empty on the single-node path
+	host  string   // the host it serves; empty for the shared daemon
 	stdin *os.File // remote: the write end of the agent's stdin; closing it stops the daemon
-	ready chan struct{}
 	// remoteGrace is how long after stdin closes the remote wrapper waits
 	// before it SIGKILLs the daemon.
 	remoteGrace time.Duration
+}
+
+// startDaemonProc starts cmd (its Stdin set by the caller) as a daemon
+// serving host: in a process group of its own, so that a terminal's Ctrl-C
+// stops the ranks but not the daemon they talk to (Run stops it afterwards),
+// and with SIGTERM when hvdd run dies. Its output goes to the job's stderr,
+// every line prefixed; if marker is not empty, a stdout line equal to it is
+// left out and closes d.ready.
+func startDaemonProc(o *output, cmd *exec.Cmd, host, prefix, marker string) (*daemonProc, error) {
+	d := &daemonProc{cmd: cmd, tail: &tailBuffer{max: 8 << 10}, done: make(chan struct{}), ready: make(chan struct{}), host: host}
+	out := newLineWriter(o, o.stderr, prefix, maxLine)
+	out.tail = d.tail
+	writers := []*lineWriter{out}
+	cmd.Stdout, cmd.Stderr = out, out
+	if marker != "" {
+		stdout := newLineWriter(o, o.stderr, prefix, maxLine)
+		stdout.tail = d.tail
+		var once sync.Once
+		stdout.drop = func(line []byte) bool {
+			if bytes.Equal(bytes.TrimRight(line, "\r\n"), []byte(marker)) {
+				once.Do(func() { close(d.ready) })
+				return true
+			}
+			return false
+		}
+		cmd.Stdout = stdout
+		writers = append(writers, stdout)
+	}
+	// Don't outlive hvdd run if it is killed. (Pdeathsig fires when the
+	// forking OS thread exits; the Go runtime keeps its threads.)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	cmd.WaitDelay = time.Second // don't hang on a grandchild holding the pipe
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		cmd.Wait()
+		for _, w := range writers {
+			w.Flush()
+		}
+		close(d.done)
+	}()
+	return d, nil
 }
 
 // describe names the daemon in messages.
@@ -59,151 +124,41 @@ func (d *daemonProc) describe() string {
 	return fmt.Sprintf("the hvdd daemon for %s (pid %d)", d.host, d.cmd.Process.Pid)
 }
 
-// ensureDaemon makes sure a daemon accepts connections on cfg.Socket. It
-// returns nil and no error if one already did, and the started daemon
-// otherwise.
-func ensureDaemon(ctx context.Context, cfg *Config, o *output) (*daemonProc, error) {
-	if probe(cfg.Socket) == nil {
-		return nil, nil
-	}
-	deadline := time.Now().Add(cfg.StartTimeout)
-	abstract := strings.HasPrefix(cfg.Socket, "@")
-	if !abstract {
-		if err := os.MkdirAll(filepath.Dir(cfg.Socket), 0o700); err != nil {
-			return nil, fmt.Errorf("create the socket's directory: %w; pass a --socket in a directory you can write to", err)
-		}
-		// Two hvdd runs starting at once must not both start a daemon, nor
-		// remove the socket of the daemon the other one just started.
-		unlock, err := lockSocket(ctx, cfg.Socket, deadline)
-		if err != nil {
-			return nil, err
-		}
-		defer unlock()
-	}
-	err := probe(cfg.Socket)
-	if err == nil {
-		return nil, nil // started by another hvdd run while we waited
-	}
-	if !abstract {
-		if err := removeStale(cfg.Socket, err); err != nil {
-			return nil, err
-		}
-	}
-	if len(cfg.DaemonCommand) == 0 {
-		return nil, fmt.Errorf("no hvdd daemon is listening on %s and none is configured to start; start one with 'hvdd serve --socket %s'", cfg.Socket, cfg.Socket)
-	}
-	d, err := startDaemon(cfg, o)
-	if err != nil {
-		return nil, err
-	}
-	if err := d.waitReady(ctx, cfg, deadline); err != nil {
-		return nil, err
-	}
-	return d, nil
-}
+// How waiting for a daemon to be ready ended.
+type readiness int
 
-// lockSocket takes an exclusive flock on <socket>.lock, polling until
-// deadline. The lock file is never removed: removing it would let two
-// processes lock different files of the same name.
-func lockSocket(ctx context.Context, socket string, deadline time.Time) (unlock func(), err error) {
-	name := socket + ".lock"
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open lock file: %w; pass a --socket in a directory you can write to", err)
-	}
-	for delay := pollMin; ; delay = min(2*delay, pollMax) {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", name, err)
-		}
-		if time.Now().After(deadline) {
-			f.Close()
-			return nil, fmt.Errorf("another hvdd run has held %s for longer than the start timeout; wait for it, or pass a different --socket", name)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("waiting for %s: %w", name, context.Cause(ctx))
-		case <-time.After(delay):
-		}
-	}
-}
+const (
+	daemonReady readiness = iota
+	daemonExited
+	waitCancelled
+	waitTimedOut
+)
 
-// removeStale removes the socket file at path after a dial of it failed
-// with dialErr, but only if it is a socket nobody accepts on.
-func removeStale(path string, dialErr error) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("check the socket: %w", err)
-	}
-	if fi.Mode().Type() != fs.ModeSocket {
-		return fmt.Errorf("%s exists and is not a socket; remove it or pass another --socket", path)
-	}
-	if !errors.Is(dialErr, syscall.ECONNREFUSED) {
-		return fmt.Errorf("cannot connect to the hvdd daemon: %w; check the socket's permissions, or pass another --socket", dialErr)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("remove stale socket: %w", err)
-	}
-	return nil
-}
-
-func startDaemon(cfg *Config, o *output) (*daemonProc, error) {
-	d := &daemonProc{tail: &tailBuffer{max: 8 << 10}, done: make(chan struct{})}
-	out := newLineWriter(o, o.stderr, "[hvdd] ", maxLine)
-	out.tail = d.tail
-	d.cmd = exec.Command(cfg.DaemonCommand[0], cfg.DaemonCommand[1:]...)
-	d.cmd.Stdout = out
-	d.cmd.Stderr = out
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{
-		// Its own process group, so a terminal's Ctrl-C stops the ranks but
-		// not the daemon they are talking to; Run stops it afterwards.
-		Setpgid: true,
-		// Don't outlive hvdd run if it is killed. (Pdeathsig fires when the
-		// forking OS thread exits; the Go runtime keeps its threads.)
-		Pdeathsig: syscall.SIGTERM,
-	}
-	d.cmd.WaitDelay = time.Second // don't hang on a grandchild holding the pipe
-	if err := d.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start the hvdd daemon (%s): %w", strings.Join(cfg.DaemonCommand, " "), err)
-	}
-	go func() {
-		d.cmd.Wait()
-		out.Flush()
-		close(d.done)
-	}()
-	return d, nil
-}
-
-// waitReady polls the socket until the daemon accepts connections. On
-// failure it stops the daemon and returns an error quoting its output.
-func (d *daemonProc) waitReady(ctx context.Context, cfg *Config, deadline time.Time) error {
+// await waits until the daemon is ready: up (polled with growing delays;
+// nil to wait for d.ready alone) reports true, or d.ready is closed. It
+// gives up when the daemon exits, ctx is done or deadline passes, and says
+// which happened.
+func (d *daemonProc) await(ctx context.Context, deadline time.Time, up func() bool) readiness {
 	timeout := time.NewTimer(time.Until(deadline))
 	defer timeout.Stop()
 	for delay := pollMin; ; delay = min(2*delay, pollMax) {
-		if probe(cfg.Socket) == nil {
-			return nil
+		var poll <-chan time.Time
+		if up != nil {
+			if up() {
+				return daemonReady
+			}
+			poll = time.After(delay)
 		}
 		select {
+		case <-d.ready:
+			return daemonReady
 		case <-d.done:
-			_, how := describeExit(d.cmd.ProcessState)
-			return fmt.Errorf("the hvdd daemon (%s) %s before accepting connections on %s; its last output:\n%s\nfix what it reports, or start a daemon yourself with 'hvdd serve --socket %s'",
-				strings.Join(cfg.DaemonCommand, " "), how, cfg.Socket, d.tail.lines(10), cfg.Socket)
+			return daemonExited
 		case <-ctx.Done():
-			d.stop(cfg.KillGrace)
-			return fmt.Errorf("waiting for the hvdd daemon to start: %w", context.Cause(ctx))
+			return waitCancelled
 		case <-timeout.C:
-			d.stop(cfg.KillGrace)
-			return fmt.Errorf("the hvdd daemon (pid %d: %s) did not accept connections on %s within %v, so it was stopped; its last output:\n%s\ncheck that it listens on that socket, or raise --start-timeout",
-				d.cmd.Process.Pid, strings.Join(cfg.DaemonCommand, " "), cfg.Socket, cfg.StartTimeout, d.tail.lines(10))
-		case <-time.After(delay):
+			return waitTimedOut
+		case <-poll:
 		}
 	}
 }
@@ -232,4 +187,155 @@ func (d *daemonProc) stop(grace time.Duration) {
 		d.cmd.Process.Kill()
 		<-d.done
 	}
+}
+
+// daemonsName names the job's daemons in messages.
+func (j *job) daemonsName() string {
+	if j.shared() {
+		return "the hvdd daemon"
+	}
+	return "the hvdd daemons"
+}
+
+// startDaemons makes sure every node's daemon is ready: it finds or starts
+// the shared one, or starts the job's own and waits until all are ready; the
+// first failure ends the wait. Whatever it started, ready or not, is in
+// j.daemons for stopDaemons.
+func (j *job) startDaemons(ctx context.Context) error {
+	switch {
+	case j.shared():
+		d, err := ensureDaemon(ctx, j.cfg, j.o)
+		if d != nil {
+			j.daemons = []*daemonProc{d}
+		}
+		return err
+	case j.cfg.Backend == "mpi":
+		return j.startMPIDaemons(ctx)
+	}
+	deadline := time.Now().Add(j.cfg.StartTimeout)
+	for i := range j.nodes {
+		d, err := j.startDaemon(i)
+		if err != nil {
+			return err
+		}
+		j.daemons = append(j.daemons, d)
+	}
+	// They all start at once; wait for each in turn, the first failure
+	// (or the deadline) ends the wait.
+	errs := make(chan error, len(j.daemons))
+	waitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for i, d := range j.daemons {
+		go func() { errs <- j.waitReady(waitCtx, d, i, deadline) }()
+	}
+	var first error
+	for range j.daemons {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+			cancel()
+		}
+	}
+	return first
+}
+
+// startDaemon starts the job's own daemon for node i.
+func (j *job) startDaemon(i int) (*daemonProc, error) {
+	n := j.nodes[i]
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close() // the daemon has its copy
+	w.WriteString(j.secret + "\n")
+	var cmd *exec.Cmd
+	marker := ""
+	if n.Local {
+		if err := j.mkSocketDir(i); err != nil {
+			w.Close()
+			return nil, err
+		}
+		cmd = exec.Command(j.cfg.HvddPath, j.daemonArgs(i)...)
+		cmd.Env = environ()
+		// 65 bytes fit in any pipe buffer: written, and closed before the
+		// start.
+		w.Close()
+	} else {
+		// The wrapper reads the secret; then w stays open.
+		cmd = j.agent(n.Host, j.daemonScript(i))
+		marker = j.readyMarker(i)
+	}
+	cmd.Stdin = r
+	d, err := startDaemonProc(j.o, cmd, n.Host, "[hvdd "+n.Host+"] ", marker)
+	if err != nil {
+		if n.Local {
+			return nil, fmt.Errorf("start the hvdd daemon for %s (%s): %w; pass the hvdd binary's path", n.Host, j.cfg.HvddPath, err)
+		}
+		w.Close()
+		return nil, fmt.Errorf("start the agent for %s (%s): %w; install ssh or pass --agent", n.Host, j.agentString(), err)
+	}
+	if !n.Local {
+		d.stdin = w
+		d.remoteGrace = time.Duration(max(j.grace, 1)) * time.Second
+	}
+	return d, nil
+}
+
+// waitReady waits until node i's own daemon is ready, or fails saying why.
+func (j *job) waitReady(ctx context.Context, d *daemonProc, i int, deadline time.Time) error {
+	n := j.nodes[i]
+	where := "on " + n.Host
+	hint := fmt.Sprintf("check that '%s %s true' works without a password and that hvdd is at %s there (--hvdd-path)", j.agentString(), n.Host, j.remoteHvdd)
+	var up func() bool // remote: the ready marker
+	if n.Local {
+		where = "for " + n.Host + " on this machine"
+		hint = "fix what it reports"
+		up = func() bool { return probe(n.Socket) == nil }
+	}
+	switch d.await(ctx, deadline, up) {
+	case daemonExited:
+		_, how := describeExit(d.cmd.ProcessState)
+		return fmt.Errorf("the hvdd daemon %s %s before it was ready; its last output:\n%s\n%s",
+			where, how, d.tail.lines(10), hint)
+	case waitCancelled:
+		return fmt.Errorf("waiting for the hvdd daemon %s to start: %w", where, context.Cause(ctx))
+	case waitTimedOut:
+		return fmt.Errorf("the hvdd daemon %s was not ready within %v, so the job was stopped; its last output:\n%s\n%s, or raise --start-timeout",
+			where, j.cfg.StartTimeout, d.tail.lines(10), hint)
+	}
+	return nil
+}
+
+// stopDaemons stops the daemons Run started (all at once) and removes the
+// socket directories it made.
+func (j *job) stopDaemons() {
+	var wg sync.WaitGroup
+	for _, d := range j.daemons {
+		wg.Go(func() { d.stop(j.cfg.KillGrace) })
+	}
+	wg.Wait()
+	for _, dir := range j.dirs {
+		os.RemoveAll(dir)
+	}
+}
+
+// daemonArgs is the `hvdd serve` command line of node i's own daemon after
+// the program name.
+func (j *job) daemonArgs(i int) []string {
+	n := j.nodes[i]
+	args := []string{"serve", "--slots", strconv.Itoa(n.Slots), "--nodes", strconv.Itoa(len(j.nodes)),
+		"--node-rank", strconv.Itoa(i), "--rendezvous", j.rendezvous, "--advertise", n.Host,
+		"--socket", n.Socket, "--log-level", daemonLogLevel(), "--secret-file", "/dev/stdin"}
+	if j.cfg.Backend != "" {
+		args = append(args, "--backend", j.cfg.Backend)
+	}
+	return args
+}
+
+// daemonLogLevel is $HOROVOD_LOG_LEVEL when set, else warning: the daemons a
+// job starts speak up only when something is wrong.
+func daemonLogLevel() string {
+	if v := os.Getenv("HOROVOD_LOG_LEVEL"); v != "" {
+		return v
+	}
+	return "warning"
 }

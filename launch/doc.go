@@ -1,31 +1,34 @@
 // Package launch starts an hvdd job: it is the engine of `hvdd run`, hvdd's
 // equivalent of horovodrun or mpirun, on one host or across several.
 //
-// Run makes sure an hvdd daemon listens on the node's Unix socket (starting
-// one from Config.DaemonCommand if none does, and stopping it again at the
-// end), starts Config.NP copies of the worker command with their rank in the
-// environment (HVDD_RANK, HVDD_LOCAL_RANK, ... and Horovod's HOROVOD_*
-// names), tags every line of their output with the rank in mpirun's
-// --tag-output format, and supervises them: the first rank that fails stops
-// the others, and SIGINT, SIGTERM and SIGHUP are forwarded to every rank.
+// Run has one path for every job: it plans the job's nodes, makes sure each
+// node has a daemon, starts Config.NP copies of the worker command with
+// their rank in the environment (HVDD_RANK, HVDD_LOCAL_RANK, ... and
+// Horovod's HOROVOD_* names), tags every line of their output with the rank
+// in mpirun's --tag-output format, and supervises them: the first rank that
+// fails stops the others, and SIGINT, SIGTERM and SIGHUP are forwarded to
+// every rank.
 //
-// With Config.Hosts (-H, --hostfile) naming more than this machine, Run
-// places the ranks node-major on the hosts and starts one daemon per host for
-// the job (hvdd serve --nodes H --node-rank I, a per-job socket under /tmp,
-// a fresh random secret on the daemon's standard input; host 0 serves the
-// rendezvous). Hosts that are this machine get their daemon and ranks as
-// child processes, the others through the agent (ssh -o BatchMode=yes -o
-// StrictHostKeyChecking=accept-new, or
-// Config.Agent run as "AGENT HOST 'sh -c ...'", as mpirun's plm_rsh_agent).
-// Every remote command line runs its process in the background under a
-// watcher that sends it SIGTERM, then SIGKILL after the kill grace, when the
-// agent's standard input closes; Run stops remote daemons and ranks by
-// closing it (so ssh needs no tty, and a dead hvdd run or agent also stops
-// them). Signals forwarded to the job therefore reach remote ranks as
-// SIGTERM. Remote ranks get only the rank variables and Config.Env, and run
-// in the same working directory as here; a remote daemon is ready when its
-// wrapper sees the socket appear and prints a marker line. See multi.go.
-// --backend mpi (daemons started by mpirun) is not supported yet.
+// A job on this machine only (no Config.Hosts, or every rank on one host
+// that is this machine) is one node, the shared one: its daemon is the
+// machine's daemon on the node's Unix socket (Config.Socket), used if one
+// listens, else started from Config.DaemonCommand and stopped again at the
+// end. Otherwise the ranks are placed node-major on the hosts and every node
+// gets a daemon of its own for the job (hvdd serve --nodes H --node-rank I,
+// a per-job socket under /tmp, a fresh random secret on the daemon's
+// standard input; node 0 serves the rendezvous), or with --backend mpi the
+// daemons are the ranks of one mpirun. Hosts that are this machine get their
+// daemon and ranks as child processes, the others through the agent (ssh -o
+// BatchMode=yes -o StrictHostKeyChecking=accept-new, or Config.Agent run as
+// "AGENT HOST 'sh -c ...'", as mpirun's plm_rsh_agent). Every remote command
+// line runs its process in the background under a watcher that sends it
+// SIGTERM, then SIGKILL after the kill grace, when the agent's standard
+// input closes; Run stops remote daemons and ranks by closing it (so ssh
+// needs no tty, and a dead hvdd run or agent also stops them). Signals
+// forwarded to the job therefore reach remote ranks as SIGTERM. Remote ranks
+// get only the rank variables and Config.Env, and run in the same working
+// directory as here; a remote daemon is ready when its wrapper sees the
+// socket appear and prints a marker line.
 //
 // The package does not restart failed ranks (no elastic mode), and does not
 // talk the daemon's protocol: it only checks that something accepts
@@ -37,17 +40,27 @@
 // not killed; Run stops waiting for their output one second after the last
 // rank exits.
 //
-// Lifecycle of Run:
+// Lifecycle of Run, and the files that hold each step:
 //
-//  1. Validate the Config and resolve the socket (Config.Socket, else
-//     $HVDD_SOCKET, else DefaultSocket()).
-//  2. Dial the socket. If nothing accepts, take <socket>.lock, remove a stale
-//     socket file, start Config.DaemonCommand and poll the socket until it
-//     accepts or Config.StartTimeout passes.
-//  3. Start the NP workers in our process group (so a terminal's Ctrl-C reaches
-//     them directly), each with its stdout and stderr line-tagged.
-//  4. Wait. On the first failure, signal or ctx cancellation, SIGTERM (or the
-//     received signal) goes to the ranks still running and SIGKILL follows
-//     after Config.KillGrace; a second SIGINT sends SIGKILL at once.
-//  5. Stop the daemon if this Run started it, and return the job's exit code.
+//  1. Validate the Config (config.go) and resolve the socket (Config.Socket,
+//     else $HVDD_SOCKET, else ipc.DefaultSocket()).
+//  2. Plan the nodes (job.go, placement in hosts.go): the shared node, or one
+//     node per host that gets ranks, with a job id, secret and rendezvous.
+//  3. Make sure every node's daemon is ready (daemon.go), giving up on a
+//     signal. The shared node (shared.go): dial the socket; if nothing
+//     accepts, take <socket>.lock, remove a stale socket file, start
+//     Config.DaemonCommand and poll the socket until it accepts or
+//     Config.StartTimeout passes. Other nodes: start every daemon (here, or
+//     through the agent, agent.go; under mpirun, mpi.go) and wait until all
+//     are ready.
+//  4. Start the NP ranks (ranks.go), node by node: local ones in our process
+//     group (so a terminal's Ctrl-C reaches them directly), remote ones
+//     through the agent, each with its stdout and stderr line-tagged
+//     (output.go).
+//  5. Wait (supervise.go). On the first failure, signal or ctx cancellation,
+//     SIGTERM (or the received signal) goes to the ranks still running and
+//     SIGKILL follows after Config.KillGrace; a second SIGINT sends SIGKILL at
+//     once.
+//  6. Stop the daemons this Run started, and return the job's exit code
+//     (exitcode.go).
 package launch

@@ -145,12 +145,18 @@ func checkHosts(hosts []Host) error {
 	return nil
 }
 
-// A node is a host with the ranks the job places on it.
+// A node is a host with the ranks the job places on it, and the daemon
+// they talk to.
 type node struct {
-	Host   string
-	Slots  int  // ranks on this host, at least 1
-	Offset int  // global rank of its local rank 0
-	Local  bool // one of this machine's own addresses: started directly, not through the agent
+	Host   string // empty for this machine when no hosts were given
+	Slots  int    // ranks on this host, at least 1
+	Offset int    // global rank of its local rank 0
+	Local  bool   // one of this machine's own addresses: started directly, not through the agent
+	// Shared marks the node of a job on this machine only: its daemon is
+	// the machine's shared one on Config.Socket, used if it runs and else
+	// started for the job. Other nodes get a daemon of their own.
+	Shared bool
+	Socket string // the daemon's socket, HVDD_SOCKET of the node's ranks
 }
 
 // layout places np ranks on hosts node-major, filling each host's slots in

@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -29,15 +27,15 @@ import (
 // engine.
 
 // mpiDaemonArgs is node i's `hvdd serve` argument list under mpirun.
-func (m *multiJob) mpiDaemonArgs(i int) []string {
-	n := m.nodes[i]
-	return []string{"serve", "--slots", strconv.Itoa(n.Slots), "--nodes", strconv.Itoa(len(m.nodes)),
-		"--node-rank", strconv.Itoa(i), "--rendezvous", m.rendezvous, "--advertise", n.Host,
-		"--socket", m.socket(i), "--log-level", daemonLogLevel(), "--backend", "mpi"}
+func (j *job) mpiDaemonArgs(i int) []string {
+	n := j.nodes[i]
+	return []string{"serve", "--slots", strconv.Itoa(n.Slots), "--nodes", strconv.Itoa(len(j.nodes)),
+		"--node-rank", strconv.Itoa(i), "--rendezvous", j.rendezvous, "--advertise", n.Host,
+		"--socket", n.Socket, "--log-level", daemonLogLevel(), "--backend", "mpi"}
 }
 
 // mpirunArgs is the whole mpirun command line.
-func (m *multiJob) mpirunArgs() []string {
+func (j *job) mpirunArgs() []string {
 	args := []string{"--allow-run-as-root", "--bind-to", "none", "-x", secretEnv}
 	if os.Getenv("HVDD_CONTROL") != "" {
 		// The daemons' --control default (auto, which is tcp here since
@@ -47,86 +45,70 @@ func (m *multiJob) mpirunArgs() []string {
 	// mpirun reaches the hosts as hvdd run would: the agent, or our ssh
 	// command with its port and key (mpirun's own ssh would stop at a host
 	// key it has not seen).
-	args = append(args, "--mca", "plm_rsh_agent", m.agentString())
-	for i, n := range m.nodes {
+	args = append(args, "--mca", "plm_rsh_agent", j.agentString())
+	for i, n := range j.nodes {
 		if i > 0 {
 			args = append(args, ":")
 		}
-		exe := m.remoteHvdd
+		exe := j.remoteHvdd
 		if n.Local {
-			exe = m.cfg.HvddPath
+			exe = j.cfg.HvddPath
 		}
 		args = append(args, "-np", "1", "--host", n.Host+":1", exe)
-		args = append(args, m.mpiDaemonArgs(i)...)
+		args = append(args, j.mpiDaemonArgs(i)...)
 	}
 	return args
 }
 
-// startMPIDaemons runs the daemons under one mpirun and waits until every
-// socket answers (local hosts: a dial; remote ones: `test -S` through the
-// agent), the mpirun exits, or the start timeout passes.
-func (m *multiJob) startMPIDaemons(ctx context.Context, o *output) ([]*daemonProc, error) {
+// startMPIDaemons runs the daemons under one mpirun (in j.daemons) and waits
+// until every socket answers (local hosts: a dial; remote ones: `test -S`
+// through the agent), the mpirun exits, or the start timeout passes.
+func (j *job) startMPIDaemons(ctx context.Context) error {
 	mpirun, err := exec.LookPath("mpirun")
 	if err != nil {
-		return nil, fmt.Errorf("--backend mpi needs mpirun: %w (apt-get install openmpi-bin libopenmpi-dev, and build hvdd with -tags mpi)", err)
+		return fmt.Errorf("--backend mpi needs mpirun: %w (apt-get install openmpi-bin libopenmpi-dev, and build hvdd with -tags mpi)", err)
 	}
 	if err := checkOpenMPI(mpirun); err != nil {
-		return nil, err
+		return err
 	}
-	for i, n := range m.nodes {
+	for i, n := range j.nodes {
 		if n.Local {
-			if err := os.Mkdir(filepath.Dir(m.socket(i)), 0o700); err != nil {
-				return nil, fmt.Errorf("create the daemon's socket directory: %w", err)
+			if err := j.mkSocketDir(i); err != nil {
+				return err
 			}
 		}
 	}
-	d := &daemonProc{tail: &tailBuffer{max: 8 << 10}, done: make(chan struct{}), host: "mpirun", ready: make(chan struct{})}
-	out := newLineWriter(o, o.stderr, "[hvdd mpirun] ", maxLine)
-	out.tail = d.tail
-	d.cmd = exec.Command(mpirun, m.mpirunArgs()...)
-	d.cmd.Env = append(environ(), secretEnv+"="+m.secret)
-	d.cmd.Stdout, d.cmd.Stderr = out, out
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	d.cmd.WaitDelay = time.Second
-	if err := d.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start mpirun: %w", err)
+	cmd := exec.Command(mpirun, j.mpirunArgs()...)
+	cmd.Env = append(environ(), secretEnv+"="+j.secret)
+	d, err := startDaemonProc(j.o, cmd, "mpirun", "[hvdd mpirun] ", "")
+	if err != nil {
+		return fmt.Errorf("start mpirun: %w", err)
 	}
-	go func() {
-		d.cmd.Wait()
-		out.Flush()
-		close(d.done)
-	}()
-	ds := []*daemonProc{d}
-	deadline := time.Now().Add(m.cfg.StartTimeout)
-	for i, n := range m.nodes {
-		for delay := pollMin; ; delay = min(2*delay, pollMax) {
-			if m.socketUp(i) {
-				break
-			}
-			select {
-			case <-d.done:
-				_, how := describeExit(d.cmd.ProcessState)
-				tail := d.tail.lines(10)
-				return ds, fmt.Errorf("mpirun %s before the daemon on %s was ready; its last output:\n%s\n%s", how, n.Host, tail, mpirunHint(tail))
-			case <-ctx.Done():
-				return ds, fmt.Errorf("waiting for the hvdd daemon on %s to start: %w", n.Host, context.Cause(ctx))
-			case <-time.After(delay):
-			}
-			if time.Now().After(deadline) {
-				return ds, fmt.Errorf("the hvdd daemon on %s was not ready within %v under mpirun; its last output:\n%s", n.Host, m.cfg.StartTimeout, d.tail.lines(10))
-			}
+	j.daemons = []*daemonProc{d}
+	deadline := time.Now().Add(j.cfg.StartTimeout)
+	for i, n := range j.nodes {
+		switch d.await(ctx, deadline, func() bool { return j.socketUp(i) }) {
+		case daemonExited:
+			_, how := describeExit(d.cmd.ProcessState)
+			tail := d.tail.lines(10)
+			return fmt.Errorf("mpirun %s before the daemon on %s was ready; its last output:\n%s\n%s", how, n.Host, tail, mpirunHint(tail))
+		case waitCancelled:
+			return fmt.Errorf("waiting for the hvdd daemon on %s to start: %w", n.Host, context.Cause(ctx))
+		case waitTimedOut:
+			return fmt.Errorf("the hvdd daemon on %s was not ready within %v under mpirun; its last output:\n%s", n.Host, j.cfg.StartTimeout, d.tail.lines(10))
 		}
 	}
-	return ds, nil
+	return nil
 }
 
 // socketUp reports whether node i's daemon socket accepts (local) or exists
 // (remote, checked through the agent).
-func (m *multiJob) socketUp(i int) bool {
-	if m.nodes[i].Local {
-		return probe(m.socket(i)) == nil
+func (j *job) socketUp(i int) bool {
+	n := j.nodes[i]
+	if n.Local {
+		return probe(n.Socket) == nil
 	}
-	return m.agent(m.nodes[i].Host, "test -S "+shellQuote(m.socket(i))).Run() == nil
+	return j.agent(n.Host, "test -S "+shellQuote(n.Socket)).Run() == nil
 }
 
 // mpirunHint says what to do about an mpirun that failed before the daemons

@@ -411,8 +411,8 @@ func TestMultiHostBackendMPI(t *testing.T) {
 	}
 }
 
-// TestMultiHostOneLocalHost keeps the single-node path when every rank fits
-// on this machine: the daemon listening on the socket is used.
+// TestMultiHostOneLocalHost: when every rank fits on this machine the job
+// has one node, the shared one: the daemon listening on the socket is used.
 func TestMultiHostOneLocalHost(t *testing.T) {
 	t.Parallel()
 	r := run(t, Config{NP: 2, Command: helperCmd("dial"), Hosts: []Host{{"localhost", 4}, {"192.0.2.1", 4}}})
@@ -491,7 +491,7 @@ func TestMultiHostSignal(t *testing.T) {
 }
 
 func TestAgentCommand(t *testing.T) {
-	m := &multiJob{cfg: &Config{SSHPort: 2222, SSHIdentityFile: "/k ey"}}
+	m := &job{cfg: &Config{SSHPort: 2222, SSHIdentityFile: "/k ey"}}
 	got := m.agent("node1", "echo 'hi'").Args
 	want := []string{"ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-p", "2222", "-i", "/k ey", "node1", `sh -c 'echo '\''hi'\'''`}
 	if !slices.Equal(got, want) {
@@ -513,7 +513,7 @@ func TestAgentCommand(t *testing.T) {
 // TestMpirunArgsControl: HVDD_CONTROL reaches the daemons started by
 // mpirun (it selects what carries their control links), and only when set.
 func TestMpirunArgsControl(t *testing.T) {
-	m := &multiJob{cfg: &Config{HvddPath: "/bin/hvdd"}, nodes: []node{{Host: "a", Slots: 1, Local: true}, {Host: "b", Slots: 1}},
+	m := &job{cfg: &Config{HvddPath: "/bin/hvdd"}, nodes: []node{{Host: "a", Slots: 1, Local: true, Socket: "/tmp/hvdd-run-x-0/hvdd.sock"}, {Host: "b", Slots: 1, Socket: "/tmp/hvdd-run-x-1/hvdd.sock"}},
 		id: "x", rendezvous: "a:1", remoteHvdd: "hvdd"}
 	has := func() bool { return strings.Contains(strings.Join(m.mpirunArgs(), " "), "-x HVDD_CONTROL") }
 	t.Setenv("HVDD_CONTROL", "")

@@ -18,7 +18,7 @@ import (
 
 	"github.com/hvdd/hvdd/backends/mpi"
 	"github.com/hvdd/hvdd/daemon"
-	"github.com/hvdd/hvdd/launch"
+	"github.com/hvdd/hvdd/ipc"
 	"github.com/hvdd/hvdd/rendezvous"
 )
 
@@ -73,7 +73,7 @@ func serveMain(argv []string) int {
 		rendezvous, advertise, secretFile, backend string
 		control                                    string
 	}
-	fs.StringVar(&args.socket, "socket", "", "Unix socket path; {node} is replaced by the node rank (default $HVDD_SOCKET, else "+launch.DefaultSocket()+")")
+	fs.StringVar(&args.socket, "socket", "", "Unix socket path; {node} is replaced by the node rank (default $HVDD_SOCKET, else "+ipc.DefaultSocket()+")")
 	fs.IntVar(&args.slots, "slots", 0, "number of local processes per job (required)")
 	fs.StringVar(&args.allowGID, "allow-gid", "", "comma-separated group ids allowed to connect besides the daemon's uid and root")
 	fs.Int64Var(&args.fusion, "fusion-threshold", -2, "bytes per fused response; 0 disables fusion (default $HOROVOD_FUSION_THRESHOLD, else 128 MiB)")
@@ -168,7 +168,7 @@ func serveMain(argv []string) int {
 		socket = os.Getenv("HVDD_SOCKET")
 	}
 	if socket == "" {
-		socket = launch.DefaultSocket()
+		socket = ipc.DefaultSocket()
 	}
 	// Under mpirun, -1 takes the node rank and count from the MPI launcher.
 	if args.nodes < 0 || args.nodeRank < 0 {

@@ -1,0 +1,255 @@
+package launch
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// How long output may lag behind the process that wrote it. A rank's
+// stdout and stderr normally reach EOF as it exits, but a child it left
+// behind can hold them open.
+const (
+	// exitOutputWait bounds how long a rank's exit report waits for the
+	// rank's output to end, so that a failure message follows the rank's
+	// last lines (its traceback) without being held up by an orphan.
+	exitOutputWait = 250 * time.Millisecond
+	// drainWait bounds how long Run waits, once every rank has exited, for
+	// output still coming from their orphans before it closes the pipes.
+	drainWait = time.Second
+)
+
+type exitEvent struct {
+	rank  int
+	state *os.ProcessState // nil if Wait failed before the process was reaped
+}
+
+// startRanks starts every rank, node by node, with path as the command of
+// the ranks on this machine. If one cannot be started, it kills those
+// already started and returns the run's exit code and error.
+func (j *job) startRanks(path string) (int, error) {
+	j.exits = make(chan exitEvent, j.cfg.NP)
+	for i, n := range j.nodes {
+		for lr := range n.Slots {
+			if err := j.startRank(path, i, lr); err != nil {
+				j.abort()
+				where := ""
+				if !n.Shared {
+					where = " on " + n.Host
+				}
+				return rankStartFailed(err), fmt.Errorf("start rank %d%s: %w; check that the command exists and is executable", n.Offset+lr, where, err)
+			}
+		}
+	}
+	return 0, nil
+}
+
+// startRank starts local rank lr of node i: directly on this machine, else
+// through the agent.
+func (j *job) startRank(path string, i, lr int) error {
+	n, cfg := j.nodes[i], j.cfg
+	rank := n.Offset + lr
+	if !n.Local {
+		return j.startRemoteRank(i, lr)
+	}
+	cmd := exec.Command(path, cfg.Command[1:]...)
+	cmd.Args[0] = cfg.Command[0]
+	cmd.Dir = cfg.Dir
+	// Our environment, then cfg.Env, then the rank variables (os/exec keeps
+	// the last of duplicate names). A job with daemons of its own hands its
+	// secret to them alone.
+	env := os.Environ()
+	if !n.Shared {
+		env = environ()
+	}
+	cmd.Env = append(append(env, cfg.Env...), j.rankEnv(i, lr)...)
+	if rank == 0 {
+		cmd.Stdin = cfg.Stdin
+	}
+	// Ranks stay in our process group, so a terminal's Ctrl-C reaches them
+	// directly; they also get SIGTERM if hvdd run itself is killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	return j.startCmd(cmd, rank, nil)
+}
+
+// startRemoteRank starts local rank lr of node i, a remote host, through
+// the agent.
+func (j *job) startRemoteRank(i, lr int) error {
+	n := j.nodes[i]
+	rank := n.Offset + lr
+	cmd := j.agent(n.Host, j.workerScript(i, lr))
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stdin = r
+	// The agent stays in our process group, as local ranks do.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	err = j.startCmd(cmd, rank, w)
+	r.Close()
+	if err != nil {
+		w.Close()
+		return err
+	}
+	if j.hosts == nil {
+		j.hosts = map[int]string{}
+	}
+	j.hosts[rank] = n.Host
+	return nil
+}
+
+// rankEnv is the rank variables of local rank lr on node i. HVDD_CROSS_RANK
+// and HVDD_CROSS_SIZE are set only on nodes with a daemon of their own (a
+// job across hosts); HOROVOD_CROSS_* always.
+func (j *job) rankEnv(i, lr int) []string {
+	n := j.nodes[i]
+	cr, cs := crossRank(j.nodes, i, lr)
+	r, size := strconv.Itoa(n.Offset+lr), strconv.Itoa(j.cfg.NP)
+	l, ls := strconv.Itoa(lr), strconv.Itoa(n.Slots)
+	c, csz := strconv.Itoa(cr), strconv.Itoa(cs)
+	env := []string{
+		"HVDD_SOCKET=" + n.Socket,
+		"HVDD_RANK=" + r, "HVDD_SIZE=" + size,
+		"HVDD_LOCAL_RANK=" + l, "HVDD_LOCAL_SIZE=" + ls,
+	}
+	if !n.Shared {
+		env = append(env, "HVDD_CROSS_RANK="+c, "HVDD_CROSS_SIZE="+csz)
+	}
+	return append(env,
+		"HOROVOD_RANK="+r, "HOROVOD_SIZE="+size,
+		"HOROVOD_LOCAL_RANK="+l, "HOROVOD_LOCAL_SIZE="+ls,
+		"HOROVOD_CROSS_RANK="+c, "HOROVOD_CROSS_SIZE="+csz,
+	)
+}
+
+// environ is our environment without the job secret's variable.
+func environ() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, secretEnv+"=") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// A pump copies one rank's stdout or stderr from a pipe to the job's
+// output. Run makes the pipes itself rather than letting os/exec do it, so
+// that a rank's exit is seen when the rank exits, not when the last process
+// holding its pipe does.
+type pump struct {
+	r, w  *os.File // w is the child's end; closed in our process once started
+	sink  io.Writer
+	flush func() // writes out a final partial line; nil for raw output
+	done  chan struct{}
+}
+
+func (p *pump) run() {
+	defer close(p.done)
+	io.Copy(p.sink, p.r) // ends at EOF, or when drain closes r
+	if p.flush != nil {
+		p.flush()
+	}
+}
+
+// waitPumps waits up to d for every pump in ps to finish, and reports
+// whether they all did.
+func waitPumps(ps []*pump, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for _, p := range ps {
+		select {
+		case <-p.done:
+		case <-t.C:
+			return false
+		}
+	}
+	return true
+}
+
+// startCmd starts cmd as rank, with its output tagged, and a goroutine that
+// reports its exit on j.exits. stdin, if non-nil, is the write end of the
+// pipe cmd reads (a rank started through the agent); the job closes it to
+// stop the rank.
+func (j *job) startCmd(cmd *exec.Cmd, rank int, stdin *os.File) error {
+	cfg := j.cfg
+	var pumps []*pump
+	started := false
+	defer func() {
+		for _, p := range pumps {
+			p.w.Close() // the child has its copy
+			if !started {
+				p.r.Close()
+			}
+		}
+	}()
+	connect := func(dst io.Writer, stream string) (io.Writer, error) {
+		var p pump
+		switch f, ok := dst.(*os.File); {
+		case cfg.NoTagOutput && ok:
+			return f, nil // the rank shares our descriptor, and sees a terminal if it is one
+		case cfg.NoTagOutput:
+			p.sink = lockedWriter{j.o, dst}
+		default:
+			lw := newLineWriter(j.o, dst, "["+strconv.Itoa(rank)+"]<"+stream+">:", maxLine)
+			p.sink, p.flush = lw, func() { lw.Flush() }
+		}
+		var err error
+		if p.r, p.w, err = os.Pipe(); err != nil {
+			return nil, err
+		}
+		p.done = make(chan struct{})
+		pumps = append(pumps, &p)
+		return p.w, nil
+	}
+	var err error
+	if cmd.Stdout, err = connect(cfg.Stdout, "stdout"); err != nil {
+		return err
+	}
+	if cmd.Stderr, err = connect(cfg.Stderr, "stderr"); err != nil {
+		return err
+	}
+	// Don't wait forever to copy a Stdin that is not an *os.File.
+	cmd.WaitDelay = time.Second
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	started = true
+	for _, p := range pumps {
+		go p.run()
+	}
+	j.pumps = append(j.pumps, pumps...)
+	j.workers = append(j.workers, cmd)
+	j.exited = append(j.exited, false)
+	if stdin != nil {
+		for len(j.stdins) < rank {
+			j.stdins = append(j.stdins, nil)
+		}
+		j.stdins = append(j.stdins, stdin)
+	}
+	j.running++
+	go func() {
+		cmd.Wait()
+		waitPumps(pumps, exitOutputWait)
+		j.exits <- exitEvent{rank: rank, state: cmd.ProcessState}
+	}()
+	return nil
+}
+
+// drain waits up to drainWait for the ranks' output to end, then closes the
+// pipes (a process still writing to one gets EPIPE) and waits for the pumps
+// to flush.
+func (j *job) drain() {
+	if !waitPumps(j.pumps, drainWait) {
+		j.o.logf("output pipes still open %v after the last rank exited (a rank left a child process running?); closing them", drainWait)
+	}
+	for _, p := range j.pumps {
+		p.r.Close()
+		<-p.done
+	}
+}

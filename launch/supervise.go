@@ -1,0 +1,173 @@
+package launch
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// interruptibly runs start with a context that is cancelled when a signal
+// arrives on sigs, and returns that signal (nil if none came) with start's
+// error.
+func interruptibly(ctx context.Context, sigs <-chan os.Signal, start func(context.Context) error) (os.Signal, error) {
+	startCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var sig os.Signal
+	stopWatch, watchDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		select {
+		case sig = <-sigs:
+			cancel()
+		case <-stopWatch:
+		}
+	}()
+	err := start(startCtx)
+	close(stopWatch)
+	<-watchDone
+	return sig, err
+}
+
+// supervise waits for every rank to exit, stopping the job on the first
+// failure, signal or ctx cancellation. See Run for the result.
+func (j *job) supervise(ctx context.Context, sigs <-chan os.Signal) (int, error) {
+	const (
+		running = iota
+		failed
+		interrupted
+		cancelled
+	)
+	var (
+		state   = running
+		code    int
+		killC   <-chan time.Time // fires KillGrace after the job began stopping
+		ctxDone = ctx.Done()
+		daemonC = make(chan *daemonProc, len(j.daemons))
+		quit    = make(chan struct{})
+	)
+	defer close(quit)
+	for _, d := range j.daemons {
+		go func() {
+			select {
+			case <-d.done:
+				daemonC <- d
+			case <-quit:
+			}
+		}()
+	}
+	stop := func(sig os.Signal) {
+		j.signalAll(sig)
+		killC = time.After(j.cfg.KillGrace)
+	}
+	for j.running > 0 {
+		select {
+		case e := <-j.exits:
+			j.running--
+			j.exited[e.rank] = true
+			c, how := describeExit(e.state)
+			if c == 0 || state != running {
+				continue
+			}
+			state, code = failed, c
+			msg := fmt.Sprintf("rank %d (pid %d) %s", e.rank, j.workers[e.rank].Process.Pid, how)
+			if h, ok := j.hosts[e.rank]; ok {
+				msg = fmt.Sprintf("rank %d on %s (agent pid %d) %s", e.rank, h, j.workers[e.rank].Process.Pid, how)
+			}
+			if j.running > 0 {
+				msg += fmt.Sprintf("; stopping the other %s", ranks(j.running))
+			}
+			j.o.logf("%s", msg)
+			stop(syscall.SIGTERM)
+
+		case sig := <-sigs:
+			switch {
+			case state == running:
+				state, code = interrupted, 128+signum(sig)
+				hint := ""
+				if sig == syscall.SIGINT {
+					hint = " (Ctrl-C again to kill them now)"
+				}
+				j.o.logf("received %s; forwarding it to %s%s", signame(sig), ranks(j.running), hint)
+				stop(sig)
+			case sig == syscall.SIGINT:
+				j.o.logf("received SIGINT again; killing %s", ranks(j.running))
+				j.signalAll(syscall.SIGKILL)
+			default:
+				j.signalAll(sig)
+			}
+
+		case <-ctxDone:
+			ctxDone = nil
+			if state == running {
+				state, code = cancelled, 128+int(syscall.SIGTERM)
+				j.o.logf("%v; stopping %s", context.Cause(ctx), ranks(j.running))
+				stop(syscall.SIGTERM)
+			}
+
+		case <-killC:
+			killC = nil
+			j.o.logf("%s still running %v after being asked to stop; sending SIGKILL", ranks(j.running), j.cfg.KillGrace)
+			j.signalAll(syscall.SIGKILL)
+
+		case d := <-daemonC:
+			_, how := describeExit(d.cmd.ProcessState)
+			j.o.logf("%s %s while the job was running; its last output:\n%s",
+				d.describe(), how, d.tail.lines(10))
+		}
+	}
+	j.closeStdins()
+	j.drain()
+	if state == cancelled {
+		return code, fmt.Errorf("job stopped: %w", context.Cause(ctx))
+	}
+	return code, nil
+}
+
+// abort kills the ranks started so far and waits for them.
+func (j *job) abort() {
+	j.signalAll(syscall.SIGKILL)
+	j.closeStdins()
+	for ; j.running > 0; j.running-- {
+		<-j.exits
+	}
+	j.drain()
+}
+
+// signalAll sends sig to every rank that has not been seen to exit. A rank
+// that exited meanwhile is not an error: os.Process refuses to signal a
+// reaped process, so a recycled pid is never hit.
+//
+// A rank on a remote host cannot be signalled: any signal but SIGKILL closes
+// its agent's standard input, on which the remote wrapper sends the rank
+// SIGTERM (and SIGKILL after the kill grace); SIGKILL kills the agent.
+func (j *job) signalAll(sig os.Signal) {
+	for i, cmd := range j.workers {
+		if j.exited[i] {
+			continue
+		}
+		if i < len(j.stdins) && j.stdins[i] != nil && sig != syscall.SIGKILL {
+			j.stdins[i].Close()
+			continue
+		}
+		cmd.Process.Signal(sig)
+	}
+}
+
+// closeStdins closes what is left of the remote ranks' standard inputs.
+func (j *job) closeStdins() {
+	for _, f := range j.stdins {
+		if f != nil {
+			f.Close() // a second Close just fails
+		}
+	}
+}
+
+func ranks(n int) string {
+	if n == 1 {
+		return "1 rank"
+	}
+	return strconv.Itoa(n) + " ranks"
+}
