@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hvdd/hvdd/backends/backendtest"
+	"github.com/hvdd/hvdd/rendezvous"
 )
 
 // logBuffer collects a rank's log output for assertions.
@@ -59,7 +59,7 @@ func (r result) close() {
 }
 
 func TestWrongSecretRefusedOnBothSides(t *testing.T) {
-	store := backendtest.NewMemStore()
+	store := rendezvous.NewMemory()
 	var log0, log1 logBuffer
 	c0, c1 := testConfig(store, 0, 2), testConfig(store, 1, 2)
 	c0.Logger, c1.Logger = log0.logger(), log1.logger()
@@ -104,7 +104,7 @@ func TestRefusals(t *testing.T) {
 			defer cancel()
 			// The odd rank 1 lives in a store of its own, waiting for
 			// a rank 0 of its own kind.
-			other := backendtest.NewMemStore()
+			other := rendezvous.NewMemory()
 			var log1 logBuffer
 			c1 := testConfig(other, 1, 2)
 			tt.tweak(&c1)
@@ -117,7 +117,7 @@ func TestRefusals(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Rank 0 finds that address under its own key.
-			store := backendtest.NewMemStore()
+			store := rendezvous.NewMemory()
 			store.Set(ctx, "test/job/tcp/addr/1", addr[c1.Prefix+"/tcp/addr/1"])
 			r0 := <-start(ctx, testConfig(store, 0, 2))
 			defer r0.close()
@@ -148,7 +148,7 @@ func waitFor(cond func() bool) bool {
 func TestGarbageClient(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	store := backendtest.NewMemStore()
+	store := rendezvous.NewMemory()
 	var log1 logBuffer
 	c1 := testConfig(store, 1, 2)
 	c1.Logger = log1.logger()
@@ -194,7 +194,7 @@ func TestGarbageClient(t *testing.T) {
 }
 
 func TestListenAddrs(t *testing.T) {
-	store := backendtest.NewMemStore()
+	store := rendezvous.NewMemory()
 	for _, addr := range []string{":0", "0.0.0.0:0", "[::]:0", "no-port"} {
 		c := testConfig(store, 0, 2)
 		c.ListenAddr = addr
@@ -216,7 +216,7 @@ func TestListenAddrs(t *testing.T) {
 }
 
 func TestSecretRequired(t *testing.T) {
-	c := testConfig(backendtest.NewMemStore(), 0, 1)
+	c := testConfig(rendezvous.NewMemory(), 0, 1)
 	c.Secret = nil
 	if _, err := New(context.Background(), c); err == nil {
 		t.Fatal("empty secret accepted without Insecure")
