@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hvdd/hvdd/auth"
 	"github.com/hvdd/hvdd/rendezvous"
 )
 
@@ -251,6 +252,47 @@ func TestHandshakeRoundTrip(t *testing.T) {
 	}
 	if err := <-errc; err != nil {
 		t.Fatalf("client: %v", err)
+	}
+}
+
+// TestHandshakeWire plays the client's side by hand, as the protocol
+// describes it, against the server: the challenge must be nonceS and
+// MAC(secret, "hvdd/tcp server v1", hello, nonceS) and the server must take
+// MAC(secret, "hvdd/tcp client v1", hello, nonceS) as the proof.
+func TestHandshakeWire(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	srv := shake{secret: []byte("k"), prefix: "p", size: 4, rank: 3, streams: 2, chunk: 100, small: 10}
+	type res struct {
+		from, stream int
+		err          error
+	}
+	done := make(chan res, 1)
+	go func() {
+		from, stream, err := srv.server(b)
+		done <- res{from, stream, err}
+	}()
+	h := hello{Version: protoVersion, Size: 4, From: 1, To: 3, Stream: 2, Streams: 2, ChunkBytes: 100, Small: 10, Prefix: "p"}
+	copy(h.Nonce[:], "a client nonce of thirty-two b..")
+	hb := h.marshal()
+	if err := writeFrame(a, kindHello, hb); err != nil {
+		t.Fatal(err)
+	}
+	kind, body, err := readFrame(a)
+	if err != nil || kind != kindChallenge || len(body) != nonceLen+macLen {
+		t.Fatalf("challenge: kind %d, %d bytes, %v", kind, len(body), err)
+	}
+	nonceS := body[:nonceLen]
+	if want := auth.Sign(srv.secret, []byte("hvdd/tcp server v1"), hb, nonceS); !bytes.Equal(body[nonceLen:], want) {
+		t.Fatalf("challenge MAC %x, want %x", body[nonceLen:], want)
+	}
+	writeFrame(a, kindProof, auth.Sign(srv.secret, []byte("hvdd/tcp client v1"), hb, nonceS))
+	if kind, _, err := readFrame(a); err != nil || kind != kindOK {
+		t.Fatalf("verdict: kind %d, %v", kind, err)
+	}
+	if r := <-done; r.err != nil || r.from != 1 || r.stream != 2 {
+		t.Fatalf("server: from=%d stream=%d err=%v", r.from, r.stream, r.err)
 	}
 }
 
