@@ -18,6 +18,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/hvdd/hvdd/auth"
 )
 
 // A job across hosts (Config.Hosts naming more than this machine):
@@ -123,11 +125,10 @@ func runMulti(ctx context.Context, cfg *Config, nodes []node) (int, error) {
 		}
 	}
 
-	var b [32]byte
-	rand.Read(b[:])
-	m.secret = hex.EncodeToString(b[:])
-	rand.Read(b[:6]) // the job id is not secret: it only names the sockets
-	m.id = hex.EncodeToString(b[:6])
+	m.secret = hex.EncodeToString(auth.NewSecret())
+	var id [6]byte
+	rand.Read(id[:]) // the job id is not secret: it only names the sockets
+	m.id = hex.EncodeToString(id[:])
 	port := cfg.RendezvousPort
 	if port == 0 {
 		port = DefaultRendezvousPort
