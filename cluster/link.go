@@ -3,13 +3,19 @@
 // framed protobuf messages (clusterpb), and heartbeats that turn a silent peer
 // into an error within a bounded time.
 //
+// A link opens with the auth package's challenge-response handshake, the
+// coordinator initiating: it sends its nonce; the dialing node sends its
+// name (a big-endian uint16 length, then the bytes), then its nonce and
+// proof; the coordinator checks the proof and answers with its own. Both
+// proofs bind the name. A wrong secret is reported as ErrAuth by the side
+// that finds it.
+//
 // It moves messages; the daemon decides what they mean. Tensor data never
 // travels here (that is the backends' job).
 package cluster
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -17,7 +23,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/hvdd/hvdd/rendezvous"
+	"github.com/hvdd/hvdd/auth"
 )
 
 // MaxMessage bounds one control message (a plan of many tensors).
@@ -54,11 +60,12 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// handshake labels keep the two directions' MACs distinct.
-var (
-	labelClient = []byte("hvdd-cluster-client-v1")
-	labelServer = []byte("hvdd-cluster-server-v1")
-)
+// labels are the control links' auth.Labels: the coordinator (the
+// listening side) speaks first, so it is the initiator.
+var labels = auth.Labels{
+	Initiator: []byte("hvdd-cluster-server-v1"),
+	Responder: []byte("hvdd-cluster-client-v1"),
+}
 
 // Dial connects to the coordinator at addr and authenticates both ways; ctx
 // bounds the whole exchange. who names the dialing node for the peer's logs.
@@ -81,32 +88,25 @@ func ClientHandshake(ctx context.Context, c net.Conn, peer string, cfg Config, w
 	} else {
 		c.SetDeadline(time.Now().Add(cfg.PeerTimeout))
 	}
-	// Server speaks first: its nonce. We answer with ours and a MAC over both;
-	// it proves itself with a MAC over both in the other order.
-	ns := make([]byte, 32)
-	if _, err := io.ReadFull(c, ns); err != nil {
+	// The handshake (see auth): the coordinator opens with its nonce; we
+	// send our name, then our nonce and proof, both binding the name; it
+	// answers with its proof.
+	open := make([]byte, auth.NonceLen)
+	if _, err := io.ReadFull(c, open); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("cluster: handshake with %s: %w", peer, err)
 	}
-	nc := nonce()
 	whoB := []byte(who)
-	msg := make([]byte, 0, 32+32+2+len(whoB))
-	msg = append(msg, nc...)
-	msg = append(msg, rendezvous.Sign(cfg.Secret, labelClient, ns, nc, whoB)...)
-	msg = binary.BigEndian.AppendUint16(msg, uint16(len(whoB)))
-	msg = append(msg, whoB...)
-	if _, err := c.Write(msg); err != nil {
+	if _, err := c.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(whoB))), whoB...)); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("cluster: handshake with %s: %w", peer, err)
 	}
-	mac := make([]byte, 32)
-	if _, err := io.ReadFull(c, mac); err != nil {
+	if err := auth.Respond(hinted{auth.Stream(c)}, cfg.Secret, labels, open, whoB); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("cluster: handshake with %s: %w (the coordinator closed the connection: wrong secret?)", peer, err)
-	}
-	if !rendezvous.Verify(cfg.Secret, mac, labelServer, nc, ns) {
-		c.Close()
-		return nil, fmt.Errorf("cluster: coordinator %s: %w", peer, ErrAuth)
+		if errors.Is(err, auth.ErrMismatch) {
+			return nil, fmt.Errorf("cluster: coordinator %s: %w", peer, ErrAuth)
+		}
+		return nil, fmt.Errorf("cluster: handshake with %s: %w", peer, err)
 	}
 	c.SetDeadline(time.Time{})
 	link, err := newLink(c, cfg, peer)
@@ -177,23 +177,22 @@ func ServerHandshake(c net.Conn, peer string, cfg Config) (*Link, string, error)
 
 func serverHandshake(c net.Conn, peer string, cfg Config) (*Link, string, error) {
 	c.SetDeadline(time.Now().Add(cfg.PeerTimeout))
-	ns := nonce()
-	if _, err := c.Write(ns); err != nil {
+	open := auth.NewNonce()
+	if _, err := c.Write(open); err != nil {
 		return nil, "", err
 	}
-	head := make([]byte, 32+32+2)
-	if _, err := io.ReadFull(c, head); err != nil {
+	var n [2]byte
+	if _, err := io.ReadFull(c, n[:]); err != nil {
 		return nil, "", err
 	}
-	nc, mac := head[:32], head[32:64]
-	whoB := make([]byte, binary.BigEndian.Uint16(head[64:]))
+	whoB := make([]byte, binary.BigEndian.Uint16(n[:]))
 	if _, err := io.ReadFull(c, whoB); err != nil {
 		return nil, "", err
 	}
-	if !rendezvous.Verify(cfg.Secret, mac, labelClient, ns, nc, whoB) {
-		return nil, "", ErrAuth
-	}
-	if _, err := c.Write(rendezvous.Sign(cfg.Secret, labelServer, nc, ns)); err != nil {
+	if err := auth.Initiate(auth.Stream(c), cfg.Secret, labels, open, whoB); err != nil {
+		if errors.Is(err, auth.ErrMismatch) {
+			return nil, "", ErrAuth
+		}
 		return nil, "", err
 	}
 	c.SetDeadline(time.Time{})
@@ -204,8 +203,15 @@ func serverHandshake(c net.Conn, peer string, cfg Config) (*Link, string, error)
 	return link, string(whoB), nil
 }
 
-func nonce() []byte {
-	b := make([]byte, 32)
-	rand.Read(b)
-	return b
+// hinted is the dialing side's transport: the coordinator closes the
+// connection instead of proving itself to a node whose proof failed, so a
+// failed read says so.
+type hinted struct{ auth.Transport }
+
+func (h hinted) Recv(n int) ([]byte, error) {
+	b, err := h.Transport.Recv(n)
+	if err != nil {
+		return nil, fmt.Errorf("%w (the coordinator closed the connection: wrong secret?)", err)
+	}
+	return b, nil
 }

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/hvdd/hvdd/auth"
 )
 
 // DefaultRendezvousPort is node 0's rendezvous port when node 0 is another
@@ -103,11 +105,10 @@ func newJob(cfg *Config) (*job, int, error) {
 		j.cwd = wd
 	}
 	j.grace = int((cfg.KillGrace + time.Second - 1) / time.Second)
-	var b [32]byte
-	rand.Read(b[:])
-	j.secret = hex.EncodeToString(b[:])
-	rand.Read(b[:6]) // the job id is not secret: it only names the sockets
-	j.id = hex.EncodeToString(b[:6])
+	j.secret = hex.EncodeToString(auth.NewSecret())
+	var id [6]byte
+	rand.Read(id[:]) // the job id is not secret: it only names the sockets
+	j.id = hex.EncodeToString(id[:])
 	for i := range j.nodes {
 		j.nodes[i].Socket = fmt.Sprintf("/tmp/hvdd-run-%s-%d/hvdd.sock", j.id, i)
 	}

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/hvdd/hvdd/auth"
 )
 
 // Client is a Store served by a remote Server. It is safe for concurrent use.
@@ -42,7 +44,7 @@ var _ Store = (*Client)(nil)
 
 // NewClient returns a Client for the server at addr ("host:port"), signing
 // with secret. It does not connect; the first call does, and a secret
-// shorter than MinSecretLen makes every call fail.
+// shorter than auth.MinSecretLen makes every call fail.
 func NewClient(addr string, secret []byte) *Client {
 	tr := &http.Transport{
 		Proxy: nil, // never route the rendezvous through $HTTP_PROXY
@@ -261,8 +263,8 @@ func (e *serverError) Unwrap() error { return e.sentinel }
 // authenticated response. idempotent says the request may be resent after a
 // transport failure that might have reached the server.
 func (c *Client) do(ctx context.Context, method, uri string, body []byte, idempotent bool) (int, []byte, error) {
-	if len(c.secret) < MinSecretLen {
-		return 0, nil, fmt.Errorf("rendezvous: client secret of %d bytes is shorter than %d: %w", len(c.secret), MinSecretLen, ErrNoSecret)
+	if len(c.secret) < auth.MinSecretLen {
+		return 0, nil, fmt.Errorf("rendezvous: client secret of %d bytes is shorter than %d: %w", len(c.secret), auth.MinSecretLen, auth.ErrNoSecret)
 	}
 	backoff := 10 * time.Millisecond
 	for {
@@ -310,10 +312,7 @@ func isDialError(err error) bool {
 // wraps ErrAuth when the server refused the request or the response is not
 // signed with the client's secret.
 func (c *Client) once(ctx context.Context, method, uri string, body []byte) (int, []byte, error) {
-	nonce, err := newNonce()
-	if err != nil {
-		return 0, nil, err
-	}
+	nonce := newNonce()
 	req, err := http.NewRequestWithContext(ctx, method, "http://"+c.addr+uri, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, err

@@ -14,8 +14,8 @@
 //   - Prefix: a namespaced view of any Store (per job id, per generation).
 //
 // The package does not choose keys, elect node 0, or read flags or the
-// environment: LoadSecret takes the --secret-file path and the value of
-// $HVDD_SECRET from its caller.
+// environment; the shared secret comes from its caller (see the auth
+// package, whose Sign, nonces and replay cache it builds on).
 //
 // # Protocol
 //
@@ -46,16 +46,17 @@
 // Requests carry three headers:
 //
 //	X-Hvdd-Time:  unix milliseconds
-//	X-Hvdd-Nonce: random, 16 to 128 characters (the Client sends 32 hex digits)
+//	X-Hvdd-Nonce: random, 16 to 128 characters (the Client sends 64 hex digits)
 //	X-Hvdd-Mac:   hex HMAC-SHA256(secret, "hvdd-rendezvous-req-v1", method,
 //	              request-URI (path and query as sent), time, nonce, sha256(body))
 //
-// with the parts framed as Sign describes. The server refuses with 401, and
-// logs the remote address and the reason, a request with a missing header,
-// a MAC that does not verify (wrong secret or tampered request), a time more
-// than MaxClockSkew (60 s) from its clock, or a nonce it has accepted in the
-// last 2*MaxClockSkew (a replay). Nonces are remembered only for requests
-// whose MAC verified, so outsiders cannot fill the cache.
+// with the parts framed as auth.Sign describes. The server refuses with
+// 401, and logs the remote address and the reason, a request with a missing
+// header, a MAC that does not verify (wrong secret or tampered request), a
+// time more than MaxClockSkew (60 s) from its clock, or a nonce it has
+// accepted in the last 2*MaxClockSkew (a replay, found by an
+// auth.ReplayCache). Nonces are remembered only for requests whose MAC
+// verified, so outsiders cannot fill the cache.
 //
 // Responses carry
 //

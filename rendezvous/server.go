@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/hvdd/hvdd/auth"
 )
 
 // ServerConfig configures a Server. Fields left zero take the documented
@@ -26,9 +28,9 @@ type ServerConfig struct {
 	// AllowAll is set.
 	Addr string
 
-	// Secret is the job's shared secret (LoadSecret, NewSecret), at least
-	// MinSecretLen bytes. Every request and response is authenticated with
-	// it. Required.
+	// Secret is the job's shared secret (auth.LoadSecret, auth.NewSecret),
+	// at least auth.MinSecretLen bytes. Every request and response is
+	// authenticated with it. Required.
 	Secret []byte
 
 	// Logger receives the server's log lines, among them one per refused
@@ -57,9 +59,9 @@ func (c *ServerConfig) validate() error {
 	}
 	switch {
 	case len(c.Secret) == 0:
-		return ErrNoSecret
-	case len(c.Secret) < MinSecretLen:
-		return fmt.Errorf("rendezvous: secret of %d bytes is shorter than %d", len(c.Secret), MinSecretLen)
+		return auth.ErrNoSecret
+	case len(c.Secret) < auth.MinSecretLen:
+		return fmt.Errorf("rendezvous: secret of %d bytes is shorter than %d", len(c.Secret), auth.MinSecretLen)
 	case c.MaxKeys < 0:
 		return fmt.Errorf("rendezvous: MaxKeys %d is negative", c.MaxKeys)
 	}
@@ -86,7 +88,7 @@ type Server struct {
 	// mu guards the fields that follow.
 	mu      sync.Mutex
 	served  bool
-	replay  replayCache
+	replay  auth.ReplayCache
 	logged  int       // refusals logged in the current second
 	dropped int       // refusals not logged in the current second
 	logSec  time.Time // start of that second
@@ -119,7 +121,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		ln:     ln,
 		quit:   make(chan struct{}),
 		now:    time.Now,
-		replay: replayCache{max: 1 << 20},
+		replay: newReplayCache(),
 	}
 	s.srv = &fasthttp.Server{
 		Handler:              s.handle,
@@ -339,7 +341,7 @@ func (s *Server) authenticate(method, uri string, body []byte, h *fasthttp.Reque
 		return nonce, http.StatusUnauthorized, fmt.Sprintf("clock skew: request time is %v from server time, more than %v", -skew, MaxClockSkew)
 	}
 	s.mu.Lock()
-	ok, full := s.replay.add(nonce, now)
+	ok, full := s.replay.Add(nonce, now)
 	s.mu.Unlock()
 	switch {
 	case full:

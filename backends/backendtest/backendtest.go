@@ -11,7 +11,8 @@
 //
 // with a factory that builds a connected group of size ranks (rank i at
 // index i). Engines that bootstrap through a key-value store can build the
-// group with NewGroup and a MemStore.
+// group with NewGroup and an in-memory store shared by the ranks
+// (rendezvous.NewMemory).
 //
 // The suite does not test an engine's transport details (handshakes,
 // heartbeat timings, socket options); those belong to the engine's own tests.

@@ -1,14 +1,13 @@
 package tcp
 
 import (
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+
+	"github.com/hvdd/hvdd/auth"
 )
 
 // The handshake opens every connection, before any other byte, and is
@@ -28,6 +27,9 @@ import (
 //	                                         checks the client's MAC
 //	                                         <- ok
 //
+// The hello is the opening message of the auth package's exchange
+// (auth.Initiate on the client, auth.Respond on the server); challenge and
+// proof are that exchange's two messages, carried in this package's frames.
 // Either side may instead send reject{reason} and close; the reason is
 // logged by the side that refuses and returned as an error by the other.
 // Frames are
@@ -46,8 +48,8 @@ const (
 	protoVersion = 1
 	maxFrameBody = 1024
 	maxPrefix    = 512
-	nonceLen     = 32
-	macLen       = sha256.Size
+	nonceLen     = auth.NonceLen
+	macLen       = auth.MACLen
 	headerLen    = 7
 	helloFixed   = 1 + 7*4 + nonceLen // version, 7 u32 fields, nonce
 )
@@ -63,12 +65,13 @@ const (
 	kindReject    = 5
 )
 
-// Labels keep the server's and the client's MACs distinct, so neither can be
-// reflected back as the other.
-var (
-	labelServer = []byte("hvdd/tcp server v1")
-	labelClient = []byte("hvdd/tcp client v1")
-)
+// labels keep the server's and the client's MACs distinct, so neither can
+// be reflected back as the other. The client opens (its hello), so it is
+// the initiator of the auth exchange.
+var labels = auth.Labels{
+	Initiator: []byte("hvdd/tcp client v1"),
+	Responder: []byte("hvdd/tcp server v1"),
+}
 
 // hello is the client's opening message.
 type hello struct {
@@ -108,19 +111,6 @@ func parseHello(b []byte) (hello, error) {
 	copy(h.Nonce[:], b[29:29+nonceLen])
 	h.Prefix = string(b[helloFixed:])
 	return h, nil
-}
-
-// sign is HMAC-SHA256 of secret over parts, each preceded by its length as a
-// big-endian uint64, so that no two different part lists sign alike.
-func sign(secret []byte, parts ...[]byte) []byte {
-	m := hmac.New(sha256.New, secret)
-	var n [8]byte
-	for _, p := range parts {
-		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
-		m.Write(n[:])
-		m.Write(p)
-	}
-	return m.Sum(nil)
 }
 
 func writeFrame(w io.Writer, kind byte, body []byte) error {
@@ -197,35 +187,64 @@ func (b *Backend) shake() shake {
 	return shake{c.Secret, c.Prefix, c.Size, c.Rank, c.Streams, c.ChunkBytes, c.SmallBytes}
 }
 
+// proofs is the auth.Transport of a handshake: the server's challenge and
+// the client's proof travel in frames of their kinds, and a reject frame in
+// their place ends the handshake with the peer's reason. Its errors name
+// the message that failed; a malformed one is refused (refuse), so the peer
+// learns why.
+type proofs struct {
+	c      net.Conn
+	server bool
+	peer   int // the other side's rank, for errors
+}
+
+func (p proofs) Send(msg []byte) error {
+	if p.server {
+		if err := writeFrame(p.c, kindChallenge, msg); err != nil {
+			return fmt.Errorf("%w: send challenge: %v", ErrHandshake, err)
+		}
+		return nil
+	}
+	if err := writeFrame(p.c, kindProof, msg); err != nil {
+		return fmt.Errorf("send proof: %w", err)
+	}
+	return nil
+}
+
+func (p proofs) Recv(n int) ([]byte, error) {
+	kind, body, err := readFrame(p.c)
+	switch {
+	case err != nil && p.server:
+		return nil, fmt.Errorf("%w: read proof: %v", ErrHandshake, err)
+	case err != nil:
+		return nil, fmt.Errorf("read challenge: %w", err)
+	case kind == kindReject:
+		return nil, fmt.Errorf("%w by rank %d: %s", ErrHandshake, p.peer, body)
+	case p.server && kind != kindProof:
+		return nil, refuse(p.c, "protocol error: expected proof, got kind %d", kind)
+	case !p.server && (kind != kindChallenge || len(body) != n):
+		return nil, refuse(p.c, "protocol error: expected a challenge, got kind %d with %d bytes", kind, len(body))
+	}
+	return body, nil
+}
+
 // client runs the dialing side's handshake for connection stream to rank to.
 func (s shake) client(c net.Conn, to, stream int) error {
 	h := hello{Version: protoVersion, Size: s.size, From: s.rank, To: to, Stream: stream,
 		Streams: s.streams, ChunkBytes: s.chunk, Small: s.small, Prefix: s.prefix}
-	if _, err := rand.Read(h.Nonce[:]); err != nil {
-		return err
-	}
+	copy(h.Nonce[:], auth.NewNonce())
 	hb := h.marshal()
 	if err := writeFrame(c, kindHello, hb); err != nil {
 		return fmt.Errorf("send hello: %w", err)
 	}
-	kind, body, err := readFrame(c)
-	if err != nil {
-		return fmt.Errorf("read challenge: %w", err)
-	}
+	err := auth.Initiate(proofs{c: c, peer: to}, s.secret, labels, hb)
 	switch {
-	case kind == kindReject:
-		return fmt.Errorf("%w by rank %d: %s", ErrHandshake, to, body)
-	case kind != kindChallenge || len(body) != nonceLen+macLen:
-		return refuse(c, "protocol error: expected a challenge, got kind %d with %d bytes", kind, len(body))
-	}
-	nonceS, mac := body[:nonceLen], body[nonceLen:]
-	if !hmac.Equal(mac, sign(s.secret, labelServer, hb, nonceS)) {
+	case errors.Is(err, auth.ErrMismatch):
 		return refuse(c, "rank %d failed authentication (wrong secret?)", to)
+	case err != nil:
+		return err
 	}
-	if err := writeFrame(c, kindProof, sign(s.secret, labelClient, hb, nonceS)); err != nil {
-		return fmt.Errorf("send proof: %w", err)
-	}
-	kind, body, err = readFrame(c)
+	kind, body, err := readFrame(c)
 	switch {
 	case err != nil:
 		return fmt.Errorf("read verdict: %w", err)
@@ -267,23 +286,12 @@ func (s shake) server(c net.Conn) (from, stream int, err error) {
 	case h.Stream < 0 || h.Stream > s.streams:
 		return 0, 0, refuse(c, "stream index %d outside [0, %d]", h.Stream, s.streams)
 	}
-	var nonceS [nonceLen]byte
-	if _, err := rand.Read(nonceS[:]); err != nil {
-		return 0, 0, err
-	}
-	if err := writeFrame(c, kindChallenge, append(nonceS[:], sign(s.secret, labelServer, body, nonceS[:])...)); err != nil {
-		return 0, 0, fmt.Errorf("%w: send challenge: %v", ErrHandshake, err)
-	}
-	kind, proof, err := readFrame(c)
+	err = auth.Respond(proofs{c: c, server: true, peer: h.From}, s.secret, labels, body)
 	switch {
-	case err != nil:
-		return 0, 0, fmt.Errorf("%w: read proof: %v", ErrHandshake, err)
-	case kind == kindReject:
-		return 0, 0, fmt.Errorf("%w by rank %d: %s", ErrHandshake, h.From, proof)
-	case kind != kindProof:
-		return 0, 0, refuse(c, "protocol error: expected proof, got kind %d", kind)
-	case !hmac.Equal(proof, sign(s.secret, labelClient, body, nonceS[:])):
+	case errors.Is(err, auth.ErrMismatch):
 		return 0, 0, refuse(c, "authentication failed for a peer claiming rank %d (wrong secret?)", h.From)
+	case err != nil:
+		return 0, 0, err
 	}
 	if err := writeFrame(c, kindOK, nil); err != nil {
 		return 0, 0, fmt.Errorf("%w: send ok: %v", ErrHandshake, err)

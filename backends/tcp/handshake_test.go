@@ -13,7 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hvdd/hvdd/backends/backendtest"
+	"github.com/hvdd/hvdd/auth"
+	"github.com/hvdd/hvdd/rendezvous"
 )
 
 // logBuffer collects a rank's log output for assertions.
@@ -59,7 +60,7 @@ func (r result) close() {
 }
 
 func TestWrongSecretRefusedOnBothSides(t *testing.T) {
-	store := backendtest.NewMemStore()
+	store := rendezvous.NewMemory()
 	var log0, log1 logBuffer
 	c0, c1 := testConfig(store, 0, 2), testConfig(store, 1, 2)
 	c0.Logger, c1.Logger = log0.logger(), log1.logger()
@@ -104,7 +105,7 @@ func TestRefusals(t *testing.T) {
 			defer cancel()
 			// The odd rank 1 lives in a store of its own, waiting for
 			// a rank 0 of its own kind.
-			other := backendtest.NewMemStore()
+			other := rendezvous.NewMemory()
 			var log1 logBuffer
 			c1 := testConfig(other, 1, 2)
 			tt.tweak(&c1)
@@ -117,7 +118,7 @@ func TestRefusals(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Rank 0 finds that address under its own key.
-			store := backendtest.NewMemStore()
+			store := rendezvous.NewMemory()
 			store.Set(ctx, "test/job/tcp/addr/1", addr[c1.Prefix+"/tcp/addr/1"])
 			r0 := <-start(ctx, testConfig(store, 0, 2))
 			defer r0.close()
@@ -148,7 +149,7 @@ func waitFor(cond func() bool) bool {
 func TestGarbageClient(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	store := backendtest.NewMemStore()
+	store := rendezvous.NewMemory()
 	var log1 logBuffer
 	c1 := testConfig(store, 1, 2)
 	c1.Logger = log1.logger()
@@ -194,7 +195,7 @@ func TestGarbageClient(t *testing.T) {
 }
 
 func TestListenAddrs(t *testing.T) {
-	store := backendtest.NewMemStore()
+	store := rendezvous.NewMemory()
 	for _, addr := range []string{":0", "0.0.0.0:0", "[::]:0", "no-port"} {
 		c := testConfig(store, 0, 2)
 		c.ListenAddr = addr
@@ -216,7 +217,7 @@ func TestListenAddrs(t *testing.T) {
 }
 
 func TestSecretRequired(t *testing.T) {
-	c := testConfig(backendtest.NewMemStore(), 0, 1)
+	c := testConfig(rendezvous.NewMemory(), 0, 1)
 	c.Secret = nil
 	if _, err := New(context.Background(), c); err == nil {
 		t.Fatal("empty secret accepted without Insecure")
@@ -251,6 +252,47 @@ func TestHandshakeRoundTrip(t *testing.T) {
 	}
 	if err := <-errc; err != nil {
 		t.Fatalf("client: %v", err)
+	}
+}
+
+// TestHandshakeWire plays the client's side by hand, as the protocol
+// describes it, against the server: the challenge must be nonceS and
+// MAC(secret, "hvdd/tcp server v1", hello, nonceS) and the server must take
+// MAC(secret, "hvdd/tcp client v1", hello, nonceS) as the proof.
+func TestHandshakeWire(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	srv := shake{secret: []byte("k"), prefix: "p", size: 4, rank: 3, streams: 2, chunk: 100, small: 10}
+	type res struct {
+		from, stream int
+		err          error
+	}
+	done := make(chan res, 1)
+	go func() {
+		from, stream, err := srv.server(b)
+		done <- res{from, stream, err}
+	}()
+	h := hello{Version: protoVersion, Size: 4, From: 1, To: 3, Stream: 2, Streams: 2, ChunkBytes: 100, Small: 10, Prefix: "p"}
+	copy(h.Nonce[:], "a client nonce of thirty-two b..")
+	hb := h.marshal()
+	if err := writeFrame(a, kindHello, hb); err != nil {
+		t.Fatal(err)
+	}
+	kind, body, err := readFrame(a)
+	if err != nil || kind != kindChallenge || len(body) != nonceLen+macLen {
+		t.Fatalf("challenge: kind %d, %d bytes, %v", kind, len(body), err)
+	}
+	nonceS := body[:nonceLen]
+	if want := auth.Sign(srv.secret, []byte("hvdd/tcp server v1"), hb, nonceS); !bytes.Equal(body[nonceLen:], want) {
+		t.Fatalf("challenge MAC %x, want %x", body[nonceLen:], want)
+	}
+	writeFrame(a, kindProof, auth.Sign(srv.secret, []byte("hvdd/tcp client v1"), hb, nonceS))
+	if kind, _, err := readFrame(a); err != nil || kind != kindOK {
+		t.Fatalf("verdict: kind %d, %v", kind, err)
+	}
+	if r := <-done; r.err != nil || r.from != 1 || r.stream != 2 {
+		t.Fatalf("server: from=%d stream=%d err=%v", r.from, r.stream, r.err)
 	}
 }
 

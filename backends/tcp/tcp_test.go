@@ -11,6 +11,7 @@ import (
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/backends/backendtest"
+	"github.com/hvdd/hvdd/rendezvous"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -26,7 +27,7 @@ func testConfig(store Store, rank, size int) Config {
 // group starts size ranks, each configured by testConfig and then tweak.
 func group(t testing.TB, size int, tweak func(c *Config)) []*Backend {
 	t.Helper()
-	store := backendtest.NewMemStore()
+	store := rendezvous.NewMemory()
 	g := backendtest.NewGroup(t, size, func(ctx context.Context, r int) (backends.Backend, error) {
 		c := testConfig(store, r, size)
 		if tweak != nil {

@@ -16,10 +16,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hvdd/hvdd/auth"
 	"github.com/hvdd/hvdd/backends/mpi"
 	"github.com/hvdd/hvdd/daemon"
 	"github.com/hvdd/hvdd/ipc"
-	"github.com/hvdd/hvdd/rendezvous"
 )
 
 func version() string { return daemon.Version }
@@ -203,8 +203,8 @@ func serveMain(argv []string) int {
 			}
 			cfg.Control = bridge
 		}
-		secret, err := rendezvous.LoadSecret(args.secretFile, os.Getenv("HVDD_SECRET"))
-		if errors.Is(err, rendezvous.ErrNoSecret) && bridge != nil {
+		secret, err := auth.LoadSecret(args.secretFile, os.Getenv("HVDD_SECRET"))
+		if errors.Is(err, auth.ErrNoSecret) && bridge != nil {
 			// The links travel inside the MPI job: the one rank 0 made.
 			secret, err = bridge.Secret(), nil
 		}

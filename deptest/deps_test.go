@@ -1,0 +1,131 @@
+package deptest
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// module is hvdd's module path (go.mod).
+const module = "github.com/hvdd/hvdd"
+
+// dep is one package in a build, as go list describes it.
+type dep struct {
+	path     string
+	standard bool
+	cgoFiles int
+}
+
+// goBin returns the go command: the one on $PATH, else the one of the
+// toolchain that built this test.
+func goBin(t *testing.T) string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	p := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(p); err != nil {
+		t.Skipf("no go command on $PATH or in %s", filepath.Dir(p))
+	}
+	return p
+}
+
+// deps lists pkg (a path inside the module) and every package its build
+// imports, directly or not, built with tags (comma-separated, or empty) and
+// with env added to the go command's environment.
+func deps(t *testing.T, pkg, tags string, env ...string) []dep {
+	t.Helper()
+	cmd := exec.Command(goBin(t), "list", "-deps", "-tags", tags, "-f", "{{.ImportPath}} {{.Standard}} {{len .CgoFiles}}", module+"/"+pkg)
+	cmd.Env = append(os.Environ(), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v\n%s", pkg, err, stderr.Bytes())
+	}
+	var ds []dep
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		var d dep
+		if _, err := fmt.Sscanf(line, "%s %t %d", &d.path, &d.standard, &d.cgoFiles); err != nil {
+			t.Fatalf("go list -deps %s: line %q: %v", pkg, line, err)
+		}
+		ds = append(ds, d)
+	}
+	if len(ds) == 0 || ds[len(ds)-1].path != module+"/"+pkg {
+		t.Fatalf("go list -deps %s did not list the package itself:\n%s", pkg, out)
+	}
+	return ds
+}
+
+// inside reports whether path is the module package rel or lies below it.
+func inside(path, rel string) bool {
+	p := module + "/" + rel
+	return path == p || strings.HasPrefix(path, p+"/")
+}
+
+func TestDeps(t *testing.T) {
+	tests := []struct {
+		pkgs []string
+		env  []string
+		rule string
+		// bad reports whether d breaks the rule.
+		bad func(d dep) bool
+	}{
+		{
+			pkgs: []string{"daemon/plan"},
+			rule: "imports only tensor and the standard library",
+			bad: func(d dep) bool {
+				return !d.standard && d.path != module+"/tensor" && d.path != module+"/daemon/plan"
+			},
+		},
+		{
+			pkgs: []string{"tensor", "shm", "ipc"},
+			rule: "imports nothing of the daemon or the backends",
+			bad:  func(d dep) bool { return inside(d.path, "daemon") || inside(d.path, "backends") },
+		},
+		{
+			pkgs: []string{"auth"},
+			rule: "imports nothing from hvdd",
+			bad:  func(d dep) bool { return strings.HasPrefix(d.path, module+"/") && d.path != module+"/auth" },
+		},
+		{
+			// CGO_ENABLED=1 so that cgo files count even where the
+			// default has cgo off (no C compiler).
+			pkgs: []string{"cmd/hvdd"},
+			env:  []string{"CGO_ENABLED=1"},
+			rule: "builds (without the mpi tag) no cgo outside the standard library",
+			bad:  func(d dep) bool { return !d.standard && d.cgoFiles > 0 },
+		},
+	}
+	for _, tc := range tests {
+		for _, pkg := range tc.pkgs {
+			t.Run(pkg, func(t *testing.T) {
+				for _, d := range deps(t, pkg, "", tc.env...) {
+					if !tc.bad(d) {
+						continue
+					}
+					what := d.path
+					if d.cgoFiles > 0 {
+						what += fmt.Sprintf(" (%d cgo files)", d.cgoFiles)
+					}
+					t.Errorf("%s %s, but its build pulls in %s", pkg, tc.rule, what)
+				}
+			})
+		}
+	}
+}
+
+// TestDepsSeesCgo checks that the cgo rule can fail: with the mpi tag,
+// cmd/hvdd's build does compile cgo outside the standard library.
+func TestDepsSeesCgo(t *testing.T) {
+	for _, d := range deps(t, "cmd/hvdd", "mpi", "CGO_ENABLED=1") {
+		if !d.standard && d.cgoFiles > 0 {
+			return
+		}
+	}
+	t.Fatal("go list sees no cgo in cmd/hvdd built with -tags mpi; the cgo rule checks nothing")
+}

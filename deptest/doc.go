@@ -1,0 +1,18 @@
+// Package deptest has no code: its test makes the map in
+// docs/ARCHITECTURE.md enforce itself, in the manner of tailscale's
+// deptest. It runs `go list -deps` on hvdd's packages and fails when
+//
+//   - daemon/plan (the pure negotiation core) imports anything but tensor
+//     and the standard library;
+//   - tensor, shm or ipc import the daemon (daemon/...) or any backend
+//     (backends/...);
+//   - auth imports anything from hvdd;
+//   - the default build of cmd/hvdd (no build tags) compiles cgo outside
+//     the standard library: MPI, the one cgo engine, stays behind the mpi
+//     build tag (cmd/hvdd/mpi_off.go, backends/mpi/nompi.go). The standard
+//     library's own cgo (net's resolver, os/user) is allowed; it goes away
+//     with CGO_ENABLED=0.
+//
+// The rules look at what a package's build pulls in, its own imports and
+// theirs; tests may import what they need.
+package deptest
