@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/hvdd/hvdd/daemon"
-	"github.com/hvdd/hvdd/internal/daemontest"
+	"github.com/hvdd/hvdd/daemon/daemontest"
 	"github.com/hvdd/hvdd/tensor"
 )
 

@@ -19,7 +19,7 @@ import (
 
 	hvdd "github.com/hvdd/hvdd/clients/go"
 	"github.com/hvdd/hvdd/daemon"
-	"github.com/hvdd/hvdd/internal/daemontest"
+	"github.com/hvdd/hvdd/daemon/daemontest"
 	"github.com/hvdd/hvdd/ipc"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/shm"

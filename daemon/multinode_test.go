@@ -20,7 +20,7 @@ import (
 	"github.com/hvdd/hvdd/cluster"
 	"github.com/hvdd/hvdd/cluster/clusterpb"
 	"github.com/hvdd/hvdd/daemon"
-	"github.com/hvdd/hvdd/internal/daemontest"
+	"github.com/hvdd/hvdd/daemon/daemontest"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/tensor"
 )

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	hvdd "github.com/hvdd/hvdd/clients/go"
-	"github.com/hvdd/hvdd/internal/daemontest"
+	"github.com/hvdd/hvdd/daemon/daemontest"
 )
 
 // The real hvdd binary, built once for the tests that start real daemons.

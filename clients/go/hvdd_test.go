@@ -16,7 +16,7 @@ import (
 
 	hvdd "github.com/hvdd/hvdd/clients/go"
 	"github.com/hvdd/hvdd/daemon"
-	"github.com/hvdd/hvdd/internal/daemontest"
+	"github.com/hvdd/hvdd/daemon/daemontest"
 	"github.com/hvdd/hvdd/reduce"
 	"github.com/hvdd/hvdd/tensor"
 )

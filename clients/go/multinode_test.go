@@ -17,7 +17,7 @@ import (
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/backends/tcp"
 	"github.com/hvdd/hvdd/daemon"
-	"github.com/hvdd/hvdd/internal/daemontest"
+	"github.com/hvdd/hvdd/daemon/daemontest"
 )
 
 var testSecret = []byte("multi-node test secret, 32 bytes")

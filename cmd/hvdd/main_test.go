@@ -14,7 +14,7 @@ import (
 	"time"
 
 	hvdd "github.com/hvdd/hvdd/clients/go"
-	"github.com/hvdd/hvdd/internal/daemontest"
+	"github.com/hvdd/hvdd/daemon/daemontest"
 )
 
 var hvddBin string
