@@ -209,6 +209,64 @@ func TestParseArgs(t *testing.T) {
 	}
 }
 
+// TestParseArgsErrors pins each refusal's text, and which one wins when a
+// command line has two faults (the op and its reduction, then the sizes,
+// then the numbers, then the profile).
+func TestParseArgsErrors(t *testing.T) {
+	tests := []struct{ args, err string }{
+		{"--op barrier", "--op barrier: want allreduce, allgather, broadcast, alltoall or reducescatter"},
+		{"--op nope", "unknown collective \"nope\" (want allreduce, allgather, broadcast, alltoall, reducescatter, barrier or join)"},
+		{"--dtype float128", "unknown dtype \"float128\" (want one of uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64, bool)"},
+		{"--op-reduce adasum", "--op-reduce adasum is not supported by hvdd bench"},
+		{"--op reducescatter --op-reduce max", "reducescatter supports only sum and average, not Max"},
+		{"--op-reduce nope", "unknown reduce op \"nope\" (want Average, Sum, Adasum, Min, Max or Product)"},
+		{"--min-bytes 0", "--min-bytes must be at least 1"},
+		{"--min-bytes 8 --max-bytes 4", "--max-bytes 4 is below --min-bytes 8"},
+		{"--step-factor 1", "--step-factor 1 must be above 1"},
+		{"--iters 0", "--iters must be at least 1"},
+		{"--warmup -1", "--warmup must not be negative"},
+		{"--small-iters -1", "--small-iters and --small-time must not be negative"},
+		{"--profile vgg", "--profile \"vgg\": want resnet50 or idle"},
+		{"--duration 0s", "--duration must be positive"},
+		{"--timeout 0s", "--timeout must be positive"},
+		{"--np -1", "--np must not be negative"},
+		{"stray", "unexpected argument \"stray\" (see hvdd bench --help)"},
+		{"--max-bytes 1X", "--max-bytes: bad size \"1X\": want a whole number of bytes, optionally with K, M or G (binary)"},
+		{"--min-bytes 1X", "--min-bytes: bad size \"1X\": want a whole number of bytes, optionally with K, M or G (binary)"},
+		{"--gap -1ms", "--gap must not be negative"},
+		{"--op-reduce adasum --min-bytes 0", "--op-reduce adasum is not supported by hvdd bench"},
+		{"--iters 0 --profile vgg", "--iters must be at least 1"},
+		{"--min-bytes 0 --iters 0", "--min-bytes must be at least 1"},
+		{"--dtype x --op y", "unknown collective \"y\" (want allreduce, allgather, broadcast, alltoall, reducescatter, barrier or join)"},
+	}
+	for _, tt := range tests {
+		_, err := ParseArgs(strings.Fields(tt.args), &bytes.Buffer{})
+		if err == nil || err.Error() != tt.err {
+			t.Errorf("ParseArgs(%q) = %v, want %q", tt.args, err, tt.err)
+		}
+	}
+}
+
+// TestCheckColumn: off without --check; FAIL when any rank saw a wrong
+// result.
+func TestCheckColumn(t *testing.T) {
+	tests := []struct {
+		check bool
+		bad   float64
+		want  string
+	}{
+		{false, 0, "off"},
+		{false, 3, "off"},
+		{true, 0, "ok"},
+		{true, 1, "FAIL"},
+	}
+	for _, tt := range tests {
+		if got := checkColumn(tt.check, tt.bad); got != tt.want {
+			t.Errorf("checkColumn(%v, %v) = %q, want %q", tt.check, tt.bad, got, tt.want)
+		}
+	}
+}
+
 func TestStripFlag(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"--np 2 --op allgather", "--op allgather"},

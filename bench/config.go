@@ -105,13 +105,44 @@ func DefaultConfig() Config {
 // flag.ErrHelp after writing the help to out when asked for it.
 func ParseArgs(args []string, out io.Writer) (Config, error) {
 	cfg := DefaultConfig()
+	var text textFlags
+	fs := newFlagSet(&cfg, &text, out)
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected argument %q (see hvdd bench --help)", fs.Arg(0))
+	}
+	if err := text.apply(&cfg); err != nil {
+		return cfg, err
+	}
+	if err := cfg.validate(); err != nil {
+		return cfg, err
+	}
+	profile, err := parseProfile(cfg.Profile)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Profile = profile
+	return cfg, nil
+}
+
+// textFlags are the flags that ParseArgs takes as text and parses itself
+// into Config (textFlags.apply).
+type textFlags struct {
+	op, dtype, reduce, minBytes, maxBytes string
+}
+
+// newFlagSet returns the flags of `hvdd bench`, writing to cfg (whose values
+// are the defaults) and text, with its help going to out.
+func newFlagSet(cfg *Config, text *textFlags, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("hvdd bench", flag.ContinueOnError)
 	fs.SetOutput(out)
-	op := fs.String("op", "allreduce", "collective: allreduce, allgather, broadcast, alltoall or reducescatter")
-	dtype := fs.String("dtype", "float32", "element type: uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64, bool")
-	red := fs.String("op-reduce", "sum", "reduction for allreduce and reducescatter: sum, average, min, max, product")
-	minB := fs.String("min-bytes", "4", "smallest size in bytes; K, M and G suffixes are binary (64K = 65536)")
-	maxB := fs.String("max-bytes", "64M", "largest size in bytes")
+	fs.StringVar(&text.op, "op", "allreduce", "collective: allreduce, allgather, broadcast, alltoall or reducescatter")
+	fs.StringVar(&text.dtype, "dtype", "float32", "element type: uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64, bool")
+	fs.StringVar(&text.reduce, "op-reduce", "sum", "reduction for allreduce and reducescatter: sum, average, min, max, product")
+	fs.StringVar(&text.minBytes, "min-bytes", "4", "smallest size in bytes; K, M and G suffixes are binary (64K = 65536)")
+	fs.StringVar(&text.maxBytes, "max-bytes", "64M", "largest size in bytes")
 	fs.Float64Var(&cfg.StepFactor, "step-factor", cfg.StepFactor, "multiply the size by this between rows (nccl-tests -f)")
 	fs.IntVar(&cfg.Iters, "iters", cfg.Iters, "timed iterations per size (and steps of a profile)")
 	fs.IntVar(&cfg.Warmup, "warmup", cfg.Warmup, "untimed iterations before the timed ones")
@@ -131,69 +162,79 @@ func ParseArgs(args []string, out io.Writer) (Config, error) {
 		fs.PrintDefaults()
 		fmt.Fprint(fs.Output(), usageExamples)
 	}
-	if err := fs.Parse(args); err != nil {
-		return cfg, err
-	}
-	if fs.NArg() > 0 {
-		return cfg, fmt.Errorf("unexpected argument %q (see hvdd bench --help)", fs.Arg(0))
-	}
+	return fs
+}
+
+// apply parses the text flags into cfg: the op (a collective hvdd bench
+// measures), the dtype, the reduction (one the op supports) and the sizes.
+func (t *textFlags) apply(cfg *Config) error {
 	var err error
-	if cfg.Op, err = tensor.ParseOpType(*op); err != nil {
-		return cfg, err
+	if cfg.Op, err = tensor.ParseOpType(t.op); err != nil {
+		return err
 	}
 	switch cfg.Op {
 	case tensor.Allreduce, tensor.Allgather, tensor.Broadcast, tensor.Alltoall, tensor.Reducescatter:
 	default:
-		return cfg, fmt.Errorf("--op %s: want allreduce, allgather, broadcast, alltoall or reducescatter", *op)
+		return fmt.Errorf("--op %s: want allreduce, allgather, broadcast, alltoall or reducescatter", t.op)
 	}
-	if cfg.DType, err = tensor.ParseDType(*dtype); err != nil {
-		return cfg, err
+	if cfg.DType, err = tensor.ParseDType(t.dtype); err != nil {
+		return err
 	}
-	if cfg.Reduce, err = tensor.ParseReduceOp(*red); err != nil {
-		return cfg, err
+	if cfg.Reduce, err = tensor.ParseReduceOp(t.reduce); err != nil {
+		return err
 	}
 	if cfg.Reduce == tensor.Adasum {
-		return cfg, errors.New("--op-reduce adasum is not supported by hvdd bench")
+		return errors.New("--op-reduce adasum is not supported by hvdd bench")
 	}
 	if cfg.Op == tensor.Reducescatter && cfg.Reduce != tensor.Sum && cfg.Reduce != tensor.Average {
-		return cfg, fmt.Errorf("reducescatter supports only sum and average, not %s", cfg.Reduce)
+		return fmt.Errorf("reducescatter supports only sum and average, not %s", cfg.Reduce)
 	}
-	if cfg.MinBytes, err = ParseSize(*minB); err != nil {
-		return cfg, fmt.Errorf("--min-bytes: %w", err)
+	if cfg.MinBytes, err = ParseSize(t.minBytes); err != nil {
+		return fmt.Errorf("--min-bytes: %w", err)
 	}
-	if cfg.MaxBytes, err = ParseSize(*maxB); err != nil {
-		return cfg, fmt.Errorf("--max-bytes: %w", err)
+	if cfg.MaxBytes, err = ParseSize(t.maxBytes); err != nil {
+		return fmt.Errorf("--max-bytes: %w", err)
 	}
+	return nil
+}
+
+// validate checks the numeric fields of c, naming the flag at fault.
+func (c *Config) validate() error {
 	switch {
-	case cfg.MinBytes < 1:
-		return cfg, errors.New("--min-bytes must be at least 1")
-	case cfg.MaxBytes < cfg.MinBytes:
-		return cfg, fmt.Errorf("--max-bytes %d is below --min-bytes %d", cfg.MaxBytes, cfg.MinBytes)
-	case !(cfg.StepFactor > 1) || math.IsInf(cfg.StepFactor, 0):
-		return cfg, fmt.Errorf("--step-factor %v must be above 1", cfg.StepFactor)
-	case cfg.Iters < 1:
-		return cfg, errors.New("--iters must be at least 1")
-	case cfg.Warmup < 0:
-		return cfg, errors.New("--warmup must not be negative")
-	case cfg.SmallIters < 0 || cfg.SmallTime < 0:
-		return cfg, errors.New("--small-iters and --small-time must not be negative")
-	case cfg.Gap < 0:
-		return cfg, errors.New("--gap must not be negative")
-	case cfg.NP < 0:
-		return cfg, errors.New("--np must not be negative")
-	case cfg.Duration <= 0:
-		return cfg, errors.New("--duration must be positive")
-	case cfg.Timeout <= 0:
-		return cfg, errors.New("--timeout must be positive")
+	case c.MinBytes < 1:
+		return errors.New("--min-bytes must be at least 1")
+	case c.MaxBytes < c.MinBytes:
+		return fmt.Errorf("--max-bytes %d is below --min-bytes %d", c.MaxBytes, c.MinBytes)
+	case !(c.StepFactor > 1) || math.IsInf(c.StepFactor, 0):
+		return fmt.Errorf("--step-factor %v must be above 1", c.StepFactor)
+	case c.Iters < 1:
+		return errors.New("--iters must be at least 1")
+	case c.Warmup < 0:
+		return errors.New("--warmup must not be negative")
+	case c.SmallIters < 0 || c.SmallTime < 0:
+		return errors.New("--small-iters and --small-time must not be negative")
+	case c.Gap < 0:
+		return errors.New("--gap must not be negative")
+	case c.NP < 0:
+		return errors.New("--np must not be negative")
+	case c.Duration <= 0:
+		return errors.New("--duration must be positive")
+	case c.Timeout <= 0:
+		return errors.New("--timeout must be positive")
 	}
-	switch cfg.Profile {
+	return nil
+}
+
+// parseProfile returns the profile --profile names: "" (a sweep), "idle"
+// or "resnet50" (also spelt "resnet").
+func parseProfile(name string) (string, error) {
+	switch name {
 	case "", "idle":
+		return name, nil
 	case "resnet50", "resnet":
-		cfg.Profile = "resnet50"
-	default:
-		return cfg, fmt.Errorf("--profile %q: want resnet50 or idle", cfg.Profile)
+		return "resnet50", nil
 	}
-	return cfg, nil
+	return "", fmt.Errorf("--profile %q: want resnet50 or idle", name)
 }
 
 // ParseSize parses a byte count: a whole number with an optional binary

@@ -200,3 +200,38 @@ func mustOp(t *testing.T, s string) tensor.OpType {
 	}
 	return cfg.Op
 }
+
+// TestResNetProfile runs the resnet50 profile briefly (uint8, to keep the
+// buffers small) with --check: the 161 async allreduces and the fused one
+// give right results, in JSON and in the table.
+func TestResNetProfile(t *testing.T) {
+	outs, errs := runBench(t, 2, "--profile resnet50 --dtype uint8 --iters 2 --warmup 1 --check --json")
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v; output:\n%s", i, err, outs[i])
+		}
+	}
+	rows := jsonRows(t, outs[0])
+	if len(rows) != 2 || rows[0].Variant != "161_async_waitall" || rows[1].Variant != "1_fused" {
+		t.Fatalf("want the two variants' rows:\n%s", outs[0])
+	}
+	for i, r := range rows {
+		if r.Profile != "resnet50" || r.Check != "ok" || r.Iters != 2 || r.Count != 25557032 || r.Ranks != 2 || r.Reduce != "Average" {
+			t.Errorf("bad row %+v", r)
+		}
+		if (i == 0) != (r.Ratio > 0) {
+			t.Errorf("row %d: ratio %v, want it on the first row only", i, r.Ratio)
+		}
+	}
+	outs, errs = runBench(t, 2, "--profile resnet50 --dtype uint8 --iters 1 --warmup 0")
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("table, rank %d: %v; output:\n%s", i, err, outs[i])
+		}
+	}
+	for _, want := range []string{"# resnet50: 161 tensors, 25557032 uint8", "161_async_waitall", "1_fused", "ratio step/fused", "  off\n"} {
+		if !strings.Contains(outs[0], want) {
+			t.Errorf("table lacks %q:\n%s", want, outs[0])
+		}
+	}
+}

@@ -153,37 +153,33 @@ func dispatch(ctx context.Context, c *hvdd.Client, cfg Config, out, errOut io.Wr
 	if cfg.Profile == "idle" {
 		return idle(ctx, c, cfg, out, errOut)
 	}
-	var f func(context.Context, *hvdd.Client, Config, io.Writer, io.Writer) error
-	switch cfg.DType {
-	case tensor.Uint8:
-		f = pick[uint8](cfg)
-	case tensor.Int8:
-		f = pick[int8](cfg)
-	case tensor.Uint16:
-		f = pick[uint16](cfg)
-	case tensor.Int16:
-		f = pick[int16](cfg)
-	case tensor.Int32:
-		f = pick[int32](cfg)
-	case tensor.Int64:
-		f = pick[int64](cfg)
-	case tensor.Float16:
-		f = pick[hvdd.Float16](cfg)
-	case tensor.BFloat16:
-		f = pick[hvdd.BFloat16](cfg)
-	case tensor.Float32:
-		f = pick[float32](cfg)
-	case tensor.Float64:
-		f = pick[float64](cfg)
-	case tensor.Bool:
-		f = pick[bool](cfg)
-	default:
+	pickFor, ok := picks[cfg.DType]
+	if !ok {
 		return fmt.Errorf("unsupported dtype %s", cfg.DType)
 	}
-	return f(ctx, c, cfg, out, errOut)
+	return pickFor(cfg)(ctx, c, cfg, out, errOut)
 }
 
-func pick[T hvdd.Elem](cfg Config) func(context.Context, *hvdd.Client, Config, io.Writer, io.Writer) error {
+// runFunc is a sweep or a profile, instantiated for one element type.
+type runFunc func(context.Context, *hvdd.Client, Config, io.Writer, io.Writer) error
+
+// picks holds pick instantiated for each dtype hvdd bench measures.
+var picks = map[tensor.DType]func(Config) runFunc{
+	tensor.Uint8:    pick[uint8],
+	tensor.Int8:     pick[int8],
+	tensor.Uint16:   pick[uint16],
+	tensor.Int16:    pick[int16],
+	tensor.Int32:    pick[int32],
+	tensor.Int64:    pick[int64],
+	tensor.Float16:  pick[hvdd.Float16],
+	tensor.BFloat16: pick[hvdd.BFloat16],
+	tensor.Float32:  pick[float32],
+	tensor.Float64:  pick[float64],
+	tensor.Bool:     pick[bool],
+}
+
+// pick returns the sweep, or the resnet50 profile, for element type T.
+func pick[T hvdd.Elem](cfg Config) runFunc {
 	if cfg.Profile == "resnet50" {
 		return resnet[T]
 	}

@@ -18,155 +18,213 @@ import (
 // allreduced (Average) asynchronously and waited for; then one fused
 // allreduce of the same total is timed the same way.
 func resnet[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, out, errOut io.Writer) error {
-	n, rank := c.Size(), c.Rank()
-	es := cfg.DType.Size()
+	n := c.Size()
 	var total int64
 	for _, s := range ResNet50Sizes {
 		total += int64(s)
 	}
-	bytes := total * int64(es)
-	p := newPrinter(cfg, out, rank == 0)
+	bytes := total * int64(cfg.DType.Size())
+	p := newPrinter(cfg, out, c.Rank() == 0)
 	p.header(fmt.Sprintf("# resnet50: %d tensors, %d %s (%.1f MB), %d ranks, Average, zero-copy %v, warmup %d, iters %d, check %v",
 		len(ResNet50Sizes), total, cfg.DType, float64(bytes)/1e6, n, cfg.ZeroCopy, cfg.Warmup, cfg.Iters, cfg.Check),
 		"# variant              median_ms     min_ms     max_ms  algbw_GB/s  busbw_GB/s  check")
 
-	type tens struct {
-		e        Expect
-		buf      []T
-		pristine []T
-		name     string
+	r := &resnetRun[T]{ctx: ctx, c: c, cfg: cfg, errOut: errOut}
+	defer r.free()
+	if err := r.alloc(total); err != nil {
+		return err
 	}
-	grads := make([]tens, len(ResNet50Sizes))
-	for i, s := range ResNet50Sizes {
-		b, free, err := buffer[T](c, s, cfg.ZeroCopy)
-		if err != nil {
-			return err
-		}
-		defer free()
-		clear(b)
-		grads[i] = tens{e: Expect{Op: tensor.Allreduce, Reduce: tensor.Average, DType: cfg.DType, Ranks: n, Rank: rank, Count: int64(s)},
-			buf: b, name: "resnet50.grad." + strconv.Itoa(i)}
-	}
-	fb, ffree, err := buffer[T](c, int(total), cfg.ZeroCopy)
+	stepTs, fusedTs, err := r.measure()
 	if err != nil {
 		return err
 	}
-	defer ffree()
-	clear(fb)
-	fused := tens{e: Expect{Op: tensor.Allreduce, Reduce: tensor.Average, DType: cfg.DType, Ranks: n, Rank: rank, Count: total}, buf: fb, name: "resnet50.fused"}
-	if cfg.Check {
-		for i := range grads {
-			grads[i].pristine = make([]T, len(grads[i].buf))
-			Fill(grads[i].e, grads[i].pristine)
-		}
-		fused.pristine = make([]T, total)
-		Fill(fused.e, fused.pristine)
+	all, extra, err := maxOverRanks(ctx, c, append(stepTs, fusedTs...), float64(r.bad))
+	if err != nil {
+		return err
 	}
+	check := checkColumn(cfg.Check, extra[0])
+	rows := []Row{
+		{Profile: "resnet50", Variant: fmt.Sprintf("%d_async_waitall", len(r.grads))},
+		{Profile: "resnet50", Variant: "1_fused"},
+	}
+	for i, ts := range [][]time.Duration{all[:cfg.Iters], all[cfg.Iters:]} {
+		row := &rows[i]
+		row.Op, row.Bytes, row.Count, row.DType, row.Reduce = "allreduce", bytes, total, cfg.DType.String(), tensor.Average.String()
+		row.Ranks, row.ZeroCopy, row.Check = n, cfg.ZeroCopy, check
+		row.fillStats(ts, bytes, BusFactor(tensor.Allreduce, n))
+	}
+	printResNet(p, rows)
+	if check == "FAIL" {
+		return errCheckFailed
+	}
+	return nil
+}
 
-	var bad int64
-	verify := func(t *tens) {
-		if nb, first := Verify(t.e, t.buf); nb > 0 {
-			if bad == 0 {
-				fmt.Fprintf(errOut, "hvdd bench: rank %d: %s: %d wrong; %s\n", rank, t.name, nb, first)
-			}
-			bad += nb
+// checkColumn is the check column of a row: off without --check, else ok,
+// or FAIL when any rank saw a wrong result (bad, maxed over ranks, > 0).
+func checkColumn(check bool, bad float64) string {
+	switch {
+	case !check:
+		return "off"
+	case bad > 0:
+		return "FAIL"
+	}
+	return "ok"
+}
+
+// printResNet prints the two variants' rows, the first with the ratio of
+// their medians (step/fused).
+func printResNet(p *printer, rows []Row) {
+	ratio := rows[0].MedianUS / rows[1].MedianUS
+	if p.cfg.JSON {
+		rows[0].Ratio = ratio
+		p.json(rows[0])
+		p.json(rows[1])
+		return
+	}
+	for _, r := range rows {
+		p.text("%-20s %10.2f %10.2f %10.2f %11.3f %11.3f  %s\n", r.Variant, r.MedianUS/1e3, r.MinUS/1e3, r.MaxUS/1e3, r.AlgBW, r.BusBW, r.Check)
+	}
+	p.text("ratio step/fused     %10.3f\n", ratio)
+}
+
+// resnetTensor is one allreduce of the resnet50 profile.
+type resnetTensor[T hvdd.Elem] struct {
+	e        Expect // what the result must be
+	buf      []T
+	pristine []T // buf's input, restored before each run (--check only)
+	name     string
+}
+
+// resnetRun holds the resnet50 profile's buffers and its count of wrong
+// results while it runs.
+type resnetRun[T hvdd.Elem] struct {
+	ctx     context.Context
+	c       *hvdd.Client
+	cfg     Config
+	errOut  io.Writer
+	grads   []resnetTensor[T] // ResNet50Sizes, one allreduce each
+	fused   resnetTensor[T]   // all of them in one
+	handles []*hvdd.Handle    // grads' handles during a step
+	frees   []func()
+	bad     int64 // wrong elements seen so far (--check)
+}
+
+// alloc makes the gradients' buffers and the fused one (total elements),
+// zeroed, with their check inputs under --check.
+func (r *resnetRun[T]) alloc(total int64) error {
+	r.grads = make([]resnetTensor[T], len(ResNet50Sizes))
+	for i, s := range ResNet50Sizes {
+		if err := r.tensor(&r.grads[i], int64(s), "resnet50.grad."+strconv.Itoa(i)); err != nil {
+			return err
 		}
 	}
-	avg := hvdd.WithOp(tensor.Average)
-	handles := make([]*hvdd.Handle, len(grads))
-	step := func() (time.Duration, error) {
-		if cfg.Check {
-			for i := range grads {
-				copy(grads[i].buf, grads[i].pristine)
-			}
-		}
-		t0 := time.Now()
-		for i := range grads {
-			h, err := hvdd.AllreduceAsync(c, grads[i].buf, avg, hvdd.WithName(grads[i].name))
-			if err != nil {
-				return 0, err
-			}
-			handles[i] = h
-		}
-		for _, h := range handles {
-			if err := h.Wait(ctx); err != nil {
-				return 0, err
-			}
-		}
-		dt := time.Since(t0)
-		if cfg.Check {
-			for i := range grads {
-				verify(&grads[i])
-			}
-		}
-		return dt, nil
+	r.handles = make([]*hvdd.Handle, len(r.grads))
+	return r.tensor(&r.fused, total, "resnet50.fused")
+}
+
+// tensor makes t: count elements named name.
+func (r *resnetRun[T]) tensor(t *resnetTensor[T], count int64, name string) error {
+	b, free, err := buffer[T](r.c, int(count), r.cfg.ZeroCopy)
+	if err != nil {
+		return err
 	}
-	one := func() (time.Duration, error) {
-		if cfg.Check {
-			copy(fused.buf, fused.pristine)
-		}
-		t0 := time.Now()
-		err := hvdd.Allreduce(ctx, c, fused.buf, avg, hvdd.WithName(fused.name))
-		dt := time.Since(t0)
-		if err == nil && cfg.Check {
-			verify(&fused)
-		}
-		return dt, err
+	r.frees = append(r.frees, free)
+	clear(b)
+	*t = resnetTensor[T]{
+		e:   Expect{Op: tensor.Allreduce, Reduce: tensor.Average, DType: r.cfg.DType, Ranks: r.c.Size(), Rank: r.c.Rank(), Count: count},
+		buf: b, name: name,
 	}
-	// The two variants alternate, iteration by iteration, so that a shared
-	// machine's drift (this VM's speed moves by tens of percent between
-	// seconds) weighs on both alike.
-	stepTs := make([]time.Duration, cfg.Iters)
-	fusedTs := make([]time.Duration, cfg.Iters)
-	for i := -cfg.Warmup; i < cfg.Iters; i++ {
-		ts, err := step()
+	if r.cfg.Check {
+		t.pristine = make([]T, len(b))
+		Fill(t.e, t.pristine)
+	}
+	return nil
+}
+
+// free gives back the buffers alloc made, the last first.
+func (r *resnetRun[T]) free() {
+	for i := len(r.frees) - 1; i >= 0; i-- {
+		r.frees[i]()
+	}
+}
+
+// measure runs the warm-up and the timed iterations. The two variants
+// alternate, iteration by iteration, so that a shared machine's drift (this
+// VM's speed moves by tens of percent between seconds) weighs on both alike.
+func (r *resnetRun[T]) measure() (stepTs, fusedTs []time.Duration, err error) {
+	stepTs = make([]time.Duration, r.cfg.Iters)
+	fusedTs = make([]time.Duration, r.cfg.Iters)
+	for i := -r.cfg.Warmup; i < r.cfg.Iters; i++ {
+		ts, err := r.step()
 		if err != nil {
-			return fmt.Errorf("resnet50 step: %w", err)
+			return nil, nil, fmt.Errorf("resnet50 step: %w", err)
 		}
-		tf, err := one()
+		tf, err := r.fusedStep()
 		if err != nil {
-			return fmt.Errorf("resnet50 fused allreduce: %w", err)
+			return nil, nil, fmt.Errorf("resnet50 fused allreduce: %w", err)
 		}
 		if i >= 0 {
 			stepTs[i], fusedTs[i] = ts, tf
 		}
 	}
-	all, extra, err := maxOverRanks(ctx, c, append(stepTs, fusedTs...), float64(bad))
-	if err != nil {
-		return err
-	}
-	check := "off"
-	if cfg.Check {
-		check = "ok"
-		if extra[0] > 0 {
-			check = "FAIL"
+	return stepTs, fusedTs, nil
+}
+
+// step times one training step's gradient reduction: every gradient
+// allreduced asynchronously, then waited for.
+func (r *resnetRun[T]) step() (time.Duration, error) {
+	if r.cfg.Check {
+		for i := range r.grads {
+			copy(r.grads[i].buf, r.grads[i].pristine)
 		}
 	}
-	rows := []Row{
-		{Profile: "resnet50", Variant: fmt.Sprintf("%d_async_waitall", len(grads))},
-		{Profile: "resnet50", Variant: "1_fused"},
-	}
-	for i, ts := range [][]time.Duration{all[:cfg.Iters], all[cfg.Iters:]} {
-		r := &rows[i]
-		r.Op, r.Bytes, r.Count, r.DType, r.Reduce = "allreduce", bytes, total, cfg.DType.String(), tensor.Average.String()
-		r.Ranks, r.ZeroCopy, r.Check = n, cfg.ZeroCopy, check
-		r.fillStats(ts, bytes, BusFactor(tensor.Allreduce, n))
-	}
-	ratio := rows[0].MedianUS / rows[1].MedianUS
-	if cfg.JSON {
-		rows[0].Ratio = ratio
-		p.json(rows[0])
-		p.json(rows[1])
-	} else {
-		for _, r := range rows {
-			p.text("%-20s %10.2f %10.2f %10.2f %11.3f %11.3f  %s\n", r.Variant, r.MedianUS/1e3, r.MinUS/1e3, r.MaxUS/1e3, r.AlgBW, r.BusBW, r.Check)
+	avg := hvdd.WithOp(tensor.Average)
+	t0 := time.Now()
+	for i := range r.grads {
+		h, err := hvdd.AllreduceAsync(r.c, r.grads[i].buf, avg, hvdd.WithName(r.grads[i].name))
+		if err != nil {
+			return 0, err
 		}
-		p.text("ratio step/fused     %10.3f\n", ratio)
+		r.handles[i] = h
 	}
-	if check == "FAIL" {
-		return errCheckFailed
+	for _, h := range r.handles {
+		if err := h.Wait(r.ctx); err != nil {
+			return 0, err
+		}
 	}
-	return nil
+	dt := time.Since(t0)
+	if r.cfg.Check {
+		for i := range r.grads {
+			r.verify(&r.grads[i])
+		}
+	}
+	return dt, nil
+}
+
+// fusedStep times one allreduce of all the gradients' elements at once.
+func (r *resnetRun[T]) fusedStep() (time.Duration, error) {
+	if r.cfg.Check {
+		copy(r.fused.buf, r.fused.pristine)
+	}
+	t0 := time.Now()
+	err := hvdd.Allreduce(r.ctx, r.c, r.fused.buf, hvdd.WithOp(tensor.Average), hvdd.WithName(r.fused.name))
+	dt := time.Since(t0)
+	if err == nil && r.cfg.Check {
+		r.verify(&r.fused)
+	}
+	return dt, err
+}
+
+// verify counts t's wrong elements, and reports the first tensor that has
+// any.
+func (r *resnetRun[T]) verify(t *resnetTensor[T]) {
+	if nb, first := Verify(t.e, t.buf); nb > 0 {
+		if r.bad == 0 {
+			fmt.Fprintf(r.errOut, "hvdd bench: rank %d: %s: %d wrong; %s\n", r.c.Rank(), t.name, nb, first)
+		}
+		r.bad += nb
+	}
 }
 
 // ClockTicks is the kernel's USER_HZ, the unit of utime and stime in
@@ -224,66 +282,91 @@ func idle(ctx context.Context, c *hvdd.Client, cfg Config, out, errOut io.Writer
 	if err := c.Barrier(ctx); err != nil {
 		return err
 	}
-	self := os.Getpid()
-	d0, derr := int64(0), error(nil)
-	if pid > 0 {
-		d0, derr = CPUTicks(pid)
-	}
-	s0, err := CPUTicks(self)
+	u, err := idleUsage(ctx, cfg.Duration, pid)
 	if err != nil {
 		return err
 	}
-	t0 := time.Now()
-	select {
-	case <-time.After(cfg.Duration):
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	wall := time.Since(t0)
-	var d1 int64
-	if pid > 0 && derr == nil {
-		d1, derr = CPUTicks(pid)
-	}
-	s1, err := CPUTicks(self)
-	if err != nil {
-		return err
-	}
-	pct := func(ticks int64) float64 { return cpuPct(ticks, wall) }
-	clients, err := hvdd.Allgather(ctx, c, []float64{pct(s1 - s0)})
+	pct := func(ticks int64) float64 { return cpuPct(ticks, u.wall) }
+	clients, err := hvdd.Allgather(ctx, c, []float64{pct(u.self)})
 	if err != nil {
 		return err
 	}
 	if rank != 0 {
 		return nil
 	}
-	r := Row{Profile: "idle", Ranks: c.Size(), ZeroCopy: cfg.ZeroCopy, DurationS: wall.Seconds(), DaemonPID: pid, ClientCPUPct: clients, ClockTicksPerS: ClockTicks}
+	r := Row{Profile: "idle", Ranks: c.Size(), ZeroCopy: cfg.ZeroCopy, DurationS: u.wall.Seconds(), DaemonPID: pid, ClientCPUPct: clients, ClockTicksPerS: ClockTicks}
 	var total float64
 	for _, v := range clients {
 		total += v
 	}
 	r.ClientsCPUPct = &total
-	if pid > 0 && derr == nil {
-		v := pct(d1 - d0)
+	if pid > 0 && u.daemonErr == nil {
+		v := pct(u.daemon)
 		r.DaemonCPUPct = &v
-	} else if derr != nil {
-		fmt.Fprintf(errOut, "hvdd bench: reading the daemon's CPU time: %v\n", derr)
+	} else if u.daemonErr != nil {
+		fmt.Fprintf(errOut, "hvdd bench: reading the daemon's CPU time: %v\n", u.daemonErr)
 	}
-	p := newPrinter(cfg, out, true)
-	if cfg.JSON {
+	printIdle(newPrinter(cfg, out, true), r)
+	return nil
+}
+
+// cpuUsage is the CPU time a process and the daemon used over a wall time,
+// in clock ticks.
+type cpuUsage struct {
+	wall      time.Duration
+	self      int64 // this process
+	daemon    int64 // the daemon, unless daemonErr (or no daemon was given)
+	daemonErr error
+}
+
+// idleUsage sleeps for d (or until ctx is done) and returns the CPU time
+// this process and daemon (a pid; 0 for none) used meanwhile.
+func idleUsage(ctx context.Context, d time.Duration, daemon int) (cpuUsage, error) {
+	var u cpuUsage
+	var d0 int64
+	if daemon > 0 {
+		d0, u.daemonErr = CPUTicks(daemon)
+	}
+	self := os.Getpid()
+	s0, err := CPUTicks(self)
+	if err != nil {
+		return u, err
+	}
+	t0 := time.Now()
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+		return u, ctx.Err()
+	}
+	u.wall = time.Since(t0)
+	var d1 int64
+	if daemon > 0 && u.daemonErr == nil {
+		d1, u.daemonErr = CPUTicks(daemon)
+	}
+	s1, err := CPUTicks(self)
+	if err != nil {
+		return u, err
+	}
+	u.self, u.daemon = s1-s0, d1-d0
+	return u, nil
+}
+
+// printIdle prints the idle profile's row: one JSON line, or the table.
+func printIdle(p *printer, r Row) {
+	if p.cfg.JSON {
 		p.json(r)
-		return nil
+		return
 	}
 	p.text("# idle: %d clients connected for %.2f s; CPU as %% of one core (utime+stime from /proc, %d ticks/s)\n", r.Ranks, r.DurationS, ClockTicks)
 	if r.DaemonCPUPct != nil {
-		p.text("daemon (pid %d)       %8.3f %%\n", pid, *r.DaemonCPUPct)
+		p.text("daemon (pid %d)       %8.3f %%\n", r.DaemonPID, *r.DaemonCPUPct)
 	} else {
 		p.text("daemon               unknown\n")
 	}
-	for i, v := range clients {
+	for i, v := range r.ClientCPUPct {
 		p.text("client rank %-8d %8.3f %%\n", i, v)
 	}
-	p.text("clients total        %8.3f %%\n", total)
-	return nil
+	p.text("clients total        %8.3f %%\n", *r.ClientsCPUPct)
 }
 
 // FindDaemon returns the pid of the process listening on the Unix socket

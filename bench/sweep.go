@@ -160,87 +160,30 @@ func measureSize[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, e
 		return row, false, err
 	}
 	defer free()
-	var pristine []T
+	m := &sizeRun[T]{ctx: ctx, c: c, cfg: cfg, e: e, errOut: errOut, in: in}
 	if cfg.Check {
-		pristine = make([]T, len(in))
-		Fill(e, pristine)
+		m.pristine = make([]T, len(in))
+		Fill(e, m.pristine)
 	}
 	// Without --check the buffer holds zeros, a fixed point of every
 	// reduction, so repeated in-place runs neither overflow nor go subnormal.
 	clear(in)
-	var bad int64
-	one := func() (time.Duration, error) {
-		if cfg.Check {
-			copy(in, pristine)
-		}
-		t0 := time.Now()
-		res, err := runOnce(ctx, c, e, in)
-		dt := time.Since(t0)
-		if err != nil {
-			return 0, err
-		}
-		if cfg.Check && e.Op != tensor.Allreduce && e.Op != tensor.Broadcast {
-			// The input is ours again once the op is done: clobber it at
-			// once, so that a daemon still reading it gives wrong results.
-			poison(in)
-		}
-		if cfg.Check {
-			if nb, first := Verify(e, res); nb > 0 {
-				if bad == 0 {
-					fmt.Fprintf(errOut, "hvdd bench: rank %d: %s of %d elements of %s: %d wrong; %s\n",
-						e.Rank, lower(e.Op.String()), e.Count, e.DType, nb, first)
-				}
-				bad += nb
-			}
-		}
-		return dt, nil
-	}
 	warm := make([]time.Duration, 0, cfg.Warmup)
 	for range cfg.Warmup {
-		dt, err := one()
+		dt, err := m.once()
 		if err != nil {
 			return row, false, err
 		}
 		warm = append(warm, dt)
 	}
-	iters := cfg.Iters
 	bytes := e.Count * int64(e.DType.Size())
-	if bytes <= SmallBytes && cfg.Gap == 0 {
-		// Every rank must run the same number of iterations: agree on the
-		// slowest rank's warm-up estimate.
-		est := Summarize(warm).Median
-		m, _, err := maxOverRanks(ctx, c, []time.Duration{est})
-		if err != nil {
-			return row, false, err
-		}
-		iters = IterationsFor(bytes, cfg.Iters, cfg.SmallIters, cfg.SmallTime, m[0])
+	iters, err := m.iterations(bytes, warm)
+	if err != nil {
+		return row, false, err
 	}
-	// With --gap, rank 0 also measures the CPU time of the daemon (the
-	// process serving the socket) over the paced loop: what ops that come
-	// apart cost it (bench/gapcpu.sh).
-	daemon, cpu0 := 0, int64(0)
-	if cfg.Gap > 0 && e.Rank == 0 {
-		if pid, err := FindDaemon(c.Socket); err == nil {
-			if cpu0, err = CPUTicks(pid); err == nil {
-				daemon = pid
-			}
-		}
-	}
-	t0 := time.Now()
-	ts := make([]time.Duration, iters)
-	for i := range ts {
-		if cfg.Gap > 0 {
-			time.Sleep(cfg.Gap)
-		}
-		if ts[i], err = one(); err != nil {
-			return row, false, err
-		}
-	}
-	if daemon > 0 {
-		if cpu1, err := CPUTicks(daemon); err == nil {
-			v := cpuPct(cpu1-cpu0, time.Since(t0))
-			row.DaemonPID, row.DaemonCPUPct = daemon, &v
-		}
+	ts, err := m.timed(iters, &row)
+	if err != nil {
+		return row, false, err
 	}
 	overRanks := maxOverRanks
 	if cfg.Gap > 0 {
@@ -250,20 +193,126 @@ func measureSize[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, e
 		// the op itself where the others time their wait for it too.
 		overRanks = minOverRanks
 	}
-	ts, extra, err := overRanks(ctx, c, ts, float64(bad))
+	ts, extra, err := overRanks(ctx, c, ts, float64(m.bad))
 	if err != nil {
 		return row, false, err
 	}
 	row.fillStats(ts, bytes, BusFactor(e.Op, e.Ranks))
-	row.Check = "off"
-	failed := false
-	if cfg.Check {
-		row.Check = "ok"
-		if extra[0] > 0 {
-			row.Check, failed = "FAIL", true
+	row.Check = checkColumn(cfg.Check, extra[0])
+	return row, row.Check == "FAIL", nil
+}
+
+// sizeRun is one size of a sweep while it runs: its input buffer and its
+// count of wrong results.
+type sizeRun[T hvdd.Elem] struct {
+	ctx      context.Context
+	c        *hvdd.Client
+	cfg      Config
+	e        Expect
+	errOut   io.Writer
+	in       []T
+	pristine []T   // in's input, restored before each run (--check only)
+	bad      int64 // wrong elements seen so far (--check)
+}
+
+// once runs and times one collective; under --check it verifies the result.
+func (m *sizeRun[T]) once() (time.Duration, error) {
+	if m.cfg.Check {
+		copy(m.in, m.pristine)
+	}
+	t0 := time.Now()
+	res, err := runOnce(m.ctx, m.c, m.e, m.in)
+	dt := time.Since(t0)
+	if err != nil {
+		return 0, err
+	}
+	if m.cfg.Check && m.e.Op != tensor.Allreduce && m.e.Op != tensor.Broadcast {
+		// The input is ours again once the op is done: clobber it at
+		// once, so that a daemon still reading it gives wrong results.
+		poison(m.in)
+	}
+	if m.cfg.Check {
+		if nb, first := Verify(m.e, res); nb > 0 {
+			if m.bad == 0 {
+				fmt.Fprintf(m.errOut, "hvdd bench: rank %d: %s of %d elements of %s: %d wrong; %s\n",
+					m.e.Rank, lower(m.e.Op.String()), m.e.Count, m.e.DType, nb, first)
+			}
+			m.bad += nb
 		}
 	}
-	return row, failed, nil
+	return dt, nil
+}
+
+// timed runs the timed iterations, each after a --gap pause if one is
+// given, and returns their times. With --gap, rank 0 also measures the CPU
+// time of the daemon (the process serving the socket) over the paced loop,
+// into row: what ops that come apart cost it (bench/gapcpu.sh).
+func (m *sizeRun[T]) timed(iters int, row *Row) ([]time.Duration, error) {
+	var cpu daemonCPU
+	if m.cfg.Gap > 0 && m.e.Rank == 0 {
+		cpu = startDaemonCPU(m.c.Socket)
+	}
+	ts := make([]time.Duration, iters)
+	for i := range ts {
+		if m.cfg.Gap > 0 {
+			time.Sleep(m.cfg.Gap)
+		}
+		var err error
+		if ts[i], err = m.once(); err != nil {
+			return nil, err
+		}
+	}
+	cpu.stop(row)
+	return ts, nil
+}
+
+// iterations returns how many timed iterations a size of bytes runs:
+// --iters, or for small sizes without --gap as many as IterationsFor
+// gives for the slowest rank's warm-up estimate, so that every rank runs
+// the same number.
+func (m *sizeRun[T]) iterations(bytes int64, warm []time.Duration) (int, error) {
+	if bytes > SmallBytes || m.cfg.Gap != 0 {
+		return m.cfg.Iters, nil
+	}
+	est := Summarize(warm).Median
+	slowest, _, err := maxOverRanks(m.ctx, m.c, []time.Duration{est})
+	if err != nil {
+		return 0, err
+	}
+	return IterationsFor(bytes, m.cfg.Iters, m.cfg.SmallIters, m.cfg.SmallTime, slowest[0]), nil
+}
+
+// daemonCPU is a reading of the daemon's CPU time; the zero value (daemon
+// not found) measures nothing.
+type daemonCPU struct {
+	pid   int
+	ticks int64
+	t0    time.Time
+}
+
+// startDaemonCPU reads the CPU time of the daemon serving socket.
+func startDaemonCPU(socket string) daemonCPU {
+	pid, err := FindDaemon(socket)
+	if err != nil {
+		return daemonCPU{}
+	}
+	ticks, err := CPUTicks(pid)
+	if err != nil {
+		return daemonCPU{}
+	}
+	return daemonCPU{pid: pid, ticks: ticks, t0: time.Now()}
+}
+
+// stop reads the daemon's CPU time again and sets row's daemon columns to
+// its use since startDaemonCPU, as % of one core.
+func (d daemonCPU) stop(row *Row) {
+	if d.pid <= 0 {
+		return
+	}
+	if ticks, err := CPUTicks(d.pid); err == nil {
+		v := cpuPct(ticks-d.ticks, time.Since(d.t0))
+		row.DaemonPID, row.DaemonCPUPct = d.pid, &v
+	}
 }
 
 func lower(s string) string {

@@ -545,7 +545,7 @@ func (c *client) allocOutput(n int64) ([]byte, *ipcpb.Buffer, error) {
 			return r.m.Bytes()[off : off+n : off+n], &ipcpb.Buffer{Region: r.id, Offset: uint64(off), Length: uint64(n)}, nil
 		}
 	}
-	size := max(c.s.cfg.OutputRegion, (n+int64(shm.PageSize)-1)/int64(shm.PageSize)*int64(shm.PageSize))
+	size := max(c.s.cfg.OutputRegion, shm.RoundToPages(n))
 	m, err := shm.Create(fmt.Sprintf("hvdd-out-%d", c.pid), size)
 	if err != nil {
 		return nil, nil, fmt.Errorf("output region: %w", err)

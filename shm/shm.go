@@ -137,5 +137,12 @@ func (r *Region) Close() error {
 	return errors.Join(errs...)
 }
 
-// PageSize is the system page size.
-var PageSize = os.Getpagesize()
+// PageSize returns the system page size in bytes.
+func PageSize() int { return os.Getpagesize() }
+
+// RoundToPages returns n rounded up to a whole number of pages: the size of
+// the smallest region that holds n bytes. n must not be negative.
+func RoundToPages(n int64) int64 {
+	page := int64(PageSize())
+	return (n + page - 1) / page * page
+}

@@ -114,3 +114,23 @@ func TestArena(t *testing.T) {
 		t.Fatalf("InUse %d", a.InUse())
 	}
 }
+
+func TestRoundToPages(t *testing.T) {
+	page := int64(PageSize())
+	if page <= 0 || page&(page-1) != 0 {
+		t.Fatalf("PageSize() = %d, want a power of two", page)
+	}
+	tests := []struct{ n, want int64 }{
+		{0, 0},
+		{1, page},
+		{page - 1, page},
+		{page, page},
+		{page + 1, 2 * page},
+		{10*page + 3, 11 * page},
+	}
+	for _, tt := range tests {
+		if got := RoundToPages(tt.n); got != tt.want {
+			t.Errorf("RoundToPages(%d) = %d, want %d", tt.n, got, tt.want)
+		}
+	}
+}

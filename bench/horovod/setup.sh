@@ -13,7 +13,10 @@
 #   HOROVOD_REBUILD=1  rebuild even if the venv already has a working build
 #
 # Needs: Debian's python3 (3.11) with python3-venv, python3-dev and python3-torch
-# (torch 1.13, reached through --system-site-packages), cmake, g++, make.
+# (torch 1.13, reached through --system-site-packages), cmake, g++, make, and
+# the headers Horovod's torch extension compiles against: libtorch-dev
+# (torch/extension.h; Debian's python3-torch only links to them) and
+# pybind11-dev (pybind11/pybind11.h).
 # Missing Debian packages are installed with apt-get when running as root.
 set -euo pipefail
 
@@ -28,9 +31,30 @@ die() { printf '[horovod-setup] FAILED: %s\n' "$*" >&2; exit 1; }
 
 # 1. System prerequisites.
 . "$REPO/bench/horovod/common.sh"
+
+# missing_torch_headers prints the Debian packages that hold the C++ headers
+# Horovod's torch extension includes, where neither torch's own include
+# directories (torch.utils.cpp_extension.include_paths(); in Debian's
+# python3-torch, links into /usr/include) nor /usr/include have them.
+missing_torch_headers() {
+  "$PY" - <<'EOF' 2>/dev/null || printf '%s\n' libtorch-dev pybind11-dev
+import os
+try:
+    from torch.utils.cpp_extension import include_paths
+    dirs = include_paths()
+except Exception:  # no torch yet: python3-torch comes with the same apt-get
+    dirs = []
+dirs.append("/usr/include")
+for header, pkg in (("torch/extension.h", "libtorch-dev"), ("pybind11/pybind11.h", "pybind11-dev")):
+    if not any(os.path.exists(os.path.join(d, header)) for d in dirs):
+        print(pkg)
+EOF
+}
+
 extra=()
 command -v cmake >/dev/null || extra+=(cmake)
 "$PY" -c 'import torch' 2>/dev/null || extra+=(python3-torch)
+mapfile -t -O "${#extra[@]}" extra < <(missing_torch_headers)
 ensure_build_prereqs "${extra[@]}"
 
 # 2. The virtualenv, seeing Debian's torch through the system site-packages.

@@ -648,7 +648,7 @@ func (c *Client) alloc(n int64) ([]byte, *arenaRegion, int64, error) {
 			return r.m.Bytes()[off : off+n : off+n], r, off, nil
 		}
 	}
-	r, err := c.addRegion(max(c.ArenaSize, (n+int64(shm.PageSize)-1)/int64(shm.PageSize)*int64(shm.PageSize)))
+	r, err := c.addRegion(max(c.ArenaSize, shm.RoundToPages(n)))
 	if err != nil {
 		return nil, nil, 0, err
 	}

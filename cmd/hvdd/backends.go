@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/backends/mpi"
 	"github.com/hvdd/hvdd/backends/tcp"
 	"github.com/hvdd/hvdd/daemon"
 )
@@ -38,12 +40,58 @@ func backendFactory(name string, streams int) (daemon.BackendFactory, error) {
 			return b, nil
 		}, nil
 	case "mpi":
-		if f := mpiFactory(); f != nil {
-			return f, nil
+		if !mpi.Available() {
+			return nil, fmt.Errorf("--backend mpi: %s (needs libopenmpi-dev)", noMPI)
 		}
-		return nil, fmt.Errorf("--backend mpi: this hvdd was built without MPI; rebuild with `go build -tags mpi ./cmd/hvdd` (needs libopenmpi-dev)")
+		return mpiFactory, nil
 	}
 	return nil, fmt.Errorf("unknown --backend %q (want tcp or mpi)", name)
+}
+
+// noMPI says what to do about a build without the MPI engine (package mpi's
+// stubs, built without the mpi tag).
+const noMPI = "this hvdd was built without MPI; rebuild with `go build -tags mpi ./cmd/hvdd`"
+
+// mpiFactory is the MPI engine's BackendFactory: the daemons are MPI ranks
+// (started by mpirun, one per node); each job duplicates MPI_COMM_WORLD. The
+// node rank the daemon was given must be its MPI rank.
+func mpiFactory(ctx context.Context, j daemon.ClusterJob) (backends.Backend, error) {
+	b, err := mpi.New(mpi.Config{})
+	if err != nil {
+		return nil, err
+	}
+	if err := sameRank(b.Rank(), b.Size(), j.NodeRank, j.Nodes); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// mpiControl starts the MPI bridge that carries the daemons' control links,
+// so that with --backend mpi MPI carries control and data and the nodes need
+// no rendezvous (nor a secret: the bridge has one). Every daemon of the mpirun
+// job starts it at once.
+func mpiControl(nodeRank, nodes int) (*mpi.Bridge, error) {
+	b, err := mpi.NewBridge()
+	if errors.Is(err, mpi.ErrUnavailable) {
+		return nil, errors.New(noMPI)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := sameRank(b.Rank(), b.Size(), nodeRank, nodes); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// sameRank checks that the daemon's MPI rank is the node rank it was given.
+func sameRank(rank, size, nodeRank, nodes int) error {
+	if rank != nodeRank || size != nodes {
+		return fmt.Errorf("MPI rank %d of %d does not match --node-rank %d of --nodes %d: start one daemon per node with mpirun and --node-rank -1", rank, size, nodeRank, nodes)
+	}
+	return nil
 }
 
 // launcherRank reads the process count and rank an MPI launcher gave us.

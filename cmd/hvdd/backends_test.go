@@ -3,6 +3,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/hvdd/hvdd/backends/mpi"
 )
 
 func TestOnlineCPUs(t *testing.T) {
@@ -65,5 +67,21 @@ func TestResolveControl(t *testing.T) {
 		if got != c.want || (err == nil) != (c.err == "") || err != nil && !strings.Contains(err.Error(), c.err) {
 			t.Errorf("resolveControl(%q, %q, %q) = %q, %v; want %q, error %q", c.control, c.backend, c.rendezvous, got, err, c.want, c.err)
 		}
+	}
+}
+
+// TestWithoutMPI: a build without the mpi tag refuses --backend mpi and
+// --control mpi with what to do about it.
+func TestWithoutMPI(t *testing.T) {
+	if mpi.Available() {
+		t.Skip("built with MPI (-tags mpi)")
+	}
+	_, err := backendFactory("mpi", 8)
+	if want := "--backend mpi: this hvdd was built without MPI; rebuild with `go build -tags mpi ./cmd/hvdd` (needs libopenmpi-dev)"; err == nil || err.Error() != want {
+		t.Errorf("backendFactory(mpi) = %v, want %q", err, want)
+	}
+	_, err = mpiControl(0, 2)
+	if want := "this hvdd was built without MPI; rebuild with `go build -tags mpi ./cmd/hvdd`"; err == nil || err.Error() != want {
+		t.Errorf("mpiControl = %v, want %q", err, want)
 	}
 }

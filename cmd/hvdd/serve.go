@@ -61,18 +61,50 @@ Examples:
       hvdd serve --slots 2 --nodes -1 --node-rank -1 --rendezvous 10.0.0.1:29500 --backend mpi
 `
 
+// serveArgs holds the flags of hvdd serve as given (before environment
+// defaults and mpirun's ranks are applied).
+type serveArgs struct {
+	socket, allowGID, logLevel                 string
+	slots, workers                             int
+	fusion                                     int64
+	cycle, stallCheck, stallShutdown           time.Duration
+	spin                                       time.Duration
+	nodes, nodeRank, streams                   int
+	rendezvous, advertise, secretFile, backend string
+	control                                    string
+}
+
+// usageError is a command-line error whose message the flag package has
+// already printed: code is the exit status, 2, or 0 for --help.
+type usageError struct{ code int }
+
+// Error says which exit status the error stands for.
+func (e usageError) Error() string { return fmt.Sprintf("usage (exit status %d)", e.code) }
+
+// serveMain is hvdd serve: flags, then the daemon's configuration, then the
+// daemon until a signal stops it. It returns the exit status.
 func serveMain(argv []string) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	var args struct {
-		socket, allowGID, logLevel                 string
-		slots, workers                             int
-		fusion                                     int64
-		cycle, stallCheck, stallShutdown           time.Duration
-		spin                                       time.Duration
-		nodes, nodeRank, streams                   int
-		rendezvous, advertise, secretFile, backend string
-		control                                    string
+	args, err := parseServeArgs(argv)
+	if usage := (usageError{}); errors.As(err, &usage) {
+		return usage.code
 	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
+		return 2
+	}
+	cfg, socket, err := serveConfig(args)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
+		return 2
+	}
+	return serve(cfg, socket)
+}
+
+// parseServeArgs parses the command line of hvdd serve. A parse error or
+// --help has been printed by the flag package and comes back as usageError.
+func parseServeArgs(argv []string) (serveArgs, error) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var args serveArgs
 	fs.StringVar(&args.socket, "socket", "", "Unix socket path; {node} is replaced by the node rank (default $HVDD_SOCKET, else "+ipc.DefaultSocket()+")")
 	fs.IntVar(&args.slots, "slots", 0, "number of local processes per job (required)")
 	fs.StringVar(&args.allowGID, "allow-gid", "", "comma-separated group ids allowed to connect besides the daemon's uid and root")
@@ -112,28 +144,84 @@ func serveMain(argv []string) int {
 	}
 	if err := fs.Parse(argv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return 0
+			return args, usageError{0}
 		}
-		return 2
+		return args, usageError{2}
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "hvdd serve: unexpected argument %q (see hvdd serve --help)\n", fs.Arg(0))
-		return 2
+		return args, fmt.Errorf("unexpected argument %q (see hvdd serve --help)", fs.Arg(0))
 	}
+	return args, nil
+}
+
+// serveConfig builds the daemon's configuration from the flags, the
+// environment and mpirun's ranks, and returns it with the socket path. With
+// --control mpi it starts the MPI bridge (a collective call: every daemon of
+// the mpirun job makes it at once).
+func serveConfig(args serveArgs) (daemon.Config, string, error) {
 	levelName := args.logLevel
 	if levelName == "" {
 		levelName = os.Getenv("HOROVOD_LOG_LEVEL")
 	}
 	level, err := daemon.LogLevel(levelName)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
-		return 2
+		return daemon.Config{}, "", err
 	}
 	cfg := daemon.Config{Slots: args.slots, Workers: args.workers, Spin: args.spin, Logger: daemon.NewLogger(os.Stderr, level)}
 	if err := cfg.ApplyHorovodEnv(os.Getenv); err != nil {
-		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
-		return 2
+		return cfg, "", err
 	}
+	overrideHorovodEnv(&cfg, args)
+	if cfg.AllowGIDs, err = parseGIDs(args.allowGID); err != nil {
+		return cfg, "", err
+	}
+	if cfg.StallShutdown > 0 && cfg.StallCheck > 0 && cfg.StallShutdown < cfg.StallCheck {
+		cfg.Logger.Warn("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS is less than HOROVOD_STALL_CHECK_TIME_SECONDS, will not shutdown.")
+	}
+	if err := fromLauncher(&args); err != nil {
+		return cfg, "", err
+	}
+	socket := args.socket
+	if socket == "" {
+		socket = os.Getenv("HVDD_SOCKET")
+	}
+	if socket == "" {
+		socket = ipc.DefaultSocket()
+	}
+	socket = strings.ReplaceAll(socket, "{node}", strconv.Itoa(args.nodeRank))
+	if args.nodes > 1 && args.advertise == "" {
+		args.advertise = routeTo(args.rendezvous)
+	}
+	if args.nodes > 1 {
+		if err := clusterConfig(&cfg, args); err != nil {
+			return cfg, "", err
+		}
+	}
+	return cfg, socket, nil
+}
+
+// fromLauncher resolves --nodes -1 and --node-rank -1: under mpirun, the
+// node count and rank come from the MPI launcher.
+func fromLauncher(args *serveArgs) error {
+	if args.nodes >= 0 && args.nodeRank >= 0 {
+		return nil
+	}
+	n, r, ok := launcherRank()
+	if !ok {
+		return errors.New("--nodes -1 / --node-rank -1 need mpirun (OMPI_COMM_WORLD_RANK or PMI_RANK unset)")
+	}
+	if args.nodes < 0 {
+		args.nodes = n
+	}
+	if args.nodeRank < 0 {
+		args.nodeRank = r
+	}
+	return nil
+}
+
+// overrideHorovodEnv applies the flags that take precedence over the
+// HOROVOD_* variables ApplyHorovodEnv read, where they were given.
+func overrideHorovodEnv(cfg *daemon.Config, args serveArgs) {
 	if args.fusion != -2 {
 		cfg.FusionThreshold = args.fusion
 		if args.fusion == 0 {
@@ -149,78 +237,64 @@ func serveMain(argv []string) int {
 	if args.stallShutdown >= 0 {
 		cfg.StallShutdown = args.stallShutdown
 	}
-	for _, g := range strings.Split(args.allowGID, ",") {
+}
+
+// parseGIDs parses --allow-gid: comma-separated numeric group ids, blanks
+// ignored.
+func parseGIDs(list string) ([]uint32, error) {
+	var gids []uint32
+	for _, g := range strings.Split(list, ",") {
 		if g = strings.TrimSpace(g); g == "" {
 			continue
 		}
 		id, err := strconv.ParseUint(g, 10, 32)
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "hvdd serve: --allow-gid %q: want numeric group ids\n", g)
-			return 2
+			return nil, fmt.Errorf("--allow-gid %q: want numeric group ids", g)
 		}
-		cfg.AllowGIDs = append(cfg.AllowGIDs, uint32(id))
+		gids = append(gids, uint32(id))
 	}
-	if cfg.StallShutdown > 0 && cfg.StallCheck > 0 && cfg.StallShutdown < cfg.StallCheck {
-		cfg.Logger.Warn("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS is less than HOROVOD_STALL_CHECK_TIME_SECONDS, will not shutdown.")
+	return gids, nil
+}
+
+// clusterConfig fills in what a daemon of a multi-node job needs: the
+// control transport (starting the MPI bridge for --control mpi), the job's
+// secret and the cross-node engine. args.nodes and args.nodeRank are
+// resolved.
+func clusterConfig(cfg *daemon.Config, args serveArgs) error {
+	control, err := resolveControl(args.control, args.backend, args.rendezvous)
+	if err != nil {
+		return err
 	}
-	socket := args.socket
-	if socket == "" {
-		socket = os.Getenv("HVDD_SOCKET")
+	var bridge *mpi.Bridge
+	if control == "mpi" {
+		// MPI carries the control links too: no rendezvous needed.
+		if bridge, err = mpiControl(args.nodeRank, args.nodes); err != nil {
+			return err
+		}
+		cfg.Control = bridge
 	}
-	if socket == "" {
-		socket = ipc.DefaultSocket()
+	secret, err := auth.LoadSecret(args.secretFile, os.Getenv("HVDD_SECRET"))
+	if errors.Is(err, auth.ErrNoSecret) && bridge != nil {
+		// The links travel inside the MPI job: the one rank 0 made.
+		secret, err = bridge.Secret(), nil
 	}
-	// Under mpirun, -1 takes the node rank and count from the MPI launcher.
-	if args.nodes < 0 || args.nodeRank < 0 {
-		n, r, ok := launcherRank()
-		if !ok {
-			fmt.Fprintln(os.Stderr, "hvdd serve: --nodes -1 / --node-rank -1 need mpirun (OMPI_COMM_WORLD_RANK or PMI_RANK unset)")
-			return 2
-		}
-		if args.nodes < 0 {
-			args.nodes = n
-		}
-		if args.nodeRank < 0 {
-			args.nodeRank = r
-		}
+	if err != nil {
+		return fmt.Errorf("%w (generate one with: head -c 32 /dev/urandom | xxd -p -c 64 > secret; give every node the same file)", err)
 	}
-	socket = strings.ReplaceAll(socket, "{node}", strconv.Itoa(args.nodeRank))
-	if args.nodes > 1 && args.advertise == "" {
-		args.advertise = routeTo(args.rendezvous)
+	factory, err := backendFactory(args.backend, args.streams)
+	if err != nil {
+		return err
 	}
-	if args.nodes > 1 {
-		control, err := resolveControl(args.control, args.backend, args.rendezvous)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
-			return 2
-		}
-		var bridge *mpi.Bridge
-		if control == "mpi" {
-			// MPI carries the control links too: no rendezvous needed.
-			if bridge, err = mpiControl(args.nodeRank, args.nodes); err != nil {
-				fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
-				return 2
-			}
-			cfg.Control = bridge
-		}
-		secret, err := auth.LoadSecret(args.secretFile, os.Getenv("HVDD_SECRET"))
-		if errors.Is(err, auth.ErrNoSecret) && bridge != nil {
-			// The links travel inside the MPI job: the one rank 0 made.
-			secret, err = bridge.Secret(), nil
-		}
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "hvdd serve: %v (generate one with: head -c 32 /dev/urandom | xxd -p -c 64 > secret; give every node the same file)\n", err)
-			return 2
-		}
-		factory, err := backendFactory(args.backend, args.streams)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
-			return 2
-		}
-		cfg.Nodes, cfg.NodeRank, cfg.Rendezvous, cfg.Advertise = args.nodes, args.nodeRank, args.rendezvous, args.advertise
-		cfg.Secret, cfg.NewBackend = secret, factory
-		warnIfBound(cfg.Logger)
-	}
+	cfg.Nodes, cfg.NodeRank, cfg.Rendezvous, cfg.Advertise = args.nodes, args.nodeRank, args.rendezvous, args.advertise
+	cfg.Secret, cfg.NewBackend = secret, factory
+	warnIfBound(cfg.Logger)
+	return nil
+}
+
+// serve runs the daemon on socket (or on the listener systemd passed) until
+// a signal stops it, and returns the exit status: 2 for a configuration the
+// daemon refuses, 1 when it cannot listen or fails.
+func serve(cfg daemon.Config, socket string) int {
 	srv, err := daemon.New(cfg)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)

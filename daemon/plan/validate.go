@@ -22,7 +22,8 @@ import (
 //  2. dtype (not for Barrier);
 //  3. group key and size (hvdd's addition: a member in different groups on
 //     different ranks would hang its groups);
-//  4. per op:
+//  4. per op (opChecks: one checker method per op, each a list of checks
+//     run in order by firstErr):
 //     - Allreduce: reduce op, Adasum (not supported), full shape, scale
 //       factors. Joined ranks are fine: they contribute zeros.
 //     - Reducescatter: joined ranks (error), reduce op, Average or Sum only,
@@ -104,206 +105,251 @@ func (t *Table) construct(e *entry) *Response {
 	return resp
 }
 
-// check runs the checks listed above and returns the first failure.
+// check runs the checks listed above and returns the first failure: the
+// common ones (steps 1-3), then the op's own from opChecks (step 4).
 func (t *Table) check(e *entry, reqs []subReq, joined []int) *Error {
-	name := e.key.name
-	ranks := e.set.ranks
-	first := reqs[0].r
+	c := &checker{t: t, e: e, reqs: reqs, joined: joined, first: reqs[0].r}
+	if err := c.common(); err != nil {
+		return err
+	}
+	if opCheck := opChecks[c.first.Op]; opCheck != nil {
+		return opCheck(c)
+	}
+	return nil
+}
 
-	// disagree compares value(r) across reqs. When some differ it returns
-	// an Error whose Horovod text is msg(first, first differing request).
-	disagree := func(attr string, value func(*Request) string, msg func(a, b *Request) string) *Error {
-		v0 := value(first)
-		var other *Request
-		for _, q := range reqs[1:] {
-			if value(q.r) != v0 {
-				other = q.r
-				break
-			}
-		}
-		if other == nil {
-			return nil
-		}
-		sides := sidesOf(reqs, ranks, value)
-		return newError(name, attr, msg(first, other), othersThan(sides), sides)
-	}
-	// invalid reports a problem with the requests themselves: bad(r)
-	// returns the Horovod text for a bad request, or "".
-	invalid := func(attr string, value func(*Request) string, bad func(*Request) string) *Error {
-		var msg string
-		var badReqs []subReq
-		for _, q := range reqs {
-			if m := bad(q.r); m != "" {
-				if msg == "" {
-					msg = m
-				}
-				badReqs = append(badReqs, q)
-			}
-		}
-		if msg == "" {
-			return nil
-		}
-		sides := sidesOf(badReqs, ranks, value)
-		var bad2 []int
-		for _, q := range badReqs {
-			bad2 = append(bad2, ranks[q.idx])
-		}
-		return newError(name, attr, msg, bad2, sides)
-	}
-	joinErr := func() *Error {
-		if len(joined) == 0 {
-			return nil
-		}
-		return newError(name, "join", msgJoinUnsupported(first.Op), joined, []Side{{Value: "join", Ranks: joined}})
-	}
+// opChecks holds step 4 of the checks: each op's own, run once the ranks
+// agree on op, dtype and group. An op without an entry (Barrier) has none.
+var opChecks = map[tensor.OpType]func(*checker) *Error{
+	tensor.Allreduce:     (*checker).allreduce,
+	tensor.Reducescatter: (*checker).reducescatter,
+	tensor.Allgather:     (*checker).allgather,
+	tensor.Alltoall:      (*checker).alltoall,
+	tensor.Broadcast:     (*checker).broadcast,
+}
 
-	if err := disagree("op",
-		func(r *Request) string { return r.Op.String() },
+// checker holds one tensor's requests while check validates them.
+type checker struct {
+	t      *Table
+	e      *entry
+	reqs   []subReq // the submitting ranks' requests, lowest set rank first
+	joined []int    // global ranks of the members that joined instead
+	first  *Request // reqs[0].r: Horovod's requests[0], the reference
+}
+
+// The values the checks compare, as the error's sides show them.
+func opOf(r *Request) string     { return r.Op.String() }
+func dtypeOf(r *Request) string  { return r.DType.String() }
+func shapeOf(r *Request) string  { return r.Shape.String() }
+func reduceOf(r *Request) string { return r.ReduceOp.String() }
+func rootOf(r *Request) string   { return fmt.Sprintf("root %d", r.Root) }
+
+func groupOf(r *Request) string {
+	if r.Group == "" {
+		return "none"
+	}
+	return strconv.Quote(r.Group) + " of " + strconv.Itoa(r.GroupSize)
+}
+
+func scalesOf(r *Request) string {
+	return "factors (" + fmtFloat(r.Prescale) + ", " + fmtFloat(r.Postscale) + ")"
+}
+
+func splitsOf(r *Request) string { return fmt.Sprintf("splits %v for shape %s", r.Splits, r.Shape) }
+
+// trailingShapeOf is the shape with dimension 0, which allgather and
+// alltoall let differ, masked: "[*, 3]".
+func trailingShapeOf(r *Request) string {
+	if len(r.Shape) == 0 {
+		return "[]"
+	}
+	s := r.Shape[1:].String()
+	if len(r.Shape) == 1 {
+		return "[*]"
+	}
+	return "[*, " + s[1:]
+}
+
+// disagree compares value(r) across the requests. When some differ it
+// returns an Error whose Horovod text is msg(first, first differing request).
+func (c *checker) disagree(attr string, value func(*Request) string, msg func(a, b *Request) string) *Error {
+	v0 := value(c.first)
+	var other *Request
+	for _, q := range c.reqs[1:] {
+		if value(q.r) != v0 {
+			other = q.r
+			break
+		}
+	}
+	if other == nil {
+		return nil
+	}
+	sides := sidesOf(c.reqs, c.e.set.ranks, value)
+	return newError(c.e.key.name, attr, msg(c.first, other), othersThan(sides), sides)
+}
+
+// invalid reports a problem with the requests themselves: bad(r) returns
+// the Horovod text for a bad request, or "".
+func (c *checker) invalid(attr string, value func(*Request) string, bad func(*Request) string) *Error {
+	var msg string
+	var badReqs []subReq
+	for _, q := range c.reqs {
+		if m := bad(q.r); m != "" {
+			if msg == "" {
+				msg = m
+			}
+			badReqs = append(badReqs, q)
+		}
+	}
+	if msg == "" {
+		return nil
+	}
+	ranks := c.e.set.ranks
+	sides := sidesOf(badReqs, ranks, value)
+	var badRanks []int
+	for _, q := range badReqs {
+		badRanks = append(badRanks, ranks[q.idx])
+	}
+	return newError(c.e.key.name, attr, msg, badRanks, sides)
+}
+
+// common runs steps 1-3: op, dtype (not for Barrier), group.
+func (c *checker) common() *Error {
+	if err := c.disagree("op", opOf,
 		func(a, b *Request) string { return msgMismatchedOps(a.Op, b.Op) }); err != nil {
 		return err
 	}
-	op := first.Op
-	if op != tensor.Barrier {
-		if err := disagree("dtype",
-			func(r *Request) string { return r.DType.String() },
+	if c.first.Op != tensor.Barrier {
+		if err := c.disagree("dtype", dtypeOf,
 			func(a, b *Request) string { return msgMismatchedDTypes(a.DType, b.DType) }); err != nil {
 			return err
 		}
 	}
-	groupOf := func(r *Request) string {
-		if r.Group == "" {
-			return "none"
+	return c.disagree("group", groupOf,
+		func(a, b *Request) string { return msgMismatchedGroups(groupOf(a), groupOf(b)) })
+}
+
+// allreduce: reduce op, Adasum, full shape, scale factors. Joined ranks are
+// fine: they contribute zeros.
+func (c *checker) allreduce() *Error {
+	return firstErr(c.reduceOp, c.noAdasum, c.fullShape, c.scales)
+}
+
+// reducescatter: joined ranks, reduce op, Average or Sum only, full shape,
+// scalar, scale factors.
+func (c *checker) reducescatter() *Error {
+	return firstErr(c.noJoined, c.reduceOp, c.averageOrSum, c.fullShape, c.notScalar, c.scales)
+}
+
+// allgather: joined ranks, scalar, every dimension but the first.
+func (c *checker) allgather() *Error {
+	return firstErr(c.noJoined, c.notScalar, c.trailingShape)
+}
+
+// alltoall: allgather's checks, then each rank's splits.
+func (c *checker) alltoall() *Error {
+	return firstErr(c.noJoined, c.notScalar, c.trailingShape, c.splits)
+}
+
+// broadcast: full shape, joined ranks, root agreement, root membership.
+func (c *checker) broadcast() *Error {
+	return firstErr(c.fullShape, c.noJoined, c.sameRoot, c.rootInSet)
+}
+
+// noJoined fails an op that needs every member's data when some joined.
+func (c *checker) noJoined() *Error {
+	if len(c.joined) == 0 {
+		return nil
+	}
+	return newError(c.e.key.name, "join", msgJoinUnsupported(c.first.Op), c.joined, []Side{{Value: "join", Ranks: c.joined}})
+}
+
+// reduceOp: the ranks agree on the reduction.
+func (c *checker) reduceOp() *Error {
+	return c.disagree("reduce_op", reduceOf,
+		func(a, b *Request) string { return msgMismatchedReduceOps(a.ReduceOp, b.ReduceOp) })
+}
+
+// noAdasum: hvdd does not implement Adasum.
+func (c *checker) noAdasum() *Error {
+	return c.invalid("reduce_op", reduceOf, func(r *Request) string {
+		if r.ReduceOp == tensor.Adasum {
+			return msgAdasum
 		}
-		return strconv.Quote(r.Group) + " of " + strconv.Itoa(r.GroupSize)
-	}
-	if err := disagree("group", groupOf,
-		func(a, b *Request) string { return msgMismatchedGroups(groupOf(a), groupOf(b)) }); err != nil {
-		return err
-	}
+		return ""
+	})
+}
 
-	shapeOf := func(r *Request) string { return r.Shape.String() }
-	fullShape := func() *Error {
-		return disagree("shape", shapeOf,
-			func(a, b *Request) string { return msgMismatchedShapes(op, a.Shape, b.Shape) })
-	}
-	reduceOf := func(r *Request) string { return r.ReduceOp.String() }
-	reduceOp := func() *Error {
-		return disagree("reduce_op", reduceOf,
-			func(a, b *Request) string { return msgMismatchedReduceOps(a.ReduceOp, b.ReduceOp) })
-	}
-	scalesOf := func(r *Request) string {
-		return "factors (" + fmtFloat(r.Prescale) + ", " + fmtFloat(r.Postscale) + ")"
-	}
-	scales := func() *Error {
-		return disagree("scale", scalesOf,
-			func(a, b *Request) string {
-				return msgMismatchedScales(a.Prescale, a.Postscale, b.Prescale, b.Postscale)
-			})
-	}
+// averageOrSum: the only reductions reducescatter has.
+func (c *checker) averageOrSum() *Error {
+	return c.invalid("reduce_op", reduceOf, func(r *Request) string {
+		if r.ReduceOp != tensor.Average && r.ReduceOp != tensor.Sum {
+			return msgReducescatterOp
+		}
+		return ""
+	})
+}
 
-	switch op {
-	case tensor.Allreduce:
-		return firstErr(
-			reduceOp,
-			func() *Error {
-				return invalid("reduce_op", reduceOf, func(r *Request) string {
-					if r.ReduceOp == tensor.Adasum {
-						return msgAdasum
-					}
-					return ""
-				})
-			},
-			fullShape,
-			scales,
-		)
+// fullShape: the ranks agree on every dimension.
+func (c *checker) fullShape() *Error {
+	return c.disagree("shape", shapeOf,
+		func(a, b *Request) string { return msgMismatchedShapes(c.first.Op, a.Shape, b.Shape) })
+}
 
-	case tensor.Reducescatter:
-		return firstErr(
-			joinErr,
-			reduceOp,
-			func() *Error {
-				return invalid("reduce_op", reduceOf, func(r *Request) string {
-					if r.ReduceOp != tensor.Average && r.ReduceOp != tensor.Sum {
-						return msgReducescatterOp
-					}
-					return ""
-				})
-			},
-			fullShape,
-			func() *Error {
-				if len(first.Shape) == 0 {
-					return newError(name, "shape", msgScalar(op), []int{ranks[reqs[0].idx]},
-						[]Side{{Value: first.Shape.String(), Ranks: []int{ranks[reqs[0].idx]}}})
-				}
-				return nil
-			},
-			scales,
-		)
+// notScalar fails a rank-zero tensor, judged on the lowest rank's shape as
+// Horovod does (a scalar elsewhere is a shape mismatch).
+func (c *checker) notScalar() *Error {
+	if len(c.first.Shape) != 0 {
+		return nil
+	}
+	rank := c.e.set.ranks[c.reqs[0].idx]
+	return newError(c.e.key.name, "shape", msgScalar(c.first.Op), []int{rank},
+		[]Side{{Value: c.first.Shape.String(), Ranks: []int{rank}}})
+}
 
-	case tensor.Allgather, tensor.Alltoall:
-		// Dimension 0 may differ: compare shapes with it masked.
-		trailing := func(r *Request) string {
-			if len(r.Shape) == 0 {
-				return "[]"
+// trailingShape: the ranks agree on the number of dimensions and on every
+// dimension but the first.
+func (c *checker) trailingShape() *Error {
+	op := c.first.Op
+	return c.disagree("shape", trailingShapeOf, func(a, b *Request) string {
+		if len(a.Shape) != len(b.Shape) {
+			return msgMismatchedNDims(op, len(a.Shape), len(b.Shape))
+		}
+		for d := 1; d < len(a.Shape); d++ {
+			if a.Shape[d] != b.Shape[d] {
+				return msgMismatchedDim(op, d, a.Shape[d], b.Shape[d])
 			}
-			s := r.Shape[1:].String()
-			if len(r.Shape) == 1 {
-				return "[*]"
-			}
-			return "[*, " + s[1:]
 		}
-		errs := []func() *Error{
-			joinErr,
-			func() *Error {
-				if len(first.Shape) == 0 {
-					return newError(name, "shape", msgScalar(op), []int{ranks[reqs[0].idx]},
-						[]Side{{Value: first.Shape.String(), Ranks: []int{ranks[reqs[0].idx]}}})
-				}
-				return nil
-			},
-			func() *Error {
-				return disagree("shape", trailing, func(a, b *Request) string {
-					if len(a.Shape) != len(b.Shape) {
-						return msgMismatchedNDims(op, len(a.Shape), len(b.Shape))
-					}
-					for d := 1; d < len(a.Shape); d++ {
-						if a.Shape[d] != b.Shape[d] {
-							return msgMismatchedDim(op, d, a.Shape[d], b.Shape[d])
-						}
-					}
-					return "" // unreachable: the masked shapes differ
-				})
-			},
-		}
-		if op == tensor.Alltoall {
-			errs = append(errs, func() *Error {
-				return invalid("splits",
-					func(r *Request) string { return fmt.Sprintf("splits %v for shape %s", r.Splits, r.Shape) },
-					func(r *Request) string { return splitsProblem(r, len(ranks)) })
-			})
-		}
-		return firstErr(errs...)
+		return "" // unreachable: the masked shapes differ
+	})
+}
 
-	case tensor.Broadcast:
-		return firstErr(
-			fullShape,
-			joinErr,
-			func() *Error {
-				return disagree("root",
-					func(r *Request) string { return fmt.Sprintf("root %d", r.Root) },
-					func(a, b *Request) string { return msgMismatchedRoots(op, a.Root, b.Root) })
-			},
-			func() *Error {
-				if first.Root < 0 || first.Root >= t.cfg.Size || e.set.index[first.Root] < 0 {
-					return invalid("root",
-						func(r *Request) string { return fmt.Sprintf("root %d", r.Root) },
-						func(r *Request) string { return msgInvalidRoot(r.Root) })
-				}
-				return nil
-			},
-		)
+// scales: the ranks agree on the prescale and postscale factors.
+func (c *checker) scales() *Error {
+	return c.disagree("scale", scalesOf, func(a, b *Request) string {
+		return msgMismatchedScales(a.Prescale, a.Postscale, b.Prescale, b.Postscale)
+	})
+}
+
+// splits: each rank's alltoall splits fit its shape and the set.
+func (c *checker) splits() *Error {
+	n := len(c.e.set.ranks)
+	return c.invalid("splits", splitsOf, func(r *Request) string { return splitsProblem(r, n) })
+}
+
+// sameRoot: the ranks agree on the broadcast's root.
+func (c *checker) sameRoot() *Error {
+	return c.disagree("root", rootOf,
+		func(a, b *Request) string { return msgMismatchedRoots(c.first.Op, a.Root, b.Root) })
+}
+
+// rootInSet: the (agreed) root is a member of the process set.
+func (c *checker) rootInSet() *Error {
+	root := c.first.Root
+	if root >= 0 && root < c.t.cfg.Size && c.e.set.index[root] >= 0 {
+		return nil
 	}
-	return nil
+	return c.invalid("root", rootOf, func(r *Request) string { return msgInvalidRoot(r.Root) })
 }
 
 // firstErr runs the checks in order and returns the first failure.
