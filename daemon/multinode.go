@@ -28,8 +28,8 @@ import (
 // then negotiated by its multiCoord (multinode_job.go); multiNode watches the
 // job's control links in the loop's epoll set and hands it their messages.
 
-// ClusterJob describes a formed multi-node job to a BackendFactory.
-type ClusterJob struct {
+// MultiNodeJob describes a formed multi-node job to a BackendFactory.
+type MultiNodeJob struct {
 	// ID identifies the job; backends use it to refuse peers of other jobs.
 	ID string
 	// NodeRank is this node, Nodes the number of nodes, Slots every node's
@@ -60,7 +60,7 @@ type ControlTransport interface {
 
 // BackendFactory creates the cross-node engine of a job; every node calls it
 // at about the same time, and it returns once the engine is connected.
-type BackendFactory func(ctx context.Context, j ClusterJob) (backends.Backend, error)
+type BackendFactory func(ctx context.Context, j MultiNodeJob) (backends.Backend, error)
 
 // multiNode forms jobs with the daemons of the other nodes (the loop's
 // formation on several nodes) and watches the running job's control links.
@@ -387,7 +387,7 @@ func (c *multiNode) startBackend(j *job, id uint64, slots []int) {
 	if c.store != nil {
 		store = rendezvous.Prefix(c.store, jid)
 	}
-	b, err := c.cfg.NewBackend(ctx, ClusterJob{
+	b, err := c.cfg.NewBackend(ctx, MultiNodeJob{
 		ID: jid, NodeRank: c.rank, Nodes: c.nodes, Slots: slots,
 		Store: store, Host: c.host, Secret: c.cfg.Secret, Logger: c.log,
 	})

@@ -149,7 +149,7 @@ func startWrapped(t *testing.T, wrap func(net.Conn) net.Conn) *coordinator {
 	ccfg := cluster.Config{Secret: secret, Heartbeat: time.Hour, PeerTimeout: 2 * time.Hour}
 	s := daemontest.Start(t, daemon.Config{
 		Slots: 2, Nodes: 2, NodeRank: 1, Secret: secret, Control: pairTransport{theirs},
-		NewBackend: func(context.Context, daemon.ClusterJob) (backends.Backend, error) { return backend, nil },
+		NewBackend: func(context.Context, daemon.MultiNodeJob) (backends.Backend, error) { return backend, nil },
 		Heartbeat:  time.Hour, PeerTimeout: 2 * time.Hour, StartTimeout: 30 * time.Second,
 	})
 	// Node 0's side on its own goroutine: node 1 joins once its clients

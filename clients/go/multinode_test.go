@@ -22,7 +22,7 @@ import (
 
 var testSecret = []byte("multi-node test secret, 32 bytes")
 
-func tcpFactory(ctx context.Context, j daemon.ClusterJob) (backends.Backend, error) {
+func tcpFactory(ctx context.Context, j daemon.MultiNodeJob) (backends.Backend, error) {
 	return tcp.New(ctx, tcp.Config{Rank: j.NodeRank, Size: j.Nodes, Store: j.Store, Prefix: j.ID,
 		ListenAddr: net.JoinHostPort(j.Host, "0"), Secret: j.Secret, Logger: j.Logger,
 		Heartbeat: 100 * time.Millisecond, PeerTimeout: time.Second})
@@ -365,7 +365,7 @@ func TestMultiNodeLinkCut(t *testing.T) {
 // factory returns a typed nil with its error, which once crashed the daemon.
 func TestMultiNodeEngineFails(t *testing.T) {
 	rdv := freePort(t, "127.0.0.2")
-	bad := func(ctx context.Context, j daemon.ClusterJob) (backends.Backend, error) {
+	bad := func(ctx context.Context, j daemon.MultiNodeJob) (backends.Backend, error) {
 		var b *tcp.Backend
 		return b, errors.New("engine refused to start")
 	}

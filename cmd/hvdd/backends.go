@@ -27,7 +27,7 @@ func backendFactory(name string, streams int) (daemon.BackendFactory, error) {
 		if streams < 1 || streams > tcp.MaxStreams {
 			return nil, fmt.Errorf("--tcp-streams %d is outside [1, %d]", streams, tcp.MaxStreams)
 		}
-		return func(ctx context.Context, j daemon.ClusterJob) (backends.Backend, error) {
+		return func(ctx context.Context, j daemon.MultiNodeJob) (backends.Backend, error) {
 			b, err := tcp.New(ctx, tcp.Config{
 				Rank: j.NodeRank, Size: j.Nodes, Store: j.Store, Prefix: j.ID,
 				ListenAddr: net.JoinHostPort(j.Host, "0"), Secret: j.Secret, Logger: j.Logger,
@@ -55,7 +55,7 @@ const noMPI = "this hvdd was built without MPI; rebuild with `go build -tags mpi
 // mpiFactory is the MPI engine's BackendFactory: the daemons are MPI ranks
 // (started by mpirun, one per node); each job duplicates MPI_COMM_WORLD. The
 // node rank the daemon was given must be its MPI rank.
-func mpiFactory(ctx context.Context, j daemon.ClusterJob) (backends.Backend, error) {
+func mpiFactory(ctx context.Context, j daemon.MultiNodeJob) (backends.Backend, error) {
 	b, err := mpi.New(mpi.Config{})
 	if err != nil {
 		return nil, err
