@@ -29,6 +29,12 @@ __all__ = [
 ]
 
 
+def _unnamed_like(ctx: Any) -> tuple:
+    """An allreduce's arguments besides its tensors, as its forward pass had
+    them (``ctx``) but unnamed: those of the backward allreduce."""
+    return ctx.average, None, ctx.op, ctx.prescale_factor, ctx.postscale_factor, ctx.process_set
+
+
 class HorovodAllreduce(torch.autograd.Function):
     """An autograd function that performs allreduce on a tensor."""
 
@@ -45,15 +51,7 @@ class HorovodAllreduce(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_output):  # type: ignore[override]
         return (
-            HorovodAllreduce.apply(
-                grad_output.contiguous(),
-                ctx.average,
-                None,
-                ctx.op,
-                ctx.prescale_factor,
-                ctx.postscale_factor,
-                ctx.process_set,
-            ),
+            HorovodAllreduce.apply(grad_output.contiguous(), *_unnamed_like(ctx)),
             None,
             None,
             None,
@@ -80,15 +78,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grad_output):  # type: ignore[override]
-        grads = HorovodGroupedAllreduce.apply(
-            ctx.average,
-            None,
-            ctx.op,
-            ctx.prescale_factor,
-            ctx.postscale_factor,
-            ctx.process_set,
-            *[g.contiguous() for g in grad_output],
-        )
+        grads = HorovodGroupedAllreduce.apply(*_unnamed_like(ctx), *[g.contiguous() for g in grad_output])
         return (None, None, None, None, None, None, *grads)
 
 
