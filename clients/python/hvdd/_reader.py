@@ -45,8 +45,8 @@ log = logging.getLogger(__name__)
 def _adapt_spin(cur: float, base: float, slept: float) -> float:
     """The next spin window after sleeping ``slept`` seconds: an answer that
     came a little after the window widens it (to twice the gap, averaged, at
-    most ten times the base), a long sleep restores the base. As the daemon's
-    ``adaptSpin``."""
+    most ten times the base), a long sleep restores the base. As Go's
+    ``ipc.AdaptSpin``."""
     hi = 10 * base
     if slept < hi:
         return max(base, min(hi, (cur + 2 * slept) / 2))

@@ -239,8 +239,10 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
     Args:
         comm: Horovod's sub-world selection (list of ranks or mpi4py comm).
             hvdd supports only the default, None (all ranks).
-        process_sets: Horovod's static process sets; hvdd supports only None
-            or an empty list (the global set alone).
+        process_sets: Horovod's static process sets (a list of
+            ``ProcessSet``, registered here on every rank, in the same order),
+            or ``"dynamic"`` to allow ``add_process_set`` and
+            ``remove_process_set`` later. On one node.
     """
     global _client, _atexit_registered, _dynamic
     if comm is not None:
