@@ -15,19 +15,18 @@ through :func:`fence`, a locked read-modify-write.
 
 from __future__ import annotations
 
-import struct
 import threading
 from typing import Optional
 
 from ._shm import Region
+from ._wire import HEADER as _FRAME
+from ._wire import HEADER_SIZE as _FRAME_SIZE
+from ._wire import MAX_BODY as _MAX_BODY
 
 __all__ = ["Channel", "HEADER", "DEFAULT_RING", "channel_bytes", "fence"]
 
 HEADER = 4096
 DEFAULT_RING = 128 << 10
-_FRAME = struct.Struct("<2sBBII")
-_FRAME_SIZE = 12
-_MAX_BODY = 4 << 20
 
 # Word indexes into the header (see the layout table in PROTOCOL.md).
 _C2D_HEAD, _C2D_SOCK, _C2D_TAIL = 0, 1, 8  # u64 words

@@ -1,195 +1,50 @@
-"""The connection to the node's hvdd daemon: framing, regions, handles.
+"""The connection to the node's hvdd daemon.
 
 One :class:`Client` per process speaks ``ipc/PROTOCOL.md``: it sends Hello,
-registers a sparse memfd arena, waits for Welcome, then enqueues collectives
-whose tensors it stages in the arena. A single reader thread receives every
-server frame and completes the matching :class:`Handle`. The client holds no
-collective logic: names, dtypes and shapes go to the daemon, which matches them
-across ranks and reports disagreements.
+registers a sparse memfd staging region, waits for Welcome, registers a
+shared-memory channel, then enqueues collectives whose tensors it stages in
+shared memory. The client holds no collective logic: names, dtypes and
+shapes go to the daemon, which matches them across ranks and reports
+disagreements.
+
+The Client sends; it composes the rest:
+
+- :mod:`hvdd._wire`: the frame format and the hand-encoded Enqueue (pure).
+- :class:`hvdd._shm.Staging`: the staging regions and their allocation.
+- :class:`hvdd._reader.Reader`: the receiving side. There is no dedicated
+  reader thread on the per-op path: the thread that waits for a handle
+  (:meth:`Client.complete`) reads the daemon's answers itself, polling the
+  channel's ring (``HVDD_SPIN_US``, adapting) and then sleeping on the
+  socket; only while no thread waits does the background thread
+  ``hvdd-reader`` read, so that handles still complete and a lost daemon is
+  noticed.
+
+Requests go through the channel's ring, or on the socket when they carry a
+descriptor (RegisterRegion, RegisterChannel), when the ring is too small for
+them, and before the channel is registered (``HVDD_CHANNEL=0``: always).
 """
 
 from __future__ import annotations
 
-import _thread
-import errno
 import logging
 import os
 import socket
-import struct
 import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from ._channel import DEFAULT_RING, Channel, ChannelError, channel_bytes, fence
+from ._channel import DEFAULT_RING, Channel, channel_bytes, fence
 from ._proto import hvdd_pb2 as pb
-from ._shm import Arena, Region
-from .exceptions import HvddInternalError, HvddUnimplementedError
+from ._reader import Handle, Reader
+from ._shm import Region, Staging
+from ._wire import DUPLICATE_NAME_ERROR, HEADER, KIND_CLIENT, PROTOCOL_VERSION, WAKE, encode_enqueue, error_for
+from .exceptions import HvddInternalError
 
 __all__ = ["Client", "Handle", "PROTOCOL_VERSION", "default_socket_path"]
 
 log = logging.getLogger(__name__)
-
-PROTOCOL_VERSION = 1
-_HEADER = struct.Struct("<2sBBII")
-_HEADER_SIZE = 12
-_MAX_BODY = 4 << 20
-_MAX_FDS = 16
-_KIND_CLIENT = 1
-_KIND_SERVER = 2
-_KIND_WAKE = 3
-_WAKE = _HEADER.pack(b"HV", _KIND_WAKE, 0, 0, 0)
-_GRANTED_BASE = 0x80000000
-_ANC_SIZE = socket.CMSG_SPACE(_MAX_FDS * 4)
-_DONE_OK = b"\x1a\x00"  # ServerMessage{done: Done{}}: the common reply, parsed without protobuf.
-
-OP_NAMES = {
-    pb.OP_ALLREDUCE: "allreduce",
-    pb.OP_ALLGATHER: "allgather",
-    pb.OP_BROADCAST: "broadcast",
-    pb.OP_ALLTOALL: "alltoall",
-    pb.OP_REDUCESCATTER: "reducescatter",
-    pb.OP_BARRIER: "barrier",
-    pb.OP_JOIN: "join",
-}
-
-DUPLICATE_NAME_ERROR = (
-    "Requested to allreduce, allgather, or broadcast a tensor with the same name as another tensor "
-    "that is currently being processed.  If you want to request another tensor, use a different tensor name."
-)
-
-
-_F64 = struct.Struct("<d")
-_SMALL = [bytes((i,)) for i in range(0x80)]
-
-
-def _varint(v: int) -> bytes:
-    """Protobuf base-128 varint of v (negative int32/int64 as 64-bit two's
-    complement, as protobuf encodes them)."""
-    if 0 <= v < 0x80:
-        return _SMALL[v]
-    if v < 0:
-        v += 1 << 64
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
-def encode_enqueue(
-    op: int,
-    name: str,
-    dtype: int,
-    shape: Sequence[int],
-    region: int,
-    offset: int,
-    nbytes: int,
-    reduce_op: int,
-    prescale: float,
-    postscale: float,
-    root_rank: int,
-    splits: Optional[Sequence[int]],
-    group: int,
-    group_size: int,
-    process_set: int,
-) -> bytes:
-    """The body of ``ClientMessage{enqueue: Enqueue{...}}``, encoded by hand:
-    the same bytes protobuf writes (fields in number order, defaults left
-    out), at a third of the cost of filling a message in Python. Checked
-    against the generated code in tests/test_units.py. A training loop sends
-    the same tensors every step: the fields around the buffer are cached."""
-    v = _varint
-    key = (
-        op,
-        name,
-        dtype,
-        tuple(shape),
-        reduce_op,
-        prescale,
-        postscale,
-        root_rank,
-        tuple(splits) if splits else None,
-        group,
-        group_size,
-        process_set,
-    )
-    cached = _enqueue_cache.get(key)
-    if cached is None:
-        cached = _enqueue_fields(*key)
-        if len(_enqueue_cache) >= 4096:
-            _enqueue_cache.clear()
-        _enqueue_cache[key] = cached
-    head, tail = cached
-    if nbytes:
-        buf = (b"\x08" + v(region) if region else b"") + (b"\x10" + v(offset) if offset else b"") + b"\x18" + v(nbytes)
-        e = b"".join((head, b"\x2a", v(len(buf)), buf, tail))
-    else:
-        e = head + tail
-    return b"\x22" + v(len(e)) + e
-
-
-_enqueue_cache: dict[tuple, tuple[bytes, bytes]] = {}
-
-
-def _enqueue_fields(
-    op: int,
-    name: str,
-    dtype: int,
-    shape: Sequence[int],
-    reduce_op: int,
-    prescale: float,
-    postscale: float,
-    root_rank: int,
-    splits: Optional[Sequence[int]],
-    group: int,
-    group_size: int,
-    process_set: int,
-) -> tuple[bytes, bytes]:
-    """The Enqueue fields before the buffer (1-4) and after it (6-13)."""
-    v = _varint
-    parts = []
-    if name:
-        b = name.encode()
-        parts += (b"\x0a", v(len(b)), b)
-    if op:
-        parts += (b"\x10", v(op))
-    if dtype:
-        parts += (b"\x18", v(dtype))
-    if shape:
-        p = b"".join([v(d) for d in shape])
-        parts += (b"\x22", v(len(p)), p)
-    head = b"".join(parts)
-    parts = []
-    if reduce_op:
-        parts += (b"\x30", v(reduce_op))
-    if prescale != 1.0 and prescale != 0.0:
-        parts += (b"\x39", _F64.pack(prescale))
-    if postscale != 1.0 and postscale != 0.0:
-        parts += (b"\x41", _F64.pack(postscale))
-    if root_rank:
-        parts += (b"\x48", v(root_rank))
-    if splits:
-        p = b"".join([v(s) for s in splits])
-        parts += (b"\x52", v(len(p)), p)
-    if group:
-        parts += (b"\x58", v(group), b"\x60", v(group_size))
-    if process_set:
-        parts += (b"\x68", v(process_set))
-    return head, b"".join(parts)
-
-
-def _adapt_spin(cur: float, base: float, slept: float) -> float:
-    """The next spin window after sleeping ``slept`` seconds: an answer that
-    came a little after the window widens it (to twice the gap, averaged, at
-    most ten times the base), a long sleep restores the base. As the daemon's
-    ``adaptSpin``."""
-    hi = 10 * base
-    if slept < hi:
-        return max(base, min(hi, (cur + 2 * slept) / 2))
-    return base
 
 
 def default_socket_path() -> str:
@@ -218,63 +73,6 @@ def _requested_local_rank() -> int:
     return -1
 
 
-def error_for(code: int, message: str) -> Exception:
-    """Maps a protocol error code to the exception Horovod would raise."""
-    if code == pb.CODE_DUPLICATE_NAME:
-        return ValueError(message or DUPLICATE_NAME_ERROR)
-    if code == pb.CODE_UNIMPLEMENTED:
-        return HvddUnimplementedError(message, code)
-    return HvddInternalError(message, code)
-
-
-class Handle:
-    """One collective in flight. ``lock`` is held until the Done arrives."""
-
-    __slots__ = (
-        "id",
-        "name",
-        "lock",
-        "done",
-        "error",
-        "region",
-        "offset",
-        "finish",
-        "members",
-        "free_on_done",
-        "__weakref__",
-    )
-
-    def __init__(self, hid: int, name: str) -> None:
-        self.id = hid
-        self.name = name
-        self.lock = _thread.allocate_lock()
-        self.lock.acquire()
-        self.done: Optional[Any] = None  # pb.Done, or None for a plain OK
-        self.error: Optional[Exception] = None
-        self.region: Optional[Region] = None  # staging allocation to free
-        self.offset = -1
-        # finish(handle) -> result, run once by the waiter on success.
-        self.finish: Optional[Callable[["Handle"], Any]] = None
-        self.members: Optional[list["Handle"]] = None  # grouped ops
-        # Input staging that is not the result (allgather, alltoall,
-        # reducescatter put theirs in a daemon region): freed at the Done, by
-        # which the daemon has read every rank's input.
-        self.free_on_done = False
-
-    def poll(self) -> bool:
-        if self.members is not None:
-            return all(not m.lock.locked() for m in self.members)
-        return not self.lock.locked()
-
-
-class _Staging:
-    __slots__ = ("region", "arena")
-
-    def __init__(self, region: Region) -> None:
-        self.region = region
-        self.arena = Arena(region.size)
-
-
 class Client:
     """A connection to the local hvdd daemon."""
 
@@ -297,42 +95,27 @@ class Client:
         self.client_name = client_name
         self.welcome: Any = None
         self._sock: Optional[socket.socket] = None
-        self._wlock = threading.Lock()  # serialises writes and the cached message
-        self._lock = threading.Lock()  # guards what follows
-        self._pending: dict[int, Handle] = {}
-        self._names: set[str] = set()
+        self._wlock = threading.Lock()  # serialises writes
+        # Guards _next_id, the staging and the reader's handle table and state.
+        self._lock = threading.Lock()
         self._next_id = 0
-        self._staging: list[_Staging] = []
-        self._granted: dict[int, Region] = {}
-        self._next_region = 0
-        self._failed: Optional[Exception] = None
-        self._closed = False
-        self._reader: Optional[threading.Thread] = None
-        self._rlock = threading.Lock()  # held by the thread reading the socket
-        self._waiters = 0  # threads in complete(), under _lock
-        self._idle = threading.Event()
-        self._sock_dead = False
-        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self._rbuf = bytearray()
-        self._rview = memoryview(bytearray(1 << 16))  # recvmsg_into target, reused
-        self._rbufs = [self._rview]
-        self._fds: list[int] = []
-        # The shared-memory channel (ipc/PROTOCOL.md, "Channel"): sending under
-        # _wlock, receiving under _rlock.
-        self._ch: Optional[Channel] = None
-        self._sock_in = 0  # counted socket frames read since the channel
+        self._staging = Staging(arena_size, self._register_region)
         # Spin-then-sleep while waiting: the window starts at HVDD_SPIN_US
-        # and adapts (see _adapt_spin).
-        self._spin_base = float(os.environ.get("HVDD_SPIN_US", "50")) * 1e-6
-        self._spin = self._spin_base
+        # and adapts (see _reader._adapt_spin).
+        spin = float(os.environ.get("HVDD_SPIN_US", "50")) * 1e-6
+        self._rx = Reader(self._lock, self._staging, spin)
+        # The shared-memory channel (ipc/PROTOCOL.md, "Channel"): sending
+        # under _wlock here, receiving in the reader.
+        self._ch: Optional[Channel] = None
 
     # ------------------------------------------------------------------ setup
 
     def connect(self) -> None:
         """Connects, registers the arena and waits for the whole job to form."""
         deadline = time.monotonic() + self.start_timeout
+        rx = self._rx
         sock = self._dial(deadline)
-        self._sock = sock
+        self._sock = rx.sock = sock
         try:
             hello = pb.ClientMessage()
             h = hello.hello
@@ -342,14 +125,14 @@ class Client:
             h.client = self.client_name
             try:
                 self._write(0, hello.SerializeToString())
-                self._add_staging(self.arena_size)
+                self._staging.add(self.arena_size)
             except OSError:
                 self._raise_refusal()
                 raise
             sock.settimeout(max(0.001, deadline - time.monotonic()))
             while True:
                 try:
-                    fid, body = self._read_frame()
+                    fid, body = rx.read_frame()
                 except socket.timeout:
                     raise HvddInternalError(
                         f"hvdd: init: the job did not form within {self.start_timeout:g} s "
@@ -364,7 +147,7 @@ class Client:
                 if kind == "fatal":
                     raise error_for(m.fatal.code, f"hvdd: the daemon refused this process: {m.fatal.error}")
                 if kind == "grant_region":
-                    self._grant(m.grant_region)
+                    rx.grant(m.grant_region)
                     continue
                 raise HvddInternalError(f"hvdd: unexpected {kind} before Welcome")
             sock.settimeout(None)
@@ -373,8 +156,7 @@ class Client:
         except BaseException:
             self._teardown()
             raise
-        self._reader = threading.Thread(target=self._background_reader, name="hvdd-reader", daemon=True)
-        self._reader.start()
+        rx.start()
         log.debug(
             "hvdd: joined job %d as rank %d of %d (daemon %s)",
             self.welcome.job_id,
@@ -415,7 +197,7 @@ class Client:
             r.close()
             raise
         r.close_fd()
-        self._ch = ch
+        self._ch = self._rx.ch = ch
 
     def _raise_refusal(self) -> None:
         """Raises the daemon's reason for refusing this process, if it sent one
@@ -426,7 +208,7 @@ class Client:
         self._sock.settimeout(1.0)  # the daemon has closed: data or EOF at once
         while True:
             try:
-                _, body = self._read_frame()
+                _, body = self._rx.read_frame()
             except (OSError, EOFError, HvddInternalError):
                 return
             m = pb.ServerMessage()
@@ -434,28 +216,18 @@ class Client:
             if m.WhichOneof("msg") == "fatal":
                 raise error_for(m.fatal.code, f"hvdd: the daemon refused this process: {m.fatal.error}") from None
 
-    def _add_staging(self, size: int) -> _Staging:
-        """Creates and registers a staging region. Callers hold _lock (or run
-        before the reader starts)."""
-        r = Region.create(self._next_region, size, f"hvdd-client-{os.getpid()}")
-        self._next_region += 1
+    def _register_region(self, r: Region) -> None:
+        """Registers a staging region with the daemon (Staging's callback).
+        Runs under _lock, or in connect before the reader starts."""
         m = pb.ClientMessage()
         m.register_region.region = r.id
-        m.register_region.size = size
-        try:
-            self._write(0, m.SerializeToString(), fd=r.fd)
-        except BaseException:
-            r.close()
-            raise
-        r.close_fd()  # the daemon holds its own reference; the mapping stays
-        st = _Staging(r)
-        self._staging.append(st)
-        return st
+        m.register_region.size = r.size
+        self._write(0, m.SerializeToString(), fd=r.fd)
 
-    # ---------------------------------------------------------------- framing
+    # ---------------------------------------------------------------- sending
 
     def _write(self, fid: int, body: bytes, fd: int = -1) -> None:
-        data = _HEADER.pack(b"HV", _KIND_CLIENT, 0, fid, len(body)) + body
+        data = HEADER.pack(b"HV", KIND_CLIENT, 0, fid, len(body)) + body
         with self._wlock:
             self._send_locked(data, fd)
 
@@ -473,7 +245,7 @@ class Client:
                 self._wait_ring(lambda: ch.room(len(data)))
             fence()  # the head store before the load of the daemon's flag
             if ch.daemon_asleep():
-                sock.sendall(_WAKE)
+                sock.sendall(WAKE)
             return
         if ch is not None:
             self._wait_ring(ch.empty)
@@ -503,305 +275,22 @@ class Client:
             if p.poll(1):
                 raise HvddInternalError("hvdd: the daemon closed the connection (did it exit?)", pb.CODE_SHUT_DOWN)
 
-    def _fill(self, nowait: bool = False) -> bool:
-        """Reads more bytes from the socket; with nowait, returns False when
-        none are there instead of blocking."""
-        assert self._sock is not None
-        try:
-            n, anc, flags, _ = self._sock.recvmsg_into(self._rbufs, _ANC_SIZE, socket.MSG_DONTWAIT if nowait else 0)
-        except BlockingIOError:
-            return False
-        if anc:
-            for level, typ, cdata in anc:
-                if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-                    k = len(cdata) - len(cdata) % 4
-                    self._fds.extend(struct.unpack(f"{k // 4}i", cdata[:k]))
-        if flags & socket.MSG_CTRUNC:
-            raise HvddInternalError("hvdd: too many descriptors in one message from the daemon", pb.CODE_PROTOCOL)
-        if not n:
-            raise EOFError
-        self._rbuf += self._rview[:n]
-        return True
-
-    def _read_frame(self) -> tuple[int, bytes]:
-        buf = self._rbuf
-        while len(buf) < _HEADER_SIZE:
-            self._fill()
-            buf = self._rbuf
-        magic, kind, flags, fid, n = _HEADER.unpack_from(buf)
-        if magic != b"HV" or kind not in (_KIND_SERVER, _KIND_WAKE) or flags != 0 or n > _MAX_BODY:
-            raise HvddInternalError(
-                f"hvdd: protocol error: bad frame header from the daemon ({bytes(buf[:_HEADER_SIZE])!r})",
-                pb.CODE_PROTOCOL,
-            )
-        total = _HEADER_SIZE + n
-        while len(buf) < total:
-            self._fill()
-            buf = self._rbuf
-        body = bytes(buf[_HEADER_SIZE:total]) if kind == _KIND_SERVER else b""
-        del buf[:total]
-        return fid, body
-
-    def _grant(self, g: Any) -> None:
-        if not self._fds:
-            raise HvddInternalError("hvdd: protocol error: GrantRegion without a descriptor", pb.CODE_PROTOCOL)
-        fd = self._fds.pop(0)
-        r = Region.open(g.region, g.size, fd)
-        r.close_fd()
-        with self._lock:
-            self._granted[g.region] = r
-
-    # ------------------------------------------------------------- reading
-    #
-    # Whoever holds _rlock reads the socket. A thread waiting for a handle
-    # (complete) takes it and reads inline: the Done wakes the waiting thread
-    # itself, with no hand-off between threads (which costs more than the rest
-    # of a small op in CPython). When nobody waits, the background reader
-    # thread holds it, so that handles still complete (poll) and a lost daemon
-    # is noticed; a waiter that finds it there pokes it through a pipe.
-
-    def _dispatch(self, fid: int, body: bytes) -> None:
-        """Handles one server frame read after Welcome."""
-        if body == _DONE_OK:
-            done = None
-        else:
-            m = pb.ServerMessage()
-            m.ParseFromString(body)
-            kind = m.WhichOneof("msg")
-            if kind == "grant_region":
-                self._grant(m.grant_region)
-                return
-            if kind == "fatal":
-                raise error_for(m.fatal.code, m.fatal.error or "hvdd: the daemon closed the connection")
-            if kind != "done":
-                log.warning("hvdd: ignoring unexpected %s from the daemon", kind)
-                return
-            done = m.done
-        ok = done is None or done.code == pb.CODE_OK
-        with self._lock:
-            h = self._pending.pop(fid, None)
-            if h is not None:
-                self._names.discard(h.name)
-                if h.free_on_done and h.region is not None:
-                    self._free_locked(h.region, h.offset)
-                    h.region = None
-        if h is None:
-            log.warning("hvdd: Done for unknown handle %d", fid)
-            return
-        if not ok:
-            h.error = error_for(done.code, done.error)  # type: ignore[union-attr]
-        h.done = done
-        h.lock.release()
-
-    def _dispatch_sock(self, fid: int, body: bytes) -> None:
-        """Handles a frame read from the socket: a Wake (empty body) only
-        wakes; others count for the channel's order."""
-        if not body:
-            return
-        self._sock_in += 1
-        self._dispatch(fid, body)
-
-    def _dispatch_buffered(self) -> bool:
-        """Dispatches every complete frame already in the read buffer."""
-        buf = self._rbuf
-        got = False
-        while len(buf) >= _HEADER_SIZE:
-            n = _HEADER.unpack_from(buf)[4]
-            if len(buf) < _HEADER_SIZE + n:
-                break
-            fid, body = self._read_frame()
-            self._dispatch_sock(fid, body)
-            got = True
-        return got
-
-    def _take(self) -> bool:
-        """Dispatches what the channel holds, after the socket frames the
-        daemon counted before it (already in the socket: read blocking).
-        Caller holds _rlock."""
-        ch = self._ch
-        if ch is None:
-            return False
-        got = False
-        want = ch.snapshot()
-        while self._sock_in < want:
-            fid, body = self._read_frame()
-            self._dispatch_sock(fid, body)
-            got = True
-        while True:
-            f = ch.next()
-            if f is None:
-                return got
-            kind, fid, body = f
-            if kind == _KIND_SERVER:
-                self._dispatch(fid, body)
-            got = True
-
-    def _sleep_ok(self) -> bool:
-        """Raises the asleep flag and tells whether sleeping on the socket is
-        safe (nothing arrived on the ring meanwhile); lowers it if not."""
-        ch = self._ch
-        if ch is None:
-            return True
-        ch.set_asleep(True)
-        fence()  # the flag's store before the head's load
-        if ch.pending():
-            ch.set_asleep(False)
-            return False
-        return True
-
-    def _fail(self, e: BaseException) -> None:
-        """The connection is unusable: fails every pending handle, once."""
-        with self._lock:
-            if self._failed is not None and not self._pending:
-                return
-            if self._closed:
-                err: Exception = HvddInternalError(
-                    "Horovod has been shut down: this process called shutdown() while collectives were in flight.",
-                    pb.CODE_SHUT_DOWN,
-                )
-            elif isinstance(e, EOFError):
-                err = HvddInternalError("hvdd: the daemon closed the connection (did it exit?)", pb.CODE_SHUT_DOWN)
-            elif isinstance(e, ChannelError):
-                err = HvddInternalError(f"hvdd: protocol error: {e}", pb.CODE_PROTOCOL)
-            elif isinstance(e, OSError):
-                err = HvddInternalError(f"hvdd: connection to the daemon failed: {e}", pb.CODE_SHUT_DOWN)
-            elif isinstance(e, Exception):
-                err = (
-                    e
-                    if isinstance(e, (HvddInternalError, ValueError))
-                    else HvddInternalError(f"hvdd: reader failed: {e!r}")
-                )
-            else:
-                err = HvddInternalError(f"hvdd: reader interrupted: {e!r}")
-            if self._failed is None:
-                self._failed = err
-            err = self._failed
-            pend = list(self._pending.values())
-            self._pending.clear()
-            self._names.clear()
-        if pend:
-            log.debug("hvdd: failing %d pending collectives: %s", len(pend), err)
-        for h in pend:
-            h.error = err
-            h.lock.release()
-
-    def _wait_inline(self, h: Handle) -> None:
-        """Blocks until h's Done has been dispatched, reading the socket in this
-        thread whenever no other thread is."""
-        with self._lock:
-            self._waiters += 1
-        try:
-            rlock = self._rlock
-            while h.lock.locked():
-                if not rlock.acquire(blocking=False):
-                    # The background reader (or another waiter) is reading:
-                    # make the background reader let go, then queue for it.
-                    os.write(self._wake_w, b"x")
-                    while not rlock.acquire(timeout=1.0):
-                        if not h.lock.locked():
-                            return
-                try:
-                    ch = self._ch
-                    spin = self._spin
-                    end = time.perf_counter() + spin
-                    while h.lock.locked():
-                        if self._failed is not None and self._sock_dead:
-                            self._fail(EOFError())
-                            break
-                        try:
-                            if ch is None:
-                                fid, body = self._read_frame()
-                                self._dispatch(fid, body)
-                                continue
-                            if self._take() or self._dispatch_buffered():
-                                end = time.perf_counter() + spin
-                                continue
-                            if time.perf_counter() < end:
-                                os.sched_yield()
-                                continue
-                            if not self._sleep_ok():
-                                continue
-                            slept = time.perf_counter()
-                            try:
-                                fid, body = self._read_frame()
-                            finally:
-                                ch.set_asleep(False)
-                            self._spin = spin = _adapt_spin(spin, self._spin_base, time.perf_counter() - slept)
-                            self._dispatch_sock(fid, body)
-                            end = time.perf_counter() + spin
-                        except BaseException as e:
-                            self._sock_dead = True
-                            self._fail(e)
-                            if not isinstance(e, Exception):
-                                raise
-                            break
-                finally:
-                    rlock.release()
-        finally:
-            with self._lock:
-                self._waiters -= 1
-
-    def _background_reader(self) -> None:
-        """Reads while no caller waits; exits once the connection is dead."""
-        import select
-
-        sock, wake_r, rlock = self._sock, self._wake_r, self._rlock
-        while not self._sock_dead:
-            if self._waiters:
-                # Callers read for themselves; check back now and then.
-                self._idle.wait(0.05)
-                self._idle.clear()
-                continue
-            if not rlock.acquire(timeout=0.05):
-                continue
-            try:
-                if self._waiters or self._sock_dead:
-                    continue
-                try:
-                    self._dispatch_buffered()
-                    if self._take() or not self._sleep_ok():
-                        continue
-                    try:
-                        r, _, _ = select.select([sock, wake_r], [], [], 1.0)
-                    finally:
-                        if self._ch is not None:
-                            self._ch.set_asleep(False)
-                    if wake_r in r:
-                        os.read(wake_r, 4096)
-                    if sock in r:
-                        self._fill()
-                        self._dispatch_buffered()
-                    self._take()
-                except BaseException as e:
-                    self._sock_dead = True
-                    self._fail(e)
-            finally:
-                rlock.release()
-
     # ------------------------------------------------------------- operations
 
     def stage(self, nbytes: int) -> tuple[Region, int]:
         """Reserves ``nbytes`` of shared memory; returns (region, offset)."""
         with self._lock:
-            if self._failed is not None:
-                raise self._failed
-            for st in self._staging:
-                off = st.arena.alloc(nbytes)
+            if self._rx.failed is not None:
+                raise self._rx.failed
+            for region, arena in self._staging.regions:  # first fit (Staging's, inline: the per-op path)
+                off = arena.alloc(nbytes)
                 if off >= 0:
-                    return st.region, off
-            page = 4096
-            size = max(self.arena_size, (nbytes + page - 1) // page * page)
-            log.info("hvdd: staging arena full, registering another region of %d bytes", size)
-            st = self._add_staging(size)
-            off = st.arena.alloc(nbytes)
-            return st.region, off
+                    return region, off
+            return self._staging.grow(nbytes)
 
     def unstage(self, region: Region, offset: int) -> None:
         with self._lock:
-            for st in self._staging:
-                if st.region is region:
-                    st.arena.free(offset)
-                    return
+            self._staging.free(region, offset)
 
     def view(self, region: Region, offset: int, nbytes: int) -> np.ndarray:
         """A uint8 view of nbytes of a staging region."""
@@ -812,7 +301,7 @@ class Client:
         if buf.length == 0:
             return np.empty(0, dtype=np.uint8)
         with self._lock:
-            r = self._granted.get(buf.region)
+            r = self._rx.granted.get(buf.region)
         if r is None:
             raise HvddInternalError(f"hvdd: output in unknown region {buf.region:#x}", pb.CODE_PROTOCOL)
         return r.array[buf.offset : buf.offset + buf.length]
@@ -849,22 +338,23 @@ class Client:
     ) -> Handle:
         """Sends one Enqueue. On failure to send, the staging is freed (when
         ``owns_staging``) and the error raised."""
+        rx = self._rx
         with self._lock:
-            err = self._failed
-            if err is None and name and name in self._names:
+            err = rx.failed
+            if err is None and name and name in rx.names:
                 err = ValueError(DUPLICATE_NAME_ERROR + f" (tensor {name!r})")
             if err is not None:
                 if owns_staging and region is not None:
-                    self._free_locked(region, offset)
+                    self._staging.free(region, offset)
                 raise err
             self._next_id = fid = (self._next_id + 1) & 0xFFFFFFFF or 1
             h = Handle(fid, name)
             if owns_staging and region is not None:
                 h.region, h.offset = region, offset
                 h.free_on_done = op == pb.OP_ALLGATHER or op == pb.OP_ALLTOALL or op == pb.OP_REDUCESCATTER
-            self._pending[fid] = h
+            rx.pending[fid] = h
             if name:
-                self._names.add(name)
+                rx.names.add(name)
         try:
             body = encode_enqueue(
                 op,
@@ -883,14 +373,14 @@ class Client:
                 group_size,
                 process_set,
             )
-            with self._wlock:
-                self._send_locked(_HEADER.pack(b"HV", _KIND_CLIENT, 0, fid, len(body)) + body)
+            with self._wlock:  # the frame is _write's, inline: this is the per-op path
+                self._send_locked(HEADER.pack(b"HV", KIND_CLIENT, 0, fid, len(body)) + body)
         except BaseException as ex:
             with self._lock:
-                if self._pending.pop(fid, None) is not None:
-                    self._names.discard(name)
+                if rx.pending.pop(fid, None) is not None:
+                    rx.names.discard(name)
                 if h.region is not None:
-                    self._free_locked(h.region, h.offset)
+                    self._staging.free(h.region, h.offset)
                     h.region = None
             if isinstance(ex, OSError):
                 raise HvddInternalError(f"hvdd: enqueue {name!r}: {ex}", pb.CODE_SHUT_DOWN) from ex
@@ -901,28 +391,23 @@ class Client:
         """Sends a request the daemon answers with one Done (process set
         registration and removal), waits for it and returns the Done (None
         for a plain OK). Raises the daemon's error."""
+        rx = self._rx
         with self._lock:
-            if self._failed is not None:
-                raise self._failed
+            if rx.failed is not None:
+                raise rx.failed
             self._next_id = fid = (self._next_id + 1) & 0xFFFFFFFF or 1
             h = Handle(fid, "")
-            self._pending[fid] = h
+            rx.pending[fid] = h
         try:
             self._write(fid, m.SerializeToString())
         except BaseException as ex:
             with self._lock:
-                self._pending.pop(fid, None)
+                rx.pending.pop(fid, None)
             if isinstance(ex, OSError):
                 raise HvddInternalError(f"hvdd: request failed: {ex}", pb.CODE_SHUT_DOWN) from ex
             raise
         self.complete(h)
         return h.done
-
-    def _free_locked(self, region: Region, offset: int) -> None:
-        for st in self._staging:
-            if st.region is region:
-                st.arena.free(offset)
-                return
 
     def complete(self, h: Handle) -> Any:
         """Blocks until h (and its members) completes, runs its ``finish`` (which
@@ -942,7 +427,7 @@ class Client:
                 raise first
             return h.finish(results) if h.finish is not None else results
         if h.lock.locked():
-            self._wait_inline(h)
+            self._rx.wait(h)
         try:
             if h.error is not None:
                 raise h.error
@@ -951,7 +436,7 @@ class Client:
         finally:
             if h.region is not None:
                 with self._lock:
-                    self._free_locked(h.region, h.offset)
+                    self._staging.free(h.region, h.offset)
                 h.region = None
 
     # ---------------------------------------------------------------- closing
@@ -960,9 +445,9 @@ class Client:
         """Says Goodbye (an orderly shutdown), closes the connection and
         releases the shared memory. Pending collectives fail."""
         with self._lock:
-            if self._closed:
+            if self._rx.closed:
                 return
-            self._closed = True
+            self._rx.closed = True
         sock = self._sock
         if sock is not None:
             try:
@@ -975,45 +460,23 @@ class Client:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
-        if self._reader is not None and self._reader is not threading.current_thread():
-            self._reader.join(timeout=10)
-        self._sock_dead = True
-        self._fail(EOFError())  # anything still pending fails as shut down
+        self._rx.stop()  # the reader ends; anything still pending fails as shut down
         self._teardown()
 
     def _teardown(self) -> None:
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._wake_r = self._wake_w = -1
+        rx = self._rx
         if self._sock is not None:
             try:
                 self._sock.close()
             except OSError:
                 pass
         ch, self._ch = self._ch, None
+        rx.ch = None
         if ch is not None:
             ch.close()
             ch.region.close()
         with self._lock:
-            for st in self._staging:
-                st.region.close()
-            for r in self._granted.values():
-                r.close()
-            self._staging.clear()
-            self._granted.clear()
-            if self._failed is None:
-                self._failed = HvddInternalError("hvdd: client closed", pb.CODE_SHUT_DOWN)
-        for fd in self._fds:
-            try:
-                os.close(fd)
-            except OSError as e:
-                if e.errno != errno.EBADF:
-                    raise
-        self._fds.clear()
+            self._staging.close()
+            if rx.failed is None:
+                rx.failed = HvddInternalError("hvdd: client closed", pb.CODE_SHUT_DOWN)
+        rx.close()

@@ -3,20 +3,27 @@
 A :class:`Region` is a memfd mapped into this process. Client regions are
 created with ``MFD_ALLOW_SEALING`` and sealed with ``F_SEAL_SHRINK`` (the daemon
 refuses unsealed ones) and are sparse: pages cost nothing until touched.
-:class:`Arena` hands out aligned byte ranges of one region; it is not
-thread-safe, the client serialises calls under its lock.
+:class:`Arena` hands out aligned byte ranges of one region; :class:`Staging`
+is the client's staging memory, regions with an arena each, and grows by a
+region when none has room. Neither is thread-safe: the client serialises
+calls under its lock. This module knows regions, not the protocol: Staging
+has its caller register each new region with the daemon.
 """
 
 from __future__ import annotations
 
 import bisect
 import fcntl
+import logging
 import mmap
 import os
+from typing import Callable
 
 import numpy as np
 
-__all__ = ["Region", "Arena", "ALIGN"]
+__all__ = ["Region", "Arena", "Staging", "ALIGN"]
+
+log = logging.getLogger(__name__)
 
 #: Alignment of staging allocations: a cache line, enough for every dtype.
 ALIGN = 64
@@ -129,3 +136,64 @@ class Arena:
     def in_use(self) -> int:
         """Bytes currently allocated (rounded to the alignment)."""
         return sum(self._used.values())
+
+
+class Staging:
+    """The client's staging memory: sealed regions it creates and registers
+    with the daemon, each carved by an :class:`Arena`, in ``regions`` as
+    (region, arena) pairs. The first region is ``size`` bytes (see
+    :meth:`add`); an allocation that fits in none (:meth:`grow`) adds a region
+    of ``size`` bytes, or of the allocation's rounded up to pages when larger.
+    Region ids count from 0 (the client's range).
+
+    The client allocates with a first-fit scan of ``regions`` in its own
+    ``stage`` (one call fewer on the per-op path), then :meth:`grow`.
+
+    ``register(region)`` sends the region's descriptor to the daemon; it runs
+    before the region is used, and a failure closes the region and raises.
+    """
+
+    __slots__ = ("size", "regions", "_register", "_next_id")
+
+    def __init__(self, size: int, register: Callable[[Region], None]) -> None:
+        self.size = size
+        self.regions: list[tuple[Region, Arena]] = []
+        self._register = register
+        self._next_id = 0
+
+    def add(self, size: int) -> tuple[Region, Arena]:
+        """Creates and registers a region of ``size`` bytes."""
+        r = Region.create(self._next_id, size, f"hvdd-client-{os.getpid()}")
+        self._next_id += 1
+        try:
+            self._register(r)
+        except BaseException:
+            r.close()
+            raise
+        r.close_fd()  # the daemon holds its own reference; the mapping stays
+        ra = (r, Arena(size))
+        self.regions.append(ra)
+        return ra
+
+    def grow(self, nbytes: int) -> tuple[Region, int]:
+        """Reserves ``nbytes`` in a new region, for an allocation that fits in
+        none of the others; returns (region, offset)."""
+        page = 4096
+        size = max(self.size, (nbytes + page - 1) // page * page)
+        log.info("hvdd: staging arena full, registering another region of %d bytes", size)
+        region, arena = self.add(size)
+        return region, arena.alloc(nbytes)
+
+    def free(self, region: Region, offset: int) -> None:
+        """Returns an allocation; one in a region not (or no longer) here is
+        ignored."""
+        for r, arena in self.regions:
+            if r is region:
+                arena.free(offset)
+                return
+
+    def close(self) -> None:
+        """Closes every region (views handed out keep their mappings)."""
+        for r, _ in self.regions:
+            r.close()
+        self.regions.clear()

@@ -1,6 +1,6 @@
 """Horovod's common basics (``horovod/common/basics.py``) on top of the daemon:
 init, shutdown, rank and size queries, capability flags, reduce ops and
-process sets. Framework packages (``hvdd.torch``) re-export all of it.
+process sets. ``hvdd`` and the framework packages re-export its ``__all__``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ._client import Client
 from ._proto import hvdd_pb2 as _pb
 from .exceptions import HvddInternalError
 
-PUBLIC = (
+__all__ = [
     "init",
     "shutdown",
     "is_initialized",
@@ -50,10 +50,10 @@ PUBLIC = (
     "global_process_set",
     "add_process_set",
     "remove_process_set",
-)
-"""The names hvdd and hvdd.torch re-export: Horovod's common basics."""
-
-__all__ = [*PUBLIC, "client", "daemon_backends"]
+]
+"""Horovod's common basics: what ``hvdd`` and every framework package
+re-export with ``from hvdd.basics import *``. ``client`` and
+``daemon_backends`` are hvdd's own, for its framework modules, and stay out."""
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +239,10 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
     Args:
         comm: Horovod's sub-world selection (list of ranks or mpi4py comm).
             hvdd supports only the default, None (all ranks).
-        process_sets: Horovod's static process sets; hvdd supports only None
-            or an empty list (the global set alone).
+        process_sets: Horovod's static process sets (a list of
+            ``ProcessSet``, registered here on every rank, in the same order),
+            or ``"dynamic"`` to allow ``add_process_set`` and
+            ``remove_process_set`` later. On one node.
     """
     global _client, _atexit_registered, _dynamic
     if comm is not None:

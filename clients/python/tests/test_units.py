@@ -72,8 +72,8 @@ def test_encode_enqueue_matches_protobuf():
     and for values that need multi-byte and negative varints."""
     import random
 
-    from hvdd._client import encode_enqueue
     from hvdd._proto import hvdd_pb2 as pb
+    from hvdd._wire import encode_enqueue
 
     rnd = random.Random(7)
     for i in range(2000):
@@ -138,15 +138,16 @@ def test_refusal_before_hello(monkeypatch):
     raise the daemon's reason, not the broken pipe (the two raced in CI)."""
     import socket
 
-    from hvdd._client import _HEADER, _KIND_SERVER, HvddInternalError
     from hvdd._proto import hvdd_pb2 as pb
+    from hvdd._wire import HEADER, KIND_SERVER
+    from hvdd.exceptions import HvddInternalError
 
     ours, daemons = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     m = pb.ServerMessage()
     m.fatal.code = pb.CODE_ABORTED
     m.fatal.error = "node 1 could not join the job: authentication failed"
     body = m.SerializeToString()
-    daemons.sendall(_HEADER.pack(b"HV", _KIND_SERVER, 0, 0, len(body)) + body)
+    daemons.sendall(HEADER.pack(b"HV", KIND_SERVER, 0, 0, len(body)) + body)
     daemons.close()
     c = _client_over(monkeypatch, ours)
     with pytest.raises(

@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from .. import _keras as _impl
 from .. import basics as _basics
-from ..basics import PUBLIC as _BASICS
+from ..basics import __all__ as _BASICS
 from ..basics import Average, ProcessSet, global_process_set
 from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401 (re-exported)
 from ..tensorflow.compression import Compression

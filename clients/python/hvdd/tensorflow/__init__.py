@@ -15,7 +15,7 @@ from typing import Any, List, Optional
 import tensorflow as tf
 
 from .. import basics as _basics
-from ..basics import PUBLIC as _BASICS
+from ..basics import *  # noqa: F401,F403 (Horovod's common basics: basics.__all__)
 from ..basics import Adasum, Average, ProcessSet, global_process_set
 from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt, HvddInternalError
 from .compression import Compression
@@ -43,11 +43,8 @@ from .mpi_ops import (
     size_op,
 )
 
-# Horovod's common basics (init, rank, size, reduce ops, process sets, ...).
-globals().update({_n: getattr(_basics, _n) for _n in _BASICS})
-
 __all__ = [
-    *_BASICS,
+    *_basics.__all__,
     "HorovodInternalError",
     "HvddInternalError",
     "HostsUpdatedInterrupt",

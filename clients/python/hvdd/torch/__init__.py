@@ -6,42 +6,8 @@ hvdd implements has the same signature and meaning.
 
 from __future__ import annotations
 
-from ..basics import (
-    PUBLIC as _BASICS,
-    Adasum,
-    Average,
-    Max,
-    Min,
-    ProcessSet,
-    Product,
-    ReduceOp,
-    Sum,
-    add_process_set,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    global_process_set,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    remove_process_set,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
+from .. import basics as _basics
+from ..basics import *  # noqa: F401,F403 (Horovod's common basics: basics.__all__)
 from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt, HvddInternalError
 from . import elastic
 from .compression import Compression
@@ -81,7 +47,7 @@ from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     # basics
-    *_BASICS,
+    *_basics.__all__,
     "HorovodInternalError",
     "HvddInternalError",
     "HostsUpdatedInterrupt",

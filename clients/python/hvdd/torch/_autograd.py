@@ -1,5 +1,12 @@
 """Autograd functions behind the differentiable collectives, with Horovod's
-backward rules (``horovod/torch/mpi_ops.py``)."""
+backward rules (``horovod/torch/mpi_ops.py``).
+
+Forward passes run the asynchronous collectives of
+:mod:`hvdd.torch._async_ops` and wait for them. Backward passes run
+differentiable collectives, as Horovod's do (so that higher derivatives flow
+through them): these same functions, applied with the arguments that
+``hvdd.torch.allreduce`` and the others give them when there is no
+compression. :mod:`hvdd.torch.mpi_ops` imports this module, not the reverse."""
 
 from __future__ import annotations
 
@@ -9,7 +16,8 @@ import torch
 
 from .. import basics as _basics
 from ..basics import Average, Sum
-from . import mpi_ops as _ops
+from ..ops import synchronize
+from . import _async_ops
 
 __all__ = [
     "HorovodAllreduce",
@@ -19,6 +27,12 @@ __all__ = [
     "HorovodAlltoall",
     "HorovodReducescatter",
 ]
+
+
+def _unnamed_like(ctx: Any) -> tuple:
+    """An allreduce's arguments besides its tensors, as its forward pass had
+    them (``ctx``) but unnamed: those of the backward allreduce."""
+    return ctx.average, None, ctx.op, ctx.prescale_factor, ctx.postscale_factor, ctx.process_set
 
 
 class HorovodAllreduce(torch.autograd.Function):
@@ -31,20 +45,13 @@ class HorovodAllreduce(torch.autograd.Function):
         ctx.prescale_factor = prescale_factor
         ctx.postscale_factor = postscale_factor
         ctx.process_set = process_set
-        handle = _ops.allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
-        return _ops.synchronize(handle)
+        handle = _async_ops.allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+        return synchronize(handle)
 
     @staticmethod
     def backward(ctx: Any, grad_output):  # type: ignore[override]
         return (
-            _ops.allreduce(
-                grad_output.contiguous(),
-                average=ctx.average,
-                op=ctx.op,
-                prescale_factor=ctx.prescale_factor,
-                postscale_factor=ctx.postscale_factor,
-                process_set=ctx.process_set,
-            ),
+            HorovodAllreduce.apply(grad_output.contiguous(), *_unnamed_like(ctx)),
             None,
             None,
             None,
@@ -64,21 +71,14 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
         ctx.prescale_factor = prescale_factor
         ctx.postscale_factor = postscale_factor
         ctx.process_set = process_set
-        handle = _ops.grouped_allreduce_async(
+        handle = _async_ops.grouped_allreduce_async(
             list(tensors), average, name, op, prescale_factor, postscale_factor, process_set
         )
-        return tuple(_ops.synchronize(handle))
+        return tuple(synchronize(handle))
 
     @staticmethod
     def backward(ctx: Any, *grad_output):  # type: ignore[override]
-        grads = _ops.grouped_allreduce(
-            [g.contiguous() for g in grad_output],
-            average=ctx.average,
-            op=ctx.op,
-            prescale_factor=ctx.prescale_factor,
-            postscale_factor=ctx.postscale_factor,
-            process_set=ctx.process_set,
-        )
+        grads = HorovodGroupedAllreduce.apply(*_unnamed_like(ctx), *[g.contiguous() for g in grad_output])
         return (None, None, None, None, None, None, *grads)
 
 
@@ -89,14 +89,14 @@ class HorovodAllgather(torch.autograd.Function):
     def forward(ctx: Any, tensor, name, process_set):  # type: ignore[override]
         ctx.dim = tensor.shape[0] if tensor.dim() > 0 else 0
         ctx.process_set = process_set
-        handle = _ops.allgather_async(tensor, name, process_set)
-        return _ops.synchronize(handle)
+        handle = _async_ops.allgather_async(tensor, name, process_set)
+        return synchronize(handle)
 
     @staticmethod
     def backward(ctx: Any, grad_output):  # type: ignore[override]
-        grad_reduced = _ops.allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
+        grad_reduced = HorovodAllreduce.apply(grad_output.contiguous(), None, None, Average, 1.0, 1.0, ctx.process_set)
         dim_t = torch.IntTensor([ctx.dim])
-        dim = _ops.allgather(dim_t, process_set=ctx.process_set).view(ctx.process_set.size())
+        dim = HorovodAllgather.apply(dim_t, None, ctx.process_set).view(ctx.process_set.size())
         r = ctx.process_set.rank()
         offset = int(torch.sum(dim.narrow(0, 0, r)).item()) if r != 0 else 0
         return grad_reduced.narrow(0, offset, ctx.dim), None, None
@@ -109,12 +109,12 @@ class HorovodBroadcast(torch.autograd.Function):
     def forward(ctx: Any, tensor, root_rank, name, process_set):  # type: ignore[override]
         ctx.root_rank = root_rank
         ctx.process_set = process_set
-        handle = _ops.broadcast_async(tensor, root_rank, name, process_set)
-        return _ops.synchronize(handle)
+        handle = _async_ops.broadcast_async(tensor, root_rank, name, process_set)
+        return synchronize(handle)
 
     @staticmethod
     def backward(ctx: Any, grad_output):  # type: ignore[override]
-        grad_reduced = _ops.allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
+        grad_reduced = HorovodAllreduce.apply(grad_output.contiguous(), None, None, Average, 1.0, 1.0, ctx.process_set)
         if _basics.rank() != ctx.root_rank:
             grad_reduced *= 0
         return grad_reduced, None, None, None
@@ -125,8 +125,8 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, tensor, splits, name, process_set):  # type: ignore[override]
-        handle = _ops.alltoall_async(tensor, splits, name, process_set)
-        output, received_splits = _ops.synchronize(handle)
+        handle = _async_ops.alltoall_async(tensor, splits, name, process_set)
+        output, received_splits = synchronize(handle)
         ctx.process_set = process_set
         ctx.recvsplits = received_splits
         if splits is None:
@@ -136,7 +136,7 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output, *dead_gradients):  # type: ignore[override]
-        grad_wrt_tensor, _ = _ops.alltoall(grad_output.contiguous(), splits=ctx.recvsplits, process_set=ctx.process_set)
+        grad_wrt_tensor, _ = HorovodAlltoall.apply(grad_output.contiguous(), ctx.recvsplits, None, ctx.process_set)
         return grad_wrt_tensor, None, None, None
 
 
@@ -148,12 +148,12 @@ class HorovodReducescatter(torch.autograd.Function):
         ctx.op = op
         ctx.process_set = process_set
         ctx.scale = float(prescale_factor) * float(postscale_factor)
-        handle = _ops.reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor)
-        return _ops.synchronize(handle)
+        handle = _async_ops.reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor)
+        return synchronize(handle)
 
     @staticmethod
     def backward(ctx: Any, grad_output):  # type: ignore[override]
-        grad = _ops.allgather(grad_output.contiguous(), process_set=ctx.process_set)
+        grad = HorovodAllgather.apply(grad_output.contiguous(), None, ctx.process_set)
         scale = ctx.scale
         if ctx.op == Average:
             scale /= ctx.process_set.size()

@@ -7,22 +7,43 @@ the client's shared-memory arena and results once out of it; the daemon does
 the rest. Tensors are matched across ranks by name: ``"<op>.<name>"`` when a
 name is given, else ``"<op>.noname.<handle>"`` (so unnamed ops match by issue
 order, as in Horovod).
+
+The ``_async`` functions are :mod:`hvdd.torch._async_ops`' and the autograd
+functions behind the differentiable ones :mod:`hvdd.torch._autograd`'s (which
+runs the first): this module re-exports the first and wraps the second.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 
-from .. import basics as _basics
 from .. import ops as _ops
-from .._client import Client, Handle
-from .._proto import hvdd_pb2 as pb
 from ..basics import Average, ProcessSet, global_process_set
-from ..basics import process_set_id as _ps_id
 from ..ops import handle_average_backwards_compatibility, poll, synchronize  # noqa: F401 (re-exported)
+from ._async_ops import (  # noqa: F401 (re-exported)
+    allgather_async,
+    allreduce_async,
+    allreduce_async_,
+    alltoall_async,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allgather_async,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter_async,
+    reducescatter_async,
+    sparse_allreduce_async,
+)
+from ._autograd import (
+    HorovodAllgather,
+    HorovodAllreduce,
+    HorovodAlltoall,
+    HorovodBroadcast,
+    HorovodGroupedAllreduce,
+    HorovodReducescatter,
+)
 from .compression import Compression
 
 # The collectives hvdd.torch exports, as horovod.torch does.
@@ -57,178 +78,6 @@ COLLECTIVES = [
 ]
 
 __all__ = [*COLLECTIVES, "handle_average_backwards_compatibility"]
-
-# torch dtype -> (wire dtype, numpy dtype of the same bits).
-_DTYPES = {
-    torch.uint8: (pb.DTYPE_UINT8, np.uint8),
-    torch.int8: (pb.DTYPE_INT8, np.int8),
-    torch.int16: (pb.DTYPE_INT16, np.int16),
-    torch.int32: (pb.DTYPE_INT32, np.int32),
-    torch.int64: (pb.DTYPE_INT64, np.int64),
-    torch.float16: (pb.DTYPE_FLOAT16, np.float16),
-    torch.bfloat16: (pb.DTYPE_BFLOAT16, np.int16),  # bits, viewed as int16
-    torch.float32: (pb.DTYPE_FLOAT32, np.float32),
-    torch.float64: (pb.DTYPE_FLOAT64, np.float64),
-    torch.bool: (pb.DTYPE_BOOL, np.bool_),
-}
-
-_reduce_op = _ops.reduce_op
-_name = _ops.collective_name
-
-
-def _check(tensor: torch.Tensor) -> Tuple[int, Any]:
-    """Validates a tensor as Horovod's _check_function does; returns its
-    (wire dtype, numpy dtype)."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
-    dt = _DTYPES.get(tensor.dtype)
-    if dt is None or tensor.is_sparse:
-        raise ValueError("Tensor type %s is not supported." % tensor.type())
-    if not tensor.is_contiguous():
-        raise ValueError("Tensor is required to be contiguous.")
-    return dt
-
-
-def _array(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy view of a contiguous tensor's values (a CPU copy of a device
-    tensor's); bfloat16 as its int16 bits, which the wire dtype names."""
-    t = tensor.detach()
-    if not t.is_cpu:
-        t = t.cpu()
-    if t.dtype is torch.bfloat16:
-        t = t.view(torch.int16)
-    return t.numpy()
-
-
-def _to_torch(dtype: torch.dtype) -> Callable[[np.ndarray], torch.Tensor]:
-    """Converts a result array (which the caller owns) to a tensor of dtype."""
-    if dtype is torch.bfloat16:
-        return lambda a: torch.from_numpy(a).view(torch.bfloat16)
-    return torch.from_numpy
-
-
-def _into(output: torch.Tensor) -> Tuple[Optional[np.ndarray], Callable[[np.ndarray], torch.Tensor]]:
-    """The (out, convert) pair that makes an in-place result land in output:
-    a CPU tensor's own bytes take it directly; a device tensor is copied to."""
-    if output.is_cpu:
-        return _array(output), lambda _: output
-
-    def copy(a: np.ndarray) -> torch.Tensor:
-        with torch.no_grad():
-            output.copy_(_to_torch(output.dtype)(a))
-        return output
-
-    return None, copy
-
-
-def _register(handle: int, h: Handle) -> int:
-    return _ops.register(handle, h)
-
-
-def _allreduce_submit(
-    c: Client,
-    tensor: torch.Tensor,
-    output: Optional[torch.Tensor],
-    full_name: str,
-    op: int,
-    prescale_factor: float,
-    postscale_factor: float,
-    ps: int,
-    group: int = 0,
-    group_size: int = 0,
-) -> Handle:
-    wire_dt = _check(tensor)[0]
-    out, convert = _into(output) if output is not None else (None, _to_torch(tensor.dtype))
-    return _ops.submit_allreduce(
-        c,
-        _array(tensor),
-        full_name,
-        op,
-        prescale_factor,
-        postscale_factor,
-        ps,
-        out=out,
-        wire=wire_dt,
-        group=group,
-        group_size=group_size,
-        convert=convert,
-    )
-
-
-def _allreduce_async(
-    tensor: torch.Tensor,
-    output: Optional[torch.Tensor],
-    name: Optional[str],
-    op: int,
-    prescale_factor: float,
-    postscale_factor: float,
-    process_set: ProcessSet,
-) -> int:
-    c = _basics.client()
-    op = _reduce_op(op)
-    ps = _ps_id(process_set)
-    handle = _ops.next_handle()
-    h = _allreduce_submit(
-        c, tensor, output, _name("allreduce", name, handle), op, prescale_factor, postscale_factor, ps
-    )
-    return _register(handle, h)
-
-
-def allreduce_async(
-    tensor: torch.Tensor,
-    average: Optional[bool] = None,
-    name: Optional[str] = None,
-    op: Optional[int] = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """A function that performs asynchronous averaging or summation of the input
-    tensor over all the Horovod processes. The input tensor is not modified.
-
-    The reduction operation is keyed by the name. If name is not provided, an
-    incremented auto-generated name is used. The tensor type and shape must be
-    the same on all Horovod processes for a given name. The reduction will not
-    start until all processes are ready to send and receive the tensor.
-
-    Arguments:
-        tensor: A tensor to reduce.
-        average: .. warning:: .. deprecated:: 0.19.0 Use `op` instead.
-        name: A name of the reduction operation.
-        op: The reduction operation to combine tensors across different ranks.
-            Defaults to Average if None is given.
-        prescale_factor: Multiplicative factor to scale tensor before allreduce.
-        postscale_factor: Multiplicative factor to scale tensor after allreduce.
-        process_set: Process set object to limit this operation to a subset of
-            Horovod processes. Default is the global process set.
-
-    Returns:
-        A handle to the allreduce operation that can be used with `poll()` or
-        `synchronize()`.
-    """
-    op = handle_average_backwards_compatibility(op, average)
-    return _allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor, process_set)
-
-
-def allreduce_async_(
-    tensor: torch.Tensor,
-    average: Optional[bool] = None,
-    name: Optional[str] = None,
-    op: Optional[int] = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """A function that performs asynchronous in-place averaging or summation of
-    the input tensor over all the Horovod processes. The reduction is keyed by
-    name; after `synchronize()` the input tensor holds the result.
-
-    Returns:
-        A handle to the allreduce operation that can be used with `poll()` or
-        `synchronize()`.
-    """
-    op = handle_average_backwards_compatibility(op, average)
-    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def allreduce(
@@ -287,62 +136,6 @@ def allreduce_(
     return synchronize(handle)
 
 
-def _grouped_allreduce_async(
-    tensors: Sequence[torch.Tensor],
-    outputs: Optional[Sequence[torch.Tensor]],
-    name: Optional[str],
-    op: int,
-    prescale_factor: float,
-    postscale_factor: float,
-    process_set: ProcessSet,
-) -> int:
-    c = _basics.client()
-    op = _reduce_op(op)
-    ps = _ps_id(process_set)
-    tensors = list(tensors)
-    for t in tensors:
-        _check(t)
-    if len({t.device for t in tensors}) > 1:
-        raise ValueError("Tensors in list must be on same device.")
-    handle = _ops.next_handle()
-
-    def sub(nm: str, i: int, gid: int, n: int) -> Handle:
-        out = outputs[i] if outputs is not None else None
-        return _allreduce_submit(c, tensors[i], out, nm, op, prescale_factor, postscale_factor, ps, gid, n)
-
-    return _register(handle, _ops.group(_name("grouped_allreduce", name, handle), sub, len(tensors)))
-
-
-def grouped_allreduce_async(
-    tensors: Sequence[torch.Tensor],
-    average: Optional[bool] = None,
-    name: Optional[str] = None,
-    op: Optional[int] = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """Asynchronous grouped allreduce: the tensors are negotiated (and fused)
-    as one unit, none runs before all are ready on every rank. Inputs are not
-    modified; `synchronize()` returns the list of results."""
-    op = handle_average_backwards_compatibility(op, average)
-    return _grouped_allreduce_async(tensors, None, name, op, prescale_factor, postscale_factor, process_set)
-
-
-def grouped_allreduce_async_(
-    tensors: Sequence[torch.Tensor],
-    average: Optional[bool] = None,
-    name: Optional[str] = None,
-    op: Optional[int] = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """In-place asynchronous grouped allreduce."""
-    op = handle_average_backwards_compatibility(op, average)
-    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor, process_set)
-
-
 def grouped_allreduce(
     tensors: Sequence[torch.Tensor],
     average: Optional[bool] = None,
@@ -376,74 +169,7 @@ def grouped_allreduce_(
     return synchronize(handle)
 
 
-def sparse_allreduce_async(
-    tensor: torch.Tensor, name: str, op: int, process_set: ProcessSet = global_process_set
-) -> Callable[[], torch.Tensor]:
-    """Allreduce of a sparse COO tensor as two allgathers (indices and values),
-    as Horovod does. Returns a callable that waits and returns the result."""
-    t = tensor
-    indices_handle = allgather_async(
-        t._indices().transpose(0, 1).contiguous(), name=f"{name}.indices", process_set=process_set
-    )
-    values_handle = allgather_async(t._values().contiguous(), name=f"{name}.values", process_set=process_set)
-
-    def handle() -> torch.Tensor:
-        values = synchronize(values_handle)
-        indices = synchronize(indices_handle)
-        values = (values / process_set.size()) if op == Average else values
-        if indices.dim() == 0 or values.dim() == 0:
-            return t.new().resize_as_(t)
-        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
-
-    return handle
-
-
 # ------------------------------------------------------------------ allgather
-
-
-def _output_submit(
-    c: Client,
-    kind: int,
-    tensor: torch.Tensor,
-    full_name: str,
-    ps: int,
-    with_splits: bool = False,
-    **kw: Any,
-) -> Handle:
-    """Submits a collective whose result the daemon allocates (allgather,
-    alltoall, reducescatter)."""
-    wire_dt = _check(tensor)[0]
-    return _ops.submit_output(
-        c,
-        kind,
-        _array(tensor),
-        full_name,
-        ps,
-        with_splits=with_splits,
-        wire=wire_dt,
-        convert=_to_torch(tensor.dtype),
-        convert_splits=torch.from_numpy,
-        **kw,
-    )
-
-
-def allgather_async(
-    tensor: torch.Tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set
-) -> int:
-    """A function that asynchronously concatenates the input tensor with the same
-    input tensor on all other Horovod processes. The input tensor is not
-    modified. The concatenation is done on the first dimension, so the input
-    tensors on the different processes must have the same rank and shape,
-    except for the first dimension, which is allowed to be different.
-
-    Returns:
-        A handle to the allgather operation that can be used with `poll()` or
-        `synchronize()`.
-    """
-    c = _basics.client()
-    ps = _ps_id(process_set)
-    handle = _ops.next_handle()
-    return _register(handle, _output_submit(c, pb.OP_ALLGATHER, tensor, _name("allgather", name, handle), ps))
 
 
 def allgather(
@@ -463,23 +189,6 @@ def allgather(
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
-def grouped_allgather_async(
-    tensors: Sequence[torch.Tensor], name: Optional[str] = None, process_set: ProcessSet = global_process_set
-) -> int:
-    """Asynchronous grouped allgather; `synchronize()` returns a list."""
-    c = _basics.client()
-    ps = _ps_id(process_set)
-    tensors = list(tensors)
-    for t in tensors:
-        _check(t)
-    handle = _ops.next_handle()
-
-    def sub(nm: str, i: int, gid: int, n: int) -> Handle:
-        return _output_submit(c, pb.OP_ALLGATHER, tensors[i], nm, ps, group=gid, group_size=n)
-
-    return _register(handle, _ops.group(_name("grouped_allgather", name, handle), sub, len(tensors)))
-
-
 def grouped_allgather(
     tensors: Sequence[torch.Tensor], name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> List[torch.Tensor]:
@@ -488,42 +197,6 @@ def grouped_allgather(
 
 
 # ------------------------------------------------------------------ broadcast
-
-
-def _broadcast_async(
-    tensor: torch.Tensor, output: Optional[torch.Tensor], root_rank: int, name: Optional[str], process_set: ProcessSet
-) -> int:
-    c = _basics.client()
-    ps = _ps_id(process_set)
-    wire_dt = _check(tensor)[0]
-    handle = _ops.next_handle()
-    out, convert = _into(output) if output is not None else (None, _to_torch(tensor.dtype))
-    h = _ops.submit_broadcast(
-        c, _array(tensor), _name("broadcast", name, handle), root_rank, ps, out=out, wire=wire_dt, convert=convert
-    )
-    return _register(handle, h)
-
-
-def broadcast_async(
-    tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, process_set: ProcessSet = global_process_set
-) -> int:
-    """A function that asynchronously broadcasts the input tensor on root rank to
-    the same input tensor on all other Horovod processes. The input tensor is
-    not modified. `root_rank` is a global rank.
-
-    Returns:
-        A handle to the broadcast operation that can be used with `poll()` or
-        `synchronize()`.
-    """
-    return _broadcast_async(tensor, None, root_rank, name, process_set)
-
-
-def broadcast_async_(
-    tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, process_set: ProcessSet = global_process_set
-) -> int:
-    """In-place asynchronous broadcast: after `synchronize()` the input tensor
-    holds the root's values."""
-    return _broadcast_async(tensor, tensor, root_rank, name, process_set)
 
 
 def broadcast(
@@ -552,38 +225,6 @@ def broadcast_(
 # ------------------------------------------------------------------- alltoall
 
 
-def _splits_list(splits: Any) -> Optional[List[int]]:
-    if splits is None:
-        return None
-    if isinstance(splits, torch.Tensor):
-        return [int(x) for x in splits.reshape(-1).tolist()]
-    return [int(x) for x in splits]
-
-
-def alltoall_async(
-    tensor: torch.Tensor,
-    splits: Any = None,
-    name: Optional[str] = None,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """A function that scatters slices of the input tensor to all other Horovod
-    processes and returns a tensor of gathered slices from all other Horovod
-    processes. The slicing is done on the first dimension; `splits` (a list or
-    int32 tensor with one entry per process) says how many rows go to each.
-    Without splits the first dimension is divided equally.
-
-    Returns:
-        A handle to the alltoall operation that can be used with `poll()` or
-        `synchronize()`; `synchronize()` returns (output, received_splits).
-    """
-    c = _basics.client()
-    ps = _ps_id(process_set)
-    handle = _ops.next_handle()
-    sp = _splits_list(splits)
-    h = _output_submit(c, pb.OP_ALLTOALL, tensor, _name("alltoall", name, handle), ps, with_splits=True, splits=sp)
-    return _register(handle, h)
-
-
 def alltoall(
     tensor: torch.Tensor,
     splits: Any = None,
@@ -607,40 +248,6 @@ def alltoall(
 # -------------------------------------------------------------- reducescatter
 
 
-def reducescatter_async(
-    tensor: torch.Tensor,
-    name: Optional[str] = None,
-    op: int = Average,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> int:
-    """A function that performs asynchronous reduction of the input tensor over
-    all the Horovod processes, then scatters the results across all Horovod
-    processes along the first dimension (the first d0 % size processes get one
-    row more). The input tensor is not modified. `op` is Average or Sum.
-
-    Returns:
-        A handle to the reducescatter operation that can be used with `poll()`
-        or `synchronize()`.
-    """
-    c = _basics.client()
-    ps = _ps_id(process_set)
-    op = _reduce_op(op)
-    handle = _ops.next_handle()
-    h = _output_submit(
-        c,
-        pb.OP_REDUCESCATTER,
-        tensor,
-        _name("reducescatter", name, handle),
-        ps,
-        reduce_op=op,
-        prescale=float(prescale_factor),
-        postscale=float(postscale_factor),
-    )
-    return _register(handle, h)
-
-
 def reducescatter(
     tensor: torch.Tensor,
     name: Optional[str] = None,
@@ -662,40 +269,6 @@ def reducescatter(
     tensor_compressed, ctx = compression.compress(tensor)
     out = HorovodReducescatter.apply(tensor_compressed, name, op, process_set, prescale_factor, postscale_factor)
     return compression.decompress(out, ctx)
-
-
-def grouped_reducescatter_async(
-    tensors: Sequence[torch.Tensor],
-    name: Optional[str] = None,
-    op: int = Average,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> int:
-    """Asynchronous grouped reducescatter; `synchronize()` returns a list."""
-    c = _basics.client()
-    ps = _ps_id(process_set)
-    op = _reduce_op(op)
-    tensors = list(tensors)
-    for t in tensors:
-        _check(t)
-    handle = _ops.next_handle()
-
-    def sub(nm: str, i: int, gid: int, n: int) -> Handle:
-        return _output_submit(
-            c,
-            pb.OP_REDUCESCATTER,
-            tensors[i],
-            nm,
-            ps,
-            reduce_op=op,
-            prescale=float(prescale_factor),
-            postscale=float(postscale_factor),
-            group=gid,
-            group_size=n,
-        )
-
-    return _register(handle, _ops.group(_name("grouped_reducescatter", name, handle), sub, len(tensors)))
 
 
 def grouped_reducescatter(
@@ -739,14 +312,3 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     """A function that acts as a simple sychronization point for ranks specified
     in the given process group (default: all ranks)."""
     _ops.barrier(process_set)
-
-
-# At the end: _autograd imports this module.
-from ._autograd import (  # noqa: E402
-    HorovodAllgather,
-    HorovodAllreduce,
-    HorovodAlltoall,
-    HorovodBroadcast,
-    HorovodGroupedAllreduce,
-    HorovodReducescatter,
-)
