@@ -384,7 +384,10 @@ class Reader:
         sock, wake_r, rlock = self.sock, self._wake_r, self._rlock
         while not self.sock_dead:
             if self._waiters:
-                # Callers read for themselves; check back now and then.
+                # Callers read for themselves; check back now and then. (A
+                # waiter that left does not wake this thread: it would take
+                # the read lock, and the next blocking op would have to wake
+                # it back out of select with a write to the wake pipe.)
                 self._idle.wait(0.05)
                 self._idle.clear()
                 continue

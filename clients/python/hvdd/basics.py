@@ -276,6 +276,9 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
         except ValueError as e:
             c.close()
             raise ValueError(f"Horovod could not be initialized: {e}") from e
+        except BaseException:  # e.g. NotImplementedError for an MPI communicator's set
+            c.close()
+            raise
         _client = c
         if not _atexit_registered:
             atexit.register(shutdown)
