@@ -383,7 +383,11 @@ type Hello struct {
 	// Requested local rank, or -1 to let the daemon pick the lowest free one.
 	LocalRank int32 `protobuf:"varint,3,opt,name=local_rank,json=localRank,proto3" json:"local_rank,omitempty"`
 	// Free-form client description for logs ("go", "python/torch 2.3").
-	Client        string `protobuf:"bytes,4,opt,name=client,proto3" json:"client,omitempty"`
+	Client string `protobuf:"bytes,4,opt,name=client,proto3" json:"client,omitempty"`
+	// The client runs in an elastic job (HOROVOD_ELASTIC=1, set by hvdd run
+	// --min-np): when a rank is lost the job's survivors re-initialise into
+	// its next epoch instead of ending the job. Every rank of a job must agree.
+	Elastic       bool `protobuf:"varint,5,opt,name=elastic,proto3" json:"elastic,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -444,6 +448,13 @@ func (x *Hello) GetClient() string {
 		return x.Client
 	}
 	return ""
+}
+
+func (x *Hello) GetElastic() bool {
+	if x != nil {
+		return x.Elastic
+	}
+	return false
 }
 
 // RegisterRegion announces a client-created memfd, passed with SCM_RIGHTS in the
@@ -1126,8 +1137,11 @@ type Welcome struct {
 	IsHomogeneous bool                   `protobuf:"varint,8,opt,name=is_homogeneous,json=isHomogeneous,proto3" json:"is_homogeneous,omitempty"`
 	DaemonVersion string                 `protobuf:"bytes,9,opt,name=daemon_version,json=daemonVersion,proto3" json:"daemon_version,omitempty"`
 	// Engine names the daemon runs ("tcp", "mpi", "nccl").
-	Backends      []string `protobuf:"bytes,10,rep,name=backends,proto3" json:"backends,omitempty"`
-	JobId         uint64   `protobuf:"varint,11,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Backends []string `protobuf:"bytes,10,rep,name=backends,proto3" json:"backends,omitempty"`
+	JobId    uint64   `protobuf:"varint,11,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// The membership epoch of an elastic job: 0 when it formed, one more each
+	// time its survivors re-formed it after a lost rank.
+	Epoch         uint64 `protobuf:"varint,12,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1235,6 +1249,13 @@ func (x *Welcome) GetBackends() []string {
 func (x *Welcome) GetJobId() uint64 {
 	if x != nil {
 		return x.JobId
+	}
+	return 0
+}
+
+func (x *Welcome) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
 	}
 	return 0
 }
@@ -1566,13 +1587,14 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x06Buffer\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06length\x18\x03 \x01(\x04R\x06length\"j\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\"\x84\x01\n" +
 	"\x05Hello\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x1d\n" +
 	"\n" +
 	"local_rank\x18\x03 \x01(\x05R\tlocalRank\x12\x16\n" +
-	"\x06client\x18\x04 \x01(\tR\x06client\"<\n" +
+	"\x06client\x18\x04 \x01(\tR\x06client\x12\x18\n" +
+	"\aelastic\x18\x05 \x01(\bR\aelastic\"<\n" +
 	"\x0eRegisterRegion\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"*\n" +
@@ -1615,7 +1637,7 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x10register_channel\x18\a \x01(\v2\x1c.hvdd.ipc.v1.RegisterChannelH\x00R\x0fregisterChannel\x12D\n" +
 	"\x0fadd_process_set\x18\b \x01(\v2\x1a.hvdd.ipc.v1.AddProcessSetH\x00R\raddProcessSet\x12M\n" +
 	"\x12remove_process_set\x18\t \x01(\v2\x1d.hvdd.ipc.v1.RemoveProcessSetH\x00R\x10removeProcessSetB\x05\n" +
-	"\x03msg\"\xc8\x02\n" +
+	"\x03msg\"\xde\x02\n" +
 	"\aWelcome\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x12\n" +
@@ -1632,7 +1654,8 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x0edaemon_version\x18\t \x01(\tR\rdaemonVersion\x12\x1a\n" +
 	"\bbackends\x18\n" +
 	" \x03(\tR\bbackends\x12\x15\n" +
-	"\x06job_id\x18\v \x01(\x04R\x05jobId\"9\n" +
+	"\x06job_id\x18\v \x01(\x04R\x05jobId\x12\x14\n" +
+	"\x05epoch\x18\f \x01(\x04R\x05epoch\"9\n" +
 	"\vGrantRegion\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"\x8c\x02\n" +

@@ -62,6 +62,12 @@ def default_socket_path() -> str:
     return os.path.join(tempfile.gettempdir(), f"hvdd-{os.getuid()}", "hvdd.sock")
 
 
+def elastic_requested() -> bool:
+    """Whether this process runs in an elastic job: HOROVOD_ELASTIC=1 (what
+    ``hvdd run --min-np`` sets, as horovodrun does)."""
+    return os.environ.get("HOROVOD_ELASTIC", "") == "1"
+
+
 def _requested_local_rank() -> int:
     for k in ("HVDD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
         v = os.environ.get(k)
@@ -123,6 +129,7 @@ class Client:
             h.pid = os.getpid()
             h.local_rank = self.requested_local_rank
             h.client = self.client_name
+            h.elastic = elastic_requested()
             try:
                 self._write(0, hello.SerializeToString())
                 self._staging.add(self.arena_size)
