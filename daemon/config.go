@@ -85,6 +85,10 @@ type Config struct {
 	Control ControlTransport
 	// StartTimeout bounds forming a job across nodes. Zero means 120 s.
 	StartTimeout time.Duration
+	// ElasticTimeout bounds how long the next epoch of an elastic job waits
+	// for its surviving ranks to re-initialise (horovodrun's
+	// --elastic-timeout). Zero means 600 s.
+	ElasticTimeout time.Duration
 	// Heartbeat and PeerTimeout tune the control links: a node silent for
 	// PeerTimeout is lost. Zero means 1 s and 3 s.
 	Heartbeat, PeerTimeout time.Duration
@@ -147,6 +151,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.StartTimeout == 0 {
 		out.StartTimeout = 120 * time.Second
+	}
+	if out.ElasticTimeout == 0 {
+		out.ElasticTimeout = 600 * time.Second
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()

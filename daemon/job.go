@@ -3,6 +3,7 @@ package daemon
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -56,6 +57,13 @@ type job struct {
 	coord   coordination // set once every local client is here
 	pending map[opKey]*op
 	failed  *ipcpb.Done // non-nil once the job failed: every op answers with it
+
+	// An elastic job (elastic.go) is re-formed from its survivors after a
+	// lost rank: epoch numbers its memberships.
+	elastic   bool
+	epoch     uint64
+	failedAt  time.Time
+	survivors []survivor // ranks that said Goodbye after the epoch failed
 
 	barriers map[int32][]int // per process set, per global rank: barriers submitted so far
 	psq      [][]psReq       // per local rank: set requests waiting for the others

@@ -49,6 +49,7 @@ type loop struct {
 	job     *job
 	waiting []*client // hellos waiting for the current job to end
 	nextJob uint64
+	reform  *reform // the next epoch of an elastic job, while it forms (elastic.go)
 
 	x        *executor
 	execBusy bool
@@ -268,6 +269,8 @@ func (l *loop) message(m any) {
 		l.cycle = nil
 	case msgQuit:
 		l.quit = true
+	case msgReformTimeout:
+		l.reformTimeout(m.r)
 	case msgExecErr:
 		if m.j == l.job && m.j.failed == nil {
 			l.abort(m.j, ipcpb.Code_CODE_ABORTED, m.err.Error(), true)
@@ -339,6 +342,9 @@ func (l *loop) shutdown() {
 	if l.cycle != nil {
 		l.cycle.Stop()
 	}
+	if l.reform != nil {
+		l.reform.timer.Stop()
+	}
 	l.nodes.close()
 	l.p.close()
 }
@@ -355,13 +361,28 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 		l.refuse(c, fmt.Sprintf("this daemon is running a job of %d ranks (pids %s); wait for it to end, or start another daemon with a different --socket", len(j.slots), j.pids()))
 		return
 	}
-	if j == nil {
-		l.nextJob++
-		j = &job{id: l.nextJob, slots: make([]*client, l.cfg.Slots), pending: make(map[opKey]*op)}
-		l.job = j
+	if h.GetElastic() && l.cfg.Nodes > 1 {
+		l.refuse(c, "elastic jobs (HOROVOD_ELASTIC=1) run on one node so far; this daemon is one of several (--nodes)")
+		return
 	}
 	lr := int(h.GetLocalRank())
+	if l.reform != nil {
+		var why string
+		if lr, why = l.reformSlot(c, h); why != "" {
+			l.refuse(c, why)
+			return
+		}
+		j = l.job
+	}
+	if j == nil {
+		l.nextJob++
+		j = &job{id: l.nextJob, slots: make([]*client, l.cfg.Slots), pending: make(map[opKey]*op), elastic: h.GetElastic()}
+		l.job = j
+	}
 	switch {
+	case h.GetElastic() != j.elastic:
+		l.refuse(c, fmt.Sprintf("every rank of a job must agree on HOROVOD_ELASTIC: job %d is elastic=%v, this process elastic=%v", j.id, j.elastic, h.GetElastic()))
+		return
 	case lr >= len(j.slots):
 		l.refuse(c, fmt.Sprintf("local rank %d is out of range: this daemon runs --slots %d (ranks 0..%d)", lr, len(j.slots), len(j.slots)-1))
 		return
@@ -393,6 +414,7 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 // start begins a formed job (loopHooks): it sends every local client its
 // Welcome.
 func (l *loop) start(j *job, m membership, c coordination) {
+	m.epoch = j.epoch
 	j.members, j.coord = m, c
 	j.formed = true
 	j.globalRows = make([]int, m.size)
@@ -407,7 +429,8 @@ func (l *loop) start(j *job, m membership, c coordination) {
 	if b := c.engine(); b != nil {
 		backendNames = append(backendNames, b.Name())
 	}
-	l.s.log.Info("job formed", "job", j.id, "size", m.size, "node", m.node, "nodes", m.nodes(), "pids", j.pids())
+	l.s.log.Info("job formed", "job", j.id, "size", m.size, "node", m.node, "nodes", m.nodes(), "pids", j.pids(), "elastic", j.elastic, "epoch", m.epoch)
+	l.reformed(j)
 	homog := m.homogeneous()
 	for _, cl := range j.slots {
 		cl.rank = m.offset + cl.localRank
@@ -416,7 +439,7 @@ func (l *loop) start(j *job, m membership, c coordination) {
 			Version: ipc.Version, Rank: int32(cl.rank), Size: int32(m.size),
 			LocalRank: int32(cl.localRank), LocalSize: int32(len(j.slots)),
 			CrossRank: int32(crossRank), CrossSize: int32(crossSize), IsHomogeneous: homog,
-			DaemonVersion: Version, JobId: j.id, Backends: backendNames,
+			DaemonVersion: Version, JobId: j.id, Backends: backendNames, Epoch: m.epoch,
 		}}}, -1)
 	}
 }
@@ -456,7 +479,11 @@ func (l *loop) closed(c *client, bye bool, err error) {
 	if !j.formed {
 		j.slots[c.localRank] = nil
 		j.joined--
-	} else if j.failed == nil {
+	} else if j.failed != nil {
+		if bye && j.elastic {
+			j.noteSurvivor(c)
+		}
+	} else {
 		where := ""
 		if j.members.nodes() > 1 {
 			where = fmt.Sprintf(" on node %d", j.members.node)
@@ -480,6 +507,7 @@ func (l *loop) closed(c *client, bye bool, err error) {
 			j.coord.end()
 		}
 		l.job = nil
+		l.reformAfter(j)
 		w := l.waiting
 		l.waiting = nil
 		for _, c := range w {
@@ -494,6 +522,7 @@ func (l *loop) fail(j *job, code ipcpb.Code, msg string) {
 		return
 	}
 	j.failed = &ipcpb.Done{Code: code, Error: msg}
+	j.failedAt = time.Now()
 	switch {
 	case !j.formed:
 	case code == ipcpb.Code_CODE_SHUT_DOWN && len(j.pending) == 0:

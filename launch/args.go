@@ -73,6 +73,11 @@ Flags (they stop at "--" or at the first argument that is not a flag):
         (default 30s)
   --kill-grace DURATION
         time between SIGTERM and SIGKILL when stopping ranks (default 5s)
+  --min-np MIN
+        elastic (fault-tolerant) job: ranks run with HOROVOD_ELASTIC=1, and
+        when a rank fails the others go on as long as at least MIN run; the
+        survivors re-initialise into the job's next epoch through
+        hvd.elastic.run (one host so far)
   -x NAME[=VALUE]
         export NAME to every rank, with VALUE or with its value in hvdd run's
         environment (ignored if unset there); may be repeated
@@ -164,6 +169,7 @@ func ParseArgs(args []string) (Config, error) {
 	fs.BoolVar(&c.NoTagOutput, "no-tag-output", false, "")
 	fs.DurationVar(&c.StartTimeout, "start-timeout", 0, "")
 	fs.DurationVar(&c.KillGrace, "kill-grace", 0, "")
+	fs.IntVar(&c.MinNP, "min-np", 0, "")
 	fs.Var(envList{&c.Env}, "x", "")
 	var hosts, hostfile string
 	fs.StringVar(&hosts, "H", "", "")

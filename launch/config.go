@@ -56,6 +56,14 @@ type Config struct {
 	// DefaultKillGrace (5s).
 	KillGrace time.Duration
 
+	// MinNP, when positive, makes the job elastic (fault tolerant, as
+	// horovodrun --min-np without a discovery script): ranks get
+	// HOROVOD_ELASTIC=1, and a rank that fails does not stop the others
+	// while at least MinNP ranks run; the daemon re-forms the job from them
+	// (the survivors re-initialise through hvd.elastic.run). One host only
+	// so far.
+	MinNP int
+
 	// Env holds extra NAME=VALUE entries for every worker, on top of our own
 	// environment. Run's rank variables (HVDD_RANK, HOROVOD_RANK, ...) are
 	// set last and cannot be overridden. Nil means no extra variables.
@@ -159,6 +167,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("start timeout %v is negative; pass a positive duration such as --start-timeout 30s", c.StartTimeout)
 	case c.KillGrace < 0:
 		return fmt.Errorf("kill grace %v is negative; pass a positive duration such as --kill-grace 5s", c.KillGrace)
+	case c.MinNP < 0 || c.MinNP > c.NP:
+		return fmt.Errorf("--min-np %d must be between 1 and -np %d", c.MinNP, c.NP)
+	case c.MinNP > 0 && len(c.Hosts) > 0:
+		return errors.New("--min-np (an elastic job) runs on one host so far; drop -H/--hostfile")
 	case len(c.DaemonCommand) > 0 && c.DaemonCommand[0] == "":
 		return errors.New("the daemon command's program name is empty")
 	}

@@ -120,6 +120,9 @@ func (j *job) rankEnv(i, lr int) []string {
 	if !n.Shared {
 		env = append(env, "HVDD_CROSS_RANK="+c, "HVDD_CROSS_SIZE="+csz)
 	}
+	if j.cfg.MinNP > 0 {
+		env = append(env, "HOROVOD_ELASTIC=1")
+	}
 	return append(env,
 		"HOROVOD_RANK="+r, "HOROVOD_SIZE="+size,
 		"HOROVOD_LOCAL_RANK="+l, "HOROVOD_LOCAL_SIZE="+ls,

@@ -71,11 +71,19 @@ func (j *job) supervise(ctx context.Context, sigs <-chan os.Signal) (int, error)
 			if c == 0 || state != running {
 				continue
 			}
-			state, code = failed, c
 			msg := fmt.Sprintf("rank %d (pid %d) %s", e.rank, j.workers[e.rank].Process.Pid, how)
 			if h, ok := j.hosts[e.rank]; ok {
 				msg = fmt.Sprintf("rank %d on %s (agent pid %d) %s", e.rank, h, j.workers[e.rank].Process.Pid, how)
 			}
+			if min := j.cfg.MinNP; min > 0 {
+				if j.running >= min {
+					// Elastic: the others re-form the job without it.
+					j.o.logf("%s; the elastic job goes on with %s (--min-np %d)", msg, ranks(j.running), min)
+					continue
+				}
+				msg += fmt.Sprintf("; %s left, fewer than --min-np %d", ranks(j.running), min)
+			}
+			state, code = failed, c
 			if j.running > 0 {
 				msg += fmt.Sprintf("; stopping the other %s", ranks(j.running))
 			}

@@ -67,6 +67,13 @@ type Client struct {
 	// $HVDD_START_TIMEOUT seconds, else 120 s.
 	StartTimeout time.Duration
 
+	// Elastic joins an elastic job: when a rank is lost, the survivors
+	// Close and Init a new Client, and the daemon forms the job's next
+	// epoch from them (their ranks in the old order). Also set by
+	// $HOROVOD_ELASTIC=1, as hvdd run --min-np sets it. Every rank of a job
+	// must agree.
+	Elastic bool
+
 	ic      *ipc.Conn
 	welcome *ipcpb.Welcome
 
@@ -288,6 +295,7 @@ func (c *Client) waitRing(cond func() bool) error {
 func (c *Client) handshake(ctx context.Context, localRank int) error {
 	if err := c.ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Hello{Hello: &ipcpb.Hello{
 		Version: ipc.Version, Pid: int32(os.Getpid()), LocalRank: int32(localRank), Client: "go",
+		Elastic: c.Elastic || os.Getenv("HOROVOD_ELASTIC") == "1",
 	}}}, -1); err != nil {
 		return c.refusal(fmt.Errorf("hvdd: hello: %w", err))
 	}
@@ -616,6 +624,14 @@ func (c *Client) Close() error {
 
 // Rank is this process's global rank.
 func (c *Client) Rank() int { return int(c.welcome.GetRank()) }
+
+// JobID identifies the job on its daemon; an elastic job keeps it across
+// epochs.
+func (c *Client) JobID() uint64 { return c.welcome.GetJobId() }
+
+// Epoch is the membership epoch of an elastic job: 0 when it formed, one
+// more each time its survivors re-formed it.
+func (c *Client) Epoch() uint64 { return c.welcome.GetEpoch() }
 
 // Size is the number of processes in the job.
 func (c *Client) Size() int { return int(c.welcome.GetSize()) }

@@ -53,6 +53,9 @@ var scenarios = map[string]func(ctx context.Context, c *hvdd.Client) error{
 }
 
 func worker(name string) int {
+	if run := ownInit[name]; run != nil {
+		return run()
+	}
 	f := scenarios[name]
 	if f == nil {
 		fmt.Println("unknown scenario", name)

@@ -68,7 +68,7 @@ type serveArgs struct {
 	slots, workers                             int
 	fusion                                     int64
 	cycle, stallCheck, stallShutdown           time.Duration
-	spin                                       time.Duration
+	spin, elasticTimeout                       time.Duration
 	nodes, nodeRank, streams                   int
 	rendezvous, advertise, secretFile, backend string
 	control                                    string
@@ -116,6 +116,7 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 	if err != nil {
 		defSpin = 0
 	}
+	fs.DurationVar(&args.elasticTimeout, "elastic-timeout", 600*time.Second, "how long the next epoch of an elastic job (HOROVOD_ELASTIC=1) waits for its surviving ranks to re-initialise after a rank was lost")
 	fs.DurationVar(&args.spin, "spin", defSpin, "after activity, poll clients (their shared-memory rings) this long before sleeping; the window widens to 10x for jobs whose requests come just after it (default $HVDD_SPIN, else 0: 50µs; negative: never spin)")
 	fs.IntVar(&args.workers, "workers", 0, "goroutines per local reduction (default GOMAXPROCS)")
 	fs.IntVar(&args.nodes, "nodes", 1, "number of nodes (daemons) in a job; -1: mpirun's process count")
@@ -167,7 +168,7 @@ func serveConfig(args serveArgs) (daemon.Config, string, error) {
 	if err != nil {
 		return daemon.Config{}, "", err
 	}
-	cfg := daemon.Config{Slots: args.slots, Workers: args.workers, Spin: args.spin, Logger: daemon.NewLogger(os.Stderr, level)}
+	cfg := daemon.Config{Slots: args.slots, Workers: args.workers, Spin: args.spin, ElasticTimeout: args.elasticTimeout, Logger: daemon.NewLogger(os.Stderr, level)}
 	if err := cfg.ApplyHorovodEnv(os.Getenv); err != nil {
 		return cfg, "", err
 	}

@@ -1,0 +1,131 @@
+package hvdd_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	hvdd "github.com/hvdd/hvdd/clients/go"
+	"github.com/hvdd/hvdd/daemon"
+	"github.com/hvdd/hvdd/daemon/daemontest"
+)
+
+// ownInit holds worker scenarios that make their own clients (elastic ones
+// re-initialise).
+var ownInit = map[string]func() int{
+	"elastic": elasticWorker,
+}
+
+// elasticWorker trains a few steps in an elastic job. The last rank
+// (HVDD_TEST_VICTIM=1) exits without Close at step 2: the daemon loses it.
+// The others see the step fail naming it, Close (Horovod's reset:
+// shutdown, then init) and join the job's next epoch, where they check their
+// new identity and run the step again at the new size. With
+// HVDD_TEST_DESERT=<rank> that survivor exits after the failure instead of
+// re-initialising, so the epoch cannot form.
+func elasticWorker() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	fail := func(format string, args ...any) int {
+		fmt.Printf(format+"\n", args...)
+		return 1
+	}
+	c := &hvdd.Client{Elastic: true}
+	if err := c.Init(ctx); err != nil {
+		return fail("init: %v", err)
+	}
+	n, rank, job := c.Size(), c.Rank(), c.JobID()
+	if c.Epoch() != 0 {
+		return fail("first epoch is %d", c.Epoch())
+	}
+	victim := n - 1
+	var lost error
+	for step := 0; step < 5 && lost == nil; step++ {
+		if rank == victim && step == 2 {
+			fmt.Println("VICTIM EXITS")
+			os.Exit(3) // no Close: the daemon sees the rank lost
+		}
+		x := []float32{1}
+		lost = hvdd.Allreduce(ctx, c, x, hvdd.WithName(fmt.Sprint("step.", step)), hvdd.WithOp(hvdd.Sum))
+		if lost == nil && x[0] != float32(n) {
+			return fail("step %d: sum %v, want %d", step, x[0], n)
+		}
+	}
+	if lost == nil {
+		return fail("rank %d finished without losing the victim", rank)
+	}
+	if !errors.Is(lost, hvdd.ErrAborted) || !strings.Contains(lost.Error(), fmt.Sprintf("rank %d (pid", victim)) {
+		return fail("the failed step does not name the lost rank %d: %v", victim, lost)
+	}
+	c.Close() // Goodbye: this rank survives
+	if d, _ := strconv.Atoi(os.Getenv("HVDD_TEST_DESERT")); os.Getenv("HVDD_TEST_DESERT") != "" && d == rank {
+		fmt.Println("DESERTER EXITS")
+		return 0
+	}
+	c2 := &hvdd.Client{Elastic: true}
+	if err := c2.Init(ctx); err != nil {
+		fmt.Printf("re-init: %v\n", err)
+		return 4
+	}
+	defer c2.Close()
+	// The survivors keep their order: the victim was the last rank.
+	if c2.Size() != n-1 || c2.Rank() != rank || c2.Epoch() != 1 || c2.JobID() != job {
+		return fail("epoch 1 identity: rank %d size %d epoch %d job %d; want rank %d size %d epoch 1 job %d",
+			c2.Rank(), c2.Size(), c2.Epoch(), c2.JobID(), rank, n-1, job)
+	}
+	x := []float32{1}
+	if err := hvdd.Allreduce(ctx, c2, x, hvdd.WithName("step.2"), hvdd.WithOp(hvdd.Sum)); err != nil || x[0] != float32(n-1) {
+		return fail("epoch 1 step: %v, sum %v, want %d", err, x, n-1)
+	}
+	fmt.Printf("REFORMED rank %d of %d\n", c2.Rank(), c2.Size())
+	return 0
+}
+
+// TestElasticReform: in an elastic job a lost rank fails its epoch, and the
+// survivors re-initialise into the next one, on the same daemon, at the
+// smaller size, with their ranks in order and the job id kept.
+func TestElasticReform(t *testing.T) {
+	for _, n := range []int{2, 3} {
+		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
+			s := daemontest.Start(t, daemon.Config{Slots: n})
+			ws := daemontest.Spawn(t, s.Socket, "elastic", n)
+			for _, w := range ws[:n-1] {
+				if err := w.Wait(60 * time.Second); err != nil {
+					t.Errorf("rank %d: %v\n%s", w.Rank, err, w.Output())
+				}
+				if !strings.Contains(w.Output(), fmt.Sprintf("REFORMED rank %d of %d", w.Rank, n-1)) {
+					t.Errorf("rank %d did not re-form:\n%s", w.Rank, w.Output())
+				}
+			}
+			if err := ws[n-1].Wait(30 * time.Second); err == nil {
+				t.Errorf("the victim exited 0:\n%s", ws[n-1].Output())
+			}
+			s.WaitLog(t, "elastic job re-formed", 10*time.Second)
+			if logs := s.Logs(); !strings.Contains(logs, "epoch=1 size="+strconv.Itoa(n-1)) {
+				t.Errorf("the daemon's log lacks the new epoch's size:\n%s", logs)
+			}
+		})
+	}
+}
+
+// TestElasticTimeout: when a survivor does not come back, the others' Init
+// fails after the elastic timeout with an error that says so, and the
+// daemon takes the next job.
+func TestElasticTimeout(t *testing.T) {
+	s := daemontest.Start(t, daemon.Config{Slots: 3, ElasticTimeout: 500 * time.Millisecond})
+	ws := daemontest.Spawn(t, s.Socket, "elastic", 3, "HVDD_TEST_DESERT=1")
+	if err := ws[0].Wait(60 * time.Second); err == nil || !strings.Contains(ws[0].Output(), "Timed out waiting for the 2 surviving ranks") {
+		t.Errorf("rank 0: %v (want exit 4 after the timeout)\n%s", err, ws[0].Output())
+	}
+	if err := ws[1].Wait(30 * time.Second); err != nil || !strings.Contains(ws[1].Output(), "DESERTER EXITS") {
+		t.Errorf("rank 1 (the deserter): %v\n%s", err, ws[1].Output())
+	}
+	ws[2].Wait(30 * time.Second)
+	// The daemon is free for another job.
+	daemontest.Run(t, s.Socket, "async", 3, 60*time.Second)
+}
