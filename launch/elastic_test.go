@@ -1,0 +1,111 @@
+package launch
+
+import (
+	"bytes"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// watchBuffer is a goroutine-safe buffer whose reader can wait for text.
+type watchBuffer struct {
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	changed chan struct{}
+}
+
+func newWatchBuffer() *watchBuffer { return &watchBuffer{changed: make(chan struct{}, 1)} }
+
+func (w *watchBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	select {
+	case w.changed <- struct{}{}:
+	default:
+	}
+	return w.buf.Write(p)
+}
+
+func (w *watchBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// waitFor waits until the buffer holds s.
+func (w *watchBuffer) waitFor(t *testing.T, s string, d time.Duration) {
+	t.Helper()
+	deadline := time.After(d)
+	for !strings.Contains(w.String(), s) {
+		select {
+		case <-w.changed:
+		case <-deadline:
+			t.Fatalf("output lacks %q after %v:\n%s", s, d, w.String())
+		}
+	}
+}
+
+// TestRunElasticGoesOn: with --min-np, a failed rank does not stop the
+// others while enough run; the job then ends as they do.
+func TestRunElasticGoesOn(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	stderr := newWatchBuffer()
+	sigs, done := start(t.Context(), t, Config{
+		NP: 3, MinNP: 2, Command: helperCmd("job"), Stderr: stderr,
+		Env: []string{envDir + "=" + dir, envFailRank + "=1", envFailCode + "=3"},
+	})
+	stderr.waitFor(t, "; the elastic job goes on with 2 ranks (--min-np 2)", 20*time.Second)
+	sigs <- syscall.SIGTERM
+	r := <-done
+	if r.code != 128+int(syscall.SIGTERM) || r.err != nil {
+		t.Fatalf("Run = %d, %v; want %d, nil\n%s", r.code, r.err, 128+int(syscall.SIGTERM), stderr)
+	}
+	// The survivors got the forwarded SIGTERM only, nothing on the failure.
+	for _, rank := range []int{0, 2} {
+		if got := readLines(filepath.Join(dir, "sig."+strconv.Itoa(rank))); !slices.Equal(got, []string{"SIGTERM"}) {
+			t.Errorf("rank %d received %q, want [SIGTERM]", rank, got)
+		}
+	}
+}
+
+// TestRunElasticBelowMin: a failure that leaves fewer than --min-np ranks
+// stops the job as a plain one stops.
+func TestRunElasticBelowMin(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	r := run(t, Config{
+		NP: 3, MinNP: 3, Command: helperCmd("job"),
+		Env: []string{envDir + "=" + dir, envFailRank + "=1", envFailCode + "=3"},
+	})
+	if r.code != 3 || r.err != nil {
+		t.Fatalf("Run = %d, %v; want 3, nil\n%s", r.code, r.err, r.stderr)
+	}
+	if want := "; 2 ranks left, fewer than --min-np 3; stopping the other 2 ranks"; !strings.Contains(r.stderr, want) {
+		t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+	}
+}
+
+// TestRunElasticEnv: the ranks of an elastic job run with HOROVOD_ELASTIC=1
+// (what clients send the daemon), those of others without it.
+func TestRunElasticEnv(t *testing.T) {
+	t.Parallel()
+	for _, min := range []int{0, 1} {
+		r := run(t, Config{NP: 2, MinNP: min, Command: []string{"sh", "-c", "echo elastic=$HOROVOD_ELASTIC"}})
+		want := "elastic="
+		if min > 0 {
+			want = "elastic=1"
+		}
+		if r.code != 0 || strings.Count(r.stdout, want+"\n") != 2 {
+			t.Errorf("--min-np %d: code %d, stdout:\n%s", min, r.code, r.stdout)
+		}
+	}
+	if err := (&Config{NP: 2, MinNP: 3, Command: []string{"x"}}).validate(); err == nil || !strings.Contains(err.Error(), "--min-np 3 must be between 1 and -np 2") {
+		t.Errorf("--min-np above -np: %v", err)
+	}
+}
