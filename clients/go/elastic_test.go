@@ -117,8 +117,20 @@ func TestElasticReform(t *testing.T) {
 // fails after the elastic timeout with an error that says so, and the
 // daemon takes the next job.
 func TestElasticTimeout(t *testing.T) {
-	s := daemontest.Start(t, daemon.Config{Slots: 3, ElasticTimeout: 500 * time.Millisecond})
+	s := daemontest.Start(t, daemon.Config{Slots: 3, ElasticTimeout: 2 * time.Second})
 	ws := daemontest.Spawn(t, s.Socket, "elastic", 3, "HVDD_TEST_DESERT=1")
+	// While the next epoch waits for its survivors, a process that is not
+	// one of them is refused.
+	s.WaitLog(t, "its next epoch waits for the survivors", 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stranger := &hvdd.Client{Socket: s.Socket, Elastic: true}
+	if err := stranger.Init(ctx); err == nil || !strings.Contains(err.Error(), "is re-forming elastic job") {
+		t.Errorf("a stranger's Init during the re-formation = %v, want a refusal", err)
+		if err == nil {
+			stranger.Close()
+		}
+	}
 	if err := ws[0].Wait(60 * time.Second); err == nil || !strings.Contains(ws[0].Output(), "Timed out waiting for the 2 surviving ranks") {
 		t.Errorf("rank 0: %v (want exit 4 after the timeout)\n%s", err, ws[0].Output())
 	}
@@ -128,4 +140,25 @@ func TestElasticTimeout(t *testing.T) {
 	ws[2].Wait(30 * time.Second)
 	// The daemon is free for another job.
 	daemontest.Run(t, s.Socket, "async", 3, 60*time.Second)
+}
+
+// TestElasticMustAgree: an elastic and a plain process cannot share a job.
+func TestElasticMustAgree(t *testing.T) {
+	s := daemontest.Start(t, daemon.Config{Slots: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	first := &hvdd.Client{Socket: s.Socket, Elastic: true}
+	firstErr := make(chan error, 1)
+	go func() { firstErr <- first.Init(ctx) }()
+	s.WaitLog(t, "client joined", 10*time.Second)
+	zero := 1
+	plain := &hvdd.Client{Socket: s.Socket, RequestedLocalRank: &zero}
+	if err := plain.Init(ctx); err == nil || !strings.Contains(err.Error(), "every rank of a job must agree on HOROVOD_ELASTIC") {
+		t.Errorf("a plain process joining an elastic job: %v", err)
+	}
+	cancel()
+	if err := <-firstErr; err == nil {
+		t.Error("the elastic process's Init returned without a job")
+		first.Close()
+	}
 }
