@@ -17,8 +17,12 @@ import (
 // the daemon forms the job's next epoch from them, with the same job id, the
 // epoch number one higher and the survivors' ranks in their old order (rank 0
 // stays on the oldest surviving rank, as Horovod keeps it on a worker with
-// up-to-date state). A survivor is a rank that said Goodbye after its epoch
-// had failed; the rank whose loss failed it is not one. Hellos of processes
+// up-to-date state). The survivors of an epoch that failed (CODE_ABORTED: a
+// lost rank, an engine error) are its ranks that closed with Goodbye; a lost
+// rank closed without. An epoch whose ranks all said Goodbye without such a
+// failure (the job's end, or every rank resetting at once after a host
+// update) ends as any job ends, and the next job forms from the hellos that
+// come, as any job forms. Hellos of processes
 // that are not survivors are refused while the next epoch forms. If the
 // survivors have not all come back within Config.ElasticTimeout, those that
 // did are told so and the job ends. One node only, so far.
@@ -42,8 +46,8 @@ type survivor struct {
 	pid  int32
 }
 
-// noteSurvivor records c, closing its connection with Goodbye after its
-// elastic epoch failed, as a survivor of that epoch.
+// noteSurvivor records c, closing its connection with Goodbye, as a
+// survivor should its elastic epoch fail.
 func (j *job) noteSurvivor(c *client) {
 	j.survivors = append(j.survivors, survivor{rank: c.rank, pid: c.pid})
 }
@@ -51,7 +55,7 @@ func (j *job) noteSurvivor(c *client) {
 // reformAfter begins the next epoch of an elastic job whose failed epoch has
 // ended, when it has survivors.
 func (l *loop) reformAfter(j *job) {
-	if !j.elastic || j.failed == nil || !j.formed || len(j.survivors) == 0 || l.quit {
+	if !j.elastic || j.failed.GetCode() != ipcpb.Code_CODE_ABORTED || !j.formed || len(j.survivors) == 0 || l.quit {
 		return
 	}
 	sort.Slice(j.survivors, func(a, b int) bool { return j.survivors[a].rank < j.survivors[b].rank })

@@ -63,7 +63,7 @@ type job struct {
 	elastic   bool
 	epoch     uint64
 	failedAt  time.Time
-	survivors []survivor // ranks that said Goodbye after the epoch failed
+	survivors []survivor // ranks that closed with Goodbye
 
 	barriers map[int32][]int // per process set, per global rank: barriers submitted so far
 	psq      [][]psReq       // per local rank: set requests waiting for the others

@@ -476,14 +476,13 @@ func (l *loop) closed(c *client, bye bool, err error) {
 	}
 	c.groups = nil
 	j.open--
+	if j.formed && j.elastic && bye {
+		j.noteSurvivor(c)
+	}
 	if !j.formed {
 		j.slots[c.localRank] = nil
 		j.joined--
-	} else if j.failed != nil {
-		if bye && j.elastic {
-			j.noteSurvivor(c)
-		}
-	} else {
+	} else if j.failed == nil {
 		where := ""
 		if j.members.nodes() > 1 {
 			where = fmt.Sprintf(" on node %d", j.members.node)

@@ -1,0 +1,69 @@
+"""A worker of an elastic job (test_elastic_job.py, bench/elastic_recovery.py).
+
+Trains a tiny linear model with ``hvd.elastic.run`` and ``TorchState``, one
+commit per step, as the seeds' elastic scripts do. The last rank of the
+first epoch kills itself with SIGKILL at step KILL_AT; the survivors restore
+their last commit, re-initialise into the job's next epoch and finish. Each
+survivor prints its final weights (``RESULT {json}``) and the times of the
+kill and of its first completed step at the new size.
+
+Usage: elastic_job_worker.py STEPS KILL_AT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import hvdd.torch as hvd
+
+
+def batch(rank: int, step: int) -> tuple:
+    """Rank's batch at step: the same in every run (the test replays it)."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(8, 4, generator=g, dtype=torch.float64)
+    y = x.sum(1, keepdim=True) * 0.5 + rank
+    return x, y
+
+
+def main() -> None:
+    steps, kill_at = int(sys.argv[1]), int(sys.argv[2])
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    victim = hvd.rank() == hvd.size() - 1
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        while state.step < steps:
+            if victim and state.step == kill_at:
+                print(f"KILL {time.time():.6f}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            x, y = batch(hvd.rank(), state.step)
+            opt.zero_grad()
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            if state.step == kill_at:
+                print(f"RECOVERED {time.time():.6f} size {hvd.size()}", flush=True)
+            state.step += 1
+            state.commit()
+
+    train(state)
+    w = model.weight.detach().reshape(-1).tolist() + model.bias.detach().tolist()
+    print("RESULT " + json.dumps({"rank": hvd.rank(), "size": hvd.size(), "resets": resets, "w": w}), flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
