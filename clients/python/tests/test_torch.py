@@ -62,6 +62,12 @@ def test_sync_batch_norm(job):
     job.run("sync_bn", np=2)
 
 
+def test_elastic(job):
+    # TorchState / ObjectState sync across ranks, and hvd.elastic.run re-forming
+    # the job (shutdown, init) after a failure and after a host update.
+    job.run("elastic", np=2, env={"HOROVOD_ELASTIC": "1"})
+
+
 def test_mnist_example(job, tmp_path):
     script = os.path.join(ROOT, "examples", "pytorch_mnist.py")
     ckpt = tmp_path / "ckpt"
