@@ -82,7 +82,35 @@ def _model_built(model: Any) -> bool:
     return model.built if hasattr(model, "build") else True
 
 
-class TensorFlowKerasState(ObjectState):
+class _VariablesState(ObjectState):
+    """What both states share: ``save`` and ``restore`` keep a copy of the
+    variables' values (``_save_model`` / ``_load_model``); ``sync`` broadcasts
+    them from rank 0 (``_broadcast``) and keeps what arrived."""
+
+    def save(self) -> None:
+        self._save_model()
+        super().save()
+
+    def restore(self) -> None:
+        self._load_model()
+        super().restore()
+
+    def sync(self) -> None:
+        self._broadcast()
+        self._save_model()
+        super().sync()
+
+    def _broadcast(self) -> None:
+        raise NotImplementedError()
+
+    def _save_model(self) -> None:
+        raise NotImplementedError()
+
+    def _load_model(self) -> None:
+        raise NotImplementedError()
+
+
+class TensorFlowKerasState(_VariablesState):
     """State representation of a TensorFlow Keras model and optimizer.
 
     Supports TensorFlow 2 models and optimizers, as well as `keras` and `tf.keras`.
@@ -108,15 +136,7 @@ class TensorFlowKerasState(ObjectState):
         self._save_model()
         super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
 
-    def save(self) -> None:
-        self._save_model()
-        super().save()
-
-    def restore(self) -> None:
-        self._load_model()
-        super().restore()
-
-    def sync(self) -> None:
+    def _broadcast(self) -> None:
         if self._bcast_op is not None:
             self._session().run(self._bcast_op)
         elif _executing_eagerly():
@@ -124,8 +144,6 @@ class TensorFlowKerasState(ObjectState):
             broadcast_variables(self._model_variables() + _optimizer_variables(self.optimizer), root_rank=0)
         else:
             self._session().run(broadcast_variables(_global_variables(), root_rank=0))
-        self._save_model()
-        super().sync()
 
     def _session(self) -> Any:
         if self.backend is None:
@@ -148,7 +166,7 @@ class TensorFlowKerasState(ObjectState):
         _load(_optimizer_variables(self.optimizer), self._saved_optimizer_state, session)
 
 
-class TensorFlowState(ObjectState):
+class TensorFlowState(_VariablesState):
     """State representation of a list of TensorFlow variables.
 
     Supports both TensorFlow v1 and v2. For TensorFlow v2, can only be used when eager execution is enabled.
@@ -167,21 +185,11 @@ class TensorFlowState(ObjectState):
         self._save_model()
         super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
 
-    def save(self) -> None:
-        self._save_model()
-        super().save()
-
-    def restore(self) -> None:
-        self._load_model()
-        super().restore()
-
-    def sync(self) -> None:
+    def _broadcast(self) -> None:
         if self._bcast_op is None:
             broadcast_variables(self.variables, root_rank=0)
         elif self.session is not None:
             self.session.run(self._bcast_op)
-        self._save_model()
-        super().sync()
 
     def _save_model(self) -> None:
         self._values = _snapshot(self.variables, self.session)
