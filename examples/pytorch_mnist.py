@@ -137,6 +137,31 @@ def metric_average(val, name):
     return avg_tensor.item()
 
 
+def test(model, test_loader, test_sampler):
+    """The test loss and accuracy, averaged over the workers."""
+    model.eval()
+    test_loss = 0.0
+    test_accuracy = 0.0
+    with torch.no_grad():
+        for data, target in test_loader:
+            output = model(data)
+            # sum up batch loss
+            test_loss += F.nll_loss(output, target, reduction="sum").item()
+            # get the index of the max log-probability
+            pred = output.data.max(1, keepdim=True)[1]
+            test_accuracy += pred.eq(target.data.view_as(pred)).cpu().float().sum().item()
+
+    # Horovod: use test_sampler to determine the number of examples in
+    # this worker's partition.
+    test_loss /= len(test_sampler)
+    test_accuracy /= len(test_sampler)
+
+    # Horovod: average metric values across workers.
+    test_loss = metric_average(test_loss, "avg_loss")
+    test_accuracy = metric_average(test_accuracy, "avg_accuracy")
+    return test_loss, test_accuracy
+
+
 def main():
     args = parser.parse_args()
 
@@ -224,32 +249,9 @@ def main():
         # Horovod: average the epoch's training loss across workers.
         return metric_average(total / max(batches, 1), "avg_train_loss")
 
-    def test():
-        model.eval()
-        test_loss = 0.0
-        test_accuracy = 0.0
-        with torch.no_grad():
-            for data, target in test_loader:
-                output = model(data)
-                # sum up batch loss
-                test_loss += F.nll_loss(output, target, reduction="sum").item()
-                # get the index of the max log-probability
-                pred = output.data.max(1, keepdim=True)[1]
-                test_accuracy += pred.eq(target.data.view_as(pred)).cpu().float().sum().item()
-
-        # Horovod: use test_sampler to determine the number of examples in
-        # this worker's partition.
-        test_loss /= len(test_sampler)
-        test_accuracy /= len(test_sampler)
-
-        # Horovod: average metric values across workers.
-        test_loss = metric_average(test_loss, "avg_loss")
-        test_accuracy = metric_average(test_accuracy, "avg_accuracy")
-        return test_loss, test_accuracy
-
     for epoch in range(1, args.epochs + 1):
         train_loss = train(epoch)
-        test_loss, test_accuracy = test()
+        test_loss, test_accuracy = test(model, test_loader, test_sampler)
         # Horovod: print output only on first rank.
         if hvd.rank() == 0:
             print(

@@ -593,6 +593,49 @@ def keras_package() -> None:
     hk.shutdown()
 
 
+def elastic() -> None:
+    """hvd.elastic on a real job: KerasState.sync gives every rank rank 0's
+    weights and values; @hvd.elastic.run with the state callbacks trains,
+    commits every batch and counts epochs; a failed first attempt (every
+    rank, HOROVOD_ELASTIC=1) is restored, the job re-formed, and fit resumes
+    for the epochs left."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    steps = 3
+    model = mlp(seed=r)  # different weights on every rank
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)), loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    state = hvd.elastic.KerasState(model, batch=0, epoch=r)
+    state.sync()
+    expect_same_on_all_ranks(weights_of(model), "weights after sync")
+    assert (state.epoch, state.batch) == (0, 0), (state.epoch, state.batch)
+    x, y = data(r, steps)
+    attempts = []
+
+    class FailOnce(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if len(attempts) == 1 and epoch == 1:
+                raise hvd.HorovodInternalError("simulated loss of a rank")
+
+    @hvd.elastic.run
+    def train(state):
+        attempts.append(state.epoch)
+        callbacks = [
+            hvd.elastic.CommitStateCallback(state),
+            hvd.elastic.UpdateBatchStateCallback(state),
+            hvd.elastic.UpdateEpochStateCallback(state),
+            FailOnce(),
+        ]
+        model.fit(x, y, batch_size=BS, epochs=3 - state.epoch, shuffle=False, verbose=0, callbacks=callbacks)
+
+    train(state)
+    # The first attempt committed epoch 1 (at its end) and failed in epoch 2;
+    # the second resumed there.
+    assert attempts == [0, 1] and (state.epoch, state.batch) == (3, 0), (attempts, state.epoch, state.batch)
+    expect_same_on_all_ranks(weights_of(model), "weights after training")
+    hvd.shutdown()
+
+
 SCENARIOS = {
     f.__name__: f
     for f in (
@@ -610,6 +653,7 @@ SCENARIOS = {
         mismatch,
         victim,
         keras_package,
+        elastic,
     )
 }
 

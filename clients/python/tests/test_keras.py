@@ -148,6 +148,10 @@ def test_keras_package(job):
     run(job, "keras_package")
 
 
+def test_elastic(job):
+    run(job, "elastic", env={"HOROVOD_ELASTIC": "1"})
+
+
 def test_mnist_example(hvdd_bin, tmp_path):
     tmp = str(tmp_path)
     sock = os.path.join(tmp, "hvdd.sock")

@@ -742,6 +742,70 @@ def process_sets() -> None:
     print("OK")
 
 
+def elastic() -> None:
+    """hvd.elastic on a real job (HOROVOD_ELASTIC=1): TorchState.sync gives
+    every rank rank 0's model, optimizer, sampler and values, and an
+    ObjectState rank 0's attributes; commit's host-update check agrees on
+    every rank; run() re-forms the job (shutdown, init on the same daemon)
+    after a HorovodInternalError, restoring the commit, and after a host
+    update that only rank 0 was told of."""
+    import hvdd.elastic
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    model = _model(seed=r)  # different weights on every rank
+    opt = torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1), momentum=0.9)
+    x, y = _batch(r, 0)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()  # a rank's own momentum
+    sampler = hvd.elastic.ElasticSampler(list(range(40)), seed=1)
+    sampler.record_batch(0, 2 + r)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=10 + r, batch=20 + r)
+    state.sync()
+    gathered = hvd.allgather_object([model.state_dict(), opt.state_dict(), sampler.state_dict()])
+    for other in gathered[1:]:
+        for a, b in zip(gathered[0][0].values(), other[0].values()):
+            expect_equal(b, a, "model after sync")
+        for p in gathered[0][1]["state"]:
+            expect_equal(
+                other[1]["state"][p]["momentum_buffer"], gathered[0][1]["state"][p]["momentum_buffer"], "momentum"
+            )
+        assert other[1]["param_groups"][0]["lr"] == 0.1, other[1]["param_groups"]
+        assert other[2] == {"epoch": 0, "processed_num": 2 * n}, other[2]
+    assert (state.epoch, state.batch) == (10, 20), (state.epoch, state.batch)
+    assert len(sampler) == (40 - 2 * n + n - 1) // n
+    objs = hvd.elastic.ObjectState(name=f"rank{r}", values=[r] * 3)
+    objs.sync()
+    assert (objs.name, objs.values) == ("rank0", [0, 0, 0]), (objs.name, objs.values)
+    state.commit()  # no host updates: no interrupt, on every rank
+
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append((hvd.rank(), hvd.size()))])
+    attempts = []
+
+    @hvd.elastic.run
+    def train(state):
+        attempts.append(1)
+        # Every rank runs every attempt: this collective would hang otherwise.
+        hvd.allreduce(torch.ones(1), name=f"attempt{len(attempts)}")
+        if len(attempts) == 1:
+            state.batch = 99  # not committed: the restore undoes it
+            raise hvd.HorovodInternalError("simulated loss of a rank")
+        if len(attempts) == 2:
+            assert state.batch == 20, state.batch
+            if hvd.rank() == 0:
+                hvdd.elastic.notification_manager.handle_hosts_updated(1, hvdd.elastic.HostUpdateResult.added)
+            state.batch = 21
+            state.commit()  # rank 0's notification interrupts every rank here
+            raise AssertionError("commit did not raise HostsUpdatedInterrupt")
+        return state.batch
+
+    assert train(state) == 21
+    assert len(attempts) == 3 and resets == [(r, n), (r, n)], (attempts, resets)
+    assert hvd.is_initialized()
+    hvd.shutdown()
+
+
 def across_nodes() -> None:
     """Under `hvdd run -H a:2,b:2`: Horovod's rank layout across two nodes,
     then every collective and DistributedOptimizer through both daemons."""
@@ -759,7 +823,7 @@ def across_nodes() -> None:
 
 SCENARIOS = {
     f.__name__: f
-    for f in (basics, allreduce_ops, other_ops, errors, victim, optimizer, sync_bn, process_sets, across_nodes)
+    for f in (basics, allreduce_ops, other_ops, errors, victim, optimizer, sync_bn, process_sets, elastic, across_nodes)
 }
 
 if __name__ == "__main__":

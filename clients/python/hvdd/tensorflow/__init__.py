@@ -18,6 +18,7 @@ from .. import basics as _basics
 from ..basics import *  # noqa: F401,F403 (Horovod's common basics: basics.__all__)
 from ..basics import Adasum, Average, ProcessSet, global_process_set
 from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt, HvddInternalError
+from . import elastic
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
 from .gradient_aggregation import LocalGradientAggregationHelper, check_optimizer_args, make_allreduce_grads_fn, var_ids
@@ -59,6 +60,7 @@ __all__ = [
     "DistributedOptimizer",
     "DistributedGradientTape",
     "PartialDistributedGradientTape",
+    "elastic",
 ]
 
 

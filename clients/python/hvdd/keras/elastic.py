@@ -1,0 +1,13 @@
+"""``hvdd.keras.elastic``: Horovod's ``horovod.keras.elastic`` for the ``keras``
+package: ``KerasState``, ``CommitStateCallback``, ``UpdateBatchStateCallback``,
+``UpdateEpochStateCallback`` and ``run`` (see :mod:`hvdd.elastic`)."""
+
+from __future__ import annotations
+
+import keras as _keras
+
+from .._keras import elastic as _api
+
+globals().update(_api.bind(_keras, __name__))
+
+__all__ = list(_api.PUBLIC)

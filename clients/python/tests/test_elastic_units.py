@@ -1,0 +1,434 @@
+"""Elastic training without a daemon: hvdd.elastic's retry loop and host-update
+check, ObjectState and TorchState semantics, ElasticSampler across a reset.
+Broadcasts are replaced by the identity (one rank), rank and size by stubs."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+import hvdd.elastic as elastic
+import hvdd.torch as hvd
+import hvdd.torch.elastic.sampler as sampler_mod
+import hvdd.torch.elastic.state as state_mod
+from hvdd.elastic import HostUpdateResult, ObjectState, notification_manager, run_fn
+from hvdd.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+
+def identity(obj, *args, **kwargs):
+    return obj
+
+
+@pytest.fixture
+def elastic_job(monkeypatch):
+    """HOROVOD_ELASTIC=1: the loop may re-form the job."""
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+
+
+class Recorder(ObjectState):
+    """An ObjectState that records the loop's calls on it."""
+
+    def __init__(self, calls: list, **kwargs) -> None:
+        self.calls = calls
+        super().__init__(bcast_object=identity, get_rank=lambda: 0, **kwargs)
+
+    def sync(self) -> None:
+        self.calls.append("sync")
+        super().sync()
+
+    def restore(self) -> None:
+        self.calls.append("restore")
+        super().restore()
+
+    def reset(self) -> None:
+        self.calls.append("state.reset")
+
+
+# --------------------------------------------------------------------------- run_fn
+
+
+def test_run_fn_retries_restores_and_skips_sync(elastic_job):
+    calls: list = []
+    state = Recorder(calls, batch=0)
+    state.register_reset_callbacks([lambda: calls.append("callback")])
+    outcomes = iter([HorovodInternalError("rank 1 lost"), HostsUpdatedInterrupt(skip_sync=True), "done"])
+
+    def train(state, factor):
+        calls.append("func")
+        assert state in notification_manager._listeners
+        state.batch += factor  # uncommitted: lost at the restore
+        out = next(outcomes)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    assert run_fn(train, lambda: calls.append("reset"))(state, 5) == "done"
+    assert calls == [
+        "sync",
+        "func",
+        "restore",  # HorovodInternalError: back to the commit ...
+        "reset",
+        "state.reset",
+        "callback",
+        "sync",  # ... and a full sync
+        "func",
+        "reset",  # HostsUpdatedInterrupt(skip_sync=True): no restore, no sync
+        "state.reset",
+        "callback",
+        "func",
+    ]
+    # The restore undid the first call's change; the second's was kept.
+    assert state.batch == 10
+    assert state not in notification_manager._listeners
+
+
+def test_run_fn_hosts_updated_without_skip_sync_syncs(elastic_job):
+    calls: list = []
+    state = Recorder(calls)
+    outcomes = iter([HostsUpdatedInterrupt(skip_sync=False), "done"])
+
+    def train(state):
+        calls.append("func")
+        out = next(outcomes)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    assert run_fn(train, lambda: calls.append("reset"))(state) == "done"
+    assert calls == ["sync", "func", "reset", "state.reset", "sync", "func"]
+
+
+def test_run_fn_not_elastic_propagates(monkeypatch):
+    # A static job cannot re-form: the failure is the job's, as before.
+    monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
+    calls: list = []
+    state = Recorder(calls)
+
+    def train(state):
+        calls.append("func")
+        raise HorovodInternalError("rank 1 lost")
+
+    with pytest.raises(HorovodInternalError, match="rank 1 lost"):
+        run_fn(train, lambda: calls.append("reset"))(state)
+    assert calls == ["sync", "func"]
+    assert state not in notification_manager._listeners
+
+
+def test_other_errors_propagate(elastic_job):
+    calls: list = []
+
+    def train(state):
+        raise KeyError("bug")
+
+    with pytest.raises(KeyError):
+        run_fn(train, lambda: calls.append("reset"))(Recorder(calls))
+    assert calls == ["sync"]
+
+
+def test_reset_is_shutdown_then_init(monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(elastic._basics, "shutdown", lambda: calls.append("shutdown"))
+    monkeypatch.setattr(elastic._basics, "init", lambda: calls.append("init"))
+    elastic.reset()
+    assert calls == ["shutdown", "init"]
+
+
+def test_framework_run_uses_hvdd_reset(elastic_job, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(elastic._basics, "shutdown", lambda: calls.append("shutdown"))
+    monkeypatch.setattr(elastic._basics, "init", lambda: calls.append("init"))
+    outcomes = iter([HorovodInternalError("lost"), "done"])
+
+    @hvd.elastic.run
+    def train(state):
+        out = next(outcomes)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    assert train(Recorder(calls)) == "done"
+    assert calls == ["sync", "restore", "shutdown", "init", "state.reset", "sync"]
+
+
+# --------------------------------------------------------------------------- host updates
+
+
+def test_check_host_updates():
+    state = ObjectState(bcast_object=identity, get_rank=lambda: 0, epoch=1)
+    state.commit()  # nothing reported
+    state.on_hosts_updated(5, HostUpdateResult.added)
+    with pytest.raises(HostsUpdatedInterrupt) as e:
+        state.commit()
+    assert e.value.skip_sync is False
+    state.commit()  # seen: no second interrupt
+    state.on_hosts_updated(3, HostUpdateResult.removed)  # older than the last one
+    state.commit()
+    state.on_hosts_updated(7, HostUpdateResult.removed)
+    with pytest.raises(HostsUpdatedInterrupt) as e:
+        state.commit()
+    assert e.value.skip_sync is True  # only removals: the survivors agree
+    state.on_hosts_updated(8, HostUpdateResult.removed)
+    state.on_hosts_updated(9, HostUpdateResult.added)
+    with pytest.raises(HostsUpdatedInterrupt) as e:
+        state.commit()
+    assert e.value.skip_sync is False
+    # on_reset drops what was not yet seen
+    state.on_hosts_updated(10, HostUpdateResult.added)
+    state.on_reset()
+    state.commit()
+
+
+def test_check_host_updates_follows_rank_0():
+    # This rank saw nothing; rank 0 (the broadcast) saw an update at t=4.
+    state = ObjectState(bcast_object=lambda obj: (0, 4, HostUpdateResult.added), get_rank=lambda: 1)
+    with pytest.raises(HostsUpdatedInterrupt):
+        state.check_host_updates()
+    # This rank saw one, rank 0 did not: nobody raises.
+    state = ObjectState(bcast_object=lambda obj: (0, 0, HostUpdateResult.no_update), get_rank=lambda: 1)
+    state.on_hosts_updated(4, HostUpdateResult.added)
+    state.check_host_updates()
+
+
+def test_notification_reaches_the_running_state(elastic_job):
+    calls: list = []
+    state = Recorder(calls, batch=0)
+    runs = []
+
+    def train(state):
+        runs.append(state.batch)
+        if len(runs) == 1:
+            notification_manager.handle_hosts_updated(1, HostUpdateResult.added)
+            state.batch = 3
+            state.commit()  # raises: hosts were added
+            raise AssertionError("commit did not interrupt")
+        return "done"
+
+    assert run_fn(train, lambda: calls.append("reset"))(state) == "done"
+    assert runs == [0, 3]  # committed before the interrupt, and kept
+    assert calls == ["sync", "reset", "state.reset", "sync"]
+
+
+# --------------------------------------------------------------------------- ObjectState
+
+
+def test_object_state_save_restore_commit():
+    state = ObjectState(bcast_object=identity, get_rank=lambda: 0, epoch=1, batch=0, items=[1])
+    assert (state.epoch, state.batch, state.items) == (1, 0, [1])
+    state.epoch, state.batch = 2, 7
+    state.restore()
+    assert (state.epoch, state.batch) == (1, 0)
+    state.epoch, state.batch = 2, 7
+    state.commit()
+    state.epoch, state.batch = 5, 9
+    state.restore()
+    assert (state.epoch, state.batch) == (2, 7)
+    state.save()
+    state.restore()
+    assert (state.epoch, state.batch) == (2, 7)
+
+
+def test_object_state_sync_takes_the_broadcast():
+    state = ObjectState(bcast_object=lambda d: {**d, "epoch": 9}, get_rank=lambda: 1, epoch=1, batch=2)
+    state.sync()
+    assert (state.epoch, state.batch) == (9, 2)
+
+
+def test_default_bcast_and_rank_are_hvdds():
+    state = ObjectState(epoch=1)
+    assert state._rank is hvd.rank
+    with pytest.raises(ValueError, match="not been initialized"):
+        state.sync()
+
+
+# --------------------------------------------------------------------------- TorchState
+
+
+@pytest.fixture
+def no_broadcast(monkeypatch):
+    monkeypatch.setattr(state_mod, "broadcast_object", identity)
+
+
+def _weights(model):
+    return [t.clone() for t in model.state_dict().values()]
+
+
+def _same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _step(model, optimizer):
+    optimizer.zero_grad()
+    model(torch.ones(3, 4)).pow(2).sum().backward()
+    optimizer.step()
+
+
+def test_torch_state_restore_and_commit(no_broadcast):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = hvd.elastic.TorchState(model, optimizer, epoch=1, batch=0)
+    assert state.model is model and state.optimizer is optimizer
+    assert set(state._handlers) == {"model", "optimizer"}
+    w0 = _weights(model)
+
+    _step(model, optimizer)
+    state.batch = 1
+    assert not _same(_weights(model), w0)
+    state.restore()
+    assert _same(_weights(model), w0)
+    assert optimizer.state_dict()["state"] == {}  # no momentum before the commit
+    assert state.batch == 0
+
+    _step(model, optimizer)
+    state.batch = 1
+    state.commit()
+    w1 = _weights(model)
+    momentum = optimizer.state_dict()["state"][0]["momentum_buffer"].clone()
+    _step(model, optimizer)
+    state.batch = 2
+    state.restore()
+    assert _same(_weights(model), w1)
+    assert torch.equal(optimizer.state_dict()["state"][0]["momentum_buffer"], momentum)
+    assert state.batch == 1
+    # The optimizer still trains the same parameters after a restore.
+    _step(model, optimizer)
+    assert not _same(_weights(model), w1)
+
+
+def test_torch_state_new_model_is_saved(no_broadcast):
+    state = hvd.elastic.TorchState(torch.nn.Linear(2, 2))
+    other = torch.nn.Linear(2, 2)
+    w = _weights(other)
+    state.model = other  # replaces the handler's model, and saves it
+    with torch.no_grad():
+        other.weight.add_(1.0)
+    state.restore()
+    assert _same(_weights(other), w)
+
+
+def test_torch_state_without_model_keeps_plain_values(no_broadcast):
+    state = hvd.elastic.TorchState(epoch=3)
+    assert state._handlers == {}
+    assert state.model is None and state.optimizer is None and state.epoch == 3
+
+
+def test_torch_state_sync_calls_the_broadcasts(monkeypatch):
+    calls = []
+    monkeypatch.setattr(state_mod, "broadcast_object", lambda obj: (calls.append("object"), obj)[1])
+    monkeypatch.setattr(state_mod, "broadcast_parameters", lambda p, root_rank: calls.append(("params", root_rank)))
+    monkeypatch.setattr(state_mod, "broadcast_optimizer_state", lambda o, root_rank: calls.append(("opt", root_rank)))
+    model = torch.nn.Linear(2, 2)
+    state = hvd.elastic.TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), epoch=1)
+    state.sync()
+    assert calls == [("params", 0), ("opt", 0), "object"]
+
+
+# --------------------------------------------------------------------------- ElasticSampler
+
+
+class World:
+    """Stub rank() and size() for the sampler: the rank being simulated."""
+
+    def __init__(self, monkeypatch, size: int) -> None:
+        self.rank, self.size = 0, size
+        monkeypatch.setattr(sampler_mod, "rank", lambda: self.rank)
+        monkeypatch.setattr(sampler_mod, "size", lambda: self.size)
+
+    def sampler(self, rank: int, dataset, **kwargs):
+        self.rank = rank
+        return hvd.elastic.ElasticSampler(dataset, **kwargs)
+
+
+def _batches(indices, bs):
+    return [indices[i : i + bs] for i in range(0, len(indices), bs)]
+
+
+def test_sampler_partitions_without_overlap(monkeypatch):
+    world = World(monkeypatch, 3)
+    dataset = list(range(30))
+    samplers = [world.sampler(r, dataset, shuffle=True, seed=1) for r in range(3)]
+    parts = [list(s) for s in samplers]
+    assert all(len(p) == len(s) == 10 for p, s in zip(parts, samplers))
+    assert sorted(sum(parts, [])) == dataset
+
+
+def test_sampler_shuffle_is_deterministic_by_seed_and_epoch(monkeypatch):
+    world = World(monkeypatch, 1)
+    dataset = list(range(50))
+    a, b = world.sampler(0, dataset, seed=3), world.sampler(0, dataset, seed=3)
+    assert list(a) == list(b) and list(a) != dataset and sorted(a) == dataset
+    assert list(world.sampler(0, dataset, seed=4)) != list(a)
+    first = list(a)
+    a.set_epoch(1)
+    b.set_epoch(1)
+    assert list(a) == list(b) != first
+    a.set_epoch(0)
+    assert list(a) == first
+    assert list(world.sampler(0, dataset, shuffle=False)) == dataset
+
+
+def test_sampler_reset_from_3_to_2_visits_every_index_once(monkeypatch):
+    """Three ranks process two batches each and commit; one rank is lost; the
+    two survivors (new ranks 0 and 1) finish the epoch: every index once."""
+    bs = 4
+    dataset = list(range(60))
+    world = World(monkeypatch, 3)
+    samplers = [world.sampler(r, dataset, seed=7) for r in range(3)]
+    visited = []
+    for r, s in enumerate(samplers):
+        for batch_idx, batch in enumerate(_batches(list(s), bs)[:2]):
+            visited += batch
+            s.record_batch(batch_idx, bs)
+        assert s.processed_num == 2 * bs * 3
+    committed = samplers[0].state_dict()
+    assert committed == {"epoch": 0, "processed_num": 24}
+
+    # The new world: old ranks 0 and 2 survive as ranks 0 and 1; each loads
+    # rank 0's committed state (what SamplerStateHandler.sync broadcasts).
+    world.size = 2
+    survivors = []
+    for new_rank, s in enumerate((samplers[0], samplers[2])):
+        world.rank = new_rank
+        s.load_state_dict(committed)
+        assert (s.num_replicas, s.rank, len(s)) == (2, new_rank, 18)
+        survivors.append(s)
+    for s in survivors:
+        for batch_idx, batch in enumerate(_batches(list(s), bs)):
+            visited += batch
+            s.record_batch(batch_idx, len(batch))
+    counts = collections.Counter(visited)
+    assert sorted(counts) == dataset and set(counts.values()) == {1}, counts
+
+    # set_epoch starts the next epoch over the whole dataset, reshuffled.
+    s = survivors[0]
+    s.set_epoch(1)
+    assert s.processed_num == 0 and len(s) == 30
+
+
+def test_sampler_pads_the_last_indices(monkeypatch):
+    # One index left for three ranks: each gets it (as DistributedSampler pads).
+    world = World(monkeypatch, 3)
+    samplers = [world.sampler(r, list(range(7)), shuffle=False) for r in range(3)]
+    for r, s in enumerate(samplers):
+        world.rank = r
+        s.load_state_dict({"epoch": 0, "processed_num": 6})
+        assert list(s) == [6] and len(s) == 1
+
+
+def test_sampler_in_torch_state(monkeypatch, no_broadcast):
+    world = World(monkeypatch, 2)
+    s = world.sampler(1, list(range(20)))
+    state = hvd.elastic.TorchState(sampler=s)
+    assert set(state._handlers) == {"sampler"}
+    s.record_batch(0, 2)
+    state.commit()
+    s.record_batch(1, 2)
+    assert s.processed_num == 8
+    state.restore()
+    assert s.processed_num == 4 and len(s) == 8
+    # A reset to one rank: sync (the identity broadcast here) repartitions.
+    world.size, world.rank = 1, 0
+    state.sync()
+    assert (s.num_replicas, s.rank, len(s)) == (1, 0, 16)
