@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Elastic recovery, hvdd against Horovod 0.28.1, alternated per round: from a
+# worker's SIGKILL to the survivors' first training step completed at the new
+# size (clients/python/bench/tf_elastic_worker.py: 3 ranks, the last killed at
+# step 3, TensorFlowKerasState + DistributedGradientTape).
+#   hvdd     hvdd run -np 3 --min-np 2 (one host; TF 2.21)
+#   horovod  horovodrun -np 3 --min-np 2 --host-discovery-script (hosts
+#            127.0.0.1:1, 127.0.0.2:1, 127.0.0.3:1; the Horovod TF venv, TF 2.15)
+# Horovod blacklists the host of a failed worker, so its three ranks run on
+# three loopback "hosts"; it reaches those over ssh: root's key must open
+# `ssh 127.0.0.2` and `ssh 127.0.0.3` (e.g. an sshd listening on them).
+#
+#   bench/horovod/setup_tf.sh                # once: the Horovod + TensorFlow venv
+#   bench/horovod/elastic_recovery.sh [ROUNDS]   # default 3
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+VENV="${HOROVOD_TF_VENV:-$(dirname "$REPO")/hvd-tf-venv}"
+ROUNDS="${1:-3}"
+WORKER="$REPO/clients/python/bench/tf_elastic_worker.py"
+[ -x "$VENV/bin/horovodrun" ] || { echo "no Horovod venv at $VENV: run bench/horovod/setup_tf.sh" >&2; exit 1; }
+for h in 127.0.0.2 127.0.0.3; do
+  ssh -o BatchMode=yes -o StrictHostKeyChecking=no -o ConnectTimeout=5 "$h" true \
+    || { echo "ssh $h fails: Horovod needs it for its loopback hosts (see the header)" >&2; exit 1; }
+done
+go build -o "$REPO/bin/hvdd" "$REPO/cmd/hvdd"
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+printf '#!/bin/sh\necho 127.0.0.1:1\necho 127.0.0.2:1\necho 127.0.0.3:1\n' > "$TMP/discover.sh"; chmod +x "$TMP/discover.sh"
+export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+recovery() { # log -> seconds
+  python3 -c 'import sys
+t=sys.stdin.read().splitlines()
+k=[float(l.split("KILL ")[1]) for l in t if "KILL " in l]
+r=[float(l.split("RECOVERED ")[1].split()[0]) for l in t if "RECOVERED " in l]
+print(f"{max(r)-k[0]:.3f}" if len(k)==1 and len(r)==2 else "failed")' < "$1"
+}
+for r in $(seq 1 "$ROUNDS"); do
+  "$REPO/bin/hvdd" run -np 3 --min-np 2 --socket "$TMP/hvdd.sock" -- "$REPO/.venv/bin/python" "$WORKER" 8 3 > "$TMP/hvdd.$r.log" 2>&1 || true
+  echo "round $r hvdd recovery_s=$(recovery "$TMP/hvdd.$r.log")"
+  (cd "$TMP" && HVDD_BENCH_IMPL=horovod "$VENV/bin/horovodrun" -np 3 --min-np 2 --host-discovery-script "$TMP/discover.sh" \
+     --network-interface lo "$VENV/bin/python" "$WORKER" 8 3) > "$TMP/horovod.$r.log" 2>&1 || true
+  echo "round $r horovod recovery_s=$(recovery "$TMP/horovod.$r.log")"
+done
