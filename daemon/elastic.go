@@ -65,7 +65,9 @@ func (l *loop) reformAfter(j *job) {
 	}
 	r.timer = time.AfterFunc(l.cfg.ElasticTimeout, func() { l.p.post(msgReformTimeout{r}) })
 	l.reform = r
-	l.s.log.Info("elastic job lost ranks; its next epoch waits for the survivors", "job", j.id, "epoch", r.epoch,
+	// Warn, not Info: a membership change is what the daemon a job starts
+	// for itself (hvdd run, --log-level warning) must still show.
+	l.s.log.Warn("elastic job lost ranks; its next epoch waits for the survivors", "job", j.id, "epoch", r.epoch,
 		"survivors", len(r.survivors), "pids", pidList(r.survivors), "cause", r.cause)
 }
 
@@ -92,7 +94,7 @@ func (l *loop) reformed(j *job) {
 	}
 	r.timer.Stop()
 	l.reform = nil
-	l.s.log.Info("elastic job re-formed", "job", j.id, "epoch", r.epoch, "size", j.members.size,
+	l.s.log.Warn("elastic job re-formed", "job", j.id, "epoch", r.epoch, "size", j.members.size,
 		"pids", j.pids(), "after", time.Since(r.failedAt).Round(time.Millisecond), "cause", r.cause)
 }
 

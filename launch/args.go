@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/hvdd/hvdd/ipc"
 )
@@ -78,6 +79,12 @@ Flags (they stop at "--" or at the first argument that is not a flag):
         when a rank fails the others go on as long as at least MIN run; the
         survivors re-initialise into the job's next epoch through
         hvd.elastic.run (one host so far)
+  --reset-limit K
+        elastic job: stop it at the failure that would be its K+1-th reset
+        (default: no limit)
+  --elastic-timeout SECONDS
+        elastic job: how long its next epoch waits for the surviving ranks
+        to re-initialise (passed to the daemon hvdd run starts; default 600)
   -x NAME[=VALUE]
         export NAME to every rank, with VALUE or with its value in hvdd run's
         environment (ignored if unset there); may be repeated
@@ -170,6 +177,9 @@ func ParseArgs(args []string) (Config, error) {
 	fs.DurationVar(&c.StartTimeout, "start-timeout", 0, "")
 	fs.DurationVar(&c.KillGrace, "kill-grace", 0, "")
 	fs.IntVar(&c.MinNP, "min-np", 0, "")
+	fs.IntVar(&c.ResetLimit, "reset-limit", 0, "")
+	var elasticTimeout int
+	fs.IntVar(&elasticTimeout, "elastic-timeout", 0, "")
 	fs.Var(envList{&c.Env}, "x", "")
 	var hosts, hostfile string
 	fs.StringVar(&hosts, "H", "", "")
@@ -191,6 +201,13 @@ func ParseArgs(args []string) (Config, error) {
 		return Config{}, fmt.Errorf("%v; see 'hvdd run --help'", err)
 	}
 	c.Command = fs.Args()
+	c.ElasticTimeout = time.Duration(elasticTimeout) * time.Second
+	if flagSet(fs, "reset-limit") && c.ResetLimit < 1 {
+		return Config{}, errors.New("--reset-limit must be at least 1 (leave it out for no limit)")
+	}
+	if flagSet(fs, "elastic-timeout") && elasticTimeout < 1 {
+		return Config{}, errors.New("--elastic-timeout must be a positive number of seconds, e.g. 600")
+	}
 	switch {
 	case !flagSet(fs, "np") && !flagSet(fs, "num-proc"):
 		return Config{}, errors.New("-np is required: pass the number of processes, e.g. hvdd run -np 4 -- python train.py")

@@ -64,6 +64,17 @@ type Config struct {
 	// so far.
 	MinNP int
 
+	// ResetLimit, when positive, stops an elastic job at the failure that
+	// would be its ResetLimit+1-th reset (horovodrun --reset-limit). Zero
+	// means no limit.
+	ResetLimit int
+
+	// ElasticTimeout is how long the next epoch of an elastic job waits for
+	// its surviving ranks, passed to a daemon Run starts (hvdd serve
+	// --elastic-timeout; horovodrun --elastic-timeout). Zero means the
+	// daemon's default, 600 s.
+	ElasticTimeout time.Duration
+
 	// Env holds extra NAME=VALUE entries for every worker, on top of our own
 	// environment. Run's rank variables (HVDD_RANK, HOROVOD_RANK, ...) are
 	// set last and cannot be overridden. Nil means no extra variables.
@@ -169,6 +180,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("kill grace %v is negative; pass a positive duration such as --kill-grace 5s", c.KillGrace)
 	case c.MinNP < 0 || c.MinNP > c.NP:
 		return fmt.Errorf("--min-np %d must be between 1 and -np %d", c.MinNP, c.NP)
+	case c.ResetLimit < 0 || c.ElasticTimeout < 0:
+		return errors.New("--reset-limit and --elastic-timeout must not be negative")
+	case (c.ResetLimit > 0 || c.ElasticTimeout > 0) && c.MinNP == 0:
+		return errors.New("--reset-limit and --elastic-timeout apply to elastic jobs: pass --min-np too")
 	case c.MinNP > 0 && len(c.Hosts) > 0:
 		return errors.New("--min-np (an elastic job) runs on one host so far; drop -H/--hostfile")
 	case len(c.DaemonCommand) > 0 && c.DaemonCommand[0] == "":

@@ -60,7 +60,7 @@ func TestRunElasticGoesOn(t *testing.T) {
 		NP: 3, MinNP: 2, Command: helperCmd("job"), Stderr: stderr,
 		Env: []string{envDir + "=" + dir, envFailRank + "=1", envFailCode + "=3"},
 	})
-	stderr.waitFor(t, "; the elastic job goes on with 2 ranks (--min-np 2)", 20*time.Second)
+	stderr.waitFor(t, "; the elastic job goes on with 2 ranks (--min-np 2; reset 1)", 20*time.Second)
 	sigs <- syscall.SIGTERM
 	r := <-done
 	if r.code != 128+int(syscall.SIGTERM) || r.err != nil {
@@ -107,5 +107,48 @@ func TestRunElasticEnv(t *testing.T) {
 	}
 	if err := (&Config{NP: 2, MinNP: 3, Command: []string{"x"}}).validate(); err == nil || !strings.Contains(err.Error(), "--min-np 3 must be between 1 and -np 2") {
 		t.Errorf("--min-np above -np: %v", err)
+	}
+}
+
+// TestRunElasticResetLimit: the failure that would be the job's
+// --reset-limit+1-th reset stops it, with Horovod's message.
+func TestRunElasticResetLimit(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	r := run(t, Config{
+		NP: 4, MinNP: 1, ResetLimit: 1, Command: helperCmd("job"),
+		Env: []string{envDir + "=" + dir, envFailRank + "=1,2", envFailCode + "=3"},
+	})
+	if r.code != 3 || r.err != nil {
+		t.Fatalf("Run = %d, %v; want 3, nil\n%s", r.code, r.err, r.stderr)
+	}
+	for _, want := range []string{
+		"; the elastic job goes on with 3 ranks (--min-np 1; reset 1)",
+		"; Horovod was shutdown because number of resets during elastic job exceeded limit: 1; stopping the other 2 ranks",
+	} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+		}
+	}
+}
+
+// TestParseElasticFlags: --min-np, --reset-limit and --elastic-timeout as
+// horovodrun takes them, and their refusals.
+func TestParseElasticFlags(t *testing.T) {
+	c, err := ParseArgs([]string{"-np", "4", "--min-np", "2", "--reset-limit", "3", "--elastic-timeout", "60", "--", "x"})
+	if err != nil || c.MinNP != 2 || c.ResetLimit != 3 || c.ElasticTimeout != time.Minute {
+		t.Fatalf("ParseArgs = %+v, %v", c, err)
+	}
+	for args, want := range map[string]string{
+		"--reset-limit 0":     "--reset-limit must be at least 1",
+		"--elastic-timeout 0": "--elastic-timeout must be a positive number of seconds",
+	} {
+		_, err := ParseArgs(append([]string{"-np", "2", "--min-np", "1"}, append(strings.Fields(args), "--", "x")...))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", args, err, want)
+		}
+	}
+	if err := (&Config{NP: 2, ResetLimit: 1, Command: []string{"x"}}).validate(); err == nil || !strings.Contains(err.Error(), "pass --min-np too") {
+		t.Errorf("--reset-limit without --min-np: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -44,7 +45,7 @@ func helperCmd(mode string, args ...string) []string {
 // Environment variables the helpers read, set through Config.Env.
 const (
 	envDir        = "HVDD_TEST_DIR"         // where "job" ranks and daemons leave files
-	envFailRank   = "HVDD_TEST_FAIL_RANK"   // "job": this rank fails once the others are ready
+	envFailRank   = "HVDD_TEST_FAIL_RANK"   // "job": these ranks (comma-separated) fail once the others are ready
 	envFailCode   = "HVDD_TEST_FAIL_CODE"   // "job": with this exit status...
 	envFailSignal = "HVDD_TEST_FAIL_SIGNAL" // ...or by killing itself with this signal
 	envStubborn   = "HVDD_TEST_STUBBORN"    // "job": record signals but never exit
@@ -152,7 +153,9 @@ func jobHelper() int {
 	dir := os.Getenv(envDir)
 	rank, _ := strconv.Atoi(os.Getenv("HVDD_RANK"))
 	size, _ := strconv.Atoi(os.Getenv("HVDD_SIZE"))
-	if fr := os.Getenv(envFailRank); fr == strconv.Itoa(rank) {
+	if slices.Contains(strings.Split(os.Getenv(envFailRank), ","), strconv.Itoa(rank)) {
+		// Ready too, for another failing rank that waits for this one.
+		touch(filepath.Join(dir, "ready."+strconv.Itoa(rank)))
 		var others []string
 		for r := range size {
 			if r != rank {

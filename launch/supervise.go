@@ -43,6 +43,7 @@ func (j *job) supervise(ctx context.Context, sigs <-chan os.Signal) (int, error)
 	var (
 		state   = running
 		code    int
+		resets  int              // elastic: failures the job went on from
 		killC   <-chan time.Time // fires KillGrace after the job began stopping
 		ctxDone = ctx.Done()
 		daemonC = make(chan *daemonProc, len(j.daemons))
@@ -76,12 +77,18 @@ func (j *job) supervise(ctx context.Context, sigs <-chan os.Signal) (int, error)
 				msg = fmt.Sprintf("rank %d on %s (agent pid %d) %s", e.rank, h, j.workers[e.rank].Process.Pid, how)
 			}
 			if min := j.cfg.MinNP; min > 0 {
-				if j.running >= min {
+				limit := j.cfg.ResetLimit
+				switch {
+				case j.running < min:
+					msg += fmt.Sprintf("; %s left, fewer than --min-np %d", ranks(j.running), min)
+				case limit > 0 && resets >= limit:
+					msg += fmt.Sprintf("; Horovod was shutdown because number of resets during elastic job exceeded limit: %d", limit)
+				default:
 					// Elastic: the others re-form the job without it.
-					j.o.logf("%s; the elastic job goes on with %s (--min-np %d)", msg, ranks(j.running), min)
+					resets++
+					j.o.logf("%s; the elastic job goes on with %s (--min-np %d; reset %d)", msg, ranks(j.running), min, resets)
 					continue
 				}
-				msg += fmt.Sprintf("; %s left, fewer than --min-np %d", ranks(j.running), min)
 			}
 			state, code = failed, c
 			if j.running > 0 {

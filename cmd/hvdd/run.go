@@ -27,6 +27,9 @@ func runMain(args []string) int {
 		return 1
 	}
 	cfg.DaemonCommand = []string{exe, "serve", "--slots", strconv.Itoa(cfg.NP), "--socket", cfg.Socket}
+	if cfg.ElasticTimeout > 0 {
+		cfg.DaemonCommand = append(cfg.DaemonCommand, "--elastic-timeout", cfg.ElasticTimeout.String())
+	}
 	if os.Getenv("HOROVOD_LOG_LEVEL") == "" {
 		// The daemon a job starts for itself speaks up only when something is wrong.
 		cfg.DaemonCommand = append(cfg.DaemonCommand, "--log-level", "warning")
