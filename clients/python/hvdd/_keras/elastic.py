@@ -43,7 +43,12 @@ class CommitStateCallbackImpl:
 
 class UpdateBatchStateCallbackImpl:
     """Keeps ``state.batch`` at the batch just finished (0 after an epoch),
-    and shortens the first epoch after a reset by the batches already done."""
+    and shortens the first epoch after a reset by the batches already done in
+    the callbacks' ``params["steps"]`` (what progress bars show).
+
+    As with Horovod's, that is all: Keras 3's and tf_keras's ``fit`` take the
+    epoch's length from ``steps_per_epoch`` and never read ``params``, so the
+    first epoch after a reset runs all its steps."""
 
     def __init__(self, backend: Any, state: Any, *args: Any) -> None:
         super().__init__(*args)
@@ -131,7 +136,8 @@ def bind(keras: Any, module: str) -> Dict[str, Any]:
         the end of each batch. Batch will reset to 0 at the end of each epoch.
 
         If `steps_per_epoch` is set, then this callback will also ensure that the number of steps
-        in the first epoch following a reset is shortened by the number of batches already processed.
+        in the first epoch following a reset is shortened by the number of batches already processed,
+        in the callbacks' `params["steps"]`; `model.fit` itself still runs `steps_per_epoch` steps.
         """
 
         def __init__(self, state: Any) -> None:
