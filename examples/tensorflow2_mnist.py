@@ -33,6 +33,7 @@ parser.add_argument("--lr", type=float, default=0.001, help="learning rate (scal
 parser.add_argument("--data-dir", help="directory holding the MNIST idx files")
 parser.add_argument("--synthetic-size", type=int, default=30000, help="examples of the synthetic stand-in")
 parser.add_argument("--checkpoint-dir", default="./checkpoints", help="where rank 0 writes its checkpoint")
+parser.add_argument("--seed", type=int, help="seed of the initial weights (default: unseeded, as Horovod's example)")
 args = parser.parse_args()
 
 # Initialize Horovod
@@ -54,6 +55,8 @@ dataset = tf.data.Dataset.from_tensor_slices(
 )
 dataset = dataset.repeat().shuffle(10000, seed=hvd.rank()).batch(args.batch_size)
 
+if args.seed is not None:
+    tf.random.set_seed(args.seed)
 mnist_model = tf.keras.Sequential(
     [
         tf.keras.layers.Input((28, 28, 1)),
