@@ -1,7 +1,9 @@
 package daemon
 
 import (
+	"bytes"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -23,9 +25,11 @@ import (
 // failure (the job's end, or every rank resetting at once after a host
 // update) ends as any job ends, and the next job forms from the hellos that
 // come, as any job forms. Hellos of processes
-// that are not survivors are refused while the next epoch forms. If the
-// survivors have not all come back within Config.ElasticTimeout, those that
-// did are told so and the job ends. One node only, so far.
+// that are not survivors are refused while the next epoch forms. A survivor
+// whose process has exited instead of re-initialising (checked every
+// reformCheckEvery) is dropped, and the epoch forms from the others. If the
+// survivors still have not all come back within Config.ElasticTimeout, those
+// that did are told so and the job ends. One node only, so far.
 
 // reform is the next epoch of an elastic job whose epoch failed.
 type reform struct {
@@ -34,11 +38,20 @@ type reform struct {
 	survivors []int32 // pids, by new local rank
 	failedAt  time.Time
 	cause     string
-	timer     *time.Timer
+	timer     *time.Timer // the elastic timeout
+	check     *time.Timer // the next look for survivors that exited
 }
 
-// msgReformTimeout: the survivors of r did not all come back in time.
-type msgReformTimeout struct{ r *reform }
+// reformCheckEvery is how often a forming epoch looks for survivors whose
+// process has exited.
+const reformCheckEvery = 500 * time.Millisecond
+
+// Messages of a re-formation: the survivors of r did not all come back in
+// time; time to look for survivors that exited.
+type (
+	msgReformTimeout struct{ r *reform }
+	msgReformCheck   struct{ r *reform }
+)
 
 // survivor is a rank of a failed elastic epoch that went on to re-initialise.
 type survivor struct {
@@ -64,6 +77,7 @@ func (l *loop) reformAfter(j *job) {
 		r.survivors = append(r.survivors, s.pid)
 	}
 	r.timer = time.AfterFunc(l.cfg.ElasticTimeout, func() { l.p.post(msgReformTimeout{r}) })
+	r.check = time.AfterFunc(reformCheckEvery, func() { l.p.post(msgReformCheck{r}) })
 	l.reform = r
 	// Warn, not Info: a membership change is what the daemon a job starts
 	// for itself (hvdd run, --log-level warning) must still show.
@@ -92,7 +106,7 @@ func (l *loop) reformed(j *job) {
 	if r == nil || r.id != j.id || r.epoch != j.epoch {
 		return
 	}
-	r.timer.Stop()
+	r.stop()
 	l.reform = nil
 	l.s.log.Warn("elastic job re-formed", "job", j.id, "epoch", r.epoch, "size", j.members.size,
 		"pids", j.pids(), "after", time.Since(r.failedAt).Round(time.Millisecond), "cause", r.cause)
@@ -103,6 +117,7 @@ func (l *loop) reformTimeout(r *reform) {
 	if l.reform != r {
 		return
 	}
+	r.stop()
 	l.reform = nil
 	msg := fmt.Sprintf("Timed out waiting for the %d surviving ranks of elastic job %d to re-initialise into epoch %d (waited %v, --elastic-timeout): pids %s",
 		len(r.survivors), r.id, r.epoch, l.cfg.ElasticTimeout, pidList(r.survivors))
@@ -111,6 +126,72 @@ func (l *loop) reformTimeout(r *reform) {
 		return
 	}
 	l.s.log.Warn(msg)
+}
+
+// stop stops r's timers.
+func (r *reform) stop() {
+	r.timer.Stop()
+	r.check.Stop()
+}
+
+// reformCheck drops the survivors of r whose process has exited without
+// coming back, and forms the epoch from the others when they are all there.
+func (l *loop) reformCheck(r *reform) {
+	if l.reform != r {
+		return
+	}
+	j := l.job
+	if j != nil && (j.id != r.id || j.formed) {
+		j = nil
+	}
+	var alive, gone []int32
+	for _, pid := range r.survivors {
+		if j != nil && slices.ContainsFunc(j.slots, func(c *client) bool { return c != nil && c.pid == pid }) || processAlive(pid) {
+			alive = append(alive, pid)
+		} else {
+			gone = append(gone, pid)
+		}
+	}
+	if len(gone) == 0 {
+		r.check = time.AfterFunc(reformCheckEvery, func() { l.p.post(msgReformCheck{r}) })
+		return
+	}
+	l.s.log.Warn("survivors of the elastic job exited instead of re-initialising; its next epoch forms without them",
+		"job", r.id, "epoch", r.epoch, "gone", pidList(gone), "survivors", len(alive))
+	r.survivors = alive
+	if len(alive) == 0 {
+		r.stop()
+		l.reform = nil
+		return
+	}
+	r.check = time.AfterFunc(reformCheckEvery, func() { l.p.post(msgReformCheck{r}) })
+	if j == nil {
+		return
+	}
+	// The joined survivors move up to their places among the others.
+	slots := make([]*client, len(alive))
+	for _, c := range j.slots {
+		if c != nil {
+			lr := slices.Index(alive, c.pid)
+			slots[lr], c.localRank, c.rank = c, lr, lr
+		}
+	}
+	j.slots = slots
+	if j.joined == len(slots) {
+		l.nodes.complete(j)
+	}
+}
+
+// processAlive reports whether a process exists and has not exited (a
+// zombie, exited but not yet reaped, counts as exited).
+func processAlive(pid int32) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
 func pidList(pids []int32) string {

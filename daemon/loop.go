@@ -271,6 +271,8 @@ func (l *loop) message(m any) {
 		l.quit = true
 	case msgReformTimeout:
 		l.reformTimeout(m.r)
+	case msgReformCheck:
+		l.reformCheck(m.r)
 	case msgExecErr:
 		if m.j == l.job && m.j.failed == nil {
 			l.abort(m.j, ipcpb.Code_CODE_ABORTED, m.err.Error(), true)
@@ -343,7 +345,7 @@ func (l *loop) shutdown() {
 		l.cycle.Stop()
 	}
 	if l.reform != nil {
-		l.reform.timer.Stop()
+		l.reform.stop()
 	}
 	l.nodes.close()
 	l.p.close()

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,7 +29,9 @@ var ownInit = map[string]func() int{
 // shutdown, then init) and join the job's next epoch, where they check their
 // new identity and run the step again at the new size. With
 // HVDD_TEST_DESERT=<rank> that survivor exits after the failure instead of
-// re-initialising, so the epoch cannot form.
+// re-initialising (the others re-form without it); with
+// HVDD_TEST_STALL=<rank> it hangs instead (until it is killed), so the epoch
+// cannot form.
 func elasticWorker() int {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -63,9 +67,26 @@ func elasticWorker() int {
 		return fail("the failed step does not name the lost rank %d: %v", victim, lost)
 	}
 	c.Close() // Goodbye: this rank survives
-	if d, _ := strconv.Atoi(os.Getenv("HVDD_TEST_DESERT")); os.Getenv("HVDD_TEST_DESERT") != "" && d == rank {
+	deserter := envRank("HVDD_TEST_DESERT")
+	if deserter == rank {
 		fmt.Println("DESERTER EXITS")
 		return 0
+	}
+	if envRank("HVDD_TEST_STALL") == rank {
+		fmt.Println("STALLING")
+		stop := make(chan os.Signal, 1)
+		signal.Notify(stop, syscall.SIGTERM)
+		<-stop // a hung process: the test kills it
+		return 5
+	}
+	// The survivors keep their order: the victim was the last rank, and a
+	// deserter's place goes to those after it.
+	wantRank, wantSize := rank, n-1
+	if deserter >= 0 {
+		wantSize--
+		if deserter < rank {
+			wantRank--
+		}
 	}
 	c2 := &hvdd.Client{Elastic: true}
 	if err := c2.Init(ctx); err != nil {
@@ -73,17 +94,25 @@ func elasticWorker() int {
 		return 4
 	}
 	defer c2.Close()
-	// The survivors keep their order: the victim was the last rank.
-	if c2.Size() != n-1 || c2.Rank() != rank || c2.Epoch() != 1 || c2.JobID() != job {
+	if c2.Size() != wantSize || c2.Rank() != wantRank || c2.Epoch() != 1 || c2.JobID() != job {
 		return fail("epoch 1 identity: rank %d size %d epoch %d job %d; want rank %d size %d epoch 1 job %d",
-			c2.Rank(), c2.Size(), c2.Epoch(), c2.JobID(), rank, n-1, job)
+			c2.Rank(), c2.Size(), c2.Epoch(), c2.JobID(), wantRank, wantSize, job)
 	}
 	x := []float32{1}
-	if err := hvdd.Allreduce(ctx, c2, x, hvdd.WithName("step.2"), hvdd.WithOp(hvdd.Sum)); err != nil || x[0] != float32(n-1) {
-		return fail("epoch 1 step: %v, sum %v, want %d", err, x, n-1)
+	if err := hvdd.Allreduce(ctx, c2, x, hvdd.WithName("step.2"), hvdd.WithOp(hvdd.Sum)); err != nil || x[0] != float32(wantSize) {
+		return fail("epoch 1 step: %v, sum %v, want %d", err, x, wantSize)
 	}
 	fmt.Printf("REFORMED rank %d of %d\n", c2.Rank(), c2.Size())
 	return 0
+}
+
+// envRank is the rank an environment variable names, or -1.
+func envRank(name string) int {
+	r, err := strconv.Atoi(os.Getenv(name))
+	if err != nil {
+		return -1
+	}
+	return r
 }
 
 // TestElasticReform: in an elastic job a lost rank fails its epoch, and the
@@ -113,12 +142,29 @@ func TestElasticReform(t *testing.T) {
 	}
 }
 
-// TestElasticTimeout: when a survivor does not come back, the others' Init
-// fails after the elastic timeout with an error that says so, and the
-// daemon takes the next job.
+// TestElasticDeserter: a survivor that exits instead of re-initialising is
+// dropped, and the others form the next epoch without it.
+func TestElasticDeserter(t *testing.T) {
+	s := daemontest.Start(t, daemon.Config{Slots: 4})
+	ws := daemontest.Spawn(t, s.Socket, "elastic", 4, "HVDD_TEST_DESERT=1")
+	for _, w := range []*daemontest.Worker{ws[0], ws[2]} {
+		if err := w.Wait(60 * time.Second); err != nil || !strings.Contains(w.Output(), fmt.Sprintf("REFORMED rank %d of 2", w.Rank/2)) {
+			t.Errorf("rank %d: %v (want it re-formed as rank %d of 2)\n%s", w.Rank, err, w.Rank/2, w.Output())
+		}
+	}
+	if err := ws[1].Wait(30 * time.Second); err != nil || !strings.Contains(ws[1].Output(), "DESERTER EXITS") {
+		t.Errorf("rank 1 (the deserter): %v\n%s", err, ws[1].Output())
+	}
+	ws[3].Wait(30 * time.Second)
+	s.WaitLog(t, "exited instead of re-initialising", 10*time.Second)
+}
+
+// TestElasticTimeout: when a survivor neither comes back nor exits, the
+// others' Init fails after the elastic timeout with an error that says so,
+// and the daemon takes the next job.
 func TestElasticTimeout(t *testing.T) {
 	s := daemontest.Start(t, daemon.Config{Slots: 3, ElasticTimeout: 2 * time.Second})
-	ws := daemontest.Spawn(t, s.Socket, "elastic", 3, "HVDD_TEST_DESERT=1")
+	ws := daemontest.Spawn(t, s.Socket, "elastic", 3, "HVDD_TEST_STALL=1")
 	// While the next epoch waits for its survivors, a process that is not
 	// one of them is refused.
 	s.WaitLog(t, "its next epoch waits for the survivors", 30*time.Second)
@@ -134,9 +180,9 @@ func TestElasticTimeout(t *testing.T) {
 	if err := ws[0].Wait(60 * time.Second); err == nil || !strings.Contains(ws[0].Output(), "Timed out waiting for the 2 surviving ranks") {
 		t.Errorf("rank 0: %v (want exit 4 after the timeout)\n%s", err, ws[0].Output())
 	}
-	if err := ws[1].Wait(30 * time.Second); err != nil || !strings.Contains(ws[1].Output(), "DESERTER EXITS") {
-		t.Errorf("rank 1 (the deserter): %v\n%s", err, ws[1].Output())
-	}
+	ws[1].WaitOutput(t, "STALLING", 10*time.Second)
+	ws[1].Cmd.Process.Signal(syscall.SIGTERM)
+	ws[1].Wait(30 * time.Second)
 	ws[2].Wait(30 * time.Second)
 	// The daemon is free for another job.
 	daemontest.Run(t, s.Socket, "async", 3, 60*time.Second)
