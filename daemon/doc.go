@@ -46,9 +46,11 @@
 // A client that closes its connection without Goodbye is a lost rank: the job is
 // marked failed, every pending op of every rank completes with CODE_ABORTED
 // naming the lost rank, and so does every later op. When every connection of
-// the job has closed, the daemon forms the next job from new clients. A rank
-// that said Goodbye (shutdown) makes the others' later collectives fail with
-// CODE_SHUT_DOWN instead of hanging. Tensors that some ranks submitted and
+// the job has closed, the daemon forms the next job from new clients; for an
+// elastic job (Hello.elastic) that is the same job's next epoch, formed from
+// the ranks that survived (elastic.go). A rank that said Goodbye (shutdown)
+// makes the others' later collectives fail with CODE_SHUT_DOWN instead of
+// hanging. Tensors that some ranks submitted and
 // others did not are logged after the stall-check time, naming the missing
 // ranks, and optionally fail the job after the stall-shutdown time.
 package daemon

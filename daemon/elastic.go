@@ -85,17 +85,14 @@ func (l *loop) reformAfter(j *job) {
 		"survivors", len(r.survivors), "pids", pidList(r.survivors), "cause", r.cause)
 }
 
-// reformSlot places a hello during a re-formation: the new job (epoch) it
-// joins and its local rank there, or a reason to refuse it.
-func (l *loop) reformSlot(c *client, h *ipcpb.Hello) (lr int, refusal string) {
+// reformRank is the local rank a hello takes in the forming epoch: its
+// place among the survivors, or a reason to refuse it.
+func (l *loop) reformRank(c *client, h *ipcpb.Hello) (lr int, refusal string) {
 	r := l.reform
 	lr = slices.Index(r.survivors, c.pid)
 	if lr < 0 || !h.GetElastic() {
 		return -1, fmt.Sprintf("this daemon is re-forming elastic job %d (epoch %d) from its surviving ranks (pids %s); new workers cannot join it yet",
 			r.id, r.epoch, pidList(r.survivors))
-	}
-	if l.job == nil {
-		l.job = &job{id: r.id, elastic: true, epoch: r.epoch, slots: make([]*client, len(r.survivors)), pending: make(map[opKey]*op)}
 	}
 	return lr, ""
 }

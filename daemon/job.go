@@ -99,8 +99,8 @@ func (j *job) pids() string {
 // membership is who a formed job's ranks are: every node's slot count and
 // this node among them. Global ranks are node-major, so a node's ranks are
 // contiguous and node order is rank order. The epoch numbers the
-// memberships of one job; it is 0 today, and an elastic job will advance it
-// each time ranks come or go.
+// memberships of one job: 0 when it forms, one more each time an elastic job
+// re-forms from its survivors (elastic.go).
 type membership struct {
 	epoch  uint64
 	slots  []int // slot count of every node

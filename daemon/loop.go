@@ -370,16 +370,13 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 	lr := int(h.GetLocalRank())
 	if l.reform != nil {
 		var why string
-		if lr, why = l.reformSlot(c, h); why != "" {
+		if lr, why = l.reformRank(c, h); why != "" {
 			l.refuse(c, why)
 			return
 		}
-		j = l.job
 	}
 	if j == nil {
-		l.nextJob++
-		j = &job{id: l.nextJob, slots: make([]*client, l.cfg.Slots), pending: make(map[opKey]*op), elastic: h.GetElastic()}
-		l.job = j
+		j = l.openJob(h.GetElastic())
 	}
 	switch {
 	case h.GetElastic() != j.elastic:
@@ -411,6 +408,20 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 	// Every local client is here: the job forms, alone or with the other
 	// nodes.
 	l.nodes.complete(j)
+}
+
+// openJob makes the job the next hellos join: the forming epoch of an
+// elastic job (elastic.go), else a fresh job of --slots ranks.
+func (l *loop) openJob(elastic bool) *job {
+	j := &job{pending: make(map[opKey]*op), elastic: elastic}
+	if r := l.reform; r != nil {
+		j.id, j.epoch, j.slots = r.id, r.epoch, make([]*client, len(r.survivors))
+	} else {
+		l.nextJob++
+		j.id, j.slots = l.nextJob, make([]*client, l.cfg.Slots)
+	}
+	l.job = j
+	return j
 }
 
 // start begins a formed job (loopHooks): it sends every local client its

@@ -12,10 +12,10 @@ Run on 2 local processes:
 
     hvdd run -np 2 python examples/pytorch_mnist_elastic.py --epochs 1
 
-It runs as a plain job like this. In an elastic job, after a lost rank the
-survivors go back to the last commit, re-form (``shutdown``, ``init``) and
-continue the epoch over the indices not yet processed; that needs the daemon
-to re-form jobs, which is being added (see clients/python/README.md).
+It runs as a plain job like this. In an elastic job (``hvdd run -np 3
+--min-np 2 python examples/pytorch_mnist_elastic.py``, one host), after a
+lost rank the survivors go back to the last commit, re-form (``shutdown``,
+``init``) and continue the epoch over the indices not yet processed.
 
 MNIST comes from the Keras cache or --data-dir when present, else a
 synthetic stand-in of the same shape (see mnist_data.py); nothing is

@@ -30,8 +30,11 @@
 // directory as here; a remote daemon is ready when its wrapper sees the
 // socket appear and prints a marker line.
 //
-// The package does not restart failed ranks (no elastic mode), and does not
-// talk the daemon's protocol: it only checks that something accepts
+// The package does not restart failed ranks. With Config.MinNP (hvdd run
+// --min-np) a job is elastic: its ranks get HOROVOD_ELASTIC=1, and a failed
+// rank does not stop the others while at least MinNP run (up to ResetLimit
+// such resets); the daemon re-forms the job from the survivors. The package
+// does not talk the daemon's protocol: it only checks that something accepts
 // connections on the socket.
 //
 // Ranks stay in hvdd run's process group, as the terminal's job control

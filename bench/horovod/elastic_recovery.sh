@@ -7,8 +7,9 @@
 #   horovod  horovodrun -np 3 --min-np 2 --host-discovery-script (hosts
 #            127.0.0.1:1, 127.0.0.2:1, 127.0.0.3:1; the Horovod TF venv, TF 2.15)
 # Horovod blacklists the host of a failed worker, so its three ranks run on
-# three loopback "hosts"; it reaches those over ssh: root's key must open
-# `ssh 127.0.0.2` and `ssh 127.0.0.3` (e.g. an sshd listening on them).
+# three loopback "hosts", which it reaches over ssh: the script runs an sshd
+# of its own on them (a free port, keys made for the run; openssh-server,
+# which scripts/setup.sh installs) and passes horovodrun -p and -i.
 #
 #   bench/horovod/setup_tf.sh                # once: the Horovod + TensorFlow venv
 #   bench/horovod/elastic_recovery.sh [ROUNDS]   # default 3
@@ -18,12 +19,32 @@ VENV="${HOROVOD_TF_VENV:-$(dirname "$REPO")/hvd-tf-venv}"
 ROUNDS="${1:-3}"
 WORKER="$REPO/clients/python/bench/tf_elastic_worker.py"
 [ -x "$VENV/bin/horovodrun" ] || { echo "no Horovod venv at $VENV: run bench/horovod/setup_tf.sh" >&2; exit 1; }
-for h in 127.0.0.2 127.0.0.3; do
-  ssh -o BatchMode=yes -o StrictHostKeyChecking=no -o ConnectTimeout=5 "$h" true \
-    || { echo "ssh $h fails: Horovod needs it for its loopback hosts (see the header)" >&2; exit 1; }
-done
+SSHD=$(command -v sshd || echo /usr/sbin/sshd)
+[ -x "$SSHD" ] || { echo "sshd missing: apt-get install openssh-server (scripts/setup.sh does)" >&2; exit 1; }
 go build -o "$REPO/bin/hvdd" "$REPO/cmd/hvdd"
-TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+TMP=$(mktemp -d)
+trap '[ -f "$TMP/sshd.pid" ] && kill "$(cat "$TMP/sshd.pid")" 2>/dev/null; rm -rf "$TMP"' EXIT
+# An sshd for the loopback hosts, as launch/ssh_test.go runs one.
+ssh-keygen -q -t ed25519 -N "" -f "$TMP/host_ed25519"
+ssh-keygen -q -t ed25519 -N "" -f "$TMP/id_ed25519"
+cp "$TMP/id_ed25519.pub" "$TMP/authorized_keys"
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+{
+  for h in 127.0.0.1 127.0.0.2 127.0.0.3; do echo "ListenAddress $h:$PORT"; done
+  printf 'HostKey %s\nAuthorizedKeysFile %s\nPidFile %s\nStrictModes no\nUsePAM no\n' \
+    "$TMP/host_ed25519" "$TMP/authorized_keys" "$TMP/sshd.pid"
+  printf 'PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n'
+} > "$TMP/sshd_config"
+mkdir -p /run/sshd
+"$SSHD" -f "$TMP/sshd_config" -E "$TMP/sshd.log"
+for h in 127.0.0.2 127.0.0.3; do
+  for _ in $(seq 50); do
+    ssh -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR \
+      -p "$PORT" -i "$TMP/id_ed25519" "$h" true 2>/dev/null && continue 2
+    sleep 0.1 # sshd starting: nothing to wait on but its port
+  done
+  echo "ssh $h:$PORT fails; sshd's log:" >&2; cat "$TMP/sshd.log" >&2; exit 1
+done
 printf '#!/bin/sh\necho 127.0.0.1:1\necho 127.0.0.2:1\necho 127.0.0.3:1\n' > "$TMP/discover.sh"; chmod +x "$TMP/discover.sh"
 export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 recovery() { # log -> seconds
@@ -37,6 +58,6 @@ for r in $(seq 1 "$ROUNDS"); do
   "$REPO/bin/hvdd" run -np 3 --min-np 2 --socket "$TMP/hvdd.sock" -- "$REPO/.venv/bin/python" "$WORKER" 8 3 > "$TMP/hvdd.$r.log" 2>&1 || true
   echo "round $r hvdd recovery_s=$(recovery "$TMP/hvdd.$r.log")"
   (cd "$TMP" && HVDD_BENCH_IMPL=horovod "$VENV/bin/horovodrun" -np 3 --min-np 2 --host-discovery-script "$TMP/discover.sh" \
-     --network-interface lo "$VENV/bin/python" "$WORKER" 8 3) > "$TMP/horovod.$r.log" 2>&1 || true
+     -p "$PORT" -i "$TMP/id_ed25519" --network-interface lo "$VENV/bin/python" "$WORKER" 8 3) > "$TMP/horovod.$r.log" 2>&1 || true
   echo "round $r horovod recovery_s=$(recovery "$TMP/horovod.$r.log")"
 done

@@ -32,15 +32,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	code := m.Run()
-	stop()
-	if code == 0 {
-		if err := daemontest.Leaks(); err != nil {
-			fmt.Fprintf(os.Stderr, "FAIL: goroutines outlived the tests' daemons and clients:\n%v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(daemontest.Main(m, stop))
 }
 
 var scenarios = map[string]func(ctx context.Context, c *hvdd.Client) error{

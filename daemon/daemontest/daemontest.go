@@ -24,12 +24,10 @@ import (
 	"github.com/hvdd/hvdd/daemon"
 )
 
-// Leaks reports the goroutines still running, other than the test
-// framework's own, after they had a few seconds to end: called by a test
-// binary's TestMain once every test (and so every daemon and client it
-// started) has stopped, it fails the binary when a stopped daemon left a
-// goroutine behind.
-func Leaks() error {
+// leaks reports the goroutines still running, other than the test
+// framework's own, after they had a few seconds to end (Main calls it once
+// every test, and so every daemon and client it started, has stopped).
+func leaks() error {
 	return goleak.Find(
 		// fasthttp's worker-pool cleaner (the rendezvous server) sees its
 		// server's stop only after its next 10 s sleep; it then ends.
@@ -37,14 +35,19 @@ func Leaks() error {
 	)
 }
 
-// Main runs a test binary's tests (m.Run) and then checks for goroutines
-// that outlived them (Leaks); it returns the exit code.
-func Main(m interface{ Run() int }) int {
+// Main runs a test binary's tests (m.Run), then the cleanups (a daemon the
+// binary started for all its tests), then checks for goroutines that
+// outlived them; it returns the exit code. A stopped daemon that left a
+// goroutine behind fails the binary.
+func Main(m interface{ Run() int }, cleanups ...func()) int {
 	code := m.Run()
+	for _, f := range cleanups {
+		f()
+	}
 	if code != 0 {
 		return code
 	}
-	if err := Leaks(); err != nil {
+	if err := leaks(); err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: goroutines outlived the tests' daemons and clients:\n%v\n", err)
 		return 1
 	}

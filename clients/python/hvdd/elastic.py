@@ -13,10 +13,11 @@ committed state, re-forms the job (:func:`reset`: ``shutdown()`` then
 again; when the hosts changed (``HostsUpdatedInterrupt``, raised by
 ``State.commit``) it re-forms without restoring.
 
-What it does not do (yet): the daemon does not re-form a job after a loss
-and the launcher sends no host-update notifications. So a job not started as
-elastic (``HOROVOD_ELASTIC=1``, what ``hvdd run --min-np`` sets) fails with
-the ``HorovodInternalError`` instead of calling ``init()`` again, and
+A job started as elastic (``HOROVOD_ELASTIC=1``, what ``hvdd run --min-np``
+sets) re-forms on one node: the daemon forms its next epoch from the ranks
+that reset. A job not started as elastic fails with the
+``HorovodInternalError`` instead of calling ``init()`` again. What it does
+not do (yet): the launcher sends no host-update notifications, so
 :data:`notification_manager` has no source: it is the hook a notification
 source will feed (``notification_manager.handle_hosts_updated(timestamp,
 HostUpdateResult.added)``), and ``State.check_host_updates`` already turns

@@ -15,6 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "elastic_job_worker.py")
 sys.path.insert(0, HERE)
 
+from elastic_helpers import run_killing  # noqa: E402
 from elastic_job_worker import batch  # noqa: E402
 
 
@@ -56,24 +57,6 @@ def test_killed_worker_survivors_finish(hvdd_bin, tmp_path):
         assert max(abs(a - b) for a, b in zip(r["w"], want)) < 1e-9, (r, want)
 
 
-def _child_with_rank(parent: int, rank: int) -> int:
-    """The pid of parent's child process running with HVDD_RANK=rank."""
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != parent:
-                continue
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if f"HVDD_RANK={rank}".encode() in f.read().split(b"\0"):
-                    return int(d)
-        except (OSError, ValueError, IndexError):
-            continue
-    raise AssertionError(f"no child of {parent} runs rank {rank}")
-
-
 def test_seed_elastic_script_survives_kill(hvdd_bin, tmp_path):
     # The seeds' elastic PyTorch MNIST program (examples/pytorch_mnist_elastic.py,
     # only its import changed) under hvdd run --min-np: a worker is killed with
@@ -82,30 +65,18 @@ def test_seed_elastic_script_survives_kill(hvdd_bin, tmp_path):
     script = os.path.join(root, "examples", "pytorch_mnist_elastic.py")
     ckpt = tmp_path / "ckpt"
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HVDD_START_TIMEOUT="60")
-    p = subprocess.Popen(
-        [hvdd_bin, "run", "-np", "3", "--min-np", "2", "--socket", str(tmp_path / "hvdd.sock"), "--",
-         sys.executable, script, "--epochs", "2", "--synthetic-size", "4096", "--batch-size", "32",
-         "--lr", "0.05", "--log-interval", "2", "--checkpoint-dir", str(ckpt)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path),
-    )  # fmt: skip
-    lines = []
-    killed = False
-    try:
-        assert p.stdout is not None
-        for line in p.stdout:
-            lines.append(line)
-            # Kill rank 2 once rank 0 has logged a few steps of the first epoch.
-            if not killed and sum("[0]<stdout>:Train Epoch: 1" in l for l in lines) == 3:
-                os.kill(_child_with_rank(p.pid, 2), 9)
-                killed = True
-        p.wait(timeout=300)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    out = "".join(lines)
+    cmd = [
+        hvdd_bin, "run", "-np", "3", "--min-np", "2", "--socket", str(tmp_path / "hvdd.sock"), "--",
+        sys.executable, script, "--epochs", "2", "--synthetic-size", "4096", "--batch-size", "32",
+        "--lr", "0.05", "--log-interval", "2", "--checkpoint-dir", str(ckpt),
+    ]  # fmt: skip
+    # Kill rank 2 once rank 0 has logged a few steps of the first epoch.
+    rc, out, killed = run_killing(
+        cmd, env, str(tmp_path), lambda lines: sum("[0]<stdout>:Train Epoch: 1" in l for l in lines) == 3, 2, 300
+    )
+    lines = out.splitlines(keepends=True)
     assert killed, out
-    assert p.returncode == 0, out
+    assert rc == 0, out
     assert "rank 2 (pid" in out and "was killed by SIGKILL; the elastic job goes on with 2 ranks" in out, out
     epochs = [l for l in lines if l.startswith("[0]<stdout>:Epoch ")]
     assert [l[len("[0]<stdout>:") :].split(":")[0] for l in epochs] == ["Epoch 1", "Epoch 2"], out

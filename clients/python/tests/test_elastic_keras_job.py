@@ -10,11 +10,7 @@ import re
 import subprocess
 import sys
 
-import pytest
-
-pytest.importorskip("tensorflow")
-
-from test_elastic_job import _child_with_rank  # noqa: E402
+from elastic_helpers import run_killing
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
@@ -67,27 +63,16 @@ def test_example_survives_kill(hvdd_bin, tmp_path):
     # Rank 2 is killed with SIGKILL once rank 0 has logged two loss lines of
     # the first epoch; the survivors restore their last commit, re-form as 2
     # ranks and finish both epochs.
-    p = subprocess.Popen(
+    rc, out, killed = run_killing(
         _cmd(hvdd_bin, tmp_path, 3, "--min-np", "2"),
-        env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path),
-    )  # fmt: skip
-    lines = []
-    killed = False
-    try:
-        assert p.stdout is not None
-        for line in p.stdout:
-            lines.append(line)
-            if not killed and sum(l.startswith("[0]<stdout>:Train Epoch: 1 ") for l in lines) == 2:
-                os.kill(_child_with_rank(p.pid, 2), 9)
-                killed = True
-        p.wait(timeout=240)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    out = "".join(lines)
+        _env(tmp_path),
+        str(tmp_path),
+        lambda lines: sum(l.startswith("[0]<stdout>:Train Epoch: 1 ") for l in lines) == 2,
+        2,
+        240,
+    )
     assert killed, out[-6000:]
-    assert p.returncode == 0, out[-6000:]
+    assert rc == 0, out[-6000:]
     assert "rank 2 (pid" in out and "was killed by SIGKILL; the elastic job goes on with 2 ranks" in out, out[-6000:]
     # Both epochs end on the 2 survivors, the first from its last commit.
     epochs = _epochs(out)

@@ -11,8 +11,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-tf = pytest.importorskip("tensorflow")
-keras = pytest.importorskip("keras")
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 import hvdd.elastic as elastic  # noqa: E402
 import hvdd.keras as hk  # noqa: E402

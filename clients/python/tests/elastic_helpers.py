@@ -1,0 +1,51 @@
+"""Helpers of the elastic end-to-end tests: run ``hvdd run`` and SIGKILL one
+of its workers once the output shows training under way."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from typing import Callable, List, Sequence, Tuple
+
+
+def child_with_rank(parent: int, rank: int) -> int:
+    """The pid of parent's child process running with HVDD_RANK=rank."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != parent:
+                continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if f"HVDD_RANK={rank}".encode() in f.read().split(b"\0"):
+                    return int(d)
+        except (OSError, ValueError, IndexError):
+            continue
+    raise AssertionError(f"no child of {parent} runs rank {rank}")
+
+
+def run_killing(
+    cmd: Sequence[str], env: dict, cwd: str, ready: Callable[[List[str]], bool], rank: int, timeout: float
+) -> Tuple[int, str, bool]:
+    """Runs cmd (an ``hvdd run`` command line) and SIGKILLs its worker of
+    the given rank as soon as ready(the output lines so far) holds. Returns
+    hvdd run's exit status, its whole output and whether the kill happened."""
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+    lines: List[str] = []
+    killed = False
+    try:
+        assert p.stdout is not None
+        for line in p.stdout:
+            lines.append(line)
+            if not killed and ready(lines):
+                os.kill(child_with_rank(p.pid, rank), signal.SIGKILL)
+                killed = True
+        p.wait(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode, "".join(lines), killed
