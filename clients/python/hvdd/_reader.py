@@ -117,7 +117,6 @@ class Reader:
         self._thread: Optional[threading.Thread] = None
         self._rlock = threading.Lock()  # held by the thread reading the socket
         self._waiters = 0  # threads in wait(), under lock
-        self._idle = threading.Event()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._rbuf = bytearray()
         self._rview = memoryview(bytearray(1 << 16))  # recvmsg_into target, reused
@@ -388,8 +387,7 @@ class Reader:
                 # waiter that left does not wake this thread: it would take
                 # the read lock, and the next blocking op would have to wake
                 # it back out of select with a write to the wake pipe.)
-                self._idle.wait(0.05)
-                self._idle.clear()
+                time.sleep(0.05)
                 continue
             if not rlock.acquire(timeout=0.05):
                 continue
