@@ -31,6 +31,11 @@ type formation interface {
 	// readable handles a readable descriptor of the formation's own (a
 	// control link); it reports false for one that is not its own.
 	readable(fd int) bool
+	// nextReady is told, when the failed epoch of an elastic job has ended
+	// here, how many local ranks will re-initialise into epoch, the next one
+	// (elastic.go): none when every local rank is gone or the re-formation
+	// gave up (why says why).
+	nextReady(epoch uint64, local int, why string)
 	// close releases what the formation holds when the daemon stops.
 	close()
 }
@@ -87,6 +92,9 @@ type loopHooks interface {
 	abort(j *job, code ipcpb.Code, msg string, notify bool)
 	// formFailed ends a job that could not form: its clients get msg.
 	formFailed(j *job, msg string)
+	// reformFailed gives up the forming epoch of an elastic job: the
+	// survivors get msg.
+	reformFailed(epoch uint64, msg string)
 }
 
 // oneNode forms every job on this node alone.
@@ -110,6 +118,8 @@ func (f *oneNode) ended(*job)        {}
 func (f *oneNode) message(any) bool  { return false }
 func (f *oneNode) readable(int) bool { return false }
 func (f *oneNode) close()            {}
+
+func (f *oneNode) nextReady(uint64, int, string) {}
 
 // localCoord negotiates a job of one node over a plan table.
 type localCoord struct {

@@ -40,6 +40,9 @@ type reform struct {
 	cause     string
 	timer     *time.Timer // the elastic timeout
 	check     *time.Timer // the next look for survivors that exited
+	// dead says why the epoch cannot form (the other nodes gave it up); its
+	// survivors are refused with it as they come back.
+	dead string
 }
 
 // reformCheckEvery is how often a forming epoch looks for survivors whose
@@ -68,7 +71,11 @@ func (j *job) noteSurvivor(c *client) {
 // reformAfter begins the next epoch of an elastic job whose failed epoch has
 // ended, when it has survivors.
 func (l *loop) reformAfter(j *job) {
-	if !j.elastic || j.failed.GetCode() != ipcpb.Code_CODE_ABORTED || !j.formed || len(j.survivors) == 0 || l.quit {
+	if !j.elastic || j.failed.GetCode() != ipcpb.Code_CODE_ABORTED || !j.formed || l.quit {
+		return
+	}
+	if len(j.survivors) == 0 {
+		l.nodes.nextReady(j.members.epoch+1, 0, "")
 		return
 	}
 	sort.Slice(j.survivors, func(a, b int) bool { return j.survivors[a].rank < j.survivors[b].rank })
@@ -83,6 +90,19 @@ func (l *loop) reformAfter(j *job) {
 	// for itself (hvdd run, --log-level warning) must still show.
 	l.s.log.Warn("elastic job lost ranks; its next epoch waits for the survivors", "job", j.id, "epoch", r.epoch,
 		"survivors", len(r.survivors), "pids", pidList(r.survivors), "cause", r.cause)
+	l.nodes.nextReady(r.epoch, len(r.survivors), "")
+}
+
+// reformFailed gives up the forming epoch (loopHooks): the other nodes
+// cannot form it. The survivors that joined get msg, and so do those still
+// to come back.
+func (l *loop) reformFailed(epoch uint64, msg string) {
+	if j := l.job; j != nil && j.elastic && j.epoch == epoch && !j.formed && j.failed == nil {
+		l.formFailed(j, msg)
+	}
+	if r := l.reform; r != nil && r.epoch == epoch {
+		r.dead = msg
+	}
 }
 
 // reformRank is the local rank a hello takes in the forming epoch: its
@@ -90,6 +110,17 @@ func (l *loop) reformAfter(j *job) {
 func (l *loop) reformRank(c *client, h *ipcpb.Hello) (lr int, refusal string) {
 	r := l.reform
 	lr = slices.Index(r.survivors, c.pid)
+	if r.dead != "" {
+		if lr < 0 {
+			return int(h.GetLocalRank()), "" // not a survivor: a job of its own
+		}
+		r.survivors = slices.Delete(r.survivors, lr, lr+1)
+		if len(r.survivors) == 0 {
+			r.stop()
+			l.reform = nil
+		}
+		return -1, r.dead
+	}
 	if lr < 0 || !h.GetElastic() {
 		return -1, fmt.Sprintf("this daemon is re-forming elastic job %d (epoch %d) from its surviving ranks (pids %s); new workers cannot join it yet",
 			r.id, r.epoch, pidList(r.survivors))
@@ -116,13 +147,17 @@ func (l *loop) reformTimeout(r *reform) {
 	}
 	r.stop()
 	l.reform = nil
+	if r.dead != "" {
+		return
+	}
 	msg := fmt.Sprintf("Timed out waiting for the %d surviving ranks of elastic job %d to re-initialise into epoch %d (waited %v, --elastic-timeout): pids %s",
 		len(r.survivors), r.id, r.epoch, l.cfg.ElasticTimeout, pidList(r.survivors))
 	if j := l.job; j != nil && j.id == r.id && !j.formed {
 		l.formFailed(j, msg)
-		return
+	} else {
+		l.s.log.Warn(msg)
 	}
-	l.s.log.Warn(msg)
+	l.nodes.nextReady(r.epoch, 0, msg)
 }
 
 // stop stops r's timers.
@@ -159,6 +194,7 @@ func (l *loop) reformCheck(r *reform) {
 	if len(alive) == 0 {
 		r.stop()
 		l.reform = nil
+		l.nodes.nextReady(r.epoch, 0, "its surviving ranks exited instead of re-initialising")
 		return
 	}
 	r.check = time.AfterFunc(reformCheckEvery, func() { l.p.post(msgReformCheck{r}) })

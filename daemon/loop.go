@@ -325,8 +325,14 @@ func (l *loop) closeDead() {
 
 // shutdown fails the running job and closes every connection.
 func (l *loop) shutdown() {
-	if l.job != nil {
-		l.fail(l.job, ipcpb.Code_CODE_SHUT_DOWN, l.s.shutdownNote())
+	if j := l.job; j != nil {
+		if j.formed && j.failed == nil && j.members.nodes() > 1 {
+			// To the other nodes this node is lost: their ranks cannot go
+			// on with its ranks gone (an elastic job re-forms without it).
+			j.coord.abort(ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node %d%s was lost: its hvdd daemon is shutting down",
+				l.cfg.NodeRank, j.members.rankRange(j.members.node)), true)
+		}
+		l.fail(j, ipcpb.Code_CODE_SHUT_DOWN, l.s.shutdownNote())
 	}
 	for _, c := range l.clients {
 		l.drop(c, nil)
@@ -361,10 +367,6 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 			return
 		}
 		l.refuse(c, fmt.Sprintf("this daemon is running a job of %d ranks (pids %s); wait for it to end, or start another daemon with a different --socket", len(j.slots), j.pids()))
-		return
-	}
-	if h.GetElastic() && l.cfg.Nodes > 1 {
-		l.refuse(c, "elastic jobs (HOROVOD_ELASTIC=1) run on one node so far; this daemon is one of several (--nodes)")
 		return
 	}
 	lr := int(h.GetLocalRank())
@@ -414,7 +416,7 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 // elastic job (elastic.go), else a fresh job of --slots ranks.
 func (l *loop) openJob(elastic bool) *job {
 	j := &job{pending: make(map[opKey]*op), elastic: elastic}
-	if r := l.reform; r != nil {
+	if r := l.reform; r != nil && r.dead == "" {
 		j.id, j.epoch, j.slots = r.id, r.epoch, make([]*client, len(r.survivors))
 	} else {
 		l.nextJob++

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
@@ -84,6 +85,10 @@ type multiNode struct {
 
 	watched   map[int]*watchedLink // the running job's control links, by descriptor
 	linkCheck *time.Timer          // next checkLinks; nil when none is due
+
+	// next is the next epoch of an elastic job while it forms across the
+	// nodes (elastic_multinode.go); nil otherwise.
+	next *nextEpoch
 }
 
 type nodeJoin struct {
@@ -104,6 +109,7 @@ type (
 		j     *job
 		b     backends.Backend
 		slots []int
+		node  int // this node's place among the job's
 		err   error
 	}
 	msgLinkCheck struct{} // time to look for silent control links
@@ -159,6 +165,13 @@ func (c *multiNode) close() {
 	for _, nj := range c.joins {
 		nj.link.Close()
 	}
+	if c.next != nil {
+		for _, link := range c.next.links {
+			if link != nil {
+				link.Close()
+			}
+		}
+	}
 }
 
 // accept runs on its own goroutine (node 0): it authenticates nodes and hands
@@ -211,6 +224,10 @@ func (c *multiNode) takeJoin(link *cluster.Link, who string) {
 // forms with the other nodes (formation).
 func (c *multiNode) complete(j *job) {
 	j.coord = newMultiCoord(c, j)
+	if j.epoch > 0 {
+		c.completeEpoch(j)
+		return
+	}
 	if c.rank == 0 {
 		c.waiting = j
 		c.maybeLayout()
@@ -230,12 +247,7 @@ func (c *multiNode) joinCoordinator(j *job) {
 		res.err = err
 		return
 	}
-	pids := make([]int32, 0, len(j.slots))
-	for _, cl := range j.slots {
-		pids = append(pids, cl.pid)
-	}
-	if err := link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Join{Join: &clusterpb.Join{
-		NodeRank: int32(c.rank), Slots: int32(len(j.slots)), DataHost: c.host, Pids: pids}}}); err != nil {
+	if err := link.Send(c.joinOf(j)); err != nil {
 		link.Close()
 		res.err = err
 		return
@@ -257,6 +269,17 @@ func (c *multiNode) joinCoordinator(j *job) {
 		return
 	}
 	res.link, res.layout = link, m.GetLayout()
+}
+
+// joinOf is the Join this node sends for j, complete.
+func (c *multiNode) joinOf(j *job) *clusterpb.Message {
+	pids := make([]int32, 0, len(j.slots))
+	for _, cl := range j.slots {
+		pids = append(pids, cl.pid)
+	}
+	return &clusterpb.Message{Msg: &clusterpb.Message_Join{Join: &clusterpb.Join{
+		NodeRank: int32(c.rank), Slots: int32(len(j.slots)), DataHost: c.host, Pids: pids,
+		Epoch: j.epoch, Elastic: j.elastic}}}
 }
 
 // dialCoordinator opens an authenticated link to node 0: through the
@@ -311,20 +334,65 @@ func (c *multiNode) join(nj nodeJoin) {
 	c.maybeLayout()
 }
 
-// maybeLayout forms the job once our clients and every node are there.
+// maybeLayout forms the job once our clients and every node are there: all
+// the nodes for a new job, the nodes still in it for an elastic job's next
+// epoch.
 func (c *multiNode) maybeLayout() {
 	j := c.waiting
-	if j == nil || len(c.joins) < c.nodes-1 || !c.hooks.current(j) || j.failed != nil {
+	if j == nil || !c.hooks.current(j) || j.failed != nil {
 		return
 	}
+	ids, slots := []int{0}, []int{len(j.slots)}
+	links := make(map[int]*cluster.Link)
+	if j.epoch > 0 {
+		n := c.next
+		if n == nil || n.epoch != j.epoch {
+			return
+		}
+		for _, id := range n.nodes() {
+			if n.joins[id] == nil {
+				return
+			}
+			ids, slots, links[id] = append(ids, id), append(slots, int(n.joins[id].GetSlots())), n.links[id]
+		}
+		c.next = nil
+	} else {
+		if len(c.joins) < c.nodes-1 {
+			return
+		}
+		for id := 1; id < c.nodes; id++ {
+			nj := c.joins[id]
+			if nj.join.GetElastic() != j.elastic {
+				c.refuseJoins(j, fmt.Sprintf("every rank of a job must agree on HOROVOD_ELASTIC: node 0's ranks run with elastic=%v, node %d's with elastic=%v", j.elastic, id, nj.join.GetElastic()))
+				return
+			}
+			ids, slots, links[id] = append(ids, id), append(slots, int(nj.join.GetSlots())), nj.link
+		}
+		c.joins = make(map[int]nodeJoin)
+	}
+	c.waiting = nil
+	c.formLayout(j, ids, slots, links)
+}
+
+// refuseJoins fails the waiting job j and the nodes that joined it with msg.
+func (c *multiNode) refuseJoins(j *job, msg string) {
+	a := &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(ipcpb.Code_CODE_ABORTED), Msg: msg}}}
+	for _, nj := range c.joins {
+		nj.link.Send(a)
+		nj.link.Close()
+	}
+	c.joins = make(map[int]nodeJoin)
+	c.waiting = nil
+	c.hooks.formFailed(j, msg)
+}
+
+// formLayout sends the job's layout to the nodes ids[1:] (on links, by node)
+// and starts its data engine: ids are the nodes in rank order, slots their
+// rank counts (node 0, this one, first).
+func (c *multiNode) formLayout(j *job, ids, slots []int, links map[int]*cluster.Link) {
 	var idb [8]byte
 	rand.Read(idb[:])
 	id := binary.LittleEndian.Uint64(idb[:])
-	slots := make([]int, c.nodes)
-	slots[0] = len(j.slots)
-	for r, nj := range c.joins {
-		slots[r] = int(nj.join.GetSlots())
-	}
 	// The table exists before any node can forward requests: a node whose
 	// engine connects first may submit before ours is up.
 	total := 0
@@ -337,20 +405,19 @@ func (c *multiNode) maybeLayout() {
 		return
 	}
 	mc := coordOf(j)
-	mc.table = t
-	lay := &clusterpb.Message{Msg: &clusterpb.Message_Layout{Layout: &clusterpb.Layout{Generation: id, Slots: ints32(slots)}}}
-	for r, nj := range c.joins {
-		mc.links[r] = nj.link
-		if err := nj.link.Send(lay); err != nil {
-			c.log.Warn("node left before the job formed", "node", r, "err", err)
+	mc.table, mc.ids = t, ids
+	lay := &clusterpb.Message{Msg: &clusterpb.Message_Layout{Layout: &clusterpb.Layout{Generation: id, Slots: ints32(slots), Nodes: ints32(ids)}}}
+	for at, node := range ids[1:] {
+		link := links[node]
+		mc.links[at+1] = link
+		if err := link.Send(lay); err != nil {
+			c.log.Warn("node left before the job formed", "node", node, "err", err)
 		}
 	}
-	c.joins = make(map[int]nodeJoin)
-	c.waiting = nil
-	for r, link := range mc.links {
-		c.watch(mc, r, link)
+	for at, node := range ids[1:] {
+		c.watch(mc, at+1, node, mc.links[at+1])
 	}
-	go c.startBackend(j, id, slots)
+	go c.startBackend(j, id, slots, 0)
 }
 
 // layout is a non-coordinator's answer from node 0.
@@ -366,20 +433,27 @@ func (c *multiNode) layout(m msgLayout) {
 		c.hooks.formFailed(j, fmt.Sprintf("node %d could not join the job: %v", c.rank, m.err))
 		return
 	}
-	slots := ints(m.layout.GetSlots())
-	if len(slots) != c.nodes || slots[c.rank] != len(j.slots) {
-		m.link.Close()
-		c.hooks.formFailed(j, fmt.Sprintf("the coordinator's layout %v does not fit this node (node %d of %d with %d slots)", slots, c.rank, c.nodes, len(j.slots)))
+	slots, ids := ints(m.layout.GetSlots()), ints(m.layout.GetNodes())
+	if len(ids) == 0 {
+		for i := range slots {
+			ids = append(ids, i)
+		}
+	}
+	at := slices.Index(ids, c.rank)
+	if len(ids) != len(slots) || at < 1 || slots[at] != len(j.slots) || j.epoch == 0 && len(slots) != c.nodes {
+		c.closeLink(m.link)
+		c.hooks.formFailed(j, fmt.Sprintf("the coordinator's layout (nodes %v, slots %v) does not fit this node (node %d of %d with %d slots)", ids, slots, c.rank, c.nodes, len(j.slots)))
 		return
 	}
 	mc := coordOf(j)
-	mc.links[0] = m.link
-	c.watch(mc, 0, m.link)
-	go c.startBackend(j, m.layout.GetGeneration(), slots)
+	mc.links[0], mc.ids = m.link, ids
+	c.watch(mc, 0, 0, m.link)
+	go c.startBackend(j, m.layout.GetGeneration(), slots, at)
 }
 
 // startBackend (its own goroutine) connects the job's data engine.
-func (c *multiNode) startBackend(j *job, id uint64, slots []int) {
+// node is this node's place among the job's.
+func (c *multiNode) startBackend(j *job, id uint64, slots []int, node int) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
 	defer cancel()
 	jid := fmt.Sprintf("job-%016x", id)
@@ -388,13 +462,13 @@ func (c *multiNode) startBackend(j *job, id uint64, slots []int) {
 		store = rendezvous.Prefix(c.store, jid)
 	}
 	b, err := c.cfg.NewBackend(ctx, MultiNodeJob{
-		ID: jid, NodeRank: c.rank, Nodes: c.nodes, Slots: slots,
+		ID: jid, NodeRank: node, Nodes: len(slots), Slots: slots,
 		Store: store, Host: c.host, Secret: c.cfg.Secret, Logger: c.log,
 	})
 	if err != nil {
 		b = nil // a factory may return a typed nil with its error
 	}
-	c.p.post(msgBackendUp{j: j, b: b, slots: slots, err: err})
+	c.p.post(msgBackendUp{j: j, b: b, slots: slots, node: node, err: err})
 }
 
 func (c *multiNode) backendUp(m msgBackendUp) {
@@ -406,31 +480,39 @@ func (c *multiNode) backendUp(m msgBackendUp) {
 		return
 	}
 	if m.err != nil {
-		c.hooks.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node %d could not connect the %d nodes' data engine: %v", c.rank, c.nodes, m.err), true)
+		c.hooks.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node %d could not connect the %d nodes' data engine: %v", c.rank, len(m.slots), m.err), true)
 		return
 	}
 	mc := coordOf(j)
 	mc.b = m.b
-	c.hooks.start(j, newMembership(m.slots, c.rank), mc)
+	c.hooks.start(j, newMembership(m.slots, m.node), mc)
 }
 
 // watchedLink is a control link of the running job that the loop reads from
-// its own epoll set: a control message costs no goroutine hand-off.
+// its own epoll set: a control message costs no goroutine hand-off. An
+// elastic job's links outlive a failed epoch and carry the next one's
+// formation (elastic_multinode.go).
 type watchedLink struct {
 	mc   *multiCoord
-	node int
+	node int // the peer's place among the job's nodes (multiCoord.links)
+	id   int // the peer's --node-rank
 	link *cluster.Link
 	fd   int
 }
 
-// watch starts reading a job's link in the loop.
-func (c *multiNode) watch(mc *multiCoord, node int, link *cluster.Link) {
+// watch starts reading a job's link in the loop, or hands a link watched
+// since an earlier epoch to mc.
+func (c *multiNode) watch(mc *multiCoord, node, id int, link *cluster.Link) {
 	fd := link.FD()
+	if w := c.watched[fd]; w != nil && w.link == link {
+		w.mc, w.node = mc, node
+		return
+	}
 	if err := c.p.add(fd); err != nil {
 		c.hooks.abort(mc.j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("cannot watch the control link to node %d: %v", node, err), true)
 		return
 	}
-	w := &watchedLink{mc: mc, node: node, link: link, fd: fd}
+	w := &watchedLink{mc: mc, node: node, id: id, link: link, fd: fd}
 	c.watched[fd] = w
 	// Recv may have read past the message it returned while the job formed;
 	// epoll would not report those bytes again.
@@ -480,6 +562,19 @@ func (c *multiNode) ended(j *job) {
 	}
 }
 
+// linkGone handles a watched link that broke or fell silent.
+func (c *multiNode) linkGone(w *watchedLink, err error) {
+	c.unwatch(w.link)
+	w.mc.linkLost(w.node, err)
+	c.nextLost(w, err)
+}
+
+// closeLink stops watching link and closes it.
+func (c *multiNode) closeLink(link *cluster.Link) {
+	c.unwatch(link)
+	link.Close()
+}
+
 // unwatch stops reading link; it must happen before the link closes, while
 // its descriptor is still its own.
 func (c *multiNode) unwatch(link *cluster.Link) {
@@ -500,12 +595,14 @@ func (c *multiNode) readLink(w *watchedLink, drain bool) {
 	for c.watched[w.fd] == w {
 		m, err := w.link.TryRecv()
 		if err != nil {
-			c.unwatch(w.link)
-			w.mc.linkLost(w.node, err)
+			c.linkGone(w, err)
 			return
 		}
 		if m == nil {
 			return
+		}
+		if c.epochMessage(w, m) {
+			continue
 		}
 		w.mc.control(w.node, m)
 		if !drain && !w.link.Buffered() {
@@ -525,8 +622,7 @@ func (c *multiNode) checkLinks() {
 			continue
 		}
 		if err := w.link.Silent(now); err != nil {
-			c.unwatch(w.link)
-			w.mc.linkLost(w.node, err)
+			c.linkGone(w, err)
 		}
 	}
 	c.armLinkCheck()

@@ -33,7 +33,8 @@ type multiCoord struct {
 	b     backends.Backend // the data engine, once connected
 	table *plan.Table      // coordinator: the table over every global rank
 
-	links  map[int]*cluster.Link            // coordinator: every other node; else {0: coordinator}
+	ids    []int                            // every node's --node-rank, by place in the job
+	links  map[int]*cluster.Link            // by place: coordinator: every other node; else {0: coordinator}
 	byes   map[int]bool                     // coordinator: nodes whose job ended normally
 	count  map[setName]int                  // follower: local submissions per tensor
 	joined int                              // follower: local ranks joined
@@ -175,11 +176,19 @@ func (mc *multiCoord) linkLost(node int, err error) {
 	if !mc.hooks.current(j) || j.failed != nil || mc.byes[node] {
 		return
 	}
-	who := fmt.Sprintf("node %d", node)
-	if node == 0 {
-		who = "node 0 (the coordinator)"
+	mc.hooks.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("%s%s was lost: %v", mc.name(node), j.members.rankRange(node), err), true)
+}
+
+// name names the node at a place in the job by its --node-rank.
+func (mc *multiCoord) name(node int) string {
+	id := node
+	if node < len(mc.ids) {
+		id = mc.ids[node]
 	}
-	mc.hooks.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("%s%s was lost: %v", who, j.members.rankRange(node), err), true)
+	if id == 0 {
+		return "node 0 (the coordinator)"
+	}
+	return fmt.Sprintf("node %d", id)
 }
 
 // submit takes a local request (coordination): the coordinator submits it
@@ -315,7 +324,7 @@ func (mc *multiCoord) next() []plan.Response {
 		msg := &clusterpb.Message{Msg: &clusterpb.Message_Plan{Plan: pm}}
 		for r, link := range mc.links {
 			if err := link.Send(msg); err != nil {
-				mc.hooks.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node %d%s was lost: %v", r, j.members.rankRange(r), err), true)
+				mc.hooks.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("%s%s was lost: %v", mc.name(r), j.members.rankRange(r), err), true)
 				return nil
 			}
 		}
@@ -361,8 +370,12 @@ func (mc *multiCoord) shutdownAfterPlans() {
 // abort tells the other nodes why the job fails (notify), while the links
 // are open, and closes the data engine (coordination).
 func (mc *multiCoord) abort(code ipcpb.Code, msg string, notify bool) {
+	if mc.j.elastic && mc.j.formed && code == ipcpb.Code_CODE_ABORTED {
+		// The links outlive the epoch: they form the next one.
+		mc.n.beginNext(mc)
+	}
 	if notify {
-		a := &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(code), Msg: msg}}}
+		a := &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(code), Msg: msg, Epoch: mc.j.epoch}}}
 		for _, link := range mc.links {
 			link.Send(a)
 		}
@@ -378,11 +391,13 @@ func (mc *multiCoord) end() {
 	j := mc.j
 	bye := &clusterpb.Message{Msg: &clusterpb.Message_Bye{Bye: &clusterpb.Bye{}}}
 	for _, link := range mc.links {
+		if mc.n.next.holds(link) {
+			continue // it forms the next epoch
+		}
 		if j.failed == nil || j.failed.GetCode() == ipcpb.Code_CODE_SHUT_DOWN {
 			link.Send(bye)
 		}
-		mc.n.unwatch(link)
-		link.Close()
+		mc.n.closeLink(link)
 	}
 	if mc.b != nil {
 		if sr, ok := mc.b.(backends.StatsReporter); ok {

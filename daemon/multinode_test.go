@@ -399,24 +399,3 @@ func TestLinksExpectWhilePending(t *testing.T) {
 		}
 	}
 }
-
-// TestElasticRefusedAcrossNodes: a daemon of several nodes refuses an
-// elastic client at once (elastic jobs span one node so far) instead of
-// forming a job that could not re-form.
-func TestElasticRefusedAcrossNodes(t *testing.T) {
-	_, theirs := socketPair(t)
-	s := daemontest.Start(t, daemon.Config{
-		Slots: 1, Nodes: 2, NodeRank: 1, Secret: []byte("fake coordinator secret, 32 B..."), Control: pairTransport{theirs},
-		NewBackend: func(context.Context, daemon.MultiNodeJob) (backends.Backend, error) { return newStubBackend(), nil },
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c := &hvdd.Client{Socket: s.Socket, Elastic: true}
-	err := c.Init(ctx)
-	if err == nil {
-		c.Close()
-	}
-	if err == nil || !strings.Contains(err.Error(), "elastic jobs (HOROVOD_ELASTIC=1) run on one node so far") {
-		t.Fatalf("an elastic client of a multi-node daemon: Init = %v, want the refusal", err)
-	}
-}

@@ -23,8 +23,8 @@ var ownInit = map[string]func() int{
 	"elastic": elasticWorker,
 }
 
-// elasticWorker trains a few steps in an elastic job. The last rank
-// (HVDD_TEST_VICTIM=1) exits without Close at step 2: the daemon loses it.
+// elasticWorker trains a few steps in an elastic job. The last rank (or
+// the one HVDD_TEST_VICTIM names) exits without Close at step 2: the daemon loses it.
 // The others see the step fail naming it, Close (Horovod's reset:
 // shutdown, then init) and join the job's next epoch, where they check their
 // new identity and run the step again at the new size. With
@@ -48,8 +48,16 @@ func elasticWorker() int {
 		return fail("first epoch is %d", c.Epoch())
 	}
 	victim := n - 1
+	if v := envRank("HVDD_TEST_VICTIM"); v >= 0 {
+		victim = v
+	}
 	var lost error
 	for step := 0; step < 5 && lost == nil; step++ {
+		if rank == victim && step == 2 && os.Getenv("HVDD_TEST_VICTIM_HANGS") != "" {
+			// Its node is lost under it (the test stops its daemon).
+			fmt.Println("VICTIM HANGS")
+			select {}
+		}
 		if rank == victim && step == 2 {
 			fmt.Println("VICTIM EXITS")
 			os.Exit(3) // no Close: the daemon sees the rank lost
@@ -63,7 +71,7 @@ func elasticWorker() int {
 	if lost == nil {
 		return fail("rank %d finished without losing the victim", rank)
 	}
-	if !errors.Is(lost, hvdd.ErrAborted) || !strings.Contains(lost.Error(), fmt.Sprintf("rank %d (pid", victim)) {
+	if !errors.Is(lost, hvdd.ErrAborted) || !strings.Contains(lost.Error(), fmt.Sprintf("rank %d (pid", victim)) && !strings.Contains(lost.Error(), fmt.Sprintf("(rank %d) was lost", victim)) {
 		return fail("the failed step does not name the lost rank %d: %v", victim, lost)
 	}
 	c.Close() // Goodbye: this rank survives
@@ -79,9 +87,12 @@ func elasticWorker() int {
 		<-stop // a hung process: the test kills it
 		return 5
 	}
-	// The survivors keep their order: the victim was the last rank, and a
-	// deserter's place goes to those after it.
+	// The survivors keep their order: a lost rank's place (the victim's, a
+	// deserter's) goes to those after it.
 	wantRank, wantSize := rank, n-1
+	if victim < rank {
+		wantRank--
+	}
 	if deserter >= 0 {
 		wantSize--
 		if deserter < rank {
@@ -206,5 +217,85 @@ func TestElasticMustAgree(t *testing.T) {
 	if err := <-firstErr; err == nil {
 		t.Error("the elastic process's Init returned without a job")
 		first.Close()
+	}
+}
+
+// TestElasticAcrossNodes: an elastic job spans several daemons. When a rank
+// is lost, or a whole node, the survivors on every node re-initialise into
+// the next epoch, formed by node 0 over the nodes that still have ranks, with
+// a data engine connected anew among them.
+func TestElasticAcrossNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node suite is long")
+	}
+	for _, tc := range []struct {
+		name  string
+		slots []int
+		// The last rank is lost: it exits, or its node's daemon stops.
+		nodeLost bool
+		want     string // the re-formed epoch, as logged by node 0
+	}{
+		{"rank of a node that keeps one", []int{2, 2}, false, "size=3 node=0 nodes=2"},
+		{"last rank of a node", []int{1, 1, 1}, false, "size=2 node=0 nodes=2"},
+		{"whole node", []int{1, 2, 1}, true, "size=3 node=0 nodes=2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ss := startNodes(t, tc.slots...)
+			var env []string
+			if tc.nodeLost {
+				env = append(env, "HVDD_TEST_VICTIM_HANGS=1")
+			}
+			ws := spawnNodesEnv(t, ss, "elastic", env, tc.slots...)
+			last := len(ss) - 1
+			victim := ws[last][len(ws[last])-1]
+			if tc.nodeLost {
+				victim.WaitOutput(t, "VICTIM HANGS", 60*time.Second)
+				ss[last].Stop(t)
+				victim.Cmd.Process.Kill()
+			}
+			n := 0
+			for _, s := range tc.slots {
+				n += s
+			}
+			for _, node := range ws {
+				for _, w := range node {
+					if w == victim {
+						continue
+					}
+					if err := w.Wait(60 * time.Second); err != nil {
+						t.Errorf("a survivor: %v\n%s", err, w.Output())
+					} else if !strings.Contains(w.Output(), fmt.Sprintf(" of %d\n", n-1)) {
+						t.Errorf("a survivor did not re-form at size %d:\n%s", n-1, w.Output())
+					}
+				}
+			}
+			if err := victim.Wait(30 * time.Second); err == nil {
+				t.Errorf("the victim exited 0:\n%s", victim.Output())
+			}
+			ss[0].WaitLog(t, "elastic job re-formed", 10*time.Second)
+			if logs := ss[0].Logs(); !strings.Contains(logs, "epoch=1 size="+strconv.Itoa(n-1)) || !strings.Contains(logs, tc.want) {
+				t.Errorf("node 0's log lacks the new epoch (%s):\n%s", tc.want, logs)
+			}
+		})
+	}
+}
+
+// TestElasticAcrossNodesCoordinatorLost: node 0 coordinates every epoch of
+// an elastic job across nodes; when it has no rank left, the survivors on
+// the other nodes are told so in their re-initialisation instead of waiting.
+func TestElasticAcrossNodesCoordinatorLost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node suite is long")
+	}
+	ss := startNodes(t, 1, 2)
+	ws := spawnNodesEnv(t, ss, "elastic", []string{"HVDD_TEST_VICTIM=0"}, 1, 2)
+	if err := ws[0][0].Wait(60 * time.Second); err == nil {
+		t.Errorf("the victim exited 0:\n%s", ws[0][0].Output())
+	}
+	for _, w := range ws[1] {
+		err := w.Wait(60 * time.Second)
+		if err == nil || !strings.Contains(w.Output(), "re-init: the elastic job cannot form epoch 1: node 0 (the coordinator) has no surviving ranks") {
+			t.Errorf("a survivor on node 1: %v (want its re-init to fail naming node 0)\n%s", err, w.Output())
+		}
 	}
 }

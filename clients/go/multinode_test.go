@@ -54,16 +54,26 @@ func startNodes(t *testing.T, slots ...int) []*daemontest.Server {
 }
 
 func spawnNodes(t *testing.T, ss []*daemontest.Server, scenario string, slots ...int) [][]*daemontest.Worker {
+	return spawnNodesEnv(t, ss, scenario, nil, slots...)
+}
+
+// spawnNodesEnv is spawnNodes with extra environment entries.
+func spawnNodesEnv(t *testing.T, ss []*daemontest.Server, scenario string, env []string, slots ...int) [][]*daemontest.Worker {
 	sockets := make([]string, len(ss))
 	for i, s := range ss {
 		sockets[i] = s.Socket
 	}
-	return spawnSockets(t, sockets, scenario, slots...)
+	return spawnSocketsEnv(t, sockets, scenario, env, slots...)
 }
 
 // spawnSockets starts every node's ranks of scenario on the daemons listening on
 // sockets (by node), with the job's sizes in their environment.
 func spawnSockets(t *testing.T, sockets []string, scenario string, slots ...int) [][]*daemontest.Worker {
+	return spawnSocketsEnv(t, sockets, scenario, nil, slots...)
+}
+
+// spawnSocketsEnv is spawnSockets with extra environment entries.
+func spawnSocketsEnv(t *testing.T, sockets []string, scenario string, extra []string, slots ...int) [][]*daemontest.Worker {
 	total := 0
 	for _, n := range slots {
 		total += n
@@ -78,7 +88,7 @@ func spawnSockets(t *testing.T, sockets []string, scenario string, slots ...int)
 		if hetero {
 			env = append(env, "HVDD_TEST_HETERO=1")
 		}
-		ws = append(ws, daemontest.Spawn(t, s, scenario, slots[i], env...))
+		ws = append(ws, daemontest.Spawn(t, s, scenario, slots[i], append(env, extra...)...))
 	}
 	return ws
 }

@@ -33,8 +33,13 @@ type Join struct {
 	NodeRank int32                  `protobuf:"varint,1,opt,name=node_rank,json=nodeRank,proto3" json:"node_rank,omitempty"`
 	Slots    int32                  `protobuf:"varint,2,opt,name=slots,proto3" json:"slots,omitempty"`
 	// The host the node's data listener binds and advertises.
-	DataHost      string  `protobuf:"bytes,3,opt,name=data_host,json=dataHost,proto3" json:"data_host,omitempty"`
-	Pids          []int32 `protobuf:"varint,4,rep,packed,name=pids,proto3" json:"pids,omitempty"`
+	DataHost string  `protobuf:"bytes,3,opt,name=data_host,json=dataHost,proto3" json:"data_host,omitempty"`
+	Pids     []int32 `protobuf:"varint,4,rep,packed,name=pids,proto3" json:"pids,omitempty"`
+	// An elastic job's next epoch (epoch > 0) joins on the control link that
+	// outlived the failed one; slots may then be 0: the node has no surviving
+	// ranks and leaves the job.
+	Epoch         uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Elastic       bool   `protobuf:"varint,6,opt,name=elastic,proto3" json:"elastic,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -97,12 +102,30 @@ func (x *Join) GetPids() []int32 {
 	return nil
 }
 
+func (x *Join) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Join) GetElastic() bool {
+	if x != nil {
+		return x.Elastic
+	}
+	return false
+}
+
 // Layout answers Join once every node has joined: the job's generation and
 // every node's slot count (global ranks are node-major).
 type Layout struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Generation    uint64                 `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
-	Slots         []int32                `protobuf:"varint,2,rep,packed,name=slots,proto3" json:"slots,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Generation uint64                 `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	Slots      []int32                `protobuf:"varint,2,rep,packed,name=slots,proto3" json:"slots,omitempty"`
+	// The nodes (their --node-rank) of the job, in rank order, when not every
+	// node takes part (an elastic epoch after a node was lost): slots[i] is
+	// node nodes[i]'s. Empty: nodes 0..len(slots)-1.
+	Nodes         []int32 `protobuf:"varint,3,rep,packed,name=nodes,proto3" json:"nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -147,6 +170,13 @@ func (x *Layout) GetGeneration() uint64 {
 func (x *Layout) GetSlots() []int32 {
 	if x != nil {
 		return x.Slots
+	}
+	return nil
+}
+
+func (x *Layout) GetNodes() []int32 {
+	if x != nil {
+		return x.Nodes
 	}
 	return nil
 }
@@ -848,9 +878,13 @@ func (x *Plan) GetResponses() []*Response {
 
 // Abort fails the job on every node.
 type Abort struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Code          int32                  `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
-	Msg           string                 `protobuf:"bytes,2,opt,name=msg,proto3" json:"msg,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Code  int32                  `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Msg   string                 `protobuf:"bytes,2,opt,name=msg,proto3" json:"msg,omitempty"`
+	// The epoch of an elastic job that fails (0 otherwise): an epoch's
+	// failure, relayed by node 0, may arrive after the next epoch began to
+	// form.
+	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -897,6 +931,13 @@ func (x *Abort) GetMsg() string {
 		return x.Msg
 	}
 	return ""
+}
+
+func (x *Abort) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 // Bye says the node's job ended normally (every local client left).
@@ -1138,17 +1179,20 @@ var File_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\rcluster.proto\x12\x0fhvdd.cluster.v1\"j\n" +
+	"\rcluster.proto\x12\x0fhvdd.cluster.v1\"\x9a\x01\n" +
 	"\x04Join\x12\x1b\n" +
 	"\tnode_rank\x18\x01 \x01(\x05R\bnodeRank\x12\x14\n" +
 	"\x05slots\x18\x02 \x01(\x05R\x05slots\x12\x1b\n" +
 	"\tdata_host\x18\x03 \x01(\tR\bdataHost\x12\x12\n" +
-	"\x04pids\x18\x04 \x03(\x05R\x04pids\">\n" +
+	"\x04pids\x18\x04 \x03(\x05R\x04pids\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12\x18\n" +
+	"\aelastic\x18\x06 \x01(\bR\aelastic\"T\n" +
 	"\x06Layout\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
 	"generation\x12\x14\n" +
-	"\x05slots\x18\x02 \x03(\x05R\x05slots\"\xc6\x02\n" +
+	"\x05slots\x18\x02 \x03(\x05R\x05slots\x12\x14\n" +
+	"\x05nodes\x18\x03 \x03(\x05R\x05nodes\"\xc6\x02\n" +
 	"\aRequest\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x1f\n" +
 	"\vprocess_set\x18\x02 \x01(\x05R\n" +
@@ -1209,10 +1253,11 @@ const file_cluster_proto_rawDesc = "" +
 	"\x05bytes\x18\f \x01(\x03R\x05bytes\"Q\n" +
 	"\x04Plan\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x127\n" +
-	"\tresponses\x18\x02 \x03(\v2\x19.hvdd.cluster.v1.ResponseR\tresponses\"-\n" +
+	"\tresponses\x18\x02 \x03(\v2\x19.hvdd.cluster.v1.ResponseR\tresponses\"C\n" +
 	"\x05Abort\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x10\n" +
-	"\x03msg\x18\x02 \x01(\tR\x03msg\"\x05\n" +
+	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"\x05\n" +
 	"\x03Bye\"\v\n" +
 	"\tHeartbeat\"\xe3\x02\n" +
 	"\aMessage\x12+\n" +

@@ -60,10 +60,11 @@ const WorkerEnv = "HVDD_TEST_WORKER"
 
 // Server is a daemon started for one test.
 type Server struct {
-	Socket string
-	srv    *daemon.Server
-	logs   *syncBuffer
-	errc   chan error
+	Socket  string
+	srv     *daemon.Server
+	logs    *syncBuffer
+	errc    chan error
+	stopped bool
 }
 
 // Start runs a daemon with cfg (Logger is replaced by one that records) on a
@@ -88,20 +89,30 @@ func Start(tb testing.TB, cfg daemon.Config) *Server {
 	}
 	go func() { s.errc <- s.srv.Serve(context.Background(), ln) }()
 	tb.Cleanup(func() {
-		s.srv.Close()
-		select {
-		case err := <-s.errc:
-			if err != daemon.ErrServerClosed {
-				tb.Errorf("daemon stopped with %v, want ErrServerClosed", err)
-			}
-		case <-time.After(10 * time.Second):
-			tb.Errorf("daemon did not stop within 10s of Close")
-		}
+		s.Stop(tb)
 		if tb.Failed() {
 			tb.Logf("daemon log:\n%s", s.logs.String())
 		}
 	})
 	return s
+}
+
+// Stop closes the daemon now, as its node going away would, failing the
+// test if it does not stop cleanly. The test's end does it otherwise.
+func (s *Server) Stop(tb testing.TB) {
+	if s.stopped {
+		return
+	}
+	s.stopped = true
+	s.srv.Close()
+	select {
+	case err := <-s.errc:
+		if err != daemon.ErrServerClosed {
+			tb.Errorf("daemon stopped with %v, want ErrServerClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		tb.Errorf("daemon did not stop within 10s of Close")
+	}
 }
 
 // StartMain runs a daemon for a whole test binary (for examples) and points
