@@ -78,13 +78,14 @@ Flags (they stop at "--" or at the first argument that is not a flag):
         elastic (fault-tolerant) job: ranks run with HOROVOD_ELASTIC=1, and
         when a rank fails the others go on as long as at least MIN run; the
         survivors re-initialise into the job's next epoch through
-        hvd.elastic.run (one host so far)
+        hvd.elastic.run; across hosts (-H), a lost host's ranks count as
+        failed and the other hosts go on
   --reset-limit K
         elastic job: stop it at the failure that would be its K+1-th reset
         (default: no limit)
   --elastic-timeout SECONDS
         elastic job: how long its next epoch waits for the surviving ranks
-        to re-initialise (passed to the daemon hvdd run starts; default 600)
+        to re-initialise (passed to the daemons hvdd run starts; default 600)
   -x NAME[=VALUE]
         export NAME to every rank, with VALUE or with its value in hvdd run's
         environment (ignored if unset there); may be repeated

@@ -59,9 +59,10 @@ type Config struct {
 	// MinNP, when positive, makes the job elastic (fault tolerant, as
 	// horovodrun --min-np without a discovery script): ranks get
 	// HOROVOD_ELASTIC=1, and a rank that fails does not stop the others
-	// while at least MinNP ranks run; the daemon re-forms the job from them
-	// (the survivors re-initialise through hvd.elastic.run). One host only
-	// so far.
+	// while at least MinNP ranks run; the daemons re-form the job from them
+	// (the survivors re-initialise through hvd.elastic.run), on one host or
+	// across hosts, where a host that is lost (its daemon dies, its link is
+	// cut) loses its ranks and the other hosts go on.
 	MinNP int
 
 	// ResetLimit, when positive, stops an elastic job at the failure that
@@ -184,8 +185,8 @@ func (c *Config) validate() error {
 		return errors.New("--reset-limit and --elastic-timeout must not be negative")
 	case (c.ResetLimit > 0 || c.ElasticTimeout > 0) && c.MinNP == 0:
 		return errors.New("--reset-limit and --elastic-timeout apply to elastic jobs: pass --min-np too")
-	case c.MinNP > 0 && len(c.Hosts) > 0:
-		return errors.New("--min-np (an elastic job) runs on one host so far; drop -H/--hostfile")
+	case c.MinNP > 0 && c.Backend == "mpi":
+		return errors.New("--min-np (an elastic job) needs the tcp engine across hosts: the MPI engine's world cannot shrink; drop --backend mpi")
 	case len(c.DaemonCommand) > 0 && c.DaemonCommand[0] == "":
 		return errors.New("the daemon command's program name is empty")
 	}

@@ -328,6 +328,9 @@ func (j *job) daemonArgs(i int) []string {
 	if j.cfg.Backend != "" {
 		args = append(args, "--backend", j.cfg.Backend)
 	}
+	if j.cfg.ElasticTimeout > 0 {
+		args = append(args, "--elastic-timeout", j.cfg.ElasticTimeout.String())
+	}
 	return args
 }
 

@@ -33,7 +33,8 @@
 // The package does not restart failed ranks. With Config.MinNP (hvdd run
 // --min-np) a job is elastic: its ranks get HOROVOD_ELASTIC=1, and a failed
 // rank does not stop the others while at least MinNP run (up to ResetLimit
-// such resets); the daemon re-forms the job from the survivors. The package
+// such resets); the daemons re-form the job from the survivors, on one host
+// or across hosts (a lost host's ranks count as failed ranks). The package
 // does not talk the daemon's protocol: it only checks that something accepts
 // connections on the socket.
 //

@@ -2,6 +2,10 @@ package launch
 
 import (
 	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -10,6 +14,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	hvdd "github.com/hvdd/hvdd/clients/go"
 )
 
 // watchBuffer is a goroutine-safe buffer whose reader can wait for text.
@@ -150,5 +158,116 @@ func TestParseElasticFlags(t *testing.T) {
 	}
 	if err := (&Config{NP: 2, ResetLimit: 1, Command: []string{"x"}}).validate(); err == nil || !strings.Contains(err.Error(), "pass --min-np too") {
 		t.Errorf("--reset-limit without --min-np: %v", err)
+	}
+}
+
+// elasticHelper is a rank of a real elastic job (the Go client): it sums 1
+// over every rank for a few steps. At step 2 rank $HVDD_TEST_FAIL_RANK
+// exits with status 3, or, with $HVDD_TEST_KILL_DAEMON set, first SIGKILLs
+// its node's daemon (a host lost). The others see the step fail, re-initialise
+// into the next epoch and print its rank and size after summing again.
+func elasticHelper() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := &hvdd.Client{Elastic: true}
+	if err := c.Init(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "init:", err)
+		return 1
+	}
+	var lost error
+	for step := 0; step < 4 && lost == nil; step++ {
+		if step == 2 && os.Getenv(envFailRank) == strconv.Itoa(c.Rank()) {
+			if os.Getenv("HVDD_TEST_KILL_DAEMON") != "" {
+				if err := killDaemon(os.Getenv("HVDD_SOCKET")); err != nil {
+					fmt.Fprintln(os.Stderr, "kill the daemon:", err)
+				}
+			}
+			fmt.Fprintf(os.Stderr, "rank %d failing\n", c.Rank())
+			return 3
+		}
+		x := []float32{1}
+		lost = hvdd.Allreduce(ctx, c, x, hvdd.WithName(fmt.Sprint("step.", step)), hvdd.WithOp(hvdd.Sum))
+	}
+	if lost == nil {
+		fmt.Fprintln(os.Stderr, "no rank was lost")
+		return 1
+	}
+	c.Close()
+	c2 := &hvdd.Client{Elastic: true}
+	if err := c2.Init(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "re-init:", err)
+		return 4
+	}
+	defer c2.Close()
+	x := []float32{1}
+	if err := hvdd.Allreduce(ctx, c2, x, hvdd.WithName("step.again"), hvdd.WithOp(hvdd.Sum)); err != nil {
+		fmt.Fprintln(os.Stderr, "allreduce after re-init:", err)
+		return 1
+	}
+	fmt.Printf("REFORMED rank=%d size=%d sum=%g epoch=%d\n", c2.Rank(), c2.Size(), x[0], c2.Epoch())
+	return 0
+}
+
+// killDaemon SIGKILLs the process listening on socket (its peer
+// credentials name it).
+func killDaemon(socket string) error {
+	conn, err := net.Dial("unix", socket)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	raw, err := conn.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if cerr != nil {
+		return cerr
+	}
+	return syscall.Kill(int(cred.Pid), syscall.SIGKILL)
+}
+
+// TestMultiHostElastic: an elastic job across two hosts (real daemons on
+// two loopback addresses) goes on when a rank fails, and when a whole host
+// is lost (its daemon SIGKILLed): the survivors on the other host re-form
+// the job at the smaller size and finish, and the job exits 0.
+func TestMultiHostElastic(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		hosts      []Host
+		failRank   int
+		killDaemon bool
+		wantSize   int
+	}{
+		{"rank lost", []Host{{"127.0.0.11", 2}, {"127.0.0.12", 2}}, 3, false, 3},
+		{"host's only rank lost", []Host{{"127.0.0.13", 2}, {"127.0.0.14", 1}}, 2, false, 2},
+		{"host lost", []Host{{"127.0.0.15", 1}, {"127.0.0.16", 2}}, 2, true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			np := 0
+			for _, h := range tc.hosts {
+				np += h.Slots
+			}
+			env := []string{envFailRank + "=" + strconv.Itoa(tc.failRank)}
+			if tc.killDaemon {
+				env = append(env, "HVDD_TEST_KILL_DAEMON=1")
+			}
+			r := multiRun(t, Config{NP: np, MinNP: 1, Command: helperCmd("elastic"), Hosts: tc.hosts, Env: env})
+			if r.code != 0 || r.err != nil {
+				t.Fatalf("Run = %d, %v; want 0, nil\nstderr:\n%s", r.code, r.err, r.stderr)
+			}
+			for rank := range tc.wantSize {
+				want := fmt.Sprintf("REFORMED rank=%d size=%d sum=%d epoch=1", rank, tc.wantSize, tc.wantSize)
+				if !strings.Contains(r.stdout, want) {
+					t.Errorf("stdout lacks %q:\n%s", want, r.stdout)
+				}
+			}
+			if want := fmt.Sprintf("the elastic job goes on with %d ranks", np-1); !strings.Contains(r.stderr, want) {
+				t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+			}
+		})
 	}
 }

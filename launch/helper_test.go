@@ -120,6 +120,9 @@ func helper(mode string, args []string) int {
 	case "job":
 		return jobHelper()
 
+	case "elastic":
+		return elasticHelper()
+
 	case "allreduce":
 		return allreduceHelper()
 

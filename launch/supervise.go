@@ -131,6 +131,13 @@ func (j *job) supervise(ctx context.Context, sigs <-chan os.Signal) (int, error)
 			_, how := describeExit(d.cmd.ProcessState)
 			j.o.logf("%s %s while the job was running; its last output:\n%s",
 				d.describe(), how, d.tail.lines(10))
+			if n := j.nodeOf(d); n != nil && j.cfg.MinNP > 0 && state == running {
+				// Its host is lost to the elastic job: its ranks cannot
+				// re-initialise without their daemon, so they stop (and
+				// count as failed ranks); the other hosts go on.
+				j.o.logf("stopping the ranks on %s, which lost their daemon", n.Host)
+				j.signalRanks(n.Offset, n.Offset+n.Slots, syscall.SIGTERM)
+			}
 		}
 	}
 	j.closeStdins()
@@ -158,8 +165,12 @@ func (j *job) abort() {
 // A rank on a remote host cannot be signalled: any signal but SIGKILL closes
 // its agent's standard input, on which the remote wrapper sends the rank
 // SIGTERM (and SIGKILL after the kill grace); SIGKILL kills the agent.
-func (j *job) signalAll(sig os.Signal) {
-	for i, cmd := range j.workers {
+func (j *job) signalAll(sig os.Signal) { j.signalRanks(0, len(j.workers), sig) }
+
+// signalRanks is signalAll for ranks [lo, hi).
+func (j *job) signalRanks(lo, hi int, sig os.Signal) {
+	for i := lo; i < hi && i < len(j.workers); i++ {
+		cmd := j.workers[i]
 		if j.exited[i] {
 			continue
 		}
@@ -169,6 +180,20 @@ func (j *job) signalAll(sig os.Signal) {
 		}
 		cmd.Process.Signal(sig)
 	}
+}
+
+// nodeOf returns the node whose own daemon d is; nil for the shared daemon
+// and the mpirun of --backend mpi.
+func (j *job) nodeOf(d *daemonProc) *node {
+	if j.shared() || j.cfg.Backend == "mpi" {
+		return nil
+	}
+	for i, x := range j.daemons {
+		if x == d && i < len(j.nodes) {
+			return &j.nodes[i]
+		}
+	}
+	return nil
 }
 
 // closeStdins closes what is left of the remote ranks' standard inputs.

@@ -237,6 +237,7 @@ func TestElasticAcrossNodes(t *testing.T) {
 	}{
 		{"rank of a node that keeps one", []int{2, 2}, false, "size=3 node=0 nodes=2"},
 		{"last rank of a node", []int{1, 1, 1}, false, "size=2 node=0 nodes=2"},
+		{"down to one node", []int{1, 1}, false, "size=1 node=0 nodes=1"},
 		{"whole node", []int{1, 2, 1}, true, "size=3 node=0 nodes=2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,18 +35,23 @@ def reference(steps: int, kill_at: int, np: int) -> list:
     return model.weight.detach().reshape(-1).tolist() + model.bias.detach().tolist()
 
 
-def run_elastic(hvdd_bin: str, tmp: str, np: int, steps: int, kill_at: int) -> subprocess.CompletedProcess:
+def run_elastic(hvdd_bin: str, tmp: str, np: int, steps: int, kill_at: int, hosts: str = "") -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HVDD_START_TIMEOUT="60")
+    where = ["-H", hosts] if hosts else ["--socket", os.path.join(tmp, "hvdd.sock")]
     return subprocess.run(
-        [hvdd_bin, "run", "-np", str(np), "--min-np", str(np - 1), "--socket", os.path.join(tmp, "hvdd.sock"), "--",
+        [hvdd_bin, "run", "-np", str(np), "--min-np", str(np - 1), *where, "--",
          sys.executable, WORKER, str(steps), str(kill_at)],
         env=env, capture_output=True, text=True, timeout=180, cwd=tmp,
     )  # fmt: skip
 
 
-def test_killed_worker_survivors_finish(hvdd_bin, tmp_path):
+@pytest.mark.parametrize("hosts", ["", "127.0.0.2:2,127.0.0.3:1"], ids=["one host", "two hosts"])
+def test_killed_worker_survivors_finish(hvdd_bin, tmp_path, hosts):
+    # On two "hosts" (a daemon each, on two loopback addresses) the killed
+    # rank is the second host's only one: that host leaves the job and the
+    # first host's ranks go on alone.
     np, steps, kill_at = 3, 12, 5
-    p = run_elastic(hvdd_bin, str(tmp_path), np, steps, kill_at)
+    p = run_elastic(hvdd_bin, str(tmp_path), np, steps, kill_at, hosts)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
     assert f"rank {np - 1} (pid" in out and "was killed by SIGKILL; the elastic job goes on with 2 ranks" in out, out
