@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
-"""Elastic recovery time on one node: from a worker's SIGKILL to the first
-training step the survivors complete at the new size (detection, the
-survivors' restore and reset, the daemon re-forming the job, the state sync
-from rank 0 and one step's allreduce included).
+"""Elastic recovery time: from a worker's SIGKILL to the first training
+step the survivors complete at the new size (detection, the survivors'
+restore and reset, the daemons re-forming the job, the state sync from rank
+0 and one step's allreduce included).
 
-Each run is ``hvdd run -np N --min-np N-1`` of tests/elastic_job_worker.py
-on a private daemon: the last rank kills itself at step 3, and the survivors
-print when their step 3 completed at the new size. The recovery of a run is
-the latest survivor's time minus the kill's.
+Each run is ``hvdd run -np N --min-np N-1`` of tests/elastic_job_worker.py:
+the last rank kills itself at step 3, and the survivors print when their
+step 3 completed at the new size. The recovery of a run is the latest
+survivor's time minus the kill's. By default the job runs on one node (a
+private daemon); with ``--netns`` on two "hosts", network namespaces joined
+by a veth pair (root and ip(8) needed), one rank on the first and N-1 on the
+second, started through an agent that enters the namespace: the victim's
+host keeps its other ranks, and the next epoch spans both hosts, with the
+tcp engine connected anew across the link.
 
 Usage (from the repository root, after ``go build -o bin/hvdd ./cmd/hvdd``)::
 
-    .venv/bin/python clients/python/bench/elastic_recovery.py [--runs 5] [--np 3]
+    .venv/bin/python clients/python/bench/elastic_recovery.py [--runs 5] [--np 3] [--netns]
 """
 
 from __future__ import annotations
@@ -28,13 +33,52 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 WORKER = os.path.join(ROOT, "clients", "python", "tests", "elastic_job_worker.py")
 
 
-def one_run(hvdd: str, np: int) -> float:
+NETNS = [("hvddbench0", "10.214.0.1", "hvb0"), ("hvddbench1", "10.214.0.2", "hvb1")]
+
+
+def sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+def make_netns() -> None:
+    """Two namespaces joined by a veth pair (removed by drop_netns)."""
+    drop_netns()
+    for ns, _, _ in NETNS:
+        sh("ip", "netns", "add", ns)
+    (ns0, _, if0), (ns1, _, if1) = NETNS
+    sh("ip", "link", "add", if0, "netns", ns0, "type", "veth", "peer", "name", if1, "netns", ns1)
+    for ns, addr, ifname in NETNS:
+        sh("ip", "netns", "exec", ns, "ip", "addr", "add", addr + "/24", "dev", ifname)
+        sh("ip", "netns", "exec", ns, "ip", "link", "set", ifname, "up")
+        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+
+
+def drop_netns() -> None:
+    for ns, _, _ in NETNS:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def where(tmp: str, np: int, netns: bool) -> list:
+    """hvdd run's placement flags: a private socket, or the two namespaces
+    through an agent script that enters the named host's one."""
+    if not netns:
+        return ["--socket", os.path.join(tmp, "hvdd.sock")]
+    agent = os.path.join(tmp, "agent")
+    cases = "".join(f"{addr}) ns={ns} ;;\n" for ns, addr, _ in NETNS)
+    with open(agent, "w") as f:
+        f.write(f'#!/bin/sh\ncase "$1" in\n{cases}*) exit 255 ;;\nesac\nexec ip netns exec "$ns" sh -c "$2"\n')
+    os.chmod(agent, 0o755)
+    (_, a0, _), (_, a1, _) = NETNS
+    return ["-H", f"{a0}:1,{a1}:{np - 1}", "--agent", agent]
+
+
+def one_run(hvdd: str, np: int, netns: bool) -> float:
     with tempfile.TemporaryDirectory(prefix="hvdd-elastic-bench-") as tmp:
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
         p = subprocess.run(
-            [hvdd, "run", "-np", str(np), "--min-np", str(np - 1), "--socket", os.path.join(tmp, "hvdd.sock"), "--",
+            [hvdd, "run", "-np", str(np), "--min-np", str(np - 1), *where(tmp, np, netns), "--",
              sys.executable, WORKER, "6", "3"],
-            env=env, capture_output=True, text=True, timeout=300,
+            env=env, capture_output=True, text=True, timeout=300, cwd=tmp,
         )  # fmt: skip
         if p.returncode != 0:
             raise SystemExit(f"elastic run failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
@@ -50,13 +94,21 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="elastic jobs to run")
     ap.add_argument("--np", type=int, default=3, help="ranks at the start (one is killed)")
     ap.add_argument("--hvdd", default=os.path.join(ROOT, "bin", "hvdd"), help="hvdd binary")
+    ap.add_argument("--netns", action="store_true", help="two hosts: network namespaces joined by a veth pair (root)")
     a = ap.parse_args()
+    if a.netns:
+        make_netns()
     times = []
-    for i in range(a.runs):
-        t = one_run(a.hvdd, a.np)
-        times.append(t)
-        print(f"run {i + 1}: recovery {t * 1000:.0f} ms", flush=True)
-    print(f"median recovery {statistics.median(times) * 1000:.0f} ms over {a.runs} runs (np {a.np} -> {a.np - 1})")
+    try:
+        for i in range(a.runs):
+            t = one_run(a.hvdd, a.np, a.netns)
+            times.append(t)
+            print(f"run {i + 1}: recovery {t * 1000:.0f} ms", flush=True)
+    finally:
+        if a.netns:
+            drop_netns()
+    hosts = "two hosts (netns)" if a.netns else "one node"
+    print(f"median recovery {statistics.median(times) * 1000:.0f} ms over {a.runs} runs (np {a.np} -> {a.np - 1}, {hosts})")
 
 
 if __name__ == "__main__":
