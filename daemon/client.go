@@ -40,6 +40,7 @@ type client struct {
 	regions   map[uint32]*region
 	hello     bool
 	bye       bool
+	reset     bool // its Goodbye says it re-initialises at once (elastic)
 	dropped   bool
 	job       *job
 	localRank int
@@ -224,7 +225,7 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		l.chans = append(l.chans, c)
 		l.s.log.Debug("shared-memory channel registered", "pid", c.pid, "local_rank", c.localRank)
 	case *ipcpb.ClientMessage_Goodbye:
-		c.bye = true
+		c.bye, c.reset = true, m.Goodbye.GetElasticReset()
 	default:
 		return &ipc.ProtocolError{Msg: fmt.Sprintf("unknown client message %T", m)}
 	}

@@ -83,6 +83,12 @@ type Config struct {
 	// instead of TCP, and the nodes need no rendezvous (cmd/hvdd passes the
 	// MPI bridge with --backend mpi, so that MPI carries control and data).
 	Control ControlTransport
+	// Elastic makes the daemon take part in elastic jobs across nodes whose
+	// node set changes: it forms jobs with the other nodes even when Nodes
+	// is 1 (node 0 then starts a job alone that nodes may join), and node 0
+	// takes nodes that join a running elastic job, whatever their NodeRank
+	// (hvdd serve --elastic; hvdd run starts elastic jobs' daemons so).
+	Elastic bool
 	// StartTimeout bounds forming a job across nodes. Zero means 120 s.
 	StartTimeout time.Duration
 	// ElasticTimeout bounds how long the next epoch of an elastic job waits
@@ -111,7 +117,7 @@ func (c *Config) validate() error {
 	if c.Workers < 0 {
 		errs = append(errs, fmt.Errorf("workers must not be negative, got %d", c.Workers))
 	}
-	if c.Nodes > 1 {
+	if c.multiNode() {
 		if c.NodeRank < 0 || c.NodeRank >= c.Nodes {
 			errs = append(errs, fmt.Errorf("node rank %d is out of range for %d nodes", c.NodeRank, c.Nodes))
 		}
@@ -130,6 +136,9 @@ func (c *Config) validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// multiNode reports whether the daemon forms jobs with other nodes.
+func (c *Config) multiNode() bool { return c.Nodes > 1 || c.Elastic }
 
 func (c *Config) withDefaults() Config {
 	out := *c

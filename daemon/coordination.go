@@ -70,6 +70,9 @@ type coordination interface {
 	abort(code ipcpb.Code, msg string, notify bool)
 	// end releases the job's links and engine once its last client left.
 	end()
+	// hostsUpdated passes a host-update notification on to global rank 0's
+	// node (elastic.go); only a node without rank 0 is asked to.
+	hostsUpdated(u *ipcpb.HostsUpdated)
 }
 
 // setRegistry registers and removes process sets; *plan.Table is one.
@@ -95,6 +98,12 @@ type loopHooks interface {
 	// reformFailed gives up the forming epoch of an elastic job: the
 	// survivors get msg.
 	reformFailed(epoch uint64, msg string)
+	// hostsUpdated tells global rank 0 of the running elastic job j that
+	// workers wait to join it (node 0).
+	hostsUpdated(j *job)
+	// elasticNodeJoined tells the loop (node 0) that a node waits to join
+	// the running elastic job, if one runs.
+	elasticNodeJoined()
 }
 
 // oneNode forms every job on this node alone.
@@ -136,11 +145,12 @@ func (c *localCoord) stalls(now, olderThan int64) []plan.Stall { return c.t.Stal
 
 func (c *localCoord) processSets() setRegistry { return c.t }
 
-func (c *localCoord) abort(ipcpb.Code, string, bool) {}
-func (c *localCoord) flush()                         {}
-func (c *localCoord) expect(bool)                    {}
-func (c *localCoord) end()                           {}
-func (c *localCoord) engine() backends.Backend       { return nil }
+func (c *localCoord) abort(ipcpb.Code, string, bool)   {}
+func (c *localCoord) flush()                           {}
+func (c *localCoord) expect(bool)                      {}
+func (c *localCoord) end()                             {}
+func (c *localCoord) hostsUpdated(*ipcpb.HostsUpdated) {}
+func (c *localCoord) engine() backends.Backend         { return nil }
 
 // tableSubmit submits o to t and adds it to j's pending ops, or returns the
 // Done that refuses it.

@@ -33,9 +33,12 @@ import (
 
 // reform is the next epoch of an elastic job whose epoch failed.
 type reform struct {
-	id        uint64
-	epoch     uint64
-	survivors []int32 // pids, by new local rank
+	id    uint64
+	epoch uint64
+	// survivors are the pids of the epoch's local ranks, by new local rank:
+	// the failed epoch's survivors, then the workers that joined (joiners).
+	survivors []int32
+	joiners   int
 	failedAt  time.Time
 	cause     string
 	timer     *time.Timer // the elastic timeout
@@ -83,14 +86,81 @@ func (l *loop) reformAfter(j *job) {
 	for _, s := range j.survivors {
 		r.survivors = append(r.survivors, s.pid)
 	}
+	// Workers waiting to join come after the survivors (Horovod's "older
+	// workers first": rank 0 stays on a survivor, whose state is current).
+	for _, c := range l.joiners {
+		r.survivors = append(r.survivors, c.pid)
+	}
+	r.joiners = len(l.joiners)
 	r.timer = time.AfterFunc(l.cfg.ElasticTimeout, func() { l.p.post(msgReformTimeout{r}) })
 	r.check = time.AfterFunc(reformCheckEvery, func() { l.p.post(msgReformCheck{r}) })
 	l.reform = r
 	// Warn, not Info: a membership change is what the daemon a job starts
 	// for itself (hvdd run, --log-level warning) must still show.
 	l.s.log.Warn("elastic job lost ranks; its next epoch waits for the survivors", "job", j.id, "epoch", r.epoch,
-		"survivors", len(r.survivors), "pids", pidList(r.survivors), "cause", r.cause)
+		"survivors", len(r.survivors)-r.joiners, "joining", r.joiners, "pids", pidList(r.survivors), "cause", r.cause)
 	l.nodes.nextReady(r.epoch, len(r.survivors), "")
+}
+
+// joinLater is reformRank's local rank for a worker that joins a later
+// epoch than the one forming.
+const joinLater = -2
+
+// addJoiner queues c, a worker that joins the elastic job j while it runs
+// or re-forms: it waits in init() for the job's next epoch, and global rank
+// 0 is told that hosts were updated, so that every rank resets at its next
+// commit (Horovod's HostsUpdatedInterrupt).
+func (l *loop) addJoiner(c *client, j *job) {
+	if !slices.Contains(l.joiners, c) {
+		l.joiners = append(l.joiners, c)
+	}
+	l.s.log.Warn("a worker waits to join the elastic job at its next epoch", "job", j.id, "pid", c.pid, "waiting", len(l.joiners))
+	if j.formed && j.failed == nil {
+		l.notifyHosts(j)
+	}
+}
+
+// hostsUpdated is notifyHosts for the coordination (loopHooks).
+func (l *loop) hostsUpdated(j *job) { l.notifyHosts(j) }
+
+// elasticNodeJoined notifies the running elastic job, if one runs, that a
+// node waits to join it (loopHooks).
+func (l *loop) elasticNodeJoined() {
+	if j := l.job; j != nil && j.elastic && j.formed && j.failed == nil {
+		l.notifyHosts(j)
+	}
+}
+
+// notifyHosts tells global rank 0 of the running elastic job j that workers
+// wait to join it: here, or through node 0 when rank 0 is on another node.
+func (l *loop) notifyHosts(j *job) {
+	u := &ipcpb.HostsUpdated{Timestamp: time.Now().UnixMilli(), Result: hostsAdded}
+	if j.members.offset == 0 && len(j.slots) > 0 && j.slots[0] != nil {
+		j.slots[0].sendBatch([]uint32{0}, []*ipcpb.ServerMessage{{Msg: &ipcpb.ServerMessage_HostsUpdated{HostsUpdated: u}}})
+		return
+	}
+	j.coord.hostsUpdated(u)
+}
+
+// hostsAdded is Horovod's HostUpdateResult.added.
+const hostsAdded = 2
+
+// seatJoiners, once a job has ended, seats the waiting workers in the
+// epoch that re-forms it, or refuses them when the job is over.
+func (l *loop) seatJoiners() {
+	r := l.reform
+	js := l.joiners
+	l.joiners = nil
+	for _, c := range js {
+		switch {
+		case r != nil && r.dead == "" && slices.Contains(r.survivors, c.pid):
+			l.hello(c, c.helloMsg)
+		case r != nil || l.job != nil:
+			l.joiners = append(l.joiners, c) // a later epoch
+		default:
+			l.refuse(c, "the elastic job this worker was to join has ended (no rank of it re-initialised)")
+		}
+	}
 }
 
 // reformFailed gives up the forming epoch (loopHooks): the other nodes
@@ -121,6 +191,15 @@ func (l *loop) reformRank(c *client, h *ipcpb.Hello) (lr int, refusal string) {
 		}
 		return -1, r.dead
 	}
+	if lr < 0 && h.GetElastic() {
+		// A worker that joins the job: in the epoch after this one.
+		if j := l.job; j != nil && j.id == r.id {
+			l.addJoiner(c, j)
+		} else if !slices.Contains(l.joiners, c) {
+			l.joiners = append(l.joiners, c)
+		}
+		return joinLater, ""
+	}
 	if lr < 0 || !h.GetElastic() {
 		return -1, fmt.Sprintf("this daemon is re-forming elastic job %d (epoch %d) from its surviving ranks (pids %s); new workers cannot join it yet",
 			r.id, r.epoch, pidList(r.survivors))
@@ -138,6 +217,10 @@ func (l *loop) reformed(j *job) {
 	l.reform = nil
 	l.s.log.Warn("elastic job re-formed", "job", j.id, "epoch", r.epoch, "size", j.members.size,
 		"pids", j.pids(), "after", time.Since(r.failedAt).Round(time.Millisecond), "cause", r.cause)
+	if len(l.joiners) > 0 {
+		// Workers came while it formed: the next epoch takes them.
+		l.notifyHosts(j)
+	}
 }
 
 // reformTimeout gives up a re-formation whose survivors did not all return.
@@ -158,6 +241,7 @@ func (l *loop) reformTimeout(r *reform) {
 		l.s.log.Warn(msg)
 	}
 	l.nodes.nextReady(r.epoch, 0, msg)
+	l.seatJoiners()
 }
 
 // stop stops r's timers.
@@ -195,6 +279,7 @@ func (l *loop) reformCheck(r *reform) {
 		r.stop()
 		l.reform = nil
 		l.nodes.nextReady(r.epoch, 0, "its surviving ranks exited instead of re-initialising")
+		l.seatJoiners()
 		return
 	}
 	r.check = time.AfterFunc(reformCheckEvery, func() { l.p.post(msgReformCheck{r}) })

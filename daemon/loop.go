@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -48,6 +49,7 @@ type loop struct {
 	clients map[int]*client // by socket fd
 	job     *job
 	waiting []*client // hellos waiting for the current job to end
+	joiners []*client // elastic workers waiting to join the job's next epoch (elastic.go)
 	nextJob uint64
 	reform  *reform // the next epoch of an elastic job, while it forms (elastic.go)
 
@@ -69,7 +71,7 @@ type loop struct {
 func newLoop(s *Server, p *poller) (*loop, error) {
 	l := &loop{s: s, cfg: s.cfg, p: p, epoch: time.Now(), clients: make(map[int]*client)}
 	l.x = newExecutor(s, p)
-	if s.cfg.Nodes > 1 {
+	if s.cfg.multiNode() {
 		mn, err := newMultiNode(l, p, s.cfg, s.log)
 		if err != nil {
 			return nil, err
@@ -361,7 +363,15 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 	c.helloMsg = h
 	j := l.job
 	if j != nil && (j.failed != nil || j.formed) {
-		if j.failed != nil {
+		// A rank of the elastic job that re-initialises (its old connection
+		// may not have closed yet here) waits for the next epoch.
+		member := j.elastic && slices.ContainsFunc(j.slots, func(x *client) bool { return x != nil && x.pid == c.pid })
+		if !member && h.GetElastic() && j.elastic && (j.failed == nil || j.failed.GetCode() == ipcpb.Code_CODE_ABORTED) {
+			// A worker that joins the running (or failing) elastic job.
+			l.addJoiner(c, j)
+			return
+		}
+		if j.failed != nil || member {
 			// The last job is failing; its clients are on their way out.
 			l.waiting = append(l.waiting, c)
 			return
@@ -374,6 +384,9 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 		var why string
 		if lr, why = l.reformRank(c, h); why != "" {
 			l.refuse(c, why)
+			return
+		}
+		if lr == joinLater {
 			return
 		}
 	}
@@ -478,6 +491,9 @@ func (l *loop) closed(c *client, bye bool, err error) {
 			break
 		}
 	}
+	if i := slices.Index(l.joiners, c); i >= 0 {
+		l.joiners = slices.Delete(l.joiners, i, i+1)
+	}
 	l.dead = append(l.dead, c)
 	l.closeDead()
 	j := c.job
@@ -497,6 +513,10 @@ func (l *loop) closed(c *client, bye bool, err error) {
 	if !j.formed {
 		j.slots[c.localRank] = nil
 		j.joined--
+	} else if j.failed == nil && j.elastic && bye && c.reset {
+		// Horovod's reset after a host update: every rank follows at the
+		// same step, and the next epoch takes in the waiting workers.
+		l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("rank %d (pid %d) re-initialises into the next epoch: the job's hosts were updated (hvd.elastic reset)", c.rank, c.pid), true)
 	} else if j.failed == nil {
 		where := ""
 		if j.members.nodes() > 1 {
@@ -527,6 +547,7 @@ func (l *loop) closed(c *client, bye bool, err error) {
 		for _, c := range w {
 			l.hello(c, c.helloMsg)
 		}
+		l.seatJoiners()
 	}
 }
 

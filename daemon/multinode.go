@@ -319,7 +319,7 @@ func (c *multiNode) join(nj nodeJoin) {
 		nj.link.Close()
 	}
 	switch {
-	case r <= 0 || r >= c.nodes:
+	case r <= 0 || r >= c.nodes && !(c.cfg.Elastic && nj.join.GetElastic()):
 		refuse(fmt.Sprintf("node rank %d is out of range: the coordinator expects nodes 1..%d (--nodes %d)", r, c.nodes-1, c.nodes))
 		return
 	case nj.join.GetSlots() < 1:
@@ -331,6 +331,11 @@ func (c *multiNode) join(nj nodeJoin) {
 		old.link.Close()
 	}
 	c.joins[r] = nj
+	if r >= c.nodes || c.next != nil {
+		// A node joining the running elastic job: its next epoch takes it.
+		c.log.Warn("a node waits to join the elastic job at its next epoch", "node", r, "slots", nj.join.GetSlots())
+		c.hooks.elasticNodeJoined()
+	}
 	c.maybeLayout()
 }
 
@@ -356,11 +361,21 @@ func (c *multiNode) maybeLayout() {
 			ids, slots, links[id] = append(ids, id), append(slots, int(n.joins[id].GetSlots())), n.links[id]
 		}
 		c.next = nil
+		// Nodes that joined the running job come after the others.
+		for _, id := range c.elasticJoins() {
+			ids, slots, links[id] = append(ids, id), append(slots, int(c.joins[id].join.GetSlots())), c.joins[id].link
+			delete(c.joins, id)
+		}
 	} else {
 		if len(c.joins) < c.nodes-1 {
 			return
 		}
 		for id := 1; id < c.nodes; id++ {
+			if _, ok := c.joins[id]; !ok {
+				return // a node beyond --nodes joined before them
+			}
+		}
+		for _, id := range c.joinOrder() {
 			nj := c.joins[id]
 			if nj.join.GetElastic() != j.elastic {
 				c.refuseJoins(j, fmt.Sprintf("every rank of a job must agree on HOROVOD_ELASTIC: node 0's ranks run with elastic=%v, node %d's with elastic=%v", j.elastic, id, nj.join.GetElastic()))
@@ -372,6 +387,28 @@ func (c *multiNode) maybeLayout() {
 	}
 	c.waiting = nil
 	c.formLayout(j, ids, slots, links)
+}
+
+// joinOrder returns the nodes in c.joins in order.
+func (c *multiNode) joinOrder() []int {
+	ids := make([]int, 0, len(c.joins))
+	for id := range c.joins {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// elasticJoins returns the nodes in c.joins that join an elastic job, in
+// order.
+func (c *multiNode) elasticJoins() []int {
+	var ids []int
+	for _, id := range c.joinOrder() {
+		if c.joins[id].join.GetElastic() {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // refuseJoins fails the waiting job j and the nodes that joined it with msg.
@@ -406,7 +443,7 @@ func (c *multiNode) formLayout(j *job, ids, slots []int, links map[int]*cluster.
 	}
 	mc := coordOf(j)
 	mc.table, mc.ids = t, ids
-	lay := &clusterpb.Message{Msg: &clusterpb.Message_Layout{Layout: &clusterpb.Layout{Generation: id, Slots: ints32(slots), Nodes: ints32(ids)}}}
+	lay := &clusterpb.Message{Msg: &clusterpb.Message_Layout{Layout: &clusterpb.Layout{Generation: id, Slots: ints32(slots), Nodes: ints32(ids), Epoch: j.epoch}}}
 	for at, node := range ids[1:] {
 		link := links[node]
 		mc.links[at+1] = link
@@ -440,7 +477,11 @@ func (c *multiNode) layout(m msgLayout) {
 		}
 	}
 	at := slices.Index(ids, c.rank)
-	if len(ids) != len(slots) || at < 1 || slots[at] != len(j.slots) || j.epoch == 0 && len(slots) != c.nodes {
+	if j.elastic && j.epoch == 0 {
+		// A node that joined a running elastic job enters at its epoch.
+		j.epoch = m.layout.GetEpoch()
+	}
+	if len(ids) != len(slots) || at < 1 || slots[at] != len(j.slots) || !j.elastic && len(slots) != c.nodes {
 		c.closeLink(m.link)
 		c.hooks.formFailed(j, fmt.Sprintf("the coordinator's layout (nodes %v, slots %v) does not fit this node (node %d of %d with %d slots)", ids, slots, c.rank, c.nodes, len(j.slots)))
 		return

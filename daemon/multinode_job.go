@@ -117,6 +117,17 @@ func (mc *multiCoord) control(node int, m *clusterpb.Message) {
 		mc.hooks.abort(j, ipcpb.Code(msg.Abort.GetCode()), msg.Abort.GetMsg(), mc.coordinator())
 	case *clusterpb.Message_Bye:
 		mc.byes[node] = true
+	case *clusterpb.Message_HostsUpdated:
+		if mc.coordinator() && j.failed == nil {
+			mc.hooks.hostsUpdated(j)
+		}
+	}
+}
+
+// hostsUpdated forwards a host-update notification to node 0 (coordination).
+func (mc *multiCoord) hostsUpdated(u *ipcpb.HostsUpdated) {
+	if link := mc.links[0]; link != nil && !mc.coordinator() {
+		link.Send(&clusterpb.Message{Msg: &clusterpb.Message_HostsUpdated{HostsUpdated: &clusterpb.HostsUpdated{Timestamp: u.GetTimestamp(), Result: u.GetResult()}}})
 	}
 }
 

@@ -84,6 +84,7 @@ type Client struct {
 	nextID   uint32
 	regions  []*arenaRegion
 	granted  map[uint32]*shm.Region
+	updates  []HostsUpdate // host-update notifications not yet taken (HostsUpdates)
 	nextReg  uint32
 	failed   error // set when the connection is gone
 	closed   bool
@@ -515,8 +516,33 @@ func (c *Client) dispatch(f ipc.Frame) error {
 		c.mu.Unlock()
 	case *ipcpb.ServerMessage_Fatal:
 		return &Error{Code: m.Fatal.GetCode(), Msg: m.Fatal.GetError()}
+	case *ipcpb.ServerMessage_HostsUpdated:
+		c.mu.Lock()
+		c.updates = append(c.updates, HostsUpdate{Timestamp: m.HostsUpdated.GetTimestamp(), Result: int(m.HostsUpdated.GetResult())})
+		c.mu.Unlock()
 	}
 	return nil
+}
+
+// HostsUpdate is a host-update notification of an elastic job (Horovod's):
+// workers wait to join it, and its ranks should re-initialise (see
+// CloseToReset) at the same step. Only global rank 0 receives them.
+type HostsUpdate struct {
+	// Timestamp is when the daemons saw the change (Unix milliseconds).
+	Timestamp int64
+	// Result holds Horovod's HostUpdateResult flags: 1 removed, 2 added.
+	Result int
+}
+
+// HostsUpdates returns the host-update notifications received since the
+// last call. They arrive with the replies to collectives: a rank that runs
+// none receives none.
+func (c *Client) HostsUpdates() []HostsUpdate {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	u := c.updates
+	c.updates = nil
+	return u
 }
 
 // failAll records that the connection is gone and fails every pending handle.
@@ -586,7 +612,15 @@ func (c *Client) progress() {
 
 // Close says goodbye to the daemon (an orderly shutdown, not a lost rank),
 // closes the connection and releases the shared memory. Pending operations fail.
-func (c *Client) Close() error {
+func (c *Client) Close() error { return c.close(false) }
+
+// CloseToReset is Close for a rank of an elastic job that re-initialises at
+// once into the job's next epoch (Horovod's reset after a host update): the
+// daemon ends the epoch for every rank, and the next one takes in the
+// workers waiting to join.
+func (c *Client) CloseToReset() error { return c.close(true) }
+
+func (c *Client) close(reset bool) error {
 	if c.ic == nil {
 		return nil
 	}
@@ -597,7 +631,7 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	c.mu.Unlock()
-	c.send(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Goodbye{Goodbye: &ipcpb.Goodbye{}}}, -1)
+	c.send(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Goodbye{Goodbye: &ipcpb.Goodbye{ElasticReset: reset}}}, -1)
 	err := c.ic.Close()
 	// A goroutine blocked reading sees the close; then fail what is left.
 	c.readMu.Lock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,7 +21,8 @@ import (
 // ownInit holds worker scenarios that make their own clients (elastic ones
 // re-initialise).
 var ownInit = map[string]func() int{
-	"elastic": elasticWorker,
+	"elastic":     elasticWorker,
+	"elasticjoin": elasticJoinWorker,
 }
 
 // elasticWorker trains a few steps in an elastic job. The last rank (or
@@ -177,13 +179,14 @@ func TestElasticTimeout(t *testing.T) {
 	s := daemontest.Start(t, daemon.Config{Slots: 3, ElasticTimeout: 2 * time.Second})
 	ws := daemontest.Spawn(t, s.Socket, "elastic", 3, "HVDD_TEST_STALL=1")
 	// While the next epoch waits for its survivors, a process that is not
-	// one of them is refused.
+	// one of them waits to join the epoch after; when the epoch cannot
+	// form, it is refused.
 	s.WaitLog(t, "its next epoch waits for the survivors", 30*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	stranger := &hvdd.Client{Socket: s.Socket, Elastic: true}
-	if err := stranger.Init(ctx); err == nil || !strings.Contains(err.Error(), "is re-forming elastic job") {
-		t.Errorf("a stranger's Init during the re-formation = %v, want a refusal", err)
+	if err := stranger.Init(ctx); err == nil || !strings.Contains(err.Error(), "the elastic job this worker was to join has ended") {
+		t.Errorf("a stranger's Init during the re-formation = %v, want it to wait to join and be refused when the epoch cannot form", err)
 		if err == nil {
 			stranger.Close()
 		}
@@ -298,5 +301,125 @@ func TestElasticAcrossNodesCoordinatorLost(t *testing.T) {
 		if err == nil || !strings.Contains(w.Output(), "re-init: the elastic job cannot form epoch 1: node 0 (the coordinator) has no surviving ranks") {
 			t.Errorf("a survivor on node 1: %v (want its re-init to fail naming node 0)\n%s", err, w.Output())
 		}
+	}
+}
+
+// elasticJoinWorker trains in an elastic job that grows. The first ranks
+// sum a flag every step; rank 0 sets it once the daemons told it that
+// workers wait to join (HostsUpdates), so that every rank sees it at the same
+// step, as Horovod's check_host_updates broadcasts rank 0's view. They then
+// re-initialise together (CloseToReset) and check the grown job
+// ($HVDD_TEST_GROWN ranks). A joiner ($HVDD_TEST_JOINER=1) waits in Init
+// until that epoch forms.
+func elasticJoinWorker() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	fail := func(format string, args ...any) int {
+		fmt.Printf(format+"\n", args...)
+		return 1
+	}
+	grown := envRank("HVDD_TEST_GROWN")
+	c := &hvdd.Client{Elastic: true}
+	if err := c.Init(ctx); err != nil {
+		return fail("init: %v", err)
+	}
+	if os.Getenv("HVDD_TEST_JOINER") == "" {
+		notified := false
+		for step := 0; !notified; step++ {
+			flag := []float32{0}
+			if c.Rank() == 0 && len(c.HostsUpdates()) > 0 {
+				flag[0] = 1
+			}
+			if err := hvdd.Allreduce(ctx, c, flag, hvdd.WithName(fmt.Sprint("step.", step)), hvdd.WithOp(hvdd.Sum)); err != nil {
+				return fail("step %d: %v", step, err)
+			}
+			notified = flag[0] > 0
+			if step == 1 && c.Rank() == 0 {
+				fmt.Println("TRAINING")
+			}
+		}
+		c.CloseToReset()
+		c = &hvdd.Client{Elastic: true}
+		if err := c.Init(ctx); err != nil {
+			return fail("re-init: %v", err)
+		}
+	}
+	defer c.Close()
+	x := []float32{1}
+	if err := hvdd.Allreduce(ctx, c, x, hvdd.WithName("grown"), hvdd.WithOp(hvdd.Sum)); err != nil || c.Size() != grown || x[0] != float32(grown) || c.Epoch() != 1 {
+		return fail("grown job: %v; rank %d size %d epoch %d sum %v, want size and sum %d at epoch 1", err, c.Rank(), c.Size(), c.Epoch(), x[0], grown)
+	}
+	fmt.Printf("GROWN rank %d of %d\n", c.Rank(), c.Size())
+	return 0
+}
+
+// TestElasticJoin: workers started while an elastic job runs wait in Init;
+// the daemons tell global rank 0, every rank re-initialises at the same step
+// and the next epoch takes them in, after the old ranks: on one node, on
+// an existing node of a multi-node job, and on a node that joins the job.
+func TestElasticJoin(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		slots   []int // the nodes at the start
+		joinAt  int   // the node the joiner starts on (len(slots): a new node)
+		wantLog string
+	}{
+		{"one node", []int{2}, 0, "size=3"},
+		{"existing node", []int{1, 1}, 1, "size=3 node=0 nodes=2"},
+		{"new node", []int{1, 1}, 2, "size=3 node=0 nodes=3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			grown := 1
+			for _, n := range tc.slots {
+				grown += n
+			}
+			env := []string{fmt.Sprint("HVDD_TEST_GROWN=", grown)}
+			var ss []*daemontest.Server
+			var sockets []string
+			if len(tc.slots) == 1 {
+				ss = []*daemontest.Server{daemontest.Start(t, daemon.Config{Slots: tc.slots[0]})}
+			} else {
+				// A node that joins later is one more (--nodes K+1
+				// --node-rank K); the others form the job without it.
+				all := tc.slots
+				if tc.joinAt == len(tc.slots) {
+					all = append(slices.Clone(tc.slots), 1)
+				}
+				ss = startNodesCfg(t, func(n int, c *daemon.Config) {
+					c.Elastic = true
+					c.Nodes = max(len(tc.slots), n+1)
+				}, all...)
+			}
+			for _, s := range ss {
+				sockets = append(sockets, s.Socket)
+			}
+			first := spawnSocketsEnv(t, sockets[:len(tc.slots)], "elasticjoin", env, tc.slots...)
+			first[0][0].WaitOutput(t, "TRAINING", 60*time.Second)
+			joiner := daemontest.Spawn(t, sockets[tc.joinAt], "elasticjoin", 1, append(env, "HVDD_TEST_JOINER=1")...)[0]
+			want := map[string]bool{}
+			for r := range grown {
+				want[fmt.Sprintf("GROWN rank %d of %d", r, grown)] = true
+			}
+			for _, w := range append(slices.Concat(first...), joiner) {
+				if err := w.Wait(60 * time.Second); err != nil {
+					t.Errorf("a rank: %v\n%s", err, w.Output())
+				}
+				for line := range want {
+					if strings.Contains(w.Output(), line) {
+						delete(want, line)
+					}
+				}
+			}
+			if !strings.Contains(joiner.Output(), fmt.Sprintf("GROWN rank %d of %d", grown-1, grown)) {
+				t.Errorf("the joiner is not the last rank:\n%s", joiner.Output())
+			}
+			if len(want) > 0 {
+				t.Errorf("no rank printed %v", want)
+			}
+			ss[0].WaitLog(t, "elastic job re-formed", 10*time.Second)
+			if logs := ss[0].Logs(); !strings.Contains(logs, tc.wantLog) || !strings.Contains(logs, "epoch=1") {
+				t.Errorf("node 0's log lacks the grown epoch (%s):\n%s", tc.wantLog, logs)
+			}
+		})
 	}
 }

@@ -40,15 +40,24 @@ func freePort(t *testing.T, host string) string {
 
 // startNodes runs one daemon per node, each on its own loopback address.
 func startNodes(t *testing.T, slots ...int) []*daemontest.Server {
+	return startNodesCfg(t, nil, slots...)
+}
+
+// startNodesCfg is startNodes with node n's Config changed by edit(n, cfg).
+func startNodesCfg(t *testing.T, edit func(int, *daemon.Config), slots ...int) []*daemontest.Server {
 	rdv := freePort(t, "127.0.0.2")
 	var ss []*daemontest.Server
 	nodes := len(slots)
 	for n := 0; n < nodes; n++ {
-		ss = append(ss, daemontest.Start(t, daemon.Config{
+		cfg := daemon.Config{
 			Slots: slots[n], Nodes: nodes, NodeRank: n, Rendezvous: rdv,
 			Advertise: fmt.Sprintf("127.0.0.%d", n+2), Secret: testSecret, NewBackend: tcpFactory,
 			Heartbeat: 100 * time.Millisecond, PeerTimeout: time.Second, StartTimeout: 30 * time.Second,
-		}))
+		}
+		if edit != nil {
+			edit(n, &cfg)
+		}
+		ss = append(ss, daemontest.Start(t, cfg))
 	}
 	return ss
 }

@@ -125,7 +125,10 @@ type Layout struct {
 	// The nodes (their --node-rank) of the job, in rank order, when not every
 	// node takes part (an elastic epoch after a node was lost): slots[i] is
 	// node nodes[i]'s. Empty: nodes 0..len(slots)-1.
-	Nodes         []int32 `protobuf:"varint,3,rep,packed,name=nodes,proto3" json:"nodes,omitempty"`
+	Nodes []int32 `protobuf:"varint,3,rep,packed,name=nodes,proto3" json:"nodes,omitempty"`
+	// The elastic job's epoch the layout forms (a node that joins a running
+	// elastic job learns it here).
+	Epoch         uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -179,6 +182,13 @@ func (x *Layout) GetNodes() []int32 {
 		return x.Nodes
 	}
 	return nil
+}
+
+func (x *Layout) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 // Request is one rank's request for one tensor (plan.Request).
@@ -1024,6 +1034,7 @@ type Message struct {
 	//	*Message_Abort
 	//	*Message_Bye
 	//	*Message_Heartbeat
+	//	*Message_HostsUpdated
 	Msg           isMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1129,6 +1140,15 @@ func (x *Message) GetHeartbeat() *Heartbeat {
 	return nil
 }
 
+func (x *Message) GetHostsUpdated() *HostsUpdated {
+	if x != nil {
+		if x, ok := x.Msg.(*Message_HostsUpdated); ok {
+			return x.HostsUpdated
+		}
+	}
+	return nil
+}
+
 type isMessage_Msg interface {
 	isMessage_Msg()
 }
@@ -1161,6 +1181,10 @@ type Message_Heartbeat struct {
 	Heartbeat *Heartbeat `protobuf:"bytes,7,opt,name=heartbeat,proto3,oneof"`
 }
 
+type Message_HostsUpdated struct {
+	HostsUpdated *HostsUpdated `protobuf:"bytes,8,opt,name=hosts_updated,json=hostsUpdated,proto3,oneof"`
+}
+
 func (*Message_Join) isMessage_Msg() {}
 
 func (*Message_Layout) isMessage_Msg() {}
@@ -1175,6 +1199,62 @@ func (*Message_Bye) isMessage_Msg() {}
 
 func (*Message_Heartbeat) isMessage_Msg() {}
 
+func (*Message_HostsUpdated) isMessage_Msg() {}
+
+// HostsUpdated tells node 0 that workers wait on a node to join the running
+// elastic job; node 0 tells global rank 0 (ipc HostsUpdated).
+type HostsUpdated struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Timestamp     int64                  `protobuf:"varint,1,opt,name=timestamp,proto3" json:"timestamp,omitempty"`
+	Result        int32                  `protobuf:"varint,2,opt,name=result,proto3" json:"result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostsUpdated) Reset() {
+	*x = HostsUpdated{}
+	mi := &file_cluster_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostsUpdated) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostsUpdated) ProtoMessage() {}
+
+func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostsUpdated.ProtoReflect.Descriptor instead.
+func (*HostsUpdated) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *HostsUpdated) GetTimestamp() int64 {
+	if x != nil {
+		return x.Timestamp
+	}
+	return 0
+}
+
+func (x *HostsUpdated) GetResult() int32 {
+	if x != nil {
+		return x.Result
+	}
+	return 0
+}
+
 var File_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_proto_rawDesc = "" +
@@ -1186,13 +1266,14 @@ const file_cluster_proto_rawDesc = "" +
 	"\tdata_host\x18\x03 \x01(\tR\bdataHost\x12\x12\n" +
 	"\x04pids\x18\x04 \x03(\x05R\x04pids\x12\x14\n" +
 	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12\x18\n" +
-	"\aelastic\x18\x06 \x01(\bR\aelastic\"T\n" +
+	"\aelastic\x18\x06 \x01(\bR\aelastic\"j\n" +
 	"\x06Layout\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
 	"generation\x12\x14\n" +
 	"\x05slots\x18\x02 \x03(\x05R\x05slots\x12\x14\n" +
-	"\x05nodes\x18\x03 \x03(\x05R\x05nodes\"\xc6\x02\n" +
+	"\x05nodes\x18\x03 \x03(\x05R\x05nodes\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"\xc6\x02\n" +
 	"\aRequest\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x1f\n" +
 	"\vprocess_set\x18\x02 \x01(\x05R\n" +
@@ -1259,7 +1340,7 @@ const file_cluster_proto_rawDesc = "" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"\x05\n" +
 	"\x03Bye\"\v\n" +
-	"\tHeartbeat\"\xe3\x02\n" +
+	"\tHeartbeat\"\xa9\x03\n" +
 	"\aMessage\x12+\n" +
 	"\x04join\x18\x01 \x01(\v2\x15.hvdd.cluster.v1.JoinH\x00R\x04join\x121\n" +
 	"\x06layout\x18\x02 \x01(\v2\x17.hvdd.cluster.v1.LayoutH\x00R\x06layout\x12.\n" +
@@ -1267,8 +1348,12 @@ const file_cluster_proto_rawDesc = "" +
 	"\x04plan\x18\x04 \x01(\v2\x15.hvdd.cluster.v1.PlanH\x00R\x04plan\x12.\n" +
 	"\x05abort\x18\x05 \x01(\v2\x16.hvdd.cluster.v1.AbortH\x00R\x05abort\x12(\n" +
 	"\x03bye\x18\x06 \x01(\v2\x14.hvdd.cluster.v1.ByeH\x00R\x03bye\x12:\n" +
-	"\theartbeat\x18\a \x01(\v2\x1a.hvdd.cluster.v1.HeartbeatH\x00R\theartbeatB\x05\n" +
-	"\x03msgB(Z&github.com/hvdd/hvdd/cluster/clusterpbb\x06proto3"
+	"\theartbeat\x18\a \x01(\v2\x1a.hvdd.cluster.v1.HeartbeatH\x00R\theartbeat\x12D\n" +
+	"\rhosts_updated\x18\b \x01(\v2\x1d.hvdd.cluster.v1.HostsUpdatedH\x00R\fhostsUpdatedB\x05\n" +
+	"\x03msg\"D\n" +
+	"\fHostsUpdated\x12\x1c\n" +
+	"\ttimestamp\x18\x01 \x01(\x03R\ttimestamp\x12\x16\n" +
+	"\x06result\x18\x02 \x01(\x05R\x06resultB(Z&github.com/hvdd/hvdd/cluster/clusterpbb\x06proto3"
 
 var (
 	file_cluster_proto_rawDescOnce sync.Once
@@ -1282,23 +1367,24 @@ func file_cluster_proto_rawDescGZIP() []byte {
 	return file_cluster_proto_rawDescData
 }
 
-var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_cluster_proto_goTypes = []any{
-	(*Join)(nil),      // 0: hvdd.cluster.v1.Join
-	(*Layout)(nil),    // 1: hvdd.cluster.v1.Layout
-	(*Request)(nil),   // 2: hvdd.cluster.v1.Request
-	(*Ready)(nil),     // 3: hvdd.cluster.v1.Ready
-	(*Side)(nil),      // 4: hvdd.cluster.v1.Side
-	(*Error)(nil),     // 5: hvdd.cluster.v1.Error
-	(*Shape)(nil),     // 6: hvdd.cluster.v1.Shape
-	(*Splits)(nil),    // 7: hvdd.cluster.v1.Splits
-	(*Tensor)(nil),    // 8: hvdd.cluster.v1.Tensor
-	(*Response)(nil),  // 9: hvdd.cluster.v1.Response
-	(*Plan)(nil),      // 10: hvdd.cluster.v1.Plan
-	(*Abort)(nil),     // 11: hvdd.cluster.v1.Abort
-	(*Bye)(nil),       // 12: hvdd.cluster.v1.Bye
-	(*Heartbeat)(nil), // 13: hvdd.cluster.v1.Heartbeat
-	(*Message)(nil),   // 14: hvdd.cluster.v1.Message
+	(*Join)(nil),         // 0: hvdd.cluster.v1.Join
+	(*Layout)(nil),       // 1: hvdd.cluster.v1.Layout
+	(*Request)(nil),      // 2: hvdd.cluster.v1.Request
+	(*Ready)(nil),        // 3: hvdd.cluster.v1.Ready
+	(*Side)(nil),         // 4: hvdd.cluster.v1.Side
+	(*Error)(nil),        // 5: hvdd.cluster.v1.Error
+	(*Shape)(nil),        // 6: hvdd.cluster.v1.Shape
+	(*Splits)(nil),       // 7: hvdd.cluster.v1.Splits
+	(*Tensor)(nil),       // 8: hvdd.cluster.v1.Tensor
+	(*Response)(nil),     // 9: hvdd.cluster.v1.Response
+	(*Plan)(nil),         // 10: hvdd.cluster.v1.Plan
+	(*Abort)(nil),        // 11: hvdd.cluster.v1.Abort
+	(*Bye)(nil),          // 12: hvdd.cluster.v1.Bye
+	(*Heartbeat)(nil),    // 13: hvdd.cluster.v1.Heartbeat
+	(*Message)(nil),      // 14: hvdd.cluster.v1.Message
+	(*HostsUpdated)(nil), // 15: hvdd.cluster.v1.HostsUpdated
 }
 var file_cluster_proto_depIdxs = []int32{
 	2,  // 0: hvdd.cluster.v1.Ready.requests:type_name -> hvdd.cluster.v1.Request
@@ -1315,11 +1401,12 @@ var file_cluster_proto_depIdxs = []int32{
 	11, // 11: hvdd.cluster.v1.Message.abort:type_name -> hvdd.cluster.v1.Abort
 	12, // 12: hvdd.cluster.v1.Message.bye:type_name -> hvdd.cluster.v1.Bye
 	13, // 13: hvdd.cluster.v1.Message.heartbeat:type_name -> hvdd.cluster.v1.Heartbeat
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	15, // 14: hvdd.cluster.v1.Message.hosts_updated:type_name -> hvdd.cluster.v1.HostsUpdated
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_cluster_proto_init() }
@@ -1335,6 +1422,7 @@ func file_cluster_proto_init() {
 		(*Message_Abort)(nil),
 		(*Message_Bye)(nil),
 		(*Message_Heartbeat)(nil),
+		(*Message_HostsUpdated)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1342,7 +1430,7 @@ func file_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_proto_rawDesc), len(file_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

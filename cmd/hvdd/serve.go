@@ -70,6 +70,7 @@ type serveArgs struct {
 	cycle, stallCheck, stallShutdown           time.Duration
 	spin, elasticTimeout                       time.Duration
 	nodes, nodeRank, streams                   int
+	elastic                                    bool
 	rendezvous, advertise, secretFile, backend string
 	control                                    string
 }
@@ -120,6 +121,7 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 	fs.DurationVar(&args.spin, "spin", defSpin, "after activity, poll clients (their shared-memory rings) this long before sleeping; the window widens to 10x for jobs whose requests come just after it (default $HVDD_SPIN, else 0: 50µs; negative: never spin)")
 	fs.IntVar(&args.workers, "workers", 0, "goroutines per local reduction (default GOMAXPROCS)")
 	fs.IntVar(&args.nodes, "nodes", 1, "number of nodes (daemons) in a job; -1: mpirun's process count")
+	fs.BoolVar(&args.elastic, "elastic", false, "take part in elastic jobs across nodes whose node set changes (hvdd run starts its daemons so): the node forms jobs with the other nodes even with --nodes 1, and node 0 takes in nodes that join a running elastic job (their --node-rank may exceed --nodes)")
 	fs.IntVar(&args.nodeRank, "node-rank", 0, "this node's index in [0, --nodes); node 0 coordinates and serves the rendezvous; -1: mpirun's rank")
 	fs.StringVar(&args.rendezvous, "rendezvous", "", "node 0's rendezvous address HOST:PORT (node 0 binds it)")
 	fs.StringVar(&args.advertise, "advertise", "", "this node's address (host) that the other nodes reach; control and data listeners bind it (default: the local address of the route to --rendezvous)")
@@ -190,10 +192,11 @@ func serveConfig(args serveArgs) (daemon.Config, string, error) {
 		socket = ipc.DefaultSocket()
 	}
 	socket = strings.ReplaceAll(socket, "{node}", strconv.Itoa(args.nodeRank))
-	if args.nodes > 1 && args.advertise == "" {
+	multi := args.nodes > 1 || args.elastic
+	if multi && args.advertise == "" {
 		args.advertise = routeTo(args.rendezvous)
 	}
-	if args.nodes > 1 {
+	if multi {
 		if err := clusterConfig(&cfg, args); err != nil {
 			return cfg, "", err
 		}
@@ -287,6 +290,7 @@ func clusterConfig(cfg *daemon.Config, args serveArgs) error {
 		return err
 	}
 	cfg.Nodes, cfg.NodeRank, cfg.Rendezvous, cfg.Advertise = args.nodes, args.nodeRank, args.rendezvous, args.advertise
+	cfg.Elastic = args.elastic
 	cfg.Secret, cfg.NewBackend = secret, factory
 	warnIfBound(cfg.Logger)
 	return nil

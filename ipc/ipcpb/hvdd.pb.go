@@ -894,8 +894,12 @@ func (x *RemoveProcessSet) GetProcessSet() int32 {
 }
 
 // Goodbye announces an orderly close (hvd.shutdown()): the rank is not "lost".
+// With elastic_reset the rank re-initialises at once
+// into the next epoch of its elastic job (hvd.elastic's reset after a host
+// update): the epoch ends for every rank, which all follow it.
 type Goodbye struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	ElasticReset  bool                   `protobuf:"varint,1,opt,name=elastic_reset,json=elasticReset,proto3" json:"elastic_reset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -928,6 +932,13 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
 	return file_hvdd_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Goodbye) GetElasticReset() bool {
+	if x != nil {
+		return x.ElasticReset
+	}
+	return false
 }
 
 type ClientMessage struct {
@@ -1472,6 +1483,7 @@ type ServerMessage struct {
 	//	*ServerMessage_GrantRegion
 	//	*ServerMessage_Done
 	//	*ServerMessage_Fatal
+	//	*ServerMessage_HostsUpdated
 	Msg           isServerMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1550,6 +1562,15 @@ func (x *ServerMessage) GetFatal() *Fatal {
 	return nil
 }
 
+func (x *ServerMessage) GetHostsUpdated() *HostsUpdated {
+	if x != nil {
+		if x, ok := x.Msg.(*ServerMessage_HostsUpdated); ok {
+			return x.HostsUpdated
+		}
+	}
+	return nil
+}
+
 type isServerMessage_Msg interface {
 	isServerMessage_Msg()
 }
@@ -1570,6 +1591,10 @@ type ServerMessage_Fatal struct {
 	Fatal *Fatal `protobuf:"bytes,4,opt,name=fatal,proto3,oneof"`
 }
 
+type ServerMessage_HostsUpdated struct {
+	HostsUpdated *HostsUpdated `protobuf:"bytes,5,opt,name=hosts_updated,json=hostsUpdated,proto3,oneof"`
+}
+
 func (*ServerMessage_Welcome) isServerMessage_Msg() {}
 
 func (*ServerMessage_GrantRegion) isServerMessage_Msg() {}
@@ -1577,6 +1602,66 @@ func (*ServerMessage_GrantRegion) isServerMessage_Msg() {}
 func (*ServerMessage_Done) isServerMessage_Msg() {}
 
 func (*ServerMessage_Fatal) isServerMessage_Msg() {}
+
+func (*ServerMessage_HostsUpdated) isServerMessage_Msg() {}
+
+// HostsUpdated tells global rank 0 of an elastic job that workers are
+// waiting to join it (Horovod's host-update notification): its ranks raise
+// HostsUpdatedInterrupt together at their next commit, and the next epoch
+// takes the new workers in.
+type HostsUpdated struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When the daemons saw the change (Unix milliseconds).
+	Timestamp int64 `protobuf:"varint,1,opt,name=timestamp,proto3" json:"timestamp,omitempty"`
+	// Horovod's HostUpdateResult flags: 1 removed, 2 added.
+	Result        int32 `protobuf:"varint,2,opt,name=result,proto3" json:"result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostsUpdated) Reset() {
+	*x = HostsUpdated{}
+	mi := &file_hvdd_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostsUpdated) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostsUpdated) ProtoMessage() {}
+
+func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostsUpdated.ProtoReflect.Descriptor instead.
+func (*HostsUpdated) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *HostsUpdated) GetTimestamp() int64 {
+	if x != nil {
+		return x.Timestamp
+	}
+	return 0
+}
+
+func (x *HostsUpdated) GetResult() int32 {
+	if x != nil {
+		return x.Result
+	}
+	return 0
+}
 
 var File_hvdd_proto protoreflect.FileDescriptor
 
@@ -1625,8 +1710,9 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x05ranks\x18\x01 \x03(\x05R\x05ranks\"3\n" +
 	"\x10RemoveProcessSet\x12\x1f\n" +
 	"\vprocess_set\x18\x01 \x01(\x05R\n" +
-	"processSet\"\t\n" +
-	"\aGoodbye\"\xce\x04\n" +
+	"processSet\".\n" +
+	"\aGoodbye\x12#\n" +
+	"\relastic_reset\x18\x01 \x01(\bR\felasticReset\"\xce\x04\n" +
 	"\rClientMessage\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.hvdd.ipc.v1.HelloH\x00R\x05hello\x12F\n" +
 	"\x0fregister_region\x18\x02 \x01(\v2\x1b.hvdd.ipc.v1.RegisterRegionH\x00R\x0eregisterRegion\x12L\n" +
@@ -1669,13 +1755,17 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x0eprocess_set_id\x18\a \x01(\x05R\fprocessSetId\"D\n" +
 	"\x05Fatal\x12%\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x11.hvdd.ipc.v1.CodeR\x04code\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\xdc\x01\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x9e\x02\n" +
 	"\rServerMessage\x120\n" +
 	"\awelcome\x18\x01 \x01(\v2\x14.hvdd.ipc.v1.WelcomeH\x00R\awelcome\x12=\n" +
 	"\fgrant_region\x18\x02 \x01(\v2\x18.hvdd.ipc.v1.GrantRegionH\x00R\vgrantRegion\x12'\n" +
 	"\x04done\x18\x03 \x01(\v2\x11.hvdd.ipc.v1.DoneH\x00R\x04done\x12*\n" +
-	"\x05fatal\x18\x04 \x01(\v2\x12.hvdd.ipc.v1.FatalH\x00R\x05fatalB\x05\n" +
-	"\x03msg*\xe1\x01\n" +
+	"\x05fatal\x18\x04 \x01(\v2\x12.hvdd.ipc.v1.FatalH\x00R\x05fatal\x12@\n" +
+	"\rhosts_updated\x18\x05 \x01(\v2\x19.hvdd.ipc.v1.HostsUpdatedH\x00R\fhostsUpdatedB\x05\n" +
+	"\x03msg\"D\n" +
+	"\fHostsUpdated\x12\x1c\n" +
+	"\ttimestamp\x18\x01 \x01(\x03R\ttimestamp\x12\x16\n" +
+	"\x06result\x18\x02 \x01(\x05R\x06result*\xe1\x01\n" +
 	"\x05DType\x12\x15\n" +
 	"\x11DTYPE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vDTYPE_UINT8\x10\x01\x12\x0e\n" +
@@ -1739,7 +1829,7 @@ func file_hvdd_proto_rawDescGZIP() []byte {
 }
 
 var file_hvdd_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_hvdd_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_hvdd_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_hvdd_proto_goTypes = []any{
 	(DType)(0),               // 0: hvdd.ipc.v1.DType
 	(OpType)(0),              // 1: hvdd.ipc.v1.OpType
@@ -1761,6 +1851,7 @@ var file_hvdd_proto_goTypes = []any{
 	(*Done)(nil),             // 17: hvdd.ipc.v1.Done
 	(*Fatal)(nil),            // 18: hvdd.ipc.v1.Fatal
 	(*ServerMessage)(nil),    // 19: hvdd.ipc.v1.ServerMessage
+	(*HostsUpdated)(nil),     // 20: hvdd.ipc.v1.HostsUpdated
 }
 var file_hvdd_proto_depIdxs = []int32{
 	1,  // 0: hvdd.ipc.v1.Enqueue.op:type_name -> hvdd.ipc.v1.OpType
@@ -1784,11 +1875,12 @@ var file_hvdd_proto_depIdxs = []int32{
 	16, // 18: hvdd.ipc.v1.ServerMessage.grant_region:type_name -> hvdd.ipc.v1.GrantRegion
 	17, // 19: hvdd.ipc.v1.ServerMessage.done:type_name -> hvdd.ipc.v1.Done
 	18, // 20: hvdd.ipc.v1.ServerMessage.fatal:type_name -> hvdd.ipc.v1.Fatal
-	21, // [21:21] is the sub-list for method output_type
-	21, // [21:21] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	20, // 21: hvdd.ipc.v1.ServerMessage.hosts_updated:type_name -> hvdd.ipc.v1.HostsUpdated
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_hvdd_proto_init() }
@@ -1812,6 +1904,7 @@ func file_hvdd_proto_init() {
 		(*ServerMessage_GrantRegion)(nil),
 		(*ServerMessage_Done)(nil),
 		(*ServerMessage_Fatal)(nil),
+		(*ServerMessage_HostsUpdated)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1819,7 +1912,7 @@ func file_hvdd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hvdd_proto_rawDesc), len(file_hvdd_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -108,7 +108,9 @@ def main() -> None:
         if a.netns:
             drop_netns()
     hosts = "two hosts (netns)" if a.netns else "one node"
-    print(f"median recovery {statistics.median(times) * 1000:.0f} ms over {a.runs} runs (np {a.np} -> {a.np - 1}, {hosts})")
+    print(
+        f"median recovery {statistics.median(times) * 1000:.0f} ms over {a.runs} runs (np {a.np} -> {a.np - 1}, {hosts})"
+    )
 
 
 if __name__ == "__main__":

@@ -448,9 +448,11 @@ class Client:
 
     # ---------------------------------------------------------------- closing
 
-    def close(self) -> None:
+    def close(self, elastic_reset: bool = False) -> None:
         """Says Goodbye (an orderly shutdown), closes the connection and
-        releases the shared memory. Pending collectives fail."""
+        releases the shared memory. Pending collectives fail. With
+        elastic_reset the rank re-initialises at once into its elastic job's
+        next epoch (the daemon ends the epoch for every rank)."""
         with self._lock:
             if self._rx.closed:
                 return
@@ -460,6 +462,7 @@ class Client:
             try:
                 m = pb.ClientMessage()
                 m.goodbye.SetInParent()
+                m.goodbye.elastic_reset = elastic_reset
                 self._write(0, m.SerializeToString())
             except OSError:
                 pass

@@ -197,6 +197,12 @@ class Reader:
                 return
             if kind == "fatal":
                 raise error_for(m.fatal.code, m.fatal.error or "hvdd: the daemon closed the connection")
+            if kind == "hosts_updated":
+                from .elastic import HostUpdateResult, notification_manager
+
+                u = m.hosts_updated
+                notification_manager.handle_hosts_updated(u.timestamp, HostUpdateResult(u.result))
+                return
             if kind != "done":
                 log.warning("hvdd: ignoring unexpected %s from the daemon", kind)
                 return

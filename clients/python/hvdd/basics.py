@@ -285,9 +285,11 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
             _atexit_registered = True
 
 
-def shutdown() -> None:
+def shutdown(_elastic_reset: bool = False) -> None:
     """Says goodbye to the daemon and closes the connection. Collectives still in
-    flight fail with HorovodInternalError. A later ``init()`` starts afresh."""
+    flight fail with HorovodInternalError. A later ``init()`` starts afresh.
+    (``hvdd.elastic.reset`` passes ``_elastic_reset``: the rank re-initialises
+    at once into its elastic job's next epoch.)"""
     global _client, _dynamic
     with _state_lock:
         c = _client
@@ -297,7 +299,7 @@ def shutdown() -> None:
             ps._invalidate()
         _registered.clear()
     if c is not None:
-        c.close()
+        c.close(_elastic_reset)
 
 
 def is_initialized() -> bool:

@@ -14,15 +14,16 @@ again; when the hosts changed (``HostsUpdatedInterrupt``, raised by
 ``State.commit``) it re-forms without restoring.
 
 A job started as elastic (``HOROVOD_ELASTIC=1``, what ``hvdd run --min-np``
-sets) re-forms on one node: the daemon forms its next epoch from the ranks
-that reset. A job not started as elastic fails with the
-``HorovodInternalError`` instead of calling ``init()`` again. What it does
-not do (yet): the launcher sends no host-update notifications, so
-:data:`notification_manager` has no source: it is the hook a notification
-source will feed (``notification_manager.handle_hosts_updated(timestamp,
-HostUpdateResult.added)``), and ``State.check_host_updates`` already turns
-such messages into a ``HostsUpdatedInterrupt`` on every rank at the same
-commit, as Horovod does.
+sets) re-forms on one node or across nodes: the daemons form its next epoch
+from the ranks that reset. Workers started while the job runs (``hvdd run``
+with a host discovery script, or a freed slot refilled) wait in ``init()``;
+the daemons then send global rank 0 a host-update notification
+(:data:`notification_manager`), and ``State.check_host_updates`` turns it
+into a ``HostsUpdatedInterrupt`` on every rank at the same commit, as
+Horovod does: every rank resets, and the next epoch takes the new workers
+in, which receive rank 0's state in ``state.sync()``. A job not started as
+elastic fails with the ``HorovodInternalError`` instead of calling
+``init()`` again.
 """
 
 from __future__ import annotations
@@ -64,8 +65,11 @@ class HostUpdateResult(enum.IntFlag):
 
 class WorkerNotificationManager:
     """Passes host-update notifications to the states that
-    :func:`run_fn` is running (Horovod's ``WorkerNotificationManager``, without
-    its HTTP service: hvdd has no notification source yet)."""
+    :func:`run_fn` is running (Horovod's ``WorkerNotificationManager``). In
+    Horovod the driver posts them to every worker's HTTP service; in hvdd the
+    daemons send them to global rank 0 with the replies to its collectives
+    when workers wait to join the job, and ``State.check_host_updates``
+    broadcasts rank 0's view at the next commit."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -244,8 +248,11 @@ class ObjectState(State):
 def reset() -> None:
     """Re-forms the job after a failure or a host update (Horovod's
     ``_reset``): ``shutdown()`` then ``init()``; rank, size and the rest are
-    then the new job's, from the daemon's Welcome."""
-    _basics.shutdown()
+    then the new job's, from the daemon's Welcome. The shutdown tells the
+    daemon the rank re-initialises at once: after a host update, the first
+    rank's reset ends the epoch for all, and the next one takes in the
+    workers waiting to join."""
+    _basics.shutdown(_elastic_reset=True)
     _basics.init()
 
 

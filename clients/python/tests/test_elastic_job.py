@@ -35,7 +35,9 @@ def reference(steps: int, kill_at: int, np: int) -> list:
     return model.weight.detach().reshape(-1).tolist() + model.bias.detach().tolist()
 
 
-def run_elastic(hvdd_bin: str, tmp: str, np: int, steps: int, kill_at: int, hosts: str = "") -> subprocess.CompletedProcess:
+def run_elastic(
+    hvdd_bin: str, tmp: str, np: int, steps: int, kill_at: int, hosts: str = ""
+) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HVDD_START_TIMEOUT="60")
     where = ["-H", hosts] if hosts else ["--socket", os.path.join(tmp, "hvdd.sock")]
     return subprocess.run(

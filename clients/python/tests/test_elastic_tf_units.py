@@ -139,7 +139,7 @@ def test_update_batch_state_shortens_the_resumed_epoch():
 def test_run_turns_a_graph_error_into_horovod_internal_error(monkeypatch):
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
     resets = []
-    monkeypatch.setattr(elastic._basics, "shutdown", lambda: resets.append("shutdown"))
+    monkeypatch.setattr(elastic._basics, "shutdown", lambda _elastic_reset=False: resets.append("shutdown"))
     monkeypatch.setattr(elastic._basics, "init", lambda: resets.append("init"))
 
     def fail():

@@ -129,15 +129,18 @@ def test_other_errors_propagate(elastic_job):
 
 def test_reset_is_shutdown_then_init(monkeypatch):
     calls: list = []
-    monkeypatch.setattr(elastic._basics, "shutdown", lambda: calls.append("shutdown"))
+    monkeypatch.setattr(
+        elastic._basics, "shutdown", lambda _elastic_reset=False: calls.append(("shutdown", _elastic_reset))
+    )
     monkeypatch.setattr(elastic._basics, "init", lambda: calls.append("init"))
     elastic.reset()
-    assert calls == ["shutdown", "init"]
+    # The shutdown tells the daemon the rank re-initialises at once.
+    assert calls == [("shutdown", True), "init"]
 
 
 def test_framework_run_uses_hvdd_reset(elastic_job, monkeypatch):
     calls: list = []
-    monkeypatch.setattr(elastic._basics, "shutdown", lambda: calls.append("shutdown"))
+    monkeypatch.setattr(elastic._basics, "shutdown", lambda _elastic_reset=False: calls.append("shutdown"))
     monkeypatch.setattr(elastic._basics, "init", lambda: calls.append("init"))
     outcomes = iter([HorovodInternalError("lost"), "done"])
 
