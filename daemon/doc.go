@@ -48,7 +48,8 @@
 // naming the lost rank, and so does every later op. When every connection of
 // the job has closed, the daemon forms the next job from new clients; for an
 // elastic job (Hello.elastic) that is the same job's next epoch, formed from
-// the ranks that survived (elastic.go). A rank that said Goodbye (shutdown)
+// the ranks that survived and the workers waiting to join, on one node or
+// across nodes (elastic.go, elastic_multinode.go). A rank that said Goodbye (shutdown)
 // makes the others' later collectives fail with CODE_SHUT_DOWN instead of
 // hanging. Tensors that some ranks submitted and
 // others did not are logged after the stall-check time, naming the missing

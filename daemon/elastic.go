@@ -22,14 +22,24 @@ import (
 // up-to-date state). The survivors of an epoch that failed (CODE_ABORTED: a
 // lost rank, an engine error) are its ranks that closed with Goodbye; a lost
 // rank closed without. An epoch whose ranks all said Goodbye without such a
-// failure (the job's end, or every rank resetting at once after a host
-// update) ends as any job ends, and the next job forms from the hellos that
-// come, as any job forms. Hellos of processes
-// that are not survivors are refused while the next epoch forms. A survivor
-// whose process has exited instead of re-initialising (checked every
-// reformCheckEvery) is dropped, and the epoch forms from the others. If the
-// survivors still have not all come back within Config.ElasticTimeout, those
-// that did are told so and the job ends. One node only, so far.
+// failure (the job's end) ends as any job ends.
+//
+// The job grows the same way. A worker that says hello while the job runs or
+// re-forms (a new worker of hvdd run's elastic driver) is a joiner: it waits
+// in init(), and global rank 0 is told that hosts were updated (ipc
+// HostsUpdated, sent with the replies to its collectives; from another node
+// through node 0). Horovod's check_host_updates broadcasts rank 0's view at
+// the next commit, so every rank raises HostsUpdatedInterrupt at the same
+// step and resets; the reset's Goodbye says so (elastic_reset), which fails
+// the epoch for all as a lost rank would (nobody has a collective pending),
+// and the next epoch is formed from the survivors followed by the joiners.
+//
+// A survivor whose process has exited instead of re-initialising (checked
+// every reformCheckEvery) is dropped, and the epoch forms from the others. If
+// the survivors still have not all come back within Config.ElasticTimeout,
+// those that did are told so and the job ends. Across nodes every node
+// re-forms its own part this way and node 0 lays the epoch out
+// (elastic_multinode.go).
 
 // reform is the next epoch of an elastic job whose epoch failed.
 type reform struct {

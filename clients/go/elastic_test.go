@@ -423,3 +423,24 @@ func TestElasticJoin(t *testing.T) {
 		})
 	}
 }
+
+// TestElasticLinkCut: two nodes in network namespaces; the link to node 1
+// is cut while the job waits for its rank (no FIN, no RST: packets stop).
+// Node 0 declares node 1 lost after its peer timeout, and its rank goes on
+// alone in the next epoch.
+func TestElasticLinkCut(t *testing.T) {
+	hosts := daemontest.Hosts(t, 2)
+	ds := twoNodes(t, hosts, secretA, secretA)
+	var ws []*daemontest.Worker
+	for _, d := range ds {
+		ws = append(ws, daemontest.Spawn(t, d.socket, "elastic", 1, "HVDD_TEST_VICTIM_HANGS=1")...)
+	}
+	ws[1].WaitOutput(t, "VICTIM HANGS", 60*time.Second)
+	cut := time.Now()
+	hosts[1].SetLink(t, false)
+	if err := ws[0].Wait(60 * time.Second); err != nil || !strings.Contains(ws[0].Output(), "REFORMED rank 0 of 1") {
+		t.Fatalf("rank 0: %v (want it re-formed alone)\n%s", err, ws[0].Output())
+	}
+	t.Logf("rank 0 re-formed and ran a step %v after the cut", time.Since(cut).Round(time.Millisecond))
+	ws[1].Cmd.Process.Kill()
+}
