@@ -64,7 +64,9 @@ type Client struct {
 
 	// StartTimeout bounds Init when ctx has no deadline: connecting while the
 	// daemon starts and waiting for every rank to arrive. Zero means
-	// $HVDD_START_TIMEOUT seconds, else 120 s.
+	// $HVDD_START_TIMEOUT seconds, else 120 s; in an elastic job (whose
+	// workers may wait to join a running job until its next commit)
+	// $HOROVOD_ELASTIC_TIMEOUT seconds, else 600 s (Horovod's default).
 	StartTimeout time.Duration
 
 	// Elastic joins an elastic job: when a rank is lost, the survivors
@@ -131,10 +133,7 @@ func (c *Client) Init(ctx context.Context) error {
 	}
 	timeout := c.StartTimeout
 	if timeout == 0 {
-		timeout = 120 * time.Second
-		if v, err := strconv.ParseFloat(os.Getenv("HVDD_START_TIMEOUT"), 64); err == nil && v > 0 {
-			timeout = time.Duration(v * float64(time.Second))
-		}
+		timeout = startTimeout(c.Elastic || os.Getenv("HOROVOD_ELASTIC") == "1")
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -185,6 +184,24 @@ func (c *Client) Init(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// startTimeout is StartTimeout's default.
+func startTimeout(elastic bool) time.Duration {
+	secs := func(name string) (time.Duration, bool) {
+		v, err := strconv.ParseFloat(os.Getenv(name), 64)
+		return time.Duration(v * float64(time.Second)), err == nil && v > 0
+	}
+	if d, ok := secs("HVDD_START_TIMEOUT"); ok {
+		return d
+	}
+	if !elastic {
+		return 120 * time.Second
+	}
+	if d, ok := secs("HOROVOD_ELASTIC_TIMEOUT"); ok {
+		return d
+	}
+	return 600 * time.Second
 }
 
 // dial connects to the daemon, retrying while it is starting.

@@ -62,6 +62,18 @@ def default_socket_path() -> str:
     return os.path.join(tempfile.gettempdir(), f"hvdd-{os.getuid()}", "hvdd.sock")
 
 
+def default_start_timeout() -> float:
+    """How long ``init()`` waits for the job to form: $HVDD_START_TIMEOUT
+    seconds, else 120; in an elastic job, whose workers may wait to join a
+    running job until its next commit, $HOROVOD_ELASTIC_TIMEOUT (what
+    ``hvdd run --elastic-timeout`` passes), else 600 (Horovod's default)."""
+    if "HVDD_START_TIMEOUT" in os.environ:
+        return float(os.environ["HVDD_START_TIMEOUT"])
+    if elastic_requested():
+        return float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", "600"))
+    return 120.0
+
+
 def elastic_requested() -> bool:
     """Whether this process runs in an elastic job: HOROVOD_ELASTIC=1 (what
     ``hvdd run --min-np`` sets, as horovodrun does)."""
@@ -96,7 +108,7 @@ class Client:
             arena_size = int(os.environ.get("HVDD_ARENA_SIZE", 256 << 20))
         self.arena_size = arena_size
         if start_timeout is None:
-            start_timeout = float(os.environ.get("HVDD_START_TIMEOUT", "120"))
+            start_timeout = default_start_timeout()
         self.start_timeout = start_timeout
         self.client_name = client_name
         self.welcome: Any = None

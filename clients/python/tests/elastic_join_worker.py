@@ -5,7 +5,8 @@ commit per step. The first workers train until the job has GROWN ranks and
 then EXTRA steps more; rank 0 prints ``TRAINING`` at step 2, when the test
 starts the joiner. The joiner waits in ``init()`` until the daemon takes it
 into the next epoch, receives rank 0's state in ``state.sync()`` and trains
-with the others. Every worker prints its final state (``RESULT {json}``).
+with the others. Every worker prints when it completed its first step in
+the grown job (``GREW time``) and its final state (``RESULT {json}``).
 
 Usage: elastic_join_worker.py GROWN EXTRA
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import torch
 
@@ -45,6 +47,8 @@ def main() -> None:
                 print("TRAINING", flush=True)
             if hvd.size() == grown and state.grown_at < 0:
                 state.grown_at = state.step
+                # This step's gradients were averaged over the grown job.
+                print(f"GREW {time.time():.6f} rank {hvd.rank()}", flush=True)
             state.step += 1
             state.commit()
 
