@@ -76,11 +76,8 @@ func parseHost(s string) (Host, error) {
 }
 
 func newHost(entry, name, slots string) (Host, error) {
-	if name == "" {
-		return Host{}, fmt.Errorf("%q: the host name is empty", entry)
-	}
-	if strings.ContainsAny(name, " \t\r\n'\"\\$`;&|<>()*?[]{}!#~=,") || strings.HasPrefix(name, "-") {
-		return Host{}, fmt.Errorf("%q: %q is not a host name or address", entry, name)
+	if err := checkHostName(entry, name); err != nil {
+		return Host{}, err
 	}
 	h := Host{Name: name, Slots: 1}
 	if slots != "" {
@@ -91,6 +88,18 @@ func newHost(entry, name, slots string) (Host, error) {
 		h.Slots = n
 	}
 	return h, nil
+}
+
+// checkHostName refuses an empty name, and one that is not a host name or
+// address (entry is the text it came from, for the message).
+func checkHostName(entry, name string) error {
+	if name == "" {
+		return fmt.Errorf("%q: the host name is empty", entry)
+	}
+	if strings.ContainsAny(name, " \t\r\n'\"\\$`;&|<>()*?[]{}!#~=,") || strings.HasPrefix(name, "-") {
+		return fmt.Errorf("%q: %q is not a host name or address", entry, name)
+	}
+	return nil
 }
 
 // ReadHostfile reads horovodrun's (and mpirun's) hostfile: one host per line
