@@ -69,11 +69,11 @@ func (j *job) watch(pre, cmd, whileRunning, post string) string {
 	return s
 }
 
-// workerScript is the remote command line of local rank lr on node i. A
-// remote rank gets only cfg.Env and its rank variables, in the same working
-// directory as here.
-func (j *job) workerScript(i, lr int) string {
-	env := append(append([]string{}, j.cfg.Env...), j.rankEnv(i, lr)...)
+// workerScript is the remote command line of a rank with the rank
+// variables rankEnv. A remote rank gets only cfg.Env and its rank
+// variables, in the same working directory as here.
+func (j *job) workerScript(rankEnv []string) string {
+	env := append(append([]string{}, j.cfg.Env...), rankEnv...)
 	cmd := "( cd " + shellQuote(j.cwd) + " && exec env " + shellJoin(env) + " " + shellJoin(j.cfg.Command) + " )"
 	return j.watch("", cmd, "", "")
 }

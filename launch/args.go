@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 // Usage is the help text of `hvdd run`.
 const Usage = `Usage: hvdd run -np N [flags] [--] COMMAND [ARGS...]
        hvdd run -np N -H HOST:SLOTS,... [flags] [--] COMMAND [ARGS...]
+       hvdd run -np N --host-discovery-script SCRIPT [flags] [--] COMMAND [ARGS...]
 
 Start N copies of COMMAND as one hvdd job, like horovodrun or mpirun.
 
@@ -62,7 +64,8 @@ once.
 
 Flags (they stop at "--" or at the first argument that is not a flag):
   -np N, --num-proc N
-        number of processes to start (required, at least 1)
+        number of processes to start (required, at least 1); for the
+        elastic driver (below), the slots needed before the job starts
   --socket PATH
         daemon socket (default: $HVDD_SOCKET, else /run/hvdd/hvdd.sock for
         root, else $XDG_RUNTIME_DIR/hvdd.sock, else $TMPDIR/hvdd-UID/hvdd.sock)
@@ -78,14 +81,15 @@ Flags (they stop at "--" or at the first argument that is not a flag):
         elastic (fault-tolerant) job: ranks run with HOROVOD_ELASTIC=1, and
         when a rank fails the others go on as long as at least MIN run; the
         survivors re-initialise into the job's next epoch through
-        hvd.elastic.run; across hosts (-H), a lost host's ranks count as
-        failed and the other hosts go on
+        hvd.elastic.run. With -H, hvdd run's elastic driver runs the job
+        (see "Elastic jobs on hosts" below)
   --reset-limit K
-        elastic job: stop it at the failure that would be its K+1-th reset
-        (default: no limit)
+        elastic job: stop it at the reset that would be its K+1-th (a
+        failure, or hosts added or removed; default: no limit)
   --elastic-timeout SECONDS
         elastic job: how long its next epoch waits for the surviving ranks
-        to re-initialise (passed to the daemons hvdd run starts; default 600)
+        to re-initialise (passed to the daemons hvdd run starts), and how
+        long the elastic driver waits for enough slots (default 600)
   -x NAME[=VALUE]
         export NAME to every rank, with VALUE or with its value in hvdd run's
         environment (ignored if unset there); may be repeated
@@ -117,6 +121,46 @@ Flags for jobs across hosts:
         hvdd on the remote hosts (default: this hvdd's absolute path)
   (--socket is not used across hosts: every host gets a socket for the job.)
 
+Elastic jobs on hosts (horovodrun's elastic mode):
+  --host-discovery-script SCRIPT
+        an elastic job on the hosts SCRIPT finds (instead of -H): a shell
+        command line that prints the hosts available now, one per line, as
+        HOST:SLOTS or HOST (then --slots-per-host gives its slots). hvdd run
+        runs it every second; the job fails at once if its first run fails,
+        later failures are retried for up to --elastic-timeout. --min-np
+        defaults to -np
+  --max-np MAX
+        at most MAX ranks (default: a rank on every available slot)
+  --slots-per-host S, --slots S
+        the slots of a host that SCRIPT prints without any
+  --blacklist-cooldown-range MIN MAX
+        a blacklisted host (or slot) comes back after a cooldown between MIN
+        and MAX seconds: MIN·2^n plus a random fraction of MIN for its n-th
+        failure, as Horovod (1 <= MIN <= MAX <= 3600; default: never)
+
+With --host-discovery-script, or -H (or --hostfile) and --min-np, hvdd run
+drives the job as horovodrun's elastic driver does. Every host, even a
+single one that is this machine, gets a daemon of its own for the job
+(hvdd serve ... --elastic); host 0, the first to get ranks, runs the job's
+coordinator. hvdd run waits up to --elastic-timeout for -np slots, then
+starts a rank on every available slot, up to --max-np. Every second it
+looks at the hosts again: a new host gets a daemon and ranks, a host with
+more slots gets more ranks (the older hosts are filled first; running ranks
+keep their place), a host that is gone (or has fewer slots) has ranks
+stopped; the running ranks take the change in at their next commit. New
+ranks' output tags carry on the numbering ([4], [5], ...).
+
+Failures: when a host's daemon (or its agent) dies, the host is blacklisted,
+as Horovod blacklists the host of a failed worker: its ranks are stopped,
+and it comes back after the cooldown of --blacklist-cooldown-range, or
+never without one. When a rank fails and its host's daemon runs on, the
+host is not blacklisted: the rank's slot is, and a new rank is started in
+it after the same cooldown (never without a cooldown range); the host's
+other ranks go on. If host 0's daemon dies, the job ends. The job stops
+when fewer than --min-np ranks run and none can be added within
+--elastic-timeout, when every host is blacklisted, or at the reset beyond
+--reset-limit; it ends with status 0 once its ranks finish with status 0.
+
 Examples:
   hvdd run -np 4 python train.py --epochs 10
   hvdd run -np 2 --socket /tmp/hvdd.sock -- python -u train.py
@@ -127,6 +171,8 @@ Examples:
   hvdd run -np 4 -H 10.0.0.1:2,10.0.0.2:2 -p 2222 -i ~/.ssh/job_key -- ./train
   hvdd run -np 4 -H a:2,b:2 --agent "ssh -o StrictHostKeyChecking=no" -- ./train
   hvdd run -np 4 -H a:2,b:2 --hvdd-path /opt/hvdd/bin/hvdd --rendezvous-port 29600 -- ./train
+  hvdd run -np 4 --min-np 2 -H a:2,b:2 --blacklist-cooldown-range 10 100 -- python train.py
+  hvdd run -np 4 --min-np 2 --max-np 8 --host-discovery-script ./discover_hosts.sh -- python train.py
 `
 
 // envList is the flag.Value behind -x.
@@ -181,6 +227,12 @@ func ParseArgs(args []string) (Config, error) {
 	fs.IntVar(&c.ResetLimit, "reset-limit", 0, "")
 	var elasticTimeout int
 	fs.IntVar(&elasticTimeout, "elastic-timeout", 0, "")
+	fs.IntVar(&c.MaxNP, "max-np", 0, "")
+	fs.StringVar(&c.HostDiscoveryScript, "host-discovery-script", "", "")
+	fs.IntVar(&c.SlotsPerHost, "slots-per-host", 0, "")
+	fs.IntVar(&c.SlotsPerHost, "slots", 0, "")
+	var cooldown cooldownFlag
+	fs.Var(&cooldown, "blacklist-cooldown-range", "")
 	fs.Var(envList{&c.Env}, "x", "")
 	var hosts, hostfile string
 	fs.StringVar(&hosts, "H", "", "")
@@ -195,14 +247,32 @@ func ParseArgs(args []string) (Config, error) {
 	fs.StringVar(&c.Agent, "agent", "", "")
 	fs.StringVar(&c.RemoteHvddPath, "hvdd-path", "", "")
 
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return Config{}, fmt.Errorf("hvdd run: %w", err)
+	// --blacklist-cooldown-range takes two values: the flag package stops
+	// at the second, which is taken here before parsing goes on.
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return Config{}, fmt.Errorf("hvdd run: %w", err)
+			}
+			return Config{}, fmt.Errorf("%v; see 'hvdd run --help'", err)
 		}
-		return Config{}, fmt.Errorf("%v; see 'hvdd run --help'", err)
+		rest = fs.Args()
+		if !cooldown.wantMax {
+			break
+		}
+		if err := cooldown.setMax(rest); err != nil {
+			return Config{}, err
+		}
+		rest = rest[1:]
 	}
 	c.Command = fs.Args()
 	c.ElasticTimeout = time.Duration(elasticTimeout) * time.Second
+	if flagSet(fs, "blacklist-cooldown-range") {
+		if err := cooldown.check(); err != nil {
+			return Config{}, err
+		}
+		c.BlacklistCooldown = CooldownRange{time.Duration(cooldown.min) * time.Second, time.Duration(cooldown.max) * time.Second}
+	}
 	if flagSet(fs, "reset-limit") && c.ResetLimit < 1 {
 		return Config{}, errors.New("--reset-limit must be at least 1 (leave it out for no limit)")
 	}
@@ -250,4 +320,59 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
+}
+
+// cooldownFlag is the flag.Value behind --blacklist-cooldown-range MIN MAX
+// (whole seconds): Set takes MIN, and ParseArgs hands MAX, the argument
+// after it, to setMax.
+type cooldownFlag struct {
+	min, max int
+	wantMax  bool
+}
+
+const cooldownUsage = "--blacklist-cooldown-range takes two whole numbers of seconds, MIN MAX, e.g. --blacklist-cooldown-range 10 100"
+
+func (f *cooldownFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	return fmt.Sprintf("%d %d", f.min, f.max)
+}
+
+func (f *cooldownFlag) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return errors.New(cooldownUsage)
+	}
+	f.min, f.wantMax = n, true
+	return nil
+}
+
+// setMax takes MAX from rest, the arguments after MIN.
+func (f *cooldownFlag) setMax(rest []string) error {
+	f.wantMax = false
+	if len(rest) == 0 {
+		return errors.New(cooldownUsage)
+	}
+	n, err := strconv.Atoi(rest[0])
+	if err != nil {
+		return fmt.Errorf("%s, not %q", cooldownUsage, rest[0])
+	}
+	f.max = n
+	return nil
+}
+
+// check applies Horovod's bounds (HostState._validate_cooldown_range), with
+// its messages.
+func (f *cooldownFlag) check() error {
+	lo, hi := int(CooldownLowerLimit/time.Second), int(CooldownUpperLimit/time.Second)
+	switch {
+	case f.min < lo:
+		return fmt.Errorf("Provided cooldown lower limit: %d cannot be lower than default cooldown lower limit: %d; pass --blacklist-cooldown-range MIN MAX with MIN >= %d", f.min, lo, lo)
+	case f.max > hi:
+		return fmt.Errorf("Provided cooldown upper limit: %d cannot be higher than default cooldown upper limit: %d; pass --blacklist-cooldown-range MIN MAX with MAX <= %d", f.max, hi, hi)
+	case f.max < f.min:
+		return fmt.Errorf("--blacklist-cooldown-range %d %d: MIN is above MAX; pass MIN first", f.min, f.max)
+	}
+	return nil
 }

@@ -92,7 +92,9 @@ func TestParseArgsHelpIsErrHelp(t *testing.T) {
 
 // TestUsageNamesEveryFlag keeps Usage in step with ParseArgs.
 func TestUsageNamesEveryFlag(t *testing.T) {
-	for _, f := range []string{"-np N", "--num-proc", "--socket PATH", "--no-tag-output", "--start-timeout", "--kill-grace", "-x NAME[=VALUE]", `"--"`, "--help", "-H HOST[:SLOTS]", "--hosts", "--hostfile FILE", "--backend tcp|mpi", "--rendezvous-port PORT", "-p PORT", "--ssh-port", "-i FILE", "--ssh-identity-file", "--agent COMMAND", "--hvdd-path PATH"} {
+	for _, f := range []string{"-np N", "--num-proc", "--socket PATH", "--no-tag-output", "--start-timeout", "--kill-grace", "-x NAME[=VALUE]", `"--"`, "--help", "-H HOST[:SLOTS]", "--hosts", "--hostfile FILE", "--backend tcp|mpi", "--rendezvous-port PORT", "-p PORT", "--ssh-port", "-i FILE", "--ssh-identity-file", "--agent COMMAND", "--hvdd-path PATH",
+		"--min-np MIN", "--max-np MAX", "--host-discovery-script SCRIPT", "--slots-per-host S", "--slots S",
+		"--blacklist-cooldown-range MIN MAX", "--reset-limit K", "--elastic-timeout SECONDS"} {
 		if !strings.Contains(Usage, f) {
 			t.Errorf("Usage does not mention %s", f)
 		}
@@ -130,5 +132,72 @@ func TestSocketPath(t *testing.T) {
 	}
 	if got := ipc.SocketPath("/flag.sock"); got != "/flag.sock" {
 		t.Errorf("SocketPath(flag) = %q, want the flag", got)
+	}
+}
+
+// TestParseArgsElasticDriver: the elastic driver's flags as horovodrun takes
+// them, and their refusals, each saying what to do.
+func TestParseArgsElasticDriver(t *testing.T) {
+	dir := t.TempDir()
+	hf := filepath.Join(dir, "hosts")
+	os.WriteFile(hf, []byte("a slots=2\n"), 0o600)
+	c, err := ParseArgs([]string{"-np", "2", "--min-np", "1", "--max-np", "8", "--host-discovery-script", "./discover.sh arg",
+		"--slots-per-host", "4", "--blacklist-cooldown-range", "10", "100", "--reset-limit", "3", "--", "cmd", "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MinNP != 1 || c.MaxNP != 8 || c.HostDiscoveryScript != "./discover.sh arg" || c.SlotsPerHost != 4 ||
+		c.BlacklistCooldown != (CooldownRange{10 * time.Second, 100 * time.Second}) || c.ResetLimit != 3 || !slices.Equal(c.Command, []string{"cmd", "x"}) {
+		t.Errorf("ParseArgs = %+v", c)
+	}
+	if !c.driven() {
+		t.Error("a job with a discovery script is not driven")
+	}
+	// --slots; the cooldown range last before the command; a discovery
+	// script makes the job elastic with --min-np = -np (Run's defaults).
+	c, err = ParseArgs([]string{"-np", "3", "--host-discovery-script", "d", "--slots", "2", "--blacklist-cooldown-range=1", "1", "cmd"})
+	if err != nil || c.SlotsPerHost != 2 || c.BlacklistCooldown != (CooldownRange{time.Second, time.Second}) || !slices.Equal(c.Command, []string{"cmd"}) {
+		t.Errorf("ParseArgs = %+v, %v", c, err)
+	}
+	if d := c.withDefaults(); d.MinNP != 3 || !d.elastic() {
+		t.Errorf("discovery script: MinNP %d, elastic %v; want -np and elastic", d.MinNP, d.elastic())
+	}
+	// -H with --min-np is driven; --min-np alone is not (the shared daemon).
+	c, err = ParseArgs([]string{"-np", "2", "--min-np", "1", "-H", "a:2,b:2", "--blacklist-cooldown-range", "5", "60", "--max-np", "4", "cmd"})
+	if err != nil || !c.driven() || c.MaxNP != 4 {
+		t.Errorf("-H with --min-np: %+v, %v", c, err)
+	}
+	if c, err := ParseArgs([]string{"-np", "2", "--min-np", "1", "cmd"}); err != nil || c.driven() {
+		t.Errorf("--min-np alone: driven %v, %v", c.driven(), err)
+	}
+	for _, tt := range []struct {
+		args    string
+		wantErr string
+	}{
+		{"--blacklist-cooldown-range 10 -- cmd", "--blacklist-cooldown-range takes two whole numbers of seconds, MIN MAX"},
+		{"--blacklist-cooldown-range 10", "takes two whole numbers"},
+		{"--blacklist-cooldown-range x 10 cmd", "takes two whole numbers"},
+		{"--blacklist-cooldown-range 0 10 cmd", "Provided cooldown lower limit: 0 cannot be lower than default cooldown lower limit: 1"},
+		{"--blacklist-cooldown-range 10 3601 cmd", "Provided cooldown upper limit: 3601 cannot be higher than default cooldown upper limit: 3600"},
+		{"--blacklist-cooldown-range 20 10 cmd", "MIN is above MAX"},
+		{"-H a:2 --host-discovery-script d cmd", "both name the hosts; pass one of them"},
+		{"--hostfile " + hf + " --host-discovery-script d cmd", "both name the hosts"},
+		{"--min-np 1 -H a:2 --slots-per-host 2 cmd", "give every host's slots as HOST:SLOTS"},
+		{"--max-np 4 cmd", "--max-np applies to elastic jobs"},
+		{"--min-np 1 --max-np 4 cmd", "--max-np needs hosts for the job to grow on"},
+		{"--host-discovery-script d --max-np 1 cmd", "--max-np 1 is less than -np 2"},
+		{"--max-np -1 cmd", "must not be negative"},
+		{"--min-np 1 --blacklist-cooldown-range 1 2 cmd", "--blacklist-cooldown-range applies to elastic jobs on hosts"},
+		{"--host-discovery-script d --backend mpi cmd", "drop --backend mpi"},
+		{"--host-discovery-script d --min-np 3 cmd", "--min-np 3 must be between 1 and -np 2"},
+		{"-H a:1 --min-np 1 cmd", "-np 2 is more than the 1 slots"},
+	} {
+		_, err := ParseArgs(append([]string{"-np", "2"}, strings.Fields(tt.args)...))
+		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("ParseArgs(%s) = %v, want an error containing %q", tt.args, err, tt.wantErr)
+		}
+	}
+	if err := (&Config{NP: 2, Command: []string{"x"}, HostDiscoveryScript: "d", ElasticTimeout: time.Second, ResetLimit: 1}).validate(); err != nil {
+		t.Errorf("--reset-limit and --elastic-timeout with a discovery script: %v", err)
 	}
 }

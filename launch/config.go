@@ -15,6 +15,8 @@ import (
 const (
 	DefaultStartTimeout = 30 * time.Second
 	DefaultKillGrace    = 5 * time.Second
+	// DefaultElasticTimeout is Horovod's ELASTIC_TIMEOUT_SECS.
+	DefaultElasticTimeout = 600 * time.Second
 )
 
 // maxLine is the longest line the output tagger buffers; a longer line is
@@ -72,9 +74,33 @@ type Config struct {
 
 	// ElasticTimeout is how long the next epoch of an elastic job waits for
 	// its surviving ranks, passed to a daemon Run starts (hvdd serve
-	// --elastic-timeout; horovodrun --elastic-timeout). Zero means the
-	// daemon's default, 600 s.
+	// --elastic-timeout; horovodrun --elastic-timeout). The elastic driver
+	// also waits this long for enough slots: -np before the job starts,
+	// MinNP once it runs. Zero means DefaultElasticTimeout (600 s).
 	ElasticTimeout time.Duration
+
+	// MaxNP, when positive, bounds the ranks of a job the elastic driver
+	// runs (horovodrun --max-np); zero means no bound: a rank on every
+	// available slot. It must not be below NP.
+	MaxNP int
+
+	// HostDiscoveryScript, when not empty, makes the job elastic and gives
+	// its hosts (horovodrun --host-discovery-script): a shell command line
+	// (run with sh -c in Dir) that prints the hosts available now, one per
+	// line as HOST:SLOTS, or HOST with SlotsPerHost slots. The elastic
+	// driver runs it every second and adds or removes hosts as its output
+	// changes. MinNP defaults to NP. It excludes Hosts.
+	HostDiscoveryScript string
+
+	// SlotsPerHost is the slots of a host that the discovery script prints
+	// without any (horovodrun --slots-per-host). Zero means such a line is
+	// an error.
+	SlotsPerHost int
+
+	// BlacklistCooldown is how long a blacklisted host or slot of a job the
+	// elastic driver runs stays out (horovodrun --blacklist-cooldown-range).
+	// The zero value means for good.
+	BlacklistCooldown CooldownRange
 
 	// Env holds extra NAME=VALUE entries for every worker, on top of our own
 	// environment. Run's rank variables (HVDD_RANK, HOROVOD_RANK, ...) are
@@ -146,6 +172,19 @@ type Config struct {
 
 	// localHost, if non-nil, replaces isLocalHost (tests).
 	localHost func(host string) bool
+
+	// discoverEvery, if positive, replaces DefaultDiscoverEvery (tests).
+	discoverEvery time.Duration
+}
+
+// elastic reports whether the job is elastic: its ranks get
+// HOROVOD_ELASTIC=1 and a failed rank need not stop the others.
+func (c *Config) elastic() bool { return c.MinNP > 0 || c.HostDiscoveryScript != "" }
+
+// driven reports whether the elastic driver runs the job (elastic.go): an
+// elastic job whose hosts are discovered, or given with -H.
+func (c *Config) driven() bool {
+	return c.HostDiscoveryScript != "" || c.MinNP > 0 && len(c.Hosts) > 0
 }
 
 // withDefaults returns a copy of c with the zero-valued fields filled in.
@@ -162,6 +201,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Stderr == nil {
 		c.Stderr = os.Stderr
+	}
+	if c.HostDiscoveryScript != "" && c.MinNP == 0 {
+		c.MinNP = c.NP // horovodrun: min_np = args.min_np or args.np
 	}
 	return c
 }
@@ -183,12 +225,15 @@ func (c *Config) validate() error {
 		return fmt.Errorf("--min-np %d must be between 1 and -np %d", c.MinNP, c.NP)
 	case c.ResetLimit < 0 || c.ElasticTimeout < 0:
 		return errors.New("--reset-limit and --elastic-timeout must not be negative")
-	case (c.ResetLimit > 0 || c.ElasticTimeout > 0) && c.MinNP == 0:
-		return errors.New("--reset-limit and --elastic-timeout apply to elastic jobs: pass --min-np too")
-	case c.MinNP > 0 && c.Backend == "mpi":
+	case (c.ResetLimit > 0 || c.ElasticTimeout > 0) && !c.elastic():
+		return errors.New("--reset-limit and --elastic-timeout apply to elastic jobs: pass --min-np too (or --host-discovery-script)")
+	case c.elastic() && c.Backend == "mpi":
 		return errors.New("--min-np (an elastic job) needs the tcp engine across hosts: the MPI engine's world cannot shrink; drop --backend mpi")
 	case len(c.DaemonCommand) > 0 && c.DaemonCommand[0] == "":
 		return errors.New("the daemon command's program name is empty")
+	}
+	if err := c.validateElastic(); err != nil {
+		return err
 	}
 	if strings.ContainsRune(c.Socket, 0) {
 		return fmt.Errorf("socket path %q contains a NUL byte", c.Socket)
@@ -229,6 +274,31 @@ func (c *Config) validateHosts() error {
 	}
 	if c.Agent != "" && len(strings.Fields(c.Agent)) == 0 {
 		return errors.New("--agent is blank; pass a command such as 'ssh -o BatchMode=yes'")
+	}
+	return nil
+}
+
+// validateElastic reports the first thing wrong with the fields of the
+// elastic driver.
+func (c *Config) validateElastic() error {
+	r := c.BlacklistCooldown
+	switch {
+	case c.MaxNP < 0 || c.SlotsPerHost < 0:
+		return errors.New("--max-np and --slots-per-host must not be negative")
+	case c.HostDiscoveryScript != "" && len(c.Hosts) > 0:
+		return errors.New("--host-discovery-script and -H (or --hostfile) both name the hosts; pass one of them")
+	case c.SlotsPerHost > 0 && c.HostDiscoveryScript == "":
+		return errors.New("--slots-per-host gives the slots of the hosts that --host-discovery-script prints without any; with -H give every host's slots as HOST:SLOTS")
+	case c.MaxNP > 0 && !c.elastic():
+		return errors.New("--max-np applies to elastic jobs: pass --min-np and -H, or --host-discovery-script")
+	case c.MaxNP > 0 && !c.driven():
+		return errors.New("--max-np needs hosts for the job to grow on: pass -H (e.g. -H localhost:8) or --host-discovery-script")
+	case c.MaxNP > 0 && c.MaxNP < c.NP:
+		return fmt.Errorf("--max-np %d is less than -np %d, the ranks the job starts with; raise --max-np or lower -np", c.MaxNP, c.NP)
+	case r != (CooldownRange{}) && (r.Min <= 0 || r.Max < r.Min):
+		return fmt.Errorf("blacklist cooldown range %v to %v: want 0 < MIN <= MAX, e.g. --blacklist-cooldown-range 10 100", r.Min, r.Max)
+	case r != (CooldownRange{}) && !c.driven():
+		return errors.New("--blacklist-cooldown-range applies to elastic jobs on hosts: pass -H with --min-np (e.g. -H localhost:4), or --host-discovery-script")
 	}
 	return nil
 }

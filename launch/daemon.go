@@ -226,7 +226,8 @@ func (j *job) startDaemons(ctx context.Context) error {
 	waitCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	for i, d := range j.daemons {
-		go func() { errs <- j.waitReady(waitCtx, d, i, deadline) }()
+		n := j.nodes[i]
+		go func() { errs <- j.waitReady(waitCtx, d, n, deadline) }()
 	}
 	var first error
 	for range j.daemons {
@@ -280,9 +281,10 @@ func (j *job) startDaemon(i int) (*daemonProc, error) {
 	return d, nil
 }
 
-// waitReady waits until node i's own daemon is ready, or fails saying why.
-func (j *job) waitReady(ctx context.Context, d *daemonProc, i int, deadline time.Time) error {
-	n := j.nodes[i]
+// waitReady waits until node n's own daemon d is ready, or fails saying
+// why. It reads no field of j that Run changes, so it may run beside the
+// elastic driver.
+func (j *job) waitReady(ctx context.Context, d *daemonProc, n node, deadline time.Time) error {
 	where := "on " + n.Host
 	hint := fmt.Sprintf("check that '%s %s true' works without a password and that hvdd is at %s there (--hvdd-path)", j.agentString(), n.Host, j.remoteHvdd)
 	var up func() bool // remote: the ready marker
@@ -330,6 +332,11 @@ func (j *job) daemonArgs(i int) []string {
 	}
 	if j.cfg.ElasticTimeout > 0 {
 		args = append(args, "--elastic-timeout", j.cfg.ElasticTimeout.String())
+	}
+	if j.cfg.driven() {
+		// Its node set changes: the multi-node formation even alone, and
+		// node 0 takes nodes that join the running job.
+		args = append(args, "--elastic")
 	}
 	return args
 }

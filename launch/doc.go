@@ -30,13 +30,27 @@
 // directory as here; a remote daemon is ready when its wrapper sees the
 // socket appear and prints a marker line.
 //
-// The package does not restart failed ranks. With Config.MinNP (hvdd run
-// --min-np) a job is elastic: its ranks get HOROVOD_ELASTIC=1, and a failed
-// rank does not stop the others while at least MinNP run (up to ResetLimit
-// such resets); the daemons re-form the job from the survivors, on one host
-// or across hosts (a lost host's ranks count as failed ranks). The package
-// does not talk the daemon's protocol: it only checks that something accepts
-// connections on the socket.
+// With Config.MinNP (hvdd run --min-np) a job is elastic: its ranks get
+// HOROVOD_ELASTIC=1, and a failed rank does not stop the others while at
+// least MinNP run (up to ResetLimit such resets); the daemons re-form the
+// job from the survivors. On this machine alone (no hosts) that is all: the
+// shared daemon, no rank restarted. With hosts (-H) or a host discovery
+// script (--host-discovery-script) the elastic driver runs the job
+// (elastic.go, elastic_loop.go, elastic_hosts.go), as horovodrun's
+// ElasticDriver: every host gets a daemon of its own started with
+// --elastic, even a single one that is this machine; it waits for NP
+// slots, starts a rank on every available slot up to MaxNP, and every
+// second takes in what discovery reports: new hosts get a daemon and ranks,
+// grown hosts more ranks, hosts gone have their ranks stopped. Its rule for
+// failures: when a host's daemon (or its agent) dies, the host is
+// blacklisted as Horovod blacklists the host of a failed worker: its ranks
+// are stopped, and it comes back after the cooldown of BlacklistCooldown
+// (never without one); when only a rank fails and its host's daemon runs
+// on, the host is not blacklisted: the rank's slot is, and a new rank is
+// started in it after the same cooldown (never without a cooldown range).
+// Node 0's daemon coordinates the job: if it dies the job ends. The
+// package does not talk the daemon's protocol: it only checks that
+// something accepts connections on the socket.
 //
 // Ranks stay in hvdd run's process group, as the terminal's job control
 // expects; a Ctrl-C typed at the terminal therefore reaches each rank twice,
@@ -61,7 +75,7 @@
 //     group (so a terminal's Ctrl-C reaches them directly), remote ones
 //     through the agent, each with its stdout and stderr line-tagged
 //     (output.go).
-//  5. Wait (supervise.go). On the first failure, signal or ctx cancellation,
+//  5. Wait (supervise.go; the elastic driver's loop for the jobs it runs). On the first failure, signal or ctx cancellation,
 //     SIGTERM (or the received signal) goes to the ranks still running and
 //     SIGKILL follows after Config.KillGrace; a second SIGINT sends SIGKILL at
 //     once.

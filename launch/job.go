@@ -28,6 +28,7 @@ type job struct {
 	cfg   *Config
 	nodes []node
 	o     *output
+	size  int // the ranks started first: their HVDD_SIZE
 
 	// The fields below serve jobs whose nodes have daemons of their own
 	// (see daemon.go); they are zero when the job's only node is this
@@ -67,7 +68,7 @@ type job struct {
 // Config.Socket; otherwise every node gets a daemon of its own for the job.
 // cfg must be valid; the exit code goes with a non-nil error.
 func newJob(cfg *Config) (*job, int, error) {
-	j := &job{cfg: cfg}
+	j := &job{cfg: cfg, size: cfg.NP}
 	if len(cfg.Hosts) == 0 {
 		j.nodes = []node{{Slots: cfg.NP, Local: true}}
 	} else {
@@ -75,12 +76,8 @@ func newJob(cfg *Config) (*job, int, error) {
 		if err != nil {
 			return nil, exitUsage, err
 		}
-		isLocal := isLocalHost
-		if cfg.localHost != nil {
-			isLocal = cfg.localHost
-		}
 		for i := range nodes {
-			nodes[i].Local = isLocal(nodes[i].Host)
+			nodes[i].Local = j.isLocal(nodes[i].Host)
 		}
 		j.nodes = nodes
 	}
@@ -90,8 +87,25 @@ func newJob(cfg *Config) (*job, int, error) {
 		return j, 0, nil
 	}
 
+	if code, err := j.prepareOwnDaemons(); err != nil {
+		return nil, code, err
+	}
+	for i := range j.nodes {
+		j.nodes[i].Socket = j.socketPath(i)
+	}
+	if code, err := j.setRendezvous(); err != nil {
+		return nil, code, err
+	}
+	return j, 0, nil
+}
+
+// prepareOwnDaemons draws what the daemons of a job with daemons of its
+// own share: the job id, the secret, and what remote hosts need. The exit
+// code goes with a non-nil error.
+func (j *job) prepareOwnDaemons() (int, error) {
+	cfg := j.cfg
 	if cfg.HvddPath == "" {
-		return nil, exitUsage, errors.New("no hvdd binary to start the daemons with (Config.HvddPath is empty)")
+		return exitUsage, errors.New("no hvdd binary to start the daemons with (Config.HvddPath is empty)")
 	}
 	j.remoteHvdd, j.cwd = cfg.RemoteHvddPath, cfg.Dir
 	if j.remoteHvdd == "" {
@@ -100,7 +114,7 @@ func newJob(cfg *Config) (*job, int, error) {
 	if j.cwd == "" {
 		wd, err := os.Getwd()
 		if err != nil {
-			return nil, exitLaunchFailed, fmt.Errorf("find the working directory for remote ranks: %w", err)
+			return exitLaunchFailed, fmt.Errorf("find the working directory for remote ranks: %w", err)
 		}
 		j.cwd = wd
 	}
@@ -109,22 +123,38 @@ func newJob(cfg *Config) (*job, int, error) {
 	var id [6]byte
 	rand.Read(id[:]) // the job id is not secret: it only names the sockets
 	j.id = hex.EncodeToString(id[:])
-	for i := range j.nodes {
-		j.nodes[i].Socket = fmt.Sprintf("/tmp/hvdd-run-%s-%d/hvdd.sock", j.id, i)
-	}
-	port := cfg.RendezvousPort
+	return 0, nil
+}
+
+// socketPath is node i's per-job socket.
+func (j *job) socketPath(i int) string {
+	return fmt.Sprintf("/tmp/hvdd-run-%s-%d/hvdd.sock", j.id, i)
+}
+
+// setRendezvous picks node 0's rendezvous address: --rendezvous-port, else
+// a free port when node 0 is this machine, else DefaultRendezvousPort.
+func (j *job) setRendezvous() (int, error) {
+	port := j.cfg.RendezvousPort
 	if port == 0 {
 		port = DefaultRendezvousPort
 		if j.nodes[0].Local {
 			p, err := freePort(j.nodes[0].Host)
 			if err != nil {
-				return nil, exitLaunchFailed, fmt.Errorf("find a free rendezvous port on %s: %w; pass --rendezvous-port", j.nodes[0].Host, err)
+				return exitLaunchFailed, fmt.Errorf("find a free rendezvous port on %s: %w; pass --rendezvous-port", j.nodes[0].Host, err)
 			}
 			port = p
 		}
 	}
 	j.rendezvous = net.JoinHostPort(j.nodes[0].Host, strconv.Itoa(port))
-	return j, 0, nil
+	return 0, nil
+}
+
+// isLocal reports whether host is this machine (Config.localHost in tests).
+func (j *job) isLocal(host string) bool {
+	if j.cfg.localHost != nil {
+		return j.cfg.localHost(host)
+	}
+	return isLocalHost(host)
 }
 
 // shared reports whether the job runs on this machine's shared daemon (its

@@ -52,10 +52,15 @@ func (j *job) startRanks(path string) (int, error) {
 // startRank starts local rank lr of node i: directly on this machine, else
 // through the agent.
 func (j *job) startRank(path string, i, lr int) error {
+	return j.startRankAs(path, i, j.nodes[i].Offset+lr, j.rankEnv(i, lr))
+}
+
+// startRankAs starts a rank on node i whose output is tagged with rank
+// (the next tag: len(j.workers)), with the rank variables rankEnv.
+func (j *job) startRankAs(path string, i, rank int, rankEnv []string) error {
 	n, cfg := j.nodes[i], j.cfg
-	rank := n.Offset + lr
 	if !n.Local {
-		return j.startRemoteRank(i, lr)
+		return j.startRemoteRank(i, rank, rankEnv)
 	}
 	cmd := exec.Command(path, cfg.Command[1:]...)
 	cmd.Args[0] = cfg.Command[0]
@@ -67,7 +72,7 @@ func (j *job) startRank(path string, i, lr int) error {
 	if !n.Shared {
 		env = environ()
 	}
-	cmd.Env = append(append(env, cfg.Env...), j.rankEnv(i, lr)...)
+	cmd.Env = append(append(env, cfg.Env...), rankEnv...)
 	if rank == 0 {
 		cmd.Stdin = cfg.Stdin
 	}
@@ -77,12 +82,11 @@ func (j *job) startRank(path string, i, lr int) error {
 	return j.startCmd(cmd, rank, nil)
 }
 
-// startRemoteRank starts local rank lr of node i, a remote host, through
-// the agent.
-func (j *job) startRemoteRank(i, lr int) error {
+// startRemoteRank starts a rank on node i, a remote host, through the
+// agent; see startRankAs.
+func (j *job) startRemoteRank(i, rank int, rankEnv []string) error {
 	n := j.nodes[i]
-	rank := n.Offset + lr
-	cmd := j.agent(n.Host, j.workerScript(i, lr))
+	cmd := j.agent(n.Host, j.workerScript(rankEnv))
 	r, w, err := os.Pipe()
 	if err != nil {
 		return err
@@ -109,18 +113,25 @@ func (j *job) startRemoteRank(i, lr int) error {
 func (j *job) rankEnv(i, lr int) []string {
 	n := j.nodes[i]
 	cr, cs := crossRank(j.nodes, i, lr)
-	r, size := strconv.Itoa(n.Offset+lr), strconv.Itoa(j.cfg.NP)
-	l, ls := strconv.Itoa(lr), strconv.Itoa(n.Slots)
-	c, csz := strconv.Itoa(cr), strconv.Itoa(cs)
+	return j.rankVars(n, slotInfo{n.Offset + lr, j.size, lr, n.Slots, cr, cs}, strconv.Itoa(lr))
+}
+
+// rankVars is the rank variables of a rank on node n at slot s;
+// requestLR is its HVDD_LOCAL_RANK, the local rank its client asks the
+// daemon for ("-1": any).
+func (j *job) rankVars(n node, s slotInfo, requestLR string) []string {
+	r, size := strconv.Itoa(s.rank), strconv.Itoa(s.size)
+	l, ls := strconv.Itoa(s.local), strconv.Itoa(s.localSize)
+	c, csz := strconv.Itoa(s.cross), strconv.Itoa(s.crossSize)
 	env := []string{
 		"HVDD_SOCKET=" + n.Socket,
 		"HVDD_RANK=" + r, "HVDD_SIZE=" + size,
-		"HVDD_LOCAL_RANK=" + l, "HVDD_LOCAL_SIZE=" + ls,
+		"HVDD_LOCAL_RANK=" + requestLR, "HVDD_LOCAL_SIZE=" + ls,
 	}
 	if !n.Shared {
 		env = append(env, "HVDD_CROSS_RANK="+c, "HVDD_CROSS_SIZE="+csz)
 	}
-	if j.cfg.MinNP > 0 {
+	if j.cfg.elastic() {
 		env = append(env, "HOROVOD_ELASTIC=1")
 	}
 	return append(env,

@@ -13,7 +13,10 @@ import (
 // Run starts cfg.NP ranks of cfg.Command on the nodes it plans (this
 // machine alone, or the hosts of cfg.Hosts), first making sure every node
 // has a daemon, and supervises them until every rank has exited. It blocks
-// until then, and until the daemons it started have been stopped.
+// until then, and until the daemons it started have been stopped. An
+// elastic job with a host discovery script, or with hosts and MinNP, is
+// run by the elastic driver instead (elastic.go), which adds and removes
+// hosts and ranks as it goes.
 //
 // exitCode is the job's: 0 if every rank exited 0; otherwise the status of
 // the first rank that failed (128+N for death by signal N), or 128+N when
@@ -34,6 +37,11 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 	if err := cfg.validate(); err != nil {
 		return exitUsage, err
 	}
+	if cfg.driven() {
+		sigs, stop := signals(&cfg)
+		defer stop()
+		return runElastic(ctx, &cfg, &output{stdout: cfg.Stdout, stderr: cfg.Stderr}, sigs)
+	}
 	j, code, err := newJob(&cfg)
 	if err != nil {
 		return code, err
@@ -47,13 +55,8 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 	j.o = &output{stdout: cfg.Stdout, stderr: cfg.Stderr}
 	j.warnLoopback()
 
-	sigs := cfg.Signals
-	if sigs == nil {
-		ch := make(chan os.Signal, 8)
-		signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-		defer signal.Stop(ch)
-		sigs = ch
-	}
+	sigs, stop := signals(&cfg)
+	defer stop()
 
 	sig, err := interruptibly(ctx, sigs, j.startDaemons)
 	defer j.stopDaemons()
@@ -78,4 +81,15 @@ func lookCommand(cfg *Config) (path string, code int, err error) {
 		return "", exitNotFound, fmt.Errorf("command %q not found in $PATH; check its spelling, or give its path (e.g. ./%s)", name, name)
 	}
 	return path, 0, nil
+}
+
+// signals returns the channel of signals to forward: cfg.Signals, else
+// SIGINT, SIGTERM and SIGHUP until stop is called.
+func signals(cfg *Config) (sigs <-chan os.Signal, stop func()) {
+	if cfg.Signals != nil {
+		return cfg.Signals, func() {}
+	}
+	ch := make(chan os.Signal, 8)
+	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	return ch, func() { signal.Stop(ch) }
 }

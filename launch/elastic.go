@@ -1,0 +1,264 @@
+package launch
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"time"
+)
+
+// The elastic driver runs the jobs whose hosts can change: an elastic job
+// with a host discovery script, or with -H and --min-np (Horovod's
+// FixedHosts). It follows horovodrun's ElasticDriver
+// (horovod/runner/elastic/driver.py): it waits up to the elastic timeout
+// for -np slots, starts a rank on every available slot (up to --max-np),
+// and then, every second, looks at the hosts again and adds or removes
+// ranks (elastic_hosts.go), while it supervises them (elastic_loop.go).
+//
+// Every host gets a daemon of its own for the job, started with --elastic
+// (even a single host that is this machine); the first host's daemon is
+// node 0, the job's coordinator. A host that joins later is node K, the
+// next index (never reused), started with --nodes K+1 --node-rank K. The
+// driver only starts and stops processes: the daemons re-form the job
+// around the ranks that come and go.
+//
+// Failures. Horovod blacklists the host of a failed worker. Here a host is
+// blacklisted when its daemon (or the daemon's agent) dies: its ranks are
+// stopped, and it comes back after the cooldown of
+// --blacklist-cooldown-range (never without one). When a rank fails and its
+// host's daemon runs on, the host is not blacklisted: the rank's slot is,
+// for the same cooldown, after which a new rank is started in it; the
+// host's other ranks go on. If node 0's daemon dies the job ends.
+
+// Driver states (the job's, as in supervise).
+const (
+	driverRunning = iota
+	driverFailed
+	driverInterrupted
+	driverCancelled
+)
+
+// driver is the elastic driver of one job. Only the goroutine running Run
+// touches it; other goroutines report to it on its channels.
+type driver struct {
+	j        *job
+	hm       *hostManager
+	discover discoverFunc
+	every    time.Duration // how often discovery runs
+	timeout  time.Duration // the elastic timeout
+	path     string        // the command on this machine, once looked up
+
+	ranks   []driverRank   // by output tag (j.workers' index)
+	nodes   []driverNode   // by node index, beside j.nodes
+	current map[string]int // host -> its node that runs its ranks now
+	resets  int            // membership changes so far
+
+	state     int
+	code      int   // the job's exit code
+	err       error // what to return with it
+	lastFail  int   // the exit code of the last failed rank (exitLaunchFailed if none)
+	finishing bool  // a rank finished with status 0: the job ends as the others do
+	killC     <-chan time.Time
+	minWait   *time.Timer // running while fewer than --min-np ranks run
+	minWaitC  <-chan time.Time
+	// discFailing is when the discovery script began failing (zero: it
+	// works).
+	discFailing time.Time
+
+	ctx     context.Context // cancelled when supervise returns
+	daemonC chan *daemonProc
+	readyC  chan readyEvent
+	discC   chan discovery
+	quit    chan struct{}
+}
+
+// driverRank is a rank the driver started.
+type driverRank struct {
+	node     int
+	stopping bool      // asked to stop: its host left the job or lost its daemon
+	stopAt   time.Time // when it was asked
+	killed   bool      // SIGKILLed after the kill grace
+}
+
+// driverNode is a node (a host's daemon) the driver started.
+type driverNode struct {
+	d        *daemonProc
+	ready    bool
+	dead     bool // its daemon exited
+	retired  bool // its host runs no ranks on it any more; its daemon is stopped once they have exited
+	stopped  bool // the driver stopped its daemon
+	reserved int  // ranks to start once its daemon is ready
+}
+
+type readyEvent struct {
+	node int
+	err  error
+}
+
+type discovery struct {
+	hosts []Host
+	err   error
+}
+
+func newDriver(j *job) *driver {
+	cfg := j.cfg
+	drv := &driver{
+		j:        j,
+		hm:       newHostManager(cfg.BlacklistCooldown, time.Now, rand.Float64),
+		every:    DefaultDiscoverEvery,
+		timeout:  DefaultElasticTimeout,
+		current:  map[string]int{},
+		lastFail: exitLaunchFailed,
+		daemonC:  make(chan *daemonProc),
+		readyC:   make(chan readyEvent),
+		discC:    make(chan discovery),
+		quit:     make(chan struct{}),
+	}
+	if cfg.discoverEvery > 0 {
+		drv.every = cfg.discoverEvery
+	}
+	if cfg.ElasticTimeout > 0 {
+		drv.timeout = cfg.ElasticTimeout
+	}
+	if cfg.HostDiscoveryScript != "" {
+		drv.discover = scriptDiscovery(cfg.HostDiscoveryScript, cfg.Dir, cfg.SlotsPerHost)
+	} else {
+		drv.discover = fixedHosts(cfg.Hosts)
+	}
+	return drv
+}
+
+// runElastic is Run for a job the elastic driver runs (cfg.driven()).
+func runElastic(ctx context.Context, cfg *Config, o *output, sigs <-chan os.Signal) (int, error) {
+	j := &job{cfg: cfg, o: o}
+	if code, err := j.prepareOwnDaemons(); err != nil {
+		return code, err
+	}
+	drv := newDriver(j)
+	var hosts []Host
+	sig, err := interruptibly(ctx, sigs, func(ctx context.Context) (err error) {
+		hosts, err = drv.waitForSlots(ctx, cfg.NP)
+		return err
+	})
+	if code, err := startFailed(ctx, sig, err, "the elastic job"); err != nil {
+		return code, err
+	}
+
+	// The first hosts' nodes, ranks node-major.
+	target := assign(hosts, nil, cfg.MaxNP)
+	for _, h := range hosts {
+		if n := target[h.Name]; n > 0 {
+			i := drv.addNode(h.Name, n)
+			j.nodes[i].Offset = j.size
+			j.size += n
+		}
+	}
+	if code, err := j.setRendezvous(); err != nil {
+		return code, err
+	}
+	j.warnLoopback()
+	if j.hasLocal() {
+		path, code, err := lookCommand(cfg)
+		if err != nil {
+			return code, err
+		}
+		drv.path = path
+	}
+	sig, err = interruptibly(ctx, sigs, j.startDaemons)
+	defer j.stopDaemons()
+	if code, err := startFailed(ctx, sig, err, j.daemonsName()); err != nil {
+		return code, err
+	}
+	for i, d := range j.daemons {
+		drv.nodes[i].d, drv.nodes[i].ready = d, true
+	}
+	if code, err := j.startRanks(drv.path); err != nil {
+		return code, err
+	}
+	for i, n := range j.nodes {
+		for range n.Slots {
+			drv.ranks = append(drv.ranks, driverRank{node: i})
+		}
+	}
+	return drv.supervise(ctx, sigs)
+}
+
+// addNode adds the next node, for host with slots ranks, and makes it the
+// host's current node. Its daemon is not started.
+func (drv *driver) addNode(host string, slots int) int {
+	j := drv.j
+	i := len(j.nodes)
+	j.nodes = append(j.nodes, node{Host: host, Slots: slots, Local: j.isLocal(host), Socket: j.socketPath(i)})
+	drv.nodes = append(drv.nodes, driverNode{})
+	drv.current[host] = i
+	return i
+}
+
+// waitForSlots runs discovery every drv.every until the available hosts
+// have np slots, and returns them; it gives up after the elastic timeout
+// with Horovod's message. A failing first run of the discovery fails the
+// job (horovodrun: a misconfiguration); later failures are retried.
+func (drv *driver) waitForSlots(ctx context.Context, np int) ([]Host, error) {
+	deadline := time.Now().Add(drv.timeout)
+	var avail []Host
+	for first, told := true, false; ; first = false {
+		hosts, err := drv.discover(ctx)
+		switch {
+		case err != nil && (first || ctx.Err() != nil):
+			return nil, err
+		case err != nil && drv.discFailing.IsZero():
+			drv.discFailing = time.Now()
+			drv.j.o.logf("%v; retrying every %v", err, drv.every)
+		case err == nil:
+			drv.discFailing = time.Time{}
+			drv.hm.setDiscovered(hosts)
+		}
+		avail = drv.hm.available()
+		have := totalSlots(avail)
+		if have >= np {
+			return avail, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%s; raise --elastic-timeout (%v) to wait longer", drv.slotsTimeout(np), drv.timeout)
+		}
+		if !told {
+			told = true
+			drv.j.o.logf("waiting up to %v (--elastic-timeout) for %d slots; the hosts have %d (%s)", drv.timeout, np, have, hostList(avail))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for %d slots: %w", np, context.Cause(ctx))
+		case <-time.After(min(drv.every, time.Until(deadline)+time.Millisecond)):
+		}
+	}
+}
+
+// slotsTimeout is Horovod's message when the slots for np ranks did not
+// become available in time, with what the hosts have.
+func (drv *driver) slotsTimeout(np int) string {
+	avail := drv.hm.available()
+	return fmt.Sprintf("Timed out waiting for minimum number of slots to become available. Please check that you have enough resources to run at least %d Horovod processes. (After %v the hosts have %d slots: %s)",
+		np, drv.timeout, totalSlots(avail), hostList(avail))
+}
+
+func totalSlots(hosts []Host) int {
+	n := 0
+	for _, h := range hosts {
+		n += h.Slots
+	}
+	return n
+}
+
+// hostList names hosts with their slots, for messages.
+func hostList(hosts []Host) string {
+	if len(hosts) == 0 {
+		return "none"
+	}
+	s := make([]string, len(hosts))
+	for i, h := range hosts {
+		s[i] = h.String()
+	}
+	return strings.Join(s, ", ")
+}

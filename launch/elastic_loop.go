@@ -1,0 +1,381 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// resetLimitMessage is Horovod's RESET_LIMIT_EXCEEDED_MESSAGE.
+const resetLimitMessage = "Horovod was shutdown because number of resets during elastic job exceeded limit: %d"
+
+// supervise is the elastic driver's loop: it waits for every rank to exit,
+// while discovery reports the hosts every drv.every, and adds and removes
+// ranks and hosts; see Run for the result.
+func (drv *driver) supervise(ctx context.Context, sigs <-chan os.Signal) (int, error) {
+	j := drv.j
+	ctx, cancel := context.WithCancel(ctx)
+	drv.ctx = ctx
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		close(drv.quit)
+		wg.Wait()
+	}()
+	for _, d := range j.daemons {
+		drv.watchDaemon(d)
+	}
+	wg.Go(func() { drv.runDiscovery(ctx) })
+	tick := time.NewTicker(drv.every)
+	defer tick.Stop()
+	ctxDone := ctx.Done()
+	for j.running > 0 {
+		select {
+		case e := <-j.exits:
+			drv.rankExited(e)
+		case sig := <-sigs:
+			drv.signal(sig)
+		case <-ctxDone:
+			ctxDone = nil
+			if drv.state == driverRunning {
+				drv.state, drv.code = driverCancelled, 128+int(syscall.SIGTERM)
+				j.o.logf("%v; stopping %s", context.Cause(ctx), ranks(j.running))
+				drv.stop(syscall.SIGTERM)
+			}
+		case <-drv.killC:
+			drv.killC = nil
+			j.o.logf("%s still running %v after being asked to stop; sending SIGKILL", ranks(j.running), j.cfg.KillGrace)
+			j.signalAll(syscall.SIGKILL)
+		case d := <-drv.daemonC:
+			drv.daemonExited(d)
+		case r := <-drv.readyC:
+			drv.daemonReady(r)
+		case r := <-drv.discC:
+			drv.discovered(r)
+		case <-tick.C:
+			drv.killLingering()
+			drv.reconcile()
+		case <-drv.minWaitC:
+			drv.minWaitC = nil
+			drv.fail(drv.lastFail, errors.New(drv.slotsTimeout(j.cfg.MinNP)))
+		}
+	}
+	if drv.minWait != nil {
+		drv.minWait.Stop()
+	}
+	j.closeStdins()
+	j.drain()
+	switch {
+	case drv.state == driverCancelled:
+		return drv.code, fmt.Errorf("job stopped: %w", context.Cause(ctx))
+	case drv.state == driverRunning:
+		return 0, nil
+	}
+	return drv.code, drv.err
+}
+
+// runDiscovery runs discovery every drv.every and reports each result,
+// until ctx ends.
+func (drv *driver) runDiscovery(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(drv.every):
+		}
+		hosts, err := drv.discover(ctx)
+		select {
+		case drv.discC <- discovery{hosts, err}:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// watchDaemon reports d on drv.daemonC when it exits.
+func (drv *driver) watchDaemon(d *daemonProc) {
+	go func() {
+		select {
+		case <-d.done:
+			select {
+			case drv.daemonC <- d:
+			case <-drv.quit:
+			}
+		case <-drv.quit:
+		}
+	}()
+}
+
+// stop sends sig to every rank and arms the kill grace, as supervise's stop.
+func (drv *driver) stop(sig os.Signal) {
+	drv.j.signalAll(sig)
+	drv.killC = time.After(drv.j.cfg.KillGrace)
+}
+
+// fail stops the job: every rank gets SIGTERM, and Run returns code and
+// err (err, when not nil, is also logged now).
+func (drv *driver) fail(code int, err error) {
+	if drv.state != driverRunning {
+		return
+	}
+	drv.state, drv.code, drv.err = driverFailed, code, err
+	if err != nil && drv.j.running > 0 {
+		drv.j.o.logf("%v; stopping %s", err, ranks(drv.j.running))
+	}
+	drv.stop(syscall.SIGTERM)
+}
+
+// failRank stops the job after a rank's failure, logging msg as supervise
+// does, and exits with the rank's code.
+func (drv *driver) failRank(code int, msg string) {
+	if drv.j.running > 0 {
+		msg += fmt.Sprintf("; stopping the other %s", ranks(drv.j.running))
+	}
+	drv.j.o.logf("%s", msg)
+	drv.fail(code, nil)
+}
+
+// signal forwards sig as supervise does.
+func (drv *driver) signal(sig os.Signal) {
+	j := drv.j
+	switch {
+	case drv.state == driverRunning:
+		drv.state, drv.code = driverInterrupted, 128+signum(sig)
+		hint := ""
+		if sig == syscall.SIGINT {
+			hint = " (Ctrl-C again to kill them now)"
+		}
+		j.o.logf("received %s; forwarding it to %s%s", signame(sig), ranks(j.running), hint)
+		drv.stop(sig)
+	case sig == syscall.SIGINT:
+		j.o.logf("received SIGINT again; killing %s", ranks(j.running))
+		j.signalAll(syscall.SIGKILL)
+	default:
+		j.signalAll(sig)
+	}
+}
+
+// describeRank names rank tag in messages, as supervise does.
+func (drv *driver) describeRank(tag int, how string) string {
+	j := drv.j
+	if h, ok := j.hosts[tag]; ok {
+		return fmt.Sprintf("rank %d on %s (agent pid %d) %s", tag, h, j.workers[tag].Process.Pid, how)
+	}
+	return fmt.Sprintf("rank %d (pid %d) %s", tag, j.workers[tag].Process.Pid, how)
+}
+
+// rankExited handles the exit of rank e.rank.
+func (drv *driver) rankExited(e exitEvent) {
+	j, cfg := drv.j, drv.j.cfg
+	j.running--
+	j.exited[e.rank] = true
+	r := &drv.ranks[e.rank]
+	c, how := describeExit(e.state)
+	if drv.state != driverRunning {
+		return
+	}
+	if n := &drv.nodes[r.node]; !n.dead && !n.retired && daemonGone(n.d) {
+		// It went with its daemon, whose exit is not handled yet.
+		drv.daemonExited(n.d)
+		if drv.state != driverRunning {
+			return
+		}
+	}
+	msg := drv.describeRank(e.rank, how)
+	switch {
+	case r.stopping:
+		j.o.logf("%s; the elastic job goes on with %s", msg, ranks(j.running))
+		drv.retireDaemons()
+		drv.checkMin()
+		return
+	case c == 0:
+		// Horovod: a worker that succeeds ends the job; the others finish.
+		drv.finishing = true
+		drv.stopMinWait()
+		return
+	}
+	drv.lastFail = c
+	host := j.nodes[r.node].Host
+	live := drv.live()
+	switch limit := cfg.ResetLimit; {
+	case live < cfg.MinNP && !drv.recoverable():
+		drv.failRank(c, msg+fmt.Sprintf("; %s left, fewer than --min-np %d", ranks(live), cfg.MinNP))
+		return
+	case limit > 0 && drv.resets >= limit:
+		drv.failRank(c, msg+"; "+fmt.Sprintf(resetLimitMessage, limit))
+		return
+	}
+	drv.resets++
+	cool := drv.hm.blacklistSlot(host)
+	if drv.hm.allBlacklisted() {
+		drv.failRank(c, msg+"; "+drv.allBlacklistedMessage())
+		return
+	}
+	if live == 0 {
+		drv.failRank(c, msg+"; no rank is left to carry the job's state on")
+		return
+	}
+	j.o.logf("%s; the elastic job goes on with %s (--min-np %d; reset %d)", msg, ranks(live), cfg.MinNP, drv.resets)
+	if cool > 0 {
+		j.o.logf("blacklisting its slot on %s for %v (--blacklist-cooldown-range); the host's daemon and other ranks go on", host, cool.Round(time.Millisecond))
+	} else if !drv.finishing {
+		j.o.logf("blacklisting its slot on %s for good (no --blacklist-cooldown-range); the host's daemon and other ranks go on", host)
+	}
+	drv.reconcile()
+}
+
+// daemonGone reports whether d has exited.
+func daemonGone(d *daemonProc) bool {
+	if d == nil {
+		return false
+	}
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// nodeOfDaemon returns the node whose daemon d is.
+func (drv *driver) nodeOfDaemon(d *daemonProc) int {
+	for i, n := range drv.nodes {
+		if n.d == d {
+			return i
+		}
+	}
+	return -1
+}
+
+// daemonExited handles the exit of a node's daemon: node 0's ends the job;
+// another's blacklists its host (Horovod blacklists the host of a failed
+// worker) and stops the host's ranks.
+func (drv *driver) daemonExited(d *daemonProc) {
+	j, cfg := drv.j, drv.j.cfg
+	i := drv.nodeOfDaemon(d)
+	if i < 0 || drv.nodes[i].dead {
+		return
+	}
+	n := &drv.nodes[i]
+	n.dead = true
+	if n.stopped || (n.retired && i != 0) {
+		return // stopped by the driver, or its host had left the job
+	}
+	_, how := describeExit(d.cmd.ProcessState)
+	j.o.logf("%s %s while the job was running; its last output:\n%s", d.describe(), how, d.tail.lines(10))
+	if drv.state != driverRunning {
+		return
+	}
+	host := j.nodes[i].Host
+	if i == 0 {
+		drv.fail(drv.lastFail, fmt.Errorf("the hvdd daemon of host %s (node 0) %s: it coordinates the elastic job, which cannot go on without it", host, how))
+		return
+	}
+	if limit := cfg.ResetLimit; limit > 0 && drv.resets >= limit {
+		drv.fail(drv.lastFail, fmt.Errorf(resetLimitMessage, limit))
+		return
+	}
+	drv.resets++
+	cool := drv.hm.blacklistHost(host)
+	live := drv.nodeRanks(i)
+	drv.retire(i)
+	until := "for good (no --blacklist-cooldown-range)"
+	if cool > 0 {
+		until = fmt.Sprintf("for %v (--blacklist-cooldown-range)", cool.Round(time.Millisecond))
+	}
+	what := ""
+	if len(live) > 0 {
+		what = fmt.Sprintf(" and stopping the ranks on it (%s), which lost their daemon", tagList(live))
+	}
+	j.o.logf("blacklisting host %s %s%s (reset %d)", host, until, what, drv.resets)
+	if drv.hm.allBlacklisted() {
+		drv.fail(drv.lastFail, errors.New(drv.allBlacklistedMessage()))
+		return
+	}
+	drv.reconcile()
+}
+
+// allBlacklistedMessage says that every host is blacklisted (Horovod:
+// "blacklisted slots count == N -> stop running").
+func (drv *driver) allBlacklistedMessage() string {
+	return fmt.Sprintf("every host of the elastic job is blacklisted (%s), so it stops; see the ranks' output above for why they failed", hostList(drv.hm.discovered))
+}
+
+// daemonReady handles the end of the wait for a new node's daemon: its
+// reserved ranks start, or its host is blacklisted.
+func (drv *driver) daemonReady(r readyEvent) {
+	j := drv.j
+	n := &drv.nodes[r.node]
+	host := j.nodes[r.node].Host
+	if r.err != nil {
+		if drv.state != driverRunning || n.retired {
+			return
+		}
+		j.o.logf("%v; blacklisting host %s", r.err, host)
+		drv.hm.blacklistHost(host)
+		drv.retire(r.node)
+		if drv.hm.allBlacklisted() {
+			drv.fail(drv.lastFail, errors.New(drv.allBlacklistedMessage()))
+			return
+		}
+		drv.reconcile()
+		return
+	}
+	n.ready = true
+	k := n.reserved
+	n.reserved = 0
+	if drv.state != driverRunning || n.retired || drv.finishing || k == 0 {
+		drv.retireDaemons()
+		return
+	}
+	drv.startRanksOn(r.node, k)
+}
+
+// discovered takes in a run of the discovery.
+func (drv *driver) discovered(r discovery) {
+	j := drv.j
+	if drv.state != driverRunning || drv.finishing {
+		return
+	}
+	if r.err != nil {
+		switch {
+		case drv.discFailing.IsZero():
+			drv.discFailing = time.Now()
+			j.o.logf("%v; retrying every %v for up to %v (--elastic-timeout); the hosts found before stay", r.err, drv.every, drv.timeout)
+		case time.Since(drv.discFailing) > drv.timeout:
+			drv.fail(drv.lastFail, fmt.Errorf("host discovery has failed for longer than --elastic-timeout (%v): %w", drv.timeout, r.err))
+		}
+		return
+	}
+	if !drv.discFailing.IsZero() {
+		drv.discFailing = time.Time{}
+		j.o.logf("the host discovery script works again")
+	}
+	drv.hm.setDiscovered(r.hosts)
+	drv.reconcile()
+}
+
+// killLingering SIGKILLs the ranks asked to stop more than the kill grace
+// ago (remote ones: their wrapper's grace too).
+func (drv *driver) killLingering() {
+	j := drv.j
+	for tag := range drv.ranks {
+		r := &drv.ranks[tag]
+		if !r.stopping || r.killed || j.exited[tag] {
+			continue
+		}
+		grace := j.cfg.KillGrace
+		if _, remote := j.hosts[tag]; remote {
+			grace += time.Duration(max(j.grace, 1)) * time.Second
+		}
+		if time.Since(r.stopAt) > grace {
+			r.killed = true
+			j.o.logf("rank %d still running %v after being asked to stop; sending SIGKILL", tag, grace)
+			j.signalRanks(tag, tag+1, syscall.SIGKILL)
+		}
+	}
+}
