@@ -2,9 +2,11 @@ package launch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -221,7 +223,7 @@ func (drv *driver) waitForSlots(ctx context.Context, np int) ([]Host, error) {
 			return avail, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%s; raise --elastic-timeout (%v) to wait longer", drv.slotsTimeout(np), drv.timeout)
+			return nil, errors.New(drv.slotsTimeout(np))
 		}
 		if !told {
 			told = true
@@ -239,8 +241,12 @@ func (drv *driver) waitForSlots(ctx context.Context, np int) ([]Host, error) {
 // become available in time, with what the hosts have.
 func (drv *driver) slotsTimeout(np int) string {
 	avail := drv.hm.available()
-	return fmt.Sprintf("Timed out waiting for minimum number of slots to become available. Please check that you have enough resources to run at least %d Horovod processes. (After %v the hosts have %d slots: %s)",
-		np, drv.timeout, totalSlots(avail), hostList(avail))
+	slots := "1 usable slot"
+	if n := totalSlots(avail); n != 1 {
+		slots = strconv.Itoa(n) + " usable slots"
+	}
+	return fmt.Sprintf("Timed out waiting for minimum number of slots to become available. Please check that you have enough resources to run at least %d Horovod processes. (After %v the hosts have %s: %s; make more available, or raise --elastic-timeout.)",
+		np, drv.timeout, slots, hostList(avail))
 }
 
 func totalSlots(hosts []Host) int {

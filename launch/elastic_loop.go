@@ -198,27 +198,28 @@ func (drv *driver) rankExited(e exitEvent) {
 		drv.stopMinWait()
 		return
 	}
+	// A rank failed while its daemon runs on: its slot is blacklisted, not
+	// its host.
 	drv.lastFail = c
 	host := j.nodes[r.node].Host
+	cool := drv.hm.blacklistSlot(host)
 	live := drv.live()
 	switch limit := cfg.ResetLimit; {
+	case drv.hm.allBlacklisted():
+		j.o.logf("%s", msg)
+		drv.fail(c, errors.New(drv.allBlacklistedMessage()))
+		return
 	case live < cfg.MinNP && !drv.recoverable():
 		drv.failRank(c, msg+fmt.Sprintf("; %s left, fewer than --min-np %d", ranks(live), cfg.MinNP))
 		return
 	case limit > 0 && drv.resets >= limit:
 		drv.failRank(c, msg+"; "+fmt.Sprintf(resetLimitMessage, limit))
 		return
-	}
-	drv.resets++
-	cool := drv.hm.blacklistSlot(host)
-	if drv.hm.allBlacklisted() {
-		drv.failRank(c, msg+"; "+drv.allBlacklistedMessage())
-		return
-	}
-	if live == 0 {
+	case live == 0:
 		drv.failRank(c, msg+"; no rank is left to carry the job's state on")
 		return
 	}
+	drv.resets++
 	j.o.logf("%s; the elastic job goes on with %s (--min-np %d; reset %d)", msg, ranks(live), cfg.MinNP, drv.resets)
 	if cool > 0 {
 		j.o.logf("blacklisting its slot on %s for %v (--blacklist-cooldown-range); the host's daemon and other ranks go on", host, cool.Round(time.Millisecond))

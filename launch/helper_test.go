@@ -123,6 +123,12 @@ func helper(mode string, args []string) int {
 	case "elastic":
 		return elasticHelper()
 
+	case "fake-serve":
+		return fakeServe(args)
+
+	case "fake-rank":
+		return fakeRank()
+
 	case "allreduce":
 		return allreduceHelper()
 

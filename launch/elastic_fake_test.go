@@ -1,0 +1,391 @@
+package launch
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The elastic driver against fake daemons (helper fake-serve: a socket
+// that accepts connections, no protocol) and fake ranks (helper fake-rank:
+// they exit when told to), to test what the driver starts and stops, and
+// when it gives up, apart from what real daemons do with the ranks
+// (driver_test.go).
+
+// fakeServe is a fake `hvdd serve`: it listens on --socket, leaves its pid
+// in $HVDD_TEST_DIR/serve.<node-rank>.pid, and exits 0 on SIGTERM.
+func fakeServe(args []string) int {
+	var socket, nodeRank string
+	for i := 0; i+1 < len(args); i++ {
+		switch args[i] {
+		case "--socket":
+			socket = args[i+1]
+		case "--node-rank":
+			nodeRank = args[i+1]
+		}
+	}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGTERM)
+	ln, err := net.Listen("unix", socket)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fake daemon:", err)
+		return 3
+	}
+	os.WriteFile(filepath.Join(os.Getenv(envDir), "serve."+nodeRank+".pid"), []byte(strconv.Itoa(os.Getpid())), 0o600)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	<-ch
+	ln.Close()
+	return 0
+}
+
+// fakeRank is a rank of a fake job: it checks that its daemon listens,
+// prints its rank variables, and exits on SIGTERM (143), or with the code
+// written to $HVDD_TEST_DIR/exit.<pid>.
+func fakeRank() int {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGTERM)
+	c, err := net.Dial("unix", os.Getenv("HVDD_SOCKET"))
+	if err != nil {
+		fmt.Println("dial failed:", err)
+		return 1
+	}
+	c.Close()
+	e := os.Getenv
+	fmt.Printf("FAKE pid=%d rank=%s size=%s local=%s/%s/%s cross=%s/%s elastic=%s socket=%s\n", os.Getpid(),
+		e("HVDD_RANK"), e("HVDD_SIZE"), e("HVDD_LOCAL_RANK"), e("HOROVOD_LOCAL_RANK"), e("HVDD_LOCAL_SIZE"),
+		e("HVDD_CROSS_RANK"), e("HVDD_CROSS_SIZE"), e("HOROVOD_ELASTIC"), e("HVDD_SOCKET"))
+	exit := filepath.Join(e(envDir), "exit."+strconv.Itoa(os.Getpid()))
+	for {
+		select {
+		case <-ch:
+			return 143
+		case <-time.After(20 * time.Millisecond):
+		}
+		if b, err := os.ReadFile(exit); err == nil {
+			code, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+			return code
+		}
+	}
+}
+
+var fakeLine = regexp.MustCompile(`(?m)^\[(\d+)\]<stdout>:FAKE pid=(\d+) rank=(\S*) size=(\S*) local=(\S*) cross=(\S*) elastic=(\S*) socket=(\S*)$`)
+
+// fakeRankInfo is what a fake rank printed.
+type fakeRankInfo struct {
+	pid                                     int
+	rank, size, local, cross, elastic, sock string
+}
+
+// fakeJob is a job of fake daemons and ranks run by the elastic driver.
+type fakeJob struct {
+	t              *testing.T
+	dir            string
+	stdout, stderr *watchBuffer
+	sigs           chan os.Signal
+	done           chan result
+}
+
+// startFake runs cfg (its hosts, or the discovery script fj.discovery())
+// on fake daemons with fake ranks.
+func startFake(t *testing.T, dir string, cfg Config) *fakeJob {
+	t.Helper()
+	fj := &fakeJob{t: t, dir: dir, stdout: newWatchBuffer(), stderr: newWatchBuffer(), sigs: make(chan os.Signal, 4), done: make(chan result, 1)}
+	bin := filepath.Join(dir, "hvdd")
+	script := "#!/bin/sh\necho \"$*\" >> " + shellQuote(filepath.Join(dir, "serve.log")) + "\n" +
+		"HVDD_TEST_DIR=" + shellQuote(dir) + " exec " + shellQuote(os.Args[0]) + " " + helperArg + " fake-serve \"$@\"\n"
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg.HvddPath, cfg.Command = bin, helperCmd("fake-rank")
+	cfg.Env = append(cfg.Env, envDir+"="+dir)
+	cfg.Stdout, cfg.Stderr, cfg.Signals = fj.stdout, fj.stderr, fj.sigs
+	if cfg.discoverEvery == 0 {
+		cfg.discoverEvery = 50 * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	go func() {
+		defer cancel()
+		code, err := Run(ctx, cfg)
+		fj.done <- result{code, err, fj.stdout.String(), fj.stderr.String()}
+	}()
+	return fj
+}
+
+// discovery returns a discovery script that prints dir/hosts, which
+// setHosts writes.
+func discoveryScript(t *testing.T, dir, hosts string) string {
+	t.Helper()
+	p := filepath.Join(dir, "discover")
+	if err := os.WriteFile(p, []byte("#!/bin/sh\ncat "+shellQuote(filepath.Join(dir, "hosts"))+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	setHosts(t, dir, hosts)
+	return p
+}
+
+// setHosts replaces what the discovery script prints (atomically).
+func setHosts(t *testing.T, dir, hosts string) {
+	t.Helper()
+	tmp := filepath.Join(dir, "hosts.tmp")
+	if err := os.WriteFile(tmp, []byte(hosts), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "hosts")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rank waits for the fake rank tagged tag to report.
+func (fj *fakeJob) rank(tag int) fakeRankInfo {
+	fj.t.Helper()
+	prefix := "[" + strconv.Itoa(tag) + "]<stdout>:FAKE "
+	fj.stdout.waitFor(fj.t, prefix, 20*time.Second)
+	for _, m := range fakeLine.FindAllStringSubmatch(fj.stdout.String(), -1) {
+		if m[1] == strconv.Itoa(tag) {
+			pid, _ := strconv.Atoi(m[2])
+			return fakeRankInfo{pid, m[3], m[4], m[5], m[6], m[7], m[8]}
+		}
+	}
+	fj.t.Fatalf("cannot parse rank %d's line:\n%s", tag, fj.stdout)
+	return fakeRankInfo{}
+}
+
+// exit makes the fake rank tagged tag exit with code.
+func (fj *fakeJob) exit(tag, code int) {
+	fj.t.Helper()
+	r := fj.rank(tag)
+	if err := os.WriteFile(filepath.Join(fj.dir, "exit."+strconv.Itoa(r.pid)), []byte(strconv.Itoa(code)), 0o600); err != nil {
+		fj.t.Fatal(err)
+	}
+}
+
+// daemonPid returns the pid of node i's fake daemon.
+func (fj *fakeJob) daemonPid(i int) int {
+	fj.t.Helper()
+	name := "serve." + strconv.Itoa(i) + ".pid"
+	mustWaitForFiles(fj.t, fj.dir, name)
+	b, _ := os.ReadFile(filepath.Join(fj.dir, name))
+	pid, _ := strconv.Atoi(string(b))
+	return pid
+}
+
+// wait waits for Run to return.
+func (fj *fakeJob) wait() result {
+	fj.t.Helper()
+	select {
+	case r := <-fj.done:
+		if testing.Verbose() || fj.t.Failed() {
+			fj.t.Logf("code %d, err %v\nstdout:\n%s\nstderr:\n%s", r.code, r.err, r.stdout, r.stderr)
+		}
+		return r
+	case <-time.After(30 * time.Second):
+		fj.t.Fatalf("Run did not return\nstdout:\n%s\nstderr:\n%s", fj.stdout, fj.stderr)
+		return result{}
+	}
+}
+
+// checkRank compares a fake rank's variables with want.
+func checkRank(t *testing.T, tag int, got fakeRankInfo, want fakeRankInfo) {
+	t.Helper()
+	want.pid = got.pid
+	if got != want {
+		t.Errorf("rank [%d]: %+v, want %+v", tag, got, want)
+	}
+}
+
+// TestDriverHostsComeAndGo: a job started on one discovered host takes in a
+// second host (its daemon as node 1 with --elastic, its ranks with the
+// tags that come next and their place in Horovod's assignment), stops its
+// ranks and daemon when it is no longer discovered, and ends with status 0
+// when its ranks do.
+func TestDriverHostsComeAndGo(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	fj := startFake(t, dir, Config{NP: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.30:1\n")})
+	r0 := fj.rank(0)
+	node0 := filepath.Dir(r0.sock)
+	checkRank(t, 0, r0, fakeRankInfo{rank: "0", size: "1", local: "0/0/1", cross: "0/1", elastic: "1", sock: node0 + "/hvdd.sock"})
+
+	setHosts(t, dir, "127.0.0.30:1\n127.0.0.31:2\n")
+	fj.stderr.waitFor(t, "host 127.0.0.31 joins the elastic job: starting its hvdd daemon (node 1) for 2 ranks (reset 1)", 10*time.Second)
+	r1, r2 := fj.rank(1), fj.rank(2)
+	node1 := strings.TrimSuffix(node0, "-0") + "-1/hvdd.sock"
+	checkRank(t, 1, r1, fakeRankInfo{rank: "1", size: "3", local: "-1/0/2", cross: "1/2", elastic: "1", sock: node1})
+	checkRank(t, 2, r2, fakeRankInfo{rank: "2", size: "3", local: "-1/1/2", cross: "0/1", elastic: "1", sock: node1})
+	serve := readLines(filepath.Join(dir, "serve.log"))
+	rendezvous := regexp.MustCompile(`--rendezvous (\S+) `)
+	if len(serve) != 2 || !strings.HasPrefix(serve[0], "serve --slots 1 --nodes 1 --node-rank 0 --rendezvous 127.0.0.30:") ||
+		!strings.HasPrefix(serve[1], "serve --slots 2 --nodes 2 --node-rank 1 ") ||
+		rendezvous.FindString(serve[0]) != rendezvous.FindString(serve[1]) ||
+		!strings.HasSuffix(serve[0], " --elastic") || !strings.HasSuffix(serve[1], " --elastic") {
+		t.Errorf("daemons started as:\n%s", strings.Join(serve, "\n"))
+	}
+	daemon1 := fj.daemonPid(1)
+
+	setHosts(t, dir, "127.0.0.30:1\n")
+	fj.stderr.waitFor(t, "host 127.0.0.31 is no longer discovered: stopping its ranks ([1] [2]) (reset 2)", 10*time.Second)
+	fj.stderr.waitFor(t, "rank 2 (pid "+strconv.Itoa(r2.pid)+") exited with status 143; the elastic job goes on with", 10*time.Second)
+	for deadline := time.Now().Add(10 * time.Second); alive(daemon1); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("node 1's daemon still runs after its host left")
+		}
+	}
+	fj.exit(0, 0)
+	r := fj.wait()
+	if r.code != 0 || r.err != nil {
+		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+	}
+	if alive(r0.pid) || alive(fj.daemonPid(0)) {
+		t.Error("a rank or node 0's daemon outlived Run")
+	}
+}
+
+// TestDriverRefillsSlot: -H with --min-np and a cooldown range: a rank that
+// fails on a healthy host has its slot blacklisted, and a new rank starts
+// in it on the same daemon after the cooldown; the host's other rank goes
+// on untouched.
+func TestDriverRefillsSlot(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	fj := startFake(t, dir, Config{NP: 2, MinNP: 1, Hosts: []Host{{"127.0.0.32", 2}}, BlacklistCooldown: CooldownRange{300 * time.Millisecond, 300 * time.Millisecond}})
+	r0 := fj.rank(0)
+	fj.rank(1)
+	fj.exit(1, 3)
+	fj.stderr.waitFor(t, "exited with status 3; the elastic job goes on with 1 rank (--min-np 1; reset 1)", 10*time.Second)
+	fj.stderr.waitFor(t, "blacklisting its slot on 127.0.0.32 for 300ms (--blacklist-cooldown-range); the host's daemon and other ranks go on", 10*time.Second)
+	fj.stderr.waitFor(t, "1 blacklisted slot(s) of 127.0.0.32 free again", 10*time.Second)
+	fj.stderr.waitFor(t, "starting 1 rank more on 127.0.0.32 (reset 2)", 10*time.Second)
+	checkRank(t, 2, fj.rank(2), fakeRankInfo{rank: "1", size: "2", local: "-1/1/2", cross: "0/1", elastic: "1", sock: r0.sock})
+	if n := len(readLines(filepath.Join(dir, "serve.log"))); n != 1 {
+		t.Errorf("%d daemons started, want 1", n)
+	}
+	fj.exit(0, 0)
+	fj.exit(2, 0)
+	if r := fj.wait(); r.code != 0 || r.err != nil {
+		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+	}
+}
+
+// TestDriverNoCooldown: without a cooldown range a failed rank's slot stays
+// out, and a host whose daemon dies stays blacklisted; when every host is
+// blacklisted the job stops with an error saying so.
+func TestDriverNoCooldown(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	fj := startFake(t, dir, Config{NP: 3, MinNP: 1, Hosts: []Host{{"127.0.0.33", 2}, {"127.0.0.34", 1}}})
+	fj.rank(0)
+	fj.rank(1)
+	r2 := fj.rank(2)
+	syscall.Kill(fj.daemonPid(1), syscall.SIGKILL)
+	fj.stderr.waitFor(t, "blacklisting host 127.0.0.34 for good (no --blacklist-cooldown-range) and stopping the ranks on it ([2]), which lost their daemon (reset 1)", 10*time.Second)
+	fj.stderr.waitFor(t, "rank 2 (pid "+strconv.Itoa(r2.pid)+") exited with status 143; the elastic job goes on with 2 ranks", 10*time.Second)
+	fj.exit(1, 3)
+	fj.stderr.waitFor(t, "blacklisting its slot on 127.0.0.33 for good", 10*time.Second)
+	time.Sleep(200 * time.Millisecond) // several discoveries: nothing is refilled
+	if strings.Contains(fj.stdout.String(), "[3]<stdout>") {
+		t.Error("a rank was started in a slot blacklisted for good")
+	}
+	fj.exit(0, 4)
+	r := fj.wait()
+	want := "every host of the elastic job is blacklisted (127.0.0.33:2, 127.0.0.34:1), so it stops"
+	if r.code != 4 || r.err == nil || !strings.Contains(r.err.Error(), want) {
+		t.Errorf("Run = %d, %v; want 4 and an error containing %q", r.code, r.err, want)
+	}
+}
+
+// TestDriverCoordinatorLost: node 0's daemon coordinates the job: when it
+// dies the job ends, saying so.
+func TestDriverCoordinatorLost(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	fj := startFake(t, dir, Config{NP: 2, MinNP: 1, Hosts: []Host{{"127.0.0.35", 1}, {"127.0.0.36", 1}}})
+	fj.rank(0)
+	fj.rank(1)
+	syscall.Kill(fj.daemonPid(0), syscall.SIGKILL)
+	r := fj.wait()
+	if r.code != exitLaunchFailed || r.err == nil || !strings.Contains(r.err.Error(), "the hvdd daemon of host 127.0.0.35 (node 0) was killed by SIGKILL: it coordinates the elastic job, which cannot go on without it") {
+		t.Errorf("Run = %d, %v", r.code, r.err)
+	}
+}
+
+// TestDriverResetLimit: a host added after --reset-limit resets stops the
+// job with Horovod's message.
+func TestDriverResetLimit(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	fj := startFake(t, dir, Config{NP: 2, MinNP: 1, ResetLimit: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.37:2\n")})
+	fj.rank(0)
+	fj.exit(1, 3) // reset 1
+	fj.stderr.waitFor(t, "(--min-np 1; reset 1)", 10*time.Second)
+	setHosts(t, dir, "127.0.0.37:2\n127.0.0.38:1\n")
+	r := fj.wait()
+	if r.code != 3 || r.err == nil || r.err.Error() != "Horovod was shutdown because number of resets during elastic job exceeded limit: 1" {
+		t.Errorf("Run = %d, %v", r.code, r.err)
+	}
+}
+
+// TestDriverMinWait: below --min-np the driver waits --elastic-timeout for
+// slots: a host that comes in time ends the wait, and then a wait that
+// times out stops the job with Horovod's message.
+func TestDriverMinWait(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	fj := startFake(t, dir, Config{NP: 2, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.39:2\n"), ElasticTimeout: 2 * time.Second})
+	fj.rank(0)
+	fj.exit(1, 3)
+	fj.stderr.waitFor(t, "1 rank left, fewer than --min-np 2: waiting up to 2s (--elastic-timeout) for slots", 10*time.Second)
+	setHosts(t, dir, "127.0.0.39:2\n127.0.0.40:1\n")
+	fj.stderr.waitFor(t, "the elastic job has 2 ranks again (--min-np 2)", 10*time.Second)
+	fj.rank(2)
+	setHosts(t, dir, "127.0.0.39:2\n")
+	fj.stderr.waitFor(t, "host 127.0.0.40 is no longer discovered", 10*time.Second)
+	r := fj.wait()
+	want := "Timed out waiting for minimum number of slots to become available. Please check that you have enough resources to run at least 2 Horovod processes."
+	if r.code != 3 || r.err == nil || !strings.HasPrefix(r.err.Error(), want) {
+		t.Errorf("Run = %d, %v; want 3 and %q", r.code, r.err, want)
+	}
+}
+
+// TestDriverStartErrors: a discovery script that fails on its first run,
+// and too few slots within --elastic-timeout, fail the start with
+// Horovod's messages; nothing is started.
+func TestDriverStartErrors(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	fail := filepath.Join(dir, "fail")
+	os.WriteFile(fail, []byte("#!/bin/sh\necho 'no cloud' >&2\nexit 2\n"), 0o755)
+	fj := startFake(t, dir, Config{NP: 1, HostDiscoveryScript: fail})
+	if r := fj.wait(); r.code != exitLaunchFailed || r.err == nil || !strings.Contains(r.err.Error(), "Failed to execute discovery script: "+fail+". Exit code: 2") {
+		t.Errorf("Run = %d, %v", r.code, r.err)
+	}
+	start := time.Now()
+	fj = startFake(t, dir, Config{NP: 3, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.41:2\n"), ElasticTimeout: time.Second})
+	r := fj.wait()
+	if r.code != exitLaunchFailed || r.err == nil || !strings.HasPrefix(r.err.Error(), "Timed out waiting for minimum number of slots to become available. Please check that you have enough resources to run at least 3 Horovod processes.") ||
+		!strings.Contains(r.err.Error(), "127.0.0.41:2") || !strings.Contains(r.err.Error(), "--elastic-timeout") {
+		t.Errorf("Run = %d, %v", r.code, r.err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the start gave up after %v, want about 1s", d)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "serve.log")); err == nil || r.stdout != "" {
+		t.Error("something was started")
+	}
+}
