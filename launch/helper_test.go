@@ -129,6 +129,9 @@ func helper(mode string, args []string) int {
 	case "fake-rank":
 		return fakeRank()
 
+	case "driver-rank":
+		return driverRankHelper()
+
 	case "allreduce":
 		return allreduceHelper()
 

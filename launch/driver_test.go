@@ -1,0 +1,321 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	hvdd "github.com/hvdd/hvdd/clients/go"
+)
+
+// End-to-end tests of the elastic driver: real daemons (the hvdd binary)
+// and ranks of the Go client (driverRankHelper), on loopback addresses
+// 127.0.0.20-127.0.0.29. The tests whose ranks join a running job need
+// the daemon side (hvdd serve --elastic, and the client's HostsUpdates and
+// CloseToReset); until it lands they skip (requireElasticDaemon).
+
+// driverRankHelper is a rank of a real elastic job, looping as hvd.elastic.run
+// does: every step sums 1 over the ranks; rank 0 adds whether the daemon
+// told it of a host update and whether $HVDD_TEST_DIR/finish exists, so
+// that every rank learns both at the same step. On a host update every
+// rank re-initialises (CloseToReset, then Init: the joiners come in); on a
+// lost rank (a failed step) too (Close, Init). It prints a line per epoch,
+// and exits with the code in $HVDD_TEST_DIR/exit.<pid> (without Close: a
+// lost rank) as soon as that file appears.
+func driverRankHelper() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	dir, pid := os.Getenv(envDir), os.Getpid()
+	exitCode := func() int {
+		b, err := os.ReadFile(filepath.Join(dir, "exit."+strconv.Itoa(pid)))
+		if err != nil {
+			return -1
+		}
+		code, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return code
+	}
+	for {
+		c := &hvdd.Client{Elastic: true}
+		if err := c.Init(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "init:", err)
+			return 1
+		}
+		fmt.Printf("EPOCH epoch=%d rank=%d size=%d pid=%d socket=%s\n", c.Epoch(), c.Rank(), c.Size(), pid, os.Getenv("HVDD_SOCKET"))
+		for step := 0; ; step++ {
+			if code := exitCode(); code >= 0 {
+				fmt.Fprintf(os.Stderr, "rank %d exiting with %d\n", c.Rank(), code)
+				return code
+			}
+			x := []float32{1, 0, 0}
+			if c.Rank() == 0 {
+				if hostsUpdates(c) > 0 {
+					x[1] = 1
+				}
+				if _, err := os.Stat(filepath.Join(dir, "finish")); err == nil {
+					x[2] = 1
+				}
+			}
+			err := hvdd.Allreduce(ctx, c, x, hvdd.WithName(fmt.Sprint("step.", step)), hvdd.WithOp(hvdd.Sum))
+			var herr *hvdd.Error
+			switch {
+			case errors.As(err, &herr):
+				c.Close() // a rank was lost: re-form
+			case err != nil:
+				fmt.Fprintln(os.Stderr, "allreduce:", err)
+				return 1
+			case int(x[0]) != c.Size():
+				fmt.Fprintf(os.Stderr, "sum %g over %d ranks\n", x[0], c.Size())
+				return 1
+			case x[2] > 0:
+				c.Close()
+				return 0
+			case x[1] > 0:
+				closeToReset(c)
+			default:
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+			break
+		}
+	}
+}
+
+// hostsUpdates counts the client's host-update notifications, through
+// reflection until the Go client here has HostsUpdates.
+func hostsUpdates(c *hvdd.Client) int {
+	m := reflect.ValueOf(c).MethodByName("HostsUpdates")
+	if !m.IsValid() {
+		return 0
+	}
+	return m.Call(nil)[0].Len()
+}
+
+// closeToReset closes c so that the job re-forms at once with the ranks
+// waiting to join (Close until the Go client here has CloseToReset).
+func closeToReset(c *hvdd.Client) {
+	if r, ok := any(c).(interface{ CloseToReset() error }); ok {
+		r.CloseToReset()
+		return
+	}
+	c.Close()
+}
+
+var epochLine = regexp.MustCompile(`(?m)^\[(\d+)\]<stdout>:EPOCH epoch=(\d+) rank=(\d+) size=(\d+) pid=(\d+) socket=\S+$`)
+
+// realJob is a job of real daemons and driverRank ranks run by the driver.
+type realJob struct {
+	t              *testing.T
+	dir            string
+	stdout, stderr *watchBuffer
+	done           chan result
+}
+
+func startReal(t *testing.T, dir, hvddBin string, cfg Config) *realJob {
+	t.Helper()
+	rj := &realJob{t: t, dir: dir, stdout: newWatchBuffer(), stderr: newWatchBuffer(), done: make(chan result, 1)}
+	cfg.HvddPath, cfg.Command = hvddBin, helperCmd("driver-rank")
+	cfg.Env = append(cfg.Env, envDir+"="+dir)
+	cfg.Stdout, cfg.Stderr, cfg.Signals = rj.stdout, rj.stderr, make(chan os.Signal)
+	if cfg.discoverEvery == 0 {
+		cfg.discoverEvery = 100 * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	go func() {
+		defer cancel()
+		code, err := Run(ctx, cfg)
+		rj.done <- result{code, err, rj.stdout.String(), rj.stderr.String()}
+	}()
+	return rj
+}
+
+// epoch waits until every rank tagged tags has printed an epoch of size
+// ranks, and returns the pids by tag.
+func (rj *realJob) epoch(size int, tags ...int) map[int]int {
+	rj.t.Helper()
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		pids := map[int]int{}
+		for _, m := range epochLine.FindAllStringSubmatch(rj.stdout.String(), -1) {
+			tag, _ := strconv.Atoi(m[1])
+			pid, _ := strconv.Atoi(m[5])
+			if m[4] == strconv.Itoa(size) {
+				pids[tag] = pid
+			}
+		}
+		all := true
+		for _, tag := range tags {
+			_, ok := pids[tag]
+			all = all && ok
+		}
+		if all {
+			return pids
+		}
+		if time.Now().After(deadline) {
+			rj.t.Fatalf("ranks %v did not all reach an epoch of %d ranks\nstdout:\n%s\nstderr:\n%s", tags, size, rj.stdout, rj.stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// exit makes the rank whose pid is pid exit with code (a lost rank).
+func (rj *realJob) exit(pid, code int) {
+	rj.t.Helper()
+	if err := os.WriteFile(filepath.Join(rj.dir, "exit."+strconv.Itoa(pid)), []byte(strconv.Itoa(code)), 0o600); err != nil {
+		rj.t.Fatal(err)
+	}
+}
+
+// finish makes the ranks end the job together, with status 0.
+func (rj *realJob) finish() {
+	rj.t.Helper()
+	touch(filepath.Join(rj.dir, "finish"))
+}
+
+func (rj *realJob) wait() result {
+	rj.t.Helper()
+	select {
+	case r := <-rj.done:
+		if testing.Verbose() || rj.t.Failed() {
+			rj.t.Logf("code %d, err %v\nstdout:\n%.6000s\nstderr:\n%.6000s", r.code, r.err, r.stdout, r.stderr)
+		}
+		return r
+	case <-time.After(60 * time.Second):
+		rj.t.Fatalf("Run did not return\nstdout:\n%s\nstderr:\n%s", rj.stdout, rj.stderr)
+		return result{}
+	}
+}
+
+// checkCleanedUp checks that the job left no daemon or socket directory
+// behind.
+func (rj *realJob) checkCleanedUp() {
+	rj.t.Helper()
+	dirs := map[string]bool{}
+	for _, m := range regexp.MustCompile(`/tmp/hvdd-run-[0-9a-f]+-\d+`).FindAllString(rj.stdout.String(), -1) {
+		dirs[m] = true
+	}
+	for dir := range dirs {
+		if _, err := os.Stat(dir); err == nil {
+			rj.t.Errorf("socket directory %s was left behind", dir)
+		}
+		if ps := jobProcesses(dir); len(ps) > 0 {
+			rj.t.Errorf("processes of the job still run after Run returned:\n%s", strings.Join(ps, "\n"))
+		}
+	}
+}
+
+// TestDriverE2ERefill (a): -H with --min-np and a cooldown range: a rank
+// fails, the others re-form without it, and after the cooldown a new rank
+// [4] starts in its slot on the same host's daemon and joins the job.
+func TestDriverE2ERefill(t *testing.T) {
+	t.Parallel()
+	bin := requireElasticDaemon(t)
+	dir := testDir(t)
+	rj := startReal(t, dir, bin, Config{
+		NP: 4, MinNP: 2, Hosts: []Host{{"127.0.0.20", 2}, {"127.0.0.21", 2}},
+		BlacklistCooldown: CooldownRange{time.Second, time.Second},
+	})
+	pids := rj.epoch(4, 0, 1, 2, 3)
+	rj.exit(pids[3], 3)
+	rj.epoch(3, 0, 1, 2)
+	rj.stderr.waitFor(t, "blacklisting its slot on 127.0.0.21 for 1s", 10*time.Second)
+	rj.stderr.waitFor(t, "started 1 rank on 127.0.0.21: [4]", 20*time.Second)
+	rj.epoch(4, 0, 1, 2, 4)
+	rj.finish()
+	if r := rj.wait(); r.code != 0 || r.err != nil {
+		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+	}
+	rj.checkCleanedUp()
+}
+
+// TestDriverE2EAddHost (b): a job discovered on one host takes in a second
+// one: a daemon starts there (node 1), its ranks join, and every rank goes
+// on in an epoch of 3.
+func TestDriverE2EAddHost(t *testing.T) {
+	t.Parallel()
+	bin := requireElasticDaemon(t)
+	dir := testDir(t)
+	rj := startReal(t, dir, bin, Config{NP: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.22:1\n")})
+	rj.epoch(1, 0)
+	setHosts(t, dir, "127.0.0.22:1\n127.0.0.23:2\n")
+	rj.stderr.waitFor(t, "host 127.0.0.23 joins the elastic job: starting its hvdd daemon (node 1) for 2 ranks", 10*time.Second)
+	rj.epoch(3, 0, 1, 2)
+	rj.finish()
+	if r := rj.wait(); r.code != 0 || r.err != nil {
+		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+	}
+	rj.checkCleanedUp()
+}
+
+// TestDriverE2ERemoveHost (c): a host that is no longer discovered has its
+// ranks stopped; the others re-form without them and finish.
+func TestDriverE2ERemoveHost(t *testing.T) {
+	t.Parallel()
+	bin, _ := elasticHvdd(t) // no rank joins: today's daemons do
+	dir := testDir(t)
+	rj := startReal(t, dir, bin, Config{NP: 3, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.24:1\n127.0.0.25:2\n"), MinNP: 1})
+	rj.epoch(3, 0, 1, 2)
+	setHosts(t, dir, "127.0.0.24:1\n")
+	rj.stderr.waitFor(t, "host 127.0.0.25 is no longer discovered: stopping its ranks ([1] [2])", 10*time.Second)
+	rj.epoch(1, 0)
+	rj.finish()
+	r := rj.wait()
+	if r.code != 0 || r.err != nil {
+		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+	}
+	for _, want := range []string{"rank 1 (pid ", "rank 2 (pid "} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr does not report %s...'s end", want)
+		}
+	}
+	rj.checkCleanedUp()
+}
+
+// TestDriverE2EMinNPTimeout (d): fewer slots than -np within
+// --elastic-timeout: Horovod's error, and nothing hangs or is started.
+func TestDriverE2EMinNPTimeout(t *testing.T) {
+	t.Parallel()
+	bin, _ := elasticHvdd(t)
+	dir := testDir(t)
+	start := time.Now()
+	rj := startReal(t, dir, bin, Config{NP: 2, MinNP: 2, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.26:1\n"), ElasticTimeout: time.Second})
+	r := rj.wait()
+	want := "Timed out waiting for minimum number of slots to become available. Please check that you have enough resources to run at least 2 Horovod processes."
+	if r.code != exitLaunchFailed || r.err == nil || !strings.HasPrefix(r.err.Error(), want) {
+		t.Errorf("Run = %d, %v; want %d and %q", r.code, r.err, exitLaunchFailed, want)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("Run returned after %v, want about 1s", d)
+	}
+	if r.stdout != "" || strings.Contains(r.stderr, "[hvdd") {
+		t.Errorf("something was started:\n%s\n%s", r.stdout, r.stderr)
+	}
+}
+
+// TestDriverE2EAllBlacklisted (e): without a cooldown range, a failed
+// rank's slot stays out; when the last host's last slot fails too, every
+// host is blacklisted and the job stops saying so.
+func TestDriverE2EAllBlacklisted(t *testing.T) {
+	t.Parallel()
+	bin, _ := elasticHvdd(t) // no rank joins: today's daemons do
+	dir := testDir(t)
+	rj := startReal(t, dir, bin, Config{NP: 2, MinNP: 1, Hosts: []Host{{"127.0.0.27", 1}, {"127.0.0.28", 1}}})
+	pids := rj.epoch(2, 0, 1)
+	rj.exit(pids[1], 3)
+	rj.stderr.waitFor(t, "blacklisting its slot on 127.0.0.28 for good", 20*time.Second)
+	rj.epoch(1, 0)
+	rj.exit(pids[0], 5)
+	r := rj.wait()
+	want := "every host of the elastic job is blacklisted (127.0.0.27:1, 127.0.0.28:1), so it stops"
+	if r.code != 5 || r.err == nil || !strings.Contains(r.err.Error(), want) {
+		t.Errorf("Run = %d, %v; want 5 and %q", r.code, r.err, want)
+	}
+	rj.checkCleanedUp()
+}
