@@ -159,7 +159,9 @@ it after the same cooldown (never without a cooldown range); the host's
 other ranks go on. If host 0's daemon dies, the job ends. The job stops
 when fewer than --min-np ranks run and none can be added within
 --elastic-timeout, when every host is blacklisted, or at the reset beyond
---reset-limit; it ends with status 0 once its ranks finish with status 0.
+--reset-limit. Once a rank finishes with status 0 (Horovod: a worker's
+success), nothing is added any more, and the job ends with status 0 when
+the other ranks have ended.
 
 Examples:
   hvdd run -np 4 python train.py --epochs 10

@@ -181,6 +181,7 @@ func (drv *driver) rankExited(e exitEvent) {
 	if n := &drv.nodes[r.node]; !n.dead && !n.retired && daemonGone(n.d) {
 		// It went with its daemon, whose exit is not handled yet.
 		drv.daemonExited(n.d)
+		r.stopping = true
 		if drv.state != driverRunning {
 			return
 		}
@@ -196,6 +197,12 @@ func (drv *driver) rankExited(e exitEvent) {
 		// Horovod: a worker that succeeds ends the job; the others finish.
 		drv.finishing = true
 		drv.stopMinWait()
+		return
+	case drv.finishing:
+		// Its failure may be seen after the others finished even when it
+		// came first (the others went on without it): the job's status is
+		// theirs.
+		j.o.logf("%s; a rank has finished the job with status 0, which is the job's", msg)
 		return
 	}
 	// A rank failed while its daemon runs on: its slot is blacklisted, not
