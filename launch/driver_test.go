@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -18,9 +17,7 @@ import (
 
 // End-to-end tests of the elastic driver: real daemons (the hvdd binary)
 // and ranks of the Go client (driverRankHelper), on loopback addresses
-// 127.0.0.20-127.0.0.29. The tests whose ranks join a running job need
-// the daemon side (hvdd serve --elastic, and the client's HostsUpdates and
-// CloseToReset); until it lands they skip (requireElasticDaemon).
+// 127.0.0.20-127.0.0.29.
 
 // driverRankHelper is a rank of a real elastic job, looping as hvd.elastic.run
 // does: every step sums 1 over the ranks; rank 0 adds whether the daemon
@@ -56,7 +53,7 @@ func driverRankHelper() int {
 			}
 			x := []float32{1, 0, 0}
 			if c.Rank() == 0 {
-				if hostsUpdates(c) > 0 {
+				if len(c.HostsUpdates()) > 0 {
 					x[1] = 1
 				}
 				if _, err := os.Stat(filepath.Join(dir, "finish")); err == nil {
@@ -78,7 +75,7 @@ func driverRankHelper() int {
 				c.Close()
 				return 0
 			case x[1] > 0:
-				closeToReset(c)
+				c.CloseToReset()
 			default:
 				time.Sleep(20 * time.Millisecond)
 				continue
@@ -88,29 +85,10 @@ func driverRankHelper() int {
 	}
 }
 
-// hostsUpdates counts the client's host-update notifications, through
-// reflection until the Go client here has HostsUpdates.
-func hostsUpdates(c *hvdd.Client) int {
-	m := reflect.ValueOf(c).MethodByName("HostsUpdates")
-	if !m.IsValid() {
-		return 0
-	}
-	return m.Call(nil)[0].Len()
-}
-
-// closeToReset closes c so that the job re-forms at once with the ranks
-// waiting to join (Close until the Go client here has CloseToReset).
-func closeToReset(c *hvdd.Client) {
-	if r, ok := any(c).(interface{ CloseToReset() error }); ok {
-		r.CloseToReset()
-		return
-	}
-	c.Close()
-}
-
 var epochLine = regexp.MustCompile(`(?m)^\[(\d+)\]<stdout>:EPOCH epoch=(\d+) rank=(\d+) size=(\d+) pid=(\d+) socket=\S+$`)
 
-// realJob is a job of real daemons and driverRank ranks run by the driver.
+// realJob is a job of real daemons and driverRankHelper ranks run by the
+// driver.
 type realJob struct {
 	t              *testing.T
 	dir            string
@@ -216,7 +194,7 @@ func (rj *realJob) checkCleanedUp() {
 // [4] starts in its slot on the same host's daemon and joins the job.
 func TestDriverE2ERefill(t *testing.T) {
 	t.Parallel()
-	bin := requireElasticDaemon(t)
+	bin := buildHvdd(t)
 	dir := testDir(t)
 	rj := startReal(t, dir, bin, Config{
 		NP: 4, MinNP: 2, Hosts: []Host{{"127.0.0.20", 2}, {"127.0.0.21", 2}},
@@ -240,7 +218,7 @@ func TestDriverE2ERefill(t *testing.T) {
 // on in an epoch of 3.
 func TestDriverE2EAddHost(t *testing.T) {
 	t.Parallel()
-	bin := requireElasticDaemon(t)
+	bin := buildHvdd(t)
 	dir := testDir(t)
 	rj := startReal(t, dir, bin, Config{NP: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.22:1\n")})
 	rj.epoch(1, 0)
@@ -258,7 +236,7 @@ func TestDriverE2EAddHost(t *testing.T) {
 // ranks stopped; the others re-form without them and finish.
 func TestDriverE2ERemoveHost(t *testing.T) {
 	t.Parallel()
-	bin, _ := elasticHvdd(t) // no rank joins: today's daemons do
+	bin := buildHvdd(t)
 	dir := testDir(t)
 	rj := startReal(t, dir, bin, Config{NP: 3, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.24:1\n127.0.0.25:2\n"), MinNP: 1})
 	rj.epoch(3, 0, 1, 2)
@@ -282,7 +260,7 @@ func TestDriverE2ERemoveHost(t *testing.T) {
 // --elastic-timeout: Horovod's error, and nothing hangs or is started.
 func TestDriverE2EMinNPTimeout(t *testing.T) {
 	t.Parallel()
-	bin, _ := elasticHvdd(t)
+	bin := buildHvdd(t)
 	dir := testDir(t)
 	start := time.Now()
 	rj := startReal(t, dir, bin, Config{NP: 2, MinNP: 2, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.26:1\n"), ElasticTimeout: time.Second})
@@ -304,7 +282,7 @@ func TestDriverE2EMinNPTimeout(t *testing.T) {
 // host is blacklisted and the job stops saying so.
 func TestDriverE2EAllBlacklisted(t *testing.T) {
 	t.Parallel()
-	bin, _ := elasticHvdd(t) // no rank joins: today's daemons do
+	bin := buildHvdd(t)
 	dir := testDir(t)
 	rj := startReal(t, dir, bin, Config{NP: 2, MinNP: 1, Hosts: []Host{{"127.0.0.27", 1}, {"127.0.0.28", 1}}})
 	pids := rj.epoch(2, 0, 1)

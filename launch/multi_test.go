@@ -181,9 +181,6 @@ func agentScript(t *testing.T, dir, body string) string {
 func multiRun(t *testing.T, cfg Config) result {
 	t.Helper()
 	cfg.HvddPath = buildHvdd(t)
-	if cfg.driven() {
-		cfg.HvddPath, _ = elasticHvdd(t)
-	}
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = 30 * time.Second
 	}
