@@ -156,7 +156,9 @@ and it comes back after the cooldown of --blacklist-cooldown-range, or
 never without one. When a rank fails and its host's daemon runs on, the
 host is not blacklisted: the rank's slot is, and a new rank is started in
 it after the same cooldown (never without a cooldown range); the host's
-other ranks go on. If host 0's daemon dies, the job ends. The job stops
+other ranks go on. Host 0's daemon coordinates the job: if it dies, or
+host 0 is left without a rank (gone, or its last rank failed), the job
+ends. The job stops
 when fewer than --min-np ranks run and none can be added within
 --elastic-timeout, when every host is blacklisted, or at the reset beyond
 --reset-limit. Once a rank finishes with status 0 (Horovod: a worker's

@@ -48,7 +48,8 @@
 // (never without one); when only a rank fails and its host's daemon runs
 // on, the host is not blacklisted: the rank's slot is, and a new rank is
 // started in it after the same cooldown (never without a cooldown range).
-// Node 0's daemon coordinates the job: if it dies the job ends. The
+// Node 0's daemon coordinates the job and needs a rank of its own: if it
+// dies, or host 0 is left without a rank, the job ends. The
 // package does not talk the daemon's protocol: it only checks that
 // something accepts connections on the socket.
 //

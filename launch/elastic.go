@@ -32,7 +32,9 @@ import (
 // --blacklist-cooldown-range (never without one). When a rank fails and its
 // host's daemon runs on, the host is not blacklisted: the rank's slot is,
 // for the same cooldown, after which a new rank is started in it; the
-// host's other ranks go on. If node 0's daemon dies the job ends.
+// host's other ranks go on. Node 0's daemon coordinates every epoch and
+// needs a rank of its own (the daemons' rule): if it dies, or host 0 is
+// left without a rank, the job ends.
 
 // Driver states (the job's, as in supervise).
 const (

@@ -389,3 +389,61 @@ func TestDriverStartErrors(t *testing.T) {
 		t.Error("something was started")
 	}
 }
+
+// TestDriverCoordinatorHostLeaves: host 0 must keep a rank (its daemon
+// coordinates every epoch): the job ends when it is no longer discovered,
+// or when its last rank fails.
+func TestDriverCoordinatorHostLeaves(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	fj := startFake(t, dir, Config{NP: 2, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.42:1\n127.0.0.43:1\n"), MinNP: 1})
+	fj.rank(0)
+	fj.rank(1)
+	setHosts(t, dir, "127.0.0.43:1\n")
+	r := fj.wait()
+	want := "host 127.0.0.42 is no longer discovered, and its daemon (node 0) coordinates the elastic job, which cannot go on without a rank there"
+	if r.code != exitLaunchFailed || r.err == nil || r.err.Error() != want {
+		t.Errorf("Run = %d, %v; want %q", r.code, r.err, want)
+	}
+
+	dir = testDir(t)
+	fj = startFake(t, dir, Config{NP: 2, MinNP: 1, Hosts: []Host{{"127.0.0.42", 1}, {"127.0.0.43", 1}}, BlacklistCooldown: CooldownRange{time.Second, time.Second}})
+	fj.rank(1)
+	fj.exit(0, 3)
+	r = fj.wait()
+	if want := "; host 127.0.0.42 has no rank left, and its daemon (node 0) coordinates the elastic job"; r.code != 3 || r.err != nil || !strings.Contains(r.stderr, want) {
+		t.Errorf("Run = %d, %v; want 3 and %q in stderr", r.code, r.err, want)
+	}
+}
+
+// TestDriverAgent: a discovered host that is not this machine gets its
+// daemon and ranks through the agent; when it leaves, closing the agents'
+// stdin stops them.
+func TestDriverAgent(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	agent := agentScript(t, dir, `exec sh -c "$2"`)
+	fj := startFake(t, dir, Config{NP: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.44:1\n"), Agent: agent,
+		localHost: func(h string) bool { return h == "127.0.0.44" }})
+	fj.rank(0)
+	setHosts(t, dir, "127.0.0.44:1\n127.0.0.45:1\n")
+	r1 := fj.rank(1)
+	if r1.local != "-1/0/1" || r1.rank != "1" || r1.size != "2" {
+		t.Errorf("remote joiner: %+v", r1)
+	}
+	daemon1 := fj.daemonPid(1)
+	setHosts(t, dir, "127.0.0.44:1\n")
+	fj.stderr.waitFor(t, "rank 1 on 127.0.0.45 (agent pid ", 10*time.Second)
+	for deadline := time.Now().Add(10 * time.Second); alive(daemon1) || alive(r1.pid); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the remote daemon or rank still runs after its host left")
+		}
+	}
+	fj.exit(0, 0)
+	if r := fj.wait(); r.code != 0 || r.err != nil {
+		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+	}
+	if got := readLines(filepath.Join(dir, "agent.log")); len(got) != 2 || got[0] != "127.0.0.45" || got[1] != "127.0.0.45" {
+		t.Errorf("agent ran for %q, want 127.0.0.45 twice (its daemon and rank)", got)
+	}
+}

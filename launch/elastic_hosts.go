@@ -52,6 +52,14 @@ func (drv *driver) reconcile() {
 		drv.checkMin()
 		return
 	}
+	if host0 := j.nodes[0].Host; running[host0] > 0 && target[host0] == 0 {
+		why := "has no usable slot left"
+		if drv.hm.slots(host0) == 0 {
+			why = "is no longer discovered"
+		}
+		drv.fail(drv.lastFail, errors.New(drv.coordinatorAlone(why)))
+		return
+	}
 	if keep == 0 {
 		// Horovod: new ranks get the job's state from running ones.
 		drv.fail(drv.lastFail, errors.New("No hosts from previous set remaining, unable to broadcast state. (The hosts now are "+hostList(avail)+"; none of them runs a rank of the job.)"))

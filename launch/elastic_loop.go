@@ -216,6 +216,9 @@ func (drv *driver) rankExited(e exitEvent) {
 		j.o.logf("%s", msg)
 		drv.fail(c, errors.New(drv.allBlacklistedMessage()))
 		return
+	case r.node == 0 && len(drv.nodeRanks(0)) == 0:
+		drv.failRank(c, msg+"; "+drv.coordinatorAlone("has no rank left"))
+		return
 	case live < cfg.MinNP && !drv.recoverable():
 		drv.failRank(c, msg+fmt.Sprintf("; %s left, fewer than --min-np %d", ranks(live), cfg.MinNP))
 		return
@@ -386,4 +389,10 @@ func (drv *driver) killLingering() {
 			j.signalRanks(tag, tag+1, syscall.SIGKILL)
 		}
 	}
+}
+
+// coordinatorAlone says that node 0 has no rank any more (why): its daemon
+// coordinates every epoch, and needs a rank of its own to.
+func (drv *driver) coordinatorAlone(why string) string {
+	return fmt.Sprintf("host %s %s, and its daemon (node 0) coordinates the elastic job, which cannot go on without a rank there", drv.j.nodes[0].Host, why)
 }
