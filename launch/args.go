@@ -88,8 +88,10 @@ Flags (they stop at "--" or at the first argument that is not a flag):
         failure, or hosts added or removed; default: no limit)
   --elastic-timeout SECONDS
         elastic job: how long its next epoch waits for the surviving ranks
-        to re-initialise (passed to the daemons hvdd run starts), and how
-        long the elastic driver waits for enough slots (default 600)
+        to re-initialise (passed to the daemons hvdd run starts), how long
+        a rank that joins the running job waits in init (the ranks'
+        HOROVOD_ELASTIC_TIMEOUT), and how long the elastic driver waits for
+        enough slots (default 600)
   -x NAME[=VALUE]
         export NAME to every rank, with VALUE or with its value in hvdd run's
         environment (ignored if unset there); may be repeated
@@ -158,12 +160,11 @@ host is not blacklisted: the rank's slot is, and a new rank is started in
 it after the same cooldown (never without a cooldown range); the host's
 other ranks go on. Host 0's daemon coordinates the job: if it dies, or
 host 0 is left without a rank (gone, or its last rank failed), the job
-ends. The job stops
-when fewer than --min-np ranks run and none can be added within
---elastic-timeout, when every host is blacklisted, or at the reset beyond
---reset-limit. Once a rank finishes with status 0 (Horovod: a worker's
-success), nothing is added any more, and the job ends with status 0 when
-the other ranks have ended.
+ends. The job also stops when fewer than --min-np ranks run and none can
+be added within --elastic-timeout, when every host is blacklisted, or at
+the reset beyond --reset-limit. Once a rank finishes with status 0
+(Horovod: a worker's success), nothing is added any more, and the job ends
+with status 0 when the other ranks have ended.
 
 Examples:
   hvdd run -np 4 python train.py --epochs 10

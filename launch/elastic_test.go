@@ -113,6 +113,10 @@ func TestRunElasticEnv(t *testing.T) {
 			t.Errorf("--min-np %d: code %d, stdout:\n%s", min, r.code, r.stdout)
 		}
 	}
+	r := run(t, Config{NP: 1, MinNP: 1, ElasticTimeout: 90 * time.Second, Command: []string{"sh", "-c", "echo timeout=$HOROVOD_ELASTIC_TIMEOUT"}})
+	if r.code != 0 || r.stdout != "[0]<stdout>:timeout=90\n" {
+		t.Errorf("--elastic-timeout 90: code %d, stdout %q; want HOROVOD_ELASTIC_TIMEOUT=90 (how long a joiner waits)", r.code, r.stdout)
+	}
 	if err := (&Config{NP: 2, MinNP: 3, Command: []string{"x"}}).validate(); err == nil || !strings.Contains(err.Error(), "--min-np 3 must be between 1 and -np 2") {
 		t.Errorf("--min-np above -np: %v", err)
 	}

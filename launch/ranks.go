@@ -133,6 +133,10 @@ func (j *job) rankVars(n node, s slotInfo, requestLR string) []string {
 	}
 	if j.cfg.elastic() {
 		env = append(env, "HOROVOD_ELASTIC=1")
+		if t := j.cfg.ElasticTimeout; t > 0 {
+			// How long a rank that joins the running job waits in init.
+			env = append(env, "HOROVOD_ELASTIC_TIMEOUT="+strconv.FormatFloat(t.Seconds(), 'f', -1, 64))
+		}
 	}
 	return append(env,
 		"HOROVOD_RANK="+r, "HOROVOD_SIZE="+size,
