@@ -81,7 +81,7 @@ func runScript(ctx context.Context, script, dir string) (string, error) {
 	var exit *exec.ExitError
 	if errors.As(err, &exit) {
 		code, _ := describeExit(exit.ProcessState)
-		return "", fmt.Errorf("Failed to execute discovery script: %s. Exit code: %d; its last output:\n%s", script, code, stderr.lines(10))
+		return "", fmt.Errorf("Failed to execute discovery script: %s. Exit code: %d; its last output:\n%s\nfix the script: hvdd run runs it with /bin/sh -c in the job's working directory, and it must exit 0", script, code, stderr.lines(10))
 	}
 	if err != nil {
 		return "", fmt.Errorf("run the host discovery script %q: %w", script, err)

@@ -447,3 +447,34 @@ func TestDriverAgent(t *testing.T) {
 		t.Errorf("agent ran for %q, want 127.0.0.45 twice (its daemon and rank)", got)
 	}
 }
+
+// TestDriverMaxNP: --max-np bounds the ranks: the older host is filled
+// first; a slot freed by a failure goes to an existing daemon with a free
+// slot; more slots do not start ranks beyond the bound.
+func TestDriverMaxNP(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	fj := startFake(t, dir, Config{NP: 3, MaxNP: 3, MinNP: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.46:2\n127.0.0.47:2\n")})
+	r0, r2 := fj.rank(0), fj.rank(2)
+	fj.rank(1)
+	if filepath.Dir(r0.sock) == filepath.Dir(r2.sock) {
+		t.Errorf("ranks 0 and 2 on one node; want 2 ranks on the first host, 1 on the second")
+	}
+	if serve := readLines(filepath.Join(dir, "serve.log")); len(serve) != 2 || !strings.HasPrefix(serve[1], "serve --slots 1 --nodes 2 --node-rank 1 ") {
+		t.Errorf("daemons started as:\n%s", strings.Join(serve, "\n"))
+	}
+	fj.exit(1, 3)
+	fj.stderr.waitFor(t, "starting 1 rank more on 127.0.0.47 (reset 2)", 10*time.Second)
+	checkRank(t, 3, fj.rank(3), fakeRankInfo{rank: "2", size: "3", local: "-1/1/2", cross: "0/1", elastic: "1", sock: r2.sock})
+	setHosts(t, dir, "127.0.0.46:3\n127.0.0.47:2\n")
+	time.Sleep(300 * time.Millisecond) // several discoveries
+	if strings.Contains(fj.stdout.String(), "[4]<stdout>") {
+		t.Error("a rank was started beyond --max-np")
+	}
+	for _, tag := range []int{0, 2, 3} {
+		fj.exit(tag, 0)
+	}
+	if r := fj.wait(); r.code != 0 || r.err != nil {
+		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+	}
+}

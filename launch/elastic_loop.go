@@ -233,7 +233,7 @@ func (drv *driver) rankExited(e exitEvent) {
 	j.o.logf("%s; the elastic job goes on with %s (--min-np %d; reset %d)", msg, ranks(live), cfg.MinNP, drv.resets)
 	if cool > 0 {
 		j.o.logf("blacklisting its slot on %s for %v (--blacklist-cooldown-range); the host's daemon and other ranks go on", host, cool.Round(time.Millisecond))
-	} else if !drv.finishing {
+	} else {
 		j.o.logf("blacklisting its slot on %s for good (no --blacklist-cooldown-range); the host's daemon and other ranks go on", host)
 	}
 	drv.reconcile()
