@@ -297,3 +297,37 @@ func TestDriverE2EAllBlacklisted(t *testing.T) {
 	}
 	rj.checkCleanedUp()
 }
+
+// TestDriverE2EHostBack: a host whose daemon dies is blacklisted and its
+// rank stopped; after the cooldown it comes back as a new node (index 2,
+// never reused), whose rank joins the job.
+func TestDriverE2EHostBack(t *testing.T) {
+	t.Parallel()
+	bin := buildHvdd(t)
+	dir := testDir(t)
+	rj := startReal(t, dir, bin, Config{
+		NP: 2, MinNP: 1, Hosts: []Host{{"127.0.0.48", 1}, {"127.0.0.49", 1}},
+		BlacklistCooldown: CooldownRange{time.Second, time.Second},
+	})
+	rj.epoch(2, 0, 1)
+	m := regexp.MustCompile(`\[1\]<stdout>:EPOCH .* socket=(\S+)`).FindStringSubmatch(rj.stdout.String())
+	if err := killDaemon(m[1]); err != nil {
+		t.Fatal(err)
+	}
+	rj.stderr.waitFor(t, "blacklisting host 127.0.0.49 for 1s (--blacklist-cooldown-range) and stopping the ranks on it ([1])", 10*time.Second)
+	rj.epoch(1, 0)
+	rj.stderr.waitFor(t, "host 127.0.0.49's blacklisting is over", 10*time.Second)
+	rj.stderr.waitFor(t, "host 127.0.0.49 joins the elastic job: starting its hvdd daemon (node 2) for 1 rank", 10*time.Second)
+	pids := rj.epoch(2, 0, 2)
+	if m := regexp.MustCompile(`\[2\]<stdout>:EPOCH .* socket=(\S+)`).FindStringSubmatch(rj.stdout.String()); m == nil || !strings.HasSuffix(filepath.Dir(m[1]), "-2") {
+		t.Errorf("rank [2] is not on node 2's socket: %v", m)
+	}
+	rj.finish()
+	if r := rj.wait(); r.code != 0 || r.err != nil {
+		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+	}
+	if alive(pids[2]) {
+		t.Error("rank [2] outlived Run")
+	}
+	rj.checkCleanedUp()
+}
