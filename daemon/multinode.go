@@ -601,6 +601,18 @@ func (c *multiNode) ended(j *job) {
 	if c.waiting == j {
 		c.waiting = nil
 	}
+	if j.elastic && j.formed && j.failed.GetCode() != ipcpb.Code_CODE_ABORTED {
+		// The elastic job is over (it re-forms only after CODE_ABORTED):
+		// the nodes that waited to join it hear so.
+		for _, id := range c.elasticJoins() {
+			nj := c.joins[id]
+			delete(c.joins, id)
+			msg := fmt.Sprintf("the elastic job node %d was to join has ended", id)
+			c.log.Warn("refusing node", "node", id, "reason", msg)
+			nj.link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(ipcpb.Code_CODE_ABORTED), Msg: msg}}})
+			nj.link.Close()
+		}
+	}
 }
 
 // linkGone handles a watched link that broke or fell silent.

@@ -27,25 +27,39 @@ def child_with_rank(parent: int, rank: int) -> int:
     raise AssertionError(f"no child of {parent} runs rank {rank}")
 
 
+def run_acting(
+    cmd: Sequence[str],
+    env: dict,
+    cwd: str,
+    ready: Callable[[List[str]], bool],
+    act: Callable[[int], None],
+    timeout: float,
+) -> Tuple[int, str, bool]:
+    """Runs cmd (an ``hvdd run`` command line) and calls act(hvdd run's pid)
+    once, as soon as ready(the output lines so far) holds. Returns hvdd run's
+    exit status, its whole output and whether act ran."""
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+    lines: List[str] = []
+    acted = False
+    try:
+        assert p.stdout is not None
+        for line in p.stdout:
+            lines.append(line)
+            if not acted and ready(lines):
+                act(p.pid)
+                acted = True
+        p.wait(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode, "".join(lines), acted
+
+
 def run_killing(
     cmd: Sequence[str], env: dict, cwd: str, ready: Callable[[List[str]], bool], rank: int, timeout: float
 ) -> Tuple[int, str, bool]:
     """Runs cmd (an ``hvdd run`` command line) and SIGKILLs its worker of
     the given rank as soon as ready(the output lines so far) holds. Returns
     hvdd run's exit status, its whole output and whether the kill happened."""
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
-    lines: List[str] = []
-    killed = False
-    try:
-        assert p.stdout is not None
-        for line in p.stdout:
-            lines.append(line)
-            if not killed and ready(lines):
-                os.kill(child_with_rank(p.pid, rank), signal.SIGKILL)
-                killed = True
-        p.wait(timeout=timeout)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    return p.returncode, "".join(lines), killed
+    return run_acting(cmd, env, cwd, ready, lambda pid: os.kill(child_with_rank(pid, rank), signal.SIGKILL), timeout)

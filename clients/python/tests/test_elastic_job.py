@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "elastic_job_worker.py")
 sys.path.insert(0, HERE)
 
-from elastic_helpers import run_killing  # noqa: E402
+from elastic_helpers import run_acting, run_killing  # noqa: E402
 from elastic_job_worker import batch  # noqa: E402
 
 
@@ -91,3 +91,42 @@ def test_seed_elastic_script_survives_kill(hvdd_bin, tmp_path):
     losses = [float(l.split("loss=")[1].split()[0]) for l in epochs]
     assert losses[1] < losses[0], out
     assert sorted(os.listdir(ckpt)) == ["checkpoint-1.pth.tar", "checkpoint-2.pth.tar"]
+
+
+def test_seed_elastic_script_grows_by_a_host(hvdd_bin, tmp_path):
+    # The seeds' elastic script under hvdd run's elastic driver: the host
+    # discovery script first lists one host (127.0.0.2, 2 slots); once rank 0
+    # trains, a second host (127.0.0.3, 1 slot) appears. hvdd run starts a
+    # daemon and a worker there; the worker waits in init(), the running
+    # ranks reset at their next commit, and the job goes on at 3 ranks with
+    # the new worker synced from rank 0.
+    root = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+    script = os.path.join(root, "examples", "pytorch_mnist_elastic.py")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.2:2\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HOROVOD_LOG_LEVEL="warning")
+    cmd = [
+        hvdd_bin, "run", "-np", "2", "--max-np", "3", "--host-discovery-script", str(discover), "--",
+        sys.executable, script, "--epochs", "2", "--synthetic-size", "16384", "--batch-size", "32",
+        "--lr", "0.05", "--log-interval", "8", "--checkpoint-dir", str(tmp_path / "ckpt"),
+    ]  # fmt: skip
+
+    def add_host(_: int) -> None:
+        (tmp_path / "hosts.new").write_text("127.0.0.2:2\n127.0.0.3:1\n")
+        os.replace(tmp_path / "hosts.new", hosts)
+
+    rc, out, added = run_acting(
+        cmd, env, str(tmp_path), lambda lines: any("[0]<stdout>:Train Epoch: 1" in l for l in lines), add_host, 300
+    )
+    assert added, out
+    assert rc == 0, out
+    assert "elastic job re-formed" in out and "size=3" in out, out
+    # Epoch 2 ran on 3 ranks: rank 0's share of the 16384 samples is 5462.
+    assert "[0]<stdout>:Train Epoch: 2 [32/5462 " in out, out
+    lines = out.splitlines()
+    epochs = [l for l in lines if l.startswith("[0]<stdout>:Epoch ")]
+    assert [l[len("[0]<stdout>:") :].split(":")[0] for l in epochs] == ["Epoch 1", "Epoch 2"], out
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["checkpoint-1.pth.tar", "checkpoint-2.pth.tar"]
