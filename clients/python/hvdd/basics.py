@@ -231,6 +231,11 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     return True
 
 
+# Called after every successful init(), under the state lock: what a new
+# job (or elastic epoch) starts afresh (ops.reset_names).
+_on_init: list = []
+
+
 def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None:
     """Initialises hvdd: connects to the node's daemon (``$HVDD_SOCKET``) and
     blocks until every rank of the job has arrived. Idempotent; ``shutdown()``
@@ -280,6 +285,8 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
             c.close()
             raise
         _client = c
+        for hook in _on_init:
+            hook()
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True

@@ -10,8 +10,10 @@ handle is the array (or list, or tuple) its ``finish`` makes, which the
 framework module converts.
 
 Names follow Horovod: ``"<op>.<name>"`` when the caller names the
-collective, else ``"<op>.noname.<handle>"``, so unnamed collectives match
-across ranks by the order in which each rank issued them.
+collective, else ``"<op>.noname.<n>"``, so unnamed collectives match
+across ranks by the order in which each rank issued them: n counts the
+unnamed collectives since ``init()``, so that after an elastic reset the
+survivors and a worker that just joined count alike.
 
 Nothing here imports a framework; importing ``hvdd.tensorflow`` does not
 import torch, nor the reverse.
@@ -84,6 +86,16 @@ _WIRE = {
 _handle_map: dict[int, Tuple[Client, Handle]] = {}
 _handles = itertools.count(1)
 _groups = itertools.count(1)
+_nonames = itertools.count(1)
+
+
+def reset_names() -> None:
+    """Restarts the count of unnamed collectives (at every ``init()``)."""
+    global _nonames
+    _nonames = itertools.count(1)
+
+
+_basics._on_init.append(reset_names)
 
 
 def wire_dtype(dtype: Any) -> int:
@@ -129,8 +141,9 @@ def handle_average_backwards_compatibility(op: Optional[int], average: Optional[
 
 
 def collective_name(kind: str, name: Optional[str], handle: int) -> str:
-    """The name the daemon matches across ranks (see the module doc)."""
-    return f"{kind}.{name}" if name is not None else f"{kind}.noname.{handle}"
+    """The name the daemon matches across ranks (see the module doc); the
+    handle is the caller's, for Horovod's API."""
+    return f"{kind}.{name}" if name is not None else f"{kind}.noname.{next(_nonames)}"
 
 
 def next_handle() -> int:

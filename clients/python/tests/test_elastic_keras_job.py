@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 
-from elastic_helpers import run_killing
+from elastic_helpers import run_acting, run_killing
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
@@ -80,3 +80,37 @@ def test_example_survives_kill(hvdd_bin, tmp_path):
     assert epochs[1][1] < epochs[0][1], epochs
     assert "done: 2 epochs on 2 ranks" in out, out[-6000:]
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["checkpoint-1.keras", "checkpoint-2.keras"]
+
+
+def test_example_grows_by_a_host(hvdd_bin, tmp_path):
+    # Under hvdd run's elastic driver with a host discovery script: one host
+    # (127.0.0.4, 2 slots) at first; once rank 0 trains, a second host
+    # (127.0.0.5, 1 slot) appears. Its worker waits in init(), the running
+    # ranks raise HostsUpdatedInterrupt at a commit (CommitStateCallback),
+    # and the later epochs run on 3 ranks.
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.4:2\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    cmd = _cmd(hvdd_bin, tmp_path, 2, "--max-np", "3", "--host-discovery-script", str(discover))
+    i = cmd.index("--socket")
+    del cmd[i : i + 2]
+    cmd[cmd.index("--epochs") + 1] = "3"
+
+    def add_host(_: int) -> None:
+        (tmp_path / "hosts.new").write_text("127.0.0.4:2\n127.0.0.5:1\n")
+        os.replace(tmp_path / "hosts.new", hosts)
+
+    rc, out, added = run_acting(
+        cmd,
+        _env(tmp_path),
+        str(tmp_path),
+        lambda lines: any(l.startswith("[0]<stdout>:Train Epoch: 1 ") for l in lines),
+        add_host,
+        300,
+    )
+    assert added, out[-6000:]
+    assert rc == 0, out[-6000:]
+    epochs = _epochs(out)
+    assert [e for e, _, _ in epochs] == [1, 2, 3] and epochs[-1][2] == 3, out[-6000:]
