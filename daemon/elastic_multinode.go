@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/hvdd/hvdd/cluster"
@@ -53,14 +54,7 @@ func (n *nextEpoch) holds(link *cluster.Link) bool {
 }
 
 // nodes returns the nodes of the next epoch other than node 0, in order.
-func (n *nextEpoch) nodes() []int {
-	ids := make([]int, 0, len(n.links))
-	for id := range n.links {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
-}
+func (n *nextEpoch) nodes() []int { return slices.Sorted(maps.Keys(n.links)) }
 
 // beginNext keeps the links of mc's failing elastic epoch for the next one.
 func (c *multiNode) beginNext(mc *multiCoord) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -390,14 +391,7 @@ func (c *multiNode) maybeLayout() {
 }
 
 // joinOrder returns the nodes in c.joins in order.
-func (c *multiNode) joinOrder() []int {
-	ids := make([]int, 0, len(c.joins))
-	for id := range c.joins {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
-}
+func (c *multiNode) joinOrder() []int { return slices.Sorted(maps.Keys(c.joins)) }
 
 // elasticJoins returns the nodes in c.joins that join an elastic job, in
 // order.
