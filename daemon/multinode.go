@@ -11,6 +11,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/hvdd/hvdd/backends"
@@ -90,6 +91,49 @@ type multiNode struct {
 	// next is the next epoch of an elastic job while it forms across the
 	// nodes (elastic_multinode.go); nil otherwise.
 	next *nextEpoch
+
+	// joining holds the link a joinCoordinator goroutine waits on for the
+	// layout (a node joining a running elastic job may wait long), so that
+	// close can end the wait.
+	joining linkSet
+}
+
+// linkSet is a set of links that goroutines other than the loop's hold,
+// closed all at once by closeAll.
+type linkSet struct {
+	mu     sync.Mutex
+	links  map[*cluster.Link]bool
+	closed bool
+}
+
+// add records link; false once closeAll has run.
+func (s *linkSet) add(link *cluster.Link) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	if s.links == nil {
+		s.links = make(map[*cluster.Link]bool)
+	}
+	s.links[link] = true
+	return true
+}
+
+func (s *linkSet) remove(link *cluster.Link) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.links, link)
+}
+
+// closeAll closes the links recorded and every later one.
+func (s *linkSet) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for link := range s.links {
+		link.Close()
+	}
 }
 
 type nodeJoin struct {
@@ -154,6 +198,7 @@ func newMultiNode(hooks loopHooks, p *poller, cfg Config, log *slog.Logger) (*mu
 }
 
 func (c *multiNode) close() {
+	c.joining.closeAll()
 	if c.linkCheck != nil {
 		c.linkCheck.Stop()
 	}
@@ -234,11 +279,11 @@ func (c *multiNode) complete(j *job) {
 		c.maybeLayout()
 		return
 	}
-	go c.joinCoordinator(j)
+	go c.joinCoordinator(j, c.joinOf(j)) // the Join is built here: the loop owns j
 }
 
 // joinCoordinator (its own goroutine) reaches node 0 and waits for the layout.
-func (c *multiNode) joinCoordinator(j *job) {
+func (c *multiNode) joinCoordinator(j *job, join *clusterpb.Message) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
 	defer cancel()
 	res := msgLayout{j: j}
@@ -248,7 +293,13 @@ func (c *multiNode) joinCoordinator(j *job) {
 		res.err = err
 		return
 	}
-	if err := link.Send(c.joinOf(j)); err != nil {
+	if !c.joining.add(link) {
+		link.Close()
+		res.err = errors.New("the daemon is shutting down")
+		return
+	}
+	defer c.joining.remove(link)
+	if err := link.Send(join); err != nil {
 		link.Close()
 		res.err = err
 		return
@@ -329,12 +380,15 @@ func (c *multiNode) join(nj nodeJoin) {
 	}
 	if old, ok := c.joins[r]; ok {
 		// A restarted node: its new link replaces the stale one.
-		old.link.Close()
+		c.closeLink(old.link)
 	}
 	c.joins[r] = nj
 	if r >= c.nodes || c.next != nil {
 		// A node joining the running elastic job: its next epoch takes it.
+		// Its link is watched meanwhile, so that a node lost while it
+		// waits is not laid out.
 		c.log.Warn("a node waits to join the elastic job at its next epoch", "node", r, "slots", nj.join.GetSlots())
+		c.watchJoin(r, nj.link)
 		c.hooks.elasticNodeJoined()
 	}
 	c.maybeLayout()
@@ -410,7 +464,7 @@ func (c *multiNode) refuseJoins(j *job, msg string) {
 	a := &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(ipcpb.Code_CODE_ABORTED), Msg: msg}}}
 	for _, nj := range c.joins {
 		nj.link.Send(a)
-		nj.link.Close()
+		c.closeLink(nj.link)
 	}
 	c.joins = make(map[int]nodeJoin)
 	c.waiting = nil
@@ -604,7 +658,7 @@ func (c *multiNode) ended(j *job) {
 			msg := fmt.Sprintf("the elastic job node %d was to join has ended", id)
 			c.log.Warn("refusing node", "node", id, "reason", msg)
 			nj.link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(ipcpb.Code_CODE_ABORTED), Msg: msg}}})
-			nj.link.Close()
+			c.closeLink(nj.link)
 		}
 	}
 }
@@ -612,8 +666,27 @@ func (c *multiNode) ended(j *job) {
 // linkGone handles a watched link that broke or fell silent.
 func (c *multiNode) linkGone(w *watchedLink, err error) {
 	c.unwatch(w.link)
-	w.mc.linkLost(w.node, err)
+	if w.mc != nil {
+		w.mc.linkLost(w.node, err)
+	}
 	c.nextLost(w, err)
+	if nj, ok := c.joins[w.id]; ok && nj.link == w.link {
+		c.log.Warn("a node waiting to join the elastic job was lost", "node", w.id, "err", err)
+		delete(c.joins, w.id)
+		w.link.Close()
+	}
+}
+
+// watchJoin watches the link of a node that waits to join the running
+// elastic job (node 0); formLayout hands it to the job that takes the node.
+func (c *multiNode) watchJoin(id int, link *cluster.Link) {
+	fd := link.FD()
+	if err := c.p.add(fd); err != nil {
+		c.log.Warn("cannot watch the link of a node waiting to join", "node", id, "err", err)
+		return
+	}
+	c.watched[fd] = &watchedLink{id: id, link: link, fd: fd}
+	c.armLinkCheck()
 }
 
 // closeLink stops watching link and closes it.

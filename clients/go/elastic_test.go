@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -319,6 +320,16 @@ func elasticJoinWorker() int {
 		return 1
 	}
 	grown := envRank("HVDD_TEST_GROWN")
+	// With $HVDD_TEST_HOLD set, rank 0 looks at its notifications only once
+	// that file exists.
+	held := func() bool {
+		hold := os.Getenv("HVDD_TEST_HOLD")
+		if hold == "" {
+			return true
+		}
+		_, err := os.Stat(hold)
+		return err == nil
+	}
 	c := &hvdd.Client{Elastic: true}
 	if err := c.Init(ctx); err != nil {
 		return fail("init: %v", err)
@@ -327,7 +338,7 @@ func elasticJoinWorker() int {
 		notified := false
 		for step := 0; !notified; step++ {
 			flag := []float32{0}
-			if c.Rank() == 0 && len(c.HostsUpdates()) > 0 {
+			if c.Rank() == 0 && held() && len(c.HostsUpdates()) > 0 {
 				flag[0] = 1
 			}
 			if err := hvdd.Allreduce(ctx, c, flag, hvdd.WithName(fmt.Sprint("step.", step)), hvdd.WithOp(hvdd.Sum)); err != nil {
@@ -443,4 +454,33 @@ func TestElasticLinkCut(t *testing.T) {
 	}
 	t.Logf("rank 0 re-formed and ran a step %v after the cut", time.Since(cut).Round(time.Millisecond))
 	ws[1].Cmd.Process.Kill()
+}
+
+// TestElasticJoinerNodeLost: a node that waits to join a running elastic
+// job is lost before the job resets (its daemon stops): node 0 drops it, and
+// the next epoch forms without it instead of waiting for its data engine.
+func TestElasticJoinerNodeLost(t *testing.T) {
+	hold := filepath.Join(t.TempDir(), "hold")
+	env := []string{"HVDD_TEST_GROWN=2", "HVDD_TEST_HOLD=" + hold}
+	ss := startNodesCfg(t, func(n int, c *daemon.Config) {
+		c.Elastic = true
+		c.Nodes = max(2, n+1)
+	}, 1, 1, 1)
+	first := spawnSocketsEnv(t, []string{ss[0].Socket, ss[1].Socket}, "elasticjoin", env, 1, 1)
+	first[0][0].WaitOutput(t, "TRAINING", 60*time.Second)
+	joiner := daemontest.Spawn(t, ss[2].Socket, "elasticjoin", 1, append(env, "HVDD_TEST_JOINER=1")...)[0]
+	ss[0].WaitLog(t, "a node waits to join the elastic job at its next epoch", 60*time.Second)
+	ss[2].Stop(t)
+	ss[0].WaitLog(t, "a node waiting to join the elastic job was lost", 30*time.Second)
+	if err := joiner.Wait(30 * time.Second); err == nil {
+		t.Errorf("the joiner of the lost node exited 0:\n%s", joiner.Output())
+	}
+	if err := os.WriteFile(hold, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range slices.Concat(first...) {
+		if err := w.Wait(60*time.Second); err != nil || !strings.Contains(w.Output(), "GROWN rank") || !strings.Contains(w.Output(), " of 2") {
+			t.Errorf("a rank: %v (want it re-formed at size 2)\n%s", err, w.Output())
+		}
+	}
 }
