@@ -479,7 +479,7 @@ func TestElasticJoinerNodeLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, w := range slices.Concat(first...) {
-		if err := w.Wait(60*time.Second); err != nil || !strings.Contains(w.Output(), "GROWN rank") || !strings.Contains(w.Output(), " of 2") {
+		if err := w.Wait(60 * time.Second); err != nil || !strings.Contains(w.Output(), "GROWN rank") || !strings.Contains(w.Output(), " of 2") {
 			t.Errorf("a rank: %v (want it re-formed at size 2)\n%s", err, w.Output())
 		}
 	}
