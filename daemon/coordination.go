@@ -98,12 +98,10 @@ type loopHooks interface {
 	// reformFailed gives up the forming epoch of an elastic job: the
 	// survivors get msg.
 	reformFailed(epoch uint64, msg string)
-	// hostsUpdated tells global rank 0 of the running elastic job j that
-	// workers wait to join it (node 0).
-	hostsUpdated(j *job)
-	// elasticNodeJoined tells the loop (node 0) that a node waits to join
-	// the running elastic job, if one runs.
-	elasticNodeJoined()
+	// hostsUpdated tells global rank 0 of the running elastic job, if one
+	// runs, that workers wait to join it (node 0: another node's joiner, or
+	// a node that joins).
+	hostsUpdated()
 }
 
 // oneNode forms every job on this node alone.

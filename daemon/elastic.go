@@ -125,25 +125,17 @@ func (l *loop) addJoiner(c *client, j *job) {
 		l.joiners = append(l.joiners, c)
 	}
 	l.s.log.Warn("a worker waits to join the elastic job at its next epoch", "job", j.id, "pid", c.pid, "waiting", len(l.joiners))
-	if j.formed && j.failed == nil {
-		l.notifyHosts(j)
-	}
+	l.hostsUpdated()
 }
 
-// hostsUpdated is notifyHosts for the coordination (loopHooks).
-func (l *loop) hostsUpdated(j *job) { l.notifyHosts(j) }
-
-// elasticNodeJoined notifies the running elastic job, if one runs, that a
-// node waits to join it (loopHooks).
-func (l *loop) elasticNodeJoined() {
-	if j := l.job; j != nil && j.elastic && j.formed && j.failed == nil {
-		l.notifyHosts(j)
+// hostsUpdated tells global rank 0 of the running elastic job, if one runs,
+// that workers wait to join it: here, or through node 0 when rank 0 is on
+// another node (also loopHooks).
+func (l *loop) hostsUpdated() {
+	j := l.job
+	if j == nil || !j.elastic || !j.formed || j.failed != nil {
+		return
 	}
-}
-
-// notifyHosts tells global rank 0 of the running elastic job j that workers
-// wait to join it: here, or through node 0 when rank 0 is on another node.
-func (l *loop) notifyHosts(j *job) {
 	u := &ipcpb.HostsUpdated{Timestamp: time.Now().UnixMilli(), Result: hostsAdded}
 	if j.members.offset == 0 && len(j.slots) > 0 && j.slots[0] != nil {
 		j.slots[0].sendBatch([]uint32{0}, []*ipcpb.ServerMessage{{Msg: &ipcpb.ServerMessage_HostsUpdated{HostsUpdated: u}}})
@@ -229,7 +221,7 @@ func (l *loop) reformed(j *job) {
 		"pids", j.pids(), "after", time.Since(r.failedAt).Round(time.Millisecond), "cause", r.cause)
 	if len(l.joiners) > 0 {
 		// Workers came while it formed: the next epoch takes them.
-		l.notifyHosts(j)
+		l.hostsUpdated()
 	}
 }
 

@@ -189,7 +189,7 @@ func (c *multiNode) epochJoin(w *watchedLink, jn *clusterpb.Join) {
 		}
 		msg := fmt.Sprintf("node %d joined epoch %d of an elastic job on a link that forms %s", jn.GetNodeRank(), jn.GetEpoch(), want)
 		c.log.Warn("refusing node", "node", w.id, "reason", msg)
-		w.link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(ipcpb.Code_CODE_ABORTED), Msg: msg}}})
+		w.link.Send(abortMsg(ipcpb.Code_CODE_ABORTED, msg, 0))
 		c.closeLink(w.link)
 		if w.mc != nil {
 			w.mc.linkLost(w.node, fmt.Errorf("%s", msg))
@@ -228,16 +228,13 @@ func (c *multiNode) abortNext(msg string) {
 	n := c.next
 	c.next = nil
 	c.log.Error("elastic job ends", "epoch", n.epoch, "err", msg)
-	a := &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(ipcpb.Code_CODE_ABORTED), Msg: msg, Epoch: n.epoch}}}
+	a := abortMsg(ipcpb.Code_CODE_ABORTED, msg, n.epoch)
 	for _, link := range n.links {
 		link.Send(a)
 		c.closeLink(link)
 	}
 	if j := c.waiting; j != nil && j.epoch == n.epoch {
 		c.waiting = nil
-		if j.failed == nil {
-			c.hooks.formFailed(j, msg)
-		}
 	}
-	c.hooks.reformFailed(n.epoch, msg)
+	c.hooks.reformFailed(n.epoch, msg) // fails our forming part, if any
 }

@@ -367,7 +367,7 @@ func (c *multiNode) join(nj nodeJoin) {
 	r := int(nj.join.GetNodeRank())
 	refuse := func(msg string) {
 		c.log.Warn("refusing node", "node", r, "reason", msg)
-		nj.link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(ipcpb.Code_CODE_BUSY), Msg: msg}}})
+		nj.link.Send(abortMsg(ipcpb.Code_CODE_BUSY, msg, 0))
 		nj.link.Close()
 	}
 	switch {
@@ -388,8 +388,10 @@ func (c *multiNode) join(nj nodeJoin) {
 		// Its link is watched meanwhile, so that a node lost while it
 		// waits is not laid out.
 		c.log.Warn("a node waits to join the elastic job at its next epoch", "node", r, "slots", nj.join.GetSlots())
-		c.watchJoin(r, nj.link)
-		c.hooks.elasticNodeJoined()
+		if err := c.watch(nil, -1, r, nj.link); err != nil {
+			c.log.Warn("a node waiting to join is not watched", "node", r, "err", err)
+		}
+		c.hooks.hostsUpdated()
 	}
 	c.maybeLayout()
 }
@@ -404,6 +406,9 @@ func (c *multiNode) maybeLayout() {
 	}
 	ids, slots := []int{0}, []int{len(j.slots)}
 	links := make(map[int]*cluster.Link)
+	add := func(id int, jn *clusterpb.Join, link *cluster.Link) {
+		ids, slots, links[id] = append(ids, id), append(slots, int(jn.GetSlots())), link
+	}
 	if j.epoch > 0 {
 		n := c.next
 		if n == nil || n.epoch != j.epoch {
@@ -413,21 +418,18 @@ func (c *multiNode) maybeLayout() {
 			if n.joins[id] == nil {
 				return
 			}
-			ids, slots, links[id] = append(ids, id), append(slots, int(n.joins[id].GetSlots())), n.links[id]
+			add(id, n.joins[id], n.links[id])
 		}
 		c.next = nil
 		// Nodes that joined the running job come after the others.
 		for _, id := range c.elasticJoins() {
-			ids, slots, links[id] = append(ids, id), append(slots, int(c.joins[id].join.GetSlots())), c.joins[id].link
+			add(id, c.joins[id].join, c.joins[id].link)
 			delete(c.joins, id)
 		}
 	} else {
-		if len(c.joins) < c.nodes-1 {
-			return
-		}
 		for id := 1; id < c.nodes; id++ {
 			if _, ok := c.joins[id]; !ok {
-				return // a node beyond --nodes joined before them
+				return // not every node is here yet
 			}
 		}
 		for _, id := range c.joinOrder() {
@@ -436,12 +438,18 @@ func (c *multiNode) maybeLayout() {
 				c.refuseJoins(j, fmt.Sprintf("every rank of a job must agree on HOROVOD_ELASTIC: node 0's ranks run with elastic=%v, node %d's with elastic=%v", j.elastic, id, nj.join.GetElastic()))
 				return
 			}
-			ids, slots, links[id] = append(ids, id), append(slots, int(nj.join.GetSlots())), nj.link
+			add(id, nj.join, nj.link)
 		}
 		c.joins = make(map[int]nodeJoin)
 	}
 	c.waiting = nil
 	c.formLayout(j, ids, slots, links)
+}
+
+// abortMsg is the Abort message of a job (or elastic epoch) that fails with
+// code and msg.
+func abortMsg(code ipcpb.Code, msg string, epoch uint64) *clusterpb.Message {
+	return &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(code), Msg: msg, Epoch: epoch}}}
 }
 
 // joinOrder returns the nodes in c.joins in order.
@@ -461,7 +469,7 @@ func (c *multiNode) elasticJoins() []int {
 
 // refuseJoins fails the waiting job j and the nodes that joined it with msg.
 func (c *multiNode) refuseJoins(j *job, msg string) {
-	a := &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(ipcpb.Code_CODE_ABORTED), Msg: msg}}}
+	a := abortMsg(ipcpb.Code_CODE_ABORTED, msg, 0)
 	for _, nj := range c.joins {
 		nj.link.Send(a)
 		c.closeLink(nj.link)
@@ -500,7 +508,9 @@ func (c *multiNode) formLayout(j *job, ids, slots []int, links map[int]*cluster.
 		}
 	}
 	for at, node := range ids[1:] {
-		c.watch(mc, at+1, node, mc.links[at+1])
+		if err := c.watch(mc, at+1, node, mc.links[at+1]); err != nil {
+			c.hooks.abort(j, ipcpb.Code_CODE_INTERNAL, err.Error(), true)
+		}
 	}
 	go c.startBackend(j, id, slots, 0)
 }
@@ -536,7 +546,10 @@ func (c *multiNode) layout(m msgLayout) {
 	}
 	mc := coordOf(j)
 	mc.links[0], mc.ids = m.link, ids
-	c.watch(mc, 0, 0, m.link)
+	if err := c.watch(mc, 0, 0, m.link); err != nil {
+		c.hooks.abort(j, ipcpb.Code_CODE_INTERNAL, err.Error(), true)
+		return
+	}
 	go c.startBackend(j, m.layout.GetGeneration(), slots, at)
 }
 
@@ -590,16 +603,16 @@ type watchedLink struct {
 }
 
 // watch starts reading a job's link in the loop, or hands a link watched
-// since an earlier epoch to mc.
-func (c *multiNode) watch(mc *multiCoord, node, id int, link *cluster.Link) {
+// since an earlier epoch to mc. mc is nil for the link of a node waiting to
+// join a running elastic job.
+func (c *multiNode) watch(mc *multiCoord, node, id int, link *cluster.Link) error {
 	fd := link.FD()
 	if w := c.watched[fd]; w != nil && w.link == link {
 		w.mc, w.node = mc, node
-		return
+		return nil
 	}
 	if err := c.p.add(fd); err != nil {
-		c.hooks.abort(mc.j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("cannot watch the control link to node %d: %v", node, err), true)
-		return
+		return fmt.Errorf("cannot watch the control link to node %d: %w", id, err)
 	}
 	w := &watchedLink{mc: mc, node: node, id: id, link: link, fd: fd}
 	c.watched[fd] = w
@@ -607,6 +620,7 @@ func (c *multiNode) watch(mc *multiCoord, node, id int, link *cluster.Link) {
 	// epoll would not report those bytes again.
 	c.readLink(w, false)
 	c.armLinkCheck()
+	return nil
 }
 
 // armLinkCheck schedules the next checkLinks while links are watched.
@@ -657,7 +671,7 @@ func (c *multiNode) ended(j *job) {
 			delete(c.joins, id)
 			msg := fmt.Sprintf("the elastic job node %d was to join has ended", id)
 			c.log.Warn("refusing node", "node", id, "reason", msg)
-			nj.link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(ipcpb.Code_CODE_ABORTED), Msg: msg}}})
+			nj.link.Send(abortMsg(ipcpb.Code_CODE_ABORTED, msg, 0))
 			c.closeLink(nj.link)
 		}
 	}
@@ -675,18 +689,6 @@ func (c *multiNode) linkGone(w *watchedLink, err error) {
 		delete(c.joins, w.id)
 		w.link.Close()
 	}
-}
-
-// watchJoin watches the link of a node that waits to join the running
-// elastic job (node 0); formLayout hands it to the job that takes the node.
-func (c *multiNode) watchJoin(id int, link *cluster.Link) {
-	fd := link.FD()
-	if err := c.p.add(fd); err != nil {
-		c.log.Warn("cannot watch the link of a node waiting to join", "node", id, "err", err)
-		return
-	}
-	c.watched[fd] = &watchedLink{id: id, link: link, fd: fd}
-	c.armLinkCheck()
 }
 
 // closeLink stops watching link and closes it.

@@ -118,8 +118,8 @@ func (mc *multiCoord) control(node int, m *clusterpb.Message) {
 	case *clusterpb.Message_Bye:
 		mc.byes[node] = true
 	case *clusterpb.Message_HostsUpdated:
-		if mc.coordinator() && j.failed == nil {
-			mc.hooks.hostsUpdated(j)
+		if mc.coordinator() {
+			mc.hooks.hostsUpdated()
 		}
 	}
 }
@@ -386,7 +386,7 @@ func (mc *multiCoord) abort(code ipcpb.Code, msg string, notify bool) {
 		mc.n.beginNext(mc)
 	}
 	if notify {
-		a := &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{Code: int32(code), Msg: msg, Epoch: mc.j.epoch}}}
+		a := abortMsg(code, msg, mc.j.epoch)
 		for _, link := range mc.links {
 			link.Send(a)
 		}
