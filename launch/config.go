@@ -67,9 +67,10 @@ type Config struct {
 	// cut) loses its ranks and the other hosts go on.
 	MinNP int
 
-	// ResetLimit, when positive, stops an elastic job at the failure that
-	// would be its ResetLimit+1-th reset (horovodrun --reset-limit). Zero
-	// means no limit.
+	// ResetLimit, when positive, stops an elastic job at the reset that
+	// would be its ResetLimit+1-th (horovodrun --reset-limit): a failure it
+	// goes on from, or, with the elastic driver, hosts added or removed.
+	// Zero means no limit.
 	ResetLimit int
 
 	// ElasticTimeout is how long the next epoch of an elastic job waits for

@@ -76,10 +76,11 @@
 //     group (so a terminal's Ctrl-C reaches them directly), remote ones
 //     through the agent, each with its stdout and stderr line-tagged
 //     (output.go).
-//  5. Wait (supervise.go; the elastic driver's loop for the jobs it runs). On the first failure, signal or ctx cancellation,
-//     SIGTERM (or the received signal) goes to the ranks still running and
-//     SIGKILL follows after Config.KillGrace; a second SIGINT sends SIGKILL at
-//     once.
+//  5. Wait (supervise.go; elastic_loop.go for the jobs the elastic driver
+//     runs). On the first failure (in an elastic job: one it cannot go on
+//     from), signal or ctx cancellation, SIGTERM (or the received signal)
+//     goes to the ranks still running and SIGKILL follows after
+//     Config.KillGrace; a second SIGINT sends SIGKILL at once.
 //  6. Stop the daemons this Run started, and return the job's exit code
 //     (exitcode.go).
 package launch

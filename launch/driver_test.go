@@ -151,10 +151,16 @@ func (rj *realJob) exit(pid, code int) {
 	}
 }
 
-// finish makes the ranks end the job together, with status 0.
-func (rj *realJob) finish() {
+// finish makes the ranks end the job together, with status 0, and checks
+// that Run returns 0, nil.
+func (rj *realJob) finish() result {
 	rj.t.Helper()
 	touch(filepath.Join(rj.dir, "finish"))
+	r := rj.wait()
+	if r.code != 0 || r.err != nil {
+		rj.t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+	}
+	return r
 }
 
 func (rj *realJob) wait() result {
@@ -207,9 +213,6 @@ func TestDriverE2ERefill(t *testing.T) {
 	rj.stderr.waitFor(t, "started 1 rank on 127.0.0.21: [4]", 20*time.Second)
 	rj.epoch(4, 0, 1, 2, 4)
 	rj.finish()
-	if r := rj.wait(); r.code != 0 || r.err != nil {
-		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
-	}
 	rj.checkCleanedUp()
 }
 
@@ -226,9 +229,6 @@ func TestDriverE2EAddHost(t *testing.T) {
 	rj.stderr.waitFor(t, "host 127.0.0.23 joins the elastic job: starting its hvdd daemon (node 1) for 2 ranks", 10*time.Second)
 	rj.epoch(3, 0, 1, 2)
 	rj.finish()
-	if r := rj.wait(); r.code != 0 || r.err != nil {
-		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
-	}
 	rj.checkCleanedUp()
 }
 
@@ -243,11 +243,7 @@ func TestDriverE2ERemoveHost(t *testing.T) {
 	setHosts(t, dir, "127.0.0.24:1\n")
 	rj.stderr.waitFor(t, "host 127.0.0.25 is no longer discovered: stopping its ranks ([1] [2])", 10*time.Second)
 	rj.epoch(1, 0)
-	rj.finish()
-	r := rj.wait()
-	if r.code != 0 || r.err != nil {
-		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
-	}
+	r := rj.finish()
 	for _, want := range []string{"rank 1 (pid ", "rank 2 (pid "} {
 		if !strings.Contains(r.stderr, want) {
 			t.Errorf("stderr does not report %s...'s end", want)
@@ -323,9 +319,6 @@ func TestDriverE2EHostBack(t *testing.T) {
 		t.Errorf("rank [2] is not on node 2's socket: %v", m)
 	}
 	rj.finish()
-	if r := rj.wait(); r.code != 0 || r.err != nil {
-		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
-	}
 	if alive(pids[2]) {
 		t.Error("rank [2] outlived Run")
 	}

@@ -36,14 +36,6 @@ import (
 // needs a rank of its own (the daemons' rule): if it dies, or host 0 is
 // left without a rank, the job ends.
 
-// Driver states (the job's, as in supervise).
-const (
-	driverRunning = iota
-	driverFailed
-	driverInterrupted
-	driverCancelled
-)
-
 // driver is the elastic driver of one job. Only the goroutine running Run
 // touches it; other goroutines report to it on its channels.
 type driver struct {
@@ -59,14 +51,13 @@ type driver struct {
 	current map[string]int // host -> its node that runs its ranks now
 	resets  int            // membership changes so far
 
-	state     int
+	state     int   // jobRunning, ...
 	code      int   // the job's exit code
 	err       error // what to return with it
 	lastFail  int   // the exit code of the last failed rank (exitLaunchFailed if none)
 	finishing bool  // a rank finished with status 0: the job ends as the others do
 	killC     <-chan time.Time
 	minWait   *time.Timer // running while fewer than --min-np ranks run
-	minWaitC  <-chan time.Time
 	// discFailing is when the discovery script began failing (zero: it
 	// works).
 	discFailing time.Time

@@ -3,7 +3,8 @@ package launch
 import (
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,7 +20,7 @@ import (
 // changes the ranks is one reset of the job (Horovod counts a reset per
 // host update, and per failure).
 func (drv *driver) reconcile() {
-	if drv.state != driverRunning || drv.finishing {
+	if drv.state != jobRunning || drv.finishing {
 		return
 	}
 	j, cfg := drv.j, drv.j.cfg
@@ -27,7 +28,7 @@ func (drv *driver) reconcile() {
 	for _, h := range back {
 		j.o.logf("host %s's blacklisting is over (its cooldown ended)", h)
 	}
-	for _, h := range sortedKeys(freed) {
+	for _, h := range slices.Sorted(maps.Keys(freed)) {
 		j.o.logf("%s blacklisted slot(s) of %s free again (the cooldown ended)", strconv.Itoa(freed[h]), h)
 	}
 	drv.retireUndiscovered()
@@ -42,7 +43,7 @@ func (drv *driver) reconcile() {
 		}
 	}
 	keep := 0
-	for _, h := range sortedKeys(running) {
+	for _, h := range slices.Sorted(maps.Keys(running)) {
 		if target[h] < running[h] {
 			shrink = append(shrink, h)
 		}
@@ -137,12 +138,16 @@ func (drv *driver) addHost(host string, k int) {
 func (drv *driver) shrink(host string, k int, gone bool) {
 	j := drv.j
 	i := drv.current[host]
-	why := fmt.Sprintf("has %d usable slots now", drv.hm.usable(Host{host, drv.hm.slots(host)}))
+	slots := drv.hm.slots(host)
+	usable := drv.hm.usable(Host{host, slots})
+	var why string
 	switch {
-	case drv.hm.slots(host) == 0:
+	case slots == 0:
 		why = "is no longer discovered"
-	case drv.j.cfg.MaxNP > 0 && drv.hm.usable(Host{host, drv.hm.slots(host)}) > 0:
-		why = fmt.Sprintf("gives its slots to older hosts (--max-np %d)", drv.j.cfg.MaxNP)
+	case j.cfg.MaxNP > 0 && usable > 0:
+		why = fmt.Sprintf("gives its slots to older hosts (--max-np %d)", j.cfg.MaxNP)
+	default:
+		why = fmt.Sprintf("has %d usable slots now", usable)
 	}
 	if gone {
 		live := drv.nodeRanks(i)
@@ -298,7 +303,7 @@ func (drv *driver) recoverable() bool {
 // ranks go on (Horovod's wait_for_available_slots), ends it when enough
 // do, and fails the job when no rank is left or none can be added.
 func (drv *driver) checkMin() {
-	if drv.state != driverRunning || drv.finishing {
+	if drv.state != jobRunning || drv.finishing {
 		return
 	}
 	j, min := drv.j, drv.j.cfg.MinNP
@@ -316,7 +321,6 @@ func (drv *driver) checkMin() {
 		drv.fail(drv.lastFail, fmt.Errorf("%s left, fewer than --min-np %d, and no host can be added (give -H more hosts, --blacklist-cooldown-range, or --host-discovery-script)", ranks(live), min))
 	default:
 		drv.minWait = time.NewTimer(drv.timeout)
-		drv.minWaitC = drv.minWait.C
 		j.o.logf("%s left, fewer than --min-np %d: waiting up to %v (--elastic-timeout) for slots", ranks(live), min, drv.timeout)
 	}
 }
@@ -325,8 +329,17 @@ func (drv *driver) checkMin() {
 func (drv *driver) stopMinWait() {
 	if drv.minWait != nil {
 		drv.minWait.Stop()
-		drv.minWait, drv.minWaitC = nil, nil
+		drv.minWait = nil
 	}
+}
+
+// minWaitC fires when the wait for --min-np ranks times out (nil: no
+// wait).
+func (drv *driver) minWaitC() <-chan time.Time {
+	if drv.minWait == nil {
+		return nil
+	}
+	return drv.minWait.C
 }
 
 // tagList names ranks by their output tags: "[3] [4]".
@@ -336,13 +349,4 @@ func tagList(tags []int) string {
 		s[i] = "[" + strconv.Itoa(t) + "]"
 	}
 	return strings.Join(s, " ")
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

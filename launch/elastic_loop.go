@@ -41,15 +41,14 @@ func (drv *driver) supervise(ctx context.Context, sigs <-chan os.Signal) (int, e
 			drv.signal(sig)
 		case <-ctxDone:
 			ctxDone = nil
-			if drv.state == driverRunning {
-				drv.state, drv.code = driverCancelled, 128+int(syscall.SIGTERM)
+			if drv.state == jobRunning {
+				drv.state, drv.code = jobCancelled, 128+int(syscall.SIGTERM)
 				j.o.logf("%v; stopping %s", context.Cause(ctx), ranks(j.running))
 				drv.stop(syscall.SIGTERM)
 			}
 		case <-drv.killC:
 			drv.killC = nil
-			j.o.logf("%s still running %v after being asked to stop; sending SIGKILL", ranks(j.running), j.cfg.KillGrace)
-			j.signalAll(syscall.SIGKILL)
+			j.killAfterGrace()
 		case d := <-drv.daemonC:
 			drv.daemonExited(d)
 		case r := <-drv.readyC:
@@ -59,20 +58,18 @@ func (drv *driver) supervise(ctx context.Context, sigs <-chan os.Signal) (int, e
 		case <-tick.C:
 			drv.killLingering()
 			drv.reconcile()
-		case <-drv.minWaitC:
-			drv.minWaitC = nil
+		case <-drv.minWaitC():
+			drv.minWait = nil
 			drv.fail(drv.lastFail, errors.New(drv.slotsTimeout(j.cfg.MinNP)))
 		}
 	}
-	if drv.minWait != nil {
-		drv.minWait.Stop()
-	}
+	drv.stopMinWait()
 	j.closeStdins()
 	j.drain()
 	switch {
-	case drv.state == driverCancelled:
+	case drv.state == jobCancelled:
 		return drv.code, fmt.Errorf("job stopped: %w", context.Cause(ctx))
-	case drv.state == driverRunning:
+	case drv.state == jobRunning:
 		return 0, nil
 	}
 	return drv.code, drv.err
@@ -119,10 +116,10 @@ func (drv *driver) stop(sig os.Signal) {
 // fail stops the job: every rank gets SIGTERM, and Run returns code and
 // err (err, when not nil, is also logged now).
 func (drv *driver) fail(code int, err error) {
-	if drv.state != driverRunning {
+	if drv.state != jobRunning {
 		return
 	}
-	drv.state, drv.code, drv.err = driverFailed, code, err
+	drv.state, drv.code, drv.err = jobFailed, code, err
 	if err != nil && drv.j.running > 0 {
 		drv.j.o.logf("%v; stopping %s", err, ranks(drv.j.running))
 	}
@@ -141,31 +138,11 @@ func (drv *driver) failRank(code int, msg string) {
 
 // signal forwards sig as supervise does.
 func (drv *driver) signal(sig os.Signal) {
-	j := drv.j
-	switch {
-	case drv.state == driverRunning:
-		drv.state, drv.code = driverInterrupted, 128+signum(sig)
-		hint := ""
-		if sig == syscall.SIGINT {
-			hint = " (Ctrl-C again to kill them now)"
-		}
-		j.o.logf("received %s; forwarding it to %s%s", signame(sig), ranks(j.running), hint)
-		drv.stop(sig)
-	case sig == syscall.SIGINT:
-		j.o.logf("received SIGINT again; killing %s", ranks(j.running))
-		j.signalAll(syscall.SIGKILL)
-	default:
-		j.signalAll(sig)
+	first := drv.state == jobRunning
+	if first {
+		drv.state, drv.code = jobInterrupted, 128+signum(sig)
 	}
-}
-
-// describeRank names rank tag in messages, as supervise does.
-func (drv *driver) describeRank(tag int, how string) string {
-	j := drv.j
-	if h, ok := j.hosts[tag]; ok {
-		return fmt.Sprintf("rank %d on %s (agent pid %d) %s", tag, h, j.workers[tag].Process.Pid, how)
-	}
-	return fmt.Sprintf("rank %d (pid %d) %s", tag, j.workers[tag].Process.Pid, how)
+	drv.j.forwardSignal(sig, first, drv.stop)
 }
 
 // rankExited handles the exit of rank e.rank.
@@ -175,18 +152,18 @@ func (drv *driver) rankExited(e exitEvent) {
 	j.exited[e.rank] = true
 	r := &drv.ranks[e.rank]
 	c, how := describeExit(e.state)
-	if drv.state != driverRunning {
+	if drv.state != jobRunning {
 		return
 	}
 	if n := &drv.nodes[r.node]; !n.dead && !n.retired && daemonGone(n.d) {
 		// It went with its daemon, whose exit is not handled yet.
 		drv.daemonExited(n.d)
 		r.stopping = true
-		if drv.state != driverRunning {
+		if drv.state != jobRunning {
 			return
 		}
 	}
-	msg := drv.describeRank(e.rank, how)
+	msg := j.describeRank(e.rank, how)
 	switch {
 	case r.stopping:
 		j.o.logf("%s; the elastic job goes on with %s", msg, ranks(j.running))
@@ -278,7 +255,7 @@ func (drv *driver) daemonExited(d *daemonProc) {
 	}
 	_, how := describeExit(d.cmd.ProcessState)
 	j.o.logf("%s %s while the job was running; its last output:\n%s", d.describe(), how, d.tail.lines(10))
-	if drv.state != driverRunning {
+	if drv.state != jobRunning {
 		return
 	}
 	host := j.nodes[i].Host
@@ -323,7 +300,7 @@ func (drv *driver) daemonReady(r readyEvent) {
 	n := &drv.nodes[r.node]
 	host := j.nodes[r.node].Host
 	if r.err != nil {
-		if drv.state != driverRunning || n.retired {
+		if drv.state != jobRunning || n.retired {
 			return
 		}
 		j.o.logf("%v; blacklisting host %s", r.err, host)
@@ -339,7 +316,7 @@ func (drv *driver) daemonReady(r readyEvent) {
 	n.ready = true
 	k := n.reserved
 	n.reserved = 0
-	if drv.state != driverRunning || n.retired || drv.finishing || k == 0 {
+	if drv.state != jobRunning || n.retired || drv.finishing || k == 0 {
 		drv.retireDaemons()
 		return
 	}
@@ -349,7 +326,7 @@ func (drv *driver) daemonReady(r readyEvent) {
 // discovered takes in a run of the discovery.
 func (drv *driver) discovered(r discovery) {
 	j := drv.j
-	if drv.state != driverRunning || drv.finishing {
+	if drv.state != jobRunning || drv.finishing {
 		return
 	}
 	if r.err != nil {

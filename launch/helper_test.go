@@ -220,21 +220,25 @@ func daemonHelper(args []string) int {
 	}
 	fmt.Fprintf(os.Stderr, "fake daemon listening on %s\n", socket)
 	fmt.Println("fake daemon stdout")
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	go acceptAndDrop(ln)
 	<-ch
 	ln.Close()
 	if dir != "" {
 		touch(filepath.Join(dir, "daemon.term"))
 	}
 	return 0
+}
+
+// acceptAndDrop accepts connections on ln and closes them, until ln is
+// closed.
+func acceptAndDrop(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		c.Close()
+	}
 }
 
 func daemonArgs(args []string) (socket, dir string) {

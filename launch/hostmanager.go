@@ -1,9 +1,9 @@
 package launch
 
 import (
+	"maps"
 	"math"
 	"slices"
-	"sort"
 	"time"
 )
 
@@ -139,12 +139,7 @@ func (m *hostManager) isBlacklisted(host string) bool {
 // name order.
 func (m *hostManager) expire() (back []string, freed map[string]int) {
 	now := m.now()
-	names := make([]string, 0, len(m.states))
-	for h := range m.states {
-		names = append(names, h)
-	}
-	sort.Strings(names)
-	for _, h := range names {
+	for _, h := range slices.Sorted(maps.Keys(m.states)) {
 		s := m.states[h]
 		if s.blacklisted {
 			if !s.until.IsZero() && !s.until.After(now) {

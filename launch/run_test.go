@@ -39,15 +39,7 @@ func listenInTest(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	go acceptAndDrop(ln)
 	return socket
 }
 

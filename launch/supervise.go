@@ -31,17 +31,19 @@ func interruptibly(ctx context.Context, sigs <-chan os.Signal, start func(contex
 	return sig, err
 }
 
+// The states of a job that runs: supervise's, and the elastic driver's.
+const (
+	jobRunning = iota
+	jobFailed
+	jobInterrupted
+	jobCancelled
+)
+
 // supervise waits for every rank to exit, stopping the job on the first
 // failure, signal or ctx cancellation. See Run for the result.
 func (j *job) supervise(ctx context.Context, sigs <-chan os.Signal) (int, error) {
-	const (
-		running = iota
-		failed
-		interrupted
-		cancelled
-	)
 	var (
-		state   = running
+		state   = jobRunning
 		code    int
 		resets  int              // elastic: failures the job went on from
 		killC   <-chan time.Time // fires KillGrace after the job began stopping
@@ -69,20 +71,17 @@ func (j *job) supervise(ctx context.Context, sigs <-chan os.Signal) (int, error)
 			j.running--
 			j.exited[e.rank] = true
 			c, how := describeExit(e.state)
-			if c == 0 || state != running {
+			if c == 0 || state != jobRunning {
 				continue
 			}
-			msg := fmt.Sprintf("rank %d (pid %d) %s", e.rank, j.workers[e.rank].Process.Pid, how)
-			if h, ok := j.hosts[e.rank]; ok {
-				msg = fmt.Sprintf("rank %d on %s (agent pid %d) %s", e.rank, h, j.workers[e.rank].Process.Pid, how)
-			}
+			msg := j.describeRank(e.rank, how)
 			if min := j.cfg.MinNP; min > 0 {
 				limit := j.cfg.ResetLimit
 				switch {
 				case j.running < min:
 					msg += fmt.Sprintf("; %s left, fewer than --min-np %d", ranks(j.running), min)
 				case limit > 0 && resets >= limit:
-					msg += fmt.Sprintf("; Horovod was shutdown because number of resets during elastic job exceeded limit: %d", limit)
+					msg += "; " + fmt.Sprintf(resetLimitMessage, limit)
 				default:
 					// Elastic: the others re-form the job without it.
 					resets++
@@ -90,7 +89,7 @@ func (j *job) supervise(ctx context.Context, sigs <-chan os.Signal) (int, error)
 					continue
 				}
 			}
-			state, code = failed, c
+			state, code = jobFailed, c
 			if j.running > 0 {
 				msg += fmt.Sprintf("; stopping the other %s", ranks(j.running))
 			}
@@ -98,40 +97,29 @@ func (j *job) supervise(ctx context.Context, sigs <-chan os.Signal) (int, error)
 			stop(syscall.SIGTERM)
 
 		case sig := <-sigs:
-			switch {
-			case state == running:
-				state, code = interrupted, 128+signum(sig)
-				hint := ""
-				if sig == syscall.SIGINT {
-					hint = " (Ctrl-C again to kill them now)"
-				}
-				j.o.logf("received %s; forwarding it to %s%s", signame(sig), ranks(j.running), hint)
-				stop(sig)
-			case sig == syscall.SIGINT:
-				j.o.logf("received SIGINT again; killing %s", ranks(j.running))
-				j.signalAll(syscall.SIGKILL)
-			default:
-				j.signalAll(sig)
+			first := state == jobRunning
+			if first {
+				state, code = jobInterrupted, 128+signum(sig)
 			}
+			j.forwardSignal(sig, first, stop)
 
 		case <-ctxDone:
 			ctxDone = nil
-			if state == running {
-				state, code = cancelled, 128+int(syscall.SIGTERM)
+			if state == jobRunning {
+				state, code = jobCancelled, 128+int(syscall.SIGTERM)
 				j.o.logf("%v; stopping %s", context.Cause(ctx), ranks(j.running))
 				stop(syscall.SIGTERM)
 			}
 
 		case <-killC:
 			killC = nil
-			j.o.logf("%s still running %v after being asked to stop; sending SIGKILL", ranks(j.running), j.cfg.KillGrace)
-			j.signalAll(syscall.SIGKILL)
+			j.killAfterGrace()
 
 		case d := <-daemonC:
 			_, how := describeExit(d.cmd.ProcessState)
 			j.o.logf("%s %s while the job was running; its last output:\n%s",
 				d.describe(), how, d.tail.lines(10))
-			if n := j.nodeOf(d); n != nil && j.cfg.MinNP > 0 && state == running {
+			if n := j.nodeOf(d); n != nil && j.cfg.MinNP > 0 && state == jobRunning {
 				// Its host is lost to the elastic job: its ranks cannot
 				// re-initialise without their daemon, so they stop (and
 				// count as failed ranks); the other hosts go on.
@@ -142,10 +130,46 @@ func (j *job) supervise(ctx context.Context, sigs <-chan os.Signal) (int, error)
 	}
 	j.closeStdins()
 	j.drain()
-	if state == cancelled {
+	if state == jobCancelled {
 		return code, fmt.Errorf("job stopped: %w", context.Cause(ctx))
 	}
 	return code, nil
+}
+
+// describeRank names rank in messages, with how it exited.
+func (j *job) describeRank(rank int, how string) string {
+	if h, ok := j.hosts[rank]; ok {
+		return fmt.Sprintf("rank %d on %s (agent pid %d) %s", rank, h, j.workers[rank].Process.Pid, how)
+	}
+	return fmt.Sprintf("rank %d (pid %d) %s", rank, j.workers[rank].Process.Pid, how)
+}
+
+// forwardSignal forwards sig, received while the job runs: the first one
+// (first: the job was running until now) goes to the ranks through stop,
+// which also arms the kill grace; a SIGINT after it kills them; any other
+// signal is passed on.
+func (j *job) forwardSignal(sig os.Signal, first bool, stop func(os.Signal)) {
+	switch {
+	case first:
+		hint := ""
+		if sig == syscall.SIGINT {
+			hint = " (Ctrl-C again to kill them now)"
+		}
+		j.o.logf("received %s; forwarding it to %s%s", signame(sig), ranks(j.running), hint)
+		stop(sig)
+	case sig == syscall.SIGINT:
+		j.o.logf("received SIGINT again; killing %s", ranks(j.running))
+		j.signalAll(syscall.SIGKILL)
+	default:
+		j.signalAll(sig)
+	}
+}
+
+// killAfterGrace SIGKILLs the ranks still running once the kill grace
+// after a stop is over.
+func (j *job) killAfterGrace() {
+	j.o.logf("%s still running %v after being asked to stop; sending SIGKILL", ranks(j.running), j.cfg.KillGrace)
+	j.signalAll(syscall.SIGKILL)
 }
 
 // abort kills the ranks started so far and waits for them.
