@@ -140,9 +140,8 @@ def handle_average_backwards_compatibility(op: Optional[int], average: Optional[
     return Average
 
 
-def collective_name(kind: str, name: Optional[str], handle: int) -> str:
-    """The name the daemon matches across ranks (see the module doc); the
-    handle is the caller's, for Horovod's API."""
+def collective_name(kind: str, name: Optional[str]) -> str:
+    """The name the daemon matches across ranks (see the module doc)."""
     return f"{kind}.{name}" if name is not None else f"{kind}.noname.{next(_nonames)}"
 
 
@@ -353,11 +352,11 @@ def group(base: str, submit: Callable[[str, int, int, int], Handle], n: int) -> 
 # --------------------------------------------------- blocking array collectives
 #
 # Each takes arrays and returns arrays; the name is the full collective name
-# when given (``full_name``), else made from ``name`` and a fresh handle.
+# when given (``full_name``), else made from ``name`` (collective_name).
 
 
 def _full(kind: str, name: Optional[str], full_name: Optional[str]) -> str:
-    return full_name if full_name is not None else collective_name(kind, name, next_handle())
+    return full_name if full_name is not None else collective_name(kind, name)
 
 
 def allreduce(

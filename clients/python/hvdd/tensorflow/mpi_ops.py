@@ -103,7 +103,7 @@ def _name(kind: str, prefix: str, tensor: Any, name: Optional[str], ignore_name_
     """The collective's name (see the module doc); prefix is Horovod's op type
     (HorovodAllreduce, ...)."""
     if _executing_eagerly():
-        return _ops.collective_name(kind, name, _ops.next_handle())
+        return _ops.collective_name(kind, name)
     if name is None:
         name = f"{prefix}_{_normalize_name(tensor.name)}"
     # Unique in the graph, as TensorFlow makes node names (x, x_1, ...): two
@@ -331,7 +331,7 @@ def _eager_allreduce(
     h = _ops.submit_allreduce(
         c,
         value,
-        _ops.collective_name("allreduce", name, _ops.next_handle()),
+        _ops.collective_name("allreduce", name),
         op,
         float(prescale),
         float(postscale),

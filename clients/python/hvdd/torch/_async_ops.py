@@ -151,9 +151,7 @@ def _allreduce_async(
     op = _reduce_op(op)
     ps = _ps_id(process_set)
     handle = _ops.next_handle()
-    h = _allreduce_submit(
-        c, tensor, output, _name("allreduce", name, handle), op, prescale_factor, postscale_factor, ps
-    )
+    h = _allreduce_submit(c, tensor, output, _name("allreduce", name), op, prescale_factor, postscale_factor, ps)
     return _register(handle, h)
 
 
@@ -237,7 +235,7 @@ def _grouped_allreduce_async(
         out = outputs[i] if outputs is not None else None
         return _allreduce_submit(c, tensors[i], out, nm, op, prescale_factor, postscale_factor, ps, gid, n)
 
-    return _register(handle, _ops.group(_name("grouped_allreduce", name, handle), sub, len(tensors)))
+    return _register(handle, _ops.group(_name("grouped_allreduce", name), sub, len(tensors)))
 
 
 def grouped_allreduce_async(
@@ -337,7 +335,7 @@ def allgather_async(
     c = _basics.client()
     ps = _ps_id(process_set)
     handle = _ops.next_handle()
-    return _register(handle, _output_submit(c, pb.OP_ALLGATHER, tensor, _name("allgather", name, handle), ps))
+    return _register(handle, _output_submit(c, pb.OP_ALLGATHER, tensor, _name("allgather", name), ps))
 
 
 def grouped_allgather_async(
@@ -354,7 +352,7 @@ def grouped_allgather_async(
     def sub(nm: str, i: int, gid: int, n: int) -> Handle:
         return _output_submit(c, pb.OP_ALLGATHER, tensors[i], nm, ps, group=gid, group_size=n)
 
-    return _register(handle, _ops.group(_name("grouped_allgather", name, handle), sub, len(tensors)))
+    return _register(handle, _ops.group(_name("grouped_allgather", name), sub, len(tensors)))
 
 
 # ------------------------------------------------------------------- broadcast
@@ -369,7 +367,7 @@ def _broadcast_async(
     handle = _ops.next_handle()
     out, convert = _into(output) if output is not None else (None, _to_torch(tensor.dtype))
     h = _ops.submit_broadcast(
-        c, _array(tensor), _name("broadcast", name, handle), root_rank, ps, out=out, wire=wire_dt, convert=convert
+        c, _array(tensor), _name("broadcast", name), root_rank, ps, out=out, wire=wire_dt, convert=convert
     )
     return _register(handle, h)
 
@@ -427,7 +425,7 @@ def alltoall_async(
     ps = _ps_id(process_set)
     handle = _ops.next_handle()
     sp = _splits_list(splits)
-    h = _output_submit(c, pb.OP_ALLTOALL, tensor, _name("alltoall", name, handle), ps, with_splits=True, splits=sp)
+    h = _output_submit(c, pb.OP_ALLTOALL, tensor, _name("alltoall", name), ps, with_splits=True, splits=sp)
     return _register(handle, h)
 
 
@@ -459,7 +457,7 @@ def reducescatter_async(
         c,
         pb.OP_REDUCESCATTER,
         tensor,
-        _name("reducescatter", name, handle),
+        _name("reducescatter", name),
         ps,
         reduce_op=op,
         prescale=float(prescale_factor),
@@ -499,4 +497,4 @@ def grouped_reducescatter_async(
             group_size=n,
         )
 
-    return _register(handle, _ops.group(_name("grouped_reducescatter", name, handle), sub, len(tensors)))
+    return _register(handle, _ops.group(_name("grouped_reducescatter", name), sub, len(tensors)))

@@ -5,8 +5,9 @@ integer handle for :func:`poll` and :func:`synchronize`; functions ending in
 ``_`` write their result into the input tensor. Tensors are copied once into
 the client's shared-memory arena and results once out of it; the daemon does
 the rest. Tensors are matched across ranks by name: ``"<op>.<name>"`` when a
-name is given, else ``"<op>.noname.<handle>"`` (so unnamed ops match by issue
-order, as in Horovod).
+name is given, else ``"<op>.noname.<n>"``, n counting the unnamed ops since
+``init()`` (so unnamed ops match by issue order, as in Horovod, and after an
+elastic reset too).
 
 The ``_async`` functions are :mod:`hvdd.torch._async_ops`' and the autograd
 functions behind the differentiable ones :mod:`hvdd.torch._autograd`'s (which
