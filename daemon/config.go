@@ -68,8 +68,15 @@ type Config struct {
 	// NodeRank is this daemon's node index in [0, Nodes); node 0 coordinates
 	// and serves the rendezvous.
 	NodeRank int
-	// Rendezvous is node 0's rendezvous address (host:port); node 0 binds it.
+	// Rendezvous is node 0's rendezvous address (host:port); node 0 binds it
+	// unless ExternalRendezvous.
 	Rendezvous string
+	// ExternalRendezvous says another process serves the rendezvous at
+	// Rendezvous (hvdd run's elastic driver, hvdd rendezvous): node 0 is
+	// its client as the other nodes are, so the store outlives any node, and
+	// an elastic job's coordination moves to another node when the
+	// coordinator is lost (elastic_multinode.go).
+	ExternalRendezvous bool
 	// Advertise is the host this node binds its control and data listeners
 	// on and that other nodes dial. Required with Nodes > 1.
 	Advertise string

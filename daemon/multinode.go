@@ -172,29 +172,61 @@ func newMultiNode(hooks loopHooks, p *poller, cfg Config, log *slog.Logger) (*mu
 		}
 		return c, nil
 	}
-	if c.rank != 0 {
+	if c.rank != 0 || cfg.ExternalRendezvous {
 		c.store = rendezvous.NewClient(cfg.Rendezvous, cfg.Secret)
+	}
+	if c.rank != 0 {
 		return c, nil
 	}
-	rdv, err := rendezvous.NewServer(rendezvous.ServerConfig{Addr: cfg.Rendezvous, Secret: cfg.Secret, Logger: c.log})
+	if !cfg.ExternalRendezvous {
+		rdv, err := rendezvous.NewServer(rendezvous.ServerConfig{Addr: cfg.Rendezvous, Secret: cfg.Secret, Logger: c.log})
+		if err != nil {
+			return nil, fmt.Errorf("daemon: rendezvous: %w", err)
+		}
+		c.rdv, c.store = rdv, rdv.Store()
+		go rdv.Serve(context.Background())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
+	defer cancel()
+	err := c.listenControl()
+	if err == nil {
+		if err = c.publish(ctx, "coordinator", c.ctrl.Addr()); err != nil {
+			c.ctrl.Close()
+		}
+	}
 	if err != nil {
-		return nil, fmt.Errorf("daemon: rendezvous: %w", err)
+		if c.rdv != nil {
+			c.rdv.Close()
+		}
+		return nil, err
+	}
+	c.log.Info("coordinator listening", "rendezvous", cfg.Rendezvous, "external", cfg.ExternalRendezvous, "control", c.ctrl.Addr(), "nodes", c.nodes)
+	return c, nil
+}
+
+// listenControl opens this node's control listener unless it is open: the
+// node coordinates (node 0 from the start; another node once it took over
+// an elastic job's coordination). The loop runs it, or newMultiNode.
+func (c *multiNode) listenControl() error {
+	if c.ctrl != nil {
+		return nil
 	}
 	ctrl, err := cluster.Listen(net.JoinHostPort(c.host, "0"), c.ccfg)
 	if err != nil {
-		rdv.Close()
-		return nil, err
+		return err
 	}
-	c.rdv, c.ctrl, c.store = rdv, ctrl, rdv.Store()
-	go rdv.Serve(context.Background())
-	if err := c.store.Set(context.Background(), "coordinator", []byte(ctrl.Addr())); err != nil {
-		rdv.Close()
-		ctrl.Close()
-		return nil, err
-	}
+	c.ctrl = ctrl
 	go c.accept()
-	c.log.Info("coordinator listening", "rendezvous", rdv.Addr(), "control", ctrl.Addr(), "nodes", c.nodes)
-	return c, nil
+	return nil
+}
+
+// publish sets key at the rendezvous to the control listener's address
+// addr, for the nodes that dial the coordinator.
+func (c *multiNode) publish(ctx context.Context, key, addr string) error {
+	if err := c.store.Set(ctx, key, []byte(addr)); err != nil {
+		return fmt.Errorf("cannot publish this node's control address at the rendezvous %s: %w", c.cfg.Rendezvous, err)
+	}
+	return nil
 }
 
 func (c *multiNode) close() {
