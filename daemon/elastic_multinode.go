@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/hvdd/hvdd/cluster"
 	"github.com/hvdd/hvdd/cluster/clusterpb"
@@ -13,36 +14,67 @@ import (
 // Elastic jobs across nodes. When an epoch of an elastic job fails (a lost
 // rank, a lost node), the job's control links do not close with it: they
 // carry the formation of the next epoch. Each node re-forms its part from
-// its own survivors (elastic.go) and then sends node 0 a Join for the next
-// epoch on its link, with its survivors' count, or with none when it has
-// none left: it leaves the job. Node 0 (the coordinator) waits for every node
+// its own survivors (elastic.go) and then sends the coordinator a Join for
+// the next epoch on its link, with its survivors' count, or with none when it
+// has none left: it leaves the job. The coordinator waits for every node
 // whose link is still up, lays the epoch out over the nodes that still have
-// ranks, in their old order, and the epoch starts as any job does: a fresh
-// generation, so the data engine (the tcp engine's rings) is connected anew
-// among those nodes. A node whose link breaks while the epoch forms is left
-// out. Node 0 coordinates every epoch, so it must keep a rank: if it has none
-// left, or its own survivors time out, the other nodes' survivors are told
-// why and the job ends.
+// ranks, itself first and the others in their old order, and the epoch
+// starts as any job does: a fresh generation, so the data engine (the tcp
+// engine's rings) is connected anew among those nodes. A node whose link
+// breaks while the epoch forms is left out.
+//
+// The coordinator is node 0 at first. When another process serves the
+// rendezvous (Config.ExternalRendezvous: hvdd run's elastic driver, hvdd
+// rendezvous), the store outlives every node and the coordination can move:
+// a node with survivors whose link to the coordinator is gone, and the
+// coordinator itself once it knows it has survivors, claim the epoch at the
+// rendezvous (an atomic counter: the first claim wins). The winner
+// coordinates the epoch and publishes its control address; the others dial
+// it and announce themselves; a coordinator left with no rank closes its
+// links, so that its followers claim in its stead. A new coordinator expects
+// the failed epoch's other nodes to announce themselves within the peer
+// timeout, and forms the epoch without those that do not. Should a winner
+// vanish before the epoch forms, its followers claim the next round.
+// Without an external rendezvous, node 0 serves the store and coordinates
+// every epoch: if it has no rank left, or its own survivors time out, the
+// other nodes' survivors are told why and the job ends.
 
 // nextEpoch is the next epoch of an elastic job while it forms across nodes.
 type nextEpoch struct {
 	epoch uint64
-	// links are the control links that outlived the failed epoch, by the
-	// peer's --node-rank: node 0's on a follower, the other nodes' on node 0.
+	// links are the control links that form the epoch, by the peer's
+	// --node-rank: the coordinator's on a follower, the other nodes' on the
+	// coordinator, where a nil link is a node expected to announce itself
+	// after the coordination moved.
 	links map[int]*cluster.Link
-	// joins are the nodes' Joins for the epoch (node 0).
+	// joins are the nodes' Joins for the epoch (coordinator).
 	joins map[int]*clusterpb.Join
-	// forming is this node's part of the epoch once it sent its Join
-	// (followers), waiting for the layout.
+	// forming is this node's part of the epoch once it is complete
+	// (followers, and a node whose election is under way), waiting for the
+	// layout.
 	forming *job
-	// lost says why the epoch cannot form on this follower (node 0 ended it,
-	// or its link is gone), for the survivors; "" while it can.
+	// lost says why the epoch cannot form on this follower (the coordinator
+	// ended it, or its link is gone), for the survivors; "" while it can.
 	lost string
+
+	// prev are the failed epoch's nodes.
+	prev []int
+	// ready says that this node has survivors for the epoch (nextReady).
+	ready bool
+	// round is the election round this node takes part in, electing says
+	// its claim is under way, and elected that it got its coordinator from
+	// round's election (so that losing it starts the next round).
+	round             int
+	electing, elected bool
+	// won is the round this node won and published, or -1.
+	won int
+	// deadline ends the wait of a new coordinator for the nodes it expects.
+	deadline *time.Timer
 }
 
 // holds reports whether link forms the next epoch; n may be nil.
 func (n *nextEpoch) holds(link *cluster.Link) bool {
-	if n == nil {
+	if n == nil || link == nil {
 		return false
 	}
 	for _, l := range n.links {
@@ -53,19 +85,40 @@ func (n *nextEpoch) holds(link *cluster.Link) bool {
 	return false
 }
 
-// nodes returns the nodes of the next epoch other than node 0, in order.
+// nodes returns the nodes of the next epoch other than the coordinator, in
+// order.
 func (n *nextEpoch) nodes() []int { return slices.Sorted(maps.Keys(n.links)) }
+
+// closeLinks stops watching and closes the epoch's links.
+func (c *multiNode) closeLinks(n *nextEpoch) {
+	for id, link := range n.links {
+		if link != nil {
+			c.closeLink(link)
+		}
+		delete(n.links, id)
+	}
+}
+
+// migratable reports whether an elastic job's coordination can move to
+// another node: the rendezvous outlives every node.
+func (c *multiNode) migratable() bool {
+	return c.cfg.Elastic && c.cfg.ExternalRendezvous && c.cfg.Control == nil
+}
+
+// leads reports whether this node coordinates the job.
+func (c *multiNode) leads() bool { return c.lead == c.rank }
 
 // beginNext keeps the links of mc's failing elastic epoch for the next one.
 func (c *multiNode) beginNext(mc *multiCoord) {
-	n := &nextEpoch{epoch: mc.j.members.epoch + 1, links: make(map[int]*cluster.Link), joins: make(map[int]*clusterpb.Join)}
+	n := &nextEpoch{epoch: mc.j.members.epoch + 1, links: make(map[int]*cluster.Link), joins: make(map[int]*clusterpb.Join),
+		prev: slices.Clone(mc.ids), won: -1}
 	for at, link := range mc.links {
 		if c.isWatched(link) {
 			n.links[mc.ids[at]] = link
 		}
 	}
-	if c.rank != 0 && n.links[0] == nil {
-		n.lost = fmt.Sprintf("the elastic job cannot form epoch %d on node %d: node 0 (the coordinator) was lost", n.epoch, c.rank)
+	if !c.leads() && n.links[c.lead] == nil && !c.migratable() {
+		n.lost = fmt.Sprintf("the elastic job cannot form epoch %d on node %d: node %d (the coordinator) was lost", n.epoch, c.rank, c.lead)
 	}
 	c.next = n
 	c.log.Debug("elastic job: the control links form the next epoch", "job", mc.j.id, "epoch", n.epoch, "links", len(n.links))
@@ -83,21 +136,43 @@ func (c *multiNode) isWatched(link *cluster.Link) bool {
 // nextReady is told, once this node's part of a failed epoch has ended, how
 // many of its ranks will re-initialise into epoch (formation): none when
 // every local rank is gone, or when the node's re-formation gave up (why).
-// A follower with none leaves the job; node 0 with none ends it.
+// A follower with none leaves the job; so does a coordinator with none when
+// the coordination can move, which otherwise ends the job.
 func (c *multiNode) nextReady(epoch uint64, local int, why string) {
 	n := c.next
-	if n == nil || n.epoch != epoch || local > 0 && n.lost == "" {
+	if n == nil || n.epoch != epoch {
 		return
 	}
-	if c.rank == 0 {
+	if local > 0 && n.lost == "" {
+		n.ready = true
+		if c.migratable() && (c.leads() || n.links[c.lead] == nil) {
+			c.elect(n)
+		}
+		return
+	}
+	if c.leads() && !c.migratable() {
 		if why == "" {
-			why = "node 0 (the coordinator) has no surviving ranks, and every epoch of an elastic job across nodes is coordinated by node 0"
+			why = "node 0 (the coordinator) has no surviving ranks, and without an external rendezvous (hvdd serve --rendezvous-external) every epoch of an elastic job across nodes is coordinated by node 0"
 		}
 		c.abortNext(fmt.Sprintf("the elastic job cannot form epoch %d: %s", epoch, why))
 		return
 	}
 	c.next = nil
-	if link := n.links[0]; link != nil {
+	if n.deadline != nil {
+		n.deadline.Stop()
+	}
+	if c.leads() {
+		// Its followers find the link closed and claim the epoch.
+		c.log.Warn("elastic job: no rank of this node goes on; it leaves the job, whose coordination moves to another node", "epoch", epoch, "why", why)
+		c.lead = -1
+		if c.waiting != nil && c.waiting.epoch == epoch {
+			c.waiting = nil
+		}
+		c.closeLinks(n)
+		c.void(n)
+		return
+	}
+	if link := n.links[c.lead]; link != nil {
 		c.log.Warn("elastic job: no rank of this node goes on; it leaves the job", "epoch", epoch, "why", why)
 		link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Join{Join: &clusterpb.Join{
 			NodeRank: int32(c.rank), Epoch: epoch, Elastic: true, DataHost: c.host}}})
@@ -109,15 +184,19 @@ func (c *multiNode) nextReady(epoch uint64, local int, why string) {
 	}
 }
 
-// completeEpoch is complete for the next epoch of an elastic job: node 0
-// waits for the other nodes' Joins, a follower sends its own.
+// completeEpoch is complete for the next epoch of an elastic job: the
+// coordinator waits for the other nodes' Joins, a follower sends its own.
 func (c *multiNode) completeEpoch(j *job) {
 	n := c.next
 	if n == nil || n.epoch != j.epoch {
 		c.hooks.formFailed(j, fmt.Sprintf("the elastic job cannot form epoch %d on node %d: its control links are gone", j.epoch, c.rank))
 		return
 	}
-	if c.rank == 0 {
+	if n.electing {
+		n.forming = j // the election decides
+		return
+	}
+	if c.leads() {
 		c.waiting = j
 		c.maybeLayout()
 		return
@@ -127,13 +206,20 @@ func (c *multiNode) completeEpoch(j *job) {
 		c.hooks.formFailed(j, n.lost)
 		return
 	}
-	if err := n.links[0].Send(c.joinOf(j)); err != nil {
-		c.next = nil
-		c.closeLink(n.links[0])
-		c.hooks.formFailed(j, fmt.Sprintf("the elastic job cannot form epoch %d on node %d: node 0 (the coordinator) was lost: %v", j.epoch, c.rank, err))
-		return
-	}
 	n.forming = j
+	c.sendJoin(n)
+}
+
+// sendJoin sends this node's Join for the forming epoch to the coordinator
+// (follower).
+func (c *multiNode) sendJoin(n *nextEpoch) {
+	link := n.links[c.lead]
+	if link == nil {
+		return // an election finds the coordinator
+	}
+	if err := link.Send(c.joinOf(n.forming)); err != nil {
+		c.coordLost(n, link, err)
+	}
 }
 
 // epochMessage handles a message on a link that is not the running epoch's
@@ -147,7 +233,7 @@ func (c *multiNode) epochMessage(w *watchedLink, m *clusterpb.Message) bool {
 		c.epochJoin(w, msg.Join)
 		return true
 	case *clusterpb.Message_Layout:
-		if c.rank == 0 || n == nil || n.forming == nil || n.links[0] != w.link {
+		if c.leads() || n == nil || n.forming == nil || n.links[c.lead] != w.link {
 			c.log.Warn("ignoring a layout that no epoch waits for", "node", w.id)
 			return true
 		}
@@ -155,9 +241,9 @@ func (c *multiNode) epochMessage(w *watchedLink, m *clusterpb.Message) bool {
 		c.layout(msgLayout{j: n.forming, link: w.link, layout: msg.Layout})
 		return true
 	}
-	if a := m.GetAbort(); a != nil && n != nil && a.GetEpoch() == n.epoch && c.rank != 0 && n.links[0] == w.link {
-		// Node 0 gave the next epoch up (the failed one may still be
-		// ending here).
+	if a := m.GetAbort(); a != nil && n != nil && a.GetEpoch() == n.epoch && !c.leads() && n.links[c.lead] == w.link {
+		// The coordinator gave the next epoch up (the failed one may still
+		// be ending here).
 		c.nextGone(n, a.GetMsg())
 		return true
 	}
@@ -168,10 +254,10 @@ func (c *multiNode) epochMessage(w *watchedLink, m *clusterpb.Message) bool {
 // nextGone records on a follower why the next epoch cannot form, and tells
 // its survivors if they are back.
 func (c *multiNode) nextGone(n *nextEpoch, why string) {
-	if link := n.links[0]; link != nil {
-		n.links[0] = nil
+	if link := n.links[c.lead]; link != nil {
 		c.closeLink(link)
 	}
+	delete(n.links, c.lead)
 	n.lost = why
 	if n.forming != nil {
 		c.next = nil
@@ -179,10 +265,10 @@ func (c *multiNode) nextGone(n *nextEpoch, why string) {
 	}
 }
 
-// epochJoin takes a node's Join for the next epoch (node 0).
+// epochJoin takes a node's Join for the next epoch (coordinator).
 func (c *multiNode) epochJoin(w *watchedLink, jn *clusterpb.Join) {
 	n := c.next
-	if c.rank != 0 || n == nil || n.links[w.id] != w.link || jn.GetEpoch() != n.epoch || int(jn.GetNodeRank()) != w.id {
+	if !c.leads() || n == nil || n.links[w.id] != w.link || jn.GetEpoch() != n.epoch || int(jn.GetNodeRank()) != w.id {
 		want := "none"
 		if n != nil {
 			want = fmt.Sprint(n.epoch)
@@ -196,12 +282,61 @@ func (c *multiNode) epochJoin(w *watchedLink, jn *clusterpb.Join) {
 		}
 		return
 	}
-	if jn.GetSlots() == 0 {
-		c.log.Warn("elastic job: a node has no surviving ranks; the next epoch forms without it", "node", w.id, "epoch", n.epoch)
-		delete(n.links, w.id)
-		c.closeLink(w.link)
-	} else {
-		n.joins[w.id] = jn
+	c.takeEpochJoin(n, w.id, w.link, jn)
+	c.maybeLayout()
+}
+
+// takeEpochJoin records node id's Join for the forming epoch n, which came
+// on link (coordinator).
+func (c *multiNode) takeEpochJoin(n *nextEpoch, id int, link *cluster.Link, jn *clusterpb.Join) {
+	switch {
+	case jn.GetAnnounce():
+		// Its Join follows.
+	case jn.GetSlots() == 0:
+		c.log.Warn("elastic job: a node has no surviving ranks; the next epoch forms without it", "node", id, "epoch", n.epoch)
+		delete(n.links, id)
+		c.closeLink(link)
+	default:
+		n.joins[id] = jn
+	}
+}
+
+// epochDialIn takes a node that dialled in to join the forming epoch after
+// an election (coordinator): its first message, an announcement or a Join.
+func (c *multiNode) epochDialIn(nj nodeJoin) {
+	n, id := c.next, int(nj.join.GetNodeRank())
+	refuse := func(msg string) {
+		c.log.Warn("refusing node", "node", id, "reason", msg)
+		nj.link.Send(abortMsg(ipcpb.Code_CODE_ABORTED, msg, nj.join.GetEpoch()))
+		nj.link.Close()
+	}
+	switch {
+	case n == nil || n.epoch != nj.join.GetEpoch():
+		refuse(fmt.Sprintf("node %d joined epoch %d of the elastic job, which node %d does not form (it formed without node %d, or the job is over)", id, nj.join.GetEpoch(), c.rank, id))
+		return
+	case !c.leads():
+		refuse(fmt.Sprintf("node %d joined epoch %d of the elastic job at node %d, which does not coordinate it", id, n.epoch, c.rank))
+		return
+	case !slices.Contains(n.prev, id) || id == c.rank:
+		refuse(fmt.Sprintf("node %d was not in epoch %d of the elastic job, so it cannot form the next one", id, n.epoch-1))
+		return
+	}
+	if old := n.links[id]; old != nil {
+		c.closeLink(old)
+		delete(n.joins, id)
+	}
+	n.links[id] = nj.link
+	c.takeEpochJoin(n, id, nj.link, nj.join)
+	if n.links[id] == nil {
+		c.maybeLayout()
+		return
+	}
+	// Watching reads what followed the first message.
+	if err := c.watch(nil, -1, id, nj.link); err != nil {
+		c.log.Warn("elastic job: a node that joined the next epoch is not watched", "node", id, "err", err)
+		delete(n.links, id)
+		delete(n.joins, id)
+		nj.link.Close()
 	}
 	c.maybeLayout()
 }
@@ -212,8 +347,8 @@ func (c *multiNode) nextLost(w *watchedLink, err error) {
 	if n == nil || n.links[w.id] != w.link {
 		return
 	}
-	if c.rank != 0 {
-		c.nextGone(n, fmt.Sprintf("the elastic job cannot form epoch %d on node %d: node 0 (the coordinator) was lost: %v", n.epoch, c.rank, err))
+	if !c.leads() {
+		c.coordLost(n, w.link, err)
 		return
 	}
 	w.link.Close()
@@ -223,16 +358,40 @@ func (c *multiNode) nextLost(w *watchedLink, err error) {
 	c.maybeLayout()
 }
 
-// abortNext ends the forming epoch on every node (node 0).
+// coordLost handles the loss of the coordinator's link while the next epoch
+// forms (follower): the coordination moves, or the epoch is lost.
+func (c *multiNode) coordLost(n *nextEpoch, link *cluster.Link, err error) {
+	if !c.migratable() {
+		c.nextGone(n, fmt.Sprintf("the elastic job cannot form epoch %d on node %d: node %d (the coordinator) was lost: %v", n.epoch, c.rank, c.lead, err))
+		return
+	}
+	c.log.Warn("elastic job: the coordinator of the next epoch was lost; another node takes over", "coordinator", c.lead, "epoch", n.epoch, "err", err)
+	c.closeLink(link)
+	delete(n.links, c.lead)
+	if n.elected {
+		n.round++
+		n.elected = false
+	}
+	if n.ready {
+		c.elect(n)
+	}
+}
+
+// abortNext ends the forming epoch on every node (coordinator).
 func (c *multiNode) abortNext(msg string) {
 	n := c.next
 	c.next = nil
+	if n.deadline != nil {
+		n.deadline.Stop()
+	}
 	c.log.Error("elastic job ends", "epoch", n.epoch, "err", msg)
 	a := abortMsg(ipcpb.Code_CODE_ABORTED, msg, n.epoch)
 	for _, link := range n.links {
-		link.Send(a)
-		c.closeLink(link)
+		if link != nil {
+			link.Send(a)
+		}
 	}
+	c.closeLinks(n)
 	if j := c.waiting; j != nil && j.epoch == n.epoch {
 		c.waiting = nil
 	}

@@ -75,12 +75,17 @@ type multiNode struct {
 	cfg   Config
 	nodes int
 	rank  int
+	// lead is the node that coordinates: node 0, or the node that took over
+	// an elastic job's coordination (election.go); -1 once this node left
+	// the elastic job it coordinated.
+	lead  int
 	host  string
 	store rendezvous.Store
 	ccfg  cluster.Config
 
-	// Node 0 only.
-	rdv     *rendezvous.Server
+	rdv *rendezvous.Server // node 0's, unless external
+
+	// The coordinator only.
 	ctrl    *cluster.Listener
 	joins   map[int]nodeJoin // nodes waiting for the next job
 	waiting *job             // our local job, complete, waiting for the nodes
@@ -397,14 +402,22 @@ func (c *multiNode) dialCoordinator(ctx context.Context) (*cluster.Link, error) 
 // join records a node that wants the next job (node 0).
 func (c *multiNode) join(nj nodeJoin) {
 	r := int(nj.join.GetNodeRank())
+	if nj.join.GetEpoch() > 0 {
+		// A survivor of an elastic job's failed epoch, after an election.
+		c.epochDialIn(nj)
+		return
+	}
 	refuse := func(msg string) {
 		c.log.Warn("refusing node", "node", r, "reason", msg)
 		nj.link.Send(abortMsg(ipcpb.Code_CODE_BUSY, msg, 0))
 		nj.link.Close()
 	}
 	switch {
-	case r <= 0 || r >= c.nodes && !(c.cfg.Elastic && nj.join.GetElastic()):
-		refuse(fmt.Sprintf("node rank %d is out of range: the coordinator expects nodes 1..%d (--nodes %d)", r, c.nodes-1, c.nodes))
+	case !c.leads():
+		refuse(fmt.Sprintf("node %d does not coordinate the job (node %d does)", c.rank, c.lead))
+		return
+	case r < 0 || r == c.rank || r >= c.nodes && !(c.cfg.Elastic && nj.join.GetElastic()):
+		refuse(fmt.Sprintf("node rank %d is out of range: the coordinator (node %d) expects nodes 0..%d but itself (--nodes %d)", r, c.rank, c.nodes-1, c.nodes))
 		return
 	case nj.join.GetSlots() < 1:
 		refuse(fmt.Sprintf("node %d has no slots", r))
@@ -436,7 +449,7 @@ func (c *multiNode) maybeLayout() {
 	if j == nil || !c.hooks.current(j) || j.failed != nil {
 		return
 	}
-	ids, slots := []int{0}, []int{len(j.slots)}
+	ids, slots := []int{c.rank}, []int{len(j.slots)}
 	links := make(map[int]*cluster.Link)
 	add := func(id int, jn *clusterpb.Join, link *cluster.Link) {
 		ids, slots, links[id] = append(ids, id), append(slots, int(jn.GetSlots())), link
@@ -578,7 +591,8 @@ func (c *multiNode) layout(m msgLayout) {
 	}
 	mc := coordOf(j)
 	mc.links[0], mc.ids = m.link, ids
-	if err := c.watch(mc, 0, 0, m.link); err != nil {
+	c.lead = ids[0]
+	if err := c.watch(mc, 0, ids[0], m.link); err != nil {
 		c.hooks.abort(j, ipcpb.Code_CODE_INTERNAL, err.Error(), true)
 		return
 	}
@@ -683,6 +697,14 @@ func (c *multiNode) message(m any) bool {
 		c.backendUp(m)
 	case msgLinkCheck:
 		c.checkLinks()
+	case msgElected:
+		c.elected(m)
+	case msgElectDeadline:
+		c.electDeadline(m.n)
+	case msgPublishFailed:
+		if n := c.next; n != nil && n.epoch == m.epoch && c.leads() {
+			c.abortNext(fmt.Sprintf("the elastic job cannot form epoch %d: its coordinator, node %d, cannot publish its address: %v", m.epoch, c.rank, m.err))
+		}
 	default:
 		return false
 	}

@@ -72,7 +72,7 @@ func newMultiCoord(n *multiNode, j *job) *multiCoord {
 // coordOf returns the multi-node coordination of j.
 func coordOf(j *job) *multiCoord { return j.coord.(*multiCoord) }
 
-func (mc *multiCoord) coordinator() bool { return mc.n.rank == 0 }
+func (mc *multiCoord) coordinator() bool { return mc.n.leads() }
 
 func (mc *multiCoord) engine() backends.Backend { return mc.b }
 

@@ -17,6 +17,7 @@ import (
 	hvdd "github.com/hvdd/hvdd/clients/go"
 	"github.com/hvdd/hvdd/daemon"
 	"github.com/hvdd/hvdd/daemon/daemontest"
+	"github.com/hvdd/hvdd/rendezvous"
 )
 
 // ownInit holds worker scenarios that make their own clients (elastic ones
@@ -108,6 +109,10 @@ func elasticWorker() int {
 		return 4
 	}
 	defer c2.Close()
+	if os.Getenv("HVDD_TEST_ANY_RANK") != "" && c2.Rank() >= 0 && c2.Rank() < wantSize {
+		// The nodes' order changed with their coordinator: any rank will do.
+		wantRank = c2.Rank()
+	}
 	if c2.Size() != wantSize || c2.Rank() != wantRank || c2.Epoch() != 1 || c2.JobID() != job {
 		return fail("epoch 1 identity: rank %d size %d epoch %d job %d; want rank %d size %d epoch 1 job %d",
 			c2.Rank(), c2.Size(), c2.Epoch(), c2.JobID(), wantRank, wantSize, job)
@@ -303,6 +308,81 @@ func TestElasticAcrossNodesCoordinatorLost(t *testing.T) {
 			t.Errorf("a survivor on node 1: %v (want its re-init to fail naming node 0)\n%s", err, w.Output())
 		}
 	}
+}
+
+// TestElasticCoordinatorMoves: with a rendezvous that another process
+// serves (hvdd run's elastic driver, hvdd rendezvous), losing node 0, the
+// coordinator, does not end an elastic job: the survivors' nodes choose
+// another coordinator at the rendezvous and the job goes on.
+func TestElasticCoordinatorMoves(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node suite is long")
+	}
+	for _, tc := range []struct {
+		name  string
+		slots []int
+		// Rank 0 is lost: it exits, or node 0's daemon stops under it.
+		daemonLost bool
+	}{
+		{"node 0 keeps no rank", []int{1, 2}, false},
+		{"node 0 keeps no rank, two nodes left", []int{1, 1, 1}, false},
+		{"node 0's daemon lost", []int{1, 1, 1}, true},
+		{"node 0's daemon lost, one node left", []int{1, 2}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ss := startNodesCfg(t, func(n int, c *daemon.Config) {
+				c.Elastic, c.ExternalRendezvous = true, true
+				if n == 0 {
+					serveRendezvous(t, c.Rendezvous)
+				}
+			}, tc.slots...)
+			env := []string{"HVDD_TEST_VICTIM=0", "HVDD_TEST_ANY_RANK=1"}
+			if tc.daemonLost {
+				env = append(env, "HVDD_TEST_VICTIM_HANGS=1")
+			}
+			ws := spawnNodesEnv(t, ss, "elastic", env, tc.slots...)
+			victim := ws[0][0]
+			if tc.daemonLost {
+				victim.WaitOutput(t, "VICTIM HANGS", 60*time.Second)
+				ss[0].Stop(t)
+				victim.Cmd.Process.Kill()
+			}
+			survivors := slices.Concat(ws...)[1:]
+			if tc.daemonLost {
+				survivors = slices.Concat(ws[1:]...)
+			}
+			for _, w := range survivors {
+				if err := w.Wait(60 * time.Second); err != nil {
+					t.Errorf("a survivor: %v\n%s", err, w.Output())
+				} else if !strings.Contains(w.Output(), fmt.Sprintf(" of %d\n", len(survivors))) {
+					t.Errorf("a survivor did not re-form at size %d:\n%s", len(survivors), w.Output())
+				}
+			}
+			if err := victim.Wait(30 * time.Second); err == nil {
+				t.Errorf("the victim exited 0:\n%s", victim.Output())
+			}
+			took := 0
+			for _, s := range ss[1:] {
+				if strings.Contains(s.Logs(), "this node coordinates the job from now on") {
+					took++
+				}
+			}
+			if took != 1 {
+				t.Errorf("%d nodes took over the coordination, want 1", took)
+			}
+		})
+	}
+}
+
+// serveRendezvous serves a rendezvous store at addr for the test's daemons.
+func serveRendezvous(t *testing.T, addr string) {
+	t.Helper()
+	srv, err := rendezvous.NewServer(rendezvous.ServerConfig{Addr: addr, Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(context.Background())
+	t.Cleanup(func() { srv.Close() })
 }
 
 // elasticJoinWorker trains in an elastic job that grows. The first ranks

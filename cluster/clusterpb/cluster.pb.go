@@ -38,8 +38,13 @@ type Join struct {
 	// An elastic job's next epoch (epoch > 0) joins on the control link that
 	// outlived the failed one; slots may then be 0: the node has no surviving
 	// ranks and leaves the job.
-	Epoch         uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Elastic       bool   `protobuf:"varint,6,opt,name=elastic,proto3" json:"elastic,omitempty"`
+	Epoch   uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Elastic bool   `protobuf:"varint,6,opt,name=elastic,proto3" json:"elastic,omitempty"`
+	// The node takes part in the formation of the elastic job's next epoch
+	// (epoch) under a coordinator it found at the rendezvous after the last
+	// one was lost; its Join with slots follows on the same link once its
+	// survivors are back.
+	Announce      bool `protobuf:"varint,7,opt,name=announce,proto3" json:"announce,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -112,6 +117,13 @@ func (x *Join) GetEpoch() uint64 {
 func (x *Join) GetElastic() bool {
 	if x != nil {
 		return x.Elastic
+	}
+	return false
+}
+
+func (x *Join) GetAnnounce() bool {
+	if x != nil {
+		return x.Announce
 	}
 	return false
 }
@@ -1259,14 +1271,15 @@ var File_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\rcluster.proto\x12\x0fhvdd.cluster.v1\"\x9a\x01\n" +
+	"\rcluster.proto\x12\x0fhvdd.cluster.v1\"\xb6\x01\n" +
 	"\x04Join\x12\x1b\n" +
 	"\tnode_rank\x18\x01 \x01(\x05R\bnodeRank\x12\x14\n" +
 	"\x05slots\x18\x02 \x01(\x05R\x05slots\x12\x1b\n" +
 	"\tdata_host\x18\x03 \x01(\tR\bdataHost\x12\x12\n" +
 	"\x04pids\x18\x04 \x03(\x05R\x04pids\x12\x14\n" +
 	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12\x18\n" +
-	"\aelastic\x18\x06 \x01(\bR\aelastic\"j\n" +
+	"\aelastic\x18\x06 \x01(\bR\aelastic\x12\x1a\n" +
+	"\bannounce\x18\a \x01(\bR\bannounce\"j\n" +
 	"\x06Layout\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +

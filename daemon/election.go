@@ -1,0 +1,226 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/hvdd/hvdd/cluster"
+	"github.com/hvdd/hvdd/cluster/clusterpb"
+)
+
+// Choosing the coordinator of an elastic job's next epoch at the rendezvous,
+// when the coordination can move (elastic_multinode.go). Round r of epoch e
+// has two keys: "elastic/e/r/claim", a counter every claimant adds 1 to (the
+// one that reads 1 wins), and "elastic/e/r", where the winner publishes
+// "NODE ADDR" (its --node-rank and control address), or "" when it left
+// before the epoch formed: its followers then claim round r+1.
+
+// Messages of an election.
+type (
+	msgElected struct {
+		epoch uint64
+		round int
+		err   error
+		won   bool
+		// The winner, when another node won; link is nil when this node
+		// could not reach it (dialErr) or it had left (void).
+		lead    int
+		link    *cluster.Link
+		dialErr error
+		void    bool
+	}
+	msgElectDeadline struct{ n *nextEpoch }
+	msgPublishFailed struct {
+		epoch uint64
+		err   error
+	}
+)
+
+// maxRounds bounds the elections of one epoch: each round's winner left or
+// could not be reached.
+const maxRounds = 8
+
+func electionKey(epoch uint64, round int) string {
+	return "elastic/" + strconv.FormatUint(epoch, 10) + "/" + strconv.Itoa(round)
+}
+
+// elect claims the coordination of n's epoch at the rendezvous, on a
+// goroutine of its own; msgElected brings the outcome.
+func (c *multiNode) elect(n *nextEpoch) {
+	if n.electing {
+		return
+	}
+	if n.round >= maxRounds {
+		c.nextGone(n, fmt.Sprintf("the elastic job cannot form epoch %d on node %d: %d coordinators in a row were lost before it formed", n.epoch, c.rank, n.round))
+		return
+	}
+	n.electing = true
+	epoch, round, who := n.epoch, n.round, "node "+strconv.Itoa(c.rank)
+	announce := &clusterpb.Message{Msg: &clusterpb.Message_Join{Join: &clusterpb.Join{
+		NodeRank: int32(c.rank), Epoch: epoch, Elastic: true, DataHost: c.host, Announce: true}}}
+	c.log.Debug("elastic job: claiming the coordination of the next epoch", "epoch", epoch, "round", round)
+	go func() {
+		res := msgElected{epoch: epoch, round: round}
+		defer func() { c.p.post(res) }()
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
+		defer cancel()
+		key := electionKey(epoch, round)
+		v, err := c.store.Add(ctx, key+"/claim", 1)
+		if err != nil {
+			res.err = err
+			return
+		}
+		if v == 1 {
+			res.won = true
+			return
+		}
+		kv, err := c.store.Wait(ctx, key)
+		if err != nil {
+			res.err = err
+			return
+		}
+		var addr string
+		if _, err := fmt.Sscan(string(kv[key]), &res.lead, &addr); err != nil {
+			res.void = true
+			return
+		}
+		dctx, dcancel := context.WithTimeout(ctx, c.ccfg.PeerTimeout)
+		defer dcancel()
+		link, err := cluster.Dial(dctx, addr, c.ccfg, who)
+		if err == nil {
+			if err = link.Send(announce); err != nil {
+				link.Close()
+			}
+		}
+		if err != nil {
+			res.dialErr = err
+			return
+		}
+		res.link = link
+	}()
+}
+
+// elected acts on the outcome of this node's claim.
+func (c *multiNode) elected(m msgElected) {
+	n := c.next
+	if n == nil || n.epoch != m.epoch || n.round != m.round || !n.electing {
+		if m.link != nil {
+			m.link.Close()
+		}
+		if m.won {
+			// This node left before it could coordinate.
+			c.void(&nextEpoch{epoch: m.epoch, won: m.round})
+		}
+		return
+	}
+	n.electing = false
+	switch {
+	case m.err != nil:
+		c.nextGone(n, fmt.Sprintf("the elastic job cannot form epoch %d on node %d: its coordinator could not be chosen at the rendezvous %s: %v", n.epoch, c.rank, c.cfg.Rendezvous, m.err))
+	case m.won:
+		c.takeLead(n)
+	case m.void || m.dialErr != nil:
+		c.log.Warn("elastic job: the node chosen to coordinate the next epoch is gone; claiming again", "node", m.lead, "epoch", n.epoch, "round", n.round, "err", m.dialErr)
+		n.round++
+		c.elect(n)
+	default:
+		c.follow(n, m.lead, m.link)
+	}
+}
+
+// takeLead makes this node the coordinator of n's epoch, which it won.
+func (c *multiNode) takeLead(n *nextEpoch) {
+	old := c.lead
+	if err := c.listenControl(); err != nil {
+		c.lead = c.rank
+		c.abortNext(fmt.Sprintf("the elastic job cannot form epoch %d: node %d, chosen to coordinate it, cannot listen: %v", n.epoch, c.rank, err))
+		return
+	}
+	c.lead, n.won = c.rank, n.round
+	if old != c.rank {
+		// The failed epoch's other nodes are expected to announce
+		// themselves; those that do not in time are left out.
+		for _, id := range n.prev {
+			if _, ok := n.links[id]; !ok && id != old && id != c.rank {
+				n.links[id] = nil
+			}
+		}
+		n.deadline = time.AfterFunc(c.ccfg.PeerTimeout, func() { c.p.post(msgElectDeadline{n}) })
+		c.log.Warn("elastic job: this node coordinates the job from now on", "epoch", n.epoch, "was", old, "expects", n.nodes())
+	}
+	epoch, key, addr := n.epoch, electionKey(n.epoch, n.round), c.ctrl.Addr()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
+		defer cancel()
+		err := c.publish(ctx, key, strconv.Itoa(c.rank)+" "+addr)
+		if err == nil {
+			// Nodes that join the job later dial the coordinator here.
+			err = c.publish(ctx, "coordinator", addr)
+		}
+		if err != nil {
+			c.p.post(msgPublishFailed{epoch, err})
+		}
+	}()
+	if j := n.forming; j != nil {
+		n.forming = nil
+		c.waiting = j
+	}
+	c.maybeLayout()
+}
+
+// follow makes the node that won n's epoch, on link, this node's
+// coordinator.
+func (c *multiNode) follow(n *nextEpoch, lead int, link *cluster.Link) {
+	if c.leads() {
+		// This coordinator lost the claim to a node cut off from it: its
+		// followers find their links closed and claim in turn, which leads
+		// them to the winner.
+		c.log.Warn("elastic job: another node took over the coordination", "node", lead, "epoch", n.epoch)
+		c.closeLinks(n)
+		if j := c.waiting; j != nil && j.epoch == n.epoch {
+			c.waiting, n.forming = nil, j
+		}
+	}
+	c.lead, n.elected = lead, true
+	n.links[lead] = link
+	if err := c.watch(nil, -1, lead, link); err != nil {
+		c.coordLost(n, link, err)
+		return
+	}
+	if n.forming != nil {
+		c.sendJoin(n)
+	}
+}
+
+// void withdraws this node's win of n's epoch, for a node leaving the job:
+// the nodes waiting for the winner claim the next round.
+func (c *multiNode) void(n *nextEpoch) {
+	if n.won < 0 {
+		return
+	}
+	key := electionKey(n.epoch, n.won)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
+		defer cancel()
+		if err := c.store.Set(ctx, key, nil); err != nil {
+			c.log.Warn("elastic job: cannot withdraw this node from coordinating the next epoch", "key", key, "err", err)
+		}
+	}()
+}
+
+// electDeadline forms the epoch without the nodes that did not announce
+// themselves to its new coordinator in time.
+func (c *multiNode) electDeadline(n *nextEpoch) {
+	if c.next != n || !c.leads() {
+		return
+	}
+	for _, id := range n.nodes() {
+		if n.links[id] == nil {
+			c.log.Warn("elastic job: a node did not reach the new coordinator in time; the next epoch forms without it", "node", id, "epoch", n.epoch, "waited", c.ccfg.PeerTimeout)
+			delete(n.links, id)
+		}
+	}
+	c.maybeLayout()
+}
