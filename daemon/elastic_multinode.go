@@ -157,7 +157,7 @@ func (c *multiNode) nextReady(epoch uint64, local int, why string) {
 		c.abortNext(fmt.Sprintf("the elastic job cannot form epoch %d: %s", epoch, why))
 		return
 	}
-	c.next = nil
+	c.next, c.running = nil, nil
 	if n.deadline != nil {
 		n.deadline.Stop()
 	}
@@ -258,7 +258,7 @@ func (c *multiNode) nextGone(n *nextEpoch, why string) {
 		c.closeLink(link)
 	}
 	delete(n.links, c.lead)
-	n.lost = why
+	n.lost, c.running = why, nil
 	if n.forming != nil {
 		c.next = nil
 		c.hooks.reformFailed(n.epoch, why)
@@ -380,7 +380,7 @@ func (c *multiNode) coordLost(n *nextEpoch, link *cluster.Link, err error) {
 // abortNext ends the forming epoch on every node (coordinator).
 func (c *multiNode) abortNext(msg string) {
 	n := c.next
-	c.next = nil
+	c.next, c.running = nil, nil
 	if n.deadline != nil {
 		n.deadline.Stop()
 	}

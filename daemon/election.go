@@ -224,3 +224,20 @@ func (c *multiNode) electDeadline(n *nextEpoch) {
 	}
 	c.maybeLayout()
 }
+
+// reclaim makes node 0 coordinate again once the elastic job it left, whose
+// coordination moved, is over: j is its next job.
+func (c *multiNode) reclaim(j *job) {
+	c.lead = 0
+	c.log.Warn("this node coordinates again: the elastic job whose coordination moved to another node is over")
+	addr := c.ctrl.Addr()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
+		defer cancel()
+		if err := c.publish(ctx, "coordinator", addr); err != nil {
+			c.p.post(msgLayout{j: j, err: err})
+		}
+	}()
+	c.waiting = j
+	c.maybeLayout()
+}

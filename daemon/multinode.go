@@ -91,6 +91,7 @@ type multiNode struct {
 	waiting *job             // our local job, complete, waiting for the nodes
 
 	watched   map[int]*watchedLink // the running job's control links, by descriptor
+	running   *job                 // the elastic job that runs, until it is over
 	linkCheck *time.Timer          // next checkLinks; nil when none is due
 
 	// next is the next epoch of an elastic job while it forms across the
@@ -154,6 +155,9 @@ type (
 		link   *cluster.Link
 		layout *clusterpb.Layout
 		err    error
+		// reclaim: node 0, which left an elastic job whose coordination
+		// moved, coordinates again (that job is over).
+		reclaim bool
 	}
 	msgBackendUp struct {
 		j     *job
@@ -311,53 +315,73 @@ func (c *multiNode) complete(j *job) {
 		c.completeEpoch(j)
 		return
 	}
-	if c.rank == 0 {
+	if c.leads() {
 		c.waiting = j
 		c.maybeLayout()
 		return
 	}
-	go c.joinCoordinator(j, c.joinOf(j)) // the Join is built here: the loop owns j
+	// The Join is built here: the loop owns j.
+	go c.joinCoordinator(j, c.joinOf(j), c.rank == 0 && c.lead < 0)
 }
 
-// joinCoordinator (its own goroutine) reaches node 0 and waits for the layout.
-func (c *multiNode) joinCoordinator(j *job, join *clusterpb.Message) {
+// joinCoordinator (its own goroutine) reaches the coordinator and waits for
+// the layout. A node that does not coordinate any more (an elastic job's
+// coordination moved to it, and that job is over) refuses the Join as moved:
+// the address is read anew, and node 0, when it is the one that left
+// (reclaim), takes the coordination back.
+func (c *multiNode) joinCoordinator(j *job, join *clusterpb.Message, reclaim bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
 	defer cancel()
 	res := msgLayout{j: j}
 	defer func() { c.p.post(res) }()
+	for {
+		var moved bool
+		res.link, res.layout, moved, res.err = c.tryJoin(ctx, join)
+		if !moved {
+			return
+		}
+		if reclaim {
+			res.err, res.reclaim = nil, true
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// tryJoin sends join to the coordinator registered at the rendezvous and
+// waits for its layout; moved says that node does not coordinate.
+func (c *multiNode) tryJoin(ctx context.Context, join *clusterpb.Message) (*cluster.Link, *clusterpb.Layout, bool, error) {
 	link, err := c.dialCoordinator(ctx)
 	if err != nil {
-		res.err = err
-		return
+		return nil, nil, false, err
 	}
 	if !c.joining.add(link) {
 		link.Close()
-		res.err = errors.New("the daemon is shutting down")
-		return
+		return nil, nil, false, errors.New("the daemon is shutting down")
 	}
 	defer c.joining.remove(link)
 	if err := link.Send(join); err != nil {
 		link.Close()
-		res.err = err
-		return
+		return nil, nil, false, err
 	}
 	m, err := link.Recv()
 	if err != nil {
 		link.Close()
-		res.err = fmt.Errorf("waiting for the other nodes: %w", err)
-		return
+		return nil, nil, false, fmt.Errorf("waiting for the other nodes: %w", err)
 	}
 	if a := m.GetAbort(); a != nil {
 		link.Close()
-		res.err = errors.New(a.GetMsg())
-		return
+		return nil, nil, a.GetMoved(), errors.New(a.GetMsg())
 	}
 	if m.GetLayout() == nil {
 		link.Close()
-		res.err = fmt.Errorf("coordinator sent %T instead of a layout", m.Msg)
-		return
+		return nil, nil, false, fmt.Errorf("coordinator sent %T instead of a layout", m.Msg)
 	}
-	res.link, res.layout = link, m.GetLayout()
+	return link, m.GetLayout(), false, nil
 }
 
 // joinOf is the Join this node sends for j, complete.
@@ -414,7 +438,12 @@ func (c *multiNode) join(nj nodeJoin) {
 	}
 	switch {
 	case !c.leads():
-		refuse(fmt.Sprintf("node %d does not coordinate the job (node %d does)", c.rank, c.lead))
+		msg := fmt.Sprintf("node %d does not coordinate the job any more", c.rank)
+		c.log.Warn("refusing node", "node", r, "reason", msg)
+		a := abortMsg(ipcpb.Code_CODE_BUSY, msg, 0)
+		a.GetAbort().Moved = true
+		nj.link.Send(a)
+		nj.link.Close()
 		return
 	case r < 0 || r == c.rank || r >= c.nodes && !(c.cfg.Elastic && nj.join.GetElastic()):
 		refuse(fmt.Sprintf("node rank %d is out of range: the coordinator (node %d) expects nodes 0..%d but itself (--nodes %d)", r, c.rank, c.nodes-1, c.nodes))
@@ -423,12 +452,16 @@ func (c *multiNode) join(nj nodeJoin) {
 		refuse(fmt.Sprintf("node %d has no slots", r))
 		return
 	}
+	if (c.next != nil || c.running != nil) && !nj.join.GetElastic() {
+		refuse(fmt.Sprintf("node %d's ranks are not elastic (HOROVOD_ELASTIC unset), and an elastic job runs across the nodes", r))
+		return
+	}
 	if old, ok := c.joins[r]; ok {
 		// A restarted node: its new link replaces the stale one.
 		c.closeLink(old.link)
 	}
 	c.joins[r] = nj
-	if r >= c.nodes || c.next != nil {
+	if r >= c.nodes || c.next != nil || c.running != nil {
 		// A node joining the running elastic job: its next epoch takes it.
 		// Its link is watched meanwhile, so that a node lost while it
 		// waits is not laid out.
@@ -573,6 +606,10 @@ func (c *multiNode) layout(m msgLayout) {
 		c.hooks.formFailed(j, fmt.Sprintf("node %d could not join the job: %v", c.rank, m.err))
 		return
 	}
+	if m.reclaim {
+		c.reclaim(j)
+		return
+	}
 	slots, ids := ints(m.layout.GetSlots()), ints(m.layout.GetNodes())
 	if len(ids) == 0 {
 		for i := range slots {
@@ -633,6 +670,9 @@ func (c *multiNode) backendUp(m msgBackendUp) {
 	}
 	mc := coordOf(j)
 	mc.b = m.b
+	if j.elastic {
+		c.running = j
+	}
 	c.hooks.start(j, newMembership(m.slots, m.node), mc)
 }
 
@@ -719,7 +759,14 @@ func (c *multiNode) ended(j *job) {
 	}
 	if j.elastic && j.formed && j.failed.GetCode() != ipcpb.Code_CODE_ABORTED {
 		// The elastic job is over (it re-forms only after CODE_ABORTED):
-		// the nodes that waited to join it hear so.
+		// the nodes that waited to join it hear so, and node 0
+		// coordinates the next job, unless it left this one (the
+		// coordination moved: it then finds the job at the rendezvous).
+		c.running = nil
+		c.log.Info("the elastic job is over", "job", j.id, "epoch", j.epoch)
+		if c.lead >= 0 {
+			c.lead = 0
+		}
 		for _, id := range c.elasticJoins() {
 			nj := c.joins[id]
 			delete(c.joins, id)

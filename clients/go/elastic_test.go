@@ -370,6 +370,22 @@ func TestElasticCoordinatorMoves(t *testing.T) {
 			if took != 1 {
 				t.Errorf("%d nodes took over the coordination, want 1", took)
 			}
+			if tc.daemonLost || t.Failed() {
+				return
+			}
+			// Once the job is over, node 0 coordinates the daemons' next
+			// job again.
+			for _, s := range ss[1:] {
+				s.WaitLog(t, "the elastic job is over", 30*time.Second)
+			}
+			for _, node := range spawnNodes(t, ss, "async", tc.slots...) {
+				for _, w := range node {
+					if err := w.Wait(60 * time.Second); err != nil {
+						t.Errorf("a rank of the next job: %v\n%s", err, w.Output())
+					}
+				}
+			}
+			ss[0].WaitLog(t, "this node coordinates again", 10*time.Second)
 		})
 	}
 }

@@ -906,7 +906,11 @@ type Abort struct {
 	// The epoch of an elastic job that fails (0 otherwise): an epoch's
 	// failure, relayed by node 0, may arrive after the next epoch began to
 	// form.
-	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The node refusing a Join does not coordinate (the coordination of an
+	// elastic job moved, and that job is over): the joining node reads the
+	// coordinator's address anew at the rendezvous.
+	Moved         bool `protobuf:"varint,4,opt,name=moved,proto3" json:"moved,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -960,6 +964,13 @@ func (x *Abort) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *Abort) GetMoved() bool {
+	if x != nil {
+		return x.Moved
+	}
+	return false
 }
 
 // Bye says the node's job ended normally (every local client left).
@@ -1347,11 +1358,12 @@ const file_cluster_proto_rawDesc = "" +
 	"\x05bytes\x18\f \x01(\x03R\x05bytes\"Q\n" +
 	"\x04Plan\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x127\n" +
-	"\tresponses\x18\x02 \x03(\v2\x19.hvdd.cluster.v1.ResponseR\tresponses\"C\n" +
+	"\tresponses\x18\x02 \x03(\v2\x19.hvdd.cluster.v1.ResponseR\tresponses\"Y\n" +
 	"\x05Abort\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x10\n" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"\x05\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05moved\x18\x04 \x01(\bR\x05moved\"\x05\n" +
 	"\x03Bye\"\v\n" +
 	"\tHeartbeat\"\xa9\x03\n" +
 	"\aMessage\x12+\n" +
