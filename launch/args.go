@@ -29,7 +29,8 @@ host's slots in the order given (host 0 gets ranks 0..SLOTS-1, and so on);
 hosts left without a rank are not used. Every host gets a daemon of its own
 for the job (hvdd serve --nodes H --node-rank I), with a per-job socket under
 /tmp and a fresh random secret handed over on its standard input; host 0
-coordinates and serves the rendezvous. Hosts that are this machine
+coordinates and serves the rendezvous (in elastic jobs, below, hvdd run
+serves it). Hosts that are this machine
 (localhost, 127.0.0.0/8, or one of its addresses or names) are started
 directly; the others through ssh -o BatchMode=yes -o
 StrictHostKeyChecking=accept-new (or --agent), which must log in without a
@@ -111,7 +112,8 @@ Flags for jobs across hosts:
         on every host
   --rendezvous-port PORT
         host 0's rendezvous port (default: a free port when host 0 is this
-        machine, else 29500)
+        machine, else 29500); for the elastic driver, the port of this
+        machine where hvdd run serves the rendezvous (default: a free port)
   -p PORT, --ssh-port PORT
         ssh's port on the remote hosts
   -i FILE, --ssh-identity-file FILE
@@ -143,8 +145,16 @@ Elastic jobs on hosts (horovodrun's elastic mode):
 With --host-discovery-script, or -H (or --hostfile) and --min-np, hvdd run
 drives the job as horovodrun's elastic driver does. Every host, even a
 single one that is this machine, gets a daemon of its own for the job
-(hvdd serve ... --elastic); host 0, the first to get ranks, runs the job's
-coordinator. hvdd run waits up to --elastic-timeout for -np slots, then
+(hvdd serve ... --elastic --rendezvous-external). hvdd run serves the job's
+rendezvous itself, for as long as the job runs, so that the job does not
+depend on any one host: the daemons coordinate the job from host 0, the
+first to get ranks, and move the coordination to another host when host 0
+is lost. The rendezvous listens on 127.0.0.1 when every host of -H is this
+machine, else on every interface of this machine, on --rendezvous-port or
+a free port (open it in a firewall between the hosts); each daemon is told
+the address its host reaches: 127.0.0.1 on this machine, else this
+machine's address on its route to the host. hvdd run waits up to
+--elastic-timeout for -np slots, then
 starts a rank on every available slot, up to --max-np. Every second it
 looks at the hosts again: a new host gets a daemon and ranks, a host with
 more slots gets more ranks (the older hosts are filled first; running ranks
@@ -158,10 +168,11 @@ and it comes back after the cooldown of --blacklist-cooldown-range, or
 never without one. When a rank fails and its host's daemon runs on, the
 host is not blacklisted: the rank's slot is, and a new rank is started in
 it after the same cooldown (never without a cooldown range); the host's
-other ranks go on. Host 0's daemon coordinates the job: if it dies, or
-host 0 is left without a rank (gone, or its last rank failed), the job
-ends. The job also stops when fewer than --min-np ranks run and none can
-be added within --elastic-timeout, when every host is blacklisted, or at
+other ranks go on. Host 0 is no exception: when its daemon dies, it is
+gone, or its last rank failed, the job goes on on the other hosts. The job
+stops when fewer than --min-np ranks run and none can be added within
+--elastic-timeout, when none of the running ranks would be left (new ranks
+would have no state to start from), when every host is blacklisted, or at
 the reset beyond --reset-limit. Once a rank finishes with status 0
 (Horovod: a worker's success), nothing is added any more, and the job ends
 with status 0 when the other ranks have ended.

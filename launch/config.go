@@ -150,6 +150,8 @@ type Config struct {
 
 	// RendezvousPort is the TCP port node 0's daemon serves the rendezvous
 	// on. Zero means a free port when node 0 is this machine, else 29500.
+	// In a job the elastic driver runs, hvdd run serves the rendezvous
+	// itself, on this port of this machine; zero there means a free port.
 	RendezvousPort int
 
 	// SSHPort and SSHIdentityFile are ssh's -p and -i for remote hosts. Zero
@@ -232,6 +234,8 @@ func (c *Config) validate() error {
 		return errors.New("--min-np (an elastic job) needs the tcp engine across hosts: the MPI engine's world cannot shrink; drop --backend mpi")
 	case len(c.DaemonCommand) > 0 && c.DaemonCommand[0] == "":
 		return errors.New("the daemon command's program name is empty")
+	case c.RendezvousPort < 0 || c.RendezvousPort > 65535:
+		return fmt.Errorf("--rendezvous-port %d is not a TCP port (1-65535; 0 picks one)", c.RendezvousPort)
 	}
 	if err := c.validateElastic(); err != nil {
 		return err
@@ -266,9 +270,6 @@ func (c *Config) validateHosts() error {
 	case "", "tcp", "mpi":
 	default:
 		return fmt.Errorf("unknown --backend %q; pass tcp or mpi", c.Backend)
-	}
-	if c.RendezvousPort < 0 || c.RendezvousPort > 65535 {
-		return fmt.Errorf("--rendezvous-port %d is not a TCP port (1-65535; 0 picks one)", c.RendezvousPort)
 	}
 	if c.SSHPort < 0 || c.SSHPort > 65535 {
 		return fmt.Errorf("--ssh-port %d is not a TCP port (1-65535)", c.SSHPort)

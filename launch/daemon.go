@@ -24,7 +24,10 @@ import (
 //     --slots S --nodes H --node-rank I --rendezvous HOST0:PORT --advertise
 //     HOST --socket /tmp/hvdd-run-JOB-I/hvdd.sock --secret-file /dev/stdin`,
 //     with a fresh random secret for the job on its standard input (never
-//     on a command line). Node 0 coordinates and serves the rendezvous.
+//     on a command line). Node 0 coordinates and serves the rendezvous;
+//     in a job the elastic driver runs, hvdd run serves it and every
+//     daemon gets --elastic --rendezvous-external and the driver's address
+//     (elastic_rendezvous.go).
 //     Nodes on this machine (isLocalHost) get it as a child process, ready
 //     when its socket accepts a connection; remote ones through the agent
 //     (agent.go), ready when the remote wrapper sees the socket appear and
@@ -325,7 +328,7 @@ func (j *job) stopDaemons() {
 func (j *job) daemonArgs(i int) []string {
 	n := j.nodes[i]
 	args := []string{"serve", "--slots", strconv.Itoa(n.Slots), "--nodes", strconv.Itoa(len(j.nodes)),
-		"--node-rank", strconv.Itoa(i), "--rendezvous", j.rendezvous, "--advertise", n.Host,
+		"--node-rank", strconv.Itoa(i), "--rendezvous", j.rendezvousFor(i), "--advertise", n.Host,
 		"--socket", n.Socket, "--log-level", daemonLogLevel(), "--secret-file", "/dev/stdin"}
 	if j.cfg.Backend != "" {
 		args = append(args, "--backend", j.cfg.Backend)
@@ -335,8 +338,10 @@ func (j *job) daemonArgs(i int) []string {
 	}
 	if j.cfg.driven() {
 		// Its node set changes: the multi-node formation even alone, and
-		// node 0 takes nodes that join the running job.
-		args = append(args, "--elastic")
+		// the coordinator takes nodes that join the running job. The
+		// driver serves the rendezvous, so that the coordination can move
+		// off node 0.
+		args = append(args, "--elastic", "--rendezvous-external")
 	}
 	return args
 }

@@ -16,7 +16,8 @@
 // end. Otherwise the ranks are placed node-major on the hosts and every node
 // gets a daemon of its own for the job (hvdd serve --nodes H --node-rank I,
 // a per-job socket under /tmp, a fresh random secret on the daemon's
-// standard input; node 0 serves the rendezvous), or with --backend mpi the
+// standard input; node 0 serves the rendezvous, or hvdd run in an elastic
+// job, below), or with --backend mpi the
 // daemons are the ranks of one mpirun. Hosts that are this machine get their
 // daemon and ranks as child processes, the others through the agent (ssh -o
 // BatchMode=yes -o StrictHostKeyChecking=accept-new, or Config.Agent run as
@@ -38,7 +39,11 @@
 // script (--host-discovery-script) the elastic driver runs the job
 // (elastic.go, elastic_loop.go, elastic_hosts.go), as horovodrun's
 // ElasticDriver: every host gets a daemon of its own started with
-// --elastic, even a single one that is this machine; it waits for NP
+// --elastic, even a single one that is this machine. The driver serves the
+// job's rendezvous store in process for the life of the job
+// (elastic_rendezvous.go), and every daemon is its client
+// (--rendezvous-external), so that the store outlives any host and the
+// daemons can move the job's coordination off node 0. It waits for NP
 // slots, starts a rank on every available slot up to MaxNP, and every
 // second takes in what discovery reports: new hosts get a daemon and ranks,
 // grown hosts more ranks, hosts gone have their ranks stopped. Its rule for
@@ -48,10 +53,10 @@
 // (never without one); when only a rank fails and its host's daemon runs
 // on, the host is not blacklisted: the rank's slot is, and a new rank is
 // started in it after the same cooldown (never without a cooldown range).
-// Node 0's daemon coordinates the job and needs a rank of its own: if it
-// dies, or host 0 is left without a rank, the job ends. The
-// package does not talk the daemon's protocol: it only checks that
-// something accepts connections on the socket.
+// Host 0 follows the same rules as the others: its daemon dying, its host
+// leaving or losing its last rank does not end the job. The package does
+// not talk the daemon's protocol: it only checks that something accepts
+// connections on the socket.
 //
 // Ranks stay in hvdd run's process group, as the terminal's job control
 // expects; a Ctrl-C typed at the terminal therefore reaches each rank twice,

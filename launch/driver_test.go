@@ -115,11 +115,19 @@ func startReal(t *testing.T, dir, hvddBin string, cfg Config) *realJob {
 }
 
 // epoch waits until every rank tagged tags has printed an epoch of size
-// ranks, and returns the pids by tag.
+// ranks, and returns the pids by tag. It fails at once if Run returns
+// first.
 func (rj *realJob) epoch(size int, tags ...int) map[int]int {
 	rj.t.Helper()
 	deadline := time.Now().Add(45 * time.Second)
 	for {
+		var ended *result
+		select {
+		case r := <-rj.done:
+			ended = &r
+			rj.done <- r // for wait
+		default:
+		}
 		pids := map[int]int{}
 		for _, m := range epochLine.FindAllStringSubmatch(rj.stdout.String(), -1) {
 			tag, _ := strconv.Atoi(m[1])
@@ -135,6 +143,9 @@ func (rj *realJob) epoch(size int, tags ...int) map[int]int {
 		}
 		if all {
 			return pids
+		}
+		if ended != nil {
+			rj.t.Fatalf("Run returned %d, %v before ranks %v all reached an epoch of %d ranks\nstdout:\n%s\nstderr:\n%s", ended.code, ended.err, tags, size, ended.stdout, ended.stderr)
 		}
 		if time.Now().After(deadline) {
 			rj.t.Fatalf("ranks %v did not all reach an epoch of %d ranks\nstdout:\n%s\nstderr:\n%s", tags, size, rj.stdout, rj.stderr)
@@ -322,5 +333,71 @@ func TestDriverE2EHostBack(t *testing.T) {
 	if alive(pids[2]) {
 		t.Error("rank [2] outlived Run")
 	}
+	rj.checkCleanedUp()
+}
+
+// Host 0 is a host like the others: its daemon (node 0, the job's first
+// coordinator) may die, its host leave, or its last rank fail, and the
+// job goes on on the other hosts. The rendezvous is the driver's, so it
+// outlives node 0; the daemons move the coordination to another node.
+
+// socketOf returns the socket of the rank tagged tag, from its first epoch
+// line.
+func (rj *realJob) socketOf(tag int) string {
+	rj.t.Helper()
+	m := regexp.MustCompile(`\[` + strconv.Itoa(tag) + `\]<stdout>:EPOCH .* socket=(\S+)`).FindStringSubmatch(rj.stdout.String())
+	if m == nil {
+		rj.t.Fatalf("rank [%d] printed no epoch:\n%s", tag, rj.stdout)
+	}
+	return m[1]
+}
+
+// TestDriverE2EHost0DaemonLost: host 0's daemon is SIGKILLed: host 0 is
+// blacklisted and its rank stopped, and the ranks of host 1 re-form the
+// job without node 0 and finish it.
+func TestDriverE2EHost0DaemonLost(t *testing.T) {
+	t.Parallel()
+	bin := buildHvdd(t)
+	dir := testDir(t)
+	rj := startReal(t, dir, bin, Config{NP: 3, MinNP: 1, Hosts: []Host{{"127.0.0.53", 1}, {"127.0.0.54", 2}}})
+	rj.epoch(3, 0, 1, 2)
+	if err := killDaemon(rj.socketOf(0)); err != nil {
+		t.Fatal(err)
+	}
+	rj.stderr.waitFor(t, "blacklisting host 127.0.0.53 for good (no --blacklist-cooldown-range) and stopping the ranks on it ([0])", 10*time.Second)
+	rj.epoch(2, 1, 2)
+	rj.finish()
+	rj.checkCleanedUp()
+}
+
+// TestDriverE2EHost0Leaves: host 0 is no longer discovered: its rank is
+// stopped, then its daemon, and the ranks of host 1 re-form the job and
+// finish it.
+func TestDriverE2EHost0Leaves(t *testing.T) {
+	t.Parallel()
+	bin := buildHvdd(t)
+	dir := testDir(t)
+	rj := startReal(t, dir, bin, Config{NP: 3, MinNP: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.55:1\n127.0.0.56:2\n")})
+	rj.epoch(3, 0, 1, 2)
+	setHosts(t, dir, "127.0.0.56:2\n")
+	rj.stderr.waitFor(t, "host 127.0.0.55 is no longer discovered: stopping its ranks ([0])", 10*time.Second)
+	rj.epoch(2, 1, 2)
+	rj.finish()
+	rj.checkCleanedUp()
+}
+
+// TestDriverE2EHost0RankLost: host 0's only rank fails (no cooldown: its
+// slot stays out); node 0's daemon runs on without a rank, and host 1's
+// rank goes on alone and finishes.
+func TestDriverE2EHost0RankLost(t *testing.T) {
+	t.Parallel()
+	bin := buildHvdd(t)
+	dir := testDir(t)
+	rj := startReal(t, dir, bin, Config{NP: 2, MinNP: 1, Hosts: []Host{{"127.0.0.57", 1}, {"127.0.0.58", 1}}})
+	pids := rj.epoch(2, 0, 1)
+	rj.exit(pids[0], 3)
+	rj.stderr.waitFor(t, "blacklisting its slot on 127.0.0.57 for good", 20*time.Second)
+	rj.epoch(1, 1)
+	rj.finish()
 	rj.checkCleanedUp()
 }

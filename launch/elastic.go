@@ -21,10 +21,13 @@ import (
 //
 // Every host gets a daemon of its own for the job, started with --elastic
 // (even a single host that is this machine); the first host's daemon is
-// node 0, the job's coordinator. A host that joins later is node K, the
-// next index (never reused), started with --nodes K+1 --node-rank K. The
-// driver only starts and stops processes: the daemons re-form the job
-// around the ranks that come and go.
+// node 0. A host that joins later is node K, the next index (never
+// reused), started with --nodes K+1 --node-rank K. The driver serves the
+// job's rendezvous store itself (elastic_rendezvous.go), and every daemon
+// is its client (--rendezvous-external): the daemons keep the current
+// coordinator's address there, so the job's coordination can move from
+// node 0 to another node. The driver only starts and stops processes: the
+// daemons re-form the job around the ranks that come and go.
 //
 // Failures. Horovod blacklists the host of a failed worker. Here a host is
 // blacklisted when its daemon (or the daemon's agent) dies: its ranks are
@@ -32,9 +35,9 @@ import (
 // --blacklist-cooldown-range (never without one). When a rank fails and its
 // host's daemon runs on, the host is not blacklisted: the rank's slot is,
 // for the same cooldown, after which a new rank is started in it; the
-// host's other ranks go on. Node 0's daemon coordinates every epoch and
-// needs a rank of its own (the daemons' rule): if it dies, or host 0 is
-// left without a rank, the job ends.
+// host's other ranks go on. Host 0 is a host like the others: its daemon
+// may die, it may leave, or lose its last rank, and the job goes on on the
+// other hosts.
 
 // driver is the elastic driver of one job. Only the goroutine running Run
 // touches it; other goroutines report to it on its channels.
@@ -150,9 +153,12 @@ func runElastic(ctx context.Context, cfg *Config, o *output, sigs <-chan os.Sign
 			j.size += n
 		}
 	}
-	if code, err := j.setRendezvous(); err != nil {
+	// The store outlives every daemon: it is closed after them (defers run
+	// last to first).
+	if code, err := j.serveRendezvous(); err != nil {
 		return code, err
 	}
+	defer j.closeRendezvous()
 	j.warnLoopback()
 	if j.hasLocal() {
 		path, code, err := lookCommand(cfg)

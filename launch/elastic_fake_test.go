@@ -14,6 +14,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hvdd/hvdd/auth"
+	"github.com/hvdd/hvdd/rendezvous"
 )
 
 // The elastic driver against fake daemons (helper fake-serve: a socket
@@ -22,20 +25,50 @@ import (
 // when it gives up, apart from what real daemons do with the ranks
 // (driver_test.go).
 
-// fakeServe is a fake `hvdd serve`: it listens on --socket, leaves its pid
-// in $HVDD_TEST_DIR/serve.<node-rank>.pid, and exits 0 on SIGTERM.
+// fakeServe is a fake `hvdd serve`: with --rendezvous-external it adds 1
+// to the key "fake-serve" of the store at --rendezvous (with the secret of
+// --secret-file) and leaves the count in $HVDD_TEST_DIR/rdv.<node-rank>
+// (it fails if the store cannot be reached); then it listens on --socket,
+// leaves its pid in $HVDD_TEST_DIR/serve.<node-rank>.pid, and exits 0 on
+// SIGTERM.
 func fakeServe(args []string) int {
-	var socket, nodeRank string
-	for i := 0; i+1 < len(args); i++ {
+	var socket, nodeRank, rdv, secretFile string
+	external := false
+	for i := range args {
+		if args[i] == "--rendezvous-external" {
+			external = true
+		}
+		if i+1 == len(args) {
+			break
+		}
 		switch args[i] {
 		case "--socket":
 			socket = args[i+1]
 		case "--node-rank":
 			nodeRank = args[i+1]
+		case "--rendezvous":
+			rdv = args[i+1]
+		case "--secret-file":
+			secretFile = args[i+1]
 		}
 	}
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGTERM)
+	if external {
+		secret, err := auth.LoadSecret(secretFile, "")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fake daemon:", err)
+			return 3
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		n, err := rendezvous.NewClient(rdv, secret).Add(ctx, "fake-serve", 1)
+		cancel()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fake daemon: the rendezvous:", err)
+			return 3
+		}
+		os.WriteFile(filepath.Join(os.Getenv(envDir), "rdv."+nodeRank), []byte(strconv.FormatInt(n, 10)), 0o600)
+	}
 	ln, err := net.Listen("unix", socket)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fake daemon:", err)
@@ -169,6 +202,18 @@ func (fj *fakeJob) exit(tag, code int) {
 	}
 }
 
+// rdvCount returns the count node i's fake daemon got from the store: the
+// fake daemons that reached it before it, itself included.
+func (fj *fakeJob) rdvCount(i int) string {
+	fj.t.Helper()
+	fj.daemonPid(i) // written after rdv.<i>
+	b, err := os.ReadFile(filepath.Join(fj.dir, "rdv."+strconv.Itoa(i)))
+	if err != nil {
+		fj.t.Fatalf("node %d's daemon did not reach the rendezvous: %v", i, err)
+	}
+	return string(b)
+}
+
 // daemonPid returns the pid of node i's fake daemon.
 func (fj *fakeJob) daemonPid(i int) int {
 	fj.t.Helper()
@@ -224,11 +269,16 @@ func TestDriverHostsComeAndGo(t *testing.T) {
 	checkRank(t, 2, r2, fakeRankInfo{rank: "2", size: "3", local: "-1/1/2", cross: "0/1", elastic: "1", sock: node1})
 	serve := readLines(filepath.Join(dir, "serve.log"))
 	rendezvous := regexp.MustCompile(`--rendezvous (\S+) `)
-	if len(serve) != 2 || !strings.HasPrefix(serve[0], "serve --slots 1 --nodes 1 --node-rank 0 --rendezvous 127.0.0.30:") ||
+	// The driver serves the rendezvous; a host that is this machine
+	// reaches it on 127.0.0.1.
+	if len(serve) != 2 || !strings.HasPrefix(serve[0], "serve --slots 1 --nodes 1 --node-rank 0 --rendezvous 127.0.0.1:") ||
 		!strings.HasPrefix(serve[1], "serve --slots 2 --nodes 2 --node-rank 1 ") ||
 		rendezvous.FindString(serve[0]) != rendezvous.FindString(serve[1]) ||
-		!strings.HasSuffix(serve[0], " --elastic") || !strings.HasSuffix(serve[1], " --elastic") {
+		!strings.HasSuffix(serve[0], " --elastic --rendezvous-external") || !strings.HasSuffix(serve[1], " --elastic --rendezvous-external") {
 		t.Errorf("daemons started as:\n%s", strings.Join(serve, "\n"))
+	}
+	if n0, n1 := fj.rdvCount(0), fj.rdvCount(1); n0 != "1" || n1 != "2" {
+		t.Errorf("the daemons counted %s and %s at the rendezvous, want 1 and 2 (one store)", n0, n1)
 	}
 	daemon1 := fj.daemonPid(1)
 
@@ -303,18 +353,29 @@ func TestDriverNoCooldown(t *testing.T) {
 	}
 }
 
-// TestDriverCoordinatorLost: node 0's daemon coordinates the job: when it
-// dies the job ends, saying so.
-func TestDriverCoordinatorLost(t *testing.T) {
+// TestDriverHost0DaemonLost: node 0's daemon dying is a host lost like any
+// other: host 0 is blacklisted and its rank stopped, the job goes on, and
+// the rendezvous (the driver's) outlives it: a host that joins later
+// reaches the same store.
+func TestDriverHost0DaemonLost(t *testing.T) {
 	t.Parallel()
 	dir := testDir(t)
-	fj := startFake(t, dir, Config{NP: 2, MinNP: 1, Hosts: []Host{{"127.0.0.35", 1}, {"127.0.0.36", 1}}})
-	fj.rank(0)
+	fj := startFake(t, dir, Config{NP: 2, MinNP: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.35:1\n127.0.0.36:1\n")})
+	r0 := fj.rank(0)
 	fj.rank(1)
 	syscall.Kill(fj.daemonPid(0), syscall.SIGKILL)
-	r := fj.wait()
-	if r.code != exitLaunchFailed || r.err == nil || !strings.Contains(r.err.Error(), "the hvdd daemon of host 127.0.0.35 (node 0) was killed by SIGKILL: it coordinates the elastic job, which cannot go on without it") {
-		t.Errorf("Run = %d, %v", r.code, r.err)
+	fj.stderr.waitFor(t, "blacklisting host 127.0.0.35 for good (no --blacklist-cooldown-range) and stopping the ranks on it ([0]), which lost their daemon (reset 1)", 10*time.Second)
+	fj.stderr.waitFor(t, "rank 0 (pid "+strconv.Itoa(r0.pid)+") exited with status 143; the elastic job goes on with 1 rank", 10*time.Second)
+	setHosts(t, dir, "127.0.0.35:1\n127.0.0.36:1\n127.0.0.50:1\n")
+	fj.stderr.waitFor(t, "host 127.0.0.50 joins the elastic job: starting its hvdd daemon (node 2) for 1 rank (reset 2)", 10*time.Second)
+	fj.rank(2)
+	if n := fj.rdvCount(2); n != "3" {
+		t.Errorf("node 2's daemon counted %s at the rendezvous, want 3 (the store of nodes 0 and 1)", n)
+	}
+	fj.exit(1, 0)
+	fj.exit(2, 0)
+	if r := fj.wait(); r.code != 0 || r.err != nil {
+		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
 	}
 }
 
@@ -383,29 +444,44 @@ func TestDriverStartErrors(t *testing.T) {
 	}
 }
 
-// TestDriverCoordinatorHostLeaves: host 0 must keep a rank (its daemon
-// coordinates every epoch): the job ends when it is no longer discovered,
-// or when its last rank fails.
-func TestDriverCoordinatorHostLeaves(t *testing.T) {
+// TestDriverHost0Leaves: host 0 is a host like the others: when it is no
+// longer discovered its rank and then its daemon (node 0) are stopped and
+// the job goes on; when its last rank fails, the job goes on without a
+// rank there, and after the cooldown a new one starts on node 0's daemon.
+func TestDriverHost0Leaves(t *testing.T) {
 	t.Parallel()
 	dir := testDir(t)
 	fj := startFake(t, dir, Config{NP: 2, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.42:1\n127.0.0.43:1\n"), MinNP: 1})
-	fj.rank(0)
+	r0 := fj.rank(0)
 	fj.rank(1)
+	daemon0 := fj.daemonPid(0)
 	setHosts(t, dir, "127.0.0.43:1\n")
-	r := fj.wait()
-	want := "host 127.0.0.42 is no longer discovered, and its daemon (node 0) coordinates the elastic job, which cannot go on without a rank there"
-	if r.code != exitLaunchFailed || r.err == nil || r.err.Error() != want {
-		t.Errorf("Run = %d, %v; want %q", r.code, r.err, want)
+	fj.stderr.waitFor(t, "host 127.0.0.42 is no longer discovered: stopping its ranks ([0]) (reset 1)", 10*time.Second)
+	fj.stderr.waitFor(t, "rank 0 (pid "+strconv.Itoa(r0.pid)+") exited with status 143; the elastic job goes on with 1 rank", 10*time.Second)
+	for deadline := time.Now().Add(10 * time.Second); alive(daemon0); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("node 0's daemon still runs after its host left")
+		}
+	}
+	fj.exit(1, 0)
+	if r := fj.wait(); r.code != 0 || r.err != nil {
+		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
 	}
 
 	dir = testDir(t)
 	fj = startFake(t, dir, Config{NP: 2, MinNP: 1, Hosts: []Host{{"127.0.0.42", 1}, {"127.0.0.43", 1}}, BlacklistCooldown: CooldownRange{time.Second, time.Second}})
+	r0 = fj.rank(0)
 	fj.rank(1)
 	fj.exit(0, 3)
-	r = fj.wait()
-	if want := "; host 127.0.0.42 has no rank left, and its daemon (node 0) coordinates the elastic job"; r.code != 3 || r.err != nil || !strings.Contains(r.stderr, want) {
-		t.Errorf("Run = %d, %v; want 3 and %q in stderr", r.code, r.err, want)
+	fj.stderr.waitFor(t, "exited with status 3; the elastic job goes on with 1 rank (--min-np 1; reset 1)", 10*time.Second)
+	fj.stderr.waitFor(t, "starting 1 rank more on 127.0.0.42 (reset 2)", 10*time.Second)
+	if r2 := fj.rank(2); r2.sock != r0.sock {
+		t.Errorf("rank [2] runs on %s, want node 0's daemon (%s)", r2.sock, r0.sock)
+	}
+	fj.exit(1, 0)
+	fj.exit(2, 0)
+	if r := fj.wait(); r.code != 0 || r.err != nil {
+		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
 	}
 }
 
@@ -471,5 +547,55 @@ func TestDriverMaxNP(t *testing.T) {
 	}
 	if r := fj.wait(); r.code != 0 || r.err != nil {
 		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+	}
+}
+
+// TestDriverRendezvousListens: the driver's rendezvous listens on 127.0.0.1
+// only when every host of -H is this machine, on every interface when a
+// discovery script may add other hosts; it is closed when Run returns.
+func TestDriverRendezvousListens(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		cfg     func(dir string) Config
+		allIfcs bool // reachable on 127.0.0.2, not only on 127.0.0.1
+	}{
+		{"fixed local hosts", func(string) Config {
+			return Config{NP: 1, MinNP: 1, Hosts: []Host{{"127.0.0.51", 1}}}
+		}, false},
+		{"discovery", func(dir string) Config {
+			return Config{NP: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.52:1\n")}
+		}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := testDir(t)
+			fj := startFake(t, dir, tt.cfg(dir))
+			fj.rank(0)
+			m := regexp.MustCompile(`--rendezvous 127\.0\.0\.1:(\d+) `).FindStringSubmatch(strings.Join(readLines(filepath.Join(dir, "serve.log")), "\n"))
+			if m == nil {
+				t.Fatalf("node 0's daemon was not given the rendezvous on 127.0.0.1:\n%s", readLines(filepath.Join(dir, "serve.log")))
+			}
+			dial := func(host string) error {
+				c, err := net.DialTimeout("tcp", net.JoinHostPort(host, m[1]), 5*time.Second)
+				if err == nil {
+					c.Close()
+				}
+				return err
+			}
+			if err := dial("127.0.0.1"); err != nil {
+				t.Errorf("the rendezvous does not answer on 127.0.0.1: %v", err)
+			}
+			if err := dial("127.0.0.2"); (err == nil) != tt.allIfcs {
+				t.Errorf("dial the rendezvous on 127.0.0.2: %v; want it reachable there: %v", err, tt.allIfcs)
+			}
+			fj.exit(0, 0)
+			if r := fj.wait(); r.code != 0 || r.err != nil {
+				t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+			}
+			if err := dial("127.0.0.1"); err == nil {
+				t.Error("the rendezvous still answers after Run returned")
+			}
+		})
 	}
 }

@@ -53,14 +53,6 @@ func (drv *driver) reconcile() {
 		drv.checkMin()
 		return
 	}
-	if host0 := j.nodes[0].Host; running[host0] > 0 && target[host0] == 0 {
-		why := "has no usable slot left"
-		if drv.hm.slots(host0) == 0 {
-			why = "is no longer discovered"
-		}
-		drv.fail(drv.lastFail, errors.New(drv.coordinatorAlone(why)))
-		return
-	}
 	if keep == 0 {
 		// Horovod: new ranks get the job's state from running ones.
 		drv.fail(drv.lastFail, errors.New("No hosts from previous set remaining, unable to broadcast state. (The hosts now are "+hostList(avail)+"; none of them runs a rank of the job.)"))
@@ -221,8 +213,8 @@ func (drv *driver) stopRank(tag int) {
 }
 
 // retire takes node i out of the job: it gets no more ranks, its ranks are
-// stopped, and its daemon is stopped once they have exited (node 0's
-// stays: it coordinates the job).
+// stopped, and its daemon is stopped once they have exited (node 0's too:
+// the other daemons move the job's coordination).
 func (drv *driver) retire(i int) {
 	n := &drv.nodes[i]
 	n.retired, n.reserved = true, 0
@@ -236,11 +228,11 @@ func (drv *driver) retire(i int) {
 	drv.retireDaemons()
 }
 
-// retireDaemons stops the daemons of retired nodes (but node 0's) whose
-// ranks have all exited.
+// retireDaemons stops the daemons of retired nodes whose ranks have all
+// exited.
 func (drv *driver) retireDaemons() {
 	grace := drv.j.cfg.KillGrace
-	for i := 1; i < len(drv.nodes); i++ {
+	for i := range drv.nodes {
 		n := &drv.nodes[i]
 		if !n.retired || n.stopped || n.dead || n.d == nil || drv.nodeAlive(i) {
 			continue

@@ -193,9 +193,6 @@ func (drv *driver) rankExited(e exitEvent) {
 		j.o.logf("%s", msg)
 		drv.fail(c, errors.New(drv.allBlacklistedMessage()))
 		return
-	case r.node == 0 && len(drv.nodeRanks(0)) == 0:
-		drv.failRank(c, msg+"; "+drv.coordinatorAlone("has no rank left"))
-		return
 	case live < cfg.MinNP && !drv.recoverable():
 		drv.failRank(c, msg+fmt.Sprintf("; %s left, fewer than --min-np %d", ranks(live), cfg.MinNP))
 		return
@@ -239,9 +236,10 @@ func (drv *driver) nodeOfDaemon(d *daemonProc) int {
 	return -1
 }
 
-// daemonExited handles the exit of a node's daemon: node 0's ends the job;
-// another's blacklists its host (Horovod blacklists the host of a failed
-// worker) and stops the host's ranks.
+// daemonExited handles the exit of a node's daemon, node 0's as any other:
+// it blacklists its host (Horovod blacklists the host of a failed worker)
+// and stops the host's ranks. The other daemons move the job's
+// coordination off a node 0 that is lost.
 func (drv *driver) daemonExited(d *daemonProc) {
 	j, cfg := drv.j, drv.j.cfg
 	i := drv.nodeOfDaemon(d)
@@ -250,7 +248,7 @@ func (drv *driver) daemonExited(d *daemonProc) {
 	}
 	n := &drv.nodes[i]
 	n.dead = true
-	if n.stopped || (n.retired && i != 0) {
+	if n.stopped || n.retired {
 		return // stopped by the driver, or its host had left the job
 	}
 	_, how := describeExit(d.cmd.ProcessState)
@@ -259,10 +257,6 @@ func (drv *driver) daemonExited(d *daemonProc) {
 		return
 	}
 	host := j.nodes[i].Host
-	if i == 0 {
-		drv.fail(drv.lastFail, fmt.Errorf("the hvdd daemon of host %s (node 0) %s: it coordinates the elastic job, which cannot go on without it", host, how))
-		return
-	}
 	if limit := cfg.ResetLimit; limit > 0 && drv.resets >= limit {
 		drv.fail(drv.lastFail, fmt.Errorf(resetLimitMessage, limit))
 		return
@@ -366,10 +360,4 @@ func (drv *driver) killLingering() {
 			j.signalRanks(tag, tag+1, syscall.SIGKILL)
 		}
 	}
-}
-
-// coordinatorAlone says that node 0 has no rank any more (why): its daemon
-// coordinates every epoch, and needs a rank of its own to.
-func (drv *driver) coordinatorAlone(why string) string {
-	return fmt.Sprintf("host %s %s, and its daemon (node 0) coordinates the elastic job, which cannot go on without a rank there", drv.j.nodes[0].Host, why)
 }

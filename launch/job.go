@@ -17,7 +17,9 @@ import (
 )
 
 // DefaultRendezvousPort is node 0's rendezvous port when node 0 is another
-// machine and --rendezvous-port is not given.
+// machine and --rendezvous-port is not given, in a job the elastic driver
+// does not run (the driver serves the rendezvous itself, on a free port by
+// default: elastic_rendezvous.go).
 const DefaultRendezvousPort = 29500
 
 // A job is one run of Config.Command: the nodes it was planned on (fixed by
@@ -35,7 +37,11 @@ type job struct {
 	// machine's shared daemon.
 	id         string // random, names the sockets' directories
 	secret     string // hex, handed to every daemon on its stdin
-	rendezvous string // node 0's HOST:PORT
+	key        []byte // the secret's bytes (what the daemons decode it to)
+	rendezvous string // node 0's HOST:PORT; unused when rdv is set
+	// rdv is the rendezvous the elastic driver serves for the job, nil
+	// when node 0's daemon serves it (elastic_rendezvous.go).
+	rdv        *driverRendezvous
 	grace      int    // the remote wrappers' kill grace, in whole seconds
 	remoteHvdd string // hvdd on the remote hosts
 	cwd        string // the remote ranks' working directory
@@ -119,7 +125,8 @@ func (j *job) prepareOwnDaemons() (int, error) {
 		j.cwd = wd
 	}
 	j.grace = int((cfg.KillGrace + time.Second - 1) / time.Second)
-	j.secret = hex.EncodeToString(auth.NewSecret())
+	j.key = auth.NewSecret()
+	j.secret = hex.EncodeToString(j.key)
 	var id [6]byte
 	rand.Read(id[:]) // the job id is not secret: it only names the sockets
 	j.id = hex.EncodeToString(id[:])

@@ -3,6 +3,7 @@
 //	hvdd serve   run the node daemon
 //	hvdd run     start a daemon if needed and N worker processes (horovodrun)
 //	hvdd bench   measure collectives through the daemon (nccl-tests style)
+//	hvdd rendezvous serve the rendezvous store of daemons started by hand
 //	hvdd version print the version
 //
 // It only parses flags and wires the packages together.
@@ -20,6 +21,8 @@ Usage:
   hvdd run -np N [flags] -- CMD run N copies of CMD through a local daemon (hvdd run --help)
   hvdd run -np N -H h1:S,h2:S -- CMD  the same across hosts, one daemon per host
   hvdd bench [flags]            benchmark collectives (hvdd bench --help)
+  hvdd rendezvous --addr H:P    serve the rendezvous store of daemons started by hand
+                                (hvdd rendezvous --help)
   hvdd version                  print the version
 
 Environment: HVDD_SOCKET names the daemon's socket for every subcommand.
@@ -39,6 +42,8 @@ func main() {
 		code = runMain(args)
 	case "bench":
 		code = benchMain(args)
+	case "rendezvous":
+		code = rendezvousMain(args)
 	case "version", "--version", "-v":
 		fmt.Println("hvdd", version())
 	case "help", "-h", "--help":

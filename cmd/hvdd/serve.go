@@ -51,6 +51,11 @@ Examples:
   # two nodes, 2 processes each; the same secret file on both:
   hvdd serve --slots 2 --nodes 2 --node-rank 0 --rendezvous 10.0.0.1:29500 --advertise 10.0.0.1 --secret-file s
   hvdd serve --slots 2 --nodes 2 --node-rank 1 --rendezvous 10.0.0.1:29500 --advertise 10.0.0.2 --secret-file s
+  # an elastic job whose rendezvous is served apart (10.0.0.9), so that it
+  # outlives node 0 and the coordination can move (hvdd rendezvous --help):
+  hvdd rendezvous --addr 10.0.0.9:29500 --secret-file s
+  hvdd serve --slots 2 --nodes 2 --node-rank 0 --rendezvous 10.0.0.9:29500 --rendezvous-external --elastic --advertise 10.0.0.1 --secret-file s
+  hvdd serve --slots 2 --nodes 2 --node-rank 1 --rendezvous 10.0.0.9:29500 --rendezvous-external --elastic --advertise 10.0.0.2 --secret-file s
   # one daemon per node under mpirun (hvdd built with -tags mpi); --bind-to none
   # lets each use all its node's cores. MPI carries control and data, and
   # makes the job's secret:
@@ -279,13 +284,13 @@ func clusterConfig(cfg *daemon.Config, args serveArgs) error {
 		}
 		cfg.Control = bridge
 	}
-	secret, err := auth.LoadSecret(args.secretFile, os.Getenv("HVDD_SECRET"))
+	secret, err := loadSecret(args.secretFile)
 	if errors.Is(err, auth.ErrNoSecret) && bridge != nil {
 		// The links travel inside the MPI job: the one rank 0 made.
 		secret, err = bridge.Secret(), nil
 	}
 	if err != nil {
-		return fmt.Errorf("%w (generate one with: head -c 32 /dev/urandom | xxd -p -c 64 > secret; give every node the same file)", err)
+		return secretError(err)
 	}
 	factory, err := backendFactory(args.backend, args.streams)
 	if err != nil {
@@ -297,6 +302,18 @@ func clusterConfig(cfg *daemon.Config, args serveArgs) error {
 	cfg.Secret, cfg.NewBackend = secret, factory
 	warnIfBound(cfg.Logger)
 	return nil
+}
+
+// loadSecret reads a job's shared secret from --secret-file file, else
+// from $HVDD_SECRET (auth.LoadSecret: exactly one of them, hex or raw, at
+// least auth.MinSecretLen bytes).
+func loadSecret(file string) ([]byte, error) {
+	return auth.LoadSecret(file, os.Getenv("HVDD_SECRET"))
+}
+
+// secretError is loadSecret's error with how to make a secret.
+func secretError(err error) error {
+	return fmt.Errorf("%w (generate one with: head -c 32 /dev/urandom | xxd -p -c 64 > secret; give every node the same file)", err)
 }
 
 // serve runs the daemon on socket (or on the listener systemd passed) until
