@@ -128,7 +128,7 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 	fs.IntVar(&args.workers, "workers", 0, "goroutines per local reduction (default GOMAXPROCS)")
 	fs.IntVar(&args.nodes, "nodes", 1, "number of nodes (daemons) in a job; -1: mpirun's process count")
 	fs.BoolVar(&args.elastic, "elastic", false, "take part in elastic jobs across nodes whose node set changes (hvdd run starts its daemons so): the node forms jobs with the other nodes even with --nodes 1, and node 0 takes in nodes that join a running elastic job (their --node-rank may exceed --nodes)")
-	fs.IntVar(&args.nodeRank, "node-rank", 0, "this node's index in [0, --nodes); node 0 coordinates and serves the rendezvous; -1: mpirun's rank")
+	fs.IntVar(&args.nodeRank, "node-rank", 0, "this node's index in [0, --nodes); node 0 coordinates (with --elastic --rendezvous-external, until it is lost) and serves the rendezvous unless --rendezvous-external; -1: mpirun's rank")
 	fs.StringVar(&args.rendezvous, "rendezvous", "", "node 0's rendezvous address HOST:PORT (node 0 binds it, unless --rendezvous-external)")
 	fs.BoolVar(&args.rendezvousExternal, "rendezvous-external", false, "another process serves --rendezvous (hvdd rendezvous, or hvdd run's elastic driver): node 0 does not bind it, and with --elastic the coordination of a job moves to another node when node 0 is lost")
 	fs.StringVar(&args.advertise, "advertise", "", "this node's address (host) that the other nodes reach; control and data listeners bind it (default: the local address of the route to --rendezvous)")

@@ -2,7 +2,7 @@
 
 Trains a tiny linear model with ``hvd.elastic.run`` and ``TorchState``, one
 commit per step, as the seeds' elastic scripts do. The last rank of the
-first epoch kills itself with SIGKILL at step KILL_AT; the survivors restore
+first epoch (or the rank $HVDD_TEST_VICTIM names) kills itself with SIGKILL at step KILL_AT; the survivors restore
 their last commit, re-initialise into the job's next epoch and finish. Each
 survivor prints its final weights (``RESULT {json}``) and the times of the
 kill and of its first completed step at the new size.
@@ -39,7 +39,7 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, opt, step=0)
-    victim = hvd.rank() == hvd.size() - 1
+    victim = hvd.rank() == int(os.environ.get("HVDD_TEST_VICTIM", hvd.size() - 1))
     resets = []
     state.register_reset_callbacks([lambda: resets.append(hvd.size())])
 

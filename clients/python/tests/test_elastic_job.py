@@ -36,9 +36,11 @@ def reference(steps: int, kill_at: int, np: int) -> list:
 
 
 def run_elastic(
-    hvdd_bin: str, tmp: str, np: int, steps: int, kill_at: int, hosts: str = ""
+    hvdd_bin: str, tmp: str, np: int, steps: int, kill_at: int, hosts: str = "", victim: int = -1
 ) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HVDD_START_TIMEOUT="60")
+    if victim >= 0:
+        env["HVDD_TEST_VICTIM"] = str(victim)
     where = ["-H", hosts] if hosts else ["--socket", os.path.join(tmp, "hvdd.sock")]
     return subprocess.run(
         [hvdd_bin, "run", "-np", str(np), "--min-np", str(np - 1), *where, "--",
@@ -47,16 +49,23 @@ def run_elastic(
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("hosts", ["", "127.0.0.2:2,127.0.0.3:1"], ids=["one host", "two hosts"])
-def test_killed_worker_survivors_finish(hvdd_bin, tmp_path, hosts):
+@pytest.mark.parametrize(
+    "hosts,victim",
+    [("", 2), ("127.0.0.2:2,127.0.0.3:1", 2), ("127.0.0.2:1,127.0.0.3:2", 0)],
+    ids=["one host", "two hosts", "host 0 lost"],
+)
+def test_killed_worker_survivors_finish(hvdd_bin, tmp_path, hosts, victim):
     # On two "hosts" (a daemon each, on two loopback addresses) the killed
-    # rank is the second host's only one: that host leaves the job and the
-    # first host's ranks go on alone.
+    # rank is one host's only one: that host leaves the job and the other
+    # host's ranks go on alone. When it is host 0, whose daemon coordinated
+    # the job, the coordination moves to the other host's daemon.
     np, steps, kill_at = 3, 12, 5
-    p = run_elastic(hvdd_bin, str(tmp_path), np, steps, kill_at, hosts)
+    p = run_elastic(hvdd_bin, str(tmp_path), np, steps, kill_at, hosts, victim)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
-    assert f"rank {np - 1} (pid" in out and "was killed by SIGKILL; the elastic job goes on with 2 ranks" in out, out
+    assert f"rank {victim} (pid" in out and "was killed by SIGKILL; the elastic job goes on with 2 ranks" in out, out
+    if victim == 0:
+        assert "this node coordinates the job from now on" in out, out
     results = [json.loads(l.split("RESULT ", 1)[1]) for l in p.stdout.splitlines() if "RESULT " in l]
     assert sorted(r["rank"] for r in results) == [0, 1], out
     want = reference(steps, kill_at, np)
