@@ -12,11 +12,16 @@ private daemon); with ``--netns`` on two "hosts", network namespaces joined
 by a veth pair (root and ip(8) needed), one rank on the first and N-1 on the
 second, started through an agent that enters the namespace: the victim's
 host keeps its other ranks, and the next epoch spans both hosts, with the
-tcp engine connected anew across the link.
+tcp engine connected anew across the link. Each namespace also has a veth
+pair to the root namespace, where hvdd run (its elastic driver serves the
+job's rendezvous) runs, as a launching machine reaches its hosts. With
+``--victim 0`` rank 0 kills itself instead: with ``--netns`` it is the first
+host's only rank, so that host leaves the job and the coordination of the job
+moves from its daemon (node 0) to the other host's.
 
 Usage (from the repository root, after ``go build -o bin/hvdd ./cmd/hvdd``)::
 
-    .venv/bin/python clients/python/bench/elastic_recovery.py [--runs 5] [--np 3] [--netns]
+    .venv/bin/python clients/python/bench/elastic_recovery.py [--runs 5] [--np 3] [--netns] [--victim 0]
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ WORKER = os.path.join(ROOT, "clients", "python", "tests", "elastic_job_worker.py
 
 
 NETNS = [("hvddbench0", "10.214.0.1", "hvb0"), ("hvddbench1", "10.214.0.2", "hvb1")]
+# Each namespace's link to the root namespace: root side, its address, the
+# namespace's side, its address.
+ROOTLINKS = [("hvr0", "10.214.1.1", "hvn0", "10.214.1.2"), ("hvr1", "10.214.2.1", "hvn1", "10.214.2.2")]
 
 
 def sh(*cmd: str) -> None:
@@ -51,11 +59,23 @@ def make_netns() -> None:
         sh("ip", "netns", "exec", ns, "ip", "addr", "add", addr + "/24", "dev", ifname)
         sh("ip", "netns", "exec", ns, "ip", "link", "set", ifname, "up")
         sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+    for (ns, host, _), (rif, raddr, nif, naddr) in zip(NETNS, ROOTLINKS):
+        sh("ip", "link", "add", rif, "type", "veth", "peer", "name", nif, "netns", ns)
+        sh("ip", "addr", "add", raddr + "/24", "dev", rif)
+        sh("ip", "link", "set", rif, "up")
+        sh("ip", "netns", "exec", ns, "ip", "addr", "add", naddr + "/24", "dev", nif)
+        sh("ip", "netns", "exec", ns, "ip", "link", "set", nif, "up")
+        # The root namespace reaches the host by its name (the address on
+        # the hosts' link) through this pair.
+        sh("ip", "route", "add", host + "/32", "dev", rif, "src", raddr)
+        sh("ip", "netns", "exec", ns, "ip", "route", "add", raddr + "/32", "dev", nif)
 
 
 def drop_netns() -> None:
     for ns, _, _ in NETNS:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    for rif, _, _, _ in ROOTLINKS:
+        subprocess.run(["ip", "link", "del", rif], capture_output=True)
 
 
 def where(tmp: str, np: int, netns: bool) -> list:
@@ -72,9 +92,11 @@ def where(tmp: str, np: int, netns: bool) -> list:
     return ["-H", f"{a0}:1,{a1}:{np - 1}", "--agent", agent]
 
 
-def one_run(hvdd: str, np: int, netns: bool) -> float:
+def one_run(hvdd: str, np: int, netns: bool, victim: int) -> float:
     with tempfile.TemporaryDirectory(prefix="hvdd-elastic-bench-") as tmp:
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        if victim >= 0:
+            env["HVDD_TEST_VICTIM"] = str(victim)
         p = subprocess.run(
             [hvdd, "run", "-np", str(np), "--min-np", str(np - 1), *where(tmp, np, netns), "--",
              sys.executable, WORKER, "6", "3"],
@@ -95,21 +117,24 @@ def main() -> None:
     ap.add_argument("--np", type=int, default=3, help="ranks at the start (one is killed)")
     ap.add_argument("--hvdd", default=os.path.join(ROOT, "bin", "hvdd"), help="hvdd binary")
     ap.add_argument("--netns", action="store_true", help="two hosts: network namespaces joined by a veth pair (root)")
+    ap.add_argument("--victim", type=int, default=-1, help="the rank killed (default: the last; 0: host 0's only rank)")
     a = ap.parse_args()
     if a.netns:
         make_netns()
     times = []
     try:
         for i in range(a.runs):
-            t = one_run(a.hvdd, a.np, a.netns)
+            t = one_run(a.hvdd, a.np, a.netns, a.victim)
             times.append(t)
             print(f"run {i + 1}: recovery {t * 1000:.0f} ms", flush=True)
     finally:
         if a.netns:
             drop_netns()
     hosts = "two hosts (netns)" if a.netns else "one node"
+    victim = "rank 0" if a.victim == 0 else "the last rank" if a.victim < 0 else f"rank {a.victim}"
     print(
-        f"median recovery {statistics.median(times) * 1000:.0f} ms over {a.runs} runs (np {a.np} -> {a.np - 1}, {hosts})"
+        f"median recovery {statistics.median(times) * 1000:.0f} ms over {a.runs} runs "
+        f"(np {a.np} -> {a.np - 1}, {hosts}, {victim} killed)"
     )
 
 
