@@ -262,6 +262,10 @@ func (c *multiNode) close() {
 	if c.rdv != nil {
 		c.rdv.Close()
 	}
+	if cl, ok := c.store.(*rendezvous.Client); ok {
+		// Its kept-alive connections would outlive the daemon.
+		cl.Close()
+	}
 	for _, nj := range c.joins {
 		nj.link.Close()
 	}
