@@ -36,6 +36,9 @@ type formation interface {
 	// (elastic.go): none when every local rank is gone or the re-formation
 	// gave up (why says why).
 	nextReady(epoch uint64, local int, why string)
+	// removed returns the name of this node's host once hvdd run's elastic
+	// driver removed it from the elastic job, else "".
+	removed() string
 	// close releases what the formation holds when the daemon stops.
 	close()
 }
@@ -99,9 +102,10 @@ type loopHooks interface {
 	// survivors get msg.
 	reformFailed(epoch uint64, msg string)
 	// hostsUpdated tells global rank 0 of the running elastic job, if one
-	// runs, that workers wait to join it (node 0: another node's joiner, or
-	// a node that joins).
-	hostsUpdated()
+	// runs, that its hosts changed: result is Horovod's HostUpdateResult
+	// (hostsAdded: workers wait to join it, from this node or another, or
+	// a node joins; hostsRemoved: a node's host is removed).
+	hostsUpdated(result int32)
 }
 
 // oneNode forms every job on this node alone.
@@ -127,6 +131,7 @@ func (f *oneNode) readable(int) bool { return false }
 func (f *oneNode) close()            {}
 
 func (f *oneNode) nextReady(uint64, int, string) {}
+func (f *oneNode) removed() string               { return "" }
 
 // localCoord negotiates a job of one node over a plan table.
 type localCoord struct {

@@ -56,6 +56,9 @@ type reform struct {
 	// dead says why the epoch cannot form (the other nodes gave it up); its
 	// survivors are refused with it as they come back.
 	dead string
+	// removed is this node's host when hvdd run removed it: the epoch
+	// forms without it, and its survivors are told so (dead is set too).
+	removed string
 }
 
 // reformCheckEvery is how often a forming epoch looks for survivors whose
@@ -107,6 +110,15 @@ func (l *loop) reformAfter(j *job) {
 	l.reform = r
 	// Warn, not Info: a membership change is what the daemon a job starts
 	// for itself (hvdd run, --log-level warning) must still show.
+	if host := l.nodes.removed(); host != "" {
+		// Horovod's removed workers fail their re-initialisation.
+		r.removed = host
+		r.dead = fmt.Sprintf("%s has been removed from elastic job", host)
+		l.s.log.Warn("elastic job: this host was removed; its ranks leave the job at its next epoch", "job", j.id, "epoch", r.epoch,
+			"pids", pidList(r.survivors))
+		l.nodes.nextReady(r.epoch, 0, r.dead)
+		return
+	}
 	l.s.log.Warn("elastic job lost ranks; its next epoch waits for the survivors", "job", j.id, "epoch", r.epoch,
 		"survivors", len(r.survivors)-r.joiners, "joining", r.joiners, "pids", pidList(r.survivors), "cause", r.cause)
 	l.nodes.nextReady(r.epoch, len(r.survivors), "")
@@ -125,18 +137,18 @@ func (l *loop) addJoiner(c *client, j *job) {
 		l.joiners = append(l.joiners, c)
 	}
 	l.s.log.Warn("a worker waits to join the elastic job at its next epoch", "job", j.id, "pid", c.pid, "waiting", len(l.joiners))
-	l.hostsUpdated()
+	l.hostsUpdated(hostsAdded)
 }
 
 // hostsUpdated tells global rank 0 of the running elastic job, if one runs,
-// that workers wait to join it: here, or through node 0 when rank 0 is on
-// another node (also loopHooks).
-func (l *loop) hostsUpdated() {
+// that its hosts changed (result): here, or through the coordinator when
+// rank 0 is on another node (also loopHooks).
+func (l *loop) hostsUpdated(result int32) {
 	j := l.job
 	if j == nil || !j.elastic || !j.formed || j.failed != nil {
 		return
 	}
-	u := &ipcpb.HostsUpdated{Timestamp: time.Now().UnixMilli(), Result: hostsAdded}
+	u := &ipcpb.HostsUpdated{Timestamp: time.Now().UnixMilli(), Result: result}
 	if j.members.offset == 0 && len(j.slots) > 0 && j.slots[0] != nil {
 		j.slots[0].sendBatch([]uint32{0}, []*ipcpb.ServerMessage{{Msg: &ipcpb.ServerMessage_HostsUpdated{HostsUpdated: u}}})
 		return
@@ -144,8 +156,11 @@ func (l *loop) hostsUpdated() {
 	j.coord.hostsUpdated(u)
 }
 
-// hostsAdded is Horovod's HostUpdateResult.added.
-const hostsAdded = 2
+// Horovod's HostUpdateResult: removed, added (mixed is both).
+const (
+	hostsRemoved = 1
+	hostsAdded   = 2
+)
 
 // seatJoiners, once a job has ended, seats the waiting workers in the
 // epoch that re-forms it, or refuses them when the job is over.
@@ -191,6 +206,9 @@ func (l *loop) reformRank(c *client, h *ipcpb.Hello) (lr int, refusal string) {
 			r.stop()
 			l.reform = nil
 		}
+		if r.removed != "" {
+			return -1, fmt.Sprintf("%s[%d] has been removed from elastic job", r.removed, h.GetLocalRank())
+		}
 		return -1, r.dead
 	}
 	if lr < 0 && h.GetElastic() {
@@ -221,7 +239,7 @@ func (l *loop) reformed(j *job) {
 		"pids", j.pids(), "after", time.Since(r.failedAt).Round(time.Millisecond), "cause", r.cause)
 	if len(l.joiners) > 0 {
 		// Workers came while it formed: the next epoch takes them.
-		l.hostsUpdated()
+		l.hostsUpdated(hostsAdded)
 	}
 }
 

@@ -90,9 +90,14 @@ type multiNode struct {
 	joins   map[int]nodeJoin // nodes waiting for the next job
 	waiting *job             // our local job, complete, waiting for the nodes
 
-	watched   map[int]*watchedLink // the running job's control links, by descriptor
-	running   *job                 // the elastic job that runs, until it is over
-	linkCheck *time.Timer          // next checkLinks; nil when none is due
+	watched map[int]*watchedLink // the running job's control links, by descriptor
+	running *job                 // the elastic job that runs, until it is over
+
+	// removedHost is this node's host once hvdd run's elastic driver
+	// removed it (removal.go); stopRemoval ends the watch for that.
+	removedHost string
+	stopRemoval context.CancelFunc
+	linkCheck   *time.Timer // next checkLinks; nil when none is due
 
 	// next is the next epoch of an elastic job while it forms across the
 	// nodes (elastic_multinode.go); nil otherwise.
@@ -184,6 +189,11 @@ func newMultiNode(hooks loopHooks, p *poller, cfg Config, log *slog.Logger) (*mu
 	if c.rank != 0 || cfg.ExternalRendezvous {
 		c.store = rendezvous.NewClient(cfg.Rendezvous, cfg.Secret)
 	}
+	if c.migratable() {
+		ctx, cancel := context.WithCancel(context.Background())
+		c.stopRemoval = cancel
+		go c.watchRemoval(ctx)
+	}
 	if c.rank != 0 {
 		return c, nil
 	}
@@ -239,6 +249,9 @@ func (c *multiNode) publish(ctx context.Context, key, addr string) error {
 }
 
 func (c *multiNode) close() {
+	if c.stopRemoval != nil {
+		c.stopRemoval()
+	}
 	c.joining.closeAll()
 	if c.linkCheck != nil {
 		c.linkCheck.Stop()
@@ -469,7 +482,7 @@ func (c *multiNode) join(nj nodeJoin) {
 		if err := c.watch(nil, -1, r, nj.link); err != nil {
 			c.log.Warn("a node waiting to join is not watched", "node", r, "err", err)
 		}
-		c.hooks.hostsUpdated()
+		c.hooks.hostsUpdated(hostsAdded)
 	}
 	c.maybeLayout()
 }
@@ -674,6 +687,10 @@ func (c *multiNode) backendUp(m msgBackendUp) {
 		c.running = j
 	}
 	c.hooks.start(j, newMembership(m.slots, m.node), mc)
+	if j.elastic && c.removedHost != "" {
+		// Removed while the epoch formed: the next reset drops this node.
+		c.hooks.hostsUpdated(hostsRemoved)
+	}
 }
 
 // watchedLink is a control link of the running job that the loop reads from
@@ -737,6 +754,8 @@ func (c *multiNode) message(m any) bool {
 		c.backendUp(m)
 	case msgLinkCheck:
 		c.checkLinks()
+	case msgRemoved:
+		c.hostRemoved(m.host)
 	case msgElected:
 		c.elected(m)
 	case msgElectDeadline:

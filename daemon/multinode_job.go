@@ -119,12 +119,13 @@ func (mc *multiCoord) control(node int, m *clusterpb.Message) {
 		mc.byes[node] = true
 	case *clusterpb.Message_HostsUpdated:
 		if mc.coordinator() {
-			mc.hooks.hostsUpdated()
+			mc.hooks.hostsUpdated(msg.HostsUpdated.GetResult())
 		}
 	}
 }
 
-// hostsUpdated forwards a host-update notification to node 0 (coordination).
+// hostsUpdated forwards a host-update notification to the coordinator
+// (coordination).
 func (mc *multiCoord) hostsUpdated(u *ipcpb.HostsUpdated) {
 	if link := mc.links[0]; link != nil && !mc.coordinator() {
 		link.Send(&clusterpb.Message{Msg: &clusterpb.Message_HostsUpdated{HostsUpdated: &clusterpb.HostsUpdated{Timestamp: u.GetTimestamp(), Result: u.GetResult()}}})

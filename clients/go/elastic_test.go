@@ -391,7 +391,7 @@ func TestElasticCoordinatorMoves(t *testing.T) {
 }
 
 // serveRendezvous serves a rendezvous store at addr for the test's daemons.
-func serveRendezvous(t *testing.T, addr string) {
+func serveRendezvous(t *testing.T, addr string) *rendezvous.Server {
 	t.Helper()
 	srv, err := rendezvous.NewServer(rendezvous.ServerConfig{Addr: addr, Secret: testSecret})
 	if err != nil {
@@ -399,6 +399,68 @@ func serveRendezvous(t *testing.T, addr string) {
 	}
 	go srv.Serve(context.Background())
 	t.Cleanup(func() { srv.Close() })
+	return srv
+}
+
+// TestElasticHostRemoved: hvdd run's elastic driver removes a host by
+// setting its node's key in the rendezvous store it serves. Global rank 0
+// hears of a removal (HostUpdateResult.removed), every rank resets at the
+// same step without any error, the removed node's ranks are refused in
+// their re-initialisation with Horovod's message, and the others go on at
+// the smaller size, without that node (node 0 included: the coordination
+// then moves).
+func TestElasticHostRemoved(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node suite is long")
+	}
+	for _, tc := range []struct {
+		name    string
+		slots   []int
+		removed int // the node removed
+	}{
+		{"node 1", []int{2, 1}, 1},
+		{"node 0", []int{1, 2}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var srv *rendezvous.Server
+			ss := startNodesCfg(t, func(n int, c *daemon.Config) {
+				c.Elastic, c.ExternalRendezvous = true, true
+				if n == 0 {
+					srv = serveRendezvous(t, c.Rendezvous)
+				}
+			}, tc.slots...)
+			left := 0
+			for n, s := range tc.slots {
+				if n != tc.removed {
+					left += s
+				}
+			}
+			ws := spawnNodesEnv(t, ss, "elasticjoin", []string{"HVDD_TEST_GROWN=" + strconv.Itoa(left)}, tc.slots...)
+			ws[0][0].WaitOutput(t, "TRAINING", 60*time.Second)
+			host := fmt.Sprintf("host%d.example", tc.removed)
+			if err := srv.Store().Set(context.Background(), "elastic/removed/"+strconv.Itoa(tc.removed), []byte(host)); err != nil {
+				t.Fatal(err)
+			}
+			for n, node := range ws {
+				for _, w := range node {
+					err := w.Wait(60 * time.Second)
+					out := w.Output()
+					switch {
+					case err != nil:
+						t.Errorf("a rank of node %d: %v\n%s", n, err, out)
+					case n == tc.removed && !strings.Contains(out, "REMOVED ") || n == tc.removed && !strings.Contains(out, host+"["):
+						t.Errorf("a rank of the removed node %d was not refused as removed:\n%s", n, out)
+					case n != tc.removed && !strings.Contains(out, fmt.Sprintf("GROWN rank %d of %d", 0, left)) && !strings.Contains(out, fmt.Sprintf(" of %d\n", left)):
+						t.Errorf("a rank of node %d did not go on at size %d:\n%s", n, left, out)
+					}
+				}
+			}
+			// Rank 0 heard of a removal only (1), not a failure.
+			if out := ws[0][0].Output(); !strings.Contains(out, "NOTIFIED 1\n") {
+				t.Errorf("rank 0 was not notified of a removal alone:\n%s", out)
+			}
+		})
+	}
 }
 
 // elasticJoinWorker trains in an elastic job that grows. The first ranks
@@ -434,8 +496,11 @@ func elasticJoinWorker() int {
 		notified := false
 		for step := 0; !notified; step++ {
 			flag := []float32{0}
-			if c.Rank() == 0 && held() && len(c.HostsUpdates()) > 0 {
-				flag[0] = 1
+			if c.Rank() == 0 && held() {
+				for _, u := range c.HostsUpdates() {
+					// Sum the results: 2 (added) or 1 (removed).
+					flag[0] += float32(u.Result)
+				}
 			}
 			if err := hvdd.Allreduce(ctx, c, flag, hvdd.WithName(fmt.Sprint("step.", step)), hvdd.WithOp(hvdd.Sum)); err != nil {
 				return fail("step %d: %v", step, err)
@@ -444,10 +509,18 @@ func elasticJoinWorker() int {
 			if step == 1 && c.Rank() == 0 {
 				fmt.Println("TRAINING")
 			}
+			if notified {
+				fmt.Printf("NOTIFIED %v\n", flag[0])
+			}
 		}
 		c.CloseToReset()
 		c = &hvdd.Client{Elastic: true}
 		if err := c.Init(ctx); err != nil {
+			if strings.Contains(err.Error(), "has been removed from elastic job") {
+				// Its host was removed (HVDD_TEST_GROWN is then the smaller size).
+				fmt.Printf("REMOVED %v\n", err)
+				return 0
+			}
 			return fail("re-init: %v", err)
 		}
 	}
