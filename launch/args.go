@@ -91,8 +91,9 @@ Flags (they stop at "--" or at the first argument that is not a flag):
         elastic job: how long its next epoch waits for the surviving ranks
         to re-initialise (passed to the daemons hvdd run starts), how long
         a rank that joins the running job waits in init (the ranks'
-        HOROVOD_ELASTIC_TIMEOUT), and how long the elastic driver waits for
-        enough slots (default 600)
+        HOROVOD_ELASTIC_TIMEOUT), how long the elastic driver waits for
+        enough slots, and how long the ranks of a removed host have to
+        leave the job before it stops them (default 600)
   -x NAME[=VALUE]
         export NAME to every rank, with VALUE or with its value in hvdd run's
         environment (ignored if unset there); may be repeated
@@ -158,9 +159,15 @@ machine's address on its route to the host. hvdd run waits up to
 starts a rank on every available slot, up to --max-np. Every second it
 looks at the hosts again: a new host gets a daemon and ranks, a host with
 more slots gets more ranks (the older hosts are filled first; running ranks
-keep their place), a host that is gone (or has fewer slots) has ranks
-stopped; the running ranks take the change in at their next commit. New
-ranks' output tags carry on the numbering ([4], [5], ...).
+keep their place), a host with fewer slots has ranks stopped; the running
+ranks take the change in at their next commit. A host that is gone is
+removed as horovodrun removes one: its daemon is told, every rank resets
+at the same commit (hvd.elastic's HostsUpdatedInterrupt), and the host's
+ranks are refused in their re-initialisation ("HOST[LOCAL_RANK] has been
+removed from elastic job") and exit, while the others go on without
+restoring a commit; hvdd run stops the host's ranks that have not left
+within --elastic-timeout, then its daemon. New ranks' output tags carry on
+the numbering ([4], [5], ...).
 
 Failures: when a host's daemon (or its agent) dies, the host is blacklisted,
 as Horovod blacklists the host of a failed worker: its ranks are stopped,

@@ -77,7 +77,9 @@ type Config struct {
 	// its surviving ranks, passed to a daemon Run starts (hvdd serve
 	// --elastic-timeout; horovodrun --elastic-timeout). The elastic driver
 	// also waits this long for enough slots: -np before the job starts,
-	// MinNP once it runs. Zero means DefaultElasticTimeout (600 s).
+	// MinNP once it runs, and for the ranks of a host it removed to leave
+	// the job before it stops them. Zero means DefaultElasticTimeout
+	// (600 s).
 	ElasticTimeout time.Duration
 
 	// MaxNP, when positive, bounds the ranks of a job the elastic driver

@@ -46,7 +46,14 @@
 // daemons can move the job's coordination off node 0. It waits for NP
 // slots, starts a rank on every available slot up to MaxNP, and every
 // second takes in what discovery reports: new hosts get a daemon and ranks,
-// grown hosts more ranks, hosts gone have their ranks stopped. Its rule for
+// grown hosts more ranks, shrunk hosts have ranks stopped. A host gone is
+// removed as Horovod removes one: the driver sets elastic/removed/K (K:
+// the host's node, the value its name) in its store, the node's daemon
+// tells global rank 0, every rank resets at the same commit and the
+// daemon refuses its own ranks' re-initialisation ("HOST[LOCAL_RANK] has
+// been removed from elastic job"), so that they exit (an expected exit,
+// whatever its status) and the others re-form without a lost rank; ranks
+// still running ElasticTimeout after the notice are stopped. Its rule for
 // failures: when a host's daemon (or its agent) dies, the host is
 // blacklisted as Horovod blacklists the host of a failed worker: its ranks
 // are stopped, and it comes back after the cooldown of BlacklistCooldown

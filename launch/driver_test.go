@@ -21,12 +21,16 @@ import (
 
 // driverRankHelper is a rank of a real elastic job, looping as hvd.elastic.run
 // does: every step sums 1 over the ranks; rank 0 adds whether the daemon
-// told it of a host update and whether $HVDD_TEST_DIR/finish exists, so
-// that every rank learns both at the same step. On a host update every
-// rank re-initialises (CloseToReset, then Init: the joiners come in); on a
-// lost rank (a failed step) too (Close, Init). It prints a line per epoch,
-// and exits with the code in $HVDD_TEST_DIR/exit.<pid> (without Close: a
-// lost rank) as soon as that file appears.
+// told it of a host update (HostsUpdates, polled every step) and whether
+// $HVDD_TEST_DIR/finish exists, so that every rank learns both at the same
+// step. On a host update every rank re-initialises (CloseToReset, then
+// Init: the joiners come in, the ranks of a removed host are refused); on
+// a lost rank (a failed step) too (Close, Init), after printing a LOST
+// line. It prints a line per epoch, and exits with the code in
+// $HVDD_TEST_DIR/exit.<pid> (without Close: a lost rank) as soon as that
+// file appears. A rank whose Init is refused because its host was removed
+// ("<host>[<local_rank>] has been removed from elastic job") prints a
+// REMOVED line and exits with exitRemoved.
 func driverRankHelper() int {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -42,6 +46,10 @@ func driverRankHelper() int {
 	for {
 		c := &hvdd.Client{Elastic: true}
 		if err := c.Init(ctx); err != nil {
+			if strings.Contains(err.Error(), "has been removed from elastic job") {
+				fmt.Printf("REMOVED pid=%d: %v\n", pid, err)
+				return exitRemoved
+			}
 			fmt.Fprintln(os.Stderr, "init:", err)
 			return 1
 		}
@@ -64,6 +72,7 @@ func driverRankHelper() int {
 			var herr *hvdd.Error
 			switch {
 			case errors.As(err, &herr):
+				fmt.Printf("LOST rank=%d size=%d pid=%d: %v\n", c.Rank(), c.Size(), pid, err)
 				c.Close() // a rank was lost: re-form
 			case err != nil:
 				fmt.Fprintln(os.Stderr, "allreduce:", err)
@@ -243,24 +252,66 @@ func TestDriverE2EAddHost(t *testing.T) {
 	rj.checkCleanedUp()
 }
 
-// TestDriverE2ERemoveHost (c): a host that is no longer discovered has its
-// ranks stopped; the others re-form without them and finish.
+// removalTimeout is the --elastic-timeout of the jobs that remove a host:
+// how long the driver waits for the removed host's ranks to leave before
+// it stops them (so that a rank that ignores the removal fails the test
+// in seconds, not in the default 600).
+const removalTimeout = 10 * time.Second
+
+// TestDriverE2ERemoveHost (c): a host that is no longer discovered is
+// removed as Horovod removes one: the driver tells its daemon, rank 0
+// learns of the update, every rank resets at the same step, and the
+// removed host's ranks are refused in their re-init ("... has been removed
+// from elastic job"); the others re-form without them, without seeing a
+// lost rank, and finish.
 func TestDriverE2ERemoveHost(t *testing.T) {
 	t.Parallel()
 	bin := buildHvdd(t)
 	dir := testDir(t)
-	rj := startReal(t, dir, bin, Config{NP: 3, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.24:1\n127.0.0.25:2\n"), MinNP: 1})
+	rj := startReal(t, dir, bin, Config{NP: 3, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.24:1\n127.0.0.25:2\n"), MinNP: 1, ElasticTimeout: removalTimeout})
 	rj.epoch(3, 0, 1, 2)
 	setHosts(t, dir, "127.0.0.24:1\n")
-	rj.stderr.waitFor(t, "host 127.0.0.25 is no longer discovered: stopping its ranks ([1] [2])", 10*time.Second)
+	rj.stderr.waitFor(t, "host 127.0.0.25 is no longer discovered: telling its daemon (node 1) that the host has been removed from the elastic job; its ranks ([1] [2]) leave the job at their next reset", 10*time.Second)
 	rj.epoch(1, 0)
-	r := rj.finish()
-	for _, want := range []string{"rank 1 (pid ", "rank 2 (pid "} {
-		if !strings.Contains(r.stderr, want) {
-			t.Errorf("stderr does not report %s...'s end", want)
+	rj.checkRemoved("127.0.0.25", 1, 2)
+	rj.finish()
+	rj.checkCleanedUp()
+}
+
+// checkRemoved checks that the ranks tagged tags, of host, left the job
+// because it was removed (each printed the refusal of its re-init, with
+// its own local rank, and the driver saw it exit with exitRemoved, not
+// stopped), and that no rank saw a rank lost.
+func (rj *realJob) checkRemoved(host string, tags ...int) {
+	rj.t.Helper()
+	// A rank's exit is reported once its output is in.
+	for _, tag := range tags {
+		rj.stderr.waitFor(rj.t, fmt.Sprintf("rank %d (pid ", tag), 20*time.Second)
+	}
+	out := rj.stdout.String()
+	if lost := regexp.MustCompile(`(?m)^\[\d+\]<stdout>:LOST .*$`).FindAllString(out, -1); len(lost) > 0 {
+		rj.t.Errorf("ranks saw a rank lost when host %s was removed:\n%s", host, strings.Join(lost, "\n"))
+	}
+	locals := map[string]bool{}
+	for _, tag := range tags {
+		re := regexp.MustCompile(`(?m)^\[` + strconv.Itoa(tag) + `\]<stdout>:REMOVED .*` + regexp.QuoteMeta(host) + `\[(\d+)\] has been removed from elastic job`)
+		m := re.FindStringSubmatch(out)
+		if m == nil {
+			rj.t.Errorf("rank [%d] did not report that its host %s has been removed from elastic job", tag, host)
+			continue
+		}
+		locals[m[1]] = true
+		want := regexp.MustCompile(`rank ` + strconv.Itoa(tag) + ` \(pid \d+\) exited with status ` + strconv.Itoa(exitRemoved) + `; it left the elastic job, its host ` + regexp.QuoteMeta(host) + ` having been removed`)
+		if !want.MatchString(rj.stderr.String()) {
+			rj.t.Errorf("the driver did not see rank [%d] leave with status %d", tag, exitRemoved)
 		}
 	}
-	rj.checkCleanedUp()
+	if len(locals) > 0 && len(locals) != len(tags) {
+		rj.t.Errorf("the removed ranks reported local ranks %v, want %d different ones", locals, len(tags))
+	}
+	if strings.Contains(rj.stderr.String(), "was told that the host has been removed from the elastic job; stopping them") {
+		rj.t.Errorf("the driver had to stop the removed host's ranks after --elastic-timeout")
+	}
 }
 
 // TestDriverE2EMinNPTimeout (d): fewer slots than -np within
@@ -370,18 +421,21 @@ func TestDriverE2EHost0DaemonLost(t *testing.T) {
 	rj.checkCleanedUp()
 }
 
-// TestDriverE2EHost0Leaves: host 0 is no longer discovered: its rank is
-// stopped, then its daemon, and the ranks of host 1 re-form the job and
-// finish it.
+// TestDriverE2EHost0Leaves: host 0 is no longer discovered: its daemon
+// (node 0, the job's coordinator) is told that it has been removed, its
+// rank is refused at the ranks' reset, the ranks of host 1 re-form the job
+// without seeing a rank lost and finish it, and node 0's daemon is
+// stopped.
 func TestDriverE2EHost0Leaves(t *testing.T) {
 	t.Parallel()
 	bin := buildHvdd(t)
 	dir := testDir(t)
-	rj := startReal(t, dir, bin, Config{NP: 3, MinNP: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.55:1\n127.0.0.56:2\n")})
+	rj := startReal(t, dir, bin, Config{NP: 3, MinNP: 1, ElasticTimeout: removalTimeout, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.55:1\n127.0.0.56:2\n")})
 	rj.epoch(3, 0, 1, 2)
 	setHosts(t, dir, "127.0.0.56:2\n")
-	rj.stderr.waitFor(t, "host 127.0.0.55 is no longer discovered: stopping its ranks ([0])", 10*time.Second)
+	rj.stderr.waitFor(t, "host 127.0.0.55 is no longer discovered: telling its daemon (node 0) that the host has been removed from the elastic job; its ranks ([0]) leave the job at their next reset", 10*time.Second)
 	rj.epoch(2, 1, 2)
+	rj.checkRemoved("127.0.0.55", 0)
 	rj.finish()
 	rj.checkCleanedUp()
 }

@@ -75,9 +75,13 @@ type driver struct {
 // driverRank is a rank the driver started.
 type driverRank struct {
 	node     int
-	stopping bool      // asked to stop: its host left the job or lost its daemon
+	stopping bool      // asked to stop: its host lost its daemon, or left the job and the rank did not
 	stopAt   time.Time // when it was asked
 	killed   bool      // SIGKILLed after the kill grace
+	// leaving: its host was removed from the job and its daemon told so
+	// (removeNode); the daemon refuses the rank at the ranks' next reset,
+	// and its exit, whatever its status, is expected.
+	leaving bool
 }
 
 // driverNode is a node (a host's daemon) the driver started.
@@ -88,6 +92,10 @@ type driverNode struct {
 	retired  bool // its host runs no ranks on it any more; its daemon is stopped once they have exited
 	stopped  bool // the driver stopped its daemon
 	reserved int  // ranks to start once its daemon is ready
+	// removedAt is when the driver told the node's daemon that its host
+	// was removed from the job (zero: never); its ranks still running
+	// --elastic-timeout later are stopped.
+	removedAt time.Time
 }
 
 type readyEvent struct {

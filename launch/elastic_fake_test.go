@@ -28,9 +28,12 @@ import (
 // fakeServe is a fake `hvdd serve`: with --rendezvous-external it adds 1
 // to the key "fake-serve" of the store at --rendezvous (with the secret of
 // --secret-file) and leaves the count in $HVDD_TEST_DIR/rdv.<node-rank>
-// (it fails if the store cannot be reached); then it listens on --socket,
-// leaves its pid in $HVDD_TEST_DIR/serve.<node-rank>.pid, and exits 0 on
-// SIGTERM.
+// (it fails if the store cannot be reached), and waits in the background
+// for the key elastic/removed/<node-rank>, the driver's notice that its
+// host was removed: it then writes the key's value (the host) to
+// $HVDD_TEST_DIR/removed.<node-rank> and to the file "removed" beside its
+// socket, where its fake ranks look. Then it listens on --socket, leaves
+// its pid in $HVDD_TEST_DIR/serve.<node-rank>.pid, and exits 0 on SIGTERM.
 func fakeServe(args []string) int {
 	var socket, nodeRank, rdv, secretFile string
 	external := false
@@ -68,6 +71,17 @@ func fakeServe(args []string) int {
 			return 3
 		}
 		os.WriteFile(filepath.Join(os.Getenv(envDir), "rdv."+nodeRank), []byte(strconv.FormatInt(n, 10)), 0o600)
+		go func() {
+			// Until the notice comes, or the store closes at the end of
+			// the job.
+			vals, err := rendezvous.NewClient(rdv, secret).Wait(context.Background(), "elastic/removed/"+nodeRank)
+			if err != nil {
+				return
+			}
+			host := vals["elastic/removed/"+nodeRank]
+			writeAtomically(filepath.Join(os.Getenv(envDir), "removed."+nodeRank), host)
+			writeAtomically(filepath.Join(filepath.Dir(socket), "removed"), host)
+		}()
 	}
 	ln, err := net.Listen("unix", socket)
 	if err != nil {
@@ -81,9 +95,31 @@ func fakeServe(args []string) int {
 	return 0
 }
 
+// writeAtomically writes data to path through a rename, so that a reader
+// sees all of it or nothing.
+func writeAtomically(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// Environment variables of the fake and driver ranks.
+const (
+	// envIgnoreRemoval: fake ranks do not take their host's removal in (as
+	// ranks of a daemon that predates the notice).
+	envIgnoreRemoval = "HVDD_TEST_IGNORE_REMOVAL"
+	// exitRemoved is the status of a rank that left the job because its
+	// host was removed ("... has been removed from elastic job").
+	exitRemoved = 7
+)
+
 // fakeRank is a rank of a fake job: it checks that its daemon listens,
 // prints its rank variables, and exits on SIGTERM (143), or with the code
-// written to $HVDD_TEST_DIR/exit.<pid>.
+// written to $HVDD_TEST_DIR/exit.<pid>, or, when its daemon was told that
+// its host was removed (unless $HVDD_TEST_IGNORE_REMOVAL is set), with
+// exitRemoved and Horovod's message, as a rank refused at its next reset.
 func fakeRank() int {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGTERM)
@@ -98,6 +134,7 @@ func fakeRank() int {
 		e("HVDD_RANK"), e("HVDD_SIZE"), e("HVDD_LOCAL_RANK"), e("HOROVOD_LOCAL_RANK"), e("HVDD_LOCAL_SIZE"),
 		e("HVDD_CROSS_RANK"), e("HVDD_CROSS_SIZE"), e("HOROVOD_ELASTIC"), e("HVDD_SOCKET"))
 	exit := filepath.Join(e(envDir), "exit."+strconv.Itoa(os.Getpid()))
+	removed := filepath.Join(filepath.Dir(e("HVDD_SOCKET")), "removed")
 	for {
 		select {
 		case <-ch:
@@ -107,6 +144,10 @@ func fakeRank() int {
 		if b, err := os.ReadFile(exit); err == nil {
 			code, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 			return code
+		}
+		if b, err := os.ReadFile(removed); err == nil && e(envIgnoreRemoval) == "" {
+			fmt.Fprintf(os.Stderr, "%s[%s] has been removed from elastic job\n", b, e("HOROVOD_LOCAL_RANK"))
+			return exitRemoved
 		}
 	}
 }
@@ -202,6 +243,24 @@ func (fj *fakeJob) exit(tag, code int) {
 	}
 }
 
+// removed returns the value of elastic/removed/<i> that node i's fake
+// daemon got from the store ("" if none).
+func (fj *fakeJob) removed(i int) string {
+	fj.t.Helper()
+	b, _ := os.ReadFile(filepath.Join(fj.dir, "removed."+strconv.Itoa(i)))
+	return string(b)
+}
+
+// waitGone waits until the process pid (what names it) has exited.
+func (fj *fakeJob) waitGone(pid int, what string) {
+	fj.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); alive(pid); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			fj.t.Fatalf("%s still runs after its host left", what)
+		}
+	}
+}
+
 // rdvCount returns the count node i's fake daemon got from the store: the
 // fake daemons that reached it before it, itself included.
 func (fj *fakeJob) rdvCount(i int) string {
@@ -250,8 +309,11 @@ func checkRank(t *testing.T, tag int, got fakeRankInfo, want fakeRankInfo) {
 
 // TestDriverHostsComeAndGo: a job started on one discovered host takes in a
 // second host (its daemon as node 1 with --elastic, its ranks with the
-// tags that come next and their place in Horovod's assignment), stops its
-// ranks and daemon when it is no longer discovered, and ends with status 0
+// tags that come next and their place in Horovod's assignment); when it is
+// no longer discovered, the driver tells its daemon through the
+// rendezvous (elastic/removed/1 = the host) instead of stopping its ranks,
+// which leave with Horovod's message (an expected exit: no failure, no
+// blacklisting), and then stops the daemon; the job ends with status 0
 // when its ranks do.
 func TestDriverHostsComeAndGo(t *testing.T) {
 	t.Parallel()
@@ -283,17 +345,25 @@ func TestDriverHostsComeAndGo(t *testing.T) {
 	daemon1 := fj.daemonPid(1)
 
 	setHosts(t, dir, "127.0.0.30:1\n")
-	fj.stderr.waitFor(t, "host 127.0.0.31 is no longer discovered: stopping its ranks ([1] [2]) (reset 2)", 10*time.Second)
-	fj.stderr.waitFor(t, "rank 2 (pid "+strconv.Itoa(r2.pid)+") exited with status 143; the elastic job goes on with", 10*time.Second)
-	for deadline := time.Now().Add(10 * time.Second); alive(daemon1); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("node 1's daemon still runs after its host left")
-		}
+	fj.stderr.waitFor(t, "host 127.0.0.31 is no longer discovered: telling its daemon (node 1) that the host has been removed from the elastic job; its ranks ([1] [2]) leave the job at their next reset (reset 2)", 10*time.Second)
+	for _, tag := range []int{1, 2} {
+		fj.stderr.waitFor(t, fmt.Sprintf("[%d]<stderr>:127.0.0.31[%d] has been removed from elastic job", tag, tag-1), 10*time.Second)
 	}
+	fj.stderr.waitFor(t, "rank 1 (pid "+strconv.Itoa(r1.pid)+") exited with status 7; it left the elastic job, its host 127.0.0.31 having been removed; the job goes on with 1 rank", 10*time.Second)
+	fj.stderr.waitFor(t, "rank 2 (pid "+strconv.Itoa(r2.pid)+") exited with status 7; it left the elastic job, its host 127.0.0.31 having been removed; the job goes on with 1 rank", 10*time.Second)
+	if got := fj.removed(1); got != "127.0.0.31" {
+		t.Errorf("node 1's daemon got elastic/removed/1 = %q, want 127.0.0.31", got)
+	}
+	fj.waitGone(daemon1, "node 1's daemon")
 	fj.exit(0, 0)
 	r := fj.wait()
 	if r.code != 0 || r.err != nil {
 		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+	}
+	for _, no := range []string{"blacklisting", "stopping"} {
+		if strings.Contains(r.stderr, no) {
+			t.Errorf("the driver logged %q for a removed host's ranks", no)
+		}
 	}
 	if alive(r0.pid) || alive(fj.daemonPid(0)) {
 		t.Error("a rank or node 0's daemon outlived Run")
@@ -445,24 +515,25 @@ func TestDriverStartErrors(t *testing.T) {
 }
 
 // TestDriverHost0Leaves: host 0 is a host like the others: when it is no
-// longer discovered its rank and then its daemon (node 0) are stopped and
-// the job goes on; when its last rank fails, the job goes on without a
+// longer discovered its daemon (node 0) is told that it has been removed,
+// its rank leaves, its daemon is stopped and the job goes on (the removal
+// is the one reset that --reset-limit 1 allows: the removed rank's exit
+// counts for nothing); when its last rank fails, the job goes on without a
 // rank there, and after the cooldown a new one starts on node 0's daemon.
 func TestDriverHost0Leaves(t *testing.T) {
 	t.Parallel()
 	dir := testDir(t)
-	fj := startFake(t, dir, Config{NP: 2, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.42:1\n127.0.0.43:1\n"), MinNP: 1})
+	fj := startFake(t, dir, Config{NP: 2, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.42:1\n127.0.0.43:1\n"), MinNP: 1, ResetLimit: 1})
 	r0 := fj.rank(0)
 	fj.rank(1)
 	daemon0 := fj.daemonPid(0)
 	setHosts(t, dir, "127.0.0.43:1\n")
-	fj.stderr.waitFor(t, "host 127.0.0.42 is no longer discovered: stopping its ranks ([0]) (reset 1)", 10*time.Second)
-	fj.stderr.waitFor(t, "rank 0 (pid "+strconv.Itoa(r0.pid)+") exited with status 143; the elastic job goes on with 1 rank", 10*time.Second)
-	for deadline := time.Now().Add(10 * time.Second); alive(daemon0); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("node 0's daemon still runs after its host left")
-		}
+	fj.stderr.waitFor(t, "host 127.0.0.42 is no longer discovered: telling its daemon (node 0) that the host has been removed from the elastic job; its ranks ([0]) leave the job at their next reset (reset 1)", 10*time.Second)
+	fj.stderr.waitFor(t, "rank 0 (pid "+strconv.Itoa(r0.pid)+") exited with status 7; it left the elastic job, its host 127.0.0.42 having been removed; the job goes on with 1 rank", 10*time.Second)
+	if got := fj.removed(0); got != "127.0.0.42" {
+		t.Errorf("node 0's daemon got elastic/removed/0 = %q, want 127.0.0.42", got)
 	}
+	fj.waitGone(daemon0, "node 0's daemon")
 	fj.exit(1, 0)
 	if r := fj.wait(); r.code != 0 || r.err != nil {
 		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
@@ -486,8 +557,9 @@ func TestDriverHost0Leaves(t *testing.T) {
 }
 
 // TestDriverAgent: a discovered host that is not this machine gets its
-// daemon and ranks through the agent; when it leaves, closing the agents'
-// stdin stops them.
+// daemon and ranks through the agent; when it leaves, its daemon is told
+// through the driver's rendezvous, its rank leaves, and closing its
+// daemon's agent's stdin stops the daemon.
 func TestDriverAgent(t *testing.T) {
 	t.Parallel()
 	dir := testDir(t)
@@ -503,6 +575,7 @@ func TestDriverAgent(t *testing.T) {
 	daemon1 := fj.daemonPid(1)
 	setHosts(t, dir, "127.0.0.44:1\n")
 	fj.stderr.waitFor(t, "rank 1 on 127.0.0.45 (agent pid ", 10*time.Second)
+	fj.stderr.waitFor(t, "exited with status 7; it left the elastic job, its host 127.0.0.45 having been removed", 10*time.Second)
 	for deadline := time.Now().Add(10 * time.Second); alive(daemon1) || alive(r1.pid); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the remote daemon or rank still runs after its host left")
@@ -514,6 +587,44 @@ func TestDriverAgent(t *testing.T) {
 	}
 	if got := readLines(filepath.Join(dir, "agent.log")); len(got) != 2 || got[0] != "127.0.0.45" || got[1] != "127.0.0.45" {
 		t.Errorf("agent ran for %q, want 127.0.0.45 twice (its daemon and rank)", got)
+	}
+}
+
+// TestDriverRemovalFallback: the ranks of a removed host that do not take
+// the removal in (their daemon predates the notice) are stopped
+// --elastic-timeout after it, saying why; one that exits on its own before,
+// even with status 0, is a rank that left: it does not finish the job,
+// which still takes in a new host.
+func TestDriverRemovalFallback(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	const timeout = 3 * time.Second
+	fj := startFake(t, dir, Config{NP: 3, MinNP: 1, ElasticTimeout: timeout, Env: []string{envIgnoreRemoval + "=1"},
+		HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.59:1\n127.0.0.60:2\n")})
+	fj.rank(0)
+	r1, r2 := fj.rank(1), fj.rank(2)
+	setHosts(t, dir, "127.0.0.59:1\n")
+	fj.stderr.waitFor(t, "host 127.0.0.60 is no longer discovered: telling its daemon (node 1) that the host has been removed from the elastic job; its ranks ([1] [2]) leave the job at their next reset (reset 1)", 10*time.Second)
+	notice := time.Now()
+	fj.exit(1, 0)
+	fj.stderr.waitFor(t, "rank 1 (pid "+strconv.Itoa(r1.pid)+") exited with status 0; it left the elastic job, its host 127.0.0.60 having been removed; the job goes on with 1 rank", 10*time.Second)
+	fj.stderr.waitFor(t, "the ranks of host 127.0.0.60 ([2]) still run 3s (--elastic-timeout) after its daemon (node 1) was told that the host has been removed from the elastic job; stopping them", 10*time.Second)
+	if d := time.Since(notice); d < timeout-100*time.Millisecond {
+		t.Errorf("the removed host's rank was stopped %v after the notice, want --elastic-timeout (%v)", d, timeout)
+	}
+	fj.stderr.waitFor(t, "rank 2 (pid "+strconv.Itoa(r2.pid)+") exited with status 143; it was stopped, its host 127.0.0.60 having been removed from the elastic job; the job goes on with 1 rank", 10*time.Second)
+	fj.waitGone(fj.daemonPid(1), "node 1's daemon")
+	setHosts(t, dir, "127.0.0.59:1\n127.0.0.61:1\n")
+	fj.stderr.waitFor(t, "host 127.0.0.61 joins the elastic job: starting its hvdd daemon (node 2) for 1 rank (reset 2)", 10*time.Second)
+	fj.rank(3)
+	fj.exit(0, 0)
+	fj.exit(3, 0)
+	r := fj.wait()
+	if r.code != 0 || r.err != nil {
+		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+	}
+	if strings.Contains(r.stderr, "blacklisting") {
+		t.Error("the driver blacklisted something for a removed host's ranks")
 	}
 }
 

@@ -125,8 +125,10 @@ func (drv *driver) addHost(host string, k int) {
 	}()
 }
 
-// shrink stops k ranks of host (reserved ones first, then the newest), or
-// all of them when gone is set, retiring its node.
+// shrink stops k ranks of host (reserved ones first, then the newest), or,
+// when gone is set, retires its node: its daemon is told that the host has
+// been removed, and its ranks leave at their next reset (removeNode; they
+// are stopped only if that fails).
 func (drv *driver) shrink(host string, k int, gone bool) {
 	j := drv.j
 	i := drv.current[host]
@@ -143,6 +145,14 @@ func (drv *driver) shrink(host string, k int, gone bool) {
 	}
 	if gone {
 		live := drv.nodeRanks(i)
+		if len(live) > 0 {
+			err := drv.removeNode(i)
+			if err == nil {
+				j.o.logf("host %s %s: telling its daemon (node %d) that the host has been removed from the elastic job; its ranks (%s) leave the job at their next reset (reset %d)", host, why, i, tagList(live), drv.resets)
+				return
+			}
+			j.o.logf("host %s %s: cannot tell its daemon (node %d) that the host has been removed: %v", host, why, i, err)
+		}
 		j.o.logf("host %s %s: stopping its ranks (%s) (reset %d)", host, why, tagList(live), drv.resets)
 		drv.retire(i)
 		return
@@ -156,6 +166,66 @@ func (drv *driver) shrink(host string, k int, gone bool) {
 	j.o.logf("host %s %s: stopping %s (%s) (reset %d)", host, why, ranks(len(stop)), tagList(stop), drv.resets)
 	for _, tag := range stop {
 		drv.stopRank(tag)
+	}
+}
+
+// removeNode takes node i, whose ranks run, out of the job the way
+// Horovod removes a host: rather than stopping its ranks (which the others
+// would see as lost, restoring their last commit), it tells the node's
+// daemon through the job's rendezvous store (removedKey) that its host has
+// been removed. The daemon notifies global rank 0, every rank resets at
+// the same commit, and the daemon then refuses its own ranks'
+// re-initialisation ("<host>[<local_rank>] has been removed from elastic
+// job"), so they exit and the others re-form without them, losing nothing.
+//
+// From now on the node is retired: its ranks leave (their exits are
+// expected, whatever their status) and no longer count as the job's, and
+// its daemon is stopped once they have all exited. Ranks still running
+// --elastic-timeout after the notice are stopped (stopLeavers).
+func (drv *driver) removeNode(i int) error {
+	j := drv.j
+	if j.rdv == nil {
+		return errors.New("the driver serves no rendezvous")
+	}
+	if err := j.rdv.srv.Store().Set(drv.ctx, removedKey(i), []byte(j.nodes[i].Host)); err != nil {
+		return fmt.Errorf("set %s in the job's rendezvous: %w", removedKey(i), err)
+	}
+	drv.nodes[i].removedAt = time.Now()
+	for _, tag := range drv.nodeRanks(i) {
+		drv.ranks[tag].leaving = true
+	}
+	drv.retire(i) // stops none of them: they are leaving
+	return nil
+}
+
+// stopLeavers stops the ranks of removed hosts still running
+// --elastic-timeout after their daemon was told (removeNode): they did not
+// take the removal in (their daemon may predate it, or they no longer
+// commit).
+func (drv *driver) stopLeavers() {
+	if drv.state != jobRunning {
+		return
+	}
+	j := drv.j
+	for i := range drv.nodes {
+		n := &drv.nodes[i]
+		if n.removedAt.IsZero() || time.Since(n.removedAt) < drv.timeout {
+			continue
+		}
+		var stop []int
+		for tag, r := range drv.ranks {
+			if r.node == i && r.leaving && !r.stopping && !j.exited[tag] {
+				stop = append(stop, tag)
+			}
+		}
+		if len(stop) == 0 {
+			continue
+		}
+		j.o.logf("the ranks of host %s (%s) still run %v (--elastic-timeout) after its daemon (node %d) was told that the host has been removed from the elastic job; stopping them",
+			j.nodes[i].Host, tagList(stop), drv.timeout, i)
+		for _, tag := range stop {
+			drv.stopRank(tag)
+		}
 	}
 }
 
@@ -213,8 +283,9 @@ func (drv *driver) stopRank(tag int) {
 }
 
 // retire takes node i out of the job: it gets no more ranks, its ranks are
-// stopped, and its daemon is stopped once they have exited (node 0's too:
-// the other daemons move the job's coordination).
+// stopped (but those leaving: they exit on their own), and its daemon is
+// stopped once they have exited (node 0's too: the other daemons move the
+// job's coordination).
 func (drv *driver) retire(i int) {
 	n := &drv.nodes[i]
 	n.retired, n.reserved = true, 0
@@ -242,12 +313,12 @@ func (drv *driver) retireDaemons() {
 	}
 }
 
-// nodeRanks returns the tags of node i's ranks that run and are not
-// stopping.
+// nodeRanks returns the tags of node i's ranks that run and are neither
+// stopping nor leaving.
 func (drv *driver) nodeRanks(i int) []int {
 	var tags []int
 	for tag, r := range drv.ranks {
-		if r.node == i && !r.stopping && !drv.j.exited[tag] {
+		if r.node == i && !r.stopping && !r.leaving && !drv.j.exited[tag] {
 			tags = append(tags, tag)
 		}
 	}

@@ -56,6 +56,7 @@ func (drv *driver) supervise(ctx context.Context, sigs <-chan os.Signal) (int, e
 		case r := <-drv.discC:
 			drv.discovered(r)
 		case <-tick.C:
+			drv.stopLeavers()
 			drv.killLingering()
 			drv.reconcile()
 		case <-drv.minWaitC():
@@ -165,6 +166,18 @@ func (drv *driver) rankExited(e exitEvent) {
 	}
 	msg := j.describeRank(e.rank, how)
 	switch {
+	case r.leaving:
+		// Its host was removed (removeNode): whatever its status, it left
+		// as told; no failure, no blacklisting, no reset of its own.
+		host := j.nodes[r.node].Host
+		if r.stopping {
+			j.o.logf("%s; it was stopped, its host %s having been removed from the elastic job; the job goes on with %s", msg, host, ranks(drv.live()))
+		} else {
+			j.o.logf("%s; it left the elastic job, its host %s having been removed; the job goes on with %s", msg, host, ranks(drv.live()))
+		}
+		drv.retireDaemons()
+		drv.checkMin()
+		return
 	case r.stopping:
 		j.o.logf("%s; the elastic job goes on with %s", msg, ranks(j.running))
 		drv.retireDaemons()

@@ -29,6 +29,12 @@ import (
 // there is no route. The store authenticates every request with the job's
 // secret, as node 0's daemon's does.
 
+// removedKey is the key of the job's rendezvous store by which the driver
+// tells node k's daemon that its host has been removed from the job; the
+// value is the host's name. The daemon then has its ranks leave the job at
+// their next reset (see removeNode).
+func removedKey(k int) string { return "elastic/removed/" + strconv.Itoa(k) }
+
 // driverRendezvous is the rendezvous server of a job the elastic driver
 // runs. Only the goroutine running Run touches it.
 type driverRendezvous struct {
