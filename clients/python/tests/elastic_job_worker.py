@@ -7,6 +7,10 @@ their last commit, re-initialise into the job's next epoch and finish. Each
 survivor prints its final weights (``RESULT {json}``) and the times of the
 kill and of its first completed step at the new size.
 
+With ``$HVDD_TEST_UNTIL_SIZE`` set, the ranks train on past STEPS until they
+have run STEPS steps at that size (a test changes the job's hosts meanwhile).
+KILL_AT -1 kills no rank. ``RESULT`` also lists the job's size at every step.
+
 Usage: elastic_job_worker.py STEPS KILL_AT
 """
 
@@ -38,14 +42,20 @@ def main() -> None:
     model = torch.nn.Linear(4, 1).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-    state = hvd.elastic.TorchState(model, opt, step=0)
+    state = hvd.elastic.TorchState(model, opt, step=0, sizes=[])
+    until = int(os.environ.get("HVDD_TEST_UNTIL_SIZE", "0"))
     victim = hvd.rank() == int(os.environ.get("HVDD_TEST_VICTIM", hvd.size() - 1))
     resets = []
     state.register_reset_callbacks([lambda: resets.append(hvd.size())])
 
+    def more(state: hvd.elastic.TorchState) -> bool:
+        if state.step < steps:
+            return True
+        return until > 0 and state.sizes.count(until) < steps
+
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
-        while state.step < steps:
+        while more(state):
             if victim and state.step == kill_at:
                 print(f"KILL {time.time():.6f}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -56,12 +66,16 @@ def main() -> None:
             opt.step()
             if state.step == kill_at:
                 print(f"RECOVERED {time.time():.6f} size {hvd.size()}", flush=True)
+            if state.step == 3 and hvd.rank() == 0:
+                print("TRAINING", flush=True)
+            state.sizes = state.sizes + [hvd.size()]  # a new list: commit keeps the old one
             state.step += 1
             state.commit()
 
     train(state)
     w = model.weight.detach().reshape(-1).tolist() + model.bias.detach().tolist()
-    print("RESULT " + json.dumps({"rank": hvd.rank(), "size": hvd.size(), "resets": resets, "w": w}), flush=True)
+    result = {"rank": hvd.rank(), "size": hvd.size(), "resets": resets, "w": w, "sizes": state.sizes}
+    print("RESULT " + json.dumps(result), flush=True)
     hvd.shutdown()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -23,11 +24,15 @@ from elastic_job_worker import batch  # noqa: E402
 def reference(steps: int, kill_at: int, np: int) -> list:
     """The same training in one process: each step averages the gradients
     of the ranks of its epoch (np ranks before the kill, np-1 after)."""
+    return reference_sizes([np if step < kill_at else np - 1 for step in range(steps)])
+
+
+def reference_sizes(sizes: list) -> list:
+    """The training in one process, given the job's size at each step."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    for step in range(steps):
-        ranks = np if step < kill_at else np - 1
+    for step, ranks in enumerate(sizes):
         opt.zero_grad()
         loss = sum(((model(x) - y) ** 2).mean() for x, y in (batch(r, step) for r in range(ranks))) / ranks
         loss.backward()
@@ -72,6 +77,55 @@ def test_killed_worker_survivors_finish(hvdd_bin, tmp_path, hosts, victim):
     for r in results:
         assert r["size"] == np - 1 and r["resets"] == [np - 1], r
         assert max(abs(a - b) for a, b in zip(r["w"], want)) < 1e-9, (r, want)
+
+
+@pytest.mark.parametrize("removed", [1, 0], ids=["host 1 removed", "host 0 removed"])
+def test_removed_host_loses_nothing(hvdd_bin, tmp_path, removed):
+    # hvdd run's host discovery lists two hosts, 127.0.0.2 and 127.0.0.3 (3
+    # ranks); once training runs, it stops listing one of them. As in
+    # Horovod, the driver notifies a removal rather than stopping the host's
+    # ranks: rank 0 hears of it, every rank raises HostsUpdatedInterrupt at
+    # the same commit and resets without restoring or syncing state, the
+    # removed host's ranks are refused in their init() ("has been removed
+    # from elastic job"), and the others train on at 2 ranks. No rank is
+    # lost, no step is redone: the survivors' weights are those of one
+    # process replaying the steps at the sizes the job ran them.
+    hosts = ["127.0.0.2", "127.0.0.3"]
+    slots = [2, 1] if removed == 1 else [1, 2]
+    listing = tmp_path / "hosts"
+    listing.write_text("".join(f"{h}:{s}\n" for h, s in zip(hosts, slots)))
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {listing}\n")
+    discover.chmod(0o755)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HVDD_TEST_UNTIL_SIZE="2")
+    cmd = [
+        hvdd_bin, "run", "-np", "3", "--min-np", "2", "--host-discovery-script", str(discover), "--",
+        sys.executable, WORKER, "8", "-1",
+    ]  # fmt: skip
+
+    def remove(_: int) -> None:
+        keep = 1 - removed
+        (tmp_path / "hosts.new").write_text(f"{hosts[keep]}:{slots[keep]}\n")
+        os.replace(tmp_path / "hosts.new", listing)
+
+    rc, out, acted = run_acting(
+        cmd, env, str(tmp_path), lambda lines: any("<stdout>:TRAINING" in l for l in lines), remove, 300
+    )
+    assert acted, out
+    assert rc == 0, out
+    assert f"host {hosts[removed]} " in out and "has been removed from the elastic job" in out, out
+    assert f"{hosts[removed]}[" in out and "] has been removed from elastic job" in out, out
+    assert not re.search(r"rank \d+ \(pid \d+[^)]*\) was lost", out) and "HorovodInternalError" not in out, out
+    results = [json.loads(l.split("RESULT ", 1)[1]) for l in out.splitlines() if "RESULT " in l]
+    assert sorted(r["rank"] for r in results) == [0, 1], out
+    sizes = results[0]["sizes"]
+    assert sizes[0] == 3 and sizes[-1] == 2 and sizes.count(2) == 8, sizes
+    want = reference_sizes(sizes)
+    for r in results:
+        assert r["size"] == 2 and r["resets"] == [2] and r["sizes"] == sizes, r
+        assert max(abs(a - b) for a, b in zip(r["w"], want)) < 1e-9, (r, want)
+    if removed == 0:
+        assert "this node coordinates the job from now on" in out, out
 
 
 def test_seed_elastic_script_survives_kill(hvdd_bin, tmp_path):
