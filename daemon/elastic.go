@@ -119,7 +119,11 @@ func (l *loop) reformAfter(j *job) {
 		l.nodes.nextReady(r.epoch, 0, r.dead)
 		return
 	}
-	l.s.log.Warn("elastic job lost ranks; its next epoch waits for the survivors", "job", j.id, "epoch", r.epoch,
+	what := "elastic job lost ranks; its next epoch waits for the survivors"
+	if isHostsUpdated(r.cause) {
+		what = "elastic job resets after a host update; its next epoch waits for its ranks"
+	}
+	l.s.log.Warn(what, "job", j.id, "epoch", r.epoch,
 		"survivors", len(r.survivors)-r.joiners, "joining", r.joiners, "pids", pidList(r.survivors), "cause", r.cause)
 	l.nodes.nextReady(r.epoch, len(r.survivors), "")
 }
@@ -155,6 +159,14 @@ func (l *loop) hostsUpdated(result int32) {
 	}
 	j.coord.hostsUpdated(u)
 }
+
+// hostsUpdatedCause ends the message of an epoch that ends because its ranks
+// reset after a host update (HostsUpdatedInterrupt): no rank was lost.
+const hostsUpdatedCause = "the job's hosts were updated (hvd.elastic reset)"
+
+// isHostsUpdated reports whether msg ends an epoch for a host update, here
+// or relayed from another node.
+func isHostsUpdated(msg string) bool { return strings.HasSuffix(msg, hostsUpdatedCause) }
 
 // Horovod's HostUpdateResult: removed, added (mixed is both).
 const (

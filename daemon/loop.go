@@ -516,7 +516,7 @@ func (l *loop) closed(c *client, bye bool, err error) {
 	} else if j.failed == nil && j.elastic && bye && c.reset {
 		// Horovod's reset after a host update: every rank follows at the
 		// same step, and the next epoch takes in the waiting workers.
-		l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("rank %d (pid %d) re-initialises into the next epoch: the job's hosts were updated (hvd.elastic reset)", c.rank, c.pid), true)
+		l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("rank %d (pid %d) re-initialises into the next epoch: %s", c.rank, c.pid, hostsUpdatedCause), true)
 	} else if j.failed == nil {
 		where := ""
 		if j.members.nodes() > 1 {
@@ -563,6 +563,9 @@ func (l *loop) fail(j *job, code ipcpb.Code, msg string) {
 	case code == ipcpb.Code_CODE_SHUT_DOWN && len(j.pending) == 0:
 		// An orderly shutdown with nothing in flight: the job is ending.
 		l.s.log.Debug("job shutting down", "job", j.id, "why", msg)
+	case isHostsUpdated(msg):
+		// Not a failure: the ranks reset together (elastic.go).
+		l.s.log.Warn("elastic job resets: its hosts were updated", "job", j.id, "why", msg)
 	default:
 		l.s.log.Error("job failed", "job", j.id, "err", msg, "pending", len(j.pending))
 	}
