@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -242,6 +243,11 @@ func (c *multiNode) epochMessage(w *watchedLink, m *clusterpb.Message) bool {
 		return true
 	}
 	if a := m.GetAbort(); a != nil && n != nil && a.GetEpoch() == n.epoch && !c.leads() && n.links[c.lead] == w.link {
+		if a.GetMoved() && c.migratable() {
+			// The node chosen to coordinate left before we reached it.
+			c.coordLost(n, w.link, errors.New(a.GetMsg()))
+			return true
+		}
 		// The coordinator gave the next epoch up (the failed one may still
 		// be ending here).
 		c.nextGone(n, a.GetMsg())
@@ -311,6 +317,16 @@ func (c *multiNode) epochDialIn(nj nodeJoin) {
 		nj.link.Close()
 	}
 	switch {
+	case c.lead < 0:
+		// This node left the job after it won the claim: the nodes that
+		// found it there claim the next round.
+		msg := fmt.Sprintf("node %d left the elastic job, whose epoch %d node %d joined: another node coordinates it", c.rank, nj.join.GetEpoch(), id)
+		c.log.Warn("refusing node", "node", id, "reason", msg)
+		a := abortMsg(ipcpb.Code_CODE_ABORTED, msg, nj.join.GetEpoch())
+		a.GetAbort().Moved = true
+		nj.link.Send(a)
+		nj.link.Close()
+		return
 	case n == nil || n.epoch != nj.join.GetEpoch():
 		refuse(fmt.Sprintf("node %d joined epoch %d of the elastic job, which node %d does not form (it formed without node %d, or the job is over)", id, nj.join.GetEpoch(), c.rank, id))
 		return

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -11,11 +12,20 @@ import (
 )
 
 // Choosing the coordinator of an elastic job's next epoch at the rendezvous,
-// when the coordination can move (elastic_multinode.go). Round r of epoch e
-// has two keys: "elastic/e/r/claim", a counter every claimant adds 1 to (the
-// one that reads 1 wins), and "elastic/e/r", where the winner publishes
-// "NODE ADDR" (its --node-rank and control address), or "" when it left
-// before the epoch formed: its followers then claim round r+1.
+// when the coordination can move (elastic_multinode.go). Every node that
+// may coordinate keeps a control listener open from its start. Round r of
+// epoch e has three keys:
+//   - "elastic/e/r/claim", a counter every claimant adds 1 to: the one that
+//     reads 1 won the claim;
+//   - "elastic/e/r/seal", a counter that decides the round once: the
+//     winner adds 1 before it publishes, and a claimant that waited a peer
+//     timeout for the publication adds 1 too. Whoever reads 1 decides: the
+//     winner coordinates, or the waiter voids the round (the winner, slow
+//     or dead, then reads 2 and takes part in the next round as the others);
+//   - "elastic/e/r", where the winner publishes "NODE ADDR" (its --node-rank
+//     and control address), or "" once it left before the epoch formed.
+// A void round, or a winner that cannot be reached, sends the claimants to
+// round r+1.
 
 // Messages of an election.
 type (
@@ -32,10 +42,6 @@ type (
 		void    bool
 	}
 	msgElectDeadline struct{ n *nextEpoch }
-	msgPublishFailed struct {
-		epoch uint64
-		err   error
-	}
 )
 
 // maxRounds bounds the elections of one epoch: each round's winner left or
@@ -61,10 +67,11 @@ func (c *multiNode) elect(n *nextEpoch) {
 	announce := &clusterpb.Message{Msg: &clusterpb.Message_Join{Join: &clusterpb.Join{
 		NodeRank: int32(c.rank), Epoch: epoch, Elastic: true, DataHost: c.host, Announce: true}}}
 	c.log.Debug("elastic job: claiming the coordination of the next epoch", "epoch", epoch, "round", round)
+	addr := c.ctrl.Addr() // open since the daemon started (migratable)
 	go func() {
 		res := msgElected{epoch: epoch, round: round}
 		defer func() { c.p.post(res) }()
-		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
+		ctx, cancel := context.WithTimeout(c.life, c.cfg.StartTimeout)
 		defer cancel()
 		key := electionKey(epoch, round)
 		v, err := c.store.Add(ctx, key+"/claim", 1)
@@ -73,15 +80,27 @@ func (c *multiNode) elect(n *nextEpoch) {
 			return
 		}
 		if v == 1 {
-			res.won = true
+			sealed, err := c.store.Add(ctx, key+"/seal", 1)
+			switch {
+			case err != nil:
+				res.err = err
+			case sealed != 1:
+				res.void = true // a waiter gave up on this node's win
+			default:
+				res.err = c.publish(ctx, key, strconv.Itoa(c.rank)+" "+addr)
+				if res.err == nil {
+					// Nodes that join the job later dial the coordinator here.
+					res.err = c.publish(ctx, "coordinator", addr)
+				}
+				res.won = res.err == nil
+			}
 			return
 		}
-		kv, err := c.store.Wait(ctx, key)
-		if err != nil {
-			res.err = err
+		kv, err := c.waitWinner(ctx, key)
+		if err != nil || kv == nil {
+			res.err, res.void = err, err == nil
 			return
 		}
-		var addr string
 		if _, err := fmt.Sscan(string(kv[key]), &res.lead, &addr); err != nil {
 			res.void = true
 			return
@@ -89,8 +108,14 @@ func (c *multiNode) elect(n *nextEpoch) {
 		dctx, dcancel := context.WithTimeout(ctx, c.ccfg.PeerTimeout)
 		defer dcancel()
 		link, err := cluster.Dial(dctx, addr, c.ccfg, who)
+		if err == nil && !c.joining.add(link) {
+			// The daemon closed meanwhile; closeAll closes what it holds.
+			link.Close()
+			err = errors.New("the daemon is shutting down")
+		}
 		if err == nil {
 			if err = link.Send(announce); err != nil {
+				c.joining.remove(link)
 				link.Close()
 			}
 		}
@@ -102,8 +127,30 @@ func (c *multiNode) elect(n *nextEpoch) {
 	}()
 }
 
+// waitWinner waits for the publication of round key's winner. After a peer
+// timeout it tries to void the round (seal); nil, nil says it did.
+func (c *multiNode) waitWinner(ctx context.Context, key string) (map[string][]byte, error) {
+	wctx, cancel := context.WithTimeout(ctx, c.ccfg.PeerTimeout)
+	kv, err := c.store.Wait(wctx, key)
+	cancel()
+	if err == nil || ctx.Err() != nil {
+		return kv, err
+	}
+	sealed, err := c.store.Add(ctx, key+"/seal", 1)
+	if err != nil {
+		return nil, err
+	}
+	if sealed == 1 {
+		return nil, nil
+	}
+	return c.store.Wait(ctx, key) // the winner sealed: it publishes
+}
+
 // elected acts on the outcome of this node's claim.
 func (c *multiNode) elected(m msgElected) {
+	if m.link != nil {
+		c.joining.remove(m.link) // the loop's now
+	}
 	n := c.next
 	if n == nil || n.epoch != m.epoch || n.round != m.round || !n.electing {
 		if m.link != nil {
@@ -133,11 +180,6 @@ func (c *multiNode) elected(m msgElected) {
 // takeLead makes this node the coordinator of n's epoch, which it won.
 func (c *multiNode) takeLead(n *nextEpoch) {
 	old := c.lead
-	if err := c.listenControl(); err != nil {
-		c.lead = c.rank
-		c.abortNext(fmt.Sprintf("the elastic job cannot form epoch %d: node %d, chosen to coordinate it, cannot listen: %v", n.epoch, c.rank, err))
-		return
-	}
 	c.lead, n.won = c.rank, n.round
 	if old != c.rank {
 		// The failed epoch's other nodes are expected to announce
@@ -150,19 +192,6 @@ func (c *multiNode) takeLead(n *nextEpoch) {
 		n.deadline = time.AfterFunc(c.ccfg.PeerTimeout, func() { c.p.post(msgElectDeadline{n}) })
 		c.log.Warn("elastic job: this node coordinates the job from now on", "epoch", n.epoch, "was", old, "expects", n.nodes())
 	}
-	epoch, key, addr := n.epoch, electionKey(n.epoch, n.round), c.ctrl.Addr()
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
-		defer cancel()
-		err := c.publish(ctx, key, strconv.Itoa(c.rank)+" "+addr)
-		if err == nil {
-			// Nodes that join the job later dial the coordinator here.
-			err = c.publish(ctx, "coordinator", addr)
-		}
-		if err != nil {
-			c.p.post(msgPublishFailed{epoch, err})
-		}
-	}()
 	if j := n.forming; j != nil {
 		n.forming = nil
 		c.waiting = j

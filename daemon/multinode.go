@@ -94,10 +94,13 @@ type multiNode struct {
 	running *job                 // the elastic job that runs, until it is over
 
 	// removedHost is this node's host once hvdd run's elastic driver
-	// removed it (removal.go); stopRemoval ends the watch for that.
+	// removed it (removal.go).
 	removedHost string
-	stopRemoval context.CancelFunc
-	linkCheck   *time.Timer // next checkLinks; nil when none is due
+	// life ends when the daemon closes: the removal watch and elections
+	// (election.go) run under it.
+	life      context.Context
+	endLife   context.CancelFunc
+	linkCheck *time.Timer // next checkLinks; nil when none is due
 
 	// next is the next epoch of an elastic job while it forms across the
 	// nodes (elastic_multinode.go); nil otherwise.
@@ -178,6 +181,7 @@ func newMultiNode(hooks loopHooks, p *poller, cfg Config, log *slog.Logger) (*mu
 	c := &multiNode{hooks: hooks, p: p, log: log, cfg: cfg, nodes: cfg.Nodes, rank: cfg.NodeRank, host: cfg.Advertise, joins: make(map[int]nodeJoin),
 		watched: make(map[int]*watchedLink),
 		ccfg:    cluster.Config{Secret: cfg.Secret, Heartbeat: cfg.Heartbeat, PeerTimeout: cfg.PeerTimeout}.WithDefaults()}
+	c.life, c.endLife = context.WithCancel(context.Background())
 	if cfg.Control != nil {
 		// Control streams come from the transport; nothing listens.
 		c.log.Info("control links through the daemons' transport (no rendezvous)", "node", c.rank, "nodes", c.nodes)
@@ -190,9 +194,12 @@ func newMultiNode(hooks loopHooks, p *poller, cfg Config, log *slog.Logger) (*mu
 		c.store = rendezvous.NewClient(cfg.Rendezvous, cfg.Secret)
 	}
 	if c.migratable() {
-		ctx, cancel := context.WithCancel(context.Background())
-		c.stopRemoval = cancel
-		go c.watchRemoval(ctx)
+		// Any node may come to coordinate: its listener is open from the
+		// start, so that an election publishes its address at once.
+		if err := c.listenControl(); err != nil {
+			return nil, err
+		}
+		go c.watchRemoval(c.life)
 	}
 	if c.rank != 0 {
 		return c, nil
@@ -223,9 +230,9 @@ func newMultiNode(hooks loopHooks, p *poller, cfg Config, log *slog.Logger) (*mu
 	return c, nil
 }
 
-// listenControl opens this node's control listener unless it is open: the
-// node coordinates (node 0 from the start; another node once it took over
-// an elastic job's coordination). The loop runs it, or newMultiNode.
+// listenControl opens this node's control listener unless it is open: node
+// 0's, and every node's when an elastic job's coordination can move to it
+// (election.go). newMultiNode runs it.
 func (c *multiNode) listenControl() error {
 	if c.ctrl != nil {
 		return nil
@@ -249,9 +256,7 @@ func (c *multiNode) publish(ctx context.Context, key, addr string) error {
 }
 
 func (c *multiNode) close() {
-	if c.stopRemoval != nil {
-		c.stopRemoval()
-	}
+	c.endLife()
 	c.joining.closeAll()
 	if c.linkCheck != nil {
 		c.linkCheck.Stop()
@@ -764,10 +769,7 @@ func (c *multiNode) message(m any) bool {
 		c.elected(m)
 	case msgElectDeadline:
 		c.electDeadline(m.n)
-	case msgPublishFailed:
-		if n := c.next; n != nil && n.epoch == m.epoch && c.leads() {
-			c.abortNext(fmt.Sprintf("the elastic job cannot form epoch %d: its coordinator, node %d, cannot publish its address: %v", m.epoch, c.rank, m.err))
-		}
+
 	default:
 		return false
 	}

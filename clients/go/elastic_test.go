@@ -109,6 +109,9 @@ func elasticWorker() int {
 		return 4
 	}
 	defer c2.Close()
+	if v := envRank("HVDD_TEST_SIZE_AFTER"); v > 0 {
+		wantSize = v // other ranks were lost with the victim
+	}
 	if os.Getenv("HVDD_TEST_ANY_RANK") != "" && c2.Rank() >= 0 && c2.Rank() < wantSize {
 		// The nodes' order changed with their coordinator: any rank will do.
 		wantRank = c2.Rank()
@@ -387,6 +390,34 @@ func TestElasticCoordinatorMoves(t *testing.T) {
 			}
 			ss[0].WaitLog(t, "this node coordinates again", 10*time.Second)
 		})
+	}
+}
+
+// TestElasticCoordinatorMovesTwoLost: node 0 and node 2 are lost together;
+// node 1, the only survivor, ends up coordinating (first claim, or a later
+// round when node 2 won and vanished), stops waiting for the lost nodes
+// after the peer timeout, and goes on alone.
+func TestElasticCoordinatorMovesTwoLost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node suite is long")
+	}
+	ss := startNodesCfg(t, func(n int, c *daemon.Config) {
+		c.Elastic, c.ExternalRendezvous = true, true
+		if n == 0 {
+			serveRendezvous(t, c.Rendezvous)
+		}
+	}, 1, 1, 1)
+	ws := spawnNodesEnv(t, ss, "elastic", []string{"HVDD_TEST_VICTIM=0", "HVDD_TEST_ANY_RANK=1", "HVDD_TEST_VICTIM_HANGS=1", "HVDD_TEST_SIZE_AFTER=1"}, 1, 1, 1)
+	ws[0][0].WaitOutput(t, "VICTIM HANGS", 60*time.Second)
+	ss[0].Stop(t)
+	ss[2].Stop(t)
+	ws[0][0].Cmd.Process.Kill()
+	ws[2][0].Cmd.Process.Kill()
+	if err := ws[1][0].Wait(60 * time.Second); err != nil || !strings.Contains(ws[1][0].Output(), "REFORMED rank 0 of 1\n") {
+		t.Errorf("node 1's rank: %v (want it re-formed alone)\n%s", err, ws[1][0].Output())
+	}
+	if logs := ss[1].Logs(); !strings.Contains(logs, "this node coordinates the job from now on") {
+		t.Errorf("node 1 did not take over the coordination:\n%s", logs)
 	}
 }
 
