@@ -195,16 +195,43 @@ func startFake(t *testing.T, dir string, cfg Config) *fakeJob {
 	return fj
 }
 
-// discovery returns a discovery script that prints dir/hosts, which
-// setHosts writes.
+// discoveryScript returns a discovery script that prints dir/hosts, which
+// setHosts writes, and first adds a line to dir/discover.runs, so that
+// tests can count its runs (waitDiscoveries).
 func discoveryScript(t *testing.T, dir, hosts string) string {
 	t.Helper()
 	p := filepath.Join(dir, "discover")
-	if err := os.WriteFile(p, []byte("#!/bin/sh\ncat "+shellQuote(filepath.Join(dir, "hosts"))+"\n"), 0o755); err != nil {
+	script := "#!/bin/sh\necho run >> " + shellQuote(filepath.Join(dir, "discover.runs")) + "\ncat " + shellQuote(filepath.Join(dir, "hosts")) + "\n"
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	setHosts(t, dir, hosts)
 	return p
+}
+
+// rankStarts matches the driver's messages when it starts ranks or a
+// host's daemon (it logs them before it takes in the next discovery).
+var rankStarts = regexp.MustCompile(`(?m)^hvdd run: (starting \d+ ranks? more|started \d+ ranks? on|host \S+ joins the elastic job|\d+ ranks? more for)`)
+
+// waitDiscoveries waits until the driver has taken in k runs of the
+// discovery script of discoveryScript (in dir) that began after the call,
+// so that a test can show that nothing happens on them.
+//
+// The driver runs the script, hands the result to its loop, and runs it
+// again only once the loop has received that result; the loop takes each
+// result in before it receives the next. So run n+2 begins only after the
+// loop has taken run n in, and the run that follows the n runs counted
+// now is the first to begin after the call: k runs taken in are k+2
+// begun.
+func waitDiscoveries(t *testing.T, dir string, k int) {
+	t.Helper()
+	runs := filepath.Join(dir, "discover.runs")
+	want := len(readLines(runs)) + k + 2
+	for deadline := time.Now().Add(20 * time.Second); len(readLines(runs)) < want; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the discovery script ran %d times in 20s, want %d", len(readLines(runs)), want)
+		}
+	}
 }
 
 // setHosts replaces what the discovery script prints (atomically).
@@ -402,7 +429,7 @@ func TestDriverRefillsSlot(t *testing.T) {
 func TestDriverNoCooldown(t *testing.T) {
 	t.Parallel()
 	dir := testDir(t)
-	fj := startFake(t, dir, Config{NP: 3, MinNP: 1, Hosts: []Host{{"127.0.0.33", 2}, {"127.0.0.34", 1}}})
+	fj := startFake(t, dir, Config{NP: 3, MinNP: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.33:2\n127.0.0.34:1\n")})
 	fj.rank(0)
 	fj.rank(1)
 	r2 := fj.rank(2)
@@ -411,9 +438,12 @@ func TestDriverNoCooldown(t *testing.T) {
 	fj.stderr.waitFor(t, "rank 2 (pid "+strconv.Itoa(r2.pid)+") exited with status 143; the elastic job goes on with 2 ranks", 10*time.Second)
 	fj.exit(1, 3)
 	fj.stderr.waitFor(t, "blacklisting its slot on 127.0.0.33 for good", 10*time.Second)
-	time.Sleep(200 * time.Millisecond) // several discoveries: nothing is refilled
-	if strings.Contains(fj.stdout.String(), "[3]<stdout>") {
-		t.Error("a rank was started in a slot blacklisted for good")
+	// Discovery still lists both hosts with all their slots: three runs
+	// taken in start nothing.
+	since := len(fj.stderr.String())
+	waitDiscoveries(t, dir, 3)
+	if log := fj.stderr.String()[since:]; rankStarts.MatchString(log) || strings.Contains(fj.stdout.String(), "[3]<stdout>") {
+		t.Errorf("a rank was started in a slot or on a host blacklisted for good:\n%s", log)
 	}
 	fj.exit(0, 4)
 	r := fj.wait()
@@ -649,9 +679,10 @@ func TestDriverMaxNP(t *testing.T) {
 	fj.stderr.waitFor(t, "starting 1 rank more on 127.0.0.47 (reset 2)", 10*time.Second)
 	checkRank(t, 3, fj.rank(3), fakeRankInfo{rank: "2", size: "3", local: "-1/1/2", cross: "0/1", elastic: "1", sock: r2.sock})
 	setHosts(t, dir, "127.0.0.46:3\n127.0.0.47:2\n")
-	time.Sleep(300 * time.Millisecond) // several discoveries
-	if strings.Contains(fj.stdout.String(), "[4]<stdout>") {
-		t.Error("a rank was started beyond --max-np")
+	since := len(fj.stderr.String())
+	waitDiscoveries(t, dir, 3)
+	if log := fj.stderr.String()[since:]; rankStarts.MatchString(log) || strings.Contains(fj.stdout.String(), "[4]<stdout>") {
+		t.Errorf("a rank was started beyond --max-np:\n%s", log)
 	}
 	for _, tag := range []int{0, 2, 3} {
 		fj.exit(tag, 0)
