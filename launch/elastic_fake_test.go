@@ -167,11 +167,19 @@ type fakeJob struct {
 	stdout, stderr *watchBuffer
 	sigs           chan os.Signal
 	done           chan result
+	cancel         context.CancelFunc // cancels Run's ctx
 }
 
 // startFake runs cfg (its hosts, or the discovery script fj.discovery())
-// on fake daemons with fake ranks.
+// on fake daemons with fake ranks (or cfg.Command, when set).
 func startFake(t *testing.T, dir string, cfg Config) *fakeJob {
+	t.Helper()
+	return startFakeWith(t, dir, cfg, nil)
+}
+
+// startFakeWith is startFake, with mod (if not nil) applied to the Config
+// last, with the fake hvdd and rank set.
+func startFakeWith(t *testing.T, dir string, cfg Config, mod func(cfg *Config, dir string)) *fakeJob {
 	t.Helper()
 	fj := &fakeJob{t: t, dir: dir, stdout: newWatchBuffer(), stderr: newWatchBuffer(), sigs: make(chan os.Signal, 4), done: make(chan result, 1)}
 	bin := filepath.Join(dir, "hvdd")
@@ -180,13 +188,20 @@ func startFake(t *testing.T, dir string, cfg Config) *fakeJob {
 	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cfg.HvddPath, cfg.Command = bin, helperCmd("fake-rank")
+	cfg.HvddPath = bin
+	if cfg.Command == nil {
+		cfg.Command = helperCmd("fake-rank")
+	}
 	cfg.Env = append(cfg.Env, envDir+"="+dir)
 	cfg.Stdout, cfg.Stderr, cfg.Signals = fj.stdout, fj.stderr, fj.sigs
 	if cfg.discoverEvery == 0 {
 		cfg.discoverEvery = 50 * time.Millisecond
 	}
+	if mod != nil {
+		mod(&cfg, dir)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	fj.cancel = cancel
 	go func() {
 		defer cancel()
 		code, err := Run(ctx, cfg)
@@ -259,6 +274,13 @@ func (fj *fakeJob) rank(tag int) fakeRankInfo {
 	}
 	fj.t.Fatalf("cannot parse rank %d's line:\n%s", tag, fj.stdout)
 	return fakeRankInfo{}
+}
+
+// socket returns node i's socket, named after rank 0's (node 0's).
+func (fj *fakeJob) socket(i int) string {
+	fj.t.Helper()
+	node0 := filepath.Dir(fj.rank(0).sock)
+	return strings.TrimSuffix(node0, "-0") + "-" + strconv.Itoa(i) + "/hvdd.sock"
 }
 
 // exit makes the fake rank tagged tag exit with code.

@@ -1,0 +1,224 @@
+package launch
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Error paths of the elastic driver, on fake daemons and ranks
+// (elastic_fake_test.go): hosts added later whose daemon or ranks cannot
+// start.
+
+// TestDriverAddedHostDaemonFails: a host added by discovery whose daemon
+// cannot start (its agent cannot reach it, hvdd is not where --hvdd-path
+// says, the agent or hvdd binary does not exist) is blacklisted saying
+// why, and the job goes on on the first host: discovery keeps listing
+// the host and nothing is started on it again (no cooldown range), and
+// Run returns the first host's status, 0.
+func TestDriverAddedHostDaemonFails(t *testing.T) {
+	t.Parallel()
+	const first, added = "127.0.0.62", "127.0.0.63"
+	tests := []struct {
+		name  string
+		agent string // the agent's body (agentScript), or an absolute path
+		cfg   func(cfg *Config, dir string)
+		// want are the driver's messages, in order.
+		want []string
+		// pidFile, if set, is where the agent left its pid: it must have
+		// been stopped.
+		pidFile string
+	}{
+		{
+			// The agent never returns (ssh hanging on the connection):
+			// the daemon is not ready within --start-timeout, and the
+			// driver stops the agent by closing its stdin.
+			name:  "never ready",
+			agent: `if [ "$1" = ` + added + ` ]; then echo $$ > "$(dirname "$0")/agent.pid"; echo "connecting to $1" >&2; exec cat >/dev/null; fi; exec sh -c "$2"`,
+			cfg:   func(cfg *Config, _ string) { cfg.StartTimeout = time.Second },
+			want: []string{
+				"hvdd run: host " + added + " joins the elastic job: starting its hvdd daemon (node 1) for 1 rank (reset 1)\n",
+				"hvdd run: the hvdd daemon on " + added + " was not ready within 1s; its last output:\n\tconnecting to " + added + "\n",
+				"there (--hvdd-path), or raise --start-timeout; blacklisting host " + added + " for good (no --blacklist-cooldown-range)\n",
+			},
+			pidFile: "agent.pid",
+		},
+		{
+			name:  "agent exits 255",
+			agent: `if [ "$1" = ` + added + ` ]; then echo "ssh: connect to host $1 port 22: Connection refused" >&2; exit 255; fi; exec sh -c "$2"`,
+			want: []string{
+				"hvdd run: host " + added + " joins the elastic job: starting its hvdd daemon (node 1) for 1 rank (reset 1)\n",
+				"hvdd run: the hvdd daemon on " + added + " exited with status 255 before it was ready; its last output:\n\tssh: connect to host " + added + " port 22: Connection refused\n",
+				"(--hvdd-path); blacklisting host " + added + " for good (no --blacklist-cooldown-range)\n",
+			},
+		},
+		{
+			name:  "hvdd path wrong",
+			agent: `exec sh -c "$2"`,
+			cfg:   func(cfg *Config, _ string) { cfg.RemoteHvddPath = "/nonexistent/hvdd" },
+			want: []string{
+				"hvdd run: host " + added + " joins the elastic job: starting its hvdd daemon (node 1) for 1 rank (reset 1)\n",
+				"hvdd run: the hvdd daemon on " + added + " exited with status 127 before it was ready; its last output:\n",
+				"\tsh: 1: /nonexistent/hvdd: not found\n",
+				"and that hvdd is at /nonexistent/hvdd there (--hvdd-path); blacklisting host " + added + " for good (no --blacklist-cooldown-range)\n",
+			},
+		},
+		{
+			name:  "agent missing",
+			agent: "/nonexistent/agent",
+			want: []string{
+				"hvdd run: host " + added + " joins the elastic job: starting its hvdd daemon (node 1) for 1 rank (reset 1)\n",
+				"hvdd run: start the agent for " + added + " (/nonexistent/agent): fork/exec /nonexistent/agent: no such file or directory; install ssh or pass --agent; blacklisting host " + added + " for good (no --blacklist-cooldown-range)\n",
+			},
+		},
+		{
+			// The first host through the agent, the added one this
+			// machine, whose hvdd (HvddPath) is missing.
+			name:  "local hvdd missing",
+			agent: `exec sh -c "$2"`,
+			cfg: func(cfg *Config, dir string) {
+				cfg.RemoteHvddPath = cfg.HvddPath
+				cfg.HvddPath = "/nonexistent/hvdd"
+				cfg.localHost = func(h string) bool { return h == added }
+			},
+			want: []string{
+				"hvdd run: host " + added + " joins the elastic job: starting its hvdd daemon (node 1) for 1 rank (reset 1)\n",
+				"hvdd run: start the hvdd daemon for " + added + " (/nonexistent/hvdd): fork/exec /nonexistent/hvdd: no such file or directory; pass the hvdd binary's path; blacklisting host " + added + " for good (no --blacklist-cooldown-range)\n",
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			dir := testDir(t)
+			agent := tt.agent
+			if !strings.HasPrefix(agent, "/") {
+				agent = agentScript(t, dir, agent)
+			}
+			cfg := Config{NP: 1, HostDiscoveryScript: discoveryScript(t, dir, first+":1\n"), Agent: agent,
+				localHost: func(h string) bool { return h == first }}
+			fj := startFakeWith(t, dir, cfg, tt.cfg)
+			fj.rank(0)
+			setHosts(t, dir, first+":1\n"+added+":1\n")
+			for _, w := range tt.want {
+				fj.stderr.waitFor(t, w, 10*time.Second)
+			}
+			since := len(fj.stderr.String())
+			waitDiscoveries(t, dir, 3)
+			if log := fj.stderr.String()[since:]; rankStarts.MatchString(log) || strings.Contains(fj.stdout.String(), "[1]<stdout>") {
+				t.Errorf("something was started after host %s was blacklisted:\n%s", added, log)
+			}
+			checkInOrder(t, fj.stderr.String(), tt.want)
+			if tt.pidFile != "" {
+				b, err := os.ReadFile(filepath.Join(dir, tt.pidFile))
+				pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+				if err != nil || pid == 0 {
+					t.Fatalf("read the agent's pid: %v %q", err, b)
+				}
+				fj.waitGone(pid, "the agent of the daemon that was not ready")
+			}
+			if strings.Contains(fj.stderr.String(), "while the job was running") {
+				t.Errorf("a daemon that never was ready is reported as lost while the job ran:\n%s", fj.stderr)
+			}
+			fj.exit(0, 0)
+			if r := fj.wait(); r.code != 0 || r.err != nil {
+				t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+			}
+		})
+	}
+}
+
+// TestDriverAddedHostDaemonBack: a host whose daemon fails to start is
+// blacklisted for the cooldown, and tried again after it as a new node,
+// whose daemon and rank start; the job takes them in.
+func TestDriverAddedHostDaemonBack(t *testing.T) {
+	t.Parallel()
+	const first, added = "127.0.0.64", "127.0.0.65"
+	dir := testDir(t)
+	fail := filepath.Join(dir, "agent.fail")
+	touch(fail)
+	agent := agentScript(t, dir, `if [ "$1" = `+added+` ] && [ -e `+shellQuote(fail)+` ]; then echo "ssh: connect to host $1 port 22: No route to host" >&2; exit 255; fi; exec sh -c "$2"`)
+	fj := startFake(t, dir, Config{NP: 1, MinNP: 1, HostDiscoveryScript: discoveryScript(t, dir, first+":1\n"), Agent: agent,
+		localHost:         func(h string) bool { return h == first },
+		BlacklistCooldown: CooldownRange{time.Second, time.Second}})
+	fj.rank(0)
+	setHosts(t, dir, first+":1\n"+added+":1\n")
+	fj.stderr.waitFor(t, "(--hvdd-path); blacklisting host "+added+" for 1s (--blacklist-cooldown-range)\n", 10*time.Second)
+	os.Remove(fail)
+	fj.stderr.waitFor(t, "hvdd run: host "+added+"'s blacklisting is over (its cooldown ended)\n", 10*time.Second)
+	fj.stderr.waitFor(t, "hvdd run: host "+added+" joins the elastic job: starting its hvdd daemon (node 2) for 1 rank (reset 2)\n", 10*time.Second)
+	checkRank(t, 1, fj.rank(1), fakeRankInfo{rank: "1", size: "2", local: "-1/0/1", cross: "1/2", elastic: "1", sock: fj.socket(2)})
+	fj.exit(0, 0)
+	fj.exit(1, 0)
+	if r := fj.wait(); r.code != 0 || r.err != nil {
+		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+	}
+}
+
+// checkInOrder checks that out holds every string of want, in that order.
+func checkInOrder(t *testing.T, out string, want []string) {
+	t.Helper()
+	rest := out
+	for _, w := range want {
+		i := strings.Index(rest, w)
+		if i < 0 {
+			t.Errorf("output lacks %q after the messages before it:\n%s", w, out)
+			return
+		}
+		rest = rest[i+len(w):]
+	}
+}
+
+// TestDriverDaemonExitBeforeReady: the daemon of a host being added exits
+// before it is ready. The driver hears of it twice, in either order: the
+// daemon's exit (daemonExited) and the end of the wait for it
+// (daemonReady). Either way the host is blacklisted once, as a daemon
+// that failed to start, without a reset of its own, and the job goes on.
+func TestDriverDaemonExitBeforeReady(t *testing.T) {
+	t.Parallel()
+	for _, exitFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("exit first %v", exitFirst), func(t *testing.T) {
+			t.Parallel()
+			var stderr strings.Builder
+			cfg := &Config{NP: 1, MinNP: 1, HostDiscoveryScript: "unused", KillGrace: time.Second}
+			j := &job{cfg: cfg, o: &output{stdout: io.Discard, stderr: &stderr}, exited: []bool{false}}
+			drv := newDriver(j)
+			drv.hm.setDiscovered([]Host{{"a", 1}, {"b", 1}})
+			drv.addNode("a", 1)
+			drv.nodes[0].ready = true
+			drv.ranks = []driverRank{{node: 0}}
+			i := drv.addNode("b", 1)
+			drv.nodes[i].reserved = 1
+			drv.resets = 1 // b's addition
+
+			cmd := exec.Command("/bin/sh", "-c", "exit 255")
+			cmd.Run()
+			d := &daemonProc{cmd: cmd, tail: &tailBuffer{max: 1 << 10}, done: make(chan struct{}), host: "b"}
+			close(d.done)
+			drv.nodes[i].d = d
+			ready := readyEvent{i, errors.New("the hvdd daemon on b exited with status 255 before it was ready")}
+			if exitFirst {
+				drv.daemonExited(d)
+				drv.daemonReady(ready)
+			} else {
+				drv.daemonReady(ready)
+				drv.daemonExited(d)
+			}
+			want := "hvdd run: the hvdd daemon on b exited with status 255 before it was ready; blacklisting host b for good (no --blacklist-cooldown-range)\n"
+			if got := stderr.String(); got != want {
+				t.Errorf("the driver logged:\n%s\nwant:\n%s", got, want)
+			}
+			if !drv.hm.isBlacklisted("b") || drv.resets != 1 || drv.state != jobRunning || !drv.nodes[i].retired {
+				t.Errorf("blacklisted %v, resets %d, state %d, node retired %v; want true, 1, running, true",
+					drv.hm.isBlacklisted("b"), drv.resets, drv.state, drv.nodes[i].retired)
+			}
+		})
+	}
+}
