@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -220,5 +221,83 @@ func TestDriverDaemonExitBeforeReady(t *testing.T) {
 					drv.hm.isBlacklisted("b"), drv.resets, drv.state, drv.nodes[i].retired)
 			}
 		})
+	}
+}
+
+// TestDriverDiscoveryFails: once the job runs, a failing discovery script
+// is retried (Horovod: a transient error) while the job goes on on the
+// hosts found before; a host listed meanwhile is not seen, and is taken in
+// once the script works again. When it fails for longer than
+// --elastic-timeout, the job stops: its ranks get SIGTERM, the daemons
+// are stopped, and Run returns 1 (no rank failed) with the script's
+// error.
+func TestDriverDiscoveryFails(t *testing.T) {
+	t.Parallel()
+	const timeout = 2 * time.Second
+	dir := testDir(t)
+	script := discoveryScript(t, dir, "127.0.0.66:1\n")
+	fj := startFake(t, dir, Config{NP: 1, ElasticTimeout: timeout, HostDiscoveryScript: script})
+	r0 := fj.rank(0)
+	failDiscovery(t, dir, true)
+	failure := "hvdd run: Failed to execute discovery script: " + script + ". Exit code: 3; its last output:\n\tcloud API unreachable\n"
+	retrying := "; retrying every 50ms for up to 2s (--elastic-timeout); the hosts found before stay\n"
+	fj.stderr.waitFor(t, failure, 10*time.Second)
+	fj.stderr.waitFor(t, retrying, 10*time.Second)
+	setHosts(t, dir, "127.0.0.66:1\n127.0.0.67:1\n")
+	since := len(fj.stderr.String())
+	waitDiscoveries(t, dir, 2)
+	if log := fj.stderr.String()[since:]; log != "" {
+		t.Errorf("the driver logged while the script kept failing:\n%s", log)
+	}
+	failDiscovery(t, dir, false)
+	fj.stderr.waitFor(t, "hvdd run: the host discovery script works again\n", 10*time.Second)
+	fj.stderr.waitFor(t, "hvdd run: host 127.0.0.67 joins the elastic job: starting its hvdd daemon (node 1) for 1 rank (reset 1)\n", 10*time.Second)
+	r1 := fj.rank(1)
+	daemons := []int{fj.daemonPid(0), fj.daemonPid(1)}
+
+	failed := time.Now()
+	failDiscovery(t, dir, true)
+	r := fj.wait()
+	if d := time.Since(failed); d < timeout {
+		t.Errorf("the job stopped %v after the script began failing, before --elastic-timeout (%v)", d, timeout)
+	}
+	want := "host discovery has failed for longer than --elastic-timeout (2s): Failed to execute discovery script: " + script + ". Exit code: 3; its last output:\n\tcloud API unreachable\n"
+	if r.code != exitLaunchFailed || r.err == nil || !strings.HasPrefix(r.err.Error(), want) {
+		t.Errorf("Run = %d, %v; want %d and an error beginning %q", r.code, r.err, exitLaunchFailed, want)
+	}
+	if n := strings.Count(r.stderr, retrying); n != 2 {
+		t.Errorf("the driver said it retries %d times, want 2 (once per time the script began failing)", n)
+	}
+	if !strings.Contains(r.stderr, "cloud API unreachable\nfix the script: hvdd run runs it with /bin/sh -c in the job's working directory, and it must exit 0; stopping 2 ranks\n") {
+		t.Errorf("the driver did not say that it stops the ranks:\n%s", r.stderr)
+	}
+	for _, pid := range append(daemons, r0.pid, r1.pid) {
+		if alive(pid) {
+			t.Errorf("pid %d (a rank or daemon) outlived Run", pid)
+		}
+	}
+}
+
+// TestDriverDiscoveryFailsWhileWaiting: a discovery script that worked
+// once and then fails while the driver waits for -np slots is retried
+// until --elastic-timeout; the job then fails with Horovod's message,
+// saying that the script was failing, and nothing is started.
+func TestDriverDiscoveryFailsWhileWaiting(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	script := discoveryScript(t, dir, "127.0.0.68:1\n")
+	fj := startFake(t, dir, Config{NP: 2, ElasticTimeout: time.Second, HostDiscoveryScript: script})
+	fj.stderr.waitFor(t, "hvdd run: waiting up to 1s (--elastic-timeout) for 2 slots; the hosts have 1 (127.0.0.68:1)\n", 10*time.Second)
+	failDiscovery(t, dir, true)
+	r := fj.wait()
+	want := regexp.MustCompile(`^Timed out waiting for minimum number of slots to become available\. Please check that you have enough resources to run at least 2 Horovod processes\. \(After 1s the hosts have 1 usable slot: 127\.0\.0\.68:1; make more available, or raise --elastic-timeout\.\) The host discovery script has failed for the last \S+: Failed to execute discovery script: ` + regexp.QuoteMeta(script) + `\. Exit code: 3`)
+	if r.code != exitLaunchFailed || r.err == nil || !want.MatchString(r.err.Error()) {
+		t.Errorf("Run = %d, %v; want %d and an error matching %s", r.code, r.err, exitLaunchFailed, want)
+	}
+	if !strings.Contains(r.stderr, "cloud API unreachable\nfix the script: hvdd run runs it with /bin/sh -c in the job's working directory, and it must exit 0; retrying every 50ms\n") {
+		t.Errorf("the driver did not say that it retries the script:\n%s", r.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "serve.log")); err == nil || r.stdout != "" {
+		t.Error("something was started")
 	}
 }

@@ -212,16 +212,36 @@ func startFakeWith(t *testing.T, dir string, cfg Config, mod func(cfg *Config, d
 
 // discoveryScript returns a discovery script that prints dir/hosts, which
 // setHosts writes, and first adds a line to dir/discover.runs, so that
-// tests can count its runs (waitDiscoveries).
+// tests can count its runs (waitDiscoveries). While dir/discover.fail
+// exists (failDiscovery), it fails instead: "cloud API unreachable" on
+// stderr, status 3.
 func discoveryScript(t *testing.T, dir, hosts string) string {
 	t.Helper()
 	p := filepath.Join(dir, "discover")
-	script := "#!/bin/sh\necho run >> " + shellQuote(filepath.Join(dir, "discover.runs")) + "\ncat " + shellQuote(filepath.Join(dir, "hosts")) + "\n"
+	script := "#!/bin/sh\necho run >> " + shellQuote(filepath.Join(dir, "discover.runs")) + "\n" +
+		"if test -e " + shellQuote(filepath.Join(dir, "discover.fail")) + "; then echo 'cloud API unreachable' >&2; exit 3; fi\n" +
+		"cat " + shellQuote(filepath.Join(dir, "hosts")) + "\n"
 	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	setHosts(t, dir, hosts)
 	return p
+}
+
+// failDiscovery makes the discovery script of discoveryScript fail, or
+// work again.
+func failDiscovery(t *testing.T, dir string, fail bool) {
+	t.Helper()
+	p := filepath.Join(dir, "discover.fail")
+	if !fail {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // rankStarts matches the driver's messages when it starts ranks or a
