@@ -30,11 +30,18 @@ import (
 // $HVDD_TEST_DIR/exit.<pid> (without Close: a lost rank) as soon as that
 // file appears. A rank whose Init is refused because its host was removed
 // ("<host>[<local_rank>] has been removed from elastic job") prints a
-// REMOVED line and exits with exitRemoved.
+// REMOVED line and exits with exitRemoved. On node $HVDD_TEST_FAIL_NODE
+// it exits with 127 at once, before Init, as a command that cannot start
+// there.
 func driverRankHelper() int {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	dir, pid := os.Getenv(envDir), os.Getpid()
+	if n := os.Getenv(envFailNode); n != "" && strings.HasSuffix(filepath.Dir(os.Getenv("HVDD_SOCKET")), "-"+n) {
+		// As a command that cannot start there.
+		fmt.Fprintln(os.Stderr, "train: error while loading shared libraries: libcudart.so.12: cannot open shared object file")
+		return 127
+	}
 	exitCode := func() int {
 		b, err := os.ReadFile(filepath.Join(dir, "exit."+strconv.Itoa(pid)))
 		if err != nil {

@@ -301,3 +301,104 @@ func TestDriverDiscoveryFailsWhileWaiting(t *testing.T) {
 		t.Error("something was started")
 	}
 }
+
+// TestDriverAddedHostRankFails: on a host added by discovery, whose
+// daemon starts, the rank cannot start: its command is not found there
+// (through the agent: the rank exits at once with 127), cannot be executed
+// on this machine, or is not in $PATH here. Its slot (or the host, when
+// the command is not found here) is blacklisted saying why, the job goes
+// on with the first host's rank (discovery keeps listing the host, and
+// nothing is started again without a cooldown range), and Run returns
+// that rank's status, 0.
+func TestDriverAddedHostRankFails(t *testing.T) {
+	t.Parallel()
+	const first, added = "127.0.0.69", "127.0.0.70"
+	bin := "bin=" + shellQuote(os.Args[0]) + "\n"
+	tests := []struct {
+		name    string
+		agent   string // the agent's body (agentScript)
+		local   string // the host that is this machine
+		command func(dir string) []string
+		before  func(t *testing.T, dir string) // run before the host is added
+		want    []string
+	}{
+		{
+			name:  "command not found there",
+			agent: bin + `case "$1" in ` + added + `) exec sh -c "$(printf '%s' "$2" | sed "s|$bin|/nonexistent/train|")";; esac; exec sh -c "$2"`,
+			local: first,
+			want: []string{
+				"hvdd run: host " + added + " joins the elastic job: starting its hvdd daemon (node 1) for 1 rank (reset 1)\n",
+				"hvdd run: started 1 rank on " + added + ": [1]\n",
+				// env's quotes depend on the locale.
+				"[1]<stderr>:env: ", "/nonexistent/train", ": No such file or directory\n",
+				") exited with status 127; the elastic job goes on with 1 rank (--min-np 1; reset 2)\n",
+				"hvdd run: blacklisting its slot on " + added + " for good (no --blacklist-cooldown-range); the host's daemon and other ranks go on\n",
+			},
+		},
+		{
+			name:  "command not executable here",
+			agent: `exec sh -c "$2"`,
+			local: added,
+			command: func(dir string) []string {
+				p := filepath.Join(dir, "train")
+				os.WriteFile(p, []byte("#!/bin/sh\nexec "+shellJoin(helperCmd("fake-rank"))+"\n"), 0o755)
+				return []string{p}
+			},
+			before: func(t *testing.T, dir string) {
+				if err := os.Chmod(filepath.Join(dir, "train"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want: []string{
+				"hvdd run: host " + added + " joins the elastic job: starting its hvdd daemon (node 1) for 1 rank (reset 1)\n",
+				"hvdd run: start a rank on " + added + ": fork/exec ",
+				"/train: permission denied; check that the command exists and is executable there; blacklisting its slot for good (no --blacklist-cooldown-range); the host's daemon and other ranks go on\n",
+			},
+		},
+		{
+			// The first host runs it (the agent finds it there), this
+			// machine does not have it.
+			name:    "command not in $PATH here",
+			agent:   bin + `case "$1" in ` + first + `) exec sh -c "$(printf '%s' "$2" | sed "s|hvdd-test-no-such-command|$bin hvdd-launch-helper fake-rank|")";; esac; exec sh -c "$2"`,
+			local:   added,
+			command: func(string) []string { return []string{"hvdd-test-no-such-command"} },
+			want: []string{
+				`hvdd run: command "hvdd-test-no-such-command" not found in $PATH; check its spelling, or give its path (e.g. ./hvdd-test-no-such-command); blacklisting host ` + added + ", which is this machine, for good (no --blacklist-cooldown-range)\n",
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			dir := testDir(t)
+			cfg := Config{NP: 1, HostDiscoveryScript: discoveryScript(t, dir, first+":1\n"), Agent: agentScript(t, dir, tt.agent),
+				localHost: func(h string) bool { return h == tt.local }}
+			if tt.command != nil {
+				cfg.Command = tt.command(dir)
+			}
+			fj := startFake(t, dir, cfg)
+			fj.rank(0)
+			if tt.before != nil {
+				tt.before(t, dir)
+			}
+			setHosts(t, dir, first+":1\n"+added+":1\n")
+			for _, w := range tt.want {
+				fj.stderr.waitFor(t, w, 10*time.Second)
+			}
+			checkInOrder(t, fj.stderr.String(), tt.want)
+			since := len(fj.stderr.String())
+			waitDiscoveries(t, dir, 3)
+			if log := fj.stderr.String()[since:]; rankStarts.MatchString(log) {
+				t.Errorf("a rank was started again in the blacklisted slot:\n%s", log)
+			}
+			fj.exit(0, 0)
+			r := fj.wait()
+			if r.code != 0 || r.err != nil {
+				t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+			}
+			if strings.Contains(r.stderr, "stopping") {
+				t.Errorf("the driver stopped ranks:\n%s", r.stderr)
+			}
+		})
+	}
+}
