@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -8,8 +9,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -401,4 +404,174 @@ func TestDriverAddedHostRankFails(t *testing.T) {
 			}
 		})
 	}
+}
+
+// received returns the signals the fake rank pid received, by name.
+func (fj *fakeJob) received(pid int) []string {
+	return readLines(filepath.Join(fj.dir, "sig."+strconv.Itoa(pid)))
+}
+
+// waitSig waits until the fake rank pid has received a signal.
+func (fj *fakeJob) waitSig(pid int) {
+	fj.t.Helper()
+	mustWaitForFiles(fj.t, fj.dir, "sig."+strconv.Itoa(pid))
+}
+
+// TestDriverSignals: SIGINT and SIGTERM sent to hvdd run while the
+// elastic driver runs a job on this machine's host and a host reached
+// through the agent are forwarded as by the non-elastic path: the local
+// rank gets the signal, the remote one SIGTERM (its agent's stdin
+// closed), the daemons are stopped, and Run returns 128+N with no error.
+func TestDriverSignals(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		sig     syscall.Signal
+		host    string // the agent's host; 127.0.0.73 is this machine
+		message string
+	}{
+		{syscall.SIGINT, "127.0.0.74", "hvdd run: received SIGINT; forwarding it to 2 ranks (Ctrl-C again to kill them now)\n"},
+		{syscall.SIGTERM, "127.0.0.75", "hvdd run: received SIGTERM; forwarding it to 2 ranks\n"},
+	} {
+		t.Run(signame(tt.sig), func(t *testing.T) {
+			t.Parallel()
+			dir := testDir(t)
+			fj := startFake(t, dir, Config{NP: 2, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.73:1\n"+tt.host+":1\n"),
+				Agent: agentScript(t, dir, `exec sh -c "$2"`), localHost: func(h string) bool { return h == "127.0.0.73" }})
+			ranks := []int{fj.rank(0).pid, fj.rank(1).pid}
+			pids := append([]int{fj.daemonPid(0), fj.daemonPid(1)}, ranks...)
+			fj.sigs <- tt.sig
+			r := fj.wait()
+			if r.code != 128+int(tt.sig) || r.err != nil {
+				t.Errorf("Run = %d, %v; want %d, nil", r.code, r.err, 128+int(tt.sig))
+			}
+			if !strings.Contains(r.stderr, tt.message) {
+				t.Errorf("stderr lacks %q", tt.message)
+			}
+			// Rank 0 runs here (tag 0: host 127.0.0.73 comes first).
+			for i, want := range []string{signame(tt.sig), "SIGTERM"} {
+				if got := fj.received(ranks[i]); !slices.Equal(got, []string{want}) {
+					t.Errorf("rank %d received %q, want [%s]", i, got, want)
+				}
+			}
+			for _, pid := range pids {
+				if alive(pid) {
+					t.Errorf("pid %d (a rank or daemon) outlived Run", pid)
+				}
+			}
+		})
+	}
+}
+
+// TestDriverSecondSIGINT: ranks that survive the SIGINT forwarded to them
+// are killed by a second one, long before the kill grace.
+func TestDriverSecondSIGINT(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	fj := startFake(t, dir, Config{NP: 2, KillGrace: time.Hour, Env: []string{envStubborn + "=1"},
+		HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.76:1\n127.0.0.77:1\n")})
+	r0, r1 := fj.rank(0), fj.rank(1)
+	fj.sigs <- syscall.SIGINT
+	fj.waitSig(r0.pid)
+	fj.waitSig(r1.pid)
+	fj.sigs <- syscall.SIGINT
+	r := fj.wait()
+	if r.code != 130 || r.err != nil {
+		t.Errorf("Run = %d, %v; want 130, nil", r.code, r.err)
+	}
+	if want := "hvdd run: received SIGINT again; killing 2 ranks\n"; !strings.Contains(r.stderr, want) {
+		t.Errorf("stderr lacks %q", want)
+	}
+	if alive(r0.pid) || alive(r1.pid) || alive(fj.daemonPid(0)) || alive(fj.daemonPid(1)) {
+		t.Error("a rank or daemon outlived Run")
+	}
+}
+
+// TestDriverContextCancel: cancelling Run's ctx stops the elastic job as
+// SIGTERM does (every rank gets SIGTERM, the daemons are stopped), and
+// Run returns 143 with an error wrapping context.Canceled.
+func TestDriverContextCancel(t *testing.T) {
+	t.Parallel()
+	dir := testDir(t)
+	fj := startFake(t, dir, Config{NP: 2, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.78:1\n127.0.0.79:1\n")})
+	r0, r1 := fj.rank(0), fj.rank(1)
+	daemons := []int{fj.daemonPid(0), fj.daemonPid(1)}
+	fj.cancel()
+	r := fj.wait()
+	if r.code != 143 || !errors.Is(r.err, context.Canceled) || r.err.Error() != "job stopped: context canceled" {
+		t.Errorf("Run = %d, %v; want 143, job stopped: context canceled", r.code, r.err)
+	}
+	if want := "hvdd run: context canceled; stopping 2 ranks\n"; !strings.Contains(r.stderr, want) {
+		t.Errorf("stderr lacks %q", want)
+	}
+	for _, pid := range []int{r0.pid, r1.pid} {
+		if got := fj.received(pid); !slices.Equal(got, []string{"SIGTERM"}) {
+			t.Errorf("rank pid %d received %q, want [SIGTERM]", pid, got)
+		}
+	}
+	for _, pid := range daemons {
+		if alive(pid) {
+			t.Errorf("daemon pid %d outlived Run", pid)
+		}
+	}
+}
+
+// TestDriverStopWhileStarting: a signal, or ctx cancelled, while the
+// driver waits for -np slots ends the start (128+N, 143) with nothing
+// started; a signal while a host's daemon is still starting stops the job
+// and that daemon's agent too.
+func TestDriverStopWhileStarting(t *testing.T) {
+	t.Parallel()
+	waiting := "hvdd run: waiting up to 10m0s (--elastic-timeout) for 2 slots; the hosts have 1 (127.0.0.80:1)\n"
+	t.Run("signal while waiting for slots", func(t *testing.T) {
+		t.Parallel()
+		dir := testDir(t)
+		fj := startFake(t, dir, Config{NP: 2, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.80:1\n")})
+		fj.stderr.waitFor(t, waiting, 10*time.Second)
+		fj.sigs <- syscall.SIGTERM
+		r := fj.wait()
+		if r.code != 143 || r.err == nil || r.err.Error() != "interrupted by SIGTERM while starting the elastic job" {
+			t.Errorf("Run = %d, %v; want 143, interrupted by SIGTERM while starting the elastic job", r.code, r.err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "serve.log")); err == nil || r.stdout != "" {
+			t.Error("something was started")
+		}
+	})
+	t.Run("ctx cancelled while waiting for slots", func(t *testing.T) {
+		t.Parallel()
+		dir := testDir(t)
+		fj := startFake(t, dir, Config{NP: 2, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.80:1\n")})
+		fj.stderr.waitFor(t, waiting, 10*time.Second)
+		fj.cancel()
+		r := fj.wait()
+		if r.code != 143 || !errors.Is(r.err, context.Canceled) || !strings.HasPrefix(r.err.Error(), "waiting for 2 slots: ") {
+			t.Errorf("Run = %d, %v; want 143, waiting for 2 slots: context canceled", r.code, r.err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "serve.log")); err == nil || r.stdout != "" {
+			t.Error("something was started")
+		}
+	})
+	t.Run("signal while a host's daemon starts", func(t *testing.T) {
+		t.Parallel()
+		dir := testDir(t)
+		// The agent of 127.0.0.82 never returns, as ssh hanging.
+		agent := agentScript(t, dir, `if [ "$1" = 127.0.0.82 ]; then echo $$ > "$(dirname "$0")/agent.pid"; exec cat >/dev/null; fi; exec sh -c "$2"`)
+		fj := startFake(t, dir, Config{NP: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.81:1\n"), Agent: agent,
+			localHost: func(h string) bool { return h == "127.0.0.81" }})
+		r0 := fj.rank(0)
+		setHosts(t, dir, "127.0.0.81:1\n127.0.0.82:1\n")
+		mustWaitForFiles(t, dir, "agent.pid")
+		b, _ := os.ReadFile(filepath.Join(dir, "agent.pid"))
+		agentPid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		fj.sigs <- syscall.SIGTERM
+		r := fj.wait()
+		if r.code != 143 || r.err != nil {
+			t.Errorf("Run = %d, %v; want 143, nil", r.code, r.err)
+		}
+		if got := fj.received(r0.pid); !slices.Equal(got, []string{"SIGTERM"}) {
+			t.Errorf("rank 0 received %q, want [SIGTERM]", got)
+		}
+		if alive(agentPid) || alive(fj.daemonPid(0)) {
+			t.Error("the starting daemon's agent or node 0's daemon outlived Run")
+		}
+	})
 }

@@ -116,13 +116,15 @@ const (
 )
 
 // fakeRank is a rank of a fake job: it checks that its daemon listens,
-// prints its rank variables, and exits on SIGTERM (143), or with the code
+// prints its rank variables, and exits on SIGTERM or SIGINT (128+N, after
+// adding the signal's name to $HVDD_TEST_DIR/sig.<pid>; with
+// $HVDD_TEST_STUBBORN set it only adds the name), or with the code
 // written to $HVDD_TEST_DIR/exit.<pid>, or, when its daemon was told that
 // its host was removed (unless $HVDD_TEST_IGNORE_REMOVAL is set), with
 // exitRemoved and Horovod's message, as a rank refused at its next reset.
 func fakeRank() int {
-	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, syscall.SIGTERM)
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
 	c, err := net.Dial("unix", os.Getenv("HVDD_SOCKET"))
 	if err != nil {
 		fmt.Println("dial failed:", err)
@@ -137,8 +139,16 @@ func fakeRank() int {
 	removed := filepath.Join(filepath.Dir(e("HVDD_SOCKET")), "removed")
 	for {
 		select {
-		case <-ch:
-			return 143
+		case sig := <-ch:
+			f, err := os.OpenFile(filepath.Join(e(envDir), "sig."+strconv.Itoa(os.Getpid())), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+			if err == nil {
+				fmt.Fprintln(f, signame(sig))
+				f.Close()
+			}
+			if e(envStubborn) == "" {
+				return 128 + signum(sig)
+			}
+			continue
 		case <-time.After(20 * time.Millisecond):
 		}
 		if b, err := os.ReadFile(exit); err == nil {
