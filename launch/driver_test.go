@@ -291,9 +291,10 @@ func TestDriverE2ERemoveHost(t *testing.T) {
 // stopped), and that no rank saw a rank lost.
 func (rj *realJob) checkRemoved(host string, tags ...int) {
 	rj.t.Helper()
-	// A rank's exit is reported once its output is in.
+	// A rank's exit is reported once its output is in. (The driver's
+	// line: the daemons' logs name ranks as "rank N (pid P)" too.)
 	for _, tag := range tags {
-		rj.stderr.waitFor(rj.t, fmt.Sprintf("rank %d (pid ", tag), 20*time.Second)
+		rj.stderr.waitFor(rj.t, fmt.Sprintf("hvdd run: rank %d (pid ", tag), 20*time.Second)
 	}
 	out := rj.stdout.String()
 	if lost := regexp.MustCompile(`(?m)^\[\d+\]<stdout>:LOST .*$`).FindAllString(out, -1); len(lost) > 0 {
