@@ -173,7 +173,7 @@ func (rj *realJob) epoch(size int, tags ...int) map[int]int {
 // exit makes the rank whose pid is pid exit with code (a lost rank).
 func (rj *realJob) exit(pid, code int) {
 	rj.t.Helper()
-	if err := os.WriteFile(filepath.Join(rj.dir, "exit."+strconv.Itoa(pid)), []byte(strconv.Itoa(code)), 0o600); err != nil {
+	if err := writeAtomically(filepath.Join(rj.dir, "exit."+strconv.Itoa(pid)), []byte(strconv.Itoa(code))); err != nil {
 		rj.t.Fatal(err)
 	}
 }

@@ -45,7 +45,7 @@ func TestDriverAddedHostDaemonFails(t *testing.T) {
 			// the daemon is not ready within --start-timeout, and the
 			// driver stops the agent by closing its stdin.
 			name:  "never ready",
-			agent: `if [ "$1" = ` + added + ` ]; then echo $$ > "$(dirname "$0")/agent.pid"; echo "connecting to $1" >&2; exec cat >/dev/null; fi; exec sh -c "$2"`,
+			agent: `if [ "$1" = ` + added + ` ]; then d=$(dirname "$0"); echo $$ > "$d/agent.pid.tmp"; mv "$d/agent.pid.tmp" "$d/agent.pid"; echo "connecting to $1" >&2; exec cat >/dev/null; fi; exec sh -c "$2"`,
 			cfg:   func(cfg *Config, _ string) { cfg.StartTimeout = time.Second },
 			want: []string{
 				"hvdd run: host " + added + " joins the elastic job: starting its hvdd daemon (node 1) for 1 rank (reset 1)\n",
@@ -121,12 +121,7 @@ func TestDriverAddedHostDaemonFails(t *testing.T) {
 			}
 			checkInOrder(t, fj.stderr.String(), tt.want)
 			if tt.pidFile != "" {
-				b, err := os.ReadFile(filepath.Join(dir, tt.pidFile))
-				pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-				if err != nil || pid == 0 {
-					t.Fatalf("read the agent's pid: %v %q", err, b)
-				}
-				fj.waitGone(pid, "the agent of the daemon that was not ready")
+				fj.waitGone(readPid(t, dir, tt.pidFile), "the agent of the daemon that was not ready")
 			}
 			if strings.Contains(fj.stderr.String(), "while the job was running") {
 				t.Errorf("a daemon that never was ready is reported as lost while the job ran:\n%s", fj.stderr)
@@ -164,6 +159,19 @@ func TestDriverAddedHostDaemonBack(t *testing.T) {
 	if r := fj.wait(); r.code != 0 || r.err != nil {
 		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
 	}
+}
+
+// readPid waits for the file dir/name, written whole at once, and returns
+// the pid it holds.
+func readPid(t *testing.T, dir, name string) int {
+	t.Helper()
+	mustWaitForFiles(t, dir, name)
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		t.Fatalf("read a pid from %s: %v %q", name, err, b)
+	}
+	return pid
 }
 
 // checkInOrder checks that out holds every string of want, in that order.
@@ -554,14 +562,12 @@ func TestDriverStopWhileStarting(t *testing.T) {
 		t.Parallel()
 		dir := testDir(t)
 		// The agent of 127.0.0.82 never returns, as ssh hanging.
-		agent := agentScript(t, dir, `if [ "$1" = 127.0.0.82 ]; then echo $$ > "$(dirname "$0")/agent.pid"; exec cat >/dev/null; fi; exec sh -c "$2"`)
+		agent := agentScript(t, dir, `if [ "$1" = 127.0.0.82 ]; then d=$(dirname "$0"); echo $$ > "$d/agent.pid.tmp"; mv "$d/agent.pid.tmp" "$d/agent.pid"; exec cat >/dev/null; fi; exec sh -c "$2"`)
 		fj := startFake(t, dir, Config{NP: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.81:1\n"), Agent: agent,
 			localHost: func(h string) bool { return h == "127.0.0.81" }})
 		r0 := fj.rank(0)
 		setHosts(t, dir, "127.0.0.81:1\n127.0.0.82:1\n")
-		mustWaitForFiles(t, dir, "agent.pid")
-		b, _ := os.ReadFile(filepath.Join(dir, "agent.pid"))
-		agentPid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		agentPid := readPid(t, dir, "agent.pid")
 		fj.sigs <- syscall.SIGTERM
 		r := fj.wait()
 		if r.code != 143 || r.err != nil {

@@ -88,7 +88,7 @@ func fakeServe(args []string) int {
 		fmt.Fprintln(os.Stderr, "fake daemon:", err)
 		return 3
 	}
-	os.WriteFile(filepath.Join(os.Getenv(envDir), "serve."+nodeRank+".pid"), []byte(strconv.Itoa(os.Getpid())), 0o600)
+	writeAtomically(filepath.Join(os.Getenv(envDir), "serve."+nodeRank+".pid"), []byte(strconv.Itoa(os.Getpid())))
 	go acceptAndDrop(ln)
 	<-ch
 	ln.Close()
@@ -317,7 +317,7 @@ func (fj *fakeJob) socket(i int) string {
 func (fj *fakeJob) exit(tag, code int) {
 	fj.t.Helper()
 	r := fj.rank(tag)
-	if err := os.WriteFile(filepath.Join(fj.dir, "exit."+strconv.Itoa(r.pid)), []byte(strconv.Itoa(code)), 0o600); err != nil {
+	if err := writeAtomically(filepath.Join(fj.dir, "exit."+strconv.Itoa(r.pid)), []byte(strconv.Itoa(code))); err != nil {
 		fj.t.Fatal(err)
 	}
 }
@@ -355,11 +355,7 @@ func (fj *fakeJob) rdvCount(i int) string {
 // daemonPid returns the pid of node i's fake daemon.
 func (fj *fakeJob) daemonPid(i int) int {
 	fj.t.Helper()
-	name := "serve." + strconv.Itoa(i) + ".pid"
-	mustWaitForFiles(fj.t, fj.dir, name)
-	b, _ := os.ReadFile(filepath.Join(fj.dir, name))
-	pid, _ := strconv.Atoi(string(b))
-	return pid
+	return readPid(fj.t, fj.dir, "serve."+strconv.Itoa(i)+".pid")
 }
 
 // wait waits for Run to return.
