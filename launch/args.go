@@ -172,7 +172,8 @@ the numbering ([4], [5], ...).
 Failures: when a host's daemon (or its agent) dies, the host is blacklisted,
 as Horovod blacklists the host of a failed worker: its ranks are stopped,
 and it comes back after the cooldown of --blacklist-cooldown-range, or
-never without one. When a rank fails and its host's daemon runs on, the
+never without one; so is a host added later whose daemon does not start
+(it exits, or is not ready within --start-timeout). When a rank fails and its host's daemon runs on, the
 host is not blacklisted: the rank's slot is, and a new rank is started in
 it after the same cooldown (never without a cooldown range); the host's
 other ranks go on. Host 0 is no exception: when its daemon dies, it is

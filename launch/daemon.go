@@ -304,7 +304,7 @@ func (j *job) waitReady(ctx context.Context, d *daemonProc, n node, deadline tim
 	case waitCancelled:
 		return fmt.Errorf("waiting for the hvdd daemon %s to start: %w", where, context.Cause(ctx))
 	case waitTimedOut:
-		return fmt.Errorf("the hvdd daemon %s was not ready within %v, so the job was stopped; its last output:\n%s\n%s, or raise --start-timeout",
+		return fmt.Errorf("the hvdd daemon %s was not ready within %v; its last output:\n%s\n%s, or raise --start-timeout",
 			where, j.cfg.StartTimeout, d.tail.lines(10), hint)
 	}
 	return nil

@@ -30,11 +30,18 @@ import (
 // $HVDD_TEST_DIR/exit.<pid> (without Close: a lost rank) as soon as that
 // file appears. A rank whose Init is refused because its host was removed
 // ("<host>[<local_rank>] has been removed from elastic job") prints a
-// REMOVED line and exits with exitRemoved.
+// REMOVED line and exits with exitRemoved. On node $HVDD_TEST_FAIL_NODE
+// it exits with 127 at once, before Init, as a command that cannot start
+// there.
 func driverRankHelper() int {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	dir, pid := os.Getenv(envDir), os.Getpid()
+	if n := os.Getenv(envFailNode); n != "" && strings.HasSuffix(filepath.Dir(os.Getenv("HVDD_SOCKET")), "-"+n) {
+		// As a command that cannot start there.
+		fmt.Fprintln(os.Stderr, "train: error while loading shared libraries: libcudart.so.12: cannot open shared object file")
+		return 127
+	}
 	exitCode := func() int {
 		b, err := os.ReadFile(filepath.Join(dir, "exit."+strconv.Itoa(pid)))
 		if err != nil {
@@ -166,7 +173,7 @@ func (rj *realJob) epoch(size int, tags ...int) map[int]int {
 // exit makes the rank whose pid is pid exit with code (a lost rank).
 func (rj *realJob) exit(pid, code int) {
 	rj.t.Helper()
-	if err := os.WriteFile(filepath.Join(rj.dir, "exit."+strconv.Itoa(pid)), []byte(strconv.Itoa(code)), 0o600); err != nil {
+	if err := writeAtomically(filepath.Join(rj.dir, "exit."+strconv.Itoa(pid)), []byte(strconv.Itoa(code))); err != nil {
 		rj.t.Fatal(err)
 	}
 }
@@ -284,9 +291,10 @@ func TestDriverE2ERemoveHost(t *testing.T) {
 // stopped), and that no rank saw a rank lost.
 func (rj *realJob) checkRemoved(host string, tags ...int) {
 	rj.t.Helper()
-	// A rank's exit is reported once its output is in.
+	// A rank's exit is reported once its output is in. (The driver's
+	// line: the daemons' logs name ranks as "rank N (pid P)" too.)
 	for _, tag := range tags {
-		rj.stderr.waitFor(rj.t, fmt.Sprintf("rank %d (pid ", tag), 20*time.Second)
+		rj.stderr.waitFor(rj.t, fmt.Sprintf("hvdd run: rank %d (pid ", tag), 20*time.Second)
 	}
 	out := rj.stdout.String()
 	if lost := regexp.MustCompile(`(?m)^\[\d+\]<stdout>:LOST .*$`).FindAllString(out, -1); len(lost) > 0 {

@@ -230,6 +230,12 @@ func (drv *driver) waitForSlots(ctx context.Context, np int) ([]Host, error) {
 			return avail, nil
 		}
 		if time.Now().After(deadline) {
+			if err != nil {
+				// The hosts may have more slots by now: say why they
+				// were not seen.
+				return nil, fmt.Errorf("%s The host discovery script has failed for the last %v: %w",
+					drv.slotsTimeout(np), time.Since(drv.discFailing).Round(time.Millisecond), err)
+			}
 			return nil, errors.New(drv.slotsTimeout(np))
 		}
 		if !told {

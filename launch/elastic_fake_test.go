@@ -88,7 +88,7 @@ func fakeServe(args []string) int {
 		fmt.Fprintln(os.Stderr, "fake daemon:", err)
 		return 3
 	}
-	os.WriteFile(filepath.Join(os.Getenv(envDir), "serve."+nodeRank+".pid"), []byte(strconv.Itoa(os.Getpid())), 0o600)
+	writeAtomically(filepath.Join(os.Getenv(envDir), "serve."+nodeRank+".pid"), []byte(strconv.Itoa(os.Getpid())))
 	go acceptAndDrop(ln)
 	<-ch
 	ln.Close()
@@ -116,13 +116,15 @@ const (
 )
 
 // fakeRank is a rank of a fake job: it checks that its daemon listens,
-// prints its rank variables, and exits on SIGTERM (143), or with the code
+// prints its rank variables, and exits on SIGTERM or SIGINT (128+N, after
+// adding the signal's name to $HVDD_TEST_DIR/sig.<pid>; with
+// $HVDD_TEST_STUBBORN set it only adds the name), or with the code
 // written to $HVDD_TEST_DIR/exit.<pid>, or, when its daemon was told that
 // its host was removed (unless $HVDD_TEST_IGNORE_REMOVAL is set), with
 // exitRemoved and Horovod's message, as a rank refused at its next reset.
 func fakeRank() int {
-	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, syscall.SIGTERM)
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
 	c, err := net.Dial("unix", os.Getenv("HVDD_SOCKET"))
 	if err != nil {
 		fmt.Println("dial failed:", err)
@@ -137,8 +139,16 @@ func fakeRank() int {
 	removed := filepath.Join(filepath.Dir(e("HVDD_SOCKET")), "removed")
 	for {
 		select {
-		case <-ch:
-			return 143
+		case sig := <-ch:
+			f, err := os.OpenFile(filepath.Join(e(envDir), "sig."+strconv.Itoa(os.Getpid())), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+			if err == nil {
+				fmt.Fprintln(f, signame(sig))
+				f.Close()
+			}
+			if e(envStubborn) == "" {
+				return 128 + signum(sig)
+			}
+			continue
 		case <-time.After(20 * time.Millisecond):
 		}
 		if b, err := os.ReadFile(exit); err == nil {
@@ -167,11 +177,19 @@ type fakeJob struct {
 	stdout, stderr *watchBuffer
 	sigs           chan os.Signal
 	done           chan result
+	cancel         context.CancelFunc // cancels Run's ctx
 }
 
 // startFake runs cfg (its hosts, or the discovery script fj.discovery())
-// on fake daemons with fake ranks.
+// on fake daemons with fake ranks (or cfg.Command, when set).
 func startFake(t *testing.T, dir string, cfg Config) *fakeJob {
+	t.Helper()
+	return startFakeWith(t, dir, cfg, nil)
+}
+
+// startFakeWith is startFake, with mod (if not nil) applied to the Config
+// last, with the fake hvdd and rank set.
+func startFakeWith(t *testing.T, dir string, cfg Config, mod func(cfg *Config, dir string)) *fakeJob {
 	t.Helper()
 	fj := &fakeJob{t: t, dir: dir, stdout: newWatchBuffer(), stderr: newWatchBuffer(), sigs: make(chan os.Signal, 4), done: make(chan result, 1)}
 	bin := filepath.Join(dir, "hvdd")
@@ -180,13 +198,20 @@ func startFake(t *testing.T, dir string, cfg Config) *fakeJob {
 	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cfg.HvddPath, cfg.Command = bin, helperCmd("fake-rank")
+	cfg.HvddPath = bin
+	if cfg.Command == nil {
+		cfg.Command = helperCmd("fake-rank")
+	}
 	cfg.Env = append(cfg.Env, envDir+"="+dir)
 	cfg.Stdout, cfg.Stderr, cfg.Signals = fj.stdout, fj.stderr, fj.sigs
 	if cfg.discoverEvery == 0 {
 		cfg.discoverEvery = 50 * time.Millisecond
 	}
+	if mod != nil {
+		mod(&cfg, dir)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	fj.cancel = cancel
 	go func() {
 		defer cancel()
 		code, err := Run(ctx, cfg)
@@ -195,16 +220,63 @@ func startFake(t *testing.T, dir string, cfg Config) *fakeJob {
 	return fj
 }
 
-// discovery returns a discovery script that prints dir/hosts, which
-// setHosts writes.
+// discoveryScript returns a discovery script that prints dir/hosts, which
+// setHosts writes, and first adds a line to dir/discover.runs, so that
+// tests can count its runs (waitDiscoveries). While dir/discover.fail
+// exists (failDiscovery), it fails instead: "cloud API unreachable" on
+// stderr, status 3.
 func discoveryScript(t *testing.T, dir, hosts string) string {
 	t.Helper()
 	p := filepath.Join(dir, "discover")
-	if err := os.WriteFile(p, []byte("#!/bin/sh\ncat "+shellQuote(filepath.Join(dir, "hosts"))+"\n"), 0o755); err != nil {
+	script := "#!/bin/sh\necho run >> " + shellQuote(filepath.Join(dir, "discover.runs")) + "\n" +
+		"if test -e " + shellQuote(filepath.Join(dir, "discover.fail")) + "; then echo 'cloud API unreachable' >&2; exit 3; fi\n" +
+		"cat " + shellQuote(filepath.Join(dir, "hosts")) + "\n"
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	setHosts(t, dir, hosts)
 	return p
+}
+
+// failDiscovery makes the discovery script of discoveryScript fail, or
+// work again.
+func failDiscovery(t *testing.T, dir string, fail bool) {
+	t.Helper()
+	p := filepath.Join(dir, "discover.fail")
+	if !fail {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rankStarts matches the driver's messages when it starts ranks or a
+// host's daemon (it logs them before it takes in the next discovery).
+var rankStarts = regexp.MustCompile(`(?m)^hvdd run: (starting \d+ ranks? more|started \d+ ranks? on|host \S+ joins the elastic job|\d+ ranks? more for)`)
+
+// waitDiscoveries waits until the driver has taken in k runs of the
+// discovery script of discoveryScript (in dir) that began after the call,
+// so that a test can show that nothing happens on them.
+//
+// The driver runs the script, hands the result to its loop, and runs it
+// again only once the loop has received that result; the loop takes each
+// result in before it receives the next. So run n+2 begins only after the
+// loop has taken run n in, and the run that follows the n runs counted
+// now is the first to begin after the call: k runs taken in are k+2
+// begun.
+func waitDiscoveries(t *testing.T, dir string, k int) {
+	t.Helper()
+	runs := filepath.Join(dir, "discover.runs")
+	want := len(readLines(runs)) + k + 2
+	for deadline := time.Now().Add(20 * time.Second); len(readLines(runs)) < want; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the discovery script ran %d times in 20s, want %d", len(readLines(runs)), want)
+		}
+	}
 }
 
 // setHosts replaces what the discovery script prints (atomically).
@@ -234,11 +306,18 @@ func (fj *fakeJob) rank(tag int) fakeRankInfo {
 	return fakeRankInfo{}
 }
 
+// socket returns node i's socket, named after rank 0's (node 0's).
+func (fj *fakeJob) socket(i int) string {
+	fj.t.Helper()
+	node0 := filepath.Dir(fj.rank(0).sock)
+	return strings.TrimSuffix(node0, "-0") + "-" + strconv.Itoa(i) + "/hvdd.sock"
+}
+
 // exit makes the fake rank tagged tag exit with code.
 func (fj *fakeJob) exit(tag, code int) {
 	fj.t.Helper()
 	r := fj.rank(tag)
-	if err := os.WriteFile(filepath.Join(fj.dir, "exit."+strconv.Itoa(r.pid)), []byte(strconv.Itoa(code)), 0o600); err != nil {
+	if err := writeAtomically(filepath.Join(fj.dir, "exit."+strconv.Itoa(r.pid)), []byte(strconv.Itoa(code))); err != nil {
 		fj.t.Fatal(err)
 	}
 }
@@ -276,11 +355,7 @@ func (fj *fakeJob) rdvCount(i int) string {
 // daemonPid returns the pid of node i's fake daemon.
 func (fj *fakeJob) daemonPid(i int) int {
 	fj.t.Helper()
-	name := "serve." + strconv.Itoa(i) + ".pid"
-	mustWaitForFiles(fj.t, fj.dir, name)
-	b, _ := os.ReadFile(filepath.Join(fj.dir, name))
-	pid, _ := strconv.Atoi(string(b))
-	return pid
+	return readPid(fj.t, fj.dir, "serve."+strconv.Itoa(i)+".pid")
 }
 
 // wait waits for Run to return.
@@ -402,7 +477,7 @@ func TestDriverRefillsSlot(t *testing.T) {
 func TestDriverNoCooldown(t *testing.T) {
 	t.Parallel()
 	dir := testDir(t)
-	fj := startFake(t, dir, Config{NP: 3, MinNP: 1, Hosts: []Host{{"127.0.0.33", 2}, {"127.0.0.34", 1}}})
+	fj := startFake(t, dir, Config{NP: 3, MinNP: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.33:2\n127.0.0.34:1\n")})
 	fj.rank(0)
 	fj.rank(1)
 	r2 := fj.rank(2)
@@ -411,9 +486,12 @@ func TestDriverNoCooldown(t *testing.T) {
 	fj.stderr.waitFor(t, "rank 2 (pid "+strconv.Itoa(r2.pid)+") exited with status 143; the elastic job goes on with 2 ranks", 10*time.Second)
 	fj.exit(1, 3)
 	fj.stderr.waitFor(t, "blacklisting its slot on 127.0.0.33 for good", 10*time.Second)
-	time.Sleep(200 * time.Millisecond) // several discoveries: nothing is refilled
-	if strings.Contains(fj.stdout.String(), "[3]<stdout>") {
-		t.Error("a rank was started in a slot blacklisted for good")
+	// Discovery still lists both hosts with all their slots: three runs
+	// taken in start nothing.
+	since := len(fj.stderr.String())
+	waitDiscoveries(t, dir, 3)
+	if log := fj.stderr.String()[since:]; rankStarts.MatchString(log) || strings.Contains(fj.stdout.String(), "[3]<stdout>") {
+		t.Errorf("a rank was started in a slot or on a host blacklisted for good:\n%s", log)
 	}
 	fj.exit(0, 4)
 	r := fj.wait()
@@ -649,9 +727,10 @@ func TestDriverMaxNP(t *testing.T) {
 	fj.stderr.waitFor(t, "starting 1 rank more on 127.0.0.47 (reset 2)", 10*time.Second)
 	checkRank(t, 3, fj.rank(3), fakeRankInfo{rank: "2", size: "3", local: "-1/1/2", cross: "0/1", elastic: "1", sock: r2.sock})
 	setHosts(t, dir, "127.0.0.46:3\n127.0.0.47:2\n")
-	time.Sleep(300 * time.Millisecond) // several discoveries
-	if strings.Contains(fj.stdout.String(), "[4]<stdout>") {
-		t.Error("a rank was started beyond --max-np")
+	since := len(fj.stderr.String())
+	waitDiscoveries(t, dir, 3)
+	if log := fj.stderr.String()[since:]; rankStarts.MatchString(log) || strings.Contains(fj.stdout.String(), "[4]<stdout>") {
+		t.Errorf("a rank was started beyond --max-np:\n%s", log)
 	}
 	for _, tag := range []int{0, 2, 3} {
 		fj.exit(tag, 0)

@@ -96,8 +96,8 @@ func (drv *driver) addHost(host string, k int) {
 	if drv.path == "" && j.isLocal(host) {
 		path, _, err := lookCommand(cfg)
 		if err != nil {
-			j.o.logf("%v; blacklisting host %s, which is this machine", err, host)
-			drv.hm.blacklistHost(host)
+			cool := drv.hm.blacklistHost(host)
+			j.o.logf("%v; blacklisting host %s, which is this machine, %s", err, host, cooldownPhrase(cool))
 			return
 		}
 		drv.path = path
@@ -107,8 +107,8 @@ func (drv *driver) addHost(host string, k int) {
 	j.o.logf("host %s joins the elastic job: starting its hvdd daemon (node %d) for %s (reset %d)", host, i, ranks(k), drv.resets)
 	d, err := j.startDaemon(i)
 	if err != nil {
-		j.o.logf("%v; blacklisting host %s", err, host)
-		drv.hm.blacklistHost(host)
+		cool := drv.hm.blacklistHost(host)
+		j.o.logf("%v; blacklisting host %s %s", err, host, cooldownPhrase(cool))
 		drv.retire(i)
 		return
 	}
@@ -259,8 +259,8 @@ func (drv *driver) startRanksOn(i, k int) {
 		}
 		tag := len(j.workers)
 		if err := j.startRankAs(drv.path, i, tag, j.rankVars(j.nodes[i], s, "-1")); err != nil {
-			j.o.logf("start a rank on %s: %v; blacklisting the slot", host, err)
-			drv.hm.blacklistSlot(host)
+			cool := drv.hm.blacklistSlot(host)
+			j.o.logf("start a rank on %s: %v; check that the command exists and is executable there; blacklisting its slot %s; the host's daemon and other ranks go on", host, err, cooldownPhrase(cool))
 			continue
 		}
 		drv.ranks = append(drv.ranks, driverRank{node: i})

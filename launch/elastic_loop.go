@@ -218,12 +218,17 @@ func (drv *driver) rankExited(e exitEvent) {
 	}
 	drv.resets++
 	j.o.logf("%s; the elastic job goes on with %s (--min-np %d; reset %d)", msg, ranks(live), cfg.MinNP, drv.resets)
-	if cool > 0 {
-		j.o.logf("blacklisting its slot on %s for %v (--blacklist-cooldown-range); the host's daemon and other ranks go on", host, cool.Round(time.Millisecond))
-	} else {
-		j.o.logf("blacklisting its slot on %s for good (no --blacklist-cooldown-range); the host's daemon and other ranks go on", host)
-	}
+	j.o.logf("blacklisting its slot on %s %s; the host's daemon and other ranks go on", host, cooldownPhrase(cool))
 	drv.reconcile()
+}
+
+// cooldownPhrase says how long a host or slot is blacklisted for, given
+// the cooldown that blacklisting it returned (zero: for good).
+func cooldownPhrase(cool time.Duration) string {
+	if cool > 0 {
+		return fmt.Sprintf("for %v (--blacklist-cooldown-range)", cool.Round(time.Millisecond))
+	}
+	return "for good (no --blacklist-cooldown-range)"
 }
 
 // daemonGone reports whether d has exited.
@@ -264,6 +269,12 @@ func (drv *driver) daemonExited(d *daemonProc) {
 	if n.stopped || n.retired {
 		return // stopped by the driver, or its host had left the job
 	}
+	if !n.ready {
+		// A daemon that never was ready (a host being added): the wait
+		// for it sees the exit too, and daemonReady blacklists the host,
+		// once, saying that it exited before it was ready.
+		return
+	}
 	_, how := describeExit(d.cmd.ProcessState)
 	j.o.logf("%s %s while the job was running; its last output:\n%s", d.describe(), how, d.tail.lines(10))
 	if drv.state != jobRunning {
@@ -278,15 +289,11 @@ func (drv *driver) daemonExited(d *daemonProc) {
 	cool := drv.hm.blacklistHost(host)
 	live := drv.nodeRanks(i)
 	drv.retire(i)
-	until := "for good (no --blacklist-cooldown-range)"
-	if cool > 0 {
-		until = fmt.Sprintf("for %v (--blacklist-cooldown-range)", cool.Round(time.Millisecond))
-	}
 	what := ""
 	if len(live) > 0 {
 		what = fmt.Sprintf(" and stopping the ranks on it (%s), which lost their daemon", tagList(live))
 	}
-	j.o.logf("blacklisting host %s %s%s (reset %d)", host, until, what, drv.resets)
+	j.o.logf("blacklisting host %s %s%s (reset %d)", host, cooldownPhrase(cool), what, drv.resets)
 	if drv.hm.allBlacklisted() {
 		drv.fail(drv.lastFail, errors.New(drv.allBlacklistedMessage()))
 		return
@@ -310,8 +317,8 @@ func (drv *driver) daemonReady(r readyEvent) {
 		if drv.state != jobRunning || n.retired {
 			return
 		}
-		j.o.logf("%v; blacklisting host %s", r.err, host)
-		drv.hm.blacklistHost(host)
+		cool := drv.hm.blacklistHost(host)
+		j.o.logf("%v; blacklisting host %s %s", r.err, host, cooldownPhrase(cool))
 		drv.retire(r.node)
 		if drv.hm.allBlacklisted() {
 			drv.fail(drv.lastFail, errors.New(drv.allBlacklistedMessage()))

@@ -49,6 +49,7 @@ const (
 	envFailCode   = "HVDD_TEST_FAIL_CODE"   // "job": with this exit status...
 	envFailSignal = "HVDD_TEST_FAIL_SIGNAL" // ...or by killing itself with this signal
 	envStubborn   = "HVDD_TEST_STUBBORN"    // "job": record signals but never exit
+	envFailNode   = "HVDD_TEST_FAIL_NODE"   // "driver-rank": exit 127 at once on this node
 )
 
 func helper(mode string, args []string) int {

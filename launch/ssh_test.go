@@ -101,3 +101,45 @@ LogLevel VERBOSE
 		}
 	}
 }
+
+// TestDriverSSH: an elastic job whose discovery script first lists one
+// host, this machine (127.0.0.87), then a second one reached through a
+// real OpenSSH server (sshd on 127.0.0.88, which this test tells hvdd run
+// is not this machine). The second host's daemon and its two ranks start
+// through ssh; the job grows to three ranks, which all reach an epoch of
+// three with real daemons, finishes, and Run returns 0 with nothing left
+// behind.
+func TestDriverSSH(t *testing.T) {
+	bin := buildHvdd(t)
+	dir := testDir(t)
+	port := startSSHD(t, dir, "127.0.0.88")
+	agent := fmt.Sprintf("ssh -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -p %d -i %s",
+		port, filepath.Join(dir, "id_ed25519"))
+	rj := startReal(t, dir, bin, Config{
+		NP:                  1,
+		HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.87:1\n"),
+		Agent:               agent,
+		localHost:           func(h string) bool { return h == "127.0.0.87" },
+		// Remote ranks get only Config.Env: the race detector's exit
+		// delay off, as TestMain sets it here.
+		Env: []string{"GORACE=" + os.Getenv("GORACE")},
+	})
+	rj.epoch(1, 0)
+	setHosts(t, dir, "127.0.0.87:1\n127.0.0.88:2\n")
+	rj.stderr.waitFor(t, "hvdd run: host 127.0.0.88 joins the elastic job: starting its hvdd daemon (node 1) for 2 ranks (reset 1)\n", 10*time.Second)
+	rj.stderr.waitFor(t, "hvdd run: started 2 ranks on 127.0.0.88: [1] [2]\n", 30*time.Second)
+	rj.epoch(3, 0, 1, 2)
+	for _, tag := range []int{1, 2} {
+		if s := rj.socketOf(tag); !strings.HasSuffix(filepath.Dir(s), "-1") {
+			t.Errorf("rank [%d] is on %s, want node 1's socket", tag, s)
+		}
+	}
+	rj.finish()
+	rj.checkCleanedUp()
+	// Host 1's daemon and ranks really came through sshd: its log shows
+	// the logins (sshd -E).
+	log, _ := os.ReadFile(filepath.Join(dir, "sshd.log"))
+	if n := strings.Count(string(log), "Accepted publickey"); n < 3 {
+		t.Errorf("sshd accepted %d logins, want at least 3 (the daemon and two ranks):\n%s", n, log)
+	}
+}
