@@ -183,6 +183,9 @@ func scales(r *plan.Response, size int) (tensor.ReduceOp, float64, float64) {
 // concatenation; every tensor starts at a multiple of the element size there,
 // so every piece is whole elements.
 func (x *executor) allreduceFused(r *plan.Response, ops [][]*op, size int) error {
+	if r.ReduceOp == tensor.Adasum {
+		return x.adasum(r, ops)
+	}
 	type seg struct {
 		bufs  [][]byte
 		start int // offset in the concatenation
@@ -242,6 +245,26 @@ func (x *executor) allreduceFused(r *plan.Response, ops [][]*op, size int) error
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// adasum reduces every tensor of a fused Adasum response on its own, as
+// Horovod does (dot products per tensor, not over the fused buffer): the
+// ranks' buffers, in set order, meet in reduce.Adasum, which leaves the
+// result in all of them. A joined rank has no buffer and counts as a zero
+// vector. A large tensor is spread over the workers inside reduce.Adasum.
+func (x *executor) adasum(r *plan.Response, ops [][]*op) error {
+	for i, row := range ops {
+		bufs := make([][]byte, len(row))
+		for k, o := range row {
+			if o != nil {
+				bufs[k] = o.buf
+			}
+		}
+		if err := reduce.Adasum(bufs, r.DType, r.Prescale, r.Postscale, &x.ropts); err != nil {
+			return fmt.Errorf("tensor %q: %w", r.Tensors[i].Name, err)
+		}
+	}
+	return nil
 }
 
 // broadcast copies the root's buffer into every other rank's.

@@ -3,10 +3,14 @@
 // Horovod's prescale and postscale factors, and writes the result into one or
 // more destination buffers, possibly in place.
 //
+// It also computes Horovod's Adasum over the buffers of a power-of-two
+// number of ranks (Adasum, in adasum.go), which is not element-wise: it
+// combines whole vectors pairwise with coefficients from their dot products.
+//
 // It is pure computation over []byte memory. It does no I/O, owns no
-// buffers, keeps no state between calls and knows nothing of ranks,
-// collectives, fusion or Adasum; the daemon's local (shared-memory) reduction
-// and the TCP ring backend call it on buffers they already hold.
+// buffers, keeps no state between calls and knows nothing of collectives or
+// fusion; the daemon's local (shared-memory) reduction and the TCP ring
+// backend call it on buffers they already hold.
 //
 // Buffers hold elements in host byte order with no alignment requirement. The
 // element semantics follow Horovod's CPU path:
@@ -36,7 +40,7 @@
 // for joined ranks), and the half-precision conversions are exported for
 // clients and tests. Average is deliberately not accepted by Reduce: it is
 // Sum with postscale 1/size, and the caller knows the size. Adasum is not an
-// element-wise reduction and is rejected.
+// element-wise reduction: Reduce rejects it, and Adasum computes it.
 //
 // On amd64 the float32 and float64 loops use AVX2 assembly, and float16
 // conversion uses F16C, when the CPU has them; other architectures, older

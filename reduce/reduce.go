@@ -47,9 +47,10 @@ const (
 // list; any other overlap between a dst and a src or another dst is an error.
 //
 // op is Sum, Min, Max or Product; Average (Sum with postscale 1/size) and
-// Adasum are errors. Scale factors of exactly 1 are skipped. See the package
-// documentation for the per-type rules (integer wrap-around and truncation,
-// half-precision rounding, bool logic, NaN order for Min and Max).
+// Adasum (not element-wise: see the Adasum function) are errors. Scale
+// factors of exactly 1 are skipped. See the package documentation for the
+// per-type rules (integer wrap-around and truncation, half-precision
+// rounding, bool logic, NaN order for Min and Max).
 //
 // Buffers of at least opts.ParallelMin bytes are split into contiguous
 // ranges, one per worker goroutine; Reduce returns once all of them are done.
@@ -209,7 +210,7 @@ func check(dsts, srcs [][]byte, dt tensor.DType, op tensor.ReduceOp) (int, error
 	case tensor.Average:
 		return 0, errors.New("reduce: Average is not an element-wise op; use Sum with postscale 1/size")
 	case tensor.Adasum:
-		return 0, errors.New("reduce: Adasum is not an element-wise op")
+		return 0, errAdasumElementwise
 	default:
 		return 0, fmt.Errorf("reduce: invalid op %v", op)
 	}

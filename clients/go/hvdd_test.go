@@ -135,7 +135,7 @@ func TestSocketOnly(t *testing.T) {
 }
 
 func TestErrors(t *testing.T) {
-	for _, n := range []int{2, 4} {
+	for _, n := range []int{2, 3, 4} {
 		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
 			s := daemontest.Start(t, daemon.Config{Slots: n})
 			daemontest.Run(t, s.Socket, "errors", n, 60*time.Second)
@@ -614,6 +614,40 @@ func expectErr(what string, err error, kind error, subs ...string) error {
 	return nil
 }
 
+// adasumCases: Adasum runs on one node over a power-of-two number of ranks,
+// on floats; elsewhere every rank gets the same refusal.
+func adasumCases(ctx context.Context, c *hvdd.Client) error {
+	rank, size := c.Rank(), c.Size()
+	// Rank r sends (r+1)·e_r: orthogonal vectors, whose Adasum is their sum.
+	x := make([]float32, size)
+	x[rank] = float32(rank + 1)
+	err := hvdd.Allreduce(ctx, c, x, hvdd.WithName("ada"), hvdd.WithOp(hvdd.Adasum))
+	switch {
+	case size != c.LocalSize():
+		return expectErr("adasum across nodes", err, hvdd.ErrUnimplemented, "Adasum across nodes is not supported yet")
+	case size&(size-1) != 0:
+		return expectErr("adasum on a non-power-of-two job", err, hvdd.ErrUnimplemented,
+			"Running Adasum with non-power-of-two ranks is not supported yet.")
+	case err != nil:
+		return fmt.Errorf("adasum: %w", err)
+	}
+	for i, v := range x {
+		if v != float32(i+1) {
+			return fmt.Errorf("adasum of orthogonal vectors = %v, want their sum", x)
+		}
+	}
+	// Equal vectors: Adasum averages them; postscale applies after.
+	y := []float64{1, -2, 3}
+	if err := hvdd.Allreduce(ctx, c, y, hvdd.WithName("ada.eq"), hvdd.WithOp(hvdd.Adasum), hvdd.WithPostscale(2)); err != nil {
+		return fmt.Errorf("adasum of equal vectors: %w", err)
+	}
+	if y[0] != 2 || y[1] != -4 || y[2] != 6 {
+		return fmt.Errorf("adasum of equal vectors with postscale 2 = %v, want [2 -4 6]", y)
+	}
+	err = hvdd.Allreduce(ctx, c, make([]int32, 4), hvdd.WithName("ada.int"), hvdd.WithOp(hvdd.Adasum))
+	return expectErr("adasum of int32", err, hvdd.ErrInvalidArgument, "Unsupported data type", "int32")
+}
+
 func errorCases(ctx context.Context, c *hvdd.Client) error {
 	rank := c.Rank()
 	last := c.Size() - 1
@@ -689,10 +723,8 @@ func errorCases(ctx context.Context, c *hvdd.Client) error {
 	if err == nil {
 		return errors.New("reducescatter with Min succeeded")
 	}
-	// Adasum: not yet.
-	err = hvdd.Allreduce(ctx, c, make([]float32, 4), hvdd.WithName("ada"), hvdd.WithOp(hvdd.Adasum))
-	if e := expectErr("adasum", err, hvdd.ErrUnimplemented); e != nil {
-		return e
+	if err := adasumCases(ctx, c); err != nil {
+		return err
 	}
 	if err := good("invalid"); err != nil {
 		return err

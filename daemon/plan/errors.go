@@ -138,7 +138,9 @@ func msgInvalidRoot(root int) string {
 }
 
 const (
-	msgAdasum              = "Adasum is not supported yet"
+	msgAdasumNodes         = "Adasum across nodes is not supported yet"
+	msgAdasumRanks         = "Running Adasum with non-power-of-two ranks is not supported yet."
+	msgAdasumDType         = "Unsupported data type: Adasum reduces float16, float32 and float64 tensors only."
 	msgReducescatterOp     = "Reducescatter currently only supports AVERAGE and SUM."
 	msgSplitsCount         = "Number of entries in splits does not equal number of workers."
 	msgSplitsSum           = "Sum of splits entries is greater than the first dimension of tensor."

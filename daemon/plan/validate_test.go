@@ -9,9 +9,9 @@ import (
 )
 
 // TestChecksPerOp runs each collective's checks one by one, and pairs of
-// them to pin their order: three ranks submit request "x", edited per rank,
-// and the one response must fail on attr with Horovod's text (or succeed
-// when attr is empty).
+// them to pin their order: three ranks (or size) submit request "x", edited
+// per rank, and the one response must fail on attr with Horovod's text (or
+// succeed when attr is empty).
 func TestChecksPerOp(t *testing.T) {
 	// base returns the agreeing request of op for rank.
 	base := func(op tensor.OpType, rank int) Request {
@@ -24,6 +24,8 @@ func TestChecksPerOp(t *testing.T) {
 		op     tensor.OpType
 		edit   func(rank int, r *Request)
 		join   []int // ranks that join instead of submitting
+		size   int   // ranks in the job; 0 means 3
+		multi  bool  // Config.MultiNode
 		attr   string
 		ranks  []int
 		prefix string
@@ -94,17 +96,89 @@ func TestChecksPerOp(t *testing.T) {
 			prefix: "Mismatched reduction operation: One rank sent reduction op 1, but another rank sent reduction op 3.",
 		},
 		{
-			name: "allreduce adasum before shape",
+			name: "allreduce adasum on four ranks",
+			op:   tensor.Allreduce,
+			size: 4,
+			edit: func(rank int, r *Request) { r.ReduceOp = tensor.Adasum },
+		},
+		{
+			name: "allreduce adasum with a joined rank and scales",
+			op:   tensor.Allreduce,
+			size: 4,
+			join: []int{3},
+			edit: func(rank int, r *Request) {
+				r.ReduceOp, r.DType, r.Prescale, r.Postscale = tensor.Adasum, tensor.Float16, 0.5, 2
+			},
+		},
+		{
+			name: "allreduce adasum float64 on two ranks",
+			op:   tensor.Allreduce,
+			size: 2,
+			edit: func(rank int, r *Request) { r.ReduceOp, r.DType = tensor.Adasum, tensor.Float64 },
+		},
+		{
+			name: "allreduce reduce op before adasum",
 			op:   tensor.Allreduce,
 			edit: func(rank int, r *Request) {
-				r.ReduceOp = tensor.Adasum
+				if rank == 0 {
+					r.ReduceOp = tensor.Adasum
+				}
+			},
+			attr:   "reduce_op",
+			ranks:  []int{1, 2},
+			prefix: "Mismatched reduction operation: One rank sent reduction op 2, but another rank sent reduction op 1.",
+		},
+		{
+			name:  "allreduce adasum across nodes before ranks",
+			op:    tensor.Allreduce,
+			multi: true,
+			edit: func(rank int, r *Request) {
+				r.ReduceOp, r.DType = tensor.Adasum, tensor.Int32
+			},
+			attr:   "reduce_op",
+			ranks:  []int{0, 1, 2},
+			prefix: "Adasum across nodes is not supported yet",
+		},
+		{
+			name: "allreduce adasum ranks before dtype and shape",
+			op:   tensor.Allreduce,
+			edit: func(rank int, r *Request) {
+				r.ReduceOp, r.DType = tensor.Adasum, tensor.Int32
 				if rank == 1 {
 					r.Shape = tensor.Shape{7}
 				}
 			},
 			attr:   "reduce_op",
 			ranks:  []int{0, 1, 2},
-			prefix: "Adasum is not supported yet",
+			prefix: "Running Adasum with non-power-of-two ranks is not supported yet.",
+		},
+		{
+			name: "allreduce adasum dtype before shape",
+			op:   tensor.Allreduce,
+			size: 4,
+			edit: func(rank int, r *Request) {
+				r.ReduceOp, r.DType = tensor.Adasum, tensor.BFloat16
+				if rank == 1 {
+					r.Shape = tensor.Shape{7}
+				}
+			},
+			attr:   "dtype",
+			ranks:  []int{0, 1, 2, 3},
+			prefix: "Unsupported data type: Adasum reduces float16, float32 and float64 tensors only.",
+		},
+		{
+			name: "allreduce adasum shape",
+			op:   tensor.Allreduce,
+			size: 4,
+			edit: func(rank int, r *Request) {
+				r.ReduceOp = tensor.Adasum
+				if rank == 3 {
+					r.Shape = tensor.Shape{7}
+				}
+			},
+			attr:   "shape",
+			ranks:  []int{3},
+			prefix: "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [6, 2], but another rank sent a tensor of shape [7].",
 		},
 		{
 			name: "allreduce shape before scale",
@@ -315,8 +389,12 @@ func TestChecksPerOp(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tbl := mustNew(t, Config{Size: 3, FusionThreshold: 1 << 20})
-			for rank := range 3 {
+			size := tt.size
+			if size == 0 {
+				size = 3
+			}
+			tbl := mustNew(t, Config{Size: size, FusionThreshold: 1 << 20, MultiNode: tt.multi})
+			for rank := range size {
 				if slices.Contains(tt.join, rank) {
 					if err := tbl.Submit(Request{Rank: rank, Op: tensor.Join}, 0); err != nil {
 						t.Fatal(err)

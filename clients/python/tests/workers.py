@@ -6,6 +6,7 @@ rank's (deterministic) inputs and exits non-zero on the first failure.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -397,13 +398,13 @@ def errors() -> None:
         hvd.broadcast(torch.ones(1), 0, name="go")
         h = hvd.allreduce_async(torch.ones(2), name="dup")
     hvd.synchronize(h)
-    # Adasum: the daemon does not support it yet
+    # Adasum of integers: every rank hears the daemon's refusal
     try:
-        hvd.allreduce(torch.ones(2), op=hvd.Adasum, name="adasum")
+        hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Adasum, name="adasum")
     except hvd.HorovodInternalError as e:
-        assert "Adasum" in str(e), str(e)
+        assert "Unsupported data type" in str(e) and "int32" in str(e), str(e)
     else:
-        raise AssertionError("Adasum did not raise")
+        raise AssertionError("Adasum of int32 did not raise")
     # broadcast with a bad root
     try:
         hvd.broadcast(torch.ones(1), n + 3, name="badroot")
@@ -414,6 +415,197 @@ def errors() -> None:
     # the job keeps working after op errors
     expect_equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="ok"), torch.full((2,), float(n)), "after errors")
     hvd.shutdown()
+
+
+# --------------------------------------------------------------------------- adasum
+
+
+def adasum_reference(ts: list[torch.Tensor], pre: float = 1.0, post: float = 1.0) -> torch.Tensor:
+    """Horovod's Adasum of the ranks' tensors, from the paper's formula: the
+    ranks combine pairwise over the tree ((0, 1), (2, 3)), ((01), (23)), ...
+    with a' = (1 - a·b/(2‖a‖²))·a + (1 - a·b/(2‖b‖²))·b computed in float64
+    (a coefficient stays 1 when its squared norm is below √DBL_MIN), each
+    level rounded to the tensor's dtype as Horovod stores it; prescale before
+    (in the dtype's precision, float32 for float16), postscale after."""
+    dt = ts[0].dtype
+    work = torch.float64 if dt is torch.float64 else torch.float32
+
+    def scale(t: torch.Tensor, f: float) -> torch.Tensor:
+        return t if f == 1.0 else (t.to(work) * f).to(dt)
+
+    vs = [scale(t, pre).double().flatten() for t in ts]
+    tiny = math.sqrt(sys.float_info.min)
+    level = 1
+    while level < len(vs):
+        for i in range(0, len(vs), 2 * level):
+            a, b = vs[i], vs[i + level]
+            dot, na, nb = float(a @ b), float(a @ a), float(b @ b)
+            ca = 1 - dot / (2 * na) if na >= tiny else 1.0
+            cb = 1 - dot / (2 * nb) if nb >= tiny else 1.0
+            vs[i] = (ca * a + cb * b).to(dt).double()
+        level *= 2
+    return scale(vs[0].to(dt), post).reshape(ts[0].shape)
+
+
+def adasum() -> None:
+    """allreduce / grouped_allreduce / DistributedOptimizer with op=Adasum,
+    checked against adasum_reference of every rank's inputs."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    if n & (n - 1):
+        # Horovod's client refuses a non-power-of-two job before sending.
+        for f in (
+            lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum, name="ada"),
+            lambda: hvd.grouped_allreduce([torch.ones(2)], op=hvd.Adasum, name="ada.g"),
+        ):
+            try:
+                f()
+            except NotImplementedError as e:
+                assert "Running Adasum with non-power of 2 ranks is not supported yet." in str(e), str(e)
+            else:
+                raise AssertionError("Adasum on a non-power-of-two job did not raise")
+        hvd.shutdown()
+        return
+
+    for dt in (torch.float16, torch.float32, torch.float64):
+        for shape in ((3, 4), (17,), ()):
+            ts = [data(k, dt, shape, seed=7) for k in range(n)]
+            got = hvd.allreduce(ts[r], op=hvd.Adasum, name=f"ada.{dt}.{shape}")
+            expect_equal(got, adasum_reference(ts), f"adasum {dt} {shape}", tol_for(dt))
+        ts = [data(k, dt, (5, 3), seed=8) for k in range(n)]
+        got = hvd.allreduce(ts[r], op=hvd.Adasum, prescale_factor=0.5, postscale_factor=3.0, name=f"ada.sc.{dt}")
+        expect_equal(got, adasum_reference(ts, 0.5, 3.0), f"adasum {dt} with scale factors", tol_for(dt))
+
+    # The exact cases: orthogonal vectors sum, equal vectors stay.
+    ortho = torch.zeros(n, 3)
+    ortho[r, r % 3] = r + 1.0
+    ortho_sum = torch.zeros(n, 3)
+    for k in range(n):
+        ortho_sum[k, k % 3] = k + 1.0
+    same = torch.tensor([1.0, -2.0, 0.5])
+    expect_equal(hvd.allreduce(ortho, op=hvd.Adasum, name="ada.ortho"), ortho_sum, "adasum of orthogonal vectors")
+    expect_equal(hvd.allreduce(same, op=hvd.Adasum, name="ada.same"), same, "adasum of equal vectors")
+
+    # In place and asynchronous, several at once: the daemon fuses them, and
+    # still combines each tensor on its own (per-tensor dot products).
+    ts = [[data(k, torch.float32, (4 + i,), seed=10 + i) for k in range(n)] for i in range(3)]
+    outs = [t[r].clone() for t in ts]
+    handles = [hvd.allreduce_async_(o, op=hvd.Adasum, name=f"ada.async.{i}") for i, o in enumerate(outs)]
+    handles.append(hvd.allreduce_async(ortho, op=hvd.Adasum, name="ada.async.ortho"))
+    handles.append(hvd.allreduce_async(same, op=hvd.Adasum, name="ada.async.same"))
+    for i, h in enumerate(handles[:3]):
+        assert hvd.synchronize(h) is outs[i]
+        expect_equal(outs[i], adasum_reference(ts[i]), f"async adasum {i}", 1e-5)
+    expect_equal(hvd.synchronize(handles[3]), ortho_sum, "async adasum of orthogonal vectors")
+    expect_equal(hvd.synchronize(handles[4]), same, "async adasum of equal vectors")
+
+    # Grouped: one response, each tensor its own Adasum. Over the fused
+    # buffer the equal vectors would not come back unchanged.
+    g = [data(k, torch.float64, (6,), seed=20) for k in range(n)]
+    got = hvd.grouped_allreduce([same.double(), ortho.double(), g[r]], op=hvd.Adasum, name="ada.grouped")
+    expect_equal(got[0], same.double(), "grouped adasum of equal vectors")
+    expect_equal(got[1], ortho_sum.double(), "grouped adasum of orthogonal vectors")
+    expect_equal(got[2], adasum_reference(g), "grouped adasum", 1e-12)
+
+    # Autograd: the gradient is Adasum-reduced too (equal ones stay ones).
+    x = data(r, torch.float32, (4,), seed=30).requires_grad_()
+    hvd.allreduce(x, op=hvd.Adasum, name="ada.grad").sum().backward()
+    expect_equal(x.grad, torch.ones(4), "gradient of adasum")
+
+    # A joined rank is a zero vector, which leaves its partner unchanged.
+    ts = [data(k, torch.float32, (7,), seed=40) for k in range(n)]
+    if r == n - 1:
+        hvd.join()
+    else:
+        got = hvd.allreduce(ts[r], op=hvd.Adasum, name="ada.join")
+        expect_equal(got, adasum_reference(ts[:-1] + [torch.zeros(7)]), "adasum with a joined rank", 1e-5)
+        hvd.join()
+
+    # What Horovod refuses: integers (the daemon, on every rank), another
+    # process set (the client, at once).
+    try:
+        hvd.allreduce(torch.ones(3, dtype=torch.int64), op=hvd.Adasum, name="ada.int")
+    except hvd.HorovodInternalError as e:
+        assert "Unsupported data type" in str(e), str(e)
+    else:
+        raise AssertionError("Adasum of int64 did not raise")
+    for f in (
+        lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum, process_set=hvd.ProcessSet([0, 1])),
+        lambda: hvd.DistributedOptimizer(
+            torch.optim.SGD(_model(1).parameters(), lr=0.1), op=hvd.Adasum, process_set=hvd.ProcessSet([0, 1])
+        ),
+    ):
+        try:
+            f()
+        except NotImplementedError as e:
+            assert "Adasum does not support non-global process sets yet." in str(e), str(e)
+        else:
+            raise AssertionError("Adasum on another process set did not raise")
+
+    adasum_optimizer()
+    hvd.shutdown()
+
+
+def adasum_optimizer() -> None:
+    """DistributedOptimizer(op=Adasum), as Horovod's delta optimizer: every
+    rank takes its local SGD step, and the ranks' parameter deltas are
+    combined with Adasum and added to the parameters they started from.
+    Checked against n local optimizers doing exactly that."""
+    r, n = hvd.rank(), hvd.size()
+    steps = 3
+    mse = torch.nn.functional.mse_loss
+    m = _model(1 + r)  # different on purpose: broadcast_parameters must fix it
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    hvd.broadcast_parameters(m.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=m.named_parameters(), op=hvd.Adasum)
+    assert type(opt).__name__ == "SGD" and isinstance(opt, torch.optim.SGD)
+    for s in range(steps):
+        opt.zero_grad()
+        x, y = _batch(r, s)
+        mse(m(x), y).backward()
+        opt.step()
+
+    models = [_model(1) for _ in range(n)]
+    opts = [torch.optim.SGD(mk.parameters(), lr=0.1, momentum=0.9) for mk in models]
+    for s in range(steps):
+        start = [p.detach().clone() for p in models[0].parameters()]
+        deltas = []
+        for k in range(n):
+            opts[k].zero_grad()
+            x, y = _batch(k, s)
+            mse(models[k](x), y).backward()
+            opts[k].step()
+            deltas.append([p.detach() - st for p, st in zip(models[k].parameters(), start)])
+        for i, st in enumerate(start):
+            new = st + adasum_reference([d[i] for d in deltas])
+            for mk in models:
+                list(mk.parameters())[i].data.copy_(new)
+    for got, want in zip(m.parameters(), models[0].parameters()):
+        expect_equal(got.detach(), want.detach(), "Adasum DistributedOptimizer", 1e-5)
+    # Adasum is not the average: the plain optimizer's parameters differ.
+    avg = _model(1)
+    avg_opt = torch.optim.SGD(avg.parameters(), lr=0.1, momentum=0.9)
+    for s in range(steps):
+        avg_opt.zero_grad()
+        for k in range(n):
+            x, y = _batch(k, s)
+            (mse(avg(x), y) / n).backward()
+        avg_opt.step()
+    assert any(not torch.allclose(a, b, atol=1e-5) for a, b in zip(m.parameters(), avg.parameters()))
+    gathered = hvd.allgather_object([p.detach() for p in m.parameters()])
+    for other in gathered:
+        for a, b in zip(other, gathered[0]):
+            expect_equal(a, b, "parameters equal across ranks", 0.0)
+
+    # Horovod's Adasum optimizer has no separate synchronize.
+    opt.synchronize()
+    try:
+        with opt.skip_synchronize():
+            pass
+    except AssertionError as e:
+        assert "not supported when using Adasum" in str(e), str(e)
+    else:
+        raise AssertionError("skip_synchronize did not raise")
 
 
 def victim() -> None:
@@ -816,6 +1008,12 @@ def across_nodes() -> None:
     assert hvd.local_rank() == int(env["HOROVOD_LOCAL_RANK"]) == hvd.rank() % 2
     assert hvd.cross_size() == 2 and hvd.cross_rank() == hvd.rank() // 2 == int(env["HOROVOD_CROSS_RANK"])
     assert hvd.is_homogeneous() is True
+    try:
+        hvd.allreduce(torch.ones(4), op=hvd.Adasum, name="adasum.nodes")
+    except hvd.HorovodInternalError as e:
+        assert "Adasum across nodes is not supported yet" in str(e), str(e)
+    else:
+        raise AssertionError("Adasum across nodes did not raise")
     allreduce_ops()
     other_ops()
     optimizer()
@@ -823,7 +1021,19 @@ def across_nodes() -> None:
 
 SCENARIOS = {
     f.__name__: f
-    for f in (basics, allreduce_ops, other_ops, errors, victim, optimizer, sync_bn, process_sets, elastic, across_nodes)
+    for f in (
+        basics,
+        allreduce_ops,
+        other_ops,
+        errors,
+        victim,
+        optimizer,
+        sync_bn,
+        process_sets,
+        elastic,
+        across_nodes,
+        adasum,
+    )
 }
 
 if __name__ == "__main__":

@@ -270,7 +270,7 @@ def DistributedOptimizer(
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         if op == Adasum:
             raise NotImplementedError(
-                "hvdd: Adasum is not implemented yet (the daemon does not reduce with it); use op=hvd.Average"
+                "hvdd: the TF1 DistributedOptimizer has no Adasum (Horovod's delta optimizer) yet; use op=hvd.Average"
             )
         return _DistributedOptimizer(
             optimizer,

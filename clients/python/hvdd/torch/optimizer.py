@@ -3,6 +3,9 @@
 Each parameter's gradient accumulator gets a hook that starts the gradient's
 asynchronous allreduce as soon as backward has produced it, so communication
 overlaps the rest of backward; ``step()`` (or ``synchronize()``) waits for them.
+With ``op=Adasum`` (and more than one rank) the hook instead takes the local
+optimizer step and Adasum-reduces the parameter's delta (Horovod's
+``_DistributedAdasumOptimizer``).
 """
 
 from __future__ import annotations
@@ -360,6 +363,173 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(*args, **kwargs)  # type: ignore[misc]
 
 
+class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+    """Horovod's delta optimizer for op=Adasum: each rank applies its own
+    optimizer step first, and the ranks combine the parameter *deltas* with
+    an Adasum allreduce, which is added to the parameters they started from.
+
+    Horovod runs the local step per parameter in the gradient's hook, so
+    communication overlaps backward: with ``start`` = the parameter's value
+    before the step, the wrapped optimizer steps on that parameter alone,
+    ``p - start`` (the delta, ``-lr·f(g)``) is Adasum-reduced in place in
+    ``p``, and ``step()`` waits for it and sets ``p = start + delta``.
+    """
+
+    _hvdd_distributed = True
+
+    def __init__(self, params: Any, named_parameters: Any, compression: Any, backward_passes_per_step: int = 1) -> None:
+        super(self.__class__, self).__init__(params)  # type: ignore[misc]
+        self._compression = compression
+
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [
+                ("allreduce.noname.%s" % i, v)
+                for param_group in self.param_groups
+                for i, v in enumerate(param_group["params"])
+            ]
+        if any([not isinstance(p, tuple) for p in named_parameters]):
+            raise ValueError(
+                "named_parameters should be a sequence of "
+                "tuples (name, parameter), usually produced by "
+                "model.named_parameters()."
+            )
+        dups = _DistributedOptimizer.find_duplicates([k for k, _ in named_parameters])
+        if len(dups) > 0:
+            raise ValueError(
+                "Parameter names in named_parameters must be unique. " "Found duplicates: %s" % ", ".join(dups)
+            )
+        all_param_ids = {id(v) for param_group in self.param_groups for v in param_group["params"]}
+        named_param_ids = {id(v) for k, v in named_parameters}
+        unnamed_param_ids = all_param_ids - named_param_ids
+        if len(unnamed_param_ids):
+            raise ValueError(
+                "named_parameters was specified, but one or more model "
+                "parameters were not named. Python object ids: "
+                "%s" % ", ".join(str(id) for id in unnamed_param_ids)
+            )
+
+        ordered = sorted(named_parameters, key=lambda kv: kv[0])
+        self._parameter_names = {v: k for k, v in ordered}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: self.backward_passes_per_step for _, v in ordered}
+        self._handles: dict = {}
+        self._grad_accs: List[Any] = []
+        self._requires_update: set = set()
+        self._synchronized = False
+        self._should_synchronize = True
+        # The value each parameter had before its local step (then, once the
+        # Adasum of the deltas arrives, the value after it).
+        self._starting_models = {p: torch.zeros_like(p, requires_grad=False) for _, p in named_parameters}
+        self._register_hooks()
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self._handles = {}
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        super(self.__class__, self).load_state_dict(*args, **kwargs)  # type: ignore[misc]
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+
+    def _register_hooks(self) -> None:
+        for param_group in self.param_groups:
+            for p in param_group["params"]:
+                if p.requires_grad:
+                    p.grad = p.data.new(p.size()).zero_()
+                    self._requires_update.add(p)
+                    p_tmp = p.expand_as(p)
+                    grad_acc = p_tmp.grad_fn.next_functions[0][0]
+                    grad_acc.register_hook(self._make_hook(p))
+                    self._grad_accs.append(grad_acc)
+
+    def _allreduce_grad_async(self, p: torch.Tensor) -> tuple:
+        name = self._parameter_names.get(p)
+        start = self._starting_models[p]
+
+        # Step the wrapped optimizer on p alone: every group keeps only p (if
+        # it holds p), and gets its parameters back afterwards.
+        stashed_params = []
+        for group in self.param_groups:
+            stashed_params.append(group["params"])
+            group["params"] = [p] if any(p is v for v in group["params"]) else []
+        try:
+            start.data.copy_(p)
+            super(self.__class__, self).step()  # type: ignore[misc]
+            # p now holds start - lr·f(g): the delta is p - start.
+            p.data.sub_(start)
+            tensor_compressed, ctx = self._compression.compress(p)
+            handle = allreduce_async_(tensor_compressed.data, name=name, op=Adasum)
+        finally:
+            for stashed, group in zip(stashed_params, self.param_groups):
+                group["params"] = stashed
+        return handle, ctx
+
+    def _make_hook(self, p: torch.Tensor) -> Any:
+        def hook(*ignore: Any) -> None:
+            if p in self._handles and self._handles[p][0] is not None:
+                if self._allreduce_delay[p] <= 0:
+                    raise AssertionError(
+                        "Gradients were computed more than "
+                        "backward_passes_per_step times before call "
+                        "to step(). Increase backward_passes_per_step to "
+                        "accumulate gradients locally."
+                    )
+            assert not p.grad.requires_grad
+            assert self._allreduce_delay[p] > 0
+            handle, ctx = None, None
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                handle, ctx = self._allreduce_grad_async(p)
+            self._handles[p] = (handle, ctx)
+
+        return hook
+
+    def synchronize(self) -> None:
+        """Nothing to do: step() waits for the deltas (as in Horovod)."""
+
+    def skip_synchronize(self) -> Iterator[None]:
+        raise AssertionError("Skipping synchronization is not supported when using Adasum optimizer.")
+
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            loss = closure()
+
+        # Parameters whose hook did not fire (no gradient this step) still
+        # take part, with a local step on their zero gradient.
+        missing_p = self._requires_update - set(self._handles.keys())
+        for p in missing_p:
+            self._handles[p] = self._allreduce_grad_async(p)
+
+        try:
+            for p, (handle, ctx) in self._handles.items():
+                # step() before backward_passes_per_step passes: reduce now.
+                if handle is None:
+                    handle, ctx = self._allreduce_grad_async(p)
+                    self._handles[p] = (handle, ctx)
+                delta = self._compression.decompress(synchronize(handle), ctx)
+                start = self._starting_models[p]
+                start.data.add_(delta.data)
+                p.data.copy_(start)
+                self._allreduce_delay[p] = self.backward_passes_per_step
+        finally:
+            self._handles.clear()
+        return loss
+
+    def zero_grad(self, *args: Any, **kwargs: Any) -> None:
+        if self._handles:
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() "
+                "but before optimizer.step() or optimizer.synchronize(). "
+                "This is prohibited as it can cause a race condition."
+            )
+        return super(self.__class__, self).zero_grad(*args, **kwargs)  # type: ignore[misc]
+
+
 def DistributedOptimizer(
     optimizer: torch.optim.Optimizer,
     named_parameters: Any = None,
@@ -442,11 +612,12 @@ def DistributedOptimizer(
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
 
-    if op == Adasum and size() > 1 and process_set is not global_process_set:
-        raise NotImplementedError("Adasum does not support non-global process sets yet.")
+    if op == Adasum and size() > 1:
+        if process_set is not global_process_set:
+            raise NotImplementedError("Adasum does not support non-global process sets yet.")
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
 
-    # hvdd has no Adasum reduction yet: op=Adasum goes to the daemon, which
-    # answers every allreduce with an error (raised by step()).
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(
         optimizer.param_groups,

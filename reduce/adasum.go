@@ -1,0 +1,311 @@
+package reduce
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hvdd/hvdd/tensor"
+)
+
+// Adasum, the adaptive summation of Maleki et al. ("Scaling Distributed
+// Training with Adaptive Summation", MLSys 2021), computed as Horovod's CPU
+// code computes it (horovod/common/ops/adasum/adasum.h).
+//
+// The pairwise combination. For two vectors a and b,
+//
+//	adasum(a, b) = (1 - a·b / (2‖a‖²))·a + (1 - a·b / (2‖b‖²))·b
+//
+// It is a+b when a and b are orthogonal and a when they are equal (each
+// gets weight 1/2): parallel gradients are averaged, orthogonal ones summed.
+// A coefficient whose squared norm is below √DBL_MIN = 2^-511 is 1 instead,
+// as in Horovod, so a zero vector (a joined rank's) leaves the other one
+// unchanged rather than dividing by zero.
+//
+// Over ranks. Horovod reduces 2^k ranks by vector halving, distance
+// doubling: at level L = 1, 2, 4, ..., rank r exchanges half of what it
+// holds with rank r^L, the two ranks combine their halves, and the dot
+// product and norms are summed over the 2L ranks that hold pieces of the
+// same two vectors, so that the coefficients are those of the whole
+// vectors. The halving only spreads the work; the values are those of the
+// tree
+//
+//	level 1: x01 = adasum(x0, x1),  x23 = adasum(x2, x3),  ...
+//	level 2: x0123 = adasum(x01, x23),  ...
+//
+// whose root every rank receives in the distance-halving phase. The lower
+// group is always the first operand (it matters only for rounding: the
+// combination is symmetric). Adasum is not associative, so this pairing
+// order is part of the result, and so is the power-of-two rule: Horovod
+// refuses other rank counts, and so does Adasum here.
+//
+// Rounding, as in Horovod:
+//
+//   - each level's result is stored in the tensor's dtype, so it is rounded
+//     once per level;
+//   - dot products and squared norms are accumulated in float64 over values
+//     widened to float64 (products of float16 and float32 values are exact
+//     there). Horovod adds the per-rank partial sums of a level with an MPI
+//     allreduce, in an order that depends on the rank count; here a tensor is
+//     cut into blocks of adasumBlock elements whose partial sums are added in
+//     block order, so the result does not depend on the number of goroutines;
+//   - float32 and float64: a' = ca·a + cb·b in float64, rounded to the dtype
+//     once (each product is rounded to float64 first: no fused multiply-add);
+//   - float16, as Horovod's F16C path: the coefficients are rounded to
+//     float32, a·ca is rounded to float32, b·cb is added to it (Horovod uses
+//     a float32 FMA; here the product is exact in float64 and the sum is
+//     rounded through float64, which differs only in rare double-rounding
+//     ties), and the sum is rounded to float16.
+//
+// Prescale multiplies every rank's input before the first level and
+// postscale the result after the last, with Scale's rules, as Horovod's
+// AdasumMPIAllreduceOp scales its fusion buffer around the reduction.
+
+// adasumBlock is the number of elements one partial dot product covers.
+const adasumBlock = 1 << 14
+
+// adasumMinNormSq is √DBL_MIN, Horovod's threshold below which a squared
+// norm leaves its coefficient at 1.
+const adasumMinNormSq = 0x1p-511
+
+// AdasumDType reports whether Adasum reduces elements of dt: float16,
+// float32 and float64, the types Horovod's Adasum has.
+func AdasumDType(dt tensor.DType) bool {
+	return dt == tensor.Float16 || dt == tensor.Float32 || dt == tensor.Float64
+}
+
+// Adasum reduces bufs, one vector per rank in rank order, with Horovod's
+// Adasum (see above) and writes the result into every non-nil buffer.
+//
+// len(bufs) must be a power of two. A nil buffer is a rank without data (a
+// joined rank): a zero vector, which leaves its partner unchanged. The
+// non-nil buffers hold the same number of elements of dt (float16, float32
+// or float64) and must not overlap; they are used as scratch space for the
+// levels of the tree, so every one of them is overwritten. prescale
+// multiplies each input and postscale the result; factors of exactly 1 are
+// skipped.
+//
+// Tensors of at least opts.ParallelMin bytes are cut across up to
+// opts.Workers goroutines; the result is the same for any number of them.
+func Adasum(bufs [][]byte, dt tensor.DType, prescale, postscale float64, opts *Options) error {
+	n, err := checkAdasum(bufs, dt)
+	if err != nil || n == 0 {
+		return err
+	}
+	workers, parallelMin := runtime.GOMAXPROCS(0), defaultParallelMin
+	if opts != nil {
+		if opts.Workers > 0 {
+			workers = opts.Workers
+		}
+		if opts.ParallelMin > 0 {
+			parallelMin = opts.ParallelMin
+		}
+	}
+	if n*dt.Size() < parallelMin {
+		workers = 1
+	}
+	if prescale != 1 {
+		for _, b := range bufs {
+			if b != nil {
+				if err := Scale(b, dt, prescale); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	// cur[i] holds the value of the group of ranks that starts at i (nil: a
+	// zero vector); a level combines the groups at i and i+level into i's.
+	cur := append([][]byte(nil), bufs...)
+	for level := 1; level < len(cur); level *= 2 {
+		for i := 0; i < len(cur); i += 2 * level {
+			a, b := cur[i], cur[i+level]
+			switch {
+			case b == nil:
+			case a == nil:
+				cur[i] = b
+			default:
+				adasumPair(a, b, dt, n, workers)
+			}
+		}
+	}
+	res := cur[0]
+	if postscale != 1 {
+		if err := Scale(res, dt, postscale); err != nil {
+			return err
+		}
+	}
+	for _, b := range bufs {
+		if b != nil && !same(b, res) {
+			copy(b, res)
+		}
+	}
+	return nil
+}
+
+// checkAdasum validates Adasum's arguments and returns the element count
+// (0 when every buffer is nil or empty).
+func checkAdasum(bufs [][]byte, dt tensor.DType) (int, error) {
+	if !AdasumDType(dt) {
+		return 0, fmt.Errorf("reduce: Adasum reduces float16, float32 and float64, not %v", dt)
+	}
+	k := len(bufs)
+	if k == 0 || k&(k-1) != 0 {
+		return 0, fmt.Errorf("reduce: Adasum needs a power-of-two number of buffers, got %d", k)
+	}
+	size := -1
+	for i, b := range bufs {
+		if b == nil {
+			continue
+		}
+		if size < 0 {
+			size = len(b)
+			if size%dt.Size() != 0 {
+				return 0, fmt.Errorf("reduce: bufs[%d] has %d bytes, not a whole number of %v elements", i, size, dt)
+			}
+		} else if len(b) != size {
+			return 0, fmt.Errorf("reduce: bufs[%d] has %d bytes, the first buffer %d", i, len(b), size)
+		}
+		for j, c := range bufs[:i] {
+			if overlap(b, c) {
+				return 0, fmt.Errorf("reduce: bufs[%d] overlaps bufs[%d]", i, j)
+			}
+		}
+	}
+	if size <= 0 {
+		return 0, nil
+	}
+	return size / dt.Size(), nil
+}
+
+// adasumPair replaces a (n elements of dt) with adasum(a, b). The dot
+// product and norms are summed per block, in parallel, then added in block
+// order; the scaled add runs per block too.
+func adasumPair(a, b []byte, dt tensor.DType, n, workers int) {
+	blocks := (n + adasumBlock - 1) / adasumBlock
+	parts := make([][3]float64, blocks)
+	forBlocks(blocks, workers, func(k int) {
+		lo, hi := k*adasumBlock, min((k+1)*adasumBlock, n)
+		parts[k] = dotNorms(a, b, dt, lo, hi)
+	})
+	var dot, anormsq, bnormsq float64
+	for _, p := range parts {
+		dot += p[0]
+		anormsq += p[1]
+		bnormsq += p[2]
+	}
+	ca, cb := adasumCoeffs(dot, anormsq, bnormsq)
+	forBlocks(blocks, workers, func(k int) {
+		lo, hi := k*adasumBlock, min((k+1)*adasumBlock, n)
+		scaledAdd(a, b, dt, lo, hi, ca, cb)
+	})
+}
+
+// adasumCoeffs returns the coefficients of a and b, written as Horovod
+// writes them (1 - dot/‖·‖² · 0.5) so that they round the same way. A NaN
+// norm fails the comparison and leaves its coefficient at 1, as in Horovod.
+func adasumCoeffs(dot, anormsq, bnormsq float64) (ca, cb float64) {
+	ca, cb = 1, 1
+	if anormsq >= adasumMinNormSq {
+		ca = 1 - dot/anormsq*0.5
+	}
+	if bnormsq >= adasumMinNormSq {
+		cb = 1 - dot/bnormsq*0.5
+	}
+	return ca, cb
+}
+
+// dotNorms returns a·b, ‖a‖² and ‖b‖² over elements [lo, hi), accumulated
+// in float64. The explicit conversions keep every product rounded before it
+// is added (Go may otherwise fuse them on some architectures).
+func dotNorms(a, b []byte, dt tensor.DType, lo, hi int) (s [3]float64) {
+	var dot, an, bn float64
+	switch dt {
+	case tensor.Float64:
+		av, bv := view[float64](a, lo, hi), view[float64](b, lo, hi)
+		for i, x := range av {
+			y := bv[i]
+			dot += float64(x * y)
+			an += float64(x * x)
+			bn += float64(y * y)
+		}
+	case tensor.Float32:
+		av, bv := view[float32](a, lo, hi), view[float32](b, lo, hi)
+		for i := range av {
+			x, y := float64(av[i]), float64(bv[i])
+			dot += float64(x * y)
+			an += float64(x * x)
+			bn += float64(y * y)
+		}
+	case tensor.Float16:
+		av, bv := view[uint16](a, lo, hi), view[uint16](b, lo, hi)
+		for i := range av {
+			x, y := float64(Float16ToFloat32(av[i])), float64(Float16ToFloat32(bv[i]))
+			dot += float64(x * y)
+			an += float64(x * x)
+			bn += float64(y * y)
+		}
+	}
+	return [3]float64{dot, an, bn}
+}
+
+// scaledAdd sets a[i] = ca·a[i] + cb·b[i] for i in [lo, hi), with the
+// rounding described at the top of this file.
+func scaledAdd(a, b []byte, dt tensor.DType, lo, hi int, ca, cb float64) {
+	switch dt {
+	case tensor.Float64:
+		av, bv := view[float64](a, lo, hi), view[float64](b, lo, hi)
+		for i, x := range av {
+			av[i] = float64(ca*x) + float64(cb*bv[i])
+		}
+	case tensor.Float32:
+		av, bv := view[float32](a, lo, hi), view[float32](b, lo, hi)
+		for i, x := range av {
+			av[i] = float32(float64(ca*float64(x)) + float64(cb*float64(bv[i])))
+		}
+	case tensor.Float16:
+		ca32, cb32 := float32(ca), float32(cb)
+		av, bv := view[uint16](a, lo, hi), view[uint16](b, lo, hi)
+		for i, h := range av {
+			t := float32(ca32 * Float16ToFloat32(h))
+			r := float32(float64(cb32)*float64(Float16ToFloat32(bv[i])) + float64(t))
+			av[i] = Float32ToFloat16(r)
+		}
+	}
+}
+
+// forBlocks runs f(0) ... f(blocks-1) on up to workers goroutines, the
+// caller's included, and returns when all are done.
+func forBlocks(blocks, workers int, f func(k int)) {
+	workers = min(workers, blocks)
+	if workers <= 1 {
+		for k := 0; k < blocks; k++ {
+			f(k)
+		}
+		return
+	}
+	var next atomic.Int64
+	work := func() {
+		for {
+			k := int(next.Add(1) - 1)
+			if k >= blocks {
+				return
+			}
+			f(k)
+		}
+	}
+	var wg sync.WaitGroup
+	for w := 1; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			work()
+		}()
+	}
+	work()
+	wg.Wait()
+}
+
+// errAdasumElementwise is Reduce's answer to Adasum.
+var errAdasumElementwise = errors.New("reduce: Adasum is not an element-wise op; use Adasum")
