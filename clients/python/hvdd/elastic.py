@@ -35,6 +35,8 @@ import queue
 import threading
 from typing import Any, Callable, List, Optional
 
+import numpy as np
+
 from . import basics as _basics
 from . import ops as _ops
 from ._client import elastic_requested
@@ -256,6 +258,15 @@ def reset() -> None:
     _basics.init()
 
 
+def _all_skip_sync(skip_sync: bool) -> bool:
+    """Whether every rank skips the state sync: only if all of them would.
+    A worker that joined at this reset syncs, so the survivors of a removal
+    must sync with it (Horovod's elastic deadlock, horovod#3494, came from
+    deciding this per rank)."""
+    flag = np.array([1 if skip_sync else 0], dtype=np.int32)
+    return bool(_ops.allreduce(flag, op=_basics.Min, name="hvdd.elastic.skip_sync")[0])
+
+
 def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[..., Any]:
     """Wraps ``func(state, ...)`` in Horovod's elastic retry loop, with
     ``reset`` re-forming the job (see the module doc).
@@ -275,7 +286,7 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
         try:
             while True:
                 try:
-                    if not skip_sync:
+                    if not _all_skip_sync(skip_sync):
                         state.sync()
                     return func(state, *args, **kwargs)
                 except HorovodInternalError:

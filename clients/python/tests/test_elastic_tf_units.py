@@ -34,6 +34,8 @@ def no_broadcast(monkeypatch):
 
     monkeypatch.setattr(tf_elastic, "broadcast_object", bcast_object)
     monkeypatch.setattr(tf_elastic, "broadcast_variables", bcast_variables)
+    # One rank, no daemon: the ranks' agreement on skipping the sync is its own.
+    monkeypatch.setattr(elastic, "_all_skip_sync", lambda skip: skip)
     return calls
 
 

@@ -5,6 +5,7 @@ Broadcasts are replaced by the identity (one rank), rank and size by stubs."""
 from __future__ import annotations
 
 import collections
+import sys
 
 import pytest
 import torch
@@ -23,8 +24,29 @@ def identity(obj, *args, **kwargs):
 
 @pytest.fixture
 def elastic_job(monkeypatch):
-    """HOROVOD_ELASTIC=1: the loop may re-form the job."""
+    """HOROVOD_ELASTIC=1: the loop may re-form the job. There is no daemon
+    here: the ranks' agreement on skipping the sync is this rank's wish
+    (test_ranks_agree_on_skipping_the_sync runs the real one)."""
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    monkeypatch.setattr(elastic, "_all_skip_sync", lambda skip: skip)
+
+
+def test_ranks_agree_on_skipping_the_sync(job):
+    # Survivors of a removal would skip the sync; a worker that joined at
+    # the same reset would not: they all sync (horovod#3494's deadlock).
+    code = (
+        "import os, sys\n"
+        "import hvdd.torch as hvd\n"
+        "from hvdd.elastic import _all_skip_sync\n"
+        "hvd.init()\n"
+        "wishes = [bool(int(c)) for c in sys.argv[1]]\n"
+        "print('AGREED', _all_skip_sync(wishes[hvd.rank()]))\n"
+        "hvd.shutdown()\n"
+    )
+    for wishes, want in (("110", False), ("111", True), ("000", False)):
+        res = job.run("", np=3, cmd=[sys.executable, "-c", code, wishes])
+        for out in res.outputs:
+            assert f"AGREED {want}" in out, (wishes, out)
 
 
 class Recorder(ObjectState):
@@ -103,6 +125,7 @@ def test_run_fn_hosts_updated_without_skip_sync_syncs(elastic_job):
 def test_run_fn_not_elastic_propagates(monkeypatch):
     # A static job cannot re-form: the failure is the job's, as before.
     monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
+    monkeypatch.setattr(elastic, "_all_skip_sync", lambda skip: skip)
     calls: list = []
     state = Recorder(calls)
 
