@@ -387,7 +387,11 @@ type Hello struct {
 	// The client runs in an elastic job (HOROVOD_ELASTIC=1, set by hvdd run
 	// --min-np): when a rank is lost the job's survivors re-initialise into
 	// its next epoch instead of ending the job. Every rank of a job must agree.
-	Elastic       bool `protobuf:"varint,5,opt,name=elastic,proto3" json:"elastic,omitempty"`
+	Elastic bool `protobuf:"varint,5,opt,name=elastic,proto3" json:"elastic,omitempty"`
+	// HOROVOD_TIMELINE (a file, not DYNAMIC) and HOROVOD_TIMELINE_MARK_CYCLES
+	// in the client's environment: global rank 0's starts the timeline as the
+	// job forms, before any rank is welcomed (see Timeline).
+	Timeline      *Timeline `protobuf:"bytes,6,opt,name=timeline,proto3" json:"timeline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -455,6 +459,13 @@ func (x *Hello) GetElastic() bool {
 		return x.Elastic
 	}
 	return false
+}
+
+func (x *Hello) GetTimeline() *Timeline {
+	if x != nil {
+		return x.Timeline
+	}
+	return nil
 }
 
 // RegisterRegion announces a client-created memfd, passed with SCM_RIGHTS in the
@@ -1750,14 +1761,15 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x06Buffer\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06length\x18\x03 \x01(\x04R\x06length\"\x84\x01\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\"\xb7\x01\n" +
 	"\x05Hello\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x1d\n" +
 	"\n" +
 	"local_rank\x18\x03 \x01(\x05R\tlocalRank\x12\x16\n" +
 	"\x06client\x18\x04 \x01(\tR\x06client\x12\x18\n" +
-	"\aelastic\x18\x05 \x01(\bR\aelastic\"<\n" +
+	"\aelastic\x18\x05 \x01(\bR\aelastic\x121\n" +
+	"\btimeline\x18\x06 \x01(\v2\x15.hvdd.ipc.v1.TimelineR\btimeline\"<\n" +
 	"\x0eRegisterRegion\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"*\n" +
@@ -1939,34 +1951,35 @@ var file_hvdd_proto_goTypes = []any{
 	(*HostsUpdated)(nil),     // 21: hvdd.ipc.v1.HostsUpdated
 }
 var file_hvdd_proto_depIdxs = []int32{
-	1,  // 0: hvdd.ipc.v1.Enqueue.op:type_name -> hvdd.ipc.v1.OpType
-	0,  // 1: hvdd.ipc.v1.Enqueue.dtype:type_name -> hvdd.ipc.v1.DType
-	4,  // 2: hvdd.ipc.v1.Enqueue.buffer:type_name -> hvdd.ipc.v1.Buffer
-	2,  // 3: hvdd.ipc.v1.Enqueue.reduce_op:type_name -> hvdd.ipc.v1.ReduceOp
-	4,  // 4: hvdd.ipc.v1.Release.buffer:type_name -> hvdd.ipc.v1.Buffer
-	5,  // 5: hvdd.ipc.v1.ClientMessage.hello:type_name -> hvdd.ipc.v1.Hello
-	6,  // 6: hvdd.ipc.v1.ClientMessage.register_region:type_name -> hvdd.ipc.v1.RegisterRegion
-	7,  // 7: hvdd.ipc.v1.ClientMessage.unregister_region:type_name -> hvdd.ipc.v1.UnregisterRegion
-	8,  // 8: hvdd.ipc.v1.ClientMessage.enqueue:type_name -> hvdd.ipc.v1.Enqueue
-	9,  // 9: hvdd.ipc.v1.ClientMessage.release:type_name -> hvdd.ipc.v1.Release
-	14, // 10: hvdd.ipc.v1.ClientMessage.goodbye:type_name -> hvdd.ipc.v1.Goodbye
-	10, // 11: hvdd.ipc.v1.ClientMessage.register_channel:type_name -> hvdd.ipc.v1.RegisterChannel
-	11, // 12: hvdd.ipc.v1.ClientMessage.add_process_set:type_name -> hvdd.ipc.v1.AddProcessSet
-	12, // 13: hvdd.ipc.v1.ClientMessage.remove_process_set:type_name -> hvdd.ipc.v1.RemoveProcessSet
-	13, // 14: hvdd.ipc.v1.ClientMessage.timeline:type_name -> hvdd.ipc.v1.Timeline
-	3,  // 15: hvdd.ipc.v1.Done.code:type_name -> hvdd.ipc.v1.Code
-	4,  // 16: hvdd.ipc.v1.Done.output:type_name -> hvdd.ipc.v1.Buffer
-	3,  // 17: hvdd.ipc.v1.Fatal.code:type_name -> hvdd.ipc.v1.Code
-	16, // 18: hvdd.ipc.v1.ServerMessage.welcome:type_name -> hvdd.ipc.v1.Welcome
-	17, // 19: hvdd.ipc.v1.ServerMessage.grant_region:type_name -> hvdd.ipc.v1.GrantRegion
-	18, // 20: hvdd.ipc.v1.ServerMessage.done:type_name -> hvdd.ipc.v1.Done
-	19, // 21: hvdd.ipc.v1.ServerMessage.fatal:type_name -> hvdd.ipc.v1.Fatal
-	21, // 22: hvdd.ipc.v1.ServerMessage.hosts_updated:type_name -> hvdd.ipc.v1.HostsUpdated
-	23, // [23:23] is the sub-list for method output_type
-	23, // [23:23] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	13, // 0: hvdd.ipc.v1.Hello.timeline:type_name -> hvdd.ipc.v1.Timeline
+	1,  // 1: hvdd.ipc.v1.Enqueue.op:type_name -> hvdd.ipc.v1.OpType
+	0,  // 2: hvdd.ipc.v1.Enqueue.dtype:type_name -> hvdd.ipc.v1.DType
+	4,  // 3: hvdd.ipc.v1.Enqueue.buffer:type_name -> hvdd.ipc.v1.Buffer
+	2,  // 4: hvdd.ipc.v1.Enqueue.reduce_op:type_name -> hvdd.ipc.v1.ReduceOp
+	4,  // 5: hvdd.ipc.v1.Release.buffer:type_name -> hvdd.ipc.v1.Buffer
+	5,  // 6: hvdd.ipc.v1.ClientMessage.hello:type_name -> hvdd.ipc.v1.Hello
+	6,  // 7: hvdd.ipc.v1.ClientMessage.register_region:type_name -> hvdd.ipc.v1.RegisterRegion
+	7,  // 8: hvdd.ipc.v1.ClientMessage.unregister_region:type_name -> hvdd.ipc.v1.UnregisterRegion
+	8,  // 9: hvdd.ipc.v1.ClientMessage.enqueue:type_name -> hvdd.ipc.v1.Enqueue
+	9,  // 10: hvdd.ipc.v1.ClientMessage.release:type_name -> hvdd.ipc.v1.Release
+	14, // 11: hvdd.ipc.v1.ClientMessage.goodbye:type_name -> hvdd.ipc.v1.Goodbye
+	10, // 12: hvdd.ipc.v1.ClientMessage.register_channel:type_name -> hvdd.ipc.v1.RegisterChannel
+	11, // 13: hvdd.ipc.v1.ClientMessage.add_process_set:type_name -> hvdd.ipc.v1.AddProcessSet
+	12, // 14: hvdd.ipc.v1.ClientMessage.remove_process_set:type_name -> hvdd.ipc.v1.RemoveProcessSet
+	13, // 15: hvdd.ipc.v1.ClientMessage.timeline:type_name -> hvdd.ipc.v1.Timeline
+	3,  // 16: hvdd.ipc.v1.Done.code:type_name -> hvdd.ipc.v1.Code
+	4,  // 17: hvdd.ipc.v1.Done.output:type_name -> hvdd.ipc.v1.Buffer
+	3,  // 18: hvdd.ipc.v1.Fatal.code:type_name -> hvdd.ipc.v1.Code
+	16, // 19: hvdd.ipc.v1.ServerMessage.welcome:type_name -> hvdd.ipc.v1.Welcome
+	17, // 20: hvdd.ipc.v1.ServerMessage.grant_region:type_name -> hvdd.ipc.v1.GrantRegion
+	18, // 21: hvdd.ipc.v1.ServerMessage.done:type_name -> hvdd.ipc.v1.Done
+	19, // 22: hvdd.ipc.v1.ServerMessage.fatal:type_name -> hvdd.ipc.v1.Fatal
+	21, // 23: hvdd.ipc.v1.ServerMessage.hosts_updated:type_name -> hvdd.ipc.v1.HostsUpdated
+	24, // [24:24] is the sub-list for method output_type
+	24, // [24:24] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_hvdd_proto_init() }
