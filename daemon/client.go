@@ -214,6 +214,11 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 			return &ipc.ProtocolError{Msg: "RemoveProcessSet before Hello"}
 		}
 		l.processSetReq(psReq{c: c, id: id, set: m.RemoveProcessSet.GetProcessSet()})
+	case *ipcpb.ClientMessage_Timeline:
+		if !c.hello {
+			return &ipc.ProtocolError{Msg: "Timeline before Hello"}
+		}
+		l.timelineRequest(c, id, m.Timeline)
 	case *ipcpb.ClientMessage_Release:
 		if err := c.out.release(m.Release.GetBuffer()); err != nil {
 			return &ipc.ProtocolError{Msg: err.Error()}

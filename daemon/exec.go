@@ -8,6 +8,7 @@ import (
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/plan"
+	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/reduce"
 	"github.com/hvdd/hvdd/tensor"
@@ -19,6 +20,7 @@ type work struct {
 	resp plan.Response
 	j    *job
 	b    backends.Backend // the job's cross-node engine; nil on one node
+	tl   *timeline.Writer // the timeline to write the work's phases to; nil when off
 	size int
 	ops  [][]*op
 }
@@ -32,6 +34,14 @@ type executor struct {
 	fuse    []byte // fusion buffer of cross-node ops, reused
 	work    chan []work
 	stopped chan struct{}
+
+	// The timeline row of the tensor being run and how many phases to end
+	// there (endTrace); no writer when off. The loop runs small batches
+	// itself only while the executor goroutine is idle, so one of them at a
+	// time uses these.
+	traceW    *timeline.Writer
+	traceRow  string
+	traceEnds int
 }
 
 func newExecutor(s *Server, p *poller) *executor {
@@ -56,12 +66,28 @@ func (x *executor) run() {
 
 func (x *executor) execute(w work) {
 	if w.b != nil {
+		if w.tl != nil {
+			// The response's top-level phase (tracer.responded) ends
+			// once every rank has its answer.
+			defer traceAll(w.tl, &w.resp, timeline.End, "")
+		}
 		x.executeMulti(w)
 		return
 	}
 	r := &w.resp
 	if r.Op == tensor.Allreduce {
-		if err := x.allreduceFused(r, w.ops, w.size); err != nil {
+		if w.tl != nil {
+			traceAll(w.tl, r, timeline.Begin, activity(r))
+		}
+		err := x.allreduceFused(r, w.ops, w.size)
+		if w.tl != nil {
+			// The activity and the response's top-level phase
+			// (tracer.responded) end before the ranks hear, so that a
+			// rank's next request of a name opens its negotiation after.
+			traceAll(w.tl, r, timeline.End, "")
+			traceAll(w.tl, r, timeline.End, "")
+		}
+		if err != nil {
 			x.s.log.Error("allreduce failed", "tensors", len(r.Tensors), "err", err)
 			d := &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("allreduce of %d tensors: %v", len(r.Tensors), err)}
 			finishRows(w.ops, d)
@@ -72,6 +98,13 @@ func (x *executor) execute(w work) {
 	}
 	for i, t := range r.Tensors {
 		ops := w.ops[i]
+		if w.tl != nil {
+			x.traceW, x.traceRow, x.traceEnds = w.tl, row(r.ProcessSet, t.Name), 1
+			if r.Op != tensor.Barrier && r.Op != tensor.Join {
+				w.tl.Event(x.traceRow, timeline.Begin, activity(r))
+				x.traceEnds = 2
+			}
+		}
 		var err error
 		switch r.Op {
 		case tensor.Broadcast:
@@ -89,6 +122,7 @@ func (x *executor) execute(w work) {
 		default:
 			err = fmt.Errorf("collective %v is not implemented", r.Op)
 		}
+		x.endTrace() // if the handler failed before answering
 		if err != nil {
 			x.s.log.Error("collective failed", "tensor", t.Name, "op", r.Op, "err", err)
 			d := &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("tensor %q: %v", t.Name, err)}
@@ -100,6 +134,19 @@ func (x *executor) execute(w work) {
 			}
 		}
 	}
+}
+
+// endTrace ends the timeline phases of the tensor being run (its activity
+// and its top-level phase), just before its ranks are answered: a rank's next
+// request of the same name then opens a new negotiation after them.
+func (x *executor) endTrace() {
+	if x.traceW == nil {
+		return
+	}
+	for range x.traceEnds {
+		x.traceW.Event(x.traceRow, timeline.End, "")
+	}
+	x.traceW = nil
 }
 
 // finishBatched answers every op OK, one write per client.
@@ -153,6 +200,7 @@ func (x *executor) finishAll(ops []*op, d *ipcpb.Done) error {
 	if d == nil {
 		d = &ipcpb.Done{}
 	}
+	x.endTrace()
 	for _, o := range ops {
 		if o != nil {
 			o.finish(d)
@@ -414,6 +462,7 @@ func (x *executor) eachRank(ops []*op, f func(rank int, o *op) (*ipcpb.Done, err
 	// Every rank's input may be read while building any rank's output, so
 	// no rank hears "done" (and reuses its input) before all are built.
 	wg.Wait()
+	x.endTrace()
 	for i, o := range ops {
 		if o != nil {
 			o.finish(dones[i])

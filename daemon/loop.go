@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -66,6 +67,9 @@ type loop struct {
 	lastDispatch time.Time
 	spinUntil    time.Time
 	quit         bool
+
+	tl        *tracer        // Horovod's timeline; nil when off (tracing.go)
+	tlClosing sync.WaitGroup // timelines whose files are still being completed
 }
 
 func newLoop(s *Server, p *poller) (*loop, error) {
@@ -186,6 +190,9 @@ func (l *loop) run() {
 					l.serveClient(c, false, true)
 				}
 			}
+		}
+		if l.tl != nil && l.tl.markCycles {
+			l.tl.w.Mark("CYCLE_START")
 		}
 		j := l.job
 		if j != nil && j.coord != nil {
@@ -355,6 +362,8 @@ func (l *loop) shutdown() {
 	if l.reform != nil {
 		l.reform.stop()
 	}
+	l.stopTimeline(nil)
+	l.tlClosing.Wait()
 	l.nodes.close()
 	l.p.close()
 }
@@ -459,6 +468,7 @@ func (l *loop) start(j *job, m membership, c coordination) {
 	}
 	l.s.log.Info("job formed", "job", j.id, "size", m.size, "node", m.node, "nodes", m.nodes(), "pids", j.pids(), "elastic", j.elastic, "epoch", m.epoch)
 	l.reformed(j)
+	l.helloTimeline(j)
 	homog := m.homogeneous()
 	for _, cl := range j.slots {
 		cl.rank = m.offset + cl.localRank
@@ -534,6 +544,8 @@ func (l *loop) closed(c *client, bye bool, err error) {
 		}
 	}
 	if j.open == 0 {
+		// Horovod's shutdown ends its timeline too.
+		l.stopTimeline(nil)
 		st := j.stats
 		l.s.log.Info("job ended", "job", j.id, "batches", st.batches, "responses", st.responses, "tensors", st.tensors, "bytes", st.bytes)
 		l.nodes.ended(j)
@@ -649,6 +661,10 @@ func (l *loop) submit(j *job, o *op) {
 	}
 	if d := j.coord.submit(o); d != nil {
 		o.finish(d)
+		return
+	}
+	if l.tl != nil {
+		l.tl.submitted(o)
 	}
 }
 
@@ -690,6 +706,10 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 		}
 		rows, root := j.rowRanks(r.ProcessSet, r.Root)
 		w := work{resp: r, j: j, b: b, size: len(rows), ops: make([][]*op, len(names))}
+		if l.tl != nil {
+			l.tl.responded(&r)
+			w.tl = l.tl.w
+		}
 		w.resp.Root = root
 		for i, name := range names {
 			row := make([]*op, len(rows))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -94,6 +95,14 @@ Flags (they stop at "--" or at the first argument that is not a flag):
         HOROVOD_ELASTIC_TIMEOUT), how long the elastic driver waits for
         enough slots, and how long the ranks of a removed host have to
         leave the job before it stops them (default 600)
+  --timeline-filename FILE
+        record Horovod's timeline of the job in FILE (a Chrome trace for
+        chrome://tracing or Perfetto), which the daemon of global rank 0
+        writes: sets HOROVOD_TIMELINE to FILE's absolute path in the ranks'
+        environment
+  --timeline-mark-cycles
+        mark every cycle of the daemon's loop in the timeline (CYCLE_START):
+        sets HOROVOD_TIMELINE_MARK_CYCLES=1
   -x NAME[=VALUE]
         export NAME to every rank, with VALUE or with its value in hvdd run's
         environment (ignored if unset there); may be repeated
@@ -258,6 +267,10 @@ func ParseArgs(args []string) (Config, error) {
 	var cooldown cooldownFlag
 	fs.Var(&cooldown, "blacklist-cooldown-range", "")
 	fs.Var(envList{&c.Env}, "x", "")
+	var timelineFile string
+	var markCycles bool
+	fs.StringVar(&timelineFile, "timeline-filename", "", "")
+	fs.BoolVar(&markCycles, "timeline-mark-cycles", false, "")
 	var hosts, hostfile string
 	fs.StringVar(&hosts, "H", "", "")
 	fs.StringVar(&hosts, "hosts", "", "")
@@ -290,6 +303,17 @@ func ParseArgs(args []string) (Config, error) {
 		rest = rest[1:]
 	}
 	c.Command = fs.Args()
+	if timelineFile != "" {
+		// The ranks' daemon writes it, from another working directory.
+		abs, err := filepath.Abs(timelineFile)
+		if err != nil {
+			return Config{}, fmt.Errorf("--timeline-filename %q: %w", timelineFile, err)
+		}
+		c.Env = append(c.Env, "HOROVOD_TIMELINE="+abs)
+	}
+	if markCycles {
+		c.Env = append(c.Env, "HOROVOD_TIMELINE_MARK_CYCLES=1")
+	}
 	c.ElasticTimeout = time.Duration(elasticTimeout) * time.Second
 	if flagSet(fs, "blacklist-cooldown-range") {
 		if err := cooldown.check(); err != nil {

@@ -48,6 +48,18 @@ func TestParseArgs(t *testing.T) {
 				Env: []string{"A=1", "HVDD_TEST_EXPORTED=from-parent", "B="},
 			},
 		},
+		{
+			name: "timeline",
+			args: []string{"-np", "2", "-x", "A=1", "--timeline-filename", "/tmp/tl.json", "--timeline-mark-cycles", "cmd"},
+			want: Config{NP: 2, Command: []string{"cmd"}, Socket: "/env/hvdd.sock",
+				Env: []string{"A=1", "HOROVOD_TIMELINE=/tmp/tl.json", "HOROVOD_TIMELINE_MARK_CYCLES=1"}},
+		},
+		{
+			name: "timeline relative",
+			args: []string{"-np", "2", "--timeline-filename", "tl.json", "cmd"},
+			want: Config{NP: 2, Command: []string{"cmd"}, Socket: "/env/hvdd.sock",
+				Env: []string{"HOROVOD_TIMELINE=" + must(filepath.Abs("tl.json"))}},
+		},
 		{name: "help", args: []string{"--help"}, wantErr: "help requested"},
 		{name: "np missing", args: []string{"python"}, wantErr: "-np is required"},
 		{name: "np zero", args: []string{"-np", "0", "python"}, wantErr: "at least 1"},
@@ -200,4 +212,11 @@ func TestParseArgsElasticDriver(t *testing.T) {
 	if err := (&Config{NP: 2, Command: []string{"x"}, HostDiscoveryScript: "d", ElasticTimeout: time.Second, ResetLimit: 1}).validate(); err != nil {
 		t.Errorf("--reset-limit and --elastic-timeout with a discovery script: %v", err)
 	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -313,7 +314,7 @@ func (c *Client) waitRing(cond func() bool) error {
 func (c *Client) handshake(ctx context.Context, localRank int) error {
 	if err := c.ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Hello{Hello: &ipcpb.Hello{
 		Version: ipc.Version, Pid: int32(os.Getpid()), LocalRank: int32(localRank), Client: "go",
-		Elastic: c.Elastic || os.Getenv("HOROVOD_ELASTIC") == "1",
+		Elastic: c.Elastic || os.Getenv("HOROVOD_ELASTIC") == "1", Timeline: envTimeline(),
 	}}}, -1); err != nil {
 		return c.refusal(fmt.Errorf("hvdd: hello: %w", err))
 	}
@@ -335,6 +336,21 @@ func (c *Client) handshake(ctx context.Context, localRank int) error {
 			return fmt.Errorf("hvdd: unexpected %T before Welcome", m)
 		}
 	}
+}
+
+// envTimeline is the timeline $HOROVOD_TIMELINE asks for at init (made
+// absolute here; the daemon's working directory is not ours), nil for none
+// or DYNAMIC (StartTimeline later).
+func envTimeline() *ipcpb.Timeline {
+	path := os.Getenv("HOROVOD_TIMELINE")
+	if path == "" || path == "DYNAMIC" {
+		return nil
+	}
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	mc := os.Getenv("HOROVOD_TIMELINE_MARK_CYCLES")
+	return &ipcpb.Timeline{FilePath: path, MarkCycles: mc != "" && mc != "0"}
 }
 
 // refusal returns the daemon's reason for refusing this process, if it sent

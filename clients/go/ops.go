@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"unsafe"
 
@@ -586,6 +587,27 @@ func (c *Client) AddProcessSet(ctx context.Context, ranks []int) (*ProcessSet, e
 func (c *Client) RemoveProcessSet(ctx context.Context, ps *ProcessSet) error {
 	_, err := c.call(ctx, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_RemoveProcessSet{
 		RemoveProcessSet: &ipcpb.RemoveProcessSet{ProcessSet: ps.ID}}})
+	return err
+}
+
+// StartTimeline starts Horovod's timeline in the file at path (made
+// absolute here), which the daemon writes; with markCycles it marks every
+// cycle of the daemon's loop (CYCLE_START). As in Horovod, only global rank
+// 0's call acts; a started timeline switches to the new file.
+func (c *Client) StartTimeline(ctx context.Context, path string, markCycles bool) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return fmt.Errorf("hvdd: timeline file %q: %w", path, err)
+	}
+	_, err = c.call(ctx, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Timeline{
+		Timeline: &ipcpb.Timeline{FilePath: abs, MarkCycles: markCycles}}})
+	return err
+}
+
+// StopTimeline stops the timeline and returns once its file is complete.
+// Stopping a stopped timeline is no error.
+func (c *Client) StopTimeline(ctx context.Context) error {
+	_, err := c.call(ctx, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Timeline{Timeline: &ipcpb.Timeline{}}})
 	return err
 }
 

@@ -387,7 +387,11 @@ type Hello struct {
 	// The client runs in an elastic job (HOROVOD_ELASTIC=1, set by hvdd run
 	// --min-np): when a rank is lost the job's survivors re-initialise into
 	// its next epoch instead of ending the job. Every rank of a job must agree.
-	Elastic       bool `protobuf:"varint,5,opt,name=elastic,proto3" json:"elastic,omitempty"`
+	Elastic bool `protobuf:"varint,5,opt,name=elastic,proto3" json:"elastic,omitempty"`
+	// HOROVOD_TIMELINE (a file, not DYNAMIC) and HOROVOD_TIMELINE_MARK_CYCLES
+	// in the client's environment: global rank 0's starts the timeline as the
+	// job forms, before any rank is welcomed (see Timeline).
+	Timeline      *Timeline `protobuf:"bytes,6,opt,name=timeline,proto3" json:"timeline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -455,6 +459,13 @@ func (x *Hello) GetElastic() bool {
 		return x.Elastic
 	}
 	return false
+}
+
+func (x *Hello) GetTimeline() *Timeline {
+	if x != nil {
+		return x.Timeline
+	}
+	return nil
 }
 
 // RegisterRegion announces a client-created memfd, passed with SCM_RIGHTS in the
@@ -893,6 +904,68 @@ func (x *RemoveProcessSet) GetProcessSet() int32 {
 	return 0
 }
 
+// Timeline starts or stops Horovod's timeline (hvd.start_timeline,
+// hvd.stop_timeline, and HOROVOD_TIMELINE at init): the daemon writes the
+// Chrome-trace file. Only global rank 0's request acts, as in Horovod, where
+// only the coordinator writes; every rank gets a Done. A non-empty
+// file_path (absolute: the daemon's working directory is not the client's)
+// starts the timeline, or switches it to that file; the same file again
+// only updates mark_cycles. An empty file_path stops it, and the Done comes
+// once the file is complete; stopping a stopped timeline is no error.
+type Timeline struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	FilePath string                 `protobuf:"bytes,1,opt,name=file_path,json=filePath,proto3" json:"file_path,omitempty"`
+	// CYCLE_START marks at every pass of the daemon's loop that handled
+	// requests (HOROVOD_TIMELINE_MARK_CYCLES).
+	MarkCycles    bool `protobuf:"varint,2,opt,name=mark_cycles,json=markCycles,proto3" json:"mark_cycles,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Timeline) Reset() {
+	*x = Timeline{}
+	mi := &file_hvdd_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Timeline) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Timeline) ProtoMessage() {}
+
+func (x *Timeline) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Timeline.ProtoReflect.Descriptor instead.
+func (*Timeline) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Timeline) GetFilePath() string {
+	if x != nil {
+		return x.FilePath
+	}
+	return ""
+}
+
+func (x *Timeline) GetMarkCycles() bool {
+	if x != nil {
+		return x.MarkCycles
+	}
+	return false
+}
+
 // Goodbye announces an orderly close (hvd.shutdown()): the rank is not "lost".
 // With elastic_reset the rank re-initialises at once
 // into the next epoch of its elastic job (hvd.elastic's reset after a host
@@ -906,7 +979,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_hvdd_proto_msgTypes[9]
+	mi := &file_hvdd_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -918,7 +991,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[9]
+	mi := &file_hvdd_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -931,7 +1004,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{9}
+	return file_hvdd_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Goodbye) GetElasticReset() bool {
@@ -954,6 +1027,7 @@ type ClientMessage struct {
 	//	*ClientMessage_RegisterChannel
 	//	*ClientMessage_AddProcessSet
 	//	*ClientMessage_RemoveProcessSet
+	//	*ClientMessage_Timeline
 	Msg           isClientMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -961,7 +1035,7 @@ type ClientMessage struct {
 
 func (x *ClientMessage) Reset() {
 	*x = ClientMessage{}
-	mi := &file_hvdd_proto_msgTypes[10]
+	mi := &file_hvdd_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -973,7 +1047,7 @@ func (x *ClientMessage) String() string {
 func (*ClientMessage) ProtoMessage() {}
 
 func (x *ClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[10]
+	mi := &file_hvdd_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -986,7 +1060,7 @@ func (x *ClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientMessage.ProtoReflect.Descriptor instead.
 func (*ClientMessage) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{10}
+	return file_hvdd_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ClientMessage) GetMsg() isClientMessage_Msg {
@@ -1077,6 +1151,15 @@ func (x *ClientMessage) GetRemoveProcessSet() *RemoveProcessSet {
 	return nil
 }
 
+func (x *ClientMessage) GetTimeline() *Timeline {
+	if x != nil {
+		if x, ok := x.Msg.(*ClientMessage_Timeline); ok {
+			return x.Timeline
+		}
+	}
+	return nil
+}
+
 type isClientMessage_Msg interface {
 	isClientMessage_Msg()
 }
@@ -1117,6 +1200,10 @@ type ClientMessage_RemoveProcessSet struct {
 	RemoveProcessSet *RemoveProcessSet `protobuf:"bytes,9,opt,name=remove_process_set,json=removeProcessSet,proto3,oneof"`
 }
 
+type ClientMessage_Timeline struct {
+	Timeline *Timeline `protobuf:"bytes,10,opt,name=timeline,proto3,oneof"`
+}
+
 func (*ClientMessage_Hello) isClientMessage_Msg() {}
 
 func (*ClientMessage_RegisterRegion) isClientMessage_Msg() {}
@@ -1134,6 +1221,8 @@ func (*ClientMessage_RegisterChannel) isClientMessage_Msg() {}
 func (*ClientMessage_AddProcessSet) isClientMessage_Msg() {}
 
 func (*ClientMessage_RemoveProcessSet) isClientMessage_Msg() {}
+
+func (*ClientMessage_Timeline) isClientMessage_Msg() {}
 
 // Welcome answers Hello once the whole job is formed.
 type Welcome struct {
@@ -1159,7 +1248,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_hvdd_proto_msgTypes[11]
+	mi := &file_hvdd_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1260,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[11]
+	mi := &file_hvdd_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1273,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{11}
+	return file_hvdd_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Welcome) GetVersion() uint32 {
@@ -1283,7 +1372,7 @@ type GrantRegion struct {
 
 func (x *GrantRegion) Reset() {
 	*x = GrantRegion{}
-	mi := &file_hvdd_proto_msgTypes[12]
+	mi := &file_hvdd_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1295,7 +1384,7 @@ func (x *GrantRegion) String() string {
 func (*GrantRegion) ProtoMessage() {}
 
 func (x *GrantRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[12]
+	mi := &file_hvdd_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1308,7 +1397,7 @@ func (x *GrantRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRegion.ProtoReflect.Descriptor instead.
 func (*GrantRegion) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{12}
+	return file_hvdd_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GrantRegion) GetRegion() uint32 {
@@ -1345,7 +1434,7 @@ type Done struct {
 
 func (x *Done) Reset() {
 	*x = Done{}
-	mi := &file_hvdd_proto_msgTypes[13]
+	mi := &file_hvdd_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1357,7 +1446,7 @@ func (x *Done) String() string {
 func (*Done) ProtoMessage() {}
 
 func (x *Done) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[13]
+	mi := &file_hvdd_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1370,7 +1459,7 @@ func (x *Done) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Done.ProtoReflect.Descriptor instead.
 func (*Done) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{13}
+	return file_hvdd_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Done) GetCode() Code {
@@ -1433,7 +1522,7 @@ type Fatal struct {
 
 func (x *Fatal) Reset() {
 	*x = Fatal{}
-	mi := &file_hvdd_proto_msgTypes[14]
+	mi := &file_hvdd_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1445,7 +1534,7 @@ func (x *Fatal) String() string {
 func (*Fatal) ProtoMessage() {}
 
 func (x *Fatal) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[14]
+	mi := &file_hvdd_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1458,7 +1547,7 @@ func (x *Fatal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fatal.ProtoReflect.Descriptor instead.
 func (*Fatal) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{14}
+	return file_hvdd_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Fatal) GetCode() Code {
@@ -1491,7 +1580,7 @@ type ServerMessage struct {
 
 func (x *ServerMessage) Reset() {
 	*x = ServerMessage{}
-	mi := &file_hvdd_proto_msgTypes[15]
+	mi := &file_hvdd_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1592,7 @@ func (x *ServerMessage) String() string {
 func (*ServerMessage) ProtoMessage() {}
 
 func (x *ServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[15]
+	mi := &file_hvdd_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1605,7 @@ func (x *ServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerMessage.ProtoReflect.Descriptor instead.
 func (*ServerMessage) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{15}
+	return file_hvdd_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ServerMessage) GetMsg() isServerMessage_Msg {
@@ -1621,7 +1710,7 @@ type HostsUpdated struct {
 
 func (x *HostsUpdated) Reset() {
 	*x = HostsUpdated{}
-	mi := &file_hvdd_proto_msgTypes[16]
+	mi := &file_hvdd_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +1722,7 @@ func (x *HostsUpdated) String() string {
 func (*HostsUpdated) ProtoMessage() {}
 
 func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[16]
+	mi := &file_hvdd_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +1735,7 @@ func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostsUpdated.ProtoReflect.Descriptor instead.
 func (*HostsUpdated) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{16}
+	return file_hvdd_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HostsUpdated) GetTimestamp() int64 {
@@ -1672,14 +1761,15 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x06Buffer\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06length\x18\x03 \x01(\x04R\x06length\"\x84\x01\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\"\xb7\x01\n" +
 	"\x05Hello\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x1d\n" +
 	"\n" +
 	"local_rank\x18\x03 \x01(\x05R\tlocalRank\x12\x16\n" +
 	"\x06client\x18\x04 \x01(\tR\x06client\x12\x18\n" +
-	"\aelastic\x18\x05 \x01(\bR\aelastic\"<\n" +
+	"\aelastic\x18\x05 \x01(\bR\aelastic\x121\n" +
+	"\btimeline\x18\x06 \x01(\v2\x15.hvdd.ipc.v1.TimelineR\btimeline\"<\n" +
 	"\x0eRegisterRegion\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"*\n" +
@@ -1710,9 +1800,13 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x05ranks\x18\x01 \x03(\x05R\x05ranks\"3\n" +
 	"\x10RemoveProcessSet\x12\x1f\n" +
 	"\vprocess_set\x18\x01 \x01(\x05R\n" +
-	"processSet\".\n" +
+	"processSet\"H\n" +
+	"\bTimeline\x12\x1b\n" +
+	"\tfile_path\x18\x01 \x01(\tR\bfilePath\x12\x1f\n" +
+	"\vmark_cycles\x18\x02 \x01(\bR\n" +
+	"markCycles\".\n" +
 	"\aGoodbye\x12#\n" +
-	"\relastic_reset\x18\x01 \x01(\bR\felasticReset\"\xce\x04\n" +
+	"\relastic_reset\x18\x01 \x01(\bR\felasticReset\"\x83\x05\n" +
 	"\rClientMessage\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.hvdd.ipc.v1.HelloH\x00R\x05hello\x12F\n" +
 	"\x0fregister_region\x18\x02 \x01(\v2\x1b.hvdd.ipc.v1.RegisterRegionH\x00R\x0eregisterRegion\x12L\n" +
@@ -1722,7 +1816,9 @@ const file_hvdd_proto_rawDesc = "" +
 	"\agoodbye\x18\x06 \x01(\v2\x14.hvdd.ipc.v1.GoodbyeH\x00R\agoodbye\x12I\n" +
 	"\x10register_channel\x18\a \x01(\v2\x1c.hvdd.ipc.v1.RegisterChannelH\x00R\x0fregisterChannel\x12D\n" +
 	"\x0fadd_process_set\x18\b \x01(\v2\x1a.hvdd.ipc.v1.AddProcessSetH\x00R\raddProcessSet\x12M\n" +
-	"\x12remove_process_set\x18\t \x01(\v2\x1d.hvdd.ipc.v1.RemoveProcessSetH\x00R\x10removeProcessSetB\x05\n" +
+	"\x12remove_process_set\x18\t \x01(\v2\x1d.hvdd.ipc.v1.RemoveProcessSetH\x00R\x10removeProcessSet\x123\n" +
+	"\btimeline\x18\n" +
+	" \x01(\v2\x15.hvdd.ipc.v1.TimelineH\x00R\btimelineB\x05\n" +
 	"\x03msg\"\xde\x02\n" +
 	"\aWelcome\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x12\n" +
@@ -1829,7 +1925,7 @@ func file_hvdd_proto_rawDescGZIP() []byte {
 }
 
 var file_hvdd_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_hvdd_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_hvdd_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_hvdd_proto_goTypes = []any{
 	(DType)(0),               // 0: hvdd.ipc.v1.DType
 	(OpType)(0),              // 1: hvdd.ipc.v1.OpType
@@ -1844,43 +1940,46 @@ var file_hvdd_proto_goTypes = []any{
 	(*RegisterChannel)(nil),  // 10: hvdd.ipc.v1.RegisterChannel
 	(*AddProcessSet)(nil),    // 11: hvdd.ipc.v1.AddProcessSet
 	(*RemoveProcessSet)(nil), // 12: hvdd.ipc.v1.RemoveProcessSet
-	(*Goodbye)(nil),          // 13: hvdd.ipc.v1.Goodbye
-	(*ClientMessage)(nil),    // 14: hvdd.ipc.v1.ClientMessage
-	(*Welcome)(nil),          // 15: hvdd.ipc.v1.Welcome
-	(*GrantRegion)(nil),      // 16: hvdd.ipc.v1.GrantRegion
-	(*Done)(nil),             // 17: hvdd.ipc.v1.Done
-	(*Fatal)(nil),            // 18: hvdd.ipc.v1.Fatal
-	(*ServerMessage)(nil),    // 19: hvdd.ipc.v1.ServerMessage
-	(*HostsUpdated)(nil),     // 20: hvdd.ipc.v1.HostsUpdated
+	(*Timeline)(nil),         // 13: hvdd.ipc.v1.Timeline
+	(*Goodbye)(nil),          // 14: hvdd.ipc.v1.Goodbye
+	(*ClientMessage)(nil),    // 15: hvdd.ipc.v1.ClientMessage
+	(*Welcome)(nil),          // 16: hvdd.ipc.v1.Welcome
+	(*GrantRegion)(nil),      // 17: hvdd.ipc.v1.GrantRegion
+	(*Done)(nil),             // 18: hvdd.ipc.v1.Done
+	(*Fatal)(nil),            // 19: hvdd.ipc.v1.Fatal
+	(*ServerMessage)(nil),    // 20: hvdd.ipc.v1.ServerMessage
+	(*HostsUpdated)(nil),     // 21: hvdd.ipc.v1.HostsUpdated
 }
 var file_hvdd_proto_depIdxs = []int32{
-	1,  // 0: hvdd.ipc.v1.Enqueue.op:type_name -> hvdd.ipc.v1.OpType
-	0,  // 1: hvdd.ipc.v1.Enqueue.dtype:type_name -> hvdd.ipc.v1.DType
-	4,  // 2: hvdd.ipc.v1.Enqueue.buffer:type_name -> hvdd.ipc.v1.Buffer
-	2,  // 3: hvdd.ipc.v1.Enqueue.reduce_op:type_name -> hvdd.ipc.v1.ReduceOp
-	4,  // 4: hvdd.ipc.v1.Release.buffer:type_name -> hvdd.ipc.v1.Buffer
-	5,  // 5: hvdd.ipc.v1.ClientMessage.hello:type_name -> hvdd.ipc.v1.Hello
-	6,  // 6: hvdd.ipc.v1.ClientMessage.register_region:type_name -> hvdd.ipc.v1.RegisterRegion
-	7,  // 7: hvdd.ipc.v1.ClientMessage.unregister_region:type_name -> hvdd.ipc.v1.UnregisterRegion
-	8,  // 8: hvdd.ipc.v1.ClientMessage.enqueue:type_name -> hvdd.ipc.v1.Enqueue
-	9,  // 9: hvdd.ipc.v1.ClientMessage.release:type_name -> hvdd.ipc.v1.Release
-	13, // 10: hvdd.ipc.v1.ClientMessage.goodbye:type_name -> hvdd.ipc.v1.Goodbye
-	10, // 11: hvdd.ipc.v1.ClientMessage.register_channel:type_name -> hvdd.ipc.v1.RegisterChannel
-	11, // 12: hvdd.ipc.v1.ClientMessage.add_process_set:type_name -> hvdd.ipc.v1.AddProcessSet
-	12, // 13: hvdd.ipc.v1.ClientMessage.remove_process_set:type_name -> hvdd.ipc.v1.RemoveProcessSet
-	3,  // 14: hvdd.ipc.v1.Done.code:type_name -> hvdd.ipc.v1.Code
-	4,  // 15: hvdd.ipc.v1.Done.output:type_name -> hvdd.ipc.v1.Buffer
-	3,  // 16: hvdd.ipc.v1.Fatal.code:type_name -> hvdd.ipc.v1.Code
-	15, // 17: hvdd.ipc.v1.ServerMessage.welcome:type_name -> hvdd.ipc.v1.Welcome
-	16, // 18: hvdd.ipc.v1.ServerMessage.grant_region:type_name -> hvdd.ipc.v1.GrantRegion
-	17, // 19: hvdd.ipc.v1.ServerMessage.done:type_name -> hvdd.ipc.v1.Done
-	18, // 20: hvdd.ipc.v1.ServerMessage.fatal:type_name -> hvdd.ipc.v1.Fatal
-	20, // 21: hvdd.ipc.v1.ServerMessage.hosts_updated:type_name -> hvdd.ipc.v1.HostsUpdated
-	22, // [22:22] is the sub-list for method output_type
-	22, // [22:22] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	13, // 0: hvdd.ipc.v1.Hello.timeline:type_name -> hvdd.ipc.v1.Timeline
+	1,  // 1: hvdd.ipc.v1.Enqueue.op:type_name -> hvdd.ipc.v1.OpType
+	0,  // 2: hvdd.ipc.v1.Enqueue.dtype:type_name -> hvdd.ipc.v1.DType
+	4,  // 3: hvdd.ipc.v1.Enqueue.buffer:type_name -> hvdd.ipc.v1.Buffer
+	2,  // 4: hvdd.ipc.v1.Enqueue.reduce_op:type_name -> hvdd.ipc.v1.ReduceOp
+	4,  // 5: hvdd.ipc.v1.Release.buffer:type_name -> hvdd.ipc.v1.Buffer
+	5,  // 6: hvdd.ipc.v1.ClientMessage.hello:type_name -> hvdd.ipc.v1.Hello
+	6,  // 7: hvdd.ipc.v1.ClientMessage.register_region:type_name -> hvdd.ipc.v1.RegisterRegion
+	7,  // 8: hvdd.ipc.v1.ClientMessage.unregister_region:type_name -> hvdd.ipc.v1.UnregisterRegion
+	8,  // 9: hvdd.ipc.v1.ClientMessage.enqueue:type_name -> hvdd.ipc.v1.Enqueue
+	9,  // 10: hvdd.ipc.v1.ClientMessage.release:type_name -> hvdd.ipc.v1.Release
+	14, // 11: hvdd.ipc.v1.ClientMessage.goodbye:type_name -> hvdd.ipc.v1.Goodbye
+	10, // 12: hvdd.ipc.v1.ClientMessage.register_channel:type_name -> hvdd.ipc.v1.RegisterChannel
+	11, // 13: hvdd.ipc.v1.ClientMessage.add_process_set:type_name -> hvdd.ipc.v1.AddProcessSet
+	12, // 14: hvdd.ipc.v1.ClientMessage.remove_process_set:type_name -> hvdd.ipc.v1.RemoveProcessSet
+	13, // 15: hvdd.ipc.v1.ClientMessage.timeline:type_name -> hvdd.ipc.v1.Timeline
+	3,  // 16: hvdd.ipc.v1.Done.code:type_name -> hvdd.ipc.v1.Code
+	4,  // 17: hvdd.ipc.v1.Done.output:type_name -> hvdd.ipc.v1.Buffer
+	3,  // 18: hvdd.ipc.v1.Fatal.code:type_name -> hvdd.ipc.v1.Code
+	16, // 19: hvdd.ipc.v1.ServerMessage.welcome:type_name -> hvdd.ipc.v1.Welcome
+	17, // 20: hvdd.ipc.v1.ServerMessage.grant_region:type_name -> hvdd.ipc.v1.GrantRegion
+	18, // 21: hvdd.ipc.v1.ServerMessage.done:type_name -> hvdd.ipc.v1.Done
+	19, // 22: hvdd.ipc.v1.ServerMessage.fatal:type_name -> hvdd.ipc.v1.Fatal
+	21, // 23: hvdd.ipc.v1.ServerMessage.hosts_updated:type_name -> hvdd.ipc.v1.HostsUpdated
+	24, // [24:24] is the sub-list for method output_type
+	24, // [24:24] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_hvdd_proto_init() }
@@ -1888,7 +1987,7 @@ func file_hvdd_proto_init() {
 	if File_hvdd_proto != nil {
 		return
 	}
-	file_hvdd_proto_msgTypes[10].OneofWrappers = []any{
+	file_hvdd_proto_msgTypes[11].OneofWrappers = []any{
 		(*ClientMessage_Hello)(nil),
 		(*ClientMessage_RegisterRegion)(nil),
 		(*ClientMessage_UnregisterRegion)(nil),
@@ -1898,8 +1997,9 @@ func file_hvdd_proto_init() {
 		(*ClientMessage_RegisterChannel)(nil),
 		(*ClientMessage_AddProcessSet)(nil),
 		(*ClientMessage_RemoveProcessSet)(nil),
+		(*ClientMessage_Timeline)(nil),
 	}
-	file_hvdd_proto_msgTypes[15].OneofWrappers = []any{
+	file_hvdd_proto_msgTypes[16].OneofWrappers = []any{
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_GrantRegion)(nil),
 		(*ServerMessage_Done)(nil),
@@ -1912,7 +2012,7 @@ func file_hvdd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hvdd_proto_rawDesc), len(file_hvdd_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -142,6 +142,12 @@ class Client:
             h.local_rank = self.requested_local_rank
             h.client = self.client_name
             h.elastic = elastic_requested()
+            timeline = os.environ.get("HOROVOD_TIMELINE", "")
+            if timeline and timeline != "DYNAMIC":
+                # The daemon starts it as the job forms (global rank 0's
+                # counts), in its own working directory: the path goes absolute.
+                h.timeline.file_path = os.path.abspath(timeline)
+                h.timeline.mark_cycles = os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES", "0") not in ("", "0")
             try:
                 self._write(0, hello.SerializeToString())
                 self._staging.add(self.arena_size)

@@ -421,12 +421,36 @@ def rocm_built() -> bool:
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Horovod's dynamic timeline; hvdd's daemon does not write one yet."""
-    client()
-    raise ValueError("Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage.")
+    """Creates a timeline file at ``file_path`` and starts recording the
+    job's collectives into it (Horovod's dynamic timeline; the daemon writes
+    the file, a Chrome trace for chrome://tracing or Perfetto). As in
+    Horovod, ``HOROVOD_TIMELINE`` must be set (``DYNAMIC``, or a file) in the
+    environment of the ranks, and only rank 0's call counts; a running
+    timeline moves to the new file.
+
+    Args:
+        file_path: the file to write; relative to this process's directory.
+        mark_cycles: mark every cycle of the daemon's loop (CYCLE_START).
+    """
+    c = client()
+    if not os.environ.get("HOROVOD_TIMELINE"):
+        raise ValueError("Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage.")
+    m = _pb.ClientMessage()
+    m.timeline.file_path = os.path.abspath(file_path)
+    m.timeline.mark_cycles = bool(mark_cycles)
+    try:
+        c.call(m)
+    except HvddInternalError as e:
+        raise ValueError(f"Horovod timeline: {e}") from e
 
 
 def stop_timeline() -> None:
-    """Horovod's dynamic timeline; hvdd's daemon does not write one yet."""
-    client()
-    raise ValueError("Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage.")
+    """Stops the timeline and returns once its file is complete. Stopping a
+    stopped timeline does nothing."""
+    c = client()
+    m = _pb.ClientMessage()
+    m.timeline.SetInParent()
+    try:
+        c.call(m)
+    except HvddInternalError as e:
+        raise ValueError(f"Horovod timeline: {e}") from e

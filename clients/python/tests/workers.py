@@ -135,6 +135,7 @@ def basics() -> None:
         assert "HOROVOD_TIMELINE=DYNAMIC" in str(e)
     else:
         raise AssertionError("start_timeline did not raise")
+    hvd.stop_timeline()  # no timeline: nothing to stop, as in Horovod
     assert (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product) == (0, 1, 2, 3, 4, 5)
     assert hvd.global_process_set.process_set_id == 0
     assert hvd.global_process_set.size() == n and hvd.global_process_set.rank() == r
@@ -1019,6 +1020,28 @@ def across_nodes() -> None:
     optimizer()
 
 
+def timeline() -> None:
+    """Runs under `hvdd run --timeline-filename`: the ops before
+    start_timeline go to that file, the ones between start_timeline(argv[2])
+    and stop_timeline to argv[2] (test_timeline.py reads both)."""
+    hvd.init()
+    n = hvd.size()
+    hvd.allreduce(torch.ones(4), name="launch.grad")
+    hvd.broadcast(torch.full((2,), float(hvd.rank())), root_rank=1, name="launch.bcast")
+    hvd.start_timeline(sys.argv[2], mark_cycles=True)
+    # Only rank 0's call acts, and it is no collective: the barrier keeps the
+    # other ranks' next ops out of the launch file.
+    hvd.barrier()
+    got = hvd.allreduce(torch.ones(4), name="dyn.grad", op=hvd.Sum)
+    expect_equal(got, torch.full((4,), float(n)), "allreduce under the timeline")
+    got = hvd.allgather(torch.full((1,), float(hvd.rank())), name="dyn.gather")
+    expect_equal(got, torch.arange(n, dtype=torch.float32), "allgather under the timeline")
+    hvd.stop_timeline()
+    hvd.stop_timeline()  # stopping a stopped timeline is no error
+    hvd.barrier()  # as above, for rank 0's stop
+    hvd.allreduce(torch.ones(1), name="after.stop")
+
+
 SCENARIOS = {
     f.__name__: f
     for f in (
@@ -1033,6 +1056,7 @@ SCENARIOS = {
         elastic,
         across_nodes,
         adasum,
+        timeline,
     )
 }
 

@@ -1,0 +1,191 @@
+package daemon
+
+import (
+	"fmt"
+	"path/filepath"
+
+	"github.com/hvdd/hvdd/daemon/plan"
+	"github.com/hvdd/hvdd/daemon/timeline"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+// Horovod's timeline, as the loop and the executor feed it.
+//
+// A tensor's row shows, as Horovod's does:
+//
+//	NEGOTIATE_<OP>   from the first rank's request to the plan's response,
+//	  <rank> ticks   one per rank as its request arrives
+//	<OP>             from the response to the last rank's answer,
+//	  <ACTIVITY>     the execution: SHM_<OP> on one node (hvdd's reduction
+//	                 or copy between the ranks' shared-memory buffers)
+//
+// The loop owns the negotiation state (which rows are negotiating); the
+// executor only writes the phases of work it runs, through the Writer it was
+// handed with the work, so the loop may stop or switch the timeline while a
+// batch runs. With no timeline the hooks cost a nil check.
+
+// tracer is the loop's running timeline.
+type tracer struct {
+	w           *timeline.Writer
+	markCycles  bool
+	negotiating map[opKey]struct{} // rows in NEGOTIATE_*; rank -1 in the key
+}
+
+// row names a tensor's timeline row: its name, and its process set's id
+// when not the global set.
+func row(set int32, name string) string {
+	if set == 0 {
+		return name
+	}
+	return fmt.Sprintf("%s (process set %d)", name, set)
+}
+
+// negotiationName is Horovod's NEGOTIATE_<request type>.
+func negotiationName(o *op) string {
+	if o.typ == tensor.Allreduce && o.req.ReduceOp == tensor.Adasum {
+		return "NEGOTIATE_ADASUM"
+	}
+	return "NEGOTIATE_" + o.typ.String()
+}
+
+// submitted records a rank's accepted request: the row's negotiation starts
+// with the first rank, and every rank ticks.
+func (t *tracer) submitted(o *op) {
+	k := opKey{-1, o.req.ProcessSet, o.name}
+	name := row(k.set, k.name)
+	if _, ok := t.negotiating[k]; !ok {
+		t.negotiating[k] = struct{}{}
+		t.w.Event(name, timeline.Begin, negotiationName(o))
+	}
+	t.w.RankReady(name, int(o.req.Rank))
+}
+
+// responded ends the negotiation of r's tensors and, for a response that
+// runs, starts their top-level phase.
+func (t *tracer) responded(r *plan.Response) {
+	top := r.Op.String()
+	if r.Op == tensor.Allreduce && r.ReduceOp == tensor.Adasum {
+		top = "ADASUM"
+	}
+	for _, tn := range r.Tensors {
+		k := opKey{-1, r.ProcessSet, tn.Name}
+		name := row(k.set, k.name)
+		if _, ok := t.negotiating[k]; ok {
+			delete(t.negotiating, k)
+			t.w.Event(name, timeline.End, "")
+		}
+		if r.Err == nil {
+			t.w.Event(name, timeline.Begin, top)
+		}
+	}
+}
+
+// activity is the executor's phase name for r on one node.
+func activity(r *plan.Response) string {
+	return "SHM_" + r.Op.String()
+}
+
+// traceAll writes ph (named name, for Begin) on every tensor row of r.
+func traceAll(w *timeline.Writer, r *plan.Response, ph timeline.Phase, name string) {
+	for _, tn := range r.Tensors {
+		w.Event(row(r.ProcessSet, tn.Name), ph, name)
+	}
+}
+
+// timelineRequest starts, switches or stops the timeline for c's Timeline
+// request id. Only global rank 0's request acts.
+func (l *loop) timelineRequest(c *client, id uint32, m *ipcpb.Timeline) {
+	if c.job == nil || !c.job.formed || c.rank != 0 {
+		c.reply(id, &ipcpb.Done{})
+		return
+	}
+	path := m.GetFilePath()
+	if path == "" {
+		l.stopTimeline(func(err error) {
+			d := &ipcpb.Done{}
+			if err != nil {
+				d = &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: err.Error()}
+			}
+			c.reply(id, d)
+		})
+		return
+	}
+	if !filepath.IsAbs(path) {
+		c.reply(id, &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: fmt.Sprintf("timeline file %q is not an absolute path", path)})
+		return
+	}
+	if err := l.startTimeline(path, m.GetMarkCycles()); err != nil {
+		c.reply(id, &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: err.Error()})
+		return
+	}
+	c.reply(id, &ipcpb.Done{})
+}
+
+// startTimeline starts the timeline in the file at path, an absolute path,
+// stopping one in another file; the same file again only updates
+// markCycles.
+func (l *loop) startTimeline(path string, markCycles bool) error {
+	if !filepath.IsAbs(path) {
+		return fmt.Errorf("timeline file %q is not an absolute path", path)
+	}
+	if l.tl != nil && l.tl.w.Path() == path {
+		l.tl.markCycles = markCycles
+		return nil
+	}
+	l.stopTimeline(nil)
+	// Creating the file is the one disk access of the loop's own: once per
+	// start.
+	w, err := timeline.Create(path, timeline.Options{})
+	if err != nil {
+		l.s.log.Error("cannot write the timeline", "err", err)
+		return err
+	}
+	l.s.log.Info("timeline started", "file", path, "mark_cycles", markCycles)
+	l.tl = &tracer{w: w, markCycles: markCycles, negotiating: make(map[opKey]struct{})}
+	return nil
+}
+
+// helloTimeline starts the timeline global rank 0 asked for in its Hello
+// (HOROVOD_TIMELINE), as j forms on the node that holds rank 0.
+func (l *loop) helloTimeline(j *job) {
+	if j.members.offset != 0 || len(j.slots) == 0 || j.slots[0] == nil {
+		return
+	}
+	tl := j.slots[0].helloMsg.GetTimeline()
+	if tl.GetFilePath() == "" {
+		return
+	}
+	if err := l.startTimeline(tl.GetFilePath(), tl.GetMarkCycles()); err != nil {
+		l.s.log.Error("HOROVOD_TIMELINE: no timeline is written", "err", err)
+	}
+}
+
+// stopTimeline stops the running timeline, if any; done (if not nil) is
+// called, on another goroutine, once its file is complete.
+func (l *loop) stopTimeline(done func(error)) {
+	t := l.tl
+	if t == nil {
+		if done != nil {
+			done(nil)
+		}
+		return
+	}
+	l.tl = nil
+	log := l.s.log
+	l.tlClosing.Add(1)
+	t.w.CloseAsync(func(err error) {
+		defer l.tlClosing.Done()
+		if n := t.w.Dropped(); n > 0 {
+			log.Warn("timeline dropped events: its writer could not keep up", "file", t.w.Path(), "dropped", n)
+		}
+		if err != nil {
+			log.Error("timeline failed", "err", err)
+		} else {
+			log.Info("timeline written", "file", t.w.Path())
+		}
+		if done != nil {
+			done(err)
+		}
+	})
+}
