@@ -32,6 +32,7 @@ type executor struct {
 	p       *poller
 	ropts   reduce.Options
 	fuse    []byte // fusion buffer of cross-node ops, reused
+	adaIn   []byte // a node's block of a cross-node Adasum, reused
 	work    chan []work
 	stopped chan struct{}
 

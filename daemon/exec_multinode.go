@@ -90,6 +90,9 @@ func localBufs(row []*op) [][]byte {
 
 func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w work) error {
 	r := &w.resp
+	if r.ReduceOp == tensor.Adasum {
+		return x.adasumMulti(ctx, b, w)
+	}
 	op, pre, post := scales(r, w.size)
 	es := r.DType.Size()
 	if len(r.Tensors) == 1 && pre == 1 {
@@ -140,6 +143,111 @@ func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w wor
 		off += n
 	}
 	return nil
+}
+
+// adasumMulti reduces a fused Adasum response across nodes with the numbers
+// of the one-node tree over the global ranks (reduce/adasum.go): each node
+// computes the subtrees that lie inside its ranks (reduce.AdasumSpans: one
+// per node when the nodes have equal power-of-two sizes), one allgather
+// gives every node every node's subtree values, and each node finishes the
+// upper levels itself, the same way on every node. Tensors stay separate,
+// as on one node (dot products per tensor), and share the one exchange.
+//
+// Node m sends, for tensor after tensor, its spans' values, then one byte
+// per (tensor, span): 1 when the value exists, 0 when every rank of the span
+// joined (a zero vector, which Adasum skips rather than adds, so it cannot
+// travel as zeros). The flags are padded to 8 bytes, so that every node's
+// block, and so every value, keeps the element alignment of the fusion
+// buffer.
+func (x *executor) adasumMulti(ctx context.Context, b backends.Backend, w work) error {
+	r := &w.resp
+	mb := w.j.members
+	nn := len(r.Tensors)
+	sizes := make([]int, nn) // bytes of tensor i
+	row := 0                 // bytes of every tensor once
+	for i, t := range r.Tensors {
+		sizes[i] = int(t.Shape.NumElements()) * r.DType.Size()
+		row += sizes[i]
+	}
+	spans := make([][]reduce.AdasumSpan, mb.nodes())
+	counts := make([]int, mb.nodes())
+	for m := range spans {
+		spans[m] = reduce.AdasumSpans(mb.nodeRanks(m))
+		counts[m] = len(spans[m])*row + (len(spans[m])*nn+7)&^7
+	}
+	// Our block: the values of our spans, then their flags.
+	mine := spans[mb.node]
+	in := x.adasumIn(counts[mb.node])
+	flags := in[len(mine)*row:]
+	clear(flags)
+	off := 0
+	for i := range r.Tensors {
+		for k, s := range mine {
+			bufs := make([][]byte, s.Len)
+			for j, o := range w.ops[i][s.Start : s.Start+s.Len] {
+				if o != nil {
+					bufs[j] = o.buf
+				}
+			}
+			v, err := reduce.AdasumPartial(bufs, r.DType, r.Prescale, &x.ropts)
+			if err != nil {
+				return fmt.Errorf("tensor %q: %w", r.Tensors[i].Name, err)
+			}
+			if v != nil {
+				copy(in[off:off+sizes[i]], v)
+				flags[i*len(mine)+k] = 1
+			}
+			off += sizes[i]
+		}
+	}
+	total := 0
+	for _, c := range counts {
+		total += c
+	}
+	out := x.fusion(total)
+	if err := b.Allgatherv(ctx, in, out, counts); err != nil {
+		return err
+	}
+	// Every node's values of tensor i, in rank order, and the root.
+	var all []reduce.AdasumSpan
+	for _, ss := range spans {
+		all = append(all, ss...)
+	}
+	vals := make([][]byte, len(all))
+	tensorOff := 0
+	for i, t := range r.Tensors {
+		base, v := 0, 0
+		for m, ss := range spans {
+			fl := out[base+len(ss)*row:]
+			for k := range ss {
+				vals[v] = nil
+				if fl[i*len(ss)+k] == 1 {
+					at := base + tensorOff*len(ss) + k*sizes[i]
+					vals[v] = out[at : at+sizes[i]]
+				}
+				v++
+			}
+			base += counts[m]
+		}
+		root, err := reduce.AdasumFinish(all, vals, r.DType, r.Postscale, &x.ropts)
+		if err != nil {
+			return fmt.Errorf("tensor %q: %w", t.Name, err)
+		}
+		if dsts := localBufs(w.ops[i]); len(dsts) > 0 && root != nil {
+			parallelCopy(dsts, root)
+		}
+		tensorOff += sizes[i]
+	}
+	return nil
+}
+
+// adasumIn returns a scratch buffer of n bytes for adasumMulti's own block,
+// reused across ops (the fusion buffer receives every node's blocks).
+func (x *executor) adasumIn(n int) []byte {
+	if cap(x.adaIn) < n {
+		x.adaIn = make([]byte, n)
+	}
+	return x.adaIn[:n]
 }
 
 func (x *executor) broadcastMulti(ctx context.Context, b backends.Backend, w work) error {

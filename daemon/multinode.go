@@ -592,7 +592,7 @@ func (c *multiNode) formLayout(j *job, ids, slots []int, links map[int]*cluster.
 	for _, n := range slots {
 		total += n
 	}
-	t, err := plan.New(plan.Config{Size: total, FusionThreshold: c.cfg.FusionThreshold, MultiNode: true})
+	t, err := plan.New(plan.Config{Size: total, FusionThreshold: c.cfg.FusionThreshold})
 	if err != nil {
 		c.hooks.formFailed(j, fmt.Sprintf("cannot start the job: %v", err))
 		return

@@ -94,43 +94,11 @@ func Adasum(bufs [][]byte, dt tensor.DType, prescale, postscale float64, opts *O
 	if err != nil || n == 0 {
 		return err
 	}
-	workers, parallelMin := runtime.GOMAXPROCS(0), defaultParallelMin
-	if opts != nil {
-		if opts.Workers > 0 {
-			workers = opts.Workers
-		}
-		if opts.ParallelMin > 0 {
-			parallelMin = opts.ParallelMin
-		}
+	workers := adasumWorkers(n, dt, opts)
+	if err := adasumPrescale(bufs, dt, prescale); err != nil {
+		return err
 	}
-	if n*dt.Size() < parallelMin {
-		workers = 1
-	}
-	if prescale != 1 {
-		for _, b := range bufs {
-			if b != nil {
-				if err := Scale(b, dt, prescale); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	// cur[i] holds the value of the group of ranks that starts at i (nil: a
-	// zero vector); a level combines the groups at i and i+level into i's.
-	cur := append([][]byte(nil), bufs...)
-	for level := 1; level < len(cur); level *= 2 {
-		for i := 0; i < len(cur); i += 2 * level {
-			a, b := cur[i], cur[i+level]
-			switch {
-			case b == nil:
-			case a == nil:
-				cur[i] = b
-			default:
-				adasumPair(a, b, dt, n, workers)
-			}
-		}
-	}
-	res := cur[0]
+	res := adasumTree(append([][]byte(nil), bufs...), nil, dt, n, workers)
 	if postscale != 1 {
 		if err := Scale(res, dt, postscale); err != nil {
 			return err
@@ -142,6 +110,154 @@ func Adasum(bufs [][]byte, dt tensor.DType, prescale, postscale float64, opts *O
 		}
 	}
 	return nil
+}
+
+// Adasum across nodes. A node holds a contiguous run of ranks, and the
+// tree's value does not change when its subtrees are computed in separate
+// places: only which pairs meet, and in which order, matters. So a node
+// computes the subtrees that lie wholly inside its run (AdasumPartial: the
+// tree's lower levels there), the nodes exchange those values, and every
+// node finishes the upper levels from them (AdasumFinish), each one the
+// same way, so every node gets the same bits, the bits Adasum would give on
+// one node.
+//
+// The subtrees of the tree over 2^k ranks are the aligned runs: [s, s+L)
+// with L a power of two and s a multiple of L. AdasumSpans cuts a node's
+// run into the fewest of them, greedily: from s, the longest aligned run
+// that fits. Nodes of equal power-of-two sizes in a power-of-two job give
+// one span each; uneven ones a few (at most two per level): ranks [0, 3)
+// of four are [0, 2) and [2, 3).
+
+// AdasumSpan is the subtree of Adasum's tree over the ranks [Start,
+// Start+Len): Len is a power of two and Start a multiple of it.
+type AdasumSpan struct {
+	Start, Len int
+}
+
+// AdasumSpans cuts the ranks [lo, hi) into the fewest subtrees of Adasum's
+// tree, in rank order (see above). It returns nil when hi <= lo.
+func AdasumSpans(lo, hi int) []AdasumSpan {
+	var spans []AdasumSpan
+	for s := lo; s < hi; {
+		l := 1
+		for (s%(2*l) == 0) && s+2*l <= hi {
+			l *= 2
+		}
+		spans = append(spans, AdasumSpan{s, l})
+		s += l
+	}
+	return spans
+}
+
+// AdasumPartial computes the value of one subtree of Adasum's tree from
+// its ranks' buffers (a power-of-two number of them, in rank order, with
+// Adasum's rules: nil is a joined rank's zero vector, the others have equal
+// lengths and do not overlap), each prescaled first. It returns the buffer
+// that holds the value, one of bufs, or nil when every buffer is nil or
+// empty; the other buffers are overwritten with intermediate levels. No
+// postscale: that belongs after the root (AdasumFinish).
+func AdasumPartial(bufs [][]byte, dt tensor.DType, prescale float64, opts *Options) ([]byte, error) {
+	n, err := checkAdasum(bufs, dt)
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	if err := adasumPrescale(bufs, dt, prescale); err != nil {
+		return nil, err
+	}
+	return adasumTree(append([][]byte(nil), bufs...), nil, dt, n, adasumWorkers(n, dt, opts)), nil
+}
+
+// AdasumFinish completes Adasum's tree over the ranks [0, m), m a power of
+// two, from the values of spans that tile it in rank order (AdasumSpans of
+// each node's run, concatenated): vals[k] is the value of spans[k], as
+// AdasumPartial returned it (nil: a zero vector). It postscales the root and
+// returns the buffer that holds it, one of vals, or nil when every value is
+// nil or empty; the other values are overwritten.
+func AdasumFinish(spans []AdasumSpan, vals [][]byte, dt tensor.DType, postscale float64, opts *Options) ([]byte, error) {
+	if len(vals) != len(spans) {
+		return nil, fmt.Errorf("reduce: %d values for %d spans", len(vals), len(spans))
+	}
+	m := 0
+	for k, s := range spans {
+		if s.Start != m || s.Len < 1 || s.Len&(s.Len-1) != 0 || s.Start%s.Len != 0 {
+			return nil, fmt.Errorf("reduce: span %d is [%d, %d), not an aligned power-of-two run from %d", k, s.Start, s.Start+s.Len, m)
+		}
+		m += s.Len
+	}
+	// cur and held index ranks: cur[s.Start] is span s's value, which holds
+	// the s.Len ranks from there; other entries are unused.
+	cur, held := make([][]byte, m), make([]int, m)
+	for k, s := range spans {
+		cur[s.Start], held[s.Start] = vals[k], s.Len
+	}
+	n, err := checkAdasum(cur, dt)
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	res := adasumTree(cur, held, dt, n, adasumWorkers(n, dt, opts))
+	if postscale != 1 && res != nil {
+		if err := Scale(res, dt, postscale); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// adasumWorkers is the number of goroutines for n elements of dt.
+func adasumWorkers(n int, dt tensor.DType, opts *Options) int {
+	workers, parallelMin := runtime.GOMAXPROCS(0), defaultParallelMin
+	if opts != nil {
+		if opts.Workers > 0 {
+			workers = opts.Workers
+		}
+		if opts.ParallelMin > 0 {
+			parallelMin = opts.ParallelMin
+		}
+	}
+	if n*dt.Size() < parallelMin {
+		return 1
+	}
+	return workers
+}
+
+// adasumPrescale multiplies every non-nil buffer by f (nothing when f is 1).
+func adasumPrescale(bufs [][]byte, dt tensor.DType, f float64) error {
+	if f == 1 {
+		return nil
+	}
+	for _, b := range bufs {
+		if b != nil {
+			if err := Scale(b, dt, f); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// adasumTree runs the levels of the tree over len(cur) (a power of two)
+// ranks of n elements and returns the root's buffer. cur[i] holds the
+// value of the group of ranks that starts at i (nil: a zero vector); a
+// level combines the groups at i and i+level into i's. held[i], when held
+// is not nil, is how many ranks cur[i] already covers: levels inside such a
+// group are done and skipped (AdasumFinish); nil means one rank each.
+func adasumTree(cur [][]byte, held []int, dt tensor.DType, n, workers int) []byte {
+	for level := 1; level < len(cur); level *= 2 {
+		for i := 0; i < len(cur); i += 2 * level {
+			if held != nil && held[i] >= 2*level {
+				continue
+			}
+			a, b := cur[i], cur[i+level]
+			switch {
+			case b == nil:
+			case a == nil:
+				cur[i] = b
+			default:
+				adasumPair(a, b, dt, n, workers)
+			}
+		}
+	}
+	return cur[0]
 }
 
 // checkAdasum validates Adasum's arguments and returns the element count

@@ -337,3 +337,140 @@ func TestAdasumErrors(t *testing.T) {
 		t.Errorf("all nil: %v", err)
 	}
 }
+
+func TestAdasumSpans(t *testing.T) {
+	tests := []struct {
+		lo, hi int
+		want   string
+	}{
+		{0, 0, "[]"},
+		{0, 1, "[{0 1}]"},
+		{0, 4, "[{0 4}]"},
+		{4, 8, "[{4 4}]"},
+		{0, 3, "[{0 2} {2 1}]"},
+		{3, 4, "[{3 1}]"},
+		{1, 4, "[{1 1} {2 2}]"},
+		{1, 8, "[{1 1} {2 2} {4 4}]"},
+		{3, 13, "[{3 1} {4 4} {8 4} {12 1}]"},
+		{6, 8, "[{6 2}]"},
+	}
+	for _, tc := range tests {
+		if got := fmt.Sprint(AdasumSpans(tc.lo, tc.hi)); got != tc.want {
+			t.Errorf("AdasumSpans(%d, %d) = %s, want %s", tc.lo, tc.hi, got, tc.want)
+		}
+	}
+	// Every run: the spans tile it with aligned power-of-two runs, and no
+	// two neighbours could merge into one (the cut is the fewest).
+	for lo := 0; lo < 40; lo++ {
+		for hi := lo; hi < 40; hi++ {
+			spans, at := AdasumSpans(lo, hi), lo
+			for k, s := range spans {
+				if s.Start != at || s.Len < 1 || s.Len&(s.Len-1) != 0 || s.Start%s.Len != 0 {
+					t.Fatalf("AdasumSpans(%d, %d) = %v: span %d is not an aligned run from %d", lo, hi, spans, k, at)
+				}
+				if k > 0 {
+					p := spans[k-1]
+					if p.Len == s.Len && p.Start%(2*p.Len) == 0 {
+						t.Fatalf("AdasumSpans(%d, %d) = %v: spans %d and %d make one", lo, hi, spans, k-1, k)
+					}
+				}
+				at += s.Len
+			}
+			if at != hi {
+				t.Fatalf("AdasumSpans(%d, %d) = %v ends at %d", lo, hi, spans, at)
+			}
+		}
+	}
+}
+
+// TestAdasumAcrossNodes splits the ranks into nodes of every layout, runs
+// AdasumPartial on each node's spans, moves the values into fresh buffers
+// (the exchange) and AdasumFinish: the bits must be Adasum's on one node,
+// joined ranks (nil), whole joined spans and scale factors included.
+func TestAdasumAcrossNodes(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	layouts := [][]int{{1}, {1, 1}, {2, 2}, {3, 1}, {1, 3}, {1, 2, 1}, {2, 1, 1}, {1, 1, 1, 1}, {4, 4}, {5, 3}, {3, 3, 2}, {1, 6, 1}, {7, 1}}
+	for _, layout := range layouts {
+		size := 0
+		for _, l := range layout {
+			size += l
+		}
+		for _, dt := range adasumDTypes {
+			for _, n := range []int{1, 33, adasumBlock + 5} {
+				for _, joined := range []string{"none", "odd", "high half", "all but one"} {
+					name := fmt.Sprintf("%v/%v/n%d/joined_%s", layout, dt, n, joined)
+					t.Run(name, func(t *testing.T) {
+						inputs := make([][]byte, size)
+						for i := range inputs {
+							gone := joined == "odd" && i%2 == 1 || joined == "high half" && i >= size/2 ||
+								joined == "all but one" && i != size-1
+							if !gone || size == 1 {
+								inputs[i] = randFloats(r, dt, n)
+							}
+						}
+						clone := func() [][]byte {
+							out := make([][]byte, size)
+							for i, b := range inputs {
+								if b != nil {
+									out[i] = bytes.Clone(b)
+								}
+							}
+							return out
+						}
+						want := clone()
+						opts := &Options{Workers: 3, ParallelMin: 1}
+						if err := Adasum(want, dt, 0.5, 3, opts); err != nil {
+							t.Fatal(err)
+						}
+						bufs := clone()
+						var spans []AdasumSpan
+						var vals [][]byte
+						lo := 0
+						for _, l := range layout {
+							for _, s := range AdasumSpans(lo, lo+l) {
+								v, err := AdasumPartial(bufs[s.Start:s.Start+s.Len], dt, 0.5, opts)
+								if err != nil {
+									t.Fatal(err)
+								}
+								spans = append(spans, s)
+								vals = append(vals, bytes.Clone(v)) // nil stays nil
+							}
+							lo += l
+						}
+						got, err := AdasumFinish(spans, vals, dt, 3, opts)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if w := firstNonNil(want); !bytes.Equal(got, w) {
+							t.Fatalf("across nodes %v, on one node %v", floats(got, dt)[:1], floats(w, dt)[:1])
+						}
+					})
+				}
+			}
+		}
+	}
+}
+
+func TestAdasumFinishErrors(t *testing.T) {
+	b := func() []byte { return make([]byte, 8) }
+	tests := []struct {
+		name  string
+		spans []AdasumSpan
+		vals  [][]byte
+		want  string
+	}{
+		{"count", []AdasumSpan{{0, 2}}, nil, "0 values for 1 spans"},
+		{"gap", []AdasumSpan{{0, 1}, {2, 2}}, [][]byte{b(), b()}, "span 1 is [2, 4)"},
+		{"unaligned", []AdasumSpan{{0, 1}, {1, 2}, {3, 1}}, [][]byte{b(), b(), b()}, "span 1 is [1, 3)"},
+		{"not a power of two", []AdasumSpan{{0, 3}, {3, 1}}, [][]byte{b(), b()}, "span 0 is [0, 3)"},
+		{"three ranks", []AdasumSpan{{0, 2}, {2, 1}}, [][]byte{b(), b()}, "power-of-two number of buffers, got 3"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := AdasumFinish(tc.spans, tc.vals, tensor.Float32, 1, nil)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -6,6 +6,8 @@
 // It also computes Horovod's Adasum over the buffers of a power-of-two
 // number of ranks (Adasum, in adasum.go), which is not element-wise: it
 // combines whole vectors pairwise with coefficients from their dot products.
+// AdasumSpans, AdasumPartial and AdasumFinish compute the same tree in
+// pieces, for ranks spread over nodes.
 //
 // It is pure computation over []byte memory. It does no I/O, owns no
 // buffers, keeps no state between calls and knows nothing of collectives or

@@ -42,6 +42,7 @@ var scenarios = map[string]func(ctx context.Context, c *hvdd.Client) error{
 	"victim":      victim,
 	"async":       asyncScenario,
 	"procsets":    procSets,
+	"adasum":      adasumScenario,
 }
 
 func worker(name string) int {
@@ -614,8 +615,9 @@ func expectErr(what string, err error, kind error, subs ...string) error {
 	return nil
 }
 
-// adasumCases: Adasum runs on one node over a power-of-two number of ranks,
-// on floats; elsewhere every rank gets the same refusal.
+// adasumCases: Adasum runs over a power-of-two number of ranks, on one node
+// or across nodes, on floats; elsewhere every rank gets the same refusal.
+// (TestAdasum and TestMultiNodeAdasum check its bits.)
 func adasumCases(ctx context.Context, c *hvdd.Client) error {
 	rank, size := c.Rank(), c.Size()
 	// Rank r sends (r+1)·e_r: orthogonal vectors, whose Adasum is their sum.
@@ -623,8 +625,6 @@ func adasumCases(ctx context.Context, c *hvdd.Client) error {
 	x[rank] = float32(rank + 1)
 	err := hvdd.Allreduce(ctx, c, x, hvdd.WithName("ada"), hvdd.WithOp(hvdd.Adasum))
 	switch {
-	case size != c.LocalSize():
-		return expectErr("adasum across nodes", err, hvdd.ErrUnimplemented, "Adasum across nodes is not supported yet")
 	case size&(size-1) != 0:
 		return expectErr("adasum on a non-power-of-two job", err, hvdd.ErrUnimplemented,
 			"Running Adasum with non-power-of-two ranks is not supported yet.")

@@ -44,6 +44,24 @@ func TestMPIMultiNodeCollectives(t *testing.T) {
 	}
 }
 
+// TestMPIMultiNodeAdasum runs the adasum scenario (TestMultiNodeAdasum) on
+// the mpi engine, whose Allgatherv carries the nodes' subtree values.
+func TestMPIMultiNodeAdasum(t *testing.T) {
+	bin := buildMPI(t)
+	for _, slots := range []int{1, 2} {
+		t.Run(fmt.Sprintf("2x%d", slots), func(t *testing.T) {
+			sockets, _ := startMPINodes(t, bin, 2, slots, "--control", "tcp")
+			for _, node := range spawnSockets(t, sockets, "adasum", slots, slots) {
+				for _, w := range node {
+					if err := w.Wait(120 * time.Second); err != nil {
+						t.Errorf("rank %d: %v\n%s", w.Rank, err, w.Output())
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestMPICHMultiNodeCollectives runs the collective scenarios on daemons
 // built for MPICH (-tags 'mpi mpich') and started by its mpiexec, with the
 // control links over TCP and over MPI, and under a bare mpiexec (auto): hvdd

@@ -138,7 +138,6 @@ func msgInvalidRoot(root int) string {
 }
 
 const (
-	msgAdasumNodes         = "Adasum across nodes is not supported yet"
 	msgAdasumRanks         = "Running Adasum with non-power-of-two ranks is not supported yet."
 	msgAdasumDType         = "Unsupported data type: Adasum reduces float16, float32 and float64 tensors only."
 	msgReducescatterOp     = "Reducescatter currently only supports AVERAGE and SUM."

@@ -25,10 +25,6 @@ type Config struct {
 	// bounds apply here). 0 means DefaultLookAhead; negative disables
 	// look-ahead.
 	LookAhead int
-	// MultiNode marks a table that negotiates for ranks on several nodes'
-	// daemons. Adasum, which hvdd reduces on one node only for now, fails
-	// there with "Adasum across nodes is not supported yet".
-	MultiNode bool
 }
 
 func (c Config) validate() error {

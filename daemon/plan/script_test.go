@@ -22,7 +22,7 @@ import (
 //
 // Run with -rewrite to regenerate the expected output. Commands:
 //
-//	config size=N [fusion=BYTES] [lookahead=K] [multinode=1]
+//	config size=N [fusion=BYTES] [lookahead=K]
 //	set id=N ranks=R,R,...           AddProcessSet
 //	rmset id=N                        RemoveProcessSet (prints what it aborted)
 //	submit rank=R|ranks=R,R,... name=NAME [op=allreduce] [dtype=float32]
@@ -179,8 +179,7 @@ func runCommand(t *testing.T, tbl **Table, line string) string {
 	switch cmd {
 	case "config":
 		var err error
-		*tbl, err = New(Config{Size: a.int(t, "size", 1), FusionThreshold: int64(a.int(t, "fusion", 0)), LookAhead: a.int(t, "lookahead", 0),
-			MultiNode: a.int(t, "multinode", 0) == 1})
+		*tbl, err = New(Config{Size: a.int(t, "size", 1), FusionThreshold: int64(a.int(t, "fusion", 0)), LookAhead: a.int(t, "lookahead", 0)})
 		if err != nil {
 			return "error: " + err.Error()
 		}

@@ -24,8 +24,8 @@ import (
 //     different ranks would hang its groups);
 //  4. per op (opChecks: one checker method per op, each a list of checks
 //     run in order by firstErr):
-//     - Allreduce: reduce op, Adasum's rules (one node only for now, a
-//       power-of-two set, float16/float32/float64), full shape, scale
+//     - Allreduce: reduce op, Adasum's rules (a power-of-two set,
+//       float16/float32/float64), full shape, scale
 //       factors. Joined ranks are fine: they contribute zeros.
 //     - Reducescatter: joined ranks (error), reduce op, Average or Sum only,
 //       full shape, scalar, scale factors.
@@ -271,17 +271,13 @@ func (c *checker) reduceOp() *Error {
 		func(a, b *Request) string { return msgMismatchedReduceOps(a.ReduceOp, b.ReduceOp) })
 }
 
-// adasum: an Adasum allreduce (the ranks agree on the op by now) runs on
-// one node only for now, over a power-of-two number of ranks (Horovod's
-// vector halving needs it), on float16, float32 or float64 (Horovod's
+// adasum: an Adasum allreduce (the ranks agree on the op by now) runs over
+// a power-of-two number of ranks (Horovod's vector halving needs it), on float16, float32 or float64 (Horovod's
 // Adasum has no other types). Every rank hears the error, as in Horovod,
 // where the core refuses the execution on every rank.
 func (c *checker) adasum() *Error {
 	if c.first.ReduceOp != tensor.Adasum {
 		return nil
-	}
-	if c.t.cfg.MultiNode {
-		return c.invalid("reduce_op", reduceOf, func(*Request) string { return msgAdasumNodes })
 	}
 	if n := len(c.e.set.ranks); n&(n-1) != 0 {
 		return c.invalid("reduce_op", reduceOf, func(*Request) string { return msgAdasumRanks })

@@ -25,7 +25,6 @@ func TestChecksPerOp(t *testing.T) {
 		edit   func(rank int, r *Request)
 		join   []int // ranks that join instead of submitting
 		size   int   // ranks in the job; 0 means 3
-		multi  bool  // Config.MultiNode
 		attr   string
 		ranks  []int
 		prefix string
@@ -127,17 +126,6 @@ func TestChecksPerOp(t *testing.T) {
 			attr:   "reduce_op",
 			ranks:  []int{1, 2},
 			prefix: "Mismatched reduction operation: One rank sent reduction op 2, but another rank sent reduction op 1.",
-		},
-		{
-			name:  "allreduce adasum across nodes before ranks",
-			op:    tensor.Allreduce,
-			multi: true,
-			edit: func(rank int, r *Request) {
-				r.ReduceOp, r.DType = tensor.Adasum, tensor.Int32
-			},
-			attr:   "reduce_op",
-			ranks:  []int{0, 1, 2},
-			prefix: "Adasum across nodes is not supported yet",
 		},
 		{
 			name: "allreduce adasum ranks before dtype and shape",
@@ -393,7 +381,7 @@ func TestChecksPerOp(t *testing.T) {
 			if size == 0 {
 				size = 3
 			}
-			tbl := mustNew(t, Config{Size: size, FusionThreshold: 1 << 20, MultiNode: tt.multi})
+			tbl := mustNew(t, Config{Size: size, FusionThreshold: 1 << 20})
 			for rank := range size {
 				if slices.Contains(tt.join, rank) {
 					if err := tbl.Submit(Request{Rank: rank, Op: tensor.Join}, 0); err != nil {

@@ -173,3 +173,24 @@ def test_across_nodes(hvdd_bin, tmp_path):
     assert p.returncode == 0, out
     for r in range(4):
         assert f"[{r}]<stdout>:OK" in out, out
+
+
+@pytest.mark.parametrize("hosts", ["127.0.0.1:2,127.0.0.2:2", "127.0.0.1:3,127.0.0.2:1"])
+def test_adasum_across_nodes(hvdd_bin, tmp_path, hosts):
+    """The adasum scenario (allreduce, grouped, async, joined ranks,
+    DistributedOptimizer, each against adasum_reference of every rank's
+    inputs) under hvdd run over two "hosts": nodes of 2 and 2 ranks (one
+    subtree of the global tree each) and of 3 and 1 (node 0 holds two)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HVDD_START_TIMEOUT="60")
+    p = subprocess.run(
+        [hvdd_bin, "run", "-np", "4", "-H", hosts, "--", sys.executable, WORKERS, "adasum"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for r in range(4):
+        assert f"[{r}]<stdout>:OK" in out, out
