@@ -285,6 +285,27 @@ func TestDriverE2ERemoveHost(t *testing.T) {
 	rj.checkCleanedUp()
 }
 
+// TestDriverE2EAddThenRemove: Horovod's "hosts added and removed"
+// schedule in one job: a host is added (epoch of 3), then the first host,
+// node 0 and the job's first coordinator, is removed (epoch of 2, the
+// coordination moving to the added host's daemon), and the job finishes.
+func TestDriverE2EAddThenRemove(t *testing.T) {
+	t.Parallel()
+	bin := buildHvdd(t)
+	dir := testDir(t)
+	rj := startReal(t, dir, bin, Config{NP: 1, MinNP: 1, ElasticTimeout: removalTimeout, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.60:1\n")})
+	rj.epoch(1, 0)
+	setHosts(t, dir, "127.0.0.60:1\n127.0.0.61:2\n")
+	rj.stderr.waitFor(t, "host 127.0.0.61 joins the elastic job: starting its hvdd daemon (node 1) for 2 ranks", 10*time.Second)
+	rj.epoch(3, 0, 1, 2)
+	setHosts(t, dir, "127.0.0.61:2\n")
+	rj.stderr.waitFor(t, "host 127.0.0.60 is no longer discovered: telling its daemon (node 0) that the host has been removed from the elastic job", 10*time.Second)
+	rj.epoch(2, 1, 2)
+	rj.checkRemoved("127.0.0.60", 0)
+	rj.finish()
+	rj.checkCleanedUp()
+}
+
 // checkRemoved checks that the ranks tagged tags, of host, left the job
 // because it was removed (each printed the refusal of its re-init, with
 // its own local rank, and the driver saw it exit with exitRemoved, not
