@@ -88,3 +88,32 @@ func sizeName(n int) string {
 	}
 	return fmt.Sprintf("%dB", n)
 }
+
+// BenchmarkAdasum: Horovod's Adasum tree over k rank buffers of float32,
+// beside BenchmarkReduce's Sum of the same buffers (the bytes are one
+// buffer's, as there).
+func BenchmarkAdasum(b *testing.B) {
+	for _, k := range []int{2, 4} {
+		for _, size := range []int{1 << 20, 16 << 20} {
+			for _, workers := range []int{1, 2} {
+				b.Run(fmt.Sprintf("Float32/k=%d/%s/w=%d", k, sizeName(size), workers), func(b *testing.B) {
+					bufs := make([][]byte, k)
+					for i := range bufs {
+						bufs[i] = make([]byte, size)
+						if err := Fill(bufs[i], tensor.Float32, tensor.Product); err != nil {
+							b.Fatal(err)
+						}
+					}
+					opts := &Options{Workers: workers}
+					b.SetBytes(int64(size))
+					b.ReportAllocs()
+					for b.Loop() {
+						if err := Adasum(bufs, tensor.Float32, 1, 1, opts); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
+		}
+	}
+}
