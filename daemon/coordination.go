@@ -106,6 +106,9 @@ type loopHooks interface {
 	// (hostsAdded: workers wait to join it, from this node or another, or
 	// a node joins; hostsRemoved: a node's host is removed).
 	hostsUpdated(result int32)
+	// traceSubmitted records a request another node forwarded on the
+	// timeline, if one runs (node 0 writes it).
+	traceSubmitted(r *plan.Request)
 }
 
 // oneNode forms every job on this node alone.

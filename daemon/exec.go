@@ -43,6 +43,8 @@ type executor struct {
 	traceW    *timeline.Writer
 	traceRow  string
 	traceEnds int
+	// ph: the phases of the response running across nodes.
+	ph phases
 }
 
 func newExecutor(s *Server, p *poller) *executor {

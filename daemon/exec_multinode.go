@@ -32,6 +32,10 @@ func (x *executor) executeMulti(w work) {
 	ctx := context.Background()
 	var err error
 	var dones [][]*ipcpb.Done // per tensor, per global rank (nil = plain OK)
+	// The phases nest in the response's top-level phase (execute), on the
+	// node that writes the timeline: the local step through shared memory
+	// (SHM_<OP>), the engine's transfer (crossNode), the write-back.
+	x.ph = phases{w: w.tl, r: r}
 	switch r.Op {
 	case tensor.Allreduce:
 		err = x.allreduceMulti(ctx, b, w)
@@ -44,11 +48,13 @@ func (x *executor) executeMulti(w work) {
 	case tensor.Reducescatter:
 		dones, err = x.reducescatterMulti(ctx, b, w)
 	case tensor.Barrier:
+		x.ph.begin(crossNode(b, r))
 		err = b.Barrier(ctx)
 	case tensor.Join:
 	default:
 		err = fmt.Errorf("collective %v is not implemented across nodes", r.Op)
 	}
+	x.ph.endAll()
 	if err != nil {
 		msg := fmt.Sprintf("%v across nodes failed: %v", r.Op, err)
 		if n, ok := backends.LostRank(err); ok {
@@ -99,9 +105,11 @@ func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w wor
 		if bufs := localBufs(w.ops[0]); len(bufs) == 1 {
 			// One local rank holds the only buffer: the engine works on the
 			// client's shared memory directly, with no copy in or out.
+			x.ph.begin(crossNode(b, r))
 			if err := b.Allreduce(ctx, bufs[0], r.DType, op); err != nil {
 				return err
 			}
+			x.ph.end()
 			if post != 1 {
 				return reduce.Scale(bufs[0], r.DType, post)
 			}
@@ -115,6 +123,7 @@ func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w wor
 	// Reduce the local ranks' buffers into the fusion buffer, tensor after
 	// tensor; a node whose ranks all joined contributes the neutral element.
 	f := x.fusion(total)
+	x.ph.begin(activity(r))
 	off := 0
 	for i, t := range r.Tensors {
 		n := int(t.Shape.NumElements()) * es
@@ -128,10 +137,15 @@ func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w wor
 		}
 		off += n
 	}
+	x.ph.end()
+	x.ph.begin(crossNode(b, r))
 	if err := b.Allreduce(ctx, f, r.DType, op); err != nil {
 		return err
 	}
-	// Write back, applying the postscale in the same pass.
+	x.ph.end()
+	// Write back, applying the postscale in the same pass: Horovod's copy
+	// out of the fusion buffer.
+	x.ph.begin("MEMCPY_OUT_FUSION_BUFFER")
 	off = 0
 	for i, t := range r.Tensors {
 		n := int(t.Shape.NumElements()) * es
@@ -180,6 +194,7 @@ func (x *executor) adasumMulti(ctx context.Context, b backends.Backend, w work) 
 	in := x.adasumIn(counts[mb.node])
 	flags := in[len(mine)*row:]
 	clear(flags)
+	x.ph.begin(activity(r))
 	off := 0
 	for i := range r.Tensors {
 		for k, s := range mine {
@@ -205,9 +220,14 @@ func (x *executor) adasumMulti(ctx context.Context, b backends.Backend, w work) 
 		total += c
 	}
 	out := x.fusion(total)
+	x.ph.end()
+	x.ph.begin(crossNode(b, r))
 	if err := b.Allgatherv(ctx, in, out, counts); err != nil {
 		return err
 	}
+	x.ph.end()
+	// The upper levels of the tree, and the write-back.
+	x.ph.begin(activity(r))
 	// Every node's values of tensor i, in rank order, and the root.
 	var all []reduce.AdasumSpan
 	for _, ss := range spans {
@@ -271,9 +291,13 @@ func (x *executor) broadcastMulti(ctx context.Context, b backends.Backend, w wor
 		if src == nil {
 			src = x.fusion(int(r.Tensors[i].Shape.NumElements()) * r.DType.Size())
 		}
+		x.ph.at(i)
+		x.ph.begin(crossNode(b, r))
 		if err := b.Broadcast(ctx, src, rootNode); err != nil {
 			return err
 		}
+		x.ph.end()
+		x.ph.begin(activity(r))
 		var dsts [][]byte
 		for _, o := range row {
 			if o != nil && len(o.buf) > 0 && &o.buf[0] != &src[0] {
@@ -319,9 +343,13 @@ func (x *executor) allgatherMulti(ctx context.Context, b backends.Backend, w wor
 			}
 		}
 		out := x.fusion(total)
+		x.ph.at(i)
+		x.ph.begin(crossNode(b, r))
 		if err := b.Allgatherv(ctx, in, out, counts); err != nil {
 			return nil, err
 		}
+		x.ph.end()
+		x.ph.begin(activity(r))
 		shape := append(tensor.Shape{rows}, t.Shape[1:]...)
 		dones[i] = x.outputs(w.ops[i], func(_ int, dst []byte) { copy(dst, out) }, func(int) int { return total }, shape, nil)
 	}
@@ -397,9 +425,13 @@ func (x *executor) alltoallMulti(ctx context.Context, b backends.Backend, w work
 			total += c
 		}
 		out := x.fusion(total)
+		x.ph.at(i)
+		x.ph.begin(crossNode(b, r))
 		if err := b.Alltoallv(ctx, in, sendCounts, out, recvCounts); err != nil {
 			return nil, err
 		}
+		x.ph.end()
+		x.ph.begin(activity(r))
 		// Where d's pieces from node m begin inside out.
 		blockStart := make([]int, nn)
 		for m := 1; m < nn; m++ {
@@ -466,6 +498,8 @@ func (x *executor) reducescatterMulti(ctx context.Context, b backends.Backend, w
 			return k
 		}
 		full := x.fusion(d0 * rowBytes)
+		x.ph.at(i)
+		x.ph.begin(activity(r))
 		if bufs := localBufs(w.ops[i]); len(bufs) > 0 {
 			if err := reduce.Reduce([][]byte{full}, bufs, r.DType, op, pre, 1, &x.ropts); err != nil {
 				return nil, err
@@ -481,9 +515,13 @@ func (x *executor) reducescatterMulti(ctx context.Context, b backends.Backend, w
 			}
 		}
 		block := make([]byte, counts[mb.node])
+		x.ph.end()
+		x.ph.begin(crossNode(b, r))
 		if err := b.ReduceScatter(ctx, full, block, counts, r.DType, op); err != nil {
 			return nil, err
 		}
+		x.ph.end()
+		x.ph.begin(activity(r))
 		// Our block holds our ranks' rows, in rank order.
 		at := make([]int, w.size)
 		off := 0

@@ -664,7 +664,7 @@ func (l *loop) submit(j *job, o *op) {
 		return
 	}
 	if l.tl != nil {
-		l.tl.submitted(o)
+		l.tl.submitted(&o.req)
 	}
 }
 

@@ -178,6 +178,7 @@ func (mc *multiCoord) ready(node int, rd *clusterpb.Ready) error {
 		if err := mc.table.Submit(r, mc.hooks.now()); err != nil {
 			return fmt.Errorf("rank %d's request for %q was refused: %v", r.Rank, r.Name, err)
 		}
+		mc.hooks.traceSubmitted(&r)
 	}
 	return nil
 }

@@ -3,7 +3,9 @@ package daemon
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 
+	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -18,7 +20,12 @@ import (
 //	  <rank> ticks   one per rank as its request arrives
 //	<OP>             from the response to the last rank's answer,
 //	  <ACTIVITY>     the execution: SHM_<OP> on one node (hvdd's reduction
-//	                 or copy between the ranks' shared-memory buffers)
+//	                 or copy between the ranks' shared-memory buffers);
+//	                 across nodes, node 0's phases (phases): SHM_<OP>, the
+//	                 engine's <ENGINE>_<OP>, MEMCPY_OUT_FUSION_BUFFER
+//
+// Across nodes node 0 writes the file, and the other nodes' ranks tick as
+// their forwarded requests reach its table.
 //
 // The loop owns the negotiation state (which rows are negotiating); the
 // executor only writes the phases of work it runs, through the Writer it was
@@ -42,23 +49,32 @@ func row(set int32, name string) string {
 }
 
 // negotiationName is Horovod's NEGOTIATE_<request type>.
-func negotiationName(o *op) string {
-	if o.typ == tensor.Allreduce && o.req.ReduceOp == tensor.Adasum {
+func negotiationName(r *plan.Request) string {
+	if r.Op == tensor.Allreduce && r.ReduceOp == tensor.Adasum {
 		return "NEGOTIATE_ADASUM"
 	}
-	return "NEGOTIATE_" + o.typ.String()
+	return "NEGOTIATE_" + r.Op.String()
 }
 
-// submitted records a rank's accepted request: the row's negotiation starts
-// with the first rank, and every rank ticks.
-func (t *tracer) submitted(o *op) {
-	k := opKey{-1, o.req.ProcessSet, o.name}
+// submitted records a rank's accepted request, a local one or (on node 0)
+// one another node forwarded: the row's negotiation starts with the first
+// rank, and every global rank ticks.
+func (t *tracer) submitted(r *plan.Request) {
+	k := opKey{-1, r.ProcessSet, r.Name}
 	name := row(k.set, k.name)
 	if _, ok := t.negotiating[k]; !ok {
 		t.negotiating[k] = struct{}{}
-		t.w.Event(name, timeline.Begin, negotiationName(o))
+		t.w.Event(name, timeline.Begin, negotiationName(r))
 	}
-	t.w.RankReady(name, int(o.req.Rank))
+	t.w.RankReady(name, r.Rank)
+}
+
+// traceSubmitted records on the timeline, if one runs, a request another
+// node forwarded to the coordinator (loopHooks).
+func (l *loop) traceSubmitted(r *plan.Request) {
+	if l.tl != nil {
+		l.tl.submitted(r)
+	}
 }
 
 // responded ends the negotiation of r's tensors and, for a response that
@@ -81,9 +97,72 @@ func (t *tracer) responded(r *plan.Response) {
 	}
 }
 
-// activity is the executor's phase name for r on one node.
+// activity is the executor's phase name for r on one node, and for the
+// local step (reduction or copy through shared memory) of r across nodes.
 func activity(r *plan.Response) string {
 	return "SHM_" + r.Op.String()
+}
+
+// crossNode is the phase name of r's cross-node transfer on engine b:
+// Horovod's <ENGINE>_<OP> by the engine's name (MPI_ALLREDUCE, or
+// TCP_ALLREDUCE for hvdd's ring over TCP), or CROSS_NODE_<OP> for an
+// engine without a name.
+func crossNode(b backends.Backend, r *plan.Response) string {
+	engine := strings.ToUpper(b.Name())
+	if engine == "" {
+		engine = "CROSS_NODE"
+	}
+	return engine + "_" + r.Op.String()
+}
+
+// phases writes the nested phases of a response's execution across nodes
+// on the rows of its tensors (all of them, or one: at), keeping count of
+// those open so that a failure ends them all (endAll). With no writer it
+// does nothing.
+type phases struct {
+	w    *timeline.Writer
+	r    *plan.Response
+	one  bool // only the row of r.Tensors[i]
+	i    int
+	open int
+}
+
+func (p *phases) event(ph timeline.Phase, name string) {
+	if p.one {
+		p.w.Event(row(p.r.ProcessSet, p.r.Tensors[p.i].Name), ph, name)
+		return
+	}
+	traceAll(p.w, p.r, ph, name)
+}
+
+// at makes the next phases those of tensor i's row alone (collectives run
+// tensor by tensor), ending the phases open on the row before.
+func (p *phases) at(i int) {
+	p.endAll()
+	p.one, p.i = true, i
+}
+
+func (p *phases) begin(name string) {
+	if p.w == nil {
+		return
+	}
+	p.event(timeline.Begin, name)
+	p.open++
+}
+
+// end ends the innermost open phase.
+func (p *phases) end() {
+	if p.w == nil || p.open == 0 {
+		return
+	}
+	p.event(timeline.End, "")
+	p.open--
+}
+
+func (p *phases) endAll() {
+	for p.open > 0 {
+		p.end()
+	}
 }
 
 // traceAll writes ph (named name, for Begin) on every tensor row of r.
