@@ -44,6 +44,19 @@ def test_tf1_distributed_optimizer_and_hook(job):
 
 
 @pytest.mark.parametrize("mode", ["eager", "function", "graph"])
+def test_adasum(job, mode):
+    """op=Adasum on 2 ranks: allreduce, DistributedGradientTape and the TF1
+    delta optimizer match the Adasum formula; Keras refuses it."""
+    res = tf_job(job, "adasum", mode)
+    assert all(f"{mode} adasum ok" in o for o in res.outputs), res.outputs
+
+
+def test_adasum_three_ranks_refused(job):
+    res = tf_job(job, "adasum", "eager", np=3)
+    assert all("adasum refused on 3 ranks" in o for o in res.outputs), res.outputs
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "graph"])
 def test_errors(job, mode):
     tf_job(job, "errors", mode)
 

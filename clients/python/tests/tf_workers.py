@@ -446,6 +446,169 @@ def tf1_optimizer() -> None:
     print(f"rank {r}: tf1 optimizer ok")
 
 
+def adasum_ref(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Adasum of two ranks' tensors (per tensor), in float64."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    ab = float(np.sum(a * b))
+    return (1 - ab / (2 * float(np.sum(a * a)))) * a + (1 - ab / (2 * float(np.sum(b * b)))) * b
+
+
+def adasum() -> None:
+    """op=hvd.Adasum on 2 ranks: allreduce, DistributedGradientTape's
+    gradients and the TF1 delta DistributedOptimizer (also with
+    backward_passes_per_step=2) match the Adasum formula computed here; the
+    Keras optimizers refuse Adasum as Horovod 0.28.1 does. On 3 ranks every
+    Adasum path refuses with Horovod's message."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    xs = [data(q, tf.float32, (5,), seed=7) + 0.5 for q in range(n)]
+    if n & (n - 1):
+        sgd = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        w = tf.Variable(tf.ones([3]))
+        for bad, what in (
+            (lambda: hvd.allreduce(tf.constant(xs[r]), op=hvd.Adasum), "allreduce"),
+            (lambda: hvd.grouped_allreduce([tf.constant(xs[r])], op=hvd.Adasum), "grouped_allreduce"),
+            (lambda: _adasum_tape_grads(w, r), "DistributedGradientTape"),
+            (lambda: _adasum_tf1_eager(sgd, w, r), "TF1 DistributedOptimizer"),
+        ):
+            try:
+                bad()
+            except NotImplementedError as e:
+                if "Running Adasum with non-power of 2 ranks is not supported yet." not in str(e):
+                    raise
+            else:
+                raise AssertionError(f"{what}: Adasum on {n} ranks did not raise")
+        got = hvd.allreduce(tf.ones([2]), op=hvd.Sum, name="after_adasum")
+        check(got, np.full(2, float(n)), "allreduce after the Adasum refusals")
+        print(f"rank {r}: adasum refused on {n} ranks")
+        return
+    assert n == 2, n
+    want = adasum_ref(xs[0], xs[1])
+    got = run(lambda: {"x": hvd.allreduce(tf.constant(xs[r], tf.float32), op=hvd.Adasum, name="ada")})
+    check(got["x"], want, f"{MODE} allreduce Adasum", 1e-5)
+    # Not a sum nor an average: the test would catch either.
+    assert not np.allclose(want, xs[0] + xs[1]) and not np.allclose(want, (xs[0] + xs[1]) / 2)
+
+    # DistributedGradientTape(op=Adasum): each variable's gradient is the
+    # Adasum of the ranks' gradients of that variable.
+    def tape_grads() -> Dict[str, Any]:
+        w = tf.constant(np.full(3, 0.3, np.float32))
+        b = tf.constant(np.float32(0.1))
+        gw, gb = _adasum_tape_grads((w, b), r)
+        return {"w": gw, "b": gb}
+
+    got = run(tape_grads)
+    refs = [_linear_grads(np.full(3, 0.3), 0.1, q) for q in range(n)]
+    check(got["w"], adasum_ref(refs[0][0], refs[1][0]), f"{MODE} tape Adasum grad w", 1e-5)
+    check(got["b"], adasum_ref(refs[0][1], refs[1][1]), f"{MODE} tape Adasum grad b", 1e-5)
+
+    # TF1 DistributedOptimizer(op=Adasum): local SGD steps, then every
+    # `passes` steps start + Adasum(deltas since start).
+    lr, steps = 0.1, 4
+    for passes in (1, 2):
+        w0, b0 = np.full(3, 0.3), 0.1
+        start = (w0.copy(), b0)
+        local = [(w0.copy(), b0) for _ in range(n)]
+        for s in range(steps):
+            local = [
+                (lw - lr * gw, lb - lr * gb)
+                for (lw, lb), (gw, gb) in ((lc, _linear_grads(lc[0], lc[1], q, s)) for q, lc in enumerate(local))
+            ]
+            if s % passes == passes - 1:
+                dw = adasum_ref(local[0][0] - start[0], local[1][0] - start[0])
+                db = adasum_ref(local[0][1] - start[1], local[1][1] - start[1])
+                start = (start[0] + dw, start[1] + db)
+                local = [(start[0].copy(), start[1]) for _ in range(n)]
+        got = _adasum_tf1_train(lr, steps, passes, r)
+        check(got["w"], start[0], f"{MODE} TF1 Adasum optimizer w passes={passes}", 1e-5)
+        check(got["b"], start[1], f"{MODE} TF1 Adasum optimizer b passes={passes}", 1e-5)
+
+    if MODE == "eager":
+        _adasum_keras_refusals()
+    print(f"rank {r}: {MODE} adasum ok")
+
+
+def _adasum_keras_refusals() -> None:
+    """Keras optimizers refuse Adasum, with Horovod 0.28.1's messages."""
+    import hvdd.tensorflow.keras as hvd_k
+
+    keras_opt = tf.keras.optimizers.SGD(0.1)
+    for bad, msg in (
+        (lambda: hvd.DistributedOptimizer(keras_opt, op=hvd.Adasum), "op == Adasum is not supported yet with Keras"),
+        (lambda: hvd_k.DistributedOptimizer(keras_opt, op=hvd.Adasum), "op currently only supports Average and Sum"),
+    ):
+        try:
+            bad()
+        except ValueError as e:
+            if msg not in str(e):
+                raise
+        else:
+            raise AssertionError(f"no ValueError: {msg}")
+
+
+def _linear_grads(w: np.ndarray, b: float, rank: int, step: int = 0) -> tuple:
+    """Gradients of mean((x·w + b - y)²) on rank's batch, in float64."""
+    x, y = (a.astype(np.float64) for a in _linear_data(rank, step))
+    err = x @ np.asarray(w, np.float64) + b - y[:, 0]
+    return 2 * x.T @ err / len(x), 2 * float(np.sum(err)) / len(x)
+
+
+def _adasum_tape_grads(variables: Any, rank: int) -> Any:
+    variables = variables if isinstance(variables, tuple) else (variables, tf.constant(0.0))
+    w, b = variables
+    x, y = _linear_data(rank, 0)
+    with tf.GradientTape() as t:
+        t.watch([w, b])
+        loss = tf.reduce_mean((tf.linalg.matvec(tf.constant(x), w) + b - tf.constant(y)[:, 0]) ** 2)
+    tape = hvd.DistributedGradientTape(t, op=hvd.Adasum)
+    return tape.gradient(loss, [w, b])
+
+
+def _adasum_tf1_eager(sgd: Any, w: Any, rank: int) -> Any:
+    opt = hvd.DistributedOptimizer(sgd, op=hvd.Adasum)
+    return opt.apply_gradients([(tf.ones([3]), w)])
+
+
+def _adasum_tf1_train(lr: float, steps: int, passes: int, rank: int) -> Dict[str, Any]:
+    """Trains the linear model with the TF1 Adasum DistributedOptimizer in
+    MODE from the same start on every rank; returns the final variables."""
+
+    def loss_fn(w: Any, b: Any, x: Any, y: Any) -> Any:
+        return tf.reduce_mean((tf.linalg.matvec(x, w) + b - y[:, 0]) ** 2)
+
+    opt = hvd.DistributedOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(lr), op=hvd.Adasum, backward_passes_per_step=passes
+    )
+    if MODE == "graph":
+        with tf.Graph().as_default():
+            w = tf.compat.v1.get_variable("w", initializer=np.full(3, 0.3, np.float32), use_resource=True)
+            b = tf.compat.v1.get_variable("b", initializer=np.float32(0.1), use_resource=True)
+            x = tf.compat.v1.placeholder(tf.float32, [None, 3])
+            y = tf.compat.v1.placeholder(tf.float32, [None, 1])
+            train = opt.minimize(loss_fn(w, b, x, y), var_list=[w, b])
+            config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=64)
+            with tf.compat.v1.Session(config=config) as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                for s in range(steps):
+                    xb, yb = _linear_data(rank, s)
+                    sess.run(train, feed_dict={x: xb, y: yb})
+                return {"w": sess.run(w), "b": sess.run(b)}
+    w = tf.Variable(np.full(3, 0.3, np.float32))
+    b = tf.Variable(np.float32(0.1))
+
+    def step(x: Any, y: Any) -> None:
+        with tf.GradientTape() as t:
+            loss = loss_fn(w, b, x, y)
+        opt.apply_gradients(zip(t.gradient(loss, [w, b]), [w, b]))
+
+    if MODE == "function":
+        step = tf.function(step)
+    for s in range(steps):
+        xb, yb = _linear_data(rank, s)
+        step(tf.constant(xb), tf.constant(yb))
+    return {"w": w.numpy(), "b": b.numpy()}
+
+
 def errors() -> None:
     """Mismatches raise on every rank with the daemon's message; bad arguments
     raise ValueError before anything is sent; the job goes on."""
@@ -496,7 +659,16 @@ def errors() -> None:
     sgd = tf.compat.v1.train.GradientDescentOptimizer(0.1)
     for bad, exc, what in (
         (lambda: hvd.DistributedOptimizer(object()), ValueError, "not an optimizer"),
-        (lambda: hvd.DistributedOptimizer(sgd, op=hvd.Adasum), NotImplementedError, "Adasum"),
+        (
+            lambda: hvd.DistributedOptimizer(sgd, op=hvd.Adasum, process_set=hvd.ProcessSet([0])),
+            NotImplementedError,
+            "Adasum with a process set",
+        ),
+        (
+            lambda: hvd.DistributedOptimizer(sgd, op=hvd.Adasum, average_aggregated_gradients=True),
+            ValueError,
+            "Adasum averaging passes",
+        ),
         (lambda: hvd.DistributedOptimizer(sgd, op=hvd.Sum, gradient_predivide_factor=2.0), ValueError, "predivide"),
         (lambda: hvd.DistributedOptimizer(sgd, backward_passes_per_step=0), ValueError, "no passes"),
         (lambda: hvd.DistributedGradientTape(tf.GradientTape(), groups=-1), ValueError, "negative groups"),

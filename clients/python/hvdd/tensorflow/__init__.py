@@ -185,6 +185,106 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         return self._optimizer.variables(*args, **kwargs)
 
 
+class _DistributedAdasumOptimizer(tf.compat.v1.train.Optimizer):
+    """Horovod's delta optimizer for op=Adasum (made by
+    :func:`DistributedOptimizer`): every rank applies its own gradients with
+    the wrapped optimizer; on every ``backward_passes_per_step``-th step the
+    change of each variable since the last such step (its delta) is
+    Adasum-allreduced, added to the value it started from and becomes the
+    variable's new value. Horovod 0.28.1's class holds this logic in
+    ``_apply_dense`` hooks that its ``apply_gradients`` (which calls the
+    wrapped optimizer directly) never reaches; hvdd runs it."""
+
+    def __init__(
+        self,
+        optimizer: Any,
+        name: Optional[str] = None,
+        use_locking: bool = False,
+        compression: Any = Compression.none,
+        backward_passes_per_step: int = 1,
+    ) -> None:
+        if name is None:
+            name = "DistributedDelta{}".format(type(optimizer).__name__)
+        super().__init__(name=name, use_locking=use_locking)
+        self._optimizer = optimizer
+        self._compression = compression
+        self._backward_passes_per_step = backward_passes_per_step
+        self._step_count: Optional[tf.Variable] = None
+        self._starts: dict = {}
+
+    def _state(self, name: str, initial: Any, dtype: Any) -> tf.Variable:
+        with tf.init_scope():
+            if tf.executing_eagerly():
+                return tf.Variable(initial, trainable=False, name=name, dtype=dtype)
+            return tf.compat.v1.Variable(initial, trainable=False, name=name, dtype=dtype, use_resource=True)
+
+    def _start(self, var: Any) -> tf.Variable:
+        start = self._starts.get(id(var))
+        if start is None:
+            base = getattr(var, "name", "var").split(":")[0]
+            with tf.init_scope():
+                start = self._state(
+                    f"{self._name}/{base}/delta_start", tf.zeros(var.shape, var.dtype.base_dtype), var.dtype.base_dtype
+                )
+            self._starts[id(var)] = start
+        return start
+
+    def compute_gradients(self, *args: Any, **kwargs: Any) -> List[Any]:
+        """Compute gradients of all trainable variables (the wrapped
+        optimizer's, not reduced). See Optimizer.compute_gradients()."""
+        return self._optimizer.compute_gradients(*args, **kwargs)
+
+    def apply_gradients(self, grads_and_vars: Any, global_step: Any = None, name: Optional[str] = None) -> Any:
+        """Applies the gradients with the wrapped optimizer, then, on a
+        communication step, replaces each variable by its start plus the
+        Adasum of the ranks' deltas."""
+        grads_and_vars = list(grads_and_vars)
+        variables = [v for g, v in grads_and_vars if g is not None]
+        if self._step_count is None:
+            self._step_count = self._state(f"{self._name}/step_count", 0, tf.int64)
+        step = self._step_count
+        starts = [self._start(v) for v in variables]
+        passes = self._backward_passes_per_step
+        is_first = tf.equal(step.read_value(), 0)
+        is_comm = tf.equal(step.read_value() % passes, passes - 1)
+
+        def init_starts() -> Any:
+            return tf.group(*[s.assign(v, use_locking=self._use_locking) for s, v in zip(starts, variables)])
+
+        init = tf.cond(is_first, init_starts, tf.no_op)
+        with tf.control_dependencies([init]):
+            update = self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+        deps = [update] if update is not None and not tf.executing_eagerly() else []
+
+        def communicate() -> Any:
+            deltas = [tf.convert_to_tensor(v) - s.read_value() for s, v in zip(starts, variables)]
+            reduced = grouped_allreduce(deltas, compression=self._compression, op=Adasum)
+            assigns = []
+            for s, v, r in zip(starts, variables, reduced):
+                new_start = s.assign_add(r, use_locking=self._use_locking)
+                assigns.append(v.assign(new_start, use_locking=self._use_locking))
+            return tf.group(*assigns)
+
+        with tf.control_dependencies(deps):
+            comm = tf.cond(is_comm, communicate, tf.no_op)
+        if tf.executing_eagerly():
+            return step.assign_add(1, use_locking=self._use_locking)
+        with tf.control_dependencies([comm]):
+            return step.assign_add(1, use_locking=self._use_locking).op
+
+    def get_slot(self, *args: Any, **kwargs: Any) -> Any:
+        """Calls this same method on the underlying optimizer."""
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args: Any, **kwargs: Any) -> Any:
+        """Calls this same method on the underlying optimizer."""
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self, *args: Any, **kwargs: Any) -> Any:
+        """Calls this same method on the underlying optimizer."""
+        return self._optimizer.variables(*args, **kwargs)
+
+
 def DistributedOptimizer(
     optimizer: Any,
     name: Optional[str] = None,
@@ -269,9 +369,9 @@ def DistributedOptimizer(
     )
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         if op == Adasum:
-            raise NotImplementedError(
-                "hvdd: the TF1 DistributedOptimizer has no Adasum (Horovod's delta optimizer) yet; use op=hvd.Average"
-            )
+            if process_set.process_set_id != 0:
+                raise NotImplementedError("Adasum does not support process sets yet")
+            return _DistributedAdasumOptimizer(optimizer, name, use_locking, compression, backward_passes_per_step)
         return _DistributedOptimizer(
             optimizer,
             name,
