@@ -28,7 +28,8 @@
 // What differs between one node and several sits behind two interfaces
 // (coordination.go). A formation forms a job once its local clients are
 // there: oneNode at once, multiNode (multinode.go) with the other nodes'
-// daemons through the coordinator on node 0. A coordination negotiates a
+// daemons through the coordinator (node 0, or the node an elastic job's
+// coordination moved to: election.go). A coordination negotiates a
 // formed job's tensors: localCoord submits them to a plan.Table; multiCoord
 // (multinode_job.go) forwards them to the coordinator's table and runs the
 // plans it sends, in order, on every node. Both share the job's membership
@@ -49,7 +50,10 @@
 // the job has closed, the daemon forms the next job from new clients; for an
 // elastic job (Hello.elastic) that is the same job's next epoch, formed from
 // the ranks that survived and the workers waiting to join, on one node or
-// across nodes (elastic.go, elastic_multinode.go). A rank that said Goodbye (shutdown)
+// across nodes (elastic.go, elastic_multinode.go; a host that hvdd run
+// removes leaves at the ranks' next reset: removal.go). The timeline
+// (tracing.go, package timeline) records what the job does when asked.
+// A rank that said Goodbye (shutdown)
 // makes the others' later collectives fail with CODE_SHUT_DOWN instead of
 // hanging. Tensors that some ranks submitted and
 // others did not are logged after the stall-check time, naming the missing

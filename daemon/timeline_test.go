@@ -95,26 +95,6 @@ func rankTicks(t *testing.T, path, tensor string) []string {
 	return ranks
 }
 
-// runAll runs f on every client at once and fails on the first error.
-func runAll(t *testing.T, clients []*hvdd.Client, f func(c *hvdd.Client) error) {
-	t.Helper()
-	var wg sync.WaitGroup
-	errs := make([]error, len(clients))
-	for i, c := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = f(c)
-		}()
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", i, err)
-		}
-	}
-}
-
 func negotiated(op string, n int) []string {
 	ev := []string{"B:NEGOTIATE_" + op}
 	for range n {
@@ -135,14 +115,14 @@ func TestTimeline(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "timeline.json")
 	// Every rank may call it; only rank 0's starts it. A relative path is
 	// made absolute by the client.
-	runAll(t, clients, func(c *hvdd.Client) error {
+	daemontest.RunAll(t, clients, func(c *hvdd.Client) error {
 		if c.Rank() != 0 {
 			return c.StartTimeline(ctx, "ignored.json", false)
 		}
 		return c.StartTimeline(ctx, path, true)
 	})
 	for step := 0; step < 2; step++ {
-		runAll(t, clients, func(c *hvdd.Client) error {
+		daemontest.RunAll(t, clients, func(c *hvdd.Client) error {
 			if err := hvdd.Allreduce(ctx, c, []float32{1, 2, 3}, hvdd.WithName("grad")); err != nil {
 				return err
 			}
@@ -192,7 +172,7 @@ func TestTimeline(t *testing.T) {
 	}
 	// Stopped: later collectives leave the file alone.
 	before, _ := os.ReadFile(path)
-	runAll(t, clients, func(c *hvdd.Client) error {
+	daemontest.RunAll(t, clients, func(c *hvdd.Client) error {
 		return hvdd.Allreduce(ctx, c, []float32{1}, hvdd.WithName("after"))
 	})
 	if after, _ := os.ReadFile(path); string(after) != string(before) {
@@ -231,7 +211,7 @@ func TestTimelineFromEnv(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	clients := daemontest.InitClients(t, ctx, s.Socket, n)
-	runAll(t, clients, func(c *hvdd.Client) error {
+	daemontest.RunAll(t, clients, func(c *hvdd.Client) error {
 		return hvdd.Allreduce(ctx, c, []float32{1}, hvdd.WithName("first"))
 	})
 	for _, c := range clients {

@@ -8,9 +8,11 @@
 //
 //   - Memory: in-process, for tests and single-process use, and the store a
 //     Server serves.
-//   - Server + Client: node 0's daemon (or hvdd serve --rendezvous-only)
-//     serves its Memory over HTTP with fasthttp; the other daemons use a
-//     Client. Node 0 itself uses Server.Store directly.
+//   - Server + Client: node 0's daemon serves its Memory over HTTP with
+//     fasthttp, or, for daemons started with --rendezvous-external, another
+//     process does (hvdd run's elastic driver, hvdd rendezvous); the daemons
+//     that do not serve it use a Client. A serving daemon uses Server.Store
+//     directly.
 //   - Prefix: a namespaced view of any Store (per job id, per generation).
 //
 // The package does not choose keys, elect node 0, or read flags or the

@@ -7,11 +7,11 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"sync"
 	"testing"
 	"time"
 
 	hvdd "github.com/hvdd/hvdd/clients/go"
+	"github.com/hvdd/hvdd/daemon/daemontest"
 )
 
 // timelineRows parses a timeline file and returns, per tensor row, its
@@ -73,24 +73,7 @@ func TestMultiNodeTimeline(t *testing.T) {
 			clients = append(clients, &hvdd.Client{Socket: s.Socket, RequestedLocalRank: &lr})
 		}
 	}
-	run := func(f func(c *hvdd.Client) error) {
-		t.Helper()
-		var wg sync.WaitGroup
-		errs := make([]error, len(clients))
-		for i, c := range clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[i] = f(c)
-			}()
-		}
-		wg.Wait()
-		for i, err := range errs {
-			if err != nil {
-				t.Fatalf("client %d: %v", i, err)
-			}
-		}
-	}
+	run := func(f func(c *hvdd.Client) error) { daemontest.RunAll(t, clients, f) }
 	run(func(c *hvdd.Client) error { return c.Init(ctx) })
 	tensors := []string{"first", "second"}
 	for _, name := range tensors {

@@ -296,3 +296,24 @@ func InitClients(tb testing.TB, ctx context.Context, socket string, n int) []*hv
 	}
 	return clients
 }
+
+// RunAll runs f on every client at once and fails tb on the first error,
+// naming the client by its place in clients.
+func RunAll(tb testing.TB, clients []*hvdd.Client, f func(c *hvdd.Client) error) {
+	tb.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, len(clients))
+	for i, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f(c)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			tb.Fatalf("client %d: %v", i, err)
+		}
+	}
+}

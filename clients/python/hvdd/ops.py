@@ -124,6 +124,21 @@ def reduce_op(op: Any) -> int:
         raise ValueError(f"Unknown reduction op {op!r}: use hvd.Average, Sum, Adasum, Min, Max or Product") from None
 
 
+def check_adasum(op: int, process_set: ProcessSet) -> None:
+    """Horovod's client-side rules for a dense op=Adasum allreduce: the global
+    process set only, and a power-of-two number of ranks. (Horovod's GPU path,
+    NCCL within a node, has other rules; hvdd stages device tensors through
+    host memory and reduces them as CPU tensors.) The daemon checks the same,
+    and the dtype."""
+    if op != _basics.Adasum:
+        return
+    if process_set is not global_process_set and process_set.process_set_id != 0:
+        raise NotImplementedError("Adasum does not support non-global process sets yet.")
+    n = _basics.size()
+    if n & (n - 1) != 0:
+        raise NotImplementedError("Running Adasum with non-power of 2 ranks is not supported yet.")
+
+
 def handle_average_backwards_compatibility(op: Optional[int], average: Optional[bool]) -> int:
     """Resolves Horovod's deprecated ``average=`` against ``op=``."""
     if op is not None:

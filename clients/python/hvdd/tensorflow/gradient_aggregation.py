@@ -16,9 +16,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
+from .. import ops as _ops
 from ..basics import Adasum, Average, ProcessSet, global_process_set
 from .compression import Compression
-from .mpi_ops import _check_adasum, _executing_eagerly, _grouped_allreduce, _sparse_allreduce
+from .mpi_ops import _executing_eagerly, _grouped_allreduce, _sparse_allreduce
 
 __all__ = [
     "check_optimizer_args",
@@ -151,7 +152,7 @@ def make_allreduce_grads_fn(
             if isinstance(out[i], tf.IndexedSlices):
                 out[i] = _sparse_allreduce(out[i], None if name is None else f"{name}.{i}", op, False, process_set)
         if dense:
-            _check_adasum(op, process_set)
+            _ops.check_adasum(op, process_set)
             compressed, ctxs = zip(*[compression.compress(out[i]) for i in dense])
             pos = {j: k for k, j in enumerate(dense)}
             idx = [[pos[j] for j in g] for g in split_groups(groups, variables, dense)]

@@ -240,19 +240,6 @@ def _zeros_for_none(dys: Sequence[Any], ys: Sequence[tf.Tensor]) -> List[tf.Tens
     return [tf.zeros_like(y) if dy is None else dy for dy, y in zip(dys, ys)]
 
 
-def _check_adasum(op: int, process_set: ProcessSet) -> None:
-    """Horovod's rules for a dense op=Adasum allreduce (its CPU path: hvdd
-    reduces device tensors through host memory): the global process set
-    only, and a power-of-two number of ranks."""
-    if op != Adasum:
-        return
-    if process_set is not global_process_set and process_set.process_set_id != 0:
-        raise NotImplementedError("Adasum does not support non-global process sets yet.")
-    n = _basics.size()
-    if n & (n - 1) != 0:
-        raise NotImplementedError("Running Adasum with non-power of 2 ranks is not supported yet.")
-
-
 def _set_size(process_set: ProcessSet) -> int:
     n = process_set.size()
     if n is None:
@@ -442,7 +429,7 @@ def allreduce(
     """
     op = handle_average_backwards_compatibility(op, average)
     if not isinstance(tensor, tf.IndexedSlices):
-        _check_adasum(op, process_set)
+        _ops.check_adasum(op, process_set)
     if compression is Compression.none and not _could_record():
         if type(tensor) is _EagerTensor:
             return _eager_allreduce(tensor, tensor._numpy(), name, op, prescale_factor, postscale_factor, process_set)
@@ -499,7 +486,7 @@ def grouped_allreduce(
                 raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
             out[i] = _sparse_allreduce(t, None if name is None else f"{name}.{i}", op, ignore_name_scope, process_set)
     if dense_idx:
-        _check_adasum(op, process_set)
+        _ops.check_adasum(op, process_set)
         compressed, ctxs = zip(*[compression.compress(_tensor(tensors[i])) for i in dense_idx])
         summed = _grouped_allreduce(
             list(compressed), name, op, prescale_factor, postscale_factor, ignore_name_scope, process_set

@@ -19,7 +19,7 @@ from .. import basics as _basics
 from .. import ops as _ops
 from .._client import Client, Handle
 from .._proto import hvdd_pb2 as pb
-from ..basics import Adasum, Average, ProcessSet, global_process_set
+from ..basics import Average, ProcessSet, global_process_set
 from ..basics import process_set_id as _ps_id
 from ..ops import handle_average_backwards_compatibility, synchronize
 
@@ -138,20 +138,6 @@ def _allreduce_submit(
     )
 
 
-def _check_adasum(op: int, process_set: ProcessSet) -> None:
-    """Horovod's client-side rules for op=Adasum: the global process set only,
-    and a power-of-two number of ranks. (Horovod's GPU path, NCCL within a
-    node, has other rules; hvdd stages device tensors through host memory and
-    reduces them as CPU tensors.) The daemon checks the same, and the dtype."""
-    if op != Adasum:
-        return
-    if process_set is not global_process_set and process_set.process_set_id != 0:
-        raise NotImplementedError("Adasum does not support non-global process sets yet.")
-    n = _basics.size()
-    if n & (n - 1) != 0:
-        raise NotImplementedError("Running Adasum with non-power of 2 ranks is not supported yet.")
-
-
 def _allreduce_async(
     tensor: torch.Tensor,
     output: Optional[torch.Tensor],
@@ -163,7 +149,7 @@ def _allreduce_async(
 ) -> int:
     c = _basics.client()
     op = _reduce_op(op)
-    _check_adasum(op, process_set)
+    _ops.check_adasum(op, process_set)
     ps = _ps_id(process_set)
     handle = _ops.next_handle()
     h = _allreduce_submit(c, tensor, output, _name("allreduce", name), op, prescale_factor, postscale_factor, ps)
@@ -238,7 +224,7 @@ def _grouped_allreduce_async(
 ) -> int:
     c = _basics.client()
     op = _reduce_op(op)
-    _check_adasum(op, process_set)
+    _ops.check_adasum(op, process_set)
     ps = _ps_id(process_set)
     tensors = list(tensors)
     for t in tensors:

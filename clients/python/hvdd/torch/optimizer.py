@@ -36,6 +36,33 @@ def split_list(x: List[Any], n: int) -> List[List[Any]]:
     return [x[i * d + min(i, r) : (i + 1) * d + min(i + 1, r)] for i in range(n)]
 
 
+def _parameter_names(param_groups: Any, named_parameters: List[Any]) -> dict:
+    """Validates named_parameters as Horovod's optimizers do (tuples, unique
+    names, every parameter of param_groups named) and maps each parameter to
+    its name."""
+    if any([not isinstance(p, tuple) for p in named_parameters]):
+        raise ValueError(
+            "named_parameters should be a sequence of "
+            "tuples (name, parameter), usually produced by "
+            "model.named_parameters()."
+        )
+    dups = _DistributedOptimizer.find_duplicates([k for k, _ in named_parameters])
+    if len(dups) > 0:
+        raise ValueError(
+            "Parameter names in named_parameters must be unique. " "Found duplicates: %s" % ", ".join(dups)
+        )
+    all_param_ids = {id(v) for param_group in param_groups for v in param_group["params"]}
+    named_param_ids = {id(v) for k, v in named_parameters}
+    unnamed_param_ids = all_param_ids - named_param_ids
+    if len(unnamed_param_ids):
+        raise ValueError(
+            "named_parameters was specified, but one or more model "
+            "parameters were not named. Python object ids: "
+            "%s" % ", ".join(str(id) for id in unnamed_param_ids)
+        )
+    return {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     _hvdd_distributed = True
 
@@ -62,31 +89,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 for i, param_group in enumerate(self.param_groups)
                 for j, v in enumerate(param_group["params"])
             ]
-        # make sure that named_parameters are tuples
-        if any([not isinstance(p, tuple) for p in named_parameters]):
-            raise ValueError(
-                "named_parameters should be a sequence of "
-                "tuples (name, parameter), usually produced by "
-                "model.named_parameters()."
-            )
-
-        dups = _DistributedOptimizer.find_duplicates([k for k, _ in named_parameters])
-        if len(dups) > 0:
-            raise ValueError(
-                "Parameter names in named_parameters must be unique. " "Found duplicates: %s" % ", ".join(dups)
-            )
-
-        all_param_ids = {id(v) for param_group in self.param_groups for v in param_group["params"]}
-        named_param_ids = {id(v) for k, v in named_parameters}
-        unnamed_param_ids = all_param_ids - named_param_ids
-        if len(unnamed_param_ids):
-            raise ValueError(
-                "named_parameters was specified, but one or more model "
-                "parameters were not named. Python object ids: "
-                "%s" % ", ".join(str(id) for id in unnamed_param_ids)
-            )
-
-        self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self._parameter_names = _parameter_names(self.param_groups, named_parameters)
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {
             v: self.backward_passes_per_step for _, v in sorted(named_parameters, key=lambda kv: kv[0])
@@ -389,31 +392,9 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                 for param_group in self.param_groups
                 for i, v in enumerate(param_group["params"])
             ]
-        if any([not isinstance(p, tuple) for p in named_parameters]):
-            raise ValueError(
-                "named_parameters should be a sequence of "
-                "tuples (name, parameter), usually produced by "
-                "model.named_parameters()."
-            )
-        dups = _DistributedOptimizer.find_duplicates([k for k, _ in named_parameters])
-        if len(dups) > 0:
-            raise ValueError(
-                "Parameter names in named_parameters must be unique. " "Found duplicates: %s" % ", ".join(dups)
-            )
-        all_param_ids = {id(v) for param_group in self.param_groups for v in param_group["params"]}
-        named_param_ids = {id(v) for k, v in named_parameters}
-        unnamed_param_ids = all_param_ids - named_param_ids
-        if len(unnamed_param_ids):
-            raise ValueError(
-                "named_parameters was specified, but one or more model "
-                "parameters were not named. Python object ids: "
-                "%s" % ", ".join(str(id) for id in unnamed_param_ids)
-            )
-
-        ordered = sorted(named_parameters, key=lambda kv: kv[0])
-        self._parameter_names = {v: k for k, v in ordered}
+        self._parameter_names = _parameter_names(self.param_groups, named_parameters)
         self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {v: self.backward_passes_per_step for _, v in ordered}
+        self._allreduce_delay = {v: self.backward_passes_per_step for v in self._parameter_names}
         self._handles: dict = {}
         self._grad_accs: List[Any] = []
         self._requires_update: set = set()
