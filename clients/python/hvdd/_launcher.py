@@ -208,7 +208,7 @@ def _open_mpi(env: Mapping[str, str]) -> Placement:
     if rdv:
         _host_port(rdv, "HVDD_RENDEZVOUS")
     else:
-        m = re.search(r"tcp://([0-9.]+):\d+", hnp)
+        m = re.search(r"tcp://([0-9.]+)[,:]", hnp)
         if m:
             rdv, src = f"{m.group(1)}:{derived_port(job)}", "mpirun's address (OMPI_MCA_orte_hnp_uri)"
     secret = env.get("HVDD_SECRET") or env.get("OMPI_MCA_orte_precondition_transports", "")
@@ -225,7 +225,7 @@ def _open_mpi(env: Mapping[str, str]) -> Placement:
         rdv,
         secret,
         src,
-        on_launcher_host=bool(hnp) and local == hnp,
+        on_launcher_host=bool(hnp) and local.split(";")[0] == hnp.split(";")[0],
     )
 
 
@@ -294,7 +294,9 @@ def _slurm(env: Mapping[str, str]) -> Placement:
     )
 
 
-def daemon_args(p: Placement, hvdd_bin: str, files: tuple[str, str, str], idle_exit: float, log_level: str) -> list[str]:
+def daemon_args(
+    p: Placement, hvdd_bin: str, files: tuple[str, str, str], idle_exit: float, log_level: str
+) -> list[str]:
     """The command line of the daemon that p's host starts for the job, given
     its socket, lock and log files (job_files)."""
     sock, lock, logpath = files
@@ -312,7 +314,7 @@ def check_multinode(p: Placement) -> None:
     if p.nodes == 1:
         return
     how = {
-        "Open MPI": "mpirun -x HVDD_RENDEZVOUS=HOST0:PORT -x HVDD_SECRET",
+        "Open MPI": "mpirun -x HVDD_RENDEZVOUS=HOST0:PORT",
         "MPICH": "HVDD_RENDEZVOUS=HOST0:PORT HVDD_SECRET=... mpiexec (Hydra passes the environment on)",
         "SLURM": "export HVDD_SECRET before srun (srun passes the environment on)",
     }[p.launcher]

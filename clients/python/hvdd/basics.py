@@ -242,6 +242,11 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
     blocks until every rank of the job has arrived. Idempotent; ``shutdown()``
     runs at exit; ``init()`` after ``shutdown()`` joins a new job.
 
+    Under mpirun, mpiexec or srun without ``hvdd run``, the rank, size and
+    local rank are the launcher's, and with no daemon on the node's default
+    socket the job's processes on each host start one for the job
+    (``hvdd._launcher``).
+
     Args:
         comm: Horovod's sub-world selection (list of ranks or mpi4py comm).
             hvdd supports only the default, None (all ranks).
@@ -276,9 +281,7 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
         if where is not None and not os.environ.get("HVDD_SOCKET"):
             # Started by mpirun or srun without hvdd run: join the node's
             # daemon, or the one the job's processes here start for it.
-            sock = _launcher.ensure_daemon(
-                where, default_socket_path(), _hvdd_binary(), default_start_timeout()
-            )
+            sock = _launcher.ensure_daemon(where, default_socket_path(), _hvdd_binary(), default_start_timeout())
         c = Client(socket_path=sock, local_rank=None if where is None else where.local_rank)
         try:
             c.connect()
