@@ -339,6 +339,24 @@ def test_mpirun_rank0_away_from_mpirun(hvdd_bin, tmp_path):
     _check_job(str(out), 4, 2)
 
 
+def test_mpich_two_hosts(hvdd_bin, tmp_path):
+    """MPICH across two "hosts" (Hydra's proxies through an agent), with the
+    rendezvous and secret in the environment that Hydra passes on."""
+    mpiexec = _need("mpiexec.mpich")
+    agent = tmp_path / "agent"
+    # Hydra calls: AGENT -x HOST COMMAND...
+    agent.write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\nshift\nexec sh -c "$*"\n')
+    agent.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    port = L.derived_port(f"mpich-{os.getpid()}")
+    env = _env(hvdd_bin, RESULTS=str(out), HVDD_RENDEZVOUS=f"127.0.0.2:{port}", HVDD_SECRET=os.urandom(32).hex())
+    cmd = [mpiexec, "-launcher", "ssh", "-launcher-exec", str(agent), "-hosts", "127.0.0.2:2,127.0.0.3:2", "-n", "4"]
+    r = _run(cmd + [sys.executable, WORKER], env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    _check_job(str(out), 4, 2)
+
+
 def _srun(hvdd_bin: str, out: str, hosts: list[str], per: int, extra: Optional[dict[str, str]] = None) -> None:
     """Starts per ranks on each host as srun would (its variables, block
     distribution), each writing its result into out."""
