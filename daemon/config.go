@@ -98,6 +98,18 @@ type Config struct {
 	Elastic bool
 	// StartTimeout bounds forming a job across nodes. Zero means 120 s.
 	StartTimeout time.Duration
+	// ExitAfterJob makes the daemon serve one job and exit when that job's
+	// last local connection has closed (a job that never formed included):
+	// the daemon that a job's own processes start for themselves when they
+	// run under mpirun or srun without one (the Python client's
+	// hvdd._launcher). An elastic job's next epoch is the same job.
+	ExitAfterJob bool
+
+	// IdleExit, when positive, makes the daemon exit once no client has been
+	// connected for this long (since it started, or since the last one
+	// left). Zero never exits for idleness.
+	IdleExit time.Duration
+
 	// ElasticTimeout bounds how long the next epoch of an elastic job waits
 	// for its surviving ranks to re-initialise (horovodrun's
 	// --elastic-timeout). Zero means 600 s.

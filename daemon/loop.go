@@ -560,6 +560,11 @@ func (l *loop) closed(c *client, bye bool, err error) {
 			l.hello(c, c.helloMsg)
 		}
 		l.seatJoiners()
+		if l.cfg.ExitAfterJob && l.job == nil && l.reform == nil {
+			l.s.log.Info("job over; exiting (--exit-after-job)", "job", j.id)
+			// Close posts to this loop: not from the loop's own goroutine.
+			go l.s.Close()
+		}
 	}
 }
 

@@ -40,6 +40,7 @@ type Server struct {
 	draining bool
 	idle     chan struct{} // closed when draining and no connection is left
 	cause    error         // why Serve's context ended, told to the clients
+	idleExit *time.Timer   // Config.IdleExit: armed while no client is connected
 }
 
 // New checks cfg and returns a Server that is not yet serving.
@@ -130,6 +131,11 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 		case <-s.quit:
 		}
 	}()
+	if s.cfg.IdleExit > 0 {
+		s.mu.Lock()
+		s.idleExit = time.AfterFunc(s.cfg.IdleExit, s.idleTimeout)
+		s.mu.Unlock()
+	}
 	s.log.Info("hvdd daemon listening", "socket", ln.Addr().String(), "slots", s.cfg.Slots,
 		"fusion_threshold", s.cfg.FusionThreshold, "version", Version)
 
@@ -168,6 +174,9 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 		closed := s.closed
 		if !closed {
 			s.conns[c] = struct{}{}
+			if s.idleExit != nil {
+				s.idleExit.Stop()
+			}
 		}
 		s.mu.Unlock()
 		if closed {
@@ -245,6 +254,9 @@ func (s *Server) shutdownNote() string {
 func (s *Server) forget(c *client) {
 	s.mu.Lock()
 	delete(s.conns, c)
+	if len(s.conns) == 0 && s.idleExit != nil && !s.closed {
+		s.idleExit.Reset(s.cfg.IdleExit)
+	}
 	if s.draining && len(s.conns) == 0 && s.idle != nil {
 		select {
 		case <-s.idle:
@@ -253,6 +265,19 @@ func (s *Server) forget(c *client) {
 		}
 	}
 	s.mu.Unlock()
+}
+
+// idleTimeout closes the server when Config.IdleExit has passed with no
+// client connected (a client that came meanwhile stopped the timer, but may
+// have raced its firing).
+func (s *Server) idleTimeout() {
+	s.mu.Lock()
+	idle := len(s.conns) == 0 && !s.closed
+	s.mu.Unlock()
+	if idle {
+		s.log.Info("no client for the idle exit time; exiting", "idle_exit", s.cfg.IdleExit)
+		s.Close()
+	}
 }
 
 // fatal tells a client why its connection is about to be closed.

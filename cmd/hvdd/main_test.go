@@ -142,3 +142,59 @@ func TestSignalTellsClients(t *testing.T) {
 		t.Errorf("hvdd serve after SIGTERM: %v", err)
 	}
 }
+
+// TestExitAfterJob: a daemon started with --exit-after-job (as a job's own
+// processes start one under mpirun or srun) serves one job and exits with
+// status 0 once its ranks have closed; a second daemon with --idle-exit and
+// no client ever exits too.
+func TestExitAfterJob(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sock := filepath.Join(t.TempDir(), "hvdd.sock")
+	d := exec.CommandContext(ctx, hvddBin, "serve", "--slots", "2", "--socket", sock, "--exit-after-job", "--log-level", "info")
+	var logs bytes.Buffer
+	d.Stderr = &logs
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- d.Wait() }()
+	clients := daemontest.InitClients(t, ctx, sock, 2)
+	done := make(chan []float32, 2)
+	for _, c := range clients {
+		go func() {
+			out := []float32{float32(c.Rank() + 1)}
+			if err := hvdd.Allreduce(ctx, c, out, hvdd.WithName("x")); err != nil {
+				t.Error(err)
+			}
+			done <- out
+		}()
+	}
+	for range clients {
+		if out := <-done; len(out) != 1 || out[0] != 1.5 {
+			t.Errorf("allreduce: %v, want [1.5]", out)
+		}
+	}
+	select {
+	case err := <-exited:
+		t.Fatalf("the daemon exited while its job ran: %v\n%s", err, logs.String())
+	default:
+	}
+	for _, c := range clients {
+		c.Close()
+	}
+	if err := <-exited; err != nil {
+		t.Fatalf("hvdd serve --exit-after-job: %v\n%s", err, logs.String())
+	}
+	if !strings.Contains(logs.String(), "job over; exiting") {
+		t.Errorf("log does not say why it exited:\n%s", logs.String())
+	}
+	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket left behind: %v", err)
+	}
+
+	idle := exec.CommandContext(ctx, hvddBin, "serve", "--slots", "1", "--socket", sock, "--idle-exit", "50ms", "--log-level", "error")
+	if out, err := idle.CombinedOutput(); err != nil || ctx.Err() != nil {
+		t.Fatalf("hvdd serve --idle-exit 50ms with no client: %v\n%s", err, out)
+	}
+}

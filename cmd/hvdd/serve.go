@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"reflect"
@@ -77,8 +78,10 @@ type serveArgs struct {
 	nodes, nodeRank, streams                   int
 	elastic                                    bool
 	rendezvous, advertise, secretFile, backend string
-	rendezvousExternal                         bool
+	rendezvousExternal, exitAfterJob           bool
 	control                                    string
+	idleExit                                   time.Duration
+	logFile, removeOnExit                      string
 }
 
 // usageError is a command-line error whose message the flag package has
@@ -99,12 +102,28 @@ func serveMain(argv []string) int {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 		return 2
 	}
+	defer removeOnExit(args)
 	cfg, socket, err := serveConfig(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 		return 2
 	}
 	return serve(cfg, socket)
+}
+
+// removeOnExit removes --remove-on-exit's files, and --log-file if the
+// daemon wrote nothing there.
+func removeOnExit(args serveArgs) {
+	for _, f := range strings.Split(args.removeOnExit, ",") {
+		if f != "" {
+			os.Remove(f)
+		}
+	}
+	if args.logFile != "" {
+		if st, err := os.Stat(args.logFile); err == nil && st.Size() == 0 {
+			os.Remove(args.logFile)
+		}
+	}
 }
 
 // parseServeArgs parses the command line of hvdd serve. A parse error or
@@ -146,6 +165,10 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 		defStreams = 8
 	}
 	fs.IntVar(&args.streams, "tcp-streams", defStreams, "tcp engine: data connections per peer node, the same on every node (default $HVDD_TCP_STREAMS, else 8)")
+	fs.BoolVar(&args.exitAfterJob, "exit-after-job", false, "serve one job, then exit once its last local process has gone (what the processes of a job under mpirun or srun do when they start a daemon for themselves)")
+	fs.DurationVar(&args.idleExit, "idle-exit", 0, "exit once no process has been connected for this long (since the start, or since the last one left); 0 never")
+	fs.StringVar(&args.logFile, "log-file", "", "append the log to this file instead of standard error; an empty log file is removed when the daemon exits")
+	fs.StringVar(&args.removeOnExit, "remove-on-exit", "", "comma-separated files to remove when the daemon exits (e.g. the lock file of whoever started it)")
 	fs.StringVar(&args.logLevel, "log-level", "", "debug, info, warning or error (default $HOROVOD_LOG_LEVEL, else info)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
@@ -177,7 +200,16 @@ func serveConfig(args serveArgs) (daemon.Config, string, error) {
 	if err != nil {
 		return daemon.Config{}, "", err
 	}
-	cfg := daemon.Config{Slots: args.slots, Workers: args.workers, Spin: args.spin, ElasticTimeout: args.elasticTimeout, Logger: daemon.NewLogger(os.Stderr, level)}
+	logOut := io.Writer(os.Stderr)
+	if args.logFile != "" {
+		f, err := os.OpenFile(args.logFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			return daemon.Config{}, "", fmt.Errorf("--log-file: %w", err)
+		}
+		logOut = f
+	}
+	cfg := daemon.Config{Slots: args.slots, Workers: args.workers, Spin: args.spin, ElasticTimeout: args.elasticTimeout,
+		ExitAfterJob: args.exitAfterJob, IdleExit: args.idleExit, Logger: daemon.NewLogger(logOut, level)}
 	if err := cfg.ApplyHorovodEnv(os.Getenv); err != nil {
 		return cfg, "", err
 	}

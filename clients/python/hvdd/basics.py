@@ -12,7 +12,8 @@ import os
 import threading
 from typing import Any, Optional, Sequence, Union
 
-from ._client import Client
+from . import _launcher
+from ._client import Client, default_socket_path, default_start_timeout
 from ._proto import hvdd_pb2 as _pb
 from .exceptions import HvddInternalError
 
@@ -241,6 +242,11 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
     blocks until every rank of the job has arrived. Idempotent; ``shutdown()``
     runs at exit; ``init()`` after ``shutdown()`` joins a new job.
 
+    Under mpirun, mpiexec or srun without ``hvdd run``, the rank, size and
+    local rank are the launcher's, and with no daemon on the node's default
+    socket the job's processes on each host start one for the job
+    (``hvdd._launcher``).
+
     Args:
         comm: Horovod's sub-world selection (list of ranks or mpi4py comm).
             hvdd supports only the default, None (all ranks).
@@ -270,11 +276,26 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
     with _state_lock:
         if _client is not None:
             return
-        c = Client()
+        where = _launcher.detect()
+        sock = None
+        if where is not None and not os.environ.get("HVDD_SOCKET"):
+            # Started by mpirun or srun without hvdd run: join the node's
+            # daemon, or the one the job's processes here start for it.
+            sock = _launcher.ensure_daemon(where, default_socket_path(), _hvdd_binary(), default_start_timeout())
+        c = Client(socket_path=sock, local_rank=None if where is None else where.local_rank)
         try:
             c.connect()
         except HvddInternalError as e:
-            raise ValueError(f"Horovod initialization failed: {e}") from e
+            hint = ""
+            if sock is not None and sock != default_socket_path():
+                hint = f" (the log of the job's daemon on this host: {_launcher.job_files(where, os.path.dirname(sock))[2]})"
+            raise ValueError(f"Horovod initialization failed: {e}{hint}") from e
+        if where is not None:
+            try:
+                _launcher.check_welcome(where, int(c.welcome.rank), int(c.welcome.size), c.socket_path)
+            except _launcher.LauncherError:
+                c.close()
+                raise
         try:
             for ps in sets:
                 _register(c, ps)
@@ -290,6 +311,21 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
+
+
+def _hvdd_binary() -> Optional[str]:
+    """The hvdd binary a job started by mpirun or srun runs its daemon with:
+    $HVDD_BIN, else hvdd on PATH, else the bin/hvdd of the source tree this
+    package was installed from (pip install -e)."""
+    if os.environ.get("HVDD_BIN"):
+        return os.environ["HVDD_BIN"]
+    import shutil
+
+    found = shutil.which("hvdd")
+    if found:
+        return found
+    tree = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "bin", "hvdd")
+    return os.path.normpath(tree) if os.access(tree, os.X_OK) else None
 
 
 def shutdown(_elastic_reset: bool = False) -> None:
