@@ -254,23 +254,42 @@ func ParseArgs(args []string) (Config, error) {
 	fs.IntVar(&c.NP, "num-proc", 0, "")
 	fs.StringVar(&c.Socket, "socket", "", "")
 	fs.BoolVar(&c.NoTagOutput, "no-tag-output", false, "")
-	fs.DurationVar(&c.StartTimeout, "start-timeout", 0, "")
+	fs.Func("start-timeout", "", func(s string) error {
+		d, err := parseSeconds(s)
+		c.StartTimeout = d
+		return err
+	})
 	fs.DurationVar(&c.KillGrace, "kill-grace", 0, "")
 	fs.IntVar(&c.MinNP, "min-np", 0, "")
+	fs.IntVar(&c.MinNP, "min-num-proc", 0, "")
 	fs.IntVar(&c.ResetLimit, "reset-limit", 0, "")
 	var elasticTimeout int
 	fs.IntVar(&elasticTimeout, "elastic-timeout", 0, "")
 	fs.IntVar(&c.MaxNP, "max-np", 0, "")
+	fs.IntVar(&c.MaxNP, "max-num-proc", 0, "")
 	fs.StringVar(&c.HostDiscoveryScript, "host-discovery-script", "", "")
 	fs.IntVar(&c.SlotsPerHost, "slots-per-host", 0, "")
 	fs.IntVar(&c.SlotsPerHost, "slots", 0, "")
 	var cooldown cooldownFlag
 	fs.Var(&cooldown, "blacklist-cooldown-range", "")
 	fs.Var(envList{&c.Env}, "x", "")
-	var timelineFile string
-	var markCycles bool
-	fs.StringVar(&timelineFile, "timeline-filename", "", "")
-	fs.BoolVar(&markCycles, "timeline-mark-cycles", false, "")
+	knobFlags(fs, &c.Knobs)
+	var refused refusal
+	refuseFlags(fs, &refused)
+	var configFile string
+	fs.StringVar(&configFile, "config-file", "", "")
+	fs.StringVar(&c.OutputFilename, "output-filename", "", "")
+	fs.BoolVar(&c.PrefixTimestamp, "prefix-output-with-timestamp", false, "")
+	fs.BoolVar(&c.PrefixTimestamp, "prefix-timestamp", false, "")
+	fs.BoolVar(&c.Verbose, "verbose", false, "")
+	fs.Func("network-interface", "", c.addInterface)
+	fs.Func("network-interfaces", "", c.addInterface)
+	var disableCache bool
+	fs.BoolVar(&disableCache, "disable-cache", false, "")
+	fs.BoolVar(&c.CheckBuild, "check-build", false, "")
+	fs.BoolVar(&c.CheckBuild, "cb", false, "")
+	fs.BoolVar(&c.PrintVersion, "version", false, "")
+	fs.BoolVar(&c.PrintVersion, "v", false, "")
 	var hosts, hostfile string
 	fs.StringVar(&hosts, "H", "", "")
 	fs.StringVar(&hosts, "hosts", "", "")
@@ -303,16 +322,46 @@ func ParseArgs(args []string) (Config, error) {
 		rest = rest[1:]
 	}
 	c.Command = fs.Args()
-	if timelineFile != "" {
-		// The ranks' daemon writes it, from another working directory.
-		abs, err := filepath.Abs(timelineFile)
-		if err != nil {
-			return Config{}, fmt.Errorf("--timeline-filename %q: %w", timelineFile, err)
-		}
-		c.Env = append(c.Env, "HOROVOD_TIMELINE="+abs)
+	if refused.err != nil {
+		return Config{}, refused.err
 	}
-	if markCycles {
-		c.Env = append(c.Env, "HOROVOD_TIMELINE_MARK_CYCLES=1")
+	if c.CheckBuild || c.PrintVersion {
+		return c, nil // horovodrun: no -np needed, nothing run
+	}
+	if configFile != "" {
+		w, err := applyConfigFile(configFile, &c.Knobs)
+		if err != nil {
+			return Config{}, err
+		}
+		c.Warnings = append(c.Warnings, w...)
+	}
+	if err := c.Knobs.validate(); err != nil {
+		return Config{}, err
+	}
+	if tl := c.Knobs.TimelineFilename; tl != nil && *tl != "" {
+		// The ranks' daemon writes it, from another working directory.
+		abs, err := filepath.Abs(*tl)
+		if err != nil {
+			return Config{}, fmt.Errorf("--timeline-filename %q: %w", *tl, err)
+		}
+		c.Knobs.TimelineFilename = &abs
+	}
+	c.Warnings = append(c.Warnings, c.Knobs.warnings()...)
+	if c.OutputFilename != "" {
+		abs, err := filepath.Abs(c.OutputFilename)
+		if err != nil {
+			return Config{}, fmt.Errorf("--output-filename %q: %w", c.OutputFilename, err)
+		}
+		c.OutputFilename = abs
+	}
+	if !flagSet(fs, "start-timeout") {
+		if v := os.Getenv("HOROVOD_START_TIMEOUT"); v != "" {
+			d, err := parseSeconds(v)
+			if err != nil {
+				return Config{}, fmt.Errorf("HOROVOD_START_TIMEOUT=%s: %v", v, err)
+			}
+			c.StartTimeout = d
+		}
 	}
 	c.ElasticTimeout = time.Duration(elasticTimeout) * time.Second
 	if flagSet(fs, "blacklist-cooldown-range") {
@@ -331,10 +380,10 @@ func ParseArgs(args []string) (Config, error) {
 	case !flagSet(fs, "np") && !flagSet(fs, "num-proc"):
 		return Config{}, errors.New("-np is required: pass the number of processes, e.g. hvdd run -np 4 -- python train.py")
 	case c.StartTimeout < 0 || c.KillGrace < 0:
-		return Config{}, errors.New("--start-timeout and --kill-grace must not be negative; pass e.g. 30s")
+		return Config{}, errors.New("--start-timeout and --kill-grace must not be negative; pass e.g. 30 (seconds) or 30s")
 	}
-	if c.StartTimeout == 0 && flagSet(fs, "start-timeout") {
-		return Config{}, errors.New("--start-timeout must be positive; pass e.g. 30s")
+	if c.StartTimeout == 0 && (flagSet(fs, "start-timeout") || os.Getenv("HOROVOD_START_TIMEOUT") != "") {
+		return Config{}, errors.New("--start-timeout must be positive; pass seconds (e.g. 30) or a duration (e.g. 30s)")
 	}
 	if c.KillGrace == 0 && flagSet(fs, "kill-grace") {
 		return Config{}, errors.New("--kill-grace must be positive; pass e.g. 5s (SIGKILL at once is not supported)")
@@ -423,4 +472,21 @@ func (f *cooldownFlag) check() error {
 		return fmt.Errorf("--blacklist-cooldown-range %d %d: MIN is above MAX; pass MIN first", f.min, f.max)
 	}
 	return nil
+}
+
+// parseSeconds parses --start-timeout: a whole number of seconds, as
+// horovodrun takes it (and $HOROVOD_START_TIMEOUT), or a Go duration such
+// as 90s or 2m.
+func parseSeconds(s string) (time.Duration, error) {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n > int64(24*time.Hour/time.Second) {
+			return 0, fmt.Errorf("%d seconds is more than a day", n)
+		}
+		return time.Duration(n) * time.Second, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, errors.New("want seconds (e.g. 30) or a duration (e.g. 30s, 2m)")
+	}
+	return d, nil
 }

@@ -87,7 +87,7 @@ func TestParseArgs(t *testing.T) {
 			}
 			if got.NP != tt.want.NP || !slices.Equal(got.Command, tt.want.Command) || got.Socket != tt.want.Socket ||
 				got.NoTagOutput != tt.want.NoTagOutput || got.StartTimeout != tt.want.StartTimeout ||
-				got.KillGrace != tt.want.KillGrace || !slices.Equal(got.Env, tt.want.Env) {
+				got.KillGrace != tt.want.KillGrace || !slices.Equal(got.withDefaults().Env, tt.want.Env) {
 				t.Errorf("ParseArgs(%q) =\n%+v\nwant\n%+v", tt.args, got, tt.want)
 			}
 		})
