@@ -334,9 +334,9 @@ func (j *job) stopDaemons() {
 func (j *job) daemonArgs(i int) []string {
 	n := j.nodes[i]
 	args := []string{"serve", "--slots", strconv.Itoa(n.Slots), "--nodes", strconv.Itoa(len(j.nodes)),
-		"--node-rank", strconv.Itoa(i), "--rendezvous", j.rendezvousFor(i), "--advertise", n.Host,
+		"--node-rank", strconv.Itoa(i), "--rendezvous", j.rendezvousFor(i),
 		"--socket", n.Socket, "--secret-file", "/dev/stdin"}
-	args = append(args, j.serveFlags()...)
+	args = append(args, j.serveFlags(i)...)
 	if j.cfg.Backend != "" {
 		args = append(args, "--backend", j.cfg.Backend)
 	}
@@ -353,13 +353,14 @@ func (j *job) daemonArgs(i int) []string {
 	return args
 }
 
-// serveFlags is the `hvdd serve` flags every daemon of a job across hosts
-// gets for the job's settings: Config.ServeFlags, and the network
-// interfaces between the hosts.
-func (j *job) serveFlags() []string {
-	args := j.cfg.ServeFlags()
+// serveFlags is the `hvdd serve` flags node i's daemon, in a job across
+// hosts, gets for its address and the job's settings: --advertise with the
+// host's name, or --network-interface (the daemon advertises the address
+// of the interface on its host), then Config.ServeFlags.
+func (j *job) serveFlags(i int) []string {
+	args := []string{"--advertise", j.nodes[i].Host}
 	if len(j.cfg.NetworkInterfaces) > 0 {
-		args = append(args, "--network-interface", strings.Join(j.cfg.NetworkInterfaces, ","))
+		args = []string{"--network-interface", strings.Join(j.cfg.NetworkInterfaces, ",")}
 	}
-	return args
+	return append(args, j.cfg.ServeFlags()...)
 }

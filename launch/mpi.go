@@ -30,9 +30,9 @@ import (
 func (j *job) mpiDaemonArgs(i int) []string {
 	n := j.nodes[i]
 	args := []string{"serve", "--slots", strconv.Itoa(n.Slots), "--nodes", strconv.Itoa(len(j.nodes)),
-		"--node-rank", strconv.Itoa(i), "--rendezvous", j.rendezvous, "--advertise", n.Host,
+		"--node-rank", strconv.Itoa(i), "--rendezvous", j.rendezvous,
 		"--socket", n.Socket, "--backend", "mpi"}
-	return append(args, j.serveFlags()...)
+	return append(args, j.serveFlags(i)...)
 }
 
 // mpirunArgs is the whole mpirun command line.
