@@ -165,7 +165,7 @@ func (j *job) warnRunningDaemon() {
 	if len(given) == 0 {
 		return
 	}
-	j.o.logf("warning: the hvdd daemon on %s was already running, so %s do(es) not reach it: it keeps the settings it was started with "+
+	j.o.logf("warning: the hvdd daemon on %s was already running: it keeps the settings it was started with, so %s have no effect on it "+
 		"(the ranks get their HOROVOD_* variables all the same); to apply them, stop that daemon and let hvdd run start one for the job, "+
 		"or restart it as 'hvdd serve --slots N --socket %s %s'",
 		j.cfg.Socket, strings.Join(given, ", "), j.cfg.Socket, strings.Join(j.cfg.ServeFlags(), " "))
