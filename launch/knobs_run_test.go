@@ -181,3 +181,49 @@ func TestMultiHostKnobs(t *testing.T) {
 		}
 	}
 }
+
+// TestRunOutputFilenameRaw: the output files hold what reaches the
+// terminal, a last line without newline included: tagged lines (the
+// tagger ends the line), or the raw bytes with --no-tag-output.
+func TestRunOutputFilenameRaw(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		noTag              bool
+		wantOut, wantErr   string
+		stdoutIsFileAsWell bool
+	}{
+		{false, "[0]<stdout>:first\n[0]<stdout>:no newline at end\n", "[0]<stderr>:err partial\n", false},
+		{true, "first\nno newline at end", "err partial", false},
+		{true, "first\nno newline at end", "err partial", true}, // ranks would share an *os.File stdout
+	} {
+		dir := testDir(t)
+		out := filepath.Join(dir, "out", "nested")
+		cfg := Config{NP: 1, Command: helperCmd("partial"), NoTagOutput: tt.noTag, OutputFilename: out}
+		var stdout *os.File
+		if tt.stdoutIsFileAsWell {
+			var err error
+			if stdout, err = os.Create(filepath.Join(dir, "terminal")); err != nil {
+				t.Fatal(err)
+			}
+			defer stdout.Close()
+			cfg.Stdout = stdout
+		}
+		r := run(t, cfg)
+		if r.code != 0 || r.err != nil {
+			t.Fatalf("Run = %d, %v\n%s", r.code, r.err, r.stderr)
+		}
+		for stream, want := range map[string]string{"stdout": tt.wantOut, "stderr": tt.wantErr} {
+			got, err := os.ReadFile(filepath.Join(out, "rank.0", stream))
+			if err != nil || string(got) != want {
+				t.Errorf("noTag %v: rank.0/%s = %q, %v; want %q", tt.noTag, stream, got, err, want)
+			}
+		}
+		terminal := r.stdout
+		if stdout != nil {
+			terminal = string(must(os.ReadFile(stdout.Name())))
+		}
+		if terminal != tt.wantOut {
+			t.Errorf("noTag %v: the terminal got %q, want %q", tt.noTag, terminal, tt.wantOut)
+		}
+	}
+}
