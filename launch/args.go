@@ -74,12 +74,13 @@ Flags (they stop at "--" or at the first argument that is not a flag):
   --no-tag-output
         do not prefix output lines with the rank; ranks write straight to
         hvdd run's stdout and stderr
-  --start-timeout DURATION
-        how long to wait for a newly started daemon to accept connections
-        (default 30s)
+  --start-timeout SECONDS
+        how long to wait for the daemons hvdd run starts to accept
+        connections: whole seconds, as horovodrun takes it (30), or a
+        duration (90s, 2m) (default $HOROVOD_START_TIMEOUT, else 30)
   --kill-grace DURATION
         time between SIGTERM and SIGKILL when stopping ranks (default 5s)
-  --min-np MIN
+  --min-np MIN, --min-num-proc MIN
         elastic (fault-tolerant) job: ranks run with HOROVOD_ELASTIC=1, and
         when a rank fails the others go on as long as at least MIN run; the
         survivors re-initialise into the job's next epoch through
@@ -95,6 +96,63 @@ Flags (they stop at "--" or at the first argument that is not a flag):
         HOROVOD_ELASTIC_TIMEOUT), how long the elastic driver waits for
         enough slots, and how long the ranks of a removed host have to
         leave the job before it stops them (default 600)
+  -x NAME[=VALUE]
+        export NAME to every rank, with VALUE or with its value in hvdd run's
+        environment (ignored if unset there); may be repeated
+  --output-filename DIR
+        also write every rank's output to DIR/rank.N/stdout and
+        DIR/rank.N/stderr, as horovodrun does: N is the rank's tag, padded
+        with zeros to the width of -np minus 1 (rank.03 for -np 11), and the
+        files hold the lines as they reach the terminal (tagged, unless
+        --no-tag-output); they are truncated at the start
+  --prefix-output-with-timestamp, -prefix-timestamp
+        put the local time before every tagged output line, as horovodrun:
+        Mon Jan  2 15:04:05 2006[0]<stdout>:...
+  --verbose
+        say what hvdd run starts: the daemons' and the ranks' command lines
+  --check-build, -cb
+        print what this hvdd has, in horovodrun's layout: the frameworks
+        whose hvdd module imports in the python3 (else python) of $PATH,
+        the controllers and the tensor operations; needs no -np
+  --version, -v
+        print hvdd's version
+  -h, --help
+        show this help
+
+Horovod's parameters (horovodrun's flags): each sets the ranks' HOROVOD_*
+variable as horovodrun does, and, where hvdd's daemon has the setting, the
+flag of every daemon hvdd run starts. A daemon that was already running on
+--socket keeps the settings it was started with; hvdd run warns then.
+  --fusion-threshold-mb MB
+        the daemons' fusion threshold (hvdd serve --fusion-threshold, in
+        bytes; 0 disables fusion); HOROVOD_FUSION_THRESHOLD
+  --cycle-time-ms MS
+        the daemons' cycle time, the least time between dispatched plans,
+        to batch more into one (hvdd serve --cycle-time; hvdd's default is
+        0, event driven); HOROVOD_CYCLE_TIME
+  --no-stall-check, --stall-check-warning-time-seconds S,
+  --stall-check-shutdown-time-seconds S
+        the daemons' stall check (hvdd serve --stall-check, --stall-shutdown);
+        HOROVOD_STALL_CHECK_DISABLE, HOROVOD_STALL_CHECK_TIME_SECONDS,
+        HOROVOD_STALL_SHUTDOWN_TIME_SECONDS
+  --log-level TRACE|DEBUG|INFO|WARNING|ERROR|FATAL
+        the daemons' log level (hvdd serve --log-level; default
+        $HOROVOD_LOG_LEVEL, else WARNING); HOROVOD_LOG_LEVEL
+  --log-with-timestamp, --log-without-timestamp
+        HOROVOD_LOG_HIDE_TIME only: the daemons' log lines always carry time=
+  --cache-capacity N
+        HOROVOD_CACHE_CAPACITY only: hvdd has no response cache (its daemon
+        negotiates every tensor as it comes, through shared memory)
+  --hierarchical-allreduce, --hierarchical-allgather (and --no-...)
+        HOROVOD_HIERARCHICAL_ALLREDUCE and _ALLGATHER only: hvdd is
+        hierarchical by construction (a host's ranks meet in its daemon, and
+        the daemons exchange one message per host)
+  --autotune, --autotune-log-file FILE, --autotune-warmup-samples N,
+  --autotune-steps-per-sample N, --autotune-bayes-opt-max-samples N,
+  --autotune-gaussian-process-noise X
+        accepted with a warning: hvdd does not tune yet, and the job runs
+        with the parameters given (no log is written); the ranks get
+        HOROVOD_AUTOTUNE=1 and the others, as from horovodrun
   --timeline-filename FILE
         record Horovod's timeline of the job in FILE (a Chrome trace for
         chrome://tracing or Perfetto), which the daemon of global rank 0
@@ -103,11 +161,21 @@ Flags (they stop at "--" or at the first argument that is not a flag):
   --timeline-mark-cycles
         mark every cycle of the daemon's loop in the timeline (CYCLE_START):
         sets HOROVOD_TIMELINE_MARK_CYCLES=1
-  -x NAME[=VALUE]
-        export NAME to every rank, with VALUE or with its value in hvdd run's
-        environment (ignored if unset there); may be repeated
-  -h, --help
-        show this help
+  --disable-cache
+        does nothing: horovodrun caches its start-up checks (ssh to every
+        host) for 60 minutes unless given it, and hvdd run makes no such
+        checks
+  --config-file FILE
+        horovodrun's YAML file of these parameters (sections params,
+        autotune, timeline, stall_check, logging); a flag given on the
+        command line wins wherever it stands. Its controller and
+        library_options, and keys horovodrun does not know, are ignored
+        with a warning
+
+horovodrun's flags that mean nothing here are refused with the reason
+(exit status 2, nothing started): --gloo, --mpi, --jsrun, --tcp,
+--mpi-args, --binding-args, --num-nccl-streams, --thread-affinity,
+--gloo-timeout-seconds, --mpi-threads-disable.
 
 Flags for jobs across hosts:
   -H HOST[:SLOTS],..., --hosts HOST[:SLOTS],...
@@ -133,6 +201,11 @@ Flags for jobs across hosts:
         host, as mpirun's plm_rsh_agent (COMMAND is split on spaces)
   --hvdd-path PATH
         hvdd on the remote hosts (default: this hvdd's absolute path)
+  --network-interface NAME, --network-interfaces NAME,NAME...
+        the network interfaces between the hosts: every daemon advertises
+        and binds the address of the first of them that its host has, for
+        its control links and data (hvdd serve --network-interface); the
+        rendezvous stays on host 0's name
   (--socket is not used across hosts: every host gets a socket for the job.)
 
 Elastic jobs on hosts (horovodrun's elastic mode):
@@ -143,7 +216,7 @@ Elastic jobs on hosts (horovodrun's elastic mode):
         runs it every second; the job fails at once if its first run fails,
         later failures are retried for up to --elastic-timeout. --min-np
         defaults to -np
-  --max-np MAX
+  --max-np MAX, --max-num-proc MAX
         at most MAX ranks (default: a rank on every available slot)
   --slots-per-host S, --slots S
         the slots of a host that SCRIPT prints without any
@@ -206,6 +279,8 @@ Examples:
   hvdd run -np 4 -H a:2,b:2 --hvdd-path /opt/hvdd/bin/hvdd --rendezvous-port 29600 -- ./train
   hvdd run -np 4 --min-np 2 -H a:2,b:2 --blacklist-cooldown-range 10 100 -- python train.py
   hvdd run -np 4 --min-np 2 --max-np 8 --host-discovery-script ./discover_hosts.sh -- python train.py
+  hvdd run -np 4 --fusion-threshold-mb 32 --cycle-time-ms 2 --output-filename logs -- python train.py
+  hvdd run -np 8 -H a:4,b:4 --network-interface eth1 --config-file horovod.yaml -- python train.py
 `
 
 // envList is the flag.Value behind -x.
@@ -254,23 +329,42 @@ func ParseArgs(args []string) (Config, error) {
 	fs.IntVar(&c.NP, "num-proc", 0, "")
 	fs.StringVar(&c.Socket, "socket", "", "")
 	fs.BoolVar(&c.NoTagOutput, "no-tag-output", false, "")
-	fs.DurationVar(&c.StartTimeout, "start-timeout", 0, "")
+	fs.Func("start-timeout", "", func(s string) error {
+		d, err := parseSeconds(s)
+		c.StartTimeout = d
+		return err
+	})
 	fs.DurationVar(&c.KillGrace, "kill-grace", 0, "")
 	fs.IntVar(&c.MinNP, "min-np", 0, "")
+	fs.IntVar(&c.MinNP, "min-num-proc", 0, "")
 	fs.IntVar(&c.ResetLimit, "reset-limit", 0, "")
 	var elasticTimeout int
 	fs.IntVar(&elasticTimeout, "elastic-timeout", 0, "")
 	fs.IntVar(&c.MaxNP, "max-np", 0, "")
+	fs.IntVar(&c.MaxNP, "max-num-proc", 0, "")
 	fs.StringVar(&c.HostDiscoveryScript, "host-discovery-script", "", "")
 	fs.IntVar(&c.SlotsPerHost, "slots-per-host", 0, "")
 	fs.IntVar(&c.SlotsPerHost, "slots", 0, "")
 	var cooldown cooldownFlag
 	fs.Var(&cooldown, "blacklist-cooldown-range", "")
 	fs.Var(envList{&c.Env}, "x", "")
-	var timelineFile string
-	var markCycles bool
-	fs.StringVar(&timelineFile, "timeline-filename", "", "")
-	fs.BoolVar(&markCycles, "timeline-mark-cycles", false, "")
+	knobFlags(fs, &c.Knobs)
+	var refused refusal
+	refuseFlags(fs, &refused)
+	var configFile string
+	fs.StringVar(&configFile, "config-file", "", "")
+	fs.StringVar(&c.OutputFilename, "output-filename", "", "")
+	fs.BoolVar(&c.PrefixTimestamp, "prefix-output-with-timestamp", false, "")
+	fs.BoolVar(&c.PrefixTimestamp, "prefix-timestamp", false, "")
+	fs.BoolVar(&c.Verbose, "verbose", false, "")
+	fs.Func("network-interface", "", c.addInterface)
+	fs.Func("network-interfaces", "", c.addInterface)
+	var disableCache bool
+	fs.BoolVar(&disableCache, "disable-cache", false, "")
+	fs.BoolVar(&c.CheckBuild, "check-build", false, "")
+	fs.BoolVar(&c.CheckBuild, "cb", false, "")
+	fs.BoolVar(&c.PrintVersion, "version", false, "")
+	fs.BoolVar(&c.PrintVersion, "v", false, "")
 	var hosts, hostfile string
 	fs.StringVar(&hosts, "H", "", "")
 	fs.StringVar(&hosts, "hosts", "", "")
@@ -303,16 +397,46 @@ func ParseArgs(args []string) (Config, error) {
 		rest = rest[1:]
 	}
 	c.Command = fs.Args()
-	if timelineFile != "" {
-		// The ranks' daemon writes it, from another working directory.
-		abs, err := filepath.Abs(timelineFile)
-		if err != nil {
-			return Config{}, fmt.Errorf("--timeline-filename %q: %w", timelineFile, err)
-		}
-		c.Env = append(c.Env, "HOROVOD_TIMELINE="+abs)
+	if refused.err != nil {
+		return Config{}, refused.err
 	}
-	if markCycles {
-		c.Env = append(c.Env, "HOROVOD_TIMELINE_MARK_CYCLES=1")
+	if c.CheckBuild || c.PrintVersion {
+		return c, nil // horovodrun: no -np needed, nothing run
+	}
+	if configFile != "" {
+		w, err := applyConfigFile(configFile, &c.Knobs)
+		if err != nil {
+			return Config{}, err
+		}
+		c.Warnings = append(c.Warnings, w...)
+	}
+	if err := c.Knobs.validate(); err != nil {
+		return Config{}, err
+	}
+	if tl := c.Knobs.TimelineFilename; tl != nil && *tl != "" {
+		// The ranks' daemon writes it, from another working directory.
+		abs, err := filepath.Abs(*tl)
+		if err != nil {
+			return Config{}, fmt.Errorf("--timeline-filename %q: %w", *tl, err)
+		}
+		c.Knobs.TimelineFilename = &abs
+	}
+	c.Warnings = append(c.Warnings, c.Knobs.warnings()...)
+	if c.OutputFilename != "" {
+		abs, err := filepath.Abs(c.OutputFilename)
+		if err != nil {
+			return Config{}, fmt.Errorf("--output-filename %q: %w", c.OutputFilename, err)
+		}
+		c.OutputFilename = abs
+	}
+	if !flagSet(fs, "start-timeout") {
+		if v := os.Getenv("HOROVOD_START_TIMEOUT"); v != "" {
+			d, err := parseSeconds(v)
+			if err != nil {
+				return Config{}, fmt.Errorf("HOROVOD_START_TIMEOUT=%s: %v", v, err)
+			}
+			c.StartTimeout = d
+		}
 	}
 	c.ElasticTimeout = time.Duration(elasticTimeout) * time.Second
 	if flagSet(fs, "blacklist-cooldown-range") {
@@ -331,10 +455,10 @@ func ParseArgs(args []string) (Config, error) {
 	case !flagSet(fs, "np") && !flagSet(fs, "num-proc"):
 		return Config{}, errors.New("-np is required: pass the number of processes, e.g. hvdd run -np 4 -- python train.py")
 	case c.StartTimeout < 0 || c.KillGrace < 0:
-		return Config{}, errors.New("--start-timeout and --kill-grace must not be negative; pass e.g. 30s")
+		return Config{}, errors.New("--start-timeout and --kill-grace must not be negative; pass e.g. 30 (seconds) or 30s")
 	}
-	if c.StartTimeout == 0 && flagSet(fs, "start-timeout") {
-		return Config{}, errors.New("--start-timeout must be positive; pass e.g. 30s")
+	if c.StartTimeout == 0 && (flagSet(fs, "start-timeout") || os.Getenv("HOROVOD_START_TIMEOUT") != "") {
+		return Config{}, errors.New("--start-timeout must be positive; pass seconds (e.g. 30) or a duration (e.g. 30s)")
 	}
 	if c.KillGrace == 0 && flagSet(fs, "kill-grace") {
 		return Config{}, errors.New("--kill-grace must be positive; pass e.g. 5s (SIGKILL at once is not supported)")
@@ -423,4 +547,21 @@ func (f *cooldownFlag) check() error {
 		return fmt.Errorf("--blacklist-cooldown-range %d %d: MIN is above MAX; pass MIN first", f.min, f.max)
 	}
 	return nil
+}
+
+// parseSeconds parses --start-timeout: a whole number of seconds, as
+// horovodrun takes it (and $HOROVOD_START_TIMEOUT), or a Go duration such
+// as 90s or 2m.
+func parseSeconds(s string) (time.Duration, error) {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n > int64(24*time.Hour/time.Second) {
+			return 0, fmt.Errorf("%d seconds is more than a day", n)
+		}
+		return time.Duration(n) * time.Second, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, errors.New("want seconds (e.g. 30) or a duration (e.g. 30s, 2m)")
+	}
+	return d, nil
 }

@@ -87,7 +87,7 @@ func TestParseArgs(t *testing.T) {
 			}
 			if got.NP != tt.want.NP || !slices.Equal(got.Command, tt.want.Command) || got.Socket != tt.want.Socket ||
 				got.NoTagOutput != tt.want.NoTagOutput || got.StartTimeout != tt.want.StartTimeout ||
-				got.KillGrace != tt.want.KillGrace || !slices.Equal(got.Env, tt.want.Env) {
+				got.KillGrace != tt.want.KillGrace || !slices.Equal(got.withDefaults().Env, tt.want.Env) {
 				t.Errorf("ParseArgs(%q) =\n%+v\nwant\n%+v", tt.args, got, tt.want)
 			}
 		})
@@ -106,9 +106,28 @@ func TestParseArgsHelpIsErrHelp(t *testing.T) {
 func TestUsageNamesEveryFlag(t *testing.T) {
 	for _, f := range []string{"-np N", "--num-proc", "--socket PATH", "--no-tag-output", "--start-timeout", "--kill-grace", "-x NAME[=VALUE]", `"--"`, "--help", "-H HOST[:SLOTS]", "--hosts", "--hostfile FILE", "--backend tcp|mpi", "--rendezvous-port PORT", "-p PORT", "--ssh-port", "-i FILE", "--ssh-identity-file", "--agent COMMAND", "--hvdd-path PATH",
 		"--min-np MIN", "--max-np MAX", "--host-discovery-script SCRIPT", "--slots-per-host S", "--slots S",
-		"--blacklist-cooldown-range MIN MAX", "--reset-limit K", "--elastic-timeout SECONDS"} {
+		"--blacklist-cooldown-range MIN MAX", "--reset-limit K", "--elastic-timeout SECONDS",
+		"--start-timeout SECONDS", "--output-filename DIR", "--prefix-output-with-timestamp", "-prefix-timestamp",
+		"--verbose", "--check-build", "-cb", "--version", "--fusion-threshold-mb MB", "--cycle-time-ms MS",
+		"--no-stall-check", "--stall-check-warning-time-seconds S", "--stall-check-shutdown-time-seconds S",
+		"--log-level TRACE", "--log-with-timestamp", "--log-without-timestamp", "--cache-capacity N",
+		"--hierarchical-allreduce", "--hierarchical-allgather", "--autotune,", "--autotune-log-file FILE",
+		"--autotune-warmup-samples N", "--autotune-steps-per-sample N", "--autotune-bayes-opt-max-samples N",
+		"--autotune-gaussian-process-noise X", "--timeline-filename FILE", "--timeline-mark-cycles",
+		"--disable-cache", "--config-file FILE", "--network-interface NAME", "--network-interfaces NAME,NAME",
+		"--min-num-proc", "--max-num-proc"} {
 		if !strings.Contains(Usage, f) {
 			t.Errorf("Usage does not mention %s", f)
+		}
+	}
+}
+
+// TestUsageNamesRefusedFlags keeps the list of refused flags in Usage in
+// step with refusedFlags.
+func TestUsageNamesRefusedFlags(t *testing.T) {
+	for _, f := range refusedFlags {
+		if !strings.Contains(Usage, "--"+f.names[0]+",") && !strings.Contains(Usage, "--"+f.names[0]+".") {
+			t.Errorf("Usage does not list the refused --%s", f.names[0])
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -175,11 +176,87 @@ type Config struct {
 	// Empty means HvddPath.
 	RemoteHvddPath string
 
+	// Knobs are horovodrun's tuneable parameters (--fusion-threshold-mb,
+	// --cycle-time-ms, ..., --config-file): Run adds their HOROVOD_*
+	// variables to every rank's environment, after Env, and the daemons it
+	// starts get their `hvdd serve` flags (ServeFlags). The zero value
+	// sets nothing.
+	Knobs Knobs
+
+	// Warnings are printed by Run ("hvdd run: warning: ...") before it
+	// starts anything: ParseArgs fills it for what it accepted but cannot
+	// do (--autotune, config-file keys without meaning here). Nil means
+	// none.
+	Warnings []string
+
+	// OutputFilename, when not empty, is a directory where every rank's
+	// output is also written, as horovodrun --output-filename writes it:
+	// OutputFilename/rank.N/stdout and .../stderr, N the rank's output tag
+	// zero-padded to the width of NP-1, each file holding the lines as they
+	// reach Stdout and Stderr (tagged, unless NoTagOutput). Run creates the
+	// directories and truncates the files.
+	OutputFilename string
+
+	// PrefixTimestamp puts the local time (as Python's time.asctime: "Mon
+	// Jan  2 15:04:05 2006") before every tagged output line, as
+	// horovodrun --prefix-output-with-timestamp does. It does nothing with
+	// NoTagOutput.
+	PrefixTimestamp bool
+
+	// Verbose makes Run say what it starts (daemon and rank command
+	// lines) on Stderr, as horovodrun --verbose does.
+	Verbose bool
+
+	// NetworkInterfaces, when not empty, are the network interfaces the
+	// daemons of a job across hosts use between them (horovodrun
+	// --network-interface): each daemon advertises and binds the address of
+	// the first of them that its host has (hvdd serve --network-interface).
+	// Unused on one node. Nil means the address each host is named by.
+	NetworkInterfaces []string
+
+	// CheckBuild and PrintVersion are horovodrun --check-build and
+	// --version: the caller prints what was asked instead of running a
+	// job (ParseArgs then requires no -np and no command). Run ignores
+	// them.
+	CheckBuild, PrintVersion bool
+
 	// localHost, if non-nil, replaces isLocalHost (tests).
 	localHost func(host string) bool
 
 	// discoverEvery, if positive, replaces DefaultDiscoverEvery (tests).
 	discoverEvery time.Duration
+}
+
+// ServeFlags is the `hvdd serve` flags that pass the job's settings to
+// every daemon Run starts: --log-level (Knobs.LogLevel, else
+// $HOROVOD_LOG_LEVEL, else warning: a job's own daemons speak up only when
+// something is wrong), then the knobs the daemon has a setting for
+// (--fusion-threshold, --cycle-time, --stall-check, --stall-shutdown).
+// Whoever builds DaemonCommand should append them.
+func (c *Config) ServeFlags() []string {
+	level := os.Getenv("HOROVOD_LOG_LEVEL")
+	if c.Knobs.LogLevel != nil {
+		level = *c.Knobs.LogLevel
+	}
+	if level == "" {
+		level = "warning"
+	}
+	return append([]string{"--log-level", strings.ToLower(level)}, c.Knobs.daemonFlags()...)
+}
+
+// addInterface takes --network-interface NAME (repeatable) and
+// --network-interfaces NAME,NAME.
+func (c *Config) addInterface(list string) error {
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" || strings.ContainsAny(name, " /\t") {
+			return fmt.Errorf("%q is not a network interface name (e.g. eth0)", list)
+		}
+		if !slices.Contains(c.NetworkInterfaces, name) {
+			c.NetworkInterfaces = append(c.NetworkInterfaces, name)
+		}
+	}
+	return nil
 }
 
 // elastic reports whether the job is elastic: its ranks get
@@ -210,6 +287,9 @@ func (c Config) withDefaults() Config {
 	if c.HostDiscoveryScript != "" && c.MinNP == 0 {
 		c.MinNP = c.NP // horovodrun: min_np = args.min_np or args.np
 	}
+	// The knobs' variables come after Env (a new slice: the caller's Env
+	// is not written to).
+	c.Env = slices.Concat(c.Env, c.Knobs.env())
 	return c
 }
 

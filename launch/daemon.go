@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -103,6 +104,11 @@ func startDaemonProc(o *output, cmd *exec.Cmd, host, prefix, marker string) (*da
 	// forking OS thread exits; the Go runtime keeps its threads.)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	cmd.WaitDelay = time.Second // don't hang on a grandchild holding the pipe
+	what := "the hvdd daemon"
+	if host != "" {
+		what += " for " + host
+	}
+	o.verbosef("starting %s: %s", what, strings.Join(cmd.Args, " "))
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -328,8 +334,9 @@ func (j *job) stopDaemons() {
 func (j *job) daemonArgs(i int) []string {
 	n := j.nodes[i]
 	args := []string{"serve", "--slots", strconv.Itoa(n.Slots), "--nodes", strconv.Itoa(len(j.nodes)),
-		"--node-rank", strconv.Itoa(i), "--rendezvous", j.rendezvousFor(i), "--advertise", n.Host,
-		"--socket", n.Socket, "--log-level", daemonLogLevel(), "--secret-file", "/dev/stdin"}
+		"--node-rank", strconv.Itoa(i), "--rendezvous", j.rendezvousFor(i),
+		"--socket", n.Socket, "--secret-file", "/dev/stdin"}
+	args = append(args, j.serveFlags(i)...)
 	if j.cfg.Backend != "" {
 		args = append(args, "--backend", j.cfg.Backend)
 	}
@@ -346,11 +353,14 @@ func (j *job) daemonArgs(i int) []string {
 	return args
 }
 
-// daemonLogLevel is $HOROVOD_LOG_LEVEL when set, else warning: the daemons a
-// job starts speak up only when something is wrong.
-func daemonLogLevel() string {
-	if v := os.Getenv("HOROVOD_LOG_LEVEL"); v != "" {
-		return v
+// serveFlags is the `hvdd serve` flags node i's daemon, in a job across
+// hosts, gets for its address and the job's settings: --advertise with the
+// host's name, or --network-interface (the daemon advertises the address
+// of the interface on its host), then Config.ServeFlags.
+func (j *job) serveFlags(i int) []string {
+	args := []string{"--advertise", j.nodes[i].Host}
+	if len(j.cfg.NetworkInterfaces) > 0 {
+		args = []string{"--network-interface", strings.Join(j.cfg.NetworkInterfaces, ",")}
 	}
-	return "warning"
+	return append(args, j.cfg.ServeFlags()...)
 }

@@ -67,6 +67,12 @@
 // not talk the daemon's protocol: it only checks that something accepts
 // connections on the socket.
 //
+// ParseArgs takes horovodrun's command line: Horovod's tuneable parameters
+// (and its YAML --config-file) become Config.Knobs, which Run passes to the
+// ranks as HOROVOD_* variables and to the daemons it starts as hvdd serve
+// flags (Config.ServeFlags); horovodrun's flags that mean nothing here are
+// refused with the reason (refused.go).
+//
 // Ranks stay in hvdd run's process group, as the terminal's job control
 // expects; a Ctrl-C typed at the terminal therefore reaches each rank twice,
 // once from the terminal and once forwarded. Children a rank leaves behind are

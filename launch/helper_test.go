@@ -136,6 +136,9 @@ func helper(mode string, args []string) int {
 	case "allreduce":
 		return allreduceHelper()
 
+	case "knobs":
+		return knobsHelper()
+
 	case "daemon":
 		return daemonHelper(args)
 

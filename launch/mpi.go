@@ -29,9 +29,10 @@ import (
 // mpiDaemonArgs is node i's `hvdd serve` argument list under mpirun.
 func (j *job) mpiDaemonArgs(i int) []string {
 	n := j.nodes[i]
-	return []string{"serve", "--slots", strconv.Itoa(n.Slots), "--nodes", strconv.Itoa(len(j.nodes)),
-		"--node-rank", strconv.Itoa(i), "--rendezvous", j.rendezvous, "--advertise", n.Host,
-		"--socket", n.Socket, "--log-level", daemonLogLevel(), "--backend", "mpi"}
+	args := []string{"serve", "--slots", strconv.Itoa(n.Slots), "--nodes", strconv.Itoa(len(j.nodes)),
+		"--node-rank", strconv.Itoa(i), "--rendezvous", j.rendezvous,
+		"--socket", n.Socket, "--backend", "mpi"}
+	return append(args, j.serveFlags(i)...)
 }
 
 // mpirunArgs is the whole mpirun command line.

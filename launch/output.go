@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"time"
 )
 
 // output serialises every write to the job's stdout and stderr, so that
@@ -16,6 +17,8 @@ type output struct {
 	mu     sync.Mutex
 	stdout io.Writer
 	stderr io.Writer
+	// verbose turns on verbosef (Config.Verbose).
+	verbose bool
 }
 
 func (o *output) write(w io.Writer, p []byte) error {
@@ -32,6 +35,13 @@ func (o *output) logf(format string, args ...any) {
 		msg += "\n"
 	}
 	o.write(o.stderr, []byte(msg))
+}
+
+// verbosef is logf when Config.Verbose is set.
+func (o *output) verbosef(format string, args ...any) {
+	if o.verbose {
+		o.logf(format, args...)
+	}
 }
 
 // lockedWriter is an io.Writer that writes through output's lock, used for
@@ -59,6 +69,12 @@ type lineWriter struct {
 	prefix []byte
 	max    int
 	tail   *tailBuffer // if non-nil, also receives the untagged bytes
+	// file, if non-nil, also receives the tagged lines (a rank's
+	// --output-filename file); it is written outside output's lock.
+	file io.Writer
+	// stamp puts the local time before every line's prefix, as
+	// horovodrun --prefix-output-with-timestamp does (time.asctime).
+	stamp bool
 	// drop, if non-nil, sees every line (with its newline, if any) before
 	// it is written, and returns true to leave it out.
 	drop func(line []byte) bool
@@ -111,11 +127,22 @@ func (lw *lineWriter) Write(p []byte) (int, error) {
 		lw.out = nil // don't keep a huge scratch buffer alive
 	}
 	if len(out) > 0 {
-		if err := lw.o.write(lw.w, out); err != nil {
+		if err := lw.emit(out); err != nil {
 			return n, err
 		}
 	}
 	return n, nil
+}
+
+// emit writes tagged lines to the job's writer and to the file, if any.
+func (lw *lineWriter) emit(out []byte) error {
+	err := lw.o.write(lw.w, out)
+	if lw.file != nil {
+		if _, ferr := lw.file.Write(out); err == nil {
+			err = ferr
+		}
+	}
+	return err
 }
 
 // Flush writes out a final line that had no newline, adding one.
@@ -125,12 +152,16 @@ func (lw *lineWriter) Flush() error {
 	}
 	out := lw.appendLine(nil, lw.buf)
 	lw.buf = lw.buf[:0]
-	return lw.o.write(lw.w, out)
+	return lw.emit(out)
 }
 
 func (lw *lineWriter) appendLine(out, line []byte) []byte {
 	if lw.drop != nil && lw.drop(line) {
 		return out
+	}
+	if lw.stamp {
+		// Python's time.asctime(), which horovodrun puts there.
+		out = time.Now().AppendFormat(out, time.ANSIC)
 	}
 	out = append(out, lw.prefix...)
 	out = append(out, line...)

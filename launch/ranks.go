@@ -1,10 +1,13 @@
 package launch
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -163,7 +166,8 @@ func environ() []string {
 type pump struct {
 	r, w  *os.File // w is the child's end; closed in our process once started
 	sink  io.Writer
-	flush func() // writes out a final partial line; nil for raw output
+	flush func()   // writes out a final partial line; nil for raw output
+	file  *os.File // the --output-filename file, closed at the end; or nil
 	done  chan struct{}
 }
 
@@ -172,6 +176,9 @@ func (p *pump) run() {
 	io.Copy(p.sink, p.r) // ends at EOF, or when drain closes r
 	if p.flush != nil {
 		p.flush()
+	}
+	if p.file != nil {
+		p.file.Close()
 	}
 }
 
@@ -203,22 +210,41 @@ func (j *job) startCmd(cmd *exec.Cmd, rank int, stdin *os.File) error {
 			p.w.Close() // the child has its copy
 			if !started {
 				p.r.Close()
+				if p.file != nil {
+					p.file.Close()
+				}
 			}
 		}
 	}()
 	connect := func(dst io.Writer, stream string) (io.Writer, error) {
 		var p pump
+		if cfg.OutputFilename != "" {
+			f, err := openRankOutput(cfg, rank, stream)
+			if err != nil {
+				return nil, err
+			}
+			p.file = f
+		}
 		switch f, ok := dst.(*os.File); {
-		case cfg.NoTagOutput && ok:
+		case cfg.NoTagOutput && ok && p.file == nil:
 			return f, nil // the rank shares our descriptor, and sees a terminal if it is one
+		case cfg.NoTagOutput && p.file != nil:
+			p.sink = io.MultiWriter(lockedWriter{j.o, dst}, p.file)
 		case cfg.NoTagOutput:
 			p.sink = lockedWriter{j.o, dst}
 		default:
 			lw := newLineWriter(j.o, dst, "["+strconv.Itoa(rank)+"]<"+stream+">:", maxLine)
+			lw.stamp = cfg.PrefixTimestamp
+			if p.file != nil {
+				lw.file = p.file
+			}
 			p.sink, p.flush = lw, func() { lw.Flush() }
 		}
 		var err error
 		if p.r, p.w, err = os.Pipe(); err != nil {
+			if p.file != nil {
+				p.file.Close()
+			}
 			return nil, err
 		}
 		p.done = make(chan struct{})
@@ -234,6 +260,7 @@ func (j *job) startCmd(cmd *exec.Cmd, rank int, stdin *os.File) error {
 	}
 	// Don't wait forever to copy a Stdin that is not an *os.File.
 	cmd.WaitDelay = time.Second
+	j.o.verbosef("starting rank %d: %s", rank, strings.Join(cmd.Args, " "))
 	if err := cmd.Start(); err != nil {
 		return err
 	}
@@ -270,4 +297,34 @@ func (j *job) drain() {
 		p.r.Close()
 		<-p.done
 	}
+}
+
+// openRankOutput creates (or truncates) rank's stream file under
+// cfg.OutputFilename, as horovodrun's gloo_run does:
+// OutputFilename/rank.N/stdout, N zero-padded to the width of NP-1 so that
+// the directories sort in rank order (ranks an elastic job adds beyond NP
+// may be wider).
+func openRankOutput(cfg *Config, rank int, stream string) (*os.File, error) {
+	width := len(strconv.Itoa(max(cfg.NP-1, 0)))
+	dir := filepath.Join(cfg.OutputFilename, fmt.Sprintf("rank.%0*d", width, rank))
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("create the output directory of rank %d: %w", rank, err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, stream), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("create the %s file of rank %d: %w", stream, rank, err)
+	}
+	return f, nil
+}
+
+// makeOutputDir creates cfg.OutputFilename (with its parents), where the
+// ranks' output files go.
+func makeOutputDir(cfg *Config) error {
+	if cfg.OutputFilename == "" {
+		return nil
+	}
+	if err := os.MkdirAll(cfg.OutputFilename, 0o755); err != nil {
+		return fmt.Errorf("create the --output-filename directory: %w; pass a directory you can write to", err)
+	}
+	return nil
 }

@@ -37,10 +37,17 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 	if err := cfg.validate(); err != nil {
 		return exitUsage, err
 	}
+	o := &output{stdout: cfg.Stdout, stderr: cfg.Stderr, verbose: cfg.Verbose}
+	for _, w := range cfg.Warnings {
+		o.logf("warning: %s", w)
+	}
+	if err := makeOutputDir(&cfg); err != nil {
+		return exitLaunchFailed, err
+	}
 	if cfg.driven() {
 		sigs, stop := signals(&cfg)
 		defer stop()
-		return runElastic(ctx, &cfg, &output{stdout: cfg.Stdout, stderr: cfg.Stderr}, sigs)
+		return runElastic(ctx, &cfg, o, sigs)
 	}
 	j, code, err := newJob(&cfg)
 	if err != nil {
@@ -52,7 +59,7 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 			return code, err
 		}
 	}
-	j.o = &output{stdout: cfg.Stdout, stderr: cfg.Stderr}
+	j.o = o
 	j.warnLoopback()
 
 	sigs, stop := signals(&cfg)
@@ -63,6 +70,7 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 	if code, err := startFailed(ctx, sig, err, j.daemonsName()); err != nil {
 		return code, err
 	}
+	j.warnRunningDaemon()
 	if code, err := j.startRanks(path); err != nil {
 		return code, err
 	}

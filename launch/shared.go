@@ -23,6 +23,7 @@ import (
 // otherwise; a daemon it started but that did not become ready is stopped.
 func ensureDaemon(ctx context.Context, cfg *Config, o *output) (*daemonProc, error) {
 	if probe(cfg.Socket) == nil {
+		o.verbosef("using the hvdd daemon already listening on %s", cfg.Socket)
 		return nil, nil
 	}
 	deadline := time.Now().Add(cfg.StartTimeout)
@@ -41,7 +42,9 @@ func ensureDaemon(ctx context.Context, cfg *Config, o *output) (*daemonProc, err
 	}
 	err := probe(cfg.Socket)
 	if err == nil {
-		return nil, nil // started by another hvdd run while we waited
+		// Started by another hvdd run while we waited.
+		o.verbosef("using the hvdd daemon that another hvdd run started on %s", cfg.Socket)
+		return nil, nil
 	}
 	if !abstract {
 		if err := removeStale(cfg.Socket, err); err != nil {
@@ -132,4 +135,38 @@ func waitShared(ctx context.Context, d *daemonProc, cfg *Config, deadline time.T
 			d.cmd.Process.Pid, strings.Join(cfg.DaemonCommand, " "), cfg.Socket, cfg.StartTimeout, d.tail.lines(10))
 	}
 	return nil
+}
+
+// warnRunningDaemon warns, when the job runs on a shared daemon that was
+// already running (and that hvdd run leaves alone), that the daemon
+// settings given for the job do not reach it: a running daemon's settings
+// are fixed by its own command line.
+func (j *job) warnRunningDaemon() {
+	if !j.shared() || len(j.daemons) > 0 {
+		return
+	}
+	k := &j.cfg.Knobs
+	var given []string
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"--fusion-threshold-mb", k.FusionThresholdMB != nil},
+		{"--cycle-time-ms", k.CycleTimeMS != nil},
+		{"--no-stall-check", k.NoStallCheck != nil && *k.NoStallCheck},
+		{"--stall-check-warning-time-seconds", k.StallCheckWarningSeconds != nil},
+		{"--stall-check-shutdown-time-seconds", k.StallCheckShutdownSeconds != nil},
+		{"--log-level", k.LogLevel != nil},
+	} {
+		if f.set {
+			given = append(given, f.name)
+		}
+	}
+	if len(given) == 0 {
+		return
+	}
+	j.o.logf("warning: the hvdd daemon on %s was already running: it keeps the settings it was started with, so %s have no effect on it "+
+		"(the ranks get their HOROVOD_* variables all the same); to apply them, stop that daemon and let hvdd run start one for the job, "+
+		"or restart it as 'hvdd serve --slots N --socket %s %s'",
+		j.cfg.Socket, strings.Join(given, ", "), j.cfg.Socket, strings.Join(j.cfg.ServeFlags(), " "))
 }

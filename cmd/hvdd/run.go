@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/hvdd/hvdd/backends/mpi"
 	"github.com/hvdd/hvdd/launch"
 )
 
@@ -21,6 +22,18 @@ func runMain(args []string) int {
 		fmt.Fprintf(os.Stderr, "hvdd run: %v\n", err)
 		return 2
 	}
+	switch {
+	case cfg.PrintVersion:
+		fmt.Println("hvdd", version())
+		return 0
+	case cfg.CheckBuild:
+		err := launch.CheckBuild(context.Background(), os.Stdout, launch.BuildInfo{Version: version(), MPI: mpi.Available(), Verbose: cfg.Verbose})
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "hvdd run: %v\n", err)
+			return 1
+		}
+		return 0
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "hvdd run: cannot find the hvdd binary to start a daemon: %v\n", err)
@@ -30,10 +43,9 @@ func runMain(args []string) int {
 	if cfg.ElasticTimeout > 0 {
 		cfg.DaemonCommand = append(cfg.DaemonCommand, "--elastic-timeout", cfg.ElasticTimeout.String())
 	}
-	if os.Getenv("HOROVOD_LOG_LEVEL") == "" {
-		// The daemon a job starts for itself speaks up only when something is wrong.
-		cfg.DaemonCommand = append(cfg.DaemonCommand, "--log-level", "warning")
-	}
+	// The job's log level (the daemon a job starts for itself speaks up
+	// only when something is wrong) and knobs.
+	cfg.DaemonCommand = append(cfg.DaemonCommand, cfg.ServeFlags()...)
 	cfg.HvddPath = exe // the daemons of a job across hosts
 	code, err := launch.Run(context.Background(), cfg)
 	if err != nil {

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -25,5 +27,46 @@ func TestRunAcrossHosts(t *testing.T) {
 	out, err = exec.Command(hvddBin, "run", "-np", "5", "-H", "127.0.0.2:2,127.0.0.3:2", "true").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "-np 5 is more than the 4 slots") {
 		t.Errorf("hvdd run -np 5 on 4 slots: %v\n%s", err, out)
+	}
+}
+
+// TestRunRefusedFlag: a horovodrun flag without meaning here fails with
+// its reason and exit status 2, before anything is started.
+func TestRunRefusedFlag(t *testing.T) {
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "sock", "hvdd.sock")
+	for _, flag := range []string{"--gloo", "--mpi", "--tcp", "--mpi-args=--bind-to core", "--num-nccl-streams=2"} {
+		name, _, _ := strings.Cut(flag, "=")
+		cmd := exec.Command(hvddBin, "run", "-np", "2", "--socket", socket, flag, "--", "touch", filepath.Join(dir, "ran"))
+		out, err := cmd.CombinedOutput()
+		if code := cmd.ProcessState.ExitCode(); code != 2 || !strings.HasPrefix(string(out), "hvdd run: "+name+" is not supported: ") {
+			t.Errorf("hvdd run %s: %v, exit status %d, output %q; want status 2 and the reason", flag, err, code, out)
+		}
+	}
+	for _, p := range []string{filepath.Dir(socket), filepath.Join(dir, "ran")} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s exists: a refused command line started something", p)
+		}
+	}
+}
+
+// TestRunCheckBuild: horovodrun --check-build's layout, without -np, with
+// the frameworks checked by the python on PATH (here none: PATH is empty).
+func TestRunCheckBuild(t *testing.T) {
+	cmd := exec.Command(hvddBin, "run", "--check-build")
+	cmd.Env = append(os.Environ(), "PATH=")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("hvdd run --check-build: %v\n%s", err, out)
+	}
+	for _, want := range []string{"hvdd " + version() + " ", "\nAvailable Frameworks:\n    [?] TensorFlow\n    [?] PyTorch\n    [ ] MXNet\n    [?] Keras\n    (not checked: no python3 or python in $PATH)\n",
+		"\nAvailable Controllers:\n", "    [ ] Gloo\n", "\nAvailable Tensor Operations:\n    [ ] NCCL\n"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = exec.Command(hvddBin, "run", "--version").Output()
+	if err != nil || string(out) != "hvdd "+version()+"\n" {
+		t.Errorf("hvdd run --version: %q, %v", out, err)
 	}
 }

@@ -78,6 +78,7 @@ type serveArgs struct {
 	nodes, nodeRank, streams                   int
 	elastic                                    bool
 	rendezvous, advertise, secretFile, backend string
+	iface                                      string
 	rendezvousExternal, exitAfterJob           bool
 	control                                    string
 	idleExit                                   time.Duration
@@ -151,6 +152,7 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 	fs.StringVar(&args.rendezvous, "rendezvous", "", "node 0's rendezvous address HOST:PORT (node 0 binds it, unless --rendezvous-external)")
 	fs.BoolVar(&args.rendezvousExternal, "rendezvous-external", false, "another process serves --rendezvous (hvdd rendezvous, or hvdd run's elastic driver): node 0 does not bind it, and with --elastic the coordination of a job moves to another node when node 0 is lost")
 	fs.StringVar(&args.advertise, "advertise", "", "this node's address (host) that the other nodes reach; control and data listeners bind it (default: the local address of the route to --rendezvous)")
+	fs.StringVar(&args.iface, "network-interface", "", "NAME[,NAME...]: advertise and bind the address of the first of these network interfaces that this host has, instead of --advertise (horovodrun --network-interface)")
 	fs.StringVar(&args.secretFile, "secret-file", "", "file holding the job's shared secret (default $HVDD_SECRET); required with --nodes > 1")
 	fs.StringVar(&args.backend, "backend", "tcp", "cross-node engine: tcp (embedded) or mpi (needs a build with -tags mpi)")
 	defControl := os.Getenv("HVDD_CONTROL")
@@ -232,6 +234,14 @@ func serveConfig(args serveArgs) (daemon.Config, string, error) {
 	}
 	socket = strings.ReplaceAll(socket, "{node}", strconv.Itoa(args.nodeRank))
 	multi := args.nodes > 1 || args.elastic
+	if args.iface != "" {
+		if args.advertise != "" {
+			return cfg, "", errors.New("--advertise and --network-interface both give this node's address; pass one of them")
+		}
+		if args.advertise, err = interfaceAddr(args.iface); err != nil {
+			return cfg, "", err
+		}
+	}
 	if multi && args.advertise == "" {
 		args.advertise = routeTo(args.rendezvous)
 	}
