@@ -50,7 +50,10 @@ import (
 //     there). Horovod adds the per-rank partial sums of a level with an MPI
 //     allreduce, in an order that depends on the rank count; here a tensor is
 //     cut into blocks of adasumBlock elements whose partial sums are added in
-//     block order, so the result does not depend on the number of goroutines;
+//     block order, so the result does not depend on the number of goroutines,
+//     and within a block into 8 lanes (element i into lane i mod 8, the
+//     lanes added last) that AVX2 computes four at a time
+//     (adasum_kernels.go);
 //   - float32 and float64: a' = ca·a + cb·b in float64, rounded to the dtype
 //     once (each product is rounded to float64 first: no fused multiply-add);
 //   - float16, as Horovod's F16C path: the coefficients are rounded to
@@ -333,37 +336,27 @@ func adasumCoeffs(dot, anormsq, bnormsq float64) (ca, cb float64) {
 }
 
 // dotNorms returns a·b, ‖a‖² and ‖b‖² over elements [lo, hi), accumulated
-// in float64. The explicit conversions keep every product rounded before it
-// is added (Go may otherwise fuse them on some architectures).
-func dotNorms(a, b []byte, dt tensor.DType, lo, hi int) (s [3]float64) {
-	var dot, an, bn float64
+// in float64 in adasum_kernels.go's lane order.
+func dotNorms(a, b []byte, dt tensor.DType, lo, hi int) [3]float64 {
+	var acc adasumAcc
 	switch dt {
 	case tensor.Float64:
-		av, bv := view[float64](a, lo, hi), view[float64](b, lo, hi)
-		for i, x := range av {
-			y := bv[i]
-			dot += float64(x * y)
-			an += float64(x * x)
-			bn += float64(y * y)
-		}
+		dotLanesF64(view[float64](a, lo, hi), view[float64](b, lo, hi), &acc)
 	case tensor.Float32:
-		av, bv := view[float32](a, lo, hi), view[float32](b, lo, hi)
-		for i := range av {
-			x, y := float64(av[i]), float64(bv[i])
-			dot += float64(x * y)
-			an += float64(x * x)
-			bn += float64(y * y)
-		}
+		dotLanesF32(view[float32](a, lo, hi), view[float32](b, lo, hi), &acc)
 	case tensor.Float16:
+		// Widened (exactly) to float32 a chunk at a time; chunks are whole
+		// groups of lanes, so the lane order runs on across them.
+		var xa, xb [1024]float32
 		av, bv := view[uint16](a, lo, hi), view[uint16](b, lo, hi)
-		for i := range av {
-			x, y := float64(Float16ToFloat32(av[i])), float64(Float16ToFloat32(bv[i]))
-			dot += float64(x * y)
-			an += float64(x * x)
-			bn += float64(y * y)
+		for c := 0; c < len(av); c += len(xa) {
+			e := min(c+len(xa), len(av))
+			f16ToF32(xa[:e-c], av[c:e])
+			f16ToF32(xb[:e-c], bv[c:e])
+			dotLanesF32(xa[:e-c], xb[:e-c], &acc)
 		}
 	}
-	return [3]float64{dot, an, bn}
+	return acc.sums()
 }
 
 // scaledAdd sets a[i] = ca·a[i] + cb·b[i] for i in [lo, hi), with the
@@ -371,15 +364,9 @@ func dotNorms(a, b []byte, dt tensor.DType, lo, hi int) (s [3]float64) {
 func scaledAdd(a, b []byte, dt tensor.DType, lo, hi int, ca, cb float64) {
 	switch dt {
 	case tensor.Float64:
-		av, bv := view[float64](a, lo, hi), view[float64](b, lo, hi)
-		for i, x := range av {
-			av[i] = float64(ca*x) + float64(cb*bv[i])
-		}
+		axpbyF64(view[float64](a, lo, hi), view[float64](b, lo, hi), ca, cb)
 	case tensor.Float32:
-		av, bv := view[float32](a, lo, hi), view[float32](b, lo, hi)
-		for i, x := range av {
-			av[i] = float32(float64(ca*float64(x)) + float64(cb*float64(bv[i])))
-		}
+		axpbyF32(view[float32](a, lo, hi), view[float32](b, lo, hi), ca, cb)
 	case tensor.Float16:
 		ca32, cb32 := float32(ca), float32(cb)
 		av, bv := view[uint16](a, lo, hi), view[uint16](b, lo, hi)
