@@ -50,7 +50,10 @@ import (
 //     there). Horovod adds the per-rank partial sums of a level with an MPI
 //     allreduce, in an order that depends on the rank count; here a tensor is
 //     cut into blocks of adasumBlock elements whose partial sums are added in
-//     block order, so the result does not depend on the number of goroutines;
+//     block order, so the result does not depend on the number of goroutines,
+//     and within a block into 8 lanes (element i into lane i mod 8, the
+//     lanes added last) that AVX2 computes four at a time
+//     (adasum_kernels.go);
 //   - float32 and float64: a' = ca·a + cb·b in float64, rounded to the dtype
 //     once (each product is rounded to float64 first: no fused multiply-add);
 //   - float16, as Horovod's F16C path: the coefficients are rounded to
@@ -98,11 +101,14 @@ func Adasum(bufs [][]byte, dt tensor.DType, prescale, postscale float64, opts *O
 	if err := adasumPrescale(bufs, dt, prescale); err != nil {
 		return err
 	}
-	res := adasumTree(append([][]byte(nil), bufs...), nil, dt, n, workers)
-	if postscale != 1 {
-		if err := Scale(res, dt, postscale); err != nil {
-			return err
-		}
+	if postscale == 1 {
+		// The root goes to every buffer in the last level's pass.
+		adasumTree(append([][]byte(nil), bufs...), nil, dt, n, workers, bufs)
+		return nil
+	}
+	res := adasumTree(append([][]byte(nil), bufs...), nil, dt, n, workers, nil)
+	if err := Scale(res, dt, postscale); err != nil {
+		return err
 	}
 	for _, b := range bufs {
 		if b != nil && !same(b, res) {
@@ -164,7 +170,7 @@ func AdasumPartial(bufs [][]byte, dt tensor.DType, prescale float64, opts *Optio
 	if err := adasumPrescale(bufs, dt, prescale); err != nil {
 		return nil, err
 	}
-	return adasumTree(append([][]byte(nil), bufs...), nil, dt, n, adasumWorkers(n, dt, opts)), nil
+	return adasumTree(append([][]byte(nil), bufs...), nil, dt, n, adasumWorkers(n, dt, opts), nil), nil
 }
 
 // AdasumFinish completes Adasum's tree over the ranks [0, m), m a power of
@@ -194,7 +200,7 @@ func AdasumFinish(spans []AdasumSpan, vals [][]byte, dt tensor.DType, postscale 
 	if err != nil || n == 0 {
 		return nil, err
 	}
-	res := adasumTree(cur, held, dt, n, adasumWorkers(n, dt, opts))
+	res := adasumTree(cur, held, dt, n, adasumWorkers(n, dt, opts), nil)
 	if postscale != 1 && res != nil {
 		if err := Scale(res, dt, postscale); err != nil {
 			return nil, err
@@ -240,9 +246,22 @@ func adasumPrescale(bufs [][]byte, dt tensor.DType, f float64) error {
 // value of the group of ranks that starts at i (nil: a zero vector); a
 // level combines the groups at i and i+level into i's. held[i], when held
 // is not nil, is how many ranks cur[i] already covers: levels inside such a
-// group are done and skipped (AdasumFinish); nil means one rank each.
-func adasumTree(cur [][]byte, held []int, dt tensor.DType, n, workers int) []byte {
+// group are done and skipped (AdasumFinish); nil means one rank each. The
+// root's value is also written into every buffer of outs that is not the
+// root's own.
+//
+// The passes are fused block by block: the dot products and norms of
+// level 1 take one pass; then each level's scaled adds run per block, and
+// while that block is in cache the next level's dot products are taken on
+// it, or, after the last level, the root is copied out. The values are the
+// level-by-level ones (per-block partial sums in the same lane order, added
+// in block order).
+func adasumTree(cur [][]byte, held []int, dt tensor.DType, n, workers int, outs [][]byte) []byte {
+	// The pairs each level combines: nil operands need no arithmetic, so
+	// the plan is known before any data is read.
+	var levels [][]adasumPairRef
 	for level := 1; level < len(cur); level *= 2 {
+		var pairs []adasumPairRef
 		for i := 0; i < len(cur); i += 2 * level {
 			if held != nil && held[i] >= 2*level {
 				continue
@@ -253,11 +272,82 @@ func adasumTree(cur [][]byte, held []int, dt tensor.DType, n, workers int) []byt
 			case a == nil:
 				cur[i] = b
 			default:
-				adasumPair(a, b, dt, n, workers)
+				pairs = append(pairs, adasumPairRef{a: a, b: b})
 			}
 		}
+		if len(pairs) > 0 {
+			levels = append(levels, pairs)
+		}
 	}
-	return cur[0]
+	root := cur[0]
+	var copies [][]byte
+	for _, o := range outs {
+		if o != nil && !same(o, root) {
+			copies = append(copies, o)
+		}
+	}
+	if len(levels) == 0 {
+		for _, o := range copies {
+			copy(o, root)
+		}
+		return root
+	}
+	blocks := (n + adasumBlock - 1) / adasumBlock
+	bounds := func(k int) (int, int) { return k * adasumBlock, min((k+1)*adasumBlock, n) }
+	parts := make([][3]float64, blocks*len(levels[0]))
+	forBlocks(blocks, workers, func(k int) {
+		lo, hi := bounds(k)
+		for p, pr := range levels[0] {
+			parts[k*len(levels[0])+p] = dotNorms(pr.a, pr.b, dt, lo, hi)
+		}
+	})
+	for l, pairs := range levels {
+		adasumSetCoeffs(pairs, parts, blocks)
+		var next []adasumPairRef
+		if l+1 < len(levels) {
+			next = levels[l+1]
+			parts = make([][3]float64, blocks*len(next))
+		}
+		last := l+1 == len(levels)
+		forBlocks(blocks, workers, func(k int) {
+			lo, hi := bounds(k)
+			for _, pr := range pairs {
+				scaledAdd(pr.a, pr.b, dt, lo, hi, pr.ca, pr.cb)
+			}
+			for q, pr := range next {
+				parts[k*len(next)+q] = dotNorms(pr.a, pr.b, dt, lo, hi)
+			}
+			if last {
+				sz := dt.Size()
+				for _, o := range copies {
+					copy(o[lo*sz:hi*sz], root[lo*sz:hi*sz])
+				}
+			}
+		})
+	}
+	return root
+}
+
+// adasumPairRef is one combination a = adasum(a, b) of a level, with its
+// coefficients once the level's dot products are known.
+type adasumPairRef struct {
+	a, b   []byte
+	ca, cb float64
+}
+
+// adasumSetCoeffs adds each pair's per-block partial sums (parts[k*len(pairs)+p])
+// in block order and sets its coefficients.
+func adasumSetCoeffs(pairs []adasumPairRef, parts [][3]float64, blocks int) {
+	for p := range pairs {
+		var dot, anormsq, bnormsq float64
+		for k := range blocks {
+			s := parts[k*len(pairs)+p]
+			dot += s[0]
+			anormsq += s[1]
+			bnormsq += s[2]
+		}
+		pairs[p].ca, pairs[p].cb = adasumCoeffs(dot, anormsq, bnormsq)
+	}
 }
 
 // checkAdasum validates Adasum's arguments and returns the element count
@@ -295,29 +385,6 @@ func checkAdasum(bufs [][]byte, dt tensor.DType) (int, error) {
 	return size / dt.Size(), nil
 }
 
-// adasumPair replaces a (n elements of dt) with adasum(a, b). The dot
-// product and norms are summed per block, in parallel, then added in block
-// order; the scaled add runs per block too.
-func adasumPair(a, b []byte, dt tensor.DType, n, workers int) {
-	blocks := (n + adasumBlock - 1) / adasumBlock
-	parts := make([][3]float64, blocks)
-	forBlocks(blocks, workers, func(k int) {
-		lo, hi := k*adasumBlock, min((k+1)*adasumBlock, n)
-		parts[k] = dotNorms(a, b, dt, lo, hi)
-	})
-	var dot, anormsq, bnormsq float64
-	for _, p := range parts {
-		dot += p[0]
-		anormsq += p[1]
-		bnormsq += p[2]
-	}
-	ca, cb := adasumCoeffs(dot, anormsq, bnormsq)
-	forBlocks(blocks, workers, func(k int) {
-		lo, hi := k*adasumBlock, min((k+1)*adasumBlock, n)
-		scaledAdd(a, b, dt, lo, hi, ca, cb)
-	})
-}
-
 // adasumCoeffs returns the coefficients of a and b, written as Horovod
 // writes them (1 - dot/‖·‖² · 0.5) so that they round the same way. A NaN
 // norm fails the comparison and leaves its coefficient at 1, as in Horovod.
@@ -333,37 +400,27 @@ func adasumCoeffs(dot, anormsq, bnormsq float64) (ca, cb float64) {
 }
 
 // dotNorms returns a·b, ‖a‖² and ‖b‖² over elements [lo, hi), accumulated
-// in float64. The explicit conversions keep every product rounded before it
-// is added (Go may otherwise fuse them on some architectures).
-func dotNorms(a, b []byte, dt tensor.DType, lo, hi int) (s [3]float64) {
-	var dot, an, bn float64
+// in float64 in adasum_kernels.go's lane order.
+func dotNorms(a, b []byte, dt tensor.DType, lo, hi int) [3]float64 {
+	var acc adasumAcc
 	switch dt {
 	case tensor.Float64:
-		av, bv := view[float64](a, lo, hi), view[float64](b, lo, hi)
-		for i, x := range av {
-			y := bv[i]
-			dot += float64(x * y)
-			an += float64(x * x)
-			bn += float64(y * y)
-		}
+		dotLanesF64(view[float64](a, lo, hi), view[float64](b, lo, hi), &acc)
 	case tensor.Float32:
-		av, bv := view[float32](a, lo, hi), view[float32](b, lo, hi)
-		for i := range av {
-			x, y := float64(av[i]), float64(bv[i])
-			dot += float64(x * y)
-			an += float64(x * x)
-			bn += float64(y * y)
-		}
+		dotLanesF32(view[float32](a, lo, hi), view[float32](b, lo, hi), &acc)
 	case tensor.Float16:
+		// Widened (exactly) to float32 a chunk at a time; chunks are whole
+		// groups of lanes, so the lane order runs on across them.
+		var xa, xb [1024]float32
 		av, bv := view[uint16](a, lo, hi), view[uint16](b, lo, hi)
-		for i := range av {
-			x, y := float64(Float16ToFloat32(av[i])), float64(Float16ToFloat32(bv[i]))
-			dot += float64(x * y)
-			an += float64(x * x)
-			bn += float64(y * y)
+		for c := 0; c < len(av); c += len(xa) {
+			e := min(c+len(xa), len(av))
+			f16ToF32(xa[:e-c], av[c:e])
+			f16ToF32(xb[:e-c], bv[c:e])
+			dotLanesF32(xa[:e-c], xb[:e-c], &acc)
 		}
 	}
-	return [3]float64{dot, an, bn}
+	return acc.sums()
 }
 
 // scaledAdd sets a[i] = ca·a[i] + cb·b[i] for i in [lo, hi), with the
@@ -371,15 +428,9 @@ func dotNorms(a, b []byte, dt tensor.DType, lo, hi int) (s [3]float64) {
 func scaledAdd(a, b []byte, dt tensor.DType, lo, hi int, ca, cb float64) {
 	switch dt {
 	case tensor.Float64:
-		av, bv := view[float64](a, lo, hi), view[float64](b, lo, hi)
-		for i, x := range av {
-			av[i] = float64(ca*x) + float64(cb*bv[i])
-		}
+		axpbyF64(view[float64](a, lo, hi), view[float64](b, lo, hi), ca, cb)
 	case tensor.Float32:
-		av, bv := view[float32](a, lo, hi), view[float32](b, lo, hi)
-		for i, x := range av {
-			av[i] = float32(float64(ca*float64(x)) + float64(cb*float64(bv[i])))
-		}
+		axpbyF32(view[float32](a, lo, hi), view[float32](b, lo, hi), ca, cb)
 	case tensor.Float16:
 		ca32, cb32 := float32(ca), float32(cb)
 		av, bv := view[uint16](a, lo, hi), view[uint16](b, lo, hi)

@@ -474,3 +474,45 @@ func TestAdasumFinishErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestAdasumKernelsMatchGo: the AVX2 kernels give the Go loops' bits (the
+// same lane order, the same roundings), on lengths around the lane groups.
+func TestAdasumKernelsMatchGo(t *testing.T) {
+	if !haveAVX2 {
+		t.Log("no AVX2 here: the Go loops are the only path")
+	}
+	r := rand.New(rand.NewPCG(7, 7))
+	spread := func() float64 { return (r.Float64()*2 - 1) * math.Ldexp(1, r.IntN(40)-20) }
+	for _, n := range []int{0, 1, 7, 8, 9, 63, 64, 1000, adasumBlock + 5} {
+		a32, b32 := make([]float32, n), make([]float32, n)
+		a64, b64 := make([]float64, n), make([]float64, n)
+		for i := range n {
+			a32[i], b32[i] = float32(spread()), float32(spread())
+			a64[i], b64[i] = spread(), spread()
+		}
+		run := func(avx bool) (s32, s64 [3]float64, x32 []float32, x64 []float64) {
+			saved := haveAVX2
+			haveAVX2 = avx && saved
+			defer func() { haveAVX2 = saved }()
+			var acc32, acc64 adasumAcc
+			dotLanesF32(a32, b32, &acc32)
+			dotLanesF64(a64, b64, &acc64)
+			x32, x64 = append([]float32(nil), a32...), append([]float64(nil), a64...)
+			axpbyF32(x32, b32, 0.75, -1.3)
+			axpbyF64(x64, b64, 0.75, -1.3)
+			return acc32.sums(), acc64.sums(), x32, x64
+		}
+		g32, g64, gx32, gx64 := run(false)
+		v32, v64, vx32, vx64 := run(true)
+		for q := range 3 {
+			if math.Float64bits(g32[q]) != math.Float64bits(v32[q]) || math.Float64bits(g64[q]) != math.Float64bits(v64[q]) {
+				t.Errorf("n=%d sum %d: Go %v %v, AVX2 %v %v", n, q, g32[q], g64[q], v32[q], v64[q])
+			}
+		}
+		for i := range n {
+			if math.Float32bits(gx32[i]) != math.Float32bits(vx32[i]) || math.Float64bits(gx64[i]) != math.Float64bits(vx64[i]) {
+				t.Fatalf("n=%d axpby[%d]: Go %v %v, AVX2 %v %v", n, i, gx32[i], gx64[i], vx32[i], vx64[i])
+			}
+		}
+	}
+}

@@ -154,3 +154,26 @@ func combineF32(op tensor.ReduceOp, acc, a, b []float32) {
 	}
 	combine(op, acc[m:], a[m:], b[m:])
 }
+
+// Adasum's kernels (adasum_kernels.go has the lane order they keep); n is a
+// multiple of adasumLanes.
+
+// adasumDotF32 accumulates a·b, ‖a‖², ‖b‖² over n float32 values into acc.
+//
+//go:noescape
+func adasumDotF32(a, b *float32, n int, acc *adasumAcc)
+
+// adasumDotF64 is adasumDotF32 for float64 values.
+//
+//go:noescape
+func adasumDotF64(a, b *float64, n int, acc *adasumAcc)
+
+// adasumAxpbyF32 sets a[i] = float32(ca·a[i] + cb·b[i]) for n values.
+//
+//go:noescape
+func adasumAxpbyF32(a, b *float32, n int, ca, cb float64)
+
+// adasumAxpbyF64 sets a[i] = ca·a[i] + cb·b[i] for n values.
+//
+//go:noescape
+func adasumAxpbyF64(a, b *float64, n int, ca, cb float64)

@@ -235,3 +235,151 @@ tail8:
 cvt2done:
 	VZEROUPPER
 	RET
+
+// Adasum's kernels. Lanes: Y0/Y1 = dot lanes 0-3/4-7, Y2/Y3 = ‖a‖² lanes,
+// Y4/Y5 = ‖b‖² lanes (acc[0:8], acc[8:16], acc[16:24]). Products are rounded
+// before they are added (VMULPD then VADDPD, no FMA), as the Go loops do.
+
+// func adasumDotF32(a, b *float32, n int, acc *adasumAcc)
+TEXT ·adasumDotF32(SB), NOSPLIT, $0-32
+	MOVQ a+0(FP), SI
+	MOVQ b+8(FP), DI
+	MOVQ n+16(FP), CX
+	MOVQ acc+24(FP), DX
+	VMOVUPD (DX), Y0
+	VMOVUPD 32(DX), Y1
+	VMOVUPD 64(DX), Y2
+	VMOVUPD 96(DX), Y3
+	VMOVUPD 128(DX), Y4
+	VMOVUPD 160(DX), Y5
+	XORQ AX, AX
+dotf32loop:
+	CMPQ AX, CX
+	JAE  dotf32done
+	VCVTPS2PD (SI)(AX*4), Y6
+	VCVTPS2PD 16(SI)(AX*4), Y7
+	VCVTPS2PD (DI)(AX*4), Y8
+	VCVTPS2PD 16(DI)(AX*4), Y9
+	VMULPD Y6, Y8, Y10
+	VMULPD Y7, Y9, Y11
+	VADDPD Y10, Y0, Y0
+	VADDPD Y11, Y1, Y1
+	VMULPD Y6, Y6, Y12
+	VMULPD Y7, Y7, Y13
+	VADDPD Y12, Y2, Y2
+	VADDPD Y13, Y3, Y3
+	VMULPD Y8, Y8, Y14
+	VMULPD Y9, Y9, Y15
+	VADDPD Y14, Y4, Y4
+	VADDPD Y15, Y5, Y5
+	ADDQ $8, AX
+	JMP  dotf32loop
+dotf32done:
+	VMOVUPD Y0, (DX)
+	VMOVUPD Y1, 32(DX)
+	VMOVUPD Y2, 64(DX)
+	VMOVUPD Y3, 96(DX)
+	VMOVUPD Y4, 128(DX)
+	VMOVUPD Y5, 160(DX)
+	VZEROUPPER
+	RET
+
+// func adasumDotF64(a, b *float64, n int, acc *adasumAcc)
+TEXT ·adasumDotF64(SB), NOSPLIT, $0-32
+	MOVQ a+0(FP), SI
+	MOVQ b+8(FP), DI
+	MOVQ n+16(FP), CX
+	MOVQ acc+24(FP), DX
+	VMOVUPD (DX), Y0
+	VMOVUPD 32(DX), Y1
+	VMOVUPD 64(DX), Y2
+	VMOVUPD 96(DX), Y3
+	VMOVUPD 128(DX), Y4
+	VMOVUPD 160(DX), Y5
+	XORQ AX, AX
+dotf64loop:
+	CMPQ AX, CX
+	JAE  dotf64done
+	VMOVUPD (SI)(AX*8), Y6
+	VMOVUPD 32(SI)(AX*8), Y7
+	VMOVUPD (DI)(AX*8), Y8
+	VMOVUPD 32(DI)(AX*8), Y9
+	VMULPD Y6, Y8, Y10
+	VMULPD Y7, Y9, Y11
+	VADDPD Y10, Y0, Y0
+	VADDPD Y11, Y1, Y1
+	VMULPD Y6, Y6, Y12
+	VMULPD Y7, Y7, Y13
+	VADDPD Y12, Y2, Y2
+	VADDPD Y13, Y3, Y3
+	VMULPD Y8, Y8, Y14
+	VMULPD Y9, Y9, Y15
+	VADDPD Y14, Y4, Y4
+	VADDPD Y15, Y5, Y5
+	ADDQ $8, AX
+	JMP  dotf64loop
+dotf64done:
+	VMOVUPD Y0, (DX)
+	VMOVUPD Y1, 32(DX)
+	VMOVUPD Y2, 64(DX)
+	VMOVUPD Y3, 96(DX)
+	VMOVUPD Y4, 128(DX)
+	VMOVUPD Y5, 160(DX)
+	VZEROUPPER
+	RET
+
+// func adasumAxpbyF32(a, b *float32, n int, ca, cb float64)
+TEXT ·adasumAxpbyF32(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), SI
+	MOVQ b+8(FP), DI
+	MOVQ n+16(FP), CX
+	VBROADCASTSD ca+24(FP), Y14
+	VBROADCASTSD cb+32(FP), Y15
+	XORQ AX, AX
+axf32loop:
+	CMPQ AX, CX
+	JAE  axf32done
+	VCVTPS2PD (SI)(AX*4), Y0
+	VCVTPS2PD 16(SI)(AX*4), Y1
+	VCVTPS2PD (DI)(AX*4), Y2
+	VCVTPS2PD 16(DI)(AX*4), Y3
+	VMULPD Y14, Y0, Y0
+	VMULPD Y14, Y1, Y1
+	VMULPD Y15, Y2, Y2
+	VMULPD Y15, Y3, Y3
+	VADDPD Y2, Y0, Y0
+	VADDPD Y3, Y1, Y1
+	VCVTPD2PSY Y0, X0
+	VCVTPD2PSY Y1, X1
+	VMOVUPS X0, (SI)(AX*4)
+	VMOVUPS X1, 16(SI)(AX*4)
+	ADDQ $8, AX
+	JMP  axf32loop
+axf32done:
+	VZEROUPPER
+	RET
+
+// func adasumAxpbyF64(a, b *float64, n int, ca, cb float64)
+TEXT ·adasumAxpbyF64(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), SI
+	MOVQ b+8(FP), DI
+	MOVQ n+16(FP), CX
+	VBROADCASTSD ca+24(FP), Y14
+	VBROADCASTSD cb+32(FP), Y15
+	XORQ AX, AX
+axf64loop:
+	CMPQ AX, CX
+	JAE  axf64done
+	VMULPD (SI)(AX*8), Y14, Y0
+	VMULPD 32(SI)(AX*8), Y14, Y1
+	VMULPD (DI)(AX*8), Y15, Y2
+	VMULPD 32(DI)(AX*8), Y15, Y3
+	VADDPD Y2, Y0, Y0
+	VADDPD Y3, Y1, Y1
+	VMOVUPD Y0, (SI)(AX*8)
+	VMOVUPD Y1, 32(SI)(AX*8)
+	ADDQ $8, AX
+	JMP  axf64loop
+axf64done:
+	VZEROUPPER
+	RET

@@ -18,3 +18,8 @@ func f16ToF32(dst []float32, src []uint16) { f16ToF32Go(dst, src) }
 func f32ToF16(dst []uint16, src []float32) { f32ToF16Go(dst, src) }
 
 func combineF32(op tensor.ReduceOp, acc, a, b []float32) { combine(op, acc, a, b) }
+
+func adasumDotF32(a, b *float32, n int, acc *adasumAcc)   { panic("reduce: no assembly") }
+func adasumDotF64(a, b *float64, n int, acc *adasumAcc)   { panic("reduce: no assembly") }
+func adasumAxpbyF32(a, b *float32, n int, ca, cb float64) { panic("reduce: no assembly") }
+func adasumAxpbyF64(a, b *float64, n int, ca, cb float64) { panic("reduce: no assembly") }

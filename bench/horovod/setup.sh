@@ -11,6 +11,9 @@
 #   HOROVOD_BUILD_LOG  pip's verbose build log (default: /tmp/horovod-build.log)
 #   HOROVOD_VERSION    default 0.28.1
 #   HOROVOD_REBUILD=1  rebuild even if the venv already has a working build
+#   HOROVOD_MPI=1      build with MPI too (Open MPI from Debian), into
+#                      <repo>/../hvd-mpi-venv by default: Horovod's CPU Adasum
+#                      runs only over MPI (bench/horovod/run_adasum.sh)
 #
 # Needs: Debian's python3 (3.11) with python3-venv, python3-dev and python3-torch
 # (torch 1.13, reached through --system-site-packages), cmake, g++, make, and
@@ -21,7 +24,16 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-VENV="${HOROVOD_VENV:-$(dirname "$REPO")/hvd-venv}"
+MPI="${HOROVOD_MPI:-0}"
+if [ "$MPI" = 1 ]; then
+  VENV="${HOROVOD_VENV:-$(dirname "$REPO")/hvd-mpi-venv}"
+  BUILD_FLAGS=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1
+               HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1)
+else
+  VENV="${HOROVOD_VENV:-$(dirname "$REPO")/hvd-venv}"
+  BUILD_FLAGS=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1
+               HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo)
+fi
 LOG="${HOROVOD_BUILD_LOG:-/tmp/horovod-build.log}"
 VERSION="${HOROVOD_VERSION:-0.28.1}"
 PY=/usr/bin/python3
@@ -53,6 +65,7 @@ EOF
 
 extra=()
 command -v cmake >/dev/null || extra+=(cmake)
+if [ "$MPI" = 1 ]; then command -v mpicxx >/dev/null || extra+=(openmpi-bin libopenmpi-dev); fi
 "$PY" -c 'import torch' 2>/dev/null || extra+=(python3-torch)
 mapfile -t -O "${#extra[@]}" extra < <(missing_torch_headers)
 ensure_build_prereqs "${extra[@]}"
@@ -68,7 +81,8 @@ fi
 built_ok() {
   local out
   out="$(cd /tmp && "$VENV/bin/horovodrun" --check-build 2>&1)" || return 1
-  grep -q "Horovod v$VERSION:" <<<"$out" && grep -q '\[X\] PyTorch' <<<"$out" && grep -q '\[X\] Gloo' <<<"$out"
+  grep -q "Horovod v$VERSION:" <<<"$out" && grep -q '\[X\] PyTorch' <<<"$out" && grep -q '\[X\] Gloo' <<<"$out" \
+    && { [ "$MPI" != 1 ] || grep -q '\[X\] MPI' <<<"$out"; }
 }
 if [ "${HOROVOD_REBUILD:-0}" != 1 ] && [ -x "$VENV/bin/horovodrun" ] && built_ok; then
   say "horovod $VERSION already built in $VENV"
@@ -76,9 +90,7 @@ else
   say "building horovod $VERSION from source (about 5 minutes on 2 cores); log: $LOG"
   "$VENV/bin/pip" uninstall -y -q horovod >/dev/null 2>&1 || true
   # cd /tmp: keep pip and setup.py away from any horovod/ directory in the current one.
-  if ! (cd /tmp && env HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-        HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo \
-        MAKEFLAGS="-j$(nproc)" \
+  if ! (cd /tmp && env "${BUILD_FLAGS[@]}" MAKEFLAGS="-j$(nproc)" \
         "$VENV/bin/pip" install -v --no-cache-dir --no-binary horovod "horovod==$VERSION" >"$LOG" 2>&1); then
     tail -n 40 "$LOG" >&2
     die "pip could not build horovod $VERSION (full log: $LOG)"
@@ -87,7 +99,7 @@ fi
 
 # 4. Check the build, then one 2-rank allreduce through horovodrun --gloo.
 built_ok || { (cd /tmp && "$VENV/bin/horovodrun" --check-build) >&2 || true;
-              die "horovodrun --check-build does not show v$VERSION with PyTorch and Gloo"; }
+              die "horovodrun --check-build does not show v$VERSION with PyTorch and Gloo (and MPI with HOROVOD_MPI=1)"; }
 (cd /tmp && "$VENV/bin/horovodrun" --check-build)
 say "smoke test: 2 ranks, horovodrun --gloo"
 out="$(cd /tmp && timeout 120 "$VENV/bin/horovodrun" -np 2 -H localhost:2 --gloo "$VENV/bin/python" -c \
