@@ -199,7 +199,7 @@ func TestParseArgs(t *testing.T) {
 		t.Errorf("--help: %v; %s", err, help.String())
 	}
 	for _, bad := range []string{
-		"--op barrier", "--op nope", "--dtype float128", "--op-reduce adasum", "--op reducescatter --op-reduce max",
+		"--op barrier", "--op nope", "--dtype float128", "--op-reduce adasum --check", "--op reducescatter --op-reduce max",
 		"--min-bytes 0", "--min-bytes 8 --max-bytes 4", "--step-factor 1", "--iters 0", "--warmup -1",
 		"--profile vgg", "--duration 0s", "--np -1", "stray", "--max-bytes 1X", "--gap -1ms",
 	} {
@@ -217,7 +217,9 @@ func TestParseArgsErrors(t *testing.T) {
 		{"--op barrier", "--op barrier: want allreduce, allgather, broadcast, alltoall or reducescatter"},
 		{"--op nope", "unknown collective \"nope\" (want allreduce, allgather, broadcast, alltoall, reducescatter, barrier or join)"},
 		{"--dtype float128", "unknown dtype \"float128\" (want one of uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64, bool)"},
-		{"--op-reduce adasum", "--op-reduce adasum is not supported by hvdd bench"},
+		{"--op-reduce adasum --check", "--op-reduce adasum: --check verifies element by element, and an Adasum result depends on whole vectors; time it without --check (the client tests check Adasum against its formula)"},
+		{"--op-reduce adasum --dtype int32", "--op-reduce adasum: Adasum reduces float16, float32 and float64, not int32"},
+		{"--op reducescatter --op-reduce adasum", "--op-reduce adasum: Adasum reduces only allreduce, not reducescatter"},
 		{"--op reducescatter --op-reduce max", "reducescatter supports only sum and average, not Max"},
 		{"--op-reduce nope", "unknown reduce op \"nope\" (want Average, Sum, Adasum, Min, Max or Product)"},
 		{"--min-bytes 0", "--min-bytes must be at least 1"},
@@ -234,7 +236,7 @@ func TestParseArgsErrors(t *testing.T) {
 		{"--max-bytes 1X", "--max-bytes: bad size \"1X\": want a whole number of bytes, optionally with K, M or G (binary)"},
 		{"--min-bytes 1X", "--min-bytes: bad size \"1X\": want a whole number of bytes, optionally with K, M or G (binary)"},
 		{"--gap -1ms", "--gap must not be negative"},
-		{"--op-reduce adasum --min-bytes 0", "--op-reduce adasum is not supported by hvdd bench"},
+		{"--op-reduce adasum --dtype int8 --min-bytes 0", "--op-reduce adasum: Adasum reduces float16, float32 and float64, not int8"},
 		{"--iters 0 --profile vgg", "--iters must be at least 1"},
 		{"--min-bytes 0 --iters 0", "--min-bytes must be at least 1"},
 		{"--dtype x --op y", "unknown collective \"y\" (want allreduce, allgather, broadcast, alltoall, reducescatter, barrier or join)"},

@@ -140,7 +140,7 @@ func newFlagSet(cfg *Config, text *textFlags, out io.Writer) *flag.FlagSet {
 	fs.SetOutput(out)
 	fs.StringVar(&text.op, "op", "allreduce", "collective: allreduce, allgather, broadcast, alltoall or reducescatter")
 	fs.StringVar(&text.dtype, "dtype", "float32", "element type: uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64, bool")
-	fs.StringVar(&text.reduce, "op-reduce", "sum", "reduction for allreduce and reducescatter: sum, average, min, max, product")
+	fs.StringVar(&text.reduce, "op-reduce", "sum", "reduction for allreduce and reducescatter: sum, average, min, max, product, or adasum (allreduce of floats, a power-of-two number of ranks, without --check)")
 	fs.StringVar(&text.minBytes, "min-bytes", "4", "smallest size in bytes; K, M and G suffixes are binary (64K = 65536)")
 	fs.StringVar(&text.maxBytes, "max-bytes", "64M", "largest size in bytes")
 	fs.Float64Var(&cfg.StepFactor, "step-factor", cfg.StepFactor, "multiply the size by this between rows (nccl-tests -f)")
@@ -184,7 +184,14 @@ func (t *textFlags) apply(cfg *Config) error {
 		return err
 	}
 	if cfg.Reduce == tensor.Adasum {
-		return errors.New("--op-reduce adasum is not supported by hvdd bench")
+		switch {
+		case cfg.Op != tensor.Allreduce:
+			return fmt.Errorf("--op-reduce adasum: Adasum reduces only allreduce, not %s", t.op)
+		case cfg.DType != tensor.Float16 && cfg.DType != tensor.Float32 && cfg.DType != tensor.Float64:
+			return fmt.Errorf("--op-reduce adasum: Adasum reduces float16, float32 and float64, not %s", cfg.DType)
+		case cfg.Check:
+			return errors.New("--op-reduce adasum: --check verifies element by element, and an Adasum result depends on whole vectors; time it without --check (the client tests check Adasum against its formula)")
+		}
 	}
 	if cfg.Op == tensor.Reducescatter && cfg.Reduce != tensor.Sum && cfg.Reduce != tensor.Average {
 		return fmt.Errorf("reducescatter supports only sum and average, not %s", cfg.Reduce)
