@@ -134,6 +134,52 @@ done: \
 	VZEROUPPER \
 	RET
 
+// DOTBODY is both dot kernels' body: LOAD widens (float32) or loads
+// (float64) four elements at element AX into a vector; STEP is 16 for float32
+// and 32 for float64, the bytes of four elements.
+#define DOTBODY(LOAD, SCALE, STEP) \
+	MOVQ a+0(FP), SI \
+	MOVQ b+8(FP), DI \
+	MOVQ n+16(FP), CX \
+	MOVQ acc+24(FP), DX \
+	VMOVUPD (DX), Y0 \
+	VMOVUPD 32(DX), Y1 \
+	VMOVUPD 64(DX), Y2 \
+	VMOVUPD 96(DX), Y3 \
+	VMOVUPD 128(DX), Y4 \
+	VMOVUPD 160(DX), Y5 \
+	XORQ AX, AX \
+dotloop: \
+	CMPQ AX, CX \
+	JAE  dotdone \
+	LOAD (SI)(AX*SCALE), Y6 \
+	LOAD STEP(SI)(AX*SCALE), Y7 \
+	LOAD (DI)(AX*SCALE), Y8 \
+	LOAD STEP(DI)(AX*SCALE), Y9 \
+	VMULPD Y6, Y8, Y10 \
+	VMULPD Y7, Y9, Y11 \
+	VADDPD Y10, Y0, Y0 \
+	VADDPD Y11, Y1, Y1 \
+	VMULPD Y6, Y6, Y12 \
+	VMULPD Y7, Y7, Y13 \
+	VADDPD Y12, Y2, Y2 \
+	VADDPD Y13, Y3, Y3 \
+	VMULPD Y8, Y8, Y14 \
+	VMULPD Y9, Y9, Y15 \
+	VADDPD Y14, Y4, Y4 \
+	VADDPD Y15, Y5, Y5 \
+	ADDQ $8, AX \
+	JMP  dotloop \
+dotdone: \
+	VMOVUPD Y0, (DX) \
+	VMOVUPD Y1, 32(DX) \
+	VMOVUPD Y2, 64(DX) \
+	VMOVUPD Y3, 96(DX) \
+	VMOVUPD Y4, 128(DX) \
+	VMOVUPD Y5, 160(DX) \
+	VZEROUPPER \
+	RET
+
 // func sumF32(d0, d1 unsafe.Pointer, srcs *unsafe.Pointer, ns, off, end int, scaled bool, pre, post float32)
 TEXT ·sumF32(SB), NOSPLIT, $0-60
 	BODY(ADDPS, VMOVUPS, VMULPS, VBROADCASTSS, pre+52(FP), post+56(FP))
@@ -242,91 +288,11 @@ cvt2done:
 
 // func adasumDotF32(a, b *float32, n int, acc *adasumAcc)
 TEXT ·adasumDotF32(SB), NOSPLIT, $0-32
-	MOVQ a+0(FP), SI
-	MOVQ b+8(FP), DI
-	MOVQ n+16(FP), CX
-	MOVQ acc+24(FP), DX
-	VMOVUPD (DX), Y0
-	VMOVUPD 32(DX), Y1
-	VMOVUPD 64(DX), Y2
-	VMOVUPD 96(DX), Y3
-	VMOVUPD 128(DX), Y4
-	VMOVUPD 160(DX), Y5
-	XORQ AX, AX
-dotf32loop:
-	CMPQ AX, CX
-	JAE  dotf32done
-	VCVTPS2PD (SI)(AX*4), Y6
-	VCVTPS2PD 16(SI)(AX*4), Y7
-	VCVTPS2PD (DI)(AX*4), Y8
-	VCVTPS2PD 16(DI)(AX*4), Y9
-	VMULPD Y6, Y8, Y10
-	VMULPD Y7, Y9, Y11
-	VADDPD Y10, Y0, Y0
-	VADDPD Y11, Y1, Y1
-	VMULPD Y6, Y6, Y12
-	VMULPD Y7, Y7, Y13
-	VADDPD Y12, Y2, Y2
-	VADDPD Y13, Y3, Y3
-	VMULPD Y8, Y8, Y14
-	VMULPD Y9, Y9, Y15
-	VADDPD Y14, Y4, Y4
-	VADDPD Y15, Y5, Y5
-	ADDQ $8, AX
-	JMP  dotf32loop
-dotf32done:
-	VMOVUPD Y0, (DX)
-	VMOVUPD Y1, 32(DX)
-	VMOVUPD Y2, 64(DX)
-	VMOVUPD Y3, 96(DX)
-	VMOVUPD Y4, 128(DX)
-	VMOVUPD Y5, 160(DX)
-	VZEROUPPER
-	RET
+	DOTBODY(VCVTPS2PD, 4, 16)
 
 // func adasumDotF64(a, b *float64, n int, acc *adasumAcc)
 TEXT ·adasumDotF64(SB), NOSPLIT, $0-32
-	MOVQ a+0(FP), SI
-	MOVQ b+8(FP), DI
-	MOVQ n+16(FP), CX
-	MOVQ acc+24(FP), DX
-	VMOVUPD (DX), Y0
-	VMOVUPD 32(DX), Y1
-	VMOVUPD 64(DX), Y2
-	VMOVUPD 96(DX), Y3
-	VMOVUPD 128(DX), Y4
-	VMOVUPD 160(DX), Y5
-	XORQ AX, AX
-dotf64loop:
-	CMPQ AX, CX
-	JAE  dotf64done
-	VMOVUPD (SI)(AX*8), Y6
-	VMOVUPD 32(SI)(AX*8), Y7
-	VMOVUPD (DI)(AX*8), Y8
-	VMOVUPD 32(DI)(AX*8), Y9
-	VMULPD Y6, Y8, Y10
-	VMULPD Y7, Y9, Y11
-	VADDPD Y10, Y0, Y0
-	VADDPD Y11, Y1, Y1
-	VMULPD Y6, Y6, Y12
-	VMULPD Y7, Y7, Y13
-	VADDPD Y12, Y2, Y2
-	VADDPD Y13, Y3, Y3
-	VMULPD Y8, Y8, Y14
-	VMULPD Y9, Y9, Y15
-	VADDPD Y14, Y4, Y4
-	VADDPD Y15, Y5, Y5
-	ADDQ $8, AX
-	JMP  dotf64loop
-dotf64done:
-	VMOVUPD Y0, (DX)
-	VMOVUPD Y1, 32(DX)
-	VMOVUPD Y2, 64(DX)
-	VMOVUPD Y3, 96(DX)
-	VMOVUPD Y4, 128(DX)
-	VMOVUPD Y5, 160(DX)
-	VZEROUPPER
-	RET
+	DOTBODY(VMOVUPD, 8, 32)
 
 // func adasumAxpbyF32(a, b *float32, n int, ca, cb float64)
 TEXT ·adasumAxpbyF32(SB), NOSPLIT, $0-40
