@@ -112,7 +112,7 @@ func TestCloseUnblocks(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- g[0].Allreduce(context.Background(), make([]byte, 1<<20), tensor.Float32, tensor.Sum) }()
 	// Close while the call is in progress (it waits for rank 1 forever).
-	if !waitFor(func() bool { return g[0].active.Load() != 0 }) {
+	if !waitFor(func() bool { return g[0].peers[1].active.Load() != 0 }) {
 		t.Fatal("the Allreduce never started")
 	}
 	g[0].Close()
