@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -384,4 +386,70 @@ func setErrors(ctx context.Context, c *hvdd.Client, sets []*hvdd.ProcessSet) err
 		}
 	}
 	return c.Barrier(ctx)
+}
+
+// TestMultiNodeSetTraffic checks that a node holding no member of a set
+// moves none of its bytes: on 3 nodes of 1 rank, ranks 0 and 2 allreduce
+// 8 MiB in the set {0, 2}; node 1's engine exchanges only the global
+// barrier's few bytes, and node 0's sends node 2 at least the set's share.
+func TestMultiNodeSetTraffic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node suite is long")
+	}
+	ss := startNodes(t, 1, 1, 1)
+	for _, node := range spawnNodes(t, ss, "settraffic", 1, 1, 1) {
+		for _, w := range node {
+			if err := w.Wait(120 * time.Second); err != nil {
+				t.Fatalf("rank %d: %v\n%s", w.Rank, err, w.Output())
+			}
+		}
+	}
+	bytesOf := func(n int) (sent, recv []int64) {
+		ss[n].WaitLog(t, "cross-node bytes of the job", 30*time.Second)
+		m := regexp.MustCompile(`cross-node bytes of the job.* sent="\[([0-9 ]*)\]" received="\[([0-9 ]*)\]"`).FindStringSubmatch(ss[n].Logs())
+		if m == nil {
+			t.Fatalf("node %d logged no byte counts:\n%s", n, ss[n].Logs())
+		}
+		parse := func(s string) []int64 {
+			var out []int64
+			for _, f := range strings.Fields(s) {
+				v, _ := strconv.ParseInt(f, 10, 64)
+				out = append(out, v)
+			}
+			return out
+		}
+		return parse(m[1]), parse(m[2])
+	}
+	sent1, recv1 := bytesOf(1)
+	for _, v := range append(sent1, recv1...) {
+		if v > 64<<10 {
+			t.Errorf("node 1, which holds no member of the set, exchanged sent=%v received=%v bytes", sent1, recv1)
+			break
+		}
+	}
+	if sent0, _ := bytesOf(0); sent0[2] < 4<<20 {
+		t.Errorf("node 0 sent node 2 %d bytes, want the set's 8 MiB allreduce's share (>= 4 MiB)", sent0[2])
+	}
+}
+
+func init() {
+	scenarios["settraffic"] = func(ctx context.Context, c *hvdd.Client) error {
+		ps, err := c.AddProcessSet(ctx, []int{0, 2})
+		if err != nil {
+			return err
+		}
+		if ps.Rank(c) >= 0 {
+			x := make([]float32, 2<<20)
+			for i := range x {
+				x[i] = 1
+			}
+			if err := hvdd.Allreduce(ctx, c, x, hvdd.WithName("big"), hvdd.WithOp(hvdd.Sum), hvdd.WithProcessSet(ps)); err != nil {
+				return err
+			}
+			if x[0] != 2 || x[len(x)-1] != 2 {
+				return fmt.Errorf("set allreduce = %v ... %v, want 2", x[0], x[len(x)-1])
+			}
+		}
+		return c.Barrier(ctx)
+	}
 }
