@@ -453,3 +453,75 @@ func init() {
 		return c.Barrier(ctx)
 	}
 }
+
+// TestElasticProcessSetsForgotten: an elastic job's next epoch forgets its
+// process sets, as Horovod's reset (shutdown, then init) does: on 2 nodes
+// of 1 rank, a set registered in epoch 0 is unknown in epoch 1 on both
+// nodes (the coordinator's and the other), and ids count from 1 again.
+func TestElasticProcessSetsForgotten(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node suite is long")
+	}
+	ss := startNodes(t, 1, 1)
+	for _, node := range spawnNodes(t, ss, "elasticsets", 1, 1) {
+		for _, w := range node {
+			if err := w.Wait(60 * time.Second); err != nil || !strings.Contains(w.Output(), "OK") {
+				t.Errorf("rank %d: %v\n%s", w.Rank, err, w.Output())
+			}
+		}
+	}
+}
+
+func init() {
+	ownInit["elasticsets"] = func() int {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		fail := func(format string, args ...any) int {
+			fmt.Printf(format+"\n", args...)
+			return 1
+		}
+		inSet := func(c *hvdd.Client, ps *hvdd.ProcessSet, name string) error {
+			x := []float32{1}
+			if err := hvdd.Allreduce(ctx, c, x, hvdd.WithName(name), hvdd.WithOp(hvdd.Sum), hvdd.WithProcessSet(ps)); err != nil {
+				return err
+			}
+			if x[0] != 2 {
+				return fmt.Errorf("allreduce in %v = %v, want 2", ps.Ranks, x[0])
+			}
+			return nil
+		}
+		c := &hvdd.Client{Elastic: true}
+		if err := c.Init(ctx); err != nil {
+			return fail("init: %v", err)
+		}
+		ps, err := c.AddProcessSet(ctx, []int{0, 1})
+		if err != nil || ps.ID != 1 {
+			return fail("epoch 0: add: %+v %v", ps, err)
+		}
+		if err := inSet(c, ps, "e0"); err != nil {
+			return fail("epoch 0: %v", err)
+		}
+		c.CloseToReset() // every rank resets: the next epoch holds them all
+		c2 := &hvdd.Client{Elastic: true}
+		if err := c2.Init(ctx); err != nil {
+			return fail("re-init: %v", err)
+		}
+		defer c2.Close()
+		if c2.Epoch() != 1 {
+			return fail("re-initialised into epoch %d, want 1", c2.Epoch())
+		}
+		err = hvdd.Allreduce(ctx, c2, []float32{1}, hvdd.WithName("stale"), hvdd.WithProcessSet(ps))
+		if e := expectErr("epoch 1: the set of epoch 0", err, hvdd.ErrInvalidArgument, "Process set provided does not exist"); e != nil {
+			return fail("rank %d: %v", c2.Rank(), e)
+		}
+		ps2, err := c2.AddProcessSet(ctx, []int{0, 1})
+		if err != nil || ps2.ID != 1 {
+			return fail("epoch 1: add: %+v %v (want id 1 again)", ps2, err)
+		}
+		if err := inSet(c2, ps2, "e1"); err != nil {
+			return fail("epoch 1: %v", err)
+		}
+		fmt.Println("OK")
+		return 0
+	}
+}
