@@ -111,3 +111,22 @@ var ErrClosed = errors.New("backends: closed")
 type LoopRunnable interface {
 	LoopRunnable() int
 }
+
+// Grouper is implemented by engines that can run collectives over a subset
+// of their ranks (a process set whose members live on some nodes only).
+//
+// Group returns a Backend over ranks (ascending ranks of this Backend,
+// including Rank()): its Rank is this rank's index in ranks, its Size
+// len(ranks), and its collectives involve those ranks only; the others
+// neither call them nor wait for them. Every rank in ranks must call Group
+// with the same ranks at the same point of the sequence of collectives that
+// it shares with the other members (the daemon asks for a group on its first
+// use, from the goroutine that runs collectives); ranks outside call
+// nothing. Groups share the parent's connections and its failure: a lost
+// peer fails the parent and every group, and a *PeerError names the peer by
+// its rank in the parent. Closing the parent closes its groups; a group's
+// Close does nothing more than make the group unusable. Group may return
+// the same Backend for the same ranks again.
+type Grouper interface {
+	Group(ranks []int) (Backend, error)
+}

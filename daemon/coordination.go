@@ -64,9 +64,10 @@ type coordination interface {
 	// stalls reports the tensors waiting longer than olderThan ms for some
 	// ranks, where this node negotiates them (plan.Table.Stalls).
 	stalls(now, olderThan int64) []plan.Stall
-	// processSets returns where process sets are registered; nil when the
-	// coordination cannot register them.
-	processSets() setRegistry
+	// setRequest takes a local rank's AddProcessSet or RemoveProcessSet
+	// (procset.go): the coordination decides its round once every rank has
+	// reached it, or passes it to the node that decides, and answers it.
+	setRequest(r psReq)
 	// abort is called as the job fails with code and msg, before its pending
 	// ops are answered. With notify it tells the other nodes; it closes the
 	// engine, so that a blocked collective returns.
@@ -80,6 +81,7 @@ type coordination interface {
 
 // setRegistry registers and removes process sets; *plan.Table is one.
 type setRegistry interface {
+	Size() int // the number of global ranks
 	AddProcessSet(id int32, ranks []int) error
 	RemoveProcessSet(id int32) ([]plan.Aborted, error)
 }
@@ -149,7 +151,7 @@ func (c *localCoord) next() []plan.Response { return c.t.Ready() }
 
 func (c *localCoord) stalls(now, olderThan int64) []plan.Stall { return c.t.Stalls(now, olderThan) }
 
-func (c *localCoord) processSets() setRegistry { return c.t }
+func (c *localCoord) setRequest(r psReq) { c.j.settleLocal(r, c.t) }
 
 func (c *localCoord) abort(ipcpb.Code, string, bool)   {}
 func (c *localCoord) flush()                           {}

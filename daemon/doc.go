@@ -34,7 +34,8 @@
 // (multinode_job.go) forwards them to the coordinator's table and runs the
 // plans it sends, in order, on every node. Both share the job's membership
 // (every node's slot count, this node, an epoch) and reach the loop only
-// through loopHooks.
+// through loopHooks. Process set rounds (procset.go) are decided where the
+// table is and, across nodes, travel in the plans.
 //
 // The executor reduces, copies or scatters directly between the clients'
 // shared-memory buffers (in place for allreduce and broadcast; into

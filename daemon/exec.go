@@ -19,7 +19,8 @@ import (
 type work struct {
 	resp plan.Response
 	j    *job
-	b    backends.Backend // the job's cross-node engine; nil on one node
+	b    backends.Backend // the job's cross-node engine; nil on one node (or for a set on one node)
+	view setView          // across nodes: how the response's set lies over the nodes
 	tl   *timeline.Writer // the timeline to write the work's phases to; nil when off
 	size int
 	ops  [][]*op
@@ -45,6 +46,11 @@ type executor struct {
 	traceEnds int
 	// ph: the phases of the response running across nodes.
 	ph phases
+	// groups are the engine groups of process sets that lie on some of
+	// the nodes (backends.Grouper), by their nodes, for groupsOf, the
+	// engine of the job that asked for them last.
+	groups   map[string]backends.Backend
+	groupsOf backends.Backend
 }
 
 func newExecutor(s *Server, p *poller) *executor {

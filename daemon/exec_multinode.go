@@ -28,10 +28,15 @@ func (x *executor) fusion(n int) []byte {
 // loop).
 func (x *executor) executeMulti(w work) {
 	r := &w.resp
-	b := w.b
 	ctx := context.Background()
-	var err error
-	var dones [][]*ipcpb.Done // per tensor, per global rank (nil = plain OK)
+	b, err := x.engineFor(w)
+	if err != nil {
+		d := &ipcpb.Done{Code: ipcpb.Code_CODE_UNIMPLEMENTED, Error: err.Error()}
+		finishRows(w.ops, d)
+		x.p.post(msgExecErr{j: w.j, err: err})
+		return
+	}
+	var dones [][]*ipcpb.Done // per tensor, per row (nil = plain OK)
 	// The phases nest in the response's top-level phase (execute), on the
 	// node that writes the timeline: the local step through shared memory
 	// (SHM_<OP>), the engine's transfer (crossNode), the write-back.
@@ -80,6 +85,35 @@ func (x *executor) executeMulti(w work) {
 			o.finish(d)
 		}
 	}
+}
+
+// engineFor returns the engine that runs w: the job's, or for a process
+// set whose members live on some of the nodes only, the engine's group of
+// those nodes, made on its first use (in plan order on every member node,
+// as backends.Grouper asks) and kept while the job's engine is the same.
+func (x *executor) engineFor(w work) (backends.Backend, error) {
+	nodes := w.view.nodes
+	if len(nodes) == w.b.Size() {
+		return w.b, nil
+	}
+	gr, ok := w.b.(backends.Grouper)
+	if !ok {
+		return nil, fmt.Errorf("process set %d lies on nodes %v of %d, and the %s engine cannot run a collective over some of its nodes only: use a set whose ranks span every node, or another --backend",
+			w.resp.ProcessSet, nodes, w.b.Size(), w.b.Name())
+	}
+	if x.groupsOf != w.b {
+		x.groupsOf, x.groups = w.b, make(map[string]backends.Backend)
+	}
+	key := fmt.Sprint(nodes)
+	if g := x.groups[key]; g != nil {
+		return g, nil
+	}
+	g, err := gr.Group(nodes)
+	if err != nil {
+		return nil, fmt.Errorf("engine group of nodes %v (process set %d): %w", nodes, w.resp.ProcessSet, err)
+	}
+	x.groups[key] = g
+	return g, nil
 }
 
 // localBufs returns the non-empty buffers of a row's ops (the local ranks
@@ -175,7 +209,7 @@ func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w wor
 // buffer.
 func (x *executor) adasumMulti(ctx context.Context, b backends.Backend, w work) error {
 	r := &w.resp
-	mb := w.j.members
+	mb := w.view.rows
 	nn := len(r.Tensors)
 	sizes := make([]int, nn) // bytes of tensor i
 	row := 0                 // bytes of every tensor once
@@ -272,7 +306,7 @@ func (x *executor) adasumIn(n int) []byte {
 
 func (x *executor) broadcastMulti(ctx context.Context, b backends.Backend, w work) error {
 	r := &w.resp
-	rootNode := w.j.members.nodeOf(r.Root)
+	rootNode := w.view.rows.nodeOf(r.Root)
 	for i := range r.Tensors {
 		row := w.ops[i]
 		// The root's own buffer travels as is; elsewhere one local buffer
@@ -313,7 +347,7 @@ func (x *executor) broadcastMulti(ctx context.Context, b backends.Backend, w wor
 
 func (x *executor) allgatherMulti(ctx context.Context, b backends.Backend, w work) ([][]*ipcpb.Done, error) {
 	r := &w.resp
-	mb := w.j.members
+	mb := w.view.rows
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	for i, t := range r.Tensors {
 		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
@@ -382,7 +416,7 @@ func (x *executor) outputs(row []*op, fill func(rank int, dst []byte), size func
 
 func (x *executor) alltoallMulti(ctx context.Context, b backends.Backend, w work) ([][]*ipcpb.Done, error) {
 	r := &w.resp
-	mb := w.j.members
+	mb := w.view.rows
 	nn := mb.nodes()
 	myLo, myHi := mb.nodeRanks(mb.node)
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
@@ -480,7 +514,7 @@ func (x *executor) alltoallMulti(ctx context.Context, b backends.Backend, w work
 
 func (x *executor) reducescatterMulti(ctx context.Context, b backends.Backend, w work) ([][]*ipcpb.Done, error) {
 	r := &w.resp
-	mb := w.j.members
+	mb := w.view.rows
 	op, pre, post := scales(r, w.size)
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	for i, t := range r.Tensors {

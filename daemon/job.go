@@ -65,10 +65,11 @@ type job struct {
 	failedAt  time.Time
 	survivors []survivor // ranks that closed with Goodbye
 
-	barriers map[int32][]int // per process set, per global rank: barriers submitted so far
-	psq      [][]psReq       // per local rank: set requests waiting for the others
-	sets     map[int32][]int // registered process sets other than 0: members
-	nextSet  int32           // the last process set id given out
+	barriers map[int32][]int   // per process set, per global rank: barriers submitted so far
+	psq      [][]psReq         // per global rank: set requests waiting for the others (procset.go)
+	sets     map[int32][]int   // registered process sets other than 0: members
+	nextSet  int32             // the last process set id given out
+	views    map[int32]setView // how sets lie over the nodes, as the executor asks
 	// globalRows maps the executor's row index for the global set (the
 	// global rank) to the local rank there, or -1 for another node's.
 	globalRows []int

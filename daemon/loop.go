@@ -14,6 +14,7 @@ import (
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/plan"
+	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/ipc"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/tensor"
@@ -592,7 +593,9 @@ func (l *loop) fail(j *job, code ipcpb.Code, msg string) {
 	}
 	for i, q := range j.psq {
 		for _, r := range q {
-			r.c.reply(r.id, j.failed)
+			if r.c != nil {
+				r.c.reply(r.id, j.failed)
+			}
 		}
 		j.psq[i] = nil
 	}
@@ -618,9 +621,6 @@ func (l *loop) enqueue(o *op) {
 		return
 	case j.failed != nil:
 		o.finish(j.failed)
-		return
-	case o.req.ProcessSet != 0 && j.coord.processSets() == nil:
-		o.finish(&ipcpb.Done{Code: ipcpb.Code_CODE_UNIMPLEMENTED, Error: fmt.Sprintf("tensor %q: process sets across several nodes are not supported yet; on one node they are", o.name)})
 		return
 	}
 	o.req.Rank = c.rank
@@ -711,6 +711,24 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 		}
 		rows, root := j.rowRanks(r.ProcessSet, r.Root)
 		w := work{resp: r, j: j, b: b, size: len(rows), ops: make([][]*op, len(names))}
+		if b != nil {
+			// Across nodes a process set runs on the nodes of its members.
+			w.view = j.view(r.ProcessSet)
+			switch {
+			case w.view.rows.node < 0:
+				// No member here: the other nodes run it without this one.
+				if l.tl != nil {
+					l.tl.responded(&r)
+					if r.Err == nil {
+						traceAll(l.tl.w, &r, timeline.End, "")
+					}
+				}
+				continue
+			case len(w.view.nodes) == 1:
+				// Every member is here: it runs as on one node.
+				w.b = nil
+			}
+		}
 		if l.tl != nil {
 			l.tl.responded(&r)
 			w.tl = l.tl.w

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"fmt"
+	"slices"
 
 	"google.golang.org/protobuf/proto"
 
@@ -37,7 +38,9 @@ type multiCoord struct {
 	links  map[int]*cluster.Link            // by place: coordinator: every other node; else {0: coordinator}
 	byes   map[int]bool                     // coordinator: nodes whose job ended normally
 	count  map[setName]int                  // follower: local submissions per tensor
-	joined int                              // follower: local ranks joined
+	joined map[int]bool                     // follower: local ranks joined (global ranks)
+	setOut []*clusterpb.SetRequest          // follower: set requests to forward
+	sets   []*clusterpb.SetChange           // coordinator: set rounds decided, for the next plan
 	out    [][]*clusterpb.Request           // follower: groups of requests to forward
 	outKey []setName                        // the tensor of each group (zero value: a join)
 	sent   map[setName]*cacheEntry          // follower: what was forwarded before
@@ -76,8 +79,74 @@ func (mc *multiCoord) coordinator() bool { return mc.n.leads() }
 
 func (mc *multiCoord) engine() backends.Backend { return mc.b }
 
-// processSets: not across nodes yet.
-func (mc *multiCoord) processSets() setRegistry { return nil }
+// setRequest takes a local rank's set request (coordination): the
+// coordinator decides the rounds it completes at once (its table spans
+// every rank) and sends the decisions in its next plan; a follower queues
+// it until a plan brings its round's decision, and forwards it.
+func (mc *multiCoord) setRequest(r psReq) {
+	j := mc.j
+	if mc.coordinator() {
+		mc.decided(j.settleLocal(r, mc.table))
+		return
+	}
+	if j.psq == nil {
+		j.psq = make([][]psReq, j.members.size)
+	}
+	j.psq[r.rank] = append(j.psq[r.rank], r)
+	mc.setOut = append(mc.setOut, &clusterpb.SetRequest{Rank: int32(r.rank), Add: r.add, Ranks: ints32(r.ranks), ProcessSet: r.set})
+}
+
+// decided queues set decisions for the coordinator's next plan.
+func (mc *multiCoord) decided(chs []setChange) {
+	for _, ch := range chs {
+		mc.sets = append(mc.sets, &clusterpb.SetChange{Add: ch.add, ProcessSet: ch.set, Ranks: ints32(ch.ranks), Error: ch.err})
+	}
+}
+
+// applySets applies the set decisions of a plan on a follower, before its
+// responses: each answers the request of every local rank at the front of
+// its queue.
+func (mc *multiCoord) applySets(chs []*clusterpb.SetChange) error {
+	j := mc.j
+	for _, pc := range chs {
+		var local []psReq
+		for lr := range j.slots {
+			rank := j.members.offset + lr
+			if j.psq == nil || len(j.psq[rank]) == 0 {
+				return fmt.Errorf("the coordinator decided a process set round that rank %d has not reached", rank)
+			}
+			local = append(local, j.psq[rank][0])
+			j.psq[rank] = j.psq[rank][1:]
+		}
+		ch := setChange{add: pc.GetAdd(), set: pc.GetProcessSet(), ranks: ints(pc.GetRanks()), err: pc.GetError()}
+		j.applySet(ch, local)
+		if !ch.add && ch.err == "" {
+			for sn := range mc.count {
+				if sn.set == ch.set {
+					delete(mc.count, sn)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// localNeed is the number of this node's ranks that must submit a tensor
+// of set before it is forwarded: its local members that have not joined.
+func (mc *multiCoord) localNeed(set int32) int {
+	j := mc.j
+	n := 0
+	for lr := range j.slots {
+		rank := j.members.offset + lr
+		if mc.joined[rank] {
+			continue
+		}
+		if set == 0 || slices.Contains(j.sets[set], rank) {
+			n++
+		}
+	}
+	return n
+}
 
 func (mc *multiCoord) stalls(now, olderThan int64) []plan.Stall {
 	if mc.table == nil {
@@ -180,6 +249,15 @@ func (mc *multiCoord) ready(node int, rd *clusterpb.Ready) error {
 		}
 		mc.hooks.traceSubmitted(&r)
 	}
+	// (The job may not have started here yet: the node's ranks were
+	// welcomed first.)
+	for _, sr := range rd.GetSetRequests() {
+		rank := int(sr.GetRank())
+		if rank < 0 || rank >= mc.table.Size() {
+			return fmt.Errorf("node %d sent a process set request for rank %d of %d", node, rank, mc.table.Size())
+		}
+		mc.decided(mc.j.settleLocal(psReq{rank: rank, add: sr.GetAdd(), ranks: ints(sr.GetRanks()), set: sr.GetProcessSet()}, mc.table))
+	}
 	return nil
 }
 
@@ -217,15 +295,33 @@ func (mc *multiCoord) submit(o *op) *ipcpb.Done {
 			"Requested to %s a tensor with the same name as another tensor that is currently being processed (%q). If you want to request another tensor, use a different tensor name.",
 			o.typ.Lower(), o.name)}
 	}
+	if set := o.req.ProcessSet; set != 0 && o.typ != tensor.Join {
+		// The coordinator's table would refuse it; say so here, as on
+		// one node.
+		members, ok := j.sets[set]
+		var err error
+		switch {
+		case !ok:
+			err = plan.UnknownSetError(o.typ, set)
+		case !slices.Contains(members, o.req.Rank):
+			err = plan.NotMemberError(o.typ, o.req.Rank, set)
+		}
+		if err != nil {
+			return &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: err.Error()}
+		}
+	}
 	j.pending[k] = o
 	mn := mc
 	if o.typ == tensor.Join {
-		mn.joined++
+		if mn.joined == nil {
+			mn.joined = make(map[int]bool)
+		}
+		mn.joined[o.req.Rank] = true
 		mn.out = append(mn.out, []*clusterpb.Request{requestToPB(&o.req)})
 		mn.outKey = append(mn.outKey, setName{})
 		// Tensors the remaining local ranks have all submitted are ready now.
 		for sn, n := range mn.count {
-			if n >= len(j.slots)-mn.joined {
+			if n >= mc.localNeed(sn.set) {
 				mc.forward(sn)
 			}
 		}
@@ -233,7 +329,7 @@ func (mc *multiCoord) submit(o *op) *ipcpb.Done {
 	}
 	sn := setName{o.req.ProcessSet, o.req.Name}
 	mn.count[sn]++
-	if mn.count[sn] >= len(j.slots)-mn.joined {
+	if mn.count[sn] >= mc.localNeed(sn.set) {
 		mc.forward(sn)
 	}
 	return nil
@@ -258,11 +354,12 @@ func (mc *multiCoord) forward(sn setName) {
 // bit of the cache vector; others travel whole and (re)fill a cache slot.
 func (mc *multiCoord) flush() {
 	j := mc.j
-	if len(mc.out) == 0 || j.failed != nil {
+	if len(mc.out) == 0 && len(mc.setOut) == 0 || j.failed != nil {
 		return
 	}
 	mn := mc
-	rd := &clusterpb.Ready{}
+	rd := &clusterpb.Ready{SetRequests: mc.setOut}
+	mc.setOut = nil
 	for i, group := range mn.out {
 		sn := mn.outKey[i]
 		if sn == (setName{}) {
@@ -326,11 +423,15 @@ func (mc *multiCoord) next() []plan.Response {
 			return nil
 		}
 		resps := mc.table.Ready()
-		if len(resps) == 0 {
+		if len(resps) == 0 && len(mc.sets) == 0 {
 			return nil
 		}
 		mc.seq++
-		pm := &clusterpb.Plan{Seq: mc.seq}
+		pm := &clusterpb.Plan{Seq: mc.seq, Sets: mc.sets}
+		mc.sets = nil
+		if resps == nil {
+			resps = []plan.Response{} // set decisions only: nothing to run
+		}
 		for i := range resps {
 			pm.Responses = append(pm.Responses, responseToPB(&resps[i]))
 		}
@@ -358,13 +459,17 @@ func (mc *multiCoord) next() []plan.Response {
 		mc.hooks.abort(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("plan %d arrived where %d was due", pm.GetSeq(), mc.seq), true)
 		return nil
 	}
+	if err := mc.applySets(pm.GetSets()); err != nil {
+		mc.hooks.abort(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("plan %d: %v", pm.GetSeq(), err), true)
+		return nil
+	}
 	resps := make([]plan.Response, 0, len(pm.GetResponses()))
 	for _, pr := range pm.GetResponses() {
 		resps = append(resps, responseFromPB(pr))
 	}
 	for _, r := range resps {
 		if r.Op == tensor.Join {
-			mc.joined = 0
+			clear(mc.joined)
 		}
 	}
 	return resps

@@ -96,6 +96,11 @@ func Run(t *testing.T, newGroup func(t *testing.T, size int) []backends.Backend)
 		}
 	})
 	t.Run("Cancel", func(t *testing.T) { testCancel(t, newGroup) })
+	t.Run("Groups", func(t *testing.T) {
+		for _, size := range []int{3, 4, 5} {
+			t.Run(fmt.Sprintf("n=%d", size), func(t *testing.T) { testGroups(t, newGroup, size) })
+		}
+	})
 }
 
 // group builds a group and registers its Close.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -158,11 +159,91 @@ type Backend struct {
 	level      threadLevel
 	work       chan func()
 
+	// ranks are a group's members as ranks of the Backend that made it
+	// (Group); nil for a Backend from New.
+	ranks []int
+
 	mu     sync.Mutex
-	busy   bool  // a collective is running
-	closed bool  // Close was called
-	freed  bool  // the communicator is freed
-	err    error // the failure every later call returns
+	busy   bool                // a collective is running
+	closed bool                // Close was called
+	freed  bool                // the communicator is freed
+	err    error               // the failure every later call returns
+	groups map[string]*Backend // the groups made by Group, closed with b
+}
+
+var _ backends.Grouper = (*Backend)(nil)
+
+// groupTag is the tag of MPI_Comm_create_group: members create their
+// groups one at a time, in the order of the collectives they share, so one
+// tag serves them all.
+const groupTag = 0x4856
+
+// Group returns the Backend of a group of b's ranks (backends.Grouper):
+// a communicator made by MPI_Comm_create_group, which every member calls
+// and no other rank does, at the same point of the collectives the members
+// share. Group needs MPI_THREAD_MULTIPLE: the call blocks until every
+// member has made it, and below that level it would hold the process's MPI
+// lock (or main thread) meanwhile, which the MPI control links need. The
+// same ranks give the same Backend; closing b closes its groups.
+func (b *Backend) Group(ranks []int) (backends.Backend, error) {
+	me := -1
+	for i, r := range ranks {
+		if r < 0 || r >= b.size || i > 0 && r <= ranks[i-1] {
+			return nil, fmt.Errorf("mpi: group %v: ranks must be ascending and in [0, %d)", ranks, b.size)
+		}
+		if r == b.rank {
+			me = i
+		}
+	}
+	if me < 0 {
+		return nil, fmt.Errorf("mpi: group %v does not hold this rank (%d)", ranks, b.rank)
+	}
+	key := fmt.Sprint(ranks)
+	b.mu.Lock()
+	g := b.groups[key]
+	b.mu.Unlock()
+	if g != nil {
+		return g, nil
+	}
+	if b.level != levelMultiple {
+		return nil, fmt.Errorf("mpi: a group of ranks %v needs MPI_THREAD_MULTIPLE; this MPI provides %v", ranks, b.level)
+	}
+	if err := b.begin(context.Background(), "Group"); err != nil {
+		return nil, err
+	}
+	var c comm
+	var rank int
+	rc := 0
+	b.exec(func() { c, rank, rc = b.comm.group(ints32(ranks), groupTag) })
+	if err := b.end(b.mpiErr("MPI_Comm_create_group", rc)); err != nil {
+		return nil, err
+	}
+	g = &Backend{comm: c, rank: rank, size: len(ranks), level: b.level, work: b.work, ranks: slices.Clone(ranks)}
+	if b.ranks != nil {
+		for i, r := range g.ranks {
+			g.ranks[i] = b.ranks[r]
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		g.closed = true
+		g.freeLocked()
+		return nil, fmt.Errorf("mpi: Group: %w", backends.ErrClosed)
+	}
+	if b.groups == nil {
+		b.groups = make(map[string]*Backend)
+	}
+	b.groups[key] = g
+	return g, nil
+}
+
+func ints32(v []int) []int32 {
+	out := make([]int32, len(v))
+	for i, x := range v {
+		out[i] = int32(x)
+	}
+	return out
 }
 
 // New initialises MPI if needed and returns a backend on a private
@@ -277,6 +358,9 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.closed = true
+	for _, g := range b.groups {
+		g.Close()
+	}
 	if b.busy {
 		return nil
 	}
@@ -311,6 +395,9 @@ func (b *Backend) mpiErr(call string, rc int) error {
 	}
 	err := fmt.Errorf("mpi: %s: %w", call, newError(rc))
 	if r := b.comm.failedRank(rc); r >= 0 {
+		if b.ranks != nil {
+			r = b.ranks[r] // a group's rank, named in the world's
+		}
 		return &backends.PeerError{Rank: r, Err: err}
 	}
 	return err

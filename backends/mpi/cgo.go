@@ -266,6 +266,22 @@ static int hv_dup_world(MPI_Comm *out, int *rank, int *size) {
 
 static int hv_comm_free(MPI_Comm *c) { return MPI_Comm_free(c); }
 
+// hv_comm_group makes the communicator of n ranks of parent
+// (MPI_Comm_create_group: collective over those ranks only).
+static int hv_comm_group(MPI_Comm parent, int n, int *ranks, int tag, MPI_Comm *out, int *rank) {
+	MPI_Group pg, g;
+	int rc;
+	if ((rc = MPI_Comm_group(parent, &pg))) return rc;
+	rc = MPI_Group_incl(pg, n, ranks, &g);
+	MPI_Group_free(&pg);
+	if (rc) return rc;
+	rc = MPI_Comm_create_group(parent, g, tag, out);
+	MPI_Group_free(&g);
+	if (rc) return rc;
+	if ((rc = MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN))) return rc;
+	return MPI_Comm_rank(*out, rank);
+}
+
 // ---- collectives ----
 
 static int hv_allreduce(MPI_Comm c, void *buf, int count, int dt, int op, MPI_Request *req) {
@@ -481,6 +497,14 @@ func cDupWorld() (c comm, rank, size int, rc int) {
 }
 
 func (c *comm) free() int { return int(C.hv_comm_free(&c.c)) }
+
+// group makes the communicator of ranks of c (MPI_Comm_create_group) and
+// returns it with this rank's place in it.
+func (c comm) group(ranks []int32, tag int) (g comm, rank int, rc int) {
+	var r C.int
+	rc = int(C.hv_comm_group(c.c, C.int(len(ranks)), ints(ranks), C.int(tag), &g.c, &r))
+	return g, int(r), rc
+}
 
 func (c comm) allreduce(buf unsafe.Pointer, count int, dt, op int, req *request) int {
 	return int(C.hv_allreduce(c.c, buf, C.int(count), C.int(dt), C.int(op), reqPtr(req)))

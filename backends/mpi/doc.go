@@ -60,6 +60,15 @@
 // to never complete). If MPI was initialised before New by someone else,
 // New requires at least MPI_THREAD_SERIALIZED.
 //
+// # Groups
+//
+// Group (backends.Grouper) makes a communicator of some of the ranks with
+// MPI_Comm_create_group, which only those ranks call, at the same point of
+// the collectives they share; it needs MPI_THREAD_MULTIPLE (below it the
+// blocking call would hold the process's MPI lock). Close frees the groups
+// with their parent, and a failed rank a group's call reports is named by
+// its rank in the parent.
+//
 // # Cancellation and failures
 //
 // MPI collectives cannot be cancelled. Every call checks ctx before each MPI

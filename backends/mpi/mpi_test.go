@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -91,6 +92,7 @@ func rankConformance(t *testing.T) {
 	checks.alltoallv([]int{0, 1, 5, 100, 4096, 100003})
 	checks.reduceScatter([]int{0, 1, 3, 100, 5000})
 	checks.barrier()
+	checks.groups()
 	checks.concurrent(ctrl)
 
 	// The splitting and fallback paths, with MPI calls capped at 61
@@ -515,4 +517,71 @@ func TestMPIMultiHost(t *testing.T) {
 			t.Fatalf("no rank started through the agent on %s: agent log %q, output:\n%s", h, hosts, out)
 		}
 	}
+}
+
+// groups runs collectives over groups of the ranks (Group,
+// MPI_Comm_create_group): each rank walks one sequence of groups and takes
+// part in those it belongs to, the others skip them, as the daemon runs a
+// process set on its members' nodes only. Below MPI_THREAD_MULTIPLE Group
+// must refuse.
+func (c *checker) groups() {
+	b, n := c.b, c.b.Size()
+	if b.level != levelMultiple {
+		if _, err := b.Group([]int{b.Rank()}); err == nil {
+			c.t.Fatalf("Group at %v succeeded, want a refusal", b.level)
+		}
+		return
+	}
+	var evens, odds, all []int
+	for r := range n {
+		if r%2 == 0 {
+			evens = append(evens, r)
+		} else {
+			odds = append(odds, r)
+		}
+		all = append(all, r)
+	}
+	seq := [][]int{evens, odds, slices.Compact([]int{0, n - 1}), all, {n - 1}, evens, odds}
+	for pass := range 2 {
+		for i, set := range seq {
+			m := slices.Index(set, b.Rank())
+			if len(set) == 0 || m < 0 {
+				continue
+			}
+			g, err := b.Group(set)
+			c.do("Group", err)
+			if g.Rank() != m || g.Size() != len(set) {
+				c.t.Fatalf("Group(%v) is rank %d of %d, want %d of %d", set, g.Rank(), g.Size(), m, len(set))
+			}
+			x := make([]byte, 8)
+			le.PutUint64(x, uint64(b.Rank()+1))
+			c.do("group Allreduce", g.Allreduce(c.ctx(), x, tensor.Int64, tensor.Sum))
+			want := 0
+			for _, r := range set {
+				want += r + 1
+			}
+			if got := int(le.Uint64(x)); got != want {
+				c.t.Fatalf("pass %d, step %d: Allreduce over %v = %d, want %d", pass, i, set, got, want)
+			}
+			out := make([]byte, len(set))
+			c.do("group Allgatherv", g.Allgatherv(c.ctx(), []byte{byte(b.Rank())}, out, repeatInts(1, len(set))))
+			for k, r := range set {
+				if out[k] != byte(r) {
+					c.t.Fatalf("Allgatherv over %v = %v", set, out)
+				}
+			}
+			c.do("group Barrier", g.Barrier(c.ctx()))
+		}
+	}
+	if g, err := b.Group([]int{b.Rank()}); err == nil && g == nil {
+		c.t.Fatal("Group returned no Backend")
+	}
+}
+
+func repeatInts(x, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = x
+	}
+	return out
 }

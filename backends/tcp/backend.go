@@ -19,22 +19,29 @@ import (
 	"github.com/hvdd/hvdd/reduce"
 )
 
-// Backend is the tcp engine's backends.Backend for one node rank. It also
-// implements backends.StatsReporter.
+// Backend is the tcp engine's backends.Backend for one node rank, or for
+// this rank within a group of ranks (Group). It also implements
+// backends.StatsReporter and backends.Grouper.
 type Backend struct {
-	// completed counts the collectives this rank finished; an orderly bye
-	// carries it, so that a peer may finish the collective both were in.
-	completed atomic.Uint32
-	// active is the number (completed+1) of the collective in progress, 0
-	// between collectives: a peer's orderly close fails only a collective
-	// the peer never took part in (see readControl).
-	active atomic.Int64
-
-	cfg        Config
+	*engine
+	// rank and size are this rank's place in the group and the group's
+	// size; peers are the group's other ranks, by group rank (nil at
+	// rank). For the Backend New returns they are the engine's.
 	rank, size int
+	peers      []*peer
+	// sub marks a Backend that Group made; closed is set by its Close.
+	sub    bool
+	closed atomic.Bool
+}
+
+// engine is what every group of one rank shares: the connections to every
+// peer, the failure, the counters.
+type engine struct {
+	cfg        Config
+	rank, size int     // this rank in the whole engine
+	peers      []*peer // by engine rank; nil at rank
 	log        *slog.Logger
-	peers      []*peer // by rank; nil at b.rank
-	addr       string  // the advertised address
+	addr       string // the advertised address
 	// inlineMax is the largest message a small-message algorithm writes
 	// before it reads: one that surely fits the socket send buffer, so the
 	// write cannot block on the peer (see exchange).
@@ -51,6 +58,7 @@ type Backend struct {
 	ln      net.Listener
 	pending map[net.Conn]struct{} // connections in their handshake
 	refusal error                 // the last refused handshake, for New's error
+	groups  map[string]*Backend   // Group's views, by their engine ranks
 
 	failed    chan struct{} // closed when err is set
 	noBeat    chan struct{} // closed by tests to stop heartbeats
@@ -60,10 +68,11 @@ type Backend struct {
 
 var _ backends.Backend = (*Backend)(nil)
 var _ backends.StatsReporter = (*Backend)(nil)
+var _ backends.Grouper = (*Backend)(nil)
 
 // peer is one remote rank's connections and counters.
 type peer struct {
-	rank int
+	rank int // in the engine
 
 	// mu guards conns while New registers them and Close closes them; once
 	// New has returned, ctrl and data are only read.
@@ -76,8 +85,18 @@ type peer struct {
 
 	sent, recv atomic.Int64
 
-	// doneAt is how many collectives the peer had completed when it closed
-	// its backend in an orderly way, or -1 while it has not.
+	// completed counts the collectives this rank finished together with
+	// the peer (of the whole engine and of the groups holding both); an
+	// orderly bye to the peer carries it, so that the peer may finish the
+	// collective both were in. Counting per pair keeps the numbers equal
+	// on both sides when groups run collectives that other ranks skip.
+	completed atomic.Uint32
+	// active is the number (completed+1) of the collective with the peer
+	// in progress, 0 between them: the peer's orderly close fails only a
+	// collective the peer never took part in (see readControl).
+	active atomic.Int64
+	// doneAt is how many collectives the peer had completed with this rank
+	// when it closed its backend in an orderly way, or -1 while it has not.
 	doneAt atomic.Int64
 }
 
@@ -91,7 +110,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	b := &Backend{
+	e := &engine{
 		cfg:         cfg,
 		rank:        cfg.Rank,
 		size:        cfg.Size,
@@ -104,6 +123,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		failed:      make(chan struct{}),
 		noBeat:      make(chan struct{}),
 	}
+	b := &Backend{engine: e, rank: e.rank, size: e.size, peers: e.peers}
 	if b.size == 1 {
 		return b, nil
 	}
@@ -120,13 +140,13 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	return b, nil
 }
 
-func (b *Backend) key(rank int) string {
+func (b *engine) key(rank int) string {
 	return b.cfg.Prefix + "/tcp/addr/" + strconv.Itoa(rank)
 }
 
 // connect listens, publishes the address, dials the higher ranks and accepts
 // the lower ones: Streams+1 connections per pair, each authenticated.
-func (b *Backend) connect(ctx context.Context) error {
+func (b *engine) connect(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.ConnectTimeout)
 	defer cancel()
 
@@ -188,7 +208,7 @@ func (b *Backend) connect(ctx context.Context) error {
 }
 
 // dialHigher opens the connections to every higher rank.
-func (b *Backend) dialHigher(ctx context.Context) error {
+func (b *engine) dialHigher(ctx context.Context) error {
 	if b.rank == b.size-1 {
 		return nil
 	}
@@ -250,7 +270,7 @@ func dialRetry(ctx context.Context, d *net.Dialer, addr string) (net.Conn, error
 // accept runs the server side of the handshake for every incoming
 // connection until the listener closes. Refused connections are logged and
 // dropped: a stray client must not stop a job from forming.
-func (b *Backend) accept(ln net.Listener, accepted chan<- struct{}) {
+func (b *engine) accept(ln net.Listener, accepted chan<- struct{}) {
 	defer b.wg.Done()
 	sh := b.shake()
 	for {
@@ -292,7 +312,7 @@ func (b *Backend) accept(ln net.Listener, accepted chan<- struct{}) {
 
 // register installs an authenticated connection; stream 0 is the control
 // connection, whose reader starts here. It reports whether c was new.
-func (b *Backend) register(rank, stream int, c net.Conn) bool {
+func (b *engine) register(rank, stream int, c net.Conn) bool {
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 		if n := b.cfg.SocketBuffer; n > 0 && stream > 0 {
@@ -325,7 +345,7 @@ func (b *Backend) register(rank, stream int, c net.Conn) bool {
 // sendBufferFloor returns a quarter of the smallest SO_SNDBUF of the data
 // connections: Linux reports twice the requested size and charges skb
 // overhead against it, so a write of that many bytes always fits.
-func (b *Backend) sendBufferFloor() int {
+func (b *engine) sendBufferFloor() int {
 	floor := 1 << 30
 	for _, p := range b.peers {
 		if p == nil {
@@ -364,11 +384,11 @@ func (b *Backend) Rank() int { return b.rank }
 func (b *Backend) Size() int { return b.size }
 
 // Addr returns the address peers dial (empty for a group of one).
-func (b *Backend) Addr() string { return b.addr }
+func (b *engine) Addr() string { return b.addr }
 
 // Stats returns the payload bytes exchanged with each rank so far (control
 // and handshake bytes are not counted).
-func (b *Backend) Stats() backends.Stats {
+func (b *engine) Stats() backends.Stats {
 	s := backends.Stats{SentBytes: make([]int64, b.size), RecvBytes: make([]int64, b.size)}
 	for r, p := range b.peers {
 		if p != nil {
@@ -380,8 +400,19 @@ func (b *Backend) Stats() backends.Stats {
 
 // Close says goodbye to the peers (so they fail with a PeerError naming this
 // rank at once) and closes every connection; blocked calls return
-// backends.ErrClosed. Close is idempotent and always returns nil.
+// backends.ErrClosed, in the groups too. On a Backend that Group made, Close
+// only makes that Backend refuse later calls. Close is idempotent and always
+// returns nil.
 func (b *Backend) Close() error {
+	if b.sub {
+		b.closed.Store(true)
+		return nil
+	}
+	b.engine.close()
+	return nil
+}
+
+func (b *engine) close() {
 	b.closeOnce.Do(func() {
 		b.fail(backends.ErrClosed)
 		b.mu.Lock()
@@ -399,11 +430,10 @@ func (b *Backend) Close() error {
 		}
 		b.wg.Wait()
 	})
-	return nil
 }
 
 // failure returns the error the backend failed with, or nil.
-func (b *Backend) failure() error {
+func (b *engine) failure() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.err
@@ -413,7 +443,7 @@ func (b *Backend) failure() error {
 // tells every peer (a bye naming the reason), and closes the data
 // connections so that blocked transfers return. It returns the recorded
 // failure.
-func (b *Backend) fail(err error) error {
+func (b *engine) fail(err error) error {
 	b.mu.Lock()
 	if b.err != nil {
 		err = b.err
@@ -430,10 +460,9 @@ func (b *Backend) fail(err error) error {
 	default:
 		b.log.Warn("backend failed", "err", err)
 	}
-	bye := b.byeFor(err).marshal()
 	for _, p := range b.peers {
 		if p != nil {
-			p.sendCtrl(bye, 500*time.Millisecond)
+			p.sendCtrl(b.byeFor(err, p).marshal(), 500*time.Millisecond)
 		}
 	}
 	for _, p := range b.peers {
@@ -449,7 +478,7 @@ func (b *Backend) fail(err error) error {
 // socket that breaks first may be a survivor's. The control connections can:
 // a dead rank's breaks at once, and a survivor's bye names the rank it lost.
 // So linkErr gives them verdictWait to decide before blaming rank itself.
-func (b *Backend) linkErr(rank int, err error) error {
+func (b *engine) linkErr(rank int, err error) error {
 	if e := b.failure(); e != nil {
 		return e
 	}
@@ -498,7 +527,7 @@ func (p *peer) closeAll() {
 
 // kill closes every connection without a bye, as a crashed process would
 // (tests only).
-func (b *Backend) kill() {
+func (b *engine) kill() {
 	b.mu.Lock()
 	if b.err == nil {
 		b.err = errors.New("killed")
@@ -512,13 +541,17 @@ func (b *Backend) kill() {
 	}
 }
 
-// do runs one collective: it refuses calls on a failed backend, makes ctx
-// cancellation abort the transfers, and turns any error into the backend's
-// (first) failure. A collective that stops half way leaves the byte streams
-// out of step, so every failure, cancellation included, is final.
+// do runs one collective of the group: it refuses calls on a failed or
+// closed backend, makes ctx cancellation abort the transfers, and turns any
+// error into the engine's (first) failure. A collective that stops half way
+// leaves the byte streams out of step, so every failure, cancellation
+// included, is final, for the whole engine.
 func (b *Backend) do(ctx context.Context, name string, f func() error) error {
 	if err := b.failure(); err != nil {
 		return fmt.Errorf("tcp: %s: %w", name, err)
+	}
+	if b.closed.Load() {
+		return fmt.Errorf("tcp: %s: %w", name, backends.ErrClosed)
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("tcp: %s: %w", name, err)
@@ -526,16 +559,25 @@ func (b *Backend) do(ctx context.Context, name string, f func() error) error {
 	if b.size == 1 {
 		return f()
 	}
-	// A peer that closed after finishing k collectives takes part in none
-	// after the k-th. active is published before doneAt is read, and
-	// readControl stores doneAt before it reads active: one of the two sees
-	// the other (both are sequentially consistent atomics).
-	next := int64(b.completed.Load()) + 1
-	b.active.Store(next)
-	defer b.active.Store(0)
+	// A peer that closed after finishing k collectives with us takes part
+	// in none after the k-th. active is published before doneAt is read,
+	// and readControl stores doneAt before it reads active: one of the two
+	// sees the other (both are sequentially consistent atomics).
 	for _, p := range b.peers {
 		if p != nil {
-			if at := p.doneAt.Load(); at >= 0 && next > at {
+			p.active.Store(int64(p.completed.Load()) + 1)
+		}
+	}
+	defer func() {
+		for _, p := range b.peers {
+			if p != nil {
+				p.active.Store(0)
+			}
+		}
+	}()
+	for _, p := range b.peers {
+		if p != nil {
+			if at := p.doneAt.Load(); at >= 0 && p.active.Load() > at {
 				return fmt.Errorf("tcp: %s: %w", name, b.fail(&backends.PeerError{Rank: p.rank, Err: errPeerClosed}))
 			}
 		}
@@ -548,8 +590,56 @@ func (b *Backend) do(ctx context.Context, name string, f func() error) error {
 	if err != nil {
 		return fmt.Errorf("tcp: %s: %w", name, b.fail(err))
 	}
-	b.completed.Add(1)
+	for _, p := range b.peers {
+		if p != nil {
+			p.completed.Add(1)
+		}
+	}
 	return nil
+}
+
+// Group returns the Backend of the group of ranks (backends.Grouper):
+// ranks of b, ascending, b's own among them. It costs no communication: the
+// group uses the engine's connections to its members, in the order of the
+// collectives that the members share, so its members need not call Group
+// at the same moment; the same ranks give the same Backend.
+func (b *Backend) Group(ranks []int) (backends.Backend, error) {
+	me := -1
+	for i, r := range ranks {
+		if r < 0 || r >= b.size || i > 0 && r <= ranks[i-1] {
+			return nil, fmt.Errorf("tcp: group %v: ranks must be ascending and in [0, %d)", ranks, b.size)
+		}
+		if r == b.rank {
+			me = i
+		}
+	}
+	if me < 0 {
+		return nil, fmt.Errorf("tcp: group %v does not hold this rank (%d)", ranks, b.rank)
+	}
+	peers := make([]*peer, len(ranks))
+	for i, r := range ranks {
+		peers[i] = b.peers[r]
+	}
+	key := make([]byte, 0, 4*len(ranks))
+	for _, p := range peers {
+		if p == nil {
+			key = strconv.AppendInt(key, int64(b.engine.rank), 10)
+		} else {
+			key = strconv.AppendInt(key, int64(p.rank), 10)
+		}
+		key = append(key, ',')
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if g := b.groups[string(key)]; g != nil && !g.closed.Load() {
+		return g, nil
+	}
+	if b.groups == nil {
+		b.groups = make(map[string]*Backend)
+	}
+	g := &Backend{engine: b.engine, rank: me, size: len(ranks), peers: peers, sub: true}
+	b.groups[string(key)] = g
+	return g, nil
 }
 
 // send writes buf to rank's data connection on stream s.
@@ -591,7 +681,7 @@ func (b *Backend) recv(p *peer, s int, buf []byte) error {
 // calling thread sleeps in the kernel and is woken by it directly, instead of
 // the goroutine parking in Go's network poller. Between waits of at most
 // 10 ms it checks whether the backend has failed (a peer lost, Close).
-func (b *Backend) recvPoll(c net.Conn, buf []byte) error {
+func (b *engine) recvPoll(c net.Conn, buf []byte) error {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		_, err := io.ReadFull(c, buf)
@@ -656,7 +746,7 @@ func (b *Backend) exchange(to *peer, out []byte, from *peer, in []byte, s int) e
 }
 
 // getBuf returns a scratch buffer of n bytes; putBuf gives it back.
-func (b *Backend) getBuf(n int) *[]byte {
+func (b *engine) getBuf(n int) *[]byte {
 	p, _ := b.bufs.Get().(*[]byte)
 	if p == nil || cap(*p) < n {
 		s := make([]byte, n)
@@ -666,4 +756,4 @@ func (b *Backend) getBuf(n int) *[]byte {
 	return p
 }
 
-func (b *Backend) putBuf(p *[]byte) { b.bufs.Put(p) }
+func (b *engine) putBuf(p *[]byte) { b.bufs.Put(p) }

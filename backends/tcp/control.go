@@ -72,13 +72,13 @@ func parseCtrl(f []byte) (ctrlMsg, error) {
 // errDropped marks the failure of a rank that a peer declared lost.
 var errDropped = errors.New("a peer declared this rank lost")
 
-// byeFor is the bye this rank sends when it fails with err.
-func (b *Backend) byeFor(err error) ctrlMsg {
+// byeFor is the bye this rank sends to p when it fails with err.
+func (b *engine) byeFor(err error, p *peer) ctrlMsg {
 	var pe *backends.PeerError
 	switch {
 	case errors.Is(err, backends.ErrClosed):
-		// The count of finished collectives rides in the rank field.
-		return ctrlMsg{kind: ctrlBye, reason: byeClosed, rank: int(int32(b.completed.Load()))}
+		// The count of collectives finished with p rides in the rank field.
+		return ctrlMsg{kind: ctrlBye, reason: byeClosed, rank: int(int32(p.completed.Load()))}
 	case errors.Is(err, errDropped):
 		// The group gave up on us (a hung or partitioned rank); we must
 		// not pass our view of who failed on as if it were news.
@@ -90,7 +90,7 @@ func (b *Backend) byeFor(err error) ctrlMsg {
 }
 
 // byeError turns a bye from rank from into this rank's failure.
-func (b *Backend) byeError(from int, m ctrlMsg) error {
+func (b *engine) byeError(from int, m ctrlMsg) error {
 	switch {
 	case m.reason == byeLost && m.rank != b.rank && m.rank >= 0 && m.rank < b.size && m.rank != from:
 		return &backends.PeerError{Rank: m.rank, Err: fmt.Errorf("reported lost by rank %d", from)}
@@ -104,7 +104,7 @@ func (b *Backend) byeError(from int, m ctrlMsg) error {
 
 // readControl reads p's control connection until it breaks, turning
 // silence, errors and byes into the backend's failure.
-func (b *Backend) readControl(p *peer, c net.Conn) {
+func (b *engine) readControl(p *peer, c net.Conn) {
 	defer b.wg.Done()
 	var f [ctrlLen]byte
 	for {
@@ -143,7 +143,7 @@ func (b *Backend) readControl(p *peer, c net.Conn) {
 				// was lost.
 				done := int64(uint32(int32(m.rank)))
 				p.doneAt.Store(done)
-				if a := b.active.Load(); a > done {
+				if a := p.active.Load(); a > done {
 					b.fail(b.byeError(p.rank, m))
 				} else {
 					b.log.Debug("peer closed its backend", "peer", p.rank, "after", done, "our_current", a)
@@ -159,7 +159,7 @@ func (b *Backend) readControl(p *peer, c net.Conn) {
 // heartbeat sends a heartbeat to every connected peer each Config.Heartbeat
 // until the backend fails. Write errors are left to the control readers,
 // which see the same broken connection.
-func (b *Backend) heartbeat() {
+func (b *engine) heartbeat() {
 	defer b.wg.Done()
 	t := time.NewTicker(b.cfg.Heartbeat)
 	defer t.Stop()

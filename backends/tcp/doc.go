@@ -31,6 +31,16 @@
 // the call's arguments (layout.go), so no headers are needed. Reductions run
 // through reduce.Reduce and every rank ends with bit-identical results.
 //
+// # Groups
+//
+// Group gives a Backend over a subset of the ranks (backends.Grouper), for
+// the daemon's process sets whose members live on some nodes only. It uses
+// the engine's connections to its members and costs no communication; the
+// algorithms above run over the group's ranks. Every pair of ranks meets
+// the collectives it shares (of the whole group and of every subset holding
+// both) in the same order on both sides, which keeps the byte streams in
+// step, and counts them per pair for the orderly close below.
+//
 // # Failures
 //
 // Each rank heartbeats every peer on the control connections. A peer that

@@ -112,7 +112,7 @@ func TestCloseUnblocks(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- g[0].Allreduce(context.Background(), make([]byte, 1<<20), tensor.Float32, tensor.Sum) }()
 	// Close while the call is in progress (it waits for rank 1 forever).
-	if !waitFor(func() bool { return g[0].active.Load() != 0 }) {
+	if !waitFor(func() bool { return g[0].peers[1].active.Load() != 0 }) {
 		t.Fatal("the Allreduce never started")
 	}
 	g[0].Close()
@@ -183,5 +183,45 @@ func waitBye(t *testing.T, b *Backend, from int) {
 	t.Helper()
 	if !waitFor(func() bool { return b.peers[from].doneAt.Load() >= 0 }) {
 		t.Fatalf("rank %d never read rank %d's bye", b.rank, from)
+	}
+}
+
+// TestOrderlyCloseAfterGroup: collectives are counted per pair of ranks, so
+// a rank that closes after a group's collective fails nobody of the group
+// who finished it too, while a rank outside the group, which shared no
+// collective with it, fails its next one at the start, naming it.
+func TestOrderlyCloseAfterGroup(t *testing.T) {
+	g := group(t, 3, nil)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for _, b := range g[:2] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sub, err := b.Group([]int{0, 1})
+			if err == nil {
+				err = sub.Allreduce(ctx, make([]byte, 64), tensor.Float32, tensor.Sum)
+			}
+			if err != nil {
+				t.Errorf("rank %d: %v", b.rank, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := g[1].peers[0].completed.Load(); got != 1 {
+		t.Fatalf("rank 1 counts %d collectives with rank 0, want 1", got)
+	}
+	if got := g[2].peers[0].completed.Load(); got != 0 {
+		t.Fatalf("rank 2 counts %d collectives with rank 0, want 0", got)
+	}
+	g[0].Close()
+	for _, b := range g[1:] {
+		waitBye(t, b, 0)
+	}
+	if err := g[1].failure(); err != nil {
+		t.Errorf("rank 1 failed between collectives: %v", err)
+	}
+	if r, ok := backends.LostRank(g[2].Barrier(ctx)); !ok || r != 0 {
+		t.Errorf("rank 2's next collective: want a PeerError naming rank 0")
 	}
 }

@@ -182,7 +182,7 @@ type shake struct {
 	streams, chunk, small int
 }
 
-func (b *Backend) shake() shake {
+func (b *engine) shake() shake {
 	c := &b.cfg
 	return shake{c.Secret, c.Prefix, c.Size, c.Rank, c.Streams, c.ChunkBytes, c.SmallBytes}
 }

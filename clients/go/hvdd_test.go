@@ -745,10 +745,20 @@ func errorCases(ctx context.Context, c *hvdd.Client) error {
 		return err
 	}
 	if c.Size() != c.LocalSize() {
-		// Across nodes, process sets are refused as not implemented yet.
-		_, err := c.AddProcessSet(ctx, []int{0, last})
-		if e := expectErr("process set across nodes", err, hvdd.ErrUnimplemented); e != nil {
-			return e
+		// Across nodes too, a set of the first and the last rank
+		// (TestMultiNodeProcessSets runs every collective in sets).
+		ps, err := c.AddProcessSet(ctx, []int{0, last})
+		if err != nil {
+			return fmt.Errorf("process set across nodes: %w", err)
+		}
+		if ps.Rank(c) >= 0 {
+			x := []float32{1}
+			if err := hvdd.Allreduce(ctx, c, x, hvdd.WithName("in.set"), hvdd.WithOp(hvdd.Sum), hvdd.WithProcessSet(ps)); err != nil || x[0] != 2 {
+				return fmt.Errorf("allreduce in a set across nodes: %v %v", x, err)
+			}
+		}
+		if err := c.RemoveProcessSet(ctx, ps); err != nil {
+			return err
 		}
 		return good("after the process set")
 	}

@@ -62,6 +62,33 @@ func TestMPIMultiNodeAdasum(t *testing.T) {
 	}
 }
 
+// TestMPIMultiNodeProcessSets runs the process set scenarios
+// (TestMultiNodeProcessSets) on the mpi engine: sets whose members live on
+// some nodes run on a communicator of those nodes (MPI_Comm_create_group),
+// with the control links over TCP and over MPI.
+func TestMPIMultiNodeProcessSets(t *testing.T) {
+	bin := buildMPI(t)
+	for _, c := range []struct {
+		nodes, slots int
+		control      string
+	}{{2, 2, "tcp"}, {3, 1, "tcp"}, {3, 1, "mpi"}} {
+		t.Run(fmt.Sprintf("%dx%d,control=%s", c.nodes, c.slots, c.control), func(t *testing.T) {
+			sockets, _ := startMPINodes(t, bin, c.nodes, c.slots, "--control", c.control)
+			perNode := make([]int, c.nodes)
+			for i := range perNode {
+				perNode[i] = c.slots
+			}
+			for _, node := range spawnSocketsEnv(t, sockets, "setsmulti", []string{fmt.Sprint("HVDD_TEST_NODE0=", c.slots)}, perNode...) {
+				for _, w := range node {
+					if err := w.Wait(120 * time.Second); err != nil {
+						t.Errorf("rank %d: %v\n%s", w.Rank, err, w.Output())
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestMPICHMultiNodeCollectives runs the collective scenarios on daemons
 // built for MPICH (-tags 'mpi mpich') and started by its mpiexec, with the
 // control links over TCP and over MPI, and under a bare mpiexec (auto): hvdd

@@ -555,7 +555,8 @@ func (c *Client) Join(ctx context.Context) (int, error) {
 }
 
 // ProcessSet is a registered subset of the job's global ranks that
-// collectives can run over (Horovod's process sets), on one node.
+// collectives can run over (Horovod's process sets), on one node or
+// across nodes.
 type ProcessSet struct {
 	// ID is the daemon's id for the set; 0 is the whole job.
 	ID int32

@@ -356,7 +356,11 @@ type Ready struct {
 	GroupStart []int32 `protobuf:"varint,2,rep,packed,name=group_start,json=groupStart,proto3" json:"group_start,omitempty"`
 	Slot       []int32 `protobuf:"varint,3,rep,packed,name=slot,proto3" json:"slot,omitempty"`
 	// Bit k set: resubmit the requests cached in slot k.
-	Cached        []byte `protobuf:"bytes,4,opt,name=cached,proto3" json:"cached,omitempty"`
+	Cached []byte `protobuf:"bytes,4,opt,name=cached,proto3" json:"cached,omitempty"`
+	// Process set requests of the node's ranks (AddProcessSet,
+	// RemoveProcessSet), each rank's in the order it made them. The
+	// coordinator acts on them after the tensor requests above.
+	SetRequests   []*SetRequest `protobuf:"bytes,5,rep,name=set_requests,json=setRequests,proto3" json:"set_requests,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -419,6 +423,159 @@ func (x *Ready) GetCached() []byte {
 	return nil
 }
 
+func (x *Ready) GetSetRequests() []*SetRequest {
+	if x != nil {
+		return x.SetRequests
+	}
+	return nil
+}
+
+// SetRequest is one rank's AddProcessSet or RemoveProcessSet: collectives
+// over every rank of the job, which the coordinator pairs rank by rank.
+type SetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rank  int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Add   bool                   `protobuf:"varint,2,opt,name=add,proto3" json:"add,omitempty"`
+	// AddProcessSet: the members, as the rank sent them.
+	Ranks []int32 `protobuf:"varint,3,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
+	// RemoveProcessSet: the set.
+	ProcessSet    int32 `protobuf:"varint,4,opt,name=process_set,json=processSet,proto3" json:"process_set,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetRequest) Reset() {
+	*x = SetRequest{}
+	mi := &file_cluster_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetRequest) ProtoMessage() {}
+
+func (x *SetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetRequest.ProtoReflect.Descriptor instead.
+func (*SetRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SetRequest) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *SetRequest) GetAdd() bool {
+	if x != nil {
+		return x.Add
+	}
+	return false
+}
+
+func (x *SetRequest) GetRanks() []int32 {
+	if x != nil {
+		return x.Ranks
+	}
+	return nil
+}
+
+func (x *SetRequest) GetProcessSet() int32 {
+	if x != nil {
+		return x.ProcessSet
+	}
+	return 0
+}
+
+// SetChange is the coordinator's decision on one round of process set
+// requests (every rank's next one): a set registered or removed, or the
+// error that every rank's request of the round answers with.
+type SetChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Add   bool                   `protobuf:"varint,1,opt,name=add,proto3" json:"add,omitempty"`
+	// The set registered (its id) or removed.
+	ProcessSet int32 `protobuf:"varint,2,opt,name=process_set,json=processSet,proto3" json:"process_set,omitempty"`
+	// A registered set's members, ascending.
+	Ranks []int32 `protobuf:"varint,3,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
+	// Non-empty: the round failed with this text (INVALID_ARGUMENT).
+	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetChange) Reset() {
+	*x = SetChange{}
+	mi := &file_cluster_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetChange) ProtoMessage() {}
+
+func (x *SetChange) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetChange.ProtoReflect.Descriptor instead.
+func (*SetChange) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SetChange) GetAdd() bool {
+	if x != nil {
+		return x.Add
+	}
+	return false
+}
+
+func (x *SetChange) GetProcessSet() int32 {
+	if x != nil {
+		return x.ProcessSet
+	}
+	return 0
+}
+
+func (x *SetChange) GetRanks() []int32 {
+	if x != nil {
+		return x.Ranks
+	}
+	return nil
+}
+
+func (x *SetChange) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type Side struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Value         string                 `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
@@ -429,7 +586,7 @@ type Side struct {
 
 func (x *Side) Reset() {
 	*x = Side{}
-	mi := &file_cluster_proto_msgTypes[4]
+	mi := &file_cluster_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -441,7 +598,7 @@ func (x *Side) String() string {
 func (*Side) ProtoMessage() {}
 
 func (x *Side) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[4]
+	mi := &file_cluster_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -454,7 +611,7 @@ func (x *Side) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Side.ProtoReflect.Descriptor instead.
 func (*Side) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{4}
+	return file_cluster_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Side) GetValue() string {
@@ -484,7 +641,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_cluster_proto_msgTypes[5]
+	mi := &file_cluster_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +653,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[5]
+	mi := &file_cluster_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +666,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{5}
+	return file_cluster_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Error) GetMsg() string {
@@ -556,7 +713,7 @@ type Shape struct {
 
 func (x *Shape) Reset() {
 	*x = Shape{}
-	mi := &file_cluster_proto_msgTypes[6]
+	mi := &file_cluster_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -568,7 +725,7 @@ func (x *Shape) String() string {
 func (*Shape) ProtoMessage() {}
 
 func (x *Shape) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[6]
+	mi := &file_cluster_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -581,7 +738,7 @@ func (x *Shape) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shape.ProtoReflect.Descriptor instead.
 func (*Shape) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{6}
+	return file_cluster_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Shape) GetDims() []int64 {
@@ -600,7 +757,7 @@ type Splits struct {
 
 func (x *Splits) Reset() {
 	*x = Splits{}
-	mi := &file_cluster_proto_msgTypes[7]
+	mi := &file_cluster_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -612,7 +769,7 @@ func (x *Splits) String() string {
 func (*Splits) ProtoMessage() {}
 
 func (x *Splits) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[7]
+	mi := &file_cluster_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -625,7 +782,7 @@ func (x *Splits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Splits.ProtoReflect.Descriptor instead.
 func (*Splits) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{7}
+	return file_cluster_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Splits) GetTo() []int32 {
@@ -648,7 +805,7 @@ type Tensor struct {
 
 func (x *Tensor) Reset() {
 	*x = Tensor{}
-	mi := &file_cluster_proto_msgTypes[8]
+	mi := &file_cluster_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -660,7 +817,7 @@ func (x *Tensor) String() string {
 func (*Tensor) ProtoMessage() {}
 
 func (x *Tensor) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[8]
+	mi := &file_cluster_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -673,7 +830,7 @@ func (x *Tensor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tensor.ProtoReflect.Descriptor instead.
 func (*Tensor) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{8}
+	return file_cluster_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Tensor) GetName() string {
@@ -732,7 +889,7 @@ type Response struct {
 
 func (x *Response) Reset() {
 	*x = Response{}
-	mi := &file_cluster_proto_msgTypes[9]
+	mi := &file_cluster_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -744,7 +901,7 @@ func (x *Response) String() string {
 func (*Response) ProtoMessage() {}
 
 func (x *Response) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[9]
+	mi := &file_cluster_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -757,7 +914,7 @@ func (x *Response) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Response.ProtoReflect.Descriptor instead.
 func (*Response) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{9}
+	return file_cluster_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Response) GetOp() int32 {
@@ -847,16 +1004,21 @@ func (x *Response) GetBytes() int64 {
 // Plan is one batch of responses, numbered; every node executes batches in
 // order.
 type Plan struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
-	Responses     []*Response            `protobuf:"bytes,2,rep,name=responses,proto3" json:"responses,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Seq       uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Responses []*Response            `protobuf:"bytes,2,rep,name=responses,proto3" json:"responses,omitempty"`
+	// Process set rounds decided since the last plan, in order: every node
+	// applies them (and answers its ranks' set requests) before the
+	// responses, so every node has the same sets under the same ids when a
+	// response of a set runs.
+	Sets          []*SetChange `protobuf:"bytes,3,rep,name=sets,proto3" json:"sets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Plan) Reset() {
 	*x = Plan{}
-	mi := &file_cluster_proto_msgTypes[10]
+	mi := &file_cluster_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +1030,7 @@ func (x *Plan) String() string {
 func (*Plan) ProtoMessage() {}
 
 func (x *Plan) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[10]
+	mi := &file_cluster_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +1043,7 @@ func (x *Plan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plan.ProtoReflect.Descriptor instead.
 func (*Plan) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{10}
+	return file_cluster_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Plan) GetSeq() uint64 {
@@ -894,6 +1056,13 @@ func (x *Plan) GetSeq() uint64 {
 func (x *Plan) GetResponses() []*Response {
 	if x != nil {
 		return x.Responses
+	}
+	return nil
+}
+
+func (x *Plan) GetSets() []*SetChange {
+	if x != nil {
+		return x.Sets
 	}
 	return nil
 }
@@ -917,7 +1086,7 @@ type Abort struct {
 
 func (x *Abort) Reset() {
 	*x = Abort{}
-	mi := &file_cluster_proto_msgTypes[11]
+	mi := &file_cluster_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -929,7 +1098,7 @@ func (x *Abort) String() string {
 func (*Abort) ProtoMessage() {}
 
 func (x *Abort) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[11]
+	mi := &file_cluster_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -942,7 +1111,7 @@ func (x *Abort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abort.ProtoReflect.Descriptor instead.
 func (*Abort) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{11}
+	return file_cluster_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Abort) GetCode() int32 {
@@ -982,7 +1151,7 @@ type Bye struct {
 
 func (x *Bye) Reset() {
 	*x = Bye{}
-	mi := &file_cluster_proto_msgTypes[12]
+	mi := &file_cluster_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1163,7 @@ func (x *Bye) String() string {
 func (*Bye) ProtoMessage() {}
 
 func (x *Bye) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[12]
+	mi := &file_cluster_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1176,7 @@ func (x *Bye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bye.ProtoReflect.Descriptor instead.
 func (*Bye) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{12}
+	return file_cluster_proto_rawDescGZIP(), []int{14}
 }
 
 type Heartbeat struct {
@@ -1018,7 +1187,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_cluster_proto_msgTypes[13]
+	mi := &file_cluster_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1030,7 +1199,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[13]
+	mi := &file_cluster_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1043,7 +1212,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{13}
+	return file_cluster_proto_rawDescGZIP(), []int{15}
 }
 
 type Message struct {
@@ -1065,7 +1234,7 @@ type Message struct {
 
 func (x *Message) Reset() {
 	*x = Message{}
-	mi := &file_cluster_proto_msgTypes[14]
+	mi := &file_cluster_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1246,7 @@ func (x *Message) String() string {
 func (*Message) ProtoMessage() {}
 
 func (x *Message) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[14]
+	mi := &file_cluster_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1259,7 @@ func (x *Message) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Message.ProtoReflect.Descriptor instead.
 func (*Message) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{14}
+	return file_cluster_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Message) GetMsg() isMessage_Msg {
@@ -1236,7 +1405,7 @@ type HostsUpdated struct {
 
 func (x *HostsUpdated) Reset() {
 	*x = HostsUpdated{}
-	mi := &file_cluster_proto_msgTypes[15]
+	mi := &file_cluster_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1248,7 +1417,7 @@ func (x *HostsUpdated) String() string {
 func (*HostsUpdated) ProtoMessage() {}
 
 func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[15]
+	mi := &file_cluster_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1261,7 +1430,7 @@ func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostsUpdated.ProtoReflect.Descriptor instead.
 func (*HostsUpdated) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{15}
+	return file_cluster_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HostsUpdated) GetTimestamp() int64 {
@@ -1314,13 +1483,27 @@ const file_cluster_proto_rawDesc = "" +
 	"\x06splits\x18\v \x03(\x05R\x06splits\x12\x14\n" +
 	"\x05group\x18\f \x01(\tR\x05group\x12\x1d\n" +
 	"\n" +
-	"group_size\x18\r \x01(\x05R\tgroupSize\"\x8a\x01\n" +
+	"group_size\x18\r \x01(\x05R\tgroupSize\"\xca\x01\n" +
 	"\x05Ready\x124\n" +
 	"\brequests\x18\x01 \x03(\v2\x18.hvdd.cluster.v1.RequestR\brequests\x12\x1f\n" +
 	"\vgroup_start\x18\x02 \x03(\x05R\n" +
 	"groupStart\x12\x12\n" +
 	"\x04slot\x18\x03 \x03(\x05R\x04slot\x12\x16\n" +
-	"\x06cached\x18\x04 \x01(\fR\x06cached\"2\n" +
+	"\x06cached\x18\x04 \x01(\fR\x06cached\x12>\n" +
+	"\fset_requests\x18\x05 \x03(\v2\x1b.hvdd.cluster.v1.SetRequestR\vsetRequests\"i\n" +
+	"\n" +
+	"SetRequest\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x10\n" +
+	"\x03add\x18\x02 \x01(\bR\x03add\x12\x14\n" +
+	"\x05ranks\x18\x03 \x03(\x05R\x05ranks\x12\x1f\n" +
+	"\vprocess_set\x18\x04 \x01(\x05R\n" +
+	"processSet\"j\n" +
+	"\tSetChange\x12\x10\n" +
+	"\x03add\x18\x01 \x01(\bR\x03add\x12\x1f\n" +
+	"\vprocess_set\x18\x02 \x01(\x05R\n" +
+	"processSet\x12\x14\n" +
+	"\x05ranks\x18\x03 \x03(\x05R\x05ranks\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"2\n" +
 	"\x04Side\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\tR\x05value\x12\x14\n" +
 	"\x05ranks\x18\x02 \x03(\x05R\x05ranks\"\x88\x01\n" +
@@ -1355,10 +1538,11 @@ const file_cluster_proto_rawDesc = "" +
 	"\fjoined_ranks\x18\n" +
 	" \x03(\x05R\vjoinedRanks\x12(\n" +
 	"\x10last_joined_rank\x18\v \x01(\x05R\x0elastJoinedRank\x12\x14\n" +
-	"\x05bytes\x18\f \x01(\x03R\x05bytes\"Q\n" +
+	"\x05bytes\x18\f \x01(\x03R\x05bytes\"\x81\x01\n" +
 	"\x04Plan\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x127\n" +
-	"\tresponses\x18\x02 \x03(\v2\x19.hvdd.cluster.v1.ResponseR\tresponses\"Y\n" +
+	"\tresponses\x18\x02 \x03(\v2\x19.hvdd.cluster.v1.ResponseR\tresponses\x12.\n" +
+	"\x04sets\x18\x03 \x03(\v2\x1a.hvdd.cluster.v1.SetChangeR\x04sets\"Y\n" +
 	"\x05Abort\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x10\n" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x14\n" +
@@ -1392,46 +1576,50 @@ func file_cluster_proto_rawDescGZIP() []byte {
 	return file_cluster_proto_rawDescData
 }
 
-var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_cluster_proto_goTypes = []any{
 	(*Join)(nil),         // 0: hvdd.cluster.v1.Join
 	(*Layout)(nil),       // 1: hvdd.cluster.v1.Layout
 	(*Request)(nil),      // 2: hvdd.cluster.v1.Request
 	(*Ready)(nil),        // 3: hvdd.cluster.v1.Ready
-	(*Side)(nil),         // 4: hvdd.cluster.v1.Side
-	(*Error)(nil),        // 5: hvdd.cluster.v1.Error
-	(*Shape)(nil),        // 6: hvdd.cluster.v1.Shape
-	(*Splits)(nil),       // 7: hvdd.cluster.v1.Splits
-	(*Tensor)(nil),       // 8: hvdd.cluster.v1.Tensor
-	(*Response)(nil),     // 9: hvdd.cluster.v1.Response
-	(*Plan)(nil),         // 10: hvdd.cluster.v1.Plan
-	(*Abort)(nil),        // 11: hvdd.cluster.v1.Abort
-	(*Bye)(nil),          // 12: hvdd.cluster.v1.Bye
-	(*Heartbeat)(nil),    // 13: hvdd.cluster.v1.Heartbeat
-	(*Message)(nil),      // 14: hvdd.cluster.v1.Message
-	(*HostsUpdated)(nil), // 15: hvdd.cluster.v1.HostsUpdated
+	(*SetRequest)(nil),   // 4: hvdd.cluster.v1.SetRequest
+	(*SetChange)(nil),    // 5: hvdd.cluster.v1.SetChange
+	(*Side)(nil),         // 6: hvdd.cluster.v1.Side
+	(*Error)(nil),        // 7: hvdd.cluster.v1.Error
+	(*Shape)(nil),        // 8: hvdd.cluster.v1.Shape
+	(*Splits)(nil),       // 9: hvdd.cluster.v1.Splits
+	(*Tensor)(nil),       // 10: hvdd.cluster.v1.Tensor
+	(*Response)(nil),     // 11: hvdd.cluster.v1.Response
+	(*Plan)(nil),         // 12: hvdd.cluster.v1.Plan
+	(*Abort)(nil),        // 13: hvdd.cluster.v1.Abort
+	(*Bye)(nil),          // 14: hvdd.cluster.v1.Bye
+	(*Heartbeat)(nil),    // 15: hvdd.cluster.v1.Heartbeat
+	(*Message)(nil),      // 16: hvdd.cluster.v1.Message
+	(*HostsUpdated)(nil), // 17: hvdd.cluster.v1.HostsUpdated
 }
 var file_cluster_proto_depIdxs = []int32{
 	2,  // 0: hvdd.cluster.v1.Ready.requests:type_name -> hvdd.cluster.v1.Request
-	4,  // 1: hvdd.cluster.v1.Error.sides:type_name -> hvdd.cluster.v1.Side
-	6,  // 2: hvdd.cluster.v1.Tensor.rank_shapes:type_name -> hvdd.cluster.v1.Shape
-	7,  // 3: hvdd.cluster.v1.Tensor.splits:type_name -> hvdd.cluster.v1.Splits
-	5,  // 4: hvdd.cluster.v1.Response.err:type_name -> hvdd.cluster.v1.Error
-	8,  // 5: hvdd.cluster.v1.Response.tensors:type_name -> hvdd.cluster.v1.Tensor
-	9,  // 6: hvdd.cluster.v1.Plan.responses:type_name -> hvdd.cluster.v1.Response
-	0,  // 7: hvdd.cluster.v1.Message.join:type_name -> hvdd.cluster.v1.Join
-	1,  // 8: hvdd.cluster.v1.Message.layout:type_name -> hvdd.cluster.v1.Layout
-	3,  // 9: hvdd.cluster.v1.Message.ready:type_name -> hvdd.cluster.v1.Ready
-	10, // 10: hvdd.cluster.v1.Message.plan:type_name -> hvdd.cluster.v1.Plan
-	11, // 11: hvdd.cluster.v1.Message.abort:type_name -> hvdd.cluster.v1.Abort
-	12, // 12: hvdd.cluster.v1.Message.bye:type_name -> hvdd.cluster.v1.Bye
-	13, // 13: hvdd.cluster.v1.Message.heartbeat:type_name -> hvdd.cluster.v1.Heartbeat
-	15, // 14: hvdd.cluster.v1.Message.hosts_updated:type_name -> hvdd.cluster.v1.HostsUpdated
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	4,  // 1: hvdd.cluster.v1.Ready.set_requests:type_name -> hvdd.cluster.v1.SetRequest
+	6,  // 2: hvdd.cluster.v1.Error.sides:type_name -> hvdd.cluster.v1.Side
+	8,  // 3: hvdd.cluster.v1.Tensor.rank_shapes:type_name -> hvdd.cluster.v1.Shape
+	9,  // 4: hvdd.cluster.v1.Tensor.splits:type_name -> hvdd.cluster.v1.Splits
+	7,  // 5: hvdd.cluster.v1.Response.err:type_name -> hvdd.cluster.v1.Error
+	10, // 6: hvdd.cluster.v1.Response.tensors:type_name -> hvdd.cluster.v1.Tensor
+	11, // 7: hvdd.cluster.v1.Plan.responses:type_name -> hvdd.cluster.v1.Response
+	5,  // 8: hvdd.cluster.v1.Plan.sets:type_name -> hvdd.cluster.v1.SetChange
+	0,  // 9: hvdd.cluster.v1.Message.join:type_name -> hvdd.cluster.v1.Join
+	1,  // 10: hvdd.cluster.v1.Message.layout:type_name -> hvdd.cluster.v1.Layout
+	3,  // 11: hvdd.cluster.v1.Message.ready:type_name -> hvdd.cluster.v1.Ready
+	12, // 12: hvdd.cluster.v1.Message.plan:type_name -> hvdd.cluster.v1.Plan
+	13, // 13: hvdd.cluster.v1.Message.abort:type_name -> hvdd.cluster.v1.Abort
+	14, // 14: hvdd.cluster.v1.Message.bye:type_name -> hvdd.cluster.v1.Bye
+	15, // 15: hvdd.cluster.v1.Message.heartbeat:type_name -> hvdd.cluster.v1.Heartbeat
+	17, // 16: hvdd.cluster.v1.Message.hosts_updated:type_name -> hvdd.cluster.v1.HostsUpdated
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_cluster_proto_init() }
@@ -1439,7 +1627,7 @@ func file_cluster_proto_init() {
 	if File_cluster_proto != nil {
 		return
 	}
-	file_cluster_proto_msgTypes[14].OneofWrappers = []any{
+	file_cluster_proto_msgTypes[16].OneofWrappers = []any{
 		(*Message_Join)(nil),
 		(*Message_Layout)(nil),
 		(*Message_Ready)(nil),
@@ -1455,7 +1643,7 @@ func file_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_proto_rawDesc), len(file_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

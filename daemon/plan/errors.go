@@ -197,3 +197,15 @@ func errJoined(rank int, op tensor.OpType, name string) error {
 // fmtFloat prints a factor the way a C++ stream does for ordinary values:
 // 1 -> "1", 0.5 -> "0.5".
 func fmtFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+
+// UnknownSetError is the error Submit returns for op on a process set that
+// is not registered (Horovod's "Process set provided does not exist"), for a
+// caller that checks a request before it reaches a Table (a node that
+// forwards requests to another's).
+func UnknownSetError(op tensor.OpType, set int32) error { return errUnknownSet(op, set) }
+
+// NotMemberError is the error Submit returns when rank submits op on a
+// process set it is not a member of, for callers as UnknownSetError's.
+func NotMemberError(op tensor.OpType, rank int, set int32) error {
+	return errNotMember(op, rank, set)
+}

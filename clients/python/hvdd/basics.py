@@ -103,8 +103,7 @@ class ProcessSet:
     pass the sets to ``init(process_sets=[...])``, or with dynamic process
     sets register them later with ``add_process_set``; then give
     ``process_set=`` to collectives, which only the set's members call.
-    Broadcast roots stay global ranks. (On one node; across nodes the daemon
-    answers that it does not support them yet.)
+    Broadcast roots stay global ranks. On one node or across nodes.
     """
 
     def __init__(self, ranks_or_comm: Union[Sequence[int], Any]) -> None:
@@ -253,7 +252,7 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
         process_sets: Horovod's static process sets (a list of
             ``ProcessSet``, registered here on every rank, in the same order),
             or ``"dynamic"`` to allow ``add_process_set`` and
-            ``remove_process_set`` later. On one node.
+            ``remove_process_set`` later.
     """
     global _client, _atexit_registered, _dynamic
     if comm is not None:
