@@ -27,7 +27,9 @@ import (
 //	                 engine's <ENGINE>_<OP>, MEMCPY_OUT_FUSION_BUFFER
 //
 // Across nodes node 0 writes the file, and the other nodes' ranks tick as
-// their forwarded requests reach its table.
+// their forwarded requests reach its table; each other node's phases (its
+// <OP> with its SHM_, engine and write-back phases) come in TimelineEvents
+// and go on that node's track of the row (nodeTrace, traceRemote).
 //
 // The loop owns the negotiation state (which rows are negotiating); the
 // executor only writes the phases of work it runs, through the Writer it was
