@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/cluster/clusterpb"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 )
@@ -77,6 +78,12 @@ type coordination interface {
 	// hostsUpdated passes a host-update notification on to global rank 0's
 	// node (elastic.go); only a node without rank 0 is asked to.
 	hostsUpdated(u *ipcpb.HostsUpdated)
+	// traceSink is where the phases of the responses next() last returned
+	// go, on a node that records them for another's timeline; nil if none.
+	traceSink() eventSink
+	// traceSent hands the phases recorded so far to the node that writes
+	// the timeline; called while the executor is idle.
+	traceSent()
 }
 
 // setRegistry registers and removes process sets; *plan.Table is one.
@@ -111,6 +118,12 @@ type loopHooks interface {
 	// traceSubmitted records a request another node forwarded on the
 	// timeline, if one runs (node 0 writes it).
 	traceSubmitted(r *plan.Request)
+	// traceClock is the timeline's generation and clock (µs) if this node
+	// writes one (the coordinator's plans carry it).
+	traceClock() (gen uint32, now int64, ok bool)
+	// traceRemote writes another node's phases into the timeline, if the
+	// one they were recorded for still runs.
+	traceRemote(node int, m *clusterpb.TimelineEvents)
 }
 
 // oneNode forms every job on this node alone.
@@ -159,6 +172,8 @@ func (c *localCoord) expect(bool)                      {}
 func (c *localCoord) end()                             {}
 func (c *localCoord) hostsUpdated(*ipcpb.HostsUpdated) {}
 func (c *localCoord) engine() backends.Backend         { return nil }
+func (c *localCoord) traceSink() eventSink             { return nil }
+func (c *localCoord) traceSent()                       {}
 
 // tableSubmit submits o to t and adds it to j's pending ops, or returns the
 // Done that refuses it.

@@ -21,7 +21,7 @@ type work struct {
 	j    *job
 	b    backends.Backend // the job's cross-node engine; nil on one node (or for a set on one node)
 	view setView          // across nodes: how the response's set lies over the nodes
-	tl   *timeline.Writer // the timeline to write the work's phases to; nil when off
+	tl   eventSink        // where the work's phases go (the timeline, or a follower's record of them); nil when off
 	size int
 	ops  [][]*op
 }
@@ -41,7 +41,7 @@ type executor struct {
 	// there (endTrace); no writer when off. The loop runs small batches
 	// itself only while the executor goroutine is idle, so one of them at a
 	// time uses these.
-	traceW    *timeline.Writer
+	traceW    eventSink
 	traceRow  string
 	traceEnds int
 	// ph: the phases of the response running across nodes.

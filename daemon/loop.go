@@ -44,6 +44,7 @@ type (
 // loop owns the daemon's job state and every client's read side; only its
 // goroutine touches them.
 type loop struct {
+	tlGen   uint32 // timelines started (tracer.gen)
 	s       *Server
 	cfg     Config
 	p       *poller
@@ -271,6 +272,9 @@ func (l *loop) message(m any) {
 		l.clients[fd] = c
 	case msgExecIdle:
 		l.execBusy = false
+		if l.job != nil && l.job.coord != nil {
+			l.job.coord.traceSent()
+		}
 		l.closeDead()
 	case msgStall:
 		l.stall = nil
@@ -732,6 +736,11 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 		if l.tl != nil {
 			l.tl.responded(&r)
 			w.tl = l.tl.w
+		} else if sink := j.coord.traceSink(); sink != nil && r.Err == nil {
+			// The coordinator's timeline: this node's phases of the
+			// response, on its own track there.
+			traceAll(sink, &r, timeline.Begin, topName(&r))
+			w.tl = sink
 		}
 		w.resp.Root = root
 		for i, name := range names {
@@ -772,6 +781,7 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 		for _, w := range batch {
 			l.x.execute(w)
 		}
+		j.coord.traceSent()
 		return
 	}
 	l.execBusy = true

@@ -3,6 +3,7 @@ package daemon
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -46,6 +47,7 @@ type multiCoord struct {
 	sent   map[setName]*cacheEntry          // follower: what was forwarded before
 	nslots int                              // follower: cache slots used
 	plans  []*clusterpb.Plan                // follower: received, not yet run
+	trace  nodeTrace                        // follower: phases recorded for the coordinator's timeline
 	seq    uint64                           // plans sent (coordinator) or run (followers)
 	caches map[int]map[int32][]plan.Request // coordinator: per node, cache slot -> requests
 	// shutdown is an orderly shutdown (an Abort with CODE_SHUT_DOWN) that
@@ -68,7 +70,7 @@ type setName struct {
 }
 
 func newMultiCoord(n *multiNode, j *job) *multiCoord {
-	return &multiCoord{n: n, hooks: n.hooks, j: j, links: make(map[int]*cluster.Link), byes: make(map[int]bool),
+	return &multiCoord{n: n, hooks: n.hooks, j: j, trace: nodeTrace{epoch: time.Now()}, links: make(map[int]*cluster.Link), byes: make(map[int]bool),
 		count: make(map[setName]int), sent: make(map[setName]*cacheEntry), caches: make(map[int]map[int32][]plan.Request)}
 }
 
@@ -172,7 +174,14 @@ func (mc *multiCoord) control(node int, m *clusterpb.Message) {
 		}
 	case *clusterpb.Message_Plan:
 		if !mc.coordinator() {
+			if c := msg.Plan.GetTimeline(); c != nil {
+				mc.trace.clock(c)
+			}
 			mc.plans = append(mc.plans, msg.Plan)
+		}
+	case *clusterpb.Message_TimelineEvents:
+		if mc.coordinator() {
+			mc.hooks.traceRemote(node, msg.TimelineEvents)
 		}
 	case *clusterpb.Message_Abort:
 		if ipcpb.Code(msg.Abort.GetCode()) == ipcpb.Code_CODE_SHUT_DOWN && (mc.hooks.executing() || len(mc.plans) > 0) {
@@ -429,6 +438,9 @@ func (mc *multiCoord) next() []plan.Response {
 		mc.seq++
 		pm := &clusterpb.Plan{Seq: mc.seq, Sets: mc.sets}
 		mc.sets = nil
+		if gen, now, ok := mc.hooks.traceClock(); ok {
+			pm.Timeline = &clusterpb.TimelineClock{Gen: gen, NowUs: now}
+		}
 		if resps == nil {
 			resps = []plan.Response{} // set decisions only: nothing to run
 		}
@@ -454,6 +466,8 @@ func (mc *multiCoord) next() []plan.Response {
 	}
 	pm := mc.plans[0]
 	mc.plans = mc.plans[1:]
+	mc.traceSent()
+	mc.trace.active = pm.GetTimeline() != nil && mc.trace.known
 	mc.seq++
 	if pm.GetSeq() != mc.seq {
 		mc.hooks.abort(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("plan %d arrived where %d was due", pm.GetSeq(), mc.seq), true)
@@ -473,6 +487,28 @@ func (mc *multiCoord) next() []plan.Response {
 		}
 	}
 	return resps
+}
+
+// traceSink is the follower's record of a traced plan's phases
+// (coordination).
+func (mc *multiCoord) traceSink() eventSink {
+	if mc.trace.active {
+		return &mc.trace
+	}
+	return nil
+}
+
+// traceSent sends the phases recorded for the coordinator's timeline
+// (coordination); a lost link drops them (the job fails anyway).
+func (mc *multiCoord) traceSent() {
+	t := &mc.trace
+	if len(t.events) == 0 {
+		return
+	}
+	if link := mc.links[0]; link != nil && !mc.coordinator() {
+		link.Send(&clusterpb.Message{Msg: &clusterpb.Message_TimelineEvents{TimelineEvents: &clusterpb.TimelineEvents{Gen: t.gen, Events: t.events}}})
+	}
+	t.events = nil
 }
 
 // shutdownAfterPlans applies a deferred shutdown once no plan waits or runs.
@@ -507,6 +543,7 @@ func (mc *multiCoord) abort(code ipcpb.Code, msg string, notify bool) {
 // and the engine (coordination).
 func (mc *multiCoord) end() {
 	j := mc.j
+	mc.traceSent() // ahead of the Bye on the coordinator's link
 	bye := &clusterpb.Message{Msg: &clusterpb.Message_Bye{Bye: &clusterpb.Bye{}}}
 	for _, link := range mc.links {
 		if mc.n.next.holds(link) {

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/cluster/clusterpb"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -25,15 +27,24 @@ import (
 //	                 engine's <ENGINE>_<OP>, MEMCPY_OUT_FUSION_BUFFER
 //
 // Across nodes node 0 writes the file, and the other nodes' ranks tick as
-// their forwarded requests reach its table.
+// their forwarded requests reach its table; each other node's phases (its
+// <OP> with its SHM_, engine and write-back phases) come in TimelineEvents
+// and go on that node's track of the row (nodeTrace, traceRemote).
 //
 // The loop owns the negotiation state (which rows are negotiating); the
 // executor only writes the phases of work it runs, through the Writer it was
 // handed with the work, so the loop may stop or switch the timeline while a
 // batch runs. With no timeline the hooks cost a nil check.
 
+// eventSink takes phase events of tensor rows: the timeline's Writer on the
+// node that writes it, a follower's nodeTrace on the others.
+type eventSink interface {
+	Event(tensor string, ph timeline.Phase, name string)
+}
+
 // tracer is the loop's running timeline.
 type tracer struct {
+	gen         uint32 // counts the timelines this loop started
 	w           *timeline.Writer
 	markCycles  bool
 	negotiating map[opKey]struct{} // rows in NEGOTIATE_*; rank -1 in the key
@@ -80,10 +91,7 @@ func (l *loop) traceSubmitted(r *plan.Request) {
 // responded ends the negotiation of r's tensors and, for a response that
 // runs, starts their top-level phase.
 func (t *tracer) responded(r *plan.Response) {
-	top := r.Op.String()
-	if r.Op == tensor.Allreduce && r.ReduceOp == tensor.Adasum {
-		top = "ADASUM"
-	}
+	top := topName(r)
 	for _, tn := range r.Tensors {
 		k := opKey{-1, r.ProcessSet, tn.Name}
 		name := row(k.set, k.name)
@@ -95,6 +103,15 @@ func (t *tracer) responded(r *plan.Response) {
 			t.w.Event(name, timeline.Begin, top)
 		}
 	}
+}
+
+// topName is the name of r's top-level phase: its collective, as Horovod
+// names the row's phase after negotiation.
+func topName(r *plan.Response) string {
+	if r.Op == tensor.Allreduce && r.ReduceOp == tensor.Adasum {
+		return "ADASUM"
+	}
+	return r.Op.String()
 }
 
 // activity is the executor's phase name for r on one node, and for the
@@ -120,7 +137,7 @@ func crossNode(b backends.Backend, r *plan.Response) string {
 // those open so that a failure ends them all (endAll). With no writer it
 // does nothing.
 type phases struct {
-	w    *timeline.Writer
+	w    eventSink
 	r    *plan.Response
 	one  bool // only the row of r.Tensors[i]
 	i    int
@@ -166,7 +183,7 @@ func (p *phases) endAll() {
 }
 
 // traceAll writes ph (named name, for Begin) on every tensor row of r.
-func traceAll(w *timeline.Writer, r *plan.Response, ph timeline.Phase, name string) {
+func traceAll(w eventSink, r *plan.Response, ph timeline.Phase, name string) {
 	for _, tn := range r.Tensors {
 		w.Event(row(r.ProcessSet, tn.Name), ph, name)
 	}
@@ -221,7 +238,8 @@ func (l *loop) startTimeline(path string, markCycles bool) error {
 		return err
 	}
 	l.s.log.Info("timeline started", "file", path, "mark_cycles", markCycles)
-	l.tl = &tracer{w: w, markCycles: markCycles, negotiating: make(map[opKey]struct{})}
+	l.tlGen++
+	l.tl = &tracer{gen: l.tlGen, w: w, markCycles: markCycles, negotiating: make(map[opKey]struct{})}
 	return nil
 }
 
@@ -266,5 +284,63 @@ func (l *loop) stopTimeline(done func(error)) {
 		if done != nil {
 			done(err)
 		}
+	})
+}
+
+// traceClock reports the running timeline's generation and clock
+// (loopHooks).
+func (l *loop) traceClock() (uint32, int64, bool) {
+	if l.tl == nil {
+		return 0, 0, false
+	}
+	return l.tl.gen, l.tl.w.Now(), true
+}
+
+// traceRemote writes the phases node ran for the timeline of generation
+// m.Gen, on the node's track of each row (loopHooks). Events of an earlier
+// timeline are dropped.
+func (l *loop) traceRemote(node int, m *clusterpb.TimelineEvents) {
+	if l.tl == nil || m.GetGen() != l.tl.gen {
+		return
+	}
+	for _, e := range m.GetEvents() {
+		ph := timeline.Phase(e.GetPh())
+		if ph != timeline.Begin && ph != timeline.End {
+			continue
+		}
+		l.tl.w.EventAt(e.GetRow(), ph, e.GetName(), e.GetTsUs(), node)
+	}
+}
+
+// nodeTrace records, on a node that does not write the timeline, the
+// phases it runs for plans the coordinator marked as traced, converted to
+// the coordinator's timeline clock, until they are sent (multiCoord.traceSent).
+//
+// The clock: each traced plan carries the coordinator's timeline time at
+// sending; the difference to this node's clock on arrival is the clocks'
+// offset plus the plan's one-way latency, so the least difference seen is
+// the best estimate (it places this node's phases early by at most that
+// plan's latency).
+type nodeTrace struct {
+	epoch  time.Time // this node's clock: µs since epoch
+	gen    uint32    // the coordinator's timeline the offset belongs to
+	offset int64     // local minus coordinator µs; valid when known
+	known  bool
+	active bool // the plan being run is traced
+	events []*clusterpb.TimelineEvent
+}
+
+// clock takes a traced plan's clock on its arrival.
+func (t *nodeTrace) clock(c *clusterpb.TimelineClock) {
+	d := time.Since(t.epoch).Microseconds() - c.GetNowUs()
+	if !t.known || c.GetGen() != t.gen || d < t.offset {
+		t.gen, t.offset, t.known = c.GetGen(), d, true
+	}
+}
+
+// Event records a phase event now, on the coordinator's clock (eventSink).
+func (t *nodeTrace) Event(tensor string, ph timeline.Phase, name string) {
+	t.events = append(t.events, &clusterpb.TimelineEvent{
+		Row: tensor, Ph: uint32(ph), Name: name, TsUs: time.Since(t.epoch).Microseconds() - t.offset,
 	})
 }

@@ -1011,7 +1011,10 @@ type Plan struct {
 	// applies them (and answers its ranks' set requests) before the
 	// responses, so every node has the same sets under the same ids when a
 	// response of a set runs.
-	Sets          []*SetChange `protobuf:"bytes,3,rep,name=sets,proto3" json:"sets,omitempty"`
+	Sets []*SetChange `protobuf:"bytes,3,rep,name=sets,proto3" json:"sets,omitempty"`
+	// Set while the coordinator writes a timeline: the other nodes record
+	// the phases they run for this plan and send them (TimelineEvents).
+	Timeline      *TimelineClock `protobuf:"bytes,5,opt,name=timeline,proto3" json:"timeline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1067,6 +1070,194 @@ func (x *Plan) GetSets() []*SetChange {
 	return nil
 }
 
+func (x *Plan) GetTimeline() *TimelineClock {
+	if x != nil {
+		return x.Timeline
+	}
+	return nil
+}
+
+// TimelineClock is the coordinator's timeline clock as it sent a plan:
+// followers estimate the offset of their own clock from it.
+type TimelineClock struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Which timeline: a new file restarts the clock.
+	Gen uint32 `protobuf:"varint,1,opt,name=gen,proto3" json:"gen,omitempty"`
+	// Microseconds since that timeline began.
+	NowUs         int64 `protobuf:"varint,2,opt,name=now_us,json=nowUs,proto3" json:"now_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TimelineClock) Reset() {
+	*x = TimelineClock{}
+	mi := &file_cluster_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TimelineClock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TimelineClock) ProtoMessage() {}
+
+func (x *TimelineClock) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TimelineClock.ProtoReflect.Descriptor instead.
+func (*TimelineClock) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *TimelineClock) GetGen() uint32 {
+	if x != nil {
+		return x.Gen
+	}
+	return 0
+}
+
+func (x *TimelineClock) GetNowUs() int64 {
+	if x != nil {
+		return x.NowUs
+	}
+	return 0
+}
+
+// TimelineEvents carries a follower's phases of a traced plan to the
+// coordinator, which writes them into its timeline on the node's own track.
+type TimelineEvents struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Gen           uint32                 `protobuf:"varint,1,opt,name=gen,proto3" json:"gen,omitempty"`
+	Events        []*TimelineEvent       `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TimelineEvents) Reset() {
+	*x = TimelineEvents{}
+	mi := &file_cluster_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TimelineEvents) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TimelineEvents) ProtoMessage() {}
+
+func (x *TimelineEvents) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TimelineEvents.ProtoReflect.Descriptor instead.
+func (*TimelineEvents) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *TimelineEvents) GetGen() uint32 {
+	if x != nil {
+		return x.Gen
+	}
+	return 0
+}
+
+func (x *TimelineEvents) GetEvents() []*TimelineEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+// TimelineEvent is one Begin ('B') or End ('E') of a phase on a tensor's
+// row, at ts_us on the coordinator's timeline clock (the follower converted
+// it).
+type TimelineEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Row           string                 `protobuf:"bytes,1,opt,name=row,proto3" json:"row,omitempty"`
+	Ph            uint32                 `protobuf:"varint,2,opt,name=ph,proto3" json:"ph,omitempty"`
+	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	TsUs          int64                  `protobuf:"varint,4,opt,name=ts_us,json=tsUs,proto3" json:"ts_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TimelineEvent) Reset() {
+	*x = TimelineEvent{}
+	mi := &file_cluster_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TimelineEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TimelineEvent) ProtoMessage() {}
+
+func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TimelineEvent.ProtoReflect.Descriptor instead.
+func (*TimelineEvent) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *TimelineEvent) GetRow() string {
+	if x != nil {
+		return x.Row
+	}
+	return ""
+}
+
+func (x *TimelineEvent) GetPh() uint32 {
+	if x != nil {
+		return x.Ph
+	}
+	return 0
+}
+
+func (x *TimelineEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TimelineEvent) GetTsUs() int64 {
+	if x != nil {
+		return x.TsUs
+	}
+	return 0
+}
+
 // Abort fails the job on every node.
 type Abort struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1086,7 +1277,7 @@ type Abort struct {
 
 func (x *Abort) Reset() {
 	*x = Abort{}
-	mi := &file_cluster_proto_msgTypes[13]
+	mi := &file_cluster_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1098,7 +1289,7 @@ func (x *Abort) String() string {
 func (*Abort) ProtoMessage() {}
 
 func (x *Abort) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[13]
+	mi := &file_cluster_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1111,7 +1302,7 @@ func (x *Abort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abort.ProtoReflect.Descriptor instead.
 func (*Abort) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{13}
+	return file_cluster_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Abort) GetCode() int32 {
@@ -1151,7 +1342,7 @@ type Bye struct {
 
 func (x *Bye) Reset() {
 	*x = Bye{}
-	mi := &file_cluster_proto_msgTypes[14]
+	mi := &file_cluster_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1163,7 +1354,7 @@ func (x *Bye) String() string {
 func (*Bye) ProtoMessage() {}
 
 func (x *Bye) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[14]
+	mi := &file_cluster_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1176,7 +1367,7 @@ func (x *Bye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bye.ProtoReflect.Descriptor instead.
 func (*Bye) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{14}
+	return file_cluster_proto_rawDescGZIP(), []int{17}
 }
 
 type Heartbeat struct {
@@ -1187,7 +1378,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_cluster_proto_msgTypes[15]
+	mi := &file_cluster_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +1390,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[15]
+	mi := &file_cluster_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +1403,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{15}
+	return file_cluster_proto_rawDescGZIP(), []int{18}
 }
 
 type Message struct {
@@ -1227,6 +1418,7 @@ type Message struct {
 	//	*Message_Bye
 	//	*Message_Heartbeat
 	//	*Message_HostsUpdated
+	//	*Message_TimelineEvents
 	Msg           isMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1234,7 +1426,7 @@ type Message struct {
 
 func (x *Message) Reset() {
 	*x = Message{}
-	mi := &file_cluster_proto_msgTypes[16]
+	mi := &file_cluster_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1438,7 @@ func (x *Message) String() string {
 func (*Message) ProtoMessage() {}
 
 func (x *Message) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[16]
+	mi := &file_cluster_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1451,7 @@ func (x *Message) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Message.ProtoReflect.Descriptor instead.
 func (*Message) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{16}
+	return file_cluster_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Message) GetMsg() isMessage_Msg {
@@ -1341,6 +1533,15 @@ func (x *Message) GetHostsUpdated() *HostsUpdated {
 	return nil
 }
 
+func (x *Message) GetTimelineEvents() *TimelineEvents {
+	if x != nil {
+		if x, ok := x.Msg.(*Message_TimelineEvents); ok {
+			return x.TimelineEvents
+		}
+	}
+	return nil
+}
+
 type isMessage_Msg interface {
 	isMessage_Msg()
 }
@@ -1377,6 +1578,10 @@ type Message_HostsUpdated struct {
 	HostsUpdated *HostsUpdated `protobuf:"bytes,8,opt,name=hosts_updated,json=hostsUpdated,proto3,oneof"`
 }
 
+type Message_TimelineEvents struct {
+	TimelineEvents *TimelineEvents `protobuf:"bytes,10,opt,name=timeline_events,json=timelineEvents,proto3,oneof"`
+}
+
 func (*Message_Join) isMessage_Msg() {}
 
 func (*Message_Layout) isMessage_Msg() {}
@@ -1393,6 +1598,8 @@ func (*Message_Heartbeat) isMessage_Msg() {}
 
 func (*Message_HostsUpdated) isMessage_Msg() {}
 
+func (*Message_TimelineEvents) isMessage_Msg() {}
+
 // HostsUpdated tells node 0 that workers wait on a node to join the running
 // elastic job; node 0 tells global rank 0 (ipc HostsUpdated).
 type HostsUpdated struct {
@@ -1405,7 +1612,7 @@ type HostsUpdated struct {
 
 func (x *HostsUpdated) Reset() {
 	*x = HostsUpdated{}
-	mi := &file_cluster_proto_msgTypes[17]
+	mi := &file_cluster_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1624,7 @@ func (x *HostsUpdated) String() string {
 func (*HostsUpdated) ProtoMessage() {}
 
 func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[17]
+	mi := &file_cluster_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1637,7 @@ func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostsUpdated.ProtoReflect.Descriptor instead.
 func (*HostsUpdated) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{17}
+	return file_cluster_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HostsUpdated) GetTimestamp() int64 {
@@ -1538,18 +1745,30 @@ const file_cluster_proto_rawDesc = "" +
 	"\fjoined_ranks\x18\n" +
 	" \x03(\x05R\vjoinedRanks\x12(\n" +
 	"\x10last_joined_rank\x18\v \x01(\x05R\x0elastJoinedRank\x12\x14\n" +
-	"\x05bytes\x18\f \x01(\x03R\x05bytes\"\x81\x01\n" +
+	"\x05bytes\x18\f \x01(\x03R\x05bytes\"\xbd\x01\n" +
 	"\x04Plan\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x127\n" +
 	"\tresponses\x18\x02 \x03(\v2\x19.hvdd.cluster.v1.ResponseR\tresponses\x12.\n" +
-	"\x04sets\x18\x03 \x03(\v2\x1a.hvdd.cluster.v1.SetChangeR\x04sets\"Y\n" +
+	"\x04sets\x18\x03 \x03(\v2\x1a.hvdd.cluster.v1.SetChangeR\x04sets\x12:\n" +
+	"\btimeline\x18\x05 \x01(\v2\x1e.hvdd.cluster.v1.TimelineClockR\btimeline\"8\n" +
+	"\rTimelineClock\x12\x10\n" +
+	"\x03gen\x18\x01 \x01(\rR\x03gen\x12\x15\n" +
+	"\x06now_us\x18\x02 \x01(\x03R\x05nowUs\"Z\n" +
+	"\x0eTimelineEvents\x12\x10\n" +
+	"\x03gen\x18\x01 \x01(\rR\x03gen\x126\n" +
+	"\x06events\x18\x02 \x03(\v2\x1e.hvdd.cluster.v1.TimelineEventR\x06events\"Z\n" +
+	"\rTimelineEvent\x12\x10\n" +
+	"\x03row\x18\x01 \x01(\tR\x03row\x12\x0e\n" +
+	"\x02ph\x18\x02 \x01(\rR\x02ph\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x13\n" +
+	"\x05ts_us\x18\x04 \x01(\x03R\x04tsUs\"Y\n" +
 	"\x05Abort\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x10\n" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
 	"\x05moved\x18\x04 \x01(\bR\x05moved\"\x05\n" +
 	"\x03Bye\"\v\n" +
-	"\tHeartbeat\"\xa9\x03\n" +
+	"\tHeartbeat\"\xf5\x03\n" +
 	"\aMessage\x12+\n" +
 	"\x04join\x18\x01 \x01(\v2\x15.hvdd.cluster.v1.JoinH\x00R\x04join\x121\n" +
 	"\x06layout\x18\x02 \x01(\v2\x17.hvdd.cluster.v1.LayoutH\x00R\x06layout\x12.\n" +
@@ -1558,7 +1777,9 @@ const file_cluster_proto_rawDesc = "" +
 	"\x05abort\x18\x05 \x01(\v2\x16.hvdd.cluster.v1.AbortH\x00R\x05abort\x12(\n" +
 	"\x03bye\x18\x06 \x01(\v2\x14.hvdd.cluster.v1.ByeH\x00R\x03bye\x12:\n" +
 	"\theartbeat\x18\a \x01(\v2\x1a.hvdd.cluster.v1.HeartbeatH\x00R\theartbeat\x12D\n" +
-	"\rhosts_updated\x18\b \x01(\v2\x1d.hvdd.cluster.v1.HostsUpdatedH\x00R\fhostsUpdatedB\x05\n" +
+	"\rhosts_updated\x18\b \x01(\v2\x1d.hvdd.cluster.v1.HostsUpdatedH\x00R\fhostsUpdated\x12J\n" +
+	"\x0ftimeline_events\x18\n" +
+	" \x01(\v2\x1f.hvdd.cluster.v1.TimelineEventsH\x00R\x0etimelineEventsB\x05\n" +
 	"\x03msg\"D\n" +
 	"\fHostsUpdated\x12\x1c\n" +
 	"\ttimestamp\x18\x01 \x01(\x03R\ttimestamp\x12\x16\n" +
@@ -1576,26 +1797,29 @@ func file_cluster_proto_rawDescGZIP() []byte {
 	return file_cluster_proto_rawDescData
 }
 
-var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_cluster_proto_goTypes = []any{
-	(*Join)(nil),         // 0: hvdd.cluster.v1.Join
-	(*Layout)(nil),       // 1: hvdd.cluster.v1.Layout
-	(*Request)(nil),      // 2: hvdd.cluster.v1.Request
-	(*Ready)(nil),        // 3: hvdd.cluster.v1.Ready
-	(*SetRequest)(nil),   // 4: hvdd.cluster.v1.SetRequest
-	(*SetChange)(nil),    // 5: hvdd.cluster.v1.SetChange
-	(*Side)(nil),         // 6: hvdd.cluster.v1.Side
-	(*Error)(nil),        // 7: hvdd.cluster.v1.Error
-	(*Shape)(nil),        // 8: hvdd.cluster.v1.Shape
-	(*Splits)(nil),       // 9: hvdd.cluster.v1.Splits
-	(*Tensor)(nil),       // 10: hvdd.cluster.v1.Tensor
-	(*Response)(nil),     // 11: hvdd.cluster.v1.Response
-	(*Plan)(nil),         // 12: hvdd.cluster.v1.Plan
-	(*Abort)(nil),        // 13: hvdd.cluster.v1.Abort
-	(*Bye)(nil),          // 14: hvdd.cluster.v1.Bye
-	(*Heartbeat)(nil),    // 15: hvdd.cluster.v1.Heartbeat
-	(*Message)(nil),      // 16: hvdd.cluster.v1.Message
-	(*HostsUpdated)(nil), // 17: hvdd.cluster.v1.HostsUpdated
+	(*Join)(nil),           // 0: hvdd.cluster.v1.Join
+	(*Layout)(nil),         // 1: hvdd.cluster.v1.Layout
+	(*Request)(nil),        // 2: hvdd.cluster.v1.Request
+	(*Ready)(nil),          // 3: hvdd.cluster.v1.Ready
+	(*SetRequest)(nil),     // 4: hvdd.cluster.v1.SetRequest
+	(*SetChange)(nil),      // 5: hvdd.cluster.v1.SetChange
+	(*Side)(nil),           // 6: hvdd.cluster.v1.Side
+	(*Error)(nil),          // 7: hvdd.cluster.v1.Error
+	(*Shape)(nil),          // 8: hvdd.cluster.v1.Shape
+	(*Splits)(nil),         // 9: hvdd.cluster.v1.Splits
+	(*Tensor)(nil),         // 10: hvdd.cluster.v1.Tensor
+	(*Response)(nil),       // 11: hvdd.cluster.v1.Response
+	(*Plan)(nil),           // 12: hvdd.cluster.v1.Plan
+	(*TimelineClock)(nil),  // 13: hvdd.cluster.v1.TimelineClock
+	(*TimelineEvents)(nil), // 14: hvdd.cluster.v1.TimelineEvents
+	(*TimelineEvent)(nil),  // 15: hvdd.cluster.v1.TimelineEvent
+	(*Abort)(nil),          // 16: hvdd.cluster.v1.Abort
+	(*Bye)(nil),            // 17: hvdd.cluster.v1.Bye
+	(*Heartbeat)(nil),      // 18: hvdd.cluster.v1.Heartbeat
+	(*Message)(nil),        // 19: hvdd.cluster.v1.Message
+	(*HostsUpdated)(nil),   // 20: hvdd.cluster.v1.HostsUpdated
 }
 var file_cluster_proto_depIdxs = []int32{
 	2,  // 0: hvdd.cluster.v1.Ready.requests:type_name -> hvdd.cluster.v1.Request
@@ -1607,19 +1831,22 @@ var file_cluster_proto_depIdxs = []int32{
 	10, // 6: hvdd.cluster.v1.Response.tensors:type_name -> hvdd.cluster.v1.Tensor
 	11, // 7: hvdd.cluster.v1.Plan.responses:type_name -> hvdd.cluster.v1.Response
 	5,  // 8: hvdd.cluster.v1.Plan.sets:type_name -> hvdd.cluster.v1.SetChange
-	0,  // 9: hvdd.cluster.v1.Message.join:type_name -> hvdd.cluster.v1.Join
-	1,  // 10: hvdd.cluster.v1.Message.layout:type_name -> hvdd.cluster.v1.Layout
-	3,  // 11: hvdd.cluster.v1.Message.ready:type_name -> hvdd.cluster.v1.Ready
-	12, // 12: hvdd.cluster.v1.Message.plan:type_name -> hvdd.cluster.v1.Plan
-	13, // 13: hvdd.cluster.v1.Message.abort:type_name -> hvdd.cluster.v1.Abort
-	14, // 14: hvdd.cluster.v1.Message.bye:type_name -> hvdd.cluster.v1.Bye
-	15, // 15: hvdd.cluster.v1.Message.heartbeat:type_name -> hvdd.cluster.v1.Heartbeat
-	17, // 16: hvdd.cluster.v1.Message.hosts_updated:type_name -> hvdd.cluster.v1.HostsUpdated
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	13, // 9: hvdd.cluster.v1.Plan.timeline:type_name -> hvdd.cluster.v1.TimelineClock
+	15, // 10: hvdd.cluster.v1.TimelineEvents.events:type_name -> hvdd.cluster.v1.TimelineEvent
+	0,  // 11: hvdd.cluster.v1.Message.join:type_name -> hvdd.cluster.v1.Join
+	1,  // 12: hvdd.cluster.v1.Message.layout:type_name -> hvdd.cluster.v1.Layout
+	3,  // 13: hvdd.cluster.v1.Message.ready:type_name -> hvdd.cluster.v1.Ready
+	12, // 14: hvdd.cluster.v1.Message.plan:type_name -> hvdd.cluster.v1.Plan
+	16, // 15: hvdd.cluster.v1.Message.abort:type_name -> hvdd.cluster.v1.Abort
+	17, // 16: hvdd.cluster.v1.Message.bye:type_name -> hvdd.cluster.v1.Bye
+	18, // 17: hvdd.cluster.v1.Message.heartbeat:type_name -> hvdd.cluster.v1.Heartbeat
+	20, // 18: hvdd.cluster.v1.Message.hosts_updated:type_name -> hvdd.cluster.v1.HostsUpdated
+	14, // 19: hvdd.cluster.v1.Message.timeline_events:type_name -> hvdd.cluster.v1.TimelineEvents
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_cluster_proto_init() }
@@ -1627,7 +1854,7 @@ func file_cluster_proto_init() {
 	if File_cluster_proto != nil {
 		return
 	}
-	file_cluster_proto_msgTypes[16].OneofWrappers = []any{
+	file_cluster_proto_msgTypes[19].OneofWrappers = []any{
 		(*Message_Join)(nil),
 		(*Message_Layout)(nil),
 		(*Message_Ready)(nil),
@@ -1636,6 +1863,7 @@ func file_cluster_proto_init() {
 		(*Message_Bye)(nil),
 		(*Message_Heartbeat)(nil),
 		(*Message_HostsUpdated)(nil),
+		(*Message_TimelineEvents)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1643,7 +1871,7 @@ func file_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_proto_rawDesc), len(file_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -79,6 +79,7 @@ type record struct {
 	kind   kind
 	ph     Phase
 	rank   int32 // Complete events without a name: the rank they name
+	tid    int32 // the row's track: 0, or another node's (EventAt)
 	ts     int64
 	tensor string
 	name   string
@@ -100,9 +101,10 @@ type Writer struct {
 	// The fields below belong to the writer goroutine.
 	f       *os.File
 	bw      *bufio.Writer
-	tensors map[string]int // pid by tensor name, from 1
-	open    bool           // the file ends with the terminator, to be overwritten
-	scratch []byte         // the record being formatted
+	tensors map[string]int  // pid by tensor name, from 1
+	tracks  map[[2]int]bool // (pid, tid) pairs named so far (tid > 0)
+	open    bool            // the file ends with the terminator, to be overwritten
+	scratch []byte          // the record being formatted
 }
 
 // terminator ends the array after each batch; the next batch overwrites it.
@@ -139,6 +141,7 @@ func create(path string, opts Options) (*Writer, error) {
 		f:       f,
 		bw:      bufio.NewWriterSize(f, 64<<10),
 		tensors: make(map[string]int),
+		tracks:  make(map[[2]int]bool),
 	}
 	w.bw.WriteString("[\n")
 	fmt.Fprintf(w.bw, `{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "hvdd", "start_time_since_epoch_in_micros": %d}}`, w.start.UnixMicro())
@@ -160,6 +163,15 @@ func (w *Writer) Now() int64 { return time.Since(w.start).Microseconds() }
 // dropped.
 func (w *Writer) Event(tensor string, ph Phase, name string) {
 	w.send(record{kind: kindEvent, ph: ph, tensor: tensor, name: name, ts: w.Now()})
+}
+
+// EventAt writes a phase event on track tid (> 0) of tensor's row, stamped
+// ts on this Writer's clock (Now): the phases another node ran, which it
+// timed itself. A track is named "node <tid>" where it first appears, so
+// that viewers show each node's phases under the row's own (track 0), which
+// keeps its Begin/End nesting.
+func (w *Writer) EventAt(tensor string, ph Phase, name string, ts int64, tid int) {
+	w.send(record{kind: kindEvent, ph: ph, tensor: tensor, name: name, ts: ts, tid: int32(tid)})
 }
 
 // RankReady writes Horovod's tick for rank's readiness on tensor's row: a
@@ -319,6 +331,16 @@ func (w *Writer) write(r record) {
 			b = strconv.AppendInt(b, int64(pid), 10)
 			b = append(b, "}},\n"...)
 		}
+		if r.tid > 0 && !w.tracks[[2]int{pid, int(r.tid)}] {
+			w.tracks[[2]int{pid, int(r.tid)}] = true
+			b = append(b, `{"name": "thread_name", "ph": "M", "pid": `...)
+			b = strconv.AppendInt(b, int64(pid), 10)
+			b = append(b, `, "tid": `...)
+			b = strconv.AppendInt(b, int64(r.tid), 10)
+			b = append(b, `, "args": {"name": "node `...)
+			b = strconv.AppendInt(b, int64(r.tid), 10)
+			b = append(b, "\"}},\n"...)
+		}
 		b = append(b, `{"ph": "`...)
 		b = append(b, byte(r.ph))
 		b = append(b, '"')
@@ -336,6 +358,10 @@ func (w *Writer) write(r record) {
 		b = strconv.AppendInt(b, r.ts, 10)
 		b = append(b, `, "pid": `...)
 		b = strconv.AppendInt(b, int64(pid), 10)
+		if r.tid > 0 {
+			b = append(b, `, "tid": `...)
+			b = strconv.AppendInt(b, int64(r.tid), 10)
+		}
 		if r.ph == Complete {
 			b = append(b, `, "dur": 0`...)
 		}

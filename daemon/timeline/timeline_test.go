@@ -3,6 +3,7 @@ package timeline
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -249,4 +250,57 @@ func equal(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+// TestEventAt: another node's phases go on a track of their own, named once
+// per row, with the timestamps given.
+func TestEventAt(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timeline.json")
+	w, err := Create(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Event("g", Begin, "ALLREDUCE")
+	w.EventAt("g", Begin, "TCP_ALLREDUCE", 40, 1)
+	w.EventAt("g", End, "", 90, 1)
+	w.EventAt("g", Begin, "SHM_ALLREDUCE", 95, 1)
+	w.EventAt("g", End, "", 99, 1)
+	w.Event("g", End, "")
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var evs []struct {
+		Name string         `json:"name"`
+		Ph   string         `json:"ph"`
+		Tid  int            `json:"tid"`
+		Ts   int64          `json:"ts"`
+		Args map[string]any `json:"args"`
+	}
+	if err := json.Unmarshal(b, &evs); err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	var got []string
+	threads := 0
+	for _, e := range evs {
+		switch {
+		case e.Ph == "M" && e.Name == "thread_name":
+			threads++
+			if e.Tid != 1 || e.Args["name"] != "node 1" {
+				t.Errorf("thread metadata %+v, want tid 1 named node 1", e)
+			}
+		case e.Ph == "B" || e.Ph == "E":
+			got = append(got, fmt.Sprintf("%s%s@%d", e.Ph, e.Name, e.Tid))
+			if e.Tid == 1 && e.Ts != map[string]int64{"BTCP_ALLREDUCE": 40, "E": 0, "BSHM_ALLREDUCE": 95}[e.Ph+e.Name] && e.Ph == "B" {
+				t.Errorf("node event %s at %d", e.Name, e.Ts)
+			}
+		}
+	}
+	want := []string{"BALLREDUCE@0", "BTCP_ALLREDUCE@1", "E@1", "BSHM_ALLREDUCE@1", "E@1", "E@0"}
+	if !equal(got, want) || threads != 1 {
+		t.Errorf("events %q (%d thread names), want %q and one", got, threads, want)
+	}
 }
