@@ -155,7 +155,11 @@ func TestSetTuning(t *testing.T) {
 		{SmallBytes: 1 << 20}, // only the threshold: the others stay
 		{Streams: 4, ChunkBytes: 64 << 10, SmallBytes: 64},
 	}
+	small := DefaultSmallBytes // the threshold the test set
 	for _, tu := range tunings {
+		if tu.SmallBytes != 0 {
+			small = tu.SmallBytes
+		}
 		for _, b := range g {
 			if err := b.SetTuning(tu); err != nil {
 				t.Fatal(err)
@@ -207,7 +211,7 @@ func TestSetTuning(t *testing.T) {
 		ring := float64(len(want)) * 2 * (size - 1) / size
 		for r, n := range sent {
 			isRing := math.Abs(float64(n)-ring) < 0.01*ring
-			if wantRing := len(want) > g[0].Tuning().SmallBytes; isRing != wantRing {
+			if wantRing := len(want) > small; isRing != wantRing {
 				t.Errorf("tuning %+v: rank %d sent %d bytes for %d; ring (%v) expected: %v", tu, r, n, len(want), ring, wantRing)
 			}
 		}
