@@ -259,16 +259,56 @@ func (t *tuner) update(names []string, bytes int64) (settings, bool) {
 // startTuner starts the autotuner of a job that has just formed, when
 // autotuning is on and this node decides the job's plans.
 func (l *loop) startTuner(j *job) {
-	if !l.cfg.Autotune.Enabled || !j.coord.coordinates() {
+	if !j.coord.coordinates() {
+		return
+	}
+	cfg := l.cfg
+	if j.members.offset == 0 && len(j.slots) > 0 && j.slots[0] != nil {
+		// Global rank 0's HOROVOD_AUTOTUNE*, as Horovod reads them in
+		// rank 0's process, over the daemon's own.
+		if env := j.slots[0].helloMsg.GetAutotuneEnv(); len(env) > 0 {
+			var err error
+			if cfg.Autotune, err = jobAutotune(cfg.Autotune, env); err != nil {
+				l.s.log.Warn("autotune: rank 0's HOROVOD_AUTOTUNE* variables are ignored", "job", j.id, "err", err)
+				cfg.Autotune = l.cfg.Autotune
+			}
+		}
+	}
+	if !cfg.Autotune.Enabled {
 		return
 	}
 	base := settings{fusion: l.cfg.FusionThreshold, cycle: l.cfg.CycleTime, spin: l.cfg.Spin}
-	t, err := newTuner(l.cfg, base, j.coord.engine(), l.s.log.With("job", j.id))
+	t, err := newTuner(cfg, base, j.coord.engine(), l.s.log.With("job", j.id))
 	if err != nil {
 		l.s.log.Error("autotune: cannot tune this job; it runs with the configured settings", "job", j.id, "err", err)
 		return
 	}
 	j.tune = t
+}
+
+// jobAutotune is the daemon's autotune settings a with a client's
+// HOROVOD_AUTOTUNE* variables (Hello.autotune_env: NAME=VALUE) applied.
+func jobAutotune(a AutotuneConfig, env []string) (AutotuneConfig, error) {
+	vars := map[string]string{}
+	for _, kv := range env {
+		name, value, ok := strings.Cut(kv, "=")
+		if !ok || (name != "HOROVOD_AUTOTUNE" && !strings.HasPrefix(name, "HOROVOD_AUTOTUNE_")) {
+			return a, fmt.Errorf("%q is not a HOROVOD_AUTOTUNE* variable", kv)
+		}
+		vars[name] = value
+	}
+	c := Config{Autotune: a}
+	c.Autotune.Fixed = slices.Clone(a.Fixed)
+	if err := c.ApplyHorovodEnv(func(k string) string { return vars[k] }); err != nil {
+		return a, err
+	}
+	if v, ok := vars["HOROVOD_AUTOTUNE"]; ok && strings.TrimSpace(v) == "0" {
+		c.Autotune.Enabled = false // the job asked for none
+	}
+	if err := c.Autotune.validate(); err != nil {
+		return a, err
+	}
+	return c.Autotune, nil
 }
 
 // tuneBatch gives the autotuner the responses just dispatched, and applies

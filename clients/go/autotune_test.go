@@ -204,3 +204,31 @@ func TestAutotuneMultiNode(t *testing.T) {
 		t.Errorf("node 1 tuned too; only the coordinator tunes:\n%s", ss[1].Logs())
 	}
 }
+
+// TestAutotuneFromRankZero: a daemon started without --autotune tunes a
+// job whose rank 0 has HOROVOD_AUTOTUNE=1 in its environment (as under
+// mpirun with a node's service daemon), with its HOROVOD_AUTOTUNE_*
+// details; the next job, without the variables, is not tuned.
+func TestAutotuneFromRankZero(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "tune.csv")
+	s := daemontest.Start(t, daemon.Config{Slots: 2})
+	env := []string{"HVDD_TEST_SIZE=2", "HVDD_TEST_STEPS=30", "HOROVOD_AUTOTUNE=1", "HOROVOD_AUTOTUNE_LOG=" + log,
+		"HOROVOD_AUTOTUNE_WARMUP_SAMPLES=0", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE=1", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=3"}
+	for _, w := range daemontest.Spawn(t, s.Socket, "tunesteps", 2, env...) {
+		if err := w.Wait(120 * time.Second); err != nil {
+			t.Fatalf("rank %d: %v\n%s", w.Rank, err, w.Output())
+		}
+	}
+	s.WaitLog(t, "autotune: done", 10*time.Second)
+	checkTuneLog(t, log, []string{daemon.KnobFusion, daemon.KnobCycle, daemon.KnobSpin, "score"}, 3)
+	for _, w := range daemontest.Spawn(t, s.Socket, "tunesteps", 2, "HVDD_TEST_SIZE=2", "HVDD_TEST_STEPS=3") {
+		if err := w.Wait(120 * time.Second); err != nil {
+			t.Fatalf("second job, rank %d: %v\n%s", w.Rank, err, w.Output())
+		}
+	}
+	s.WaitLog(t, "job=2", 10*time.Second)
+	if n := strings.Count(s.Logs(), "autotune: tuning"); n != 1 {
+		t.Errorf("%d jobs tuned, want only the first:\n%s", n, s.Logs())
+	}
+}
