@@ -110,9 +110,9 @@ func TestConfigFile(t *testing.T) {
 			serve: []string{"--log-level", "warning"},
 		},
 		{
-			name:     "autotune flag over a section without enabled",
-			body:     "autotune:\n  warmup_samples: 4\n",
-			flags:    []string{"--autotune"},
+			name:  "autotune flag over a section without enabled",
+			body:  "autotune:\n  warmup_samples: 4\n",
+			flags: []string{"--autotune"},
 			env:   []string{"HOROVOD_AUTOTUNE=1", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES=4"},
 			serve: []string{"--log-level", "info", "--autotune", "--autotune-warmup-samples", "4"},
 		},
