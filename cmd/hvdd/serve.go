@@ -40,6 +40,8 @@ Environment (Horovod's knobs, honoured when the flag is not given):
   HVDD_SECRET                          shared secret of a multi-node job (hex or raw)
   HVDD_SPIN                            --spin, as a duration (-1ns: never spin)
   HVDD_TCP_STREAMS                     --tcp-streams
+  HVDD_TCP_CHUNK_BYTES                 --tcp-chunk-bytes
+  HVDD_TCP_SMALL_BYTES                 --tcp-small-bytes
   HVDD_CONTROL                         --control (auto, tcp or mpi)
   HOROVOD_FUSION_THRESHOLD             bytes per fused response (0 disables fusion)
   HOROVOD_CYCLE_TIME                   ms between dispatched plans (batching window)
@@ -82,6 +84,7 @@ type serveArgs struct {
 	cycle, stallCheck, stallShutdown           time.Duration
 	spin, elasticTimeout                       time.Duration
 	nodes, nodeRank, streams                   int
+	chunkBytes, smallBytes                     int
 	elastic                                    bool
 	rendezvous, advertise, secretFile, backend string
 	iface                                      string
@@ -181,6 +184,10 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 		defStreams = 8
 	}
 	fs.IntVar(&args.streams, "tcp-streams", defStreams, "tcp engine: data connections per peer node, the same on every node (default $HVDD_TCP_STREAMS, else 8)")
+	defChunk, _ := strconv.Atoi(os.Getenv("HVDD_TCP_CHUNK_BYTES"))
+	fs.IntVar(&args.chunkBytes, "tcp-chunk-bytes", defChunk, "tcp engine: pipeline segment of large collectives, in bytes, the same on every node (default $HVDD_TCP_CHUNK_BYTES, else 1 MiB)")
+	defSmall, _ := strconv.Atoi(os.Getenv("HVDD_TCP_SMALL_BYTES"))
+	fs.IntVar(&args.smallBytes, "tcp-small-bytes", defSmall, "tcp engine: the largest collective in bytes that takes the latency algorithms rather than the pipelined rings, the same on every node; negative: always the rings (default $HVDD_TCP_SMALL_BYTES, else 64 KiB)")
 	fs.BoolVar(&args.exitAfterJob, "exit-after-job", false, "serve one job, then exit once its last local process has gone (what the processes of a job under mpirun or srun do when they start a daemon for themselves)")
 	fs.DurationVar(&args.idleExit, "idle-exit", 0, "exit once no process has been connected for this long (since the start, or since the last one left); 0 never")
 	fs.StringVar(&args.logFile, "log-file", "", "append the log to this file instead of standard error; an empty log file is removed when the daemon exits")
@@ -340,12 +347,13 @@ func overrideHorovodEnv(cfg *daemon.Config, args serveArgs) {
 	// Settings the user gave stay as given, as Horovod holds parameters set
 	// explicitly (ApplyHorovodEnv fixes those of HOROVOD_* variables).
 	for flagName, knob := range map[string]string{"fusion-threshold": daemon.KnobFusion, "cycle-time": daemon.KnobCycle,
-		"spin": daemon.KnobSpin, "tcp-streams": daemon.KnobStreams} {
+		"spin": daemon.KnobSpin, "tcp-streams": daemon.KnobStreams, "tcp-chunk-bytes": daemon.KnobChunk, "tcp-small-bytes": daemon.KnobSmall} {
 		if args.given[flagName] && !slices.Contains(a.Fixed, knob) {
 			a.Fixed = append(a.Fixed, knob)
 		}
 	}
-	for env, knob := range map[string]string{"HVDD_SPIN": daemon.KnobSpin, "HVDD_TCP_STREAMS": daemon.KnobStreams} {
+	for env, knob := range map[string]string{"HVDD_SPIN": daemon.KnobSpin, "HVDD_TCP_STREAMS": daemon.KnobStreams,
+		"HVDD_TCP_CHUNK_BYTES": daemon.KnobChunk, "HVDD_TCP_SMALL_BYTES": daemon.KnobSmall} {
 		if os.Getenv(env) != "" && !slices.Contains(a.Fixed, knob) {
 			a.Fixed = append(a.Fixed, knob)
 		}
@@ -395,7 +403,7 @@ func clusterConfig(cfg *daemon.Config, args serveArgs) error {
 	if err != nil {
 		return secretError(err)
 	}
-	factory, err := backendFactory(args.backend, args.streams)
+	factory, err := backendFactory(args.backend, tcpSettings{streams: args.streams, chunk: args.chunkBytes, small: args.smallBytes})
 	if err != nil {
 		return err
 	}

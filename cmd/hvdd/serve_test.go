@@ -104,19 +104,19 @@ func TestServeAutotune(t *testing.T) {
 		{"off", nil, nil, daemon.AutotuneConfig{}},
 		{"flags", []string{"--autotune", "--autotune-log-file", "/tmp/at.csv", "--autotune-warmup-samples", "0",
 			"--autotune-steps-per-sample", "4", "--autotune-bayes-opt-max-samples", "5", "--autotune-gaussian-process-noise", "0.5",
-			"--fusion-threshold", "1024", "--spin", "0s"}, nil,
+			"--fusion-threshold", "1024", "--spin", "0s", "--tcp-small-bytes", "-1"}, nil,
 			daemon.AutotuneConfig{Enabled: true, LogFile: "/tmp/at.csv", WarmupSamples: -1, StepsPerSample: 4, MaxSamples: 5, Noise: 0.5,
-				Fixed: []string{daemon.KnobFusion, daemon.KnobSpin}}},
+				Fixed: []string{daemon.KnobFusion, daemon.KnobSmall, daemon.KnobSpin}}},
 		{"environment", nil, map[string]string{"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "a.csv", "HOROVOD_CYCLE_TIME": "2",
-			"HVDD_TCP_STREAMS": "4", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "7"},
-			daemon.AutotuneConfig{Enabled: true, LogFile: "a.csv", MaxSamples: 7, Fixed: []string{daemon.KnobCycle, daemon.KnobStreams}}},
+			"HVDD_TCP_STREAMS": "4", "HVDD_TCP_CHUNK_BYTES": "65536", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "7"},
+			daemon.AutotuneConfig{Enabled: true, LogFile: "a.csv", MaxSamples: 7, Fixed: []string{daemon.KnobChunk, daemon.KnobCycle, daemon.KnobStreams}}},
 		{"flag wins", []string{"--autotune=false", "--autotune-bayes-opt-max-samples", "3"}, map[string]string{"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "7"},
 			daemon.AutotuneConfig{MaxSamples: 3}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			for _, k := range []string{"HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_LOG", "HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD",
-				"HVDD_TCP_STREAMS", "HVDD_SPIN", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"} {
+				"HVDD_TCP_STREAMS", "HVDD_TCP_CHUNK_BYTES", "HVDD_TCP_SMALL_BYTES", "HVDD_SPIN", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"} {
 				t.Setenv(k, tt.env[k])
 			}
 			args, err := parseServeArgs(append([]string{"--slots", "1"}, tt.argv...))
