@@ -20,8 +20,8 @@ func cpuTime(b *testing.B) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// loop runs f b.N times (b.Loop) and reports CPU time per op.
-func loop(b *testing.B, f func()) {
+// benchCPU runs f b.N times (b.Loop) and reports CPU time per op.
+func benchCPU(b *testing.B, f func()) {
 	b.ReportAllocs()
 	c0, n := cpuTime(b), 0
 	for b.Loop() {
@@ -54,7 +54,7 @@ func BenchmarkNextSample(b *testing.B) {
 					}
 					bo.AddSample(x, s+0.05*r.NormFloat64())
 				}
-				loop(b, func() { bo.NextSample() })
+				benchCPU(b, func() { bo.NextSample() })
 			})
 		}
 	}
@@ -76,7 +76,7 @@ func BenchmarkGPFit(b *testing.B) {
 				}
 			}
 			g := NewGaussianProcess(0.8)
-			loop(b, func() {
+			benchCPU(b, func() {
 				if err := g.Fit(x, y); err != nil {
 					b.Fatal(err)
 				}

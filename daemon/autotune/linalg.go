@@ -33,13 +33,13 @@ import (
 // equal rows, as from two samples at the same point with no noise) produce a
 // pivot of zero, a tiny negative number, or a tiny positive one whose square
 // root then divides everything below it and blows the solution up. So the
-// factorisation treats any pivot <= n * eps * max_i A[i][i] as zero and fails
-// with ErrNotPositiveDefinite (a NaN pivot fails the same test). The relative
-// tolerance is the backward error of Cholesky (Higham, Accuracy and
-// Stability of Numerical Algorithms, thm 10.3: the computed L is the exact
-// factor of A + dA with |dA| <= ~(n+1) eps |L||L^T|): a pivot below it is
-// noise. The caller (the GP) reacts by adding jitter to the diagonal and
-// retrying; see GaussianProcess.
+// factorisation treats any pivot <= n * eps * max_i A[i][i] (eps = 2^-52,
+// machEps) as zero and fails with ErrNotPositiveDefinite; a NaN pivot fails
+// the same test. The tolerance is of the size of Cholesky's backward error
+// (Higham, Accuracy and Stability of Numerical Algorithms, thm 10.3: the
+// computed L is the exact factor of A + dA with |dA| <= ~(n+1) u |L||L^T|,
+// u = eps/2), so a pivot below it is noise. The caller (the GP) reacts by
+// adding jitter to the diagonal and retrying; see GaussianProcess.
 //
 // Solves. A x = b is L (L^T x) = b: forward substitution for z in L z = b,
 //
@@ -52,8 +52,9 @@ import (
 // log det A = 2 sum_i log L[i][i], which the log marginal likelihood needs.
 
 // ErrNotPositiveDefinite is returned (wrapped) by the Cholesky factorisation
-// when a pivot is not positive to working precision: the matrix is not
-// positive definite, is singular, or holds a NaN.
+// when a pivot is not positive to working precision (see the tolerance in
+// the block comment): the matrix is not positive definite, is singular, or
+// holds a NaN.
 var ErrNotPositiveDefinite = errors.New("autotune: matrix is not positive definite")
 
 // cholesky factors the n x n symmetric matrix a (only its lower triangle is
@@ -66,7 +67,7 @@ func cholesky(a []float64, n int, l []float64) error {
 			maxDiag = d
 		}
 	}
-	tol := float64(n) * eps * maxDiag
+	tol := float64(n) * machEps * maxDiag
 	for i := 0; i < n; i++ {
 		li := l[i*n : i*n+n]
 		for j := 0; j <= i; j++ {
@@ -85,8 +86,8 @@ func cholesky(a []float64, n int, l []float64) error {
 	return nil
 }
 
-// eps is the float64 unit roundoff, 2^-52.
-const eps = 0x1p-52
+// machEps is the float64 machine epsilon, 2^-52 (twice the unit roundoff).
+const machEps = 0x1p-52
 
 // dot returns sum_k a[k] b[k] over len(a) <= len(b) terms, four at a time
 // (independent partial sums let the multiplies overlap; the reslice lets the
