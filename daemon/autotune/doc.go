@@ -1,8 +1,12 @@
-// Package autotune holds the optimiser behind hvdd's autotuner
-// (HOROVOD_AUTOTUNE): Bayesian optimisation with a Gaussian-process
-// surrogate and expected improvement, which proposes the next values to try
-// for the tunable knobs (fusion threshold, cycle time) from the scores
-// measured so far.
+// Package autotune is the pure core of hvdd's autotuner (HOROVOD_AUTOTUNE):
+// the Manager, which turns the batches a job runs into samples and scores
+// as Horovod's ParameterManager does and walks through configurations of
+// the knobs it is given (the defaults, seeds, then the optimiser's
+// proposals) to the best; and the optimiser it uses, Bayesian optimisation
+// with a Gaussian-process surrogate and expected improvement, which proposes
+// the next values to try from the scores measured so far. The daemon
+// (daemon/autotune.go) chooses the knobs, passes the time and applies the
+// values.
 //
 // It is Horovod's horovod/common/optim (bayesian_optimization.cc,
 // gaussian_process.cc) rewritten, with cheap improvements: inputs are scaled
@@ -33,7 +37,8 @@
 //
 // # What the package does not do
 //
-// It performs no I/O, starts no goroutines, reads no clock, no environment
+// Neither performs I/O, starts goroutines, reads a clock (the Manager is
+// given the time), no environment
 // and no global state, and logs nothing. Its only randomness is the
 // *rand.Rand the caller passes in, so a run is reproducible from the seed
 // and the scores. The caller owns everything around the optimiser: which
