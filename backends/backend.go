@@ -130,3 +130,32 @@ type LoopRunnable interface {
 type Grouper interface {
 	Group(ranks []int) (Backend, error)
 }
+
+// Tuning is an engine's per-collective settings, which an autotuner may
+// change between collectives. Zero fields mean "unchanged" to SetTuning.
+type Tuning struct {
+	// Streams is how many of the engine's data connections per peer a large
+	// collective is dealt over.
+	Streams int
+	// ChunkBytes is the pipeline segment of the large-message algorithms.
+	ChunkBytes int
+	// SmallBytes is the largest buffer the latency-oriented algorithms take;
+	// larger ones take the pipelined rings. Negative: always the rings.
+	SmallBytes int
+}
+
+// Tunable is implemented by engines whose Tuning can change while they run.
+// Every rank must apply the same Tuning at the same point of its sequence of
+// collectives (the daemon applies a plan's tuning before the plan's
+// collectives, and every node runs the plans in the same order), and never
+// while a collective runs. Group views share their parent's Tuning.
+type Tunable interface {
+	// Tuning returns the settings in force.
+	Tuning() Tuning
+	// MaxStreams is the most Streams SetTuning accepts: the data
+	// connections opened per peer.
+	MaxStreams() int
+	// SetTuning changes the settings given (non-zero fields), or returns an
+	// error naming the bad one and changes nothing.
+	SetTuning(t Tuning) error
+}

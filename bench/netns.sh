@@ -1,6 +1,6 @@
 # Sourced by the two-"node" benchmarks (netbench.sh, netab.sh): makes network
 # namespaces ${NS}0 and ${NS}1 joined by a veth pair, addresses $A and $B
-# (optionally the link limited to 10 Gbit/s by tc tbf when TBF=1), and
+# (optionally the link limited to $RATE, default 10gbit, by tc tbf when TBF=1), and
 # $W/agent, the remote agent with which hvdd run and mpirun reach them. The
 # caller sets NS, A, B, TBF and W and removes the namespaces on exit
 # (netns_cleanup).
@@ -11,7 +11,7 @@ ip link add "${NS}0i" netns "${NS}0" type veth peer name "${NS}1i" netns "${NS}1
 ip -n "${NS}0" addr add "$A/24" dev "${NS}0i"; ip -n "${NS}1" addr add "$B/24" dev "${NS}1i"
 for n in "${NS}0" "${NS}1"; do ip -n "$n" link set lo up; ip -n "$n" link set "${n}i" up; done
 if [ "${TBF:-0}" = 1 ]; then
-  for n in "${NS}0" "${NS}1"; do ip netns exec "$n" tc qdisc add dev "${n}i" root tbf rate 10gbit burst 1mb latency 10ms; done
+  for n in "${NS}0" "${NS}1"; do ip netns exec "$n" tc qdisc add dev "${n}i" root tbf rate "${RATE:-10gbit}" burst 1mb latency 10ms; done
 fi
 cat > "$W/agent" <<AGENT
 #!/bin/sh

@@ -117,6 +117,45 @@ type Config struct {
 	// Heartbeat and PeerTimeout tune the control links: a node silent for
 	// PeerTimeout is lost. Zero means 1 s and 3 s.
 	Heartbeat, PeerTimeout time.Duration
+
+	// Autotune tunes the settings of every job this daemon coordinates
+	// while the job runs (Horovod's HOROVOD_AUTOTUNE); its zero value leaves
+	// them as configured.
+	Autotune AutotuneConfig
+}
+
+// AutotuneConfig configures autotuning (autotune.go). The zero value is
+// off; zero numbers mean Horovod's defaults.
+type AutotuneConfig struct {
+	// Enabled tunes, for each job whose plans this daemon decides (one
+	// node's jobs, and node 0's across nodes), the fusion threshold, the
+	// cycle time, the loop's spin window and, across nodes, the tcp
+	// engine's streams, segment and small-message threshold (the knobs
+	// KnobNames lists), by Bayesian optimisation of the bytes the job moves
+	// per microsecond; then it keeps the best. The coordinator applies them
+	// on every node.
+	Enabled bool
+	// LogFile, when set, is the CSV file the coordinator writes
+	// (HOROVOD_AUTOTUNE_LOG): a header of the knobs tuned, one row per
+	// configuration scored, and the best configuration last.
+	LogFile string
+	// WarmupSamples is how many scores are discarded first
+	// (HOROVOD_AUTOTUNE_WARMUP_SAMPLES); zero means 3, negative none.
+	WarmupSamples int
+	// StepsPerSample is how many times a tensor is seen per sample
+	// (HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE); zero means 10.
+	StepsPerSample int
+	// MaxSamples is how many configurations are scored
+	// (HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES); zero means 20.
+	MaxSamples int
+	// Noise is the Gaussian process's noise, in [0, 1]
+	// (HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE); zero means 0.8, negative
+	// none.
+	Noise float64
+	// Fixed names knobs the user set explicitly (flags, HOROVOD_* knobs),
+	// which tuning keeps as configured, as Horovod keeps parameters set
+	// explicitly; each is one of KnobNames.
+	Fixed []string
 }
 
 // DefaultFusionThreshold is Horovod's default fusion buffer size.
@@ -132,6 +171,9 @@ func (c *Config) validate() error {
 	}
 	if c.OutputRegion < 0 {
 		errs = append(errs, fmt.Errorf("output region size must not be negative, got %d", c.OutputRegion))
+	}
+	if err := c.Autotune.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Workers < 0 {
 		errs = append(errs, fmt.Errorf("workers must not be negative, got %d", c.Workers))
@@ -192,7 +234,9 @@ func (c *Config) withDefaults() Config {
 // ApplyHorovodEnv overrides fields from Horovod's environment knobs where they
 // are set (HOROVOD_FUSION_THRESHOLD in bytes, HOROVOD_CYCLE_TIME in ms,
 // HOROVOD_STALL_CHECK_DISABLE, HOROVOD_STALL_CHECK_TIME_SECONDS,
-// HOROVOD_STALL_SHUTDOWN_TIME_SECONDS). getenv is os.Getenv in production. The
+// HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, HOROVOD_AUTOTUNE and its
+// HOROVOD_AUTOTUNE_* details); a fusion threshold or cycle time set there is
+// held fixed by autotuning, as in Horovod. getenv is os.Getenv in production. The
 // knobs exist for Horovod users' scripts; hvdd's flags are the stable interface.
 func (c *Config) ApplyHorovodEnv(getenv func(string) string) error {
 	var errs []error
@@ -216,6 +260,32 @@ func (c *Config) ApplyHorovodEnv(getenv func(string) string) error {
 		}
 	})
 	num("HOROVOD_CYCLE_TIME", func(x float64) { c.CycleTime = time.Duration(x * float64(time.Millisecond)) })
+	if getenv("HOROVOD_FUSION_THRESHOLD") != "" {
+		c.Autotune.fix(KnobFusion)
+	}
+	if getenv("HOROVOD_CYCLE_TIME") != "" {
+		c.Autotune.fix(KnobCycle)
+	}
+	if v := strings.TrimSpace(getenv("HOROVOD_AUTOTUNE")); v != "" && v != "0" {
+		c.Autotune.Enabled = true
+	}
+	if v := getenv("HOROVOD_AUTOTUNE_LOG"); v != "" {
+		c.Autotune.LogFile = v
+	}
+	num("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", func(x float64) {
+		c.Autotune.WarmupSamples = int(x)
+		if x == 0 {
+			c.Autotune.WarmupSamples = -1 // none, where 0 means the default
+		}
+	})
+	num("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", func(x float64) { c.Autotune.StepsPerSample = int(x) })
+	num("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", func(x float64) { c.Autotune.MaxSamples = int(x) })
+	num("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", func(x float64) {
+		c.Autotune.Noise = x
+		if x == 0 {
+			c.Autotune.Noise = -1
+		}
+	})
 	num("HOROVOD_STALL_CHECK_TIME_SECONDS", func(x float64) { c.StallCheck = time.Duration(x * float64(time.Second)) })
 	num("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", func(x float64) { c.StallShutdown = time.Duration(x * float64(time.Second)) })
 	if v := getenv("HOROVOD_STALL_CHECK_DISABLE"); v != "" && v != "0" {

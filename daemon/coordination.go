@@ -84,6 +84,14 @@ type coordination interface {
 	// traceSent hands the phases recorded so far to the node that writes
 	// the timeline; called while the executor is idle.
 	traceSent()
+	// coordinates reports whether this node decides the job's plans (and
+	// so runs its autotuner).
+	coordinates() bool
+	// retune applies the autotuner's settings on the deciding node: the
+	// fusion threshold to its table at once; across nodes every setting
+	// travels in the next plan, and each node applies it (loopHooks.tuned,
+	// the engine's) before that plan's responses.
+	retune(s settings)
 }
 
 // setRegistry registers and removes process sets; *plan.Table is one.
@@ -124,6 +132,9 @@ type loopHooks interface {
 	// traceRemote writes another node's phases into the timeline, if the
 	// one they were recorded for still runs.
 	traceRemote(node int, m *clusterpb.TimelineEvents)
+	// tuned applies the loop's part of the autotuner's settings (cycle
+	// time, spin window), as a plan of the coordinator's brought them.
+	tuned(s settings)
 }
 
 // oneNode forms every job on this node alone.
@@ -174,6 +185,12 @@ func (c *localCoord) hostsUpdated(*ipcpb.HostsUpdated) {}
 func (c *localCoord) engine() backends.Backend         { return nil }
 func (c *localCoord) traceSink() eventSink             { return nil }
 func (c *localCoord) traceSent()                       {}
+func (c *localCoord) coordinates() bool                { return true }
+
+func (c *localCoord) retune(s settings) {
+	// The threshold is never negative here (tuner.settings).
+	c.t.SetFusionThreshold(s.fusion)
+}
 
 // tableSubmit submits o to t and adds it to j's pending ops, or returns the
 // Done that refuses it.

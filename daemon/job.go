@@ -75,6 +75,7 @@ type job struct {
 	globalRows []int
 
 	stats jobStats // what the job ran, logged when it ends
+	tune  *tuner   // the autotuner, on the node that decides the plans (autotune.go)
 }
 
 // jobStats counts what a job ran, to show fusion at work: a training step

@@ -70,12 +70,17 @@ type loop struct {
 	spinUntil    time.Time
 	quit         bool
 
+	// The settings the autotuner may change (autotune.go): Config's
+	// CycleTime and Spin at first.
+	cycleTime, spin time.Duration
+
 	tl        *tracer        // Horovod's timeline; nil when off (tracing.go)
 	tlClosing sync.WaitGroup // timelines whose files are still being completed
 }
 
 func newLoop(s *Server, p *poller) (*loop, error) {
-	l := &loop{s: s, cfg: s.cfg, p: p, epoch: time.Now(), clients: make(map[int]*client)}
+	l := &loop{s: s, cfg: s.cfg, p: p, epoch: time.Now(), clients: make(map[int]*client),
+		cycleTime: s.cfg.CycleTime, spin: s.cfg.Spin}
 	l.x = newExecutor(s, p)
 	if s.cfg.multiNode() {
 		mn, err := newMultiNode(l, p, s.cfg, s.log)
@@ -113,12 +118,12 @@ func (l *loop) run() {
 	defer runtime.UnlockOSThread()
 	go l.x.run()
 	defer l.shutdown()
-	spin := l.cfg.Spin
+	spin := l.spin
 	var yielded time.Time
 	var lastSleep time.Duration // the previous blocking wait
 	for !l.quit {
 		timeout := 0
-		if l.cfg.Spin <= 0 || !time.Now().Before(l.spinUntil) {
+		if l.spin <= 0 || !time.Now().Before(l.spinUntil) {
 			// Going to sleep: tell the channels' clients to ring the
 			// doorbell, unless something arrived meanwhile.
 			if !l.setAsleep(true) {
@@ -143,7 +148,7 @@ func (l *loop) run() {
 		if timeout != 0 {
 			l.setAsleep(false)
 			lastSleep = time.Since(slept)
-			spin = ipc.AdaptSpin(spin, l.cfg.Spin, lastSleep)
+			spin = ipc.AdaptSpin(spin, l.spin, lastSleep)
 		}
 		if err != nil {
 			l.s.log.Error("event loop failed", "err", err)
@@ -205,7 +210,7 @@ func (l *loop) run() {
 			j.coord.expect(len(j.pending) > 0)
 		}
 		l.armStallTimer()
-		if l.cfg.Spin > 0 {
+		if l.spin > 0 {
 			l.spinUntil = time.Now().Add(spin)
 		}
 	}
@@ -472,6 +477,7 @@ func (l *loop) start(j *job, m membership, c coordination) {
 		backendNames = append(backendNames, b.Name())
 	}
 	l.s.log.Info("job formed", "job", j.id, "size", m.size, "node", m.node, "nodes", m.nodes(), "pids", j.pids(), "elastic", j.elastic, "epoch", m.epoch)
+	l.startTuner(j)
 	l.reformed(j)
 	l.helloTimeline(j)
 	homog := m.homogeneous()
@@ -551,6 +557,9 @@ func (l *loop) closed(c *client, bye bool, err error) {
 	if j.open == 0 {
 		// Horovod's shutdown ends its timeline too.
 		l.stopTimeline(nil)
+		if j.tune != nil {
+			j.tune.close()
+		}
 		st := j.stats
 		l.s.log.Info("job ended", "job", j.id, "batches", st.batches, "responses", st.responses, "tensors", st.tensors, "bytes", st.bytes)
 		l.nodes.ended(j)
@@ -683,8 +692,8 @@ func (l *loop) dispatch() {
 	if j == nil || !j.formed || j.failed != nil || l.execBusy || l.cycle != nil {
 		return
 	}
-	if l.cfg.CycleTime > 0 {
-		if wait := l.cfg.CycleTime - time.Since(l.lastDispatch); wait > 0 {
+	if l.cycleTime > 0 {
+		if wait := l.cycleTime - time.Since(l.lastDispatch); wait > 0 {
 			l.cycle = time.AfterFunc(wait, func() { l.p.post(msgCycle{}) })
 			return
 		}
@@ -776,6 +785,9 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 	j.stats.batches++
 	j.stats.responses += int64(len(batch))
 	j.stats.bytes += bytes
+	if j.tune != nil {
+		l.tuneBatch(j, resps)
+	}
 	if b == nil && bytes <= inlineBytes || loopRunnable(b, bytes) {
 		// Small work costs less than the hand-off to the executor.
 		for _, w := range batch {

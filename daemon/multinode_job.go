@@ -56,6 +56,8 @@ type multiCoord struct {
 	shutdown *clusterpb.Abort
 	// expecting is what the links were last told (cluster.Link.Expect).
 	expecting bool
+	// tuning is the autotuner's settings for the coordinator's next plan.
+	tuning *settings
 }
 
 // cacheEntry is a tensor's requests as last forwarded, under a cache slot.
@@ -78,6 +80,33 @@ func newMultiCoord(n *multiNode, j *job) *multiCoord {
 func coordOf(j *job) *multiCoord { return j.coord.(*multiCoord) }
 
 func (mc *multiCoord) coordinator() bool { return mc.n.leads() }
+
+func (mc *multiCoord) coordinates() bool { return mc.coordinator() }
+
+// retune takes the coordinator's autotuned settings (coordination): the
+// fusion threshold now, the rest with the next plan.
+func (mc *multiCoord) retune(s settings) {
+	if mc.table != nil {
+		mc.table.SetFusionThreshold(s.fusion)
+	}
+	mc.tuning = &s
+}
+
+// applyTuning applies settings that a plan carries, before its responses:
+// the loop's and the engine's. It reports false when the engine refused
+// them, after failing the job.
+func (mc *multiCoord) applyTuning(s settings) bool {
+	mc.hooks.tuned(s)
+	tb, ok := mc.b.(backends.Tunable)
+	if !ok || s.engine == (backends.Tuning{}) {
+		return true
+	}
+	if err := tb.SetTuning(s.engine); err != nil {
+		mc.hooks.abort(mc.j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("node %d cannot apply the autotuned engine settings: %v (give every node the same --tcp-streams)", mc.n.rank, err), true)
+		return false
+	}
+	return true
+}
 
 func (mc *multiCoord) engine() backends.Backend { return mc.b }
 
@@ -441,6 +470,11 @@ func (mc *multiCoord) next() []plan.Response {
 		if gen, now, ok := mc.hooks.traceClock(); ok {
 			pm.Timeline = &clusterpb.TimelineClock{Gen: gen, NowUs: now}
 		}
+		var tuned *settings
+		if mc.tuning != nil {
+			tuned, mc.tuning = mc.tuning, nil
+			pm.Tuning = tuned.pb()
+		}
 		if resps == nil {
 			resps = []plan.Response{} // set decisions only: nothing to run
 		}
@@ -453,6 +487,9 @@ func (mc *multiCoord) next() []plan.Response {
 				mc.hooks.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("%s%s was lost: %v", mc.name(r), j.members.rankRange(r), err), true)
 				return nil
 			}
+		}
+		if tuned != nil && !mc.applyTuning(*tuned) {
+			return nil
 		}
 		return resps
 	}
@@ -476,6 +513,15 @@ func (mc *multiCoord) next() []plan.Response {
 	if err := mc.applySets(pm.GetSets()); err != nil {
 		mc.hooks.abort(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("plan %d: %v", pm.GetSeq(), err), true)
 		return nil
+	}
+	if t := pm.GetTuning(); t != nil {
+		s := settingsFromPB(t)
+		if s.final {
+			mc.n.log.Info("autotune: the coordinator's best settings applied", s.attrs()...)
+		}
+		if !mc.applyTuning(s) {
+			return nil
+		}
 	}
 	resps := make([]plan.Response, 0, len(pm.GetResponses()))
 	for _, pr := range pm.GetResponses() {

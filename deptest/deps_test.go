@@ -83,6 +83,13 @@ func TestDeps(t *testing.T) {
 			},
 		},
 		{
+			pkgs: []string{"daemon/autotune"},
+			rule: "imports nothing from hvdd",
+			bad: func(d dep) bool {
+				return strings.HasPrefix(d.path, module+"/") && d.path != module+"/daemon/autotune"
+			},
+		},
+		{
 			pkgs: []string{"tensor", "shm", "ipc"},
 			rule: "imports nothing of the daemon or the backends",
 			bad:  func(d dep) bool { return inside(d.path, "daemon") || inside(d.path, "backends") },

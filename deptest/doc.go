@@ -6,7 +6,8 @@
 //     and the standard library;
 //   - tensor, shm or ipc import the daemon (daemon/...) or any backend
 //     (backends/...);
-//   - auth imports anything from hvdd;
+//   - auth or daemon/autotune (the pure autotuning core) import anything
+//     from hvdd;
 //   - the default build of cmd/hvdd (no build tags) compiles cgo outside
 //     the standard library: MPI, the one cgo engine, stays behind the mpi
 //     build tag (cmd/hvdd/mpi_off.go, backends/mpi/nompi.go). The standard

@@ -150,8 +150,13 @@ flag of every daemon hvdd run starts. A daemon that was already running on
   --autotune, --autotune-log-file FILE, --autotune-warmup-samples N,
   --autotune-steps-per-sample N, --autotune-bayes-opt-max-samples N,
   --autotune-gaussian-process-noise X
-        accepted with a warning: hvdd does not tune yet, and the job runs
-        with the parameters given (no log is written); the ranks get
+        tune the job's fusion threshold, cycle time and the daemons' spin
+        window, and across hosts the tcp engine's streams, segment and
+        small-message threshold, while it runs (Bayesian optimisation of
+        the bytes moved per second, as Horovod's); parameters given stay
+        fixed; node 0's daemon writes the log (a CSV of each configuration
+        and its score, the best last) and applies the best to every host.
+        The daemons started get --autotune and its details; the ranks get
         HOROVOD_AUTOTUNE=1 and the others, as from horovodrun
   --timeline-filename FILE
         record Horovod's timeline of the job in FILE (a Chrome trace for
@@ -420,6 +425,14 @@ func ParseArgs(args []string) (Config, error) {
 			return Config{}, fmt.Errorf("--timeline-filename %q: %w", *tl, err)
 		}
 		c.Knobs.TimelineFilename = &abs
+	}
+	if al := c.Knobs.AutotuneLogFile; al != nil && *al != "" {
+		// Node 0's daemon writes it, from another working directory.
+		abs, err := filepath.Abs(*al)
+		if err != nil {
+			return Config{}, fmt.Errorf("--autotune-log-file %q: %w", *al, err)
+		}
+		c.Knobs.AutotuneLogFile = &abs
 	}
 	c.Warnings = append(c.Warnings, c.Knobs.warnings()...)
 	if c.OutputFilename != "" {

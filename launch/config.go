@@ -230,9 +230,11 @@ type Config struct {
 // ServeFlags is the `hvdd serve` flags that pass the job's settings to
 // every daemon Run starts: --log-level (Knobs.LogLevel, else
 // $HOROVOD_LOG_LEVEL, else warning: a job's own daemons speak up only when
-// something is wrong), then the knobs the daemon has a setting for
-// (--fusion-threshold, --cycle-time, --stall-check, --stall-shutdown).
-// Whoever builds DaemonCommand should append them.
+// something is wrong; info with --autotune, whose progress and choice are
+// info lines), then the knobs the daemon has a setting for
+// (--fusion-threshold, --cycle-time, --stall-check, --stall-shutdown,
+// --autotune and its details). Whoever builds DaemonCommand should append
+// them.
 func (c *Config) ServeFlags() []string {
 	level := os.Getenv("HOROVOD_LOG_LEVEL")
 	if c.Knobs.LogLevel != nil {
@@ -240,6 +242,9 @@ func (c *Config) ServeFlags() []string {
 	}
 	if level == "" {
 		level = "warning"
+		if c.Knobs.autotune() {
+			level = "info"
+		}
 	}
 	return append([]string{"--log-level", strings.ToLower(level)}, c.Knobs.daemonFlags()...)
 }

@@ -20,8 +20,8 @@ import (
 // environment under horovodrun's name and value (scripts may read them),
 // and, where the daemon has a matching setting, to every daemon it starts
 // as an `hvdd serve` flag (Config.ServeFlags). Knobs with no daemon setting
-// (the response cache, hierarchical collectives, autotuning) reach the
-// environment only; Usage says what each does here.
+// (the response cache, hierarchical collectives) reach the environment
+// only; Usage says what each does here.
 
 // Knobs are horovodrun's tuneable parameters. A nil field was not given
 // (neither on the command line nor in a config file): hvdd run then sets
@@ -43,7 +43,8 @@ type Knobs struct {
 	// by construction).
 	HierarchicalAllreduce, HierarchicalAllgather *bool
 	// Autotune is --autotune: HOROVOD_AUTOTUNE=1 and the autotune fields
-	// below in the environment only; hvdd does not tune (Run warns).
+	// below (the log file an absolute path) in the environment, and hvdd
+	// serve --autotune and its --autotune-* flags for the daemons.
 	Autotune                     *bool
 	AutotuneLogFile              *string
 	AutotuneWarmupSamples        *int64
@@ -198,6 +199,24 @@ func (k *Knobs) daemonFlags() []string {
 	if k.CycleTimeMS != nil {
 		args = append(args, "--cycle-time", strconv.FormatFloat(*k.CycleTimeMS, 'f', -1, 64)+"ms")
 	}
+	if k.autotune() {
+		args = append(args, "--autotune")
+		if k.AutotuneLogFile != nil {
+			args = append(args, "--autotune-log-file", *k.AutotuneLogFile)
+		}
+		if k.AutotuneWarmupSamples != nil {
+			args = append(args, "--autotune-warmup-samples", strconv.FormatInt(*k.AutotuneWarmupSamples, 10))
+		}
+		if k.AutotuneStepsPerSample != nil {
+			args = append(args, "--autotune-steps-per-sample", strconv.FormatInt(*k.AutotuneStepsPerSample, 10))
+		}
+		if k.AutotuneBayesOptMaxSamples != nil {
+			args = append(args, "--autotune-bayes-opt-max-samples", strconv.FormatInt(*k.AutotuneBayesOptMaxSamples, 10))
+		}
+		if k.AutotuneGaussianProcessNoise != nil {
+			args = append(args, "--autotune-gaussian-process-noise", strconv.FormatFloat(*k.AutotuneGaussianProcessNoise, 'f', -1, 64))
+		}
+	}
 	switch {
 	case k.NoStallCheck != nil && *k.NoStallCheck:
 		args = append(args, "--stall-check", "-1s") // negative: disabled
@@ -283,14 +302,6 @@ func knobFlags(fs *flag.FlagSet, k *Knobs) {
 	boolKnob("log-hide-timestamp", "no-log-hide-timestamp", &k.LogWithTimestamp, false)
 }
 
-// warnings says what of the knobs given hvdd run accepts without doing it.
-func (k *Knobs) warnings() []string {
-	if !k.autotune() {
-		return nil
-	}
-	w := "--autotune: hvdd does not tune yet; the job runs with the fusion threshold and cycle time given (or the daemons' defaults), and its ranks get HOROVOD_AUTOTUNE=1 as horovodrun sets it"
-	if k.AutotuneLogFile != nil {
-		w += "; no autotune log is written to " + *k.AutotuneLogFile
-	}
-	return []string{w}
-}
+// warnings says what of the knobs given hvdd run accepts without doing it:
+// nothing now (autotuning was the last).
+func (k *Knobs) warnings() []string { return nil }

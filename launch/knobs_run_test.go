@@ -163,7 +163,7 @@ func TestMultiHostKnobs(t *testing.T) {
 		"--fusion-threshold-mb", "7", "--log-level", "info", "--prefix-output-with-timestamp", "--autotune")
 	runJob(t, cfg, stdout, stderr)
 	for _, re := range []string{
-		`(?m)^hvdd run: warning: --autotune: hvdd does not tune yet`,
+		`(?m)^\[hvdd 127\.0\.0\.2\] .*msg="autotune: tuning" .*knobs=cycle_time_ms,spin_us,streams,chunk_kb,small_kb fixed=fusion_threshold_mb `,
 		`(?m)^\[hvdd 127\.0\.0\.2\] .*msg="hvdd daemon listening" .*fusion_threshold=7340032 `,
 		`(?m)^\[hvdd 127\.0\.0\.3\] .*msg="hvdd daemon listening" .*fusion_threshold=7340032 `,
 		`(?m)^\[hvdd 127\.0\.0\.2\] .*msg="coordinator listening" .*control=127\.0\.0\.1:\d+ `,

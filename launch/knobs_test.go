@@ -54,11 +54,18 @@ func TestParseArgsHorovodFlags(t *testing.T) {
 			args: []string{"-np", "2", "--autotune", "--autotune-log-file", "at.csv", "--autotune-warmup-samples", "5",
 				"--autotune-steps-per-sample", "3", "--autotune-bayes-opt-max-samples", "7",
 				"--autotune-gaussian-process-noise", "0.5", "cmd"},
-			env: []string{"HOROVOD_AUTOTUNE=1", "HOROVOD_AUTOTUNE_LOG=at.csv", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES=5",
+			env: []string{"HOROVOD_AUTOTUNE=1", "HOROVOD_AUTOTUNE_LOG=" + abs("at.csv"), "HOROVOD_AUTOTUNE_WARMUP_SAMPLES=5",
 				"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE=3", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=7",
 				"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE=0.5"},
-			serve:   []string{"--log-level", "warning"},
-			warning: "--autotune: hvdd does not tune yet; the job runs with the fusion threshold and cycle time given (or the daemons' defaults), and its ranks get HOROVOD_AUTOTUNE=1 as horovodrun sets it; no autotune log is written to at.csv",
+			// The daemons tune, and say how at info level.
+			serve: []string{"--log-level", "info", "--autotune", "--autotune-log-file", abs("at.csv"), "--autotune-warmup-samples", "5",
+				"--autotune-steps-per-sample", "3", "--autotune-bayes-opt-max-samples", "7", "--autotune-gaussian-process-noise", "0.5"},
+		},
+		{
+			name:  "autotune with a log level and a fixed fusion threshold",
+			args:  []string{"-np", "2", "--autotune", "--log-level", "ERROR", "--fusion-threshold-mb", "8", "cmd"},
+			env:   []string{"HOROVOD_FUSION_THRESHOLD=8388608", "HOROVOD_AUTOTUNE=1", "HOROVOD_LOG_LEVEL=ERROR"},
+			serve: []string{"--log-level", "error", "--fusion-threshold", "8388608", "--autotune"},
 		},
 		{
 			// horovodrun sets the autotune details only with --autotune.

@@ -22,7 +22,7 @@ func (b *Backend) Allreduce(ctx context.Context, buf []byte, dt tensor.DType, op
 		switch {
 		case b.size == 1 || len(buf) == 0:
 			return nil
-		case len(buf) <= b.cfg.SmallBytes:
+		case len(buf) <= b.tuning().SmallBytes:
 			return b.allreduceDoubling(buf, dt, op)
 		}
 		return b.allreduceRing(buf, dt, op)
@@ -73,8 +73,8 @@ func (b *Backend) allreduceRing(buf []byte, dt tensor.DType, op tensor.ReduceOp)
 	n, r := b.size, b.rank
 	esz := dt.Size()
 	elems := len(buf) / esz
-	nch := b.cfg.Streams
-	seg := segBytes(b.cfg.ChunkBytes, esz)
+	nch := b.tuning().Streams
+	seg := segBytes(b.tuning().ChunkBytes, esz)
 	next, prev := b.peers[mod(r+1, n)], b.peers[mod(r-1, n)]
 	return channels(nch, func(c int) error {
 		lo, hi := part(elems, nch, c)

@@ -51,6 +51,10 @@ type engine struct {
 	// control connection to name the real culprit (see linkErr).
 	verdictWait time.Duration
 	bufs        sync.Pool // *[]byte scratch
+	// tune is the per-collective settings in force (backends.Tunable):
+	// Config's Streams, ChunkBytes and SmallBytes at first. Collectives
+	// read it once each; SetTuning replaces it between collectives.
+	tune atomic.Pointer[backends.Tuning]
 
 	// mu guards the fields that follow.
 	mu      sync.Mutex
@@ -69,6 +73,7 @@ type engine struct {
 var _ backends.Backend = (*Backend)(nil)
 var _ backends.StatsReporter = (*Backend)(nil)
 var _ backends.Grouper = (*Backend)(nil)
+var _ backends.Tunable = (*Backend)(nil)
 
 // peer is one remote rank's connections and counters.
 type peer struct {
@@ -123,6 +128,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		failed:      make(chan struct{}),
 		noBeat:      make(chan struct{}),
 	}
+	e.tune.Store(&backends.Tuning{Streams: cfg.Streams, ChunkBytes: cfg.ChunkBytes, SmallBytes: cfg.SmallBytes})
 	b := &Backend{engine: e, rank: e.rank, size: e.size, peers: e.peers}
 	if b.size == 1 {
 		return b, nil
@@ -654,16 +660,52 @@ func (b *Backend) send(p *peer, s int, buf []byte) error {
 	return nil
 }
 
+// tuning is the settings in force for the collective about to run.
+func (e *engine) tuning() *backends.Tuning { return e.tune.Load() }
+
+// Tuning returns the per-collective settings in force (backends.Tunable).
+func (b *Backend) Tuning() backends.Tuning { return *b.tuning() }
+
+// MaxStreams is Config.Streams: the data connections opened per peer, the
+// most streams a collective can be dealt over.
+func (b *Backend) MaxStreams() int { return b.cfg.Streams }
+
+// SetTuning changes the settings of the collectives that follow; zero
+// fields keep theirs (backends.Tunable). Every rank must make the same
+// change between the same two collectives: the handshake that checked
+// Config's values does not see it. A group view shares its parent's
+// settings.
+func (b *Backend) SetTuning(t backends.Tuning) error {
+	next := *b.tuning()
+	switch {
+	case t.Streams < 0 || t.Streams > b.cfg.Streams:
+		return fmt.Errorf("tcp: %d streams is outside [1, %d] (the connections opened per peer)", t.Streams, b.cfg.Streams)
+	case t.ChunkBytes != 0 && t.ChunkBytes < 64:
+		return fmt.Errorf("tcp: chunk of %d bytes is below 64", t.ChunkBytes)
+	}
+	if t.Streams != 0 {
+		next.Streams = t.Streams
+	}
+	if t.ChunkBytes != 0 {
+		next.ChunkBytes = t.ChunkBytes
+	}
+	if t.SmallBytes != 0 {
+		next.SmallBytes = t.SmallBytes
+	}
+	b.tune.Store(&next)
+	return nil
+}
+
 // LoopRunnable reports that collectives on up to Config.SmallBytes wait in
 // the kernel (see recvPoll), never in Go's network poller.
-func (b *Backend) LoopRunnable() int { return b.cfg.SmallBytes }
+func (b *Backend) LoopRunnable() int { return b.tuning().SmallBytes }
 
 // recv fills buf from rank's data connection on stream s.
 func (b *Backend) recv(p *peer, s int, buf []byte) error {
 	if len(buf) == 0 {
 		return nil
 	}
-	if len(buf) <= b.cfg.SmallBytes {
+	if len(buf) <= b.tuning().SmallBytes {
 		if err := b.recvPoll(p.data[s], buf); err != nil {
 			return b.linkErr(p.rank, fmt.Errorf("receive from rank %d: %w", p.rank, err))
 		}

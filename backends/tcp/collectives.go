@@ -38,7 +38,7 @@ func (b *Backend) Allgatherv(ctx context.Context, in, out []byte, counts []int) 
 		switch {
 		case b.size == 1 || len(out) == 0:
 			return nil
-		case len(out) <= b.cfg.SmallBytes:
+		case len(out) <= b.tuning().SmallBytes:
 			return b.allgatherDirect(out, off)
 		}
 		return b.allgatherRing(out, off)
@@ -83,8 +83,8 @@ func (b *Backend) allgatherDirect(out []byte, off []int) error {
 // forwarded one step later.
 func (b *Backend) allgatherRing(out []byte, off []int) error {
 	n, r := b.size, b.rank
-	nch := b.cfg.Streams
-	seg := segBytes(b.cfg.ChunkBytes, 1)
+	nch := b.tuning().Streams
+	seg := segBytes(b.tuning().ChunkBytes, 1)
 	maxBlock := 0
 	for k := range n {
 		maxBlock = max(maxBlock, off[k+1]-off[k])
@@ -134,7 +134,7 @@ func (b *Backend) ReduceScatter(ctx context.Context, in, out []byte, counts []in
 		case b.size == 1 || len(in) == 0:
 			copy(out, in)
 			return nil
-		case len(in) <= b.cfg.SmallBytes:
+		case len(in) <= b.tuning().SmallBytes:
 			tmp := b.getBuf(len(in))
 			defer b.putBuf(tmp)
 			copy(*tmp, in)
@@ -165,8 +165,8 @@ func (b *Backend) ReduceScatter(ctx context.Context, in, out []byte, counts []in
 func (b *Backend) reduceScatterRing(in, out []byte, off []int, dt tensor.DType, op tensor.ReduceOp) error {
 	n, r := b.size, b.rank
 	esz := dt.Size()
-	nch := b.cfg.Streams
-	seg := segBytes(b.cfg.ChunkBytes, esz)
+	nch := b.tuning().Streams
+	seg := segBytes(b.tuning().ChunkBytes, esz)
 	maxBlock := 0
 	for k := range n {
 		maxBlock = max(maxBlock, off[k+1]-off[k])
@@ -221,7 +221,7 @@ func (b *Backend) Broadcast(ctx context.Context, buf []byte, root int) error {
 		switch {
 		case b.size == 1 || len(buf) == 0:
 			return nil
-		case len(buf) <= b.cfg.SmallBytes:
+		case len(buf) <= b.tuning().SmallBytes:
 			return b.broadcastDirect(buf, root)
 		}
 		return b.broadcastChain(buf, root)
@@ -257,8 +257,8 @@ func (b *Backend) broadcastChain(buf []byte, root int) error {
 	if pos < n-1 {
 		next = b.peers[mod(b.rank+1, n)]
 	}
-	nch := b.cfg.Streams
-	seg := segBytes(b.cfg.ChunkBytes, 1)
+	nch := b.tuning().Streams
+	seg := segBytes(b.tuning().ChunkBytes, 1)
 	return channels(nch, func(c int) error {
 		lo, hi := part(len(buf), nch, c)
 		ch := buf[lo:hi]
@@ -336,10 +336,10 @@ func (b *Backend) Alltoallv(ctx context.Context, in []byte, sendCounts []int, ou
 		if n == 1 {
 			return nil
 		}
-		nch := b.cfg.Streams
+		nch := b.tuning().Streams
 		// piece returns channel c's part of a piece of m bytes.
 		piece := func(m, c int) (lo, hi int) {
-			if m <= b.cfg.SmallBytes {
+			if m <= b.tuning().SmallBytes {
 				if c == 0 {
 					return 0, m
 				}

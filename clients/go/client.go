@@ -19,7 +19,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -315,6 +317,7 @@ func (c *Client) handshake(ctx context.Context, localRank int) error {
 	if err := c.ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Hello{Hello: &ipcpb.Hello{
 		Version: ipc.Version, Pid: int32(os.Getpid()), LocalRank: int32(localRank), Client: "go",
 		Elastic: c.Elastic || os.Getenv("HOROVOD_ELASTIC") == "1", Timeline: envTimeline(),
+		AutotuneEnv: envAutotune(),
 	}}}, -1); err != nil {
 		return c.refusal(fmt.Errorf("hvdd: hello: %w", err))
 	}
@@ -351,6 +354,27 @@ func envTimeline() *ipcpb.Timeline {
 	}
 	mc := os.Getenv("HOROVOD_TIMELINE_MARK_CYCLES")
 	return &ipcpb.Timeline{FilePath: path, MarkCycles: mc != "" && mc != "0"}
+}
+
+// envAutotune is HOROVOD_AUTOTUNE and HOROVOD_AUTOTUNE_* as NAME=VALUE,
+// for Hello: global rank 0's turn the daemon's autotuning on for the job
+// (the log file's path made absolute, for the daemon's directory).
+func envAutotune() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		name, value, _ := strings.Cut(kv, "=")
+		if name != "HOROVOD_AUTOTUNE" && !strings.HasPrefix(name, "HOROVOD_AUTOTUNE_") {
+			continue
+		}
+		if name == "HOROVOD_AUTOTUNE_LOG" && value != "" {
+			if abs, err := filepath.Abs(value); err == nil {
+				value = abs
+			}
+		}
+		out = append(out, name+"="+value)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // refusal returns the daemon's reason for refusing this process, if it sent

@@ -1014,7 +1014,12 @@ type Plan struct {
 	Sets []*SetChange `protobuf:"bytes,3,rep,name=sets,proto3" json:"sets,omitempty"`
 	// Set while the coordinator writes a timeline: the other nodes record
 	// the phases they run for this plan and send them (TimelineEvents).
-	Timeline      *TimelineClock `protobuf:"bytes,5,opt,name=timeline,proto3" json:"timeline,omitempty"`
+	Timeline *TimelineClock `protobuf:"bytes,5,opt,name=timeline,proto3" json:"timeline,omitempty"`
+	// Set when the coordinator's autotuner (hvdd serve --autotune) changed
+	// its settings since the last plan: every node applies them before the
+	// plan's responses, so the engine's settings change between the same
+	// two collectives everywhere.
+	Tuning        *Tuning `protobuf:"bytes,6,opt,name=tuning,proto3" json:"tuning,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1077,6 +1082,110 @@ func (x *Plan) GetTimeline() *TimelineClock {
 	return nil
 }
 
+func (x *Plan) GetTuning() *Tuning {
+	if x != nil {
+		return x.Tuning
+	}
+	return nil
+}
+
+// Tuning is the settings the coordinator's autotuner chose. The fusion
+// threshold acts on the coordinator alone (it fuses); the others act on
+// every node. Zero engine fields keep the engine's setting.
+type Tuning struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	FusionThreshold int64                  `protobuf:"varint,1,opt,name=fusion_threshold,json=fusionThreshold,proto3" json:"fusion_threshold,omitempty"`
+	CycleTimeUs     int64                  `protobuf:"varint,2,opt,name=cycle_time_us,json=cycleTimeUs,proto3" json:"cycle_time_us,omitempty"`
+	// -1: never spin.
+	SpinUs     int64 `protobuf:"varint,3,opt,name=spin_us,json=spinUs,proto3" json:"spin_us,omitempty"`
+	Streams    int32 `protobuf:"varint,4,opt,name=streams,proto3" json:"streams,omitempty"`
+	ChunkBytes int32 `protobuf:"varint,5,opt,name=chunk_bytes,json=chunkBytes,proto3" json:"chunk_bytes,omitempty"`
+	SmallBytes int32 `protobuf:"varint,6,opt,name=small_bytes,json=smallBytes,proto3" json:"small_bytes,omitempty"`
+	// Tuning has finished: these are the best settings, kept from now on.
+	Final         bool `protobuf:"varint,7,opt,name=final,proto3" json:"final,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Tuning) Reset() {
+	*x = Tuning{}
+	mi := &file_cluster_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tuning) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tuning) ProtoMessage() {}
+
+func (x *Tuning) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tuning.ProtoReflect.Descriptor instead.
+func (*Tuning) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Tuning) GetFusionThreshold() int64 {
+	if x != nil {
+		return x.FusionThreshold
+	}
+	return 0
+}
+
+func (x *Tuning) GetCycleTimeUs() int64 {
+	if x != nil {
+		return x.CycleTimeUs
+	}
+	return 0
+}
+
+func (x *Tuning) GetSpinUs() int64 {
+	if x != nil {
+		return x.SpinUs
+	}
+	return 0
+}
+
+func (x *Tuning) GetStreams() int32 {
+	if x != nil {
+		return x.Streams
+	}
+	return 0
+}
+
+func (x *Tuning) GetChunkBytes() int32 {
+	if x != nil {
+		return x.ChunkBytes
+	}
+	return 0
+}
+
+func (x *Tuning) GetSmallBytes() int32 {
+	if x != nil {
+		return x.SmallBytes
+	}
+	return 0
+}
+
+func (x *Tuning) GetFinal() bool {
+	if x != nil {
+		return x.Final
+	}
+	return false
+}
+
 // TimelineClock is the coordinator's timeline clock as it sent a plan:
 // followers estimate the offset of their own clock from it.
 type TimelineClock struct {
@@ -1091,7 +1200,7 @@ type TimelineClock struct {
 
 func (x *TimelineClock) Reset() {
 	*x = TimelineClock{}
-	mi := &file_cluster_proto_msgTypes[13]
+	mi := &file_cluster_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1212,7 @@ func (x *TimelineClock) String() string {
 func (*TimelineClock) ProtoMessage() {}
 
 func (x *TimelineClock) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[13]
+	mi := &file_cluster_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1225,7 @@ func (x *TimelineClock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineClock.ProtoReflect.Descriptor instead.
 func (*TimelineClock) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{13}
+	return file_cluster_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TimelineClock) GetGen() uint32 {
@@ -1145,7 +1254,7 @@ type TimelineEvents struct {
 
 func (x *TimelineEvents) Reset() {
 	*x = TimelineEvents{}
-	mi := &file_cluster_proto_msgTypes[14]
+	mi := &file_cluster_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1157,7 +1266,7 @@ func (x *TimelineEvents) String() string {
 func (*TimelineEvents) ProtoMessage() {}
 
 func (x *TimelineEvents) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[14]
+	mi := &file_cluster_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1170,7 +1279,7 @@ func (x *TimelineEvents) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineEvents.ProtoReflect.Descriptor instead.
 func (*TimelineEvents) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{14}
+	return file_cluster_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TimelineEvents) GetGen() uint32 {
@@ -1202,7 +1311,7 @@ type TimelineEvent struct {
 
 func (x *TimelineEvent) Reset() {
 	*x = TimelineEvent{}
-	mi := &file_cluster_proto_msgTypes[15]
+	mi := &file_cluster_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1214,7 +1323,7 @@ func (x *TimelineEvent) String() string {
 func (*TimelineEvent) ProtoMessage() {}
 
 func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[15]
+	mi := &file_cluster_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1227,7 +1336,7 @@ func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineEvent.ProtoReflect.Descriptor instead.
 func (*TimelineEvent) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{15}
+	return file_cluster_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TimelineEvent) GetRow() string {
@@ -1277,7 +1386,7 @@ type Abort struct {
 
 func (x *Abort) Reset() {
 	*x = Abort{}
-	mi := &file_cluster_proto_msgTypes[16]
+	mi := &file_cluster_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1289,7 +1398,7 @@ func (x *Abort) String() string {
 func (*Abort) ProtoMessage() {}
 
 func (x *Abort) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[16]
+	mi := &file_cluster_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1302,7 +1411,7 @@ func (x *Abort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abort.ProtoReflect.Descriptor instead.
 func (*Abort) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{16}
+	return file_cluster_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Abort) GetCode() int32 {
@@ -1342,7 +1451,7 @@ type Bye struct {
 
 func (x *Bye) Reset() {
 	*x = Bye{}
-	mi := &file_cluster_proto_msgTypes[17]
+	mi := &file_cluster_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1463,7 @@ func (x *Bye) String() string {
 func (*Bye) ProtoMessage() {}
 
 func (x *Bye) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[17]
+	mi := &file_cluster_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1476,7 @@ func (x *Bye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bye.ProtoReflect.Descriptor instead.
 func (*Bye) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{17}
+	return file_cluster_proto_rawDescGZIP(), []int{18}
 }
 
 type Heartbeat struct {
@@ -1378,7 +1487,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_cluster_proto_msgTypes[18]
+	mi := &file_cluster_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1390,7 +1499,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[18]
+	mi := &file_cluster_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1403,7 +1512,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{18}
+	return file_cluster_proto_rawDescGZIP(), []int{19}
 }
 
 type Message struct {
@@ -1426,7 +1535,7 @@ type Message struct {
 
 func (x *Message) Reset() {
 	*x = Message{}
-	mi := &file_cluster_proto_msgTypes[19]
+	mi := &file_cluster_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1438,7 +1547,7 @@ func (x *Message) String() string {
 func (*Message) ProtoMessage() {}
 
 func (x *Message) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[19]
+	mi := &file_cluster_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1451,7 +1560,7 @@ func (x *Message) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Message.ProtoReflect.Descriptor instead.
 func (*Message) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{19}
+	return file_cluster_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Message) GetMsg() isMessage_Msg {
@@ -1612,7 +1721,7 @@ type HostsUpdated struct {
 
 func (x *HostsUpdated) Reset() {
 	*x = HostsUpdated{}
-	mi := &file_cluster_proto_msgTypes[20]
+	mi := &file_cluster_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1624,7 +1733,7 @@ func (x *HostsUpdated) String() string {
 func (*HostsUpdated) ProtoMessage() {}
 
 func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[20]
+	mi := &file_cluster_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1637,7 +1746,7 @@ func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostsUpdated.ProtoReflect.Descriptor instead.
 func (*HostsUpdated) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{20}
+	return file_cluster_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HostsUpdated) GetTimestamp() int64 {
@@ -1745,12 +1854,23 @@ const file_cluster_proto_rawDesc = "" +
 	"\fjoined_ranks\x18\n" +
 	" \x03(\x05R\vjoinedRanks\x12(\n" +
 	"\x10last_joined_rank\x18\v \x01(\x05R\x0elastJoinedRank\x12\x14\n" +
-	"\x05bytes\x18\f \x01(\x03R\x05bytes\"\xbd\x01\n" +
+	"\x05bytes\x18\f \x01(\x03R\x05bytes\"\xee\x01\n" +
 	"\x04Plan\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x127\n" +
 	"\tresponses\x18\x02 \x03(\v2\x19.hvdd.cluster.v1.ResponseR\tresponses\x12.\n" +
 	"\x04sets\x18\x03 \x03(\v2\x1a.hvdd.cluster.v1.SetChangeR\x04sets\x12:\n" +
-	"\btimeline\x18\x05 \x01(\v2\x1e.hvdd.cluster.v1.TimelineClockR\btimeline\"8\n" +
+	"\btimeline\x18\x05 \x01(\v2\x1e.hvdd.cluster.v1.TimelineClockR\btimeline\x12/\n" +
+	"\x06tuning\x18\x06 \x01(\v2\x17.hvdd.cluster.v1.TuningR\x06tuning\"\xe2\x01\n" +
+	"\x06Tuning\x12)\n" +
+	"\x10fusion_threshold\x18\x01 \x01(\x03R\x0ffusionThreshold\x12\"\n" +
+	"\rcycle_time_us\x18\x02 \x01(\x03R\vcycleTimeUs\x12\x17\n" +
+	"\aspin_us\x18\x03 \x01(\x03R\x06spinUs\x12\x18\n" +
+	"\astreams\x18\x04 \x01(\x05R\astreams\x12\x1f\n" +
+	"\vchunk_bytes\x18\x05 \x01(\x05R\n" +
+	"chunkBytes\x12\x1f\n" +
+	"\vsmall_bytes\x18\x06 \x01(\x05R\n" +
+	"smallBytes\x12\x14\n" +
+	"\x05final\x18\a \x01(\bR\x05final\"8\n" +
 	"\rTimelineClock\x12\x10\n" +
 	"\x03gen\x18\x01 \x01(\rR\x03gen\x12\x15\n" +
 	"\x06now_us\x18\x02 \x01(\x03R\x05nowUs\"Z\n" +
@@ -1797,7 +1917,7 @@ func file_cluster_proto_rawDescGZIP() []byte {
 	return file_cluster_proto_rawDescData
 }
 
-var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_cluster_proto_goTypes = []any{
 	(*Join)(nil),           // 0: hvdd.cluster.v1.Join
 	(*Layout)(nil),         // 1: hvdd.cluster.v1.Layout
@@ -1812,14 +1932,15 @@ var file_cluster_proto_goTypes = []any{
 	(*Tensor)(nil),         // 10: hvdd.cluster.v1.Tensor
 	(*Response)(nil),       // 11: hvdd.cluster.v1.Response
 	(*Plan)(nil),           // 12: hvdd.cluster.v1.Plan
-	(*TimelineClock)(nil),  // 13: hvdd.cluster.v1.TimelineClock
-	(*TimelineEvents)(nil), // 14: hvdd.cluster.v1.TimelineEvents
-	(*TimelineEvent)(nil),  // 15: hvdd.cluster.v1.TimelineEvent
-	(*Abort)(nil),          // 16: hvdd.cluster.v1.Abort
-	(*Bye)(nil),            // 17: hvdd.cluster.v1.Bye
-	(*Heartbeat)(nil),      // 18: hvdd.cluster.v1.Heartbeat
-	(*Message)(nil),        // 19: hvdd.cluster.v1.Message
-	(*HostsUpdated)(nil),   // 20: hvdd.cluster.v1.HostsUpdated
+	(*Tuning)(nil),         // 13: hvdd.cluster.v1.Tuning
+	(*TimelineClock)(nil),  // 14: hvdd.cluster.v1.TimelineClock
+	(*TimelineEvents)(nil), // 15: hvdd.cluster.v1.TimelineEvents
+	(*TimelineEvent)(nil),  // 16: hvdd.cluster.v1.TimelineEvent
+	(*Abort)(nil),          // 17: hvdd.cluster.v1.Abort
+	(*Bye)(nil),            // 18: hvdd.cluster.v1.Bye
+	(*Heartbeat)(nil),      // 19: hvdd.cluster.v1.Heartbeat
+	(*Message)(nil),        // 20: hvdd.cluster.v1.Message
+	(*HostsUpdated)(nil),   // 21: hvdd.cluster.v1.HostsUpdated
 }
 var file_cluster_proto_depIdxs = []int32{
 	2,  // 0: hvdd.cluster.v1.Ready.requests:type_name -> hvdd.cluster.v1.Request
@@ -1831,22 +1952,23 @@ var file_cluster_proto_depIdxs = []int32{
 	10, // 6: hvdd.cluster.v1.Response.tensors:type_name -> hvdd.cluster.v1.Tensor
 	11, // 7: hvdd.cluster.v1.Plan.responses:type_name -> hvdd.cluster.v1.Response
 	5,  // 8: hvdd.cluster.v1.Plan.sets:type_name -> hvdd.cluster.v1.SetChange
-	13, // 9: hvdd.cluster.v1.Plan.timeline:type_name -> hvdd.cluster.v1.TimelineClock
-	15, // 10: hvdd.cluster.v1.TimelineEvents.events:type_name -> hvdd.cluster.v1.TimelineEvent
-	0,  // 11: hvdd.cluster.v1.Message.join:type_name -> hvdd.cluster.v1.Join
-	1,  // 12: hvdd.cluster.v1.Message.layout:type_name -> hvdd.cluster.v1.Layout
-	3,  // 13: hvdd.cluster.v1.Message.ready:type_name -> hvdd.cluster.v1.Ready
-	12, // 14: hvdd.cluster.v1.Message.plan:type_name -> hvdd.cluster.v1.Plan
-	16, // 15: hvdd.cluster.v1.Message.abort:type_name -> hvdd.cluster.v1.Abort
-	17, // 16: hvdd.cluster.v1.Message.bye:type_name -> hvdd.cluster.v1.Bye
-	18, // 17: hvdd.cluster.v1.Message.heartbeat:type_name -> hvdd.cluster.v1.Heartbeat
-	20, // 18: hvdd.cluster.v1.Message.hosts_updated:type_name -> hvdd.cluster.v1.HostsUpdated
-	14, // 19: hvdd.cluster.v1.Message.timeline_events:type_name -> hvdd.cluster.v1.TimelineEvents
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	14, // 9: hvdd.cluster.v1.Plan.timeline:type_name -> hvdd.cluster.v1.TimelineClock
+	13, // 10: hvdd.cluster.v1.Plan.tuning:type_name -> hvdd.cluster.v1.Tuning
+	16, // 11: hvdd.cluster.v1.TimelineEvents.events:type_name -> hvdd.cluster.v1.TimelineEvent
+	0,  // 12: hvdd.cluster.v1.Message.join:type_name -> hvdd.cluster.v1.Join
+	1,  // 13: hvdd.cluster.v1.Message.layout:type_name -> hvdd.cluster.v1.Layout
+	3,  // 14: hvdd.cluster.v1.Message.ready:type_name -> hvdd.cluster.v1.Ready
+	12, // 15: hvdd.cluster.v1.Message.plan:type_name -> hvdd.cluster.v1.Plan
+	17, // 16: hvdd.cluster.v1.Message.abort:type_name -> hvdd.cluster.v1.Abort
+	18, // 17: hvdd.cluster.v1.Message.bye:type_name -> hvdd.cluster.v1.Bye
+	19, // 18: hvdd.cluster.v1.Message.heartbeat:type_name -> hvdd.cluster.v1.Heartbeat
+	21, // 19: hvdd.cluster.v1.Message.hosts_updated:type_name -> hvdd.cluster.v1.HostsUpdated
+	15, // 20: hvdd.cluster.v1.Message.timeline_events:type_name -> hvdd.cluster.v1.TimelineEvents
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_cluster_proto_init() }
@@ -1854,7 +1976,7 @@ func file_cluster_proto_init() {
 	if File_cluster_proto != nil {
 		return
 	}
-	file_cluster_proto_msgTypes[19].OneofWrappers = []any{
+	file_cluster_proto_msgTypes[20].OneofWrappers = []any{
 		(*Message_Join)(nil),
 		(*Message_Layout)(nil),
 		(*Message_Ready)(nil),
@@ -1871,7 +1993,7 @@ func file_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_proto_rawDesc), len(file_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -18,20 +18,30 @@ import (
 	"github.com/hvdd/hvdd/daemon"
 )
 
+// tcpSettings are the tcp engine's settings from hvdd serve's flags; zero
+// chunk and small mean the engine's defaults. Every node must use the same.
+type tcpSettings struct {
+	streams      int // data connections per peer
+	chunk, small int // tcp.Config.ChunkBytes and SmallBytes
+}
+
 // backendFactory returns the constructor of the named cross-node engine;
-// streams (tcp only) is the number of data connections per peer, 0 for the
-// engine's default. Every node must use the same.
-func backendFactory(name string, streams int) (daemon.BackendFactory, error) {
+// tcp (tcp only) is its settings.
+func backendFactory(name string, tcpSet tcpSettings) (daemon.BackendFactory, error) {
 	switch name {
 	case "tcp":
+		streams := tcpSet.streams
 		if streams < 1 || streams > tcp.MaxStreams {
 			return nil, fmt.Errorf("--tcp-streams %d is outside [1, %d]", streams, tcp.MaxStreams)
+		}
+		if c := tcpSet.chunk; c != 0 && c < 64 {
+			return nil, fmt.Errorf("--tcp-chunk-bytes %d is below 64", c)
 		}
 		return func(ctx context.Context, j daemon.MultiNodeJob) (backends.Backend, error) {
 			b, err := tcp.New(ctx, tcp.Config{
 				Rank: j.NodeRank, Size: j.Nodes, Store: j.Store, Prefix: j.ID,
 				ListenAddr: net.JoinHostPort(j.Host, "0"), Secret: j.Secret, Logger: j.Logger,
-				Streams: streams,
+				Streams: streams, ChunkBytes: tcpSet.chunk, SmallBytes: tcpSet.small,
 			})
 			if err != nil {
 				// Not a typed nil in the interface.

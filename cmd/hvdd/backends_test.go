@@ -76,7 +76,7 @@ func TestWithoutMPI(t *testing.T) {
 	if mpi.Available() {
 		t.Skip("built with MPI (-tags mpi)")
 	}
-	_, err := backendFactory("mpi", 8)
+	_, err := backendFactory("mpi", tcpSettings{streams: 8})
 	if want := "--backend mpi: this hvdd was built without MPI; rebuild with `go build -tags mpi ./cmd/hvdd` (needs libopenmpi-dev)"; err == nil || err.Error() != want {
 		t.Errorf("backendFactory(mpi) = %v, want %q", err, want)
 	}

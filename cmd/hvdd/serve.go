@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"reflect"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,6 +40,8 @@ Environment (Horovod's knobs, honoured when the flag is not given):
   HVDD_SECRET                          shared secret of a multi-node job (hex or raw)
   HVDD_SPIN                            --spin, as a duration (-1ns: never spin)
   HVDD_TCP_STREAMS                     --tcp-streams
+  HVDD_TCP_CHUNK_BYTES                 --tcp-chunk-bytes
+  HVDD_TCP_SMALL_BYTES                 --tcp-small-bytes
   HVDD_CONTROL                         --control (auto, tcp or mpi)
   HOROVOD_FUSION_THRESHOLD             bytes per fused response (0 disables fusion)
   HOROVOD_CYCLE_TIME                   ms between dispatched plans (batching window)
@@ -46,6 +49,11 @@ Environment (Horovod's knobs, honoured when the flag is not given):
   HOROVOD_STALL_SHUTDOWN_TIME_SECONDS  fail the job after a stall this long
   HOROVOD_STALL_CHECK_DISABLE          1 disables the stall check
   HOROVOD_LOG_LEVEL                    trace, debug, info, warning, error, fatal
+  HOROVOD_AUTOTUNE                     1: --autotune
+  HOROVOD_AUTOTUNE_LOG                 --autotune-log-file
+  HOROVOD_AUTOTUNE_WARMUP_SAMPLES, HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE,
+  HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES, HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE
+                                       the --autotune-* details
 
 Examples:
   hvdd serve --slots 4 --socket /tmp/hvdd.sock
@@ -76,6 +84,7 @@ type serveArgs struct {
 	cycle, stallCheck, stallShutdown           time.Duration
 	spin, elasticTimeout                       time.Duration
 	nodes, nodeRank, streams                   int
+	chunkBytes, smallBytes                     int
 	elastic                                    bool
 	rendezvous, advertise, secretFile, backend string
 	iface                                      string
@@ -83,6 +92,14 @@ type serveArgs struct {
 	control                                    string
 	idleExit                                   time.Duration
 	logFile, removeOnExit                      string
+
+	// Autotuning (HOROVOD_AUTOTUNE and its details when not given).
+	autotune                      bool
+	autotuneLog                   string
+	autotuneWarmup, autotuneSteps int
+	autotuneSamples               int
+	autotuneNoise                 float64
+	given                         map[string]bool // the flags on the command line
 }
 
 // usageError is a command-line error whose message the flag package has
@@ -167,11 +184,21 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 		defStreams = 8
 	}
 	fs.IntVar(&args.streams, "tcp-streams", defStreams, "tcp engine: data connections per peer node, the same on every node (default $HVDD_TCP_STREAMS, else 8)")
+	defChunk, _ := strconv.Atoi(os.Getenv("HVDD_TCP_CHUNK_BYTES"))
+	fs.IntVar(&args.chunkBytes, "tcp-chunk-bytes", defChunk, "tcp engine: pipeline segment of large collectives, in bytes, the same on every node (default $HVDD_TCP_CHUNK_BYTES, else 1 MiB)")
+	defSmall, _ := strconv.Atoi(os.Getenv("HVDD_TCP_SMALL_BYTES"))
+	fs.IntVar(&args.smallBytes, "tcp-small-bytes", defSmall, "tcp engine: the largest collective in bytes that takes the latency algorithms rather than the pipelined rings, the same on every node; negative: always the rings (default $HVDD_TCP_SMALL_BYTES, else 64 KiB)")
 	fs.BoolVar(&args.exitAfterJob, "exit-after-job", false, "serve one job, then exit once its last local process has gone (what the processes of a job under mpirun or srun do when they start a daemon for themselves)")
 	fs.DurationVar(&args.idleExit, "idle-exit", 0, "exit once no process has been connected for this long (since the start, or since the last one left); 0 never")
 	fs.StringVar(&args.logFile, "log-file", "", "append the log to this file instead of standard error; an empty log file is removed when the daemon exits")
 	fs.StringVar(&args.removeOnExit, "remove-on-exit", "", "comma-separated files to remove when the daemon exits (e.g. the lock file of whoever started it)")
 	fs.StringVar(&args.logLevel, "log-level", "", "debug, info, warning or error (default $HOROVOD_LOG_LEVEL, else info)")
+	fs.BoolVar(&args.autotune, "autotune", false, "tune each job's fusion threshold, cycle time, spin window and (across nodes) the tcp engine's streams, segment and small-message threshold while it runs, by Bayesian optimisation of its bytes per second, then keep the best; settings given by flag or HOROVOD_* variable stay fixed (default $HOROVOD_AUTOTUNE)")
+	fs.StringVar(&args.autotuneLog, "autotune-log-file", "", "with --autotune, write each configuration tried and its score (bytes/µs) to this CSV file, the best last (default $HOROVOD_AUTOTUNE_LOG)")
+	fs.IntVar(&args.autotuneWarmup, "autotune-warmup-samples", 3, "with --autotune, scores discarded at the start of a job (default $HOROVOD_AUTOTUNE_WARMUP_SAMPLES, else 3)")
+	fs.IntVar(&args.autotuneSteps, "autotune-steps-per-sample", 10, "with --autotune, training steps (a tensor seen again) per sample; 5 samples score a configuration (default $HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE, else 10)")
+	fs.IntVar(&args.autotuneSamples, "autotune-bayes-opt-max-samples", 20, "with --autotune, configurations scored before the best is kept (default $HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES, else 20)")
+	fs.Float64Var(&args.autotuneNoise, "autotune-gaussian-process-noise", 0.8, "with --autotune, the Gaussian process's noise in [0, 1]: higher trusts single scores less (default $HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE, else 0.8)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
 		printDefaults(fs)
@@ -186,6 +213,8 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 	if fs.NArg() > 0 {
 		return args, fmt.Errorf("unexpected argument %q (see hvdd serve --help)", fs.Arg(0))
 	}
+	args.given = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { args.given[f.Name] = true })
 	return args, nil
 }
 
@@ -290,6 +319,46 @@ func overrideHorovodEnv(cfg *daemon.Config, args serveArgs) {
 	if args.stallShutdown >= 0 {
 		cfg.StallShutdown = args.stallShutdown
 	}
+	a := &cfg.Autotune
+	if args.given["autotune"] {
+		a.Enabled = args.autotune
+	}
+	if args.given["autotune-log-file"] {
+		a.LogFile = args.autotuneLog
+	}
+	if args.given["autotune-warmup-samples"] {
+		a.WarmupSamples = args.autotuneWarmup
+		if args.autotuneWarmup == 0 {
+			a.WarmupSamples = -1 // none; 0 is the default in Config
+		}
+	}
+	if args.given["autotune-steps-per-sample"] {
+		a.StepsPerSample = args.autotuneSteps
+	}
+	if args.given["autotune-bayes-opt-max-samples"] {
+		a.MaxSamples = args.autotuneSamples
+	}
+	if args.given["autotune-gaussian-process-noise"] {
+		a.Noise = args.autotuneNoise
+		if args.autotuneNoise == 0 {
+			a.Noise = -1
+		}
+	}
+	// Settings the user gave stay as given, as Horovod holds parameters set
+	// explicitly (ApplyHorovodEnv fixes those of HOROVOD_* variables).
+	for flagName, knob := range map[string]string{"fusion-threshold": daemon.KnobFusion, "cycle-time": daemon.KnobCycle,
+		"spin": daemon.KnobSpin, "tcp-streams": daemon.KnobStreams, "tcp-chunk-bytes": daemon.KnobChunk, "tcp-small-bytes": daemon.KnobSmall} {
+		if args.given[flagName] && !slices.Contains(a.Fixed, knob) {
+			a.Fixed = append(a.Fixed, knob)
+		}
+	}
+	for env, knob := range map[string]string{"HVDD_SPIN": daemon.KnobSpin, "HVDD_TCP_STREAMS": daemon.KnobStreams,
+		"HVDD_TCP_CHUNK_BYTES": daemon.KnobChunk, "HVDD_TCP_SMALL_BYTES": daemon.KnobSmall} {
+		if os.Getenv(env) != "" && !slices.Contains(a.Fixed, knob) {
+			a.Fixed = append(a.Fixed, knob)
+		}
+	}
+	slices.Sort(a.Fixed)
 }
 
 // parseGIDs parses --allow-gid: comma-separated numeric group ids, blanks
@@ -334,7 +403,7 @@ func clusterConfig(cfg *daemon.Config, args serveArgs) error {
 	if err != nil {
 		return secretError(err)
 	}
-	factory, err := backendFactory(args.backend, args.streams)
+	factory, err := backendFactory(args.backend, tcpSettings{streams: args.streams, chunk: args.chunkBytes, small: args.smallBytes})
 	if err != nil {
 		return err
 	}

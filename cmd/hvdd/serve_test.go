@@ -90,3 +90,49 @@ func TestOverrideHorovodEnv(t *testing.T) {
 		})
 	}
 }
+
+// TestServeAutotune: the autotune flags and HOROVOD_AUTOTUNE* variables
+// reach Config.Autotune (a flag given wins), and the settings given by a
+// flag or a variable are held fixed.
+func TestServeAutotune(t *testing.T) {
+	tests := []struct {
+		name string
+		argv []string
+		env  map[string]string
+		want daemon.AutotuneConfig
+	}{
+		{"off", nil, nil, daemon.AutotuneConfig{}},
+		{"flags", []string{"--autotune", "--autotune-log-file", "/tmp/at.csv", "--autotune-warmup-samples", "0",
+			"--autotune-steps-per-sample", "4", "--autotune-bayes-opt-max-samples", "5", "--autotune-gaussian-process-noise", "0.5",
+			"--fusion-threshold", "1024", "--spin", "0s", "--tcp-small-bytes", "-1"}, nil,
+			daemon.AutotuneConfig{Enabled: true, LogFile: "/tmp/at.csv", WarmupSamples: -1, StepsPerSample: 4, MaxSamples: 5, Noise: 0.5,
+				Fixed: []string{daemon.KnobFusion, daemon.KnobSmall, daemon.KnobSpin}}},
+		{"environment", nil, map[string]string{"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "a.csv", "HOROVOD_CYCLE_TIME": "2",
+			"HVDD_TCP_STREAMS": "4", "HVDD_TCP_CHUNK_BYTES": "65536", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "7"},
+			daemon.AutotuneConfig{Enabled: true, LogFile: "a.csv", MaxSamples: 7, Fixed: []string{daemon.KnobChunk, daemon.KnobCycle, daemon.KnobStreams}}},
+		{"flag wins", []string{"--autotune=false", "--autotune-bayes-opt-max-samples", "3"}, map[string]string{"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "7"},
+			daemon.AutotuneConfig{MaxSamples: 3}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, k := range []string{"HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_LOG", "HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD",
+				"HVDD_TCP_STREAMS", "HVDD_TCP_CHUNK_BYTES", "HVDD_TCP_SMALL_BYTES", "HVDD_SPIN", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"} {
+				t.Setenv(k, tt.env[k])
+			}
+			args, err := parseServeArgs(append([]string{"--slots", "1"}, tt.argv...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg, _, err := serveConfig(args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := cfg.Autotune
+			if got.Enabled != tt.want.Enabled || got.LogFile != tt.want.LogFile || got.WarmupSamples != tt.want.WarmupSamples ||
+				got.StepsPerSample != tt.want.StepsPerSample || got.MaxSamples != tt.want.MaxSamples || got.Noise != tt.want.Noise ||
+				!slices.Equal(got.Fixed, tt.want.Fixed) {
+				t.Fatalf("Autotune = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}

@@ -214,6 +214,20 @@ func New(cfg Config) (*Table, error) {
 	return t, nil
 }
 
+// SetFusionThreshold changes the fusion threshold of the responses that
+// Ready returns from now on (the autotuner's); 0 disables fusion. A negative
+// threshold is refused.
+func (t *Table) SetFusionThreshold(bytes int64) error {
+	if bytes < 0 {
+		return fmt.Errorf("%w: negative fusion threshold %d", ErrInvalidArgument, bytes)
+	}
+	t.cfg.FusionThreshold = bytes
+	return nil
+}
+
+// FusionThreshold returns the fusion threshold in force.
+func (t *Table) FusionThreshold() int64 { return t.cfg.FusionThreshold }
+
 func (t *Table) newSet(id int32, ranks []int) *procSet {
 	ps := &procSet{id: id, ranks: ranks, index: make([]int, t.cfg.Size)}
 	for i := range ps.index {

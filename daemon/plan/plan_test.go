@@ -281,3 +281,37 @@ func TestReadyEmpty(t *testing.T) {
 		t.Fatalf("Ready on an empty table = %v", rs)
 	}
 }
+
+// TestSetFusionThreshold changes the threshold between two rounds of the
+// same tensors (what the autotuner does): the first round fuses all four
+// 400-byte tensors, the second at most two per response.
+func TestSetFusionThreshold(t *testing.T) {
+	tbl := mustNew(t, Config{Size: 1, FusionThreshold: 1 << 20})
+	round := func() []int {
+		for _, n := range []string{"a", "b", "c", "d"} {
+			if err := tbl.Submit(ar(0, n, 100), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var sizes []int
+		for _, r := range tbl.Ready() {
+			sizes = append(sizes, len(r.Tensors))
+		}
+		return sizes
+	}
+	if got := round(); !slices.Equal(got, []int{4}) {
+		t.Fatalf("tensors per response at 1 MiB: %v, want [4]", got)
+	}
+	if err := tbl.SetFusionThreshold(800); err != nil {
+		t.Fatal(err)
+	}
+	if got := tbl.FusionThreshold(); got != 800 {
+		t.Fatalf("FusionThreshold() = %d, want 800", got)
+	}
+	if got := round(); !slices.Equal(got, []int{2, 2}) {
+		t.Fatalf("tensors per response at 800 bytes: %v, want [2 2]", got)
+	}
+	if err := tbl.SetFusionThreshold(-1); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("SetFusionThreshold(-1) = %v, want ErrInvalidArgument", err)
+	}
+}

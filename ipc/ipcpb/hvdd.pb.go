@@ -391,7 +391,12 @@ type Hello struct {
 	// HOROVOD_TIMELINE (a file, not DYNAMIC) and HOROVOD_TIMELINE_MARK_CYCLES
 	// in the client's environment: global rank 0's starts the timeline as the
 	// job forms, before any rank is welcomed (see Timeline).
-	Timeline      *Timeline `protobuf:"bytes,6,opt,name=timeline,proto3" json:"timeline,omitempty"`
+	Timeline *Timeline `protobuf:"bytes,6,opt,name=timeline,proto3" json:"timeline,omitempty"`
+	// HOROVOD_AUTOTUNE and the HOROVOD_AUTOTUNE_* variables of the client's
+	// environment, as NAME=VALUE (the log file's path made absolute): global
+	// rank 0's turn autotuning on for its job and set its details, over the
+	// daemon's own settings (Horovod reads them in rank 0's process).
+	AutotuneEnv   []string `protobuf:"bytes,7,rep,name=autotune_env,json=autotuneEnv,proto3" json:"autotune_env,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -464,6 +469,13 @@ func (x *Hello) GetElastic() bool {
 func (x *Hello) GetTimeline() *Timeline {
 	if x != nil {
 		return x.Timeline
+	}
+	return nil
+}
+
+func (x *Hello) GetAutotuneEnv() []string {
+	if x != nil {
+		return x.AutotuneEnv
 	}
 	return nil
 }
@@ -1761,7 +1773,7 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x06Buffer\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06length\x18\x03 \x01(\x04R\x06length\"\xb7\x01\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\"\xda\x01\n" +
 	"\x05Hello\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x1d\n" +
@@ -1769,7 +1781,8 @@ const file_hvdd_proto_rawDesc = "" +
 	"local_rank\x18\x03 \x01(\x05R\tlocalRank\x12\x16\n" +
 	"\x06client\x18\x04 \x01(\tR\x06client\x12\x18\n" +
 	"\aelastic\x18\x05 \x01(\bR\aelastic\x121\n" +
-	"\btimeline\x18\x06 \x01(\v2\x15.hvdd.ipc.v1.TimelineR\btimeline\"<\n" +
+	"\btimeline\x18\x06 \x01(\v2\x15.hvdd.ipc.v1.TimelineR\btimeline\x12!\n" +
+	"\fautotune_env\x18\a \x03(\tR\vautotuneEnv\"<\n" +
 	"\x0eRegisterRegion\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"*\n" +

@@ -31,7 +31,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -91,6 +91,19 @@ def _requested_local_rank() -> int:
     return -1
 
 
+def autotune_env() -> List[str]:
+    """HOROVOD_AUTOTUNE and HOROVOD_AUTOTUNE_* as NAME=VALUE, for Hello: global
+    rank 0's turn the daemon's autotuning on for the job (the log file's path
+    made absolute, since the daemon writes it from its own directory)."""
+    out = []
+    for name, value in sorted(os.environ.items()):
+        if name == "HOROVOD_AUTOTUNE" or name.startswith("HOROVOD_AUTOTUNE_"):
+            if name == "HOROVOD_AUTOTUNE_LOG" and value:
+                value = os.path.abspath(value)
+            out.append(f"{name}={value}")
+    return out
+
+
 class Client:
     """A connection to the local hvdd daemon."""
 
@@ -148,6 +161,7 @@ class Client:
                 # counts), in its own working directory: the path goes absolute.
                 h.timeline.file_path = os.path.abspath(timeline)
                 h.timeline.mark_cycles = os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES", "0") not in ("", "0")
+            h.autotune_env.extend(autotune_env())
             try:
                 self._write(0, hello.SerializeToString())
                 self._staging.add(self.arena_size)

@@ -1,0 +1,338 @@
+package daemon
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/cluster/clusterpb"
+	"github.com/hvdd/hvdd/daemon/autotune"
+	"github.com/hvdd/hvdd/daemon/plan"
+)
+
+// Autotuning (Config.Autotune, Horovod's HOROVOD_AUTOTUNE). The node that
+// decides a job's plans (the job's coordination says coordinates) gives
+// every batch it dispatches to a tuner: an autotune.Manager over the knobs
+// below that the user did not fix. When the Manager moves to another
+// configuration the loop applies it: the cycle time and spin window to
+// itself, the fusion threshold to its plan table (it alone fuses), and,
+// across nodes, the whole in the next plan (clusterpb.Tuning), which every
+// node applies before that plan's responses, the engine's settings
+// included (backends.Tunable). Every node therefore changes the engine
+// between the same two collectives. When tuning ends the best
+// configuration stays for the rest of the job; a new job (or an elastic
+// job's next epoch, as Horovod's reset) tunes anew from the configured
+// values.
+
+// The knobs autotuning can tune, by the names of Config.Autotune.Fixed, the
+// log and the CSV file's header.
+const (
+	// KnobFusion is the fusion threshold in MiB (--fusion-threshold,
+	// HOROVOD_FUSION_THRESHOLD), on a log scale from 64 KiB to 256 MiB.
+	KnobFusion = "fusion_threshold_mb"
+	// KnobCycle is the cycle time in ms (--cycle-time,
+	// HOROVOD_CYCLE_TIME), 0 to 20.
+	KnobCycle = "cycle_time_ms"
+	// KnobSpin is the loop's spin window in µs (--spin), 0 to 500.
+	KnobSpin = "spin_us"
+	// KnobStreams is how many of the engine's connections per peer a
+	// large collective uses (--tcp-streams fixes it), 1 to the connections
+	// opened.
+	KnobStreams = "streams"
+	// KnobChunk is the engine's pipeline segment in KiB, on a log scale
+	// from 16 KiB to 16 MiB.
+	KnobChunk = "chunk_kb"
+	// KnobSmall is the engine's small-message threshold in KiB, on a log
+	// scale from 1 KiB to 4 MiB.
+	KnobSmall = "small_kb"
+)
+
+// KnobNames are the knobs autotuning can tune.
+var KnobNames = []string{KnobFusion, KnobCycle, KnobSpin, KnobStreams, KnobChunk, KnobSmall}
+
+func (a *AutotuneConfig) fix(knob string) {
+	if !slices.Contains(a.Fixed, knob) {
+		a.Fixed = append(a.Fixed, knob)
+	}
+}
+
+func (a *AutotuneConfig) validate() error {
+	var errs []error
+	for _, k := range a.Fixed {
+		if !slices.Contains(KnobNames, k) {
+			errs = append(errs, fmt.Errorf("autotune: unknown knob %q (want one of %s)", k, strings.Join(KnobNames, ", ")))
+		}
+	}
+	if a.StepsPerSample < 0 || a.MaxSamples < 0 {
+		errs = append(errs, fmt.Errorf("autotune: steps per sample (%d) and samples (%d) must not be negative", a.StepsPerSample, a.MaxSamples))
+	}
+	if a.Noise > 1 {
+		errs = append(errs, fmt.Errorf("autotune: Gaussian process noise %v must be in [0, 1]", a.Noise))
+	}
+	return errors.Join(errs...)
+}
+
+// settings are what tuning changes: the values in force.
+type settings struct {
+	fusion int64         // fusion threshold, bytes; 0 disables fusion
+	cycle  time.Duration // least time between dispatched plans
+	spin   time.Duration // the loop's spin window; 0 never spins
+	engine backends.Tuning
+	final  bool // tuning has ended: the best configuration
+}
+
+func (s settings) pb() *clusterpb.Tuning {
+	spin := s.spin.Microseconds()
+	if s.spin <= 0 {
+		spin = -1
+	}
+	return &clusterpb.Tuning{
+		FusionThreshold: s.fusion, CycleTimeUs: s.cycle.Microseconds(), SpinUs: spin,
+		Streams: int32(s.engine.Streams), ChunkBytes: int32(s.engine.ChunkBytes), SmallBytes: int32(s.engine.SmallBytes),
+		Final: s.final,
+	}
+}
+
+func settingsFromPB(t *clusterpb.Tuning) settings {
+	s := settings{
+		fusion: t.GetFusionThreshold(), cycle: time.Duration(t.GetCycleTimeUs()) * time.Microsecond,
+		spin:   time.Duration(t.GetSpinUs()) * time.Microsecond,
+		engine: backends.Tuning{Streams: int(t.GetStreams()), ChunkBytes: int(t.GetChunkBytes()), SmallBytes: int(t.GetSmallBytes())},
+		final:  t.GetFinal(),
+	}
+	if s.spin < 0 {
+		s.spin = 0
+	}
+	return s
+}
+
+// attrs are s as log attributes.
+func (s settings) attrs() []any {
+	a := []any{"fusion_threshold", s.fusion, "cycle_time", s.cycle, "spin", s.spin}
+	if s.engine != (backends.Tuning{}) {
+		a = append(a, "streams", s.engine.Streams, "chunk_bytes", s.engine.ChunkBytes, "small_bytes", s.engine.SmallBytes)
+	}
+	return a
+}
+
+// tuner tunes one job's settings on the node that decides its plans.
+type tuner struct {
+	m     *autotune.Manager
+	names []string // the Manager's knobs, in order
+	base  settings // the configured values (the fixed knobs keep them)
+	start time.Time
+	log   *slog.Logger
+	csv   *os.File // nil without a log file
+	w     *bufio.Writer
+}
+
+// newTuner returns the tuner of a job, or nil when every knob is fixed.
+// engine is the job's data engine, nil on one node. cfg has its defaults.
+func newTuner(cfg Config, base settings, engine backends.Backend, log *slog.Logger) (*tuner, error) {
+	a := cfg.Autotune
+	fixed := func(k string) bool { return slices.Contains(a.Fixed, k) }
+	var knobs []autotune.Knob
+	add := func(k autotune.Knob) {
+		if !fixed(k.Name) {
+			knobs = append(knobs, k)
+		}
+	}
+	add(autotune.Knob{Name: KnobFusion, Lo: 1.0 / 16, Hi: 256, Log: true, Start: float64(base.fusion) / (1 << 20)})
+	add(autotune.Knob{Name: KnobCycle, Lo: 0, Hi: 20, Start: float64(base.cycle) / float64(time.Millisecond)})
+	add(autotune.Knob{Name: KnobSpin, Lo: 0, Hi: 500, Start: float64(base.spin) / float64(time.Microsecond)})
+	if tb, ok := engine.(backends.Tunable); ok {
+		base.engine = tb.Tuning()
+		if n := tb.MaxStreams(); n > 1 {
+			add(autotune.Knob{Name: KnobStreams, Lo: 1, Hi: float64(n), Integer: true, Start: float64(base.engine.Streams)})
+		}
+		add(autotune.Knob{Name: KnobChunk, Lo: 16, Hi: 16 << 10, Log: true, Integer: true, Start: float64(base.engine.ChunkBytes) / 1024})
+		add(autotune.Knob{Name: KnobSmall, Lo: 1, Hi: 4 << 10, Log: true, Integer: true, Start: float64(base.engine.SmallBytes) / 1024})
+	}
+	if len(knobs) == 0 {
+		log.Warn("autotune: every knob is fixed (set explicitly); nothing to tune", "fixed", strings.Join(a.Fixed, ","))
+		return nil, nil
+	}
+	m, err := autotune.NewManager(autotune.Config{
+		Knobs: knobs, WarmupSamples: a.WarmupSamples, StepsPerSample: a.StepsPerSample,
+		MaxSamples: a.MaxSamples, Noise: a.Noise, Seed: uint64(time.Now().UnixNano()),
+	})
+	if err != nil {
+		return nil, err
+	}
+	t := &tuner{m: m, base: base, start: time.Now(), log: log}
+	for _, k := range knobs {
+		t.names = append(t.names, k.Name)
+	}
+	if a.LogFile != "" {
+		f, err := os.Create(a.LogFile)
+		if err != nil {
+			log.Warn("autotune: cannot write the log file; tuning goes on without it", "err", err)
+		} else {
+			t.csv, t.w = f, bufio.NewWriter(f)
+			t.row(autotune.CSVHeader(knobs))
+		}
+	}
+	log.Info("autotune: tuning", "knobs", strings.Join(t.names, ","), "fixed", strings.Join(a.Fixed, ","), "log_file", a.LogFile)
+	return t, nil
+}
+
+// row writes a line of the CSV log, flushed at once so that a job that
+// ends early leaves what it measured.
+func (t *tuner) row(line string) {
+	if t.w == nil {
+		return
+	}
+	t.w.WriteString(line)
+	t.w.WriteByte('\n')
+	if err := t.w.Flush(); err != nil {
+		t.log.Warn("autotune: writing the log file failed; it stops here", "err", err)
+		t.close()
+	}
+}
+
+// close closes the CSV log.
+func (t *tuner) close() {
+	if t.csv != nil {
+		t.csv.Close()
+		t.csv, t.w = nil, nil
+	}
+}
+
+// settings are the base settings with the Manager's knob values.
+func (t *tuner) settings(values []float64) settings {
+	s := t.base
+	for i, name := range t.names {
+		v := values[i]
+		switch name {
+		case KnobFusion:
+			s.fusion = int64(v * (1 << 20))
+		case KnobCycle:
+			s.cycle = time.Duration(v * float64(time.Millisecond))
+		case KnobSpin:
+			s.spin = time.Duration(v * float64(time.Microsecond))
+		case KnobStreams:
+			s.engine.Streams = int(v)
+		case KnobChunk:
+			s.engine.ChunkBytes = int(v) << 10
+		case KnobSmall:
+			s.engine.SmallBytes = int(v) << 10
+		}
+	}
+	return s
+}
+
+// update gives the tuner a dispatched batch: its tensors' names and bytes.
+// It returns the settings to apply when the configuration changes.
+func (t *tuner) update(names []string, bytes int64) (settings, bool) {
+	r := t.m.Update(names, bytes, time.Since(t.start))
+	if r == nil {
+		return settings{}, false
+	}
+	if r.Warmup {
+		t.log.Info("autotune: warming up", "score_mb_per_s", r.Score)
+		return settings{}, false
+	}
+	attrs := []any{"score_mb_per_s", r.Score}
+	for i, n := range t.names {
+		attrs = append(attrs, n, r.Values[i])
+	}
+	attrs = append(attrs, "best_mb_per_s", r.BestScore)
+	t.log.Info("autotune: sample", attrs...)
+	t.row(autotune.CSVRow(r.Values, r.Score))
+	s := t.settings(r.Next)
+	if r.Done {
+		s.final = true
+		t.row(autotune.CSVRow(r.Best, r.BestScore))
+		t.log.Info("autotune: done; keeping the best settings", append([]any{"score_mb_per_s", r.BestScore}, s.attrs()...)...)
+		t.close()
+		return s, true
+	}
+	return s, !slices.Equal(r.Next, r.Values)
+}
+
+// startTuner starts the autotuner of a job that has just formed, when
+// autotuning is on and this node decides the job's plans.
+func (l *loop) startTuner(j *job) {
+	if !j.coord.coordinates() {
+		return
+	}
+	cfg := l.cfg
+	if j.members.offset == 0 && len(j.slots) > 0 && j.slots[0] != nil {
+		// Global rank 0's HOROVOD_AUTOTUNE*, as Horovod reads them in
+		// rank 0's process, over the daemon's own.
+		if env := j.slots[0].helloMsg.GetAutotuneEnv(); len(env) > 0 {
+			var err error
+			if cfg.Autotune, err = jobAutotune(cfg.Autotune, env); err != nil {
+				l.s.log.Warn("autotune: rank 0's HOROVOD_AUTOTUNE* variables are ignored", "job", j.id, "err", err)
+				cfg.Autotune = l.cfg.Autotune
+			}
+		}
+	}
+	if !cfg.Autotune.Enabled {
+		return
+	}
+	base := settings{fusion: l.cfg.FusionThreshold, cycle: l.cfg.CycleTime, spin: l.cfg.Spin}
+	t, err := newTuner(cfg, base, j.coord.engine(), l.s.log.With("job", j.id))
+	if err != nil {
+		l.s.log.Error("autotune: cannot tune this job; it runs with the configured settings", "job", j.id, "err", err)
+		return
+	}
+	j.tune = t
+}
+
+// jobAutotune is the daemon's autotune settings a with a client's
+// HOROVOD_AUTOTUNE* variables (Hello.autotune_env: NAME=VALUE) applied.
+func jobAutotune(a AutotuneConfig, env []string) (AutotuneConfig, error) {
+	vars := map[string]string{}
+	for _, kv := range env {
+		name, value, ok := strings.Cut(kv, "=")
+		if !ok || (name != "HOROVOD_AUTOTUNE" && !strings.HasPrefix(name, "HOROVOD_AUTOTUNE_")) {
+			return a, fmt.Errorf("%q is not a HOROVOD_AUTOTUNE* variable", kv)
+		}
+		vars[name] = value
+	}
+	c := Config{Autotune: a}
+	c.Autotune.Fixed = slices.Clone(a.Fixed)
+	if err := c.ApplyHorovodEnv(func(k string) string { return vars[k] }); err != nil {
+		return a, err
+	}
+	if v, ok := vars["HOROVOD_AUTOTUNE"]; ok && strings.TrimSpace(v) == "0" {
+		c.Autotune.Enabled = false // the job asked for none
+	}
+	if err := c.Autotune.validate(); err != nil {
+		return a, err
+	}
+	return c.Autotune, nil
+}
+
+// tuneBatch gives the autotuner the responses just dispatched, and applies
+// the settings it moves to.
+func (l *loop) tuneBatch(j *job, resps []plan.Response) {
+	var names []string
+	var bytes int64
+	for i := range resps {
+		if r := &resps[i]; r.Err == nil {
+			for _, t := range r.Tensors {
+				names = append(names, t.Name)
+			}
+			bytes += r.Bytes
+		}
+	}
+	s, changed := j.tune.update(names, bytes)
+	if !changed {
+		return
+	}
+	l.tuned(s)
+	j.coord.retune(s)
+}
+
+// tuned applies the loop's part of tuned settings (loopHooks).
+func (l *loop) tuned(s settings) {
+	l.cycleTime, l.spin = s.cycle, s.spin
+}
