@@ -277,6 +277,13 @@ func (l *loop) startTuner(j *job) {
 	if !cfg.Autotune.Enabled {
 		return
 	}
+	if len(l.order) > 1 {
+		// The cycle time and the spin window are the loop's, shared by
+		// every job of the daemon: one job does not tune them for all.
+		cfg.Autotune.Fixed = slices.Clone(cfg.Autotune.Fixed)
+		cfg.Autotune.fix(KnobCycle)
+		cfg.Autotune.fix(KnobSpin)
+	}
 	base := settings{fusion: l.cfg.FusionThreshold, cycle: l.cfg.CycleTime, spin: l.cfg.Spin}
 	t, err := newTuner(cfg, base, j.coord.engine(), l.s.log.With("job", j.id))
 	if err != nil {

@@ -42,6 +42,7 @@ type client struct {
 	bye       bool
 	reset     bool // its Goodbye says it re-initialises at once (elastic)
 	dropped   bool
+	lane      *lane // the job lane its hello went to (lanes.go)
 	job       *job
 	localRank int
 	rank      int

@@ -366,7 +366,7 @@ func TestBusyAndRanks(t *testing.T) {
 	}
 	e := dialRaw(t, s.Socket)
 	e.hello(-1)
-	e.expectFatal(ipcpb.Code_CODE_BUSY, "running a job of 2 ranks")
+	e.expectFatal(ipcpb.Code_CODE_BUSY, "running job (unnamed, uid 0) of 2 ranks")
 }
 
 // TestPeerCredentials connects as another uid: the daemon refuses it.
@@ -439,4 +439,72 @@ func TestStallWarningAndShutdown(t *testing.T) {
 			t.Errorf("stall log lacks %q:\n%s", want, logs)
 		}
 	}
+}
+
+// helloJob says hello as local rank lr of the named job of size processes.
+func (r *rawClient) helloJob(name string, size, lr int32) {
+	r.send(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Hello{Hello: &ipcpb.Hello{
+		Version: ipc.Version, Pid: int32(os.Getpid()), LocalRank: lr, Job: name, LocalSize: size}}}, -1)
+}
+
+// welcome reads r's Welcome.
+func (r *rawClient) welcome() *ipcpb.Welcome {
+	r.t.Helper()
+	_, m, err := r.next()
+	if err != nil || m.GetWelcome() == nil {
+		r.t.Fatalf("want Welcome, got %v %v", m, err)
+	}
+	return m.GetWelcome()
+}
+
+// TestJobLanes: a daemon of 4 slots runs two named jobs of 2 at once, each
+// with its own ranks and id; a third job must wait for slots, a job larger
+// than the daemon is refused, the name of a running job cannot be reused,
+// and when a job ends its slots serve the next.
+func TestJobLanes(t *testing.T) {
+	s := daemontest.Start(t, daemon.Config{Slots: 4})
+	start := func(name string) (*rawClient, *rawClient) {
+		a, b := dialRaw(t, s.Socket), dialRaw(t, s.Socket)
+		a.helloJob(name, 2, 0)
+		b.helloJob(name, 2, 1)
+		wa, wb := a.welcome(), b.welcome()
+		if wa.GetSize() != 2 || wa.GetRank() != 0 || wb.GetRank() != 1 || wa.GetJobId() != wb.GetJobId() || wa.GetLocalSize() != 2 {
+			t.Fatalf("job %s: welcomes %v / %v", name, wa, wb)
+		}
+		return a, b
+	}
+	a0, a1 := start("a")
+	start("b")
+	c := dialRaw(t, s.Socket)
+	c.helloJob("c", 1, -1)
+	c.expectFatal(ipcpb.Code_CODE_BUSY, `this daemon has --slots 4 and its jobs hold 4 (job "a" (uid 0): 2, job "b" (uid 0): 2); a job of 1 more must wait`)
+	big := dialRaw(t, s.Socket)
+	big.helloJob("big", 5, -1)
+	big.expectFatal(ipcpb.Code_CODE_BUSY, "a job of 5 local processes does not fit this daemon's --slots 4")
+	again := dialRaw(t, s.Socket)
+	again.helloJob("a", 2, -1)
+	again.expectFatal(ipcpb.Code_CODE_BUSY, `running job "a" (uid 0) of 2 ranks`)
+	// Job a ends (its ranks close): its two slots take job c.
+	a0.ic.Close()
+	a1.ic.Close()
+	s.WaitLog(t, `msg="job ended" job=1 name=a`, 10*time.Second)
+	c0, c1 := dialRaw(t, s.Socket), dialRaw(t, s.Socket)
+	c0.helloJob("c", 2, -1)
+	c1.helloJob("c", 2, -1)
+	if w0, w1 := c0.welcome(), c1.welcome(); w0.GetJobId() != 3 || w1.GetJobId() != 3 || w0.GetRank()+w1.GetRank() != 1 {
+		t.Fatalf("job c: welcomes %v / %v, want job 3 with ranks 0 and 1", w0, w1)
+	}
+	s.WaitLog(t, `msg="job formed" job=3`, 10*time.Second)
+}
+
+// TestJobLocalSizeDisagrees: the processes of a job must agree on its local
+// size.
+func TestJobLocalSizeDisagrees(t *testing.T) {
+	s := daemontest.Start(t, daemon.Config{Slots: 4})
+	a := dialRaw(t, s.Socket)
+	a.helloJob("j", 2, 0)
+	s.WaitLog(t, "client joined", 10*time.Second)
+	b := dialRaw(t, s.Socket)
+	b.helloJob("j", 3, 1)
+	b.expectFatal(ipcpb.Code_CODE_BUSY, `job "j" (uid 0) has 2 processes on this node, this process says 3 (HVDD_LOCAL_SIZE): every process of a job must agree`)
 }

@@ -43,6 +43,7 @@ import (
 
 // reform is the next epoch of an elastic job whose epoch failed.
 type reform struct {
+	lane  *lane // the job's lane
 	id    uint64
 	epoch uint64
 	// survivors are the pids of the epoch's local ranks, by new local rank:
@@ -94,20 +95,21 @@ func (l *loop) reformAfter(j *job) {
 		l.nodes.nextReady(j.members.epoch+1, 0, "")
 		return
 	}
+	ln := j.lane
 	sort.Slice(j.survivors, func(a, b int) bool { return j.survivors[a].rank < j.survivors[b].rank })
-	r := &reform{id: j.id, epoch: j.members.epoch + 1, failedAt: j.failedAt, cause: j.failed.GetError()}
+	r := &reform{lane: ln, id: j.id, epoch: j.members.epoch + 1, failedAt: j.failedAt, cause: j.failed.GetError()}
 	for _, s := range j.survivors {
 		r.survivors = append(r.survivors, s.pid)
 	}
 	// Workers waiting to join come after the survivors (Horovod's "older
 	// workers first": rank 0 stays on a survivor, whose state is current).
-	for _, c := range l.joiners {
+	for _, c := range ln.joiners {
 		r.survivors = append(r.survivors, c.pid)
 	}
-	r.joiners = len(l.joiners)
+	r.joiners = len(ln.joiners)
 	r.timer = time.AfterFunc(l.cfg.ElasticTimeout, func() { l.p.post(msgReformTimeout{r}) })
 	r.check = time.AfterFunc(reformCheckEvery, func() { l.p.post(msgReformCheck{r}) })
-	l.reform = r
+	ln.reform = r
 	// Warn, not Info: a membership change is what the daemon a job starts
 	// for itself (hvdd run, --log-level warning) must still show.
 	if host := l.nodes.removed(); host != "" {
@@ -137,18 +139,28 @@ const joinLater = -2
 // 0 is told that hosts were updated, so that every rank resets at its next
 // commit (Horovod's HostsUpdatedInterrupt).
 func (l *loop) addJoiner(c *client, j *job) {
-	if !slices.Contains(l.joiners, c) {
-		l.joiners = append(l.joiners, c)
+	ln := j.lane
+	if !slices.Contains(ln.joiners, c) {
+		ln.joiners = append(ln.joiners, c)
 	}
-	l.s.log.Warn("a worker waits to join the elastic job at its next epoch", "job", j.id, "pid", c.pid, "waiting", len(l.joiners))
-	l.hostsUpdated(hostsAdded)
+	l.s.log.Warn("a worker waits to join the elastic job at its next epoch", "job", j.id, "pid", c.pid, "waiting", len(ln.joiners))
+	l.laneHostsUpdated(ln, hostsAdded)
 }
 
-// hostsUpdated tells global rank 0 of the running elastic job, if one runs,
-// that its hosts changed (result): here, or through the coordinator when
-// rank 0 is on another node (also loopHooks).
+// hostsUpdated tells global rank 0 of the running elastic job that its
+// hosts changed (loopHooks: the multi-node formation's, whose daemon runs
+// one job at a time).
 func (l *loop) hostsUpdated(result int32) {
-	j := l.job
+	if ln := l.soleLane(); ln != nil {
+		l.laneHostsUpdated(ln, result)
+	}
+}
+
+// laneHostsUpdated tells global rank 0 of ln's elastic job, if it runs,
+// that its hosts changed (result): here, or through the coordinator when
+// rank 0 is on another node.
+func (l *loop) laneHostsUpdated(ln *lane, result int32) {
+	j := ln.job
 	if j == nil || !j.elastic || !j.formed || j.failed != nil {
 		return
 	}
@@ -174,18 +186,18 @@ const (
 	hostsAdded   = 2
 )
 
-// seatJoiners, once a job has ended, seats the waiting workers in the
+// seatJoiners, once ln's job has ended, seats the waiting workers in the
 // epoch that re-forms it, or refuses them when the job is over.
-func (l *loop) seatJoiners() {
-	r := l.reform
-	js := l.joiners
-	l.joiners = nil
+func (l *loop) seatJoiners(ln *lane) {
+	r := ln.reform
+	js := ln.joiners
+	ln.joiners = nil
 	for _, c := range js {
 		switch {
 		case r != nil && r.dead == "" && slices.Contains(r.survivors, c.pid):
 			l.hello(c, c.helloMsg)
-		case r != nil || l.job != nil:
-			l.joiners = append(l.joiners, c) // a later epoch
+		case r != nil || ln.job != nil:
+			ln.joiners = append(ln.joiners, c) // a later epoch
 		default:
 			l.refuse(c, "the elastic job this worker was to join has ended (no rank of it re-initialised)")
 		}
@@ -196,18 +208,22 @@ func (l *loop) seatJoiners() {
 // cannot form it. The survivors that joined get msg, and so do those still
 // to come back.
 func (l *loop) reformFailed(epoch uint64, msg string) {
-	if j := l.job; j != nil && j.elastic && j.epoch == epoch && !j.formed && j.failed == nil {
+	ln := l.soleLane()
+	if ln == nil {
+		return
+	}
+	if j := ln.job; j != nil && j.elastic && j.epoch == epoch && !j.formed && j.failed == nil {
 		l.formFailed(j, msg)
 	}
-	if r := l.reform; r != nil && r.epoch == epoch {
+	if r := ln.reform; r != nil && r.epoch == epoch {
 		r.dead = msg
 	}
 }
 
 // reformRank is the local rank a hello takes in the forming epoch: its
 // place among the survivors, or a reason to refuse it.
-func (l *loop) reformRank(c *client, h *ipcpb.Hello) (lr int, refusal string) {
-	r := l.reform
+func (l *loop) reformRank(ln *lane, c *client, h *ipcpb.Hello) (lr int, refusal string) {
+	r := ln.reform
 	lr = slices.Index(r.survivors, c.pid)
 	if r.dead != "" {
 		if lr < 0 {
@@ -216,7 +232,7 @@ func (l *loop) reformRank(c *client, h *ipcpb.Hello) (lr int, refusal string) {
 		r.survivors = slices.Delete(r.survivors, lr, lr+1)
 		if len(r.survivors) == 0 {
 			r.stop()
-			l.reform = nil
+			ln.reform = nil
 		}
 		if r.removed != "" {
 			return -1, fmt.Sprintf("%s[%d] has been removed from elastic job", r.removed, h.GetLocalRank())
@@ -225,10 +241,10 @@ func (l *loop) reformRank(c *client, h *ipcpb.Hello) (lr int, refusal string) {
 	}
 	if lr < 0 && h.GetElastic() {
 		// A worker that joins the job: in the epoch after this one.
-		if j := l.job; j != nil && j.id == r.id {
+		if j := ln.job; j != nil && j.id == r.id {
 			l.addJoiner(c, j)
-		} else if !slices.Contains(l.joiners, c) {
-			l.joiners = append(l.joiners, c)
+		} else if !slices.Contains(ln.joiners, c) {
+			ln.joiners = append(ln.joiners, c)
 		}
 		return joinLater, ""
 	}
@@ -241,39 +257,43 @@ func (l *loop) reformRank(c *client, h *ipcpb.Hello) (lr int, refusal string) {
 
 // reformed ends a re-formation when the epoch has formed.
 func (l *loop) reformed(j *job) {
-	r := l.reform
+	ln := j.lane
+	r := ln.reform
 	if r == nil || r.id != j.id || r.epoch != j.epoch {
 		return
 	}
 	r.stop()
-	l.reform = nil
+	ln.reform = nil
 	l.s.log.Warn("elastic job re-formed", "job", j.id, "epoch", r.epoch, "size", j.members.size,
 		"pids", j.pids(), "after", time.Since(r.failedAt).Round(time.Millisecond), "cause", r.cause)
-	if len(l.joiners) > 0 {
+	if len(ln.joiners) > 0 {
 		// Workers came while it formed: the next epoch takes them.
-		l.hostsUpdated(hostsAdded)
+		l.laneHostsUpdated(ln, hostsAdded)
 	}
 }
 
 // reformTimeout gives up a re-formation whose survivors did not all return.
 func (l *loop) reformTimeout(r *reform) {
-	if l.reform != r {
+	ln := r.lane
+	if ln.reform != r {
 		return
 	}
 	r.stop()
-	l.reform = nil
+	ln.reform = nil
 	if r.dead != "" {
+		l.endLane(ln)
 		return
 	}
 	msg := fmt.Sprintf("Timed out waiting for the %d surviving ranks of elastic job %d to re-initialise into epoch %d (waited %v, --elastic-timeout): pids %s",
 		len(r.survivors), r.id, r.epoch, l.cfg.ElasticTimeout, pidList(r.survivors))
-	if j := l.job; j != nil && j.id == r.id && !j.formed {
+	if j := ln.job; j != nil && j.id == r.id && !j.formed {
 		l.formFailed(j, msg)
 	} else {
 		l.s.log.Warn(msg)
 	}
 	l.nodes.nextReady(r.epoch, 0, msg)
-	l.seatJoiners()
+	l.seatJoiners(ln)
+	l.endLane(ln)
 }
 
 // stop stops r's timers.
@@ -285,10 +305,11 @@ func (r *reform) stop() {
 // reformCheck drops the survivors of r whose process has exited without
 // coming back, and forms the epoch from the others when they are all there.
 func (l *loop) reformCheck(r *reform) {
-	if l.reform != r {
+	ln := r.lane
+	if ln.reform != r {
 		return
 	}
-	j := l.job
+	j := ln.job
 	if j != nil && (j.id != r.id || j.formed) {
 		j = nil
 	}
@@ -309,9 +330,10 @@ func (l *loop) reformCheck(r *reform) {
 	r.survivors = alive
 	if len(alive) == 0 {
 		r.stop()
-		l.reform = nil
+		ln.reform = nil
 		l.nodes.nextReady(r.epoch, 0, "its surviving ranks exited instead of re-initialising")
-		l.seatJoiners()
+		l.seatJoiners(ln)
+		l.endLane(ln)
 		return
 	}
 	r.check = time.AfterFunc(reformCheckEvery, func() { l.p.post(msgReformCheck{r}) })

@@ -48,6 +48,7 @@ type opKey struct {
 // has, on one node or across several. How its tensors are negotiated is its
 // coordination's business (coordination.go), which keeps its own state.
 type job struct {
+	lane    *lane // where the loop keeps it (lanes.go)
 	id      uint64
 	slots   []*client // by local rank; nil while free
 	joined  int       // slots taken

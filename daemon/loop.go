@@ -50,11 +50,10 @@ type loop struct {
 	p       *poller
 	epoch   time.Time
 	clients map[int]*client // by socket fd
-	job     *job
-	waiting []*client // hellos waiting for the current job to end
-	joiners []*client // elastic workers waiting to join the job's next epoch (elastic.go)
+	lanes   map[laneKey]*lane
+	order   []*lane // the lanes, oldest first (lanes.go)
+	rr      int     // where dispatch starts: the lane after the last to get the executor
 	nextJob uint64
-	reform  *reform // the next epoch of an elastic job, while it forms (elastic.go)
 
 	x        *executor
 	execBusy bool
@@ -79,7 +78,7 @@ type loop struct {
 }
 
 func newLoop(s *Server, p *poller) (*loop, error) {
-	l := &loop{s: s, cfg: s.cfg, p: p, epoch: time.Now(), clients: make(map[int]*client),
+	l := &loop{s: s, cfg: s.cfg, p: p, epoch: time.Now(), clients: make(map[int]*client), lanes: make(map[laneKey]*lane),
 		cycleTime: s.cfg.CycleTime, spin: s.cfg.Spin}
 	l.x = newExecutor(s, p)
 	if s.cfg.multiNode() {
@@ -201,13 +200,16 @@ func (l *loop) run() {
 		if l.tl != nil && l.tl.markCycles {
 			l.tl.w.Mark("CYCLE_START")
 		}
-		j := l.job
-		if j != nil && j.coord != nil {
-			j.coord.flush()
+		for _, j := range l.jobs() {
+			if j.coord != nil {
+				j.coord.flush()
+			}
 		}
 		l.dispatch()
-		if j := l.job; j != nil && j.coord != nil {
-			j.coord.expect(len(j.pending) > 0)
+		for _, j := range l.jobs() {
+			if j.coord != nil {
+				j.coord.expect(len(j.pending) > 0)
+			}
 		}
 		l.armStallTimer()
 		if l.spin > 0 {
@@ -277,8 +279,10 @@ func (l *loop) message(m any) {
 		l.clients[fd] = c
 	case msgExecIdle:
 		l.execBusy = false
-		if l.job != nil && l.job.coord != nil {
-			l.job.coord.traceSent()
+		for _, j := range l.jobs() {
+			if j.coord != nil {
+				j.coord.traceSent()
+			}
 		}
 		l.closeDead()
 	case msgStall:
@@ -293,7 +297,7 @@ func (l *loop) message(m any) {
 	case msgReformCheck:
 		l.reformCheck(m.r)
 	case msgExecErr:
-		if m.j == l.job && m.j.failed == nil {
+		if l.current(m.j) && m.j.failed == nil {
 			l.abort(m.j, ipcpb.Code_CODE_ABORTED, m.err.Error(), true)
 		}
 	default:
@@ -342,9 +346,9 @@ func (l *loop) closeDead() {
 	l.dead = nil
 }
 
-// shutdown fails the running job and closes every connection.
+// shutdown fails the running jobs and closes every connection.
 func (l *loop) shutdown() {
-	if j := l.job; j != nil {
+	for _, j := range l.jobs() {
 		if j.formed && j.failed == nil && j.members.nodes() > 1 {
 			// To the other nodes this node is lost: their ranks cannot go
 			// on with its ranks gone (an elastic job re-forms without it).
@@ -356,8 +360,13 @@ func (l *loop) shutdown() {
 	for _, c := range l.clients {
 		l.drop(c, nil)
 	}
-	for _, c := range l.waiting {
-		c.out.close()
+	for _, ln := range l.order {
+		for _, c := range ln.waiting {
+			c.out.close()
+		}
+		if ln.reform != nil {
+			ln.reform.stop()
+		}
 	}
 	close(l.x.work)
 	<-l.x.stopped
@@ -369,10 +378,7 @@ func (l *loop) shutdown() {
 	if l.cycle != nil {
 		l.cycle.Stop()
 	}
-	if l.reform != nil {
-		l.reform.stop()
-	}
-	l.stopTimeline(nil)
+	l.stopTimeline(nil, nil)
 	l.tlClosing.Wait()
 	l.nodes.close()
 	l.p.close()
@@ -380,7 +386,13 @@ func (l *loop) shutdown() {
 
 func (l *loop) hello(c *client, h *ipcpb.Hello) {
 	c.helloMsg = h
-	j := l.job
+	ln, why := l.laneFor(c, h)
+	if ln == nil {
+		l.refuse(c, why)
+		return
+	}
+	c.lane = ln
+	j := ln.job
 	if j != nil && (j.failed != nil || j.formed) {
 		// A rank of the elastic job that re-initialises (its old connection
 		// may not have closed yet here) waits for the next epoch.
@@ -392,16 +404,17 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 		}
 		if j.failed != nil || member {
 			// The last job is failing; its clients are on their way out.
-			l.waiting = append(l.waiting, c)
+			ln.waiting = append(ln.waiting, c)
 			return
 		}
-		l.refuse(c, fmt.Sprintf("this daemon is running a job of %d ranks (pids %s); wait for it to end, or start another daemon with a different --socket", len(j.slots), j.pids()))
+		l.refuse(c, fmt.Sprintf("this daemon is running job %s of %d ranks (pids %s); wait for it to end, give this job another name (hvdd run --job NAME, or HVDD_JOB), or start another daemon with a different --socket",
+			ln.name(), len(j.slots), j.pids()))
 		return
 	}
 	lr := int(h.GetLocalRank())
-	if l.reform != nil {
+	if ln.reform != nil {
 		var why string
-		if lr, why = l.reformRank(c, h); why != "" {
+		if lr, why = l.reformRank(ln, c, h); why != "" {
 			l.refuse(c, why)
 			return
 		}
@@ -410,14 +423,17 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 		}
 	}
 	if j == nil {
-		j = l.openJob(h.GetElastic())
+		j = l.openJob(ln, h.GetElastic())
 	}
 	switch {
 	case h.GetElastic() != j.elastic:
 		l.refuse(c, fmt.Sprintf("every rank of a job must agree on HOROVOD_ELASTIC: job %d is elastic=%v, this process elastic=%v", j.id, j.elastic, h.GetElastic()))
 		return
+	case int(h.GetLocalSize()) != 0 && int(h.GetLocalSize()) != ln.size && !l.cfg.multiNode():
+		l.refuse(c, fmt.Sprintf("job %s has %d processes on this node, this process says %d (HVDD_LOCAL_SIZE): every process of a job must agree", ln.name(), ln.size, h.GetLocalSize()))
+		return
 	case lr >= len(j.slots):
-		l.refuse(c, fmt.Sprintf("local rank %d is out of range: this daemon runs --slots %d (ranks 0..%d)", lr, len(j.slots), len(j.slots)-1))
+		l.refuse(c, fmt.Sprintf("local rank %d is out of range: job %s has %d processes on this node (local ranks 0..%d)", lr, ln.name(), len(j.slots), len(j.slots)-1))
 		return
 	case lr >= 0 && j.slots[lr] != nil:
 		l.refuse(c, fmt.Sprintf("local rank %d is already taken by pid %d", lr, j.slots[lr].pid))
@@ -435,7 +451,7 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 	j.open++
 	c.job, c.localRank, c.rank = j, lr, lr
 	c.groups = make(map[uint64][]*op)
-	l.s.log.Debug("client joined", "pid", c.pid, "local_rank", lr, "job", j.id, "have", j.joined, "want", len(j.slots))
+	l.s.log.Debug("client joined", "pid", c.pid, "local_rank", lr, "job", j.id, "name", ln.key.name, "uid", ln.key.uid, "have", j.joined, "want", len(j.slots))
 	if j.joined < len(j.slots) {
 		return
 	}
@@ -444,17 +460,17 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 	l.nodes.complete(j)
 }
 
-// openJob makes the job the next hellos join: the forming epoch of an
-// elastic job (elastic.go), else a fresh job of --slots ranks.
-func (l *loop) openJob(elastic bool) *job {
-	j := &job{pending: make(map[opKey]*op), elastic: elastic}
-	if r := l.reform; r != nil && r.dead == "" {
+// openJob makes the job the next hellos of ln join: the forming epoch of an
+// elastic job (elastic.go), else a fresh job of the lane's size.
+func (l *loop) openJob(ln *lane, elastic bool) *job {
+	j := &job{pending: make(map[opKey]*op), elastic: elastic, lane: ln}
+	if r := ln.reform; r != nil && r.dead == "" {
 		j.id, j.epoch, j.slots = r.id, r.epoch, make([]*client, len(r.survivors))
 	} else {
 		l.nextJob++
-		j.id, j.slots = l.nextJob, make([]*client, l.cfg.Slots)
+		j.id, j.slots = l.nextJob, make([]*client, ln.size)
 	}
-	l.job = j
+	ln.job = j
 	return j
 }
 
@@ -495,7 +511,9 @@ func (l *loop) start(j *job, m membership, c coordination) {
 
 // now, executing and current serve loopHooks.
 func (l *loop) executing() bool     { return l.execBusy }
-func (l *loop) current(j *job) bool { return j == l.job }
+func (l *loop) current(j *job) bool {
+	return j != nil && j.lane != nil && j.lane.job == j && l.lanes[j.lane.key] == j.lane
+}
 
 // refuse ends a client that cannot join: it gets a Fatal and its connection is
 // closed, which its reader reports as an ordinary close.
@@ -506,19 +524,22 @@ func (l *loop) refuse(c *client, msg string) {
 }
 
 func (l *loop) closed(c *client, bye bool, err error) {
-	for i, w := range l.waiting {
-		if w == c {
-			l.waiting = append(l.waiting[:i], l.waiting[i+1:]...)
-			break
+	ln := c.lane
+	if ln != nil {
+		if i := slices.Index(ln.waiting, c); i >= 0 {
+			ln.waiting = slices.Delete(ln.waiting, i, i+1)
 		}
-	}
-	if i := slices.Index(l.joiners, c); i >= 0 {
-		l.joiners = slices.Delete(l.joiners, i, i+1)
+		if i := slices.Index(ln.joiners, c); i >= 0 {
+			ln.joiners = slices.Delete(ln.joiners, i, i+1)
+		}
 	}
 	l.dead = append(l.dead, c)
 	l.closeDead()
 	j := c.job
 	if j == nil {
+		if ln != nil {
+			l.endLane(ln)
+		}
 		return
 	}
 	for _, g := range c.groups {
@@ -556,29 +577,36 @@ func (l *loop) closed(c *client, bye bool, err error) {
 	}
 	if j.open == 0 {
 		// Horovod's shutdown ends its timeline too.
-		l.stopTimeline(nil)
+		l.stopTimeline(j, nil)
 		if j.tune != nil {
 			j.tune.close()
 		}
 		st := j.stats
-		l.s.log.Info("job ended", "job", j.id, "batches", st.batches, "responses", st.responses, "tensors", st.tensors, "bytes", st.bytes)
+		l.s.log.Info("job ended", "job", j.id, "name", ln.key.name, "batches", st.batches, "responses", st.responses, "tensors", st.tensors, "bytes", st.bytes)
 		l.nodes.ended(j)
 		if j.coord != nil {
 			j.coord.end()
 		}
-		l.job = nil
+		ln.job = nil
 		l.reformAfter(j)
-		w := l.waiting
-		l.waiting = nil
+		w := ln.waiting
+		ln.waiting = nil
 		for _, c := range w {
 			l.hello(c, c.helloMsg)
 		}
-		l.seatJoiners()
-		if l.cfg.ExitAfterJob && l.job == nil && l.reform == nil {
-			l.s.log.Info("job over; exiting (--exit-after-job)", "job", j.id)
-			// Close posts to this loop: not from the loop's own goroutine.
-			go l.s.Close()
-		}
+		l.seatJoiners(ln)
+		l.endLane(ln)
+	}
+}
+
+// endLane forgets a lane that holds nothing any more; a daemon started
+// with --exit-after-job exits once it has none.
+func (l *loop) endLane(ln *lane) {
+	l.dropLane(ln)
+	if l.cfg.ExitAfterJob && len(l.order) == 0 && !l.quit {
+		l.s.log.Info("job over; exiting (--exit-after-job)")
+		// Close posts to this loop: not from the loop's own goroutine.
+		go l.s.Close()
 	}
 }
 
@@ -681,15 +709,16 @@ func (l *loop) submit(j *job, o *op) {
 		o.finish(d)
 		return
 	}
-	if l.tl != nil {
-		l.tl.submitted(&o.req)
+	if t := l.tracerOf(j); t != nil {
+		t.submitted(&o.req)
 	}
 }
 
-// dispatch hands everything ready to the executor when it is idle.
+// dispatch hands everything ready to the executor when it is idle, job by
+// job: each pass starts with the lane after the one whose batch last went
+// to the executor, so that jobs that run at once take turns with it.
 func (l *loop) dispatch() {
-	j := l.job
-	if j == nil || !j.formed || j.failed != nil || l.execBusy || l.cycle != nil {
+	if l.execBusy || l.cycle != nil || len(l.order) == 0 {
 		return
 	}
 	if l.cycleTime > 0 {
@@ -698,12 +727,25 @@ func (l *loop) dispatch() {
 			return
 		}
 	}
-	for !l.execBusy && j.failed == nil {
-		resps := j.coord.next()
-		if resps == nil {
-			return
+	lanes := l.order
+	if len(lanes) > 1 {
+		// A reply can close a client, and its lane with it: walk a copy.
+		lanes = slices.Clone(lanes)
+	}
+	n := len(lanes)
+	for i := 0; i < n && !l.execBusy; i++ {
+		at := (l.rr + i) % n
+		j := lanes[at].job
+		for j != nil && j.formed && j.failed == nil && !l.execBusy {
+			resps := j.coord.next()
+			if resps == nil {
+				break
+			}
+			l.runResponses(j, resps)
+			if l.execBusy {
+				l.rr = at + 1
+			}
 		}
-		l.runResponses(j, resps)
 	}
 }
 
@@ -711,6 +753,7 @@ func (l *loop) dispatch() {
 // inline when small, else on the executor.
 func (l *loop) runResponses(j *job, resps []plan.Response) {
 	b := j.coord.engine()
+	tl := l.tracerOf(j)
 	var batch []work
 	for _, r := range resps {
 		names := make([]string, len(r.Tensors))
@@ -730,10 +773,10 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 			switch {
 			case w.view.rows.node < 0:
 				// No member here: the other nodes run it without this one.
-				if l.tl != nil {
-					l.tl.responded(&r)
+				if tl != nil {
+					tl.responded(&r)
 					if r.Err == nil {
-						traceAll(l.tl.w, &r, timeline.End, "")
+						traceAll(tl.w, &r, timeline.End, "")
 					}
 				}
 				continue
@@ -742,9 +785,9 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 				w.b = nil
 			}
 		}
-		if l.tl != nil {
-			l.tl.responded(&r)
-			w.tl = l.tl.w
+		if tl != nil {
+			tl.responded(&r)
+			w.tl = tl.w
 		} else if sink := j.coord.traceSink(); sink != nil && r.Err == nil {
 			// The coordinator's timeline: this node's phases of the
 			// response, on its own track there.
@@ -854,16 +897,28 @@ func errorCode(e *plan.Error) ipcpb.Code {
 }
 
 func (l *loop) armStallTimer() {
-	j := l.job
-	if l.stall != nil || l.cfg.StallCheck <= 0 || j == nil || len(j.pending) == 0 {
+	if l.stall != nil || l.cfg.StallCheck <= 0 {
 		return
 	}
-	l.stall = time.AfterFunc(l.cfg.StallCheck, func() { l.p.post(msgStall{}) })
+	for _, j := range l.jobs() {
+		if len(j.pending) > 0 {
+			l.stall = time.AfterFunc(l.cfg.StallCheck, func() { l.p.post(msgStall{}) })
+			return
+		}
+	}
 }
 
+// checkStalls logs, for every job, the tensors that some ranks wait on
+// longer than the stall check, and fails a job whose stall outlasted the
+// stall shutdown; the other jobs go on.
 func (l *loop) checkStalls() {
-	j := l.job
-	if j == nil || j.coord == nil || j.failed != nil {
+	for _, j := range l.jobs() {
+		l.checkJobStalls(j)
+	}
+}
+
+func (l *loop) checkJobStalls(j *job) {
+	if j.coord == nil || j.failed != nil {
 		return
 	}
 	now := l.now()
@@ -887,7 +942,7 @@ func (l *loop) checkStalls() {
 		Stalled:         stalled,
 		ShutdownSeconds: int64(l.cfg.StallShutdown.Seconds()),
 	})
-	l.s.log.Warn(msg, "job", j.id)
+	l.s.log.Warn(msg, "job", j.id, "name", j.lane.key.name)
 	if len(over) > 0 {
 		var parts []string
 		for _, st := range over {

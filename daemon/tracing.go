@@ -42,8 +42,10 @@ type eventSink interface {
 	Event(tensor string, ph timeline.Phase, name string)
 }
 
-// tracer is the loop's running timeline.
+// tracer is the loop's running timeline. The daemon writes one at a time,
+// for the job that asked for it.
 type tracer struct {
+	job         *job   // the job it records
 	gen         uint32 // counts the timelines this loop started
 	w           *timeline.Writer
 	markCycles  bool
@@ -78,6 +80,14 @@ func (t *tracer) submitted(r *plan.Request) {
 		t.w.Event(name, timeline.Begin, negotiationName(r))
 	}
 	t.w.RankReady(name, r.Rank)
+}
+
+// tracerOf returns the running timeline if it records j, else nil.
+func (l *loop) tracerOf(j *job) *tracer {
+	if l.tl != nil && l.tl.job == j {
+		return l.tl
+	}
+	return nil
 }
 
 // traceSubmitted records on the timeline, if one runs, a request another
@@ -198,7 +208,7 @@ func (l *loop) timelineRequest(c *client, id uint32, m *ipcpb.Timeline) {
 	}
 	path := m.GetFilePath()
 	if path == "" {
-		l.stopTimeline(func(err error) {
+		l.stopTimeline(c.job, func(err error) {
 			d := &ipcpb.Done{}
 			if err != nil {
 				d = &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: err.Error()}
@@ -211,25 +221,30 @@ func (l *loop) timelineRequest(c *client, id uint32, m *ipcpb.Timeline) {
 		c.reply(id, &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: fmt.Sprintf("timeline file %q is not an absolute path", path)})
 		return
 	}
-	if err := l.startTimeline(path, m.GetMarkCycles()); err != nil {
+	if err := l.startTimeline(c.job, path, m.GetMarkCycles()); err != nil {
 		c.reply(id, &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: err.Error()})
 		return
 	}
 	c.reply(id, &ipcpb.Done{})
 }
 
-// startTimeline starts the timeline in the file at path, an absolute path,
-// stopping one in another file; the same file again only updates
-// markCycles.
-func (l *loop) startTimeline(path string, markCycles bool) error {
+// startTimeline starts j's timeline in the file at path, an absolute path,
+// stopping j's in another file; the same file again only updates
+// markCycles. Another job's running timeline is an error: the daemon writes
+// one at a time.
+func (l *loop) startTimeline(j *job, path string, markCycles bool) error {
 	if !filepath.IsAbs(path) {
 		return fmt.Errorf("timeline file %q is not an absolute path", path)
+	}
+	if l.tl != nil && l.tl.job != j {
+		return fmt.Errorf("this daemon writes one timeline at a time, and job %s's runs (%s); stop it first, or run the job on its own daemon",
+			l.tl.job.lane.name(), l.tl.w.Path())
 	}
 	if l.tl != nil && l.tl.w.Path() == path {
 		l.tl.markCycles = markCycles
 		return nil
 	}
-	l.stopTimeline(nil)
+	l.stopTimeline(j, nil)
 	// Creating the file is the one disk access of the loop's own: once per
 	// start.
 	w, err := timeline.Create(path, timeline.Options{})
@@ -239,7 +254,7 @@ func (l *loop) startTimeline(path string, markCycles bool) error {
 	}
 	l.s.log.Info("timeline started", "file", path, "mark_cycles", markCycles)
 	l.tlGen++
-	l.tl = &tracer{gen: l.tlGen, w: w, markCycles: markCycles, negotiating: make(map[opKey]struct{})}
+	l.tl = &tracer{job: j, gen: l.tlGen, w: w, markCycles: markCycles, negotiating: make(map[opKey]struct{})}
 	return nil
 }
 
@@ -253,16 +268,17 @@ func (l *loop) helloTimeline(j *job) {
 	if tl.GetFilePath() == "" {
 		return
 	}
-	if err := l.startTimeline(tl.GetFilePath(), tl.GetMarkCycles()); err != nil {
+	if err := l.startTimeline(j, tl.GetFilePath(), tl.GetMarkCycles()); err != nil {
 		l.s.log.Error("HOROVOD_TIMELINE: no timeline is written", "err", err)
 	}
 }
 
-// stopTimeline stops the running timeline, if any; done (if not nil) is
-// called, on another goroutine, once its file is complete.
-func (l *loop) stopTimeline(done func(error)) {
+// stopTimeline stops the running timeline, if any and if it records j (any
+// job's when j is nil); done (if not nil) is called, on another goroutine,
+// once its file is complete.
+func (l *loop) stopTimeline(j *job, done func(error)) {
 	t := l.tl
-	if t == nil {
+	if t == nil || j != nil && t.job != j {
 		if done != nil {
 			done(nil)
 		}

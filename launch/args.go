@@ -1,6 +1,8 @@
 package launch
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -71,6 +73,11 @@ Flags (they stop at "--" or at the first argument that is not a flag):
   --socket PATH
         daemon socket (default: $HVDD_SOCKET, else /run/hvdd/hvdd.sock for
         root, else $XDG_RUNTIME_DIR/hvdd.sock, else $TMPDIR/hvdd-UID/hvdd.sock)
+  --job NAME
+        the job's name (default: the command's name and random digits, e.g.
+        python-3f2a): a daemon runs several jobs at once, each its own ranks,
+        and names them in hvdd status and its metrics; the ranks get it as
+        HVDD_JOB. A job belongs to the user who started it
   --no-tag-output
         do not prefix output lines with the rank; ranks write straight to
         hvdd run's stdout and stderr
@@ -333,6 +340,7 @@ func ParseArgs(args []string) (Config, error) {
 	fs.IntVar(&c.NP, "np", 0, "")
 	fs.IntVar(&c.NP, "num-proc", 0, "")
 	fs.StringVar(&c.Socket, "socket", "", "")
+	fs.StringVar(&c.JobName, "job", "", "")
 	fs.BoolVar(&c.NoTagOutput, "no-tag-output", false, "")
 	fs.Func("start-timeout", "", func(s string) error {
 		d, err := parseSeconds(s)
@@ -495,10 +503,25 @@ func ParseArgs(args []string) (Config, error) {
 		return Config{}, errors.New("-H is empty; pass the hosts as host1:slots,host2:slots")
 	}
 	c.Socket = ipc.SocketPath(c.Socket)
+	if c.JobName == "" {
+		c.JobName = defaultJobName(c.Command)
+	}
 	if err := c.validate(); err != nil {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// defaultJobName is a job's name when --job is not given: the command's base
+// name and four random hex digits ("python-3f2a").
+func defaultJobName(command []string) string {
+	base := "job"
+	if len(command) > 0 {
+		base = filepath.Base(command[0])
+	}
+	var b [2]byte
+	rand.Read(b[:])
+	return fmt.Sprintf("%s-%s", base, hex.EncodeToString(b[:]))
 }
 
 func flagSet(fs *flag.FlagSet, name string) bool {

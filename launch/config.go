@@ -42,6 +42,12 @@ type Config struct {
 	// host's daemon gets a socket of its own for the job.
 	Socket string
 
+	// JobName names the job for the daemons (HVDD_JOB in every rank's
+	// environment): a daemon runs several jobs at once, and shows their
+	// names in its status and metrics. Empty means a name made from the
+	// command and random digits (ParseArgs fills it).
+	JobName string
+
 	// DaemonCommand starts a daemon when none accepts connections on Socket,
 	// e.g. [hvdd, "serve", "--slots", "4", "--socket", Socket]. The command
 	// must listen on Socket; Run stops it (SIGTERM, then SIGKILL after

@@ -131,6 +131,9 @@ func (j *job) rankVars(n node, s slotInfo, requestLR string) []string {
 		"HVDD_RANK=" + r, "HVDD_SIZE=" + size,
 		"HVDD_LOCAL_RANK=" + requestLR, "HVDD_LOCAL_SIZE=" + ls,
 	}
+	if j.cfg.JobName != "" {
+		env = append(env, "HVDD_JOB="+j.cfg.JobName)
+	}
 	if !n.Shared {
 		env = append(env, "HVDD_CROSS_RANK="+c, "HVDD_CROSS_SIZE="+csz)
 	}

@@ -46,6 +46,18 @@ type Client struct {
 	// $OMPI_COMM_WORLD_LOCAL_RANK or $SLURM_LOCALID, else any free rank.
 	RequestedLocalRank *int
 
+	// Job names the job this process belongs to: the daemon runs several
+	// jobs at once, and processes of one uid that give the same name form
+	// one. Empty means $HVDD_JOB (hvdd run --job), else the launcher's job
+	// id (Open MPI's, SLURM's job.step), else the unnamed job.
+	Job string
+
+	// JobLocalSize is the job's number of processes on this node, which
+	// its hello tells the daemon (LocalSize reports it once the job has
+	// formed). Zero means $HVDD_LOCAL_SIZE, else $OMPI_COMM_WORLD_LOCAL_SIZE
+	// or $MPI_LOCALNRANKS, else the daemon's --slots.
+	JobLocalSize int
+
 	// ArenaSize is the size of each shared-memory staging region. Zero means
 	// 256 MiB (memfd pages cost nothing until touched); larger requests get a
 	// region of their own size.
@@ -317,7 +329,7 @@ func (c *Client) handshake(ctx context.Context, localRank int) error {
 	if err := c.ic.WriteClient(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Hello{Hello: &ipcpb.Hello{
 		Version: ipc.Version, Pid: int32(os.Getpid()), LocalRank: int32(localRank), Client: "go",
 		Elastic: c.Elastic || os.Getenv("HOROVOD_ELASTIC") == "1", Timeline: envTimeline(),
-		AutotuneEnv: envAutotune(),
+		AutotuneEnv: envAutotune(), Job: c.jobName(), LocalSize: int32(c.localSize()),
 	}}}, -1); err != nil {
 		return c.refusal(fmt.Errorf("hvdd: hello: %w", err))
 	}
@@ -354,6 +366,39 @@ func envTimeline() *ipcpb.Timeline {
 	}
 	mc := os.Getenv("HOROVOD_TIMELINE_MARK_CYCLES")
 	return &ipcpb.Timeline{FilePath: path, MarkCycles: mc != "" && mc != "0"}
+}
+
+// jobName is the job name Hello gives (see Client.Job).
+func (c *Client) jobName() string {
+	if c.Job != "" {
+		return c.Job
+	}
+	if v := os.Getenv("HVDD_JOB"); v != "" {
+		return v
+	}
+	for _, k := range []string{"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"} {
+		if v := os.Getenv(k); v != "" && os.Getenv("OMPI_COMM_WORLD_RANK") != "" {
+			return "ompi-" + v
+		}
+	}
+	if j, s := os.Getenv("SLURM_JOB_ID"), os.Getenv("SLURM_STEP_ID"); j != "" && os.Getenv("SLURM_PROCID") != "" {
+		return "slurm-" + j + "." + s
+	}
+	return ""
+}
+
+// localSize is the local size Hello gives (see Client.JobLocalSize); 0 for the
+// daemon's --slots.
+func (c *Client) localSize() int {
+	if c.JobLocalSize != 0 {
+		return c.JobLocalSize
+	}
+	for _, k := range []string{"HVDD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"} {
+		if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
+			return v
+		}
+	}
+	return 0
 }
 
 // envAutotune is HOROVOD_AUTOTUNE and HOROVOD_AUTOTUNE_* as NAME=VALUE,

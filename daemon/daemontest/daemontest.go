@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -197,12 +198,22 @@ func (w *Worker) Wait(timeout time.Duration) error {
 // 0..n-1 and extra environment entries.
 func Spawn(tb testing.TB, socket, scenario string, n int, env ...string) []*Worker {
 	tb.Helper()
+	return SpawnWith(tb, socket, scenario, n, nil, env...)
+}
+
+// SpawnWith is Spawn with each worker's command changed by edit (if not nil)
+// before it starts: another program (OtherUIDCopy), credentials.
+func SpawnWith(tb testing.TB, socket, scenario string, n int, edit func(*exec.Cmd), env ...string) []*Worker {
+	tb.Helper()
 	ws := make([]*Worker, n)
 	for i := range ws {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), WorkerEnv+"="+scenario, "HVDD_SOCKET="+socket,
 			"HVDD_LOCAL_RANK="+strconv.Itoa(i), "HVDD_TEST_SIZE="+strconv.Itoa(n))
 		cmd.Env = append(cmd.Env, env...)
+		if edit != nil {
+			edit(cmd)
+		}
 		w := &Worker{Rank: i, Cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
 		cmd.Stdout, cmd.Stderr = w.out, w.out
 		if err := cmd.Start(); err != nil {
@@ -220,6 +231,51 @@ func Spawn(tb testing.TB, socket, scenario string, n int, env ...string) []*Work
 		ws[i] = w
 	}
 	return ws
+}
+
+// AsUID returns a SpawnWith edit that runs the worker as uid and gid, from a
+// copy of the test binary that any user may run (the original may sit in a
+// private directory). The daemon's socket must be reachable by that user
+// (OpenSocket).
+func AsUID(tb testing.TB, uid, gid uint32) func(*exec.Cmd) {
+	tb.Helper()
+	dir := tb.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	for d := filepath.Dir(dir); d != "/" && d != "."; d = filepath.Dir(d) {
+		// TempDir's parent is private to the test too.
+		if st, err := os.Stat(d); err == nil && st.Mode().Perm()&0o005 != 0o005 && strings.HasPrefix(d, os.TempDir()) {
+			os.Chmod(d, st.Mode().Perm()|0o005)
+		}
+	}
+	exe := filepath.Join(dir, "worker")
+	src, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(exe, src, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	return func(cmd *exec.Cmd) {
+		cmd.Path, cmd.Args[0] = exe, exe
+		cmd.Dir = dir
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}}
+	}
+}
+
+// OpenSocket lets processes of any uid reach the daemon's socket (its
+// peer-credential check still decides who may use it).
+func (s *Server) OpenSocket(tb testing.TB) {
+	tb.Helper()
+	for d := filepath.Dir(s.Socket); d != "/" && d != "."; d = filepath.Dir(d) {
+		if st, err := os.Stat(d); err == nil && strings.HasPrefix(d, os.TempDir()) {
+			os.Chmod(d, st.Mode().Perm()|0o005)
+		}
+	}
+	if err := os.Chmod(s.Socket, 0o666); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 // Run spawns n workers of scenario and fails the test unless all exit 0 within

@@ -396,7 +396,16 @@ type Hello struct {
 	// environment, as NAME=VALUE (the log file's path made absolute): global
 	// rank 0's turn autotuning on for its job and set its details, over the
 	// daemon's own settings (Horovod reads them in rank 0's process).
-	AutotuneEnv   []string `protobuf:"bytes,7,rep,name=autotune_env,json=autotuneEnv,proto3" json:"autotune_env,omitempty"`
+	AutotuneEnv []string `protobuf:"bytes,7,rep,name=autotune_env,json=autotuneEnv,proto3" json:"autotune_env,omitempty"`
+	// The job this process belongs to (hvdd run --job, HVDD_JOB, or the
+	// launcher's job id under mpirun/srun). The daemon runs several jobs at
+	// once: processes of one uid that give the same name (empty is a name)
+	// form one job. A process of another uid cannot join it.
+	Job string `protobuf:"bytes,8,opt,name=job,proto3" json:"job,omitempty"`
+	// The job's number of processes on this node (HVDD_LOCAL_SIZE, or the
+	// launcher's local size); 0 means the daemon's --slots. Every process of
+	// a job must agree.
+	LocalSize     int32 `protobuf:"varint,9,opt,name=local_size,json=localSize,proto3" json:"local_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -478,6 +487,20 @@ func (x *Hello) GetAutotuneEnv() []string {
 		return x.AutotuneEnv
 	}
 	return nil
+}
+
+func (x *Hello) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *Hello) GetLocalSize() int32 {
+	if x != nil {
+		return x.LocalSize
+	}
+	return 0
 }
 
 // RegisterRegion announces a client-created memfd, passed with SCM_RIGHTS in the
@@ -1773,7 +1796,7 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x06Buffer\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06length\x18\x03 \x01(\x04R\x06length\"\xda\x01\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\"\x8b\x02\n" +
 	"\x05Hello\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x1d\n" +
@@ -1782,7 +1805,10 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x06client\x18\x04 \x01(\tR\x06client\x12\x18\n" +
 	"\aelastic\x18\x05 \x01(\bR\aelastic\x121\n" +
 	"\btimeline\x18\x06 \x01(\v2\x15.hvdd.ipc.v1.TimelineR\btimeline\x12!\n" +
-	"\fautotune_env\x18\a \x03(\tR\vautotuneEnv\"<\n" +
+	"\fautotune_env\x18\a \x03(\tR\vautotuneEnv\x12\x10\n" +
+	"\x03job\x18\b \x01(\tR\x03job\x12\x1d\n" +
+	"\n" +
+	"local_size\x18\t \x01(\x05R\tlocalSize\"<\n" +
 	"\x0eRegisterRegion\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"*\n" +

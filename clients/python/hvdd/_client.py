@@ -91,6 +91,16 @@ def _requested_local_rank() -> int:
     return -1
 
 
+def _job_local_size() -> int:
+    """The job's process count on this node for Hello: HVDD_LOCAL_SIZE (hvdd
+    run), else 0 (the daemon's --slots)."""
+    try:
+        return max(0, int(os.environ.get("HVDD_LOCAL_SIZE", "0")))
+    except ValueError:
+        log.warning("ignoring non-integer HVDD_LOCAL_SIZE=%r", os.environ.get("HVDD_LOCAL_SIZE"))
+        return 0
+
+
 def autotune_env() -> List[str]:
     """HOROVOD_AUTOTUNE and HOROVOD_AUTOTUNE_* as NAME=VALUE, for Hello: global
     rank 0's turn the daemon's autotuning on for the job (the log file's path
@@ -114,9 +124,16 @@ class Client:
         arena_size: Optional[int] = None,
         start_timeout: Optional[float] = None,
         client_name: str = "python",
+        job: Optional[str] = None,
+        local_size: Optional[int] = None,
     ) -> None:
         self.socket_path = socket_path or default_socket_path()
         self.requested_local_rank = _requested_local_rank() if local_rank is None else local_rank
+        # The daemon runs several jobs at once: processes of one uid that
+        # give the same job name (HVDD_JOB, hvdd run --job; the launcher's job
+        # id under mpirun or srun) form one job of local_size processes here.
+        self.job = os.environ.get("HVDD_JOB", "") if job is None else job
+        self.local_size = _job_local_size() if local_size is None else local_size
         if arena_size is None:
             arena_size = int(os.environ.get("HVDD_ARENA_SIZE", 256 << 20))
         self.arena_size = arena_size
@@ -153,6 +170,8 @@ class Client:
             h.version = PROTOCOL_VERSION
             h.pid = os.getpid()
             h.local_rank = self.requested_local_rank
+            h.job = self.job
+            h.local_size = self.local_size
             h.client = self.client_name
             h.elastic = elastic_requested()
             timeline = os.environ.get("HOROVOD_TIMELINE", "")

@@ -281,7 +281,12 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
             # Started by mpirun or srun without hvdd run: join the node's
             # daemon, or the one the job's processes here start for it.
             sock = _launcher.ensure_daemon(where, default_socket_path(), _hvdd_binary(), default_start_timeout())
-        c = Client(socket_path=sock, local_rank=None if where is None else where.local_rank)
+        c = Client(
+            socket_path=sock,
+            local_rank=None if where is None else where.local_rank,
+            job=None if where is None or os.environ.get("HVDD_JOB") else f"{where.launcher}:{where.job}",
+            local_size=None if where is None else where.local_size,
+        )
         try:
             c.connect()
         except HvddInternalError as e:
