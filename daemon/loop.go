@@ -510,7 +510,7 @@ func (l *loop) start(j *job, m membership, c coordination) {
 }
 
 // now, executing and current serve loopHooks.
-func (l *loop) executing() bool     { return l.execBusy }
+func (l *loop) executing() bool { return l.execBusy }
 func (l *loop) current(j *job) bool {
 	return j != nil && j.lane != nil && j.lane.job == j && l.lanes[j.lane.key] == j.lane
 }

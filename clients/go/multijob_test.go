@@ -138,7 +138,7 @@ func TestJobsIsolated(t *testing.T) {
 	}
 	// Another uid's process cannot join the running job.
 	intruder := daemontest.SpawnWith(t, s.Socket, "collectives", 1, other, "HVDD_JOB=steady", "HVDD_LOCAL_SIZE=2")
-	if err := intruder[0].Wait(60*time.Second); err == nil || !strings.Contains(intruder[0].Output(), `job "steady" belongs to uid 0; a process of uid 65534 cannot join it`) {
+	if err := intruder[0].Wait(60 * time.Second); err == nil || !strings.Contains(intruder[0].Output(), `job "steady" belongs to uid 0; a process of uid 65534 cannot join it`) {
 		t.Errorf("intruder: %v\n%s", err, intruder[0].Output())
 	}
 	// The steady job ran through all of it.
