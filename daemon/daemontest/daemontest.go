@@ -33,6 +33,10 @@ func leaks() error {
 		// fasthttp's worker-pool cleaner (the rendezvous server) sees its
 		// server's stop only after its next 10 s sleep; it then ends.
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+		// fasthttp refreshes its Date header in a goroutine of its own that
+		// lives as long as the process, started once by the first response
+		// it writes with a date.
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
 	)
 }
 
