@@ -39,6 +39,7 @@ type client struct {
 	fd        int // the socket, registered with the loop's poller
 	regions   map[uint32]*region
 	hello     bool
+	status    bool // a status connection (hvdd status): no Hello, no job
 	bye       bool
 	reset     bool // its Goodbye says it re-initialises at once (elastic)
 	dropped   bool
@@ -177,6 +178,9 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		if c.hello {
 			return &ipc.ProtocolError{Msg: "second Hello on one connection"}
 		}
+		if c.status {
+			return &ipc.ProtocolError{Msg: "Hello on a status connection"}
+		}
 		if v := m.Hello.GetVersion(); v != ipc.Version {
 			return &ipc.ProtocolError{Msg: fmt.Sprintf("client speaks protocol version %d, this daemon speaks %d: upgrade the client or the daemon", v, ipc.Version)}
 		}
@@ -215,6 +219,11 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 			return &ipc.ProtocolError{Msg: "RemoveProcessSet before Hello"}
 		}
 		l.processSetReq(psReq{c: c, id: id, set: m.RemoveProcessSet.GetProcessSet()})
+	case *ipcpb.ClientMessage_Status:
+		if c.hello {
+			return &ipc.ProtocolError{Msg: "StatusRequest on a job's connection: ask on a connection of its own"}
+		}
+		l.statusRequest(c, id, m.Status)
 	case *ipcpb.ClientMessage_Timeline:
 		if !c.hello {
 			return &ipc.ProtocolError{Msg: "Timeline before Hello"}

@@ -508,3 +508,25 @@ func TestJobLocalSizeDisagrees(t *testing.T) {
 	b.helloJob("j", 3, 1)
 	b.expectFatal(ipcpb.Code_CODE_BUSY, `job "j" (uid 0) has 2 processes on this node, this process says 3 (HVDD_LOCAL_SIZE): every process of a job must agree`)
 }
+
+// TestStatusConnection: a status connection answers every StatusRequest,
+// then refuses a Hello on it; a job's connection refuses a StatusRequest.
+func TestStatusConnection(t *testing.T) {
+	s := daemontest.Start(t, daemon.Config{Slots: 1})
+	status := &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Status{Status: &ipcpb.StatusRequest{}}}
+	r := dialRaw(t, s.Socket)
+	for id := uint32(1); id <= 2; id++ {
+		r.send(id, status, -1)
+		got, m, err := r.next()
+		if err != nil || got != id || m.GetStatus().GetSlots() != 1 || m.GetStatus().GetVersion() != daemon.Version {
+			t.Fatalf("status %d: %d %v %v", id, got, m, err)
+		}
+	}
+	r.hello(0)
+	r.expectFatal(ipcpb.Code_CODE_PROTOCOL, "Hello on a status connection")
+	j := dialRaw(t, s.Socket)
+	j.hello(0)
+	j.welcome()
+	j.send(1, status, -1)
+	j.expectFatal(ipcpb.Code_CODE_PROTOCOL, "StatusRequest on a job's connection")
+}

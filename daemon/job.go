@@ -75,8 +75,12 @@ type job struct {
 	// global rank) to the local rank there, or -1 for another node's.
 	globalRows []int
 
-	stats jobStats // what the job ran, logged when it ends
-	tune  *tuner   // the autotuner, on the node that decides the plans (autotune.go)
+	stats    jobStats  // what the job ran, logged when it ends
+	formedAt time.Time // when it formed
+	// nodeRanks are the other nodes' ranks, on the coordinator of a job
+	// across nodes (their Joins' pids), for hvdd status.
+	nodeRanks []nodeRanks
+	tune      *tuner // the autotuner, on the node that decides the plans (autotune.go)
 }
 
 // jobStats counts what a job ran, to show fusion at work: a training step

@@ -73,6 +73,8 @@ type loop struct {
 	// CycleTime and Spin at first.
 	cycleTime, spin time.Duration
 
+	errs []*ipcpb.StatusError // the last errors, for hvdd status (status.go)
+
 	tl        *tracer        // Horovod's timeline; nil when off (tracing.go)
 	tlClosing sync.WaitGroup // timelines whose files are still being completed
 }
@@ -480,6 +482,7 @@ func (l *loop) start(j *job, m membership, c coordination) {
 	m.epoch = j.epoch
 	j.members, j.coord = m, c
 	j.formed = true
+	j.formedAt = time.Now()
 	j.globalRows = make([]int, m.size)
 	for i := range j.globalRows {
 		j.globalRows[i] = -1
@@ -519,6 +522,7 @@ func (l *loop) current(j *job) bool {
 // closed, which its reader reports as an ordinary close.
 func (l *loop) refuse(c *client, msg string) {
 	l.s.log.Warn("refusing client", "pid", c.pid, "reason", msg)
+	l.noteError(nil, fmt.Sprintf("refused pid %d (uid %d): %s", c.pid, c.uid, msg))
 	c.fatal(ipcpb.Code_CODE_BUSY, msg)
 	l.drop(c, nil)
 }
@@ -627,6 +631,7 @@ func (l *loop) fail(j *job, code ipcpb.Code, msg string) {
 		l.s.log.Warn("elastic job resets: its hosts were updated", "job", j.id, "why", msg)
 	default:
 		l.s.log.Error("job failed", "job", j.id, "err", msg, "pending", len(j.pending))
+		l.noteError(j, "job failed: "+msg)
 	}
 	for k, o := range j.pending {
 		o.finish(j.failed)
@@ -810,6 +815,7 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 			w.ops[i] = row
 		}
 		if r.Err != nil {
+			l.noteError(j, r.Err.Error())
 			d := &ipcpb.Done{Code: errorCode(r.Err), Error: r.Err.Error()}
 			finishRows(w.ops, d)
 			continue

@@ -506,7 +506,9 @@ func (c *multiNode) maybeLayout() {
 	}
 	ids, slots := []int{c.rank}, []int{len(j.slots)}
 	links := make(map[int]*cluster.Link)
+	j.nodeRanks = nil
 	add := func(id int, jn *clusterpb.Join, link *cluster.Link) {
+		j.nodeRanks = append(j.nodeRanks, nodeRanks{node: len(ids), host: jn.GetDataHost(), pids: jn.GetPids()})
 		ids, slots, links[id] = append(ids, id), append(slots, int(jn.GetSlots())), link
 	}
 	if j.epoch > 0 {

@@ -3,6 +3,7 @@
 //	hvdd serve   run the node daemon
 //	hvdd run     start a daemon if needed and N worker processes (horovodrun)
 //	hvdd bench   measure collectives through the daemon (nccl-tests style)
+//	hvdd status  what the node's daemon is doing: jobs, ranks, pending tensors
 //	hvdd rendezvous serve the rendezvous store of daemons started by hand
 //	hvdd version print the version
 //
@@ -21,6 +22,8 @@ Usage:
   hvdd run -np N [flags] -- CMD run N copies of CMD through a local daemon (hvdd run --help)
   hvdd run -np N -H h1:S,h2:S -- CMD  the same across hosts, one daemon per host
   hvdd bench [flags]            benchmark collectives (hvdd bench --help)
+  hvdd status [--watch|--json]  what the node's daemon is doing: jobs, ranks, what
+                                they wait on, errors, links (hvdd status --help)
   hvdd rendezvous --addr H:P    serve the rendezvous store of daemons started by hand
                                 (hvdd rendezvous --help)
   hvdd version                  print the version
@@ -42,6 +45,8 @@ func main() {
 		code = runMain(args)
 	case "bench":
 		code = benchMain(args)
+	case "status":
+		code = statusMain(args)
 	case "rendezvous":
 		code = rendezvousMain(args)
 	case "version", "--version", "-v":

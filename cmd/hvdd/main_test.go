@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestHelp(t *testing.T) {
-	for _, args := range [][]string{{"--help"}, {"serve", "--help"}, {"run", "--help"}, {"bench", "--help"}, {"rendezvous", "--help"}, {"version"}} {
+	for _, args := range [][]string{{"--help"}, {"serve", "--help"}, {"run", "--help"}, {"bench", "--help"}, {"status", "--help"}, {"rendezvous", "--help"}, {"version"}} {
 		out, err := exec.Command(hvddBin, args...).CombinedOutput()
 		if err != nil || len(out) == 0 {
 			t.Errorf("hvdd %v: %v\n%s", args, err, out)

@@ -1063,6 +1063,7 @@ type ClientMessage struct {
 	//	*ClientMessage_AddProcessSet
 	//	*ClientMessage_RemoveProcessSet
 	//	*ClientMessage_Timeline
+	//	*ClientMessage_Status
 	Msg           isClientMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1195,6 +1196,15 @@ func (x *ClientMessage) GetTimeline() *Timeline {
 	return nil
 }
 
+func (x *ClientMessage) GetStatus() *StatusRequest {
+	if x != nil {
+		if x, ok := x.Msg.(*ClientMessage_Status); ok {
+			return x.Status
+		}
+	}
+	return nil
+}
+
 type isClientMessage_Msg interface {
 	isClientMessage_Msg()
 }
@@ -1239,6 +1249,10 @@ type ClientMessage_Timeline struct {
 	Timeline *Timeline `protobuf:"bytes,10,opt,name=timeline,proto3,oneof"`
 }
 
+type ClientMessage_Status struct {
+	Status *StatusRequest `protobuf:"bytes,11,opt,name=status,proto3,oneof"`
+}
+
 func (*ClientMessage_Hello) isClientMessage_Msg() {}
 
 func (*ClientMessage_RegisterRegion) isClientMessage_Msg() {}
@@ -1258,6 +1272,57 @@ func (*ClientMessage_AddProcessSet) isClientMessage_Msg() {}
 func (*ClientMessage_RemoveProcessSet) isClientMessage_Msg() {}
 
 func (*ClientMessage_Timeline) isClientMessage_Msg() {}
+
+func (*ClientMessage_Status) isClientMessage_Msg() {}
+
+// StatusRequest asks the daemon what it is doing (hvdd status). It takes the
+// place of Hello on a connection that joins no job; the daemon answers each
+// with a Status, and the connection may ask again (hvdd status --watch).
+// A root or daemon-uid requester sees every job; others see their own jobs.
+type StatusRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The most pending tensors listed per job; 0 means 100.
+	MaxPending    int32 `protobuf:"varint,1,opt,name=max_pending,json=maxPending,proto3" json:"max_pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusRequest) Reset() {
+	*x = StatusRequest{}
+	mi := &file_hvdd_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusRequest) ProtoMessage() {}
+
+func (x *StatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
+func (*StatusRequest) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *StatusRequest) GetMaxPending() int32 {
+	if x != nil {
+		return x.MaxPending
+	}
+	return 0
+}
 
 // Welcome answers Hello once the whole job is formed.
 type Welcome struct {
@@ -1283,7 +1348,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_hvdd_proto_msgTypes[12]
+	mi := &file_hvdd_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1295,7 +1360,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[12]
+	mi := &file_hvdd_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1308,7 +1373,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{12}
+	return file_hvdd_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Welcome) GetVersion() uint32 {
@@ -1407,7 +1472,7 @@ type GrantRegion struct {
 
 func (x *GrantRegion) Reset() {
 	*x = GrantRegion{}
-	mi := &file_hvdd_proto_msgTypes[13]
+	mi := &file_hvdd_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +1484,7 @@ func (x *GrantRegion) String() string {
 func (*GrantRegion) ProtoMessage() {}
 
 func (x *GrantRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[13]
+	mi := &file_hvdd_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +1497,7 @@ func (x *GrantRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRegion.ProtoReflect.Descriptor instead.
 func (*GrantRegion) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{13}
+	return file_hvdd_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GrantRegion) GetRegion() uint32 {
@@ -1469,7 +1534,7 @@ type Done struct {
 
 func (x *Done) Reset() {
 	*x = Done{}
-	mi := &file_hvdd_proto_msgTypes[14]
+	mi := &file_hvdd_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1546,7 @@ func (x *Done) String() string {
 func (*Done) ProtoMessage() {}
 
 func (x *Done) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[14]
+	mi := &file_hvdd_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1559,7 @@ func (x *Done) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Done.ProtoReflect.Descriptor instead.
 func (*Done) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{14}
+	return file_hvdd_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Done) GetCode() Code {
@@ -1557,7 +1622,7 @@ type Fatal struct {
 
 func (x *Fatal) Reset() {
 	*x = Fatal{}
-	mi := &file_hvdd_proto_msgTypes[15]
+	mi := &file_hvdd_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1569,7 +1634,7 @@ func (x *Fatal) String() string {
 func (*Fatal) ProtoMessage() {}
 
 func (x *Fatal) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[15]
+	mi := &file_hvdd_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1582,7 +1647,7 @@ func (x *Fatal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fatal.ProtoReflect.Descriptor instead.
 func (*Fatal) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{15}
+	return file_hvdd_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Fatal) GetCode() Code {
@@ -1608,6 +1673,7 @@ type ServerMessage struct {
 	//	*ServerMessage_Done
 	//	*ServerMessage_Fatal
 	//	*ServerMessage_HostsUpdated
+	//	*ServerMessage_Status
 	Msg           isServerMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1615,7 +1681,7 @@ type ServerMessage struct {
 
 func (x *ServerMessage) Reset() {
 	*x = ServerMessage{}
-	mi := &file_hvdd_proto_msgTypes[16]
+	mi := &file_hvdd_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1627,7 +1693,7 @@ func (x *ServerMessage) String() string {
 func (*ServerMessage) ProtoMessage() {}
 
 func (x *ServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[16]
+	mi := &file_hvdd_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1640,7 +1706,7 @@ func (x *ServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerMessage.ProtoReflect.Descriptor instead.
 func (*ServerMessage) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{16}
+	return file_hvdd_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ServerMessage) GetMsg() isServerMessage_Msg {
@@ -1695,6 +1761,15 @@ func (x *ServerMessage) GetHostsUpdated() *HostsUpdated {
 	return nil
 }
 
+func (x *ServerMessage) GetStatus() *Status {
+	if x != nil {
+		if x, ok := x.Msg.(*ServerMessage_Status); ok {
+			return x.Status
+		}
+	}
+	return nil
+}
+
 type isServerMessage_Msg interface {
 	isServerMessage_Msg()
 }
@@ -1719,6 +1794,10 @@ type ServerMessage_HostsUpdated struct {
 	HostsUpdated *HostsUpdated `protobuf:"bytes,5,opt,name=hosts_updated,json=hostsUpdated,proto3,oneof"`
 }
 
+type ServerMessage_Status struct {
+	Status *Status `protobuf:"bytes,6,opt,name=status,proto3,oneof"`
+}
+
 func (*ServerMessage_Welcome) isServerMessage_Msg() {}
 
 func (*ServerMessage_GrantRegion) isServerMessage_Msg() {}
@@ -1728,6 +1807,656 @@ func (*ServerMessage_Done) isServerMessage_Msg() {}
 func (*ServerMessage_Fatal) isServerMessage_Msg() {}
 
 func (*ServerMessage_HostsUpdated) isServerMessage_Msg() {}
+
+func (*ServerMessage_Status) isServerMessage_Msg() {}
+
+// Status answers StatusRequest: the daemon, its jobs, their ranks, what each
+// waits on, recent errors and its links to the other nodes.
+type Status struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Version string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	// When the daemon started and when this was taken (Unix milliseconds).
+	StartedMs int64 `protobuf:"varint,2,opt,name=started_ms,json=startedMs,proto3" json:"started_ms,omitempty"`
+	NowMs     int64 `protobuf:"varint,3,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	Slots     int32 `protobuf:"varint,4,opt,name=slots,proto3" json:"slots,omitempty"`
+	SlotsUsed int32 `protobuf:"varint,5,opt,name=slots_used,json=slotsUsed,proto3" json:"slots_used,omitempty"`
+	// This daemon's node in its multi-node jobs, of nodes (1: one node).
+	NodeRank int32        `protobuf:"varint,6,opt,name=node_rank,json=nodeRank,proto3" json:"node_rank,omitempty"`
+	Nodes    int32        `protobuf:"varint,7,opt,name=nodes,proto3" json:"nodes,omitempty"`
+	Host     string       `protobuf:"bytes,8,opt,name=host,proto3" json:"host,omitempty"`
+	Pid      int32        `protobuf:"varint,9,opt,name=pid,proto3" json:"pid,omitempty"`
+	Clients  int32        `protobuf:"varint,10,opt,name=clients,proto3" json:"clients,omitempty"`
+	Jobs     []*JobStatus `protobuf:"bytes,11,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	// The last errors: failed jobs, refused processes, tensors that failed.
+	Errors []*StatusError `protobuf:"bytes,12,rep,name=errors,proto3" json:"errors,omitempty"`
+	// Jobs of other users left out of jobs (a requester that is not root).
+	HiddenJobs    int32 `protobuf:"varint,13,opt,name=hidden_jobs,json=hiddenJobs,proto3" json:"hidden_jobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Status) Reset() {
+	*x = Status{}
+	mi := &file_hvdd_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Status) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Status) ProtoMessage() {}
+
+func (x *Status) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Status.ProtoReflect.Descriptor instead.
+func (*Status) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *Status) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *Status) GetStartedMs() int64 {
+	if x != nil {
+		return x.StartedMs
+	}
+	return 0
+}
+
+func (x *Status) GetNowMs() int64 {
+	if x != nil {
+		return x.NowMs
+	}
+	return 0
+}
+
+func (x *Status) GetSlots() int32 {
+	if x != nil {
+		return x.Slots
+	}
+	return 0
+}
+
+func (x *Status) GetSlotsUsed() int32 {
+	if x != nil {
+		return x.SlotsUsed
+	}
+	return 0
+}
+
+func (x *Status) GetNodeRank() int32 {
+	if x != nil {
+		return x.NodeRank
+	}
+	return 0
+}
+
+func (x *Status) GetNodes() int32 {
+	if x != nil {
+		return x.Nodes
+	}
+	return 0
+}
+
+func (x *Status) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *Status) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *Status) GetClients() int32 {
+	if x != nil {
+		return x.Clients
+	}
+	return 0
+}
+
+func (x *Status) GetJobs() []*JobStatus {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+func (x *Status) GetErrors() []*StatusError {
+	if x != nil {
+		return x.Errors
+	}
+	return nil
+}
+
+func (x *Status) GetHiddenJobs() int32 {
+	if x != nil {
+		return x.HiddenJobs
+	}
+	return 0
+}
+
+type JobStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Uid   uint32                 `protobuf:"varint,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	// forming, running, failed, re-forming
+	State     string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	Epoch     uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Elastic   bool   `protobuf:"varint,6,opt,name=elastic,proto3" json:"elastic,omitempty"`
+	Size      int32  `protobuf:"varint,7,opt,name=size,proto3" json:"size,omitempty"`
+	LocalSize int32  `protobuf:"varint,8,opt,name=local_size,json=localSize,proto3" json:"local_size,omitempty"`
+	FormedMs  int64  `protobuf:"varint,9,opt,name=formed_ms,json=formedMs,proto3" json:"formed_ms,omitempty"`
+	Batches   int64  `protobuf:"varint,10,opt,name=batches,proto3" json:"batches,omitempty"`
+	Responses int64  `protobuf:"varint,11,opt,name=responses,proto3" json:"responses,omitempty"`
+	Tensors   int64  `protobuf:"varint,12,opt,name=tensors,proto3" json:"tensors,omitempty"`
+	Bytes     int64  `protobuf:"varint,13,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// The job's failure, once failed.
+	Error string `protobuf:"bytes,14,opt,name=error,proto3" json:"error,omitempty"`
+	// Every rank this daemon knows: its own; on the coordinator across
+	// nodes, every node's.
+	Ranks []*RankStatus `protobuf:"bytes,15,rep,name=ranks,proto3" json:"ranks,omitempty"`
+	// Tensors waiting for ranks (where this daemon negotiates them: one
+	// node, or the coordinator), oldest first; pending_total counts all.
+	Pending      []*PendingTensor `protobuf:"bytes,16,rep,name=pending,proto3" json:"pending,omitempty"`
+	PendingTotal int32            `protobuf:"varint,17,opt,name=pending_total,json=pendingTotal,proto3" json:"pending_total,omitempty"`
+	// The cross-node engine's links, by peer node (multi-node jobs).
+	Links         []*LinkStatus `protobuf:"bytes,18,rep,name=links,proto3" json:"links,omitempty"`
+	Engine        string        `protobuf:"bytes,19,opt,name=engine,proto3" json:"engine,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobStatus) Reset() {
+	*x = JobStatus{}
+	mi := &file_hvdd_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobStatus) ProtoMessage() {}
+
+func (x *JobStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
+func (*JobStatus) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *JobStatus) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *JobStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *JobStatus) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *JobStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *JobStatus) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *JobStatus) GetElastic() bool {
+	if x != nil {
+		return x.Elastic
+	}
+	return false
+}
+
+func (x *JobStatus) GetSize() int32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *JobStatus) GetLocalSize() int32 {
+	if x != nil {
+		return x.LocalSize
+	}
+	return 0
+}
+
+func (x *JobStatus) GetFormedMs() int64 {
+	if x != nil {
+		return x.FormedMs
+	}
+	return 0
+}
+
+func (x *JobStatus) GetBatches() int64 {
+	if x != nil {
+		return x.Batches
+	}
+	return 0
+}
+
+func (x *JobStatus) GetResponses() int64 {
+	if x != nil {
+		return x.Responses
+	}
+	return 0
+}
+
+func (x *JobStatus) GetTensors() int64 {
+	if x != nil {
+		return x.Tensors
+	}
+	return 0
+}
+
+func (x *JobStatus) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *JobStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *JobStatus) GetRanks() []*RankStatus {
+	if x != nil {
+		return x.Ranks
+	}
+	return nil
+}
+
+func (x *JobStatus) GetPending() []*PendingTensor {
+	if x != nil {
+		return x.Pending
+	}
+	return nil
+}
+
+func (x *JobStatus) GetPendingTotal() int32 {
+	if x != nil {
+		return x.PendingTotal
+	}
+	return 0
+}
+
+func (x *JobStatus) GetLinks() []*LinkStatus {
+	if x != nil {
+		return x.Links
+	}
+	return nil
+}
+
+func (x *JobStatus) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+type RankStatus struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Rank      int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	LocalRank int32                  `protobuf:"varint,2,opt,name=local_rank,json=localRank,proto3" json:"local_rank,omitempty"`
+	Pid       int32                  `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	// 0 and unknown for another node's ranks.
+	Uid      uint32 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
+	UidKnown bool   `protobuf:"varint,5,opt,name=uid_known,json=uidKnown,proto3" json:"uid_known,omitempty"`
+	Host     string `protobuf:"bytes,6,opt,name=host,proto3" json:"host,omitempty"`
+	Node     int32  `protobuf:"varint,7,opt,name=node,proto3" json:"node,omitempty"`
+	// Ops this daemon holds for the rank: submitted, not yet answered (its
+	// own ranks only).
+	InFlight      int32 `protobuf:"varint,8,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RankStatus) Reset() {
+	*x = RankStatus{}
+	mi := &file_hvdd_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RankStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RankStatus) ProtoMessage() {}
+
+func (x *RankStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RankStatus.ProtoReflect.Descriptor instead.
+func (*RankStatus) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RankStatus) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *RankStatus) GetLocalRank() int32 {
+	if x != nil {
+		return x.LocalRank
+	}
+	return 0
+}
+
+func (x *RankStatus) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *RankStatus) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *RankStatus) GetUidKnown() bool {
+	if x != nil {
+		return x.UidKnown
+	}
+	return false
+}
+
+func (x *RankStatus) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *RankStatus) GetNode() int32 {
+	if x != nil {
+		return x.Node
+	}
+	return 0
+}
+
+func (x *RankStatus) GetInFlight() int32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+type PendingTensor struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	ProcessSet    int32                  `protobuf:"varint,2,opt,name=process_set,json=processSet,proto3" json:"process_set,omitempty"`
+	Submitted     []int32                `protobuf:"varint,3,rep,packed,name=submitted,proto3" json:"submitted,omitempty"`
+	Missing       []int32                `protobuf:"varint,4,rep,packed,name=missing,proto3" json:"missing,omitempty"`
+	WaitingMs     int64                  `protobuf:"varint,5,opt,name=waiting_ms,json=waitingMs,proto3" json:"waiting_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PendingTensor) Reset() {
+	*x = PendingTensor{}
+	mi := &file_hvdd_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PendingTensor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PendingTensor) ProtoMessage() {}
+
+func (x *PendingTensor) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PendingTensor.ProtoReflect.Descriptor instead.
+func (*PendingTensor) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *PendingTensor) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PendingTensor) GetProcessSet() int32 {
+	if x != nil {
+		return x.ProcessSet
+	}
+	return 0
+}
+
+func (x *PendingTensor) GetSubmitted() []int32 {
+	if x != nil {
+		return x.Submitted
+	}
+	return nil
+}
+
+func (x *PendingTensor) GetMissing() []int32 {
+	if x != nil {
+		return x.Missing
+	}
+	return nil
+}
+
+func (x *PendingTensor) GetWaitingMs() int64 {
+	if x != nil {
+		return x.WaitingMs
+	}
+	return 0
+}
+
+type LinkStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PeerNode      int32                  `protobuf:"varint,1,opt,name=peer_node,json=peerNode,proto3" json:"peer_node,omitempty"`
+	SentBytes     int64                  `protobuf:"varint,2,opt,name=sent_bytes,json=sentBytes,proto3" json:"sent_bytes,omitempty"`
+	RecvBytes     int64                  `protobuf:"varint,3,opt,name=recv_bytes,json=recvBytes,proto3" json:"recv_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LinkStatus) Reset() {
+	*x = LinkStatus{}
+	mi := &file_hvdd_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinkStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinkStatus) ProtoMessage() {}
+
+func (x *LinkStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinkStatus.ProtoReflect.Descriptor instead.
+func (*LinkStatus) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *LinkStatus) GetPeerNode() int32 {
+	if x != nil {
+		return x.PeerNode
+	}
+	return 0
+}
+
+func (x *LinkStatus) GetSentBytes() int64 {
+	if x != nil {
+		return x.SentBytes
+	}
+	return 0
+}
+
+func (x *LinkStatus) GetRecvBytes() int64 {
+	if x != nil {
+		return x.RecvBytes
+	}
+	return 0
+}
+
+type StatusError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AtMs          int64                  `protobuf:"varint,1,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	Job           uint64                 `protobuf:"varint,2,opt,name=job,proto3" json:"job,omitempty"`
+	JobName       string                 `protobuf:"bytes,3,opt,name=job_name,json=jobName,proto3" json:"job_name,omitempty"`
+	Error         string                 `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusError) Reset() {
+	*x = StatusError{}
+	mi := &file_hvdd_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusError) ProtoMessage() {}
+
+func (x *StatusError) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusError.ProtoReflect.Descriptor instead.
+func (*StatusError) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *StatusError) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+func (x *StatusError) GetJob() uint64 {
+	if x != nil {
+		return x.Job
+	}
+	return 0
+}
+
+func (x *StatusError) GetJobName() string {
+	if x != nil {
+		return x.JobName
+	}
+	return ""
+}
+
+func (x *StatusError) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
 
 // HostsUpdated tells global rank 0 of an elastic job that workers are
 // waiting to join it (Horovod's host-update notification): its ranks raise
@@ -1745,7 +2474,7 @@ type HostsUpdated struct {
 
 func (x *HostsUpdated) Reset() {
 	*x = HostsUpdated{}
-	mi := &file_hvdd_proto_msgTypes[17]
+	mi := &file_hvdd_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1757,7 +2486,7 @@ func (x *HostsUpdated) String() string {
 func (*HostsUpdated) ProtoMessage() {}
 
 func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[17]
+	mi := &file_hvdd_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1770,7 +2499,7 @@ func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostsUpdated.ProtoReflect.Descriptor instead.
 func (*HostsUpdated) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{17}
+	return file_hvdd_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HostsUpdated) GetTimestamp() int64 {
@@ -1845,7 +2574,7 @@ const file_hvdd_proto_rawDesc = "" +
 	"\vmark_cycles\x18\x02 \x01(\bR\n" +
 	"markCycles\".\n" +
 	"\aGoodbye\x12#\n" +
-	"\relastic_reset\x18\x01 \x01(\bR\felasticReset\"\x83\x05\n" +
+	"\relastic_reset\x18\x01 \x01(\bR\felasticReset\"\xb9\x05\n" +
 	"\rClientMessage\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.hvdd.ipc.v1.HelloH\x00R\x05hello\x12F\n" +
 	"\x0fregister_region\x18\x02 \x01(\v2\x1b.hvdd.ipc.v1.RegisterRegionH\x00R\x0eregisterRegion\x12L\n" +
@@ -1857,8 +2586,12 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x0fadd_process_set\x18\b \x01(\v2\x1a.hvdd.ipc.v1.AddProcessSetH\x00R\raddProcessSet\x12M\n" +
 	"\x12remove_process_set\x18\t \x01(\v2\x1d.hvdd.ipc.v1.RemoveProcessSetH\x00R\x10removeProcessSet\x123\n" +
 	"\btimeline\x18\n" +
-	" \x01(\v2\x15.hvdd.ipc.v1.TimelineH\x00R\btimelineB\x05\n" +
-	"\x03msg\"\xde\x02\n" +
+	" \x01(\v2\x15.hvdd.ipc.v1.TimelineH\x00R\btimeline\x124\n" +
+	"\x06status\x18\v \x01(\v2\x1a.hvdd.ipc.v1.StatusRequestH\x00R\x06statusB\x05\n" +
+	"\x03msg\"0\n" +
+	"\rStatusRequest\x12\x1f\n" +
+	"\vmax_pending\x18\x01 \x01(\x05R\n" +
+	"maxPending\"\xde\x02\n" +
 	"\aWelcome\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x12\n" +
@@ -1890,14 +2623,86 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x0eprocess_set_id\x18\a \x01(\x05R\fprocessSetId\"D\n" +
 	"\x05Fatal\x12%\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x11.hvdd.ipc.v1.CodeR\x04code\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\x9e\x02\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\xcd\x02\n" +
 	"\rServerMessage\x120\n" +
 	"\awelcome\x18\x01 \x01(\v2\x14.hvdd.ipc.v1.WelcomeH\x00R\awelcome\x12=\n" +
 	"\fgrant_region\x18\x02 \x01(\v2\x18.hvdd.ipc.v1.GrantRegionH\x00R\vgrantRegion\x12'\n" +
 	"\x04done\x18\x03 \x01(\v2\x11.hvdd.ipc.v1.DoneH\x00R\x04done\x12*\n" +
 	"\x05fatal\x18\x04 \x01(\v2\x12.hvdd.ipc.v1.FatalH\x00R\x05fatal\x12@\n" +
-	"\rhosts_updated\x18\x05 \x01(\v2\x19.hvdd.ipc.v1.HostsUpdatedH\x00R\fhostsUpdatedB\x05\n" +
-	"\x03msg\"D\n" +
+	"\rhosts_updated\x18\x05 \x01(\v2\x19.hvdd.ipc.v1.HostsUpdatedH\x00R\fhostsUpdated\x12-\n" +
+	"\x06status\x18\x06 \x01(\v2\x13.hvdd.ipc.v1.StatusH\x00R\x06statusB\x05\n" +
+	"\x03msg\"\xff\x02\n" +
+	"\x06Status\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1d\n" +
+	"\n" +
+	"started_ms\x18\x02 \x01(\x03R\tstartedMs\x12\x15\n" +
+	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\x12\x14\n" +
+	"\x05slots\x18\x04 \x01(\x05R\x05slots\x12\x1d\n" +
+	"\n" +
+	"slots_used\x18\x05 \x01(\x05R\tslotsUsed\x12\x1b\n" +
+	"\tnode_rank\x18\x06 \x01(\x05R\bnodeRank\x12\x14\n" +
+	"\x05nodes\x18\a \x01(\x05R\x05nodes\x12\x12\n" +
+	"\x04host\x18\b \x01(\tR\x04host\x12\x10\n" +
+	"\x03pid\x18\t \x01(\x05R\x03pid\x12\x18\n" +
+	"\aclients\x18\n" +
+	" \x01(\x05R\aclients\x12*\n" +
+	"\x04jobs\x18\v \x03(\v2\x16.hvdd.ipc.v1.JobStatusR\x04jobs\x120\n" +
+	"\x06errors\x18\f \x03(\v2\x18.hvdd.ipc.v1.StatusErrorR\x06errors\x12\x1f\n" +
+	"\vhidden_jobs\x18\r \x01(\x05R\n" +
+	"hiddenJobs\"\xa6\x04\n" +
+	"\tJobStatus\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
+	"\x03uid\x18\x03 \x01(\rR\x03uid\x12\x14\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12\x18\n" +
+	"\aelastic\x18\x06 \x01(\bR\aelastic\x12\x12\n" +
+	"\x04size\x18\a \x01(\x05R\x04size\x12\x1d\n" +
+	"\n" +
+	"local_size\x18\b \x01(\x05R\tlocalSize\x12\x1b\n" +
+	"\tformed_ms\x18\t \x01(\x03R\bformedMs\x12\x18\n" +
+	"\abatches\x18\n" +
+	" \x01(\x03R\abatches\x12\x1c\n" +
+	"\tresponses\x18\v \x01(\x03R\tresponses\x12\x18\n" +
+	"\atensors\x18\f \x01(\x03R\atensors\x12\x14\n" +
+	"\x05bytes\x18\r \x01(\x03R\x05bytes\x12\x14\n" +
+	"\x05error\x18\x0e \x01(\tR\x05error\x12-\n" +
+	"\x05ranks\x18\x0f \x03(\v2\x17.hvdd.ipc.v1.RankStatusR\x05ranks\x124\n" +
+	"\apending\x18\x10 \x03(\v2\x1a.hvdd.ipc.v1.PendingTensorR\apending\x12#\n" +
+	"\rpending_total\x18\x11 \x01(\x05R\fpendingTotal\x12-\n" +
+	"\x05links\x18\x12 \x03(\v2\x17.hvdd.ipc.v1.LinkStatusR\x05links\x12\x16\n" +
+	"\x06engine\x18\x13 \x01(\tR\x06engine\"\xc5\x01\n" +
+	"\n" +
+	"RankStatus\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x1d\n" +
+	"\n" +
+	"local_rank\x18\x02 \x01(\x05R\tlocalRank\x12\x10\n" +
+	"\x03pid\x18\x03 \x01(\x05R\x03pid\x12\x10\n" +
+	"\x03uid\x18\x04 \x01(\rR\x03uid\x12\x1b\n" +
+	"\tuid_known\x18\x05 \x01(\bR\buidKnown\x12\x12\n" +
+	"\x04host\x18\x06 \x01(\tR\x04host\x12\x12\n" +
+	"\x04node\x18\a \x01(\x05R\x04node\x12\x1b\n" +
+	"\tin_flight\x18\b \x01(\x05R\binFlight\"\x9b\x01\n" +
+	"\rPendingTensor\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
+	"\vprocess_set\x18\x02 \x01(\x05R\n" +
+	"processSet\x12\x1c\n" +
+	"\tsubmitted\x18\x03 \x03(\x05R\tsubmitted\x12\x18\n" +
+	"\amissing\x18\x04 \x03(\x05R\amissing\x12\x1d\n" +
+	"\n" +
+	"waiting_ms\x18\x05 \x01(\x03R\twaitingMs\"g\n" +
+	"\n" +
+	"LinkStatus\x12\x1b\n" +
+	"\tpeer_node\x18\x01 \x01(\x05R\bpeerNode\x12\x1d\n" +
+	"\n" +
+	"sent_bytes\x18\x02 \x01(\x03R\tsentBytes\x12\x1d\n" +
+	"\n" +
+	"recv_bytes\x18\x03 \x01(\x03R\trecvBytes\"e\n" +
+	"\vStatusError\x12\x13\n" +
+	"\x05at_ms\x18\x01 \x01(\x03R\x04atMs\x12\x10\n" +
+	"\x03job\x18\x02 \x01(\x04R\x03job\x12\x19\n" +
+	"\bjob_name\x18\x03 \x01(\tR\ajobName\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"D\n" +
 	"\fHostsUpdated\x12\x1c\n" +
 	"\ttimestamp\x18\x01 \x01(\x03R\ttimestamp\x12\x16\n" +
 	"\x06result\x18\x02 \x01(\x05R\x06result*\xe1\x01\n" +
@@ -1964,7 +2769,7 @@ func file_hvdd_proto_rawDescGZIP() []byte {
 }
 
 var file_hvdd_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_hvdd_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_hvdd_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_hvdd_proto_goTypes = []any{
 	(DType)(0),               // 0: hvdd.ipc.v1.DType
 	(OpType)(0),              // 1: hvdd.ipc.v1.OpType
@@ -1982,12 +2787,19 @@ var file_hvdd_proto_goTypes = []any{
 	(*Timeline)(nil),         // 13: hvdd.ipc.v1.Timeline
 	(*Goodbye)(nil),          // 14: hvdd.ipc.v1.Goodbye
 	(*ClientMessage)(nil),    // 15: hvdd.ipc.v1.ClientMessage
-	(*Welcome)(nil),          // 16: hvdd.ipc.v1.Welcome
-	(*GrantRegion)(nil),      // 17: hvdd.ipc.v1.GrantRegion
-	(*Done)(nil),             // 18: hvdd.ipc.v1.Done
-	(*Fatal)(nil),            // 19: hvdd.ipc.v1.Fatal
-	(*ServerMessage)(nil),    // 20: hvdd.ipc.v1.ServerMessage
-	(*HostsUpdated)(nil),     // 21: hvdd.ipc.v1.HostsUpdated
+	(*StatusRequest)(nil),    // 16: hvdd.ipc.v1.StatusRequest
+	(*Welcome)(nil),          // 17: hvdd.ipc.v1.Welcome
+	(*GrantRegion)(nil),      // 18: hvdd.ipc.v1.GrantRegion
+	(*Done)(nil),             // 19: hvdd.ipc.v1.Done
+	(*Fatal)(nil),            // 20: hvdd.ipc.v1.Fatal
+	(*ServerMessage)(nil),    // 21: hvdd.ipc.v1.ServerMessage
+	(*Status)(nil),           // 22: hvdd.ipc.v1.Status
+	(*JobStatus)(nil),        // 23: hvdd.ipc.v1.JobStatus
+	(*RankStatus)(nil),       // 24: hvdd.ipc.v1.RankStatus
+	(*PendingTensor)(nil),    // 25: hvdd.ipc.v1.PendingTensor
+	(*LinkStatus)(nil),       // 26: hvdd.ipc.v1.LinkStatus
+	(*StatusError)(nil),      // 27: hvdd.ipc.v1.StatusError
+	(*HostsUpdated)(nil),     // 28: hvdd.ipc.v1.HostsUpdated
 }
 var file_hvdd_proto_depIdxs = []int32{
 	13, // 0: hvdd.ipc.v1.Hello.timeline:type_name -> hvdd.ipc.v1.Timeline
@@ -2006,19 +2818,26 @@ var file_hvdd_proto_depIdxs = []int32{
 	11, // 13: hvdd.ipc.v1.ClientMessage.add_process_set:type_name -> hvdd.ipc.v1.AddProcessSet
 	12, // 14: hvdd.ipc.v1.ClientMessage.remove_process_set:type_name -> hvdd.ipc.v1.RemoveProcessSet
 	13, // 15: hvdd.ipc.v1.ClientMessage.timeline:type_name -> hvdd.ipc.v1.Timeline
-	3,  // 16: hvdd.ipc.v1.Done.code:type_name -> hvdd.ipc.v1.Code
-	4,  // 17: hvdd.ipc.v1.Done.output:type_name -> hvdd.ipc.v1.Buffer
-	3,  // 18: hvdd.ipc.v1.Fatal.code:type_name -> hvdd.ipc.v1.Code
-	16, // 19: hvdd.ipc.v1.ServerMessage.welcome:type_name -> hvdd.ipc.v1.Welcome
-	17, // 20: hvdd.ipc.v1.ServerMessage.grant_region:type_name -> hvdd.ipc.v1.GrantRegion
-	18, // 21: hvdd.ipc.v1.ServerMessage.done:type_name -> hvdd.ipc.v1.Done
-	19, // 22: hvdd.ipc.v1.ServerMessage.fatal:type_name -> hvdd.ipc.v1.Fatal
-	21, // 23: hvdd.ipc.v1.ServerMessage.hosts_updated:type_name -> hvdd.ipc.v1.HostsUpdated
-	24, // [24:24] is the sub-list for method output_type
-	24, // [24:24] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	16, // 16: hvdd.ipc.v1.ClientMessage.status:type_name -> hvdd.ipc.v1.StatusRequest
+	3,  // 17: hvdd.ipc.v1.Done.code:type_name -> hvdd.ipc.v1.Code
+	4,  // 18: hvdd.ipc.v1.Done.output:type_name -> hvdd.ipc.v1.Buffer
+	3,  // 19: hvdd.ipc.v1.Fatal.code:type_name -> hvdd.ipc.v1.Code
+	17, // 20: hvdd.ipc.v1.ServerMessage.welcome:type_name -> hvdd.ipc.v1.Welcome
+	18, // 21: hvdd.ipc.v1.ServerMessage.grant_region:type_name -> hvdd.ipc.v1.GrantRegion
+	19, // 22: hvdd.ipc.v1.ServerMessage.done:type_name -> hvdd.ipc.v1.Done
+	20, // 23: hvdd.ipc.v1.ServerMessage.fatal:type_name -> hvdd.ipc.v1.Fatal
+	28, // 24: hvdd.ipc.v1.ServerMessage.hosts_updated:type_name -> hvdd.ipc.v1.HostsUpdated
+	22, // 25: hvdd.ipc.v1.ServerMessage.status:type_name -> hvdd.ipc.v1.Status
+	23, // 26: hvdd.ipc.v1.Status.jobs:type_name -> hvdd.ipc.v1.JobStatus
+	27, // 27: hvdd.ipc.v1.Status.errors:type_name -> hvdd.ipc.v1.StatusError
+	24, // 28: hvdd.ipc.v1.JobStatus.ranks:type_name -> hvdd.ipc.v1.RankStatus
+	25, // 29: hvdd.ipc.v1.JobStatus.pending:type_name -> hvdd.ipc.v1.PendingTensor
+	26, // 30: hvdd.ipc.v1.JobStatus.links:type_name -> hvdd.ipc.v1.LinkStatus
+	31, // [31:31] is the sub-list for method output_type
+	31, // [31:31] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_hvdd_proto_init() }
@@ -2037,13 +2856,15 @@ func file_hvdd_proto_init() {
 		(*ClientMessage_AddProcessSet)(nil),
 		(*ClientMessage_RemoveProcessSet)(nil),
 		(*ClientMessage_Timeline)(nil),
+		(*ClientMessage_Status)(nil),
 	}
-	file_hvdd_proto_msgTypes[16].OneofWrappers = []any{
+	file_hvdd_proto_msgTypes[17].OneofWrappers = []any{
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_GrantRegion)(nil),
 		(*ServerMessage_Done)(nil),
 		(*ServerMessage_Fatal)(nil),
 		(*ServerMessage_HostsUpdated)(nil),
+		(*ServerMessage_Status)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2051,7 +2872,7 @@ func file_hvdd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hvdd_proto_rawDesc), len(file_hvdd_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   18,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

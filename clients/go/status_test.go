@@ -1,0 +1,97 @@
+package hvdd_test
+
+import (
+	"context"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	hvdd "github.com/hvdd/hvdd/clients/go"
+)
+
+// TestStatusAcrossNodes: node 0's daemon (the coordinator) lists every
+// node's ranks with their pids and hosts, and a tensor rank 1 (on node 1)
+// submitted that rank 0 has not, with rank 0 missing; node 1's lists its
+// own rank and the job.
+func TestStatusAcrossNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node")
+	}
+	ss := startNodes(t, 1, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	clients := make([]*hvdd.Client, 2)
+	errc := make(chan error, 2)
+	for i, s := range ss {
+		clients[i] = &hvdd.Client{Socket: s.Socket}
+		go func() { errc <- clients[i].Init(ctx) }()
+	}
+	for range clients {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer clients[0].Close()
+	defer clients[1].Close()
+	h, err := hvdd.AllreduceAsync(clients[1], []float32{1}, hvdd.WithName("late"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := hvdd.DialStatus(ctx, ss[0].Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	// Poll until the forwarded request has reached node 0's table.
+	for {
+		st, err := sc.Status(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.GetJobs()) == 1 && len(st.GetJobs()[0].GetPending()) == 1 {
+			j := st.GetJobs()[0]
+			if st.GetNodes() != 2 || st.GetNodeRank() != 0 || j.GetSize() != 2 || len(j.GetRanks()) != 2 || j.GetEngine() != "tcp" {
+				t.Fatalf("node 0's status: %v", st)
+			}
+			for r, rs := range j.GetRanks() {
+				if rs.GetRank() != int32(r) || rs.GetNode() != int32(r) || rs.GetPid() != int32(os.Getpid()) {
+					t.Errorf("rank %d: %v", r, rs)
+				}
+			}
+			if j.GetRanks()[1].GetHost() != "127.0.0.3" || j.GetRanks()[1].GetUidKnown() {
+				t.Errorf("node 1's rank: %v, want host 127.0.0.3 (its advertised address), uid unknown", j.GetRanks()[1])
+			}
+			p := j.GetPending()[0]
+			if p.GetName() != "late" || !slices.Equal(p.GetSubmitted(), []int32{1}) || !slices.Equal(p.GetMissing(), []int32{0}) {
+				t.Errorf("pending: %v, want late submitted by 1, missing 0", p)
+			}
+			if len(j.GetLinks()) != 1 || j.GetLinks()[0].GetPeerNode() != 1 {
+				t.Errorf("links: %v, want the link to node 1", j.GetLinks())
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("node 0 never listed the pending tensor: %v", st)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition, with the test's deadline
+	}
+	sc1, err := hvdd.DialStatus(ctx, ss[1].Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc1.Close()
+	st1, err := sc1.Status(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st1.GetNodeRank() != 1 || len(st1.GetJobs()) != 1 || len(st1.GetJobs()[0].GetRanks()) != 1 || st1.GetJobs()[0].GetRanks()[0].GetRank() != 1 {
+		t.Errorf("node 1's status: %v", st1)
+	}
+	if err := hvdd.Allreduce(ctx, clients[0], []float32{1}, hvdd.WithName("late")); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
