@@ -176,7 +176,7 @@ func newFlagSet(cfg *Config, text *textFlags, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "give up after this long")
 	fs.StringVar(&cfg.Timeline, "timeline", "", "write Horovod's timeline of the run to this file (rank 0 starts it before the warm-up and stops it at the end; as HOROVOD_TIMELINE does at init)")
 	fs.BoolVar(&cfg.TimelineMarkCycles, "timeline-mark-cycles", false, "with --timeline, mark every cycle of the daemon's loop (HOROVOD_TIMELINE_MARK_CYCLES)")
-	fs.BoolVar(&cfg.TimelineCompare, "timeline-compare", false, "with --timeline and --profile resnet50: time steps with the timeline off and on, alternately (rank 0 starts it before each traced step and stops it after, untimed; the file keeps the last traced step), and print both with their ratio")
+	fs.BoolVar(&cfg.TimelineCompare, "timeline-compare", false, "with --timeline and --profile resnet50: time steps with the timeline off and on, alternately in blocks of 5 (rank 0 starts it before each traced block and stops it after, untimed; the file keeps the last traced block), and print both with their ratio")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), Usage)
 		fs.PrintDefaults()

@@ -325,7 +325,7 @@ func TestResNetProfileGap(t *testing.T) {
 }
 
 // TestResNetProfileTimelineCompare: --timeline-compare times steps with the
-// timeline off and on, and the file holds the last traced step.
+// timeline off and on, and the file holds the last traced block of steps.
 func TestResNetProfileTimelineCompare(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "timeline.json")
 	outs, errs := runBench(t, 2, "--profile resnet50 --dtype uint8 --iters 2 --warmup 0 --json --timeline-compare --timeline "+path)
@@ -356,7 +356,7 @@ func TestResNetProfileTimelineCompare(t *testing.T) {
 			negotiations++
 		}
 	}
-	if negotiations != len(ResNet50Sizes) {
-		t.Errorf("the file holds %d negotiations, want one step's %d", negotiations, len(ResNet50Sizes))
+	if negotiations != compareBlock*len(ResNet50Sizes) {
+		t.Errorf("the file holds %d negotiations, want %d steps' %d", negotiations, compareBlock, compareBlock*len(ResNet50Sizes))
 	}
 }

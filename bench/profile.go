@@ -43,11 +43,13 @@ func resnet[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, out, e
 	step := fmt.Sprintf("%d_async_waitall", len(r.grads))
 	variants := []variant{{step, r.step}, {"1_fused", r.fusedStep}}
 	ratio := "step/fused"
+	measure := r.measure
 	if cfg.TimelineCompare {
-		variants = []variant{{step, r.step}, {step + "_timeline", r.tracedStep}}
+		variants = []variant{{step, r.step}, {step + "_timeline", r.step}}
 		ratio = "timeline on/off"
+		measure = r.compare
 	}
-	times, err := r.measure(variants)
+	times, err := measure(variants)
 	if err != nil {
 		return err
 	}
@@ -179,18 +181,12 @@ func (r *resnetRun[T]) free() {
 // measure runs the warm-up and the timed iterations of the variants and
 // returns their times, variant after variant. The variants alternate,
 // iteration by iteration, so that a shared machine's drift (this VM's speed
-// moves by tens of percent between seconds) weighs on both alike; with
-// --timeline-compare their order also swaps every iteration, so that
-// neither always runs right after the timeline's start or stop.
+// moves by tens of percent between seconds) weighs on both alike.
 func (r *resnetRun[T]) measure(variants []variant) ([]time.Duration, error) {
 	iters := r.cfg.Iters
 	ts := make([]time.Duration, len(variants)*iters)
 	for i := -r.cfg.Warmup; i < iters; i++ {
-		for k := range variants {
-			if r.cfg.TimelineCompare && i%2 != 0 {
-				k = len(variants) - 1 - k
-			}
-			v := variants[k]
+		for k, v := range variants {
 			r.pause()
 			t, err := v.run()
 			if err != nil {
@@ -243,21 +239,52 @@ func (r *resnetRun[T]) step() (time.Duration, error) {
 	return dt, nil
 }
 
-// tracedStep times a step as step does with the timeline on: rank 0
-// starts it in the --timeline file before the step and stops it after,
-// untimed, with a barrier after each so that the step is traced whole and
-// nothing else is. Each start truncates the file, which is left holding
-// the last traced step; its rows are named afresh each time (a little
-// more to write than a timeline that runs on).
-func (r *resnetRun[T]) tracedStep() (time.Duration, error) {
-	if err := r.timeline(true); err != nil {
-		return 0, err
+// compareBlock is how many steps in a row --timeline-compare runs with
+// the timeline on, or off.
+const compareBlock = 5
+
+// compare is measure for --timeline-compare: variants[0] (run with the
+// timeline off) and variants[1] (run with it on) alternate in blocks of
+// compareBlock steps. Rank 0 starts the timeline in the --timeline file
+// before each traced block and stops it after, untimed, with a barrier
+// after each so that a block is traced whole and nothing else is. Within a
+// block the timeline runs as it would in a job: its writer goroutine
+// formats and writes a step's events while the next step runs; only the
+// writing left after the block's last step falls into the untimed stop
+// (each start truncates the file, which is left with the last traced
+// block, and names its rows afresh: a little more to write than a timeline
+// that runs on). The first --warmup steps are not timed.
+func (r *resnetRun[T]) compare(variants []variant) ([]time.Duration, error) {
+	iters := r.cfg.Iters
+	ts := make([]time.Duration, 0, 2*iters)
+	got := [2][]time.Duration{}
+	warm := r.cfg.Warmup
+	for blk := 0; len(got[0]) < iters || len(got[1]) < iters; blk++ {
+		k := blk % 2
+		if k == 1 {
+			if err := r.timeline(true); err != nil {
+				return nil, err
+			}
+		}
+		for range compareBlock {
+			r.pause()
+			t, err := variants[k].run()
+			if err != nil {
+				return nil, fmt.Errorf("resnet50 %s: %w", variants[k].name, err)
+			}
+			if warm > 0 {
+				warm--
+			} else if len(got[k]) < iters {
+				got[k] = append(got[k], t)
+			}
+		}
+		if k == 1 {
+			if err := r.timeline(false); err != nil {
+				return nil, err
+			}
+		}
 	}
-	dt, err := r.step()
-	if err != nil {
-		return 0, err
-	}
-	return dt, r.timeline(false)
+	return append(append(ts, got[0]...), got[1]...), nil
 }
 
 // timeline starts or stops the --timeline on rank 0, then waits for every
