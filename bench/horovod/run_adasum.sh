@@ -86,9 +86,15 @@ for line in open(sys.argv[1]):
     kv = dict(re.findall(r"(\w+)=(\S+)", line))
     rows.setdefault((int(kv["np"]), kv["impl"]), []).append(float(kv["median_ms"]))
 print("np  Horovod median ms (rounds)            hvdd median ms (rounds)               Horovod/hvdd")
+ratios = {}
 for np in sorted({k[0] for k in rows}):
     h, d = rows.get((np, "horovod"), []), rows.get((np, "hvdd"), [])
     if h and d:
         mh, md = statistics.median(h), statistics.median(d)
         print(f"{np:<3} {mh:8.1f} ({' '.join(f'{v:.1f}' for v in h):<26}) {md:8.1f} ({' '.join(f'{v:.1f}' for v in d):<26}) {mh / md:6.2f}")
+        ratios[np] = [a / b for a, b in zip(h, d)]
+# Each round's Horovod and hvdd jobs ran one after the other: their ratio
+# is the pair's, less exposed to the machine's drift between rounds.
+for np, rs in ratios.items():
+    print(f"np={np}: Horovod/hvdd per round {' '.join(f'{v:.2f}' for v in rs)}; median {statistics.median(rs):.2f}, min {min(rs):.2f}")
 PY
