@@ -191,6 +191,9 @@ func TestParseArgs(t *testing.T) {
 	if cfg, err := ParseArgs([]string{"--gap", "50ms"}, &bytes.Buffer{}); err != nil || cfg.Gap != 50*time.Millisecond {
 		t.Errorf("--gap 50ms: %+v, %v", cfg, err)
 	}
+	if cfg, err := ParseArgs(strings.Fields("--timeline tl.json --timeline-mark-cycles"), &bytes.Buffer{}); err != nil || cfg.Timeline != "tl.json" || !cfg.TimelineMarkCycles {
+		t.Errorf("--timeline tl.json --timeline-mark-cycles: %+v, %v", cfg, err)
+	}
 	if cfg, err := ParseArgs([]string{"--profile", "resnet"}, &bytes.Buffer{}); err != nil || cfg.Profile != "resnet50" {
 		t.Errorf("--profile resnet: %+v, %v", cfg, err)
 	}
@@ -236,6 +239,9 @@ func TestParseArgsErrors(t *testing.T) {
 		{"--max-bytes 1X", "--max-bytes: bad size \"1X\": want a whole number of bytes, optionally with K, M or G (binary)"},
 		{"--min-bytes 1X", "--min-bytes: bad size \"1X\": want a whole number of bytes, optionally with K, M or G (binary)"},
 		{"--gap -1ms", "--gap must not be negative"},
+		{"--timeline-mark-cycles", "--timeline-mark-cycles needs --timeline"},
+		{"--timeline-compare --profile resnet50", "--timeline-compare needs --timeline"},
+		{"--timeline x --timeline-compare", "--timeline-compare times the resnet50 profile: add --profile resnet50"},
 		{"--op-reduce adasum --dtype int8 --min-bytes 0", "--op-reduce adasum: Adasum reduces float16, float32 and float64, not int8"},
 		{"--iters 0 --profile vgg", "--iters must be at least 1"},
 		{"--min-bytes 0 --iters 0", "--min-bytes must be at least 1"},

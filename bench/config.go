@@ -61,6 +61,9 @@ Examples:
   hvdd bench --np 4 --op allgather --dtype float16 --check
   hvdd bench --np 2 --op reducescatter --op-reduce average --json
   hvdd bench --np 2 --profile resnet50
+  hvdd bench --np 2 --profile resnet50 --timeline /tmp/tl.json  # the same, traced
+  hvdd bench --np 2 --profile resnet50 --gap 100ms   # steps 100 ms apart
+  hvdd bench --np 2 --profile resnet50 --timeline /tmp/tl.json --timeline-compare  # steps traced and not
   hvdd bench --np 2 --profile idle --duration 10s
   hvdd run -np 2 -- hvdd bench --op broadcast        # as the ranks of a job
 `
@@ -86,6 +89,17 @@ type Config struct {
 	NP         int             // ranks to launch (0: be one rank)
 	Socket     string          // daemon socket
 	Timeout    time.Duration   // whole-run limit per rank
+
+	// Timeline, when not empty, is the file rank 0 asks the daemon to
+	// write Horovod's timeline to for the whole run (StartTimeline before
+	// the first timed op, StopTimeline after the last), with cycle marks
+	// when TimelineMarkCycles.
+	Timeline           string
+	TimelineMarkCycles bool
+	// TimelineCompare makes the resnet50 profile time steps with the
+	// timeline off and on, alternately, instead of the step and the fused
+	// allreduce (Timeline is the file).
+	TimelineCompare bool
 }
 
 // SmallBytes is the size up to which SmallIters and SmallTime apply.
@@ -124,6 +138,9 @@ func ParseArgs(args []string, out io.Writer) (Config, error) {
 		return cfg, err
 	}
 	cfg.Profile = profile
+	if cfg.TimelineCompare && profile != "resnet50" {
+		return cfg, errors.New("--timeline-compare times the resnet50 profile: add --profile resnet50")
+	}
 	return cfg, nil
 }
 
@@ -148,7 +165,7 @@ func newFlagSet(cfg *Config, text *textFlags, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&cfg.Warmup, "warmup", cfg.Warmup, "untimed iterations before the timed ones")
 	fs.IntVar(&cfg.SmallIters, "small-iters", cfg.SmallIters, "least timed iterations for sizes <= 64 KiB")
 	fs.DurationVar(&cfg.SmallTime, "small-time", cfg.SmallTime, "least timed duration for sizes <= 64 KiB (iterations estimated from the warm-up)")
-	fs.DurationVar(&cfg.Gap, "gap", 0, "sleep this long before each timed iteration, as a training step's compute would: the time of an op after a pause, taken by the last rank to arrive (the minimum over ranks); every size then runs --iters iterations, and the row adds the daemon's CPU over them")
+	fs.DurationVar(&cfg.Gap, "gap", 0, "sleep this long before each timed iteration, as a training step's compute would: the time of an op after a pause, taken by the last rank to arrive (the minimum over ranks); every size then runs --iters iterations, and the row adds the daemon's CPU over them; with --profile resnet50, before each step and each fused allreduce")
 	fs.BoolVar(&cfg.Check, "check", false, "verify every result against a locally computed reference; exit 1 on any mismatch")
 	fs.BoolVar(&cfg.JSON, "json", false, "print one JSON object per row instead of the table")
 	fs.BoolVar(&cfg.ZeroCopy, "zero-copy", cfg.ZeroCopy, "use buffers from hvdd.Alloc (shared memory); false: plain Go slices the client stages")
@@ -157,6 +174,9 @@ func newFlagSet(cfg *Config, text *textFlags, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&cfg.NP, "np", 0, "start a private daemon and this many ranks (default: be one rank of a running job)")
 	fs.StringVar(&cfg.Socket, "socket", "", "daemon socket (default $HVDD_SOCKET; with --np a private temporary one)")
 	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "give up after this long")
+	fs.StringVar(&cfg.Timeline, "timeline", "", "write Horovod's timeline of the run to this file (rank 0 starts it before the warm-up and stops it at the end; as HOROVOD_TIMELINE does at init)")
+	fs.BoolVar(&cfg.TimelineMarkCycles, "timeline-mark-cycles", false, "with --timeline, mark every cycle of the daemon's loop (HOROVOD_TIMELINE_MARK_CYCLES)")
+	fs.BoolVar(&cfg.TimelineCompare, "timeline-compare", false, "with --timeline and --profile resnet50: time steps with the timeline off and on, alternately in blocks of 5 (rank 0 starts it before each traced block and stops it after, untimed; the file keeps the last traced block), and print both with their ratio")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), Usage)
 		fs.PrintDefaults()
@@ -228,6 +248,10 @@ func (c *Config) validate() error {
 		return errors.New("--duration must be positive")
 	case c.Timeout <= 0:
 		return errors.New("--timeout must be positive")
+	case c.TimelineMarkCycles && c.Timeline == "":
+		return errors.New("--timeline-mark-cycles needs --timeline")
+	case c.TimelineCompare && c.Timeline == "":
+		return errors.New("--timeline-compare needs --timeline")
 	}
 	return nil
 }

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +29,13 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// rankWait is how long runBench waits for a rank. The resnet50 tests move
+// 25.6 MB per step through a daemon in this (race-instrumented) process and
+// check every element: a minute was not enough at a load average of 8-13
+// from other jobs on the 2-core machine, with or without this branch's
+// changes; a hang still fails.
+const rankWait = 3 * time.Minute
+
 // runBench runs a 2-rank bench with args against a fresh in-process daemon
 // and returns each rank's output and exit error.
 func runBench(t *testing.T, n int, args string) ([]string, []error) {
@@ -34,10 +44,7 @@ func runBench(t *testing.T, n int, args string) ([]string, []error) {
 	ws := daemontest.Spawn(t, s.Socket, "bench", n, argsEnv+"="+args)
 	outs, errs := make([]string, n), make([]error, n)
 	for i, w := range ws {
-		// A bound for a hung job, not a timing: the resnet50 profile with
-		// --check under the race detector takes tens of seconds on a loaded
-		// 2-core machine.
-		errs[i] = w.Wait(3 * time.Minute)
+		errs[i] = w.Wait(rankWait)
 		outs[i] = w.Output()
 	}
 	return outs, errs
@@ -218,6 +225,9 @@ func TestResNetProfile(t *testing.T) {
 	if len(rows) != 2 || rows[0].Variant != "161_async_waitall" || rows[1].Variant != "1_fused" {
 		t.Fatalf("want the two variants' rows:\n%s", outs[0])
 	}
+	if rows := jsonRows(t, outs[1]); len(rows) != 0 {
+		t.Errorf("rank 1 printed rows too:\n%s", outs[1])
+	}
 	for i, r := range rows {
 		if r.Profile != "resnet50" || r.Check != "ok" || r.Iters != 2 || r.Count != 25557032 || r.Ranks != 2 || r.Reduce != "Average" {
 			t.Errorf("bad row %+v", r)
@@ -236,5 +246,124 @@ func TestResNetProfile(t *testing.T) {
 		if !strings.Contains(outs[0], want) {
 			t.Errorf("table lacks %q:\n%s", want, outs[0])
 		}
+	}
+}
+
+// TestResNetProfileTimeline runs the resnet50 profile with --timeline (and
+// cycle marks) and checks the daemon's file: a JSON array in which every
+// one of the 161 gradients and the fused tensor has its row, with Horovod's
+// phases and both ranks' ticks.
+func TestResNetProfileTimeline(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timeline.json")
+	outs, errs := runBench(t, 2, "--profile resnet50 --dtype uint8 --iters 1 --warmup 0 --json --timeline-mark-cycles --timeline "+path)
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v; output:\n%s", i, err, outs[i])
+		}
+	}
+	if rows := jsonRows(t, outs[0]); len(rows) != 2 {
+		t.Fatalf("want the two variants' rows:\n%s", outs[0])
+	}
+	// StopTimeline returned before the ranks did: the file is complete.
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []struct {
+		Name string `json:"name"`
+		Ph   string `json:"ph"`
+		Pid  int    `json:"pid"`
+		Args struct {
+			Name string `json:"name"`
+		} `json:"args"`
+	}
+	if err := json.Unmarshal(b, &events); err != nil {
+		t.Fatalf("timeline is not a JSON array: %v\n%.2000s", err, b)
+	}
+	tensorOf := map[int]string{}
+	phases := map[string][]string{} // row: its B phases, in order
+	ticks := map[string]int{}       // row: rank ticks
+	cycles := 0
+	for _, e := range events {
+		switch {
+		case e.Ph == "M" && e.Name == "process_name" && e.Pid > 0:
+			tensorOf[e.Pid] = e.Args.Name
+		case e.Ph == "B":
+			phases[tensorOf[e.Pid]] = append(phases[tensorOf[e.Pid]], e.Name)
+		case e.Ph == "X":
+			ticks[tensorOf[e.Pid]]++
+		case e.Ph == "i" && e.Name == "CYCLE_START":
+			cycles++
+		}
+	}
+	want := []string{"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "SHM_ALLREDUCE"}
+	names := []string{"resnet50.fused"}
+	for i := range ResNet50Sizes {
+		names = append(names, "resnet50.grad."+strconv.Itoa(i))
+	}
+	for _, n := range names {
+		// One step of each variant (no warm-up).
+		if got := phases[n]; !slices.Equal(got, want) || ticks[n] != 2 {
+			t.Errorf("row %q: phases %v and %d ticks, want %v and 2", n, got, ticks[n], want)
+		}
+	}
+	if cycles == 0 {
+		t.Errorf("no CYCLE_START marks with --timeline-mark-cycles")
+	}
+}
+
+// TestResNetProfileGap: with --gap the rows say the pause.
+func TestResNetProfileGap(t *testing.T) {
+	outs, errs := runBench(t, 2, "--profile resnet50 --dtype uint8 --iters 1 --warmup 0 --gap 1ms --json")
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v; output:\n%s", i, err, outs[i])
+		}
+	}
+	rows := jsonRows(t, outs[0])
+	if len(rows) != 2 {
+		t.Fatalf("want the two variants' rows:\n%s", outs[0])
+	}
+	for _, r := range rows {
+		if r.GapUS != 1000 || r.Iters != 1 {
+			t.Errorf("bad row %+v", r)
+		}
+	}
+}
+
+// TestResNetProfileTimelineCompare: --timeline-compare times steps with the
+// timeline off and on, and the file holds the last traced block of steps.
+func TestResNetProfileTimelineCompare(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timeline.json")
+	outs, errs := runBench(t, 2, "--profile resnet50 --dtype uint8 --iters 2 --warmup 0 --json --timeline-compare --timeline "+path)
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v; output:\n%s", i, err, outs[i])
+		}
+	}
+	rows := jsonRows(t, outs[0])
+	if len(rows) != 2 || rows[0].Variant != "161_async_waitall" || rows[1].Variant != "161_async_waitall_timeline" ||
+		rows[0].Iters != 2 || rows[1].Iters != 2 || rows[0].Ratio <= 0 {
+		t.Fatalf("want the off and on rows, the first with the ratio:\n%s", outs[0])
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []struct {
+		Name string `json:"name"`
+		Ph   string `json:"ph"`
+	}
+	if err := json.Unmarshal(b, &events); err != nil {
+		t.Fatalf("timeline is not a JSON array: %v\n%.2000s", err, b)
+	}
+	negotiations := 0
+	for _, e := range events {
+		if e.Ph == "B" && e.Name == "NEGOTIATE_ALLREDUCE" {
+			negotiations++
+		}
+	}
+	if negotiations != compareBlock*len(ResNet50Sizes) {
+		t.Errorf("the file holds %d negotiations, want %d steps' %d", negotiations, compareBlock, compareBlock*len(ResNet50Sizes))
 	}
 }

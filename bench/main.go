@@ -138,12 +138,37 @@ func Worker(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if cfg.NP > 0 && cfg.NP != c.Size() {
 		fmt.Fprintf(stderr, "hvdd bench: warning: --np %d ignored: the job has %d ranks\n", cfg.NP, c.Size())
 	}
-	err := dispatch(ctx, c, cfg, stdout, stderr)
+	err := traced(ctx, c, cfg, func() error { return dispatch(ctx, c, cfg, stdout, stderr) })
 	if err != nil && !errors.Is(err, errCheckFailed) {
 		err = fmt.Errorf("rank %d: %w", c.Rank(), err)
 	}
 	if cerr := c.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("rank %d: close: %w", c.Rank(), cerr)
+	}
+	return err
+}
+
+// traced runs f with the timeline of --timeline on, if asked for: rank 0
+// starts it and every rank waits for that (a barrier), so the whole run is
+// in the file; after f, rank 0 stops it, which returns once the daemon has
+// completed the file.
+func traced(ctx context.Context, c *hvdd.Client, cfg Config, f func() error) error {
+	if cfg.Timeline == "" || cfg.TimelineCompare {
+		return f() // with TimelineCompare the profile starts and stops it
+	}
+	if c.Rank() == 0 {
+		if err := c.StartTimeline(ctx, cfg.Timeline, cfg.TimelineMarkCycles); err != nil {
+			return fmt.Errorf("start the timeline: %w", err)
+		}
+	}
+	if err := c.Barrier(ctx); err != nil {
+		return err
+	}
+	err := f()
+	if c.Rank() == 0 {
+		if serr := c.StopTimeline(ctx); serr != nil && err == nil {
+			err = fmt.Errorf("stop the timeline: %w", serr)
+		}
 	}
 	return err
 }

@@ -43,6 +43,9 @@ func (p *printer) row(r Row) {
 
 // json prints r as one line of JSON.
 func (p *printer) json(r Row) {
+	if !p.on {
+		return
+	}
 	b, err := json.Marshal(r)
 	if err != nil {
 		panic(err) // Row always marshals

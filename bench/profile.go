@@ -16,7 +16,9 @@ import (
 
 // resnet runs the resnet50 profile: per step, ResNet-50's 161 gradients are
 // allreduced (Average) asynchronously and waited for; then one fused
-// allreduce of the same total is timed the same way.
+// allreduce of the same total is timed the same way. With
+// --timeline-compare the two variants are instead the step with the
+// timeline off and the step with it on.
 func resnet[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, out, errOut io.Writer) error {
 	n := c.Size()
 	var total int64
@@ -25,39 +27,62 @@ func resnet[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, out, e
 	}
 	bytes := total * int64(cfg.DType.Size())
 	p := newPrinter(cfg, out, c.Rank() == 0)
-	p.header(fmt.Sprintf("# resnet50: %d tensors, %d %s (%.1f MB), %d ranks, Average, zero-copy %v, warmup %d, iters %d, check %v",
-		len(ResNet50Sizes), total, cfg.DType, float64(bytes)/1e6, n, cfg.ZeroCopy, cfg.Warmup, cfg.Iters, cfg.Check),
-		"# variant              median_ms     min_ms     max_ms  algbw_GB/s  busbw_GB/s  check")
+	gap := ""
+	if cfg.Gap > 0 {
+		gap = fmt.Sprintf(", each after a %v pause", cfg.Gap)
+	}
+	p.header(fmt.Sprintf("# resnet50: %d tensors, %d %s (%.1f MB), %d ranks, Average, zero-copy %v, warmup %d, iters %d%s, check %v",
+		len(ResNet50Sizes), total, cfg.DType, float64(bytes)/1e6, n, cfg.ZeroCopy, cfg.Warmup, cfg.Iters, gap, cfg.Check),
+		"# variant                    median_ms     min_ms     max_ms  algbw_GB/s  busbw_GB/s  check")
 
 	r := &resnetRun[T]{ctx: ctx, c: c, cfg: cfg, errOut: errOut}
 	defer r.free()
 	if err := r.alloc(total); err != nil {
 		return err
 	}
-	stepTs, fusedTs, err := r.measure()
+	step := fmt.Sprintf("%d_async_waitall", len(r.grads))
+	variants := []variant{{step, r.step}, {"1_fused", r.fusedStep}}
+	ratio := "step/fused"
+	measure := r.measure
+	if cfg.TimelineCompare {
+		variants = []variant{{step, r.step}, {step + "_timeline", r.step}}
+		ratio = "timeline on/off"
+		measure = r.compare
+	}
+	times, err := measure(variants)
 	if err != nil {
 		return err
 	}
-	all, extra, err := maxOverRanks(ctx, c, append(stepTs, fusedTs...), float64(r.bad))
+	// After a pause the ranks wake at different times, so a step's time is
+	// the last rank's to arrive (the minimum), as the sweep's --gap rows.
+	overRanks := maxOverRanks
+	if cfg.Gap > 0 {
+		overRanks = minOverRanks
+	}
+	all, extra, err := overRanks(ctx, c, times, float64(r.bad))
 	if err != nil {
 		return err
 	}
 	check := checkColumn(cfg.Check, extra[0])
-	rows := []Row{
-		{Profile: "resnet50", Variant: fmt.Sprintf("%d_async_waitall", len(r.grads))},
-		{Profile: "resnet50", Variant: "1_fused"},
-	}
-	for i, ts := range [][]time.Duration{all[:cfg.Iters], all[cfg.Iters:]} {
+	rows := make([]Row, len(variants))
+	for i, v := range variants {
 		row := &rows[i]
+		row.Profile, row.Variant = "resnet50", v.name
 		row.Op, row.Bytes, row.Count, row.DType, row.Reduce = "allreduce", bytes, total, cfg.DType.String(), tensor.Average.String()
-		row.Ranks, row.ZeroCopy, row.Check = n, cfg.ZeroCopy, check
-		row.fillStats(ts, bytes, BusFactor(tensor.Allreduce, n))
+		row.Ranks, row.ZeroCopy, row.Check, row.GapUS = n, cfg.ZeroCopy, check, us(cfg.Gap)
+		row.fillStats(all[i*cfg.Iters:(i+1)*cfg.Iters], bytes, BusFactor(tensor.Allreduce, n))
 	}
-	printResNet(p, rows)
+	printResNet(p, rows, ratio)
 	if check == "FAIL" {
 		return errCheckFailed
 	}
 	return nil
+}
+
+// variant is one of the two things the resnet50 profile times alternately.
+type variant struct {
+	name string
+	run  func() (time.Duration, error)
 }
 
 // checkColumn is the check column of a row: off without --check, else ok,
@@ -73,9 +98,13 @@ func checkColumn(check bool, bad float64) string {
 }
 
 // printResNet prints the two variants' rows, the first with the ratio of
-// their medians (step/fused).
-func printResNet(p *printer, rows []Row) {
+// their medians (the second's over the first's for the timeline, the
+// first's over the second's for step/fused), named by label.
+func printResNet(p *printer, rows []Row, label string) {
 	ratio := rows[0].MedianUS / rows[1].MedianUS
+	if label == "timeline on/off" {
+		ratio = 1 / ratio
+	}
 	if p.cfg.JSON {
 		rows[0].Ratio = ratio
 		p.json(rows[0])
@@ -83,9 +112,9 @@ func printResNet(p *printer, rows []Row) {
 		return
 	}
 	for _, r := range rows {
-		p.text("%-20s %10.2f %10.2f %10.2f %11.3f %11.3f  %s\n", r.Variant, r.MedianUS/1e3, r.MinUS/1e3, r.MaxUS/1e3, r.AlgBW, r.BusBW, r.Check)
+		p.text("%-26s %10.2f %10.2f %10.2f %11.3f %11.3f  %s\n", r.Variant, r.MedianUS/1e3, r.MinUS/1e3, r.MaxUS/1e3, r.AlgBW, r.BusBW, r.Check)
 	}
-	p.text("ratio step/fused     %10.3f\n", ratio)
+	p.text("ratio %-20s %10.3f\n", label, ratio)
 }
 
 // resnetTensor is one allreduce of the resnet50 profile.
@@ -149,26 +178,34 @@ func (r *resnetRun[T]) free() {
 	}
 }
 
-// measure runs the warm-up and the timed iterations. The two variants
-// alternate, iteration by iteration, so that a shared machine's drift (this
-// VM's speed moves by tens of percent between seconds) weighs on both alike.
-func (r *resnetRun[T]) measure() (stepTs, fusedTs []time.Duration, err error) {
-	stepTs = make([]time.Duration, r.cfg.Iters)
-	fusedTs = make([]time.Duration, r.cfg.Iters)
-	for i := -r.cfg.Warmup; i < r.cfg.Iters; i++ {
-		ts, err := r.step()
-		if err != nil {
-			return nil, nil, fmt.Errorf("resnet50 step: %w", err)
-		}
-		tf, err := r.fusedStep()
-		if err != nil {
-			return nil, nil, fmt.Errorf("resnet50 fused allreduce: %w", err)
-		}
-		if i >= 0 {
-			stepTs[i], fusedTs[i] = ts, tf
+// measure runs the warm-up and the timed iterations of the variants and
+// returns their times, variant after variant. The variants alternate,
+// iteration by iteration, so that a shared machine's drift (this VM's speed
+// moves by tens of percent between seconds) weighs on both alike.
+func (r *resnetRun[T]) measure(variants []variant) ([]time.Duration, error) {
+	iters := r.cfg.Iters
+	ts := make([]time.Duration, len(variants)*iters)
+	for i := -r.cfg.Warmup; i < iters; i++ {
+		for k, v := range variants {
+			r.pause()
+			t, err := v.run()
+			if err != nil {
+				return nil, fmt.Errorf("resnet50 %s: %w", v.name, err)
+			}
+			if i >= 0 {
+				ts[k*iters+i] = t
+			}
 		}
 	}
-	return stepTs, fusedTs, nil
+	return ts, nil
+}
+
+// pause sleeps for --gap, untimed, before a step: a training step's
+// compute (on a device, or anywhere but these cores) between reductions.
+func (r *resnetRun[T]) pause() {
+	if r.cfg.Gap > 0 {
+		time.Sleep(r.cfg.Gap)
+	}
 }
 
 // step times one training step's gradient reduction: every gradient
@@ -200,6 +237,71 @@ func (r *resnetRun[T]) step() (time.Duration, error) {
 		}
 	}
 	return dt, nil
+}
+
+// compareBlock is how many steps in a row --timeline-compare runs with
+// the timeline on, or off.
+const compareBlock = 5
+
+// compare is measure for --timeline-compare: variants[0] (run with the
+// timeline off) and variants[1] (run with it on) alternate in blocks of
+// compareBlock steps. Rank 0 starts the timeline in the --timeline file
+// before each traced block and stops it after, untimed, with a barrier
+// after each so that a block is traced whole and nothing else is. Within a
+// block the timeline runs as it would in a job: its writer goroutine
+// formats and writes a step's events while the next step runs; only the
+// writing left after the block's last step falls into the untimed stop
+// (each start truncates the file, which is left with the last traced
+// block, and names its rows afresh: a little more to write than a timeline
+// that runs on). The first --warmup steps are not timed.
+func (r *resnetRun[T]) compare(variants []variant) ([]time.Duration, error) {
+	iters := r.cfg.Iters
+	ts := make([]time.Duration, 0, 2*iters)
+	got := [2][]time.Duration{}
+	warm := r.cfg.Warmup
+	for blk := 0; len(got[0]) < iters || len(got[1]) < iters; blk++ {
+		k := blk % 2
+		if k == 1 {
+			if err := r.timeline(true); err != nil {
+				return nil, err
+			}
+		}
+		for range compareBlock {
+			r.pause()
+			t, err := variants[k].run()
+			if err != nil {
+				return nil, fmt.Errorf("resnet50 %s: %w", variants[k].name, err)
+			}
+			if warm > 0 {
+				warm--
+			} else if len(got[k]) < iters {
+				got[k] = append(got[k], t)
+			}
+		}
+		if k == 1 {
+			if err := r.timeline(false); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return append(append(ts, got[0]...), got[1]...), nil
+}
+
+// timeline starts or stops the --timeline on rank 0, then waits for every
+// rank.
+func (r *resnetRun[T]) timeline(on bool) error {
+	if r.c.Rank() == 0 {
+		var err error
+		if on {
+			err = r.c.StartTimeline(r.ctx, r.cfg.Timeline, r.cfg.TimelineMarkCycles)
+		} else {
+			err = r.c.StopTimeline(r.ctx)
+		}
+		if err != nil {
+			return fmt.Errorf("timeline: %w", err)
+		}
+	}
+	return r.c.Barrier(r.ctx)
 }
 
 // fusedStep times one allreduce of all the gradients' elements at once.
