@@ -791,11 +791,14 @@ func (b *Backend) exchange(to *peer, out []byte, from *peer, in []byte, s int) e
 	return rerr
 }
 
-// getBuf returns a scratch buffer of n bytes; putBuf gives it back.
+// getBuf returns a scratch buffer of n bytes; putBuf gives it back. New
+// buffers get room for a compressed message's header beyond n, so that the
+// scratch of a segment (or of a small buffer) and the one of its
+// compressed message (wireCap, compress.go) reuse each other's.
 func (b *engine) getBuf(n int) *[]byte {
 	p, _ := b.bufs.Get().(*[]byte)
 	if p == nil || cap(*p) < n {
-		s := make([]byte, n)
+		s := make([]byte, n, n+wireHeader)
 		return &s
 	}
 	*p = (*p)[:n]
