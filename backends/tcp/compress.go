@@ -154,6 +154,16 @@ func (z *codec) accumulate(dst, payload []byte, half bool, with []byte, ropts *r
 	return reduce.AddWidened(dst, payload, with, z.format)
 }
 
+// parseWireHeader checks the header h of a message that should carry n
+// values and returns its kind, wireHalf or wireFull.
+func parseWireHeader(h []byte, n int) (byte, error) {
+	kind, count := h[0], binary.LittleEndian.Uint32(h[4:])
+	if h[1]|h[2]|h[3] != 0 || count != uint32(n) || kind != wireHalf && kind != wireFull {
+		return 0, fmt.Errorf("header %x, expected %d values", h[:wireHeader], n)
+	}
+	return kind, nil
+}
+
 // recvWire receives a message of n float32 values from p on stream s into
 // buf (at least wireCap(n) bytes) and returns its payload and whether it is
 // half.
@@ -162,9 +172,9 @@ func (b *Backend) recvWire(p *peer, s, n int, buf []byte) (payload []byte, half 
 	if err := b.recv(p, s, m); err != nil {
 		return nil, false, err
 	}
-	kind, count := m[0], binary.LittleEndian.Uint32(m[4:])
-	if m[1]|m[2]|m[3] != 0 || count != uint32(n) || kind != wireHalf && kind != wireFull {
-		return nil, false, fmt.Errorf("rank %d sent a malformed compressed message (header %x, expected %d values): the byte streams are out of step; are both daemons the same hvdd version?", p.rank, m[:wireHeader], n)
+	kind, err := parseWireHeader(m[:wireHeader], n)
+	if err != nil {
+		return nil, false, fmt.Errorf("rank %d sent a malformed compressed message (%v): the byte streams are out of step; are both daemons the same hvdd version?", p.rank, err)
 	}
 	if kind == wireHalf {
 		return m[wireHeader:], true, nil

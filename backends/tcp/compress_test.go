@@ -435,3 +435,58 @@ func TestUncompressedOps(t *testing.T) {
 		t.Errorf("float64 Sum of 8 KiB sent %d bytes, want 8192 (as it is)", got)
 	}
 }
+
+// FuzzWireMessage encodes fuzzer-chosen float32 values (data) as a message,
+// with the owner's keep, and decodes it as a receiver would: the header
+// must parse, the receiver must get exactly the bits the sender kept, and
+// a message is half unless some finite value overflows the format. Any
+// 8 bytes given as a header (hdr) must parse only when they are one.
+func FuzzWireMessage(f *testing.F) {
+	f.Add(bytesOf([]float32{1, 65504, 65520, float32(math.NaN()), float32(math.Inf(-1)), 1e-9}), []byte{1, 0, 0, 0, 6, 0, 0, 0}, uint8(0))
+	f.Add(bytesOf([]float32{3.3961e38, -1, 0}), []byte{2, 0, 0, 0, 3, 0, 0, 1}, uint8(1))
+	f.Fuzz(func(t *testing.T, data, hdr []byte, sel uint8) {
+		z := &codecs[compressions[sel%2]]
+		c := compressions[sel%2]
+		n := len(data) / 4
+		src := append([]byte(nil), data[:4*n]...)
+		kept := append([]byte(nil), src...)
+		msg, err := z.encode(make([]byte, wireCap(n)), kept, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kind, err := parseWireHeader(msg, n)
+		if err != nil {
+			t.Fatalf("encode's header does not parse: %v", err)
+		}
+		over := false
+		for _, f := range floatsOf(src) {
+			over = over || overflows(c, f)
+		}
+		if want := map[bool]byte{false: wireHalf, true: wireFull}[over]; kind != want || len(msg) != wireHeader+2*n*int(kind) {
+			t.Fatalf("%d values (overflow %v): message kind %d of %d bytes", n, over, kind, len(msg))
+		}
+		got := make([]byte, 4*n)
+		if err := z.store(got, msg[wireHeader:], kind == wireHalf); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, kept) {
+			t.Fatalf("receiver decodes %x, the sender kept %x", got, kept)
+		}
+		if kind == wireHalf {
+			for i, f := range floatsOf(src) {
+				if g := floatsOf(kept)[i]; math.Float32bits(g) != math.Float32bits(round16(c, f)) {
+					t.Fatalf("value %d: kept %v, one rounding of %v gives %v", i, g, f, round16(c, f))
+				}
+			}
+		} else if !bytes.Equal(kept, src) {
+			t.Fatalf("a full message changed the sender's values")
+		}
+		if len(hdr) >= wireHeader {
+			k, err := parseWireHeader(hdr, n)
+			valid := (hdr[0] == wireHalf || hdr[0] == wireFull) && hdr[1]|hdr[2]|hdr[3] == 0 && binary.LittleEndian.Uint32(hdr[4:]) == uint32(n)
+			if (err == nil) != valid || err == nil && k != hdr[0] {
+				t.Fatalf("header %x for %d values: kind %d, %v", hdr[:wireHeader], n, k, err)
+			}
+		}
+	})
+}
