@@ -40,12 +40,14 @@
 // Reduce is the main entry point; Scale and Fill are the helpers the daemon
 // needs around it (Average as Sum plus postscale 1/size, identity elements
 // for joined ranks), and the half-precision conversions are exported for
-// clients and tests. Average is deliberately not accepted by Reduce: it is
+// clients and tests. Narrow, Widen and AddWidened (wire.go) convert whole
+// buffers between float32 and a 16-bit format, reporting overflow, for the
+// engines that send float32 data across nodes in 16 bits. Average is deliberately not accepted by Reduce: it is
 // Sum with postscale 1/size, and the caller knows the size. Adasum is not an
 // element-wise reduction: Reduce rejects it, and Adasum computes it.
 //
-// On amd64 the float32 and float64 loops use AVX2 assembly, and float16
-// conversion uses F16C, when the CPU has them; other architectures, older
+// On amd64 the float32 and float64 loops use AVX2 assembly, float16
+// conversion uses F16C and bfloat16 conversion AVX2, when the CPU has them; other architectures, older
 // CPUs and the purego build tag use the portable Go loops, which produce
 // identical results.
 package reduce

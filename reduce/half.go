@@ -96,19 +96,13 @@ func BFloat16ToFloat32(h uint16) float32 {
 }
 
 // Batch conversions used by the reduction loops. The amd64 build replaces
-// the float16 pair with F16C code when the CPU has it (see kernels_amd64.go).
+// them with F16C or AVX2 code when the CPU has it (see kernels_amd64.go);
+// the narrowing to bfloat16 is toBF16Go in wire.go.
 
 func bf16ToF32Go(dst []float32, src []uint16) {
 	src = src[:len(dst)]
 	for i := range dst {
 		dst[i] = math.Float32frombits(uint32(src[i]) << 16)
-	}
-}
-
-func f32ToBF16Go(dst []uint16, src []float32) {
-	src = src[:len(dst)]
-	for i := range dst {
-		dst[i] = Float32ToBFloat16(src[i])
 	}
 }
 

@@ -299,7 +299,7 @@ func runHalf(j *job, lo, hi int) {
 		// All sources of the chunk are consumed; dsts may now be written.
 		d0 := view[uint16](j.dsts[0], c, e)
 		if bf16 {
-			f32ToBF16Go(d0, acc)
+			toBF16(d0, acc) // overflow to Inf is the rounding's result here
 		} else {
 			f32ToF16(d0, acc)
 		}
@@ -314,7 +314,7 @@ func runHalf(j *job, lo, hi int) {
 
 func widen(bf16 bool, dst []float32, src []uint16) {
 	if bf16 {
-		bf16ToF32Go(dst, src)
+		bf16ToF32(dst, src)
 	} else {
 		f16ToF32(dst, src)
 	}

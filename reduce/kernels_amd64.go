@@ -177,3 +177,84 @@ func adasumAxpbyF32(a, b *float32, n int, ca, cb float64)
 //
 //go:noescape
 func adasumAxpbyF64(a, b *float64, n int, ca, cb float64)
+
+// The wire conversions' kernels (wire.go); n is a multiple of 16.
+
+// narrowF16 rounds n float32 values to float16 with VCVTPS2PH (nearest
+// even) and reports whether a finite one became ±Inf. Needs F16C and AVX2.
+//
+//go:noescape
+func narrowF16(dst *uint16, src *float32, n int) bool
+
+// narrowBF16 rounds n float32 values to bfloat16 (nearest even, NaNs
+// quieted) and reports whether a finite one became ±Inf. Needs AVX2.
+//
+//go:noescape
+func narrowBF16(dst *uint16, src *float32, n int) bool
+
+// widenBF16 widens n bfloat16 values to float32 (a 16-bit shift). Needs
+// AVX2.
+//
+//go:noescape
+func widenBF16(dst *float32, src *uint16, n int)
+
+// addWidenF16 sets dst[i] = widen(src[i]) + add[i]. Needs F16C and AVX.
+//
+//go:noescape
+func addWidenF16(dst *float32, src *uint16, add *float32, n int)
+
+// addWidenBF16 sets dst[i] = widen(src[i]) + add[i]. Needs AVX2.
+//
+//go:noescape
+func addWidenBF16(dst *float32, src *uint16, add *float32, n int)
+
+// vecLen is the prefix of n elements the wire kernels take: whole blocks of
+// 16, when the CPU has what they need.
+func vecLen(n int, ok bool) int {
+	if !ok {
+		return 0
+	}
+	return n &^ 15
+}
+
+func toF16(dst []uint16, src []float32) bool {
+	m := vecLen(len(dst), haveAVX2 && haveF16C)
+	ovf := false
+	if m > 0 {
+		ovf = narrowF16(&dst[0], &src[:m][0], m)
+	}
+	return toF16Go(dst[m:], src[m:]) || ovf
+}
+
+func toBF16(dst []uint16, src []float32) bool {
+	m := vecLen(len(dst), haveAVX2)
+	ovf := false
+	if m > 0 {
+		ovf = narrowBF16(&dst[0], &src[:m][0], m)
+	}
+	return toBF16Go(dst[m:], src[m:]) || ovf
+}
+
+func bf16ToF32(dst []float32, src []uint16) {
+	m := vecLen(len(dst), haveAVX2)
+	if m > 0 {
+		widenBF16(&dst[0], &src[:m][0], m)
+	}
+	bf16ToF32Go(dst[m:], src[m:])
+}
+
+func addF16(dst []float32, src []uint16, add []float32) {
+	m := vecLen(len(dst), haveAVX2 && haveF16C)
+	if m > 0 {
+		addWidenF16(&dst[0], &src[:m][0], &add[:m][0], m)
+	}
+	addF16Go(dst[m:], src[m:], add[m:])
+}
+
+func addBF16(dst []float32, src []uint16, add []float32) {
+	m := vecLen(len(dst), haveAVX2)
+	if m > 0 {
+		addWidenBF16(&dst[0], &src[:m][0], &add[:m][0], m)
+	}
+	addBF16Go(dst[m:], src[m:], add[m:])
+}

@@ -349,3 +349,208 @@ axf64loop:
 axf64done:
 	VZEROUPPER
 	RET
+
+// Wire conversions (wire.go): float32 <-> float16/bfloat16 batches for the
+// cross-node engines' 16-bit transport, with the overflow check the
+// narrowing ones need.
+//
+// A float32 x overflows a 16-bit format when it is finite and rounds to
+// ±Inf: |x| >= 65520 (0x477ff000) for float16, |x| >= 0x7f7f8000 (bits) for
+// bfloat16 (both ties to the even Inf). On the bit patterns with the sign
+// cleared, which order like the magnitudes as signed 32-bit integers, that is
+// lo <= |x| < 0x7f800000, two VPCMPGTD. The narrowing kernels OR the
+// per-lane results into Y12 and report whether any lane was set.
+
+// func narrowF16(dst *uint16, src *float32, n int) bool
+TEXT ·narrowF16(SB), NOSPLIT, $0-25
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVL $0x7fffffff, AX
+	VMOVD AX, X13
+	VPBROADCASTD X13, Y13 // sign mask
+	MOVL $0x477fefff, AX
+	VMOVD AX, X14
+	VPBROADCASTD X14, Y14 // overflow threshold - 1
+	MOVL $0x7f800000, AX
+	VMOVD AX, X15
+	VPBROADCASTD X15, Y15 // +Inf
+	VPXOR Y12, Y12, Y12
+	XORQ AX, AX
+
+nf16loop:
+	CMPQ AX, CX
+	JAE  nf16done
+	VMOVUPS   (SI)(AX*4), Y0
+	VMOVUPS   32(SI)(AX*4), Y4
+	VCVTPS2PH $0, Y0, (DI)(AX*2)
+	VCVTPS2PH $0, Y4, 16(DI)(AX*2)
+	VPAND     Y13, Y0, Y1
+	VPAND     Y13, Y4, Y5
+	VPCMPGTD  Y14, Y1, Y2 // |x| > threshold-1
+	VPCMPGTD  Y14, Y5, Y6
+	VPCMPGTD  Y1, Y15, Y3 // Inf > |x|: finite
+	VPCMPGTD  Y5, Y15, Y7
+	VPAND     Y3, Y2, Y2
+	VPAND     Y7, Y6, Y6
+	VPOR      Y2, Y12, Y12
+	VPOR      Y6, Y12, Y12
+	ADDQ      $16, AX
+	JMP       nf16loop
+
+nf16done:
+	VPTEST Y12, Y12
+	SETNE  ret+24(FP)
+	VZEROUPPER
+	RET
+
+// NARROWBF16(x, t, u) rounds the eight float32 lanes of x to bfloat16 in the
+// low words of its dwords and accumulates their overflow into Y12; t and u
+// are scratch. With b the bits of x:
+//
+//	rounded = (b + 0x7fff + ((b >> 16) & 1)) >> 16   nearest, ties to even
+//	nan     = ((b >> 16) | 0x40)                      when |b| > 0x7f800000
+//
+// as Float32ToBFloat16 computes (the carry of the rounding add runs into the
+// exponent, up to Inf, which is right). Y8 = 1, Y9 = 0x7fff, Y10 = 0x40,
+// Y11 = the overflow threshold - 1, Y13 = sign mask, Y15 = +Inf.
+#define NARROWBF16(x, t, u) \
+	VPSRLD    $16, x, t \
+	VPAND     Y8, t, t \
+	VPADDD    Y9, t, t \
+	VPADDD    x, t, t \
+	VPSRLD    $16, t, t \
+	VPAND     Y13, x, u \
+	VPCMPGTD  Y11, u, Y2 \
+	VPCMPGTD  u, Y15, Y3 \
+	VPAND     Y3, Y2, Y2 \
+	VPOR      Y2, Y12, Y12 \
+	VPCMPGTD  Y15, u, u \
+	VPSRLD    $16, x, x \
+	VPOR      Y10, x, x \
+	VPBLENDVB u, x, t, x
+
+// func narrowBF16(dst *uint16, src *float32, n int) bool
+TEXT ·narrowBF16(SB), NOSPLIT, $0-25
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVL $1, AX
+	VMOVD AX, X8
+	VPBROADCASTD X8, Y8
+	MOVL $0x7fff, AX
+	VMOVD AX, X9
+	VPBROADCASTD X9, Y9
+	MOVL $0x40, AX
+	VMOVD AX, X10
+	VPBROADCASTD X10, Y10
+	MOVL $0x7f7f7fff, AX
+	VMOVD AX, X11
+	VPBROADCASTD X11, Y11
+	MOVL $0x7fffffff, AX
+	VMOVD AX, X13
+	VPBROADCASTD X13, Y13
+	MOVL $0x7f800000, AX
+	VMOVD AX, X15
+	VPBROADCASTD X15, Y15
+	VPXOR Y12, Y12, Y12
+	XORQ AX, AX
+
+nbf16loop:
+	CMPQ AX, CX
+	JAE  nbf16done
+	VMOVDQU (SI)(AX*4), Y0
+	VMOVDQU 32(SI)(AX*4), Y4
+	NARROWBF16(Y0, Y1, Y5)
+	NARROWBF16(Y4, Y6, Y7)
+	// Each dword now holds a bfloat16 in its low word. VPACKUSDW packs
+	// within 128-bit lanes (Y0 lo, Y4 lo, Y0 hi, Y4 hi); VPERMQ puts the
+	// quadwords back in order.
+	VPACKUSDW Y4, Y0, Y0
+	VPERMQ    $0xd8, Y0, Y0
+	VMOVDQU   Y0, (DI)(AX*2)
+	ADDQ      $16, AX
+	JMP       nbf16loop
+
+nbf16done:
+	VPTEST Y12, Y12
+	SETNE  ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func widenBF16(dst *float32, src *uint16, n int)
+TEXT ·widenBF16(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	XORQ AX, AX
+
+wbf16loop:
+	CMPQ AX, CX
+	JAE  wbf16done
+	VPMOVZXWD (SI)(AX*2), Y0
+	VPMOVZXWD 16(SI)(AX*2), Y1
+	VPSLLD    $16, Y0, Y0
+	VPSLLD    $16, Y1, Y1
+	VMOVDQU   Y0, (DI)(AX*4)
+	VMOVDQU   Y1, 32(DI)(AX*4)
+	ADDQ      $16, AX
+	JMP       wbf16loop
+
+wbf16done:
+	VZEROUPPER
+	RET
+
+// The adding widenings compute dst = widen(src) + add, the widened value
+// the first operand of VADDPS (Intel's src1), as Go's widen(h) + w: of two
+// NaNs the widened one's payload wins.
+
+// func addWidenF16(dst *float32, src *uint16, add *float32, n int)
+TEXT ·addWidenF16(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ add+16(FP), DX
+	MOVQ n+24(FP), CX
+	XORQ AX, AX
+
+awf16loop:
+	CMPQ AX, CX
+	JAE  awf16done
+	VCVTPH2PS (SI)(AX*2), Y0
+	VCVTPH2PS 16(SI)(AX*2), Y1
+	VADDPS    (DX)(AX*4), Y0, Y0
+	VADDPS    32(DX)(AX*4), Y1, Y1
+	VMOVUPS   Y0, (DI)(AX*4)
+	VMOVUPS   Y1, 32(DI)(AX*4)
+	ADDQ      $16, AX
+	JMP       awf16loop
+
+awf16done:
+	VZEROUPPER
+	RET
+
+// func addWidenBF16(dst *float32, src *uint16, add *float32, n int)
+TEXT ·addWidenBF16(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ add+16(FP), DX
+	MOVQ n+24(FP), CX
+	XORQ AX, AX
+
+awbf16loop:
+	CMPQ AX, CX
+	JAE  awbf16done
+	VPMOVZXWD (SI)(AX*2), Y0
+	VPMOVZXWD 16(SI)(AX*2), Y1
+	VPSLLD    $16, Y0, Y0
+	VPSLLD    $16, Y1, Y1
+	VADDPS    (DX)(AX*4), Y0, Y0
+	VADDPS    32(DX)(AX*4), Y1, Y1
+	VMOVUPS   Y0, (DI)(AX*4)
+	VMOVUPS   Y1, 32(DI)(AX*4)
+	ADDQ      $16, AX
+	JMP       awbf16loop
+
+awbf16done:
+	VZEROUPPER
+	RET

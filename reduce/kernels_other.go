@@ -23,3 +23,9 @@ func adasumDotF32(a, b *float32, n int, acc *adasumAcc)   { panic("reduce: no as
 func adasumDotF64(a, b *float64, n int, acc *adasumAcc)   { panic("reduce: no assembly") }
 func adasumAxpbyF32(a, b *float32, n int, ca, cb float64) { panic("reduce: no assembly") }
 func adasumAxpbyF64(a, b *float64, n int, ca, cb float64) { panic("reduce: no assembly") }
+
+func toF16(dst []uint16, src []float32) bool             { return toF16Go(dst, src) }
+func toBF16(dst []uint16, src []float32) bool            { return toBF16Go(dst, src) }
+func bf16ToF32(dst []float32, src []uint16)              { bf16ToF32Go(dst, src) }
+func addF16(dst []float32, src []uint16, add []float32)  { addF16Go(dst, src, add) }
+func addBF16(dst []float32, src []uint16, add []float32) { addBF16Go(dst, src, add) }

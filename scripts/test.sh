@@ -28,8 +28,8 @@ rm -f /tmp/hvdd-mpich.$$.test
 go test -tags mpi -count=1 -timeout 10m -run 'TestMPIMultiNode|TestMPICHMultiNode|TestMultiNodeWide' ./clients/go/
 
 echo "== fuzz (${FUZZTIME:=10s} per target)"
-for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon FuzzResolve" "./shm FuzzSlice" "./reduce FuzzReduce" "./daemon/plan FuzzTable" \
-         "./backends/tcp FuzzParse" "./backends/tcp FuzzHandshakeServer" "./cluster FuzzFrames"; do
+for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon FuzzResolve" "./shm FuzzSlice" "./reduce FuzzReduce" "./reduce FuzzWire" "./daemon/plan FuzzTable" \
+         "./backends/tcp FuzzParse" "./backends/tcp FuzzHandshakeServer" "./backends/tcp FuzzWireMessage" "./cluster FuzzFrames"; do
   set -- $t
   # Go's fuzzer fails with "context deadline exceeded" when -fuzztime runs
   # out while it is still gathering baseline coverage (a slow, loaded

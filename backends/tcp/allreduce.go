@@ -76,6 +76,7 @@ func (b *Backend) allreduceRing(buf []byte, dt tensor.DType, op tensor.ReduceOp)
 	nch := b.tuning().Streams
 	seg := segBytes(b.tuning().ChunkBytes, esz)
 	next, prev := b.peers[mod(r+1, n)], b.peers[mod(r-1, n)]
+	z := b.codecFor(dt, op)
 	return channels(nch, func(c int) error {
 		lo, hi := part(elems, nch, c)
 		ch := buf[lo*esz : hi*esz]
@@ -107,6 +108,10 @@ func (b *Backend) allreduceRing(buf []byte, dt tensor.DType, op tensor.ReduceOp)
 			// Allgather step n-1+t overwrites block r-t, which
 			// reduce-scatter step t sent.
 			overwrites: func(s int) int { return s - (n - 1) },
+			// Compressed, the owner keeps its block as it sends it
+			// at the first allgather step (compress.go).
+			z:    z,
+			keep: func(s int) bool { return s == n-1 },
 		}
 		return p.run()
 	})
@@ -130,6 +135,9 @@ func (b *Backend) allreduceRing(buf []byte, dt tensor.DType, op tensor.ReduceOp)
 // two rounds only when n is not a power of two (Rabenseifner's and MPICH's
 // treatment of the remainder).
 func (b *Backend) allreduceDoubling(buf []byte, dt tensor.DType, op tensor.ReduceOp) error {
+	if z := b.codecFor(dt, op); z != nil {
+		return b.allreduceDoublingWire(buf, z)
+	}
 	n, r := b.size, b.rank
 	p2 := 1
 	for p2*2 <= n {

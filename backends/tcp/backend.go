@@ -108,8 +108,8 @@ type peer struct {
 // New connects rank cfg.Rank to every other rank of the group and returns
 // when all connections are authenticated, or ctx (or cfg.ConnectTimeout)
 // ends, or a peer is refused. Every rank must call New with matching Size,
-// Prefix, Secret, Streams, ChunkBytes and SmallBytes. With Size 1 it opens no
-// socket.
+// Prefix, Secret, Streams, ChunkBytes, SmallBytes and Compression. With Size
+// 1 it opens no socket.
 func New(ctx context.Context, cfg Config) (*Backend, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -209,7 +209,7 @@ func (b *engine) connect(ctx context.Context) error {
 		}
 	}
 	b.inlineMax = b.sendBufferFloor()
-	b.log.Debug("connected", "peers", b.size-1, "streams", b.cfg.Streams)
+	b.log.Debug("connected", "peers", b.size-1, "streams", b.cfg.Streams, "compression", b.cfg.Compression)
 	return b.failure()
 }
 
@@ -382,6 +382,10 @@ func (b *engine) sendBufferFloor() int {
 
 // Name returns "tcp".
 func (b *Backend) Name() string { return "tcp" }
+
+// Compression returns Config.Compression: how the float32 data of Sum
+// reductions travels.
+func (b *Backend) Compression() backends.Compression { return b.cfg.Compression }
 
 // Rank returns this node's rank.
 func (b *Backend) Rank() int { return b.rank }
@@ -787,11 +791,14 @@ func (b *Backend) exchange(to *peer, out []byte, from *peer, in []byte, s int) e
 	return rerr
 }
 
-// getBuf returns a scratch buffer of n bytes; putBuf gives it back.
+// getBuf returns a scratch buffer of n bytes; putBuf gives it back. New
+// buffers get room for a compressed message's header beyond n, so that the
+// scratch of a segment (or of a small buffer) and the one of its
+// compressed message (wireCap, compress.go) reuse each other's.
 func (b *engine) getBuf(n int) *[]byte {
 	p, _ := b.bufs.Get().(*[]byte)
 	if p == nil || cap(*p) < n {
-		s := make([]byte, n)
+		s := make([]byte, n, n+wireHeader)
 		return &s
 	}
 	*p = (*p)[:n]

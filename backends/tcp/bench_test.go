@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/tensor"
 )
 
@@ -77,6 +78,20 @@ func BenchmarkAllreduceSettings(b *testing.B) {
 		for _, chunk := range []int{256 << 10, 1 << 20} {
 			b.Run(fmt.Sprintf("64MiB/streams=%d/chunk=%s", streams, sizeName(chunk)), func(b *testing.B) {
 				benchAllreduce(b, 2, 64<<20, func(c *Config) { c.Streams, c.ChunkBytes = streams, chunk })
+			})
+		}
+	}
+}
+
+// BenchmarkAllreduceCompressed measures float32 allreduce over loopback with
+// each wire compression (2 ranks, this process). Loopback is no bottleneck,
+// so this shows the CPU cost of converting, not the gain on a slow link
+// (bench/wirecomp.sh measures that across namespaces).
+func BenchmarkAllreduceCompressed(b *testing.B) {
+	for _, c := range []backends.Compression{backends.CompressNone, backends.CompressFP16, backends.CompressBF16} {
+		for _, size := range []int{64 << 10, 64 << 20} {
+			b.Run(fmt.Sprintf("%v/%s", c, sizeName(size)), func(b *testing.B) {
+				benchAllreduce(b, 2, size, func(cfg *Config) { cfg.Compression = c })
 			})
 		}
 	}

@@ -187,6 +187,7 @@ func (b *Backend) reduceScatterRing(in, out []byte, off []int, dt tensor.DType, 
 			seg:   seg,
 			nseg:  ceilDiv(ceilDiv(maxBlock/esz, nch)*esz, seg),
 			dt:    dt, op: op,
+			z: b.codecFor(dt, op),
 			send: func(s int) []byte {
 				lo, hi := bounds(mod(r-s-1, n))
 				if s == 0 {

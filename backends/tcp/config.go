@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"time"
+
+	"github.com/hvdd/hvdd/backends"
 )
 
 // Store is the part of a rendezvous key-value store the engine needs to
@@ -82,6 +84,13 @@ type Config struct {
 	// means DefaultSmallBytes; negative means always use the rings. Must
 	// agree.
 	SmallBytes int
+	// Compression sends the float32 data of Sum reductions (Allreduce,
+	// ReduceScatter) in 16 bits while sums accumulate in float32, within
+	// backends.Compression.ErrorBound of the exact sum; other data travels
+	// as it is (compress.go says what and why). The zero value,
+	// backends.CompressNone, sends every byte as it is. Must agree.
+	Compression backends.Compression
+
 	// SocketBuffer is the SO_SNDBUF and SO_RCVBUF size requested for data
 	// connections (the kernel caps it at net.core.wmem_max/rmem_max). Zero
 	// means DefaultSocketBuffer; negative leaves the kernel's autotuning.
@@ -146,6 +155,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("tcp: PeerTimeout %v must exceed Heartbeat %v", c.PeerTimeout, c.Heartbeat)
 	case len(c.Secret) == 0 && !c.Insecure:
 		return errors.New("tcp: Secret is required (or set Insecure)")
+	case !c.Compression.Valid():
+		return fmt.Errorf("tcp: Compression %v is not none, fp16 or bf16", c.Compression)
 	case len(c.Prefix) > maxPrefix:
 		return fmt.Errorf("tcp: Prefix is %d bytes, more than %d", len(c.Prefix), maxPrefix)
 	}

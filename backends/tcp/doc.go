@@ -12,7 +12,8 @@
 // Config.Streams data connections, all opened by an authenticated
 // handshake: a nonce challenge in each direction answered with an
 // HMAC-SHA256 under the shared Secret, binding the job Prefix, the size, both
-// ranks, the stream and the settings that must agree. A daemon of another
+// ranks, the stream and the settings that must agree (the compression
+// among them). A daemon of another
 // job, of another size, with another secret or speaking something else is
 // refused, the refusal logged on the refusing side and returned as an error
 // wrapping ErrHandshake on the other. Stray connections to the listener do
@@ -30,6 +31,18 @@
 // carries bare bytes: every rank derives the same cuts of every buffer from
 // the call's arguments (layout.go), so no headers are needed. Reductions run
 // through reduce.Reduce and every rank ends with bit-identical results.
+//
+// # Wire compression
+//
+// With Config.Compression (fp16 or bf16) the float32 data of Sum
+// reductions, Allreduce and ReduceScatter, crosses the network in 16 bits
+// while every addition stays in float32: each segment travels as one
+// message with an 8-byte header, in 16 bits or, when its values would
+// overflow the format, in float32. Results stay identical on every rank and
+// lie within backends.Compression.ErrorBound of the exact sums; other
+// dtypes, Min/Max/Product, Broadcast and Allgatherv travel as they are.
+// compress.go has the format, the rules that keep ranks in agreement, and
+// why.
 //
 // # Groups
 //

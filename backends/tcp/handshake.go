@@ -8,6 +8,7 @@ import (
 	"net"
 
 	"github.com/hvdd/hvdd/auth"
+	"github.com/hvdd/hvdd/backends"
 )
 
 // The handshake opens every connection, before any other byte, and is
@@ -18,8 +19,8 @@ import (
 // altered or replayed into another connection.
 //
 //	client (lower rank)                      server (higher rank)
-//	hello{version, size, from, to, stream,
-//	      streams, chunk, small, nonceC, prefix} ->
+//	hello{version, size, from, to, stream, streams,
+//	      chunk, small, compression, nonceC, prefix} ->
 //	                                         checks job, ranks, settings
 //	                        <- challenge{nonceS, MAC(secret, "server", hello, nonceS)}
 //	checks the server's MAC
@@ -45,13 +46,13 @@ import (
 var ErrHandshake = errors.New("tcp: handshake refused")
 
 const (
-	protoVersion = 1
+	protoVersion = 2 // 2: the hello carries the compression
 	maxFrameBody = 1024
 	maxPrefix    = 512
 	nonceLen     = auth.NonceLen
 	macLen       = auth.MACLen
 	headerLen    = 7
-	helloFixed   = 1 + 7*4 + nonceLen // version, 7 u32 fields, nonce
+	helloFixed   = 1 + 8*4 + nonceLen // version, 8 u32 fields, nonce
 )
 
 var frameMagic = [4]byte{'H', 'V', 'D', 'T'}
@@ -79,6 +80,7 @@ type hello struct {
 	Size, From, To    int
 	Stream, Streams   int
 	ChunkBytes, Small int
+	Compression       int // backends.Compression
 	Nonce             [nonceLen]byte
 	Prefix            string
 }
@@ -86,7 +88,7 @@ type hello struct {
 func (h *hello) marshal() []byte {
 	b := make([]byte, 0, helloFixed+len(h.Prefix))
 	b = append(b, h.Version)
-	for _, v := range []int{h.Size, h.From, h.To, h.Stream, h.Streams, h.ChunkBytes, h.Small} {
+	for _, v := range []int{h.Size, h.From, h.To, h.Stream, h.Streams, h.ChunkBytes, h.Small, h.Compression} {
 		b = binary.BigEndian.AppendUint32(b, uint32(int32(v)))
 	}
 	b = append(b, h.Nonce[:]...)
@@ -103,12 +105,12 @@ func parseHello(b []byte) (hello, error) {
 		return h, fmt.Errorf("hello carries a %d-byte prefix, more than %d", len(b)-helloFixed, maxPrefix)
 	}
 	h.Version = b[0]
-	v := make([]int, 7)
+	v := make([]int, 8)
 	for i := range v {
 		v[i] = int(int32(binary.BigEndian.Uint32(b[1+4*i:])))
 	}
-	h.Size, h.From, h.To, h.Stream, h.Streams, h.ChunkBytes, h.Small = v[0], v[1], v[2], v[3], v[4], v[5], v[6]
-	copy(h.Nonce[:], b[29:29+nonceLen])
+	h.Size, h.From, h.To, h.Stream, h.Streams, h.ChunkBytes, h.Small, h.Compression = v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]
+	copy(h.Nonce[:], b[1+4*len(v):helloFixed])
 	h.Prefix = string(b[helloFixed:])
 	return h, nil
 }
@@ -180,11 +182,12 @@ type shake struct {
 	prefix                string
 	size, rank            int
 	streams, chunk, small int
+	compression           backends.Compression
 }
 
 func (b *engine) shake() shake {
 	c := &b.cfg
-	return shake{c.Secret, c.Prefix, c.Size, c.Rank, c.Streams, c.ChunkBytes, c.SmallBytes}
+	return shake{c.Secret, c.Prefix, c.Size, c.Rank, c.Streams, c.ChunkBytes, c.SmallBytes, c.Compression}
 }
 
 // proofs is the auth.Transport of a handshake: the server's challenge and
@@ -231,7 +234,7 @@ func (p proofs) Recv(n int) ([]byte, error) {
 // client runs the dialing side's handshake for connection stream to rank to.
 func (s shake) client(c net.Conn, to, stream int) error {
 	h := hello{Version: protoVersion, Size: s.size, From: s.rank, To: to, Stream: stream,
-		Streams: s.streams, ChunkBytes: s.chunk, Small: s.small, Prefix: s.prefix}
+		Streams: s.streams, ChunkBytes: s.chunk, Small: s.small, Compression: int(s.compression), Prefix: s.prefix}
 	copy(h.Nonce[:], auth.NewNonce())
 	hb := h.marshal()
 	if err := writeFrame(c, kindHello, hb); err != nil {
@@ -266,12 +269,14 @@ func (s shake) server(c net.Conn) (from, stream int, err error) {
 	if kind != kindHello {
 		return 0, 0, refuse(c, "protocol error: expected hello, got kind %d", kind)
 	}
+	if len(body) > 0 && body[0] != protoVersion {
+		// Before parsing: another version's hello may have another length.
+		return 0, 0, refuse(c, "protocol version %d, this daemon speaks %d: run the same hvdd version on every node", body[0], protoVersion)
+	}
 	h, err := parseHello(body)
 	switch {
 	case err != nil:
 		return 0, 0, refuse(c, "bad hello: %v", err)
-	case h.Version != protoVersion:
-		return 0, 0, refuse(c, "protocol version %d, this daemon speaks %d", h.Version, protoVersion)
 	case h.Prefix != s.prefix:
 		return 0, 0, refuse(c, "job mismatch: peer is in %q, this daemon in %q", h.Prefix, s.prefix)
 	case h.Size != s.size:
@@ -283,6 +288,9 @@ func (s shake) server(c net.Conn) (from, stream int, err error) {
 	case h.Streams != s.streams || h.ChunkBytes != s.chunk || h.Small != s.small:
 		return 0, 0, refuse(c, "settings differ: peer streams=%d chunk=%d small=%d, this daemon %d/%d/%d",
 			h.Streams, h.ChunkBytes, h.Small, s.streams, s.chunk, s.small)
+	case h.Compression != int(s.compression):
+		return 0, 0, refuse(c, "settings differ: peer sends float32 sums with wire compression %v, this daemon with %v; give every node the same --wire-compression (or $HVDD_WIRE_COMPRESSION)",
+			backends.Compression(h.Compression), s.compression)
 	case h.Stream < 0 || h.Stream > s.streams:
 		return 0, 0, refuse(c, "stream index %d outside [0, %d]", h.Stream, s.streams)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hvdd/hvdd/auth"
+	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/rendezvous"
 )
 
@@ -98,6 +99,7 @@ func TestRefusals(t *testing.T) {
 		{"size", func(c *Config) { c.Size = 3 }, "size mismatch"},
 		{"streams", func(c *Config) { c.Streams = 5 }, "settings differ"},
 		{"small", func(c *Config) { c.SmallBytes = 100 }, "settings differ"},
+		{"compression", func(c *Config) { c.Compression = backends.CompressBF16 }, "wire compression none, this daemon with bf16"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -293,6 +295,35 @@ func TestHandshakeWire(t *testing.T) {
 	}
 	if r := <-done; r.err != nil || r.from != 1 || r.stream != 2 {
 		t.Fatalf("server: from=%d stream=%d err=%v", r.from, r.stream, r.err)
+	}
+}
+
+// TestOldVersionRefused sends a version 1 hello (seven settings, before
+// the compression joined them: a shorter body) and expects the refusal to
+// name the versions, not a malformed hello.
+func TestOldVersionRefused(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	srv := shake{secret: []byte("k"), prefix: "p", size: 4, rank: 3, streams: 2, chunk: 100, small: 10}
+	errc := make(chan error, 1)
+	go func() {
+		_, _, err := srv.server(b)
+		errc <- err
+	}()
+	h := hello{Version: protoVersion, Size: 4, From: 1, To: 3, Stream: 2, Streams: 2, ChunkBytes: 100, Small: 10, Prefix: "p"}
+	body := h.marshal()
+	body = append(body[:1+7*4:1+7*4], body[1+8*4:]...) // drop the eighth setting
+	body[0] = 1
+	if err := writeFrame(a, kindHello, body); err != nil {
+		t.Fatal(err)
+	}
+	kind, reason, err := readFrame(a)
+	if err != nil || kind != kindReject || !strings.Contains(string(reason), "protocol version 1, this daemon speaks 2") {
+		t.Errorf("client got kind %d %q (%v), want a reject naming the versions", kind, reason, err)
+	}
+	if err := <-errc; !errors.Is(err, ErrHandshake) {
+		t.Errorf("server: %v, want ErrHandshake", err)
 	}
 }
 

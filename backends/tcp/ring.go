@@ -59,6 +59,14 @@ type ringPass struct {
 
 	dt tensor.DType
 	op tensor.ReduceOp
+
+	// z, if set, carries every segment as a compressed message
+	// (compress.go): the sender encodes it, the receiver decodes it into
+	// dst or accumulates it into dst in float32. keep, if set, reports
+	// the steps whose sent block the sender replaces by what it sent, so
+	// that it holds the receivers' bits (an allreduce owner's block).
+	z    *codec
+	keep func(s int) bool
 }
 
 // run executes the pass and returns the first error.
@@ -85,8 +93,14 @@ func (p *ringPass) run() error {
 
 func (p *ringPass) sender(ready <-chan struct{}, sent chan<- struct{}) error {
 	b := p.b
+	var wire *[]byte
+	if p.z != nil {
+		wire = b.getBuf(wireCap(p.seg / 4))
+		defer b.putBuf(wire)
+	}
 	for s := range p.steps {
 		src := p.send(s)
+		keep := p.keep != nil && p.keep(s)
 		for j := range p.nseg {
 			if s > 0 {
 				// Segment j of this step's block is segment j of the
@@ -97,7 +111,14 @@ func (p *ringPass) sender(ready <-chan struct{}, sent chan<- struct{}) error {
 					return b.failure()
 				}
 			}
-			if err := b.send(p.next, p.stream, segment(src, p.seg, j)); err != nil {
+			out := segment(src, p.seg, j)
+			if p.z != nil && len(out) > 0 {
+				var err error
+				if out, err = p.z.encode(*wire, out, keep); err != nil {
+					return err
+				}
+			}
+			if err := b.send(p.next, p.stream, out); err != nil {
 				return err
 			}
 			if sent != nil {
@@ -114,8 +135,8 @@ func (p *ringPass) receiver(ready chan<- struct{}, sent <-chan struct{}) error {
 	nsent := 0 // tokens taken from sent: segments the sender has sent
 	for s := range p.steps {
 		dst, with := p.recv(s)
-		if with != nil && scratch == nil {
-			scratch = b.getBuf(p.seg)
+		if (with != nil || p.z != nil) && scratch == nil {
+			scratch = b.getBuf(max(p.seg, wireCap(p.seg/4)))
 			defer b.putBuf(scratch)
 		}
 		for j := range p.nseg {
@@ -132,7 +153,19 @@ func (p *ringPass) receiver(ready chan<- struct{}, sent <-chan struct{}) error {
 					}
 				}
 			}
-			if with == nil {
+			if p.z != nil && len(d) > 0 {
+				// A compressed message: decode it into d, or add
+				// it to our own part in float32.
+				payload, half, err := b.recvWire(p.prev, p.stream, len(d)/4, *scratch)
+				if err == nil && with == nil {
+					err = p.z.store(d, payload, half)
+				} else if err == nil {
+					err = p.z.accumulate(d, payload, half, segment(with, p.seg, j), &b.ropts)
+				}
+				if err != nil {
+					return err
+				}
+			} else if with == nil {
 				// Allgather: receive in place, no copy.
 				if err := b.recv(p.prev, p.stream, d); err != nil {
 					return err

@@ -23,10 +23,13 @@ import (
 type tcpSettings struct {
 	streams      int // data connections per peer
 	chunk, small int // tcp.Config.ChunkBytes and SmallBytes
+	// compression is --wire-compression; only the tcp engine can do it.
+	compression backends.Compression
 }
 
 // backendFactory returns the constructor of the named cross-node engine;
-// tcp (tcp only) is its settings.
+// tcp is the tcp engine's settings, of which the MPI engine takes none but
+// must refuse a compression it cannot do.
 func backendFactory(name string, tcpSet tcpSettings) (daemon.BackendFactory, error) {
 	switch name {
 	case "tcp":
@@ -42,6 +45,7 @@ func backendFactory(name string, tcpSet tcpSettings) (daemon.BackendFactory, err
 				Rank: j.NodeRank, Size: j.Nodes, Store: j.Store, Prefix: j.ID,
 				ListenAddr: net.JoinHostPort(j.Host, "0"), Secret: j.Secret, Logger: j.Logger,
 				Streams: streams, ChunkBytes: tcpSet.chunk, SmallBytes: tcpSet.small,
+				Compression: tcpSet.compression,
 			})
 			if err != nil {
 				// Not a typed nil in the interface.
@@ -50,6 +54,9 @@ func backendFactory(name string, tcpSet tcpSettings) (daemon.BackendFactory, err
 			return b, nil
 		}, nil
 	case "mpi":
+		if c := tcpSet.compression; c != backends.CompressNone {
+			return nil, fmt.Errorf("--wire-compression %v needs --backend tcp: the MPI engine sends data in its own type (MPI_Allreduce reduces in it, so it cannot accumulate 16-bit data in float32); use --backend tcp, or --wire-compression none", c)
+		}
 		if !mpi.Available() {
 			return nil, fmt.Errorf("--backend mpi: %s (needs libopenmpi-dev)", noMPI)
 		}

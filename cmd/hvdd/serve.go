@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hvdd/hvdd/auth"
+	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/backends/mpi"
 	"github.com/hvdd/hvdd/daemon"
 	"github.com/hvdd/hvdd/ipc"
@@ -42,6 +43,7 @@ Environment (Horovod's knobs, honoured when the flag is not given):
   HVDD_TCP_STREAMS                     --tcp-streams
   HVDD_TCP_CHUNK_BYTES                 --tcp-chunk-bytes
   HVDD_TCP_SMALL_BYTES                 --tcp-small-bytes
+  HVDD_WIRE_COMPRESSION                --wire-compression (none, fp16 or bf16)
   HVDD_CONTROL                         --control (auto, tcp or mpi)
   HOROVOD_FUSION_THRESHOLD             bytes per fused response (0 disables fusion)
   HOROVOD_CYCLE_TIME                   ms between dispatched plans (batching window)
@@ -90,6 +92,8 @@ type serveArgs struct {
 	iface                                      string
 	rendezvousExternal, exitAfterJob           bool
 	control                                    string
+	wireCompression                            string
+	compression                                backends.Compression // wireCompression parsed
 	idleExit                                   time.Duration
 	logFile, removeOnExit                      string
 
@@ -188,6 +192,11 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 	fs.IntVar(&args.chunkBytes, "tcp-chunk-bytes", defChunk, "tcp engine: pipeline segment of large collectives, in bytes, the same on every node (default $HVDD_TCP_CHUNK_BYTES, else 1 MiB)")
 	defSmall, _ := strconv.Atoi(os.Getenv("HVDD_TCP_SMALL_BYTES"))
 	fs.IntVar(&args.smallBytes, "tcp-small-bytes", defSmall, "tcp engine: the largest collective in bytes that takes the latency algorithms rather than the pipelined rings, the same on every node; negative: always the rings (default $HVDD_TCP_SMALL_BYTES, else 64 KiB)")
+	defWire := os.Getenv("HVDD_WIRE_COMPRESSION")
+	if defWire == "" {
+		defWire = "none"
+	}
+	fs.StringVar(&args.wireCompression, "wire-compression", defWire, "tcp engine: send the float32 data of sums (allreduce and reducescatter: gradients) between nodes as none, fp16 or bf16, while every sum accumulates in float32: half the bytes, results within the error bound in docs/ARCHITECTURE.md (about n x 2^-11, fp16, or n x 2^-8, bf16, of the sum of |x| over n nodes); values beyond fp16's range travel uncompressed; other dtypes, min/max/product, broadcast and allgather travel as they are; the same on every node (default $HVDD_WIRE_COMPRESSION, else none)")
 	fs.BoolVar(&args.exitAfterJob, "exit-after-job", false, "serve one job, then exit once its last local process has gone (what the processes of a job under mpirun or srun do when they start a daemon for themselves)")
 	fs.DurationVar(&args.idleExit, "idle-exit", 0, "exit once no process has been connected for this long (since the start, or since the last one left); 0 never")
 	fs.StringVar(&args.logFile, "log-file", "", "append the log to this file instead of standard error; an empty log file is removed when the daemon exits")
@@ -253,6 +262,10 @@ func serveConfig(args serveArgs) (daemon.Config, string, error) {
 	}
 	if err := fromLauncher(&args); err != nil {
 		return cfg, "", err
+	}
+	// Checked on every daemon, though only one across nodes uses it.
+	if args.compression, err = backends.ParseCompression(args.wireCompression); err != nil {
+		return cfg, "", fmt.Errorf("--wire-compression: %w", err)
 	}
 	socket := args.socket
 	if socket == "" {
@@ -403,9 +416,12 @@ func clusterConfig(cfg *daemon.Config, args serveArgs) error {
 	if err != nil {
 		return secretError(err)
 	}
-	factory, err := backendFactory(args.backend, tcpSettings{streams: args.streams, chunk: args.chunkBytes, small: args.smallBytes})
+	factory, err := backendFactory(args.backend, tcpSettings{streams: args.streams, chunk: args.chunkBytes, small: args.smallBytes, compression: args.compression})
 	if err != nil {
 		return err
+	}
+	if args.compression != backends.CompressNone {
+		cfg.Logger.Info("wire compression: float32 sums cross nodes in 16 bits", "format", args.compression)
 	}
 	cfg.Nodes, cfg.NodeRank, cfg.Rendezvous, cfg.Advertise = args.nodes, args.nodeRank, args.rendezvous, args.advertise
 	cfg.Elastic = args.elastic
