@@ -73,6 +73,11 @@ Flags (they stop at "--" or at the first argument that is not a flag):
   --socket PATH
         daemon socket (default: $HVDD_SOCKET, else /run/hvdd/hvdd.sock for
         root, else $XDG_RUNTIME_DIR/hvdd.sock, else $TMPDIR/hvdd-UID/hvdd.sock)
+  --wire-compression none|fp16|bf16
+        the daemons it starts send the float32 sums (gradients) between hosts
+        in 16 bits, accumulating in float32: half the bytes on a slow link,
+        results within a stated error bound (hvdd serve --help); a daemon
+        already running keeps its setting
   --job NAME
         the job's name (default: the command's name and random digits, e.g.
         python-3f2a): a daemon runs several jobs at once, each its own ranks,
@@ -341,6 +346,7 @@ func ParseArgs(args []string) (Config, error) {
 	fs.IntVar(&c.NP, "num-proc", 0, "")
 	fs.StringVar(&c.Socket, "socket", "", "")
 	fs.StringVar(&c.JobName, "job", "", "")
+	fs.StringVar(&c.WireCompression, "wire-compression", "", "")
 	fs.BoolVar(&c.NoTagOutput, "no-tag-output", false, "")
 	fs.Func("start-timeout", "", func(s string) error {
 		d, err := parseSeconds(s)

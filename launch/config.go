@@ -220,6 +220,12 @@ type Config struct {
 	// Unused on one node. Nil means the address each host is named by.
 	NetworkInterfaces []string
 
+	// WireCompression is --wire-compression (none, fp16, bf16): every
+	// daemon Run starts gets hvdd serve --wire-compression, so that the
+	// float32 sums between hosts travel in 16 bits. Empty leaves the
+	// daemons' default ($HVDD_WIRE_COMPRESSION, else none).
+	WireCompression string
+
 	// CheckBuild and PrintVersion are horovodrun --check-build and
 	// --version: the caller prints what was asked instead of running a
 	// job (ParseArgs then requires no -np and no command). Run ignores
@@ -252,7 +258,11 @@ func (c *Config) ServeFlags() []string {
 			level = "info"
 		}
 	}
-	return append([]string{"--log-level", strings.ToLower(level)}, c.Knobs.daemonFlags()...)
+	args := append([]string{"--log-level", strings.ToLower(level)}, c.Knobs.daemonFlags()...)
+	if c.WireCompression != "" {
+		args = append(args, "--wire-compression", c.WireCompression)
+	}
+	return args
 }
 
 // addInterface takes --network-interface NAME (repeatable) and
@@ -307,6 +317,8 @@ func (c Config) withDefaults() Config {
 // validate reports the first thing wrong with c, saying how to fix it.
 func (c *Config) validate() error {
 	switch {
+	case c.WireCompression != "" && c.WireCompression != "none" && c.WireCompression != "fp16" && c.WireCompression != "bf16":
+		return fmt.Errorf("--wire-compression %q: choose none, fp16 or bf16", c.WireCompression)
 	case c.NP < 1:
 		return fmt.Errorf("the number of processes is %d; it must be at least 1 (pass -np N)", c.NP)
 	case len(c.Command) == 0:

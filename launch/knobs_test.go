@@ -3,6 +3,7 @@ package launch
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -120,6 +121,26 @@ func TestParseArgsHorovodFlags(t *testing.T) {
 			check: func(t *testing.T, c Config) {
 				if want := []string{"eth0", "ib0", "eth1"}; !slices.Equal(c.NetworkInterfaces, want) {
 					t.Errorf("NetworkInterfaces %q, want %q", c.NetworkInterfaces, want)
+				}
+			},
+		},
+		{
+			name:  "wire compression",
+			args:  []string{"-np", "2", "--wire-compression", "fp16", "cmd"},
+			serve: []string{"--log-level", "warning", "--wire-compression", "fp16"},
+		},
+		{
+			name:      "wire compression unknown",
+			args:      []string{"-np", "2", "--wire-compression", "fp8", "cmd"},
+			wantError: `--wire-compression "fp8": choose none, fp16 or bf16`,
+		},
+		{
+			name:  "job name",
+			args:  []string{"-np", "2", "--job", "train-1", "cmd"},
+			serve: []string{"--log-level", "warning"},
+			check: func(t *testing.T, c Config) {
+				if c.JobName != "train-1" {
+					t.Errorf("JobName %q, want train-1", c.JobName)
 				}
 			},
 		},
@@ -296,4 +317,26 @@ func TestRankOutputNames(t *testing.T) {
 			t.Errorf("np %d rank %d: %v", tt.np, tt.rank, err)
 		}
 	}
+}
+
+// TestDefaultJobName: without --job, a job is named after its command with
+// four random hex digits, different each time.
+func TestDefaultJobName(t *testing.T) {
+	a, err := ParseArgs([]string{"-np", "2", "--", "/usr/bin/python3", "train.py"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^python3-[0-9a-f]{4}$`).MatchString(a.JobName) {
+		t.Fatalf("JobName %q, want python3-XXXX", a.JobName)
+	}
+	for i := 0; i < 5; i++ {
+		b, err := ParseArgs([]string{"-np", "2", "--", "/usr/bin/python3", "train.py"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.JobName != a.JobName {
+			return
+		}
+	}
+	t.Fatalf("six jobs all named %q", a.JobName)
 }
