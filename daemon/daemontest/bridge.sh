@@ -12,10 +12,11 @@
 #
 # Used by daemontest.Bridge (embedded) and by bench/scale.sh:
 #   bridge.sh up PREFIX N [RATE]   make the group (removing any leftover first)
+#   bridge.sh rate PREFIX N RATE   change every link's limit (made with a rate)
 #   bridge.sh down PREFIX N        kill what runs in it, delete it (idempotent)
 # Needs root and iproute2.
 set -euo pipefail
-cmd=${1:?usage: bridge.sh up|down PREFIX N [RATE]}
+cmd=${1:?usage: bridge.sh up|rate|down PREFIX N [RATE]}
 prefix=${2:?PREFIX missing}
 n=${3:?N missing}
 rate=${4:-}
@@ -31,8 +32,19 @@ down() {
   done
 }
 
+# limit RATE: tbf at both ends of every link (add, or change a limit).
+limit() {
+  local i
+  for i in $(seq 0 $((n - 1))); do
+    # burst: at least rate/HZ and a few 64 KiB GSO segments.
+    ip netns exec "${prefix}n$i" tc qdisc replace dev veth0 root tbf rate "$1" burst 1mb latency 10ms
+    ip netns exec "${prefix}br" tc qdisc replace dev "port$i" root tbf rate "$1" burst 1mb latency 10ms
+  done
+}
+
 case "$cmd" in
 down) down ;;
+rate) limit "${rate:?RATE missing}" ;;
 up)
   down
   br="$prefix"br
@@ -51,15 +63,11 @@ up)
     ip -n "$ns" addr add "10.77.0.$((i + 1))/24" dev veth0
     ip -n "$ns" link set lo up
     ip -n "$ns" link set veth0 up
-    if [ -n "$rate" ]; then
-      # burst: at least rate/HZ and a few 64 KiB GSO segments.
-      ip netns exec "$ns" tc qdisc add dev veth0 root tbf rate "$rate" burst 1mb latency 10ms
-      ip netns exec "$br" tc qdisc add dev "port$i" root tbf rate "$rate" burst 1mb latency 10ms
-    fi
   done
+  if [ -n "$rate" ]; then limit "$rate"; fi
   ;;
 *)
-  echo "bridge.sh: unknown command $cmd (want up or down)" >&2
+  echo "bridge.sh: unknown command $cmd (want up, rate or down)" >&2
   exit 2
   ;;
 esac
