@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/hvdd/hvdd/backends"
@@ -24,8 +25,8 @@ func (x *executor) fusion(n int) []byte {
 }
 
 // executeMulti runs one response across nodes and answers the local ops. A
-// backend failure fails the ops with ABORTED and the whole job (through the
-// loop).
+// backend failure fails the whole job and the ops with ABORTED, both
+// through the loop.
 func (x *executor) executeMulti(w work) {
 	r := &w.resp
 	ctx := context.Background()
@@ -65,9 +66,9 @@ func (x *executor) executeMulti(w work) {
 		if n, ok := backends.LostRank(err); ok {
 			msg = fmt.Sprintf("node %d%s was lost during %v: %v", n, w.j.members.rankRange(n), r.Op, err)
 		}
-		d := &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: msg}
-		finishRows(w.ops, d)
-		x.p.post(msgExecErr{j: w.j, err: fmt.Errorf("%s", msg)})
+		// The loop answers the ops: it knows whether the job had already
+		// failed, and the engine was closed for that.
+		x.p.post(msgExecErr{j: w.j, err: errors.New(msg), ops: w.ops, closed: errors.Is(err, backends.ErrClosed)})
 		return
 	}
 	for i, row := range w.ops {

@@ -38,6 +38,12 @@ type (
 	msgExecErr  struct {            // a collective across nodes failed: the job fails
 		j   *job
 		err error
+		// ops are the failed collective's local ops, for the loop to
+		// answer (nil when the executor answered them): with the job's
+		// failure when the engine failed only because the loop closed it
+		// for that failure (closed), else with err.
+		ops    [][]*op
+		closed bool
 	}
 )
 
@@ -299,6 +305,14 @@ func (l *loop) message(m any) {
 	case msgReformCheck:
 		l.reformCheck(m.r)
 	case msgExecErr:
+		if m.closed && m.j.failed != nil && m.j.failed.GetCode() == ipcpb.Code_CODE_ABORTED {
+			// The job failed first (a node lost, an abort from another node)
+			// and its engine was closed for it: the ranks hear why, not
+			// that the engine was closed.
+			finishRows(m.ops, m.j.failed)
+			return
+		}
+		finishRows(m.ops, &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: m.err.Error()})
 		if l.current(m.j) && m.j.failed == nil {
 			l.abort(m.j, ipcpb.Code_CODE_ABORTED, m.err.Error(), true)
 		}

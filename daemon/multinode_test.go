@@ -399,3 +399,34 @@ func TestLinksExpectWhilePending(t *testing.T) {
 		}
 	}
 }
+
+// TestAbortDuringPlan: node 1 runs a plan on its executor when node 0's
+// Abort comes (another node was lost). Node 1 closes its engine so that
+// the collective returns; the ranks waiting in it must hear the Abort's
+// reason, not that the engine was closed (at 8 nodes a node behind the
+// lost one's ring neighbours often hears of the loss from the coordinator
+// first, and its ranks got "backends: closed").
+func TestAbortDuringPlan(t *testing.T) {
+	co := startAsCoordinator(t)
+	const n = 64 << 10 // 256 KiB: the executor's
+	hs, _ := co.submit("running", n, 10)
+	reqs := co.awaitReady("running")
+	co.write(co.planFrame(1, reqs["running"]))
+	select {
+	case <-co.backend.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("node 1 did not start the plan")
+	}
+	const why = "node 2 (rank 3) was lost: cluster: 10.0.0.3:4242 closed the connection"
+	co.write(controlFrame(t, &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{
+		Code: int32(ipcpb.Code_CODE_ABORTED), Msg: why}}}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for r, h := range hs {
+		err := h.Wait(ctx)
+		var herr *hvdd.Error
+		if !errors.As(err, &herr) || herr.Code != ipcpb.Code_CODE_ABORTED || !strings.Contains(herr.Msg, why) {
+			t.Errorf("rank %d's collective under the abort: %v; want CODE_ABORTED with the abort's reason %q", r+1, err, why)
+		}
+	}
+}

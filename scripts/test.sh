@@ -24,8 +24,9 @@ go test -tags mpi -count=1 -timeout 10m ./backends/mpi/ ./cmd/hvdd/
 go test -tags "mpi mpich" -c -o /tmp/hvdd-mpich.$$.test ./backends/mpi/
 (cd backends/mpi && mpiexec.mpich -n 3 /tmp/hvdd-mpich.$$.test -test.run '^TestMPIConformance$' -test.count=1)
 rm -f /tmp/hvdd-mpich.$$.test
-# Daemons across 4 nodes x 2 ranks on both engines (too slow under -race).
-go test -tags mpi -count=1 -timeout 10m -run 'TestMPIMultiNode|TestMPICHMultiNode|TestMultiNodeWide' ./clients/go/
+# Daemons across 4 nodes x 2 ranks on both engines, and every scenario on 8
+# namespaced nodes (too slow under -race).
+go test -tags mpi -count=1 -timeout 10m -run 'TestMPIMultiNode|TestMPICHMultiNode|TestMultiNodeWide|TestScaleNetns8Full' ./clients/go/
 
 echo "== fuzz (${FUZZTIME:=10s} per target)"
 for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon FuzzResolve" "./shm FuzzSlice" "./reduce FuzzReduce" "./reduce FuzzWire" "./daemon/plan FuzzTable" \

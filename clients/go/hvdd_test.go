@@ -54,7 +54,13 @@ func worker(name string) int {
 		fmt.Println("unknown scenario", name)
 		return 2
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	// A bound for a hung scenario; HVDD_TEST_TIMEOUT raises it for the
+	// jobs of many nodes (scale_test.go), slow under the race detector.
+	limit := 60 * time.Second
+	if d, err := time.ParseDuration(os.Getenv("HVDD_TEST_TIMEOUT")); err == nil {
+		limit = d
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	if lr, _ := strconv.Atoi(os.Getenv("HVDD_LOCAL_RANK")); os.Getenv("HVDD_TEST_CHANNEL") == "odd" && lr%2 == 1 {
 		os.Setenv("HVDD_CHANNEL", "0")
