@@ -118,6 +118,13 @@ type Config struct {
 	// PeerTimeout is lost. Zero means 1 s and 3 s.
 	Heartbeat, PeerTimeout time.Duration
 
+	// OnStatus, when set, is called with what the daemon is doing (Status)
+	// when the event loop starts and whenever that changes: a job forming,
+	// running, failing or ending, a drain beginning. It runs on the loop's
+	// goroutine, so it must return at once and not call the Server (cmd/hvdd
+	// hands the line to a goroutine that tells systemd). Nil: not called.
+	OnStatus func(Status)
+
 	// Autotune tunes the settings of every job this daemon coordinates
 	// while the job runs (Horovod's HOROVOD_AUTOTUNE); its zero value leaves
 	// them as configured.

@@ -76,6 +76,12 @@ type loop struct {
 
 	tl        *tracer        // Horovod's timeline; nil when off (tracing.go)
 	tlClosing sync.WaitGroup // timelines whose files are still being completed
+
+	// What service.go keeps: Shutdown's drain, and the status last
+	// reported to Config.OnStatus.
+	draining, drained      bool
+	reported, lastDraining bool
+	lastJob                JobStatus
 }
 
 func newLoop(s *Server, p *poller) (*loop, error) {
@@ -121,6 +127,7 @@ func (l *loop) run() {
 	spin := l.spin
 	var yielded time.Time
 	var lastSleep time.Duration // the previous blocking wait
+	l.afterPass()
 	for !l.quit {
 		timeout := 0
 		if l.spin <= 0 || !time.Now().Before(l.spinUntil) {
@@ -210,6 +217,7 @@ func (l *loop) run() {
 			j.coord.expect(len(j.pending) > 0)
 		}
 		l.armStallTimer()
+		l.afterPass()
 		if l.spin > 0 {
 			l.spinUntil = time.Now().Add(spin)
 		}
@@ -288,6 +296,10 @@ func (l *loop) message(m any) {
 		l.cycle = nil
 	case msgQuit:
 		l.quit = true
+	case msgProbe:
+		m.reply <- l.status()
+	case msgDrain:
+		l.drain()
 	case msgReformTimeout:
 		l.reformTimeout(m.r)
 	case msgReformCheck:
@@ -380,6 +392,9 @@ func (l *loop) shutdown() {
 
 func (l *loop) hello(c *client, h *ipcpb.Hello) {
 	c.helloMsg = h
+	if l.refuseDraining(c) {
+		return
+	}
 	j := l.job
 	if j != nil && (j.failed != nil || j.formed) {
 		// A rank of the elastic job that re-initialises (its old connection
