@@ -19,7 +19,9 @@ type Config struct {
 	Slots int
 
 	// AllowGIDs are group ids whose members may connect besides the daemon's own
-	// uid and root. Empty: only the daemon's uid and root.
+	// uid and root: a process whose primary group or one of whose
+	// supplementary groups is among them. Empty: only the daemon's uid and
+	// root.
 	AllowGIDs []uint32
 
 	// FusionThreshold is the most bytes fused into one response. Zero means the

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -296,6 +297,25 @@ func (s *Server) idleTimeout() {
 // fatal tells a client why its connection is about to be closed.
 func (c *client) fatal(code ipcpb.Code, msg string) {
 	c.sendSocket(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Fatal{Fatal: &ipcpb.Fatal{Code: code, Error: msg}}}, -1)
+}
+
+// allowedGroups reports whether the peer on socket fd has one of
+// Config.AllowGIDs among its supplementary groups.
+func (s *Server) allowedGroups(fd int) bool {
+	if len(s.cfg.AllowGIDs) == 0 {
+		return false
+	}
+	gids, err := peerGroups(fd)
+	if err != nil {
+		s.log.Warn("cannot read a client's supplementary groups; only its primary group counts", "err", err)
+		return false
+	}
+	for _, g := range gids {
+		if slices.Contains(s.cfg.AllowGIDs, g) {
+			return true
+		}
+	}
+	return false
 }
 
 // allowed reports whether a peer with these credentials may connect.
