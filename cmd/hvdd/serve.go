@@ -57,6 +57,11 @@ Environment (Horovod's knobs, honoured when the flag is not given):
   HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES, HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE
                                        the --autotune-* details
 
+Set by systemd (deploy/systemd; README.md, "Running hvdd as a service"):
+  LISTEN_PID, LISTEN_FDS, LISTEN_FDNAMES the socket to serve instead of --socket (hvdd.socket)
+  NOTIFY_SOCKET                        Type=notify: READY=1, STATUS= lines, STOPPING=1
+  WATCHDOG_USEC, WATCHDOG_PID          WatchdogSec=: WATCHDOG=1 while the event loop answers
+
 Examples:
   hvdd serve --slots 4 --socket /tmp/hvdd.sock
   # two nodes, 2 processes each; the same secret file on both:
