@@ -262,7 +262,7 @@ func (c *client) checkPeer() error {
 		return err
 	}
 	c.pid, c.uid = cred.Pid, cred.Uid
-	if !c.s.allowed(cred.Uid, cred.Gid) {
+	if !c.s.allowed(cred.Uid, cred.Gid) && !c.s.allowedGroups(c.ic.FD()) {
 		return &fatalError{ipcpb.Code_CODE_PERMISSION_DENIED,
 			fmt.Sprintf("uid %d gid %d may not use this daemon (it runs as uid %d; add the group with --allow-gid)", cred.Uid, cred.Gid, c.s.uid)}
 	}

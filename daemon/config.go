@@ -19,7 +19,9 @@ type Config struct {
 	Slots int
 
 	// AllowGIDs are group ids whose members may connect besides the daemon's own
-	// uid and root. Empty: only the daemon's uid and root.
+	// uid and root: a process whose primary group or one of whose
+	// supplementary groups is among them. Empty: only the daemon's uid and
+	// root.
 	AllowGIDs []uint32
 
 	// FusionThreshold is the most bytes fused into one response. Zero means the
@@ -117,6 +119,13 @@ type Config struct {
 	// Heartbeat and PeerTimeout tune the control links: a node silent for
 	// PeerTimeout is lost. Zero means 1 s and 3 s.
 	Heartbeat, PeerTimeout time.Duration
+
+	// OnStatus, when set, is called with what the daemon is doing (Status)
+	// when the event loop starts and whenever that changes: a job forming,
+	// running, failing or ending, a drain beginning. It runs on the loop's
+	// goroutine, so it must return at once and not call the Server (cmd/hvdd
+	// hands the line to a goroutine that tells systemd). Nil: not called.
+	OnStatus func(Status)
 
 	// Autotune tunes the settings of every job this daemon coordinates
 	// while the job runs (Horovod's HOROVOD_AUTOTUNE); its zero value leaves

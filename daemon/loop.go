@@ -83,6 +83,12 @@ type loop struct {
 
 	tl        *tracer        // Horovod's timeline; nil when off (tracing.go)
 	tlClosing sync.WaitGroup // timelines whose files are still being completed
+
+	// What service.go keeps: Shutdown's drain, and the status last
+	// reported to Config.OnStatus.
+	draining, drained      bool
+	reported, lastDraining bool
+	lastJobs               []JobStatus
 }
 
 func newLoop(s *Server, p *poller) (*loop, error) {
@@ -128,6 +134,7 @@ func (l *loop) run() {
 	spin := l.spin
 	var yielded time.Time
 	var lastSleep time.Duration // the previous blocking wait
+	l.afterPass()
 	for !l.quit {
 		timeout := 0
 		if l.spin <= 0 || !time.Now().Before(l.spinUntil) {
@@ -220,6 +227,7 @@ func (l *loop) run() {
 			}
 		}
 		l.armStallTimer()
+		l.afterPass()
 		if l.spin > 0 {
 			l.spinUntil = time.Now().Add(spin)
 		}
@@ -300,6 +308,10 @@ func (l *loop) message(m any) {
 		l.cycle = nil
 	case msgQuit:
 		l.quit = true
+	case msgProbe:
+		m.reply <- l.serviceStatus()
+	case msgDrain:
+		l.drain()
 	case msgReformTimeout:
 		l.reformTimeout(m.r)
 	case msgReformCheck:
@@ -402,6 +414,9 @@ func (l *loop) shutdown() {
 
 func (l *loop) hello(c *client, h *ipcpb.Hello) {
 	c.helloMsg = h
+	if l.refuseDraining(c) {
+		return
+	}
 	ln, why := l.laneFor(c, h)
 	if ln == nil {
 		l.refuse(c, why)

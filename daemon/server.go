@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -23,11 +24,12 @@ var ErrServerClosed = errors.New("daemon: server closed")
 
 // Server is one node's daemon. Create it with New and run it with Serve.
 type Server struct {
-	cfg  Config
-	log  *slog.Logger
-	uid  uint32
-	quit chan struct{} // closed by Close
-	done chan struct{} // closed when the loop has exited
+	cfg     Config
+	log     *slog.Logger
+	uid     uint32
+	quit    chan struct{} // closed by Close
+	started chan struct{} // closed when Serve has started the loop (p is set)
+	done    chan struct{} // closed when the loop has exited
 
 	closeOnce sync.Once
 
@@ -37,10 +39,9 @@ type Server struct {
 	closed   bool
 	ln       *net.UnixListener
 	conns    map[*client]struct{}
-	draining bool
-	idle     chan struct{} // closed when draining and no connection is left
-	cause    error         // why Serve's context ended, told to the clients
-	idleExit *time.Timer   // Config.IdleExit: armed while no client is connected
+	draining bool        // Shutdown was called (before Serve: Serve starts the drain)
+	cause    error       // why the server stops, told to the clients
+	idleExit *time.Timer // Config.IdleExit: armed while no client is connected
 }
 
 // New checks cfg and returns a Server that is not yet serving.
@@ -50,12 +51,13 @@ func New(cfg Config) (*Server, error) {
 	}
 	c := cfg.withDefaults()
 	return &Server{
-		cfg:   c,
-		log:   c.Logger,
-		uid:   uint32(os.Getuid()),
-		quit:  make(chan struct{}),
-		done:  make(chan struct{}),
-		conns: make(map[*client]struct{}),
+		cfg:     c,
+		log:     c.Logger,
+		uid:     uint32(os.Getuid()),
+		quit:    make(chan struct{}),
+		started: make(chan struct{}),
+		done:    make(chan struct{}),
+		conns:   make(map[*client]struct{}),
 	}, nil
 }
 
@@ -99,6 +101,13 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 		return errors.New("daemon: Serve called twice")
 	}
 	s.ln = ln
+	if s.closed {
+		// Close came first: it could not close ln.
+		s.mu.Unlock()
+		ln.Close()
+		close(s.done)
+		return ErrServerClosed
+	}
 	s.mu.Unlock()
 
 	p, err := newPoller()
@@ -107,10 +116,13 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	}
 	s.mu.Lock()
 	s.p = p
-	closed := s.closed
+	closed, draining := s.closed, s.draining
 	s.mu.Unlock()
 	if closed {
 		p.post(msgQuit{})
+	}
+	if draining {
+		p.post(msgDrain{})
 	}
 	l, err := newLoop(s, p)
 	if err != nil {
@@ -121,11 +133,14 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 		defer close(s.done)
 		l.run()
 	}()
+	close(s.started)
 	go func() {
 		select {
 		case <-ctx.Done():
 			s.mu.Lock()
-			s.cause = context.Cause(ctx)
+			if s.cause == nil {
+				s.cause = context.Cause(ctx)
+			}
 			s.mu.Unlock()
 			s.Close()
 		case <-s.quit:
@@ -193,31 +208,37 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	return err
 }
 
-// Shutdown stops accepting clients and waits until every connected client has
-// closed (their jobs are over) or ctx is done, then closes the server. New
-// connections are refused from the start.
+// Shutdown drains the server: it refuses new jobs (their ranks are told
+// that the daemon is stopping), lets the running job run to its end (the
+// last of its connections closing), then closes the server and returns nil.
+// A forming job's remaining ranks are still taken, and so are the ranks of
+// an elastic job that re-initialise into its next epoch. If ctx ends first,
+// Shutdown closes the server now, its job's ranks are told context.Cause(ctx)
+// as the reason (unless Serve's context gave one), and it returns ctx's
+// error. Serve returns ErrServerClosed either way. Called before Serve,
+// Shutdown makes Serve drain from the start; it returns at once.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.draining = true
-	if s.ln != nil {
-		s.ln.Close()
-	}
-	if s.idle == nil {
-		s.idle = make(chan struct{})
-		if len(s.conns) == 0 {
-			close(s.idle)
-		}
-	}
-	idle := s.idle
+	p := s.p
 	s.mu.Unlock()
-	var err error
-	select {
-	case <-idle:
-	case <-ctx.Done():
-		err = ctx.Err()
+	if p == nil {
+		return nil
 	}
+	p.post(msgDrain{})
+	select {
+	case <-s.done:
+		return nil
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	if s.cause == nil {
+		s.cause = context.Cause(ctx)
+	}
+	s.mu.Unlock()
 	s.Close()
-	return err
+	<-s.done
+	return ctx.Err()
 }
 
 // Close stops the server now: the listener and every connection are closed, so
@@ -257,13 +278,6 @@ func (s *Server) forget(c *client) {
 	if len(s.conns) == 0 && s.idleExit != nil && !s.closed {
 		s.idleExit.Reset(s.cfg.IdleExit)
 	}
-	if s.draining && len(s.conns) == 0 && s.idle != nil {
-		select {
-		case <-s.idle:
-		default:
-			close(s.idle)
-		}
-	}
 	s.mu.Unlock()
 }
 
@@ -283,6 +297,25 @@ func (s *Server) idleTimeout() {
 // fatal tells a client why its connection is about to be closed.
 func (c *client) fatal(code ipcpb.Code, msg string) {
 	c.sendSocket(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Fatal{Fatal: &ipcpb.Fatal{Code: code, Error: msg}}}, -1)
+}
+
+// allowedGroups reports whether the peer on socket fd has one of
+// Config.AllowGIDs among its supplementary groups.
+func (s *Server) allowedGroups(fd int) bool {
+	if len(s.cfg.AllowGIDs) == 0 {
+		return false
+	}
+	gids, err := peerGroups(fd)
+	if err != nil {
+		s.log.Warn("cannot read a client's supplementary groups; only its primary group counts", "err", err)
+		return false
+	}
+	for _, g := range gids {
+		if slices.Contains(s.cfg.AllowGIDs, g) {
+			return true
+		}
+	}
+	return false
 }
 
 // allowed reports whether a peer with these credentials may connect.

@@ -56,56 +56,6 @@ func TestHelp(t *testing.T) {
 	}
 }
 
-// TestSystemdActivation starts hvdd serve the way systemd does: the listening
-// socket at fd 3 with LISTEN_PID/LISTEN_FDS, and NOTIFY_SOCKET for Type=notify.
-func TestSystemdActivation(t *testing.T) {
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "hvdd.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.SetUnlinkOnClose(false)
-	lf, err := ln.File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	notify, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(dir, "notify"), Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer notify.Close()
-	cmd := exec.Command("sh", "-c", `LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" serve --slots 1 --socket /nonexistent/never.sock`, hvddBin)
-	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+filepath.Join(dir, "notify"))
-	cmd.ExtraFiles = []*os.File{lf}
-	var logs bytes.Buffer
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lf.Close()
-	ln.Close()
-	defer func() {
-		cmd.Process.Signal(os.Interrupt)
-		cmd.Wait()
-	}()
-	notify.SetReadDeadline(time.Now().Add(20 * time.Second))
-	buf := make([]byte, 64)
-	n, err := notify.Read(buf)
-	if err != nil || string(buf[:n]) != "READY=1" {
-		t.Fatalf("no READY=1 from the daemon (%v %q); log:\n%s", err, buf[:n], logs.String())
-	}
-	c := &hvdd.Client{Socket: sock}
-	if err := c.Init(t.Context()); err != nil {
-		t.Fatalf("client through the activated socket: %v; log:\n%s", err, logs.String())
-	}
-	x := []float32{2}
-	if err := hvdd.Allreduce(t.Context(), c, x); err != nil || x[0] != 2 {
-		t.Fatalf("allreduce: %v %v", x, err)
-	}
-	c.Close()
-}
-
 // freeTCP returns a free 127.0.0.1 port as host:port.
 func freeTCP(t *testing.T) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
+	"os/user"
 	"reflect"
 	"runtime/pprof"
 	"slices"
@@ -57,6 +59,11 @@ Environment (Horovod's knobs, honoured when the flag is not given):
   HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES, HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE
                                        the --autotune-* details
 
+Set by systemd (deploy/systemd; README.md, "Running hvdd as a service"):
+  LISTEN_PID, LISTEN_FDS, LISTEN_FDNAMES the socket to serve instead of --socket (hvdd.socket)
+  NOTIFY_SOCKET                        Type=notify: READY=1, STATUS= lines, STOPPING=1
+  WATCHDOG_USEC, WATCHDOG_PID          WatchdogSec=: WATCHDOG=1 while the event loop answers
+
 Examples:
   hvdd serve --slots 4 --socket /tmp/hvdd.sock
   # two nodes, 2 processes each; the same secret file on both:
@@ -94,7 +101,7 @@ type serveArgs struct {
 	control                                    string
 	wireCompression                            string
 	compression                                backends.Compression // wireCompression parsed
-	idleExit                                   time.Duration
+	idleExit, stopTimeout                      time.Duration
 	logFile, removeOnExit                      string
 
 	// Autotuning (HOROVOD_AUTOTUNE and its details when not given).
@@ -130,7 +137,7 @@ func serveMain(argv []string) int {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 		return 2
 	}
-	return serve(cfg, socket)
+	return serve(cfg, socket, args.stopTimeout)
 }
 
 // removeOnExit removes --remove-on-exit's files, and --log-file if the
@@ -155,7 +162,7 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 	var args serveArgs
 	fs.StringVar(&args.socket, "socket", "", "Unix socket path; {node} is replaced by the node rank (default $HVDD_SOCKET, else "+ipc.DefaultSocket()+")")
 	fs.IntVar(&args.slots, "slots", 0, "number of local processes per job (required)")
-	fs.StringVar(&args.allowGID, "allow-gid", "", "comma-separated group ids allowed to connect besides the daemon's uid and root")
+	fs.StringVar(&args.allowGID, "allow-gid", "", "comma-separated groups (names or numeric ids) whose members may connect besides the daemon's uid and root: their primary or a supplementary group (hvdd.service passes hvdd)")
 	fs.Int64Var(&args.fusion, "fusion-threshold", -2, "bytes per fused response; 0 disables fusion (default $HOROVOD_FUSION_THRESHOLD, else 128 MiB)")
 	fs.DurationVar(&args.cycle, "cycle-time", -1, "least time between dispatched plans, to batch more into one (default $HOROVOD_CYCLE_TIME ms, else 0: event driven)")
 	fs.DurationVar(&args.stallCheck, "stall-check", -2, "log ranks missing from a tensor after this long; negative disables (default $HOROVOD_STALL_CHECK_TIME_SECONDS, else 60s)")
@@ -199,6 +206,7 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 	fs.StringVar(&args.wireCompression, "wire-compression", defWire, "tcp engine: send the float32 data of sums (allreduce and reducescatter: gradients) between nodes as none, fp16 or bf16, while every sum accumulates in float32: half the bytes, results within the error bound in docs/ARCHITECTURE.md (about n x 2^-11, fp16, or n x 2^-8, bf16, of the sum of |x| over n nodes); values beyond fp16's range travel uncompressed; other dtypes, min/max/product, broadcast and allgather travel as they are; the same on every node (default $HVDD_WIRE_COMPRESSION, else none)")
 	fs.BoolVar(&args.exitAfterJob, "exit-after-job", false, "serve one job, then exit once its last local process has gone (what the processes of a job under mpirun or srun do when they start a daemon for themselves)")
 	fs.DurationVar(&args.idleExit, "idle-exit", 0, "exit once no process has been connected for this long (since the start, or since the last one left); 0 never")
+	fs.DurationVar(&args.stopTimeout, "stop-timeout", 0, "on SIGTERM or SIGINT, wait up to this long for the running job to end before stopping (draining: new jobs are refused meanwhile; a second signal stops at once); 0 stops at once, failing the job's pending operations with the reason (hvdd.service sets this to match its TimeoutStopSec=)")
 	fs.StringVar(&args.logFile, "log-file", "", "append the log to this file instead of standard error; an empty log file is removed when the daemon exits")
 	fs.StringVar(&args.removeOnExit, "remove-on-exit", "", "comma-separated files to remove when the daemon exits (e.g. the lock file of whoever started it)")
 	fs.StringVar(&args.logLevel, "log-level", "", "debug, info, warning or error (default $HOROVOD_LOG_LEVEL, else info)")
@@ -374,17 +382,25 @@ func overrideHorovodEnv(cfg *daemon.Config, args serveArgs) {
 	slices.Sort(a.Fixed)
 }
 
-// parseGIDs parses --allow-gid: comma-separated numeric group ids, blanks
-// ignored.
+// parseGIDs parses --allow-gid: comma-separated group names or numeric
+// ids, blanks ignored. Names are looked up with os/user (through the C
+// library's NSS where hvdd is built with cgo, else in /etc/group).
 func parseGIDs(list string) ([]uint32, error) {
 	var gids []uint32
 	for _, g := range strings.Split(list, ",") {
 		if g = strings.TrimSpace(g); g == "" {
 			continue
 		}
+		if g[0] < '0' || g[0] > '9' {
+			grp, err := user.LookupGroup(g)
+			if err != nil {
+				return nil, fmt.Errorf("--allow-gid %q: no such group (create it: groupadd --system %s, or give its numeric id)", g, g)
+			}
+			g = grp.Gid
+		}
 		id, err := strconv.ParseUint(g, 10, 32)
 		if err != nil {
-			return nil, fmt.Errorf("--allow-gid %q: want numeric group ids", g)
+			return nil, fmt.Errorf("--allow-gid %q: want group names or numeric group ids", g)
 		}
 		gids = append(gids, uint32(id))
 	}
@@ -444,9 +460,13 @@ func secretError(err error) error {
 }
 
 // serve runs the daemon on socket (or on the listener systemd passed) until
-// a signal stops it, and returns the exit status: 2 for a configuration the
-// daemon refuses, 1 when it cannot listen or fails.
-func serve(cfg daemon.Config, socket string) int {
+// a signal stops it (see stopOnSignals), and returns the exit status: 2 for
+// a configuration the daemon refuses, 1 when it cannot listen or fails.
+func serve(cfg daemon.Config, socket string, stopTimeout time.Duration) int {
+	sd := newService(cfg.Logger)
+	if sd.n.enabled() {
+		cfg.OnStatus = sd.onStatus
+	}
 	srv, err := daemon.New(cfg)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
@@ -460,8 +480,11 @@ func serve(cfg daemon.Config, socket string) int {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 		return 1
 	}
-	ctx, stop := signalContext()
-	defer stop()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(context.Canceled)
+	go sd.run(ctx, srv)
+	stopSignals := stopOnSignals(srv, cancel, stopTimeout, sd, cfg.Logger)
+	defer stopSignals()
 	if p := os.Getenv("HVDD_CPUPROFILE"); p != "" {
 		// A debugging aid, not a stable interface.
 		if f, err := os.Create(p); err == nil {
@@ -469,9 +492,8 @@ func serve(cfg daemon.Config, socket string) int {
 			defer pprof.StopCPUProfile()
 		}
 	}
-	sdNotify("READY=1")
 	err = srv.Serve(ctx, ln)
-	sdNotify("STOPPING=1")
+	sd.send("STOPPING=1")
 	if err != nil && !errors.Is(err, daemon.ErrServerClosed) && !errors.Is(err, context.Canceled) {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 		return 1
@@ -479,26 +501,54 @@ func serve(cfg daemon.Config, socket string) int {
 	return 0
 }
 
-// signalContext is cancelled by SIGINT or SIGTERM, with a cause that names
-// the signal: the daemon tells its clients why it stops. Under mpirun a
-// SIGTERM usually means that mpirun is ending the job because a daemon on
-// another node died (MPI jobs do not outlive a rank), which the message says.
-func signalContext() (context.Context, func()) {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	ch := make(chan os.Signal, 1)
+// stopOnSignals stops the daemon on SIGINT or SIGTERM. With stopTimeout 0
+// it stops at once: a running job's ranks are told why (the signal), and
+// their pending operations fail. With a stopTimeout (the unit sets one to
+// match its TimeoutStopSec=) the first signal drains the daemon instead
+// (daemon.Server.Shutdown): the running job runs to its end and new jobs
+// are refused, then the daemon exits; if the job has not ended after
+// stopTimeout, or a second signal comes, the daemon stops at once, and the
+// job's ranks are told that. Under mpirun a SIGTERM usually means that
+// mpirun ends the whole job because a daemon on another node died (MPI
+// jobs do not outlive a rank), which the message says. The returned func
+// stops listening for signals.
+func stopOnSignals(srv *daemon.Server, stop context.CancelCauseFunc, stopTimeout time.Duration, sd *service, log *slog.Logger) func() {
+	ch := make(chan os.Signal, 2)
+	done := make(chan struct{})
 	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
 	go func() {
+		var sig os.Signal
 		select {
-		case sig := <-ch:
-			why := fmt.Sprintf("it received %s", unix.SignalName(sig.(syscall.Signal)))
-			if _, _, ok := launcherRank(); ok && sig == syscall.SIGTERM {
-				why += " (under mpirun: mpirun ends the whole job when any of its daemons dies)"
+		case sig = <-ch:
+		case <-done:
+			return
+		}
+		why := "it received " + unix.SignalName(sig.(syscall.Signal))
+		if _, _, ok := launcherRank(); ok && sig == syscall.SIGTERM {
+			why += " (under mpirun: mpirun ends the whole job when any of its daemons dies)"
+		}
+		sd.send("STOPPING=1")
+		if stopTimeout <= 0 {
+			stop(errors.New(why))
+			return
+		}
+		log.Warn("stopping once the running job has ended (new jobs are refused); send the signal again to stop at once",
+			"signal", unix.SignalName(sig.(syscall.Signal)), "stop_timeout", stopTimeout)
+		go func() {
+			ctx, cancel := context.WithTimeoutCause(context.Background(), stopTimeout,
+				fmt.Errorf("%s, and its job did not end within --stop-timeout %v", why, stopTimeout))
+			defer cancel()
+			if srv.Shutdown(ctx) != nil {
+				log.Warn("the running job did not end within --stop-timeout; stopped it", "stop_timeout", stopTimeout)
 			}
-			cancel(errors.New(why))
-		case <-ctx.Done():
+		}()
+		select {
+		case sig = <-ch:
+			stop(fmt.Errorf("it received %s while waiting for its job to end", unix.SignalName(sig.(syscall.Signal))))
+		case <-done:
 		}
 	}()
-	return ctx, func() { signal.Stop(ch); cancel(context.Canceled) }
+	return func() { signal.Stop(ch); close(done) }
 }
 
 // printDefaults is fs.PrintDefaults for flags whose usage states their own

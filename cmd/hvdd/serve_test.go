@@ -50,8 +50,10 @@ func TestParseGIDs(t *testing.T) {
 		{"", nil, ""},
 		{"5", []uint32{5}, ""},
 		{" 5, ,7 ", []uint32{5, 7}, ""},
-		{"5,wheel", nil, `--allow-gid "wheel": want numeric group ids`},
-		{"4294967296", nil, `--allow-gid "4294967296": want numeric group ids`},
+		{"root, 7", []uint32{0, 7}, ""},
+		{"5,no-such-group-hvdd", nil, `--allow-gid "no-such-group-hvdd": no such group (create it: groupadd --system no-such-group-hvdd, or give its numeric id)`},
+		{"4294967296", nil, `--allow-gid "4294967296": want group names or numeric group ids`},
+		{"5x", nil, `--allow-gid "5x": want group names or numeric group ids`},
 	}
 	for _, tt := range tests {
 		got, err := parseGIDs(tt.list)
