@@ -228,6 +228,10 @@ func dial(ctx context.Context, path string) (*net.UnixConn, error) {
 		if err == nil {
 			return conn.(*net.UnixConn), nil
 		}
+		if errors.Is(err, unix.EACCES) {
+			// Waiting will not help: the socket's mode or group keeps us out.
+			return nil, fmt.Errorf("hvdd: permission denied on the daemon's socket %s: this user may not use that daemon; ask for the socket's group (a service daemon's is hvdd: usermod -aG hvdd USER, then log in again), or set HVDD_SOCKET to a daemon of your own", path)
+		}
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("hvdd: cannot reach the daemon at %s: %v (start one with `hvdd serve --slots N`, run under `hvdd run`, or set HVDD_SOCKET)", path, err)

@@ -160,3 +160,22 @@ func TestJobsIsolated(t *testing.T) {
 		t.Errorf("the steady job failed:\n%s", logs)
 	}
 }
+
+// TestPermissionDeniedSays: a process whose user may not open the daemon's
+// socket is told at once that it lacks the permission and what to do, not
+// that no daemon runs.
+func TestPermissionDeniedSays(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a process of another uid")
+	}
+	s := daemontest.Start(t, daemon.Config{Slots: 1})
+	s.OpenSocket(t)
+	if err := os.Chmod(s.Socket, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w := daemontest.SpawnWith(t, s.Socket, "collectives", 1, daemontest.AsUID(t, 65534, 65534))[0]
+	if err := w.Wait(60 * time.Second); err == nil || !strings.Contains(w.Output(), "permission denied on the daemon's socket") ||
+		!strings.Contains(w.Output(), "usermod -aG hvdd") {
+		t.Fatalf("a process that may not open the socket: %v\n%s", err, w.Output())
+	}
+}

@@ -230,6 +230,14 @@ class Client:
             try:
                 s.connect(self.socket_path)
                 return s
+            except PermissionError as e:
+                # Waiting will not help: the socket's mode or group keeps us out.
+                s.close()
+                raise HvddInternalError(
+                    f"hvdd: permission denied on the daemon's socket {self.socket_path}: this user may not use "
+                    "that daemon; ask for the socket's group (a service daemon's is hvdd: usermod -aG hvdd USER, "
+                    "then log in again), or set HVDD_SOCKET to a daemon of your own"
+                ) from e
             except OSError as e:
                 s.close()
                 if time.monotonic() >= deadline:
