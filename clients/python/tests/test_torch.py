@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -46,6 +47,25 @@ def test_process_sets(job):
 
 def test_errors(job):
     job.run("errors", np=2)
+
+
+def _job_counters(daemon_log: str) -> dict[str, int]:
+    """The daemon's "job ended" counters (batches, responses, tensors, bytes)."""
+    ended = [l for l in daemon_log.splitlines() if 'msg="job ended"' in l]
+    assert len(ended) == 1, daemon_log
+    return {k: int(v) for k, v in re.findall(r"\b(batches|responses|tensors|bytes)=(\d+)", ended[0])}
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_enqueue_errors(job, np):
+    # Invalid alltoall splits, a broadcast root outside the set, collectives
+    # on a set the rank is not in: ValueError at the call with Horovod's text
+    # (checked in the workers), and nothing reaches the daemon: it counts
+    # only the collectives sent after them, which work.
+    from workers import ENQUEUE_ERRORS_SENT
+
+    res = job.run("enqueue_errors", np=np)
+    assert _job_counters(res.daemon_log)["tensors"] == ENQUEUE_ERRORS_SENT, res.daemon_log
 
 
 @pytest.mark.parametrize("np", [2, 3, 4])

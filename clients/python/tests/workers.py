@@ -12,6 +12,7 @@ import signal
 import sys
 import warnings
 
+import numpy as np
 import torch
 
 import hvdd
@@ -406,15 +407,124 @@ def errors() -> None:
         assert "Unsupported data type" in str(e) and "int32" in str(e), str(e)
     else:
         raise AssertionError("Adasum of int32 did not raise")
-    # broadcast with a bad root
-    try:
-        hvd.broadcast(torch.ones(1), n + 3, name="badroot")
-    except hvd.HorovodInternalError:
-        pass
-    else:
-        raise AssertionError("bad root did not raise")
+    # broadcast with a bad root: ValueError at the call, as Horovod's enqueue
+    expect_value_error(
+        lambda: hvd.broadcast(torch.ones(1), n + 3, name="badroot"),
+        f"broadcast received invalid root rank {n + 3} for provided process set",
+        "bad root",
+    )
     # the job keeps working after op errors
     expect_equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="ok"), torch.full((2,), float(n)), "after errors")
+    hvd.shutdown()
+
+
+def expect_value_error(call, text: str, what: str) -> None:
+    """call() raises ValueError whose message is exactly text."""
+    try:
+        call()
+    except ValueError as e:
+        if str(e) != text:
+            raise AssertionError(f"{what}: ValueError {str(e)!r}, want {text!r}") from e
+    else:
+        raise AssertionError(f"{what}: no ValueError")
+
+
+# The collectives that enqueue_errors sends after its refused calls; the test
+# finds exactly this many tensors in the daemon's "job ended" line, so none
+# of the refused calls reached the daemon.
+ENQUEUE_ERRORS_SENT = 3
+
+
+def enqueue_errors() -> None:
+    """Arguments Horovod refuses as it enqueues (ValueError at the call, with
+    its texts, before anything is sent): an alltoall's splits, a broadcast's
+    root outside the set, any collective on a set this rank is not in; after
+    them the job goes on. Ranks: 2 or more; set {0} leaves the others out."""
+    only0 = hvd.ProcessSet([0])
+    hvd.init(process_sets=[only0])
+    r, n = hvd.rank(), hvd.size()
+    x = torch.arange(2 * n, dtype=torch.float32).view(2 * n, 1)
+    bad_splits = [
+        # Horovod's test_horovod_alltoall_splits_error: splits add up to more than the rows
+        (
+            torch.empty(n - 1),
+            torch.ones(n, dtype=torch.int32),
+            "Sum of splits entries is greater than the first dimension of tensor.",
+        ),
+        (x, [3] * n, "Sum of splits entries is greater than the first dimension of tensor."),
+        # test_horovod_alltoall_equal_split_length_error: no splits, rows not a multiple of the size
+        (
+            torch.empty(n + 1),
+            None,
+            "splits not provided, but first dimension of tensor is not an even multiple of the number of workers.",
+        ),
+        (
+            torch.empty(n + 1, 2),
+            [],
+            "splits not provided, but first dimension of tensor is not an even multiple of the number of workers.",
+        ),
+        # test_horovod_alltoall_splits_type_error: splits not int32
+        (
+            torch.empty(n),
+            torch.ones(n, dtype=torch.float32),
+            "alltoall expects splits to contain 32-bit integer elements.",
+        ),
+        (x, torch.ones(n, dtype=torch.int64), "alltoall expects splits to contain 32-bit integer elements."),
+        (x, torch.ones(n, dtype=torch.bfloat16), "alltoall expects splits to contain 32-bit integer elements."),
+        # a splits tensor that is not 1-D; one entry too many or too few
+        (x, torch.ones(1, n, dtype=torch.int32), "alltoall expects a 1D splits tensor"),
+        (x, [1] * (n + 1), "Number of entries in splits does not equal number of workers."),
+        (x, torch.ones(n - 1, dtype=torch.int32), "Number of entries in splits does not equal number of workers."),
+        (x, [-1] + [1] * (n - 1), "Splits entries must be non-negative."),
+    ]
+    for i, (t, sp, text) in enumerate(bad_splits):
+        what = f"alltoall case {i} splits={sp!r}"
+        expect_value_error(lambda: hvd.alltoall(t, splits=sp, name=f"bad{i}"), text, what)
+        expect_value_error(lambda: hvd.alltoall_async(t, splits=sp), text, what + " async")
+    # Broadcast from a root outside the set (every rank), then a set this
+    # rank is not in (every rank but 0).
+    root_text = f"broadcast received invalid root rank {n} for provided process set"
+    expect_value_error(lambda: hvd.broadcast(torch.ones(2), n, name="badroot"), root_text, "root outside the job")
+    expect_value_error(lambda: hvd.broadcast_async_(torch.ones(2), n), root_text, "root outside the job, async")
+    if r != 0:
+        root_text = f"broadcast received invalid root rank {r} for provided process set"
+        expect_value_error(
+            lambda: hvd.broadcast(torch.ones(2), r, process_set=only0), root_text, "root outside the set"
+        )
+        t = torch.ones(2, 2)
+        for kind, call in (
+            ("Allreduce", lambda: hvd.allreduce(t, process_set=only0)),
+            ("Allreduce", lambda: hvd.allreduce_async_(t, process_set=only0)),
+            ("Allreduce", lambda: hvd.grouped_allreduce([t, t], process_set=only0)),
+            ("Allgather", lambda: hvd.allgather(t, process_set=only0)),
+            ("Allgather", lambda: hvd.grouped_allgather([t], process_set=only0)),
+            ("Broadcast", lambda: hvd.broadcast(t, 0, process_set=only0)),
+            ("Broadcast", lambda: hvd.broadcast_(t, 0, process_set=only0)),
+            ("Alltoall", lambda: hvd.alltoall(t, process_set=only0)),
+            ("Alltoall", lambda: hvd.alltoall(t, splits=[2], process_set=only0)),
+            ("Reducescatter", lambda: hvd.reducescatter(t, process_set=only0)),
+            ("Reducescatter", lambda: hvd.grouped_reducescatter([t], process_set=only0)),
+            ("Barrier", lambda: hvd.barrier(process_set=only0)),
+        ):
+            text = f"{kind}: Rank {r} is not a member of the provided process set."
+            expect_value_error(call, text, f"{kind} outside the set")
+        # Horovod checks the splits' type before the membership
+        expect_value_error(
+            lambda: hvd.alltoall(t, splits=torch.ones(1), process_set=only0),
+            "alltoall expects splits to contain 32-bit integer elements.",
+            "alltoall outside the set with float splits",
+        )
+    # The job goes on: ENQUEUE_ERRORS_SENT collectives, each checked.
+    ins = [torch.arange(2 * n, dtype=torch.float32).view(2 * n, 1) + 100 * k for k in range(n)]
+    out, rsplits = hvd.alltoall(ins[r], splits=[], name="after.equal")  # empty splits: equal parts, as Horovod
+    expect_equal(out, torch.cat([ins[k][2 * r : 2 * r + 2] for k in range(n)]), "alltoall after the errors")
+    expect_equal(rsplits, torch.full((n,), 2, dtype=torch.int32), "received splits after the errors")
+    splits = (
+        np.arange(n, dtype=np.int64) % 2 + 1
+    )  # a list-like of other ints: converted, as torch.tensor(splits, dtype=int32)
+    out, rsplits = hvd.alltoall(torch.ones(int(splits.sum()), 1) * r, splits=splits, name="after.np")
+    expect_equal(rsplits, torch.full((n,), int(splits[r]), dtype=torch.int32), "numpy int64 splits")
+    expect_equal(hvd.allreduce(torch.ones(3), op=hvd.Sum, name="after"), torch.full((3,), float(n)), "allreduce after")
     hvd.shutdown()
 
 
@@ -881,20 +991,20 @@ def process_sets() -> None:
                 tol_for(dt),
             )
         hvd.barrier(process_set=ps)
-        # A rank outside the set cannot use it; a root outside it is refused.
-        try:
-            hvd.broadcast(
-                torch.ones(2), [x for x in range(n) if x not in members][0], name=f"ps{tag}.badroot", process_set=ps
-            )
-            raise AssertionError("broadcast from a root outside the set succeeded")
-        except hvd.HorovodInternalError as e:
-            assert "invalid root rank" in str(e), e
+        # A rank outside the set cannot use it; a root outside it is refused
+        # (ValueError at the call, as Horovod's enqueue).
+        outside = [x for x in range(n) if x not in members][0]
+        expect_value_error(
+            lambda: hvd.broadcast(torch.ones(2), outside, name=f"ps{tag}.badroot", process_set=ps),
+            f"broadcast received invalid root rank {outside} for provided process set",
+            "broadcast from a root outside the set",
+        )
     if r not in even.ranks:
-        try:
-            hvd.allreduce(torch.ones(2), name="notmember", process_set=even)
-            raise AssertionError("a non-member's allreduce in the set succeeded")
-        except hvd.HorovodInternalError as e:
-            assert "not a member" in str(e), e
+        expect_value_error(
+            lambda: hvd.allreduce(torch.ones(2), name="notmember", process_set=even),
+            f"Allreduce: Rank {r} is not a member of the provided process set.",
+            "a non-member's allreduce in the set",
+        )
     # The global set still works beside them.
     expect_equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="global"), torch.full((2,), 4.0), "global after sets")
     # Dynamic sets need dynamic mode.
@@ -1045,6 +1155,7 @@ SCENARIOS = {
         allreduce_ops,
         other_ops,
         errors,
+        enqueue_errors,
         victim,
         optimizer,
         sync_bn,
