@@ -49,6 +49,14 @@ def test_errors(job):
     job.run("errors", np=2)
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_gradients(job, np):
+    # Horovod's gradients of reducescatter (times the size for Sum, times the
+    # scale factors, allgathered), grouped reducescatter and allgather,
+    # alltoall and grouped allreduce, against references in the workers.
+    job.run("grads", np=np)
+
+
 def _job_counters(daemon_log: str) -> dict[str, int]:
     """The daemon's "job ended" counters (batches, responses, tensors, bytes)."""
     ended = [l for l in daemon_log.splitlines() if 'msg="job ended"' in l]

@@ -528,6 +528,85 @@ def enqueue_errors() -> None:
     hvd.shutdown()
 
 
+def grads() -> None:
+    """Gradients as Horovod's (test/parallel/test_torch.py): its tests with
+    ones as the upstream gradient, then each rank a different upstream
+    gradient (so that a gradient put back in the wrong rows shows)."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    f64 = torch.float64
+
+    # test_horovod_reducescatter_grad and _grad_average: Sum gives size, Average 1
+    for dt in (torch.float32, torch.float64):
+        for dim in (1, 2, 3):
+            for op, want in ((hvd.Sum, float(n)), (hvd.Average, 1.0)):
+                t = data(r, dt, [n * 4] * dim, seed=50).requires_grad_()
+                hvd.reducescatter(t, op=op).backward(torch.ones([4] + [n * 4] * (dim - 1), dtype=dt))
+                expect_equal(t.grad, torch.full_like(t, want), f"reducescatter grad {dt} dim={dim} op={op}")
+                # test_horovod_grouped_reducescatter_grad: a backward per output
+                ts = [data(r, dt, [n * 4] * dim, seed=51 + i).requires_grad_() for i in range(3)]
+                for o in hvd.grouped_reducescatter(ts, op=op):
+                    o.backward(torch.ones([4] + [n * 4] * (dim - 1), dtype=dt))
+                for i, t in enumerate(ts):
+                    expect_equal(t.grad, torch.full_like(t, want), f"grouped reducescatter grad {i} {dt} op={op}")
+
+    # Uneven rows, scale factors, a distinct upstream gradient per rank: the
+    # gradient is the upstream one times size (Sum) times pre times post,
+    # allgathered in rank order.
+    d0 = 2 * n + 1
+    rows = [d0 // n + (1 if k < d0 % n else 0) for k in range(n)]
+    start = sum(rows[:r])
+    for op in (hvd.Sum, hvd.Average):
+        for pre, post in ((1.0, 1.0), (0.5, 3.0)):
+            what = f"reducescatter op={op} pre={pre} post={post}"
+            ins = [data(k, f64, (d0, 2), seed=52) for k in range(n)]
+            up = [data(k, f64, (rows[k], 2), seed=53) for k in range(n)]
+            scale = pre * post * (n if op == hvd.Sum else 1)
+            t = ins[r].clone().requires_grad_()
+            out = hvd.reducescatter(t, op=op, prescale_factor=pre, postscale_factor=post)
+            full = reference_reduce(ins, op, n, pre, post)
+            expect_equal(out.detach(), full[start : start + rows[r]], what, 1e-12)
+            out.backward(up[r])
+            expect_equal(t.grad, torch.cat(up) * scale, what + " grad", 1e-12)
+            ts = [ins[r].clone().requires_grad_(), ins[r][:, :1].clone().requires_grad_()]
+            outs = hvd.grouped_reducescatter(ts, op=op, prescale_factor=pre, postscale_factor=post)
+            (outs[0] * up[r]).sum().add((outs[1] * up[r][:, :1]).sum()).backward()
+            expect_equal(ts[0].grad, torch.cat(up) * scale, what + " grouped grad 0", 1e-12)
+            expect_equal(ts[1].grad, torch.cat([u[:, :1] for u in up]) * scale, what + " grouped grad 1", 1e-12)
+
+    # grouped_allgather: as allgather's, the upstream gradients averaged over
+    # the ranks, then this rank's rows
+    xs = [data(k, f64, (k + 1, 2), seed=54) for k in range(n)]
+    ys = [data(k, f64, (2, 3), seed=55) for k in range(n)]
+    gx = [data(k, f64, (sum(range(1, n + 1)), 2), seed=56) for k in range(n)]
+    gy = [data(k, f64, (2 * n, 3), seed=57) for k in range(n)]
+    x, y = xs[r].clone().requires_grad_(), ys[r].clone().requires_grad_()
+    ox, oy = hvd.grouped_allgather([x, y])
+    expect_equal(ox.detach(), torch.cat(xs), "grouped allgather x")
+    expect_equal(oy.detach(), torch.cat(ys), "grouped allgather y")
+    ((ox * gx[r]).sum() + (oy * gy[r]).sum()).backward()
+    off = sum(range(1, r + 1))
+    expect_equal(x.grad, (sum(gx) / n)[off : off + r + 1], "grouped allgather grad x", 1e-12)
+    expect_equal(y.grad, (sum(gy) / n)[2 * r : 2 * r + 2], "grouped allgather grad y", 1e-12)
+
+    # test_horovod_alltoall_grad / _equal_split_grad: ones back
+    for splits in (torch.tensor([r + 1] * n, dtype=torch.int32), None):
+        vals = [float(i) for i in range(n) for _ in range(r + 1)]
+        t = torch.tensor(vals, dtype=f64).view(-1, 1).repeat(1, 2).requires_grad_()
+        out = hvd.alltoall(t, splits)
+        out = out[0] if splits is not None else out
+        out.backward(torch.ones_like(out))
+        expect_equal(t.grad, torch.ones_like(t), f"alltoall grad splits={splits is not None}")
+
+    # test_horovod_grouped_allreduce_grad: a backward per output, Sum gives size
+    ts = [data(r, f64, (17,), seed=58 + i).requires_grad_() for i in range(3)]
+    for o in hvd.grouped_allreduce(ts, op=hvd.Sum):
+        o.backward(torch.ones(17, dtype=f64))
+    for i, t in enumerate(ts):
+        expect_equal(t.grad, torch.full_like(t, float(n)), f"grouped allreduce grad {i}")
+    hvd.shutdown()
+
+
 # --------------------------------------------------------------------------- adasum
 
 
@@ -1156,6 +1235,7 @@ SCENARIOS = {
         other_ops,
         errors,
         enqueue_errors,
+        grads,
         victim,
         optimizer,
         sync_bn,
