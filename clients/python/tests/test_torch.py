@@ -99,6 +99,14 @@ def test_distributed_optimizer_and_broadcasts(job):
     job.run("optimizer", np=2)
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_sparse_gradients(job, np):
+    # DistributedOptimizer with sparse gradients, sparse_as_dense or not,
+    # SparseAdam and SGD, against one process training on every rank's
+    # batches; groups whose hooks do not all fire in a step.
+    job.run("sparse_optimizer", np=np)
+
+
 def test_sync_batch_norm(job):
     job.run("sync_bn", np=2)
 

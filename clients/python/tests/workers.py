@@ -981,6 +981,86 @@ def optimizer() -> None:
     hvd.shutdown()
 
 
+def _lookup_batch(rank: int, step: int, bs: int = 5, vocab: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(300 * step + rank)
+    return torch.randint(0, vocab, (bs, 3), generator=g), torch.randn(bs, 4, generator=g)
+
+
+def _lookup_loss(emb: torch.nn.Embedding, idx: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return ((emb(idx).sum(1) - y) ** 2).mean()
+
+
+def sparse_optimizer() -> None:
+    """DistributedOptimizer on sparse gradients (an Embedding(sparse=True)),
+    densified (sparse_as_dense=True: allreduced, then sparse again) or not
+    (allgathered, Horovod's sparse_allreduce), with SparseAdam and SGD: the
+    same weights as one process training on every rank's batches. Then
+    explicit groups whose members' hooks do not all fire in a step."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    steps = 4
+
+    def embedding(seed: int) -> torch.nn.Embedding:
+        torch.manual_seed(seed)
+        return torch.nn.Embedding(12, 4, sparse=True)
+
+    def make_opt(emb: torch.nn.Embedding, kind: str) -> torch.optim.Optimizer:
+        if kind == "SparseAdam":
+            return torch.optim.SparseAdam(list(emb.parameters()), lr=0.05)
+        return torch.optim.SGD(emb.parameters(), lr=0.5)
+
+    for kind in ("SparseAdam", "SGD"):
+        # The reference: the mean of the ranks' losses (equal batch sizes) in one process.
+        ref = embedding(7)
+        ref_opt = make_opt(ref, kind)
+        for s in range(steps):
+            ref_opt.zero_grad()
+            for k in range(n):
+                (_lookup_loss(ref, *_lookup_batch(k, s)) / n).backward()
+            ref_opt.step()
+        for sparse_as_dense in (True, False):
+            what = f"{kind} sparse_as_dense={sparse_as_dense}"
+            emb = embedding(7 + r)  # different on purpose: broadcast_parameters makes them equal
+            hvd.broadcast_parameters(emb.state_dict(), root_rank=0)
+            opt = hvd.DistributedOptimizer(
+                make_opt(emb, kind), named_parameters=emb.named_parameters(), sparse_as_dense=sparse_as_dense
+            )
+            for s in range(steps):
+                opt.zero_grad()
+                _lookup_loss(emb, *_lookup_batch(r, s)).backward()
+                opt.step()
+                assert emb.weight.grad.is_sparse, f"{what}: the gradient is no longer sparse"
+            expect_equal(emb.weight.detach(), ref.weight.detach(), what, 1e-5)
+
+    # groups=[[p, q]] where step 0 uses p only: q's hook does not fire, so
+    # synchronize reduces both alone and the group must count afresh (else
+    # step 1 sends the group when p alone is ready, with q.grad None).
+    def params() -> tuple[torch.nn.Parameter, torch.nn.Parameter]:
+        return torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.full((3,), 2.0))
+
+    def group_loss(p: torch.Tensor, q: torch.Tensor, rank: int, s: int) -> torch.Tensor:
+        x = torch.arange(3, dtype=torch.float32) + rank + s
+        return (p * x).sum() ** 2 + ((q * x).sum() ** 2 if s > 0 else 0.0)
+
+    rp, rq = params()
+    ref_opt = torch.optim.SGD([rp, rq], lr=0.01)
+    p, q = params()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD([p, q], lr=0.01), named_parameters=[("p", p), ("q", q)], groups=[[p, q]]
+    )
+    for s in range(3):
+        ref_opt.zero_grad(set_to_none=True)
+        for k in range(n):
+            (group_loss(rp, rq, k, s) / n).backward()
+        ref_opt.step()
+        opt.zero_grad(set_to_none=True)
+        group_loss(p, q, r, s).backward()
+        opt.step()
+        expect_equal(p.detach(), rp.detach(), f"groups step {s} p", 1e-5)
+        expect_equal(q.detach(), rq.detach(), f"groups step {s} q", 1e-5)
+    hvd.shutdown()
+
+
 def sync_bn() -> None:
     hvd.init()
     r, n = hvd.rank(), hvd.size()
@@ -1236,6 +1316,7 @@ SCENARIOS = {
         errors,
         enqueue_errors,
         grads,
+        sparse_optimizer,
         victim,
         optimizer,
         sync_bn,
