@@ -89,6 +89,10 @@ def tol_for(dt: torch.dtype) -> float:
 
 
 def basics() -> None:
+    # The worker runs in the Python environment under test (each venv of
+    # scripts/test.sh), with its torch.
+    assert sys.prefix == os.environ["HVDD_TEST_PREFIX"], (sys.prefix, os.environ["HVDD_TEST_PREFIX"])
+    print(f"rank {os.environ['HVDD_RANK']}: {sys.executable}, torch {torch.__version__}")
     # Before init: Horovod's error text.
     for f in (hvd.rank, hvd.size, hvd.local_rank, hvd.local_size, hvd.cross_rank, hvd.cross_size):
         try:

@@ -269,6 +269,15 @@ def grouped_allreduce_async_(
     return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor, process_set)
 
 
+# The gathered indices come from valid sparse tensors: no invariant checks,
+# said explicitly where torch (>= 2.0) warns when it is not told.
+try:
+    torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0), (1,), check_invariants=False)
+    _COO_KW: dict = {"check_invariants": False}
+except TypeError:  # torch < 2.0: no such argument
+    _COO_KW = {}
+
+
 def sparse_allreduce_async(
     tensor: torch.Tensor, name: str, op: int, process_set: ProcessSet = global_process_set
 ) -> Callable[[], torch.Tensor]:
@@ -286,7 +295,7 @@ def sparse_allreduce_async(
         values = (values / process_set.size()) if op == Average else values
         if indices.dim() == 0 or values.dim() == 0:
             return t.new().resize_as_(t)
-        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size(), **_COO_KW)
 
     return handle
 
