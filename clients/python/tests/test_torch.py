@@ -107,6 +107,15 @@ def test_sparse_gradients(job, np):
     job.run("sparse_optimizer", np=np)
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_horovod_torch_tests(job, np):
+    # Horovod 0.28.1's torch tests that the other scenarios leave out, ported
+    # (see horovod_tests in workers.py): forced allreduce, dynamic
+    # requires_grad, optimizer state and options for every torch.optim
+    # optimizer, join, duplicate names and mismatches of every collective.
+    job.run("horovod_tests", np=np, timeout=180)
+
+
 def test_sync_batch_norm(job):
     job.run("sync_bn", np=2)
 

@@ -1065,6 +1065,296 @@ def sparse_optimizer() -> None:
     hvd.shutdown()
 
 
+def _torch_optimizers() -> list[tuple[str, type]]:
+    """torch.optim's optimizers, sorted by name (the same order on every
+    rank), without LBFGS and SparseAdam, as Horovod's tests take them; and
+    without those that refuse the tests' models (newer torch's Muon takes 2-D
+    parameters only), which are named on stdout."""
+    found = []
+    for c in torch.optim.Optimizer.__subclasses__():
+        if not c.__module__.startswith("torch.optim") or c in (torch.optim.LBFGS, torch.optim.SparseAdam):
+            continue
+        try:
+            c(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+        except ValueError as e:
+            print(f"left out {c.__name__}: {e}")
+            continue
+        found.append((c.__name__, c))
+    return sorted(found)
+
+
+def _optimizer_args(cls: type, params: dict) -> dict:
+    import inspect
+
+    accepted = inspect.signature(cls.__init__).parameters
+    return {k: v for k, v in params.items() if k in accepted}
+
+
+def horovod_tests() -> None:
+    """Horovod 0.28.1's torch tests (test/parallel/test_torch.py) that hvdd's
+    other scenarios do not already cover, ported: forced allreduce of unused
+    gradients, requires_grad turned off and on, optimizer state and options
+    broadcast for every torch.optim optimizer, parameters without gradients,
+    join with allreduce (and Horovod's refusals of allgather and broadcast
+    with a joined rank), duplicate names and mismatches for every
+    collective, reinit."""
+    import torch.nn.functional as F
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    optimizers = _torch_optimizers()
+    assert len(optimizers) >= 10, optimizers
+    g = torch.Generator().manual_seed(1234)
+    x, y = torch.randn(16, 12, generator=g), torch.randn(16, 4, generator=g)
+
+    def same_on_every_rank(tensors: list, what: str) -> None:
+        for other in hvd.allgather_object([t.detach() for t in tensors]):
+            for a, b in zip(other, tensors):
+                expect_equal(a, b.detach(), what)
+
+    # test_force_allreduce: rank 0's loss leaves fc3 without gradients; step()
+    # still reduces every parameter (zeros for the missing), no rank hangs.
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2, self.fc3 = torch.nn.Linear(12, 6), torch.nn.Linear(6, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x1 = self.fc2(F.relu(self.fc1(x_)))
+            return x1, self.fc3(F.relu(x1))
+
+    for (name, cls), params in (
+        (o, p) for o in optimizers for p in (dict(lr=0.2, momentum=0.9, weight_decay=0.1, centered=True), dict(lr=0.2))
+    ):
+        model = Net()
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        opt = hvd.DistributedOptimizer(
+            cls(model.parameters(), **_optimizer_args(cls, params)), named_parameters=model.named_parameters()
+        )
+        p1, p2 = model(x)
+        loss = F.mse_loss(p1 if r == 0 else p2, y, reduction="sum")
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        same_on_every_rank(list(model.parameters()), f"force_allreduce {name} {params}")
+
+    # test_dynamic_requires_grad: a generator and a discriminator trained in turn
+    gen, disc = torch.nn.Conv2d(1, 10, 1), torch.nn.Conv2d(10, 1, 1)
+    inp = torch.rand([1, 1, 20, 20], generator=g)
+    hvd.broadcast_parameters(list(gen.named_parameters()) + [("d." + k, v) for k, v in disc.named_parameters()], 0)
+    gen_opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(gen.parameters(), lr=1e-4), named_parameters=gen.named_parameters()
+    )
+    disc_opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(disc.parameters(), lr=1e-4), named_parameters=disc.named_parameters()
+    )
+    for _ in range(3):
+        for train_gen in (True, False):
+            for p in gen.parameters():
+                p.requires_grad_(train_gen)
+            for p in disc.parameters():
+                p.requires_grad_(not train_gen)
+            gen_opt.zero_grad(set_to_none=False)
+            disc_opt.zero_grad(set_to_none=False)
+            disc(gen(inp)).sum().backward()
+            # the trained part's gradients are not zero, the frozen part's are (or None)
+            for part, trained in ((gen, train_gen), (disc, not train_gen)):
+                for p in part.parameters():
+                    assert trained == (p.grad is not None and bool(p.grad.abs().max() > 0)), (trained, p.grad)
+            (gen_opt if train_gen else disc_opt).step()
+    same_on_every_rank(list(gen.parameters()) + list(disc.parameters()), "dynamic requires_grad")
+
+    # test_broadcast_state: every optimizer's state, after a step on every
+    # rank and a checkpoint loaded on rank 0 only, is rank 0's everywhere.
+    def state_values(opt: torch.optim.Optimizer) -> list:
+        sd = opt.state_dict()
+        out = []
+        for group in sd["param_groups"]:
+            for pid in group["params"]:
+                for k, v in sorted(sd["state"].get(pid, {}).items()):
+                    out.append((k, v.clone() if torch.is_tensor(v) else v))
+        return out
+
+    for (name, cls), params in (
+        (o, p) for o in optimizers for p in (dict(lr=0.2, momentum=0.9, weight_decay=0.1, centered=True), dict(lr=0.2))
+    ):
+        what = f"broadcast_optimizer_state {name} {params}"
+        torch.manual_seed(r)
+        model = torch.nn.Sequential(torch.nn.Linear(12, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4))
+        opt = hvd.DistributedOptimizer(
+            cls(model.parameters(), **_optimizer_args(cls, params)), named_parameters=model.named_parameters()
+        )
+        F.mse_loss(model(x), y, reduction="sum").backward()
+        opt.step()
+        saved = hvd.broadcast_object(
+            ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict()) if r == 0 else None, name="ckpt"
+        )
+        # a fresh model and optimizer; only rank 0 loads the checkpoint
+        model = torch.nn.Sequential(torch.nn.Linear(12, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4))
+        opt = hvd.DistributedOptimizer(
+            cls(model.parameters(), **_optimizer_args(cls, params)), named_parameters=model.named_parameters()
+        )
+        if r == 0:
+            model.load_state_dict(saved[0])
+            opt.load_state_dict(saved[1])
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        for k, v in model.state_dict().items():
+            expect_equal(v, saved[0][k], f"{what}: parameter {k}")
+        want = hvd.broadcast_object(state_values(opt) if r == 0 else None, name="want")
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        got = state_values(opt)
+        assert [k for k, _ in got] == [k for k, _ in want], (what, [k for k, _ in got], [k for k, _ in want])
+        for (k, a), (_, b) in zip(got, want):
+            assert type(a) is type(b), (what, k, type(a), type(b))
+            if torch.is_tensor(a):
+                expect_equal(a, b, f"{what}: state {k}")
+            else:
+                assert a == b, (what, k, a, b)
+
+    # test_broadcast_state_options: rank 0's options, with their types, and a step after
+    params_0 = dict(
+        lr=0.1,
+        momentum=0.8,
+        weight_decay=0.2,
+        nesterov=True,
+        betas=(0.9, 0.999),
+        etas=(0.8, 2.4),
+        step_sizes=(1e-5, 100),
+    )
+    params_1 = dict(
+        lr=0.2,
+        momentum=0.9,
+        weight_decay=0.1,
+        nesterov=False,
+        betas=(0.8, 0.9),
+        etas=(0.25, 1.75),
+        step_sizes=(1e-7, 5),
+    )
+    for name, cls in optimizers:
+        model = torch.nn.Sequential(torch.nn.Linear(12, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4))
+        opt = cls(model.parameters(), **_optimizer_args(cls, params_0 if r == 0 else params_1))
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        F.mse_loss(model(x), y, reduction="sum").backward()
+        opt.step()
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        for k, want in _optimizer_args(cls, params_0).items():
+            got = opt.param_groups[0][k]
+            assert type(got) is type(want), (name, k, type(got), type(want))
+            for a, b in zip(got if isinstance(want, tuple) else [got], want if isinstance(want, tuple) else [want]):
+                assert type(a) is type(b) and abs(a - b) <= 1e-5 * max(1.0, abs(b)), (name, k, got, want)
+        opt.zero_grad()
+        F.mse_loss(model(x), y, reduction="sum").backward()
+        opt.step()
+
+    # test_broadcast_state_no_grad: a parameter that takes no gradient
+    class NoGrad(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.tensor([1, 3]).int(), requires_grad=False)
+            self.b = torch.nn.Parameter(torch.rand(4, generator=g))
+
+    model = NoGrad()
+    opt = torch.optim.SGD(model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9, nesterov=True)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert opt.param_groups[0]["params"][0].grad is None
+    grad = opt.param_groups[0]["params"][1].grad
+    expect_equal(hvd.broadcast(grad, root_rank=0), grad, "no_grad: b's gradient")
+
+    # Duplicate names in flight, for every collective: ValueError at the call
+    # (rank 0 tries while the others wait in a broadcast it joins after).
+    t = torch.ones(2 * n, 2)
+    for kind, call in (
+        ("allreduce", lambda nm: hvd.allreduce_async(t, name=nm)),
+        ("allgather", lambda nm: hvd.allgather_async(t, name=nm)),
+        ("broadcast", lambda nm: hvd.broadcast_async(t, 0, name=nm)),
+        ("alltoall", lambda nm: hvd.alltoall_async(t, name=nm)),
+        ("reducescatter", lambda nm: hvd.reducescatter_async(t, name=nm)),
+    ):
+        if r == 0:
+            h = call("duplicate_name")
+            try:
+                call("duplicate_name")
+            except ValueError as e:
+                assert "same name" in str(e), str(e)
+            else:
+                raise AssertionError(f"{kind}: a duplicate name in flight did not raise")
+            hvd.broadcast(torch.ones(1), 0, name=f"dup.go.{kind}")
+        else:
+            hvd.broadcast(torch.ones(1), 0, name=f"dup.go.{kind}")
+            h = call("duplicate_name")
+        hvd.synchronize(h)
+
+    # Mismatches the coordinator finds: HorovodInternalError on every rank, the job goes on
+    for what, call in (
+        ("broadcast root ranks", lambda: hvd.broadcast(torch.ones(3), r, name="rootmix")),
+        (
+            "alltoall types",
+            lambda: hvd.alltoall(torch.ones(n, dtype=torch.int32 if r % 2 else torch.float32), name="a2atype"),
+        ),
+        ("alltoall shapes", lambda: hvd.alltoall(torch.ones(2 * n, 10 * (r + 1)), name="a2ashape")),
+        ("allgather shapes", lambda: hvd.allgather(torch.ones(3, 10 * (r + 1)), name="agshape")),
+        ("reducescatter of a scalar", lambda: hvd.reducescatter(torch.tensor(1.0), name="rsscalar")),
+    ):
+        try:
+            call()
+        except hvd.HorovodInternalError:
+            pass
+        else:
+            raise AssertionError(f"mismatched {what}: no HorovodInternalError")
+
+    # test_horovod_join_allreduce: the joined rank adds zeros, Average still divides by the size
+    for first in (0, 1):
+        for caching in (False, True):
+            for dt in (torch.int32, torch.int64, torch.float32, torch.float64):
+                a = torch.randint(-100, 100, (5, 5), generator=torch.Generator().manual_seed(1234)).to(dt)
+                b = torch.randint(-100, 100, (17,), generator=torch.Generator().manual_seed(4321)).to(dt)
+                if caching:
+                    hvd.synchronize(hvd.allreduce_async(a, name="tensor_a"))
+                    hvd.synchronize(hvd.allreduce_async(b, name="tensor_b"))
+                if r == first:
+                    last = hvd.join()
+                else:
+                    ha = hvd.allreduce_async(a, name="tensor_a")
+                    hb = hvd.allreduce_async(b, name="tensor_b")
+                    got_a, got_b = hvd.synchronize(ha), hvd.synchronize(hb)
+                    last = hvd.join()
+
+                    def div(v: torch.Tensor) -> torch.Tensor:
+                        v = v * (n - 1)
+                        return torch.div(v, n, rounding_mode="trunc") if not dt.is_floating_point else v / n
+
+                    expect_equal(got_a, div(a), f"join allreduce {dt} first={first}", 1e-6)
+                    expect_equal(got_b, div(b), f"join allreduce {dt} first={first}", 1e-6)
+                lasts = hvd.allgather(torch.tensor([last]))
+                assert len(set(lasts.tolist())) == 1 and lasts[0] != first, (lasts, first)
+
+    # test_horovod_join_allgather / _broadcast: refused while a rank has joined
+    for what, call in (
+        ("allgather", lambda: hvd.allgather(torch.ones(17, 17), name="joined.ag")),
+        ("broadcast", lambda: hvd.broadcast(torch.ones(17), 1, name="joined.bc")),
+    ):
+        if r == 0:
+            hvd.join()
+        else:
+            try:
+                call()
+            except hvd.HorovodInternalError as e:
+                assert "Join" in str(e), str(e)
+            else:
+                raise AssertionError(f"{what} with a joined rank: no HorovodInternalError")
+            hvd.join()
+
+    # test_horovod_reinit, test_horovod_is_initialized
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    hvd.init()
+    assert (hvd.rank(), hvd.size()) == (r, n)
+    expect_equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="reinit"), torch.full((2,), float(n)), "after reinit")
+    hvd.shutdown()
+
+
 def sync_bn() -> None:
     hvd.init()
     r, n = hvd.rank(), hvd.size()
@@ -1321,6 +1611,7 @@ SCENARIOS = {
         enqueue_errors,
         grads,
         sparse_optimizer,
+        horovod_tests,
         victim,
         optimizer,
         sync_bn,
