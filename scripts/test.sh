@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole hvdd test suite: formatting (gofmt, black) and vet, the Go tests under the race
-# detector, a short run of every fuzz target, and the Python client's tests.
+# detector, a short run of every fuzz target, and the Python client's tests (all of
+# them on Debian's torch in .venv, the torch client's on the newest PyPI torch in .venv-torch).
 # It installs what it needs first (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,7 +49,17 @@ for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon FuzzResolve" "./sh
 done
 
 if [ -d clients/python/tests ]; then
-  echo "== python client"
+  torch_of() { "$1" -c 'import torch; print("torch", torch.__version__)'; }
+  echo "== python client: every test, on Debian's $(torch_of .venv/bin/python) (.venv)"
   HVDD_BIN="$PWD/bin/hvdd" .venv/bin/python -m pytest -q clients/python/tests
+  # The tests of the torch client again on the newest torch from PyPI
+  # (.venv-torch, what users install). The other files that start torch
+  # workers (test_launchers, test_elastic_job, test_process_sets_nodes) test
+  # launching and orchestration with torch as the workload; they run once,
+  # above, which keeps this pass to a few minutes.
+  echo "== python client: the torch tests, on PyPI's $(torch_of .venv-torch/bin/python) (.venv-torch)"
+  t=clients/python/tests
+  HVDD_BIN="$PWD/bin/hvdd" .venv-torch/bin/python -m pytest -q \
+    $t/test_torch.py $t/test_units.py $t/test_elastic_units.py $t/test_elastic_join.py $t/test_timeline.py
 fi
 echo "== all tests passed"

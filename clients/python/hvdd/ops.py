@@ -33,7 +33,6 @@ from . import basics as _basics
 from ._client import Client, Handle
 from ._proto import hvdd_pb2 as pb
 from .basics import Average, ProcessSet, ReduceOp, Sum, global_process_set
-from .basics import process_set_id as _ps_id
 
 try:  # Horovod pickles with cloudpickle; use it when present (lambdas, closures).
     import cloudpickle as _pickle  # type: ignore[import-not-found]
@@ -43,6 +42,10 @@ except ImportError:  # pragma: no cover - depends on the environment
 __all__ = [
     "wire_dtype",
     "reduce_op",
+    "process_set_for",
+    "check_root",
+    "alltoall_splits",
+    "check_splits_type",
     "handle_average_backwards_compatibility",
     "collective_name",
     "next_handle",
@@ -137,6 +140,107 @@ def check_adasum(op: int, process_set: ProcessSet) -> None:
     n = _basics.size()
     if n & (n - 1) != 0:
         raise NotImplementedError("Running Adasum with non-power of 2 ranks is not supported yet.")
+
+
+# ------------------------------------------------------- Horovod's enqueue checks
+#
+# Horovod checks a collective's arguments as it enqueues it
+# (horovod/common/operations.cc, EnqueueTensor*) and torch raises ValueError
+# for what fails (Status::InvalidArgument), before anything is sent: so the
+# job goes on, and the next collective works. These checks are Horovod's, in
+# its order and with its texts; every framework module runs them. The daemon
+# checks the same again, for clients that do not.
+
+
+def _set_id(kind: str, process_set: ProcessSet) -> int:
+    """The wire id of a registered process set (ValueError if not)."""
+    if process_set is global_process_set:
+        return 0
+    pid = process_set.process_set_id
+    if pid is None:
+        raise ValueError(f"{kind}: Process set provided does not exist, or has not been registered.")
+    return pid
+
+
+def _check_member(kind: str, process_set: ProcessSet) -> None:
+    """ValueError when this rank is not a member of process_set."""
+    if process_set is global_process_set or process_set.process_set_id == 0 or process_set.ranks is None:
+        return
+    r = _basics.rank()
+    if r not in process_set.ranks:
+        raise ValueError(f"{kind}: Rank {r} is not a member of the provided process set.")
+
+
+def process_set_for(kind: str, process_set: ProcessSet) -> int:
+    """The wire id of process_set for a collective of kind (Horovod's name:
+    ``Allreduce``, ``Allgather``, ``Broadcast``, ``Alltoall``,
+    ``Reducescatter``, ``Barrier``). ValueError, with Horovod's text, when the
+    set is not registered or this rank is not one of its members."""
+    if process_set is global_process_set:
+        return 0
+    pid = _set_id(kind, process_set)
+    _check_member(kind, process_set)
+    return pid
+
+
+def _set_size(process_set: ProcessSet) -> int:
+    if process_set is global_process_set or process_set.process_set_id == 0:
+        return _basics.size()
+    return len(process_set.ranks or ())
+
+
+def check_root(root_rank: int, process_set: ProcessSet) -> int:
+    """A broadcast's checks: the root (a global rank) must be a member of the
+    set, then this rank must be; returns the set's wire id."""
+    pid = _set_id("Broadcast", process_set)
+    if process_set is global_process_set or pid == 0:
+        members_ok = 0 <= root_rank < _basics.size()
+    else:
+        members_ok = root_rank in (process_set.ranks or ())
+    if not members_ok:
+        raise ValueError(f"broadcast received invalid root rank {root_rank} for provided process set")
+    _check_member("Broadcast", process_set)
+    return pid
+
+
+def check_splits_type(ndim: Optional[int], dtype: Any) -> None:
+    """An alltoall's splits must be a 1-D (or scalar) tensor of int32: the
+    checks a framework can make on a splits tensor whose values it does not
+    have yet (ndim None: unknown)."""
+    if ndim is not None and ndim > 1:
+        raise ValueError("alltoall expects a 1D splits tensor")
+    if np.dtype(dtype) != np.int32:
+        raise ValueError("alltoall expects splits to contain 32-bit integer elements.")
+
+
+def alltoall_splits(
+    splits: Optional[np.ndarray], shape: Sequence[int], process_set: ProcessSet
+) -> Tuple[int, Optional[List[int]]]:
+    """Horovod's checks of an alltoall of a tensor of shape with splits (an
+    array, as the framework gave it, or None): (the set's wire id, the splits
+    to send, None for equal parts). Empty splits mean equal parts, as in
+    Horovod. A rank-zero tensor is left to the daemon, which refuses it."""
+    pid = _set_id("Alltoall", process_set)
+    if splits is not None:
+        check_splits_type(splits.ndim, splits.dtype)
+    _check_member("Alltoall", process_set)
+    sp = [] if splits is None else [int(x) for x in splits.reshape(-1)]
+    if not len(shape):
+        return pid, sp or None
+    n, dim0 = _set_size(process_set), int(shape[0])
+    if len(sp) == n:
+        if sum(sp) > dim0:
+            raise ValueError("Sum of splits entries is greater than the first dimension of tensor.")
+        if any(x < 0 for x in sp):  # not checked by Horovod; the daemon's text
+            raise ValueError("Splits entries must be non-negative.")
+        return pid, sp
+    if not sp:
+        if dim0 % n != 0:
+            raise ValueError(
+                "splits not provided, but first dimension of tensor is not an even multiple of the number of workers."
+            )
+        return pid, None
+    raise ValueError("Number of entries in splits does not equal number of workers.")
 
 
 def handle_average_backwards_compatibility(op: Optional[int], average: Optional[bool]) -> int:
@@ -392,7 +496,7 @@ def allreduce(
         reduce_op(op),
         prescale_factor,
         postscale_factor,
-        _ps_id(process_set),
+        process_set_for("Allreduce", process_set),
     )
     return c.complete(h)
 
@@ -413,7 +517,7 @@ def grouped_allreduce(
     the input order."""
     c = _basics.client()
     op = reduce_op(op)
-    ps = _ps_id(process_set)
+    ps = process_set_for("Allreduce", process_set)
     arrays = list(arrays)
     if not arrays:
         return []
@@ -450,7 +554,9 @@ def allgather(
 ) -> np.ndarray:
     """Allgather along the first dimension (which may differ per rank)."""
     c = _basics.client()
-    h = submit_output(c, pb.OP_ALLGATHER, a, _full("allgather", name, full_name), _ps_id(process_set))
+    h = submit_output(
+        c, pb.OP_ALLGATHER, a, _full("allgather", name, full_name), process_set_for("Allgather", process_set)
+    )
     return c.complete(h)
 
 
@@ -463,7 +569,7 @@ def broadcast(
 ) -> np.ndarray:
     """Broadcast from the global rank root_rank; returns a new array."""
     c = _basics.client()
-    h = submit_broadcast(c, a, _full("broadcast", name, full_name), root_rank, _ps_id(process_set))
+    h = submit_broadcast(c, a, _full("broadcast", name, full_name), root_rank, check_root(root_rank, process_set))
     return c.complete(h)
 
 
@@ -474,12 +580,13 @@ def alltoall(
     process_set: ProcessSet = global_process_set,
     full_name: Optional[str] = None,
 ) -> Tuple[np.ndarray, np.ndarray]:
-    """Alltoall along the first dimension: (output, received splits)."""
+    """Alltoall along the first dimension: (output, received splits). splits
+    is an int32 array, or a sequence of ints (see :func:`alltoall_splits`)."""
     c = _basics.client()
-    sp = None if splits is None else [int(x) for x in np.asarray(splits).reshape(-1)]
-    h = submit_output(
-        c, pb.OP_ALLTOALL, a, _full("alltoall", name, full_name), _ps_id(process_set), with_splits=True, splits=sp
-    )
+    if splits is not None and not isinstance(splits, np.ndarray):
+        splits = np.asarray(splits, dtype=np.int32)
+    ps, sp = alltoall_splits(splits, a.shape, process_set)
+    h = submit_output(c, pb.OP_ALLTOALL, a, _full("alltoall", name, full_name), ps, with_splits=True, splits=sp)
     return c.complete(h)
 
 
@@ -500,7 +607,7 @@ def reducescatter(
         pb.OP_REDUCESCATTER,
         a,
         _full("reducescatter", name, full_name),
-        _ps_id(process_set),
+        process_set_for("Reducescatter", process_set),
         reduce_op=reduce_op(op),
         prescale=float(prescale_factor),
         postscale=float(postscale_factor),
@@ -521,7 +628,7 @@ def join() -> int:
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Blocks until every rank of the process set has reached it."""
     c = _basics.client()
-    c.complete(c.submit(pb.OP_BARRIER, "", process_set=_ps_id(process_set)))
+    c.complete(c.submit(pb.OP_BARRIER, "", process_set=process_set_for("Barrier", process_set)))
 
 
 # ------------------------------------------------------------ Python objects

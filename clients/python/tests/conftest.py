@@ -20,6 +20,22 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 WORKERS = os.path.join(HERE, "workers.py")
 
 
+def _python_under_test() -> str:
+    try:
+        import torch
+
+        tv = f"torch {torch.__version__}"
+    except ImportError:
+        tv = "no torch"
+    return f"hvdd: the tests ran on {sys.executable} ({tv})"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    """Names the Python and the torch of the run, with -q too (scripts/test.sh
+    runs the torch tests twice: on Debian's torch and on PyPI's newest)."""
+    terminalreporter.write_line(_python_under_test())
+
+
 @pytest.fixture(scope="session")
 def hvdd_bin() -> str:
     """bin/hvdd, rebuilt once per session (the daemon is under active
@@ -91,6 +107,8 @@ class Job:
                     HVDD_START_TIMEOUT="60",
                     PYTHONUNBUFFERED="1",
                     OMP_NUM_THREADS="1",
+                    # the environment under test, which workers.py's basics checks it runs in
+                    HVDD_TEST_PREFIX=sys.prefix,
                 )
                 if env:
                     e.update(env)

@@ -267,6 +267,10 @@ def grads() -> None:
     r, n = hvd.rank(), hvd.size()
     x0 = data(r, tf.float64, (r + 1, 2))
     want: Dict[str, np.ndarray] = {}
+    # reducescatter: uneven rows, a different upstream gradient on every rank
+    d0 = 2 * n + 1
+    rows = [d0 // n + (1 if q < d0 % n else 0) for q in range(n)]
+    ups = [data(q, tf.float64, (rows[q], 2), seed=9) for q in range(n)]
 
     def build() -> Dict[str, Any]:
         x = tf.constant(x0)
@@ -287,6 +291,15 @@ def grads() -> None:
             # average allreduce: the gradient is averaged too
             av = hvd.allreduce(c)
             l_av = tf.reduce_sum(av * (r + 1))
+            # reducescatter: Horovod's gradient, the upstream one times the
+            # size for Sum and times the scale factors, allgathered
+            rs_in = tf.constant(data(r, tf.float64, (d0, 2), seed=8))
+            tape.watch(rs_in)
+            l_rs = tf.reduce_sum(hvd.reducescatter(rs_in, op=hvd.Sum) * ups[r])
+            rsa = hvd.reducescatter(rs_in, op=hvd.Average, prescale_factor=0.5, postscale_factor=3.0)
+            l_rsa = tf.reduce_sum(rsa * ups[r])
+        out["rs"] = tape.gradient(l_rs, rs_in)
+        out["rsa"] = tape.gradient(l_rsa, rs_in)
         out["ar"] = tape.gradient(l_ar, c)
         out["ag"] = tape.gradient(l_ag, x)
         out["bc"] = tape.gradient(l_bc, c)
@@ -301,6 +314,8 @@ def grads() -> None:
     want["ag"] = w_all[start : start + r + 1]
     want["bc"] = np.full((2, 3), float(sum(q + 2 for q in range(n)))) if r == 0 else np.zeros((2, 3))
     want["av"] = np.full((2, 3), sum_w / n)
+    want["rs"] = np.concatenate(ups) * n
+    want["rsa"] = np.concatenate(ups) * 1.5
     got = run(build)
     for k, w in want.items():
         check(got[k], w, f"{MODE} grad {k}", 1e-9)
@@ -646,6 +661,34 @@ def errors() -> None:
             pass
         else:
             raise AssertionError(f"{what}: no ValueError")
+    # An alltoall's splits, checked as hvdd.torch checks them (hvdd.ops):
+    # ValueError at the call eagerly; in a graph, the values' checks when it
+    # runs (TensorFlow raises the ValueError as InvalidArgumentError).
+    x = tf.ones([2 * n, 1])
+    for splits, text, static in (
+        (tf.ones([n], tf.float32), "alltoall expects splits to contain 32-bit integer elements.", True),
+        (tf.ones([1, n], tf.int32), "alltoall expects a 1D splits tensor", True),
+        ([3] * n, "Sum of splits entries is greater than the first dimension of tensor.", False),
+        ([1] * (n + 1), "Number of entries in splits does not equal number of workers.", False),
+    ):
+        try:
+            run(lambda: {"x": hvd.alltoall(x, splits=splits, name="bad_splits")[0]})
+        except ValueError as e:
+            msg = str(e)
+        except tf.errors.InvalidArgumentError as e:
+            if static:
+                raise
+            msg = e.message
+        else:
+            raise AssertionError(f"{MODE} alltoall splits={splits}: no error")
+        if text not in msg:
+            raise AssertionError(f"{MODE} alltoall splits={splits}: {text!r} not in {msg!r}")
+    try:
+        run(lambda: {"x": hvd.alltoall(tf.ones([n + 1]), name="bad_rows")})
+    except (ValueError, tf.errors.InvalidArgumentError) as e:
+        assert "not an even multiple" in str(e), str(e)
+    else:
+        raise AssertionError(f"{MODE} alltoall of {n + 1} rows without splits: no error")
     # Inside XLA-compiled code: a clear ValueError at trace time.
     if MODE == "function":
         try:

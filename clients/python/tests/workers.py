@@ -12,6 +12,7 @@ import signal
 import sys
 import warnings
 
+import numpy as np
 import torch
 
 import hvdd
@@ -88,6 +89,10 @@ def tol_for(dt: torch.dtype) -> float:
 
 
 def basics() -> None:
+    # The worker runs in the Python environment under test (each venv of
+    # scripts/test.sh), with its torch.
+    assert sys.prefix == os.environ["HVDD_TEST_PREFIX"], (sys.prefix, os.environ["HVDD_TEST_PREFIX"])
+    print(f"rank {os.environ['HVDD_RANK']}: {sys.executable}, torch {torch.__version__}")
     # Before init: Horovod's error text.
     for f in (hvd.rank, hvd.size, hvd.local_rank, hvd.local_size, hvd.cross_rank, hvd.cross_size):
         try:
@@ -406,15 +411,203 @@ def errors() -> None:
         assert "Unsupported data type" in str(e) and "int32" in str(e), str(e)
     else:
         raise AssertionError("Adasum of int32 did not raise")
-    # broadcast with a bad root
-    try:
-        hvd.broadcast(torch.ones(1), n + 3, name="badroot")
-    except hvd.HorovodInternalError:
-        pass
-    else:
-        raise AssertionError("bad root did not raise")
+    # broadcast with a bad root: ValueError at the call, as Horovod's enqueue
+    expect_value_error(
+        lambda: hvd.broadcast(torch.ones(1), n + 3, name="badroot"),
+        f"broadcast received invalid root rank {n + 3} for provided process set",
+        "bad root",
+    )
     # the job keeps working after op errors
     expect_equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="ok"), torch.full((2,), float(n)), "after errors")
+    hvd.shutdown()
+
+
+def expect_value_error(call, text: str, what: str) -> None:
+    """call() raises ValueError whose message is exactly text."""
+    try:
+        call()
+    except ValueError as e:
+        if str(e) != text:
+            raise AssertionError(f"{what}: ValueError {str(e)!r}, want {text!r}") from e
+    else:
+        raise AssertionError(f"{what}: no ValueError")
+
+
+# The collectives that enqueue_errors sends after its refused calls; the test
+# finds exactly this many tensors in the daemon's "job ended" line, so none
+# of the refused calls reached the daemon.
+ENQUEUE_ERRORS_SENT = 3
+
+
+def enqueue_errors() -> None:
+    """Arguments Horovod refuses as it enqueues (ValueError at the call, with
+    its texts, before anything is sent): an alltoall's splits, a broadcast's
+    root outside the set, any collective on a set this rank is not in; after
+    them the job goes on. Ranks: 2 or more; set {0} leaves the others out."""
+    only0 = hvd.ProcessSet([0])
+    hvd.init(process_sets=[only0])
+    r, n = hvd.rank(), hvd.size()
+    x = torch.arange(2 * n, dtype=torch.float32).view(2 * n, 1)
+    bad_splits = [
+        # Horovod's test_horovod_alltoall_splits_error: splits add up to more than the rows
+        (
+            torch.empty(n - 1),
+            torch.ones(n, dtype=torch.int32),
+            "Sum of splits entries is greater than the first dimension of tensor.",
+        ),
+        (x, [3] * n, "Sum of splits entries is greater than the first dimension of tensor."),
+        # test_horovod_alltoall_equal_split_length_error: no splits, rows not a multiple of the size
+        (
+            torch.empty(n + 1),
+            None,
+            "splits not provided, but first dimension of tensor is not an even multiple of the number of workers.",
+        ),
+        (
+            torch.empty(n + 1, 2),
+            [],
+            "splits not provided, but first dimension of tensor is not an even multiple of the number of workers.",
+        ),
+        # test_horovod_alltoall_splits_type_error: splits not int32
+        (
+            torch.empty(n),
+            torch.ones(n, dtype=torch.float32),
+            "alltoall expects splits to contain 32-bit integer elements.",
+        ),
+        (x, torch.ones(n, dtype=torch.int64), "alltoall expects splits to contain 32-bit integer elements."),
+        (x, torch.ones(n, dtype=torch.bfloat16), "alltoall expects splits to contain 32-bit integer elements."),
+        # a splits tensor that is not 1-D; one entry too many or too few
+        (x, torch.ones(1, n, dtype=torch.int32), "alltoall expects a 1D splits tensor"),
+        (x, [1] * (n + 1), "Number of entries in splits does not equal number of workers."),
+        (x, torch.ones(n - 1, dtype=torch.int32), "Number of entries in splits does not equal number of workers."),
+        (x, [-1] + [1] * (n - 1), "Splits entries must be non-negative."),
+    ]
+    for i, (t, sp, text) in enumerate(bad_splits):
+        what = f"alltoall case {i} splits={sp!r}"
+        expect_value_error(lambda: hvd.alltoall(t, splits=sp, name=f"bad{i}"), text, what)
+        expect_value_error(lambda: hvd.alltoall_async(t, splits=sp), text, what + " async")
+    # Broadcast from a root outside the set (every rank), then a set this
+    # rank is not in (every rank but 0).
+    root_text = f"broadcast received invalid root rank {n} for provided process set"
+    expect_value_error(lambda: hvd.broadcast(torch.ones(2), n, name="badroot"), root_text, "root outside the job")
+    expect_value_error(lambda: hvd.broadcast_async_(torch.ones(2), n), root_text, "root outside the job, async")
+    if r != 0:
+        root_text = f"broadcast received invalid root rank {r} for provided process set"
+        expect_value_error(
+            lambda: hvd.broadcast(torch.ones(2), r, process_set=only0), root_text, "root outside the set"
+        )
+        t = torch.ones(2, 2)
+        for kind, call in (
+            ("Allreduce", lambda: hvd.allreduce(t, process_set=only0)),
+            ("Allreduce", lambda: hvd.allreduce_async_(t, process_set=only0)),
+            ("Allreduce", lambda: hvd.grouped_allreduce([t, t], process_set=only0)),
+            ("Allgather", lambda: hvd.allgather(t, process_set=only0)),
+            ("Allgather", lambda: hvd.grouped_allgather([t], process_set=only0)),
+            ("Broadcast", lambda: hvd.broadcast(t, 0, process_set=only0)),
+            ("Broadcast", lambda: hvd.broadcast_(t, 0, process_set=only0)),
+            ("Alltoall", lambda: hvd.alltoall(t, process_set=only0)),
+            ("Alltoall", lambda: hvd.alltoall(t, splits=[2], process_set=only0)),
+            ("Reducescatter", lambda: hvd.reducescatter(t, process_set=only0)),
+            ("Reducescatter", lambda: hvd.grouped_reducescatter([t], process_set=only0)),
+            ("Barrier", lambda: hvd.barrier(process_set=only0)),
+        ):
+            text = f"{kind}: Rank {r} is not a member of the provided process set."
+            expect_value_error(call, text, f"{kind} outside the set")
+        # Horovod checks the splits' type before the membership
+        expect_value_error(
+            lambda: hvd.alltoall(t, splits=torch.ones(1), process_set=only0),
+            "alltoall expects splits to contain 32-bit integer elements.",
+            "alltoall outside the set with float splits",
+        )
+    # The job goes on: ENQUEUE_ERRORS_SENT collectives, each checked.
+    ins = [torch.arange(2 * n, dtype=torch.float32).view(2 * n, 1) + 100 * k for k in range(n)]
+    out, rsplits = hvd.alltoall(ins[r], splits=[], name="after.equal")  # empty splits: equal parts, as Horovod
+    expect_equal(out, torch.cat([ins[k][2 * r : 2 * r + 2] for k in range(n)]), "alltoall after the errors")
+    expect_equal(rsplits, torch.full((n,), 2, dtype=torch.int32), "received splits after the errors")
+    splits = (
+        np.arange(n, dtype=np.int64) % 2 + 1
+    )  # a list-like of other ints: converted, as torch.tensor(splits, dtype=int32)
+    out, rsplits = hvd.alltoall(torch.ones(int(splits.sum()), 1) * r, splits=splits, name="after.np")
+    expect_equal(rsplits, torch.full((n,), int(splits[r]), dtype=torch.int32), "numpy int64 splits")
+    expect_equal(hvd.allreduce(torch.ones(3), op=hvd.Sum, name="after"), torch.full((3,), float(n)), "allreduce after")
+    hvd.shutdown()
+
+
+def grads() -> None:
+    """Gradients as Horovod's (test/parallel/test_torch.py): its tests with
+    ones as the upstream gradient, then each rank a different upstream
+    gradient (so that a gradient put back in the wrong rows shows)."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    f64 = torch.float64
+
+    # test_horovod_reducescatter_grad and _grad_average: Sum gives size, Average 1
+    for dt in (torch.float32, torch.float64):
+        for dim in (1, 2, 3):
+            for op, want in ((hvd.Sum, float(n)), (hvd.Average, 1.0)):
+                t = data(r, dt, [n * 4] * dim, seed=50).requires_grad_()
+                hvd.reducescatter(t, op=op).backward(torch.ones([4] + [n * 4] * (dim - 1), dtype=dt))
+                expect_equal(t.grad, torch.full_like(t, want), f"reducescatter grad {dt} dim={dim} op={op}")
+                # test_horovod_grouped_reducescatter_grad: a backward per output
+                ts = [data(r, dt, [n * 4] * dim, seed=51 + i).requires_grad_() for i in range(3)]
+                for o in hvd.grouped_reducescatter(ts, op=op):
+                    o.backward(torch.ones([4] + [n * 4] * (dim - 1), dtype=dt))
+                for i, t in enumerate(ts):
+                    expect_equal(t.grad, torch.full_like(t, want), f"grouped reducescatter grad {i} {dt} op={op}")
+
+    # Uneven rows, scale factors, a distinct upstream gradient per rank: the
+    # gradient is the upstream one times size (Sum) times pre times post,
+    # allgathered in rank order.
+    d0 = 2 * n + 1
+    rows = [d0 // n + (1 if k < d0 % n else 0) for k in range(n)]
+    start = sum(rows[:r])
+    for op in (hvd.Sum, hvd.Average):
+        for pre, post in ((1.0, 1.0), (0.5, 3.0)):
+            what = f"reducescatter op={op} pre={pre} post={post}"
+            ins = [data(k, f64, (d0, 2), seed=52) for k in range(n)]
+            up = [data(k, f64, (rows[k], 2), seed=53) for k in range(n)]
+            scale = pre * post * (n if op == hvd.Sum else 1)
+            t = ins[r].clone().requires_grad_()
+            out = hvd.reducescatter(t, op=op, prescale_factor=pre, postscale_factor=post)
+            full = reference_reduce(ins, op, n, pre, post)
+            expect_equal(out.detach(), full[start : start + rows[r]], what, 1e-12)
+            out.backward(up[r])
+            expect_equal(t.grad, torch.cat(up) * scale, what + " grad", 1e-12)
+            ts = [ins[r].clone().requires_grad_(), ins[r][:, :1].clone().requires_grad_()]
+            outs = hvd.grouped_reducescatter(ts, op=op, prescale_factor=pre, postscale_factor=post)
+            (outs[0] * up[r]).sum().add((outs[1] * up[r][:, :1]).sum()).backward()
+            expect_equal(ts[0].grad, torch.cat(up) * scale, what + " grouped grad 0", 1e-12)
+            expect_equal(ts[1].grad, torch.cat([u[:, :1] for u in up]) * scale, what + " grouped grad 1", 1e-12)
+
+    # grouped_allgather: as allgather's, the upstream gradients averaged over
+    # the ranks, then this rank's rows
+    xs = [data(k, f64, (k + 1, 2), seed=54) for k in range(n)]
+    ys = [data(k, f64, (2, 3), seed=55) for k in range(n)]
+    gx = [data(k, f64, (sum(range(1, n + 1)), 2), seed=56) for k in range(n)]
+    gy = [data(k, f64, (2 * n, 3), seed=57) for k in range(n)]
+    x, y = xs[r].clone().requires_grad_(), ys[r].clone().requires_grad_()
+    ox, oy = hvd.grouped_allgather([x, y])
+    expect_equal(ox.detach(), torch.cat(xs), "grouped allgather x")
+    expect_equal(oy.detach(), torch.cat(ys), "grouped allgather y")
+    ((ox * gx[r]).sum() + (oy * gy[r]).sum()).backward()
+    off = sum(range(1, r + 1))
+    expect_equal(x.grad, (sum(gx) / n)[off : off + r + 1], "grouped allgather grad x", 1e-12)
+    expect_equal(y.grad, (sum(gy) / n)[2 * r : 2 * r + 2], "grouped allgather grad y", 1e-12)
+
+    # test_horovod_alltoall_grad / _equal_split_grad: ones back
+    for splits in (torch.tensor([r + 1] * n, dtype=torch.int32), None):
+        vals = [float(i) for i in range(n) for _ in range(r + 1)]
+        t = torch.tensor(vals, dtype=f64).view(-1, 1).repeat(1, 2).requires_grad_()
+        out = hvd.alltoall(t, splits)
+        out = out[0] if splits is not None else out
+        out.backward(torch.ones_like(out))
+        expect_equal(t.grad, torch.ones_like(t), f"alltoall grad splits={splits is not None}")
+
+    # test_horovod_grouped_allreduce_grad: a backward per output, Sum gives size
+    ts = [data(r, f64, (17,), seed=58 + i).requires_grad_() for i in range(3)]
+    for o in hvd.grouped_allreduce(ts, op=hvd.Sum):
+        o.backward(torch.ones(17, dtype=f64))
+    for i, t in enumerate(ts):
+        expect_equal(t.grad, torch.full_like(t, float(n)), f"grouped allreduce grad {i}")
     hvd.shutdown()
 
 
@@ -792,6 +985,376 @@ def optimizer() -> None:
     hvd.shutdown()
 
 
+def _lookup_batch(rank: int, step: int, bs: int = 5, vocab: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(300 * step + rank)
+    return torch.randint(0, vocab, (bs, 3), generator=g), torch.randn(bs, 4, generator=g)
+
+
+def _lookup_loss(emb: torch.nn.Embedding, idx: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return ((emb(idx).sum(1) - y) ** 2).mean()
+
+
+def sparse_optimizer() -> None:
+    """DistributedOptimizer on sparse gradients (an Embedding(sparse=True)),
+    densified (sparse_as_dense=True: allreduced, then sparse again) or not
+    (allgathered, Horovod's sparse_allreduce), with SparseAdam and SGD: the
+    same weights as one process training on every rank's batches. Then
+    explicit groups whose members' hooks do not all fire in a step."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    steps = 4
+
+    def embedding(seed: int) -> torch.nn.Embedding:
+        torch.manual_seed(seed)
+        return torch.nn.Embedding(12, 4, sparse=True)
+
+    def make_opt(emb: torch.nn.Embedding, kind: str) -> torch.optim.Optimizer:
+        if kind == "SparseAdam":
+            return torch.optim.SparseAdam(list(emb.parameters()), lr=0.05)
+        return torch.optim.SGD(emb.parameters(), lr=0.5)
+
+    for kind in ("SparseAdam", "SGD"):
+        # The reference: the mean of the ranks' losses (equal batch sizes) in one process.
+        ref = embedding(7)
+        ref_opt = make_opt(ref, kind)
+        for s in range(steps):
+            ref_opt.zero_grad()
+            for k in range(n):
+                (_lookup_loss(ref, *_lookup_batch(k, s)) / n).backward()
+            ref_opt.step()
+        for sparse_as_dense in (True, False):
+            what = f"{kind} sparse_as_dense={sparse_as_dense}"
+            emb = embedding(7 + r)  # different on purpose: broadcast_parameters makes them equal
+            hvd.broadcast_parameters(emb.state_dict(), root_rank=0)
+            opt = hvd.DistributedOptimizer(
+                make_opt(emb, kind), named_parameters=emb.named_parameters(), sparse_as_dense=sparse_as_dense
+            )
+            for s in range(steps):
+                opt.zero_grad()
+                _lookup_loss(emb, *_lookup_batch(r, s)).backward()
+                opt.step()
+                assert emb.weight.grad.is_sparse, f"{what}: the gradient is no longer sparse"
+            expect_equal(emb.weight.detach(), ref.weight.detach(), what, 1e-5)
+
+    # groups=[[p, q]] where step 0 uses p only: q's hook does not fire, so
+    # synchronize reduces both alone and the group must count afresh (else
+    # step 1 sends the group when p alone is ready, with q.grad None).
+    def params() -> tuple[torch.nn.Parameter, torch.nn.Parameter]:
+        return torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.full((3,), 2.0))
+
+    def group_loss(p: torch.Tensor, q: torch.Tensor, rank: int, s: int) -> torch.Tensor:
+        x = torch.arange(3, dtype=torch.float32) + rank + s
+        return (p * x).sum() ** 2 + ((q * x).sum() ** 2 if s > 0 else 0.0)
+
+    rp, rq = params()
+    ref_opt = torch.optim.SGD([rp, rq], lr=0.01)
+    p, q = params()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD([p, q], lr=0.01), named_parameters=[("p", p), ("q", q)], groups=[[p, q]]
+    )
+    for s in range(3):
+        ref_opt.zero_grad(set_to_none=True)
+        for k in range(n):
+            (group_loss(rp, rq, k, s) / n).backward()
+        ref_opt.step()
+        opt.zero_grad(set_to_none=True)
+        group_loss(p, q, r, s).backward()
+        opt.step()
+        expect_equal(p.detach(), rp.detach(), f"groups step {s} p", 1e-5)
+        expect_equal(q.detach(), rq.detach(), f"groups step {s} q", 1e-5)
+    hvd.shutdown()
+
+
+def _torch_optimizers() -> list[tuple[str, type]]:
+    """torch.optim's optimizers, sorted by name (the same order on every
+    rank), without LBFGS and SparseAdam, as Horovod's tests take them; and
+    without those that refuse the tests' models (newer torch's Muon takes 2-D
+    parameters only), which are named on stdout."""
+    found = []
+    for c in torch.optim.Optimizer.__subclasses__():
+        if not c.__module__.startswith("torch.optim") or c in (torch.optim.LBFGS, torch.optim.SparseAdam):
+            continue
+        try:
+            c(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+        except ValueError as e:
+            print(f"left out {c.__name__}: {e}")
+            continue
+        found.append((c.__name__, c))
+    return sorted(found)
+
+
+def _optimizer_args(cls: type, params: dict) -> dict:
+    import inspect
+
+    accepted = inspect.signature(cls.__init__).parameters
+    return {k: v for k, v in params.items() if k in accepted}
+
+
+def horovod_tests() -> None:
+    """Horovod 0.28.1's torch tests (test/parallel/test_torch.py) that hvdd's
+    other scenarios do not already cover, ported: forced allreduce of unused
+    gradients, requires_grad turned off and on, optimizer state and options
+    broadcast for every torch.optim optimizer, parameters without gradients,
+    join with allreduce (and Horovod's refusals of allgather and broadcast
+    with a joined rank), duplicate names and mismatches for every
+    collective, reinit."""
+    import torch.nn.functional as F
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    optimizers = _torch_optimizers()
+    assert len(optimizers) >= 10, optimizers
+    g = torch.Generator().manual_seed(1234)
+    x, y = torch.randn(16, 12, generator=g), torch.randn(16, 4, generator=g)
+
+    def same_on_every_rank(tensors: list, what: str) -> None:
+        for other in hvd.allgather_object([t.detach() for t in tensors]):
+            for a, b in zip(other, tensors):
+                expect_equal(a, b.detach(), what)
+
+    # test_force_allreduce: rank 0's loss leaves fc3 without gradients; step()
+    # still reduces every parameter (zeros for the missing), no rank hangs.
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2, self.fc3 = torch.nn.Linear(12, 6), torch.nn.Linear(6, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x1 = self.fc2(F.relu(self.fc1(x_)))
+            return x1, self.fc3(F.relu(x1))
+
+    for (name, cls), params in (
+        (o, p) for o in optimizers for p in (dict(lr=0.2, momentum=0.9, weight_decay=0.1, centered=True), dict(lr=0.2))
+    ):
+        model = Net()
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        opt = hvd.DistributedOptimizer(
+            cls(model.parameters(), **_optimizer_args(cls, params)), named_parameters=model.named_parameters()
+        )
+        p1, p2 = model(x)
+        loss = F.mse_loss(p1 if r == 0 else p2, y, reduction="sum")
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        same_on_every_rank(list(model.parameters()), f"force_allreduce {name} {params}")
+
+    # test_dynamic_requires_grad: a generator and a discriminator trained in turn
+    gen, disc = torch.nn.Conv2d(1, 10, 1), torch.nn.Conv2d(10, 1, 1)
+    inp = torch.rand([1, 1, 20, 20], generator=g)
+    hvd.broadcast_parameters(list(gen.named_parameters()) + [("d." + k, v) for k, v in disc.named_parameters()], 0)
+    gen_opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(gen.parameters(), lr=1e-4), named_parameters=gen.named_parameters()
+    )
+    disc_opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(disc.parameters(), lr=1e-4), named_parameters=disc.named_parameters()
+    )
+    for _ in range(3):
+        for train_gen in (True, False):
+            for p in gen.parameters():
+                p.requires_grad_(train_gen)
+            for p in disc.parameters():
+                p.requires_grad_(not train_gen)
+            gen_opt.zero_grad(set_to_none=False)
+            disc_opt.zero_grad(set_to_none=False)
+            disc(gen(inp)).sum().backward()
+            # the trained part's gradients are not zero, the frozen part's are (or None)
+            for part, trained in ((gen, train_gen), (disc, not train_gen)):
+                for p in part.parameters():
+                    assert trained == (p.grad is not None and bool(p.grad.abs().max() > 0)), (trained, p.grad)
+            (gen_opt if train_gen else disc_opt).step()
+    same_on_every_rank(list(gen.parameters()) + list(disc.parameters()), "dynamic requires_grad")
+
+    # test_broadcast_state: every optimizer's state, after a step on every
+    # rank and a checkpoint loaded on rank 0 only, is rank 0's everywhere.
+    def state_values(opt: torch.optim.Optimizer) -> list:
+        sd = opt.state_dict()
+        out = []
+        for group in sd["param_groups"]:
+            for pid in group["params"]:
+                for k, v in sorted(sd["state"].get(pid, {}).items()):
+                    out.append((k, v.clone() if torch.is_tensor(v) else v))
+        return out
+
+    for (name, cls), params in (
+        (o, p) for o in optimizers for p in (dict(lr=0.2, momentum=0.9, weight_decay=0.1, centered=True), dict(lr=0.2))
+    ):
+        what = f"broadcast_optimizer_state {name} {params}"
+        torch.manual_seed(r)
+        model = torch.nn.Sequential(torch.nn.Linear(12, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4))
+        opt = hvd.DistributedOptimizer(
+            cls(model.parameters(), **_optimizer_args(cls, params)), named_parameters=model.named_parameters()
+        )
+        F.mse_loss(model(x), y, reduction="sum").backward()
+        opt.step()
+        saved = hvd.broadcast_object(
+            ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict()) if r == 0 else None, name="ckpt"
+        )
+        # a fresh model and optimizer; only rank 0 loads the checkpoint
+        model = torch.nn.Sequential(torch.nn.Linear(12, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4))
+        opt = hvd.DistributedOptimizer(
+            cls(model.parameters(), **_optimizer_args(cls, params)), named_parameters=model.named_parameters()
+        )
+        if r == 0:
+            model.load_state_dict(saved[0])
+            opt.load_state_dict(saved[1])
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        for k, v in model.state_dict().items():
+            expect_equal(v, saved[0][k], f"{what}: parameter {k}")
+        want = hvd.broadcast_object(state_values(opt) if r == 0 else None, name="want")
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        got = state_values(opt)
+        assert [k for k, _ in got] == [k for k, _ in want], (what, [k for k, _ in got], [k for k, _ in want])
+        for (k, a), (_, b) in zip(got, want):
+            assert type(a) is type(b), (what, k, type(a), type(b))
+            if torch.is_tensor(a):
+                expect_equal(a, b, f"{what}: state {k}")
+            else:
+                assert a == b, (what, k, a, b)
+
+    # test_broadcast_state_options: rank 0's options, with their types, and a step after
+    params_0 = dict(
+        lr=0.1,
+        momentum=0.8,
+        weight_decay=0.2,
+        nesterov=True,
+        betas=(0.9, 0.999),
+        etas=(0.8, 2.4),
+        step_sizes=(1e-5, 100),
+    )
+    params_1 = dict(
+        lr=0.2,
+        momentum=0.9,
+        weight_decay=0.1,
+        nesterov=False,
+        betas=(0.8, 0.9),
+        etas=(0.25, 1.75),
+        step_sizes=(1e-7, 5),
+    )
+    for name, cls in optimizers:
+        model = torch.nn.Sequential(torch.nn.Linear(12, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4))
+        opt = cls(model.parameters(), **_optimizer_args(cls, params_0 if r == 0 else params_1))
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        F.mse_loss(model(x), y, reduction="sum").backward()
+        opt.step()
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        for k, want in _optimizer_args(cls, params_0).items():
+            got = opt.param_groups[0][k]
+            assert type(got) is type(want), (name, k, type(got), type(want))
+            for a, b in zip(got if isinstance(want, tuple) else [got], want if isinstance(want, tuple) else [want]):
+                assert type(a) is type(b) and abs(a - b) <= 1e-5 * max(1.0, abs(b)), (name, k, got, want)
+        opt.zero_grad()
+        F.mse_loss(model(x), y, reduction="sum").backward()
+        opt.step()
+
+    # test_broadcast_state_no_grad: a parameter that takes no gradient
+    class NoGrad(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.tensor([1, 3]).int(), requires_grad=False)
+            self.b = torch.nn.Parameter(torch.rand(4, generator=g))
+
+    model = NoGrad()
+    opt = torch.optim.SGD(model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9, nesterov=True)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert opt.param_groups[0]["params"][0].grad is None
+    grad = opt.param_groups[0]["params"][1].grad
+    expect_equal(hvd.broadcast(grad, root_rank=0), grad, "no_grad: b's gradient")
+
+    # Duplicate names in flight, for every collective: ValueError at the call
+    # (rank 0 tries while the others wait in a broadcast it joins after).
+    t = torch.ones(2 * n, 2)
+    for kind, call in (
+        ("allreduce", lambda nm: hvd.allreduce_async(t, name=nm)),
+        ("allgather", lambda nm: hvd.allgather_async(t, name=nm)),
+        ("broadcast", lambda nm: hvd.broadcast_async(t, 0, name=nm)),
+        ("alltoall", lambda nm: hvd.alltoall_async(t, name=nm)),
+        ("reducescatter", lambda nm: hvd.reducescatter_async(t, name=nm)),
+    ):
+        if r == 0:
+            h = call("duplicate_name")
+            try:
+                call("duplicate_name")
+            except ValueError as e:
+                assert "same name" in str(e), str(e)
+            else:
+                raise AssertionError(f"{kind}: a duplicate name in flight did not raise")
+            hvd.broadcast(torch.ones(1), 0, name=f"dup.go.{kind}")
+        else:
+            hvd.broadcast(torch.ones(1), 0, name=f"dup.go.{kind}")
+            h = call("duplicate_name")
+        hvd.synchronize(h)
+
+    # Mismatches the coordinator finds: HorovodInternalError on every rank, the job goes on
+    for what, call in (
+        ("broadcast root ranks", lambda: hvd.broadcast(torch.ones(3), r, name="rootmix")),
+        (
+            "alltoall types",
+            lambda: hvd.alltoall(torch.ones(n, dtype=torch.int32 if r % 2 else torch.float32), name="a2atype"),
+        ),
+        ("alltoall shapes", lambda: hvd.alltoall(torch.ones(2 * n, 10 * (r + 1)), name="a2ashape")),
+        ("allgather shapes", lambda: hvd.allgather(torch.ones(3, 10 * (r + 1)), name="agshape")),
+        ("reducescatter of a scalar", lambda: hvd.reducescatter(torch.tensor(1.0), name="rsscalar")),
+    ):
+        try:
+            call()
+        except hvd.HorovodInternalError:
+            pass
+        else:
+            raise AssertionError(f"mismatched {what}: no HorovodInternalError")
+
+    # test_horovod_join_allreduce: the joined rank adds zeros, Average still divides by the size
+    for first in (0, 1):
+        for caching in (False, True):
+            for dt in (torch.int32, torch.int64, torch.float32, torch.float64):
+                a = torch.randint(-100, 100, (5, 5), generator=torch.Generator().manual_seed(1234)).to(dt)
+                b = torch.randint(-100, 100, (17,), generator=torch.Generator().manual_seed(4321)).to(dt)
+                if caching:
+                    hvd.synchronize(hvd.allreduce_async(a, name="tensor_a"))
+                    hvd.synchronize(hvd.allreduce_async(b, name="tensor_b"))
+                if r == first:
+                    last = hvd.join()
+                else:
+                    ha = hvd.allreduce_async(a, name="tensor_a")
+                    hb = hvd.allreduce_async(b, name="tensor_b")
+                    got_a, got_b = hvd.synchronize(ha), hvd.synchronize(hb)
+                    last = hvd.join()
+
+                    def div(v: torch.Tensor) -> torch.Tensor:
+                        v = v * (n - 1)
+                        return torch.div(v, n, rounding_mode="trunc") if not dt.is_floating_point else v / n
+
+                    expect_equal(got_a, div(a), f"join allreduce {dt} first={first}", 1e-6)
+                    expect_equal(got_b, div(b), f"join allreduce {dt} first={first}", 1e-6)
+                lasts = hvd.allgather(torch.tensor([last]))
+                assert len(set(lasts.tolist())) == 1 and lasts[0] != first, (lasts, first)
+
+    # test_horovod_join_allgather / _broadcast: refused while a rank has joined
+    for what, call in (
+        ("allgather", lambda: hvd.allgather(torch.ones(17, 17), name="joined.ag")),
+        ("broadcast", lambda: hvd.broadcast(torch.ones(17), 1, name="joined.bc")),
+    ):
+        if r == 0:
+            hvd.join()
+        else:
+            try:
+                call()
+            except hvd.HorovodInternalError as e:
+                assert "Join" in str(e), str(e)
+            else:
+                raise AssertionError(f"{what} with a joined rank: no HorovodInternalError")
+            hvd.join()
+
+    # test_horovod_reinit, test_horovod_is_initialized
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    hvd.init()
+    assert (hvd.rank(), hvd.size()) == (r, n)
+    expect_equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="reinit"), torch.full((2,), float(n)), "after reinit")
+    hvd.shutdown()
+
+
 def sync_bn() -> None:
     hvd.init()
     r, n = hvd.rank(), hvd.size()
@@ -881,20 +1444,20 @@ def process_sets() -> None:
                 tol_for(dt),
             )
         hvd.barrier(process_set=ps)
-        # A rank outside the set cannot use it; a root outside it is refused.
-        try:
-            hvd.broadcast(
-                torch.ones(2), [x for x in range(n) if x not in members][0], name=f"ps{tag}.badroot", process_set=ps
-            )
-            raise AssertionError("broadcast from a root outside the set succeeded")
-        except hvd.HorovodInternalError as e:
-            assert "invalid root rank" in str(e), e
+        # A rank outside the set cannot use it; a root outside it is refused
+        # (ValueError at the call, as Horovod's enqueue).
+        outside = [x for x in range(n) if x not in members][0]
+        expect_value_error(
+            lambda: hvd.broadcast(torch.ones(2), outside, name=f"ps{tag}.badroot", process_set=ps),
+            f"broadcast received invalid root rank {outside} for provided process set",
+            "broadcast from a root outside the set",
+        )
     if r not in even.ranks:
-        try:
-            hvd.allreduce(torch.ones(2), name="notmember", process_set=even)
-            raise AssertionError("a non-member's allreduce in the set succeeded")
-        except hvd.HorovodInternalError as e:
-            assert "not a member" in str(e), e
+        expect_value_error(
+            lambda: hvd.allreduce(torch.ones(2), name="notmember", process_set=even),
+            f"Allreduce: Rank {r} is not a member of the provided process set.",
+            "a non-member's allreduce in the set",
+        )
     # The global set still works beside them.
     expect_equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="global"), torch.full((2,), 4.0), "global after sets")
     # Dynamic sets need dynamic mode.
@@ -1045,6 +1608,10 @@ SCENARIOS = {
         allreduce_ops,
         other_ops,
         errors,
+        enqueue_errors,
+        grads,
+        sparse_optimizer,
+        horovod_tests,
         victim,
         optimizer,
         sync_bn,

@@ -281,7 +281,7 @@ def _grouped_allreduce(
     """Allreduce of a list of tensors as one graph node (one group, or the
     given groups of indices), differentiable."""
     op = _ops.reduce_op(op)
-    ps_id = _basics.process_set_id(process_set)
+    ps_id = _ops.process_set_for("Allreduce", process_set)
     xs = [_tensor(t) for t in tensors]
     if not xs:
         return []
@@ -335,7 +335,7 @@ def _eager_allreduce(
         op,
         float(prescale),
         float(postscale),
-        _basics.process_set_id(process_set),
+        _ops.process_set_for("Allreduce", process_set),
         convert=_to_eager,
     )
     return c.complete(h)
@@ -536,7 +536,7 @@ def grouped_allgather(
 ) -> List[tf.Tensor]:
     """Grouped allgather: the tensors are gathered as one unit; returns the
     list of gathered tensors. Differentiable."""
-    ps_id = _basics.process_set_id(process_set)
+    ps_id = _ops.process_set_for("Allgather", process_set)
     xs = [_tensor(t) for t in tensors]
     if not xs:
         return []
@@ -611,8 +611,8 @@ def _broadcast_many(
     """Broadcasts of several tensors sent together as one graph node.
     Differentiable: the gradient is summed across ranks and kept on the
     root."""
-    ps_id = _basics.process_set_id(process_set)
     root = int(root_rank)
+    ps_id = _ops.check_root(root, process_set)
     xs = [_tensor(t) for t in tensors]
     if not xs:
         return []
@@ -702,19 +702,24 @@ def alltoall(
       how many elements in the output tensor have been received from each
       worker.
     """
-    ps_id = _basics.process_set_id(process_set)
     x = _tensor(tensor)
     _check_dtype(x.dtype)
+    # Horovod's checks (hvdd.ops.alltoall_splits): the splits' type and the
+    # set's membership now; the splits' values where they are known, at the
+    # call eagerly, when the graph runs otherwise (ValueError, which a graph
+    # raises as InvalidArgumentError).
     if splits is None:
         sp = tf.zeros([0], dtype=tf.int32)
     else:
-        sp = tf.cast(tf.reshape(tf.convert_to_tensor(splits), [-1]), tf.int32)
+        sp = tf.convert_to_tensor(splits)
+        _ops.check_splits_type(sp.shape.rank, sp.dtype.as_numpy_dtype)
+    _ops.process_set_for("Alltoall", process_set)
     full = _name("alltoall", "HorovodAlltoall", x, name, ignore_name_scope)
     n = _set_size(process_set)
 
     def fn(a: np.ndarray, s: np.ndarray) -> List[np.ndarray]:
         c = _basics.client()
-        spl = [int(v) for v in s] if s.size else None
+        ps_id, spl = _ops.alltoall_splits(s, a.shape, process_set)
         h = _ops.submit_output(c, pb.OP_ALLTOALL, a, full, ps_id, with_splits=True, splits=spl)
         out, rs = c.complete(h)
         return [out, rs]
@@ -784,12 +789,13 @@ def grouped_reducescatter(
     _single: bool = False,
 ) -> List[tf.Tensor]:
     """Grouped reducescatter: returns the list of this rank's blocks.
-    Differentiable: the gradient is the allgather of the gradient, scaled as
-    the forward pass scaled."""
+    Differentiable, with Horovod's gradient: the upstream gradient times the
+    set's size for Sum and times the prescale and postscale factors,
+    allgathered."""
     op = _ops.reduce_op(op)
     if op not in (Average, Sum):
         raise ValueError("Reducescatter only supports the Average and Sum ops.")
-    ps_id = _basics.process_set_id(process_set)
+    ps_id = _ops.process_set_for("Reducescatter", process_set)
     comp = [compression.compress(_tensor(t)) for t in tensors]
     xs = [c for c, _ in comp]
     if not xs:
@@ -824,7 +830,8 @@ def grouped_reducescatter(
     def grad(ys: List[tf.Tensor], *dys: tf.Tensor) -> Any:
         dys = _zeros_for_none(dys, ys)
         gathered = grouped_allgather(dys, None, ignore_name_scope, process_set)
-        scale = pre * post / (_set_size(process_set) if op == Average else 1)
+        # Horovod's: times the size for Sum, times the scale factors
+        scale = pre * post * (_set_size(process_set) if op == Sum else 1)
         return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered]
 
     ys = _differentiable(forward, grad, xs)

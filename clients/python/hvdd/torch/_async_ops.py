@@ -20,8 +20,7 @@ from .. import ops as _ops
 from .._client import Client, Handle
 from .._proto import hvdd_pb2 as pb
 from ..basics import Average, ProcessSet, global_process_set
-from ..basics import process_set_id as _ps_id
-from ..ops import handle_average_backwards_compatibility, synchronize
+from ..ops import handle_average_backwards_compatibility, process_set_for, synchronize
 
 __all__ = [
     "allreduce_async",
@@ -150,7 +149,7 @@ def _allreduce_async(
     c = _basics.client()
     op = _reduce_op(op)
     _ops.check_adasum(op, process_set)
-    ps = _ps_id(process_set)
+    ps = process_set_for("Allreduce", process_set)
     handle = _ops.next_handle()
     h = _allreduce_submit(c, tensor, output, _name("allreduce", name), op, prescale_factor, postscale_factor, ps)
     return _register(handle, h)
@@ -225,7 +224,7 @@ def _grouped_allreduce_async(
     c = _basics.client()
     op = _reduce_op(op)
     _ops.check_adasum(op, process_set)
-    ps = _ps_id(process_set)
+    ps = process_set_for("Allreduce", process_set)
     tensors = list(tensors)
     for t in tensors:
         _check(t)
@@ -270,6 +269,15 @@ def grouped_allreduce_async_(
     return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor, process_set)
 
 
+# The gathered indices come from valid sparse tensors: no invariant checks,
+# said explicitly where torch (>= 2.0) warns when it is not told.
+try:
+    torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0), (1,), check_invariants=False)
+    _COO_KW: dict = {"check_invariants": False}
+except TypeError:  # torch < 2.0: no such argument
+    _COO_KW = {}
+
+
 def sparse_allreduce_async(
     tensor: torch.Tensor, name: str, op: int, process_set: ProcessSet = global_process_set
 ) -> Callable[[], torch.Tensor]:
@@ -287,7 +295,7 @@ def sparse_allreduce_async(
         values = (values / process_set.size()) if op == Average else values
         if indices.dim() == 0 or values.dim() == 0:
             return t.new().resize_as_(t)
-        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size(), **_COO_KW)
 
     return handle
 
@@ -335,7 +343,7 @@ def allgather_async(
         `synchronize()`.
     """
     c = _basics.client()
-    ps = _ps_id(process_set)
+    ps = process_set_for("Allgather", process_set)
     handle = _ops.next_handle()
     return _register(handle, _output_submit(c, pb.OP_ALLGATHER, tensor, _name("allgather", name), ps))
 
@@ -345,7 +353,7 @@ def grouped_allgather_async(
 ) -> int:
     """Asynchronous grouped allgather; `synchronize()` returns a list."""
     c = _basics.client()
-    ps = _ps_id(process_set)
+    ps = process_set_for("Allgather", process_set)
     tensors = list(tensors)
     for t in tensors:
         _check(t)
@@ -364,8 +372,8 @@ def _broadcast_async(
     tensor: torch.Tensor, output: Optional[torch.Tensor], root_rank: int, name: Optional[str], process_set: ProcessSet
 ) -> int:
     c = _basics.client()
-    ps = _ps_id(process_set)
     wire_dt = _check(tensor)[0]
+    ps = _ops.check_root(root_rank, process_set)
     handle = _ops.next_handle()
     out, convert = _into(output) if output is not None else (None, _to_torch(tensor.dtype))
     h = _ops.submit_broadcast(
@@ -399,12 +407,15 @@ def broadcast_async_(
 # -------------------------------------------------------------------- alltoall
 
 
-def _splits_list(splits: Any) -> Optional[List[int]]:
+def _splits_array(splits: Any) -> Optional[np.ndarray]:
+    """splits as Horovod's alltoall takes them: a tensor as it is (its dtype
+    and shape are checked: int32, 1-D), anything else as
+    ``torch.tensor(splits, dtype=torch.int32)`` makes it."""
     if splits is None:
         return None
     if isinstance(splits, torch.Tensor):
-        return [int(x) for x in splits.reshape(-1).tolist()]
-    return [int(x) for x in splits]
+        return _array(splits.contiguous())
+    return np.asarray(splits, dtype=np.int32)
 
 
 def alltoall_async(
@@ -415,18 +426,38 @@ def alltoall_async(
 ) -> int:
     """A function that scatters slices of the input tensor to all other Horovod
     processes and returns a tensor of gathered slices from all other Horovod
-    processes. The slicing is done on the first dimension; `splits` (a list or
-    int32 tensor with one entry per process) says how many rows go to each.
-    Without splits the first dimension is divided equally.
+    processes. The input tensor is not modified.
+
+    The slicing is done on the first dimension, so the input tensors on
+    the different processes must have the same rank and shape, except for the
+    first dimension, which is allowed to be different.
+
+    Arguments:
+        tensor: A tensor to distribute with alltoall.
+        splits: A tensor of integers in rank order describing how many
+            elements in `tensor` to send to each worker (an int32 tensor, or
+            a list). Splitting is applied along the first dimension of
+            `tensor`. If `splits` is not provided, the first dimension is
+            split equally by the number of Horovod processes.
+        name: A name of the alltoall operation.
+        process_set: Process set object to limit this operation to a subset of
+            Horovod processes. Default is the global process set.
+
+    Raises:
+        ValueError: before anything is sent, with Horovod's messages, when the
+            splits are not a 1-D int32 tensor, do not have one entry per
+            process of the set, add up to more than the first dimension, or
+            when there are no splits and the first dimension does not divide
+            equally; or when this rank is not in the process set.
 
     Returns:
         A handle to the alltoall operation that can be used with `poll()` or
         `synchronize()`; `synchronize()` returns (output, received_splits).
     """
     c = _basics.client()
-    ps = _ps_id(process_set)
+    _check(tensor)
+    ps, sp = _ops.alltoall_splits(_splits_array(splits), tensor.shape, process_set)
     handle = _ops.next_handle()
-    sp = _splits_list(splits)
     h = _output_submit(c, pb.OP_ALLTOALL, tensor, _name("alltoall", name), ps, with_splits=True, splits=sp)
     return _register(handle, h)
 
@@ -452,7 +483,7 @@ def reducescatter_async(
         or `synchronize()`.
     """
     c = _basics.client()
-    ps = _ps_id(process_set)
+    ps = process_set_for("Reducescatter", process_set)
     op = _reduce_op(op)
     handle = _ops.next_handle()
     h = _output_submit(
@@ -478,7 +509,7 @@ def grouped_reducescatter_async(
 ) -> int:
     """Asynchronous grouped reducescatter; `synchronize()` returns a list."""
     c = _basics.client()
-    ps = _ps_id(process_set)
+    ps = process_set_for("Reducescatter", process_set)
     op = _reduce_op(op)
     tensors = list(tensors)
     for t in tensors:

@@ -25,7 +25,9 @@ __all__ = [
     "HorovodAllgather",
     "HorovodBroadcast",
     "HorovodAlltoall",
+    "HorovodGroupedAllgather",
     "HorovodReducescatter",
+    "HorovodGroupedReducescatter",
 ]
 
 
@@ -140,25 +142,78 @@ class HorovodAlltoall(torch.autograd.Function):
         return grad_wrt_tensor, None, None, None
 
 
+class HorovodGroupedAllgather(torch.autograd.Function):
+    """An autograd function that performs allgather on a list of tensors."""
+
+    @staticmethod
+    def forward(ctx: Any, name, process_set, *tensors):  # type: ignore[override]
+        ctx.dims = [t.shape[0] if t.dim() > 0 else 0 for t in tensors]
+        ctx.process_set = process_set
+        handle = _async_ops.grouped_allgather_async(list(tensors), name, process_set)
+        return tuple(synchronize(handle))
+
+    @staticmethod
+    def backward(ctx: Any, *grad_output):  # type: ignore[override]
+        grads = HorovodGroupedAllreduce.apply(
+            None, None, Average, 1.0, 1.0, ctx.process_set, *[g.contiguous() for g in grad_output]
+        )
+        dim_ts = [torch.IntTensor([d]) for d in ctx.dims]
+        dims = HorovodGroupedAllgather.apply(None, ctx.process_set, *dim_ts)
+        r = ctx.process_set.rank()
+        offsets = [int(torch.sum(d.narrow(0, 0, r)).item()) if r != 0 else 0 for d in dims]
+        return (None, None, *[g.narrow(0, o, d) for g, o, d in zip(grads, offsets, ctx.dims)])
+
+
+def _reducescatter_grad_scale(ctx: Any) -> float:
+    """Horovod's factor for a reducescatter's gradient: the set's size for
+    Sum (none for Average), times the prescale and postscale factors."""
+    scale = float(ctx.prescale_factor) * float(ctx.postscale_factor)
+    if ctx.op == Sum:
+        scale *= ctx.process_set.size()
+    return scale
+
+
 class HorovodReducescatter(torch.autograd.Function):
-    """An autograd function that performs reducescatter on a tensor."""
+    """An autograd function that performs reducescatter on a tensor.
+
+    The gradient is Horovod's: the upstream gradient multiplied by the set's
+    size for Sum and by the prescale and postscale factors, then allgathered
+    (for Average the allgather alone: Horovod's tests expect ones for ones).
+    """
 
     @staticmethod
     def forward(ctx: Any, tensor, name, op, process_set, prescale_factor, postscale_factor):  # type: ignore[override]
         ctx.op = op
         ctx.process_set = process_set
-        ctx.scale = float(prescale_factor) * float(postscale_factor)
+        ctx.prescale_factor = prescale_factor
+        ctx.postscale_factor = postscale_factor
         handle = _async_ops.reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor)
         return synchronize(handle)
 
     @staticmethod
     def backward(ctx: Any, grad_output):  # type: ignore[override]
-        grad = HorovodAllgather.apply(grad_output.contiguous(), None, ctx.process_set)
-        scale = ctx.scale
-        if ctx.op == Average:
-            scale /= ctx.process_set.size()
-        elif ctx.op != Sum:
-            raise NotImplementedError("reducescatter backward supports only Average and Sum")
-        if scale != 1.0:
-            grad = grad * scale
-        return grad, None, None, None, None, None
+        scale = _reducescatter_grad_scale(ctx)
+        g = grad_output * scale if scale != 1.0 else grad_output
+        return HorovodAllgather.apply(g.contiguous(), None, ctx.process_set), None, None, None, None, None
+
+
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    """An autograd function that performs reducescatter on a list of tensors
+    (gradients as :class:`HorovodReducescatter`'s, by a grouped allgather)."""
+
+    @staticmethod
+    def forward(ctx: Any, name, op, process_set, prescale_factor, postscale_factor, *tensors):  # type: ignore[override]
+        ctx.op = op
+        ctx.process_set = process_set
+        ctx.prescale_factor = prescale_factor
+        ctx.postscale_factor = postscale_factor
+        handle = _async_ops.grouped_reducescatter_async(
+            list(tensors), name, op, process_set, prescale_factor, postscale_factor
+        )
+        return tuple(synchronize(handle))
+
+    @staticmethod
+    def backward(ctx: Any, *grad_output):  # type: ignore[override]
+        scale = _reducescatter_grad_scale(ctx)
+        gs = [(g * scale if scale != 1.0 else g).contiguous() for g in grad_output]
+        return (None, None, None, None, None, *HorovodGroupedAllgather.apply(None, ctx.process_set, *gs))

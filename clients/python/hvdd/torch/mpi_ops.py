@@ -42,7 +42,9 @@ from ._autograd import (
     HorovodAllreduce,
     HorovodAlltoall,
     HorovodBroadcast,
+    HorovodGroupedAllgather,
     HorovodGroupedAllreduce,
+    HorovodGroupedReducescatter,
     HorovodReducescatter,
 )
 from .compression import Compression
@@ -193,8 +195,11 @@ def allgather(
 def grouped_allgather(
     tensors: Sequence[torch.Tensor], name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> List[torch.Tensor]:
-    """Grouped allgather: returns the list of gathered tensors."""
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    """Grouped allgather: returns the list of gathered tensors, negotiated as
+    one unit. Differentiable, as :func:`allgather`."""
+    if not tensors:
+        return []
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
 # ------------------------------------------------------------------ broadcast
@@ -260,7 +265,9 @@ def reducescatter(
 ) -> torch.Tensor:
     """A function that performs reduction of the input tensor over all the
     Horovod processes, then scatters the results across all Horovod processes.
-    Differentiable.
+    Differentiable, with Horovod's gradient: the upstream gradient multiplied
+    by the set's size for Sum and by the prescale and postscale factors, then
+    allgathered.
 
     Returns:
         A tensor of the same rank and type as `tensor`, with this process's
@@ -281,11 +288,12 @@ def grouped_reducescatter(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> List[torch.Tensor]:
-    """Grouped reducescatter: returns a list of this process's blocks."""
-    compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
-    outs = synchronize(
-        grouped_reducescatter_async(compressed, name, op, process_set, prescale_factor, postscale_factor)
-    )
+    """Grouped reducescatter: returns a list of this process's blocks,
+    negotiated as one unit. Differentiable, as :func:`reducescatter`."""
+    if not tensors:
+        return []
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
+    outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor, *compressed)
     return [compression.decompress(t, ctx) for t, ctx in zip(outs, ctxs)]
 
 

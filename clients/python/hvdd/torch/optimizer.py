@@ -307,15 +307,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     for gp, output, gctx in zip(p, outputs, ctx):
                         self._allreduce_delay[gp] = self.backward_passes_per_step
                         gp.grad.set_(self._compression.decompress(output, gctx))
-                elif callable(handle):
-                    # sparse allreduce
+                    if self._groups is not None:
+                        self._group_counts[p] = 0
+                    continue
+                if callable(handle):
+                    # sparse allreduce: the handle returns the aggregated
+                    # (uncompressed) sparse gradient
                     output = handle()
-                    self._allreduce_delay[p] = self.backward_passes_per_step
-                    p.grad = output
                 else:
-                    output = synchronize(handle)
-                    self._allreduce_delay[p] = self.backward_passes_per_step
-                    p.grad.set_(self._compression.decompress(output, ctx))
+                    output = self._compression.decompress(synchronize(handle), ctx)
+                self._allreduce_delay[p] = self.backward_passes_per_step
+                if self._groups is not None:
+                    # a member of a group whose other members' hooks had not
+                    # all fired: the group starts counting afresh
+                    self._group_counts[self._p_to_group[p]] = 0
+                if p.grad.is_sparse:
+                    if not output.is_sparse:
+                        # sparse_as_dense: back to the gradient's layout
+                        output = output.to_sparse(p.grad.sparse_dim())
+                    # set_ does not take sparse tensors; this does the same
+                    p.grad.zero_().add_(output)
+                else:
+                    p.grad.set_(output)
         finally:
             self._handles.clear()
 
