@@ -74,6 +74,9 @@ func (x *executor) run() {
 }
 
 func (x *executor) execute(w work) {
+	if timed(&w) {
+		defer observeLatency(&w, monoNow()) // metrics.go
+	}
 	if w.b != nil {
 		if w.tl != nil {
 			// The response's top-level phase (tracer.responded) ends
@@ -188,6 +191,7 @@ func (x *executor) finishBatched(ops [][]*op) {
 		b := by[c]
 		c.sendBatch(b.ids, b.ms)
 		for _, o := range b.ops {
+			o.count(ipcpb.Code_CODE_OK) // metrics.go
 			o.release()
 		}
 	}

@@ -296,6 +296,8 @@ func (l *loop) message(m any) {
 		l.reformTimeout(m.r)
 	case msgReformCheck:
 		l.reformCheck(m.r)
+	case msgMetrics:
+		l.snapshot(m) // metrics.go
 	case msgExecErr:
 		if l.current(m.j) && m.j.failed == nil {
 			l.abort(m.j, ipcpb.Code_CODE_ABORTED, m.err.Error(), true)
@@ -654,6 +656,7 @@ func (l *loop) fail(j *job, code ipcpb.Code, msg string) {
 }
 
 func (l *loop) enqueue(o *op) {
+	l.arrived(o) // metrics.go
 	c := o.c
 	j := c.job
 	switch {
@@ -808,6 +811,7 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 				}
 			}
 			w.ops[i] = row
+			l.negotiated(j, row) // metrics.go
 		}
 		if r.Err != nil {
 			d := &ipcpb.Done{Code: errorCode(r.Err), Error: r.Err.Error()}
@@ -828,6 +832,7 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 	j.stats.batches++
 	j.stats.responses += int64(len(batch))
 	j.stats.bytes += bytes
+	l.fused(j, batch) // metrics.go
 	if j.tune != nil {
 		l.tuneBatch(j, resps)
 	}
@@ -943,6 +948,7 @@ func (l *loop) checkJobStalls(j *job) {
 		ShutdownSeconds: int64(l.cfg.StallShutdown.Seconds()),
 	})
 	l.s.log.Warn(msg, "job", j.id, "name", j.lane.key.name)
+	j.lane.m.Stalled(len(over) > 0) // metrics.go
 	if len(over) > 0 {
 		var parts []string
 		for _, st := range over {
