@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/plan"
@@ -51,6 +52,9 @@ type executor struct {
 	// engine of the job that asked for them last.
 	groups   map[string]backends.Backend
 	groupsOf backends.Backend
+	// dispatched is when the loop dispatched the batch running now, for
+	// the latency metrics (metrics.go: fused); set only while it is idle.
+	dispatched time.Time
 }
 
 func newExecutor(s *Server, p *poller) *executor {
@@ -75,7 +79,7 @@ func (x *executor) run() {
 
 func (x *executor) execute(w work) {
 	if timed(&w) {
-		defer observeLatency(&w, monoNow()) // metrics.go
+		defer observeLatency(&w, x.dispatched) // metrics.go
 	}
 	if w.b != nil {
 		if w.tl != nil {

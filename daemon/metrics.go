@@ -20,8 +20,9 @@ import (
 //     children for its collective (resolved once per job and collective),
 //     its arrival time and its size class; it is counted as it is answered
 //     (op.finish, finishBatched: count), on whichever goroutine answers it;
-//   - the executor times each response from the start of its execution to
-//     its ranks' answers (execute: observeLatency), once per tensor;
+//   - the executor times each response from its batch's dispatch (the
+//     loop's clock reading as it dispatches, kept in executor.dispatched)
+//     to its ranks' answers (execute: observeLatency), once per tensor;
 //   - the loop records, as it dispatches a batch (runResponses), each
 //     tensor's negotiation wait (its local ranks' first to last arrival)
 //     and the batch's fusion (tensors and bytes per response and batch), and
@@ -35,8 +36,8 @@ import (
 //     shares its state.
 //
 // Off (Config.Metrics nil), every hook is a nil check. On, the hot path
-// costs no allocation and no lock: pre-resolved children, atomic adds,
-// two clock reads per op (BenchmarkOpMetrics).
+// costs no allocation and no lock: pre-resolved children, atomic adds, a
+// clock reading per op and one per response (BenchmarkOpMetrics).
 
 // monoEpoch is the zero of monoNow.
 var monoEpoch = time.Now()
@@ -97,11 +98,11 @@ func timed(w *work) bool {
 	return false
 }
 
-// observeLatency records, for each tensor of w, the time since start
-// (monoNow) in its collective's latency histogram, in the size class of
-// its first local rank's op.
-func observeLatency(w *work, start int64) {
-	d := time.Duration(monoNow() - start).Seconds()
+// observeLatency records, for each tensor of w, the time since its batch
+// was dispatched in its collective's latency histogram, in the size class
+// of its first local rank's op.
+func observeLatency(w *work, dispatched time.Time) {
+	d := time.Since(dispatched).Seconds()
 	for _, row := range w.ops {
 		for _, o := range row {
 			if o != nil {
@@ -140,12 +141,16 @@ func (l *loop) negotiated(j *job, row []*op) {
 }
 
 // fused records a dispatched batch's fusion: the tensors and bytes of
-// each response, and of the whole.
+// each response, and of the whole. It hands the executor the batch's
+// dispatch time for the latency: the loop dispatches only to an idle
+// executor, which reads it after it got the batch (inline, or through its
+// channel).
 func (l *loop) fused(j *job, batch []work) {
 	m := j.lane.m
 	if m == nil {
 		return
 	}
+	l.x.dispatched = l.lastDispatch
 	tensors, bytes := 0, int64(0)
 	for i := range batch {
 		r := &batch[i].resp

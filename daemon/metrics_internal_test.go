@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"testing"
+	"time"
 
 	"github.com/hvdd/hvdd/daemon/metrics"
 	"github.com/hvdd/hvdd/daemon/plan"
@@ -18,17 +19,15 @@ func opHooks(l *loop, j *job, ops []*op, batch []work) {
 		l.arrived(o)
 	}
 	l.negotiated(j, ops)
+	l.lastDispatch = time.Now() // the loop reads the clock as it dispatches anyway
 	l.fused(j, batch)
 	w := &batch[0]
-	var t0 int64
-	if timed(w) {
-		t0 = monoNow()
-	}
+	on := timed(w)
 	for _, o := range ops {
 		o.count(ipcpb.Code_CODE_OK)
 	}
-	if t0 != 0 {
-		observeLatency(w, t0)
+	if on {
+		observeLatency(w, l.x.dispatched)
 	}
 }
 
@@ -43,7 +42,7 @@ func hookFixture(m *metrics.Metrics) (*loop, *job, []*op, []work) {
 		ops[i] = &op{c: &client{lane: ln}, typ: tensor.Allreduce, buf: buf}
 	}
 	batch := []work{{j: j, ops: [][]*op{ops}, resp: plan.Response{Op: tensor.Allreduce, Tensors: []plan.Tensor{{Name: "t"}}, Bytes: 4096}}}
-	return &loop{}, j, ops, batch
+	return &loop{x: &executor{}}, j, ops, batch
 }
 
 // TestOpMetricsAllocs pins the daemon's per-op hooks at zero allocations,
