@@ -158,7 +158,7 @@ func New(opts Options) *Metrics {
 	}, []string{"job_name", "collective"})
 	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "hvdd_op_duration_seconds",
-		Help:    "Time from the start of a response's execution (its dispatch to the idle executor, or run inline by the loop) to its ranks' answers, once per tensor, by job, collective and size class (the op's bytes: at most 4KiB, 1MiB, 64MiB, or +Inf).",
+		Help:    "Time from the dispatch of a response's batch (to the idle executor, or run inline by the loop) to its ranks' answers, once per tensor, by job, collective and size class (the op's bytes: at most 4KiB, 1MiB, 64MiB, or +Inf).",
 		Buckets: latencyBuckets,
 	}, []string{"job_name", "collective", "size"})
 	m.wait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
