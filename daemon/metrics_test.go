@@ -121,7 +121,7 @@ func initJob(t *testing.T, ctx context.Context, socket, name string, n int) []*h
 	var wg sync.WaitGroup
 	for i := range clients {
 		lr := i
-		clients[i] = &hvdd.Client{Socket: socket, RequestedLocalRank: &lr, Job: name, ArenaSize: testArena}
+		clients[i] = &hvdd.Client{Socket: socket, RequestedLocalRank: &lr, Job: name, JobLocalSize: n, ArenaSize: testArena}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -603,6 +603,63 @@ func TestMetricsPrometheus(t *testing.T) {
 	for _, smp := range r {
 		if smp.Value != 0 {
 			t.Errorf("latency histogram %v: +Inf bucket and count differ by %v", smp.Metric, smp.Value)
+		}
+	}
+}
+
+// TestMetricsTwoJobs: two jobs at once on one daemon count into their own
+// series, and the gauges count both.
+func TestMetricsTwoJobs(t *testing.T) {
+	m := metrics.New(metrics.Options{NoProcess: true})
+	ln, err := metrics.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := m.Serve(ln, nil)
+	defer srv.Shutdown(context.Background())
+	s := daemontest.Start(t, daemon.Config{Slots: 4, Metrics: m})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	jobs := map[string]int{"job-a": 3, "job-b": 5} // allreduces each
+	all := map[string][]*hvdd.Client{}
+	for name := range jobs {
+		all[name] = initJob(t, ctx, s.Socket, name, 2)
+	}
+	var wg sync.WaitGroup
+	for name, n := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			daemontest.RunAll(t, all[name], func(c *hvdd.Client) error {
+				for i := range n {
+					if err := hvdd.Allreduce(ctx, c, make([]float32, 64), hvdd.WithName(fmt.Sprint("t.", i))); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}()
+	}
+	wg.Wait()
+	fams := scrape(t, srv.Addr())
+	want := []series{
+		{"hvdd_clients", map[string]string{"state": "running"}, 4},
+		{"hvdd_jobs", map[string]string{"state": "running"}, 2},
+		{"hvdd_slots_used", nil, 4},
+	}
+	for name, n := range jobs {
+		want = append(want,
+			series{"hvdd_ops_total", map[string]string{"job_name": name, "collective": "allreduce", "code": "ok"}, float64(2 * n)},
+			series{"hvdd_op_duration_seconds_count", map[string]string{"job_name": name, "collective": "allreduce", "size": "4KiB"}, float64(n)})
+	}
+	for _, w := range want {
+		if got, err := sample(fams, w); err != nil || got != w.value {
+			t.Errorf("%v = %v (%v), want %v", w, got, err, w.value)
+		}
+	}
+	for _, cs := range all {
+		for _, c := range cs {
+			c.Close()
 		}
 	}
 }
