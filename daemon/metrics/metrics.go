@@ -193,9 +193,59 @@ func New(opts Options) *Metrics {
 	m.reg.MustRegister(m.ops, m.bytes, m.latency, m.wait, m.respTensors, m.respBytes,
 		m.batchTensors, m.batchBytes, m.stallWarnings, m.stallShutdowns, build)
 	if !opts.NoProcess {
-		m.reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
+		m.reg.MustRegister(&cached{c: collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), every: processEvery, now: time.Now},
+			collectors.NewGoCollector())
 	}
 	return m
+}
+
+// processEvery is how often at most the process collector reads /proc:
+// each reading costs about a millisecond of CPU (/proc/self/net/netstat,
+// /proc/stat, the descriptor table), which a scraper polling every 100 ms
+// would otherwise pay each time. Its values are then up to this old.
+const processEvery = time.Second
+
+// cached is a collector whose metrics are collected from c at most once
+// per every, and sent again as they were in between (const metrics, which
+// stay valid).
+type cached struct {
+	c     prometheus.Collector
+	every time.Duration
+	now   func() time.Time
+
+	// mu guards the fields that follow; held through a collection, so
+	// that concurrent scrapes collect once.
+	mu   sync.Mutex
+	at   time.Time
+	last []prometheus.Metric
+}
+
+// Describe passes c's descriptors on.
+func (c *cached) Describe(ch chan<- *prometheus.Desc) { c.c.Describe(ch) }
+
+// Collect sends c's metrics, collected anew once every has passed.
+func (c *cached) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	if now := c.now(); c.last == nil || now.Sub(c.at) >= c.every {
+		in := make(chan prometheus.Metric)
+		done := make(chan struct{})
+		var got []prometheus.Metric
+		go func() {
+			defer close(done)
+			for m := range in {
+				got = append(got, m)
+			}
+		}()
+		c.c.Collect(in)
+		close(in)
+		<-done
+		c.at, c.last = now, got
+	}
+	last := c.last
+	c.mu.Unlock()
+	for _, m := range last {
+		ch <- m
+	}
 }
 
 // Registry is the registry the metrics live in: the daemon registers its

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -296,5 +297,45 @@ func TestServe(t *testing.T) {
 	}
 	if resp, _ := get("/nothing"); resp.StatusCode != 404 {
 		t.Errorf("/nothing: %s, want 404", resp.Status)
+	}
+}
+
+// countingCollector counts its collections and sends one metric of that
+// count.
+type countingCollector struct {
+	desc *prometheus.Desc
+	n    int
+}
+
+func (c *countingCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *countingCollector) Collect(ch chan<- prometheus.Metric) {
+	c.n++
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(c.n))
+}
+
+// TestCached: the process collector's cache collects at most once per
+// interval and repeats the last values in between.
+func TestCached(t *testing.T) {
+	now := time.Unix(0, 0)
+	inner := &countingCollector{desc: prometheus.NewDesc("collections", "h", nil, nil)}
+	c := &cached{c: inner, every: time.Second, now: func() time.Time { return now }}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	value := func() float64 {
+		fams, err := reg.Gather()
+		if err != nil || len(fams) != 1 {
+			t.Fatalf("gather: %v %v", fams, err)
+		}
+		return fams[0].GetMetric()[0].GetGauge().GetValue()
+	}
+	for _, step := range []struct {
+		advance time.Duration
+		want    float64
+	}{{0, 1}, {500 * time.Millisecond, 1}, {499 * time.Millisecond, 1}, {time.Millisecond, 2}, {0, 2}, {5 * time.Second, 3}} {
+		now = now.Add(step.advance)
+		if got := value(); got != step.want {
+			t.Fatalf("after %v more: collection %v, want %v", step.advance, got, step.want)
+		}
 	}
 }
