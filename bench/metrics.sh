@@ -11,7 +11,9 @@
 #
 # The modes take turns within each round (the order rotates every round),
 # so that the machine's drift weighs on all alike; it prints every round,
-# then each mode's median over the rounds and its ratio to off.
+# then each mode's median over the rounds and its ratio to off. Last, the
+# CPU one scrape costs the daemon: an idle daemon scraped every 10 ms for
+# 10 s, its utime+stime (/proc) over the scrapes made.
 #
 # Usage: bench/metrics.sh [ROUNDS]   (default 7; HVDD=binary, default bin/hvdd)
 set -euo pipefail
@@ -69,3 +71,17 @@ for m in "${modes[@]}"; do
   echo "$m $lat $big"
 done | awk 'NR == 1 {l0 = $2; b0 = $3} {printf "%s %.2f %.3f %.0f %.3f\n", $1, $2, $2 / l0, $3, $3 / b0}'
 echo "# load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# The daemon's CPU per scrape.
+"$bin" serve --slots 2 --log-level warning --socket "$tmp/cpu.sock" --metrics-addr "127.0.0.1:$port" 2>>"$tmp/daemon.log" &
+dpid=$!; pids+=("$dpid")
+for _ in $(seq 200); do [ -S "$tmp/cpu.sock" ] && break; sleep 0.05; done
+ticks() { awk '{print $14 + $15}' "/proc/$dpid/stat"; }
+t0=$(ticks)
+"$tmp/scrape" -every 10ms "http://127.0.0.1:$port/metrics" >"$tmp/scrape.out" &
+spid=$!; pids+=("$spid")
+sleep 10
+kill -TERM "$spid"; wait "$spid" || true
+t1=$(ticks)
+kill -TERM "$dpid"; wait "$dpid" || true
+awk -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" '{printf "# idle daemon scraped every 10 ms: %d scrapes (%d failed), median %s, daemon CPU %.2f ms per scrape\n", $2, $4, $6, 1000 * t / hz / $2}' "$tmp/scrape.out"
