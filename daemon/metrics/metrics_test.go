@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -336,6 +337,31 @@ func TestCached(t *testing.T) {
 		now = now.Add(step.advance)
 		if got := value(); got != step.want {
 			t.Fatalf("after %v more: collection %v, want %v", step.advance, got, step.want)
+		}
+	}
+}
+
+// BenchmarkScrape is one scrape of a daemon's metrics through the handler
+// (one job's series, the process and Go collectors), as Prometheus asks
+// for it (gzip accepted).
+func BenchmarkScrape(b *testing.B) {
+	m := New(Options{})
+	j := m.Job("j")
+	c := j.Collective(tensor.Allreduce)
+	c.Done(ipcpb.Code_CODE_OK, 10)
+	c.Latency(0).Observe(1)
+	j.Negotiated(1)
+	j.Response(1, 1)
+	j.Batch(1, 1)
+	h := m.Handler()
+	b.ReportAllocs()
+	for b.Loop() {
+		r := httptest.NewRequest("GET", "/metrics", nil)
+		r.Header.Set("Accept-Encoding", "gzip")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != http.StatusOK || w.Header().Get("Content-Encoding") != "" {
+			b.Fatalf("%d, encoding %q", w.Code, w.Header().Get("Content-Encoding"))
 		}
 	}
 }
