@@ -11,7 +11,9 @@
 #
 # The modes take turns within each round (the order rotates every round),
 # so that the machine's drift weighs on all alike; it prints every round,
-# then each mode's median over the rounds and its ratio to off. Last, the
+# then each mode's median over the rounds and its ratio to off, and the
+# median over rounds of each round's ratio to that round's off (the paired
+# figure, which the machine's drift between rounds moves least). Last, the
 # CPU one scrape costs the daemon: an idle daemon scraped every 10 ms for
 # 10 s, its utime+stime (/proc) over the scrapes made.
 #
@@ -70,6 +72,13 @@ for m in "${modes[@]}"; do
   big=$(awk -v m="$m" '$2 == m {print $4}' "$tmp/rounds" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}')
   echo "$m $lat $big"
 done | awk 'NR == 1 {l0 = $2; b0 = $3} {printf "%s %.2f %.3f %.0f %.3f\n", $1, $2, $2 / l0, $3, $3 / b0}'
+echo "# mode median_over_rounds(4B/off_4B) median_over_rounds(64MiB/off_64MiB)"
+med() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+for m in on scraped; do
+  l=$(awk -v m="$m" '$2 == "off" {lo[$1] = $3; bo[$1] = $4} $2 == m {l[$1] = $3} END {for (r in l) print l[r] / lo[r]}' "$tmp/rounds" | med)
+  b=$(awk -v m="$m" '$2 == "off" {lo[$1] = $3; bo[$1] = $4} $2 == m {b[$1] = $4} END {for (r in b) print b[r] / bo[r]}' "$tmp/rounds" | med)
+  printf '%s %.3f %.3f\n' "$m" "$l" "$b"
+done
 echo "# load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # The daemon's CPU per scrape.
