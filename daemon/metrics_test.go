@@ -440,8 +440,8 @@ func linkBytes(t *testing.T, addrs []string, peer func(int) map[string]string) [
 	return b
 }
 
-// prometheus is a Prometheus server started for a test.
-type prometheus struct {
+// promServer is a Prometheus server started for a test.
+type promServer struct {
 	url string
 	out *bytes.Buffer
 }
@@ -450,7 +450,7 @@ type prometheus struct {
 // (job "hvdd"), with its storage in a temporary directory and its API on a
 // free loopback port, and waits until it is ready. It skips the test when
 // Prometheus is not installed (scripts/setup.sh installs it).
-func startPrometheus(t *testing.T, target string) *prometheus {
+func startPrometheus(t *testing.T, target string) *promServer {
 	t.Helper()
 	const bin = "/usr/bin/prometheus"
 	if _, err := os.Stat(bin); err != nil {
@@ -467,7 +467,7 @@ func startPrometheus(t *testing.T, target string) *prometheus {
 	}
 	web := ln.Addr().String()
 	ln.Close()
-	p := &prometheus{url: "http://" + web, out: &bytes.Buffer{}}
+	p := &promServer{url: "http://" + web, out: &bytes.Buffer{}}
 	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+web, "--log.level=warn")
 	cmd.Stdout, cmd.Stderr = p.out, p.out
@@ -510,7 +510,7 @@ func startPrometheus(t *testing.T, target string) *prometheus {
 
 // query evaluates a PromQL instant query at time at (unix seconds; 0:
 // now) and returns the vector's samples by their labels.
-func (p *prometheus) query(t *testing.T, q string, at float64) []model.Sample {
+func (p *promServer) query(t *testing.T, q string, at float64) []model.Sample {
 	t.Helper()
 	v := url.Values{"query": {q}}
 	if at != 0 {
