@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -54,6 +55,17 @@ type Link struct {
 	pr    int
 	heard time.Time
 
+	// Round-trip time, from heartbeat echoes (see clusterpb.Heartbeat):
+	// born is the zero of this end's clock; rtt the last round trip
+	// measured (ns, 0 until one is). hbMu guards the last heartbeat the
+	// peer sent (its clock value, and when it arrived), which this end's
+	// next heartbeat echoes.
+	born     time.Time
+	rtt      atomic.Int64
+	hbMu     sync.Mutex
+	peerSent int64
+	peerAt   time.Time
+
 	stop chan struct{}
 	once sync.Once
 }
@@ -99,7 +111,8 @@ func newLink(c net.Conn, cfg Config, peer string) (*Link, error) {
 		unix.Close(intr)
 		return nil, fmt.Errorf("cluster: link to %s: %w", peer, err)
 	}
-	l := &Link{cfg: cfg, peer: peer, fd: fd, intr: intr, stop: make(chan struct{}), heard: time.Now()}
+	now := time.Now()
+	l := &Link{cfg: cfg, peer: peer, fd: fd, intr: intr, stop: make(chan struct{}), heard: now, born: now}
 	if dw, ok := c.(DirectWriter); ok {
 		l.direct = dw.DirectWrite
 	}
@@ -157,18 +170,53 @@ func (l *Link) wait(events int16, deadline time.Time) error {
 func (l *Link) heartbeat() {
 	t := time.NewTicker(l.cfg.Heartbeat)
 	defer t.Stop()
-	hb := &clusterpb.Message{Msg: &clusterpb.Message_Heartbeat{Heartbeat: &clusterpb.Heartbeat{}}}
 	for {
 		select {
 		case <-l.stop:
 			return
 		case <-t.C:
-			if l.Send(hb) != nil {
+			if l.Send(&clusterpb.Message{Msg: &clusterpb.Message_Heartbeat{Heartbeat: l.nextHeartbeat(time.Now())}}) != nil {
 				return
 			}
 		}
 	}
 }
+
+// nextHeartbeat is the heartbeat to send at now: this end's clock, and the
+// echo of the last heartbeat the peer sent with how long it was held.
+func (l *Link) nextHeartbeat(now time.Time) *clusterpb.Heartbeat {
+	hb := &clusterpb.Heartbeat{Sent: int64(now.Sub(l.born)) + 1}
+	l.hbMu.Lock()
+	if l.peerSent != 0 {
+		hb.Echo, hb.Held = l.peerSent, int64(now.Sub(l.peerAt))
+	}
+	l.hbMu.Unlock()
+	return hb
+}
+
+// heartbeatIn takes a heartbeat that arrived at at: it keeps the peer's
+// clock for the next echo, and an echo of ours gives the round-trip time.
+// A heartbeat without fields (an older daemon) changes nothing.
+func (l *Link) heartbeatIn(hb *clusterpb.Heartbeat, at time.Time) {
+	if s := hb.GetSent(); s != 0 {
+		l.hbMu.Lock()
+		l.peerSent, l.peerAt = s, at
+		l.hbMu.Unlock()
+	}
+	if e := hb.GetEcho(); e != 0 {
+		if rtt := int64(at.Sub(l.born)) + 1 - e - hb.GetHeld(); rtt > 0 {
+			l.rtt.Store(rtt)
+		}
+	}
+}
+
+// RTT returns the link's last round-trip time measured by heartbeats (the
+// peer's echo of one of ours, less the time the peer held it): the network
+// both ways plus the time each side took to read. It is 0 until one has
+// been measured, and stays 0 with a peer that does not echo (an older
+// daemon). It is updated as heartbeats are read (Recv, TryRecv), once per
+// heartbeat period. Safe from any goroutine.
+func (l *Link) RTT() time.Duration { return time.Duration(l.rtt.Load()) }
 
 // Expect says whether the link's reader now awaits messages from the peer,
 // for a connection that wants to know (Expecter); for others it does
@@ -317,7 +365,9 @@ func (l *Link) decode(b []byte) (*clusterpb.Message, error) {
 	if err := proto.Unmarshal(b, m); err != nil || m.Msg == nil {
 		return nil, fmt.Errorf("cluster: undecodable message from %s: %v", l.peer, err)
 	}
-	if _, hb := m.Msg.(*clusterpb.Message_Heartbeat); hb {
+	if hb, ok := m.Msg.(*clusterpb.Message_Heartbeat); ok {
+		// It arrived with the read that brought it: l.heard.
+		l.heartbeatIn(hb.Heartbeat, l.heard)
 		return nil, nil
 	}
 	return m, nil

@@ -70,12 +70,14 @@ type region struct {
 	id   uint32
 	m    *shm.Region
 	refs atomic.Int32
+	acct *atomic.Int64 // the Server's count of its kind of mapping (metrics.go)
 }
 
 func (r *region) ref() { r.refs.Add(1) }
 
 func (r *region) unref() {
 	if r.refs.Add(-1) == 0 {
+		r.unaccount() // metrics.go
 		r.m.Close()
 	}
 }
@@ -201,6 +203,7 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		}
 		o, err := c.resolve(id, m.Enqueue)
 		if err != nil {
+			l.refusedOp(c, m.Enqueue) // metrics.go
 			c.reply(id, &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: err.Error()})
 			return nil
 		}
@@ -314,6 +317,7 @@ func (c *client) register(m *ipcpb.RegisterRegion) error {
 	}
 	r := &region{id: id, m: sm}
 	r.refs.Store(1)
+	r.account(&c.s.mapped.client) // metrics.go
 	c.regions[id] = r
 	return nil
 }
@@ -344,6 +348,7 @@ func (c *client) registerChannel(m *ipcpb.RegisterChannel) error {
 	}
 	r := &region{id: ^uint32(0), m: sm}
 	r.refs.Store(1)
+	r.account(&c.s.mapped.channel) // metrics.go
 	c.chReg = r
 	c.txMu.Lock()
 	c.ch = ch
@@ -542,6 +547,7 @@ type outRegion struct {
 	id    uint32
 	m     *shm.Region
 	arena *shm.Arena
+	acct  *atomic.Int64 // the Server's count of output mappings (metrics.go)
 }
 
 // alloc reserves n bytes in one of c's output regions, granting a new region to
@@ -566,7 +572,7 @@ func (c *client) allocOutput(n int64) ([]byte, *ipcpb.Buffer, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("output region: %w", err)
 	}
-	r := &outRegion{id: grantedBase + o.nextID, m: m, arena: shm.NewArena(size)}
+	r := &outRegion{id: grantedBase + o.nextID, m: m, arena: shm.NewArena(size), acct: &c.s.mapped.output}
 	o.nextID++
 	if err := c.sendSocket(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_GrantRegion{
 		GrantRegion: &ipcpb.GrantRegion{Region: r.id, Size: uint64(size)}}}, m.FD()); err != nil {
@@ -574,6 +580,7 @@ func (c *client) allocOutput(n int64) ([]byte, *ipcpb.Buffer, error) {
 		return nil, nil, fmt.Errorf("grant output region: %w", err)
 	}
 	o.regions = append(o.regions, r)
+	r.acct.Add(size) // metrics.go
 	off, _ := r.arena.Alloc(n)
 	return m.Bytes()[off : off+n : off+n], &ipcpb.Buffer{Region: r.id, Offset: uint64(off), Length: uint64(n)}, nil
 }
@@ -596,6 +603,7 @@ func (o *outputs) close() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, r := range o.regions {
+		r.acct.Add(-r.m.Size()) // metrics.go
 		r.m.Close()
 	}
 	o.regions = nil

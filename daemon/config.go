@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/hvdd/hvdd/daemon/metrics"
 )
 
 // Config configures a Server. Every field's zero value has the meaning its
@@ -131,6 +133,13 @@ type Config struct {
 	// while the job runs (Horovod's HOROVOD_AUTOTUNE); its zero value leaves
 	// them as configured.
 	Autotune AutotuneConfig
+
+	// Metrics, when set, receives the daemon's Prometheus metrics (package
+	// daemon/metrics; hvdd serve --metrics-addr serves them): ops, bytes,
+	// latency, fusion, negotiation waits, stalls, clients and jobs, links,
+	// shared memory. Nil counts nothing (every hook is a nil check). One
+	// Metrics serves one Server at a time.
+	Metrics *metrics.Metrics
 }
 
 // AutotuneConfig configures autotuning (autotune.go). The zero value is

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/plan"
@@ -51,6 +52,9 @@ type executor struct {
 	// engine of the job that asked for them last.
 	groups   map[string]backends.Backend
 	groupsOf backends.Backend
+	// dispatched is when the loop dispatched the batch running now, for
+	// the latency metrics (metrics.go: fused); set only while it is idle.
+	dispatched time.Time
 }
 
 func newExecutor(s *Server, p *poller) *executor {
@@ -74,6 +78,9 @@ func (x *executor) run() {
 }
 
 func (x *executor) execute(w work) {
+	if timed(&w) {
+		defer observeLatency(&w, x.dispatched) // metrics.go
+	}
 	if w.b != nil {
 		if w.tl != nil {
 			// The response's top-level phase (tracer.responded) ends
@@ -188,6 +195,7 @@ func (x *executor) finishBatched(ops [][]*op) {
 		b := by[c]
 		c.sendBatch(b.ids, b.ms)
 		for _, o := range b.ops {
+			o.count(ipcpb.Code_CODE_OK) // metrics.go
 			o.release()
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hvdd/hvdd/daemon/metrics"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/tensor"
@@ -21,6 +22,12 @@ type op struct {
 	req       plan.Request
 	reg       *region // holds a reference while the op is in flight
 	buf       []byte  // the input (and in-place output) bytes
+
+	// Metrics (metrics.go): its collective's children in its job (nil
+	// when off), when it arrived (monoNow), its size class.
+	m     *metrics.Collective
+	at    int64
+	class uint8
 }
 
 func (o *op) release() {
@@ -34,6 +41,7 @@ func (o *op) release() {
 // finish answers the op and drops its buffer.
 func (o *op) finish(d *ipcpb.Done) {
 	o.c.reply(o.id, d)
+	o.count(d.GetCode()) // metrics.go
 	o.release()
 }
 

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/hvdd/hvdd/daemon/metrics"
 )
 
 // Several jobs at once. A daemon runs as many jobs as its --slots hold:
@@ -47,6 +49,8 @@ type lane struct {
 	joiners []*client
 	// reform is the next epoch of an elastic job, while it forms.
 	reform *reform
+	// m is the job's metrics (metrics.go); nil when off.
+	m *metrics.Job
 }
 
 // name is how logs and errors name the lane's job.
@@ -116,6 +120,7 @@ func (l *loop) laneFor(c *client, h helloView) (*lane, string) {
 			l.cfg.Slots, used, l.jobList(), size)
 	}
 	ln := &lane{key: key, size: size}
+	ln.m = l.cfg.Metrics.Job(key.name) // metrics.go
 	l.lanes[key] = ln
 	l.order = append(l.order, ln)
 	return ln, ""
@@ -155,6 +160,7 @@ func (l *loop) dropLane(ln *lane) {
 		return
 	}
 	delete(l.lanes, ln.key)
+	ln.m.Release() // metrics.go
 	i := slices.Index(l.order, ln)
 	l.order = slices.Delete(l.order, i, i+1)
 	if l.rr > i {

@@ -316,6 +316,8 @@ func (l *loop) message(m any) {
 		l.reformTimeout(m.r)
 	case msgReformCheck:
 		l.reformCheck(m.r)
+	case msgMetrics:
+		l.snapshot(m) // metrics.go
 	case msgExecErr:
 		if m.closed && m.j.failed != nil && m.j.failed.GetCode() == ipcpb.Code_CODE_ABORTED {
 			// The job failed first (a node lost, an abort from another node)
@@ -688,6 +690,7 @@ func (l *loop) fail(j *job, code ipcpb.Code, msg string) {
 }
 
 func (l *loop) enqueue(o *op) {
+	l.arrived(o) // metrics.go
 	c := o.c
 	j := c.job
 	switch {
@@ -842,6 +845,7 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 				}
 			}
 			w.ops[i] = row
+			l.negotiated(j, row) // metrics.go
 		}
 		if r.Err != nil {
 			l.noteError(j, r.Err.Error())
@@ -863,6 +867,7 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 	j.stats.batches++
 	j.stats.responses += int64(len(batch))
 	j.stats.bytes += bytes
+	l.fused(j, batch) // metrics.go
 	if j.tune != nil {
 		l.tuneBatch(j, resps)
 	}
@@ -978,6 +983,7 @@ func (l *loop) checkJobStalls(j *job) {
 		ShutdownSeconds: int64(l.cfg.StallShutdown.Seconds()),
 	})
 	l.s.log.Warn(msg, "job", j.id, "name", j.lane.key.name)
+	j.lane.m.Stalled(len(over) > 0) // metrics.go
 	if len(over) > 0 {
 		var parts []string
 		for _, st := range over {

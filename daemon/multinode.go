@@ -93,6 +93,10 @@ type multiNode struct {
 	watched map[int]*watchedLink // the running job's control links, by descriptor
 	running *job                 // the elastic job that runs, until it is over
 
+	// linkBytes is what the engines of the jobs that ended exchanged with
+	// each node ({sent, received}, by --node-rank), for the metrics.
+	linkBytes map[int]*[2]int64
+
 	// removedHost is this node's host once hvdd run's elastic driver
 	// removed it (removal.go).
 	removedHost string

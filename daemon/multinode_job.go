@@ -603,6 +603,7 @@ func (mc *multiCoord) end() {
 	if mc.b != nil {
 		if sr, ok := mc.b.(backends.StatsReporter); ok {
 			st := sr.Stats()
+			mc.n.endedLinkBytes(mc.ids, st) // metrics.go
 			mc.n.log.Info("cross-node bytes of the job", "job", j.id, "node", j.members.node, "sent", st.SentBytes, "received", st.RecvBytes)
 		}
 		mc.b.Close()

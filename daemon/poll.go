@@ -14,9 +14,10 @@ type poller struct {
 	evfd   int
 	events []unix.EpollEvent
 
-	// mu guards inbox.
-	mu    sync.Mutex
-	inbox []any
+	// mu guards the fields that follow.
+	mu     sync.Mutex
+	inbox  []any
+	closed bool // the descriptors are closed: post drops its message
 }
 
 func newPoller() (*poller, error) {
@@ -66,11 +67,17 @@ func (p *poller) wait(timeoutMs int) ([]unix.EpollEvent, error) {
 	}
 }
 
-// post queues m for the loop and wakes it. Safe from any goroutine.
+// post queues m for the loop and wakes it. Safe from any goroutine, also
+// after close (a scrape may ask a loop that is ending): the message is then
+// dropped, and the eventfd's number, which may belong to another file by
+// then, is left alone.
 func (p *poller) post(m any) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
 	p.inbox = append(p.inbox, m)
-	p.mu.Unlock()
 	var one = [8]byte{1}
 	unix.Write(p.evfd, one[:])
 }
@@ -87,6 +94,9 @@ func (p *poller) drain() []any {
 }
 
 func (p *poller) close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
 	unix.Close(p.evfd)
 	unix.Close(p.epfd)
 }

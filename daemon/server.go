@@ -32,6 +32,7 @@ type Server struct {
 	done    chan struct{} // closed when the loop has exited
 
 	closeOnce sync.Once
+	mapped    shmMapped // shared memory mapped, for the metrics (metrics.go)
 
 	// mu guards the fields that follow.
 	mu       sync.Mutex
@@ -129,6 +130,12 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 		p.close()
 		return err
 	}
+	unregister, err := s.registerMetrics() // metrics.go
+	if err != nil {
+		p.close()
+		return err
+	}
+	defer unregister()
 	go func() {
 		defer close(s.done)
 		l.run()

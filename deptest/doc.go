@@ -8,6 +8,9 @@
 //     (backends/...);
 //   - auth or daemon/autotune (the pure autotuning core) import anything
 //     from hvdd;
+//   - daemon/metrics (the Prometheus families) imports anything from hvdd
+//     but tensor and ipc/ipcpb: the daemon counts into it, it reads no
+//     daemon state;
 //   - the default build of cmd/hvdd (no build tags) compiles cgo outside
 //     the standard library: MPI, the one cgo engine, stays behind the mpi
 //     build tag (cmd/hvdd/mpi_off.go, backends/mpi/nompi.go). The standard

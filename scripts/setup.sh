@@ -6,11 +6,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# prometheus: daemon's TestMetricsPrometheus starts its own /usr/bin/prometheus
+# (the package's own service, where systemd runs one, is not used).
 need_apt=()
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for p in python3-torch python3-numpy python3-protobuf python3-pytest python3-venv \
          openmpi-bin libopenmpi-dev mpich libmpich-dev gcc pkg-config iproute2 iperf3 protobuf-compiler black \
-         openssh-server openssh-client; do
+         openssh-server openssh-client prometheus; do
   have "$p" || need_apt+=("$p")
 done
 if ((${#need_apt[@]})); then

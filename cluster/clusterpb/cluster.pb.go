@@ -1479,8 +1479,23 @@ func (*Bye) Descriptor() ([]byte, []int) {
 	return file_cluster_proto_rawDescGZIP(), []int{18}
 }
 
+// Heartbeat keeps a link alive and measures its round-trip time: each one
+// carries the sender's clock and echoes the last heartbeat the sender
+// received, with how long it held that one, so that the receiver of an echo
+// computes RTT = now - echo - held on its own clock (the clocks are never
+// compared). A daemon without these fields sends an empty Heartbeat, which
+// is still a heartbeat; its link is simply not measured.
 type Heartbeat struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sent is the sender's clock at sending: nanoseconds since its end of
+	// the link began, from 1; 0 means none.
+	Sent int64 `protobuf:"varint,1,opt,name=sent,proto3" json:"sent,omitempty"`
+	// echo is the sent value of the last heartbeat the sender received on
+	// this link; 0 means none yet.
+	Echo int64 `protobuf:"varint,2,opt,name=echo,proto3" json:"echo,omitempty"`
+	// held is how long (ns) the sender held that heartbeat before sending
+	// this one.
+	Held          int64 `protobuf:"varint,3,opt,name=held,proto3" json:"held,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1513,6 +1528,27 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
 	return file_cluster_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *Heartbeat) GetSent() int64 {
+	if x != nil {
+		return x.Sent
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetEcho() int64 {
+	if x != nil {
+		return x.Echo
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetHeld() int64 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
 }
 
 type Message struct {
@@ -1887,8 +1923,11 @@ const file_cluster_proto_rawDesc = "" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
 	"\x05moved\x18\x04 \x01(\bR\x05moved\"\x05\n" +
-	"\x03Bye\"\v\n" +
-	"\tHeartbeat\"\xf5\x03\n" +
+	"\x03Bye\"G\n" +
+	"\tHeartbeat\x12\x12\n" +
+	"\x04sent\x18\x01 \x01(\x03R\x04sent\x12\x12\n" +
+	"\x04echo\x18\x02 \x01(\x03R\x04echo\x12\x12\n" +
+	"\x04held\x18\x03 \x01(\x03R\x04held\"\xf5\x03\n" +
 	"\aMessage\x12+\n" +
 	"\x04join\x18\x01 \x01(\v2\x15.hvdd.cluster.v1.JoinH\x00R\x04join\x121\n" +
 	"\x06layout\x18\x02 \x01(\v2\x17.hvdd.cluster.v1.LayoutH\x00R\x06layout\x12.\n" +

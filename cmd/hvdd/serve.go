@@ -66,6 +66,8 @@ Set by systemd (deploy/systemd; README.md, "Running hvdd as a service"):
 
 Examples:
   hvdd serve --slots 4 --socket /tmp/hvdd.sock
+  # with Prometheus metrics on http://127.0.0.1:9464/metrics (loopback only):
+  hvdd serve --slots 4 --metrics-addr :9464
   # two nodes, 2 processes each; the same secret file on both:
   hvdd serve --slots 2 --nodes 2 --node-rank 0 --rendezvous 10.0.0.1:29500 --advertise 10.0.0.1 --secret-file s
   hvdd serve --slots 2 --nodes 2 --node-rank 1 --rendezvous 10.0.0.1:29500 --advertise 10.0.0.2 --secret-file s
@@ -103,6 +105,7 @@ type serveArgs struct {
 	compression                                backends.Compression // wireCompression parsed
 	idleExit, stopTimeout                      time.Duration
 	logFile, removeOnExit                      string
+	metricsAddr                                string
 
 	// Autotuning (HOROVOD_AUTOTUNE and its details when not given).
 	autotune                      bool
@@ -137,6 +140,12 @@ func serveMain(argv []string) int {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 		return 2
 	}
+	stopMetrics, err := startMetrics(&cfg, args.metricsAddr) // metrics.go
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
+		return 1
+	}
+	defer stopMetrics()
 	return serve(cfg, socket, args.stopTimeout)
 }
 
@@ -209,6 +218,7 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 	fs.DurationVar(&args.stopTimeout, "stop-timeout", 0, "on SIGTERM or SIGINT, wait up to this long for the running job to end before stopping (draining: new jobs are refused meanwhile; a second signal stops at once); 0 stops at once, failing the job's pending operations with the reason (hvdd.service sets this to match its TimeoutStopSec=)")
 	fs.StringVar(&args.logFile, "log-file", "", "append the log to this file instead of standard error; an empty log file is removed when the daemon exits")
 	fs.StringVar(&args.removeOnExit, "remove-on-exit", "", "comma-separated files to remove when the daemon exits (e.g. the lock file of whoever started it)")
+	fs.StringVar(&args.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics: HOST:PORT binds that host, while a bare :PORT or PORT binds loopback (127.0.0.1) only; give 0.0.0.0:PORT to let other hosts scrape (default: off)")
 	fs.StringVar(&args.logLevel, "log-level", "", "debug, info, warning or error (default $HOROVOD_LOG_LEVEL, else info)")
 	fs.BoolVar(&args.autotune, "autotune", false, "tune each job's fusion threshold, cycle time, spin window and (across nodes) the tcp engine's streams, segment and small-message threshold while it runs, by Bayesian optimisation of its bytes per second, then keep the best; settings given by flag or HOROVOD_* variable stay fixed (default $HOROVOD_AUTOTUNE)")
 	fs.StringVar(&args.autotuneLog, "autotune-log-file", "", "with --autotune, write each configuration tried and its score (bytes/µs) to this CSV file, the best last (default $HOROVOD_AUTOTUNE_LOG)")
