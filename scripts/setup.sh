@@ -51,19 +51,10 @@ if ! .venv/bin/python -c 'import hvdd' 2>/dev/null; then
     || .venv/bin/pip install -q --no-deps -e clients/python
 fi
 
-# PyTorch as users install it: the newest from PyPI, in a venv of its own
-# (.venv-torch, without Debian's packages, which would shadow it), with the
-# numpy, protobuf and pytest PyPI gives beside it and the hvdd client.
-# scripts/test.sh runs the torch tests under both venvs. torch brings its
-# CUDA wheels (about 5 GB); it imports and runs on CPUs without a GPU.
-if [ ! -x .venv-torch/bin/python ]; then
-  "$PY" -m venv .venv-torch
+# PyTorch as users install it: the newest from PyPI, in .venv-torch
+# (scripts/setup-torch.sh). scripts/test.sh defers it
+# (HVDD_SETUP_TORCH=later) and installs it while the Go tests run.
+if [ "${HVDD_SETUP_TORCH:-}" != later ]; then
+  ./scripts/setup-torch.sh
 fi
-if ! .venv-torch/bin/python -c 'import torch, numpy, google.protobuf, pytest' 2>/dev/null; then
-  echo "setup: installing torch, numpy, protobuf and pytest from PyPI into .venv-torch" >&2
-  .venv-torch/bin/pip install -q --disable-pip-version-check torch numpy protobuf pytest
-fi
-if ! .venv-torch/bin/python -c 'import hvdd' 2>/dev/null; then
-  .venv-torch/bin/pip install -q --disable-pip-version-check --no-deps -e clients/python
-fi
-echo "setup: ok (bin/hvdd, .venv, .venv-torch)" >&2
+echo "setup: ok (bin/hvdd, .venv$([ "${HVDD_SETUP_TORCH:-}" = later ] || echo ", .venv-torch"))" >&2

@@ -27,6 +27,9 @@ var compressions = []backends.Compression{backends.CompressFP16, backends.Compre
 // bound and model tests below run it.)
 func TestConformanceCompressed(t *testing.T) {
 	t.Parallel()
+	if testing.Short() || raceEnabled {
+		t.Skip("TestConformance's matrix again, minutes under the race detector: scripts/test.sh runs it without -race; TestCompressedBound and TestCompressedModel cover the compressed paths here")
+	}
 	backendtest.Run(t, suite(func(cfg *Config) {
 		cfg.ChunkBytes = 4 << 10
 		cfg.SmallBytes = 512

@@ -1,0 +1,5 @@
+//go:build !race
+
+package hvdd_test
+
+const raceEnabled = false
