@@ -153,12 +153,8 @@ func (s *Server) Logs() string { return s.logs.String() }
 // WaitLog waits until the daemon's log contains substr, or fails the test.
 func (s *Server) WaitLog(tb testing.TB, substr string, timeout time.Duration) {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !strings.Contains(s.logs.String(), substr) {
-		if time.Now().After(deadline) {
-			tb.Fatalf("daemon log lacks %q after %v:\n%s", substr, timeout, s.logs.String())
-		}
-		s.logs.wait(deadline)
+	if !s.logs.waitFor(substr, time.Now().Add(timeout)) {
+		tb.Fatalf("daemon log lacks %q after %v:\n%s", substr, timeout, s.logs.String())
 	}
 }
 
@@ -177,12 +173,8 @@ func (w *Worker) Output() string { return w.out.String() }
 // WaitOutput waits until the worker printed substr.
 func (w *Worker) WaitOutput(tb testing.TB, substr string, timeout time.Duration) {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !strings.Contains(w.out.String(), substr) {
-		if time.Now().After(deadline) {
-			tb.Fatalf("rank %d did not print %q within %v; output:\n%s", w.Rank, substr, timeout, w.out.String())
-		}
-		w.out.wait(deadline)
+	if !w.out.waitFor(substr, time.Now().Add(timeout)) {
+		tb.Fatalf("rank %d did not print %q within %v; output:\n%s", w.Rank, substr, timeout, w.out.String())
 	}
 }
 
@@ -321,17 +313,28 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// wait blocks until the next write or the deadline.
-func (s *syncBuffer) wait(deadline time.Time) {
-	s.mu.Lock()
-	if s.changed == nil {
-		s.changed = make(chan struct{})
-	}
-	ch := s.changed
-	s.mu.Unlock()
-	select {
-	case <-ch:
-	case <-time.After(time.Until(deadline)):
+// waitFor blocks until the buffer contains substr (true) or the deadline
+// passes (false). The check and the registration for the next write happen
+// under one lock, so a write between them cannot be missed.
+func (s *syncBuffer) waitFor(substr string, deadline time.Time) bool {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		if strings.Contains(s.b.String(), substr) {
+			s.mu.Unlock()
+			return true
+		}
+		if s.changed == nil {
+			s.changed = make(chan struct{})
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-timer.C:
+			return strings.Contains(s.String(), substr)
+		}
 	}
 }
 
