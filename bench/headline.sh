@@ -12,12 +12,14 @@
 #              (bench/headline_launch.py --impl horovod)
 #   ddp        torch DistributedDataParallel on gloo (--ddp; env:// with
 #              MASTER_ADDR in namespace 0, GLOO_SOCKET_IFNAME the veth)
-# and, with --variants, horovod-hier: horovod with
+# and, named in --variants: horovod-hier, horovod with
 # HOROVOD_HIERARCHICAL_ALLREDUCE=1 (which 0.28.1's gloo operations ignore for
-# CPU tensors: the bytes on the link show it).
+# CPU tensors: the bytes on the link show it); alone, the compute without the
+# exchange (below), as a variant of every round.
 # Each run records rank 0's "Total img/sec on 4 rank(s)", the bytes the veth
-# carried each way (its tx counters in both namespaces), the wall time and
-# the load average before and after. Before the rounds (unless
+# carried each way (its tx counters in both namespaces), the wall time, the
+# CPU time of its processes (a cpuacct cgroup of the job's own) and the load
+# average before and after. Before the rounds (unless
 # --no-calibrate): iperf3 across the link (each way alone and both at once),
 # and the compute alone: the same 4 ranks in the same namespaces, each a
 # job of its own (world size 1, bench/headline_launch.py --impl alone).
@@ -47,7 +49,7 @@ while [ $# -gt 0 ]; do
     --variants) VARIANTS=$2; shift ;;
     --env) ENVS=$2; shift ;;
     --no-calibrate) CALIBRATE=0 ;;
-    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "headline.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -128,8 +130,12 @@ run() {
   timeout 900 bash -c '[ -z "$1" ] || echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$CG" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
   local secs; secs=$(python3 -c "import time; print('%.1f' % (time.time() - $t0))")
   a1=$(txb ${NS}0 $IF0); b1=$(txb ${NS}1 $IF1); c1=$(cpu)
+  grep -m1 '^+ ' "$OUT/$name.log" | sed 's/^+/  command:/' >> "$OUT/commands.txt" || true
   local cpus; cpus=$(python3 -c "print('%.1f' % (($c1 - $c0) / 1e9))")
   img=$(grep -o 'Total img/sec on [0-9]* rank(s): [0-9.]*' "$OUT/$name.log" | tail -1 | awk '{print $NF}')
+  if [[ $name == *alone ]]; then # each rank a job of its own: the sum of theirs
+    img=$(grep -o 'Total img/sec on 1 rank(s): [0-9.]*' "$OUT/$name.log" | awk '{s += $NF} END {if (NR == 4) printf "%.1f", s}')
+  fi
   if [ $rc != 0 ] || [ -z "$img" ]; then
     echo "  $name FAILED (rc $rc): $OUT/$name.log" >> "$OUT/commands.txt"
     tail -5 "$OUT/$name.log" >&2
@@ -139,18 +145,23 @@ run() {
   echo "$img $((a1 - a0)) $((b1 - b0)) $secs $l0 $(load) $cpus"
 }
 
+# variant NAME: runs one job of variant NAME, after writing its command line
+# (with the environment it adds) on stderr, which run() keeps in the job's log.
 variant() {
+  local cmd
   case "$1" in
-    hvdd) bin/hvdd run -np 4 -H $A:2,$B:2 --agent "$W/agent" $XFLAGS -- "$PY" "$SCRIPT" $ARGS ;;
-    hvdd-fp16) bin/hvdd run -np 4 -H $A:2,$B:2 --agent "$W/agent" $XFLAGS --wire-compression fp16 -- "$PY" "$SCRIPT" $ARGS ;;
-    horovod) env $ENVS HVDD_BENCH_IMPL=horovod ip netns exec ${NS}0 "$HVD/bin/python" bench/headline_launch.py --impl horovod \
-      --hosts "$HOSTS" --python "$HVD/bin/python" -- "$SCRIPT" $ARGS ;;
-    horovod-hier) env $ENVS HOROVOD_HIERARCHICAL_ALLREDUCE=1 HVDD_BENCH_IMPL=horovod ip netns exec ${NS}0 "$HVD/bin/python" \
-      bench/headline_launch.py --impl horovod --hosts "$HOSTS" --python "$HVD/bin/python" -- "$SCRIPT" $ARGS ;;
-    ddp) env $ENVS python3 bench/headline_launch.py --impl ddp --hosts "$HOSTS" --python "$PY" -- "$SCRIPT" --ddp $ARGS ;;
-    alone) env $ENVS python3 bench/headline_launch.py --impl alone --hosts "$HOSTS" --python "$PY" -- "$SCRIPT" --ddp $ARGS ;;
+    hvdd) cmd=(bin/hvdd run -np 4 -H $A:2,$B:2 --agent "$W/agent" $XFLAGS -- "$PY" "$SCRIPT" $ARGS) ;;
+    hvdd-fp16) cmd=(bin/hvdd run -np 4 -H $A:2,$B:2 --agent "$W/agent" $XFLAGS --wire-compression fp16 -- "$PY" "$SCRIPT" $ARGS) ;;
+    horovod) cmd=(env $ENVS HVDD_BENCH_IMPL=horovod ip netns exec ${NS}0 "$HVD/bin/python" bench/headline_launch.py --impl horovod
+      --hosts "$HOSTS" --python "$HVD/bin/python" -- "$SCRIPT" $ARGS) ;;
+    horovod-hier) cmd=(env $ENVS HOROVOD_HIERARCHICAL_ALLREDUCE=1 HVDD_BENCH_IMPL=horovod ip netns exec ${NS}0 "$HVD/bin/python"
+      bench/headline_launch.py --impl horovod --hosts "$HOSTS" --python "$HVD/bin/python" -- "$SCRIPT" $ARGS) ;;
+    ddp) cmd=(env $ENVS python3 bench/headline_launch.py --impl ddp --hosts "$HOSTS" --python "$PY" -- "$SCRIPT" --ddp $ARGS) ;;
+    alone) cmd=(env $ENVS python3 bench/headline_launch.py --impl alone --hosts "$HOSTS" --python "$PY" -- "$SCRIPT" --ddp $ARGS) ;;
     *) echo "headline.sh: unknown variant $1" >&2; return 2 ;;
   esac
+  echo "+ ${cmd[*]}" >&2
+  "${cmd[@]}"
 }
 XFLAGS=""; for e in $ENVS; do XFLAGS="$XFLAGS -x $e"; done
 export -f variant
@@ -163,9 +174,7 @@ if [ "$CALIBRATE" = 1 ]; then
     log "iperf3 ${mode:-A->B} (5 s, 1 stream): $r Mbit/s (load $(load))"
   done
   read -r img ab ba secs l0 l1 cpus < <(run calibrate-alone bash -c 'variant alone')
-  per=$(grep -o 'Img/sec per rank: [0-9.]*' "$OUT/calibrate-alone.log" | awk '{print $NF}' | tr '\n' ' ')
-  tot=$(echo "$per" | python3 -c 'import sys; v=[float(x) for x in sys.stdin.read().split()]; print("%.1f" % sum(v))')
-  log "compute alone (the 4 ranks in place, each a job of its own, no exchange): img/s per rank $per-> $tot img/s in all (${secs} s, ${cpus} CPU s, load $l0 -> $l1)"
+  log "compute alone (the 4 ranks in place, each a job of its own, no exchange): $img img/s in all (${secs} s, ${cpus} CPU s, load $l0 -> $l1)"
 fi
 
 printf 'round\tvariant\timg_s\tbytes_a_to_b\tbytes_b_to_a\tseconds\tload_before\tload_after\tcpu_seconds\n' > "$OUT/runs.tsv"
