@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -158,6 +159,9 @@ func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w wor
 	// Reduce the local ranks' buffers into the fusion buffer, tensor after
 	// tensor; a node whose ranks all joined contributes the neutral element.
 	f := x.fusion(total)
+	if chunk := pipeChunk(total); chunk < total {
+		return x.allreducePipelined(ctx, b, w, f, chunk, op, pre, post)
+	}
 	x.ph.begin(activity(r))
 	off := 0
 	for i, t := range r.Tensors {
@@ -192,6 +196,156 @@ func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w wor
 		off += n
 	}
 	return nil
+}
+
+// Pipelining a large fused allreduce across nodes: the fusion buffer goes
+// through the engine in chunks, and while the engine moves chunk k, one
+// goroutine reduces the local ranks' chunk k+1 into the fusion buffer and
+// another writes chunk k-1's result back to them. Unpipelined, the link
+// idles while the node reduces the whole batch before the first byte leaves
+// and while it writes the whole result back after the last one arrives
+// (for 40 MB, 10-20 ms each way on the 2 cores of docs/BENCHMARKS.md's
+// headline, where the link needed 150-320 ms). Chunks are at least
+// pipeMinChunk and at most total/pipeChunks rounded up, so a batch makes at
+// most pipeChunks engine calls; buffers under 2*pipeMinChunk go whole.
+const (
+	pipeMinChunk = 4 << 20
+	pipeChunks   = 8
+)
+
+// pipeChunk returns the chunk size for a fused allreduce of total bytes:
+// total itself when it is not worth pipelining. Chunks are a multiple of
+// 256 bytes, so of every element size, and start cache-line aligned
+// relative to the fusion buffer.
+func pipeChunk(total int) int {
+	if total < 2*pipeMinChunk {
+		return total
+	}
+	c := max(pipeMinChunk, (total+pipeChunks-1)/pipeChunks)
+	return (c + 255) &^ 255
+}
+
+// allreducePipelined is allreduceMulti's fused path in chunks of chunk bytes
+// of the fusion buffer f (see pipeChunk). The phases it writes on the
+// timeline: the local reduction until the first chunk is ready, the
+// engine's transfer until the last chunk is through, then the rest of the
+// write-back.
+func (x *executor) allreducePipelined(ctx context.Context, b backends.Backend, w work, f []byte, chunk int, op tensor.ReduceOp, pre, post float64) error {
+	r := &w.resp
+	es := r.DType.Size()
+	offs := make([]int, len(r.Tensors)+1) // tensor i is f[offs[i]:offs[i+1]]
+	for i, t := range r.Tensors {
+		offs[i+1] = offs[i] + int(t.Shape.NumElements())*es
+	}
+	// each calls fn for every piece of tensor i within f[lo:hi]: the
+	// piece's range in f, and its local buffers cut to the same range.
+	each := func(lo, hi int, fn func(seg []byte, bufs [][]byte) error) error {
+		for i := range r.Tensors {
+			a, z := max(lo, offs[i]), min(hi, offs[i+1])
+			if a >= z {
+				continue
+			}
+			var cut [][]byte
+			for _, buf := range localBufs(w.ops[i]) {
+				cut = append(cut, buf[a-offs[i]:z-offs[i]])
+			}
+			if err := fn(f[a:z], cut); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	localReduce := func(lo, hi int) error {
+		return each(lo, hi, func(seg []byte, bufs [][]byte) error {
+			if len(bufs) == 0 {
+				return reduce.Fill(seg, r.DType, op)
+			}
+			return reduce.Reduce([][]byte{seg}, bufs, r.DType, op, pre, 1, &x.ropts)
+		})
+	}
+	writeBack := func(lo, hi int) error {
+		return each(lo, hi, func(seg []byte, bufs [][]byte) error {
+			if len(bufs) == 0 {
+				return nil
+			}
+			return reduce.Reduce(bufs, [][]byte{seg}, r.DType, op, 1, post, &x.ropts)
+		})
+	}
+	total := len(f)
+	n := (total + chunk - 1) / chunk
+	bounds := func(k int) (int, int) { return k * chunk, min((k+1)*chunk, total) }
+
+	// The reducer runs at most two chunks ahead of the one in the engine
+	// (one waiting in the channel, one being reduced); the writer follows
+	// the engine. This function returns only once both have finished with
+	// the clients' buffers, also when the engine fails.
+	stop := make(chan struct{})
+	reduced := make(chan error, 1)
+	written := make(chan int, n)
+	var wg sync.WaitGroup
+	var werr error
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		defer close(reduced)
+		for k := 0; k < n; k++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			lo, hi := bounds(k)
+			err := localReduce(lo, hi)
+			select {
+			case reduced <- err:
+			case <-stop:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for k := range written {
+			if werr == nil {
+				lo, hi := bounds(k)
+				werr = writeBack(lo, hi)
+			}
+		}
+	}()
+	err := func() error {
+		x.ph.begin(activity(r))
+		for k := 0; k < n; k++ {
+			rerr, ok := <-reduced
+			if !ok {
+				return errors.New("local reduction ended early")
+			}
+			if rerr != nil {
+				return rerr
+			}
+			if k == 0 {
+				x.ph.end()
+				x.ph.begin(crossNode(b, r))
+			}
+			lo, hi := bounds(k)
+			if err := b.Allreduce(ctx, f[lo:hi], r.DType, op); err != nil {
+				return err
+			}
+			written <- k
+		}
+		x.ph.end()
+		x.ph.begin("MEMCPY_OUT_FUSION_BUFFER")
+		return nil
+	}()
+	close(stop)
+	close(written)
+	wg.Wait()
+	if err != nil {
+		return err
+	}
+	return werr
 }
 
 // adasumMulti reduces a fused Adasum response across nodes with the numbers

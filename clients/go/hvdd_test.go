@@ -43,6 +43,7 @@ var scenarios = map[string]func(ctx context.Context, c *hvdd.Client) error{
 	"async":       asyncScenario,
 	"procsets":    procSets,
 	"adasum":      adasumScenario,
+	"bigfused":    bigFused,
 }
 
 func worker(name string) int {
@@ -799,6 +800,76 @@ func joinScenario(ctx context.Context, c *hvdd.Client) error {
 	x := []float32{1}
 	if err := hvdd.Allreduce(ctx, c, x, hvdd.WithName("after"), hvdd.WithOp(hvdd.Sum)); err != nil || x[0] != float32(size) {
 		return fmt.Errorf("allreduce after join: %v %v", x, err)
+	}
+	return nil
+}
+
+// bigFused: grouped allreduces whose fused buffer is large enough for the
+// daemon to pipeline it across nodes in chunks (daemon/exec_multinode.go,
+// pipeChunk), with tensor boundaries inside chunks, for three element
+// sizes, Sum and a prescaled, postscaled Average; then the same while the
+// last node's ranks have joined (their node contributes the neutral
+// element, chunk by chunk).
+func bigFused(ctx context.Context, c *hvdd.Client) error {
+	if err := bigFusedType[float32](ctx, c, []int{1_000_003, 7, 2_222_221, 513}); err != nil {
+		return err
+	}
+	if err := bigFusedType[hvdd.Float16](ctx, c, []int{3_000_001, 1_700_003, 99}); err != nil {
+		return err
+	}
+	if err := bigFusedType[float64](ctx, c, []int{11, 1_300_001, 17}); err != nil {
+		return err
+	}
+	size, rank := c.Size(), c.Rank()
+	lastNode := c.CrossRank() == c.CrossSize()-1
+	if !lastNode {
+		sizes := []int{2_000_001, 3, 1_100_000}
+		data := make([][]float32, len(sizes))
+		for k, n := range sizes {
+			data[k] = input[float32](rank, n)
+		}
+		if err := hvdd.GroupedAllreduce(ctx, c, data, hvdd.WithName("bigfused.joined"), hvdd.WithOp(hvdd.Sum)); err != nil {
+			return fmt.Errorf("with a node joined: %w", err)
+		}
+		for k, x := range data {
+			for i := range x {
+				var want float32 // the ranks before the last node's (node-major)
+				for r := 0; r < size-c.LocalSize(); r++ {
+					want += float32(val(r, i))
+				}
+				if x[i] != want {
+					return fmt.Errorf("with a node joined: tensor %d element %d = %v, want %v", k, i, x[i], want)
+				}
+			}
+		}
+	}
+	if _, err := c.Join(ctx); err != nil {
+		return err
+	}
+	return nil
+}
+
+func bigFusedType[T hvdd.Elem](ctx context.Context, c *hvdd.Client, sizes []int) error {
+	dt := hvdd.DTypeOf[T]()
+	for _, tc := range []struct {
+		op        tensor.ReduceOp
+		pre, post float64
+	}{{tensor.Sum, 1, 1}, {tensor.Average, 2, 0.25}} {
+		data := make([][]T, len(sizes))
+		for k, n := range sizes {
+			data[k] = input[T](c.Rank(), n)
+		}
+		name := fmt.Sprintf("bigfused.%v.%v", dt, tc.op)
+		if err := hvdd.GroupedAllreduce(ctx, c, data, hvdd.WithName(name), hvdd.WithOp(tc.op), hvdd.WithPrescale(tc.pre), hvdd.WithPostscale(tc.post)); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		for k, x := range data {
+			for i := range x {
+				if want := expectAllreduce[T](tc.op, c.Size(), i, tc.pre, tc.post); !close2(x[i], want) {
+					return fmt.Errorf("%s: tensor %d element %d = %v, want %v", name, k, i, x[i], want)
+				}
+			}
+		}
 	}
 	return nil
 }

@@ -135,6 +135,27 @@ func runScenariosOn(t *testing.T, sockets []string, slots ...int) {
 	}
 }
 
+// TestMultiNodeLargeFused runs fused allreduces large enough for the
+// daemons to pipeline them in chunks through the engine, checked element by
+// element, on two nodes of two ranks and three of one.
+func TestMultiNodeLargeFused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node suite is long")
+	}
+	for _, slots := range [][]int{{2, 2}, {1, 1, 1}} {
+		t.Run(fmt.Sprint(slots), func(t *testing.T) {
+			ss := startNodes(t, slots...)
+			for _, node := range spawnNodes(t, ss, "bigfused", slots...) {
+				for _, w := range node {
+					if err := w.Wait(180 * time.Second); err != nil {
+						t.Errorf("rank %d: %v\n%s", w.Rank, err, w.Output())
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestMultiNodeLostRank kills a rank on node 1: the ranks on node 0 fail
 // promptly naming it, and both daemons take the next job.
 func TestMultiNodeLostRank(t *testing.T) {
