@@ -624,7 +624,10 @@ type Enqueue struct {
 	Group     uint64 `protobuf:"varint,11,opt,name=group,proto3" json:"group,omitempty"`
 	GroupSize uint32 `protobuf:"varint,12,opt,name=group_size,json=groupSize,proto3" json:"group_size,omitempty"`
 	// Process set id; 0 is the global set.
-	ProcessSet    int32 `protobuf:"varint,13,opt,name=process_set,json=processSet,proto3" json:"process_set,omitempty"`
+	ProcessSet int32 `protobuf:"varint,13,opt,name=process_set,json=processSet,proto3" json:"process_set,omitempty"`
+	// A GPU tensor: set instead of buffer (see DeviceBuffer). Its result
+	// (allreduce, broadcast: in place) is written to the same device memory.
+	DeviceBuffer  *DeviceBuffer `protobuf:"bytes,14,opt,name=device_buffer,json=deviceBuffer,proto3" json:"device_buffer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -750,17 +753,174 @@ func (x *Enqueue) GetProcessSet() int32 {
 	return 0
 }
 
+func (x *Enqueue) GetDeviceBuffer() *DeviceBuffer {
+	if x != nil {
+		return x.DeviceBuffer
+	}
+	return nil
+}
+
+// DeviceBuffer names bytes in a CUDA allocation of the client's, shared with
+// the daemon through CUDA IPC (the GPU path, gpu/ and ipc/PROTOCOL.md "GPU
+// tensors"). The daemon opens mem_handle once per connection and keeps the
+// mapping cached under the handle's bytes (a freed and reallocated block has
+// other bytes), until the client sends ReleaseDeviceMemory or disconnects.
+// Before it reads, the daemon's stream waits for event_handle's last record
+// (the client records it on its producing stream after the tensor is
+// written); the Done for the op comes only once the daemon's device work on
+// the tensor has completed, so the client may use the memory at once.
+type DeviceBuffer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The GPU, by UUID ("GPU-..."): the client's ordinal means another GPU
+	// under another CUDA_VISIBLE_DEVICES.
+	DeviceUuid string `protobuf:"bytes,1,opt,name=device_uuid,json=deviceUuid,proto3" json:"device_uuid,omitempty"`
+	// cuIpcGetMemHandle's 64 bytes for the allocation the tensor lies in.
+	MemHandle []byte `protobuf:"bytes,2,opt,name=mem_handle,json=memHandle,proto3" json:"mem_handle,omitempty"`
+	// The allocation's size: offset + length must lie inside it.
+	AllocSize uint64 `protobuf:"varint,3,opt,name=alloc_size,json=allocSize,proto3" json:"alloc_size,omitempty"`
+	// The tensor's place in the allocation.
+	Offset uint64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length uint64 `protobuf:"varint,5,opt,name=length,proto3" json:"length,omitempty"`
+	// cuIpcGetEventHandle's 64 bytes for an interprocess event the client
+	// recorded after the tensor was produced; empty when the client
+	// synchronised its stream itself.
+	EventHandle   []byte `protobuf:"bytes,6,opt,name=event_handle,json=eventHandle,proto3" json:"event_handle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceBuffer) Reset() {
+	*x = DeviceBuffer{}
+	mi := &file_hvdd_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceBuffer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceBuffer) ProtoMessage() {}
+
+func (x *DeviceBuffer) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceBuffer.ProtoReflect.Descriptor instead.
+func (*DeviceBuffer) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DeviceBuffer) GetDeviceUuid() string {
+	if x != nil {
+		return x.DeviceUuid
+	}
+	return ""
+}
+
+func (x *DeviceBuffer) GetMemHandle() []byte {
+	if x != nil {
+		return x.MemHandle
+	}
+	return nil
+}
+
+func (x *DeviceBuffer) GetAllocSize() uint64 {
+	if x != nil {
+		return x.AllocSize
+	}
+	return 0
+}
+
+func (x *DeviceBuffer) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *DeviceBuffer) GetLength() uint64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+func (x *DeviceBuffer) GetEventHandle() []byte {
+	if x != nil {
+		return x.EventHandle
+	}
+	return nil
+}
+
+// ReleaseDeviceMemory tells the daemon that the client freed allocations it
+// sent before (the daemon closes its IPC mappings of them). The daemon
+// answers nothing; ops in flight on them fail.
+type ReleaseDeviceMemory struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MemHandles    [][]byte               `protobuf:"bytes,1,rep,name=mem_handles,json=memHandles,proto3" json:"mem_handles,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseDeviceMemory) Reset() {
+	*x = ReleaseDeviceMemory{}
+	mi := &file_hvdd_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseDeviceMemory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseDeviceMemory) ProtoMessage() {}
+
+func (x *ReleaseDeviceMemory) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseDeviceMemory.ProtoReflect.Descriptor instead.
+func (*ReleaseDeviceMemory) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ReleaseDeviceMemory) GetMemHandles() [][]byte {
+	if x != nil {
+		return x.MemHandles
+	}
+	return nil
+}
+
 // Release frees a daemon-allocated output buffer once the client has read it.
 type Release struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Buffer        *Buffer                `protobuf:"bytes,1,opt,name=buffer,proto3" json:"buffer,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Buffer *Buffer                `protobuf:"bytes,1,opt,name=buffer,proto3" json:"buffer,omitempty"`
+	// Or a device output (Done.device_output), by its mem_handle.
+	DeviceOutput  []byte `protobuf:"bytes,2,opt,name=device_output,json=deviceOutput,proto3" json:"device_output,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Release) Reset() {
 	*x = Release{}
-	mi := &file_hvdd_proto_msgTypes[5]
+	mi := &file_hvdd_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -772,7 +932,7 @@ func (x *Release) String() string {
 func (*Release) ProtoMessage() {}
 
 func (x *Release) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[5]
+	mi := &file_hvdd_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -785,12 +945,19 @@ func (x *Release) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Release.ProtoReflect.Descriptor instead.
 func (*Release) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{5}
+	return file_hvdd_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Release) GetBuffer() *Buffer {
 	if x != nil {
 		return x.Buffer
+	}
+	return nil
+}
+
+func (x *Release) GetDeviceOutput() []byte {
+	if x != nil {
+		return x.DeviceOutput
 	}
 	return nil
 }
@@ -809,7 +976,7 @@ type RegisterChannel struct {
 
 func (x *RegisterChannel) Reset() {
 	*x = RegisterChannel{}
-	mi := &file_hvdd_proto_msgTypes[6]
+	mi := &file_hvdd_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +988,7 @@ func (x *RegisterChannel) String() string {
 func (*RegisterChannel) ProtoMessage() {}
 
 func (x *RegisterChannel) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[6]
+	mi := &file_hvdd_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +1001,7 @@ func (x *RegisterChannel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterChannel.ProtoReflect.Descriptor instead.
 func (*RegisterChannel) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{6}
+	return file_hvdd_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RegisterChannel) GetSize() uint64 {
@@ -858,7 +1025,7 @@ type AddProcessSet struct {
 
 func (x *AddProcessSet) Reset() {
 	*x = AddProcessSet{}
-	mi := &file_hvdd_proto_msgTypes[7]
+	mi := &file_hvdd_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +1037,7 @@ func (x *AddProcessSet) String() string {
 func (*AddProcessSet) ProtoMessage() {}
 
 func (x *AddProcessSet) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[7]
+	mi := &file_hvdd_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +1050,7 @@ func (x *AddProcessSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddProcessSet.ProtoReflect.Descriptor instead.
 func (*AddProcessSet) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{7}
+	return file_hvdd_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AddProcessSet) GetRanks() []int32 {
@@ -904,7 +1071,7 @@ type RemoveProcessSet struct {
 
 func (x *RemoveProcessSet) Reset() {
 	*x = RemoveProcessSet{}
-	mi := &file_hvdd_proto_msgTypes[8]
+	mi := &file_hvdd_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -916,7 +1083,7 @@ func (x *RemoveProcessSet) String() string {
 func (*RemoveProcessSet) ProtoMessage() {}
 
 func (x *RemoveProcessSet) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[8]
+	mi := &file_hvdd_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -929,7 +1096,7 @@ func (x *RemoveProcessSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveProcessSet.ProtoReflect.Descriptor instead.
 func (*RemoveProcessSet) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{8}
+	return file_hvdd_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RemoveProcessSet) GetProcessSet() int32 {
@@ -959,7 +1126,7 @@ type Timeline struct {
 
 func (x *Timeline) Reset() {
 	*x = Timeline{}
-	mi := &file_hvdd_proto_msgTypes[9]
+	mi := &file_hvdd_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -971,7 +1138,7 @@ func (x *Timeline) String() string {
 func (*Timeline) ProtoMessage() {}
 
 func (x *Timeline) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[9]
+	mi := &file_hvdd_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -984,7 +1151,7 @@ func (x *Timeline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Timeline.ProtoReflect.Descriptor instead.
 func (*Timeline) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{9}
+	return file_hvdd_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Timeline) GetFilePath() string {
@@ -1014,7 +1181,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_hvdd_proto_msgTypes[10]
+	mi := &file_hvdd_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1193,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[10]
+	mi := &file_hvdd_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1206,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{10}
+	return file_hvdd_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Goodbye) GetElasticReset() bool {
@@ -1064,6 +1231,7 @@ type ClientMessage struct {
 	//	*ClientMessage_RemoveProcessSet
 	//	*ClientMessage_Timeline
 	//	*ClientMessage_Status
+	//	*ClientMessage_ReleaseDeviceMemory
 	Msg           isClientMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1071,7 +1239,7 @@ type ClientMessage struct {
 
 func (x *ClientMessage) Reset() {
 	*x = ClientMessage{}
-	mi := &file_hvdd_proto_msgTypes[11]
+	mi := &file_hvdd_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1251,7 @@ func (x *ClientMessage) String() string {
 func (*ClientMessage) ProtoMessage() {}
 
 func (x *ClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[11]
+	mi := &file_hvdd_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1264,7 @@ func (x *ClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientMessage.ProtoReflect.Descriptor instead.
 func (*ClientMessage) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{11}
+	return file_hvdd_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ClientMessage) GetMsg() isClientMessage_Msg {
@@ -1205,6 +1373,15 @@ func (x *ClientMessage) GetStatus() *StatusRequest {
 	return nil
 }
 
+func (x *ClientMessage) GetReleaseDeviceMemory() *ReleaseDeviceMemory {
+	if x != nil {
+		if x, ok := x.Msg.(*ClientMessage_ReleaseDeviceMemory); ok {
+			return x.ReleaseDeviceMemory
+		}
+	}
+	return nil
+}
+
 type isClientMessage_Msg interface {
 	isClientMessage_Msg()
 }
@@ -1253,6 +1430,10 @@ type ClientMessage_Status struct {
 	Status *StatusRequest `protobuf:"bytes,11,opt,name=status,proto3,oneof"`
 }
 
+type ClientMessage_ReleaseDeviceMemory struct {
+	ReleaseDeviceMemory *ReleaseDeviceMemory `protobuf:"bytes,12,opt,name=release_device_memory,json=releaseDeviceMemory,proto3,oneof"`
+}
+
 func (*ClientMessage_Hello) isClientMessage_Msg() {}
 
 func (*ClientMessage_RegisterRegion) isClientMessage_Msg() {}
@@ -1275,6 +1456,8 @@ func (*ClientMessage_Timeline) isClientMessage_Msg() {}
 
 func (*ClientMessage_Status) isClientMessage_Msg() {}
 
+func (*ClientMessage_ReleaseDeviceMemory) isClientMessage_Msg() {}
+
 // StatusRequest asks the daemon what it is doing (hvdd status). It takes the
 // place of Hello on a connection that joins no job; the daemon answers each
 // with a Status, and the connection may ask again (hvdd status --watch).
@@ -1289,7 +1472,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_hvdd_proto_msgTypes[12]
+	mi := &file_hvdd_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1484,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[12]
+	mi := &file_hvdd_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1497,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{12}
+	return file_hvdd_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StatusRequest) GetMaxPending() int32 {
@@ -1341,14 +1524,18 @@ type Welcome struct {
 	JobId    uint64   `protobuf:"varint,11,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	// The membership epoch of an elastic job: 0 when it formed, one more each
 	// time its survivors re-formed it after a lost rank.
-	Epoch         uint64 `protobuf:"varint,12,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,12,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The GPUs (UUIDs) whose memory the daemon takes through CUDA IPC
+	// (DeviceBuffer); empty when it runs CPU-only. Tensors on other GPUs,
+	// and all of them when this is empty, are staged through host memory.
+	GpuUuids      []string `protobuf:"bytes,13,rep,name=gpu_uuids,json=gpuUuids,proto3" json:"gpu_uuids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_hvdd_proto_msgTypes[13]
+	mi := &file_hvdd_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1547,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[13]
+	mi := &file_hvdd_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1560,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{13}
+	return file_hvdd_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Welcome) GetVersion() uint32 {
@@ -1460,6 +1647,13 @@ func (x *Welcome) GetEpoch() uint64 {
 	return 0
 }
 
+func (x *Welcome) GetGpuUuids() []string {
+	if x != nil {
+		return x.GpuUuids
+	}
+	return nil
+}
+
 // GrantRegion hands the client a daemon-created memfd (SCM_RIGHTS in the same
 // sendmsg); daemon outputs (allgather, alltoall, reducescatter) live there.
 type GrantRegion struct {
@@ -1472,7 +1666,7 @@ type GrantRegion struct {
 
 func (x *GrantRegion) Reset() {
 	*x = GrantRegion{}
-	mi := &file_hvdd_proto_msgTypes[14]
+	mi := &file_hvdd_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1484,7 +1678,7 @@ func (x *GrantRegion) String() string {
 func (*GrantRegion) ProtoMessage() {}
 
 func (x *GrantRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[14]
+	mi := &file_hvdd_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1497,7 +1691,7 @@ func (x *GrantRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRegion.ProtoReflect.Descriptor instead.
 func (*GrantRegion) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{14}
+	return file_hvdd_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GrantRegion) GetRegion() uint32 {
@@ -1527,14 +1721,19 @@ type Done struct {
 	// Join: the last rank to join.
 	LastJoinedRank int32 `protobuf:"varint,6,opt,name=last_joined_rank,json=lastJoinedRank,proto3" json:"last_joined_rank,omitempty"`
 	// AddProcessSet: the new set's id.
-	ProcessSetId  int32 `protobuf:"varint,7,opt,name=process_set_id,json=processSetId,proto3" json:"process_set_id,omitempty"`
+	ProcessSetId int32 `protobuf:"varint,7,opt,name=process_set_id,json=processSetId,proto3" json:"process_set_id,omitempty"`
+	// A GPU op's daemon-allocated output (allgather, alltoall,
+	// reducescatter on DeviceBuffers): daemon device memory exported through
+	// CUDA IPC; the client copies it out, then sends Release with output
+	// unset and this mem_handle in Release.device_output.
+	DeviceOutput  *DeviceBuffer `protobuf:"bytes,8,opt,name=device_output,json=deviceOutput,proto3" json:"device_output,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Done) Reset() {
 	*x = Done{}
-	mi := &file_hvdd_proto_msgTypes[15]
+	mi := &file_hvdd_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1546,7 +1745,7 @@ func (x *Done) String() string {
 func (*Done) ProtoMessage() {}
 
 func (x *Done) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[15]
+	mi := &file_hvdd_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1559,7 +1758,7 @@ func (x *Done) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Done.ProtoReflect.Descriptor instead.
 func (*Done) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{15}
+	return file_hvdd_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Done) GetCode() Code {
@@ -1611,6 +1810,13 @@ func (x *Done) GetProcessSetId() int32 {
 	return 0
 }
 
+func (x *Done) GetDeviceOutput() *DeviceBuffer {
+	if x != nil {
+		return x.DeviceOutput
+	}
+	return nil
+}
+
 // Fatal precedes the daemon closing a connection because of it.
 type Fatal struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1622,7 +1828,7 @@ type Fatal struct {
 
 func (x *Fatal) Reset() {
 	*x = Fatal{}
-	mi := &file_hvdd_proto_msgTypes[16]
+	mi := &file_hvdd_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1634,7 +1840,7 @@ func (x *Fatal) String() string {
 func (*Fatal) ProtoMessage() {}
 
 func (x *Fatal) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[16]
+	mi := &file_hvdd_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1647,7 +1853,7 @@ func (x *Fatal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fatal.ProtoReflect.Descriptor instead.
 func (*Fatal) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{16}
+	return file_hvdd_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Fatal) GetCode() Code {
@@ -1681,7 +1887,7 @@ type ServerMessage struct {
 
 func (x *ServerMessage) Reset() {
 	*x = ServerMessage{}
-	mi := &file_hvdd_proto_msgTypes[17]
+	mi := &file_hvdd_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1693,7 +1899,7 @@ func (x *ServerMessage) String() string {
 func (*ServerMessage) ProtoMessage() {}
 
 func (x *ServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[17]
+	mi := &file_hvdd_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1706,7 +1912,7 @@ func (x *ServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerMessage.ProtoReflect.Descriptor instead.
 func (*ServerMessage) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{17}
+	return file_hvdd_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ServerMessage) GetMsg() isServerMessage_Msg {
@@ -1837,7 +2043,7 @@ type Status struct {
 
 func (x *Status) Reset() {
 	*x = Status{}
-	mi := &file_hvdd_proto_msgTypes[18]
+	mi := &file_hvdd_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1849,7 +2055,7 @@ func (x *Status) String() string {
 func (*Status) ProtoMessage() {}
 
 func (x *Status) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[18]
+	mi := &file_hvdd_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1862,7 +2068,7 @@ func (x *Status) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Status.ProtoReflect.Descriptor instead.
 func (*Status) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{18}
+	return file_hvdd_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Status) GetVersion() string {
@@ -1990,7 +2196,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_hvdd_proto_msgTypes[19]
+	mi := &file_hvdd_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2002,7 +2208,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[19]
+	mi := &file_hvdd_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2015,7 +2221,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{19}
+	return file_hvdd_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *JobStatus) GetId() uint64 {
@@ -2170,7 +2376,7 @@ type RankStatus struct {
 
 func (x *RankStatus) Reset() {
 	*x = RankStatus{}
-	mi := &file_hvdd_proto_msgTypes[20]
+	mi := &file_hvdd_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2182,7 +2388,7 @@ func (x *RankStatus) String() string {
 func (*RankStatus) ProtoMessage() {}
 
 func (x *RankStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[20]
+	mi := &file_hvdd_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2195,7 +2401,7 @@ func (x *RankStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankStatus.ProtoReflect.Descriptor instead.
 func (*RankStatus) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{20}
+	return file_hvdd_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RankStatus) GetRank() int32 {
@@ -2267,7 +2473,7 @@ type PendingTensor struct {
 
 func (x *PendingTensor) Reset() {
 	*x = PendingTensor{}
-	mi := &file_hvdd_proto_msgTypes[21]
+	mi := &file_hvdd_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2279,7 +2485,7 @@ func (x *PendingTensor) String() string {
 func (*PendingTensor) ProtoMessage() {}
 
 func (x *PendingTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[21]
+	mi := &file_hvdd_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2292,7 +2498,7 @@ func (x *PendingTensor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingTensor.ProtoReflect.Descriptor instead.
 func (*PendingTensor) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{21}
+	return file_hvdd_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PendingTensor) GetName() string {
@@ -2341,7 +2547,7 @@ type LinkStatus struct {
 
 func (x *LinkStatus) Reset() {
 	*x = LinkStatus{}
-	mi := &file_hvdd_proto_msgTypes[22]
+	mi := &file_hvdd_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2353,7 +2559,7 @@ func (x *LinkStatus) String() string {
 func (*LinkStatus) ProtoMessage() {}
 
 func (x *LinkStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[22]
+	mi := &file_hvdd_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2366,7 +2572,7 @@ func (x *LinkStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkStatus.ProtoReflect.Descriptor instead.
 func (*LinkStatus) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{22}
+	return file_hvdd_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LinkStatus) GetPeerNode() int32 {
@@ -2402,7 +2608,7 @@ type StatusError struct {
 
 func (x *StatusError) Reset() {
 	*x = StatusError{}
-	mi := &file_hvdd_proto_msgTypes[23]
+	mi := &file_hvdd_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2414,7 +2620,7 @@ func (x *StatusError) String() string {
 func (*StatusError) ProtoMessage() {}
 
 func (x *StatusError) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[23]
+	mi := &file_hvdd_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2427,7 +2633,7 @@ func (x *StatusError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusError.ProtoReflect.Descriptor instead.
 func (*StatusError) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{23}
+	return file_hvdd_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StatusError) GetAtMs() int64 {
@@ -2474,7 +2680,7 @@ type HostsUpdated struct {
 
 func (x *HostsUpdated) Reset() {
 	*x = HostsUpdated{}
-	mi := &file_hvdd_proto_msgTypes[24]
+	mi := &file_hvdd_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2486,7 +2692,7 @@ func (x *HostsUpdated) String() string {
 func (*HostsUpdated) ProtoMessage() {}
 
 func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[24]
+	mi := &file_hvdd_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2499,7 +2705,7 @@ func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostsUpdated.ProtoReflect.Descriptor instead.
 func (*HostsUpdated) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{24}
+	return file_hvdd_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *HostsUpdated) GetTimestamp() int64 {
@@ -2542,7 +2748,7 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"*\n" +
 	"\x10UnregisterRegion\x12\x16\n" +
-	"\x06region\x18\x01 \x01(\rR\x06region\"\xa8\x03\n" +
+	"\x06region\x18\x01 \x01(\rR\x06region\"\xe8\x03\n" +
 	"\aEnqueue\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12#\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x13.hvdd.ipc.v1.OpTypeR\x02op\x12(\n" +
@@ -2559,9 +2765,24 @@ const file_hvdd_proto_rawDesc = "" +
 	"\n" +
 	"group_size\x18\f \x01(\rR\tgroupSize\x12\x1f\n" +
 	"\vprocess_set\x18\r \x01(\x05R\n" +
-	"processSet\"6\n" +
+	"processSet\x12>\n" +
+	"\rdevice_buffer\x18\x0e \x01(\v2\x19.hvdd.ipc.v1.DeviceBufferR\fdeviceBuffer\"\xc0\x01\n" +
+	"\fDeviceBuffer\x12\x1f\n" +
+	"\vdevice_uuid\x18\x01 \x01(\tR\n" +
+	"deviceUuid\x12\x1d\n" +
+	"\n" +
+	"mem_handle\x18\x02 \x01(\fR\tmemHandle\x12\x1d\n" +
+	"\n" +
+	"alloc_size\x18\x03 \x01(\x04R\tallocSize\x12\x16\n" +
+	"\x06offset\x18\x04 \x01(\x04R\x06offset\x12\x16\n" +
+	"\x06length\x18\x05 \x01(\x04R\x06length\x12!\n" +
+	"\fevent_handle\x18\x06 \x01(\fR\veventHandle\"6\n" +
+	"\x13ReleaseDeviceMemory\x12\x1f\n" +
+	"\vmem_handles\x18\x01 \x03(\fR\n" +
+	"memHandles\"[\n" +
 	"\aRelease\x12+\n" +
-	"\x06buffer\x18\x01 \x01(\v2\x13.hvdd.ipc.v1.BufferR\x06buffer\"%\n" +
+	"\x06buffer\x18\x01 \x01(\v2\x13.hvdd.ipc.v1.BufferR\x06buffer\x12#\n" +
+	"\rdevice_output\x18\x02 \x01(\fR\fdeviceOutput\"%\n" +
 	"\x0fRegisterChannel\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x04R\x04size\"%\n" +
 	"\rAddProcessSet\x12\x14\n" +
@@ -2574,7 +2795,7 @@ const file_hvdd_proto_rawDesc = "" +
 	"\vmark_cycles\x18\x02 \x01(\bR\n" +
 	"markCycles\".\n" +
 	"\aGoodbye\x12#\n" +
-	"\relastic_reset\x18\x01 \x01(\bR\felasticReset\"\xb9\x05\n" +
+	"\relastic_reset\x18\x01 \x01(\bR\felasticReset\"\x91\x06\n" +
 	"\rClientMessage\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.hvdd.ipc.v1.HelloH\x00R\x05hello\x12F\n" +
 	"\x0fregister_region\x18\x02 \x01(\v2\x1b.hvdd.ipc.v1.RegisterRegionH\x00R\x0eregisterRegion\x12L\n" +
@@ -2587,11 +2808,12 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x12remove_process_set\x18\t \x01(\v2\x1d.hvdd.ipc.v1.RemoveProcessSetH\x00R\x10removeProcessSet\x123\n" +
 	"\btimeline\x18\n" +
 	" \x01(\v2\x15.hvdd.ipc.v1.TimelineH\x00R\btimeline\x124\n" +
-	"\x06status\x18\v \x01(\v2\x1a.hvdd.ipc.v1.StatusRequestH\x00R\x06statusB\x05\n" +
+	"\x06status\x18\v \x01(\v2\x1a.hvdd.ipc.v1.StatusRequestH\x00R\x06status\x12V\n" +
+	"\x15release_device_memory\x18\f \x01(\v2 .hvdd.ipc.v1.ReleaseDeviceMemoryH\x00R\x13releaseDeviceMemoryB\x05\n" +
 	"\x03msg\"0\n" +
 	"\rStatusRequest\x12\x1f\n" +
 	"\vmax_pending\x18\x01 \x01(\x05R\n" +
-	"maxPending\"\xde\x02\n" +
+	"maxPending\"\xfb\x02\n" +
 	"\aWelcome\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x12\n" +
@@ -2609,10 +2831,11 @@ const file_hvdd_proto_rawDesc = "" +
 	"\bbackends\x18\n" +
 	" \x03(\tR\bbackends\x12\x15\n" +
 	"\x06job_id\x18\v \x01(\x04R\x05jobId\x12\x14\n" +
-	"\x05epoch\x18\f \x01(\x04R\x05epoch\"9\n" +
+	"\x05epoch\x18\f \x01(\x04R\x05epoch\x12\x1b\n" +
+	"\tgpu_uuids\x18\r \x03(\tR\bgpuUuids\"9\n" +
 	"\vGrantRegion\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\"\x8c\x02\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"\xcc\x02\n" +
 	"\x04Done\x12%\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x11.hvdd.ipc.v1.CodeR\x04code\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12+\n" +
@@ -2620,7 +2843,8 @@ const file_hvdd_proto_rawDesc = "" +
 	"\foutput_shape\x18\x04 \x03(\x03R\voutputShape\x12'\n" +
 	"\x0freceived_splits\x18\x05 \x03(\x05R\x0ereceivedSplits\x12(\n" +
 	"\x10last_joined_rank\x18\x06 \x01(\x05R\x0elastJoinedRank\x12$\n" +
-	"\x0eprocess_set_id\x18\a \x01(\x05R\fprocessSetId\"D\n" +
+	"\x0eprocess_set_id\x18\a \x01(\x05R\fprocessSetId\x12>\n" +
+	"\rdevice_output\x18\b \x01(\v2\x19.hvdd.ipc.v1.DeviceBufferR\fdeviceOutput\"D\n" +
 	"\x05Fatal\x12%\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x11.hvdd.ipc.v1.CodeR\x04code\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"\xcd\x02\n" +
@@ -2769,75 +2993,80 @@ func file_hvdd_proto_rawDescGZIP() []byte {
 }
 
 var file_hvdd_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_hvdd_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_hvdd_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_hvdd_proto_goTypes = []any{
-	(DType)(0),               // 0: hvdd.ipc.v1.DType
-	(OpType)(0),              // 1: hvdd.ipc.v1.OpType
-	(ReduceOp)(0),            // 2: hvdd.ipc.v1.ReduceOp
-	(Code)(0),                // 3: hvdd.ipc.v1.Code
-	(*Buffer)(nil),           // 4: hvdd.ipc.v1.Buffer
-	(*Hello)(nil),            // 5: hvdd.ipc.v1.Hello
-	(*RegisterRegion)(nil),   // 6: hvdd.ipc.v1.RegisterRegion
-	(*UnregisterRegion)(nil), // 7: hvdd.ipc.v1.UnregisterRegion
-	(*Enqueue)(nil),          // 8: hvdd.ipc.v1.Enqueue
-	(*Release)(nil),          // 9: hvdd.ipc.v1.Release
-	(*RegisterChannel)(nil),  // 10: hvdd.ipc.v1.RegisterChannel
-	(*AddProcessSet)(nil),    // 11: hvdd.ipc.v1.AddProcessSet
-	(*RemoveProcessSet)(nil), // 12: hvdd.ipc.v1.RemoveProcessSet
-	(*Timeline)(nil),         // 13: hvdd.ipc.v1.Timeline
-	(*Goodbye)(nil),          // 14: hvdd.ipc.v1.Goodbye
-	(*ClientMessage)(nil),    // 15: hvdd.ipc.v1.ClientMessage
-	(*StatusRequest)(nil),    // 16: hvdd.ipc.v1.StatusRequest
-	(*Welcome)(nil),          // 17: hvdd.ipc.v1.Welcome
-	(*GrantRegion)(nil),      // 18: hvdd.ipc.v1.GrantRegion
-	(*Done)(nil),             // 19: hvdd.ipc.v1.Done
-	(*Fatal)(nil),            // 20: hvdd.ipc.v1.Fatal
-	(*ServerMessage)(nil),    // 21: hvdd.ipc.v1.ServerMessage
-	(*Status)(nil),           // 22: hvdd.ipc.v1.Status
-	(*JobStatus)(nil),        // 23: hvdd.ipc.v1.JobStatus
-	(*RankStatus)(nil),       // 24: hvdd.ipc.v1.RankStatus
-	(*PendingTensor)(nil),    // 25: hvdd.ipc.v1.PendingTensor
-	(*LinkStatus)(nil),       // 26: hvdd.ipc.v1.LinkStatus
-	(*StatusError)(nil),      // 27: hvdd.ipc.v1.StatusError
-	(*HostsUpdated)(nil),     // 28: hvdd.ipc.v1.HostsUpdated
+	(DType)(0),                  // 0: hvdd.ipc.v1.DType
+	(OpType)(0),                 // 1: hvdd.ipc.v1.OpType
+	(ReduceOp)(0),               // 2: hvdd.ipc.v1.ReduceOp
+	(Code)(0),                   // 3: hvdd.ipc.v1.Code
+	(*Buffer)(nil),              // 4: hvdd.ipc.v1.Buffer
+	(*Hello)(nil),               // 5: hvdd.ipc.v1.Hello
+	(*RegisterRegion)(nil),      // 6: hvdd.ipc.v1.RegisterRegion
+	(*UnregisterRegion)(nil),    // 7: hvdd.ipc.v1.UnregisterRegion
+	(*Enqueue)(nil),             // 8: hvdd.ipc.v1.Enqueue
+	(*DeviceBuffer)(nil),        // 9: hvdd.ipc.v1.DeviceBuffer
+	(*ReleaseDeviceMemory)(nil), // 10: hvdd.ipc.v1.ReleaseDeviceMemory
+	(*Release)(nil),             // 11: hvdd.ipc.v1.Release
+	(*RegisterChannel)(nil),     // 12: hvdd.ipc.v1.RegisterChannel
+	(*AddProcessSet)(nil),       // 13: hvdd.ipc.v1.AddProcessSet
+	(*RemoveProcessSet)(nil),    // 14: hvdd.ipc.v1.RemoveProcessSet
+	(*Timeline)(nil),            // 15: hvdd.ipc.v1.Timeline
+	(*Goodbye)(nil),             // 16: hvdd.ipc.v1.Goodbye
+	(*ClientMessage)(nil),       // 17: hvdd.ipc.v1.ClientMessage
+	(*StatusRequest)(nil),       // 18: hvdd.ipc.v1.StatusRequest
+	(*Welcome)(nil),             // 19: hvdd.ipc.v1.Welcome
+	(*GrantRegion)(nil),         // 20: hvdd.ipc.v1.GrantRegion
+	(*Done)(nil),                // 21: hvdd.ipc.v1.Done
+	(*Fatal)(nil),               // 22: hvdd.ipc.v1.Fatal
+	(*ServerMessage)(nil),       // 23: hvdd.ipc.v1.ServerMessage
+	(*Status)(nil),              // 24: hvdd.ipc.v1.Status
+	(*JobStatus)(nil),           // 25: hvdd.ipc.v1.JobStatus
+	(*RankStatus)(nil),          // 26: hvdd.ipc.v1.RankStatus
+	(*PendingTensor)(nil),       // 27: hvdd.ipc.v1.PendingTensor
+	(*LinkStatus)(nil),          // 28: hvdd.ipc.v1.LinkStatus
+	(*StatusError)(nil),         // 29: hvdd.ipc.v1.StatusError
+	(*HostsUpdated)(nil),        // 30: hvdd.ipc.v1.HostsUpdated
 }
 var file_hvdd_proto_depIdxs = []int32{
-	13, // 0: hvdd.ipc.v1.Hello.timeline:type_name -> hvdd.ipc.v1.Timeline
+	15, // 0: hvdd.ipc.v1.Hello.timeline:type_name -> hvdd.ipc.v1.Timeline
 	1,  // 1: hvdd.ipc.v1.Enqueue.op:type_name -> hvdd.ipc.v1.OpType
 	0,  // 2: hvdd.ipc.v1.Enqueue.dtype:type_name -> hvdd.ipc.v1.DType
 	4,  // 3: hvdd.ipc.v1.Enqueue.buffer:type_name -> hvdd.ipc.v1.Buffer
 	2,  // 4: hvdd.ipc.v1.Enqueue.reduce_op:type_name -> hvdd.ipc.v1.ReduceOp
-	4,  // 5: hvdd.ipc.v1.Release.buffer:type_name -> hvdd.ipc.v1.Buffer
-	5,  // 6: hvdd.ipc.v1.ClientMessage.hello:type_name -> hvdd.ipc.v1.Hello
-	6,  // 7: hvdd.ipc.v1.ClientMessage.register_region:type_name -> hvdd.ipc.v1.RegisterRegion
-	7,  // 8: hvdd.ipc.v1.ClientMessage.unregister_region:type_name -> hvdd.ipc.v1.UnregisterRegion
-	8,  // 9: hvdd.ipc.v1.ClientMessage.enqueue:type_name -> hvdd.ipc.v1.Enqueue
-	9,  // 10: hvdd.ipc.v1.ClientMessage.release:type_name -> hvdd.ipc.v1.Release
-	14, // 11: hvdd.ipc.v1.ClientMessage.goodbye:type_name -> hvdd.ipc.v1.Goodbye
-	10, // 12: hvdd.ipc.v1.ClientMessage.register_channel:type_name -> hvdd.ipc.v1.RegisterChannel
-	11, // 13: hvdd.ipc.v1.ClientMessage.add_process_set:type_name -> hvdd.ipc.v1.AddProcessSet
-	12, // 14: hvdd.ipc.v1.ClientMessage.remove_process_set:type_name -> hvdd.ipc.v1.RemoveProcessSet
-	13, // 15: hvdd.ipc.v1.ClientMessage.timeline:type_name -> hvdd.ipc.v1.Timeline
-	16, // 16: hvdd.ipc.v1.ClientMessage.status:type_name -> hvdd.ipc.v1.StatusRequest
-	3,  // 17: hvdd.ipc.v1.Done.code:type_name -> hvdd.ipc.v1.Code
-	4,  // 18: hvdd.ipc.v1.Done.output:type_name -> hvdd.ipc.v1.Buffer
-	3,  // 19: hvdd.ipc.v1.Fatal.code:type_name -> hvdd.ipc.v1.Code
-	17, // 20: hvdd.ipc.v1.ServerMessage.welcome:type_name -> hvdd.ipc.v1.Welcome
-	18, // 21: hvdd.ipc.v1.ServerMessage.grant_region:type_name -> hvdd.ipc.v1.GrantRegion
-	19, // 22: hvdd.ipc.v1.ServerMessage.done:type_name -> hvdd.ipc.v1.Done
-	20, // 23: hvdd.ipc.v1.ServerMessage.fatal:type_name -> hvdd.ipc.v1.Fatal
-	28, // 24: hvdd.ipc.v1.ServerMessage.hosts_updated:type_name -> hvdd.ipc.v1.HostsUpdated
-	22, // 25: hvdd.ipc.v1.ServerMessage.status:type_name -> hvdd.ipc.v1.Status
-	23, // 26: hvdd.ipc.v1.Status.jobs:type_name -> hvdd.ipc.v1.JobStatus
-	27, // 27: hvdd.ipc.v1.Status.errors:type_name -> hvdd.ipc.v1.StatusError
-	24, // 28: hvdd.ipc.v1.JobStatus.ranks:type_name -> hvdd.ipc.v1.RankStatus
-	25, // 29: hvdd.ipc.v1.JobStatus.pending:type_name -> hvdd.ipc.v1.PendingTensor
-	26, // 30: hvdd.ipc.v1.JobStatus.links:type_name -> hvdd.ipc.v1.LinkStatus
-	31, // [31:31] is the sub-list for method output_type
-	31, // [31:31] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	9,  // 5: hvdd.ipc.v1.Enqueue.device_buffer:type_name -> hvdd.ipc.v1.DeviceBuffer
+	4,  // 6: hvdd.ipc.v1.Release.buffer:type_name -> hvdd.ipc.v1.Buffer
+	5,  // 7: hvdd.ipc.v1.ClientMessage.hello:type_name -> hvdd.ipc.v1.Hello
+	6,  // 8: hvdd.ipc.v1.ClientMessage.register_region:type_name -> hvdd.ipc.v1.RegisterRegion
+	7,  // 9: hvdd.ipc.v1.ClientMessage.unregister_region:type_name -> hvdd.ipc.v1.UnregisterRegion
+	8,  // 10: hvdd.ipc.v1.ClientMessage.enqueue:type_name -> hvdd.ipc.v1.Enqueue
+	11, // 11: hvdd.ipc.v1.ClientMessage.release:type_name -> hvdd.ipc.v1.Release
+	16, // 12: hvdd.ipc.v1.ClientMessage.goodbye:type_name -> hvdd.ipc.v1.Goodbye
+	12, // 13: hvdd.ipc.v1.ClientMessage.register_channel:type_name -> hvdd.ipc.v1.RegisterChannel
+	13, // 14: hvdd.ipc.v1.ClientMessage.add_process_set:type_name -> hvdd.ipc.v1.AddProcessSet
+	14, // 15: hvdd.ipc.v1.ClientMessage.remove_process_set:type_name -> hvdd.ipc.v1.RemoveProcessSet
+	15, // 16: hvdd.ipc.v1.ClientMessage.timeline:type_name -> hvdd.ipc.v1.Timeline
+	18, // 17: hvdd.ipc.v1.ClientMessage.status:type_name -> hvdd.ipc.v1.StatusRequest
+	10, // 18: hvdd.ipc.v1.ClientMessage.release_device_memory:type_name -> hvdd.ipc.v1.ReleaseDeviceMemory
+	3,  // 19: hvdd.ipc.v1.Done.code:type_name -> hvdd.ipc.v1.Code
+	4,  // 20: hvdd.ipc.v1.Done.output:type_name -> hvdd.ipc.v1.Buffer
+	9,  // 21: hvdd.ipc.v1.Done.device_output:type_name -> hvdd.ipc.v1.DeviceBuffer
+	3,  // 22: hvdd.ipc.v1.Fatal.code:type_name -> hvdd.ipc.v1.Code
+	19, // 23: hvdd.ipc.v1.ServerMessage.welcome:type_name -> hvdd.ipc.v1.Welcome
+	20, // 24: hvdd.ipc.v1.ServerMessage.grant_region:type_name -> hvdd.ipc.v1.GrantRegion
+	21, // 25: hvdd.ipc.v1.ServerMessage.done:type_name -> hvdd.ipc.v1.Done
+	22, // 26: hvdd.ipc.v1.ServerMessage.fatal:type_name -> hvdd.ipc.v1.Fatal
+	30, // 27: hvdd.ipc.v1.ServerMessage.hosts_updated:type_name -> hvdd.ipc.v1.HostsUpdated
+	24, // 28: hvdd.ipc.v1.ServerMessage.status:type_name -> hvdd.ipc.v1.Status
+	25, // 29: hvdd.ipc.v1.Status.jobs:type_name -> hvdd.ipc.v1.JobStatus
+	29, // 30: hvdd.ipc.v1.Status.errors:type_name -> hvdd.ipc.v1.StatusError
+	26, // 31: hvdd.ipc.v1.JobStatus.ranks:type_name -> hvdd.ipc.v1.RankStatus
+	27, // 32: hvdd.ipc.v1.JobStatus.pending:type_name -> hvdd.ipc.v1.PendingTensor
+	28, // 33: hvdd.ipc.v1.JobStatus.links:type_name -> hvdd.ipc.v1.LinkStatus
+	34, // [34:34] is the sub-list for method output_type
+	34, // [34:34] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_hvdd_proto_init() }
@@ -2845,7 +3074,7 @@ func file_hvdd_proto_init() {
 	if File_hvdd_proto != nil {
 		return
 	}
-	file_hvdd_proto_msgTypes[11].OneofWrappers = []any{
+	file_hvdd_proto_msgTypes[13].OneofWrappers = []any{
 		(*ClientMessage_Hello)(nil),
 		(*ClientMessage_RegisterRegion)(nil),
 		(*ClientMessage_UnregisterRegion)(nil),
@@ -2857,8 +3086,9 @@ func file_hvdd_proto_init() {
 		(*ClientMessage_RemoveProcessSet)(nil),
 		(*ClientMessage_Timeline)(nil),
 		(*ClientMessage_Status)(nil),
+		(*ClientMessage_ReleaseDeviceMemory)(nil),
 	}
-	file_hvdd_proto_msgTypes[17].OneofWrappers = []any{
+	file_hvdd_proto_msgTypes[19].OneofWrappers = []any{
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_GrantRegion)(nil),
 		(*ServerMessage_Done)(nil),
@@ -2872,7 +3102,7 @@ func file_hvdd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hvdd_proto_rawDesc), len(file_hvdd_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
