@@ -5,6 +5,7 @@ package nvml
 import (
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -52,8 +53,14 @@ var (
 // while (NVML initialises every GPU, up to seconds without the persistence
 // daemon), so a daemon calls it off its start-up path.
 func Discover() (Report, error) {
+	// go-nvml keeps package state that loading and unloading a library
+	// write (its error-string function): one discovery at a time.
+	discoverMu.Lock()
+	defer discoverMu.Unlock()
 	return discover(nvml.New())
 }
+
+var discoverMu sync.Mutex
 
 // discover is Discover on lib.
 func discover(lib Library) (Report, error) {

@@ -314,6 +314,9 @@ func TestDiscoverLinkEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if s := r.Summary(); !strings.HasSuffix(s, "; NVLink: every pair NV18") {
+		t.Errorf("HGX summary %q, want it to end in every pair NV18", s)
+	}
 	for _, l := range r.GPUs[5].NVLinks {
 		if l.RemoteGPU != -1 || l.RemotePCIBusID == "" {
 			t.Errorf("HGX GPU 5 link %d: remote GPU %d at %q, want -1 (a switch) at a bus id", l.Link, l.RemoteGPU, l.RemotePCIBusID)

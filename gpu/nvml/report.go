@@ -196,14 +196,19 @@ func (r Report) Summary() string {
 		fmt.Fprintf(&b, " %d %s %s %s %s sm_%s", g.Index, g.Name, g.UUID, g.PCIBusID, gib(g.MemoryTotal), strings.ReplaceAll(g.ComputeCapability, ".", ""))
 	}
 	var nv []string
+	same := len(r.Pairs) > 1 // every pair NVLinked alike (an NVSwitch board)
 	for _, p := range r.Pairs {
 		if p.NVLinks > 0 {
 			nv = append(nv, fmt.Sprintf("%d-%d %s", p.A, p.B, p.Link))
 		}
+		same = same && p.NVLinks > 0 && p.Link == r.Pairs[0].Link
 	}
-	if len(nv) > 0 {
+	switch {
+	case same:
+		fmt.Fprintf(&b, "; NVLink: every pair %s", r.Pairs[0].Link)
+	case len(nv) > 0:
 		fmt.Fprintf(&b, "; NVLink: %s", strings.Join(nv, ", "))
-	} else if len(r.GPUs) > 1 {
+	case len(r.GPUs) > 1:
 		b.WriteString("; no NVLink")
 	}
 	return b.String()
