@@ -109,12 +109,28 @@ func TestDeps(t *testing.T) {
 			bad:  func(d dep) bool { return strings.HasPrefix(d.path, module+"/") && d.path != module+"/auth" },
 		},
 		{
+			// The seam of the GPU path: the daemon and both drivers
+			// (gpu/cuda, gpu/fake) import it, it imports neither.
+			pkgs: []string{"gpu"},
+			rule: "imports only tensor and the standard library",
+			bad: func(d dep) bool {
+				return !d.standard && d.path != module+"/tensor" && d.path != module+"/gpu"
+			},
+		},
+		{
+			pkgs: []string{"gpu/nvml"},
+			rule: "imports nothing from hvdd",
+			bad: func(d dep) bool {
+				return strings.HasPrefix(d.path, module+"/") && d.path != module+"/gpu/nvml"
+			},
+		},
+		{
 			// CGO_ENABLED=1 so that cgo files count even where the
 			// default has cgo off (no C compiler).
 			pkgs: []string{"cmd/hvdd"},
 			env:  []string{"CGO_ENABLED=1"},
-			rule: "builds (without the mpi tag) no cgo outside the standard library",
-			bad:  func(d dep) bool { return !d.standard && d.cgoFiles > 0 },
+			rule: "builds (without the mpi tag) no cgo outside the standard library but the dlopen loaders (" + strings.Join(cgoAllowed, ", ") + ")",
+			bad:  badCgo,
 		},
 	}
 	for _, tc := range tests {
@@ -135,13 +151,63 @@ func TestDeps(t *testing.T) {
 	}
 }
 
-// TestDepsSeesCgo checks that the cgo rule can fail: with the mpi tag,
-// cmd/hvdd's build does compile cgo outside the standard library.
-func TestDepsSeesCgo(t *testing.T) {
-	for _, d := range deps(t, "cmd/hvdd", "mpi", "CGO_ENABLED=1") {
-		if !d.standard && d.cgoFiles > 0 {
-			return
+// cgoAllowed lists the modules whose cgo the default build may compile:
+// they link no library at build time and load theirs with dlopen at run
+// time, so the binary builds without CUDA and runs without a GPU.
+// go-nvml loads libnvidia-ml.so.1 (gpu/nvml); purego, whose cgo files
+// build only with CGO_ENABLED=1, loads libcuda.so.1 and libnccl.so.2
+// (gpu/cuda).
+var cgoAllowed = []string{"github.com/NVIDIA/go-nvml", "github.com/ebitengine/purego"}
+
+// badCgo reports whether d is cgo that the default build must not
+// compile: cgo outside the standard library and cgoAllowed.
+func badCgo(d dep) bool {
+	if d.standard || d.cgoFiles == 0 {
+		return false
+	}
+	for _, m := range cgoAllowed {
+		if d.path == m || strings.HasPrefix(d.path, m+"/") {
+			return false
 		}
 	}
-	t.Fatal("go list sees no cgo in cmd/hvdd built with -tags mpi; the cgo rule checks nothing")
+	return true
+}
+
+// TestDepsSeesCgo checks that the cgo rule can fail: with the mpi tag,
+// cmd/hvdd's build compiles cgo (backends/mpi's) that the rule forbids,
+// and without it the rule's allowance is used (the build does compile
+// go-nvml's cgo), so the allowance is not stale.
+func TestDepsSeesCgo(t *testing.T) {
+	var forbidden []string
+	for _, d := range deps(t, "cmd/hvdd", "mpi", "CGO_ENABLED=1") {
+		if badCgo(d) {
+			forbidden = append(forbidden, d.path)
+		}
+	}
+	if len(forbidden) == 0 {
+		t.Error("the cgo rule finds nothing wrong with cmd/hvdd built with -tags mpi; it checks nothing")
+	}
+	allowed := false
+	for _, d := range deps(t, "cmd/hvdd", "", "CGO_ENABLED=1") {
+		allowed = allowed || (d.cgoFiles > 0 && !d.standard && !badCgo(d))
+	}
+	if !allowed {
+		t.Errorf("cmd/hvdd's default build compiles none of %s's cgo; drop what is no longer used from cgoAllowed", strings.Join(cgoAllowed, ", "))
+	}
+}
+
+// TestDepsWithoutCgo checks that cmd/hvdd builds with CGO_ENABLED=0 and
+// that its build then has no go-nvml (whose package does not compile
+// without cgo): gpu/nvml's !cgo file stands in.
+func TestDepsWithoutCgo(t *testing.T) {
+	nvml := false
+	for _, d := range deps(t, "cmd/hvdd", "", "CGO_ENABLED=0") {
+		if strings.HasPrefix(d.path, "github.com/NVIDIA/go-nvml/") {
+			t.Errorf("cmd/hvdd built with CGO_ENABLED=0 pulls in %s", d.path)
+		}
+		nvml = nvml || d.path == module+"/gpu/nvml"
+	}
+	if !nvml {
+		t.Errorf("cmd/hvdd built with CGO_ENABLED=0 has no gpu/nvml; hvdd gpus is gone")
+	}
 }

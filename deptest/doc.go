@@ -11,11 +11,17 @@
 //   - daemon/metrics (the Prometheus families) imports anything from hvdd
 //     but tensor and ipc/ipcpb: the daemon counts into it, it reads no
 //     daemon state;
+//   - gpu (the seam of the GPU path) imports anything but tensor and the
+//     standard library, or gpu/nvml (discovery) anything from hvdd;
 //   - the default build of cmd/hvdd (no build tags) compiles cgo outside
-//     the standard library: MPI, the one cgo engine, stays behind the mpi
-//     build tag (cmd/hvdd/mpi_off.go, backends/mpi/nompi.go). The standard
-//     library's own cgo (net's resolver, os/user) is allowed; it goes away
-//     with CGO_ENABLED=0.
+//     the standard library and the dlopen loaders (github.com/NVIDIA/go-nvml
+//     for NVML, github.com/ebitengine/purego for CUDA and NCCL), which link
+//     nothing at build time: MPI, the one cgo engine that needs its library
+//     to build, stays behind the mpi build tag (cmd/hvdd/mpi_off.go,
+//     backends/mpi/nompi.go). The standard library's own cgo (net's
+//     resolver, os/user) is allowed; it goes away with CGO_ENABLED=0;
+//   - cmd/hvdd does not build with CGO_ENABLED=0, or its build then pulls
+//     in go-nvml (gpu/nvml's !cgo file reports "built without cgo").
 //
 // The rules look at what a package's build pulls in, its own imports and
 // theirs; tests may import what they need.

@@ -4,6 +4,7 @@
 //	hvdd run     start a daemon if needed and N worker processes (horovodrun)
 //	hvdd bench   measure collectives through the daemon (nccl-tests style)
 //	hvdd status  what the node's daemon is doing: jobs, ranks, pending tensors
+//	hvdd gpus    the node's NVIDIA GPUs and their topology (NVML)
 //	hvdd rendezvous serve the rendezvous store of daemons started by hand
 //	hvdd version print the version
 //
@@ -24,6 +25,8 @@ Usage:
   hvdd bench [flags]            benchmark collectives (hvdd bench --help)
   hvdd status [--watch|--json]  what the node's daemon is doing: jobs, ranks, what
                                 they wait on, errors, links (hvdd status --help)
+  hvdd gpus [--json]            this node's NVIDIA GPUs, their NVLink/PCIe topology
+                                and peer access, or why none (hvdd gpus --help)
   hvdd rendezvous --addr H:P    serve the rendezvous store of daemons started by hand
                                 (hvdd rendezvous --help)
   hvdd version                  print the version
@@ -49,6 +52,8 @@ func main() {
 		code = statusMain(args)
 	case "rendezvous":
 		code = rendezvousMain(args)
+	case "gpus":
+		code = gpusMain(args)
 	case "version", "--version", "-v":
 		fmt.Println("hvdd", version())
 	case "help", "-h", "--help":

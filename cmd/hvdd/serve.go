@@ -502,6 +502,7 @@ func serve(cfg daemon.Config, socket string, stopTimeout time.Duration) int {
 			defer pprof.StopCPUProfile()
 		}
 	}
+	go logGPUs(cfg.Logger) // gpus.go: the node's GPUs, or "CPU-only", once
 	err = srv.Serve(ctx, ln)
 	sd.send("STOPPING=1")
 	if err != nil && !errors.Is(err, daemon.ErrServerClosed) && !errors.Is(err, context.Canceled) {

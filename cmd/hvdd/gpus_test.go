@@ -1,0 +1,134 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// gpusJSON is the part of `hvdd gpus --json` the tests read.
+type gpusJSON struct {
+	Available bool   `json:"available"`
+	Reason    string `json:"reason"`
+	GPUs      []struct {
+		Index    int    `json:"index"`
+		UUID     string `json:"uuid"`
+		PCIBusID string `json:"pci_bus_id"`
+	} `json:"gpus"`
+	Pairs []struct {
+		A, B int
+		Link string `json:"link"`
+	} `json:"pairs"`
+}
+
+// runGPUs runs `bin gpus args...` and returns its stdout; it fails the
+// test unless the exit status is 0 and stderr is empty.
+func runGPUs(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"gpus"}, args...)...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil || stderr.Len() > 0 {
+		t.Fatalf("hvdd gpus %v: %v\nstdout:\n%s\nstderr:\n%s", args, err, out, stderr.String())
+	}
+	return string(out)
+}
+
+// TestGPUs runs the built hvdd gpus, as text and as JSON: both exit 0 and
+// tell the same. Without a GPU (this machine, CI) both give the same
+// reason, ending in CPU-only, and the JSON's lists are empty, not null;
+// with GPUs (scripts/gpu-check.sh's machine) the table names every GPU
+// the JSON lists.
+func TestGPUs(t *testing.T) {
+	text := runGPUs(t, hvddBin)
+	raw := runGPUs(t, hvddBin, "--json")
+	var r gpusJSON
+	if err := json.Unmarshal([]byte(raw), &r); err != nil {
+		t.Fatalf("hvdd gpus --json: %v\n%s", err, raw)
+	}
+	if !r.Available {
+		if !strings.HasSuffix(r.Reason, ": CPU-only") || text != r.Reason+"\n" {
+			t.Errorf("without GPUs: text %q, JSON reason %q; want the same reason, ending in CPU-only", text, r.Reason)
+		}
+		if !strings.Contains(raw, `"gpus":[]`) || !strings.Contains(raw, `"pairs":[]`) {
+			t.Errorf("without GPUs the JSON's lists are not empty lists: %s", raw)
+		}
+		return
+	}
+	if len(r.GPUs) == 0 || len(r.Pairs) != len(r.GPUs)*(len(r.GPUs)-1)/2 {
+		t.Errorf("%d GPUs and %d pairs in %s", len(r.GPUs), len(r.Pairs), raw)
+	}
+	for _, g := range r.GPUs {
+		if !strings.Contains(text, g.UUID) || !strings.Contains(text, g.PCIBusID) {
+			t.Errorf("the table lacks GPU %d (%s, %s):\n%s", g.Index, g.UUID, g.PCIBusID, text)
+		}
+	}
+	t.Logf("\n%s", text)
+}
+
+func TestGPUsUsage(t *testing.T) {
+	out, err := exec.Command(hvddBin, "gpus", "--help").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Usage: hvdd gpus") || !strings.Contains(string(out), "-json") {
+		t.Errorf("hvdd gpus --help: %v\n%s", err, out)
+	}
+	for _, args := range [][]string{{"gpus", "extra"}, {"gpus", "--frob"}} {
+		out, err := exec.Command(hvddBin, args...).CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			t.Errorf("hvdd %v: %v, want exit status 2\n%s", args, err, out)
+		}
+	}
+	out, _ = exec.Command(hvddBin, "--help").CombinedOutput()
+	if !strings.Contains(string(out), "hvdd gpus [--json]") {
+		t.Errorf("hvdd --help does not list hvdd gpus:\n%s", out)
+	}
+}
+
+// TestGPUsWithoutCgo builds hvdd with CGO_ENABLED=0 (which must work:
+// NVML then cannot be loaded) and checks that hvdd gpus says so and exits 0.
+func TestGPUsWithoutCgo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds hvdd again (-short)")
+	}
+	bin := filepath.Join(t.TempDir(), "hvdd-nocgo")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("CGO_ENABLED=0 go build ./cmd/hvdd: %v\n%s", err, out)
+	}
+	if out := runGPUs(t, bin); out != "built without cgo: no GPU discovery: CPU-only\n" {
+		t.Errorf("hvdd gpus built without cgo: %q", out)
+	}
+}
+
+// TestServeLogsGPUs: hvdd serve logs what hvdd gpus finds once, at info
+// level: here (no GPU) the same CPU-only reason; then it stops cleanly.
+func TestServeLogsGPUs(t *testing.T) {
+	var r gpusJSON
+	if err := json.Unmarshal([]byte(runGPUs(t, hvddBin, "--json")), &r); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "hvdd.sock")
+	d := startDaemon(t, nil, hvddBin, "serve", "--slots", "1", "--socket", sock, "--log-level", "info")
+	line := d.waitLine(t, regexp.MustCompile(`^(.*(CPU-only|msg="NVIDIA GPUs"|GPU discovery failed).*)$`))
+	switch {
+	case !r.Available && !strings.Contains(line, "msg=\""+r.Reason+"\""):
+		t.Errorf("serve logged %q, want hvdd gpus's reason %q", line, r.Reason)
+	case r.Available && !strings.Contains(line, "msg=\"NVIDIA GPUs\""):
+		t.Errorf("serve logged %q, want its GPUs", line)
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	if err := d.wait(t); err != nil {
+		t.Fatalf("hvdd serve after SIGTERM: %v", err)
+	}
+	if n := strings.Count(d.out.String(), "CPU-only"); !r.Available && n != 1 {
+		t.Errorf("serve said CPU-only %d times, want once:\n%s", n, d.out.String())
+	}
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Builds here, where Go is, what scripts/gpu-check.sh runs on a GPU machine
+# that has no Go and no network (issue 17):
+#   bin/hvdd               the default build (cgo on: NVML discovery in)
+#   bin/<test binaries>    `go test -c` of the GPU packages in the table
+#                          below, each built only where its package has tests
+#   bin/gpu-tests.txt      the manifest gpu-check.sh reads: per line the test
+#                          binary, its package directory (the test runs there,
+#                          as go test would) and its -test.run pattern
+# Everything is stripped (-ldflags='-s -w'; Go's stack traces survive) to fit
+# the device tool's 64 MiB (working tree and carried bin/ together).
+#
+# Usage: scripts/gpu-build.sh [--help]
+# Then, on the GPU machine (device tool: carry ["bin"]): scripts/gpu-check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+case "${1:-}" in
+  -h|--help) sed -n '2,15s/^# \{0,1\}//p' "$0"; exit 0 ;;
+  "") ;;
+  *) echo "scripts/gpu-build.sh: unexpected argument $1 (see --help)" >&2; exit 2 ;;
+esac
+command -v go >/dev/null || { echo "scripts/gpu-build.sh: needs Go (it runs where the repo is built, not on the GPU machine)" >&2; exit 1; }
+
+# nvml.h, which go-nvml compiles, marks functions hvdd never calls as
+# deprecated; gcc's warnings about them are noise.
+export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g -Wno-deprecated-declarations}"
+ldflags='-s -w'
+mkdir -p bin
+echo "== go build -o bin/hvdd ./cmd/hvdd"
+go build -ldflags "$ldflags" -o bin/hvdd ./cmd/hvdd
+
+# BINARY  PACKAGE  -test.run PATTERN
+# A part that adds GPU tests adds its line here.
+tests='
+nvml.test        gpu/nvml     .
+gputest-cuda     gpu/cuda     .
+kernels-gpu.test gpu/kernels  .
+daemon-gpu.test  daemon       GPU|CUDA|Cuda|NCCL|Nccl
+'
+manifest=bin/gpu-tests.txt
+: > "$manifest.tmp"
+built=() skipped=()
+while read -r bin pkg run; do
+  [ -n "$bin" ] || continue
+  # Built only where a test the pattern selects exists.
+  if ! compgen -G "$pkg/*_test.go" >/dev/null ||
+    ! grep -hoE '^func (Test|Example)[A-Za-z0-9_]*' "$pkg"/*_test.go | sed 's/^func //' | grep -qE "$run"; then
+    skipped+=("$bin (no test in $pkg matches $run yet)")
+    rm -f "bin/$bin"
+    continue
+  fi
+  echo "== go test -c -o bin/$bin ./$pkg"
+  go test -c -ldflags "$ldflags" -o "bin/$bin" "./$pkg"
+  printf '%s %s %s\n' "$bin" "$pkg" "$run" >> "$manifest.tmp"
+  built+=("$bin")
+done <<< "$tests"
+mv "$manifest.tmp" "$manifest"
+
+echo
+echo "built: bin/hvdd ${built[*]/#/bin/}"
+for s in "${skipped[@]}"; do echo "not built: $s"; done
+size=$(du -cm bin/hvdd "$manifest" "${built[@]/#/bin/}" | tail -1 | cut -f1)
+tree=$(git ls-files -z | du -cm --files0-from=- | tail -1 | cut -f1)
+echo "bin/ to carry: ${size} MiB; tracked tree: ${tree} MiB (the device tool takes 64 MiB in all)"
+if [ $((size + tree)) -gt 60 ]; then
+  echo "warning: close to or over the device tool's 64 MiB" >&2
+fi
