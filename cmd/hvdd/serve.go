@@ -482,6 +482,13 @@ func serve(cfg daemon.Config, socket string, stopTimeout time.Duration) int {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 		return 2
 	}
+	// The signal handlers come before the socket: a SIGTERM sent as soon
+	// as the socket exists (a test, a supervisor) then stops the daemon
+	// the usual way instead of killing it before it could clean up.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(context.Canceled)
+	stopSignals := stopOnSignals(srv, cancel, stopTimeout, sd, cfg.Logger)
+	defer stopSignals()
 	ln, err := systemdListener()
 	if err == nil && ln == nil {
 		ln, err = daemon.Listen(socket)
@@ -490,11 +497,7 @@ func serve(cfg daemon.Config, socket string, stopTimeout time.Duration) int {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 		return 1
 	}
-	ctx, cancel := context.WithCancelCause(context.Background())
-	defer cancel(context.Canceled)
 	go sd.run(ctx, srv)
-	stopSignals := stopOnSignals(srv, cancel, stopTimeout, sd, cfg.Logger)
-	defer stopSignals()
 	if p := os.Getenv("HVDD_CPUPROFILE"); p != "" {
 		// A debugging aid, not a stable interface.
 		if f, err := os.Create(p); err == nil {
