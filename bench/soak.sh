@@ -96,7 +96,7 @@ done
 END=$(sample); log "end $END"
 cat "$OUT"/A.result "$OUT"/B.result | tee -a "$OUT/log"
 python3 - "$BASE" "$END" "$SLACK" "$OUT" <<'PY' | tee -a "$OUT/log"
-import sys, glob
+import sys, glob, statistics
 base, end, slack, out = sys.argv[1].split(), sys.argv[2].split(), float(sys.argv[3]), sys.argv[4]
 bad = []
 # Idle against idle: descriptors, memfd mappings and their bytes, goroutines.
@@ -110,15 +110,19 @@ for i, n in [(2, "fds"), (3, "memfd_maps"), (4, "memfd_kib"), (5, "goroutines")]
 # Memory under load, the last third of the run against the middle third
 # (the first third includes the growth to the daemon's working set, and the
 # metrics of ended jobs, kept --metrics retention (5 minutes), build up
-# during it): the Go heap in use, and the private RSS.
-run = [l.split() for l in open(out + "/log") if l.startswith("running ")]
+# during it): the Go heap in use, and the private RSS. Medians of the
+# samples taken while jobs ran: the heap in use holds whatever garbage the
+# collector has not yet swept when the sample comes, so one sample's value
+# swings by a third either way.
+run = [l.split() for l in open(out + "/log") if l.startswith("running ") and int(l.split()[7]) > 0]
 if len(run) >= 3:
     k = len(run) // 3
     for col, n in [(9, "heap_inuse_kib"), (8, "rss_anon_kib"), (2, "rss_kib")]:
-        mid, last = max(int(r[col]) for r in run[k:2 * k]), max(int(r[col]) for r in run[-k:])
+        mid = statistics.median(int(r[col]) for r in run[k:2 * k])
+        last = statistics.median(int(r[col]) for r in run[-k:])
         grew = (last - mid) / mid * 100
         ok = grew <= slack or n == "rss_kib"  # rss_kib includes the jobs' shared memory: shown, not judged
-        print(f"{n} under load: middle third max {mid}, last third max {last} ({grew:+.1f}%) {'ok' if ok else 'GREW'}")
+        print(f"{n} under load: middle third median {mid:.0f}, last third median {last:.0f} ({grew:+.1f}%) {'ok' if ok else 'GREW'}")
         if not ok: bad.append(n)
 else:
     print("memory under load: too few samples (raise --minutes or lower --every)")
