@@ -51,9 +51,12 @@ import (
 //go:embed kernels.ptx
 var ptx []byte
 
-// PTX returns the embedded PTX image (NUL-terminated, as cuModuleLoadData
-// wants it). The caller must not modify it.
-func PTX() []byte { return ptx }
+// image is ptx NUL-terminated, as cuModuleLoadData wants it.
+var image = append(append(make([]byte, 0, len(ptx)+1), ptx...), 0)
+
+// PTX returns the embedded PTX image, NUL-terminated as cuModuleLoadData
+// wants it. The caller must not modify it.
+func PTX() []byte { return image }
 
 // BlockSize is the block (threads per block) the daemon launches with.
 const BlockSize = 256
