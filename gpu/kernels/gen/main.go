@@ -264,9 +264,9 @@ func widen(e emitter, dt tensor.DType, in, out string) {
 	}
 	e.i("cvt.u16.u32 %%rs1, %s;", in)
 	e.i("cvt.f32.f16 %s, %%rs1;", out)
-	e.i("and.b32 %%r20, %s, 32767;", in) // 0x7fff
+	e.i("and.b32 %%r20, %s, 32767;", in)   // 0x7fff
 	e.i("setp.gt.u32 %%p3, %%r20, 31744;") // > 0x7c00: NaN
-	e.i("and.b32 %%r21, %s, 32768;", in) // sign 0x8000
+	e.i("and.b32 %%r21, %s, 32768;", in)   // sign 0x8000
 	e.i("shl.b32 %%r21, %%r21, 16;")
 	e.i("and.b32 %%r22, %s, 1023;", in) // payload 0x3ff
 	e.i("shl.b32 %%r22, %%r22, 13;")
@@ -281,7 +281,7 @@ func widen(e emitter, dt tensor.DType, in, out string) {
 // Float32ToFloat16 and Float32ToBFloat16 make them.
 func narrow(e emitter, dt tensor.DType, in, out string) {
 	e.i("mov.b32 %%r23, %s;", in)
-	e.i("and.b32 %%r24, %%r23, 2147483647;") // 0x7fffffff
+	e.i("and.b32 %%r24, %%r23, 2147483647;")    // 0x7fffffff
 	e.i("setp.gt.u32 %%p3, %%r24, 2139095040;") // > 0x7f800000: NaN
 	if dt == tensor.BFloat16 {
 		// b += 0x7fff + (b>>16)&1; b >> 16. A NaN: b>>16 | 0x40.
