@@ -606,10 +606,18 @@ func (c *comm) Destroy() error {
 	return check(call)
 }
 
+// write sends f to the hub. On an error the connection is broken: write
+// waits for the reader to see why (an abort from the hub comes first) so
+// that AsyncError names the cause, not the broken pipe.
 func (c *comm) write(f *frame) error {
 	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	return writeFrame(c.conn, f)
+	err := writeFrame(c.conn, f)
+	c.wmu.Unlock()
+	if err != nil {
+		c.conn.Close()
+		<-c.readerDone
+	}
+	return err
 }
 
 // ncclDType checks that NCCL has dt.

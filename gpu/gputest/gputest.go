@@ -307,8 +307,12 @@ func testEvents(t *testing.T, d gpu.Driver) {
 	a, b := alloc(t, dev, n), alloc(t, dev, n)
 	for round := 0; round < 10; round++ {
 		// s1 writes a; s2 copies a to b after e, then reads b.
+		// (In pieces: s1 has more to do than s2, so s2 overtakes it unless
+		// WaitEvent holds it back.)
 		data := randBytes(r, n)
-		ok(t, dev.CopyHtoD(s1, a, data), "CopyHtoD")
+		for off := 0; off < n; off += n / 16 {
+			ok(t, dev.CopyHtoD(s1, a.Add(off), data[off:off+n/16]), "CopyHtoD")
+		}
 		ok(t, e.Record(s1), "Record")
 		ok(t, s2.WaitEvent(e), "WaitEvent")
 		ok(t, dev.CopyDtoD(s2, b, a, n), "CopyDtoD")
