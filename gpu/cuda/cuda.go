@@ -30,6 +30,7 @@ import (
 	"unsafe"
 
 	"github.com/hvdd/hvdd/gpu"
+	"github.com/hvdd/hvdd/gpu/kernels"
 )
 
 // CUDA constants (cuda.h).
@@ -457,7 +458,9 @@ type function struct {
 	name string
 }
 
-// Launch passes each argument by value from an 8-byte slot of its own
+// Launch checks the arguments of a kernel of gpu/kernels against its
+// signature (the driver cannot: too few would make it read past the
+// parameter array), then passes each argument by value from an 8-byte slot of its own
 // (little-endian, so a 4-byte parameter reads the slot's low half), pinned
 // for the call; cuLaunchKernel copies them before it returns.
 func (f *function) Launch(s gpu.Stream, grid, block int, args ...any) error {
@@ -468,6 +471,9 @@ func (f *function) Launch(s gpu.Stream, grid, block int, args ...any) error {
 	}
 	if grid < 1 || block < 1 || grid > 1<<31-1 || block > 1024 {
 		return &gpu.Error{Call: call, Code: 1, Name: "CUDA_ERROR_INVALID_VALUE", Desc: fmt.Sprintf("hvdd: %s: grid %d x block %d", f.name, grid, block)}
+	}
+	if err := checkArgs(f.name, args); err != nil {
+		return &gpu.Error{Call: call, Code: 1, Name: "CUDA_ERROR_INVALID_VALUE", Desc: "hvdd: " + err.Error()}
 	}
 	vals := make([]uint64, max(1, len(args)))
 	for i, a := range args {
@@ -501,4 +507,33 @@ func (f *function) Launch(s gpu.Stream, grid, block int, args ...any) error {
 	return f.d.do(call, func() int32 {
 		return f.d.lib.cuLaunchKernel(f.h, uint32(grid), 1, 1, uint32(block), 1, 1, 0, cs.h, unsafe.Pointer(&ptrs[0]), nil)
 	})
+}
+
+// checkArgs checks args against the signature of kernel name when
+// gpu/kernels lists it.
+func checkArgs(name string, args []any) error {
+	k, ok := kernels.Lookup(name)
+	if !ok {
+		return nil
+	}
+	if len(args) != len(k.Params) {
+		return fmt.Errorf("%s takes %d parameters, %d given", name, len(k.Params), len(args))
+	}
+	for i, p := range k.Params {
+		var good bool
+		switch a := args[i].(type) {
+		case gpu.DevicePtr:
+			good = p == kernels.Ptr
+		case uint64:
+			good = p == kernels.U64
+		case int64:
+			good = p == kernels.U64 && a >= 0
+		case float64:
+			good = p == kernels.F64
+		}
+		if !good {
+			return fmt.Errorf("%s parameter %d: %T %v does not fit", name, i, args[i], args[i])
+		}
+	}
+	return nil
 }
