@@ -36,7 +36,10 @@
 // to watch its context; no busy spinning). An interprocess event keeps the
 // words at offset 0 of a 16-byte memfd ("hvdd-fake-event-<pid>-<n>") that
 // every process which opened the handle maps, so Record and waits work the
-// same from any of them.
+// same from any of them. Another implementation sharing these words (the
+// Python client's tests) increments recorded with an atomic add and raises
+// completed with a compare-and-swap loop; waking the futex is optional, as
+// waiters look again every 20 ms.
 //
 // # IPC handle layouts
 //
