@@ -82,8 +82,11 @@
 // # NCCL
 //
 // NCCL is a fake of the collectives over Unix sockets. GetUniqueID starts a
-// hub in the calling process listening on an abstract Unix socket; the
-// UniqueID is "HVDDNCID" followed by a length byte and the socket's name.
+// hub in the calling process listening on a Unix socket (a file in the
+// temporary directory, removed once every rank joined, so that ranks in
+// other network namespaces reach it; "@name" in the abstract namespace if
+// that path is too long); the UniqueID is "HVDDNCID", a length byte and the
+// socket's address, zeros after.
 // Every rank (CommInitRank, in any process; CommInitAll, one goroutine per
 // device) connects to the hub; the hub is a star: it gathers each
 // collective's contributions (matched by their order on the communicator,
