@@ -900,6 +900,7 @@ func (n *NCCL) issue(s *stream, w work, send bool) error {
 	return s.enqueue(w)
 }
 
+// GroupStart opens (or nests) the calling goroutine's group.
 func (n *NCCL) GroupStart() error {
 	if err := check("ncclGroupStart"); err != nil {
 		return err
