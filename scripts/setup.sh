@@ -51,6 +51,24 @@ if ! .venv/bin/python -c 'import hvdd' 2>/dev/null; then
     || .venv/bin/pip install -q --no-deps -e clients/python
 fi
 
+# ptxas from NVIDIA's nvidia-cuda-nvcc-cu12 wheel (no CUDA toolkit, no GPU):
+# gpu/kernels/gen's test assembles the daemon's generated PTX kernels with
+# it. Only ptxas is taken from the wheel, into .tools/ (ignored by git).
+if [ ! -x .tools/ptxas/nvidia/cuda_nvcc/bin/ptxas ]; then
+  echo "setup: fetching ptxas (the nvidia-cuda-nvcc-cu12 wheel from PyPI) into .tools/ptxas" >&2
+  tmp=$(mktemp -d)
+  .venv/bin/pip download -q --disable-pip-version-check --no-deps -d "$tmp" "nvidia-cuda-nvcc-cu12==12.9.86"
+  .venv/bin/python - "$tmp" <<'PY'
+import glob, os, sys, zipfile
+whl = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+name = "nvidia/cuda_nvcc/bin/ptxas"
+with zipfile.ZipFile(whl) as z:
+    z.extract(name, ".tools/ptxas")
+os.chmod(os.path.join(".tools/ptxas", name), 0o755)
+PY
+  rm -rf "$tmp"
+fi
+
 # PyTorch as users install it: the newest from PyPI, in .venv-torch
 # (scripts/setup-torch.sh). scripts/test.sh defers it
 # (HVDD_SETUP_TORCH=later) and installs it while the Go tests run.

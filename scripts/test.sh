@@ -21,7 +21,7 @@ black --config clients/python/pyproject.toml --check -q $(git ls-files '*.py') \
   || { echo "black needed: black --config clients/python/pyproject.toml \$(git ls-files '*.py')"; exit 1; }
 
 echo "== go test -race"
-go test -race -count=1 -timeout 20m ./...
+HVDD_REQUIRE_PTXAS=1 go test -race -count=1 -timeout 20m ./...
 
 echo "== MPI engine under a real mpirun (build tag mpi)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
