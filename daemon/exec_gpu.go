@@ -108,18 +108,38 @@ func (x *executor) executeDevice(w work) {
 		nccl := !multiGPU || g.nccl != nil
 		switch {
 		case r.Op == tensor.Allreduce && r.ReduceOp != tensor.Adasum && nccl && (!multiGPU || ncclDType(r.DType)):
+			if w.b != nil {
+				x.gpuPath("hierarchical allreduce")
+			} else {
+				x.gpuPath("device allreduce")
+			}
 			x.runNative(w, devs, x.allreduceDevice)
 			return
 		case r.Op == tensor.Broadcast && w.b == nil && nccl:
+			x.gpuPath("device broadcast")
 			x.runNative(w, devs, x.broadcastDevice)
 			return
 		}
 	}
+	x.gpuPath("staged " + strings.ToLower(r.Op.String()))
 	if err := x.stageIn(&w); err != nil {
 		x.deviceFailed(w, err)
 		return
 	}
 	x.executeHost(w)
+}
+
+// gpuPath logs the first use of each way of running GPU tensors (tests
+// check that the path they mean to exercise ran).
+func (x *executor) gpuPath(p string) {
+	if x.gpuPaths[p] {
+		return
+	}
+	if x.gpuPaths == nil {
+		x.gpuPaths = make(map[string]bool)
+	}
+	x.gpuPaths[p] = true
+	x.s.log.Debug("GPU path taken", "path", p)
 }
 
 // usedDevs lists the GPUs w's ops are on, in the daemon's order.
