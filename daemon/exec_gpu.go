@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -75,18 +76,30 @@ func deviceWork(w *work) bool {
 	return false
 }
 
-// nativeOK reports whether w can run on a native path: every row has an op
-// for every position (no joined rank), every op is a non-empty device
-// tensor.
+// nativeOK reports whether w can run on a native path: every op of this
+// node is a non-empty device tensor, and every row has ops at the same
+// positions (rows of other nodes' ranks, and of joined ranks, are nil in
+// all of them), at least one.
 func nativeOK(w *work) bool {
-	for _, row := range w.ops {
-		for _, o := range row {
-			if o == nil || o.dev == nil || o.dev.n == 0 {
+	var first []int
+	for i, row := range w.ops {
+		var pos []int
+		for at, o := range row {
+			if o == nil {
+				continue
+			}
+			if o.dev == nil || o.dev.n == 0 {
 				return false
 			}
+			pos = append(pos, at)
+		}
+		if i == 0 {
+			first = pos
+		} else if !slices.Equal(pos, first) {
+			return false
 		}
 	}
-	return len(w.ops) > 0
+	return len(first) > 0
 }
 
 // ncclDType reports whether NCCL reduces dt.
@@ -462,7 +475,7 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 			dst, n := d.fuse.Add(offs[i]), offs[i+1]-offs[i]
 			first := true
 			for _, o := range row {
-				if o.dev.d != d {
+				if o == nil || o.dev.d != d {
 					continue
 				}
 				src := o.dev.ptr
@@ -536,6 +549,9 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 	// Write back: one D2D copy per rank and tensor.
 	for i, row := range w.ops {
 		for _, o := range row {
+			if o == nil {
+				continue
+			}
 			d := o.dev.d
 			if err := d.dev.CopyDtoD(d.stream, o.dev.ptr, d.fuse.Add(offs[i]), offs[i+1]-offs[i]); err != nil {
 				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
@@ -606,7 +622,7 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 			}
 		}
 		for _, o := range ops {
-			if first[o.dev.d] == nil {
+			if o != nil && first[o.dev.d] == nil {
 				first[o.dev.d] = o.dev
 			}
 		}
@@ -618,6 +634,9 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 		}
 	}
 	for _, o := range ops {
+		if o == nil {
+			continue
+		}
 		src := first[o.dev.d]
 		if o.dev == src {
 			continue
