@@ -34,6 +34,7 @@ func init() {
 	scenarios["gpuvictim"] = gpuVictim
 	scenarios["gpufault"] = gpuFault
 	scenarios["gpucpuonly"] = gpuCPUOnly
+	scenarios["gpujoin"] = gpuJoin
 }
 
 // gpuConfig returns cfg with n fake GPUs and fake NCCL.
@@ -697,5 +698,74 @@ func gpuFault(ctx context.Context, c *hvdd.Client) error {
 		return fmt.Errorf("want a CODE_INTERNAL error naming %s, got %v", os.Getenv("HVDD_TEST_FAIL_CALL"), err)
 	}
 	fmt.Println("error:", err)
+	return nil
+}
+
+// TestGPUJoin: ranks join one after another while the others allreduce
+// device tensors (joined ranks contribute zeros, Average still divides by
+// the whole size): 2 ranks on one GPU, 3 ranks on two GPUs (the GPUs in use
+// change as ranks join), and two nodes of two ranks.
+func TestGPUJoin(t *testing.T) {
+	for _, tc := range []struct{ gpus, ranks int }{{1, 2}, {2, 3}} {
+		t.Run(fmt.Sprintf("gpus%d_np%d", tc.gpus, tc.ranks), func(t *testing.T) {
+			s := daemontest.Start(t, gpuConfig(daemon.Config{Slots: tc.ranks}, tc.gpus))
+			daemontest.Run(t, s.Socket, "gpujoin", tc.ranks, 120*time.Second, fmt.Sprint("HVDD_FAKE_GPUS=", tc.gpus))
+		})
+	}
+	t.Run("nodes2x2", func(t *testing.T) {
+		ss := startNodesCfg(t, func(_ int, cfg *daemon.Config) { *cfg = gpuConfig(*cfg, 2) }, 2, 2)
+		for n, node := range spawnNodesEnv(t, ss, "gpujoin", []string{"HVDD_FAKE_GPUS=2"}, 2, 2) {
+			for _, w := range node {
+				if err := w.Wait(120 * time.Second); err != nil {
+					t.Errorf("node %d rank %d: %v; output:\n%s", n, w.Rank, err, w.Output())
+				}
+			}
+		}
+	})
+}
+
+func gpuJoin(ctx context.Context, c *hvdd.Client) error {
+	e, err := openDev(c)
+	if err != nil {
+		return err
+	}
+	size, rank := c.Size(), c.Rank()
+	for step := 0; step <= rank; step++ {
+		active := size - step // ranks >= step are still stepping
+		var sumRanks float32
+		for r := step; r < size; r++ {
+			sumRanks += float32(r)
+		}
+		for _, op := range []tensor.ReduceOp{tensor.Sum, tensor.Average} {
+			b, err := e.upload(rawOf([]float32{1, float32(rank), 4}))
+			if err != nil {
+				return err
+			}
+			if err := c.AllreduceDevice(ctx, b.tensor(tensor.Float32), hvdd.WithName(fmt.Sprint("step.", step, ".", op)), hvdd.WithOp(op)); err != nil {
+				return err
+			}
+			raw, err := b.read(ctx)
+			if err != nil {
+				return err
+			}
+			want := []float32{float32(active), sumRanks, 4 * float32(active)}
+			if op == tensor.Average {
+				for i := range want {
+					want[i] /= float32(size)
+				}
+			}
+			if got := typedOf[float32](raw); fmt.Sprint(got) != fmt.Sprint(want) {
+				return fmt.Errorf("step %d %v: got %v, want %v", step, op, got, want)
+			}
+			b.free(c)
+		}
+	}
+	last, err := c.Join(ctx)
+	if err != nil {
+		return err
+	}
+	if last != size-1 {
+		return fmt.Errorf("join returned %d, want %d", last, size-1)
+	}
 	return nil
 }
