@@ -15,7 +15,9 @@
 //	}
 //
 // with 64-bit indices, so any 1-D launch covers n elements. The bodies
-// reproduce package reduce's arithmetic bit for bit: integer ops wrap (they
+// reproduce package reduce's arithmetic bit for bit (a NaN that comes out of
+// an add or a multiply is some NaN, its payload the hardware's, as on the
+// CPU's vector and scalar paths alike): integer ops wrap (they
 // are computed in 32 or 64-bit registers and stored truncated); min and max
 // are setp + selp ("if b < a then b else a"), never min.f32, whose NaN rule
 // differs; float ops carry .rn, which also forbids contracting a multiply
@@ -111,8 +113,14 @@ func writeKernel(b *bytes.Buffer, k kernels.Kernel) {
 		e.i("cvta.to.global.u64 %%rd2, %%rd2;")
 	}
 	e.i("cvta.to.global.u64 %%rd1, %%rd1;")
-	if k.Kind == kernels.Scale && (k.DType == tensor.Float32 || isHalf(k.DType)) {
-		e.i("cvt.rn.f32.f64 %%f15, %%fd7;") // the factor as reduce applies it: float32(f)
+	if k.Kind == kernels.Scale {
+		// reduce.Scale leaves the buffer alone for f == 1 (an int64 beyond
+		// 2^53 would not survive the trip through float64).
+		e.i("setp.eq.f64 %%p2, %%fd7, 0d3FF0000000000000;")
+		e.i("@%%p2 bra $L_done;")
+		if k.DType == tensor.Float32 || isHalf(k.DType) {
+			e.i("cvt.rn.f32.f64 %%f15, %%fd7;") // the factor as reduce applies it: float32(f)
+		}
 	}
 	e.i("mov.u32 %%r1, %%ctaid.x;")
 	e.i("mov.u32 %%r2, %%ntid.x;")
