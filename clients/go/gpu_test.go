@@ -35,6 +35,7 @@ func init() {
 	scenarios["gpufault"] = gpuFault
 	scenarios["gpucpuonly"] = gpuCPUOnly
 	scenarios["gpujoin"] = gpuJoin
+	scenarios["gpuparity"] = gpuParity
 }
 
 // gpuConfig returns cfg with n fake GPUs and fake NCCL.
@@ -766,6 +767,86 @@ func gpuJoin(ctx context.Context, c *hvdd.Client) error {
 	}
 	if last != size-1 {
 		return fmt.Errorf("join returned %d, want %d", last, size-1)
+	}
+	return nil
+}
+
+// TestGPUNodeParity: node 0's ranks hold a tensor on the GPU (hierarchical
+// allreduce) while node 1's hold it in host memory (the CPU path), at sizes
+// that one engine call carries and sizes the CPU path pipelines in chunks:
+// both nodes must make the same engine calls.
+func TestGPUNodeParity(t *testing.T) {
+	ss := startNodesCfg(t, func(_ int, cfg *daemon.Config) { *cfg = gpuConfig(*cfg, 1) }, 2, 2)
+	for n, node := range spawnNodesEnv(t, ss, "gpuparity", nil, 2, 2) {
+		for _, w := range node {
+			if err := w.Wait(240 * time.Second); err != nil {
+				t.Errorf("node %d rank %d: %v; output:\n%s", n, w.Rank, err, w.Output())
+			}
+		}
+	}
+	if !strings.Contains(ss[0].Logs(), `path="hierarchical allreduce"`) {
+		t.Error("node 0 never ran the hierarchical allreduce")
+	}
+}
+
+func gpuParity(ctx context.Context, c *hvdd.Client) error {
+	onGPU := c.CrossRank() == 0
+	var e *devEnv
+	if onGPU {
+		var err error
+		if e, err = openDev(c); err != nil {
+			return err
+		}
+	}
+	for _, tc := range []struct {
+		n   int
+		pre float64
+	}{{1000, 1}, {2_200_000, 1}, {2_200_000, 0.5}} { // 8.8 MB: pipelined in chunks
+		for _, k := range []int{1, 2} { // one tensor, then two fused
+			var hs []*hvdd.Handle
+			var bufs []*devBuf
+			var hosts [][]float32
+			for j := 0; j < k; j++ {
+				name := fmt.Sprintf("par.%d.%v.%d.%d", tc.n, tc.pre, k, j)
+				x := input[float32](c.Rank(), tc.n)
+				opts := []hvdd.Option{hvdd.WithName(name), hvdd.WithOp(hvdd.Sum), hvdd.WithPrescale(tc.pre)}
+				var h *hvdd.Handle
+				var err error
+				if onGPU {
+					b, err := e.upload(rawOf(x))
+					if err != nil {
+						return err
+					}
+					bufs = append(bufs, b)
+					h, err = c.AllreduceDeviceAsync(b.tensor(tensor.Float32), opts...)
+					if err != nil {
+						return err
+					}
+				} else if h, err = hvdd.AllreduceAsync(c, x, opts...); err != nil {
+					return err
+				}
+				hs, hosts = append(hs, h), append(hosts, x)
+			}
+			for j, h := range hs {
+				if err := h.Wait(ctx); err != nil {
+					return err
+				}
+				got := hosts[j]
+				if onGPU {
+					raw, err := bufs[j].read(ctx)
+					if err != nil {
+						return err
+					}
+					got = typedOf[float32](raw)
+					bufs[j].free(c)
+				}
+				for i := range got {
+					if want := expectAllreduce[float32](tensor.Sum, c.Size(), i, tc.pre, 1); !close2(got[i], want) {
+						return fmt.Errorf("n %d pre %v k %d tensor %d: element %d = %v, want %v", tc.n, tc.pre, k, j, i, got[i], want)
+					}
+				}
+			}
+		}
 	}
 	return nil
 }
