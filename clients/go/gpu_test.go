@@ -160,6 +160,15 @@ func TestGPUFault(t *testing.T) {
 			}
 			fake.Reset()
 			daemontest.Run(t, s.Socket, "gpu", 2, 180*time.Second, "HVDD_FAKE_GPUS=2")
+			// After an NCCL error the communicator was aborted and the
+			// next job made a new one; other errors keep it.
+			want := 1
+			if strings.HasPrefix(call, "nccl") {
+				want = 2
+			}
+			if n := strings.Count(s.Logs(), "NCCL communicator created"); n != want {
+				t.Errorf("%d NCCL communicators created, want %d", n, want)
+			}
 		})
 	}
 }
