@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/timeline"
@@ -421,6 +422,10 @@ func (g *gpuState) abortComms() {
 		}
 		delete(g.comms, k)
 	}
+	if g.cross != nil {
+		g.cross.Abort()
+		g.cross, g.crossOf = nil, nil
+	}
 }
 
 // group runs f for every communicator inside one NCCL group.
@@ -515,8 +520,12 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 			return fmt.Errorf("NCCL allreduce over %d GPUs: %w", len(devs), err)
 		}
 	}
-	// The nodes together, through host memory.
-	if w.b != nil && len(w.view.nodes) > 1 {
+	// The nodes together: on NCCL, or through host memory.
+	if w.nccl {
+		if err := x.ncclCross(ctx, w, devs, total/es, r.DType, op); err != nil {
+			return err
+		}
+	} else if w.b != nil && len(w.view.nodes) > 1 {
 		b, err := x.engineFor(w)
 		if err != nil {
 			return err
@@ -645,6 +654,124 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 		if err := d.dev.CopyDtoD(d.stream, o.dev.ptr, src.ptr, n); err != nil {
 			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 		}
+	}
+	return nil
+}
+
+// NCCL across nodes (GPUAllreduceNCCL). Whether a response may take it must
+// be decided alike on every node, and only the coordinator's plan is common
+// knowledge: so every node asks ncclEligible of every response (its answer
+// depends on the plan and the configuration alone) and, for those, all vote
+// with one byte through the engine (Min of "I can": my ops are all device
+// tensors on GPUs including the one of the cross-node communicator). A
+// unanimous response runs: each node's ranks reduced on its GPUs as in
+// allreduceDevice, one NCCL allreduce of the fusion buffer of devs[0] over
+// a communicator of one GPU per node, an NCCL broadcast from there to the
+// node's other GPUs, postscale, write-back. Otherwise every node runs its
+// own path (hierarchical or CPU), which make the same engine calls.
+//
+// The communicator is made on the first unanimous response of a job: node 0
+// draws the unique id and broadcasts it through the engine (whose
+// connections the job's secret authenticated), every node joins with
+// CommInitRank on its devs[0].
+
+// ncclEligible reports whether w is voted on (the same on every node).
+func (x *executor) ncclEligible(w *work) bool {
+	r := &w.resp
+	return x.s.cfg.GPUAllreduce == GPUAllreduceNCCL && w.b != nil && len(w.view.nodes) > 1 &&
+		len(w.view.nodes) == w.b.Size() && r.Op == tensor.Allreduce &&
+		(r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && ncclDType(r.DType) && len(r.JoinedRanks) == 0
+}
+
+// ncclVote sets w.nccl to whether every node can run w on NCCL. It returns
+// false (having answered the ops through the loop) when the engine failed.
+func (x *executor) ncclVote(w *work) bool {
+	flag := []byte{0}
+	if g := x.s.gpu; g != nil && !g.hostOnly && g.nccl != nil && nativeOK(w) && usedDevs(w)[0] == g.devs[0] {
+		flag[0] = 1
+	}
+	if err := w.b.Allreduce(context.Background(), flag, tensor.Uint8, tensor.Min); err != nil {
+		x.deviceFailed(*w, fmt.Errorf("agreeing on NCCL across nodes: %w", err))
+		return false
+	}
+	w.nccl = flag[0] == 1
+	return true
+}
+
+// crossComm returns the communicator across the nodes of engine b.
+func (g *gpuState) crossComm(ctx context.Context, b backends.Backend) (gpu.Comm, error) {
+	if g.cross != nil && g.crossOf == b {
+		if err := g.cross.AsyncError(); err != nil {
+			g.abortComms()
+			return nil, fmt.Errorf("NCCL communicator across nodes failed: %w", err)
+		}
+		return g.cross, nil
+	}
+	if g.cross != nil {
+		g.cross.Destroy() // the previous job's
+		g.cross, g.crossOf = nil, nil
+	}
+	// Byte 0 says whether node 0 has an id (else every node fails alike).
+	buf := make([]byte, 1+gpu.UniqueIDSize)
+	var idErr error
+	if b.Rank() == 0 {
+		id, err := g.nccl.GetUniqueID()
+		if err == nil {
+			buf[0] = 1
+			copy(buf[1:], id[:])
+		}
+		idErr = err
+	}
+	if err := b.Broadcast(ctx, buf, 0); err != nil {
+		return nil, fmt.Errorf("NCCL unique id through the engine: %w", err)
+	}
+	if buf[0] != 1 {
+		if idErr != nil {
+			return nil, fmt.Errorf("NCCL unique id: %w", idErr)
+		}
+		return nil, errors.New("node 0 could not make an NCCL unique id")
+	}
+	var id gpu.UniqueID
+	copy(id[:], buf[1:])
+	cctx, cancel := context.WithTimeout(ctx, ncclInitTimeout)
+	defer cancel()
+	c, err := g.nccl.CommInitRank(cctx, g.devs[0].dev, b.Size(), id, b.Rank())
+	if err != nil {
+		return nil, fmt.Errorf("NCCL communicator across %d nodes: %w", b.Size(), err)
+	}
+	g.cross, g.crossOf = c, b
+	g.log.Info("NCCL communicator across nodes created", "nodes", b.Size(), "rank", b.Rank(), "gpu", g.devs[0].info.UUID)
+	return c, nil
+}
+
+// ncclInitTimeout bounds joining the communicator across nodes.
+const ncclInitTimeout = 60 * time.Second
+
+// ncclCross joins the nodes' fusion buffers (devs[0]'s holds the node's
+// result) on NCCL and hands the total to the node's other GPUs.
+func (x *executor) ncclCross(ctx context.Context, w work, devs []*gpuDev, count int, dt tensor.DType, op tensor.ReduceOp) error {
+	g := x.s.gpu
+	c, err := g.crossComm(ctx, w.b)
+	if err != nil {
+		return err
+	}
+	d0 := devs[0]
+	if err := c.Allreduce(d0.stream, d0.fuse, d0.fuse, count, dt, op); err != nil {
+		g.abortComms()
+		return fmt.Errorf("NCCL allreduce across %d nodes: %w", w.b.Size(), err)
+	}
+	if len(devs) == 1 {
+		return nil
+	}
+	cs, err := g.commsFor(devs)
+	if err != nil {
+		return err
+	}
+	n := count * dt.Size()
+	if err := g.group(cs, func(i int, c gpu.Comm) error {
+		return c.Broadcast(devs[i].stream, devs[i].fuse, devs[i].fuse, n, tensor.Uint8, 0)
+	}); err != nil {
+		return fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
 	}
 	return nil
 }

@@ -95,6 +95,32 @@ func TestGPUMultiNode(t *testing.T) {
 	}
 }
 
+// TestGPUMultiNodeNCCL: two nodes joined on NCCL (--gpu-allreduce nccl),
+// with one and with two fake GPUs per node; the other collectives staged.
+func TestGPUMultiNodeNCCL(t *testing.T) {
+	for _, gpus := range []int{1, 2} {
+		t.Run(fmt.Sprint("gpus", gpus), func(t *testing.T) {
+			ss := startNodesCfg(t, func(_ int, cfg *daemon.Config) {
+				*cfg = gpuConfig(*cfg, gpus)
+				cfg.GPUAllreduce = daemon.GPUAllreduceNCCL
+			}, 2, 2)
+			for n, node := range spawnNodesEnv(t, ss, "gpu", []string{fmt.Sprint("HVDD_FAKE_GPUS=", gpus)}, 2, 2) {
+				for _, w := range node {
+					if err := w.Wait(240 * time.Second); err != nil {
+						t.Errorf("node %d rank %d: %v; output:\n%s", n, w.Rank, err, w.Output())
+					}
+				}
+			}
+			for n, s := range ss {
+				logs := s.Logs()
+				if !strings.Contains(logs, `path="nccl allreduce"`) || strings.Count(logs, "NCCL communicator across nodes created") != 1 {
+					t.Errorf("node %d did not join the nodes on one NCCL communicator", n)
+				}
+			}
+		})
+	}
+}
+
 // TestGPUMixed: host and GPU tensors in one job, in flight together.
 func TestGPUMixed(t *testing.T) {
 	s := daemontest.Start(t, gpuConfig(daemon.Config{Slots: 2}, 1))
@@ -784,17 +810,29 @@ func gpuJoin(ctx context.Context, c *hvdd.Client) error {
 // allreduce) while node 1's hold it in host memory (the CPU path), at sizes
 // that one engine call carries and sizes the CPU path pipelines in chunks:
 // both nodes must make the same engine calls.
+// With --gpu-allreduce nccl the nodes vote each allreduce off NCCL (node 1
+// cannot) and take the same paths.
 func TestGPUNodeParity(t *testing.T) {
-	ss := startNodesCfg(t, func(_ int, cfg *daemon.Config) { *cfg = gpuConfig(*cfg, 1) }, 2, 2)
-	for n, node := range spawnNodesEnv(t, ss, "gpuparity", nil, 2, 2) {
-		for _, w := range node {
-			if err := w.Wait(240 * time.Second); err != nil {
-				t.Errorf("node %d rank %d: %v; output:\n%s", n, w.Rank, err, w.Output())
+	for _, mode := range []string{daemon.GPUAllreduceHierarchical, daemon.GPUAllreduceNCCL} {
+		t.Run(mode, func(t *testing.T) {
+			ss := startNodesCfg(t, func(_ int, cfg *daemon.Config) {
+				*cfg = gpuConfig(*cfg, 1)
+				cfg.GPUAllreduce = mode
+			}, 2, 2)
+			for n, node := range spawnNodesEnv(t, ss, "gpuparity", nil, 2, 2) {
+				for _, w := range node {
+					if err := w.Wait(240 * time.Second); err != nil {
+						t.Errorf("node %d rank %d: %v; output:\n%s", n, w.Rank, err, w.Output())
+					}
+				}
 			}
-		}
-	}
-	if !strings.Contains(ss[0].Logs(), `path="hierarchical allreduce"`) {
-		t.Error("node 0 never ran the hierarchical allreduce")
+			if !strings.Contains(ss[0].Logs(), `path="hierarchical allreduce"`) {
+				t.Error("node 0 never ran the hierarchical allreduce")
+			}
+			if strings.Contains(ss[0].Logs(), `path="nccl allreduce"`) {
+				t.Error("node 0 ran an allreduce on NCCL that node 1 could not")
+			}
+		})
 	}
 }
 
