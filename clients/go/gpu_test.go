@@ -199,6 +199,43 @@ func TestGPUFault(t *testing.T) {
 	}
 }
 
+// TestGPUFaultMultiNode: an NCCL failure across nodes (--gpu-allreduce
+// nccl) fails the job on both nodes, the communicators are aborted, and the
+// next job joins the nodes on a new one.
+func TestGPUFaultMultiNode(t *testing.T) {
+	defer fake.Reset()
+	ss := startNodesCfg(t, func(_ int, cfg *daemon.Config) {
+		*cfg = gpuConfig(*cfg, 1)
+		cfg.GPUAllreduce = daemon.GPUAllreduceNCCL
+	}, 1, 1)
+	ws := spawnNodesEnv(t, ss, "gpufault", []string{"HVDD_TEST_FAIL_NODES=1"}, 1, 1)
+	for _, node := range ws {
+		node[0].WaitOutput(t, "FIRST DONE", 60*time.Second)
+	}
+	fake.FailNext("ncclAllReduce", 1, 0)
+	for _, node := range ws {
+		if err := node[0].Cmd.Process.Signal(os.Interrupt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for n, node := range ws {
+		if err := node[0].Wait(60 * time.Second); err != nil {
+			t.Errorf("node %d: %v; output:\n%s", n, err, node[0].Output())
+		}
+	}
+	fake.Reset()
+	for n, node := range spawnNodesEnv(t, ss, "gpu", nil, 1, 1) {
+		if err := node[0].Wait(240 * time.Second); err != nil {
+			t.Errorf("next job, node %d: %v; output:\n%s", n, err, node[0].Output())
+		}
+	}
+	for n, s := range ss {
+		if c := strings.Count(s.Logs(), "NCCL communicator across nodes created"); c != 2 {
+			t.Errorf("node %d created %d communicators across nodes, want 2 (one per job)", n, c)
+		}
+	}
+}
+
 // devEnv is a worker's fake GPU: the one the daemon lists at its local
 // rank (modulo the GPUs), a stream of the worker's on it.
 type devEnv struct {
@@ -730,6 +767,15 @@ func gpuFault(ctx context.Context, c *hvdd.Client) error {
 	}
 	err = c.AllreduceDevice(ctx, b.tensor(tensor.Float32), hvdd.WithName("second"))
 	var he *hvdd.Error
+	if os.Getenv("HVDD_TEST_FAIL_NODES") == "1" {
+		// Across nodes the node whose call failed fails the job; the
+		// others hear of it (or of their aborted communicator).
+		if !errors.As(err, &he) || !strings.Contains(err.Error(), "NCCL") {
+			return fmt.Errorf("want an error naming NCCL, got %v", err)
+		}
+		fmt.Println("error:", err)
+		return nil
+	}
 	if !errors.As(err, &he) || he.Code.String() != "CODE_INTERNAL" || !strings.Contains(err.Error(), os.Getenv("HVDD_TEST_FAIL_CALL")) {
 		return fmt.Errorf("want a CODE_INTERNAL error naming %s, got %v", os.Getenv("HVDD_TEST_FAIL_CALL"), err)
 	}
