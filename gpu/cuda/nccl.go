@@ -121,6 +121,8 @@ func (n *NCCL) redOp(op tensor.ReduceOp) (int32, bool) {
 	return 0, false
 }
 
+// GetUniqueID runs ncclGetUniqueId (which starts NCCL's bootstrap root in
+// this process).
 func (n *NCCL) GetUniqueID() (gpu.UniqueID, error) {
 	var id gpu.UniqueID
 	return id, n.err("ncclGetUniqueId", n.lib.ncclGetUniqueID(&id))
@@ -231,6 +233,7 @@ func (n *NCCL) GroupStart() error {
 	return nil
 }
 
+// GroupEnd ends the group and unlocks the goroutine from its thread.
 func (n *NCCL) GroupEnd() error {
 	defer runtime.UnlockOSThread()
 	return n.err("ncclGroupEnd", n.lib.ncclGroupEnd())
