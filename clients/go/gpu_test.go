@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -583,7 +584,8 @@ func gpuType[T hvdd.Elem](ctx context.Context, c *hvdd.Client, e *devEnv) error 
 }
 
 // gpuMixed runs host and device allreduces of the same dtype, op and size
-// in flight together (they must not fuse into one buffer), then checks both.
+// in flight together (they must not fuse into one buffer), then checks both;
+// then an Adasum of a device tensor against the same on the host.
 func gpuMixed(ctx context.Context, c *hvdd.Client) error {
 	e, err := openDev(c)
 	if err != nil {
@@ -630,7 +632,31 @@ func gpuMixed(ctx context.Context, c *hvdd.Client) error {
 			devBufs[k].free(c)
 		}
 	}
-	return nil
+	// Adasum of a device tensor (staged) equals Adasum of the same host
+	// tensor, bit for bit.
+	x := make([]float32, 777)
+	for i := range x {
+		x[i] = float32((c.Rank()+1)*(i%13)) - 5
+	}
+	// A copy: the stream reads it later, and x becomes the host tensor.
+	b, err := e.upload(rawOf(slices.Clone(x)))
+	if err != nil {
+		return err
+	}
+	if err := c.AllreduceDevice(ctx, b.tensor(tensor.Float32), hvdd.WithName("adasum.dev"), hvdd.WithOp(hvdd.Adasum)); err != nil {
+		return err
+	}
+	if err := hvdd.Allreduce(ctx, c, x, hvdd.WithName("adasum.host"), hvdd.WithOp(hvdd.Adasum)); err != nil {
+		return err
+	}
+	raw, err := b.read(ctx)
+	if err != nil {
+		return err
+	}
+	if got := typedOf[float32](raw); fmt.Sprint(got) != fmt.Sprint(x) {
+		return fmt.Errorf("adasum: device %v, host %v", got[:8], x[:8])
+	}
+	return b.free(c)
 }
 
 // gpuInvalid sends malformed device tensors, each refused with
