@@ -39,8 +39,13 @@ import (
 //     write-back.
 //   - broadcast on one node: D2D copies on the root's GPU, an NCCL
 //     broadcast (as bytes) to the others.
+//   - allgather, alltoall and reducescatter on one node whose ranks share
+//     one GPU: each rank's result is built in a new allocation on that GPU
+//     by D2D copies (and reduce and scale kernels), exported to it as
+//     Done.device_output.
 //
-// Everything else (allgather, alltoall, reducescatter, Adasum, responses
+// Everything else (allgather, alltoall and reducescatter over several GPUs
+// or nodes, Adasum, responses
 // with joined ranks or empty tensors, dtypes NCCL lacks across GPUs, a
 // node without NCCL, GPUAllreduceHost) is staged: every device tensor is
 // copied to host memory (after its IPC event), the CPU path runs on the
@@ -133,6 +138,10 @@ func (x *executor) executeDevice(w work) {
 			x.gpuPath("device broadcast")
 			x.runNative(w, devs, x.broadcastDevice)
 			return
+		case (r.Op == tensor.Allgather || r.Op == tensor.Alltoall || r.Op == tensor.Reducescatter) && w.b == nil && !multiGPU && noJoined(&w):
+			x.gpuPath("device " + strings.ToLower(r.Op.String()))
+			x.runOutputs(w, devs[0])
+			return
 		}
 	}
 	x.gpuPath("staged " + strings.ToLower(r.Op.String()))
@@ -154,6 +163,16 @@ func (x *executor) gpuPath(p string) {
 	}
 	x.gpuPaths[p] = true
 	x.s.log.Debug("GPU path taken", "path", p)
+}
+
+// noJoined reports whether every rank of w has its op (no nil row entry).
+func noJoined(w *work) bool {
+	for _, row := range w.ops {
+		if slices.Contains(row, nil) {
+			return false
+		}
+	}
+	return true
 }
 
 // usedDevs lists the GPUs w's ops are on, in the daemon's order.
@@ -772,6 +791,221 @@ func (x *executor) ncclCross(ctx context.Context, w work, devs []*gpuDev, count 
 		return c.Broadcast(devs[i].stream, devs[i].fuse, devs[i].fuse, n, tensor.Uint8, 0)
 	}); err != nil {
 		return fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
+	}
+	return nil
+}
+
+// runOutputs runs an allgather, alltoall or reducescatter whose ops are all
+// on GPU d (one node) and answers each op with its device output.
+func (x *executor) runOutputs(w work, d *gpuDev) {
+	r := &w.resp
+	if w.tl != nil {
+		defer traceAll(w.tl, r, timeline.End, "")
+		traceAll(w.tl, r, timeline.Begin, "GPU_"+activity(r))
+		defer traceAll(w.tl, r, timeline.End, "")
+	}
+	ctx := context.Background()
+	dones, err := x.buildOutputs(&w, d)
+	if serr := d.sync(ctx); err == nil {
+		err = serr
+	}
+	if err == nil {
+		err = exportOutputs(&w, d, dones)
+	}
+	if err != nil {
+		for _, row := range dones {
+			for _, res := range row {
+				if res.n > 0 && res.p != 0 && !res.exported {
+					d.dev.Free(res.p)
+				}
+			}
+		}
+		x.deviceFailed(w, err)
+		return
+	}
+	for i, row := range w.ops {
+		for k, o := range row {
+			o.finish(dones[i][k].done)
+		}
+	}
+}
+
+// devResult is one op's device output while it is built.
+type devResult struct {
+	done     *ipcpb.Done
+	p        gpu.DevicePtr
+	n        int
+	exported bool // the client holds it (addDeviceOutput): its to free
+}
+
+// buildOutputs enqueues every op's result on d's stream. On an error the
+// results allocated so far are in what it returns.
+func (x *executor) buildOutputs(w *work, d *gpuDev) ([][]devResult, error) {
+	r := &w.resp
+	es := r.DType.Size()
+	dones := make([][]devResult, len(w.ops))
+	if err := waitEvents(w); err != nil {
+		return dones, err
+	}
+	for i, ops := range w.ops {
+		t := &r.Tensors[i]
+		rowBytes := int(t.Shape.RowElements()) * es
+		dones[i] = make([]devResult, len(ops))
+		// out allocates rank k's result of n bytes and fills it with fill.
+		out := func(k, n int, shape tensor.Shape, fill func(p gpu.DevicePtr) error) error {
+			dones[i][k] = devResult{done: &ipcpb.Done{OutputShape: shape}, n: n}
+			if n == 0 {
+				return nil
+			}
+			p, err := d.dev.Alloc(n)
+			if err != nil {
+				return fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, n, err)
+			}
+			dones[i][k].p = p
+			return fill(p)
+		}
+		copyIn := func(dst, src gpu.DevicePtr, n int) error {
+			if n == 0 {
+				return nil
+			}
+			if err := d.dev.CopyDtoD(d.stream, dst, src, n); err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+			return nil
+		}
+		switch r.Op {
+		case tensor.Allgather:
+			var rows int64
+			for _, s := range t.RankShapes {
+				if len(s) > 0 {
+					rows += s[0]
+				}
+			}
+			shape := append(tensor.Shape{rows}, t.Shape[1:]...)
+			for k := range ops {
+				if err := out(k, int(rows)*rowBytes, shape, func(p gpu.DevicePtr) error {
+					off := 0
+					for _, so := range ops {
+						if err := copyIn(p.Add(off), so.dev.ptr, so.dev.n); err != nil {
+							return err
+						}
+						off += so.dev.n
+					}
+					return nil
+				}); err != nil {
+					return dones, err
+				}
+			}
+		case tensor.Alltoall:
+			n := len(ops)
+			starts := make([][]int, n) // starts[s][dst]: the row where s's piece for dst begins
+			for s := range n {
+				starts[s] = make([]int, n+1)
+				for dst := range n {
+					starts[s][dst+1] = starts[s][dst] + int(t.Splits[s][dst])
+				}
+			}
+			for k := range ops {
+				var rows int64
+				recv := make([]int32, n)
+				for s := range n {
+					rows += int64(t.Splits[s][k])
+					recv[s] = t.Splits[s][k]
+				}
+				if err := out(k, int(rows)*rowBytes, append(tensor.Shape{rows}, t.Shape[1:]...), func(p gpu.DevicePtr) error {
+					off := 0
+					for s, so := range ops {
+						m := (starts[s][k+1] - starts[s][k]) * rowBytes
+						if err := copyIn(p.Add(off), so.dev.ptr.Add(starts[s][k]*rowBytes), m); err != nil {
+							return err
+						}
+						off += m
+					}
+					return nil
+				}); err != nil {
+					return dones, err
+				}
+				dones[i][k].done.ReceivedSplits = recv
+			}
+		case tensor.Reducescatter:
+			var d0 int64
+			if len(t.Shape) > 0 {
+				d0 = t.Shape[0]
+			}
+			n := int64(len(ops))
+			op, pre, post := scales(r, w.size)
+			for k := range ops {
+				kk := int64(k)
+				rows := d0 / n
+				start := kk*rows + min(kk, d0%n)
+				if kk < d0%n {
+					rows++
+				}
+				bytes := int(rows) * rowBytes
+				if err := out(k, bytes, append(tensor.Shape{rows}, t.Shape[1:]...), func(p gpu.DevicePtr) error {
+					if pre != 1 {
+						if err := d.ensure(bytes, true); err != nil {
+							return err
+						}
+					}
+					for s, so := range ops {
+						src := so.dev.ptr.Add(int(start) * rowBytes)
+						if s == 0 || pre != 1 {
+							to := p
+							if s > 0 {
+								to = d.scratch
+							}
+							if err := copyIn(to, src, bytes); err != nil {
+								return err
+							}
+							if pre != 1 {
+								if err := d.scale(to, bytes/es, r.DType, pre); err != nil {
+									return err
+								}
+							}
+							src = to
+						}
+						if s > 0 {
+							if err := d.reduce(p, src, bytes/es, r.DType, op); err != nil {
+								return err
+							}
+						}
+					}
+					if post != 1 {
+						return d.scale(p, bytes/es, r.DType, post)
+					}
+					return nil
+				}); err != nil {
+					return dones, err
+				}
+			}
+		}
+	}
+	return dones, nil
+}
+
+// exportOutputs gives every built output an IPC handle and hands it to its
+// client, filling in the Dones.
+func exportOutputs(w *work, d *gpuDev, dones [][]devResult) error {
+	for i, row := range w.ops {
+		for k, o := range row {
+			res := &dones[i][k]
+			db := &ipcpb.DeviceBuffer{DeviceUuid: d.info.UUID, Length: uint64(res.n)}
+			res.done.DeviceOutput = db
+			if res.n == 0 {
+				continue
+			}
+			h, err := d.dev.IpcMemHandle(res.p)
+			if err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+			db.MemHandle, db.AllocSize = h[:], uint64(res.n)
+			res.exported = true
+			if !o.c.addDeviceOutput(h, &devOutput{d: d, ptr: res.p}) {
+				// The client is gone (and the memory freed): it needs no answer.
+				res.done = &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: "client gone"}
+			}
+		}
 	}
 	return nil
 }

@@ -52,7 +52,13 @@ func TestGPUCollectives(t *testing.T) {
 			s := daemontest.Start(t, gpuConfig(daemon.Config{Slots: tc.ranks, FusionThreshold: 1 << 20}, tc.gpus))
 			daemontest.Run(t, s.Socket, "gpu", tc.ranks, 180*time.Second, fmt.Sprint("HVDD_FAKE_GPUS=", tc.gpus))
 			logs := s.Logs()
-			for _, p := range []string{`path="device allreduce"`, `path="device broadcast"`, `path="staged allgather"`} {
+			// One GPU: every collective on the device; two: the outputs
+			// staged through host memory.
+			paths := []string{`path="device allreduce"`, `path="device broadcast"`, `path="device allgather"`, `path="device alltoall"`, `path="device reducescatter"`}
+			if tc.gpus > 1 {
+				paths = append(paths[:2], `path="staged allgather"`, `path="staged alltoall"`, `path="staged reducescatter"`)
+			}
+			for _, p := range paths {
 				if !strings.Contains(logs, p) {
 					t.Errorf("the daemon never took the GPU path %s", p)
 				}
