@@ -480,8 +480,9 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 		offs[i+1] = offs[i] + int(t.Shape.NumElements())*es
 	}
 	total := offs[len(r.Tensors)]
+	var used []gpu.Comm // NCCL communicators the op ran on
 	defer func() {
-		if serr := syncAll(ctx, devs); err == nil {
+		if serr := g.syncWatch(ctx, devs, used); err == nil {
 			err = serr
 		}
 	}()
@@ -533,6 +534,7 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 		if err != nil {
 			return err
 		}
+		used = append(used, cs...)
 		if err := g.group(cs, func(i int, c gpu.Comm) error {
 			return c.Allreduce(devs[i].stream, devs[i].fuse, devs[i].fuse, total/es, r.DType, op)
 		}); err != nil {
@@ -541,7 +543,9 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 	}
 	// The nodes together: on NCCL, or through host memory.
 	if w.nccl {
-		if err := x.ncclCross(ctx, w, devs, total/es, r.DType, op); err != nil {
+		cs, err := x.ncclCross(ctx, w, devs, total/es, r.DType, op)
+		used = append(used, cs...)
+		if err != nil {
 			return err
 		}
 	} else if w.b != nil && len(w.view.nodes) > 1 {
@@ -628,8 +632,9 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 	}
 	root := ops[r.Root].dev
 	n := root.n
+	var used []gpu.Comm
 	defer func() {
-		if serr := syncAll(ctx, devs); err == nil {
+		if serr := x.s.gpu.syncWatch(ctx, devs, used); err == nil {
 			err = serr
 		}
 	}()
@@ -643,6 +648,7 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 		if err != nil {
 			return err
 		}
+		used = cs
 		rootIdx := 0
 		for i, d := range devs {
 			if d == root.d {
@@ -768,32 +774,64 @@ const ncclInitTimeout = 60 * time.Second
 
 // ncclCross joins the nodes' fusion buffers (devs[0]'s holds the node's
 // result) on NCCL and hands the total to the node's other GPUs.
-func (x *executor) ncclCross(ctx context.Context, w work, devs []*gpuDev, count int, dt tensor.DType, op tensor.ReduceOp) error {
+func (x *executor) ncclCross(ctx context.Context, w work, devs []*gpuDev, count int, dt tensor.DType, op tensor.ReduceOp) ([]gpu.Comm, error) {
 	g := x.s.gpu
 	c, err := g.crossComm(ctx, w.b)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	d0 := devs[0]
 	if err := c.Allreduce(d0.stream, d0.fuse, d0.fuse, count, dt, op); err != nil {
 		g.abortComms()
-		return fmt.Errorf("NCCL allreduce across %d nodes: %w", w.b.Size(), err)
+		return nil, fmt.Errorf("NCCL allreduce across %d nodes: %w", w.b.Size(), err)
 	}
 	if len(devs) == 1 {
-		return nil
+		return []gpu.Comm{c}, nil
 	}
 	cs, err := g.commsFor(devs)
 	if err != nil {
-		return err
+		return []gpu.Comm{c}, err
 	}
 	n := count * dt.Size()
 	if err := g.group(cs, func(i int, c gpu.Comm) error {
 		return c.Broadcast(devs[i].stream, devs[i].fuse, devs[i].fuse, n, tensor.Uint8, 0)
 	}); err != nil {
-		return fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
+		return []gpu.Comm{c}, fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
 	}
-	return nil
+	return append(cs, c), nil
 }
+
+// syncWatch synchronises devs' streams while watching the communicators
+// their work ran on: NCCL reports a failed peer through
+// ncclCommGetAsyncError, not the stream, and a kernel that waits for a dead
+// peer ends only once the communicator is aborted. So the wait goes in
+// slices, each followed by a look at the communicators; an error aborts
+// them all (the next use makes new ones) and is returned once the streams
+// have drained.
+func (g *gpuState) syncWatch(ctx context.Context, devs []*gpuDev, comms []gpu.Comm) error {
+	if len(comms) == 0 {
+		return syncAll(ctx, devs)
+	}
+	for {
+		wctx, cancel := context.WithTimeout(ctx, ncclWatch)
+		err := syncAll(wctx, devs)
+		cancel()
+		for _, c := range comms {
+			if cerr := c.AsyncError(); cerr != nil {
+				err := fmt.Errorf("NCCL communicator (rank %d of %d) failed: %w", c.Rank(), c.Size(), cerr)
+				g.abortComms()
+				syncAll(ctx, devs)
+				return err
+			}
+		}
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// ncclWatch is how often syncWatch looks at the communicators.
+const ncclWatch = 20 * time.Millisecond
 
 // runOutputs runs an allgather, alltoall or reducescatter whose ops are all
 // on GPU d (one node) and answers each op with its device output.
