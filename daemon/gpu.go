@@ -106,6 +106,12 @@ func openGPUs(drv gpu.Driver, nccl gpu.NCCL, log *slog.Logger, hostOnly bool) *g
 	if nccl == nil && len(g.devs) > 1 {
 		log.Info("no NCCL: tensors on different GPUs are reduced through host memory")
 	}
+	cudaV, _ := drv.Version()
+	ncclV := 0
+	if nccl != nil {
+		ncclV, _ = nccl.Version()
+	}
+	log.Info("GPU path ready", "gpus", len(g.devs), "driver", drv.Name(), "cuda_version", cudaV, "nccl_version", ncclV, "host_only", hostOnly)
 	return g
 }
 
