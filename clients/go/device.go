@@ -27,6 +27,10 @@ type DeviceTensor struct {
 	// Event is cuIpcGetEventHandle's 64 bytes for an interprocess event the
 	// caller recorded on its stream after producing the tensor; the daemon's
 	// stream waits for it. Nil when the caller synchronised its stream.
+	// The daemon opens each event once per connection and keeps it, so
+	// keep the event alive while the client is connected (one per stream,
+	// recorded again before each enqueue): a destroyed event's handle
+	// bytes may come back for another one.
 	Event []byte
 	// DType is the element type.
 	DType tensor.DType
