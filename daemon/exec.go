@@ -25,6 +25,7 @@ type work struct {
 	tl   eventSink        // where the work's phases go (the timeline, or a follower's record of them); nil when off
 	size int
 	ops  [][]*op
+	nccl bool // the nodes agreed to join on NCCL (exec_gpu.go: ncclVote)
 }
 
 // executor runs batches of work in order on its own goroutine, so the loop
@@ -52,6 +53,8 @@ type executor struct {
 	// engine of the job that asked for them last.
 	groups   map[string]backends.Backend
 	groupsOf backends.Backend
+	// gpuPaths are the GPU paths used so far (exec_gpu.go: gpuPath).
+	gpuPaths map[string]bool
 	// dispatched is when the loop dispatched the batch running now, for
 	// the latency metrics (metrics.go: fused); set only while it is idle.
 	dispatched time.Time
@@ -81,6 +84,25 @@ func (x *executor) execute(w work) {
 	if timed(&w) {
 		defer observeLatency(&w, x.dispatched) // metrics.go
 	}
+	if x.ncclEligible(&w) { // exec_gpu.go
+		if !x.ncclVote(&w) {
+			return
+		}
+		if w.nccl {
+			x.gpuPath("nccl allreduce")
+			x.runNative(w, usedDevs(&w), x.allreduceDevice)
+			return
+		}
+	}
+	if deviceWork(&w) {
+		x.executeDevice(w) // exec_gpu.go
+		return
+	}
+	x.executeHost(w)
+}
+
+// executeHost runs w on host memory (GPU tensors staged there already).
+func (x *executor) executeHost(w work) {
 	if w.b != nil {
 		if w.tl != nil {
 			// The response's top-level phase (tracer.responded) ends
@@ -178,6 +200,11 @@ func (x *executor) finishBatched(ops [][]*op) {
 	for _, row := range ops {
 		for _, o := range row {
 			if o == nil {
+				continue
+			}
+			if o.dev != nil {
+				// A staged GPU tensor copies its result back first.
+				o.finish(&ipcpb.Done{})
 				continue
 			}
 			b := by[o.c]

@@ -1,0 +1,1049 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/timeline"
+	"github.com/hvdd/hvdd/gpu"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/tensor"
+	"google.golang.org/protobuf/proto"
+)
+
+// Executing responses that hold GPU tensors.
+//
+// Native paths work in device memory and cover what training spends its
+// time on:
+//
+//   - allreduce on one node: each GPU's local ranks are reduced into that
+//     GPU's fusion buffer (a D2D copy of the first rank's tensor, then one
+//     reduce kernel per further rank; with a prescale each input is scaled
+//     first, through the scratch buffer, so that Min/Max and integer
+//     truncation see the scaled values as on the CPU path); GPUs are joined
+//     by one NCCL allreduce over their fusion buffers (a communicator per
+//     set of GPUs, made once with ncclCommInitAll and kept); the postscale
+//     (Average's 1/size folded in, scales()) is one kernel; one D2D copy per
+//     rank writes the result back.
+//   - allreduce across nodes (hierarchical, Horovod's
+//     HOROVOD_HIERARCHICAL_ALLREDUCE): the same local step, then the node's
+//     fused result goes to host memory, through the job's engine (tcp or
+//     mpi) in exactly the calls the CPU path would make for it (so nodes may
+//     choose differently), and back to every GPU before the postscale and
+//     write-back.
+//   - broadcast on one node: D2D copies on the root's GPU, an NCCL
+//     broadcast (as bytes) to the others.
+//   - allgather, alltoall and reducescatter on one node whose ranks share
+//     one GPU: each rank's result is built in a new allocation on that GPU
+//     by D2D copies (and reduce and scale kernels), exported to it as
+//     Done.device_output.
+//
+// Everything else (allgather, alltoall and reducescatter over several GPUs
+// or nodes, Adasum, responses
+// with joined ranks or empty tensors, dtypes NCCL lacks across GPUs, a
+// node without NCCL, GPUAllreduceHost) is staged: every device tensor is
+// copied to host memory (after its IPC event), the CPU path runs on the
+// copies, and the op's finish copies the result back (in place) or into a
+// daemon device allocation exported to the client (Done.device_output)
+// before the Done goes out. Staging works on every engine and across nodes.
+//
+// Either way the executor synchronises the streams before answering, so a
+// Done means the daemon is finished with the client's memory. A GPU error
+// fails the ops it touched with CODE_INTERNAL (on one node; across nodes it
+// fails the job, whose other nodes wait in the engine) and replaces the
+// streams; an NCCL error aborts the communicator, and the next use makes a
+// new one.
+
+// deviceBatch reports whether any op of the batch is a GPU tensor: such
+// batches never run inline in the loop.
+func deviceBatch(batch []work) bool {
+	for i := range batch {
+		if deviceWork(&batch[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+func deviceWork(w *work) bool {
+	for _, row := range w.ops {
+		for _, o := range row {
+			if o != nil && o.dev != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// nativeOK reports whether w can run on a native path: every op of this
+// node is a non-empty device tensor, and every row has ops at the same
+// positions (rows of other nodes' ranks, and of joined ranks, are nil in
+// all of them), at least one.
+func nativeOK(w *work) bool {
+	var first []int
+	for i, row := range w.ops {
+		var pos []int
+		for at, o := range row {
+			if o == nil {
+				continue
+			}
+			if o.dev == nil || o.dev.n == 0 {
+				return false
+			}
+			pos = append(pos, at)
+		}
+		if i == 0 {
+			first = pos
+		} else if !slices.Equal(pos, first) {
+			return false
+		}
+	}
+	return len(first) > 0
+}
+
+// ncclDType reports whether NCCL reduces dt.
+func ncclDType(dt tensor.DType) bool {
+	switch dt {
+	case tensor.Int16, tensor.Uint16, tensor.Bool:
+		return false
+	}
+	return true
+}
+
+// executeDevice runs a response with GPU tensors in it.
+func (x *executor) executeDevice(w work) {
+	g := x.s.gpu
+	r := &w.resp
+	if g != nil && !g.hostOnly && nativeOK(&w) {
+		devs := usedDevs(&w)
+		multiGPU := len(devs) > 1
+		nccl := !multiGPU || g.nccl != nil
+		switch {
+		case r.Op == tensor.Allreduce && r.ReduceOp != tensor.Adasum && nccl && (!multiGPU || ncclDType(r.DType)):
+			if w.b != nil {
+				x.gpuPath("hierarchical allreduce")
+			} else {
+				x.gpuPath("device allreduce")
+			}
+			x.runNative(w, devs, x.allreduceDevice)
+			return
+		case r.Op == tensor.Broadcast && w.b == nil && nccl:
+			x.gpuPath("device broadcast")
+			x.runNative(w, devs, x.broadcastDevice)
+			return
+		case (r.Op == tensor.Allgather || r.Op == tensor.Alltoall || r.Op == tensor.Reducescatter) && w.b == nil && !multiGPU && noJoined(&w):
+			x.gpuPath("device " + strings.ToLower(r.Op.String()))
+			x.runOutputs(w, devs[0])
+			return
+		}
+	}
+	x.gpuPath("staged " + strings.ToLower(r.Op.String()))
+	if err := x.stageIn(&w); err != nil {
+		x.deviceFailed(w, err)
+		return
+	}
+	x.executeHost(w)
+}
+
+// gpuPath logs the first use of each way of running GPU tensors (tests
+// check that the path they mean to exercise ran).
+func (x *executor) gpuPath(p string) {
+	if x.gpuPaths[p] {
+		return
+	}
+	if x.gpuPaths == nil {
+		x.gpuPaths = make(map[string]bool)
+	}
+	x.gpuPaths[p] = true
+	x.s.log.Debug("GPU path taken", "path", p)
+}
+
+// noJoined reports whether every rank of w has its op (no nil row entry).
+func noJoined(w *work) bool {
+	for _, row := range w.ops {
+		if slices.Contains(row, nil) {
+			return false
+		}
+	}
+	return true
+}
+
+// usedDevs lists the GPUs w's ops are on, in the daemon's order.
+func usedDevs(w *work) []*gpuDev {
+	seen := make(map[*gpuDev]bool)
+	var out []*gpuDev
+	for _, row := range w.ops {
+		for _, o := range row {
+			if o != nil && o.dev != nil && !seen[o.dev.d] {
+				seen[o.dev.d] = true
+				out = append(out, o.dev.d)
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].idx < out[j].idx })
+	return out
+}
+
+// runNative runs a native path and answers the ops.
+func (x *executor) runNative(w work, devs []*gpuDev, f func(ctx context.Context, w work, devs []*gpuDev) error) {
+	if w.tl != nil {
+		// The response's top-level phase ends once every rank is answered
+		// (on one node, its Begin came from tracer.responded too).
+		defer traceAll(w.tl, &w.resp, timeline.End, "")
+		traceAll(w.tl, &w.resp, timeline.Begin, "GPU_"+activity(&w.resp))
+		defer traceAll(w.tl, &w.resp, timeline.End, "")
+	}
+	if err := f(context.Background(), w, devs); err != nil {
+		x.deviceFailed(w, err)
+		return
+	}
+	x.finishBatched(w.ops)
+}
+
+// deviceFailed answers w's ops after a failure: on one node with
+// CODE_INTERNAL; across nodes through the loop, which fails the job (the
+// other nodes wait in the engine for this one).
+func (x *executor) deviceFailed(w work, err error) {
+	r := &w.resp
+	var ge *gpu.Error
+	if errors.As(err, &ge) {
+		// A CUDA or NCCL error may leave streams and communicators
+		// unusable: start the next job with new ones.
+		for _, d := range usedDevs(&w) {
+			d.recover()
+		}
+		if strings.HasPrefix(ge.Call, "nccl") {
+			x.s.gpu.abortComms()
+		}
+	}
+	msg := fmt.Sprintf("%v of %d GPU tensor(s) failed: %v", r.Op, len(r.Tensors), err)
+	if n, ok := backends.LostRank(err); ok {
+		msg = fmt.Sprintf("node %d%s was lost during %v: %v", n, w.j.members.rankRange(n), r.Op, err)
+	}
+	x.s.log.Error("GPU collective failed", "op", r.Op, "tensors", len(r.Tensors), "err", err)
+	if w.b != nil && len(w.view.nodes) > 1 {
+		x.p.post(msgExecErr{j: w.j, err: errors.New(msg), ops: w.ops, closed: errors.Is(err, backends.ErrClosed)})
+		return
+	}
+	for _, row := range w.ops {
+		for _, o := range row {
+			if o != nil && o.dev != nil {
+				o.dev.staged = nil // nothing to copy back
+			}
+		}
+	}
+	finishRows(w.ops, &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: msg})
+}
+
+// waitEvents makes each GPU's stream wait for the client events of the ops
+// on it (each event once).
+func waitEvents(w *work) error {
+	seen := make(map[*devEvent]bool)
+	for _, row := range w.ops {
+		for _, o := range row {
+			if o == nil || o.dev == nil || o.dev.ev == nil || seen[o.dev.ev] {
+				continue
+			}
+			seen[o.dev.ev] = true
+			if err := o.dev.d.stream.WaitEvent(o.dev.ev.ev); err != nil {
+				return fmt.Errorf("GPU %s: wait for the client's event: %w", o.dev.d.info.UUID, err)
+			}
+		}
+	}
+	return nil
+}
+
+// syncAll synchronises the streams of devs, all of them even after an
+// error (no work may be left running on clients' memory).
+func syncAll(ctx context.Context, devs []*gpuDev) error {
+	var errs []error
+	for _, d := range devs {
+		if err := d.sync(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// stageIn copies every device tensor of w to host memory (after its event)
+// and points the op's buf at the copy, for the CPU path.
+func (x *executor) stageIn(w *work) error {
+	devs := usedDevs(w)
+	if err := waitEvents(w); err != nil {
+		return err
+	}
+	var err error
+	for _, row := range w.ops {
+		for _, o := range row {
+			if o == nil || o.dev == nil || o.dev.n == 0 {
+				continue
+			}
+			host := make([]byte, o.dev.n)
+			if err = o.dev.d.dev.CopyDtoH(o.dev.d.stream, host, o.dev.ptr); err != nil {
+				break
+			}
+			o.buf, o.dev.staged = host, host
+		}
+		if err != nil {
+			break
+		}
+	}
+	if serr := syncAll(context.Background(), devs); err == nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("staging GPU tensors through host memory: %w", err)
+	}
+	return nil
+}
+
+// unstage finishes a staged op before its Done goes out: the in-place
+// result goes back to the client's device memory; an output the CPU path
+// put in a granted host region goes to a daemon device allocation that the
+// Done exports (device_output). Runs on the executor goroutine.
+func unstage(o *op, d *ipcpb.Done) *ipcpb.Done {
+	dv := o.dev
+	staged := dv.staged
+	dv.staged = nil
+	if d.GetCode() != ipcpb.Code_CODE_OK {
+		return d
+	}
+	fail := func(err error) *ipcpb.Done {
+		dv.d.recover()
+		o.c.s.log.Error("GPU copy-back failed", "tensor", o.name, "gpu", dv.d.info.UUID, "err", err)
+		return &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("tensor %q: GPU %s: copy the result back: %v", o.name, dv.d.info.UUID, err)}
+	}
+	switch {
+	case d.Output != nil:
+		out, err := o.c.outputBytes(d.Output)
+		if err != nil {
+			return fail(err)
+		}
+		db, err := o.c.deviceOutput(dv.d, out)
+		o.c.out.release(d.Output)
+		if err != nil {
+			return fail(err)
+		}
+		nd := proto.Clone(d).(*ipcpb.Done)
+		nd.Output, nd.DeviceOutput = nil, db
+		return nd
+	case o.typ == tensor.Allreduce || o.typ == tensor.Broadcast:
+		if dv.n == 0 {
+			return d
+		}
+		if err := dv.d.dev.CopyHtoD(dv.d.stream, dv.ptr, staged); err != nil {
+			dv.d.sync(context.Background())
+			return fail(err)
+		}
+		if err := dv.d.sync(context.Background()); err != nil {
+			return fail(err)
+		}
+	}
+	return d
+}
+
+// outputBytes returns the bytes of a granted output buffer.
+func (c *client) outputBytes(b *ipcpb.Buffer) ([]byte, error) {
+	if b.GetLength() == 0 {
+		return nil, nil
+	}
+	o := &c.out
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, r := range o.regions {
+		if r.id == b.GetRegion() {
+			return r.m.Slice(b.GetOffset(), b.GetLength())
+		}
+	}
+	return nil, fmt.Errorf("output in unknown region %#x", b.GetRegion())
+}
+
+// deviceOutput copies out into a new allocation on d, exported to the
+// client until it sends Release with its handle.
+func (c *client) deviceOutput(d *gpuDev, out []byte) (*ipcpb.DeviceBuffer, error) {
+	db := &ipcpb.DeviceBuffer{DeviceUuid: d.info.UUID, Length: uint64(len(out))}
+	if len(out) == 0 {
+		return db, nil
+	}
+	p, err := d.dev.Alloc(len(out))
+	if err != nil {
+		return nil, fmt.Errorf("device output of %d bytes: %w", len(out), err)
+	}
+	if err := d.dev.CopyHtoD(d.stream, p, out); err != nil {
+		d.sync(context.Background())
+		d.dev.Free(p)
+		return nil, err
+	}
+	if err := d.sync(context.Background()); err != nil {
+		d.dev.Free(p)
+		return nil, err
+	}
+	h, err := d.dev.IpcMemHandle(p)
+	if err != nil {
+		d.dev.Free(p)
+		return nil, err
+	}
+	if !c.addDeviceOutput(h, &devOutput{d: d, ptr: p}) {
+		return nil, errors.New("client gone")
+	}
+	db.MemHandle, db.AllocSize = h[:], uint64(len(out))
+	return db, nil
+}
+
+// commKey names a set of GPUs.
+func commKey(devs []*gpuDev) string {
+	var b strings.Builder
+	for _, d := range devs {
+		fmt.Fprintf(&b, "%d,", d.idx)
+	}
+	return b.String()
+}
+
+// commsFor returns the NCCL communicators over devs (rank i on devs[i]),
+// made on first use.
+func (g *gpuState) commsFor(devs []*gpuDev) ([]gpu.Comm, error) {
+	k := commKey(devs)
+	if cs := g.comms[k]; cs != nil {
+		for _, c := range cs {
+			if err := c.AsyncError(); err != nil {
+				g.abortComms()
+				return nil, fmt.Errorf("NCCL communicator over GPUs %s failed: %w", k, err)
+			}
+		}
+		return cs, nil
+	}
+	ds := make([]gpu.Device, len(devs))
+	for i, d := range devs {
+		ds[i] = d.dev
+	}
+	cs, err := g.nccl.CommInitAll(ds)
+	if err != nil {
+		return nil, fmt.Errorf("NCCL communicator over %d GPUs: %w", len(devs), err)
+	}
+	g.comms[k] = cs
+	g.log.Info("NCCL communicator created", "gpus", len(devs))
+	return cs, nil
+}
+
+// abortComms aborts every communicator (ncclCommAbort) after an error; the
+// next use makes new ones.
+func (g *gpuState) abortComms() {
+	for k, cs := range g.comms {
+		for _, c := range cs {
+			c.Abort()
+		}
+		delete(g.comms, k)
+	}
+	if g.cross != nil {
+		g.cross.Abort()
+		g.cross, g.crossOf = nil, nil
+	}
+}
+
+// group runs f for every communicator inside one NCCL group.
+func (g *gpuState) group(cs []gpu.Comm, f func(i int, c gpu.Comm) error) error {
+	if err := g.nccl.GroupStart(); err != nil {
+		return err
+	}
+	var errs []error
+	for i, c := range cs {
+		if err := f(i, c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := g.nccl.GroupEnd(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		g.abortComms()
+		return err
+	}
+	return nil
+}
+
+// allreduceDevice is the native allreduce (see the top of this file), on
+// one node (w.b nil) or hierarchically across nodes.
+func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) (err error) {
+	r := &w.resp
+	g := x.s.gpu
+	es := r.DType.Size()
+	op, pre, post := scales(r, w.size)
+	offs := make([]int, len(r.Tensors)+1)
+	for i, t := range r.Tensors {
+		offs[i+1] = offs[i] + int(t.Shape.NumElements())*es
+	}
+	total := offs[len(r.Tensors)]
+	var used []gpu.Comm // NCCL communicators the op ran on
+	defer func() {
+		if serr := g.syncWatch(ctx, devs, used); err == nil {
+			err = serr
+		}
+	}()
+	for _, d := range devs {
+		if err := d.ensure(total, pre != 1); err != nil {
+			return err
+		}
+	}
+	if err := waitEvents(&w); err != nil {
+		return err
+	}
+	// Each GPU's local ranks into its fusion buffer.
+	for _, d := range devs {
+		for i, row := range w.ops {
+			dst, n := d.fuse.Add(offs[i]), offs[i+1]-offs[i]
+			first := true
+			for _, o := range row {
+				if o == nil || o.dev.d != d {
+					continue
+				}
+				src := o.dev.ptr
+				if first || pre != 1 {
+					to := dst
+					if !first {
+						to = d.scratch.Add(offs[i])
+					}
+					if err := d.dev.CopyDtoD(d.stream, to, src, n); err != nil {
+						return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+					}
+					if pre != 1 {
+						if err := d.scale(to, n/es, r.DType, pre); err != nil {
+							return fmt.Errorf("GPU %s: prescale: %w", d.info.UUID, err)
+						}
+					}
+					src = to
+				}
+				if !first {
+					if err := d.reduce(dst, src, n/es, r.DType, op); err != nil {
+						return fmt.Errorf("GPU %s: reduce: %w", d.info.UUID, err)
+					}
+				}
+				first = false
+			}
+		}
+	}
+	// The GPUs of the node together.
+	if len(devs) > 1 {
+		cs, err := g.commsFor(devs)
+		if err != nil {
+			return err
+		}
+		used = append(used, cs...)
+		if err := g.group(cs, func(i int, c gpu.Comm) error {
+			return c.Allreduce(devs[i].stream, devs[i].fuse, devs[i].fuse, total/es, r.DType, op)
+		}); err != nil {
+			return fmt.Errorf("NCCL allreduce over %d GPUs: %w", len(devs), err)
+		}
+	}
+	// The nodes together: on NCCL, or through host memory.
+	if w.nccl {
+		cs, err := x.ncclCross(ctx, w, devs, total/es, r.DType, op)
+		used = append(used, cs...)
+		if err != nil {
+			return err
+		}
+	} else if w.b != nil && len(w.view.nodes) > 1 {
+		b, err := x.engineFor(w)
+		if err != nil {
+			return err
+		}
+		f := x.fusion(total)
+		d0 := devs[0]
+		if err := d0.dev.CopyDtoH(d0.stream, f, d0.fuse); err != nil {
+			return fmt.Errorf("GPU %s: %w", d0.info.UUID, err)
+		}
+		if err := d0.sync(ctx); err != nil {
+			return err
+		}
+		oneCall := len(r.Tensors) == 1 && pre == 1 && len(localBufsN(w.ops[0])) == 1
+		if err := engineAllreduce(ctx, b, f, r.DType, op, oneCall); err != nil {
+			return err
+		}
+		for _, d := range devs {
+			if err := d.dev.CopyHtoD(d.stream, d.fuse, f); err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+		}
+	}
+	for _, d := range devs {
+		if post != 1 {
+			if err := d.scale(d.fuse, total/es, r.DType, post); err != nil {
+				return fmt.Errorf("GPU %s: postscale: %w", d.info.UUID, err)
+			}
+		}
+	}
+	// Write back: one D2D copy per rank and tensor.
+	for i, row := range w.ops {
+		for _, o := range row {
+			if o == nil {
+				continue
+			}
+			d := o.dev.d
+			if err := d.dev.CopyDtoD(d.stream, o.dev.ptr, d.fuse.Add(offs[i]), offs[i+1]-offs[i]); err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+		}
+	}
+	return nil
+}
+
+// localBufsN returns the ops of row with bytes: what localBufs counts on
+// the CPU path.
+func localBufsN(row []*op) []*op {
+	var out []*op
+	for _, o := range row {
+		if o != nil && (len(o.buf) > 0 || o.dev != nil && o.dev.n > 0) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// engineAllreduce moves a node's fused buffer through the engine in the
+// calls allreduceMulti makes for it: one call when oneCall (its path for a
+// single local buffer) or the buffer is not worth pipelining, else one per
+// pipeChunk chunk. Every node makes the same calls whichever path its own
+// tensors took.
+func engineAllreduce(ctx context.Context, b backends.Backend, f []byte, dt tensor.DType, op tensor.ReduceOp, oneCall bool) error {
+	chunk := pipeChunk(len(f))
+	if oneCall || chunk >= len(f) {
+		return b.Allreduce(ctx, f, dt, op)
+	}
+	for lo := 0; lo < len(f); lo += chunk {
+		if err := b.Allreduce(ctx, f[lo:min(lo+chunk, len(f))], dt, op); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// broadcastDevice is the native broadcast on one node.
+func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) (err error) {
+	r := &w.resp
+	ops := w.ops[0]
+	if r.Root < 0 || r.Root >= len(ops) || ops[r.Root] == nil {
+		return fmt.Errorf("broadcast root %d has no buffer", r.Root)
+	}
+	root := ops[r.Root].dev
+	n := root.n
+	var used []gpu.Comm
+	defer func() {
+		if serr := x.s.gpu.syncWatch(ctx, devs, used); err == nil {
+			err = serr
+		}
+	}()
+	if err := waitEvents(&w); err != nil {
+		return err
+	}
+	// first[d] is the tensor on GPU d that holds the data once it is there.
+	first := map[*gpuDev]*devOp{root.d: root}
+	if len(devs) > 1 {
+		cs, err := x.s.gpu.commsFor(devs)
+		if err != nil {
+			return err
+		}
+		used = cs
+		rootIdx := 0
+		for i, d := range devs {
+			if d == root.d {
+				rootIdx = i
+			}
+		}
+		for _, o := range ops {
+			if o != nil && first[o.dev.d] == nil {
+				first[o.dev.d] = o.dev
+			}
+		}
+		if err := x.s.gpu.group(cs, func(i int, c gpu.Comm) error {
+			p := first[devs[i]].ptr
+			return c.Broadcast(devs[i].stream, p, p, n, tensor.Uint8, rootIdx)
+		}); err != nil {
+			return fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
+		}
+	}
+	for _, o := range ops {
+		if o == nil {
+			continue
+		}
+		src := first[o.dev.d]
+		if o.dev == src {
+			continue
+		}
+		d := o.dev.d
+		if err := d.dev.CopyDtoD(d.stream, o.dev.ptr, src.ptr, n); err != nil {
+			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+		}
+	}
+	return nil
+}
+
+// NCCL across nodes (GPUAllreduceNCCL). Whether a response may take it must
+// be decided alike on every node, and only the coordinator's plan is common
+// knowledge: so every node asks ncclEligible of every response (its answer
+// depends on the plan and the configuration alone) and, for those, all vote
+// with one byte through the engine (Min of "I can": my ops are all device
+// tensors on GPUs including the one of the cross-node communicator). A
+// unanimous response runs: each node's ranks reduced on its GPUs as in
+// allreduceDevice, one NCCL allreduce of the fusion buffer of devs[0] over
+// a communicator of one GPU per node, an NCCL broadcast from there to the
+// node's other GPUs, postscale, write-back. Otherwise every node runs its
+// own path (hierarchical or CPU), which make the same engine calls.
+//
+// The communicator is made on the first unanimous response of a job: node 0
+// draws the unique id and broadcasts it through the engine (whose
+// connections the job's secret authenticated), every node joins with
+// CommInitRank on its devs[0].
+
+// ncclEligible reports whether w is voted on (the same on every node).
+func (x *executor) ncclEligible(w *work) bool {
+	r := &w.resp
+	return x.s.cfg.GPUAllreduce == GPUAllreduceNCCL && w.b != nil && len(w.view.nodes) > 1 &&
+		len(w.view.nodes) == w.b.Size() && r.Op == tensor.Allreduce &&
+		(r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && ncclDType(r.DType) && len(r.JoinedRanks) == 0
+}
+
+// ncclVote sets w.nccl to whether every node can run w on NCCL. It returns
+// false (having answered the ops through the loop) when the engine failed.
+func (x *executor) ncclVote(w *work) bool {
+	flag := []byte{0}
+	if g := x.s.gpu; g != nil && !g.hostOnly && g.nccl != nil && nativeOK(w) && usedDevs(w)[0] == g.devs[0] {
+		flag[0] = 1
+	}
+	if err := w.b.Allreduce(context.Background(), flag, tensor.Uint8, tensor.Min); err != nil {
+		x.deviceFailed(*w, fmt.Errorf("agreeing on NCCL across nodes: %w", err))
+		return false
+	}
+	w.nccl = flag[0] == 1
+	return true
+}
+
+// crossComm returns the communicator across the nodes of engine b.
+func (g *gpuState) crossComm(ctx context.Context, b backends.Backend) (gpu.Comm, error) {
+	if g.cross != nil && g.crossOf == b {
+		if err := g.cross.AsyncError(); err != nil {
+			g.abortComms()
+			return nil, fmt.Errorf("NCCL communicator across nodes failed: %w", err)
+		}
+		return g.cross, nil
+	}
+	if g.cross != nil {
+		g.cross.Destroy() // the previous job's
+		g.cross, g.crossOf = nil, nil
+	}
+	// Byte 0 says whether node 0 has an id (else every node fails alike).
+	buf := make([]byte, 1+gpu.UniqueIDSize)
+	var idErr error
+	if b.Rank() == 0 {
+		id, err := g.nccl.GetUniqueID()
+		if err == nil {
+			buf[0] = 1
+			copy(buf[1:], id[:])
+		}
+		idErr = err
+	}
+	if err := b.Broadcast(ctx, buf, 0); err != nil {
+		return nil, fmt.Errorf("NCCL unique id through the engine: %w", err)
+	}
+	if buf[0] != 1 {
+		if idErr != nil {
+			return nil, fmt.Errorf("NCCL unique id: %w", idErr)
+		}
+		return nil, errors.New("node 0 could not make an NCCL unique id")
+	}
+	var id gpu.UniqueID
+	copy(id[:], buf[1:])
+	cctx, cancel := context.WithTimeout(ctx, ncclInitTimeout)
+	defer cancel()
+	c, err := g.nccl.CommInitRank(cctx, g.devs[0].dev, b.Size(), id, b.Rank())
+	if err != nil {
+		return nil, fmt.Errorf("NCCL communicator across %d nodes: %w", b.Size(), err)
+	}
+	g.cross, g.crossOf = c, b
+	g.log.Info("NCCL communicator across nodes created", "nodes", b.Size(), "rank", b.Rank(), "gpu", g.devs[0].info.UUID)
+	return c, nil
+}
+
+// ncclInitTimeout bounds joining the communicator across nodes.
+const ncclInitTimeout = 60 * time.Second
+
+// ncclCross joins the nodes' fusion buffers (devs[0]'s holds the node's
+// result) on NCCL and hands the total to the node's other GPUs.
+func (x *executor) ncclCross(ctx context.Context, w work, devs []*gpuDev, count int, dt tensor.DType, op tensor.ReduceOp) ([]gpu.Comm, error) {
+	g := x.s.gpu
+	c, err := g.crossComm(ctx, w.b)
+	if err != nil {
+		return nil, err
+	}
+	d0 := devs[0]
+	if err := c.Allreduce(d0.stream, d0.fuse, d0.fuse, count, dt, op); err != nil {
+		g.abortComms()
+		return nil, fmt.Errorf("NCCL allreduce across %d nodes: %w", w.b.Size(), err)
+	}
+	if len(devs) == 1 {
+		return []gpu.Comm{c}, nil
+	}
+	cs, err := g.commsFor(devs)
+	if err != nil {
+		return []gpu.Comm{c}, err
+	}
+	n := count * dt.Size()
+	if err := g.group(cs, func(i int, c gpu.Comm) error {
+		return c.Broadcast(devs[i].stream, devs[i].fuse, devs[i].fuse, n, tensor.Uint8, 0)
+	}); err != nil {
+		return []gpu.Comm{c}, fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
+	}
+	return append(cs, c), nil
+}
+
+// syncWatch synchronises devs' streams while watching the communicators
+// their work ran on: NCCL reports a failed peer through
+// ncclCommGetAsyncError, not the stream, and a kernel that waits for a dead
+// peer ends only once the communicator is aborted. So the wait goes in
+// slices, each followed by a look at the communicators; an error aborts
+// them all (the next use makes new ones) and is returned once the streams
+// have drained.
+func (g *gpuState) syncWatch(ctx context.Context, devs []*gpuDev, comms []gpu.Comm) error {
+	if len(comms) == 0 {
+		return syncAll(ctx, devs)
+	}
+	for {
+		wctx, cancel := context.WithTimeout(ctx, ncclWatch)
+		err := syncAll(wctx, devs)
+		cancel()
+		for _, c := range comms {
+			if cerr := c.AsyncError(); cerr != nil {
+				err := fmt.Errorf("NCCL communicator (rank %d of %d) failed: %w", c.Rank(), c.Size(), cerr)
+				g.abortComms()
+				syncAll(ctx, devs)
+				return err
+			}
+		}
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// ncclWatch is how often syncWatch looks at the communicators.
+const ncclWatch = 20 * time.Millisecond
+
+// runOutputs runs an allgather, alltoall or reducescatter whose ops are all
+// on GPU d (one node) and answers each op with its device output.
+func (x *executor) runOutputs(w work, d *gpuDev) {
+	r := &w.resp
+	if w.tl != nil {
+		defer traceAll(w.tl, r, timeline.End, "")
+		traceAll(w.tl, r, timeline.Begin, "GPU_"+activity(r))
+		defer traceAll(w.tl, r, timeline.End, "")
+	}
+	ctx := context.Background()
+	dones, err := x.buildOutputs(&w, d)
+	if serr := d.sync(ctx); err == nil {
+		err = serr
+	}
+	if err == nil {
+		err = exportOutputs(&w, d, dones)
+	}
+	if err != nil {
+		for _, row := range dones {
+			for _, res := range row {
+				if res.n > 0 && res.p != 0 && !res.exported {
+					d.dev.Free(res.p)
+				}
+			}
+		}
+		x.deviceFailed(w, err)
+		return
+	}
+	for i, row := range w.ops {
+		for k, o := range row {
+			o.finish(dones[i][k].done)
+		}
+	}
+}
+
+// devResult is one op's device output while it is built.
+type devResult struct {
+	done     *ipcpb.Done
+	p        gpu.DevicePtr
+	n        int
+	exported bool // the client holds it (addDeviceOutput): its to free
+}
+
+// buildOutputs enqueues every op's result on d's stream. On an error the
+// results allocated so far are in what it returns.
+func (x *executor) buildOutputs(w *work, d *gpuDev) ([][]devResult, error) {
+	r := &w.resp
+	es := r.DType.Size()
+	dones := make([][]devResult, len(w.ops))
+	if err := waitEvents(w); err != nil {
+		return dones, err
+	}
+	for i, ops := range w.ops {
+		t := &r.Tensors[i]
+		rowBytes := int(t.Shape.RowElements()) * es
+		dones[i] = make([]devResult, len(ops))
+		// out allocates rank k's result of n bytes and fills it with fill.
+		out := func(k, n int, shape tensor.Shape, fill func(p gpu.DevicePtr) error) error {
+			dones[i][k] = devResult{done: &ipcpb.Done{OutputShape: shape}, n: n}
+			if n == 0 {
+				return nil
+			}
+			p, err := d.dev.Alloc(n)
+			if err != nil {
+				return fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, n, err)
+			}
+			dones[i][k].p = p
+			return fill(p)
+		}
+		copyIn := func(dst, src gpu.DevicePtr, n int) error {
+			if n == 0 {
+				return nil
+			}
+			if err := d.dev.CopyDtoD(d.stream, dst, src, n); err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+			return nil
+		}
+		switch r.Op {
+		case tensor.Allgather:
+			var rows int64
+			for _, s := range t.RankShapes {
+				if len(s) > 0 {
+					rows += s[0]
+				}
+			}
+			shape := append(tensor.Shape{rows}, t.Shape[1:]...)
+			for k := range ops {
+				if err := out(k, int(rows)*rowBytes, shape, func(p gpu.DevicePtr) error {
+					off := 0
+					for _, so := range ops {
+						if err := copyIn(p.Add(off), so.dev.ptr, so.dev.n); err != nil {
+							return err
+						}
+						off += so.dev.n
+					}
+					return nil
+				}); err != nil {
+					return dones, err
+				}
+			}
+		case tensor.Alltoall:
+			n := len(ops)
+			starts := make([][]int, n) // starts[s][dst]: the row where s's piece for dst begins
+			for s := range n {
+				starts[s] = make([]int, n+1)
+				for dst := range n {
+					starts[s][dst+1] = starts[s][dst] + int(t.Splits[s][dst])
+				}
+			}
+			for k := range ops {
+				var rows int64
+				recv := make([]int32, n)
+				for s := range n {
+					rows += int64(t.Splits[s][k])
+					recv[s] = t.Splits[s][k]
+				}
+				if err := out(k, int(rows)*rowBytes, append(tensor.Shape{rows}, t.Shape[1:]...), func(p gpu.DevicePtr) error {
+					off := 0
+					for s, so := range ops {
+						m := (starts[s][k+1] - starts[s][k]) * rowBytes
+						if err := copyIn(p.Add(off), so.dev.ptr.Add(starts[s][k]*rowBytes), m); err != nil {
+							return err
+						}
+						off += m
+					}
+					return nil
+				}); err != nil {
+					return dones, err
+				}
+				dones[i][k].done.ReceivedSplits = recv
+			}
+		case tensor.Reducescatter:
+			var d0 int64
+			if len(t.Shape) > 0 {
+				d0 = t.Shape[0]
+			}
+			n := int64(len(ops))
+			op, pre, post := scales(r, w.size)
+			for k := range ops {
+				kk := int64(k)
+				rows := d0 / n
+				start := kk*rows + min(kk, d0%n)
+				if kk < d0%n {
+					rows++
+				}
+				bytes := int(rows) * rowBytes
+				if err := out(k, bytes, append(tensor.Shape{rows}, t.Shape[1:]...), func(p gpu.DevicePtr) error {
+					if pre != 1 {
+						if err := d.ensure(bytes, true); err != nil {
+							return err
+						}
+					}
+					for s, so := range ops {
+						src := so.dev.ptr.Add(int(start) * rowBytes)
+						if s == 0 || pre != 1 {
+							to := p
+							if s > 0 {
+								to = d.scratch
+							}
+							if err := copyIn(to, src, bytes); err != nil {
+								return err
+							}
+							if pre != 1 {
+								if err := d.scale(to, bytes/es, r.DType, pre); err != nil {
+									return err
+								}
+							}
+							src = to
+						}
+						if s > 0 {
+							if err := d.reduce(p, src, bytes/es, r.DType, op); err != nil {
+								return err
+							}
+						}
+					}
+					if post != 1 {
+						return d.scale(p, bytes/es, r.DType, post)
+					}
+					return nil
+				}); err != nil {
+					return dones, err
+				}
+			}
+		}
+	}
+	return dones, nil
+}
+
+// exportOutputs gives every built output an IPC handle and hands it to its
+// client, filling in the Dones.
+func exportOutputs(w *work, d *gpuDev, dones [][]devResult) error {
+	for i, row := range w.ops {
+		for k, o := range row {
+			res := &dones[i][k]
+			db := &ipcpb.DeviceBuffer{DeviceUuid: d.info.UUID, Length: uint64(res.n)}
+			res.done.DeviceOutput = db
+			if res.n == 0 {
+				continue
+			}
+			h, err := d.dev.IpcMemHandle(res.p)
+			if err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+			db.MemHandle, db.AllocSize = h[:], uint64(res.n)
+			res.exported = true
+			if !o.c.addDeviceOutput(h, &devOutput{d: d, ptr: res.p}) {
+				// The client is gone (and the memory freed): it needs no answer.
+				res.done = &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: "client gone"}
+			}
+		}
+	}
+	return nil
+}
