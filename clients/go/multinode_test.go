@@ -25,7 +25,7 @@ var testSecret = []byte("multi-node test secret, 32 bytes")
 func tcpFactory(ctx context.Context, j daemon.MultiNodeJob) (backends.Backend, error) {
 	return tcp.New(ctx, tcp.Config{Rank: j.NodeRank, Size: j.Nodes, Store: j.Store, Prefix: j.ID,
 		ListenAddr: net.JoinHostPort(j.Host, "0"), Secret: j.Secret, Logger: j.Logger,
-		Heartbeat: 100 * time.Millisecond, PeerTimeout: time.Second})
+		Heartbeat: 100 * time.Millisecond, PeerTimeout: 2 * time.Second})
 }
 
 // freePort finds a free TCP port on host.
@@ -52,7 +52,7 @@ func startNodesCfg(t *testing.T, edit func(int, *daemon.Config), slots ...int) [
 		cfg := daemon.Config{
 			Slots: slots[n], Nodes: nodes, NodeRank: n, Rendezvous: rdv,
 			Advertise: fmt.Sprintf("127.0.0.%d", n+2), Secret: testSecret, NewBackend: tcpFactory,
-			Heartbeat: 100 * time.Millisecond, PeerTimeout: time.Second, StartTimeout: 30 * time.Second,
+			Heartbeat: 100 * time.Millisecond, PeerTimeout: 2 * time.Second, StartTimeout: 30 * time.Second,
 		}
 		if edit != nil {
 			edit(n, &cfg)
@@ -414,7 +414,7 @@ func TestMultiNodeEngineFails(t *testing.T) {
 		ss = append(ss, daemontest.Start(t, daemon.Config{
 			Slots: 1, Nodes: 2, NodeRank: n, Rendezvous: rdv,
 			Advertise: fmt.Sprintf("127.0.0.%d", n+2), Secret: testSecret, NewBackend: bad,
-			Heartbeat: 100 * time.Millisecond, PeerTimeout: time.Second, StartTimeout: 30 * time.Second,
+			Heartbeat: 100 * time.Millisecond, PeerTimeout: 2 * time.Second, StartTimeout: 30 * time.Second,
 		}))
 	}
 	for round := 0; round < 2; round++ {
