@@ -6,6 +6,14 @@ This is the layer under :mod:`hvdd.torch._autograd` (whose functions run
 these in their forward and backward passes) and :mod:`hvdd.torch.mpi_ops`
 (the public module, which re-exports them next to the blocking, in-place and
 differentiable forms). It imports neither.
+
+CUDA tensors: allreduce, grouped allreduce and broadcast run in place on the
+device, the tensor handed to the daemon through CUDA IPC (:mod:`hvdd._cuda`;
+an out-of-place op reduces a device copy); where that cannot be (a CPU-only
+daemon, another GPU, an allocator legacy CUDA IPC cannot share) they are
+staged through host memory with one warning. Allgather, alltoall and
+reducescatter, whose outputs the daemon allocates, always stage device
+tensors through host memory (the results are copied back to the device).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from .. import _cuda
 from .. import basics as _basics
 from .. import ops as _ops
 from .._client import Client, Handle
@@ -104,6 +113,46 @@ def _register(handle: int, h: Handle) -> int:
     return _ops.register(handle, h)
 
 
+def _device_submit(
+    c: Client,
+    kind: int,
+    tensor: torch.Tensor,
+    output: Optional[torch.Tensor],
+    full_name: str,
+    wire: int,
+    **kw: Any,
+) -> Optional[Handle]:
+    """Submits an in-place collective (allreduce, broadcast) of a device
+    tensor through CUDA IPC: on output (tensor itself for the in-place
+    forms), or on a device copy of tensor that becomes the result. None when
+    the tensor is not device memory an exporter claims, or must be staged
+    (hvdd._cuda warned why); the caller then stages it."""
+    ex = _cuda.exporter_for(tensor)
+    if ex is None or tensor.numel() == 0:
+        return None
+    s = _cuda.session(c, ex)
+    if not s.usable(tensor):
+        return None
+    with torch.no_grad():
+        if output is None:
+            buf = ex.empty_like(tensor)
+            buf.copy_(tensor)
+        elif output is tensor:
+            buf = tensor.detach()
+        elif ex.claims(output) and output.is_contiguous() and output.dtype == tensor.dtype:
+            output.copy_(tensor)
+            buf = output.detach()
+        else:
+            return None
+    dev = s.buffer(buf)
+    if dev is None:
+        return None
+    h = c.submit(kind, full_name, wire, tuple(tensor.shape), device=dev, **kw)
+    result = output if output is not None else buf
+    h.finish = lambda _h: result  # holds the memory until the Done
+    return h
+
+
 # ------------------------------------------------------------------- allreduce
 
 
@@ -120,6 +169,23 @@ def _allreduce_submit(
     group_size: int = 0,
 ) -> Handle:
     wire_dt = _check(tensor)[0]
+    if not tensor.is_cpu or _cuda.has_exporters():
+        h = _device_submit(
+            c,
+            pb.OP_ALLREDUCE,
+            tensor,
+            output,
+            full_name,
+            wire_dt,
+            reduce_op=op,
+            prescale=float(prescale_factor),
+            postscale=float(postscale_factor),
+            process_set=ps,
+            group=group,
+            group_size=group_size,
+        )
+        if h is not None:
+            return h
     out, convert = _into(output) if output is not None else (None, _to_torch(tensor.dtype))
     return _ops.submit_allreduce(
         c,
@@ -375,10 +441,15 @@ def _broadcast_async(
     wire_dt = _check(tensor)[0]
     ps = _ops.check_root(root_rank, process_set)
     handle = _ops.next_handle()
+    full_name = _name("broadcast", name)
+    if not tensor.is_cpu or _cuda.has_exporters():
+        h = _device_submit(
+            c, pb.OP_BROADCAST, tensor, output, full_name, wire_dt, root_rank=int(root_rank), process_set=ps
+        )
+        if h is not None:
+            return _register(handle, h)
     out, convert = _into(output) if output is not None else (None, _to_torch(tensor.dtype))
-    h = _ops.submit_broadcast(
-        c, _array(tensor), _name("broadcast", name), root_rank, ps, out=out, wire=wire_dt, convert=convert
-    )
+    h = _ops.submit_broadcast(c, _array(tensor), full_name, root_rank, ps, out=out, wire=wire_dt, convert=convert)
     return _register(handle, h)
 
 
