@@ -469,6 +469,10 @@ class DeviceSession:
             self._retire(key)
             e = None
         if e is None:
+            # A miss: first retire what was freed (where no finalizer says so,
+            # the liveness checks find it), so that a freed allocation is
+            # released before new memory goes out.
+            self.flush()
             try:
                 exp = ex.export(tensor)
             except ExportUnavailable as err:
