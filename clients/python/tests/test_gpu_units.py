@@ -200,3 +200,45 @@ def test_exporter_for_cpu_tensor_is_none():
         assert _cuda.exporter_for(torch.ones(2)) is None
     finally:
         _cuda.remove_exporter(dev)
+
+
+@pytest.mark.parametrize(
+    "device,want",
+    [
+        ("/job:localhost/replica:0/task:0/device:GPU:0", "GPU:0"),
+        ("/job:worker/replica:0/task:1/device:GPU:3", "GPU:3"),
+        ("/device:GPU:1", "GPU:1"),
+        ("GPU:0", "GPU:0"),
+        ("/gpu:2", "GPU:2"),
+        ("/job:localhost/replica:0/task:0/device:CPU:0", None),
+        ("/cpu:0", None),
+        ("CPU:0", None),
+        ("", None),
+        ("/job:localhost/replica:0/task:0/device:TPU:0", None),
+    ],
+)
+def test_tensorflow_staged_device(device, want):
+    assert _cuda.staged_device(device) == want
+
+
+def test_tensorflow_gpu_tensor_warns_once():
+    """hvdd.tensorflow's check on a tensor's device: a GPU-placed tensor warns
+    once, naming why; CPU tensors and unplaced graph tensors say nothing."""
+    pytest.importorskip("tensorflow")
+    from hvdd.tensorflow import mpi_ops
+
+    class Placed:
+        def __init__(self, device):
+            self.device = device
+
+    _cuda.reset_warnings()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        mpi_ops._note_device(Placed("/job:localhost/replica:0/task:0/device:CPU:0"))
+        mpi_ops._note_device(Placed(""))
+        assert not w
+        for _ in range(3):
+            mpi_ops._note_device(Placed("/job:localhost/replica:0/task:0/device:GPU:0"))
+    msgs = [str(x.message) for x in w if issubclass(x.category, _cuda.HvddStagingWarning)]
+    assert len(msgs) == 1 and "GPU:0" in msgs[0] and "no CUDA IPC" in msgs[0], msgs
+    _cuda.reset_warnings()
