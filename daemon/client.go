@@ -61,6 +61,7 @@ type client struct {
 	hasOut atomic.Bool  // outq is not empty: the loop must flush it
 
 	out outputs
+	gpu clientGPU // its GPU mappings and device outputs (gpu.go)
 }
 
 // region is a mapped client or daemon region with a reference count: the
@@ -233,6 +234,12 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		}
 		l.timelineRequest(c, id, m.Timeline)
 	case *ipcpb.ClientMessage_Release:
+		if h := m.Release.GetDeviceOutput(); len(h) > 0 {
+			if err := c.releaseDeviceOutput(h); err != nil {
+				return &ipc.ProtocolError{Msg: err.Error()}
+			}
+			break
+		}
 		if err := c.out.release(m.Release.GetBuffer()); err != nil {
 			return &ipc.ProtocolError{Msg: err.Error()}
 		}
@@ -242,6 +249,8 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		}
 		l.chans = append(l.chans, c)
 		l.s.log.Debug("shared-memory channel registered", "pid", c.pid, "local_rank", c.localRank)
+	case *ipcpb.ClientMessage_ReleaseDeviceMemory:
+		c.releaseDeviceMemory(m.ReleaseDeviceMemory)
 	case *ipcpb.ClientMessage_Goodbye:
 		c.bye, c.reset = true, m.Goodbye.GetElasticReset()
 	default:
@@ -280,6 +289,7 @@ func (c *client) releaseConn() {
 		r.unref()
 	}
 	c.regions = nil
+	c.closeGPU()
 	if c.chReg != nil {
 		c.txMu.Lock()
 		c.ch = nil
@@ -393,10 +403,20 @@ func (c *client) resolve(id uint32, e *ipcpb.Enqueue) (*op, error) {
 		n = lo
 	}
 	b := e.GetBuffer()
-	if b.GetLength() != n {
+	if db := e.GetDeviceBuffer(); db != nil {
+		if b != nil {
+			return nil, fmt.Errorf("tensor %q: both a host buffer and a device buffer", o.name)
+		}
+		dv, err := c.resolveDevice(o.name, db, n) // gpu.go
+		if err != nil {
+			return nil, err
+		}
+		o.dev = dv
+		o.req.Device = true
+	} else if b.GetLength() != n {
 		return nil, fmt.Errorf("tensor %q: buffer of %d bytes for shape %v of %v (%d bytes)", o.name, b.GetLength(), e.GetShape(), dt, n)
 	}
-	if n > 0 {
+	if n > 0 && o.dev == nil {
 		r, ok := c.regions[b.GetRegion()]
 		if !ok {
 			return nil, fmt.Errorf("tensor %q: buffer in unknown region %d", o.name, b.GetRegion())

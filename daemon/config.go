@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hvdd/hvdd/daemon/metrics"
+	"github.com/hvdd/hvdd/gpu"
 )
 
 // Config configures a Server. Every field's zero value has the meaning its
@@ -134,6 +135,24 @@ type Config struct {
 	// them as configured.
 	Autotune AutotuneConfig
 
+	// GPU is the CUDA driver (gpu/gpuload: hvdd serve --gpu) through which
+	// the daemon takes clients' GPU tensors (Enqueue.device_buffer). Nil,
+	// or a driver that lists no GPU, runs the daemon CPU-only: clients then
+	// stage GPU tensors through host memory.
+	GPU gpu.Driver
+	// NCCL reduces tensors that local ranks hold on different GPUs (one
+	// communicator per local GPU). Nil: such tensors are reduced through
+	// host memory.
+	NCCL gpu.NCCL
+	// GPUAllreduce chooses how GPU tensors are reduced across nodes
+	// (hvdd serve --gpu-allreduce, HOROVOD_GPU_ALLREDUCE,
+	// HOROVOD_HIERARCHICAL_ALLREDUCE): GPUAllreduceHierarchical (also the
+	// zero value "") reduces the node's ranks on the GPU, moves the node's
+	// result through the job's engine (NewBackend) in host memory and
+	// copies it back; GPUAllreduceHost stages every GPU tensor through host
+	// memory and runs the CPU path, on one node too.
+	GPUAllreduce string
+
 	// Metrics, when set, receives the daemon's Prometheus metrics (package
 	// daemon/metrics; hvdd serve --metrics-addr serves them): ops, bytes,
 	// latency, fusion, negotiation waits, stalls, clients and jobs, links,
@@ -176,6 +195,12 @@ type AutotuneConfig struct {
 	Fixed []string
 }
 
+// The GPUAllreduce modes.
+const (
+	GPUAllreduceHierarchical = "hierarchical"
+	GPUAllreduceHost         = "host"
+)
+
 // DefaultFusionThreshold is Horovod's default fusion buffer size.
 const DefaultFusionThreshold = 128 << 20
 
@@ -192,6 +217,9 @@ func (c *Config) validate() error {
 	}
 	if err := c.Autotune.validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.GPUAllreduce != "" && c.GPUAllreduce != GPUAllreduceHierarchical && c.GPUAllreduce != GPUAllreduceHost {
+		errs = append(errs, fmt.Errorf("GPU allreduce mode %q: want %q or %q", c.GPUAllreduce, GPUAllreduceHierarchical, GPUAllreduceHost))
 	}
 	if c.Workers < 0 {
 		errs = append(errs, fmt.Errorf("workers must not be negative, got %d", c.Workers))

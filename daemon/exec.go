@@ -81,6 +81,15 @@ func (x *executor) execute(w work) {
 	if timed(&w) {
 		defer observeLatency(&w, x.dispatched) // metrics.go
 	}
+	if deviceWork(&w) {
+		x.executeDevice(w) // exec_gpu.go
+		return
+	}
+	x.executeHost(w)
+}
+
+// executeHost runs w on host memory (GPU tensors staged there already).
+func (x *executor) executeHost(w work) {
 	if w.b != nil {
 		if w.tl != nil {
 			// The response's top-level phase (tracer.responded) ends
@@ -178,6 +187,11 @@ func (x *executor) finishBatched(ops [][]*op) {
 	for _, row := range ops {
 		for _, o := range row {
 			if o == nil {
+				continue
+			}
+			if o.dev != nil {
+				// A staged GPU tensor copies its result back first.
+				o.finish(&ipcpb.Done{})
 				continue
 			}
 			b := by[o.c]

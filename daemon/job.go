@@ -22,6 +22,7 @@ type op struct {
 	req       plan.Request
 	reg       *region // holds a reference while the op is in flight
 	buf       []byte  // the input (and in-place output) bytes
+	dev       *devOp  // a GPU tensor (gpu.go): holds its mapping while in flight
 
 	// Metrics (metrics.go): its collective's children in its job (nil
 	// when off), when it arrived (monoNow), its size class.
@@ -31,6 +32,11 @@ type op struct {
 }
 
 func (o *op) release() {
+	if o.dev != nil {
+		o.dev.release()
+		o.dev = nil
+		o.buf = nil
+	}
 	if o.reg != nil {
 		o.reg.unref()
 		o.reg = nil
@@ -40,6 +46,9 @@ func (o *op) release() {
 
 // finish answers the op and drops its buffer.
 func (o *op) finish(d *ipcpb.Done) {
+	if o.dev != nil && o.dev.staged != nil {
+		d = unstage(o, d) // exec_gpu.go
+	}
 	o.c.reply(o.id, d)
 	o.count(d.GetCode()) // metrics.go
 	o.release()

@@ -402,6 +402,7 @@ func (l *loop) shutdown() {
 	<-l.x.stopped
 	l.execBusy = false
 	l.closeDead()
+	l.s.gpu.close()
 	if l.stall != nil {
 		l.stall.Stop()
 	}
@@ -539,6 +540,7 @@ func (l *loop) start(j *job, m membership, c coordination) {
 			LocalRank: int32(cl.localRank), LocalSize: int32(len(j.slots)),
 			CrossRank: int32(crossRank), CrossSize: int32(crossSize), IsHomogeneous: homog,
 			DaemonVersion: Version, JobId: j.id, Backends: backendNames, Epoch: m.epoch,
+			GpuUuids: l.s.gpu.uuids(),
 		}}}, -1)
 	}
 }
@@ -871,7 +873,7 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 	if j.tune != nil {
 		l.tuneBatch(j, resps)
 	}
-	if b == nil && bytes <= inlineBytes || loopRunnable(b, bytes) {
+	if (b == nil && bytes <= inlineBytes || loopRunnable(b, bytes)) && !deviceBatch(batch) {
 		// Small work costs less than the hand-off to the executor.
 		for _, w := range batch {
 			l.x.execute(w)

@@ -33,6 +33,7 @@ type Server struct {
 
 	closeOnce sync.Once
 	mapped    shmMapped // shared memory mapped, for the metrics (metrics.go)
+	gpu       *gpuState // the GPUs opened (gpu.go); nil when CPU-only
 
 	// mu guards the fields that follow.
 	mu       sync.Mutex
@@ -59,6 +60,7 @@ func New(cfg Config) (*Server, error) {
 		started: make(chan struct{}),
 		done:    make(chan struct{}),
 		conns:   make(map[*client]struct{}),
+		gpu:     openGPUs(c.GPU, c.NCCL, c.Logger, c.GPUAllreduce == GPUAllreduceHost),
 	}, nil
 }
 

@@ -13,7 +13,7 @@ import (
 // emit it; repeat with what is left. Nothing is fused when the threshold is 0.
 //
 // ALLREDUCE. A later allreduce is fusable with the head when they share the
-// process set, dtype, reduce op, prescale and postscale factors and joined
+// process set, dtype, device (GPU or host memory), reduce op, prescale and postscale factors and joined
 // ranks (all ranks run one collective over one buffer with one scaling, and
 // the ranks that contribute zeros must be the same). Scanning forward from the
 // head:
@@ -29,7 +29,7 @@ import (
 // wait long. Skipped responses go back to the front of the queue in their
 // order, so the output is a pure function of the input.
 //
-// ALLGATHER. Consecutive allgathers of the same set and dtype fuse while the
+// ALLGATHER. Consecutive allgathers of the same set, dtype and device fuse while the
 // sum of their output sizes (Bytes) stays within the threshold; there is no
 // look-ahead (Horovod's rule: anything else in between ends the fusion).
 //
@@ -87,7 +87,7 @@ func fuseAllgather(head *Response, queue []*Response, threshold int64) []*Respon
 	for ; i < len(queue); i++ {
 		c := queue[i]
 		if c.Err != nil || c.Op != tensor.Allgather || c.ProcessSet != head.ProcessSet ||
-			c.DType != head.DType || head.Bytes+c.Bytes > threshold {
+			c.DType != head.DType || c.Device != head.Device || head.Bytes+c.Bytes > threshold {
 			break
 		}
 		absorb(head, c)
@@ -100,6 +100,7 @@ func allreduceFusable(head, c *Response) bool {
 	return c.Err == nil && c.Op == tensor.Allreduce &&
 		c.ProcessSet == head.ProcessSet &&
 		c.DType == head.DType &&
+		c.Device == head.Device &&
 		c.ReduceOp == head.ReduceOp &&
 		c.Prescale == head.Prescale &&
 		c.Postscale == head.Postscale &&

@@ -68,6 +68,9 @@ type Request struct {
 	Group string
 	// GroupSize is the number of tensors in Group; required when Group is set.
 	GroupSize int
+	// Device says the tensor is in GPU memory (a CUDA IPC buffer): device
+	// and host tensors run on different paths and are never fused together.
+	Device bool
 }
 
 // Response is one unit of work for the executor: a fused collective, an
@@ -100,6 +103,9 @@ type Response struct {
 	// LastJoinedRank, for a Join response, is the rank whose join came last;
 	// every rank's join returns it.
 	LastJoinedRank int
+	// Device is set when a submitting rank's tensor is in GPU memory
+	// (Request.Device): fusion keeps such responses apart from host ones.
+	Device bool
 	// Bytes is the payload: the input size of one rank's tensors for
 	// Allreduce, Broadcast and Reducescatter; the sum over the submitting
 	// ranks' inputs (the allgather output size) for Allgather and Alltoall;

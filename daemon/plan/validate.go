@@ -74,6 +74,9 @@ func (t *Table) construct(e *entry) *Response {
 	}
 
 	tn := &resp.Tensors[0]
+	for _, q := range reqs {
+		resp.Device = resp.Device || q.r.Device
+	}
 	switch first.Op {
 	case tensor.Allreduce, tensor.Reducescatter:
 		resp.DType = first.DType

@@ -1,0 +1,611 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/timeline"
+	"github.com/hvdd/hvdd/gpu"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/tensor"
+	"google.golang.org/protobuf/proto"
+)
+
+// Executing responses that hold GPU tensors.
+//
+// Native paths work in device memory and cover what training spends its
+// time on:
+//
+//   - allreduce on one node: each GPU's local ranks are reduced into that
+//     GPU's fusion buffer (a D2D copy of the first rank's tensor, then one
+//     reduce kernel per further rank; with a prescale each input is scaled
+//     first, through the scratch buffer, so that Min/Max and integer
+//     truncation see the scaled values as on the CPU path); GPUs are joined
+//     by one NCCL allreduce over their fusion buffers (a communicator per
+//     set of GPUs, made once with ncclCommInitAll and kept); the postscale
+//     (Average's 1/size folded in, scales()) is one kernel; one D2D copy per
+//     rank writes the result back.
+//   - allreduce across nodes (hierarchical, Horovod's
+//     HOROVOD_HIERARCHICAL_ALLREDUCE): the same local step, then the node's
+//     fused result goes to host memory, through the job's engine (tcp or
+//     mpi) in exactly the calls the CPU path would make for it (so nodes may
+//     choose differently), and back to every GPU before the postscale and
+//     write-back.
+//   - broadcast on one node: D2D copies on the root's GPU, an NCCL
+//     broadcast (as bytes) to the others.
+//
+// Everything else (allgather, alltoall, reducescatter, Adasum, responses
+// with joined ranks or empty tensors, dtypes NCCL lacks across GPUs, a
+// node without NCCL, GPUAllreduceHost) is staged: every device tensor is
+// copied to host memory (after its IPC event), the CPU path runs on the
+// copies, and the op's finish copies the result back (in place) or into a
+// daemon device allocation exported to the client (Done.device_output)
+// before the Done goes out. Staging works on every engine and across nodes.
+//
+// Either way the executor synchronises the streams before answering, so a
+// Done means the daemon is finished with the client's memory. A GPU error
+// fails the ops it touched with CODE_INTERNAL (on one node; across nodes it
+// fails the job, whose other nodes wait in the engine) and replaces the
+// streams; an NCCL error aborts the communicator, and the next use makes a
+// new one.
+
+// deviceBatch reports whether any op of the batch is a GPU tensor: such
+// batches never run inline in the loop.
+func deviceBatch(batch []work) bool {
+	for i := range batch {
+		if deviceWork(&batch[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+func deviceWork(w *work) bool {
+	for _, row := range w.ops {
+		for _, o := range row {
+			if o != nil && o.dev != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// nativeOK reports whether w can run on a native path: every row has an op
+// for every position (no joined rank), every op is a non-empty device
+// tensor.
+func nativeOK(w *work) bool {
+	for _, row := range w.ops {
+		for _, o := range row {
+			if o == nil || o.dev == nil || o.dev.n == 0 {
+				return false
+			}
+		}
+	}
+	return len(w.ops) > 0
+}
+
+// ncclDType reports whether NCCL reduces dt.
+func ncclDType(dt tensor.DType) bool {
+	switch dt {
+	case tensor.Int16, tensor.Uint16, tensor.Bool:
+		return false
+	}
+	return true
+}
+
+// executeDevice runs a response with GPU tensors in it.
+func (x *executor) executeDevice(w work) {
+	g := x.s.gpu
+	r := &w.resp
+	if g != nil && !g.hostOnly && nativeOK(&w) {
+		devs := usedDevs(&w)
+		multiGPU := len(devs) > 1
+		nccl := !multiGPU || g.nccl != nil
+		switch {
+		case r.Op == tensor.Allreduce && r.ReduceOp != tensor.Adasum && nccl && (!multiGPU || ncclDType(r.DType)):
+			x.runNative(w, devs, x.allreduceDevice)
+			return
+		case r.Op == tensor.Broadcast && w.b == nil && nccl:
+			x.runNative(w, devs, x.broadcastDevice)
+			return
+		}
+	}
+	if err := x.stageIn(&w); err != nil {
+		x.deviceFailed(w, err)
+		return
+	}
+	x.executeHost(w)
+}
+
+// usedDevs lists the GPUs w's ops are on, in the daemon's order.
+func usedDevs(w *work) []*gpuDev {
+	seen := make(map[*gpuDev]bool)
+	var out []*gpuDev
+	for _, row := range w.ops {
+		for _, o := range row {
+			if o != nil && o.dev != nil && !seen[o.dev.d] {
+				seen[o.dev.d] = true
+				out = append(out, o.dev.d)
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].idx < out[j].idx })
+	return out
+}
+
+// runNative runs a native path and answers the ops.
+func (x *executor) runNative(w work, devs []*gpuDev, f func(ctx context.Context, w work, devs []*gpuDev) error) {
+	if w.tl != nil {
+		// The response's top-level phase ends once every rank is answered
+		// (on one node, its Begin came from tracer.responded too).
+		defer traceAll(w.tl, &w.resp, timeline.End, "")
+		traceAll(w.tl, &w.resp, timeline.Begin, "GPU_"+activity(&w.resp))
+		defer traceAll(w.tl, &w.resp, timeline.End, "")
+	}
+	if err := f(context.Background(), w, devs); err != nil {
+		x.deviceFailed(w, err)
+		return
+	}
+	x.finishBatched(w.ops)
+}
+
+// deviceFailed answers w's ops after a failure: on one node with
+// CODE_INTERNAL; across nodes through the loop, which fails the job (the
+// other nodes wait in the engine for this one).
+func (x *executor) deviceFailed(w work, err error) {
+	r := &w.resp
+	var ge *gpu.Error
+	if errors.As(err, &ge) {
+		// A CUDA or NCCL error may leave streams and communicators
+		// unusable: start the next job with new ones.
+		for _, d := range usedDevs(&w) {
+			d.recover()
+		}
+		if strings.HasPrefix(ge.Call, "nccl") {
+			x.s.gpu.abortComms()
+		}
+	}
+	msg := fmt.Sprintf("%v of %d GPU tensor(s) failed: %v", r.Op, len(r.Tensors), err)
+	if n, ok := backends.LostRank(err); ok {
+		msg = fmt.Sprintf("node %d%s was lost during %v: %v", n, w.j.members.rankRange(n), r.Op, err)
+	}
+	x.s.log.Error("GPU collective failed", "op", r.Op, "tensors", len(r.Tensors), "err", err)
+	if w.b != nil && len(w.view.nodes) > 1 {
+		x.p.post(msgExecErr{j: w.j, err: errors.New(msg), ops: w.ops, closed: errors.Is(err, backends.ErrClosed)})
+		return
+	}
+	for _, row := range w.ops {
+		for _, o := range row {
+			if o != nil && o.dev != nil {
+				o.dev.staged = nil // nothing to copy back
+			}
+		}
+	}
+	finishRows(w.ops, &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: msg})
+}
+
+// waitEvents makes each GPU's stream wait for the client events of the ops
+// on it (each event once).
+func waitEvents(w *work) error {
+	seen := make(map[*devEvent]bool)
+	for _, row := range w.ops {
+		for _, o := range row {
+			if o == nil || o.dev == nil || o.dev.ev == nil || seen[o.dev.ev] {
+				continue
+			}
+			seen[o.dev.ev] = true
+			if err := o.dev.d.stream.WaitEvent(o.dev.ev.ev); err != nil {
+				return fmt.Errorf("GPU %s: wait for the client's event: %w", o.dev.d.info.UUID, err)
+			}
+		}
+	}
+	return nil
+}
+
+// syncAll synchronises the streams of devs, all of them even after an
+// error (no work may be left running on clients' memory).
+func syncAll(ctx context.Context, devs []*gpuDev) error {
+	var errs []error
+	for _, d := range devs {
+		if err := d.sync(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// stageIn copies every device tensor of w to host memory (after its event)
+// and points the op's buf at the copy, for the CPU path.
+func (x *executor) stageIn(w *work) error {
+	devs := usedDevs(w)
+	if err := waitEvents(w); err != nil {
+		return err
+	}
+	var err error
+	for _, row := range w.ops {
+		for _, o := range row {
+			if o == nil || o.dev == nil || o.dev.n == 0 {
+				continue
+			}
+			host := make([]byte, o.dev.n)
+			if err = o.dev.d.dev.CopyDtoH(o.dev.d.stream, host, o.dev.ptr); err != nil {
+				break
+			}
+			o.buf, o.dev.staged = host, host
+		}
+		if err != nil {
+			break
+		}
+	}
+	if serr := syncAll(context.Background(), devs); err == nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("staging GPU tensors through host memory: %w", err)
+	}
+	return nil
+}
+
+// unstage finishes a staged op before its Done goes out: the in-place
+// result goes back to the client's device memory; an output the CPU path
+// put in a granted host region goes to a daemon device allocation that the
+// Done exports (device_output). Runs on the executor goroutine.
+func unstage(o *op, d *ipcpb.Done) *ipcpb.Done {
+	dv := o.dev
+	staged := dv.staged
+	dv.staged = nil
+	if d.GetCode() != ipcpb.Code_CODE_OK {
+		return d
+	}
+	fail := func(err error) *ipcpb.Done {
+		dv.d.recover()
+		o.c.s.log.Error("GPU copy-back failed", "tensor", o.name, "gpu", dv.d.info.UUID, "err", err)
+		return &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("tensor %q: GPU %s: copy the result back: %v", o.name, dv.d.info.UUID, err)}
+	}
+	switch {
+	case d.Output != nil:
+		out, err := o.c.outputBytes(d.Output)
+		if err != nil {
+			return fail(err)
+		}
+		db, err := o.c.deviceOutput(dv.d, out)
+		o.c.out.release(d.Output)
+		if err != nil {
+			return fail(err)
+		}
+		nd := proto.Clone(d).(*ipcpb.Done)
+		nd.Output, nd.DeviceOutput = nil, db
+		return nd
+	case o.typ == tensor.Allreduce || o.typ == tensor.Broadcast:
+		if dv.n == 0 {
+			return d
+		}
+		if err := dv.d.dev.CopyHtoD(dv.d.stream, dv.ptr, staged); err != nil {
+			dv.d.sync(context.Background())
+			return fail(err)
+		}
+		if err := dv.d.sync(context.Background()); err != nil {
+			return fail(err)
+		}
+	}
+	return d
+}
+
+// outputBytes returns the bytes of a granted output buffer.
+func (c *client) outputBytes(b *ipcpb.Buffer) ([]byte, error) {
+	if b.GetLength() == 0 {
+		return nil, nil
+	}
+	o := &c.out
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, r := range o.regions {
+		if r.id == b.GetRegion() {
+			return r.m.Slice(b.GetOffset(), b.GetLength())
+		}
+	}
+	return nil, fmt.Errorf("output in unknown region %#x", b.GetRegion())
+}
+
+// deviceOutput copies out into a new allocation on d, exported to the
+// client until it sends Release with its handle.
+func (c *client) deviceOutput(d *gpuDev, out []byte) (*ipcpb.DeviceBuffer, error) {
+	db := &ipcpb.DeviceBuffer{DeviceUuid: d.info.UUID, Length: uint64(len(out))}
+	if len(out) == 0 {
+		return db, nil
+	}
+	p, err := d.dev.Alloc(len(out))
+	if err != nil {
+		return nil, fmt.Errorf("device output of %d bytes: %w", len(out), err)
+	}
+	if err := d.dev.CopyHtoD(d.stream, p, out); err != nil {
+		d.sync(context.Background())
+		d.dev.Free(p)
+		return nil, err
+	}
+	if err := d.sync(context.Background()); err != nil {
+		d.dev.Free(p)
+		return nil, err
+	}
+	h, err := d.dev.IpcMemHandle(p)
+	if err != nil {
+		d.dev.Free(p)
+		return nil, err
+	}
+	if !c.addDeviceOutput(h, &devOutput{d: d, ptr: p}) {
+		return nil, errors.New("client gone")
+	}
+	db.MemHandle, db.AllocSize = h[:], uint64(len(out))
+	return db, nil
+}
+
+// commKey names a set of GPUs.
+func commKey(devs []*gpuDev) string {
+	var b strings.Builder
+	for _, d := range devs {
+		fmt.Fprintf(&b, "%d,", d.idx)
+	}
+	return b.String()
+}
+
+// commsFor returns the NCCL communicators over devs (rank i on devs[i]),
+// made on first use.
+func (g *gpuState) commsFor(devs []*gpuDev) ([]gpu.Comm, error) {
+	k := commKey(devs)
+	if cs := g.comms[k]; cs != nil {
+		for _, c := range cs {
+			if err := c.AsyncError(); err != nil {
+				g.abortComms()
+				return nil, fmt.Errorf("NCCL communicator over GPUs %s failed: %w", k, err)
+			}
+		}
+		return cs, nil
+	}
+	ds := make([]gpu.Device, len(devs))
+	for i, d := range devs {
+		ds[i] = d.dev
+	}
+	cs, err := g.nccl.CommInitAll(ds)
+	if err != nil {
+		return nil, fmt.Errorf("NCCL communicator over %d GPUs: %w", len(devs), err)
+	}
+	g.comms[k] = cs
+	g.log.Info("NCCL communicator created", "gpus", len(devs))
+	return cs, nil
+}
+
+// abortComms aborts every communicator (ncclCommAbort) after an error; the
+// next use makes new ones.
+func (g *gpuState) abortComms() {
+	for k, cs := range g.comms {
+		for _, c := range cs {
+			c.Abort()
+		}
+		delete(g.comms, k)
+	}
+}
+
+// group runs f for every communicator inside one NCCL group.
+func (g *gpuState) group(cs []gpu.Comm, f func(i int, c gpu.Comm) error) error {
+	if err := g.nccl.GroupStart(); err != nil {
+		return err
+	}
+	var errs []error
+	for i, c := range cs {
+		if err := f(i, c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := g.nccl.GroupEnd(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		g.abortComms()
+		return err
+	}
+	return nil
+}
+
+// allreduceDevice is the native allreduce (see the top of this file), on
+// one node (w.b nil) or hierarchically across nodes.
+func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) (err error) {
+	r := &w.resp
+	g := x.s.gpu
+	es := r.DType.Size()
+	op, pre, post := scales(r, w.size)
+	offs := make([]int, len(r.Tensors)+1)
+	for i, t := range r.Tensors {
+		offs[i+1] = offs[i] + int(t.Shape.NumElements())*es
+	}
+	total := offs[len(r.Tensors)]
+	defer func() {
+		if serr := syncAll(ctx, devs); err == nil {
+			err = serr
+		}
+	}()
+	for _, d := range devs {
+		if err := d.ensure(total, pre != 1); err != nil {
+			return err
+		}
+	}
+	if err := waitEvents(&w); err != nil {
+		return err
+	}
+	// Each GPU's local ranks into its fusion buffer.
+	for _, d := range devs {
+		for i, row := range w.ops {
+			dst, n := d.fuse.Add(offs[i]), offs[i+1]-offs[i]
+			first := true
+			for _, o := range row {
+				if o.dev.d != d {
+					continue
+				}
+				src := o.dev.ptr
+				if first || pre != 1 {
+					to := dst
+					if !first {
+						to = d.scratch.Add(offs[i])
+					}
+					if err := d.dev.CopyDtoD(d.stream, to, src, n); err != nil {
+						return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+					}
+					if pre != 1 {
+						if err := d.scale(to, n/es, r.DType, pre); err != nil {
+							return fmt.Errorf("GPU %s: prescale: %w", d.info.UUID, err)
+						}
+					}
+					src = to
+				}
+				if !first {
+					if err := d.reduce(dst, src, n/es, r.DType, op); err != nil {
+						return fmt.Errorf("GPU %s: reduce: %w", d.info.UUID, err)
+					}
+				}
+				first = false
+			}
+		}
+	}
+	// The GPUs of the node together.
+	if len(devs) > 1 {
+		cs, err := g.commsFor(devs)
+		if err != nil {
+			return err
+		}
+		if err := g.group(cs, func(i int, c gpu.Comm) error {
+			return c.Allreduce(devs[i].stream, devs[i].fuse, devs[i].fuse, total/es, r.DType, op)
+		}); err != nil {
+			return fmt.Errorf("NCCL allreduce over %d GPUs: %w", len(devs), err)
+		}
+	}
+	// The nodes together, through host memory.
+	if w.b != nil && len(w.view.nodes) > 1 {
+		b, err := x.engineFor(w)
+		if err != nil {
+			return err
+		}
+		f := x.fusion(total)
+		d0 := devs[0]
+		if err := d0.dev.CopyDtoH(d0.stream, f, d0.fuse); err != nil {
+			return fmt.Errorf("GPU %s: %w", d0.info.UUID, err)
+		}
+		if err := d0.sync(ctx); err != nil {
+			return err
+		}
+		oneCall := len(r.Tensors) == 1 && pre == 1 && len(localBufsN(w.ops[0])) == 1
+		if err := engineAllreduce(ctx, b, f, r.DType, op, oneCall); err != nil {
+			return err
+		}
+		for _, d := range devs {
+			if err := d.dev.CopyHtoD(d.stream, d.fuse, f); err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+		}
+	}
+	for _, d := range devs {
+		if post != 1 {
+			if err := d.scale(d.fuse, total/es, r.DType, post); err != nil {
+				return fmt.Errorf("GPU %s: postscale: %w", d.info.UUID, err)
+			}
+		}
+	}
+	// Write back: one D2D copy per rank and tensor.
+	for i, row := range w.ops {
+		for _, o := range row {
+			d := o.dev.d
+			if err := d.dev.CopyDtoD(d.stream, o.dev.ptr, d.fuse.Add(offs[i]), offs[i+1]-offs[i]); err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+		}
+	}
+	return nil
+}
+
+// localBufsN returns the ops of row with bytes: what localBufs counts on
+// the CPU path.
+func localBufsN(row []*op) []*op {
+	var out []*op
+	for _, o := range row {
+		if o != nil && (len(o.buf) > 0 || o.dev != nil && o.dev.n > 0) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// engineAllreduce moves a node's fused buffer through the engine in the
+// calls allreduceMulti makes for it: one call when oneCall (its path for a
+// single local buffer) or the buffer is not worth pipelining, else one per
+// pipeChunk chunk. Every node makes the same calls whichever path its own
+// tensors took.
+func engineAllreduce(ctx context.Context, b backends.Backend, f []byte, dt tensor.DType, op tensor.ReduceOp, oneCall bool) error {
+	chunk := pipeChunk(len(f))
+	if oneCall || chunk >= len(f) {
+		return b.Allreduce(ctx, f, dt, op)
+	}
+	for lo := 0; lo < len(f); lo += chunk {
+		if err := b.Allreduce(ctx, f[lo:min(lo+chunk, len(f))], dt, op); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// broadcastDevice is the native broadcast on one node.
+func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) (err error) {
+	r := &w.resp
+	ops := w.ops[0]
+	if r.Root < 0 || r.Root >= len(ops) || ops[r.Root] == nil {
+		return fmt.Errorf("broadcast root %d has no buffer", r.Root)
+	}
+	root := ops[r.Root].dev
+	n := root.n
+	defer func() {
+		if serr := syncAll(ctx, devs); err == nil {
+			err = serr
+		}
+	}()
+	if err := waitEvents(&w); err != nil {
+		return err
+	}
+	// first[d] is the tensor on GPU d that holds the data once it is there.
+	first := map[*gpuDev]*devOp{root.d: root}
+	if len(devs) > 1 {
+		cs, err := x.s.gpu.commsFor(devs)
+		if err != nil {
+			return err
+		}
+		rootIdx := 0
+		for i, d := range devs {
+			if d == root.d {
+				rootIdx = i
+			}
+		}
+		for _, o := range ops {
+			if first[o.dev.d] == nil {
+				first[o.dev.d] = o.dev
+			}
+		}
+		if err := x.s.gpu.group(cs, func(i int, c gpu.Comm) error {
+			p := first[devs[i]].ptr
+			return c.Broadcast(devs[i].stream, p, p, n, tensor.Uint8, rootIdx)
+		}); err != nil {
+			return fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
+		}
+	}
+	for _, o := range ops {
+		src := first[o.dev.d]
+		if o.dev == src {
+			continue
+		}
+		d := o.dev.d
+		if err := d.dev.CopyDtoD(d.stream, o.dev.ptr, src.ptr, n); err != nil {
+			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+		}
+	}
+	return nil
+}

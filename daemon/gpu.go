@@ -1,0 +1,472 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hvdd/hvdd/gpu"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+// The GPU path, the daemon's side (ipc/PROTOCOL.md "GPU tensors"): clients
+// name tensors in their CUDA allocations by IPC handle (Enqueue's
+// DeviceBuffer); the daemon maps each allocation once per connection and
+// keeps the mapping under the handle's bytes until the client releases it
+// (ReleaseDeviceMemory) or disconnects. A mapping, like a region, is
+// reference counted: the cache holds one reference and every op in flight on
+// it one more, so a mapping released while an op uses it closes after that
+// op. The client's IPC events are cached the same way.
+//
+// The device work itself (exec_gpu.go) runs only on the executor goroutine,
+// never inline in the loop: each GPU's stream, fusion buffer and kernels
+// belong to that goroutine, and it synchronises the streams before any Done
+// goes out.
+
+// gpuState is what the daemon opened of its GPUs: nil on a CPU-only node.
+type gpuState struct {
+	drv  gpu.Driver
+	nccl gpu.NCCL // nil without NCCL: several GPUs then stage through host
+	log  *slog.Logger
+	devs []*gpuDev
+	by   map[string]*gpuDev // by UUID
+
+	// hostOnly stages every device tensor through host memory and runs it
+	// on the CPU path (Config.GPUAllreduce "host").
+	hostOnly bool
+
+	// Used by the executor goroutine only.
+	comms map[string][]gpu.Comm // NCCL communicators by the devices they span (commKey)
+}
+
+// gpuDev is one GPU the daemon opened, with the executor's stream, fusion
+// and scratch buffers and kernels on it.
+type gpuDev struct {
+	idx  int // in gpuState.devs
+	info gpu.Info
+	dev  gpu.Device
+
+	// Used by the executor goroutine only.
+	stream   gpu.Stream
+	kern     *gpuKernels
+	kernErr  error
+	fuse     gpu.DevicePtr
+	fuseN    int
+	scratch  gpu.DevicePtr
+	scratchN int
+}
+
+// openGPUs opens every GPU drv lists; a driver that fails, or lists none,
+// leaves the daemon CPU-only (nil), saying so once.
+func openGPUs(drv gpu.Driver, nccl gpu.NCCL, log *slog.Logger, hostOnly bool) *gpuState {
+	if drv == nil {
+		return nil
+	}
+	infos, err := drv.Devices()
+	if err != nil || len(infos) == 0 {
+		if err == nil {
+			err = errors.New("the driver lists no GPU")
+		}
+		log.Info("no CUDA driver: CPU-only", "driver", drv.Name(), "why", err)
+		return nil
+	}
+	g := &gpuState{drv: drv, nccl: nccl, log: log, by: make(map[string]*gpuDev), hostOnly: hostOnly, comms: make(map[string][]gpu.Comm)}
+	for _, in := range infos {
+		d, err := drv.Open(in.Index)
+		if err != nil {
+			log.Warn("cannot open GPU: left out", "index", in.Index, "uuid", in.UUID, "err", err)
+			continue
+		}
+		s, err := d.NewStream()
+		if err != nil {
+			d.Close()
+			log.Warn("cannot create a stream on GPU: left out", "index", in.Index, "uuid", in.UUID, "err", err)
+			continue
+		}
+		gd := &gpuDev{idx: len(g.devs), info: d.Info(), dev: d, stream: s}
+		g.devs = append(g.devs, gd)
+		g.by[gd.info.UUID] = gd
+		log.Info("GPU opened", "index", in.Index, "uuid", in.UUID, "name", in.Name, "pci", in.PCIBusID, "memory", in.MemoryBytes, "driver", drv.Name())
+	}
+	if len(g.devs) == 0 {
+		log.Info("no CUDA driver: CPU-only", "driver", drv.Name(), "why", "no GPU could be opened")
+		return nil
+	}
+	if nccl == nil && len(g.devs) > 1 {
+		log.Info("no NCCL: tensors on different GPUs are reduced through host memory")
+	}
+	return g
+}
+
+// uuids lists the opened GPUs (Welcome.gpu_uuids); nil when CPU-only.
+func (g *gpuState) uuids() []string {
+	if g == nil {
+		return nil
+	}
+	out := make([]string, len(g.devs))
+	for i, d := range g.devs {
+		out[i] = d.info.UUID
+	}
+	return out
+}
+
+// close releases everything: communicators, buffers, streams, contexts.
+// Called once the executor has stopped.
+func (g *gpuState) close() {
+	if g == nil {
+		return
+	}
+	for k, cs := range g.comms {
+		for _, c := range cs {
+			c.Destroy()
+		}
+		delete(g.comms, k)
+	}
+	for _, d := range g.devs {
+		if d.fuseN > 0 {
+			d.dev.Free(d.fuse)
+		}
+		if d.scratchN > 0 {
+			d.dev.Free(d.scratch)
+		}
+		if d.kern != nil {
+			d.kern.mod.Unload()
+		}
+		d.stream.Destroy()
+		d.dev.Close()
+	}
+}
+
+// clientGPU is one connection's device state: its mapped allocations and
+// opened events (the loop's), and the device outputs the daemon allocated
+// for it (the executor adds them, the loop frees them on Release).
+type clientGPU struct {
+	maps   map[string]*devMapping
+	events map[string]*devEvent
+
+	mu     sync.Mutex // guards the fields below
+	outs   map[string]*devOutput
+	closed bool
+}
+
+// devMapping is a client allocation opened with cuIpcOpenMemHandle.
+type devMapping struct {
+	d    *gpuDev
+	base gpu.DevicePtr
+	size uint64
+	refs atomic.Int32
+}
+
+func (m *devMapping) unref() {
+	if m.refs.Add(-1) == 0 {
+		m.d.dev.CloseMemHandle(m.base)
+	}
+}
+
+// devEvent is a client's interprocess event, opened once.
+type devEvent struct {
+	d    *gpuDev
+	ev   gpu.Event
+	refs atomic.Int32
+}
+
+func (e *devEvent) unref() {
+	if e.refs.Add(-1) == 0 {
+		e.ev.Destroy()
+	}
+}
+
+// devOutput is daemon device memory holding a result for the client
+// (Done.device_output) until it sends Release.
+type devOutput struct {
+	d   *gpuDev
+	ptr gpu.DevicePtr
+}
+
+// devOp is an op's device tensor.
+type devOp struct {
+	d   *gpuDev
+	m   *devMapping // nil for an empty tensor
+	ev  *devEvent   // nil when the client synchronised its stream itself
+	ptr gpu.DevicePtr
+	n   int
+	// staged is the host copy the CPU path works on, when the tensor
+	// takes that path (exec_gpu.go: stageIn); nil otherwise.
+	staged []byte
+}
+
+func (d *devOp) release() {
+	if d.m != nil {
+		d.m.unref()
+	}
+	if d.ev != nil {
+		d.ev.unref()
+	}
+	d.m, d.ev, d.staged = nil, nil, nil
+}
+
+// maxDeviceMappings bounds one connection's cached IPC mappings.
+const maxDeviceMappings = 4096
+
+// resolveDevice checks a DeviceBuffer for a tensor of n bytes and returns
+// it mapped, holding references on its mapping and event.
+func (c *client) resolveDevice(name string, b *ipcpb.DeviceBuffer, n uint64) (*devOp, error) {
+	g := c.s.gpu
+	if g == nil {
+		return nil, fmt.Errorf("tensor %q: a GPU tensor (device_buffer), but this daemon runs CPU-only (no CUDA driver): stage it through host memory", name)
+	}
+	d := g.by[b.GetDeviceUuid()]
+	if d == nil {
+		return nil, fmt.Errorf("tensor %q: GPU %q is not one this daemon opened (%s): stage it through host memory", name, b.GetDeviceUuid(), strings.Join(g.uuids(), ", "))
+	}
+	if b.GetLength() != n {
+		return nil, fmt.Errorf("tensor %q: device buffer of %d bytes for a tensor of %d bytes", name, b.GetLength(), n)
+	}
+	if n == 0 {
+		return &devOp{d: d}, nil
+	}
+	if len(b.GetMemHandle()) != gpu.IpcMemHandleSize {
+		return nil, fmt.Errorf("tensor %q: CUDA IPC memory handle of %d bytes (want %d)", name, len(b.GetMemHandle()), gpu.IpcMemHandleSize)
+	}
+	if eh := b.GetEventHandle(); len(eh) != 0 && len(eh) != gpu.IpcEventHandleSize {
+		return nil, fmt.Errorf("tensor %q: CUDA IPC event handle of %d bytes (want %d or none)", name, len(eh), gpu.IpcEventHandleSize)
+	}
+	size := b.GetAllocSize()
+	if size == 0 || (d.info.MemoryBytes > 0 && size > d.info.MemoryBytes) {
+		return nil, fmt.Errorf("tensor %q: allocation size %d is absurd for GPU %s (%d bytes of memory)", name, size, d.info.UUID, d.info.MemoryBytes)
+	}
+	end, carry := bits.Add64(b.GetOffset(), b.GetLength(), 0)
+	if carry != 0 || end > size {
+		return nil, fmt.Errorf("tensor %q: bytes [%d, +%d) lie outside the allocation of %d bytes", name, b.GetOffset(), b.GetLength(), size)
+	}
+	if c.gpu.maps == nil {
+		c.gpu.maps = make(map[string]*devMapping)
+		c.gpu.events = make(map[string]*devEvent)
+	}
+	key := string(b.GetMemHandle())
+	m := c.gpu.maps[key]
+	switch {
+	case m != nil && m.d != d:
+		return nil, fmt.Errorf("tensor %q: its IPC memory handle was sent before for GPU %s, now for %s", name, m.d.info.UUID, d.info.UUID)
+	case m != nil && m.size != size:
+		return nil, fmt.Errorf("tensor %q: its IPC memory handle was sent before with allocation size %d, now %d", name, m.size, size)
+	case m == nil:
+		if len(c.gpu.maps) >= maxDeviceMappings {
+			return nil, fmt.Errorf("tensor %q: more than %d device allocations mapped: release some (ReleaseDeviceMemory)", name, maxDeviceMappings)
+		}
+		var h gpu.IpcMemHandle
+		copy(h[:], key)
+		base, err := d.dev.OpenMemHandle(h, int(size))
+		if err != nil {
+			return nil, fmt.Errorf("tensor %q: GPU %s: open the CUDA IPC memory handle: %w", name, d.info.UUID, err)
+		}
+		m = &devMapping{d: d, base: base, size: size}
+		m.refs.Store(1)
+		c.gpu.maps[key] = m
+	}
+	o := &devOp{d: d, m: m, ptr: m.base.Add(int(b.GetOffset())), n: int(n)}
+	m.refs.Add(1)
+	if eh := b.GetEventHandle(); len(eh) != 0 {
+		ek := string(eh)
+		e := c.gpu.events[ek]
+		if e != nil && e.d != d {
+			o.release()
+			return nil, fmt.Errorf("tensor %q: its IPC event handle was sent before for GPU %s, now for %s", name, e.d.info.UUID, d.info.UUID)
+		}
+		if e == nil {
+			if len(c.gpu.events) >= maxDeviceMappings {
+				o.release()
+				return nil, fmt.Errorf("tensor %q: more than %d IPC events opened", name, maxDeviceMappings)
+			}
+			var h gpu.IpcEventHandle
+			copy(h[:], ek)
+			ev, err := d.dev.OpenEventHandle(h)
+			if err != nil {
+				o.release()
+				return nil, fmt.Errorf("tensor %q: GPU %s: open the CUDA IPC event handle: %w", name, d.info.UUID, err)
+			}
+			e = &devEvent{d: d, ev: ev}
+			e.refs.Store(1)
+			c.gpu.events[ek] = e
+		}
+		e.refs.Add(1)
+		o.ev = e
+	}
+	return o, nil
+}
+
+// releaseDeviceMemory drops the cached mappings of handles the client freed;
+// a mapping an op in flight uses closes after it. Unknown handles are
+// ignored: the client may free allocations it never sent.
+func (c *client) releaseDeviceMemory(m *ipcpb.ReleaseDeviceMemory) {
+	for _, h := range m.GetMemHandles() {
+		if mp, ok := c.gpu.maps[string(h)]; ok {
+			delete(c.gpu.maps, string(h))
+			mp.unref()
+		}
+	}
+}
+
+// closeGPU drops everything the connection held on the GPUs (the loop, at
+// disconnect): mappings and events close once no op uses them, device
+// outputs are freed.
+func (c *client) closeGPU() {
+	for k, m := range c.gpu.maps {
+		delete(c.gpu.maps, k)
+		m.unref()
+	}
+	for k, e := range c.gpu.events {
+		delete(c.gpu.events, k)
+		e.unref()
+	}
+	c.gpu.mu.Lock()
+	defer c.gpu.mu.Unlock()
+	for k, o := range c.gpu.outs {
+		o.d.dev.Free(o.ptr)
+		delete(c.gpu.outs, k)
+	}
+	c.gpu.closed = true
+}
+
+// addDeviceOutput keeps a device output for the client until Release; it
+// returns false (and frees it) when the client is gone.
+func (c *client) addDeviceOutput(h gpu.IpcMemHandle, o *devOutput) bool {
+	c.gpu.mu.Lock()
+	defer c.gpu.mu.Unlock()
+	if c.gpu.closed {
+		o.d.dev.Free(o.ptr)
+		return false
+	}
+	if c.gpu.outs == nil {
+		c.gpu.outs = make(map[string]*devOutput)
+	}
+	c.gpu.outs[string(h[:])] = o
+	return true
+}
+
+// releaseDeviceOutput frees a device output the client has read.
+func (c *client) releaseDeviceOutput(h []byte) error {
+	c.gpu.mu.Lock()
+	defer c.gpu.mu.Unlock()
+	o, ok := c.gpu.outs[string(h)]
+	if !ok {
+		return fmt.Errorf("release of an unknown device output (%d-byte handle)", len(h))
+	}
+	delete(c.gpu.outs, string(h))
+	if err := o.d.dev.Free(o.ptr); err != nil {
+		c.s.log.Warn("freeing a device output failed", "gpu", o.d.info.UUID, "err", err)
+	}
+	return nil
+}
+
+// gpuKernels are the daemon's own kernels (gpu/kernels) loaded on one GPU.
+type gpuKernels struct {
+	mod gpu.Module
+	fns map[string]gpu.Function
+}
+
+// kernels returns d's kernels, loading them on first use.
+func (d *gpuDev) kernels() (*gpuKernels, error) {
+	if d.kern != nil || d.kernErr != nil {
+		return d.kern, d.kernErr
+	}
+	mod, err := d.dev.LoadModule(kernelImage())
+	if err != nil {
+		d.kernErr = fmt.Errorf("GPU %s: load the daemon's kernels: %w", d.info.UUID, err)
+		return nil, d.kernErr
+	}
+	d.kern = &gpuKernels{mod: mod, fns: make(map[string]gpu.Function)}
+	return d.kern, nil
+}
+
+func (k *gpuKernels) fn(name string) (gpu.Function, error) {
+	if f, ok := k.fns[name]; ok {
+		return f, nil
+	}
+	f, err := k.mod.Function(name)
+	if err != nil {
+		return nil, fmt.Errorf("kernel %s: %w", name, err)
+	}
+	k.fns[name] = f
+	return f, nil
+}
+
+// kernelBlock is the threads per block of the element-wise kernels.
+const kernelBlock = 256
+
+func grid(count int) int { return max(1, min((count+kernelBlock-1)/kernelBlock, 65535)) }
+
+// reduce enqueues dst = op(dst, src) over count elements.
+func (d *gpuDev) reduce(dst, src gpu.DevicePtr, count int, dt tensor.DType, op tensor.ReduceOp) error {
+	k, err := d.kernels()
+	if err != nil {
+		return err
+	}
+	f, err := k.fn(kernelReduceName(op, dt))
+	if err != nil {
+		return err
+	}
+	return kernelReduceLaunch(f, d.stream, dst, src, count)
+}
+
+// scale enqueues p *= factor over count elements.
+func (d *gpuDev) scale(p gpu.DevicePtr, count int, dt tensor.DType, factor float64) error {
+	k, err := d.kernels()
+	if err != nil {
+		return err
+	}
+	f, err := k.fn(kernelScaleName(dt))
+	if err != nil {
+		return err
+	}
+	return kernelScaleLaunch(f, d.stream, p, count, factor)
+}
+
+// ensure grows d's fusion (and, with scratch, scratch) buffer to n bytes.
+func (d *gpuDev) ensure(n int, scratch bool) error {
+	grow := func(p *gpu.DevicePtr, have *int) error {
+		if *have >= n {
+			return nil
+		}
+		if *have > 0 {
+			d.dev.Free(*p)
+			*have = 0
+		}
+		np, err := d.dev.Alloc(n)
+		if err != nil {
+			return fmt.Errorf("GPU %s: fusion buffer of %d bytes: %w", d.info.UUID, n, err)
+		}
+		*p, *have = np, n
+		return nil
+	}
+	if err := grow(&d.fuse, &d.fuseN); err != nil {
+		return err
+	}
+	if scratch {
+		return grow(&d.scratch, &d.scratchN)
+	}
+	return nil
+}
+
+// recover replaces d's stream after a failure (a CUDA error may leave it
+// unusable), so the next job starts clean.
+func (d *gpuDev) recover() {
+	d.stream.Destroy()
+	if s, err := d.dev.NewStream(); err == nil {
+		d.stream = s
+	}
+}
+
+// sync waits for d's stream.
+func (d *gpuDev) sync(ctx context.Context) error {
+	if err := d.stream.Synchronize(ctx); err != nil {
+		return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+	}
+	return nil
+}
