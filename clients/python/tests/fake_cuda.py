@@ -71,12 +71,13 @@ class Segment:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.fd = os.memfd_create("hvdd-fake-gpu", os.MFD_CLOEXEC)
+        self.id = next(Segment._ids)
+        # The name the fake driver checks against the handle's pid and id.
+        self.fd = os.memfd_create(f"hvdd-fake-mem-{os.getpid()}-{self.id}", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, size)
         self.map = mmap.mmap(self.fd, size)
         self.bytes = np.frombuffer(self.map, dtype=np.uint8)
         self.base = self.bytes.ctypes.data
-        self.id = next(Segment._ids)
         self.used = 0
         self.handle = mem_handle(os.getpid(), self.fd, size, self.id)
 
@@ -101,7 +102,7 @@ class FakeDevice(_cuda.Exporter):
         self.hold_events = False
         self.problem_text: Optional[str] = None
         self.refuse: Optional[str] = None  # export() raises ExportUnavailable with it
-        efd = os.memfd_create("hvdd-fake-event", os.MFD_CLOEXEC)
+        efd = os.memfd_create(f"hvdd-fake-event-{os.getpid()}-1", os.MFD_CLOEXEC)
         os.ftruncate(efd, 16)
         self._efd = efd
         self._emap = mmap.mmap(efd, 16)
