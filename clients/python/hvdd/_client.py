@@ -459,6 +459,18 @@ class Client:
             raise
         return h
 
+    def release_device_output(self, mem_handle: bytes) -> None:
+        """Tells the daemon a device output (Done.device_output) has been
+        read: it frees the memory."""
+        if not mem_handle:
+            return
+        m = pb.ClientMessage()
+        m.release.device_output = mem_handle
+        try:
+            self._write(0, m.SerializeToString())
+        except (OSError, HvddInternalError):
+            pass
+
     def release_device_memory(self, mem_handles: Sequence[bytes]) -> None:
         """Tells the daemon that the device allocations of these IPC handles
         (sent in DeviceBuffers before) are freed: it closes its mappings.

@@ -147,6 +147,18 @@ class Exporter:
         """A new contiguous tensor in memory of this exporter's, like tensor."""
         raise NotImplementedError
 
+    def new_empty(self, like: Any, shape: Tuple[int, ...]) -> Any:
+        """A new contiguous tensor of shape, of like's dtype, on like's device
+        (in memory of this exporter's)."""
+        raise NotImplementedError
+
+    def read_output(self, out: Any, mem_handle: bytes, alloc_size: int, offset: int, length: int) -> None:
+        """Copies length bytes at offset of another process's exported
+        allocation (the daemon's ``Done.device_output``) into the contiguous
+        tensor out (of this exporter's memory, length bytes), and closes the
+        mapping again. Blocks until the copy is done."""
+        raise NotImplementedError
+
     def record_event(self, tensor: Any) -> bytes:
         """Records this process's interprocess event on the stream that
         produces tensor and returns the event's IPC handle (cached: one event
@@ -268,6 +280,12 @@ def parse_torch_handle(handle: bytes) -> bytes:
     raise ExportUnavailable(f"torch returned an IPC handle of a form hvdd does not know ({len(handle)} bytes)")
 
 
+class _IpcHandle(ctypes.Structure):
+    """CUipcMemHandle, passed by value."""
+
+    _fields_ = [("reserved", ctypes.c_char * IPC_HANDLE_SIZE)]
+
+
 class _Driver:
     """The few CUDA driver calls torch does not offer, through ctypes on the
     libcuda that torch has loaded."""
@@ -282,6 +300,41 @@ class _Driver:
             self._range = f
         except (OSError, AttributeError):
             self.lib = None
+
+    def _fn(self, names: Tuple[str, ...], argtypes: List[Any]) -> Any:
+        for n in names:
+            f = getattr(self.lib, n, None)
+            if f is not None:
+                f.argtypes = argtypes
+                f.restype = ctypes.c_int
+                return f
+        raise OSError(f"libcuda has none of {names}")
+
+    def _check(self, call: str, rc: int) -> None:
+        if rc != 0:
+            raise RuntimeError(f"hvdd: {call} failed: CUDA error {rc}")
+
+    def copy_from_ipc(self, handle: bytes, offset: int, dst: int, length: int, stream: int) -> None:
+        """Opens another process's allocation by its IPC handle, copies
+        length bytes at offset to dst on stream, waits, and closes it."""
+        if self.lib is None:
+            raise RuntimeError("hvdd: libcuda.so.1 is not loaded")
+        u64 = ctypes.c_uint64
+        open_ = self._fn(
+            ("cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"), [ctypes.POINTER(u64), _IpcHandle, ctypes.c_uint]
+        )
+        close = self._fn(("cuIpcCloseMemHandle",), [u64])
+        copy = self._fn(("cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync"), [u64, u64, ctypes.c_size_t, ctypes.c_void_p])
+        sync = self._fn(("cuStreamSynchronize",), [ctypes.c_void_p])
+        h = _IpcHandle()
+        ctypes.memmove(ctypes.byref(h), handle, IPC_HANDLE_SIZE)
+        p = u64(0)
+        self._check("cuIpcOpenMemHandle", open_(ctypes.byref(p), h, 1))  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+        try:
+            self._check("cuMemcpyDtoDAsync", copy(u64(dst), u64(p.value + offset), length, ctypes.c_void_p(stream)))
+            self._check("cuStreamSynchronize", sync(ctypes.c_void_p(stream)))
+        finally:
+            close(p)
 
     def address_range(self, ptr: int) -> Optional[Tuple[int, int]]:
         """(base, size) of the allocation ptr lies in, or None."""
@@ -299,7 +352,7 @@ class TorchCudaExporter(Exporter):
     bytes in the allocation, ref counter handle, ref counter offset, event
     handle, event sync required)), the allocation's size from the driver's
     cuMemGetAddressRange, and one interprocess ``torch.cuda.Event`` per
-    device, recorded on the current stream before each op.
+    stream, recorded on the current stream before each op.
 
     ``_share_cuda_()`` puts the storage behind torch's IPC reference count
     (for torch consumers, which decrement it when they let go); no torch
@@ -313,7 +366,7 @@ class TorchCudaExporter(Exporter):
 
         self._torch = torch
         self._uuids: Dict[int, str] = {}
-        self._events: Dict[int, Tuple[Any, bytes]] = {}
+        self._events: Dict[int, Tuple[Any, bytes]] = {}  # by stream
         self._driver: Optional[_Driver] = None
         self._problem: Optional[Tuple[Optional[str]]] = None
         try:
@@ -410,11 +463,23 @@ class TorchCudaExporter(Exporter):
     def empty_like(self, tensor: Any) -> Any:
         return self._torch.empty_like(tensor, memory_format=self._torch.contiguous_format)
 
+    def new_empty(self, like: Any, shape: Tuple[int, ...]) -> Any:
+        return self._torch.empty(shape, dtype=like.dtype, device=like.device)
+
+    def read_output(self, out: Any, mem_handle: bytes, alloc_size: int, offset: int, length: int) -> None:
+        if self._driver is None:
+            self._driver = _Driver()
+        stream = self._torch.cuda.current_stream(out.device)
+        self._driver.copy_from_ipc(mem_handle, offset, out.data_ptr(), length, stream.cuda_stream)
+
     def record_event(self, tensor: Any) -> bytes:
         torch = self._torch
         dev = tensor.device
-        i = dev.index if dev.index is not None else torch.cuda.current_device()
         stream = torch.cuda.current_stream(dev)
+        # One event per stream: threads submitting from different streams
+        # (autograd's) must not re-record each other's event, or a daemon's
+        # wait for one op would follow the other stream.
+        i = stream.cuda_stream
         e = self._events.get(i)
         if e is None:
             try:
@@ -462,6 +527,9 @@ class DeviceSession:
     # handle bytes -> live cached storages in that allocation
     _refs: Dict[bytes, int] = field(default_factory=dict)
     _freed: List[Tuple[int, int]] = field(default_factory=list)  # finalizers append (list.append is atomic)
+    # handle bytes -> the allocation size sent with it (the daemon refuses
+    # a handle again with another size)
+    _sizes: Dict[bytes, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ops: int = 0
 
@@ -515,18 +583,27 @@ class DeviceSession:
                 _warn_once("export", f"hvdd: {ex.name} tensors are staged through host memory: {err}")
                 return None
             self.exports += 1
+            sent = self._sizes.get(exp.mem_handle)
+            if sent is not None and sent != exp.alloc_size:
+                # An allocation whose size the exporter could only bound
+                # (no driver call): keep the size the daemon has.
+                exp.alloc_size = sent
             e = _Entry(exp, key)
             with self._lock:
                 self._cache[key] = e
                 self._refs[exp.mem_handle] = self._refs.get(exp.mem_handle, 0) + 1
+                self._sizes[exp.mem_handle] = exp.alloc_size
             ex.on_free(tensor, lambda k=key: self._freed.append(k))
         exp = e.export
         offset = exp.storage_offset + ex.element_offset(tensor)
         length = ex.nbytes(tensor)
         if offset + length > exp.alloc_size:
-            raise ValueError(
-                f"hvdd: tensor at offset {offset} + {length} bytes lies outside its allocation of {exp.alloc_size}"
+            _warn_once(
+                "bounds",
+                f"hvdd: {ex.name} tensors are staged through host memory: a tensor at offset {offset} + {length} "
+                f"bytes lies outside the allocation size {exp.alloc_size} known for its IPC handle",
             )
+            return None
         ev = ex.record_event(tensor)
         return encode_device_buffer(uuid, exp.mem_handle, exp.alloc_size, offset, length, ev)
 
@@ -543,6 +620,7 @@ class DeviceSession:
                 self._refs[h] = n
                 return None
             self._refs.pop(h, None)
+            self._sizes.pop(h, None)
         self.released.append(h)
         self.client.release_device_memory([h])
         return h

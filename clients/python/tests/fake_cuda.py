@@ -99,6 +99,7 @@ class FakeDevice(_cuda.Exporter):
         self.uuid = uuid
         self.segments: List[Segment] = []
         self.exports = 0
+        self.outputs_read = 0
         self.hold_events = False
         self.problem_text: Optional[str] = None
         self.refuse: Optional[str] = None  # export() raises ExportUnavailable with it
@@ -187,6 +188,26 @@ class FakeDevice(_cuda.Exporter):
 
     def empty_like(self, tensor: Any) -> Any:
         return self.empty(tuple(tensor.shape), tensor.dtype)
+
+    def new_empty(self, like: Any, shape: Tuple[int, ...]) -> Any:
+        return self.empty(tuple(shape), like.dtype)
+
+    def read_output(self, out: Any, mem_handle: bytes, alloc_size: int, offset: int, length: int) -> None:
+        """Reads the daemon's fake device memory: its memfd, through
+        /proc/<pid>/fd/<fd> as the fake driver opens handles."""
+        assert mem_handle[:8] == b"HVDDFAKE", mem_handle[:8]
+        pid, fd, size, _ = struct.unpack("<IiQQ", mem_handle[8:32])
+        assert size == alloc_size and offset + length <= size, (size, alloc_size, offset, length)
+        with open(f"/proc/{pid}/fd/{fd}", "rb") as f:
+            f.seek(offset)
+            data = f.read(length)
+        assert len(data) == length
+        self.outputs_read += 1
+        dst = _cuda.TorchCudaExporter._storage(out)
+        seg = self._segment(dst.data_ptr())
+        assert seg is not None and out.is_contiguous()
+        off = out.data_ptr() - seg.base
+        seg.bytes[off : off + length] = np.frombuffer(data, dtype=np.uint8)
 
     def record_event(self, tensor: Any) -> bytes:
         with self._lock:

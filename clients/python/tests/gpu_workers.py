@@ -42,6 +42,7 @@ def _count(f):
 
 _ops.submit_allreduce = _count(_ops.submit_allreduce)
 _ops.submit_broadcast = _count(_ops.submit_broadcast)
+_ops.submit_output = _count(_ops.submit_output)
 
 
 def _device(uuid: str = "") -> tuple[FakeDevice, _cuda.DeviceSession]:
@@ -125,9 +126,29 @@ def ipc_collectives() -> None:
         assert s.exports == before, f"re-exported: {before} -> {s.exports}"
         want = sum(torch.arange(64, dtype=torch.float32) + k for k in range(n)) * n**5
         expect_equal(x, want, "six allreduces in place")
-        # The other collectives stage device tensors through host memory.
-        g = hvd.allgather(dev.tensor(torch.full((2,), float(r))), name="ag")
-        expect_equal(g, torch.cat([torch.full((2,), float(k)) for k in range(n)]), "allgather (staged)")
+        # Daemon-allocated outputs (allgather, alltoall, reducescatter) come
+        # back as the daemon's device memory, copied into new device tensors.
+        for dt in (torch.float32, torch.bfloat16, torch.int64, torch.uint8):
+            ins = [data(k, dt, (k + 1, 3), seed=30) for k in range(n)]
+            got = hvd.allgather(dev.tensor(ins[r]), name=f"ag.{dt}")
+            assert dev.claims(got), "allgather: the result is not device memory"
+            expect_equal(got, torch.cat(ins), f"allgather {dt}")
+        ins = [data(k, torch.float32, (2 * n, 2), seed=40) for k in range(n)]
+        got = hvd.alltoall(dev.tensor(ins[r]), name="a2a")
+        expect_equal(got, torch.cat([ins[k][2 * r : 2 * r + 2] for k in range(n)]), "alltoall")
+        splits = torch.tensor([k + 1 for k in range(n)], dtype=torch.int32)
+        ins = [data(k, torch.float32, (n * (n + 1) // 2, 3), seed=41) for k in range(n)]
+        got, rs = hvd.alltoall(dev.tensor(ins[r]), splits=splits, name="a2a.splits")
+        starts = [sum(range(1, j + 1)) for j in range(n)]
+        want = torch.cat([ins[k][starts[r] : starts[r] + r + 1] for k in range(n)])
+        expect_equal(got, want, "alltoall with splits")
+        assert rs.tolist() == [r + 1] * n, rs
+        ins = [data(k, torch.float32, (2 * n + 1, 3), seed=42) for k in range(n)]
+        got = hvd.reducescatter(dev.tensor(ins[r]), op=hvd.Sum, name="rs")
+        total = reference_reduce(ins, hvd.Sum, n)
+        lo = sum(3 if k == 0 else 2 for k in range(r))  # the first d0 % n ranks get one row more
+        expect_equal(got, total[lo : lo + (3 if r == 0 else 2)], "reducescatter", 1e-5)
+        assert dev.outputs_read == 7, f"{dev.outputs_read} device outputs read"
     assert staged["n"] == 0, f"{staged['n']} device ops were staged through host memory"
     print(f"exports {s.exports} released {len(s.released)}")
     hvd.shutdown()

@@ -12,8 +12,9 @@ device, the tensor handed to the daemon through CUDA IPC (:mod:`hvdd._cuda`;
 an out-of-place op reduces a device copy); where that cannot be (a CPU-only
 daemon, another GPU, an allocator legacy CUDA IPC cannot share) they are
 staged through host memory with one warning. Allgather, alltoall and
-reducescatter, whose outputs the daemon allocates, always stage device
-tensors through host memory (the results are copied back to the device).
+reducescatter hand the daemon the input the same way and get their output
+as daemon device memory (Done.device_output), copied into a new tensor on
+the input's device.
 """
 
 from __future__ import annotations
@@ -381,6 +382,10 @@ def _output_submit(
     """Submits a collective whose result the daemon allocates (allgather,
     alltoall, reducescatter)."""
     wire_dt = _check(tensor)[0]
+    if not tensor.is_cpu or _cuda.has_exporters():
+        h = _device_output_submit(c, kind, tensor, full_name, ps, with_splits, wire_dt, **kw)
+        if h is not None:
+            return h
     return _ops.submit_output(
         c,
         kind,
@@ -393,6 +398,64 @@ def _output_submit(
         convert_splits=torch.from_numpy,
         **kw,
     )
+
+
+def _device_output_submit(
+    c: Client,
+    kind: int,
+    tensor: torch.Tensor,
+    full_name: str,
+    ps: int,
+    with_splits: bool,
+    wire: int,
+    **kw: Any,
+) -> Optional[Handle]:
+    """A collective with a daemon-allocated output on a device tensor through
+    CUDA IPC: the daemon answers with its own device memory
+    (Done.device_output), which is copied into a new tensor on the input's
+    device and released. None when the tensor is to be staged."""
+    ex = _cuda.exporter_for(tensor)
+    if ex is None or tensor.numel() == 0:
+        return None
+    s = _cuda.session(c, ex)
+    if not s.usable(tensor):
+        return None
+    buf = tensor.detach()
+    dev = s.buffer(buf)
+    if dev is None:
+        return None
+    h = c.submit(kind, full_name, wire, tuple(tensor.shape), process_set=ps, device=dev, **kw)
+    rest = tuple(tensor.shape[1:])
+
+    def finish(h: Handle) -> Any:
+        _ = buf  # the input's memory lives until the Done
+        d = h.done
+        shape = tuple(d.output_shape) if d is not None and len(d.output_shape) else (0,) + rest
+        if d is not None and d.HasField("device_output") and d.device_output.length:
+            o = d.device_output
+            try:
+                out = ex.new_empty(tensor, shape)
+                ex.read_output(out, o.mem_handle, o.alloc_size, o.offset, o.length)
+            finally:
+                c.release_device_output(o.mem_handle)
+        elif d is not None and d.HasField("output") and d.output.length:
+            try:
+                a = _ops._new_array(c.output(d.output), _DTYPES[tensor.dtype][1], shape)
+            finally:
+                c.release(d.output)
+            out = _to_torch(tensor.dtype)(a).to(tensor.device)
+            if not ex.claims(out):
+                o2 = ex.new_empty(tensor, shape)
+                o2.copy_(out)
+                out = o2
+        else:
+            out = ex.new_empty(tensor, shape)
+        if with_splits:
+            return out, torch.tensor(list(d.received_splits) if d is not None else [], dtype=torch.int32)
+        return out
+
+    h.finish = finish
+    return h
 
 
 def allgather_async(
