@@ -36,6 +36,7 @@ def _count(f):
 
 _ops.submit_allreduce = _count(_ops.submit_allreduce)
 _ops.submit_broadcast = _count(_ops.submit_broadcast)
+_ops.submit_output = _count(_ops.submit_output)
 
 DEV = torch.device("cuda", int(os.environ.get("HVDD_TEST_CUDA_DEVICE", "0")))
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -63,7 +64,8 @@ def _cpu(t: torch.Tensor) -> torch.Tensor:
 
 def collectives() -> None:
     """allreduce (Sum, Average; pre/postscale; fp16, bf16, fp32, fp64, ints)
-    in place and not, grouped allreduce, broadcast from every root, a large
+    in place and not, grouped allreduce, broadcast from every root,
+    allgather, alltoall and reducescatter (device outputs), a large
     tensor, and a tensor written by a kernel still queued on the stream: all
     through CUDA IPC, nothing staged, each storage exported once."""
     r, n = _init()
@@ -106,6 +108,20 @@ def collectives() -> None:
                 expect_equal(_cpu(hvd.broadcast(x, root, name=f"bc.{root}.{dt}")), ins[root], f"broadcast {root}")
                 hvd.broadcast_(x, root)
                 expect_equal(_cpu(x), ins[root], f"broadcast_ {root} {dt}")
+        # Daemon-allocated outputs, read from the daemon's device memory.
+        for dt in (torch.float32, torch.float16, torch.int64):
+            ins = [data(k, dt, (k + 1, 3), seed=30) for k in range(n)]
+            got = hvd.allgather(ins[r].to(DEV), name=f"ag.{dt}")
+            assert got.is_cuda
+            expect_equal(_cpu(got), torch.cat(ins), f"allgather {dt}")
+        ins = [data(k, torch.float32, (2 * n, 2), seed=40) for k in range(n)]
+        got = hvd.alltoall(ins[r].to(DEV), name="a2a")
+        expect_equal(_cpu(got), torch.cat([ins[k][2 * r : 2 * r + 2] for k in range(n)]), "alltoall")
+        ins = [data(k, torch.float32, (2 * n + 1, 3), seed=42) for k in range(n)]
+        got = hvd.reducescatter(ins[r].to(DEV), op=hvd.Sum, name="rs")
+        lo = sum(3 if k == 0 else 2 for k in range(r))
+        want = reference_reduce(ins, hvd.Sum, n)[lo : lo + (3 if r == 0 else 2)]
+        expect_equal(_cpu(got), want, "reducescatter", 1e-5)
         # 64 MiB, and data a queued kernel writes: the IPC event orders the
         # daemon after it with no synchronisation here.
         big = torch.full((16 << 20,), float(r + 1), device=DEV)
