@@ -568,6 +568,8 @@ class Client:
             except OSError:
                 pass
         self._rx.stop()  # the reader ends; anything still pending fails as shut down
+        for s in list(self.device_sessions.values()):
+            s.close()
         self._teardown()
 
     def _teardown(self) -> None:

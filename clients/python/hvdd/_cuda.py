@@ -44,6 +44,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import queue
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -526,7 +527,14 @@ class DeviceSession:
     _cache: Dict[Tuple[int, int], _Entry] = field(default_factory=dict)
     # handle bytes -> live cached storages in that allocation
     _refs: Dict[bytes, int] = field(default_factory=dict)
-    _freed: List[Tuple[int, int]] = field(default_factory=list)  # finalizers append (list.append is atomic)
+    # Freed storages, queued by their finalizers (SimpleQueue.put is safe
+    # there: a finalizer may run inside a send, holding the client's write
+    # lock) for the releaser thread, or for flush().
+    _freed: "queue.SimpleQueue[Optional[Tuple[Tuple[int, int], _Entry]]]" = field(default_factory=queue.SimpleQueue)
+    _releaser: Optional[threading.Thread] = None
+    # held while retiring, so that flush() returns after a retirement the
+    # releaser thread has begun
+    _flush_lock: threading.Lock = field(default_factory=threading.Lock)
     # handle bytes -> the allocation size sent with it (the daemon refuses
     # a handle again with another size)
     _sizes: Dict[bytes, int] = field(default_factory=dict)
@@ -566,11 +574,11 @@ class DeviceSession:
         ex = self.exporter
         key = ex.storage_key(tensor)
         self._ops += 1
-        if self._freed or (self._ops & 255) == 0:
+        if (self._ops & 255) == 0:
             self.flush()
         e = self._cache.get(key)
         if e is not None and e.export.alive is not None and not e.export.alive():
-            self._retire(key)
+            self._retire(key, e)
             e = None
         if e is None:
             # A miss: first retire what was freed (where no finalizer says so,
@@ -593,7 +601,9 @@ class DeviceSession:
                 self._cache[key] = e
                 self._refs[exp.mem_handle] = self._refs.get(exp.mem_handle, 0) + 1
                 self._sizes[exp.mem_handle] = exp.alloc_size
-            ex.on_free(tensor, lambda k=key: self._freed.append(k))
+            if ex.on_free(tensor, lambda k=key, e=e: self._freed.put((k, e))) and self._releaser is None:
+                self._releaser = threading.Thread(target=self._release_loop, name="hvdd-gpu-release", daemon=True)
+                self._releaser.start()
         exp = e.export
         offset = exp.storage_offset + ex.element_offset(tensor)
         length = ex.nbytes(tensor)
@@ -607,13 +617,15 @@ class DeviceSession:
         ev = ex.record_event(tensor)
         return encode_device_buffer(uuid, exp.mem_handle, exp.alloc_size, offset, length, ev)
 
-    def _retire(self, key: Tuple[int, int]) -> Optional[bytes]:
-        """Drops a storage's export; returns its handle when it was the last
-        one of its allocation (to release)."""
+    def _retire(self, key: Tuple[int, int], entry: Optional[_Entry] = None) -> Optional[bytes]:
+        """Drops a storage's export (the cache's entry for key, if it is
+        still entry), and releases its allocation's handle when it was the
+        last one (returned)."""
         with self._lock:
-            e = self._cache.pop(key, None)
-            if e is None:
+            e = self._cache.get(key)
+            if e is None or (entry is not None and e is not entry):
                 return None
+            del self._cache[key]
             h = e.export.mem_handle
             n = self._refs.get(h, 0) - 1
             if n > 0:
@@ -625,16 +637,43 @@ class DeviceSession:
         self.client.release_device_memory([h])
         return h
 
+    def _release_loop(self) -> None:
+        """The releaser thread: retires storages as their finalizers queue
+        them, so that the daemon closes a freed allocation's mapping at once
+        (CUDA leaves freeing memory another process has mapped undefined,
+        and torch's caching allocator may free a segment once its storages
+        are gone)."""
+        while True:
+            item = self._freed.get()
+            if item is None:
+                return
+            with self._flush_lock:
+                self._retire(*item)
+
     def flush(self) -> None:
         """Retires the exports of freed storages (finalizers queued them, or
         their liveness check fails) and releases the allocations no live
         export uses."""
-        freed, self._freed[:] = list(self._freed), []
-        for k in freed:
-            self._retire(k)
-        for k, e in list(self._cache.items()):
-            if e.export.alive is not None and not e.export.alive():
-                self._retire(k)
+        with self._flush_lock:
+            while True:
+                try:
+                    item = self._freed.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    self._retire(*item)
+                else:
+                    self._freed.put(None)  # close()'s: leave it for the thread
+                    break
+            for k, e in list(self._cache.items()):
+                if e.export.alive is not None and not e.export.alive():
+                    self._retire(k, e)
+
+    def close(self) -> None:
+        """Ends the releaser thread (the connection is closing: the daemon
+        closes every mapping of a connection it loses)."""
+        if self._releaser is not None:
+            self._freed.put(None)
 
 
 # ------------------------------------------------------------- exporters
