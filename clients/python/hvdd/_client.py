@@ -157,6 +157,7 @@ class Client:
         self._ch: Optional[Channel] = None
         # The GPU path's state (hvdd._cuda.DeviceSession), by exporter.
         self.device_sessions: dict = {}
+        self._gpu_uuids: Optional[frozenset] = None
 
     # ------------------------------------------------------------------ setup
 
@@ -488,8 +489,13 @@ class Client:
     def gpu_uuids(self) -> frozenset:
         """The GPUs (UUIDs) whose memory the daemon takes through CUDA IPC
         (Welcome.gpu_uuids); empty for a CPU-only daemon."""
-        w = self.welcome
-        return frozenset(w.gpu_uuids) if w is not None else frozenset()
+        g = self._gpu_uuids
+        if g is None:
+            w = self.welcome
+            if w is None:
+                return frozenset()
+            g = self._gpu_uuids = frozenset(w.gpu_uuids)
+        return g
 
     def call(self, m: Any) -> Any:
         """Sends a request the daemon answers with one Done (process set
