@@ -89,6 +89,7 @@ type Config struct {
 	NP         int             // ranks to launch (0: be one rank)
 	Socket     string          // daemon socket
 	Timeout    time.Duration   // whole-run limit per rank
+	Device     string          // "" (host memory), "cuda" or "fake": GPU tensors through that driver
 
 	// Timeline, when not empty, is the file rank 0 asks the daemon to
 	// write Horovod's timeline to for the whole run (StartTimeline before
@@ -174,6 +175,7 @@ func newFlagSet(cfg *Config, text *textFlags, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&cfg.NP, "np", 0, "start a private daemon and this many ranks (default: be one rank of a running job)")
 	fs.StringVar(&cfg.Socket, "socket", "", "daemon socket (default $HVDD_SOCKET; with --np a private temporary one)")
 	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "give up after this long")
+	fs.StringVar(&cfg.Device, "device", "", "measure GPU tensors: cuda or fake (gpu/fake, for tests); each rank allocates on the GPU the daemon lists at its local rank and hands it over through CUDA IPC; with --np the daemon gets --gpu the same (default: host memory)")
 	fs.StringVar(&cfg.Timeline, "timeline", "", "write Horovod's timeline of the run to this file (rank 0 starts it before the warm-up and stops it at the end; as HOROVOD_TIMELINE does at init)")
 	fs.BoolVar(&cfg.TimelineMarkCycles, "timeline-mark-cycles", false, "with --timeline, mark every cycle of the daemon's loop (HOROVOD_TIMELINE_MARK_CYCLES)")
 	fs.BoolVar(&cfg.TimelineCompare, "timeline-compare", false, "with --timeline and --profile resnet50: time steps with the timeline off and on, alternately in blocks of 5 (rank 0 starts it before each traced block and stops it after, untimed; the file keeps the last traced block), and print both with their ratio")
@@ -215,6 +217,16 @@ func (t *textFlags) apply(cfg *Config) error {
 	}
 	if cfg.Op == tensor.Reducescatter && cfg.Reduce != tensor.Sum && cfg.Reduce != tensor.Average {
 		return fmt.Errorf("reducescatter supports only sum and average, not %s", cfg.Reduce)
+	}
+	switch cfg.Device {
+	case "", "host":
+		cfg.Device = ""
+	case "cuda", "fake":
+		if cfg.Profile != "" {
+			return fmt.Errorf("--device %s measures the sweep, not --profile %s", cfg.Device, cfg.Profile)
+		}
+	default:
+		return fmt.Errorf("--device %s: want cuda or fake (or host)", cfg.Device)
 	}
 	if cfg.MinBytes, err = ParseSize(t.minBytes); err != nil {
 		return fmt.Errorf("--min-bytes: %w", err)

@@ -96,6 +96,9 @@ func launchJob(cfg Config, args []string, stdout, stderr io.Writer) int {
 		Stdout:        stdout,
 		Stderr:        stderr,
 	}
+	if cfg.Device != "" {
+		lc.DaemonCommand = append(lc.DaemonCommand, "--gpu", cfg.Device)
+	}
 	code, err := launch.Run(context.Background(), lc)
 	if err != nil {
 		fmt.Fprintf(stderr, "hvdd bench: %v\n", err)

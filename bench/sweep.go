@@ -21,6 +21,7 @@ type Row struct {
 	Reduce   string  `json:"reduce,omitempty"`
 	Ranks    int     `json:"ranks"`
 	ZeroCopy bool    `json:"zero_copy"`
+	Device   string  `json:"device,omitempty"`
 	GapUS    float64 `json:"gap_us,omitempty"`
 	Iters    int     `json:"iters,omitempty"`
 	MedianUS float64 `json:"median_us,omitempty"`
@@ -126,14 +127,24 @@ func sweep[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, out, er
 	if cfg.Gap > 0 {
 		iters = fmt.Sprintf("iters %d, each after a %v pause", cfg.Iters, cfg.Gap)
 	}
-	p.header(fmt.Sprintf("# hvdd bench: %s %s, %d ranks, reduce %s, zero-copy %v, warmup %d, %s, check %v",
-		lower(cfg.Op.String()), cfg.DType, n, cfg.Reduce, cfg.ZeroCopy, cfg.Warmup, iters, cfg.Check),
+	mem := fmt.Sprintf("zero-copy %v", cfg.ZeroCopy)
+	var dev *deviceEnv
+	if cfg.Device != "" {
+		var err error
+		if dev, err = openDevice(c, cfg.Device); err != nil {
+			return err
+		}
+		defer dev.close()
+		mem = fmt.Sprintf("device %s: %s (%s), rank 0's", cfg.Device, dev.name, dev.uuid)
+	}
+	p.header(fmt.Sprintf("# hvdd bench: %s %s, %d ranks, reduce %s, %s, warmup %d, %s, check %v",
+		lower(cfg.Op.String()), cfg.DType, n, cfg.Reduce, mem, cfg.Warmup, iters, cfg.Check),
 		tableHeader)
 	es := cfg.DType.Size()
 	failed := false
 	for _, bytes := range Sizes(cfg.MinBytes, cfg.MaxBytes, cfg.StepFactor, es, Divisor(cfg.Op, n)) {
 		e := Expect{Op: cfg.Op, Reduce: cfg.Reduce, DType: cfg.DType, Ranks: n, Rank: rank, Count: bytes / int64(es)}
-		row, bad, err := measureSize[T](ctx, c, cfg, e, errOut)
+		row, bad, err := measureSize[T](ctx, c, cfg, e, dev, errOut)
 		if err != nil {
 			return fmt.Errorf("%s of %d bytes: %w", lower(cfg.Op.String()), bytes, err)
 		}
@@ -150,8 +161,8 @@ func sweep[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, out, er
 var errCheckFailed = fmt.Errorf("--check found wrong results")
 
 // measureSize runs the warm-up and the timed loop of one size.
-func measureSize[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, e Expect, errOut io.Writer) (Row, bool, error) {
-	row := Row{Op: lower(e.Op.String()), Count: e.Count, DType: e.DType.String(), Ranks: e.Ranks, ZeroCopy: cfg.ZeroCopy, GapUS: us(cfg.Gap)}
+func measureSize[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, e Expect, dev *deviceEnv, errOut io.Writer) (Row, bool, error) {
+	row := Row{Op: lower(e.Op.String()), Count: e.Count, DType: e.DType.String(), Ranks: e.Ranks, ZeroCopy: cfg.ZeroCopy, GapUS: us(cfg.Gap), Device: cfg.Device}
 	if e.Op == tensor.Allreduce || e.Op == tensor.Reducescatter {
 		row.Reduce = e.Reduce.String()
 	}
@@ -168,6 +179,15 @@ func measureSize[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, e
 	// Without --check the buffer holds zeros, a fixed point of every
 	// reduction, so repeated in-place runs neither overflow nor go subnormal.
 	clear(in)
+	if dev != nil {
+		if m.dev, err = dev.alloc(len(hostBytes(in))); err != nil {
+			return row, false, err
+		}
+		defer m.dev.free(c)
+		if err := m.dev.upload(hostBytes(in)); err != nil {
+			return row, false, err
+		}
+	}
 	warm := make([]time.Duration, 0, cfg.Warmup)
 	for range cfg.Warmup {
 		dt, err := m.once()
@@ -211,17 +231,29 @@ type sizeRun[T hvdd.Elem] struct {
 	e        Expect
 	errOut   io.Writer
 	in       []T
-	pristine []T   // in's input, restored before each run (--check only)
-	bad      int64 // wrong elements seen so far (--check)
+	pristine []T        // in's input, restored before each run (--check only)
+	dev      *devBuffer // with --device: the input on the GPU (in is then the host copy)
+	bad      int64      // wrong elements seen so far (--check)
 }
 
 // once runs and times one collective; under --check it verifies the result.
 func (m *sizeRun[T]) once() (time.Duration, error) {
 	if m.cfg.Check {
 		copy(m.in, m.pristine)
+		if m.dev != nil {
+			if err := m.dev.upload(hostBytes(m.in)); err != nil {
+				return 0, err
+			}
+		}
 	}
 	t0 := time.Now()
-	res, err := runOnce(m.ctx, m.c, m.e, m.in)
+	var res []T
+	var err error
+	if m.dev != nil {
+		res, err = runDevice[T](m.ctx, m.c, m.e, m.dev, m.cfg.Check)
+	} else {
+		res, err = runOnce(m.ctx, m.c, m.e, m.in)
+	}
 	dt := time.Since(t0)
 	if err != nil {
 		return 0, err

@@ -262,6 +262,8 @@ func TestBadEnqueue(t *testing.T) {
 		{"no name", &ipcpb.Enqueue{Op: ar, Dtype: f32, Shape: []int64{4}, Buffer: &ipcpb.Buffer{Region: 3, Length: 16}}, "without a name"},
 		{"nan scale", &ipcpb.Enqueue{Name: "i", Op: ar, Dtype: f32, Shape: []int64{4}, Prescale: nan(), Buffer: &ipcpb.Buffer{Region: 3, Length: 16}}, "finite"},
 		{"process set", &ipcpb.Enqueue{Name: "j", Op: ar, Dtype: f32, Shape: []int64{4}, ProcessSet: 3, Buffer: &ipcpb.Buffer{Region: 3, Length: 16}}, "does not exist"},
+		{"host and device", &ipcpb.Enqueue{Name: "k", Op: ar, Dtype: f32, Shape: []int64{4}, Buffer: &ipcpb.Buffer{Region: 3, Length: 16}, DeviceBuffer: &ipcpb.DeviceBuffer{Length: 16}}, "both a host buffer and a device buffer"},
+		{"device on CPU-only", &ipcpb.Enqueue{Name: "l", Op: ar, Dtype: f32, Shape: []int64{4}, DeviceBuffer: &ipcpb.DeviceBuffer{DeviceUuid: "GPU-0", MemHandle: make([]byte, 64), AllocSize: 16, Length: 16}}, "CPU-only"},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

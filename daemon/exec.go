@@ -52,6 +52,8 @@ type executor struct {
 	// engine of the job that asked for them last.
 	groups   map[string]backends.Backend
 	groupsOf backends.Backend
+	// gpuPaths are the GPU paths used so far (exec_gpu.go: gpuPath).
+	gpuPaths map[string]bool
 	// dispatched is when the loop dispatched the batch running now, for
 	// the latency metrics (metrics.go: fused); set only while it is idle.
 	dispatched time.Time

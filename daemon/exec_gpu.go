@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -75,18 +76,30 @@ func deviceWork(w *work) bool {
 	return false
 }
 
-// nativeOK reports whether w can run on a native path: every row has an op
-// for every position (no joined rank), every op is a non-empty device
-// tensor.
+// nativeOK reports whether w can run on a native path: every op of this
+// node is a non-empty device tensor, and every row has ops at the same
+// positions (rows of other nodes' ranks, and of joined ranks, are nil in
+// all of them), at least one.
 func nativeOK(w *work) bool {
-	for _, row := range w.ops {
-		for _, o := range row {
-			if o == nil || o.dev == nil || o.dev.n == 0 {
+	var first []int
+	for i, row := range w.ops {
+		var pos []int
+		for at, o := range row {
+			if o == nil {
+				continue
+			}
+			if o.dev == nil || o.dev.n == 0 {
 				return false
 			}
+			pos = append(pos, at)
+		}
+		if i == 0 {
+			first = pos
+		} else if !slices.Equal(pos, first) {
+			return false
 		}
 	}
-	return len(w.ops) > 0
+	return len(first) > 0
 }
 
 // ncclDType reports whether NCCL reduces dt.
@@ -108,18 +121,38 @@ func (x *executor) executeDevice(w work) {
 		nccl := !multiGPU || g.nccl != nil
 		switch {
 		case r.Op == tensor.Allreduce && r.ReduceOp != tensor.Adasum && nccl && (!multiGPU || ncclDType(r.DType)):
+			if w.b != nil {
+				x.gpuPath("hierarchical allreduce")
+			} else {
+				x.gpuPath("device allreduce")
+			}
 			x.runNative(w, devs, x.allreduceDevice)
 			return
 		case r.Op == tensor.Broadcast && w.b == nil && nccl:
+			x.gpuPath("device broadcast")
 			x.runNative(w, devs, x.broadcastDevice)
 			return
 		}
 	}
+	x.gpuPath("staged " + strings.ToLower(r.Op.String()))
 	if err := x.stageIn(&w); err != nil {
 		x.deviceFailed(w, err)
 		return
 	}
 	x.executeHost(w)
+}
+
+// gpuPath logs the first use of each way of running GPU tensors (tests
+// check that the path they mean to exercise ran).
+func (x *executor) gpuPath(p string) {
+	if x.gpuPaths[p] {
+		return
+	}
+	if x.gpuPaths == nil {
+		x.gpuPaths = make(map[string]bool)
+	}
+	x.gpuPaths[p] = true
+	x.s.log.Debug("GPU path taken", "path", p)
 }
 
 // usedDevs lists the GPUs w's ops are on, in the daemon's order.
@@ -442,7 +475,7 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 			dst, n := d.fuse.Add(offs[i]), offs[i+1]-offs[i]
 			first := true
 			for _, o := range row {
-				if o.dev.d != d {
+				if o == nil || o.dev.d != d {
 					continue
 				}
 				src := o.dev.ptr
@@ -516,6 +549,9 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 	// Write back: one D2D copy per rank and tensor.
 	for i, row := range w.ops {
 		for _, o := range row {
+			if o == nil {
+				continue
+			}
 			d := o.dev.d
 			if err := d.dev.CopyDtoD(d.stream, o.dev.ptr, d.fuse.Add(offs[i]), offs[i+1]-offs[i]); err != nil {
 				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
@@ -586,7 +622,7 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 			}
 		}
 		for _, o := range ops {
-			if first[o.dev.d] == nil {
+			if o != nil && first[o.dev.d] == nil {
 				first[o.dev.d] = o.dev
 			}
 		}
@@ -598,6 +634,9 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 		}
 	}
 	for _, o := range ops {
+		if o == nil {
+			continue
+		}
 		src := first[o.dev.d]
 		if o.dev == src {
 			continue

@@ -281,8 +281,17 @@ func (c *client) resolveDevice(name string, b *ipcpb.DeviceBuffer, n uint64) (*d
 		}
 		if e == nil {
 			if len(c.gpu.events) >= maxDeviceMappings {
+				// No message releases events: forget those no op uses.
+				for k, old := range c.gpu.events {
+					if old.refs.Load() == 1 {
+						delete(c.gpu.events, k)
+						old.unref()
+					}
+				}
+			}
+			if len(c.gpu.events) >= maxDeviceMappings {
 				o.release()
-				return nil, fmt.Errorf("tensor %q: more than %d IPC events opened", name, maxDeviceMappings)
+				return nil, fmt.Errorf("tensor %q: more than %d IPC events in use", name, maxDeviceMappings)
 			}
 			var h gpu.IpcEventHandle
 			copy(h[:], ek)
@@ -317,6 +326,9 @@ func (c *client) releaseDeviceMemory(m *ipcpb.ReleaseDeviceMemory) {
 // disconnect): mappings and events close once no op uses them, device
 // outputs are freed.
 func (c *client) closeGPU() {
+	if n := len(c.gpu.maps) + len(c.gpu.events); n > 0 {
+		c.s.log.Debug("GPU mappings closed", "pid", c.pid, "mappings", len(c.gpu.maps), "events", len(c.gpu.events))
+	}
 	for k, m := range c.gpu.maps {
 		delete(c.gpu.maps, k)
 		m.unref()
@@ -378,7 +390,7 @@ func (d *gpuDev) kernels() (*gpuKernels, error) {
 	}
 	mod, err := d.dev.LoadModule(kernelImage())
 	if err != nil {
-		d.kernErr = fmt.Errorf("GPU %s: load the daemon's kernels: %w", d.info.UUID, err)
+		d.kernErr = fmt.Errorf("load the daemon's kernels: %w", err)
 		return nil, d.kernErr
 	}
 	d.kern = &gpuKernels{mod: mod, fns: make(map[string]gpu.Function)}
@@ -397,22 +409,13 @@ func (k *gpuKernels) fn(name string) (gpu.Function, error) {
 	return f, nil
 }
 
-// kernelBlock is the threads per block of the element-wise kernels.
-const kernelBlock = 256
-
-func grid(count int) int { return max(1, min((count+kernelBlock-1)/kernelBlock, 65535)) }
-
 // reduce enqueues dst = op(dst, src) over count elements.
 func (d *gpuDev) reduce(dst, src gpu.DevicePtr, count int, dt tensor.DType, op tensor.ReduceOp) error {
 	k, err := d.kernels()
 	if err != nil {
 		return err
 	}
-	f, err := k.fn(kernelReduceName(op, dt))
-	if err != nil {
-		return err
-	}
-	return kernelReduceLaunch(f, d.stream, dst, src, count)
+	return kernelReduce(k.fn, d.stream, dst, src, count, dt, op)
 }
 
 // scale enqueues p *= factor over count elements.
@@ -421,11 +424,7 @@ func (d *gpuDev) scale(p gpu.DevicePtr, count int, dt tensor.DType, factor float
 	if err != nil {
 		return err
 	}
-	f, err := k.fn(kernelScaleName(dt))
-	if err != nil {
-		return err
-	}
-	return kernelScaleLaunch(f, d.stream, p, count, factor)
+	return kernelScale(k.fn, d.stream, p, count, dt, factor)
 }
 
 // ensure grows d's fusion (and, with scratch, scratch) buffer to n bytes.

@@ -1,30 +1,41 @@
 package daemon
 
 import (
-	"strings"
-
 	"github.com/hvdd/hvdd/gpu"
+	"github.com/hvdd/hvdd/gpu/kernels"
 	"github.com/hvdd/hvdd/tensor"
 )
 
-// The calling convention of gpu/kernels' element-wise kernels, in one place.
+// The calling convention of gpu/kernels' element-wise kernels, in one place:
+// reduce_<op>_<dtype>(dst, src, n) and scale_<dtype>(p, n, f), n a uint64
+// element count, launched 1-D with kernels.BlockSize threads per block.
 
 // kernelImage is the PTX the daemon loads on each GPU.
-func kernelImage() []byte { return nil }
+func kernelImage() []byte { return kernels.PTX() }
 
-// kernelReduceName is the kernel for dst = op(dst, src) of dtype dt:
-// reduce_<op>_<dtype>, as "reduce_sum_float32".
-func kernelReduceName(op tensor.ReduceOp, dt tensor.DType) string {
-	return "reduce_" + strings.ToLower(op.String()) + "_" + dt.String()
+func kernelReduce(f func(string) (gpu.Function, error), s gpu.Stream, dst, src gpu.DevicePtr, count int, dt tensor.DType, op tensor.ReduceOp) error {
+	name, err := kernels.Name(op, dt)
+	if err != nil {
+		return err
+	}
+	fn, err := f(name)
+	if err != nil {
+		return err
+	}
+	return fn.Launch(s, kernels.Grid(count), kernels.BlockSize, dst, src, uint64(count))
 }
 
-// kernelScaleName is the kernel for p *= factor of dtype dt.
-func kernelScaleName(dt tensor.DType) string { return "scale_" + dt.String() }
-
-func kernelReduceLaunch(f gpu.Function, s gpu.Stream, dst, src gpu.DevicePtr, count int) error {
-	return f.Launch(s, grid(count), kernelBlock, dst, src, uint64(count))
-}
-
-func kernelScaleLaunch(f gpu.Function, s gpu.Stream, p gpu.DevicePtr, count int, factor float64) error {
-	return f.Launch(s, grid(count), kernelBlock, p, uint64(count), factor)
+func kernelScale(f func(string) (gpu.Function, error), s gpu.Stream, p gpu.DevicePtr, count int, dt tensor.DType, factor float64) error {
+	if dt == tensor.Bool {
+		return nil // reduce.Scale leaves bool alone; so does the GPU path
+	}
+	name, err := kernels.ScaleName(dt)
+	if err != nil {
+		return err
+	}
+	fn, err := f(name)
+	if err != nil {
+		return err
+	}
+	return fn.Launch(s, kernels.Grid(count), kernels.BlockSize, p, uint64(count), factor)
 }

@@ -82,7 +82,11 @@ func (l *loop) arrived(o *op) {
 // buffer.
 func (o *op) count(code ipcpb.Code) {
 	if o.m != nil {
-		o.m.Done(code, len(o.buf))
+		n := len(o.buf)
+		if o.dev != nil {
+			n = o.dev.n // a GPU tensor (gpu.go)
+		}
+		o.m.Done(code, n)
 	}
 }
 

@@ -47,6 +47,9 @@ Environment (Horovod's knobs, honoured when the flag is not given):
   HVDD_TCP_SMALL_BYTES                 --tcp-small-bytes
   HVDD_WIRE_COMPRESSION                --wire-compression (none, fp16 or bf16)
   HVDD_CONTROL                         --control (auto, tcp or mpi)
+  HVDD_GPU_DRIVER                      --gpu (auto, cuda, fake or off)
+  HOROVOD_GPU_ALLREDUCE                --gpu-allreduce: NCCL hierarchical, MPI or GLOO host
+  HOROVOD_HIERARCHICAL_ALLREDUCE       1: hierarchical (the default)
   HOROVOD_FUSION_THRESHOLD             bytes per fused response (0 disables fusion)
   HOROVOD_CYCLE_TIME                   ms between dispatched plans (batching window)
   HOROVOD_STALL_CHECK_TIME_SECONDS     stall warning time
@@ -106,6 +109,7 @@ type serveArgs struct {
 	idleExit, stopTimeout                      time.Duration
 	logFile, removeOnExit                      string
 	metricsAddr                                string
+	gpuDriver, gpuAllreduce                    string
 
 	// Autotuning (HOROVOD_AUTOTUNE and its details when not given).
 	autotune                      bool
@@ -226,6 +230,12 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 	fs.IntVar(&args.autotuneSteps, "autotune-steps-per-sample", 10, "with --autotune, training steps (a tensor seen again) per sample; 5 samples score a configuration (default $HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE, else 10)")
 	fs.IntVar(&args.autotuneSamples, "autotune-bayes-opt-max-samples", 20, "with --autotune, configurations scored before the best is kept (default $HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES, else 20)")
 	fs.Float64Var(&args.autotuneNoise, "autotune-gaussian-process-noise", 0.8, "with --autotune, the Gaussian process's noise in [0, 1]: higher trusts single scores less (default $HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE, else 0.8)")
+	fs.StringVar(&args.gpuDriver, "gpu", defaultGPUDriver(), "GPU driver: auto (the CUDA driver, loaded at run time, when it sees a GPU; else CPU-only), cuda, fake (gpu/fake, for tests) or off; GPU tensors of clients travel through CUDA IPC (default $HVDD_GPU_DRIVER, else auto)")
+	defGPUAllreduce, err := defaultGPUAllreduce(os.Getenv)
+	if err != nil {
+		return args, err
+	}
+	fs.StringVar(&args.gpuAllreduce, "gpu-allreduce", defGPUAllreduce, "how GPU tensors are reduced: hierarchical (on the GPUs, NCCL between a node's GPUs, the node's result through the cross-node engine in host memory) or host (staged through host memory, the CPU path) (default from $HOROVOD_GPU_ALLREDUCE: NCCL hierarchical, MPI or GLOO host; else hierarchical)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
 		printDefaults(fs)
@@ -279,6 +289,9 @@ func serveConfig(args serveArgs) (daemon.Config, string, error) {
 		cfg.Logger.Warn("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS is less than HOROVOD_STALL_CHECK_TIME_SECONDS, will not shutdown.")
 	}
 	if err := fromLauncher(&args); err != nil {
+		return cfg, "", err
+	}
+	if err := gpuConfig(&cfg, args.gpuDriver, args.gpuAllreduce); err != nil { // gpu.go
 		return cfg, "", err
 	}
 	// Checked on every daemon, though only one across nodes uses it.

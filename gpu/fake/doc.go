@@ -36,7 +36,10 @@
 // to watch its context; no busy spinning). An interprocess event keeps the
 // words at offset 0 of a 16-byte memfd ("hvdd-fake-event-<pid>-<n>") that
 // every process which opened the handle maps, so Record and waits work the
-// same from any of them.
+// same from any of them. Another implementation sharing these words (the
+// Python client's tests) increments recorded with an atomic add and raises
+// completed with a compare-and-swap loop; waking the futex is optional, as
+// waiters look again every 20 ms.
 //
 // # IPC handle layouts
 //
@@ -79,8 +82,11 @@
 // # NCCL
 //
 // NCCL is a fake of the collectives over Unix sockets. GetUniqueID starts a
-// hub in the calling process listening on an abstract Unix socket; the
-// UniqueID is "HVDDNCID" followed by a length byte and the socket's name.
+// hub in the calling process listening on a Unix socket (a file in the
+// temporary directory, removed once every rank joined, so that ranks in
+// other network namespaces reach it; "@name" in the abstract namespace if
+// that path is too long); the UniqueID is "HVDDNCID", a length byte and the
+// socket's address, zeros after.
 // Every rank (CommInitRank, in any process; CommInitAll, one goroutine per
 // device) connects to the hub; the hub is a star: it gathers each
 // collective's contributions (matched by their order on the communicator,

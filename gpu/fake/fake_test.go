@@ -14,6 +14,10 @@ func factory() (gpu.Driver, gpu.NCCL, error) {
 }
 
 func TestMain(m *testing.M) {
+	if os.Getenv(envChild) != "" {
+		envChildMain()
+		return
+	}
 	// Every piece of stream work waits a little, here and in the children:
 	// missing ordering shows as wrong data.
 	os.Setenv("HVDD_FAKE_GPU_DELAY", "200us")

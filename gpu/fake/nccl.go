@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"sync"
@@ -55,10 +56,17 @@ func (n *NCCL) GetUniqueID() (gpu.UniqueID, error) {
 	}
 	var r [8]byte
 	rand.Read(r[:])
-	name := fmt.Sprintf("hvdd-fake-nccl-%d-%s", os.Getpid(), hex.EncodeToString(r[:]))
-	ln, err := net.Listen("unix", "@"+name)
+	// A socket file, which ranks in other network namespaces (the
+	// multi-node tests' hosts) reach too; the abstract namespace when the
+	// temporary directory's path is too long for a socket address.
+	base := fmt.Sprintf("hvdd-fake-nccl-%d-%s", os.Getpid(), hex.EncodeToString(r[:]))
+	name := filepath.Join(os.TempDir(), base+".sock")
+	if len(name) > 100 {
+		name = "@" + base
+	}
+	ln, err := net.Listen("unix", name)
 	if err != nil {
-		return id, newErr(call, ncclSystemError, "listen on @%s: %v", name, err)
+		return id, newErr(call, ncclSystemError, "listen on %s: %v", name, err)
 	}
 	h := &hub{ln: ln}
 	go h.accept()
@@ -387,7 +395,7 @@ func compute(parts []*frame) ([][]byte, error) {
 	return out, nil
 }
 
-// parseID returns the hub's socket name of id.
+// parseID returns the hub's socket address of id.
 func parseID(id gpu.UniqueID) (string, error) {
 	if string(id[:8]) != idMagic || int(id[8]) == 0 || 9+int(id[8]) > len(id) {
 		return "", errors.New("not a fake NCCL unique id")
@@ -438,9 +446,9 @@ func (n *NCCL) CommInitRank(ctx context.Context, dev gpu.Device, nranks int, id 
 		return nil, newErr(call, ncclInvalidArgument, "%v", err)
 	}
 	var dialer net.Dialer
-	conn, err := dialer.DialContext(ctx, "unix", "@"+name)
+	conn, err := dialer.DialContext(ctx, "unix", name)
 	if err != nil {
-		return nil, newErr(call, ncclSystemError, "rank %d of %d: connect to the bootstrap root @%s: %v", rank, nranks, name, err)
+		return nil, newErr(call, ncclSystemError, "rank %d of %d: connect to the bootstrap root %s: %v", rank, nranks, name, err)
 	}
 	// ctx bounds the join: its end closes the connection, which aborts the
 	// half-made communicator at the hub.
@@ -606,10 +614,18 @@ func (c *comm) Destroy() error {
 	return check(call)
 }
 
+// write sends f to the hub. On an error the connection is broken: write
+// waits for the reader to see why (an abort from the hub comes first) so
+// that AsyncError names the cause, not the broken pipe.
 func (c *comm) write(f *frame) error {
 	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	return writeFrame(c.conn, f)
+	err := writeFrame(c.conn, f)
+	c.wmu.Unlock()
+	if err != nil {
+		c.conn.Close()
+		<-c.readerDone
+	}
+	return err
 }
 
 // ncclDType checks that NCCL has dt.
@@ -884,6 +900,7 @@ func (n *NCCL) issue(s *stream, w work, send bool) error {
 	return s.enqueue(w)
 }
 
+// GroupStart opens (or nests) the calling goroutine's group.
 func (n *NCCL) GroupStart() error {
 	if err := check("ncclGroupStart"); err != nil {
 		return err

@@ -307,8 +307,12 @@ func testEvents(t *testing.T, d gpu.Driver) {
 	a, b := alloc(t, dev, n), alloc(t, dev, n)
 	for round := 0; round < 10; round++ {
 		// s1 writes a; s2 copies a to b after e, then reads b.
+		// (In pieces: s1 has more to do than s2, so s2 overtakes it unless
+		// WaitEvent holds it back.)
 		data := randBytes(r, n)
-		ok(t, dev.CopyHtoD(s1, a, data), "CopyHtoD")
+		for off := 0; off < n; off += n / 16 {
+			ok(t, dev.CopyHtoD(s1, a.Add(off), data[off:off+n/16]), "CopyHtoD")
+		}
 		ok(t, e.Record(s1), "Record")
 		ok(t, s2.WaitEvent(e), "WaitEvent")
 		ok(t, dev.CopyDtoD(s2, b, a, n), "CopyDtoD")
@@ -396,8 +400,13 @@ func testErrors(t *testing.T, d gpu.Driver) {
 	isGPUError(t, err, "OpenMemHandle of a garbage handle")
 	_, err = dev.OpenEventHandle(gpu.IpcEventHandle{})
 	isGPUError(t, err, "OpenEventHandle of a zero handle")
-	isGPUError(t, dev.CopyHtoD(s, p.Add(4000), make([]byte, 200)), "CopyHtoD past the end")
-	isGPUError(t, dev.CopyDtoD(s, p, p.Add(1<<40), 16), "CopyDtoD from an unmapped address")
+	if d.Name() == "fake" {
+		// CUDA checks no bounds within its allocation granularity, and a
+		// wild address may fault only when the copy runs, which breaks
+		// the context for every later test: the fake alone is held to it.
+		isGPUError(t, dev.CopyHtoD(s, p.Add(4000), make([]byte, 200)), "CopyHtoD past the end")
+		isGPUError(t, dev.CopyDtoD(s, p, p.Add(1<<40), 16), "CopyDtoD from an unmapped address")
+	}
 	e, err := dev.NewEvent(false)
 	ok(t, err, "NewEvent")
 	_, err = e.IpcHandle()
@@ -520,7 +529,7 @@ func testKernels(t *testing.T, d gpu.Driver) {
 					ok(t, fn.Launch(s, c.grid, c.block, pa, pb, uint64(n)), "Launch")
 					ok(t, reduce.Reduce([][]byte{want}, [][]byte{want, b}, k.DType, k.Op, 1, 1, nil), "reference")
 				case kernels.Scale:
-					f = []float64{0.37, -2.5, 1e10, 3}[r.IntN(4)]
+					f = []float64{0.37, -2.5, 1e10, 3, 1}[r.IntN(5)]
 					ok(t, fn.Launch(s, c.grid, c.block, pa, uint64(n), f), "Launch")
 					ok(t, reduce.Scale(want, k.DType, f), "reference")
 				case kernels.Convert:
@@ -551,8 +560,8 @@ func testKernels(t *testing.T, d gpu.Driver) {
 			}
 		})
 	}
-	// Wrong arguments are refused at launch where the implementation can
-	// tell (the fake always; CUDA checks only the count it is given).
+	// Wrong arguments are refused at launch (both implementations check
+	// the kernels of gpu/kernels against their signatures).
 	fn, err := m.Function(kernels.Catalog()[0].Name)
 	ok(t, err, "Function")
 	p := alloc(t, dev, 64)

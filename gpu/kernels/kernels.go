@@ -20,7 +20,8 @@
 //     float32(f), float64 by f, float16 and bfloat16 in float32 by
 //     float32(f), integers through float64 truncated toward zero and
 //     saturated to int64 (NaN gives 0), then wrapped to the element width.
-//     There is no scale for bool (reduce.Scale leaves bool alone).
+//     f == 1 leaves the buffer untouched, as reduce.Scale does. There is
+//     no scale for bool (reduce.Scale leaves bool alone).
 //   - convert_<from>_<to>(dst, src, n): float32 to float16 or bfloat16
 //     (round to nearest even, as reduce.Narrow) and back (exact, as
 //     reduce.Widen), for wire compression.
@@ -34,8 +35,13 @@
 // compiles it for the GPU at load time. Nothing in it needs more than
 // sm_70 (bfloat16 is converted with integer arithmetic, not sm_80's cvt).
 //
+// "The same as reduce" is bit for bit, except that a NaN computed by an add
+// or a multiply is any NaN (its payload is the hardware's); NaNs that min,
+// max and the conversions pass through keep reduce's bits.
+//
 // gpu/fake runs the same kernels in Go: it looks each name up in Catalog
-// and applies the semantics above with package reduce.
+// and applies the semantics above with package reduce. gpu/cuda checks a
+// launch's arguments against Catalog for the kernels it lists.
 package kernels
 
 //go:generate go run ./gen -o kernels.ptx
@@ -51,9 +57,12 @@ import (
 //go:embed kernels.ptx
 var ptx []byte
 
-// PTX returns the embedded PTX image (NUL-terminated, as cuModuleLoadData
-// wants it). The caller must not modify it.
-func PTX() []byte { return ptx }
+// image is ptx NUL-terminated, as cuModuleLoadData wants it.
+var image = append(append(make([]byte, 0, len(ptx)+1), ptx...), 0)
+
+// PTX returns the embedded PTX image, NUL-terminated as cuModuleLoadData
+// wants it. The caller must not modify it.
+func PTX() []byte { return image }
 
 // BlockSize is the block (threads per block) the daemon launches with.
 const BlockSize = 256

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	hvdd "github.com/hvdd/hvdd/clients/go"
+	"github.com/hvdd/hvdd/daemon"
+	"github.com/hvdd/hvdd/daemon/daemontest"
+	"github.com/hvdd/hvdd/gpu/fake"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+func TestDefaultGPUAllreduce(t *testing.T) {
+	for _, tc := range []struct{ env, want string }{
+		{"", daemon.GPUAllreduceHierarchical},
+		{"NCCL", daemon.GPUAllreduceHierarchical},
+		{"nccl", daemon.GPUAllreduceHierarchical},
+		{"MPI", daemon.GPUAllreduceHost},
+		{"GLOO", daemon.GPUAllreduceHost},
+		{"DDL", ""},
+	} {
+		got, err := defaultGPUAllreduce(func(k string) string {
+			if k == "HOROVOD_GPU_ALLREDUCE" {
+				return tc.env
+			}
+			return ""
+		})
+		if got != tc.want || (err != nil) != (tc.want == "") {
+			t.Errorf("HOROVOD_GPU_ALLREDUCE=%q: %q, %v; want %q", tc.env, got, err, tc.want)
+		}
+	}
+}
+
+// TestServeGPU runs the real binary with each --gpu: fake (two fake GPUs in
+// Welcome, a device allreduce from this process through CUDA IPC), off and
+// auto (on a machine without CUDA: CPU-only, said once), and refuses an
+// unknown driver or mode.
+func TestServeGPU(t *testing.T) {
+	for _, tc := range []struct {
+		driver string
+		gpus   int
+	}{{"fake", 2}, {"off", 0}, {"auto", -1}} {
+		t.Run(tc.driver, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			sock := filepath.Join(t.TempDir(), "hvdd.sock")
+			d := exec.CommandContext(ctx, hvddBin, "serve", "--slots", "1", "--socket", sock, "--gpu", tc.driver, "--exit-after-job", "--log-level", "info")
+			d.Env = append(os.Environ(), "HVDD_FAKE_GPUS=2")
+			var logs bytes.Buffer
+			d.Stderr = &logs
+			if err := d.Start(); err != nil {
+				t.Fatal(err)
+			}
+			c := daemontest.InitClients(t, ctx, sock, 1)[0]
+			gpus := c.GPUs()
+			switch {
+			case tc.gpus == 2 && !slices.Equal(gpus, []string{fake.UUID(0), fake.UUID(1)}):
+				t.Errorf("Welcome lists GPUs %v, want the two fake ones", gpus)
+			case tc.gpus == 0 && len(gpus) != 0:
+				t.Errorf("--gpu off: Welcome lists GPUs %v", gpus)
+			}
+			if tc.driver == "fake" {
+				deviceAllreduce(t, ctx, c)
+			}
+			c.Close()
+			if err := d.Wait(); err != nil {
+				t.Fatalf("hvdd serve: %v\n%s", err, logs.String())
+			}
+			out := logs.String()
+			if n := strings.Count(out, "GPU opened"); n != len(gpus) {
+				t.Errorf("%d GPUs listed to the client, %d logged as opened:\n%s", len(gpus), n, out)
+			}
+			if n := strings.Count(out, "no CUDA driver: CPU-only"); (n == 1) != (len(gpus) == 0) || n > 1 {
+				t.Errorf("%q logged %d times with %d GPUs:\n%s", "no CUDA driver: CPU-only", n, len(gpus), out)
+			}
+		})
+	}
+	for _, args := range [][]string{{"--gpu", "tpu"}, {"--gpu-allreduce", "ring"}} {
+		out, err := exec.Command(hvddBin, append([]string{"serve", "--slots", "1", "--socket", filepath.Join(t.TempDir(), "s")}, args...)...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), args[1]) {
+			t.Errorf("hvdd serve %v: %v, want an error naming %q:\n%s", args, err, args[1], out)
+		}
+	}
+}
+
+// deviceAllreduce sends one fake-GPU tensor (one rank: Sum with postscale 2
+// doubles it) and checks it.
+func deviceAllreduce(t *testing.T, ctx context.Context, c *hvdd.Client) {
+	t.Helper()
+	drv := fake.New(fake.Options{Devices: 2})
+	dev, err := drv.Open(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	s, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := []float32{1, 2, 3, 4.5}
+	raw := unsafe.Slice((*byte)(unsafe.Pointer(&in[0])), 16)
+	p, err := dev.Alloc(len(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := dev.IpcMemHandle(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.CopyHtoD(s, p, raw); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Synchronize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dt := hvdd.DeviceTensor{UUID: fake.UUID(1), Handle: h[:], AllocSize: uint64(len(raw)), Length: uint64(len(raw)), DType: tensor.Float32}
+	if err := c.AllreduceDevice(ctx, dt, hvdd.WithOp(hvdd.Sum), hvdd.WithPostscale(2)); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, len(in))
+	if err := dev.CopyDtoH(s, unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), 16), p); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Synchronize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range in {
+		if out[i] != 2*in[i] {
+			t.Fatalf("device allreduce: %v, want twice %v", out, in)
+		}
+	}
+}

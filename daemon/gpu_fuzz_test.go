@@ -1,0 +1,92 @@
+package daemon
+
+import (
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/hvdd/hvdd/gpu/fake"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+)
+
+// FuzzResolveDevice checks every Enqueue with a device buffer against a fake
+// GPU: a request is refused with an error (and holds no reference), or its
+// bytes lie inside the allocation and match the shape and dtype; releasing
+// the op leaves only the cache's reference on the mapping.
+func FuzzResolveDevice(f *testing.F) {
+	drv := fake.New(fake.Options{Devices: 1})
+	g := openGPUs(drv, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), false)
+	if g == nil {
+		f.Fatal("no fake GPU")
+	}
+	defer g.close()
+	d := g.devs[0].dev
+	p, err := d.Alloc(4096)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer d.Free(p)
+	h, err := d.IpcMemHandle(p)
+	if err != nil {
+		f.Fatal(err)
+	}
+	ev, err := d.NewEvent(true)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer ev.Destroy()
+	eh, err := ev.IpcHandle()
+	if err != nil {
+		f.Fatal(err)
+	}
+	uuid := g.devs[0].info.UUID
+	f.Add(uuid, h[:], uint64(4096), uint64(256), uint64(64), eh[:], int32(9), int64(16), false)
+	f.Add(uuid, h[:], uint64(4096), uint64(4090), uint64(64), []byte{}, int32(9), int64(16), false)
+	f.Add(uuid, h[:], uint64(4096), ^uint64(0), uint64(64), []byte{}, int32(9), int64(16), true)
+	f.Add("GPU-x", h[:10], uint64(0), uint64(0), uint64(0), eh[:5], int32(1), int64(0), false)
+	f.Add(uuid, make([]byte, 64), uint64(4096), uint64(0), uint64(8), []byte{}, int32(10), int64(1), false)
+	f.Fuzz(func(t *testing.T, uuid string, mh []byte, size, off, n uint64, evh []byte, dt int32, d0 int64, both bool) {
+		c := &client{s: &Server{gpu: g, log: slog.New(slog.NewTextHandler(io.Discard, nil))}}
+		e := &ipcpb.Enqueue{Name: "t", Op: ipcpb.OpType_OP_ALLREDUCE, Dtype: ipcpb.DType(dt), Shape: []int64{d0},
+			DeviceBuffer: &ipcpb.DeviceBuffer{DeviceUuid: uuid, MemHandle: mh, AllocSize: size, Offset: off, Length: n, EventHandle: evh}}
+		if both {
+			e.Buffer = &ipcpb.Buffer{}
+		}
+		o, err := c.resolve(1, e)
+		if err != nil {
+			if strings.TrimSpace(err.Error()) == "" {
+				t.Fatal("empty error text")
+			}
+			for _, m := range c.gpu.maps {
+				if m.refs.Load() != 1 {
+					t.Fatalf("refused request left %d references on a mapping", m.refs.Load())
+				}
+			}
+			c.closeGPU()
+			return
+		}
+		if both {
+			t.Fatal("accepted both a host and a device buffer")
+		}
+		dv := o.dev
+		if dv == nil {
+			t.Fatal("accepted without a device op")
+		}
+		if uint64(dv.n) != n || int64(dv.n) != o.req.Shape.NumElements()*int64(o.req.DType.Size()) {
+			t.Fatalf("device tensor of %d bytes for shape %v %v (length %d)", dv.n, o.req.Shape, o.req.DType, n)
+		}
+		if n > 0 && (off+n < off || off+n > size || dv.ptr != dv.m.base.Add(int(off))) {
+			t.Fatalf("accepted bytes [%d,+%d) outside the allocation of %d", off, n, size)
+		}
+		m := dv.m
+		o.release()
+		if m != nil && m.refs.Load() != 1 {
+			t.Fatalf("released op left %d references on its mapping", m.refs.Load())
+		}
+		c.closeGPU()
+		if m != nil && m.refs.Load() != 0 {
+			t.Fatalf("closed connection left %d references on a mapping", m.refs.Load())
+		}
+	})
+}

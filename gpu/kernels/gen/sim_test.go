@@ -1,0 +1,515 @@
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/hvdd/hvdd/gpu/kernels"
+	"github.com/hvdd/hvdd/reduce"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+// A small interpreter for the PTX this generator writes (the instructions
+// it uses, nothing more), so that the kernels' arithmetic is checked against
+// package reduce without a GPU: ptxas checks the syntax, this the meaning.
+// The conversions between float32 and float16 follow IEEE (round to
+// nearest even) except on NaNs, where the interpreter returns deliberate
+// junk NaNs (hardware gives canonical ones): the kernels must replace them
+// with reduce's NaNs themselves.
+
+type ptxFunc struct {
+	params []string
+	body   []string // instructions and "LABEL:" lines, trimmed
+	labels map[string]int
+}
+
+func parsePTX(t *testing.T, src string) map[string]*ptxFunc {
+	t.Helper()
+	fns := map[string]*ptxFunc{}
+	lines := strings.Split(src, "\n")
+	for i := 0; i < len(lines); i++ {
+		l := strings.TrimSpace(lines[i])
+		name, ok := strings.CutPrefix(l, ".visible .entry ")
+		if !ok {
+			continue
+		}
+		name = strings.TrimSuffix(name, "(")
+		f := &ptxFunc{labels: map[string]int{}}
+		for i++; !strings.HasPrefix(strings.TrimSpace(lines[i]), ")"); i++ {
+			p := strings.Fields(strings.TrimSuffix(strings.TrimSpace(lines[i]), ","))
+			f.params = append(f.params, p[len(p)-1])
+		}
+		for i++; strings.TrimSpace(lines[i]) != "}"; i++ {
+			l := strings.TrimSpace(lines[i])
+			if l == "{" || l == "" || strings.HasPrefix(l, ".reg") || strings.HasPrefix(l, "//") {
+				continue
+			}
+			if strings.HasSuffix(l, ":") {
+				f.labels[strings.TrimSuffix(l, ":")] = len(f.body)
+				continue
+			}
+			f.body = append(f.body, strings.TrimSuffix(l, ";"))
+		}
+		fns[name] = f
+	}
+	return fns
+}
+
+// machine is one thread's state plus the global memory (buffers at fixed
+// bases).
+type machine struct {
+	t       *testing.T
+	regs    map[string]uint64
+	preds   map[string]bool
+	params  map[string]uint64
+	special map[string]uint64
+	mem     map[uint64][]byte // base -> buffer
+}
+
+func (m *machine) mem8(addr uint64, n int) []byte {
+	for base, b := range m.mem {
+		if addr >= base && addr+uint64(n) <= base+uint64(len(b)) {
+			return b[addr-base : addr-base+uint64(n)]
+		}
+	}
+	m.t.Fatalf("access of %d bytes at %#x outside every buffer", n, addr)
+	return nil
+}
+
+// val reads an operand: a register, a special register, or an immediate
+// (decimal, or 0d followed by a float64's hex bits).
+func (m *machine) val(op string) uint64 {
+	switch {
+	case strings.HasPrefix(op, "%p"):
+		if m.preds[op] {
+			return 1
+		}
+		return 0
+	case strings.HasPrefix(op, "%"):
+		if v, ok := m.special[op]; ok {
+			return v
+		}
+		v, ok := m.regs[op]
+		if !ok {
+			m.t.Fatalf("read of unset register %s", op)
+		}
+		return v
+	case strings.HasPrefix(op, "0d"):
+		v, err := strconv.ParseUint(op[2:], 16, 64)
+		if err != nil {
+			m.t.Fatal(err)
+		}
+		return v
+	}
+	v, err := strconv.ParseInt(op, 10, 64)
+	if err != nil {
+		m.t.Fatalf("operand %q: %v", op, err)
+	}
+	return uint64(v)
+}
+
+func f32(v uint64) float32 { return math.Float32frombits(uint32(v)) }
+func f64(v uint64) float64 { return math.Float64frombits(v) }
+func b32(f float32) uint64 { return uint64(math.Float32bits(f)) }
+func b64(f float64) uint64 { return math.Float64bits(f) }
+
+// width returns the bits of an instruction type (u32 -> 32).
+func width(typ string) int { n, _ := strconv.Atoi(typ[1:]); return n }
+
+func signExt(v uint64, bits int) int64 { return int64(v<<(64-bits)) >> (64 - bits) }
+
+func mask(v uint64, bits int) uint64 {
+	if bits == 64 {
+		return v
+	}
+	return v & (1<<bits - 1)
+}
+
+func (m *machine) compare(cmp, typ string, a, b uint64) bool {
+	var lt, eq, unordered bool
+	switch typ[0] {
+	case 'u', 'b':
+		a, b = mask(a, width(typ)), mask(b, width(typ))
+		lt, eq = a < b, a == b
+	case 's':
+		x, y := signExt(a, width(typ)), signExt(b, width(typ))
+		lt, eq = x < y, x == y
+	case 'f':
+		var x, y float64
+		if typ == "f32" {
+			x, y = float64(f32(a)), float64(f32(b))
+		} else {
+			x, y = f64(a), f64(b)
+		}
+		lt, eq, unordered = x < y, x == y, x != x || y != y
+	}
+	switch cmp {
+	case "lt":
+		return lt
+	case "ge":
+		return !lt && !unordered
+	case "gt":
+		return !lt && !eq && !unordered
+	case "eq":
+		return eq
+	case "ne":
+		return !eq && !unordered || (typ[0] != 'f' && !eq)
+	}
+	m.t.Fatalf("comparison %s", cmp)
+	return false
+}
+
+// Junk NaNs the interpreter's conversions give, as hardware gives
+// canonical ones: the kernels must not let them through.
+const (
+	junkF32NaN = 0x7fbadbad
+	junkF16NaN = 0x7d11
+)
+
+// run runs one thread of f to its ret.
+func (m *machine) run(f *ptxFunc) {
+	for pc, steps := 0, 0; ; steps++ {
+		if steps > 1e7 {
+			m.t.Fatal("runaway kernel")
+		}
+		ins := f.body[pc]
+		pc++
+		if strings.HasPrefix(ins, "@") {
+			p, rest, _ := strings.Cut(ins[1:], " ")
+			if !m.preds[p] {
+				continue
+			}
+			ins = rest
+		}
+		opc, rest, _ := strings.Cut(ins, " ")
+		var ops []string
+		for _, o := range strings.Split(rest, ",") {
+			if o = strings.TrimSpace(o); o != "" {
+				ops = append(ops, o)
+			}
+		}
+		parts := strings.Split(opc, ".")
+		set := func(v uint64) { m.regs[ops[0]] = v }
+		switch parts[0] {
+		case "ret":
+			return
+		case "bra":
+			pc = f.labels[ops[0]]
+		case "mov":
+			set(m.val(ops[1]))
+		case "cvta":
+			set(m.val(ops[1]))
+		case "ld":
+			addr := strings.Trim(ops[1], "[]")
+			typ := parts[len(parts)-1]
+			if parts[1] == "param" {
+				set(m.params[addr])
+				continue
+			}
+			b := m.mem8(m.val(addr), width(typ)/8)
+			var v uint64
+			for i := len(b) - 1; i >= 0; i-- {
+				v = v<<8 | uint64(b[i])
+			}
+			if typ[0] == 's' {
+				v = uint64(signExt(v, width(typ)))
+				if !strings.HasPrefix(ops[0], "%rd") {
+					v = mask(v, 32)
+				}
+			}
+			set(v)
+		case "st":
+			typ := parts[len(parts)-1]
+			b := m.mem8(m.val(strings.Trim(ops[0], "[]")), width(typ)/8)
+			v := m.val(ops[1])
+			for i := range b {
+				b[i] = byte(v >> (8 * i))
+			}
+		case "add", "mul":
+			typ := parts[len(parts)-1]
+			a, b := m.val(ops[1]), m.val(ops[2])
+			switch {
+			case typ == "f32" && parts[0] == "add":
+				set(b32(f32(a) + f32(b)))
+			case typ == "f32":
+				set(b32(f32(a) * f32(b)))
+			case typ == "f64" && parts[0] == "add":
+				set(b64(f64(a) + f64(b)))
+			case typ == "f64":
+				set(b64(f64(a) * f64(b)))
+			case parts[0] == "add":
+				set(mask(a+b, width(typ)))
+			case parts[1] == "wide":
+				set(mask(a, 32) * mask(b, 32))
+			default: // mul.lo
+				set(mask(a*b, width(typ)))
+			}
+		case "and", "or":
+			if parts[1] == "pred" {
+				x, y := m.preds[ops[1]], m.preds[ops[2]]
+				if parts[0] == "and" {
+					m.preds[ops[0]] = x && y
+				} else {
+					m.preds[ops[0]] = x || y
+				}
+				continue
+			}
+			if parts[0] == "and" {
+				set(mask(m.val(ops[1])&m.val(ops[2]), 32))
+			} else {
+				set(mask(m.val(ops[1])|m.val(ops[2]), 32))
+			}
+		case "shl":
+			set(mask(m.val(ops[1])<<m.val(ops[2]), 32))
+		case "shr":
+			set(mask(m.val(ops[1]), 32) >> m.val(ops[2]))
+		case "setp":
+			m.preds[ops[0]] = m.compare(parts[1], parts[2], m.val(ops[1]), m.val(ops[2]))
+		case "selp":
+			if m.preds[ops[3]] {
+				set(m.val(ops[1]))
+			} else {
+				set(m.val(ops[2]))
+			}
+		case "cvt":
+			m.cvt(parts[1:], ops)
+		default:
+			m.t.Fatalf("unknown instruction %q", ins)
+		}
+	}
+}
+
+func (m *machine) cvt(parts, ops []string) {
+	set := func(v uint64) { m.regs[ops[0]] = v }
+	v := m.val(ops[1])
+	rnd := ""
+	if parts[0] == "rn" || parts[0] == "rzi" {
+		rnd, parts = parts[0], parts[1:]
+	}
+	to, from := parts[0], parts[1]
+	switch {
+	case to == "f32" && from == "f16":
+		if h := uint16(v); h&0x7c00 == 0x7c00 && h&0x3ff != 0 {
+			set(junkF32NaN)
+		} else {
+			set(b32(reduce.Float16ToFloat32(h)))
+		}
+	case to == "f16" && from == "f32":
+		if x := f32(v); x != x {
+			set(junkF16NaN)
+		} else {
+			set(uint64(reduce.Float32ToFloat16(x)))
+		}
+	case to == "f32" && from == "f64":
+		set(b32(float32(f64(v))))
+	case to == "f64" && from == "s32":
+		set(b64(float64(int32(uint32(v)))))
+	case to == "f64" && from == "u32":
+		set(b64(float64(uint32(v))))
+	case to == "f64" && from == "s64":
+		set(b64(float64(int64(v))))
+	case to == "s64" && from == "f64" && rnd == "rzi":
+		x := f64(v)
+		switch {
+		case x != x:
+			set(0)
+		case x >= 0x1p63:
+			set(math.MaxInt64)
+		case x <= -0x1p63:
+			set(1 << 63)
+		default:
+			set(uint64(int64(x)))
+		}
+	case to[0] == 'u' && from[0] == 'u':
+		set(mask(v, min(width(to), width(from))))
+	default:
+		m.t.Fatalf("cvt %v", parts)
+	}
+}
+
+// launch runs f over a grid, one thread after another.
+func launch(t *testing.T, f *ptxFunc, grid, block int, mem map[uint64][]byte, args ...uint64) {
+	params := map[string]uint64{}
+	for i, p := range f.params {
+		params[p] = args[i]
+	}
+	for b := 0; b < grid; b++ {
+		for th := 0; th < block; th++ {
+			m := &machine{t: t, regs: map[string]uint64{}, preds: map[string]bool{}, params: params, mem: mem,
+				special: map[string]uint64{"%ctaid.x": uint64(b), "%ntid.x": uint64(block), "%tid.x": uint64(th), "%nctaid.x": uint64(grid)}}
+			m.run(f)
+		}
+	}
+}
+
+func randomData(r *rand.Rand, dt tensor.DType, n int) []byte {
+	b := make([]byte, n*dt.Size())
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	sz := dt.Size()
+	for i := 0; i < n; i++ {
+		x := b[i*sz:]
+		switch c := r.IntN(3); {
+		case c == 0:
+			continue // arbitrary bits: NaNs, infinities, subnormals, extremes
+		case c == 1 && dt == tensor.Float32:
+			binary.LittleEndian.PutUint32(x, specialF32(r))
+			continue
+		case c == 1 && (dt == tensor.Float16 || dt == tensor.BFloat16):
+			exp := uint16(0x7c00)
+			if dt == tensor.BFloat16 {
+				exp = 0x7f80
+			}
+			// NaNs with payloads, infinities, zeros and subnormals.
+			v := []uint16{exp | uint16(r.Uint32())&^exp | 1, exp, 0, uint16(r.Uint32()) &^ exp}[r.IntN(4)]
+			binary.LittleEndian.PutUint16(x, v|uint16(r.IntN(2))<<15)
+			continue
+		}
+		switch dt {
+		case tensor.Float32:
+			binary.LittleEndian.PutUint32(x, math.Float32bits(float32(r.NormFloat64()*100)))
+		case tensor.Float64:
+			binary.LittleEndian.PutUint64(x, math.Float64bits(r.NormFloat64()*1e6))
+		case tensor.Float16:
+			binary.LittleEndian.PutUint16(x, reduce.Float32ToFloat16(float32(r.NormFloat64()*10)))
+		case tensor.BFloat16:
+			binary.LittleEndian.PutUint16(x, reduce.Float32ToBFloat16(float32(r.NormFloat64()*10)))
+		case tensor.Bool:
+			x[0] = byte(r.IntN(2))
+		}
+	}
+	return b
+}
+
+func isNaN(dt tensor.DType, b []byte) bool {
+	switch dt {
+	case tensor.Float32:
+		v := binary.LittleEndian.Uint32(b)
+		return v&0x7fffffff > 0x7f800000
+	case tensor.Float64:
+		v := binary.LittleEndian.Uint64(b)
+		return v&(1<<63-1) > 0x7ff0000000000000
+	case tensor.Float16:
+		v := binary.LittleEndian.Uint16(b)
+		return v&0x7fff > 0x7c00
+	case tensor.BFloat16:
+		v := binary.LittleEndian.Uint16(b)
+		return v&0x7fff > 0x7f80
+	}
+	return false
+}
+
+// TestSimulate runs every kernel of the PTX in the interpreter against
+// package reduce: bit for bit, except that a NaN made by an add or a
+// multiply may be any NaN.
+func TestSimulate(t *testing.T) {
+	src, err := os.ReadFile("../kernels.ptx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fns := parsePTX(t, string(src))
+	r := rand.New(rand.NewPCG(11, 12))
+	for _, k := range kernels.Catalog() {
+		t.Run(k.Name, func(t *testing.T) {
+			f := fns[k.Name]
+			if f == nil {
+				t.Fatal("not in the PTX")
+			}
+			const n = 300
+			const dstBase, srcBase = 0x10000000, 0x20000000
+			for _, f64arg := range []float64{0.37, -2.5, 1e10, 1, 3} {
+				if k.Kind != kernels.Scale && f64arg != 0.37 {
+					continue
+				}
+				out := k.DType
+				if k.Kind == kernels.Convert {
+					out = k.To
+				}
+				dst := randomData(r, out, n)
+				if k.Kind == kernels.Convert {
+					dst = bytes.Repeat([]byte{0x5a}, n*out.Size())
+				}
+				src := randomData(r, k.DType, n)
+				want := append([]byte(nil), dst...)
+				// A guard element past the end must stay.
+				mem := map[uint64][]byte{dstBase: append(append([]byte(nil), dst...), 0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee),
+					srcBase: append([]byte(nil), src...)}
+				switch k.Kind {
+				case kernels.Reduce:
+					launch(t, f, 3, 7, mem, dstBase, srcBase, n)
+					if err := reduce.Reduce([][]byte{want}, [][]byte{want, src}, k.DType, k.Op, 1, 1, nil); err != nil {
+						t.Fatal(err)
+					}
+				case kernels.Scale:
+					launch(t, f, 3, 7, mem, dstBase, n, math.Float64bits(f64arg))
+					if err := reduce.Scale(want, k.DType, f64arg); err != nil {
+						t.Fatal(err)
+					}
+				case kernels.Convert:
+					launch(t, f, 3, 7, mem, dstBase, srcBase, n)
+					if k.To == tensor.Float32 {
+						err = reduce.Widen(want, src, k.DType)
+					} else {
+						_, err = reduce.Narrow(want, src, k.To)
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				got := mem[dstBase]
+				if !bytes.Equal(got[len(want):], bytes.Repeat([]byte{0xee}, 8)) {
+					t.Fatalf("wrote past the end: %x", got[len(want):])
+				}
+				// An add or a multiply makes any NaN; min, max, the
+				// conversions and bool/integer ops must match exactly.
+				arith := k.Kind == kernels.Scale || k.Op == tensor.Sum || k.Op == tensor.Product
+				sz := out.Size()
+				for i := 0; i < n; i++ {
+					g, w := got[i*sz:(i+1)*sz], want[i*sz:(i+1)*sz]
+					if bytes.Equal(g, w) || arith && isNaN(out, g) && isNaN(out, w) {
+						continue
+					}
+					extra := ""
+					if k.Kind != kernels.Convert {
+						extra = fmt.Sprintf(" dst was %x", dst[i*sz:(i+1)*sz])
+					}
+					t.Fatalf("f=%v element %d: got %x, want %x (src %x%s)", f64arg, i, g, w,
+						src[i*k.DType.Size():(i+1)*k.DType.Size()], extra)
+				}
+			}
+		})
+	}
+}
+
+// specialF32 returns a float32 that tests a narrowing's edges: NaNs with
+// payloads, infinities, exact ties of the float16 and bfloat16 roundings,
+// values at float16's overflow and underflow thresholds.
+func specialF32(r *rand.Rand) uint32 {
+	sign := uint32(r.IntN(2)) << 31
+	switch r.IntN(7) {
+	case 0:
+		return sign | 0x7f800000 | (r.Uint32()&0x7fffff | 1) // NaN
+	case 1:
+		return sign | 0x7f800000 // Inf
+	case 2:
+		return sign | r.Uint32()&0x7fff0000 | 0x8000 // a bfloat16 tie
+	case 3:
+		// A float16 tie in the normal range: exponent 113..142, the low 13
+		// mantissa bits 0x1000.
+		return sign | uint32(113+r.IntN(30))<<23 | r.Uint32()&0x7fe000 | 0x1000
+	case 4:
+		return sign | math.Float32bits(65504+float32(r.IntN(40))) // around float16's overflow
+	case 5:
+		// Around float16's subnormals: exponents 100..113.
+		return sign | uint32(100+r.IntN(14))<<23 | r.Uint32()&0x7fffff
+	}
+	return sign | r.Uint32()&0x7fffff // float32 subnormal
+}
