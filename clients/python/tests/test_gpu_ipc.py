@@ -31,6 +31,14 @@ def test_ipc_collectives(job, fake_gpus, np):
         assert o.rstrip().endswith("OK"), o
 
 
+def test_ipc_collectives_daemon_on_host(job, fake_gpus, monkeypatch):
+    """The same through a daemon that reduces GPU tensors in host memory
+    (HOROVOD_GPU_ALLREDUCE=GLOO: --gpu-allreduce host): it still takes them
+    through CUDA IPC and writes the results in place."""
+    monkeypatch.setenv("HOROVOD_GPU_ALLREDUCE", "GLOO")
+    _run(job, "ipc_collectives", 2)
+
+
 def test_ipc_release(job, fake_gpus):
     _run(job, "ipc_release")
 
