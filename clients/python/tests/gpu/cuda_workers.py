@@ -63,13 +63,20 @@ def _cpu(t: torch.Tensor) -> torch.Tensor:
 
 
 def collectives() -> None:
+    """The checks of :func:`collectives_body` in a job of their own."""
+    r, n = _init()
+    collectives_body(r, n)
+    hvd.shutdown()
+
+
+def collectives_body(r: int, n: int) -> None:
     """allreduce (Sum, Average; pre/postscale; fp16, bf16, fp32, fp64, ints)
     in place and not, grouped allreduce, broadcast from every root,
     allgather, alltoall and reducescatter (device outputs), a large
     tensor, and a tensor written by a kernel still queued on the stream: all
     through CUDA IPC, nothing staged, each storage exported once."""
-    r, n = _init()
     _check_served()
+    staged["n"] = 0
     with warnings.catch_warnings():
         warnings.simplefilter("error", _cuda.HvddStagingWarning)
         for dt in DTYPES:
@@ -137,15 +144,20 @@ def collectives() -> None:
             assert bool((big == float(n)).all()), f"again {i}: {big[:4]}"
         assert s.exports == before, f"re-exported: {before} -> {s.exports}"
     assert staged["n"] == 0, f"{staged['n']} ops were staged through host memory"
-    print(f"exports {s.exports} released {len(s.released)}")
-    hvd.shutdown()
+    print(f"rank {r}: collectives OK through CUDA IPC (exports {s.exports}, released {len(s.released)})")
 
 
 def optimizer() -> None:
+    """The checks of :func:`optimizer_body` in a job of their own."""
+    r, n = _init()
+    optimizer_body(r, n)
+    hvd.shutdown()
+
+
+def optimizer_body(r: int, n: int) -> None:
     """DistributedOptimizer on a small model on the GPU: after a few steps the
     parameters equal those of one process training on every rank's
     batches."""
-    r, n = _init()
     _check_served()
     steps = 5
 
@@ -175,8 +187,7 @@ def optimizer() -> None:
                 opt.step()
             for got, w in zip(m.parameters(), reference()):
                 expect_equal(_cpu(got), w, f"DistributedOptimizer {compression.__name__}", tol)
-    print(f"staged {staged['n']}")
-    hvd.shutdown()
+    print(f"rank {r}: DistributedOptimizer OK ({staged['n']} ops staged)")
 
 
 def expandable() -> None:
