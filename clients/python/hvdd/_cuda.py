@@ -540,6 +540,9 @@ class DeviceSession:
     _sizes: Dict[bytes, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ops: int = 0
+    # Some export has no finalizer (torch < 2): flush() then checks every
+    # cached export's liveness.
+    _unwatched: bool = False
 
     def usable(self, tensor: Any) -> bool:
         """Whether tensor can go through CUDA IPC as far as the daemon's GPUs
@@ -575,7 +578,7 @@ class DeviceSession:
         key = ex.storage_key(tensor)
         self._ops += 1
         if (self._ops & 255) == 0:
-            self.flush()
+            self.flush(wait=False)
         e = self._cache.get(key)
         if e is not None and e.export.alive is not None and not e.export.alive():
             self._retire(key, e)
@@ -584,7 +587,7 @@ class DeviceSession:
             # A miss: first retire what was freed (where no finalizer says so,
             # the liveness checks find it), so that a freed allocation is
             # released before new memory goes out.
-            self.flush()
+            self.flush(wait=False)
             try:
                 exp = ex.export(tensor)
             except ExportUnavailable as err:
@@ -601,7 +604,9 @@ class DeviceSession:
                 self._cache[key] = e
                 self._refs[exp.mem_handle] = self._refs.get(exp.mem_handle, 0) + 1
                 self._sizes[exp.mem_handle] = exp.alloc_size
-            if ex.on_free(tensor, lambda k=key, e=e: self._freed.put((k, e))) and self._releaser is None:
+            if not ex.on_free(tensor, lambda k=key, e=e: self._freed.put((k, e))):
+                self._unwatched = True
+            elif self._releaser is None:
                 self._releaser = threading.Thread(target=self._release_loop, name="hvdd-gpu-release", daemon=True)
                 self._releaser.start()
         exp = e.export
@@ -647,24 +652,37 @@ class DeviceSession:
             item = self._freed.get()
             if item is None:
                 return
+            if isinstance(item, threading.Event):
+                item.set()  # flush(wait=True)'s marker: everything before it is done
+                continue
             with self._flush_lock:
                 self._retire(*item)
 
-    def flush(self) -> None:
+    def flush(self, wait: bool = True) -> None:
         """Retires the exports of freed storages (finalizers queued them, or
         their liveness check fails) and releases the allocations no live
-        export uses."""
+        export uses. With wait, also what the releaser thread has taken
+        and not yet finished."""
+        r = self._releaser
+        if wait and r is not None and r.is_alive():
+            done = threading.Event()
+            self._freed.put(done)  # type: ignore[arg-type]
+            done.wait(10)  # bounded: a closed session's thread has ended
         with self._flush_lock:
             while True:
                 try:
                     item = self._freed.get_nowait()
                 except queue.Empty:
                     break
-                if item is not None:
+                if isinstance(item, threading.Event):
+                    item.set()
+                elif item is not None:
                     self._retire(*item)
                 else:
                     self._freed.put(None)  # close()'s: leave it for the thread
                     break
+            if not self._unwatched:
+                return
             for k, e in list(self._cache.items()):
                 if e.export.alive is not None and not e.export.alive():
                     self._retire(k, e)
