@@ -51,7 +51,10 @@ def _device(uuid: str = "") -> tuple[FakeDevice, _cuda.DeviceSession]:
     uuids = sorted(c.gpu_uuids())
     if not uuid:
         assert uuids, "the daemon lists no GPUs: is it running with HVDD_GPU_DRIVER=fake?"
-        uuid = uuids[0]
+        # HVDD_FAKE_GPU_PER_RANK=1: rank r's tensors on the daemon's GPU r
+        # (mod their number), so that the daemon reduces across GPUs.
+        per_rank = os.environ.get("HVDD_FAKE_GPU_PER_RANK") == "1"
+        uuid = uuids[_basics.rank() % len(uuids)] if per_rank else uuids[0]
     dev = FakeDevice(uuid)
     _cuda.install_exporter(dev)
     return dev, _cuda.session(c, dev)

@@ -39,6 +39,13 @@ def test_ipc_collectives_daemon_on_host(job, fake_gpus, monkeypatch):
     _run(job, "ipc_collectives", 2)
 
 
+def test_ipc_collectives_across_gpus(job, fake_gpus, monkeypatch):
+    """Each rank's tensors on a GPU of its own (two fake GPUs, the daemon's
+    NCCL between them)."""
+    monkeypatch.setenv("HVDD_FAKE_GPUS", "2")
+    _run(job, "ipc_collectives", 2, env={"HVDD_FAKE_GPU_PER_RANK": "1"})
+
+
 def test_ipc_release(job, fake_gpus):
     _run(job, "ipc_release")
 
