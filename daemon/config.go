@@ -149,8 +149,14 @@ type Config struct {
 	// HOROVOD_HIERARCHICAL_ALLREDUCE): GPUAllreduceHierarchical (also the
 	// zero value "") reduces the node's ranks on the GPU, moves the node's
 	// result through the job's engine (NewBackend) in host memory and
-	// copies it back; GPUAllreduceHost stages every GPU tensor through host
-	// memory and runs the CPU path, on one node too.
+	// copies it back; GPUAllreduceNCCL reduces the node's ranks on the GPU
+	// the same way and joins the nodes with an NCCL communicator of one GPU
+	// per node (its unique id broadcast through the engine), falling back
+	// to the hierarchical path for a response that some node cannot run so
+	// (every node must use the same mode: the nodes agree on each
+	// allreduce with one byte through the engine); GPUAllreduceHost stages
+	// every GPU tensor through host memory and runs the CPU path, on one
+	// node too.
 	GPUAllreduce string
 
 	// Metrics, when set, receives the daemon's Prometheus metrics (package
@@ -199,6 +205,7 @@ type AutotuneConfig struct {
 const (
 	GPUAllreduceHierarchical = "hierarchical"
 	GPUAllreduceHost         = "host"
+	GPUAllreduceNCCL         = "nccl"
 )
 
 // DefaultFusionThreshold is Horovod's default fusion buffer size.
@@ -218,8 +225,10 @@ func (c *Config) validate() error {
 	if err := c.Autotune.validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.GPUAllreduce != "" && c.GPUAllreduce != GPUAllreduceHierarchical && c.GPUAllreduce != GPUAllreduceHost {
-		errs = append(errs, fmt.Errorf("GPU allreduce mode %q: want %q or %q", c.GPUAllreduce, GPUAllreduceHierarchical, GPUAllreduceHost))
+	switch c.GPUAllreduce {
+	case "", GPUAllreduceHierarchical, GPUAllreduceHost, GPUAllreduceNCCL:
+	default:
+		errs = append(errs, fmt.Errorf("GPU allreduce mode %q: want %q, %q or %q", c.GPUAllreduce, GPUAllreduceHierarchical, GPUAllreduceNCCL, GPUAllreduceHost))
 	}
 	if c.Workers < 0 {
 		errs = append(errs, fmt.Errorf("workers must not be negative, got %d", c.Workers))

@@ -25,6 +25,7 @@ type work struct {
 	tl   eventSink        // where the work's phases go (the timeline, or a follower's record of them); nil when off
 	size int
 	ops  [][]*op
+	nccl bool // the nodes agreed to join on NCCL (exec_gpu.go: ncclVote)
 }
 
 // executor runs batches of work in order on its own goroutine, so the loop
@@ -82,6 +83,16 @@ func (x *executor) run() {
 func (x *executor) execute(w work) {
 	if timed(&w) {
 		defer observeLatency(&w, x.dispatched) // metrics.go
+	}
+	if x.ncclEligible(&w) { // exec_gpu.go
+		if !x.ncclVote(&w) {
+			return
+		}
+		if w.nccl {
+			x.gpuPath("nccl allreduce")
+			x.runNative(w, usedDevs(&w), x.allreduceDevice)
+			return
+		}
 	}
 	if deviceWork(&w) {
 		x.executeDevice(w) // exec_gpu.go

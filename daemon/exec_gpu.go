@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/timeline"
@@ -38,8 +39,13 @@ import (
 //     write-back.
 //   - broadcast on one node: D2D copies on the root's GPU, an NCCL
 //     broadcast (as bytes) to the others.
+//   - allgather, alltoall and reducescatter on one node whose ranks share
+//     one GPU: each rank's result is built in a new allocation on that GPU
+//     by D2D copies (and reduce and scale kernels), exported to it as
+//     Done.device_output.
 //
-// Everything else (allgather, alltoall, reducescatter, Adasum, responses
+// Everything else (allgather, alltoall and reducescatter over several GPUs
+// or nodes, Adasum, responses
 // with joined ranks or empty tensors, dtypes NCCL lacks across GPUs, a
 // node without NCCL, GPUAllreduceHost) is staged: every device tensor is
 // copied to host memory (after its IPC event), the CPU path runs on the
@@ -132,6 +138,10 @@ func (x *executor) executeDevice(w work) {
 			x.gpuPath("device broadcast")
 			x.runNative(w, devs, x.broadcastDevice)
 			return
+		case (r.Op == tensor.Allgather || r.Op == tensor.Alltoall || r.Op == tensor.Reducescatter) && w.b == nil && !multiGPU && noJoined(&w):
+			x.gpuPath("device " + strings.ToLower(r.Op.String()))
+			x.runOutputs(w, devs[0])
+			return
 		}
 	}
 	x.gpuPath("staged " + strings.ToLower(r.Op.String()))
@@ -153,6 +163,16 @@ func (x *executor) gpuPath(p string) {
 	}
 	x.gpuPaths[p] = true
 	x.s.log.Debug("GPU path taken", "path", p)
+}
+
+// noJoined reports whether every rank of w has its op (no nil row entry).
+func noJoined(w *work) bool {
+	for _, row := range w.ops {
+		if slices.Contains(row, nil) {
+			return false
+		}
+	}
+	return true
 }
 
 // usedDevs lists the GPUs w's ops are on, in the daemon's order.
@@ -421,6 +441,10 @@ func (g *gpuState) abortComms() {
 		}
 		delete(g.comms, k)
 	}
+	if g.cross != nil {
+		g.cross.Abort()
+		g.cross, g.crossOf = nil, nil
+	}
 }
 
 // group runs f for every communicator inside one NCCL group.
@@ -515,8 +539,12 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 			return fmt.Errorf("NCCL allreduce over %d GPUs: %w", len(devs), err)
 		}
 	}
-	// The nodes together, through host memory.
-	if w.b != nil && len(w.view.nodes) > 1 {
+	// The nodes together: on NCCL, or through host memory.
+	if w.nccl {
+		if err := x.ncclCross(ctx, w, devs, total/es, r.DType, op); err != nil {
+			return err
+		}
+	} else if w.b != nil && len(w.view.nodes) > 1 {
 		b, err := x.engineFor(w)
 		if err != nil {
 			return err
@@ -644,6 +672,339 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 		d := o.dev.d
 		if err := d.dev.CopyDtoD(d.stream, o.dev.ptr, src.ptr, n); err != nil {
 			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+		}
+	}
+	return nil
+}
+
+// NCCL across nodes (GPUAllreduceNCCL). Whether a response may take it must
+// be decided alike on every node, and only the coordinator's plan is common
+// knowledge: so every node asks ncclEligible of every response (its answer
+// depends on the plan and the configuration alone) and, for those, all vote
+// with one byte through the engine (Min of "I can": my ops are all device
+// tensors on GPUs including the one of the cross-node communicator). A
+// unanimous response runs: each node's ranks reduced on its GPUs as in
+// allreduceDevice, one NCCL allreduce of the fusion buffer of devs[0] over
+// a communicator of one GPU per node, an NCCL broadcast from there to the
+// node's other GPUs, postscale, write-back. Otherwise every node runs its
+// own path (hierarchical or CPU), which make the same engine calls.
+//
+// The communicator is made on the first unanimous response of a job: node 0
+// draws the unique id and broadcasts it through the engine (whose
+// connections the job's secret authenticated), every node joins with
+// CommInitRank on its devs[0].
+
+// ncclEligible reports whether w is voted on (the same on every node).
+func (x *executor) ncclEligible(w *work) bool {
+	r := &w.resp
+	return x.s.cfg.GPUAllreduce == GPUAllreduceNCCL && w.b != nil && len(w.view.nodes) > 1 &&
+		len(w.view.nodes) == w.b.Size() && r.Op == tensor.Allreduce &&
+		(r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && ncclDType(r.DType) && len(r.JoinedRanks) == 0
+}
+
+// ncclVote sets w.nccl to whether every node can run w on NCCL. It returns
+// false (having answered the ops through the loop) when the engine failed.
+func (x *executor) ncclVote(w *work) bool {
+	flag := []byte{0}
+	if g := x.s.gpu; g != nil && !g.hostOnly && g.nccl != nil && nativeOK(w) && usedDevs(w)[0] == g.devs[0] {
+		flag[0] = 1
+	}
+	if err := w.b.Allreduce(context.Background(), flag, tensor.Uint8, tensor.Min); err != nil {
+		x.deviceFailed(*w, fmt.Errorf("agreeing on NCCL across nodes: %w", err))
+		return false
+	}
+	w.nccl = flag[0] == 1
+	return true
+}
+
+// crossComm returns the communicator across the nodes of engine b.
+func (g *gpuState) crossComm(ctx context.Context, b backends.Backend) (gpu.Comm, error) {
+	if g.cross != nil && g.crossOf == b {
+		if err := g.cross.AsyncError(); err != nil {
+			g.abortComms()
+			return nil, fmt.Errorf("NCCL communicator across nodes failed: %w", err)
+		}
+		return g.cross, nil
+	}
+	if g.cross != nil {
+		g.cross.Destroy() // the previous job's
+		g.cross, g.crossOf = nil, nil
+	}
+	// Byte 0 says whether node 0 has an id (else every node fails alike).
+	buf := make([]byte, 1+gpu.UniqueIDSize)
+	var idErr error
+	if b.Rank() == 0 {
+		id, err := g.nccl.GetUniqueID()
+		if err == nil {
+			buf[0] = 1
+			copy(buf[1:], id[:])
+		}
+		idErr = err
+	}
+	if err := b.Broadcast(ctx, buf, 0); err != nil {
+		return nil, fmt.Errorf("NCCL unique id through the engine: %w", err)
+	}
+	if buf[0] != 1 {
+		if idErr != nil {
+			return nil, fmt.Errorf("NCCL unique id: %w", idErr)
+		}
+		return nil, errors.New("node 0 could not make an NCCL unique id")
+	}
+	var id gpu.UniqueID
+	copy(id[:], buf[1:])
+	cctx, cancel := context.WithTimeout(ctx, ncclInitTimeout)
+	defer cancel()
+	c, err := g.nccl.CommInitRank(cctx, g.devs[0].dev, b.Size(), id, b.Rank())
+	if err != nil {
+		return nil, fmt.Errorf("NCCL communicator across %d nodes: %w", b.Size(), err)
+	}
+	g.cross, g.crossOf = c, b
+	g.log.Info("NCCL communicator across nodes created", "nodes", b.Size(), "rank", b.Rank(), "gpu", g.devs[0].info.UUID)
+	return c, nil
+}
+
+// ncclInitTimeout bounds joining the communicator across nodes.
+const ncclInitTimeout = 60 * time.Second
+
+// ncclCross joins the nodes' fusion buffers (devs[0]'s holds the node's
+// result) on NCCL and hands the total to the node's other GPUs.
+func (x *executor) ncclCross(ctx context.Context, w work, devs []*gpuDev, count int, dt tensor.DType, op tensor.ReduceOp) error {
+	g := x.s.gpu
+	c, err := g.crossComm(ctx, w.b)
+	if err != nil {
+		return err
+	}
+	d0 := devs[0]
+	if err := c.Allreduce(d0.stream, d0.fuse, d0.fuse, count, dt, op); err != nil {
+		g.abortComms()
+		return fmt.Errorf("NCCL allreduce across %d nodes: %w", w.b.Size(), err)
+	}
+	if len(devs) == 1 {
+		return nil
+	}
+	cs, err := g.commsFor(devs)
+	if err != nil {
+		return err
+	}
+	n := count * dt.Size()
+	if err := g.group(cs, func(i int, c gpu.Comm) error {
+		return c.Broadcast(devs[i].stream, devs[i].fuse, devs[i].fuse, n, tensor.Uint8, 0)
+	}); err != nil {
+		return fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
+	}
+	return nil
+}
+
+// runOutputs runs an allgather, alltoall or reducescatter whose ops are all
+// on GPU d (one node) and answers each op with its device output.
+func (x *executor) runOutputs(w work, d *gpuDev) {
+	r := &w.resp
+	if w.tl != nil {
+		defer traceAll(w.tl, r, timeline.End, "")
+		traceAll(w.tl, r, timeline.Begin, "GPU_"+activity(r))
+		defer traceAll(w.tl, r, timeline.End, "")
+	}
+	ctx := context.Background()
+	dones, err := x.buildOutputs(&w, d)
+	if serr := d.sync(ctx); err == nil {
+		err = serr
+	}
+	if err == nil {
+		err = exportOutputs(&w, d, dones)
+	}
+	if err != nil {
+		for _, row := range dones {
+			for _, res := range row {
+				if res.n > 0 && res.p != 0 && !res.exported {
+					d.dev.Free(res.p)
+				}
+			}
+		}
+		x.deviceFailed(w, err)
+		return
+	}
+	for i, row := range w.ops {
+		for k, o := range row {
+			o.finish(dones[i][k].done)
+		}
+	}
+}
+
+// devResult is one op's device output while it is built.
+type devResult struct {
+	done     *ipcpb.Done
+	p        gpu.DevicePtr
+	n        int
+	exported bool // the client holds it (addDeviceOutput): its to free
+}
+
+// buildOutputs enqueues every op's result on d's stream. On an error the
+// results allocated so far are in what it returns.
+func (x *executor) buildOutputs(w *work, d *gpuDev) ([][]devResult, error) {
+	r := &w.resp
+	es := r.DType.Size()
+	dones := make([][]devResult, len(w.ops))
+	if err := waitEvents(w); err != nil {
+		return dones, err
+	}
+	for i, ops := range w.ops {
+		t := &r.Tensors[i]
+		rowBytes := int(t.Shape.RowElements()) * es
+		dones[i] = make([]devResult, len(ops))
+		// out allocates rank k's result of n bytes and fills it with fill.
+		out := func(k, n int, shape tensor.Shape, fill func(p gpu.DevicePtr) error) error {
+			dones[i][k] = devResult{done: &ipcpb.Done{OutputShape: shape}, n: n}
+			if n == 0 {
+				return nil
+			}
+			p, err := d.dev.Alloc(n)
+			if err != nil {
+				return fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, n, err)
+			}
+			dones[i][k].p = p
+			return fill(p)
+		}
+		copyIn := func(dst, src gpu.DevicePtr, n int) error {
+			if n == 0 {
+				return nil
+			}
+			if err := d.dev.CopyDtoD(d.stream, dst, src, n); err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+			return nil
+		}
+		switch r.Op {
+		case tensor.Allgather:
+			var rows int64
+			for _, s := range t.RankShapes {
+				if len(s) > 0 {
+					rows += s[0]
+				}
+			}
+			shape := append(tensor.Shape{rows}, t.Shape[1:]...)
+			for k := range ops {
+				if err := out(k, int(rows)*rowBytes, shape, func(p gpu.DevicePtr) error {
+					off := 0
+					for _, so := range ops {
+						if err := copyIn(p.Add(off), so.dev.ptr, so.dev.n); err != nil {
+							return err
+						}
+						off += so.dev.n
+					}
+					return nil
+				}); err != nil {
+					return dones, err
+				}
+			}
+		case tensor.Alltoall:
+			n := len(ops)
+			starts := make([][]int, n) // starts[s][dst]: the row where s's piece for dst begins
+			for s := range n {
+				starts[s] = make([]int, n+1)
+				for dst := range n {
+					starts[s][dst+1] = starts[s][dst] + int(t.Splits[s][dst])
+				}
+			}
+			for k := range ops {
+				var rows int64
+				recv := make([]int32, n)
+				for s := range n {
+					rows += int64(t.Splits[s][k])
+					recv[s] = t.Splits[s][k]
+				}
+				if err := out(k, int(rows)*rowBytes, append(tensor.Shape{rows}, t.Shape[1:]...), func(p gpu.DevicePtr) error {
+					off := 0
+					for s, so := range ops {
+						m := (starts[s][k+1] - starts[s][k]) * rowBytes
+						if err := copyIn(p.Add(off), so.dev.ptr.Add(starts[s][k]*rowBytes), m); err != nil {
+							return err
+						}
+						off += m
+					}
+					return nil
+				}); err != nil {
+					return dones, err
+				}
+				dones[i][k].done.ReceivedSplits = recv
+			}
+		case tensor.Reducescatter:
+			var d0 int64
+			if len(t.Shape) > 0 {
+				d0 = t.Shape[0]
+			}
+			n := int64(len(ops))
+			op, pre, post := scales(r, w.size)
+			for k := range ops {
+				kk := int64(k)
+				rows := d0 / n
+				start := kk*rows + min(kk, d0%n)
+				if kk < d0%n {
+					rows++
+				}
+				bytes := int(rows) * rowBytes
+				if err := out(k, bytes, append(tensor.Shape{rows}, t.Shape[1:]...), func(p gpu.DevicePtr) error {
+					if pre != 1 {
+						if err := d.ensure(bytes, true); err != nil {
+							return err
+						}
+					}
+					for s, so := range ops {
+						src := so.dev.ptr.Add(int(start) * rowBytes)
+						if s == 0 || pre != 1 {
+							to := p
+							if s > 0 {
+								to = d.scratch
+							}
+							if err := copyIn(to, src, bytes); err != nil {
+								return err
+							}
+							if pre != 1 {
+								if err := d.scale(to, bytes/es, r.DType, pre); err != nil {
+									return err
+								}
+							}
+							src = to
+						}
+						if s > 0 {
+							if err := d.reduce(p, src, bytes/es, r.DType, op); err != nil {
+								return err
+							}
+						}
+					}
+					if post != 1 {
+						return d.scale(p, bytes/es, r.DType, post)
+					}
+					return nil
+				}); err != nil {
+					return dones, err
+				}
+			}
+		}
+	}
+	return dones, nil
+}
+
+// exportOutputs gives every built output an IPC handle and hands it to its
+// client, filling in the Dones.
+func exportOutputs(w *work, d *gpuDev, dones [][]devResult) error {
+	for i, row := range w.ops {
+		for k, o := range row {
+			res := &dones[i][k]
+			db := &ipcpb.DeviceBuffer{DeviceUuid: d.info.UUID, Length: uint64(res.n)}
+			res.done.DeviceOutput = db
+			if res.n == 0 {
+				continue
+			}
+			h, err := d.dev.IpcMemHandle(res.p)
+			if err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+			db.MemHandle, db.AllocSize = h[:], uint64(res.n)
+			res.exported = true
+			if !o.c.addDeviceOutput(h, &devOutput{d: d, ptr: res.p}) {
+				// The client is gone (and the memory freed): it needs no answer.
+				res.done = &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: "client gone"}
+			}
 		}
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/gpu"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/tensor"
@@ -43,6 +44,10 @@ type gpuState struct {
 
 	// Used by the executor goroutine only.
 	comms map[string][]gpu.Comm // NCCL communicators by the devices they span (commKey)
+	// cross is the communicator across nodes (GPUAllreduceNCCL): one rank
+	// per node, on devs[0], made for the engine crossOf (a job's).
+	cross   gpu.Comm
+	crossOf backends.Backend
 }
 
 // gpuDev is one GPU the daemon opened, with the executor's stream, fusion
@@ -127,6 +132,10 @@ func (g *gpuState) close() {
 			c.Destroy()
 		}
 		delete(g.comms, k)
+	}
+	if g.cross != nil {
+		g.cross.Destroy()
+		g.cross, g.crossOf = nil, nil
 	}
 	for _, d := range g.devs {
 		if d.fuseN > 0 {

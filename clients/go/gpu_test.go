@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -51,7 +52,13 @@ func TestGPUCollectives(t *testing.T) {
 			s := daemontest.Start(t, gpuConfig(daemon.Config{Slots: tc.ranks, FusionThreshold: 1 << 20}, tc.gpus))
 			daemontest.Run(t, s.Socket, "gpu", tc.ranks, 180*time.Second, fmt.Sprint("HVDD_FAKE_GPUS=", tc.gpus))
 			logs := s.Logs()
-			for _, p := range []string{`path="device allreduce"`, `path="device broadcast"`, `path="staged allgather"`} {
+			// One GPU: every collective on the device; two: the outputs
+			// staged through host memory.
+			paths := []string{`path="device allreduce"`, `path="device broadcast"`, `path="device allgather"`, `path="device alltoall"`, `path="device reducescatter"`}
+			if tc.gpus > 1 {
+				paths = append(paths[:2], `path="staged allgather"`, `path="staged alltoall"`, `path="staged reducescatter"`)
+			}
+			for _, p := range paths {
 				if !strings.Contains(logs, p) {
 					t.Errorf("the daemon never took the GPU path %s", p)
 				}
@@ -92,6 +99,32 @@ func TestGPUMultiNode(t *testing.T) {
 		if !strings.Contains(s.Logs(), `path="hierarchical allreduce"`) {
 			t.Errorf("node %d never ran the hierarchical allreduce", n)
 		}
+	}
+}
+
+// TestGPUMultiNodeNCCL: two nodes joined on NCCL (--gpu-allreduce nccl),
+// with one and with two fake GPUs per node; the other collectives staged.
+func TestGPUMultiNodeNCCL(t *testing.T) {
+	for _, gpus := range []int{1, 2} {
+		t.Run(fmt.Sprint("gpus", gpus), func(t *testing.T) {
+			ss := startNodesCfg(t, func(_ int, cfg *daemon.Config) {
+				*cfg = gpuConfig(*cfg, gpus)
+				cfg.GPUAllreduce = daemon.GPUAllreduceNCCL
+			}, 2, 2)
+			for n, node := range spawnNodesEnv(t, ss, "gpu", []string{fmt.Sprint("HVDD_FAKE_GPUS=", gpus)}, 2, 2) {
+				for _, w := range node {
+					if err := w.Wait(240 * time.Second); err != nil {
+						t.Errorf("node %d rank %d: %v; output:\n%s", n, w.Rank, err, w.Output())
+					}
+				}
+			}
+			for n, s := range ss {
+				logs := s.Logs()
+				if !strings.Contains(logs, `path="nccl allreduce"`) || strings.Count(logs, "NCCL communicator across nodes created") != 1 {
+					t.Errorf("node %d did not join the nodes on one NCCL communicator", n)
+				}
+			}
+		})
 	}
 }
 
@@ -170,6 +203,43 @@ func TestGPUFault(t *testing.T) {
 				t.Errorf("%d NCCL communicators created, want %d", n, want)
 			}
 		})
+	}
+}
+
+// TestGPUFaultMultiNode: an NCCL failure across nodes (--gpu-allreduce
+// nccl) fails the job on both nodes, the communicators are aborted, and the
+// next job joins the nodes on a new one.
+func TestGPUFaultMultiNode(t *testing.T) {
+	defer fake.Reset()
+	ss := startNodesCfg(t, func(_ int, cfg *daemon.Config) {
+		*cfg = gpuConfig(*cfg, 1)
+		cfg.GPUAllreduce = daemon.GPUAllreduceNCCL
+	}, 1, 1)
+	ws := spawnNodesEnv(t, ss, "gpufault", []string{"HVDD_TEST_FAIL_NODES=1"}, 1, 1)
+	for _, node := range ws {
+		node[0].WaitOutput(t, "FIRST DONE", 60*time.Second)
+	}
+	fake.FailNext("ncclAllReduce", 1, 0)
+	for _, node := range ws {
+		if err := node[0].Cmd.Process.Signal(os.Interrupt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for n, node := range ws {
+		if err := node[0].Wait(60 * time.Second); err != nil {
+			t.Errorf("node %d: %v; output:\n%s", n, err, node[0].Output())
+		}
+	}
+	fake.Reset()
+	for n, node := range spawnNodesEnv(t, ss, "gpu", nil, 1, 1) {
+		if err := node[0].Wait(240 * time.Second); err != nil {
+			t.Errorf("next job, node %d: %v; output:\n%s", n, err, node[0].Output())
+		}
+	}
+	for n, s := range ss {
+		if c := strings.Count(s.Logs(), "NCCL communicator across nodes created"); c != 2 {
+			t.Errorf("node %d created %d communicators across nodes, want 2 (one per job)", n, c)
+		}
 	}
 }
 
@@ -520,7 +590,8 @@ func gpuType[T hvdd.Elem](ctx context.Context, c *hvdd.Client, e *devEnv) error 
 }
 
 // gpuMixed runs host and device allreduces of the same dtype, op and size
-// in flight together (they must not fuse into one buffer), then checks both.
+// in flight together (they must not fuse into one buffer), then checks both;
+// then an Adasum of a device tensor against the same on the host.
 func gpuMixed(ctx context.Context, c *hvdd.Client) error {
 	e, err := openDev(c)
 	if err != nil {
@@ -567,7 +638,31 @@ func gpuMixed(ctx context.Context, c *hvdd.Client) error {
 			devBufs[k].free(c)
 		}
 	}
-	return nil
+	// Adasum of a device tensor (staged) equals Adasum of the same host
+	// tensor, bit for bit.
+	x := make([]float32, 777)
+	for i := range x {
+		x[i] = float32((c.Rank()+1)*(i%13)) - 5
+	}
+	// A copy: the stream reads it later, and x becomes the host tensor.
+	b, err := e.upload(rawOf(slices.Clone(x)))
+	if err != nil {
+		return err
+	}
+	if err := c.AllreduceDevice(ctx, b.tensor(tensor.Float32), hvdd.WithName("adasum.dev"), hvdd.WithOp(hvdd.Adasum)); err != nil {
+		return err
+	}
+	if err := hvdd.Allreduce(ctx, c, x, hvdd.WithName("adasum.host"), hvdd.WithOp(hvdd.Adasum)); err != nil {
+		return err
+	}
+	raw, err := b.read(ctx)
+	if err != nil {
+		return err
+	}
+	if got := typedOf[float32](raw); fmt.Sprint(got) != fmt.Sprint(x) {
+		return fmt.Errorf("adasum: device %v, host %v", got[:8], x[:8])
+	}
+	return b.free(c)
 }
 
 // gpuInvalid sends malformed device tensors, each refused with
@@ -704,6 +799,15 @@ func gpuFault(ctx context.Context, c *hvdd.Client) error {
 	}
 	err = c.AllreduceDevice(ctx, b.tensor(tensor.Float32), hvdd.WithName("second"))
 	var he *hvdd.Error
+	if os.Getenv("HVDD_TEST_FAIL_NODES") == "1" {
+		// Across nodes the node whose call failed fails the job; the
+		// others hear of it (or of their aborted communicator).
+		if !errors.As(err, &he) || !strings.Contains(err.Error(), "NCCL") {
+			return fmt.Errorf("want an error naming NCCL, got %v", err)
+		}
+		fmt.Println("error:", err)
+		return nil
+	}
 	if !errors.As(err, &he) || he.Code.String() != "CODE_INTERNAL" || !strings.Contains(err.Error(), os.Getenv("HVDD_TEST_FAIL_CALL")) {
 		return fmt.Errorf("want a CODE_INTERNAL error naming %s, got %v", os.Getenv("HVDD_TEST_FAIL_CALL"), err)
 	}
@@ -784,17 +888,29 @@ func gpuJoin(ctx context.Context, c *hvdd.Client) error {
 // allreduce) while node 1's hold it in host memory (the CPU path), at sizes
 // that one engine call carries and sizes the CPU path pipelines in chunks:
 // both nodes must make the same engine calls.
+// With --gpu-allreduce nccl the nodes vote each allreduce off NCCL (node 1
+// cannot) and take the same paths.
 func TestGPUNodeParity(t *testing.T) {
-	ss := startNodesCfg(t, func(_ int, cfg *daemon.Config) { *cfg = gpuConfig(*cfg, 1) }, 2, 2)
-	for n, node := range spawnNodesEnv(t, ss, "gpuparity", nil, 2, 2) {
-		for _, w := range node {
-			if err := w.Wait(240 * time.Second); err != nil {
-				t.Errorf("node %d rank %d: %v; output:\n%s", n, w.Rank, err, w.Output())
+	for _, mode := range []string{daemon.GPUAllreduceHierarchical, daemon.GPUAllreduceNCCL} {
+		t.Run(mode, func(t *testing.T) {
+			ss := startNodesCfg(t, func(_ int, cfg *daemon.Config) {
+				*cfg = gpuConfig(*cfg, 1)
+				cfg.GPUAllreduce = mode
+			}, 2, 2)
+			for n, node := range spawnNodesEnv(t, ss, "gpuparity", nil, 2, 2) {
+				for _, w := range node {
+					if err := w.Wait(240 * time.Second); err != nil {
+						t.Errorf("node %d rank %d: %v; output:\n%s", n, w.Rank, err, w.Output())
+					}
+				}
 			}
-		}
-	}
-	if !strings.Contains(ss[0].Logs(), `path="hierarchical allreduce"`) {
-		t.Error("node 0 never ran the hierarchical allreduce")
+			if !strings.Contains(ss[0].Logs(), `path="hierarchical allreduce"`) {
+				t.Error("node 0 never ran the hierarchical allreduce")
+			}
+			if strings.Contains(ss[0].Logs(), `path="nccl allreduce"`) {
+				t.Error("node 0 ran an allreduce on NCCL that node 1 could not")
+			}
+		})
 	}
 }
 

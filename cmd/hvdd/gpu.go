@@ -15,19 +15,23 @@ import (
 // --gpu-allreduce how GPU tensors are reduced (daemon.Config.GPUAllreduce).
 
 // defaultGPUAllreduce is --gpu-allreduce's default from Horovod's knobs:
-// HOROVOD_GPU_ALLREDUCE=MPI or GLOO (the CPU engines) stages GPU tensors
-// through host memory; NCCL, or HOROVOD_HIERARCHICAL_ALLREDUCE=1, is the
-// hierarchical path (local reduction on the GPUs, NCCL between them, the
-// node's result through the cross-node engine).
+// HOROVOD_HIERARCHICAL_ALLREDUCE=1 is the hierarchical path (local
+// reduction on the GPUs, NCCL between them, the node's result through the
+// cross-node engine); else HOROVOD_GPU_ALLREDUCE=NCCL joins the nodes on
+// NCCL too, and MPI or GLOO (the CPU engines) stage GPU tensors through host
+// memory. Unset: hierarchical.
 func defaultGPUAllreduce(getenv func(string) string) (string, error) {
+	if h := getenv("HOROVOD_HIERARCHICAL_ALLREDUCE"); h != "" && h != "0" {
+		return daemon.GPUAllreduceHierarchical, nil
+	}
 	switch v := strings.ToUpper(getenv("HOROVOD_GPU_ALLREDUCE")); v {
 	case "":
 	case "NCCL":
-		return daemon.GPUAllreduceHierarchical, nil
+		return daemon.GPUAllreduceNCCL, nil
 	case "MPI", "GLOO":
 		return daemon.GPUAllreduceHost, nil
 	default:
-		return "", fmt.Errorf("HOROVOD_GPU_ALLREDUCE=%s: hvdd knows NCCL (hierarchical), MPI and GLOO (host)", v)
+		return "", fmt.Errorf("HOROVOD_GPU_ALLREDUCE=%s: hvdd knows NCCL, MPI and GLOO", v)
 	}
 	return daemon.GPUAllreduceHierarchical, nil
 }
@@ -36,8 +40,10 @@ func defaultGPUAllreduce(getenv func(string) string) (string, error) {
 // installed, no GPU, --gpu off) is no error: the daemon runs CPU-only and
 // says so once.
 func gpuConfig(cfg *daemon.Config, driver, mode string) error {
-	if mode != daemon.GPUAllreduceHierarchical && mode != daemon.GPUAllreduceHost {
-		return fmt.Errorf("--gpu-allreduce %q: want %s or %s", mode, daemon.GPUAllreduceHierarchical, daemon.GPUAllreduceHost)
+	switch mode {
+	case daemon.GPUAllreduceHierarchical, daemon.GPUAllreduceNCCL, daemon.GPUAllreduceHost:
+	default:
+		return fmt.Errorf("--gpu-allreduce %q: want %s, %s or %s", mode, daemon.GPUAllreduceHierarchical, daemon.GPUAllreduceNCCL, daemon.GPUAllreduceHost)
 	}
 	cfg.GPUAllreduce = mode
 	drv, nccl, err := gpuload.Load(driver)

@@ -20,22 +20,19 @@ import (
 )
 
 func TestDefaultGPUAllreduce(t *testing.T) {
-	for _, tc := range []struct{ env, want string }{
-		{"", daemon.GPUAllreduceHierarchical},
-		{"NCCL", daemon.GPUAllreduceHierarchical},
-		{"nccl", daemon.GPUAllreduceHierarchical},
-		{"MPI", daemon.GPUAllreduceHost},
-		{"GLOO", daemon.GPUAllreduceHost},
-		{"DDL", ""},
+	for _, tc := range []struct{ gpu, hier, want string }{
+		{"", "", daemon.GPUAllreduceHierarchical},
+		{"NCCL", "", daemon.GPUAllreduceNCCL},
+		{"nccl", "0", daemon.GPUAllreduceNCCL},
+		{"NCCL", "1", daemon.GPUAllreduceHierarchical},
+		{"MPI", "", daemon.GPUAllreduceHost},
+		{"GLOO", "", daemon.GPUAllreduceHost},
+		{"DDL", "", ""},
 	} {
-		got, err := defaultGPUAllreduce(func(k string) string {
-			if k == "HOROVOD_GPU_ALLREDUCE" {
-				return tc.env
-			}
-			return ""
-		})
+		env := map[string]string{"HOROVOD_GPU_ALLREDUCE": tc.gpu, "HOROVOD_HIERARCHICAL_ALLREDUCE": tc.hier}
+		got, err := defaultGPUAllreduce(func(k string) string { return env[k] })
 		if got != tc.want || (err != nil) != (tc.want == "") {
-			t.Errorf("HOROVOD_GPU_ALLREDUCE=%q: %q, %v; want %q", tc.env, got, err, tc.want)
+			t.Errorf("HOROVOD_GPU_ALLREDUCE=%q HOROVOD_HIERARCHICAL_ALLREDUCE=%q: %q, %v; want %q", tc.gpu, tc.hier, got, err, tc.want)
 		}
 	}
 }

@@ -48,8 +48,8 @@ Environment (Horovod's knobs, honoured when the flag is not given):
   HVDD_WIRE_COMPRESSION                --wire-compression (none, fp16 or bf16)
   HVDD_CONTROL                         --control (auto, tcp or mpi)
   HVDD_GPU_DRIVER                      --gpu (auto, cuda, fake or off)
-  HOROVOD_GPU_ALLREDUCE                --gpu-allreduce: NCCL hierarchical, MPI or GLOO host
-  HOROVOD_HIERARCHICAL_ALLREDUCE       1: hierarchical (the default)
+  HOROVOD_GPU_ALLREDUCE                --gpu-allreduce: NCCL nccl, MPI or GLOO host
+  HOROVOD_HIERARCHICAL_ALLREDUCE       1: --gpu-allreduce hierarchical (also the default)
   HOROVOD_FUSION_THRESHOLD             bytes per fused response (0 disables fusion)
   HOROVOD_CYCLE_TIME                   ms between dispatched plans (batching window)
   HOROVOD_STALL_CHECK_TIME_SECONDS     stall warning time
@@ -235,7 +235,7 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 	if err != nil {
 		return args, err
 	}
-	fs.StringVar(&args.gpuAllreduce, "gpu-allreduce", defGPUAllreduce, "how GPU tensors are reduced: hierarchical (on the GPUs, NCCL between a node's GPUs, the node's result through the cross-node engine in host memory) or host (staged through host memory, the CPU path) (default from $HOROVOD_GPU_ALLREDUCE: NCCL hierarchical, MPI or GLOO host; else hierarchical)")
+	fs.StringVar(&args.gpuAllreduce, "gpu-allreduce", defGPUAllreduce, "how GPU tensors are reduced: hierarchical (on the GPUs, NCCL between a node's GPUs, the node's result through the cross-node engine in host memory), nccl (the same, with the nodes joined on NCCL: one GPU per node; the same on every node) or host (staged through host memory, the CPU path) (default: $HOROVOD_HIERARCHICAL_ALLREDUCE=1 hierarchical, else $HOROVOD_GPU_ALLREDUCE: NCCL nccl, MPI or GLOO host; else hierarchical)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
 		printDefaults(fs)
