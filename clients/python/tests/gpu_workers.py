@@ -244,7 +244,39 @@ def staging_fallbacks() -> None:
     hvd.shutdown()
 
 
-SCENARIOS = {f.__name__: f for f in (ipc_collectives, ipc_release, ipc_event_wait, staging_fallbacks)}
+def mixed() -> None:
+    """Device and host tensors in one job: a tensor device memory on some
+    ranks and host memory on others (the same name), a group of both, and
+    device and host ops in flight together."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    dev, s = _device()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", _cuda.HvddStagingWarning)
+        for dt in (torch.float32, torch.int64, torch.bfloat16):
+            ins = [data(k, dt, (4, 5), seed=50) for k in range(n)]
+            x = dev.tensor(ins[r]) if r % 2 == 0 else ins[r].clone()
+            hvd.allreduce_(x, op=hvd.Sum, name=f"where.{dt}")
+            expect_equal(x, reference_reduce(ins, hvd.Sum, n), f"device on even ranks, host on odd {dt}", tol_for(dt))
+        a = [data(k, torch.float32, (6,), seed=51) for k in range(n)]
+        b = [data(k, torch.float32, (7,), seed=52) for k in range(n)]
+        outs = hvd.grouped_allreduce([dev.tensor(a[r]), b[r].clone()], op=hvd.Sum, name="group.mixed")
+        expect_equal(outs[0], reference_reduce(a, hvd.Sum, n), "group: device member", 1e-5)
+        expect_equal(outs[1], reference_reduce(b, hvd.Sum, n), "group: host member", 1e-5)
+        hs = []
+        ins = [[data(k, torch.float32, (3,), seed=60 + i) for k in range(n)] for i in range(8)]
+        xs = [dev.tensor(ins[i][r]) if i % 2 else ins[i][r].clone() for i in range(8)]
+        for i, x in enumerate(xs):
+            hs.append(hvd.allreduce_async_(x, op=hvd.Sum, name=f"inflight.{i}"))
+        for h in hs:
+            hvd.synchronize(h)
+        for i, x in enumerate(xs):
+            expect_equal(x, reference_reduce(ins[i], hvd.Sum, n), f"in flight together {i}", 1e-5)
+    assert s.exports > 0
+    hvd.shutdown()
+
+
+SCENARIOS = {f.__name__: f for f in (ipc_collectives, ipc_release, ipc_event_wait, staging_fallbacks, mixed)}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]]()

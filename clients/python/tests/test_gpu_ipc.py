@@ -46,6 +46,11 @@ def test_ipc_collectives_across_gpus(job, fake_gpus, monkeypatch):
     _run(job, "ipc_collectives", 2, env={"HVDD_FAKE_GPU_PER_RANK": "1"})
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_mixed_device_and_host_tensors(job, fake_gpus, np):
+    _run(job, "mixed", np)
+
+
 def test_ipc_release(job, fake_gpus):
     _run(job, "ipc_release")
 
