@@ -509,6 +509,8 @@ class TorchCudaExporter(Exporter):
 class _Entry:
     export: Export
     key: Tuple[int, int]
+    # a finalizer retires it when its storage is freed (no liveness checks)
+    watched: bool = False
 
 
 @dataclass
@@ -580,6 +582,9 @@ class DeviceSession:
         if (self._ops & 255) == 0:
             self.flush(wait=False)
         e = self._cache.get(key)
+        # Checked even where a finalizer watches the storage: a storage freed
+        # and another made at its address before the releaser thread ran
+        # must not reuse the old export (the block may be another one).
         if e is not None and e.export.alive is not None and not e.export.alive():
             self._retire(key, e)
             e = None
@@ -604,7 +609,8 @@ class DeviceSession:
                 self._cache[key] = e
                 self._refs[exp.mem_handle] = self._refs.get(exp.mem_handle, 0) + 1
                 self._sizes[exp.mem_handle] = exp.alloc_size
-            if not ex.on_free(tensor, lambda k=key, e=e: self._freed.put((k, e))):
+            e.watched = ex.on_free(tensor, lambda k=key, e=e: self._freed.put((k, e)))
+            if not e.watched:
                 self._unwatched = True
             elif self._releaser is None:
                 self._releaser = threading.Thread(target=self._release_loop, name="hvdd-gpu-release", daemon=True)
