@@ -62,7 +62,8 @@ if [ -d clients/python/tests ]; then
   HVDD_BIN="$PWD/bin/hvdd" .venv/bin/python -m pytest -q clients/python/tests
   # The tests of the torch client again on the newest torch from PyPI
   # (.venv-torch, what users install): the torch API's (test_torch) and the
-  # client's units. The files that start torch workers to test the daemon's
+  # client's units, and its GPU path (torch >= 2 frees exported storages
+  # through finalizers). The files that start torch workers to test the daemon's
   # behaviour (launching, elastic orchestration, the timeline) run once,
   # above, which keeps this pass to a few minutes.
   if ! wait $torch_setup; then
@@ -71,6 +72,6 @@ if [ -d clients/python/tests ]; then
   echo "== python client: the torch tests, on PyPI's $(torch_of .venv-torch/bin/python) (.venv-torch)"
   t=clients/python/tests
   HVDD_BIN="$PWD/bin/hvdd" .venv-torch/bin/python -m pytest -q \
-    $t/test_torch.py $t/test_units.py $t/test_elastic_units.py
+    $t/test_torch.py $t/test_units.py $t/test_elastic_units.py $t/test_gpu_units.py $t/test_gpu_ipc.py
 fi
 echo "== all tests passed"

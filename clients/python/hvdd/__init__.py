@@ -14,9 +14,10 @@ from . import basics as _basics
 from . import exceptions as _exceptions
 from .basics import *  # noqa: F401,F403 (Horovod's common basics: basics.__all__)
 from .exceptions import *  # noqa: F401,F403 (exceptions.__all__)
+from ._cuda import HvddStagingWarning  # a device tensor staged through host memory (warnings.filterwarnings)
 
 __version__ = "0.1.0"
 
-__all__ = [*_basics.__all__, *_exceptions.__all__, "__version__"]
+__all__ = [*_basics.__all__, *_exceptions.__all__, "HvddStagingWarning", "__version__"]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

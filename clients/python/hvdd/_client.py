@@ -155,6 +155,9 @@ class Client:
         # The shared-memory channel (ipc/PROTOCOL.md, "Channel"): sending
         # under _wlock here, receiving in the reader.
         self._ch: Optional[Channel] = None
+        # The GPU path's state (hvdd._cuda.DeviceSession), by exporter.
+        self.device_sessions: dict = {}
+        self._gpu_uuids: Optional[frozenset] = None
 
     # ------------------------------------------------------------------ setup
 
@@ -401,9 +404,12 @@ class Client:
         group_size: int = 0,
         process_set: int = 0,
         owns_staging: bool = True,
+        device: bytes = b"",
     ) -> Handle:
         """Sends one Enqueue. On failure to send, the staging is freed (when
-        ``owns_staging``) and the error raised."""
+        ``owns_staging``) and the error raised. ``device`` is an encoded
+        DeviceBuffer (a GPU tensor shared through CUDA IPC, :mod:`hvdd._cuda`),
+        sent instead of a staged buffer."""
         rx = self._rx
         with self._lock:
             err = rx.failed
@@ -438,6 +444,7 @@ class Client:
                 group,
                 group_size,
                 process_set,
+                device,
             )
             with self._wlock:  # the frame is _write's, inline: this is the per-op path
                 self._send_locked(HEADER.pack(b"HV", KIND_CLIENT, 0, fid, len(body)) + body)
@@ -452,6 +459,43 @@ class Client:
                 raise HvddInternalError(f"hvdd: enqueue {name!r}: {ex}", pb.CODE_SHUT_DOWN) from ex
             raise
         return h
+
+    def release_device_output(self, mem_handle: bytes) -> None:
+        """Tells the daemon a device output (Done.device_output) has been
+        read: it frees the memory."""
+        if not mem_handle:
+            return
+        m = pb.ClientMessage()
+        m.release.device_output = mem_handle
+        try:
+            self._write(0, m.SerializeToString())
+        except (OSError, HvddInternalError):
+            pass
+
+    def release_device_memory(self, mem_handles: Sequence[bytes]) -> None:
+        """Tells the daemon that the device allocations of these IPC handles
+        (sent in DeviceBuffers before) are freed: it closes its mappings.
+        Nothing answers; a closed connection is ignored (the daemon closes
+        every mapping of a connection it loses)."""
+        if not mem_handles:
+            return
+        m = pb.ClientMessage()
+        m.release_device_memory.mem_handles.extend(mem_handles)
+        try:
+            self._write(0, m.SerializeToString())
+        except (OSError, HvddInternalError):
+            pass
+
+    def gpu_uuids(self) -> frozenset:
+        """The GPUs (UUIDs) whose memory the daemon takes through CUDA IPC
+        (Welcome.gpu_uuids); empty for a CPU-only daemon."""
+        g = self._gpu_uuids
+        if g is None:
+            w = self.welcome
+            if w is None:
+                return frozenset()
+            g = self._gpu_uuids = frozenset(w.gpu_uuids)
+        return g
 
     def call(self, m: Any) -> Any:
         """Sends a request the daemon answers with one Done (process set
@@ -530,6 +574,8 @@ class Client:
             except OSError:
                 pass
         self._rx.stop()  # the reader ends; anything still pending fails as shut down
+        for s in list(self.device_sessions.values()):
+            s.close()
         self._teardown()
 
     def _teardown(self) -> None:

@@ -130,9 +130,9 @@ def reduce_op(op: Any) -> int:
 def check_adasum(op: int, process_set: ProcessSet) -> None:
     """Horovod's client-side rules for a dense op=Adasum allreduce: the global
     process set only, and a power-of-two number of ranks. (Horovod's GPU path,
-    NCCL within a node, has other rules; hvdd stages device tensors through
-    host memory and reduces them as CPU tensors.) The daemon checks the same,
-    and the dtype."""
+    NCCL within a node, has other rules; hvdd's daemon reduces Adasum of
+    device tensors in host memory, as CPU tensors.) The daemon checks the
+    same, and the dtype."""
     if op != _basics.Adasum:
         return
     if process_set is not global_process_set and process_set.process_set_id != 0:

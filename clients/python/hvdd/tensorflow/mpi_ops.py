@@ -18,6 +18,15 @@ variables) in one node, and a TF1 graph with more independent collectives
 than inter-op threads should order them with control dependencies or run
 in a session with more ``inter_op_parallelism_threads``.
 
+GPU tensors are staged through host memory: TensorFlow offers no CUDA IPC
+handle of a tensor's device memory (no counterpart of torch's storage
+sharing), so the daemon cannot take a GPU tensor in place. Their values are
+copied to the host (``numpy()``; in a graph, TensorFlow copies a
+``numpy_function``'s inputs to the host) and the results come back as new
+tensors. The first GPU tensor warns once per process
+(:class:`hvdd._cuda.HvddStagingWarning`), chosen by the tensor's device
+string (:func:`hvdd._cuda.staged_device`).
+
 Names: a graph collective is named after its input tensor (Horovod's
 ``HorovodAllreduce_<tensor name>``), which is the same on every rank running
 the same program; in eager mode an unnamed collective is named by call order,
@@ -36,6 +45,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from .. import _cuda
 from .. import basics as _basics
 from .. import ops as _ops
 from .._proto import hvdd_pb2 as pb
@@ -189,6 +199,8 @@ def _run(
 ) -> List[tf.Tensor]:
     """Runs fn over the inputs' values: now in eager mode, else as one graph
     node. fn takes numpy arrays and returns a list of arrays."""
+    for t in inputs:
+        _note_device(t)
     if _executing_eagerly():
         outs = fn(*[t.numpy() for t in inputs])
         return [tf.convert_to_tensor(o) for o in outs]
@@ -327,6 +339,7 @@ def _eager_allreduce(
     which cost more than a small collective itself."""
     op = _ops.reduce_op(op)
     _check_dtype(tensor.dtype)
+    _note_device(tensor)
     c = _basics.client()
     h = _ops.submit_allreduce(
         c,
@@ -339,6 +352,17 @@ def _eager_allreduce(
         convert=_to_eager,
     )
     return c.complete(h)
+
+
+def _note_device(t: Any) -> None:
+    """Warns once when t lives on a GPU (staged through host memory: see the
+    module doc)."""
+    try:
+        d = t.device
+    except (AttributeError, RuntimeError, ValueError):
+        return
+    if d and "PU:" in d.upper() and "CPU:" not in d.upper():
+        _cuda.note_tf_device(d)
 
 
 def _to_eager(a: np.ndarray) -> tf.Tensor:

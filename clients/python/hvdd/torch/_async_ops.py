@@ -6,6 +6,15 @@ This is the layer under :mod:`hvdd.torch._autograd` (whose functions run
 these in their forward and backward passes) and :mod:`hvdd.torch.mpi_ops`
 (the public module, which re-exports them next to the blocking, in-place and
 differentiable forms). It imports neither.
+
+CUDA tensors: allreduce, grouped allreduce and broadcast run in place on the
+device, the tensor handed to the daemon through CUDA IPC (:mod:`hvdd._cuda`;
+an out-of-place op reduces a device copy); where that cannot be (a CPU-only
+daemon, another GPU, an allocator legacy CUDA IPC cannot share) they are
+staged through host memory with one warning. Allgather, alltoall and
+reducescatter hand the daemon the input the same way and get their output
+as daemon device memory (Done.device_output), copied into a new tensor on
+the input's device.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from .. import _cuda
 from .. import basics as _basics
 from .. import ops as _ops
 from .._client import Client, Handle
@@ -104,6 +114,46 @@ def _register(handle: int, h: Handle) -> int:
     return _ops.register(handle, h)
 
 
+def _device_submit(
+    c: Client,
+    kind: int,
+    tensor: torch.Tensor,
+    output: Optional[torch.Tensor],
+    full_name: str,
+    wire: int,
+    **kw: Any,
+) -> Optional[Handle]:
+    """Submits an in-place collective (allreduce, broadcast) of a device
+    tensor through CUDA IPC: on output (tensor itself for the in-place
+    forms), or on a device copy of tensor that becomes the result. None when
+    the tensor is not device memory an exporter claims, or must be staged
+    (hvdd._cuda warned why); the caller then stages it."""
+    ex = _cuda.exporter_for(tensor)
+    if ex is None or tensor.numel() == 0:
+        return None
+    s = _cuda.session(c, ex)
+    if not s.usable(tensor):
+        return None
+    with torch.no_grad():
+        if output is None:
+            buf = ex.empty_like(tensor)
+            buf.copy_(tensor)
+        elif output is tensor:
+            buf = tensor.detach()
+        elif ex.claims(output) and output.is_contiguous() and output.dtype == tensor.dtype:
+            output.copy_(tensor)
+            buf = output.detach()
+        else:
+            return None
+    dev = s.buffer(buf)
+    if dev is None:
+        return None
+    h = c.submit(kind, full_name, wire, tuple(tensor.shape), device=dev, **kw)
+    result = output if output is not None else buf
+    h.finish = lambda _h: result  # holds the memory until the Done
+    return h
+
+
 # ------------------------------------------------------------------- allreduce
 
 
@@ -120,6 +170,23 @@ def _allreduce_submit(
     group_size: int = 0,
 ) -> Handle:
     wire_dt = _check(tensor)[0]
+    if not tensor.is_cpu or _cuda.has_exporters():
+        h = _device_submit(
+            c,
+            pb.OP_ALLREDUCE,
+            tensor,
+            output,
+            full_name,
+            wire_dt,
+            reduce_op=op,
+            prescale=float(prescale_factor),
+            postscale=float(postscale_factor),
+            process_set=ps,
+            group=group,
+            group_size=group_size,
+        )
+        if h is not None:
+            return h
     out, convert = _into(output) if output is not None else (None, _to_torch(tensor.dtype))
     return _ops.submit_allreduce(
         c,
@@ -315,6 +382,10 @@ def _output_submit(
     """Submits a collective whose result the daemon allocates (allgather,
     alltoall, reducescatter)."""
     wire_dt = _check(tensor)[0]
+    if not tensor.is_cpu or _cuda.has_exporters():
+        h = _device_output_submit(c, kind, tensor, full_name, ps, with_splits, wire_dt, **kw)
+        if h is not None:
+            return h
     return _ops.submit_output(
         c,
         kind,
@@ -327,6 +398,64 @@ def _output_submit(
         convert_splits=torch.from_numpy,
         **kw,
     )
+
+
+def _device_output_submit(
+    c: Client,
+    kind: int,
+    tensor: torch.Tensor,
+    full_name: str,
+    ps: int,
+    with_splits: bool,
+    wire: int,
+    **kw: Any,
+) -> Optional[Handle]:
+    """A collective with a daemon-allocated output on a device tensor through
+    CUDA IPC: the daemon answers with its own device memory
+    (Done.device_output), which is copied into a new tensor on the input's
+    device and released. None when the tensor is to be staged."""
+    ex = _cuda.exporter_for(tensor)
+    if ex is None or tensor.numel() == 0:
+        return None
+    s = _cuda.session(c, ex)
+    if not s.usable(tensor):
+        return None
+    buf = tensor.detach()
+    dev = s.buffer(buf)
+    if dev is None:
+        return None
+    h = c.submit(kind, full_name, wire, tuple(tensor.shape), process_set=ps, device=dev, **kw)
+    rest = tuple(tensor.shape[1:])
+
+    def finish(h: Handle) -> Any:
+        _ = buf  # the input's memory lives until the Done
+        d = h.done
+        shape = tuple(d.output_shape) if d is not None and len(d.output_shape) else (0,) + rest
+        if d is not None and d.HasField("device_output") and d.device_output.length:
+            o = d.device_output
+            try:
+                out = ex.new_empty(tensor, shape)
+                ex.read_output(out, o.mem_handle, o.alloc_size, o.offset, o.length)
+            finally:
+                c.release_device_output(o.mem_handle)
+        elif d is not None and d.HasField("output") and d.output.length:
+            try:
+                a = _ops._new_array(c.output(d.output), _DTYPES[tensor.dtype][1], shape)
+            finally:
+                c.release(d.output)
+            out = _to_torch(tensor.dtype)(a).to(tensor.device)
+            if not ex.claims(out):
+                o2 = ex.new_empty(tensor, shape)
+                o2.copy_(out)
+                out = o2
+        else:
+            out = ex.new_empty(tensor, shape)
+        if with_splits:
+            return out, torch.tensor(list(d.received_splits) if d is not None else [], dtype=torch.int32)
+        return out
+
+    h.finish = finish
+    return h
 
 
 def allgather_async(
@@ -375,10 +504,15 @@ def _broadcast_async(
     wire_dt = _check(tensor)[0]
     ps = _ops.check_root(root_rank, process_set)
     handle = _ops.next_handle()
+    full_name = _name("broadcast", name)
+    if not tensor.is_cpu or _cuda.has_exporters():
+        h = _device_submit(
+            c, pb.OP_BROADCAST, tensor, output, full_name, wire_dt, root_rank=int(root_rank), process_set=ps
+        )
+        if h is not None:
+            return _register(handle, h)
     out, convert = _into(output) if output is not None else (None, _to_torch(tensor.dtype))
-    h = _ops.submit_broadcast(
-        c, _array(tensor), _name("broadcast", name), root_rank, ps, out=out, wire=wire_dt, convert=convert
-    )
+    h = _ops.submit_broadcast(c, _array(tensor), full_name, root_rank, ps, out=out, wire=wire_dt, convert=convert)
     return _register(handle, h)
 
 

@@ -1,0 +1,108 @@
+"""Latency of a small blocking allreduce on CUDA tensors: hvdd.torch (through
+the daemon and CUDA IPC) against torch.distributed's NCCL, under the same
+launcher. Issue 17 asks hvdd to stay within 2x of NCCL's latency.
+
+    hvdd run -np 2 python clients/python/tests/gpu/bench_latency.py [--bytes 4096] [--iters 2000]
+
+Each rank uses cuda:(local_rank % device_count). NCCL refuses two ranks on
+one GPU, so with fewer GPUs than local ranks only hvdd is timed (and the
+reason printed). torch.distributed starts with init_method env:// from
+hvdd's rank and size (MASTER_ADDR: 127.0.0.1 on one node, else rank 0's
+host, unless set; MASTER_PORT: a free port rank 0 picks, unless set). Rank 0
+prints the medians (and 10th/90th percentiles) in microseconds, and the
+ratio. A "blocking" op returns once the result is in device memory: hvdd's
+allreduce_ returns at the daemon's Done; NCCL's is followed by a stream
+synchronisation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import hvdd.torch as hvd
+
+
+def _times(fn, iters: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _summary(ts: list[float]) -> str:
+    q = statistics.quantiles(ts, n=10)
+    return f"median {statistics.median(ts) * 1e6:8.1f} us  (p10 {q[0] * 1e6:.1f}, p90 {q[-1] * 1e6:.1f})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bytes", type=int, default=4096, help="tensor size (float32 elements x 4)")
+    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--no-nccl", action="store_true", help="time hvdd only")
+    a = ap.parse_args()
+
+    hvd.init()
+    r, n, lr, ls = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
+    ngpu = torch.cuda.device_count()
+    dev = torch.device("cuda", lr % ngpu)
+    torch.cuda.set_device(dev)
+    x = torch.ones(max(1, a.bytes // 4), dtype=torch.float32, device=dev)
+    results = {}
+
+    results["hvdd (CUDA IPC)"] = _times(lambda: hvd.allreduce_(x, op=hvd.Sum, name="lat"), a.iters, a.warmup)
+    xc = torch.ones_like(x, device="cpu")
+    results["hvdd (CPU tensor)"] = _times(lambda: hvd.allreduce_(xc, op=hvd.Sum, name="latcpu"), a.iters, a.warmup)
+
+    why = ""
+    if a.no_nccl:
+        why = "--no-nccl"
+    elif ngpu < ls:
+        why = f"NCCL refuses two ranks on one GPU ({ls} local ranks, {ngpu} GPU(s))"
+    if not why:
+        if "MASTER_PORT" not in os.environ:
+            port = 0
+            if r == 0:
+                with socket.socket() as s:
+                    s.bind(("", 0))
+                    port = s.getsockname()[1]
+            os.environ["MASTER_PORT"] = str(hvd.broadcast_object(port, 0, name="bench.port"))
+        if "MASTER_ADDR" not in os.environ:
+            addr = "127.0.0.1" if n == ls else socket.gethostbyname(socket.gethostname())
+            os.environ["MASTER_ADDR"] = hvd.broadcast_object(addr, 0, name="bench.addr")
+        os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"] = str(r), str(n), str(lr)
+        dist.init_process_group("nccl", init_method="env://")
+        y = torch.ones_like(x)
+
+        def nccl() -> None:
+            dist.all_reduce(y)
+            torch.cuda.current_stream().synchronize()
+
+        results["torch.distributed nccl"] = _times(nccl, a.iters, a.warmup)
+        dist.destroy_process_group()
+
+    if r == 0:
+        print(f"allreduce of {x.numel() * 4} bytes, {n} ranks ({ls} per node), {torch.cuda.get_device_name(dev)}")
+        for k, ts in results.items():
+            print(f"  {k:24s} {_summary(ts)}")
+        if "torch.distributed nccl" in results:
+            ratio = statistics.median(results["hvdd (CUDA IPC)"]) / statistics.median(results["torch.distributed nccl"])
+            print(f"  ratio hvdd / nccl: {ratio:.2f} (issue 17 asks <= 2)")
+        else:
+            print(f"  nccl: not timed: {why}")
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
