@@ -139,6 +139,13 @@ func serveMain(argv []string) int {
 		return 2
 	}
 	defer removeOnExit(args)
+	// The stop signals are caught from here on: one that comes while the
+	// daemon is still being configured or starting (a supervisor's, a
+	// test's that saw the first log line) stops it the usual way once it
+	// runs, instead of killing it before it could clean up.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
 	cfg, socket, err := serveConfig(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
@@ -150,7 +157,7 @@ func serveMain(argv []string) int {
 		return 1
 	}
 	defer stopMetrics()
-	return serve(cfg, socket, args.stopTimeout)
+	return serve(cfg, socket, args.stopTimeout, sigs)
 }
 
 // removeOnExit removes --remove-on-exit's files, and --log-file if the
@@ -485,7 +492,7 @@ func secretError(err error) error {
 // serve runs the daemon on socket (or on the listener systemd passed) until
 // a signal stops it (see stopOnSignals), and returns the exit status: 2 for
 // a configuration the daemon refuses, 1 when it cannot listen or fails.
-func serve(cfg daemon.Config, socket string, stopTimeout time.Duration) int {
+func serve(cfg daemon.Config, socket string, stopTimeout time.Duration, sigs chan os.Signal) int {
 	sd := newService(cfg.Logger)
 	if sd.n.enabled() {
 		cfg.OnStatus = sd.onStatus
@@ -495,12 +502,11 @@ func serve(cfg daemon.Config, socket string, stopTimeout time.Duration) int {
 		fmt.Fprintf(os.Stderr, "hvdd serve: %v\n", err)
 		return 2
 	}
-	// The signal handlers come before the socket: a SIGTERM sent as soon
-	// as the socket exists (a test, a supervisor) then stops the daemon
-	// the usual way instead of killing it before it could clean up.
+	// The signals are acted on before the socket exists: a SIGTERM sent as
+	// soon as it appears stops the daemon the usual way.
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(context.Canceled)
-	stopSignals := stopOnSignals(srv, cancel, stopTimeout, sd, cfg.Logger)
+	stopSignals := stopOnSignals(sigs, srv, cancel, stopTimeout, sd, cfg.Logger)
 	defer stopSignals()
 	ln, err := systemdListener()
 	if err == nil && ln == nil {
@@ -537,12 +543,11 @@ func serve(cfg daemon.Config, socket string, stopTimeout time.Duration) int {
 // stopTimeout, or a second signal comes, the daemon stops at once, and the
 // job's ranks are told that. Under mpirun a SIGTERM usually means that
 // mpirun ends the whole job because a daemon on another node died (MPI
-// jobs do not outlive a rank), which the message says. The returned func
-// stops listening for signals.
-func stopOnSignals(srv *daemon.Server, stop context.CancelCauseFunc, stopTimeout time.Duration, sd *service, log *slog.Logger) func() {
-	ch := make(chan os.Signal, 2)
+// jobs do not outlive a rank), which the message says. ch is where the
+// signals arrive (signal.Notify'd by the caller, maybe before the daemon
+// existed). The returned func stops listening for signals.
+func stopOnSignals(ch chan os.Signal, srv *daemon.Server, stop context.CancelCauseFunc, stopTimeout time.Duration, sd *service, log *slog.Logger) func() {
 	done := make(chan struct{})
-	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		var sig os.Signal
 		select {

@@ -218,7 +218,9 @@ func (r Report) Summary() string {
 // one line per GPU and one for the topology.
 func (r Report) Log(l *slog.Logger) {
 	if !r.Available {
-		l.Info(r.Summary())
+		// Debug: hvdd serve's GPU driver loader says CPU-only at info,
+		// once (cmd/hvdd/gpu.go); NVML's reason is the same news.
+		l.Debug(r.Summary())
 		return
 	}
 	l.Info("NVIDIA GPUs", "count", len(r.GPUs), "driver", r.DriverVersion, "cuda", cudaVersion(r.CUDAVersion))
