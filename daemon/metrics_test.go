@@ -265,6 +265,12 @@ func TestMetricsExposition(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	clients := initJob(t, ctx, s.Socket, metricsJob, 2)
+	// Each client registers its shared-memory channel after Init returns,
+	// on its own: wait until the daemon has mapped both (it counts a
+	// channel's bytes, then logs it).
+	for lr := range 2 {
+		s.WaitLog(t, fmt.Sprintf(`msg="shared-memory channel registered" pid=%d local_rank=%d`, os.Getpid(), lr), 10*time.Second)
+	}
 	running := scrape(t, addr)
 	for _, want := range []series{
 		{"hvdd_clients", map[string]string{"state": "running"}, 2},
