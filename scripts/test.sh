@@ -12,7 +12,10 @@ torch_log=$(mktemp)
 ./scripts/setup-torch.sh > "$torch_log" 2>&1 &
 torch_setup=$!
 
-echo "== gofmt / go vet / black"
+# stage NAME: a heading with the minutes and seconds since the start, so a
+# CI log shows where its time goes.
+stage() { echo "== $* [$((SECONDS / 60))m$((SECONDS % 60))s]"; }
+stage "gofmt / go vet / black"
 bad=$(gofmt -l $(git ls-files '*.go' | grep -v '\.pb\.go$') || true)
 if [ -n "$bad" ]; then echo "gofmt needed on: $bad"; exit 1; fi
 go vet ./...
@@ -20,10 +23,10 @@ go vet ./...
 black --config clients/python/pyproject.toml --check -q $(git ls-files '*.py') \
   || { echo "black needed: black --config clients/python/pyproject.toml \$(git ls-files '*.py')"; exit 1; }
 
-echo "== go test -race"
+stage "go test -race"
 HVDD_REQUIRE_PTXAS=1 go test -race -count=1 -timeout 20m ./...
 
-echo "== MPI engine under a real mpirun (build tag mpi)"
+stage "MPI engine under a real mpirun (build tag mpi)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 go test -tags mpi -count=1 -timeout 10m ./backends/mpi/ ./cmd/hvdd/
 # The engine on MPICH too (the default mpirun stays Open MPI's).
@@ -37,7 +40,7 @@ go test -tags mpi -count=1 -timeout 10m -run 'TestMPIMultiNode|TestMPICHMultiNod
 # The tcp engine's conformance matrix with wire compression (minutes under -race).
 go test -count=1 -timeout 10m -run 'TestConformanceCompressed' ./backends/tcp/
 
-echo "== fuzz (${FUZZTIME:=10s} per target)"
+stage "fuzz (${FUZZTIME:=10s} per target)"
 for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon FuzzResolve" "./shm FuzzSlice" "./reduce FuzzReduce" "./reduce FuzzWire" "./daemon/plan FuzzTable" \
          "./backends/tcp FuzzParse" "./backends/tcp FuzzHandshakeServer" "./backends/tcp FuzzWireMessage" "./cluster FuzzFrames"; do
   set -- $t
@@ -58,8 +61,8 @@ done
 
 if [ -d clients/python/tests ]; then
   torch_of() { "$1" -c 'import torch; print("torch", torch.__version__)'; }
-  echo "== python client: every test, on Debian's $(torch_of .venv/bin/python) (.venv)"
-  HVDD_BIN="$PWD/bin/hvdd" .venv/bin/python -m pytest -q clients/python/tests
+  stage "python client: every test, on Debian's $(torch_of .venv/bin/python) (.venv)"
+  HVDD_BIN="$PWD/bin/hvdd" .venv/bin/python -m pytest -q --durations=15 clients/python/tests
   # The tests of the torch client again on the newest torch from PyPI
   # (.venv-torch, what users install): the torch API's (test_torch) and the
   # client's units, and its GPU path (torch >= 2 frees exported storages
@@ -69,9 +72,9 @@ if [ -d clients/python/tests ]; then
   if ! wait $torch_setup; then
     cat "$torch_log"; echo "scripts/setup-torch.sh failed"; exit 1
   fi
-  echo "== python client: the torch tests, on PyPI's $(torch_of .venv-torch/bin/python) (.venv-torch)"
+  stage "python client: the torch tests, on PyPI's $(torch_of .venv-torch/bin/python) (.venv-torch)"
   t=clients/python/tests
   HVDD_BIN="$PWD/bin/hvdd" .venv-torch/bin/python -m pytest -q \
     $t/test_torch.py $t/test_units.py $t/test_elastic_units.py $t/test_gpu_units.py $t/test_gpu_ipc.py
 fi
-echo "== all tests passed"
+stage "all tests passed"
