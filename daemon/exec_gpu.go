@@ -759,7 +759,7 @@ func (g *gpuState) crossComm(ctx context.Context, b backends.Backend) (gpu.Comm,
 	var id gpu.UniqueID
 	copy(id[:], buf[1:])
 	// Open already: this node's ops are on devs[0] (ncclVote).
-	if err := g.devs[0].open("the NCCL communicator across nodes"); err != nil {
+	if err := g.devs[0].open("NCCL communicator across nodes"); err != nil {
 		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, ncclInitTimeout)

@@ -88,9 +88,10 @@ type gpuDev struct {
 // needed it fails (CODE_INTERNAL), the next one tries again.
 var errGPUOpen = errors.New("cannot open the GPU")
 
-// open makes d's context and stream, once; why says what needed them (for
-// the log). A failure leaves d closed, so the next use tries again.
-func (d *gpuDev) open(why string) error {
+// open makes d's context and stream, once; why (and the attributes that
+// follow, slog's) says what needed them, for the log. A failure leaves d
+// closed, so the next use tries again.
+func (d *gpuDev) open(why string, attrs ...any) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.dev != nil {
@@ -99,17 +100,17 @@ func (d *gpuDev) open(why string) error {
 	g := d.g
 	dev, err := g.drv.Open(d.info.Index)
 	if err != nil {
-		g.log.Warn("GPU context open failed", "index", d.info.Index, "uuid", d.info.UUID, "why", why, "err", err)
+		g.log.Warn("GPU context open failed", append([]any{"index", d.info.Index, "uuid", d.info.UUID, "why", why, "err", err}, attrs...)...)
 		return fmt.Errorf("GPU %s: %w: retain its context: %w", d.info.UUID, errGPUOpen, err)
 	}
 	s, err := dev.NewStream()
 	if err != nil {
 		dev.Close()
-		g.log.Warn("GPU context open failed", "index", d.info.Index, "uuid", d.info.UUID, "why", why, "err", err)
+		g.log.Warn("GPU context open failed", append([]any{"index", d.info.Index, "uuid", d.info.UUID, "why", why, "err", err}, attrs...)...)
 		return fmt.Errorf("GPU %s: %w: create a stream: %w", d.info.UUID, errGPUOpen, err)
 	}
 	d.dev, d.stream = dev, s
-	g.log.Info("GPU context opened", "index", d.info.Index, "uuid", d.info.UUID, "why", why)
+	g.log.Info("GPU context opened", append([]any{"index", d.info.Index, "uuid", d.info.UUID, "why", why}, attrs...)...)
 	return nil
 }
 
@@ -290,7 +291,7 @@ func (c *client) resolveDevice(name string, b *ipcpb.DeviceBuffer, n uint64) (*d
 		return nil, fmt.Errorf("tensor %q: device buffer of %d bytes for a tensor of %d bytes", name, b.GetLength(), n)
 	}
 	// The executor runs even an empty tensor on the GPU's stream.
-	if err := d.open(fmt.Sprintf("the first device tensor on it (%q)", name)); err != nil {
+	if err := d.open("first device tensor", "tensor", name); err != nil {
 		return nil, fmt.Errorf("tensor %q: %w", name, err)
 	}
 	if n == 0 {

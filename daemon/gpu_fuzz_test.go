@@ -24,7 +24,7 @@ func FuzzResolveDevice(f *testing.F) {
 	if g.devs[0].opened() {
 		f.Fatal("the GPU's context was opened before any device tensor")
 	}
-	if err := g.devs[0].open("the fuzz test's allocation"); err != nil {
+	if err := g.devs[0].open("fuzz test"); err != nil {
 		f.Fatal(err)
 	}
 	d := g.devs[0].dev
