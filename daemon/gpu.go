@@ -101,17 +101,30 @@ func (d *gpuDev) open(why string, attrs ...any) error {
 	dev, err := g.drv.Open(d.info.Index)
 	if err != nil {
 		g.log.Warn("GPU context open failed", append([]any{"index", d.info.Index, "uuid", d.info.UUID, "why", why, "err", err}, attrs...)...)
-		return fmt.Errorf("GPU %s: %w: retain its context: %w", d.info.UUID, errGPUOpen, err)
+		return fmt.Errorf("GPU %s: %w: retain its context: %w%s", d.info.UUID, errGPUOpen, err, openHint(err))
 	}
 	s, err := dev.NewStream()
 	if err != nil {
 		dev.Close()
 		g.log.Warn("GPU context open failed", append([]any{"index", d.info.Index, "uuid", d.info.UUID, "why", why, "err", err}, attrs...)...)
-		return fmt.Errorf("GPU %s: %w: create a stream: %w", d.info.UUID, errGPUOpen, err)
+		return fmt.Errorf("GPU %s: %w: create a stream: %w%s", d.info.UUID, errGPUOpen, err, openHint(err))
 	}
 	d.dev, d.stream = dev, s
 	g.log.Info("GPU context opened", append([]any{"index", d.info.Index, "uuid", d.info.UUID, "why", why}, attrs...)...)
 	return nil
+}
+
+// cudaErrorDeviceUnavailable is CUDA_ERROR_DEVICE_UNAVAILABLE: the GPU is
+// in EXCLUSIVE_PROCESS compute mode and another process holds its context.
+const cudaErrorDeviceUnavailable = 46
+
+// openHint explains an open failure the user can act on.
+func openHint(err error) string {
+	var ge *gpu.Error
+	if errors.As(err, &ge) && strings.HasPrefix(ge.Call, "cu") && ge.Code == cudaErrorDeviceUnavailable {
+		return " (the GPU's compute mode allows one process a context, and another holds it: CUDA IPC needs the daemon's too; set the GPU to DEFAULT compute mode, or stage the tensor through host memory)"
+	}
+	return ""
 }
 
 // opened reports whether d's context is open.

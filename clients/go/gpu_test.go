@@ -105,7 +105,8 @@ func (o *openCounter) counts() (opened, failed map[int]int) {
 // start-up nor for a job of host tensors (yet lists both GPUs); a device
 // tensor on GPU 1 opens GPU 1 only, once; an open that fails (injected
 // cuDevicePrimaryCtxRetain failure) fails that op with CODE_INTERNAL naming
-// it, and the next op opens the GPU and succeeds.
+// it (and, for CUDA_ERROR_DEVICE_UNAVAILABLE, the compute mode), and the
+// next op opens the GPU and succeeds.
 func TestGPULazyOpen(t *testing.T) {
 	defer fake.Reset()
 	cnt := &openCounter{Driver: fake.New(fake.Options{Devices: 2}), opened: map[int]int{}, failed: map[int]int{}}
@@ -119,7 +120,7 @@ func TestGPULazyOpen(t *testing.T) {
 		t.Errorf("%d GPUs logged as found, want 2", n)
 	}
 	// Contexts are per process: the worker's own fake opens do not count.
-	fake.FailNext("cuDevicePrimaryCtxRetain", 1, 2) // CUDA_ERROR_OUT_OF_MEMORY
+	fake.FailNext("cuDevicePrimaryCtxRetain", 1, 46) // CUDA_ERROR_DEVICE_UNAVAILABLE: EXCLUSIVE_PROCESS
 	daemontest.Run(t, s.Socket, "gpulazy", 1, 60*time.Second, "HVDD_FAKE_GPUS=2", "HVDD_TEST_LAZY=device", "HVDD_TEST_GPU=1")
 	opened, failed := cnt.counts()
 	if !maps.Equal(opened, map[int]int{1: 1}) || !maps.Equal(failed, map[int]int{1: 1}) {
@@ -1047,8 +1048,8 @@ func gpuParity(ctx context.Context, c *hvdd.Client) error {
 
 // gpuLazy (TestGPULazyOpen): HVDD_TEST_LAZY=host allreduces host tensors
 // only; =device allreduces a device tensor on GPU HVDD_TEST_GPU whose first
-// try must fail with CODE_INTERNAL naming cuDevicePrimaryCtxRetain (the
-// test injected it), unless HVDD_TEST_LAZY_OK=1, then succeeds.
+// try must fail with CODE_INTERNAL naming cuDevicePrimaryCtxRetain and the
+// compute mode (the test injected CUDA_ERROR_DEVICE_UNAVAILABLE), unless HVDD_TEST_LAZY_OK=1, then succeeds.
 func gpuLazy(ctx context.Context, c *hvdd.Client) error {
 	if g := c.GPUs(); len(g) != 2 {
 		return fmt.Errorf("the daemon lists GPUs %v, want two", g)
@@ -1076,8 +1077,8 @@ func gpuLazy(ctx context.Context, c *hvdd.Client) error {
 	if os.Getenv("HVDD_TEST_LAZY_OK") != "1" {
 		err := c.AllreduceDevice(ctx, b.tensor(tensor.Float32), hvdd.WithName("open.fails"), hvdd.WithOp(hvdd.Sum))
 		var he *hvdd.Error
-		if !errors.As(err, &he) || he.Code.String() != "CODE_INTERNAL" || !strings.Contains(err.Error(), "cuDevicePrimaryCtxRetain") || !strings.Contains(err.Error(), e.uuid) {
-			return fmt.Errorf("first device tensor with the context retain failing: got %v, want CODE_INTERNAL naming cuDevicePrimaryCtxRetain and %s", err, e.uuid)
+		if !errors.As(err, &he) || he.Code.String() != "CODE_INTERNAL" || !strings.Contains(err.Error(), "cuDevicePrimaryCtxRetain") || !strings.Contains(err.Error(), e.uuid) || !strings.Contains(err.Error(), "compute mode") {
+			return fmt.Errorf("first device tensor with the context retain failing: got %v, want CODE_INTERNAL naming cuDevicePrimaryCtxRetain, %s and the compute mode", err, e.uuid)
 		}
 		fmt.Println("error:", err)
 	}
