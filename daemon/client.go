@@ -205,7 +205,11 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		o, err := c.resolve(id, m.Enqueue)
 		if err != nil {
 			l.refusedOp(c, m.Enqueue) // metrics.go
-			c.reply(id, &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: err.Error()})
+			code := ipcpb.Code_CODE_INVALID_ARGUMENT
+			if errors.Is(err, errGPUOpen) { // gpu.go: the GPU failed, not the request
+				code = ipcpb.Code_CODE_INTERNAL
+			}
+			c.reply(id, &ipcpb.Done{Code: code, Error: err.Error()})
 			return nil
 		}
 		l.enqueue(o)

@@ -758,6 +758,10 @@ func (g *gpuState) crossComm(ctx context.Context, b backends.Backend) (gpu.Comm,
 	}
 	var id gpu.UniqueID
 	copy(id[:], buf[1:])
+	// Open already: this node's ops are on devs[0] (ncclVote).
+	if err := g.devs[0].open("NCCL communicator across nodes"); err != nil {
+		return nil, err
+	}
 	cctx, cancel := context.WithTimeout(ctx, ncclInitTimeout)
 	defer cancel()
 	c, err := g.nccl.CommInitRank(cctx, g.devs[0].dev, b.Size(), id, b.Rank())

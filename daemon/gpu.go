@@ -30,7 +30,17 @@ import (
 // belong to that goroutine, and it synchronises the streams before any Done
 // goes out.
 
-// gpuState is what the daemon opened of its GPUs: nil on a CPU-only node.
+// gpuState is the daemon's GPUs: nil on a CPU-only node.
+//
+// Start-up only lists them (Driver.Devices: no context). A GPU's context,
+// stream, fusion buffer and kernels are made on first use by a device
+// tensor (gpuDev.open), so a node whose jobs send only host tensors holds no
+// CUDA context (hundreds of MB of device memory each, and the only one a GPU
+// in EXCLUSIVE_PROCESS mode allows). An opened GPU stays open until the
+// daemon stops: closing an idle one would have to wait for every
+// connection's cached IPC mappings and events on it, its communicators and
+// its device outputs to go, which the daemon does not track across
+// connections.
 type gpuState struct {
 	drv  gpu.Driver
 	nccl gpu.NCCL // nil without NCCL: several GPUs then stage through host
@@ -50,14 +60,21 @@ type gpuState struct {
 	crossOf backends.Backend
 }
 
-// gpuDev is one GPU the daemon opened, with the executor's stream, fusion
-// and scratch buffers and kernels on it.
+// gpuDev is one GPU the daemon found, with (once opened) its context and
+// the executor's stream, fusion and scratch buffers and kernels on it.
 type gpuDev struct {
 	idx  int // in gpuState.devs
 	info gpu.Info
-	dev  gpu.Device
+	g    *gpuState
 
-	// Used by the executor goroutine only.
+	// mu serialises open (the loop opens a GPU for the IPC handles it
+	// maps). dev and stream are set once, under mu, before any op on the
+	// GPU exists; the code that uses them holds such an op (it got it from
+	// the goroutine that opened the GPU) and reads them without mu.
+	mu  sync.Mutex
+	dev gpu.Device // nil until opened
+
+	// Used by the executor goroutine only (set by open).
 	stream   gpu.Stream
 	kern     *gpuKernels
 	kernErr  error
@@ -67,8 +84,59 @@ type gpuDev struct {
 	scratchN int
 }
 
-// openGPUs opens every GPU drv lists; a driver that fails, or lists none,
-// leaves the daemon CPU-only (nil), saying so once.
+// errGPUOpen marks a GPU whose context could not be opened: the op that
+// needed it fails (CODE_INTERNAL), the next one tries again.
+var errGPUOpen = errors.New("cannot open the GPU")
+
+// open makes d's context and stream, once; why (and the attributes that
+// follow, slog's) says what needed them, for the log. A failure leaves d
+// closed, so the next use tries again.
+func (d *gpuDev) open(why string, attrs ...any) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.dev != nil {
+		return nil
+	}
+	g := d.g
+	dev, err := g.drv.Open(d.info.Index)
+	if err != nil {
+		g.log.Warn("GPU context open failed", append([]any{"index", d.info.Index, "uuid", d.info.UUID, "why", why, "err", err}, attrs...)...)
+		return fmt.Errorf("GPU %s: %w: retain its context: %w%s", d.info.UUID, errGPUOpen, err, openHint(err))
+	}
+	s, err := dev.NewStream()
+	if err != nil {
+		dev.Close()
+		g.log.Warn("GPU context open failed", append([]any{"index", d.info.Index, "uuid", d.info.UUID, "why", why, "err", err}, attrs...)...)
+		return fmt.Errorf("GPU %s: %w: create a stream: %w%s", d.info.UUID, errGPUOpen, err, openHint(err))
+	}
+	d.dev, d.stream = dev, s
+	g.log.Info("GPU context opened", append([]any{"index", d.info.Index, "uuid", d.info.UUID, "why", why}, attrs...)...)
+	return nil
+}
+
+// cudaErrorDeviceUnavailable is CUDA_ERROR_DEVICE_UNAVAILABLE: the GPU is
+// in EXCLUSIVE_PROCESS compute mode and another process holds its context.
+const cudaErrorDeviceUnavailable = 46
+
+// openHint explains an open failure the user can act on.
+func openHint(err error) string {
+	var ge *gpu.Error
+	if errors.As(err, &ge) && strings.HasPrefix(ge.Call, "cu") && ge.Code == cudaErrorDeviceUnavailable {
+		return " (the GPU's compute mode allows one process a context, and another holds it: CUDA IPC needs the daemon's too; set the GPU to DEFAULT compute mode, or stage the tensor through host memory)"
+	}
+	return ""
+}
+
+// opened reports whether d's context is open.
+func (d *gpuDev) opened() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.dev != nil
+}
+
+// openGPUs lists the GPUs drv has, opening none (gpuDev.open does, on first
+// use); a driver that fails, or lists none, leaves the daemon CPU-only
+// (nil), saying so once.
 func openGPUs(drv gpu.Driver, nccl gpu.NCCL, log *slog.Logger, hostOnly bool) *gpuState {
 	if drv == nil {
 		return nil
@@ -83,25 +151,10 @@ func openGPUs(drv gpu.Driver, nccl gpu.NCCL, log *slog.Logger, hostOnly bool) *g
 	}
 	g := &gpuState{drv: drv, nccl: nccl, log: log, by: make(map[string]*gpuDev), hostOnly: hostOnly, comms: make(map[string][]gpu.Comm)}
 	for _, in := range infos {
-		d, err := drv.Open(in.Index)
-		if err != nil {
-			log.Warn("cannot open GPU: left out", "index", in.Index, "uuid", in.UUID, "err", err)
-			continue
-		}
-		s, err := d.NewStream()
-		if err != nil {
-			d.Close()
-			log.Warn("cannot create a stream on GPU: left out", "index", in.Index, "uuid", in.UUID, "err", err)
-			continue
-		}
-		gd := &gpuDev{idx: len(g.devs), info: d.Info(), dev: d, stream: s}
+		gd := &gpuDev{idx: len(g.devs), info: in, g: g}
 		g.devs = append(g.devs, gd)
-		g.by[gd.info.UUID] = gd
-		log.Info("GPU opened", "index", in.Index, "uuid", in.UUID, "name", in.Name, "pci", in.PCIBusID, "memory", in.MemoryBytes, "driver", drv.Name())
-	}
-	if len(g.devs) == 0 {
-		log.Info("no CUDA driver: CPU-only", "driver", drv.Name(), "why", "no GPU could be opened")
-		return nil
+		g.by[in.UUID] = gd
+		log.Info("GPU found", "index", in.Index, "uuid", in.UUID, "name", in.Name, "pci", in.PCIBusID, "memory", in.MemoryBytes, "driver", drv.Name())
 	}
 	if nccl == nil && len(g.devs) > 1 {
 		log.Info("no NCCL: tensors on different GPUs are reduced through host memory")
@@ -111,11 +164,11 @@ func openGPUs(drv gpu.Driver, nccl gpu.NCCL, log *slog.Logger, hostOnly bool) *g
 	if nccl != nil {
 		ncclV, _ = nccl.Version()
 	}
-	log.Info("GPU path ready", "gpus", len(g.devs), "driver", drv.Name(), "cuda_version", cudaV, "nccl_version", ncclV, "host_only", hostOnly)
+	log.Info("GPU path ready (each GPU's context opened on first use)", "gpus", len(g.devs), "driver", drv.Name(), "cuda_version", cudaV, "nccl_version", ncclV, "host_only", hostOnly)
 	return g
 }
 
-// uuids lists the opened GPUs (Welcome.gpu_uuids); nil when CPU-only.
+// uuids lists the GPUs found (Welcome.gpu_uuids); nil when CPU-only.
 func (g *gpuState) uuids() []string {
 	if g == nil {
 		return nil
@@ -127,8 +180,8 @@ func (g *gpuState) uuids() []string {
 	return out
 }
 
-// close releases everything: communicators, buffers, streams, contexts.
-// Called once the executor has stopped.
+// close releases everything: communicators, buffers, streams, contexts of
+// the GPUs opened. Called once the executor has stopped.
 func (g *gpuState) close() {
 	if g == nil {
 		return
@@ -144,6 +197,11 @@ func (g *gpuState) close() {
 		g.cross, g.crossOf = nil, nil
 	}
 	for _, d := range g.devs {
+		d.mu.Lock()
+		if d.dev == nil {
+			d.mu.Unlock()
+			continue
+		}
 		if d.fuseN > 0 {
 			d.dev.Free(d.fuse)
 		}
@@ -155,6 +213,8 @@ func (g *gpuState) close() {
 		}
 		d.stream.Destroy()
 		d.dev.Close()
+		d.dev, d.stream = nil, nil
+		d.mu.Unlock()
 	}
 }
 
@@ -242,6 +302,10 @@ func (c *client) resolveDevice(name string, b *ipcpb.DeviceBuffer, n uint64) (*d
 	}
 	if b.GetLength() != n {
 		return nil, fmt.Errorf("tensor %q: device buffer of %d bytes for a tensor of %d bytes", name, b.GetLength(), n)
+	}
+	// The executor runs even an empty tensor on the GPU's stream.
+	if err := d.open("first device tensor", "tensor", name); err != nil {
+		return nil, fmt.Errorf("tensor %q: %w", name, err)
 	}
 	if n == 0 {
 		return &devOp{d: d}, nil

@@ -21,6 +21,12 @@ func FuzzResolveDevice(f *testing.F) {
 		f.Fatal("no fake GPU")
 	}
 	defer g.close()
+	if g.devs[0].opened() {
+		f.Fatal("the GPU's context was opened before any device tensor")
+	}
+	if err := g.devs[0].open("fuzz test"); err != nil {
+		f.Fatal(err)
+	}
 	d := g.devs[0].dev
 	p, err := d.Alloc(4096)
 	if err != nil {

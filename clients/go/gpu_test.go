@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -37,6 +40,7 @@ func init() {
 	scenarios["gpucpuonly"] = gpuCPUOnly
 	scenarios["gpujoin"] = gpuJoin
 	scenarios["gpuparity"] = gpuParity
+	scenarios["gpulazy"] = gpuLazy
 }
 
 // gpuConfig returns cfg with n fake GPUs and fake NCCL.
@@ -67,6 +71,69 @@ func TestGPUCollectives(t *testing.T) {
 				t.Errorf("NCCL communicator created: %v with %d GPUs", nccl, tc.gpus)
 			}
 		})
+	}
+}
+
+// openCounter is a gpu.Driver that counts the contexts opened through it,
+// by index, failed opens included: the daemon runs in this process.
+type openCounter struct {
+	gpu.Driver
+	mu     sync.Mutex
+	opened map[int]int // successful Opens by index
+	failed map[int]int // failed Opens by index
+}
+
+func (o *openCounter) Open(index int) (gpu.Device, error) {
+	d, err := o.Driver.Open(index)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if err != nil {
+		o.failed[index]++
+	} else {
+		o.opened[index]++
+	}
+	return d, err
+}
+
+func (o *openCounter) counts() (opened, failed map[int]int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return maps.Clone(o.opened), maps.Clone(o.failed)
+}
+
+// TestGPULazyOpen: a daemon with two fake GPUs opens no GPU context at
+// start-up nor for a job of host tensors (yet lists both GPUs); a device
+// tensor on GPU 1 opens GPU 1 only, once; an open that fails (injected
+// cuDevicePrimaryCtxRetain failure) fails that op with CODE_INTERNAL naming
+// it (and, for CUDA_ERROR_DEVICE_UNAVAILABLE, the compute mode), and the
+// next op opens the GPU and succeeds.
+func TestGPULazyOpen(t *testing.T) {
+	defer fake.Reset()
+	cnt := &openCounter{Driver: fake.New(fake.Options{Devices: 2}), opened: map[int]int{}, failed: map[int]int{}}
+	cfg := daemon.Config{Slots: 1, GPU: cnt, NCCL: fake.NewNCCL()}
+	s := daemontest.Start(t, cfg)
+	daemontest.Run(t, s.Socket, "gpulazy", 1, 60*time.Second, "HVDD_FAKE_GPUS=2", "HVDD_TEST_LAZY=host")
+	if opened, failed := cnt.counts(); len(opened)+len(failed) != 0 {
+		t.Fatalf("host tensors only: GPU contexts opened %v (failed %v), want none", opened, failed)
+	}
+	if n := strings.Count(s.Logs(), "GPU found"); n != 2 {
+		t.Errorf("%d GPUs logged as found, want 2", n)
+	}
+	// Contexts are per process: the worker's own fake opens do not count.
+	fake.FailNext("cuDevicePrimaryCtxRetain", 1, 46) // CUDA_ERROR_DEVICE_UNAVAILABLE: EXCLUSIVE_PROCESS
+	daemontest.Run(t, s.Socket, "gpulazy", 1, 60*time.Second, "HVDD_FAKE_GPUS=2", "HVDD_TEST_LAZY=device", "HVDD_TEST_GPU=1")
+	opened, failed := cnt.counts()
+	if !maps.Equal(opened, map[int]int{1: 1}) || !maps.Equal(failed, map[int]int{1: 1}) {
+		t.Errorf("a failed then a good device tensor on GPU 1: opened %v, failed %v; want GPU 1 tried twice, opened once", opened, failed)
+	}
+	logs := s.Logs()
+	if n := strings.Count(logs, "GPU context opened"); n != 1 || !strings.Contains(logs, "uuid="+fake.UUID(1)) {
+		t.Errorf("want one \"GPU context opened\" log line, for %s; daemon log:\n%s", fake.UUID(1), logs)
+	}
+	// A second job on the same GPU uses the open context.
+	daemontest.Run(t, s.Socket, "gpulazy", 1, 60*time.Second, "HVDD_FAKE_GPUS=2", "HVDD_TEST_LAZY=device", "HVDD_TEST_GPU=1", "HVDD_TEST_LAZY_OK=1")
+	if opened, _ := cnt.counts(); !maps.Equal(opened, map[int]int{1: 1}) {
+		t.Errorf("a second job on GPU 1: opened %v, want GPU 1 once", opened)
 	}
 }
 
@@ -261,6 +328,9 @@ func openDev(c *hvdd.Client) (*devEnv, error) {
 		return nil, errors.New("the daemon lists no GPU")
 	}
 	uuid := uuids[c.LocalRank()%len(uuids)]
+	if i, err := strconv.Atoi(os.Getenv("HVDD_TEST_GPU")); err == nil && i >= 0 && i < len(uuids) {
+		uuid = uuids[i]
+	}
 	drv := fake.New(fake.Options{})
 	infos, err := drv.Devices()
 	if err != nil {
@@ -974,4 +1044,58 @@ func gpuParity(ctx context.Context, c *hvdd.Client) error {
 		}
 	}
 	return nil
+}
+
+// gpuLazy (TestGPULazyOpen): HVDD_TEST_LAZY=host allreduces host tensors
+// only; =device allreduces a device tensor on GPU HVDD_TEST_GPU whose first
+// try must fail with CODE_INTERNAL naming cuDevicePrimaryCtxRetain and the
+// compute mode (the test injected CUDA_ERROR_DEVICE_UNAVAILABLE), unless HVDD_TEST_LAZY_OK=1, then succeeds.
+func gpuLazy(ctx context.Context, c *hvdd.Client) error {
+	if g := c.GPUs(); len(g) != 2 {
+		return fmt.Errorf("the daemon lists GPUs %v, want two", g)
+	}
+	if os.Getenv("HVDD_TEST_LAZY") == "host" {
+		for i := range 3 {
+			x := input[float32](0, 100)
+			if err := hvdd.Allreduce(ctx, c, x, hvdd.WithName(fmt.Sprint("host.", i)), hvdd.WithOp(hvdd.Sum)); err != nil {
+				return err
+			}
+			if want := input[float32](0, 100); fmt.Sprint(x) != fmt.Sprint(want) {
+				return fmt.Errorf("host allreduce: got %v, want %v", x, want)
+			}
+		}
+		return nil
+	}
+	e, err := openDev(c)
+	if err != nil {
+		return err
+	}
+	b, err := e.upload(rawOf(input[float32](0, 64)))
+	if err != nil {
+		return err
+	}
+	if os.Getenv("HVDD_TEST_LAZY_OK") != "1" {
+		err := c.AllreduceDevice(ctx, b.tensor(tensor.Float32), hvdd.WithName("open.fails"), hvdd.WithOp(hvdd.Sum))
+		var he *hvdd.Error
+		if !errors.As(err, &he) || he.Code.String() != "CODE_INTERNAL" || !strings.Contains(err.Error(), "cuDevicePrimaryCtxRetain") || !strings.Contains(err.Error(), e.uuid) || !strings.Contains(err.Error(), "compute mode") {
+			return fmt.Errorf("first device tensor with the context retain failing: got %v, want CODE_INTERNAL naming cuDevicePrimaryCtxRetain, %s and the compute mode", err, e.uuid)
+		}
+		fmt.Println("error:", err)
+	}
+	// Postscale 3: the result shows the daemon ran the op.
+	if err := c.AllreduceDevice(ctx, b.tensor(tensor.Float32), hvdd.WithName("open.works"), hvdd.WithOp(hvdd.Sum), hvdd.WithPostscale(3)); err != nil {
+		return fmt.Errorf("device tensor after the failed open: %w", err)
+	}
+	raw, err := b.read(ctx)
+	if err != nil {
+		return err
+	}
+	want := input[float32](0, 64)
+	for i := range want {
+		want[i] *= 3
+	}
+	if got := typedOf[float32](raw); fmt.Sprint(got) != fmt.Sprint(want) {
+		return fmt.Errorf("device allreduce: got %v, want %v", got, want)
+	}
+	return b.free(c)
 }

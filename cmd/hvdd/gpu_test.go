@@ -38,7 +38,8 @@ func TestDefaultGPUAllreduce(t *testing.T) {
 }
 
 // TestServeGPU runs the real binary with each --gpu: fake (two fake GPUs in
-// Welcome, a device allreduce from this process through CUDA IPC), off and
+// Welcome, a device allreduce from this process through CUDA IPC, which
+// opens GPU 1's context and no other), off and
 // auto (on a machine without CUDA: CPU-only, said once), and refuses an
 // unknown driver or mode.
 func TestServeGPU(t *testing.T) {
@@ -73,8 +74,20 @@ func TestServeGPU(t *testing.T) {
 				t.Fatalf("hvdd serve: %v\n%s", err, logs.String())
 			}
 			out := logs.String()
-			if n := strings.Count(out, "GPU opened"); n != len(gpus) {
-				t.Errorf("%d GPUs listed to the client, %d logged as opened:\n%s", len(gpus), n, out)
+			if n := strings.Count(out, "GPU found"); n != len(gpus) {
+				t.Errorf("%d GPUs listed to the client, %d logged as found:\n%s", len(gpus), n, out)
+			}
+			// Contexts open on first use: --gpu fake's one device tensor
+			// is on GPU 1, so GPU 0 stays unopened.
+			wantOpened := 0
+			if tc.driver == "fake" {
+				wantOpened = 1
+				if !strings.Contains(out, `msg="GPU context opened" index=1 uuid=`+fake.UUID(1)) {
+					t.Errorf("no \"GPU context opened\" for GPU 1 (%s):\n%s", fake.UUID(1), out)
+				}
+			}
+			if n := strings.Count(out, "GPU context opened"); n != wantOpened {
+				t.Errorf("%d GPU contexts opened, want %d:\n%s", n, wantOpened, out)
 			}
 			if n := strings.Count(out, "no CUDA driver: CPU-only"); (n == 1) != (len(gpus) == 0) || n > 1 {
 				t.Errorf("%q logged %d times with %d GPUs:\n%s", "no CUDA driver: CPU-only", n, len(gpus), out)
