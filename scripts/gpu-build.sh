@@ -7,6 +7,10 @@
 #   bin/gpu-tests.txt      the manifest gpu-check.sh reads: per line the test
 #                          binary, its package directory (the test runs there,
 #                          as go test would) and its -test.run pattern
+#   bin/pylib/{protobuf,pytest}  pure-Python wheels (PyPI) unpacked, which
+#                          gpu-check.sh puts on PYTHONPATH only where the GPU
+#                          machine's python3 lacks them (the client needs
+#                          protobuf, the GPU tests pytest)
 # Everything is stripped (-ldflags='-s -w'; Go's stack traces survive) to fit
 # the device tool's 64 MiB (working tree and carried bin/ together).
 #
@@ -37,6 +41,25 @@ gputest-cuda     gpu/cuda     .
 kernels-gpu.test gpu/kernels  .
 daemon-gpu.test  daemon       GPU|CUDA|Cuda|NCCL|Nccl
 '
+# The Python client's pure dependencies, for a GPU machine whose python3
+# lacks them (it has no network). numpy cannot travel this way (its wheels
+# are per Python version): torch's installs usually bring it.
+rm -rf bin/pylib
+pyget() { # pyget DIR PACKAGE...: unpack the py3-none-any wheels into bin/pylib/DIR
+  local d; d=$(mktemp -d)
+  python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    --platform any --implementation py --python-version 3.9 -d "$d" "${@:2}"
+  python3 - "$d" "bin/pylib/$1" <<'PY'
+import glob, sys, zipfile
+for w in glob.glob(sys.argv[1] + "/*.whl"):
+    zipfile.ZipFile(w).extractall(sys.argv[2])
+PY
+  rm -rf "$d"
+}
+echo "== bin/pylib: protobuf, pytest (pure-Python wheels from PyPI)"
+pyget protobuf protobuf
+pyget pytest pytest pluggy iniconfig packaging pygments exceptiongroup tomli typing_extensions
+
 manifest=bin/gpu-tests.txt
 : > "$manifest.tmp"
 built=() skipped=()
@@ -59,7 +82,7 @@ mv "$manifest.tmp" "$manifest"
 echo
 echo "built: bin/hvdd ${built[*]/#/bin/}"
 for s in "${skipped[@]}"; do echo "not built: $s"; done
-size=$(du -cm bin/hvdd "$manifest" "${built[@]/#/bin/}" | tail -1 | cut -f1)
+size=$(du -cm bin/hvdd "$manifest" bin/pylib "${built[@]/#/bin/}" | tail -1 | cut -f1)
 tree=$(git ls-files -z | du -cm --files0-from=- | tail -1 | cut -f1)
 echo "bin/ to carry: ${size} MiB; tracked tree: ${tree} MiB (the device tool takes 64 MiB in all)"
 if [ $((size + tree)) -gt 60 ]; then

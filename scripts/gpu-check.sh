@@ -59,6 +59,14 @@ log=$out/check.log
 : > "$log"
 hvdd=$root/bin/hvdd
 export PYTHONPATH="$root/clients/python${PYTHONPATH:+:$PYTHONPATH}"
+# gpu-build.sh's pure-Python wheels, only for what python3 lacks: ahead of
+# site-packages they would shadow an installed (and maybe compiled) one.
+for m in protobuf:google.protobuf pytest:pytest; do
+  if ! python3 -c "import ${m#*:}" 2>/dev/null && [ -d "$root/bin/pylib/${m%%:*}" ]; then
+    PYTHONPATH="$PYTHONPATH:$root/bin/pylib/${m%%:*}"
+    echo "python3 lacks ${m#*:}: using bin/pylib/${m%%:*}"
+  fi
+done
 export PYTHONUNBUFFERED=1
 export HVDD_BIN=$hvdd # clients/python/tests/conftest.py: use it, build nothing
 start=$SECONDS
