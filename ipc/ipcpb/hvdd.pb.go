@@ -862,8 +862,8 @@ func (x *DeviceBuffer) GetEventHandle() []byte {
 }
 
 // ReleaseDeviceMemory tells the daemon that the client freed allocations it
-// sent before (the daemon closes its IPC mappings of them). The daemon
-// answers nothing; ops in flight on them fail.
+// sent before (the daemon closes its IPC mappings of them, each once the
+// ops in flight on it have finished). The daemon answers nothing.
 type ReleaseDeviceMemory struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	MemHandles    [][]byte               `protobuf:"bytes,1,rep,name=mem_handles,json=memHandles,proto3" json:"mem_handles,omitempty"`
