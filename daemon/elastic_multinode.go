@@ -330,6 +330,9 @@ func (c *multiNode) epochDialIn(nj nodeJoin) {
 	case n == nil || n.epoch != nj.join.GetEpoch():
 		refuse(fmt.Sprintf("node %d joined epoch %d of the elastic job, which node %d does not form (it formed without node %d, or the job is over)", id, nj.join.GetEpoch(), c.rank, id))
 		return
+	case !c.leads() && n.electing:
+		c.held = append(c.held, nj) // see multiNode.held
+		return
 	case !c.leads():
 		refuse(fmt.Sprintf("node %d joined epoch %d of the elastic job at node %d, which does not coordinate it", id, n.epoch, c.rank))
 		return

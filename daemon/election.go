@@ -148,6 +148,15 @@ func (c *multiNode) waitWinner(ctx context.Context, key string) (map[string][]by
 
 // elected acts on the outcome of this node's claim.
 func (c *multiNode) elected(m msgElected) {
+	// The nodes that dialled in while the claim was in flight, now that its
+	// outcome is known (or another claim is in flight again: held again).
+	defer func() {
+		held := c.held
+		c.held = nil
+		for _, nj := range held {
+			c.epochDialIn(nj)
+		}
+	}()
 	if m.link != nil {
 		c.joining.remove(m.link) // the loop's now
 	}

@@ -114,6 +114,11 @@ type multiNode struct {
 	// layout (a node joining a running elastic job may wait long), so that
 	// close can end the wait.
 	joining linkSet
+	// held are nodes that dialled in to join the next epoch while this
+	// node's own claim to coordinate it was still in flight (it may have
+	// won, and published its address, before the loop heard): elected
+	// takes them up once the outcome is known.
+	held []nodeJoin
 }
 
 // linkSet is a set of links that goroutines other than the loop's hold,
@@ -262,6 +267,10 @@ func (c *multiNode) publish(ctx context.Context, key, addr string) error {
 func (c *multiNode) close() {
 	c.endLife()
 	c.joining.closeAll()
+	for _, nj := range c.held {
+		nj.link.Close()
+	}
+	c.held = nil
 	if c.linkCheck != nil {
 		c.linkCheck.Stop()
 	}
