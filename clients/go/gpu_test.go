@@ -834,13 +834,7 @@ func gpuVictim(ctx context.Context, c *hvdd.Client) error {
 	if err != nil {
 		return err
 	}
-	fmt.Println("WAITING")
-	err = h.Wait(ctx)
-	if !errors.Is(err, hvdd.ErrAborted) {
-		return fmt.Errorf("want ErrAborted, got %v", err)
-	}
-	fmt.Println("error:", err)
-	return nil
+	return waitAborted(ctx, h)
 }
 
 // gpuFault: one good allreduce, then (after the test injected a failure in

@@ -884,17 +884,27 @@ func victim(ctx context.Context, c *hvdd.Client) error {
 	if err != nil {
 		return err
 	}
-	fmt.Println("WAITING")
-	err = h.Wait(ctx)
-	if !errors.Is(err, hvdd.ErrAborted) {
-		return fmt.Errorf("want ErrAborted, got %v", err)
+	if err := waitAborted(ctx, h); err != nil {
+		return err
 	}
-	fmt.Println("error:", err)
 	// Later ops fail at once the same way.
 	err = hvdd.Allreduce(ctx, c, []float32{1}, hvdd.WithName("later"))
 	if !errors.Is(err, hvdd.ErrAborted) {
 		return fmt.Errorf("later op: want ErrAborted, got %v", err)
 	}
+	return nil
+}
+
+// waitAborted is the victim scenarios' waiting rank: it says WAITING (the
+// test then kills the victim), and h must fail with ErrAborted, which it
+// prints as "error: ...".
+func waitAborted(ctx context.Context, h *hvdd.Handle) error {
+	fmt.Println("WAITING")
+	err := h.Wait(ctx)
+	if !errors.Is(err, hvdd.ErrAborted) {
+		return fmt.Errorf("want ErrAborted, got %v", err)
+	}
+	fmt.Println("error:", err)
 	return nil
 }
 

@@ -579,25 +579,18 @@ func (c *comm) AsyncError() error {
 }
 
 func (c *comm) Abort() error {
-	const call = "ncclCommAbort"
-	c.mu.Lock()
-	was := c.closed
-	c.closed = true
-	c.mu.Unlock()
-	if was {
-		return newErr(call, ncclInvalidUsage, "communicator already aborted or destroyed")
-	}
-	c.fail(ncclRemoteError, "aborted")
-	c.wmu.Lock()
-	writeFrame(c.conn, &frame{kind: fAbort})
-	c.wmu.Unlock()
-	c.conn.Close()
-	<-c.readerDone
-	return check(call)
+	return c.end("ncclCommAbort", fAbort, true, "aborted")
 }
 
 func (c *comm) Destroy() error {
-	const call = "ncclCommDestroy"
+	return c.end("ncclCommDestroy", fBye, false, "destroyed")
+}
+
+// end closes the communicator once (Abort and Destroy): it tells the hub
+// with a frame of kind, closes the connection and waits for the reader.
+// failFirst marks the communicator failed before the frame goes (Abort:
+// blocked calls end at once) rather than after (Destroy).
+func (c *comm) end(call string, kind uint8, failFirst bool, why string) error {
 	c.mu.Lock()
 	was := c.closed
 	c.closed = true
@@ -605,11 +598,16 @@ func (c *comm) Destroy() error {
 	if was {
 		return newErr(call, ncclInvalidUsage, "communicator already aborted or destroyed")
 	}
+	if failFirst {
+		c.fail(ncclRemoteError, why)
+	}
 	c.wmu.Lock()
-	writeFrame(c.conn, &frame{kind: fBye})
+	writeFrame(c.conn, &frame{kind: kind})
 	c.wmu.Unlock()
 	c.conn.Close()
-	c.fail(ncclRemoteError, "destroyed")
+	if !failFirst {
+		c.fail(ncclRemoteError, why)
+	}
 	<-c.readerDone
 	return check(call)
 }
