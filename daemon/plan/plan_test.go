@@ -2,6 +2,7 @@ package plan
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -313,5 +314,39 @@ func TestSetFusionThreshold(t *testing.T) {
 	}
 	if err := tbl.SetFusionThreshold(-1); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("SetFusionThreshold(-1) = %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestFusionKeepsDevicesApart: allreduces and allgathers of GPU tensors
+// (Request.Device) never fuse with host ones, though they agree on
+// everything else; each kind still fuses with its own.
+func TestFusionKeepsDevicesApart(t *testing.T) {
+	tbl := mustNew(t, Config{Size: 1, FusionThreshold: 1 << 20})
+	for _, n := range []string{"h1", "d1", "h2", "d2"} {
+		r := ar(0, n, 100)
+		r.Device = n[0] == 'd'
+		if err := tbl.Submit(r, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for _, r := range tbl.Ready() {
+		var names []string
+		for _, tn := range r.Tensors {
+			names = append(names, tn.Name)
+		}
+		got = append(got, fmt.Sprintf("%v%v", r.Device, names))
+	}
+	if want := []string{"false[h1 h2]", "true[d1 d2]"}; !slices.Equal(got, want) {
+		t.Fatalf("allreduce responses %v, want %v", got, want)
+	}
+	for _, n := range []string{"g1", "g2"} {
+		r := Request{Rank: 0, Name: n, Op: tensor.Allgather, DType: tensor.Float32, Shape: []int64{4}, Device: n == "g2"}
+		if err := tbl.Submit(r, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rs := tbl.Ready(); len(rs) != 2 || rs[0].Device == rs[1].Device {
+		t.Fatalf("a host and a GPU allgather: %d responses, want 2 apart", len(rs))
 	}
 }
