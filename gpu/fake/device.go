@@ -326,10 +326,12 @@ func (d *device) OpenMemHandle(h gpu.IpcMemHandle, size int) (gpu.DevicePtr, err
 		space.opened = map[openKey]*alloc{}
 	}
 	space.opened[key] = a
-	space.mu.Unlock()
+	// Counted as the context's before another OpenMemHandle can find it
+	// (and its caller close it).
 	c.mu.Lock()
 	c.allocs[a] = struct{}{}
 	c.mu.Unlock()
+	space.mu.Unlock()
 	return a.base, nil
 }
 
@@ -346,12 +348,26 @@ func (d *device) CloseMemHandle(p gpu.DevicePtr) error {
 	space.mu.Lock()
 	a.opens--
 	last := a.opens == 0
+	if last {
+		// Out of the opened table in the same critical section as the
+		// count, so that an OpenMemHandle of the same handle either counts
+		// on this mapping before the close or maps it anew after it (it
+		// must not revive a mapping about to be removed).
+		forget(a)
+	}
 	space.mu.Unlock()
 	if last {
+		if closeHook != nil {
+			closeHook()
+		}
 		c.drop(a)
 	}
 	return nil
 }
+
+// closeHook, when set (tests: SetCloseHook), runs in CloseMemHandle between
+// the count of a handle's last close and its unmapping.
+var closeHook func()
 
 func (d *device) Close() error {
 	const call = "cuDevicePrimaryCtxRelease"

@@ -335,3 +335,58 @@ func TestFreeWhileQueued(t *testing.T) {
 		t.Error("Memset8 of freed memory succeeded")
 	}
 }
+
+// TestOpenWhileClosingSameHandle: an open of an IPC handle that comes
+// while another goroutine's close of its last mapping is under way (the
+// daemon's loop opens a client's handle for a new op while its executor
+// closes the previous op's mapping of it) gets a mapping that stays usable:
+// the fake counts opens of a handle in one context, as CUDA does, and the
+// close that reached zero must not remove a mapping the open has just
+// counted on. The hook runs the open between the close's count and its
+// unmapping, the window CI once hit ("address ... is in no allocation").
+func TestOpenWhileClosingSameHandle(t *testing.T) {
+	dev, s := openDev(t, fake.New(fake.Options{}), 0)
+	const n = 4096
+	p, err := dev.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Free(p)
+	if err := dev.Memset8(s, p, 7, n); err != nil {
+		t.Fatal(err)
+	}
+	h, err := dev.IpcMemHandle(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := dev.OpenMemHandle(h, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var second gpu.DevicePtr
+	var openErr error
+	restore := fake.SetCloseHook(func() {
+		second, openErr = dev.OpenMemHandle(h, n)
+	})
+	err = dev.CloseMemHandle(first)
+	restore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if openErr != nil {
+		t.Fatalf("open during the close: %v", openErr)
+	}
+	buf := make([]byte, 64)
+	if err := dev.CopyDtoH(s, buf, second.Add(128)); err != nil {
+		t.Fatalf("copy from the mapping opened while the last one closed: %v", err)
+	}
+	if err := s.Synchronize(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(buf, bytes.Repeat([]byte{7}, 64)) {
+		t.Errorf("the mapping reads %v, want the allocation's 7s", buf[:8])
+	}
+	if err := dev.CloseMemHandle(second); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -83,12 +83,19 @@ func remove(a *alloc) {
 	if i < len(space.allocs) && space.allocs[i] == a {
 		space.allocs = append(space.allocs[:i], space.allocs[i+1:]...)
 	}
-	if a.opened {
-		delete(space.opened, a.key)
-	}
+	forget(a)
 	a.dead = true
 	if a.refs == 0 {
 		a.unmap()
+	}
+}
+
+// forget takes an opened mapping out of the table OpenMemHandle reuses
+// mappings from, unless a newer mapping of the handle replaced it there.
+// space.mu must be held.
+func forget(a *alloc) {
+	if a.opened && space.opened[a.key] == a {
+		delete(space.opened, a.key)
 	}
 }
 
