@@ -44,17 +44,20 @@ stage "fuzz (${FUZZTIME:=10s} per target)"
 for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon FuzzResolve" "./shm FuzzSlice" "./reduce FuzzReduce" "./reduce FuzzWire" "./daemon/plan FuzzTable" \
          "./backends/tcp FuzzParse" "./backends/tcp FuzzHandshakeServer" "./backends/tcp FuzzWireMessage" "./cluster FuzzFrames"; do
   set -- $t
-  # Go's fuzzer fails with "context deadline exceeded" when -fuzztime runs
-  # out while it is still gathering baseline coverage (a slow, loaded
-  # machine); that is not a finding, so such a run is repeated once.
-  if ! go test -run '^$' -fuzz "^$2\$" -fuzztime "$FUZZTIME" "$1" 2>&1 | tee /tmp/hvdd-fuzz.$$.log; then
-    if grep -q 'context deadline exceeded' /tmp/hvdd-fuzz.$$.log && ! grep -q 'Failing input\|failing input' /tmp/hvdd-fuzz.$$.log; then
-      echo "== $2: fuzz time ran out during baseline coverage; once more"
-      go test -run '^$' -fuzz "^$2\$" -fuzztime "$FUZZTIME" "$1"
-    else
-      rm -f /tmp/hvdd-fuzz.$$.log
-      exit 1
-    fi
+  # Go's fuzzer sometimes fails with "context deadline exceeded" and no
+  # failing input when -fuzztime runs out on a slow, loaded machine (while
+  # gathering baseline coverage, or with a worker mid-input); that is not a
+  # finding, so such a run is repeated once, and its output (a FAIL line)
+  # is not shown, only said.
+  if go test -run '^$' -fuzz "^$2\$" -fuzztime "$FUZZTIME" "$1" > /tmp/hvdd-fuzz.$$.log 2>&1; then
+    cat /tmp/hvdd-fuzz.$$.log
+  elif grep -q 'context deadline exceeded' /tmp/hvdd-fuzz.$$.log && ! grep -q 'Failing input\|failing input' /tmp/hvdd-fuzz.$$.log; then
+    echo "== $2: 'context deadline exceeded' as fuzz time ran out, no failing input: once more"
+    go test -run '^$' -fuzz "^$2\$" -fuzztime "$FUZZTIME" "$1"
+  else
+    cat /tmp/hvdd-fuzz.$$.log
+    rm -f /tmp/hvdd-fuzz.$$.log
+    exit 1
   fi
   rm -f /tmp/hvdd-fuzz.$$.log
 done
