@@ -101,6 +101,16 @@ func LostRank(err error) (int, bool) {
 	return -1, false
 }
 
+// LostCloser is implemented by engines that can close saying why: a rank
+// of theirs was lost. The other ranks' calls in progress then fail with a
+// *PeerError naming that rank, not this one: a node that closes its engine
+// because another node was lost must not be taken for the lost one by a
+// peer still waiting for its bytes.
+type LostCloser interface {
+	// CloseLost is Close after the loss of rank (err says what was seen).
+	CloseLost(rank int, err error) error
+}
+
 // ErrClosed is returned by calls on a closed Backend.
 var ErrClosed = errors.New("backends: closed")
 

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -58,6 +59,9 @@ type multiCoord struct {
 	expecting bool
 	// tuning is the autotuner's settings for the coordinator's next plan.
 	tuning *settings
+	// lost is the node (place in the job) whose loss fails the job, +1;
+	// 0 when the failure has another cause (see abortLost).
+	lost int
 }
 
 // cacheEntry is a tensor's requests as last forwarded, under a cache slot.
@@ -221,6 +225,10 @@ func (mc *multiCoord) control(node int, m *clusterpb.Message) {
 			return
 		}
 		// Node 0 relays a node's abort to the others.
+		if a := msg.Abort; a.LostNode != nil && ipcpb.Code(a.GetCode()) == ipcpb.Code_CODE_ABORTED {
+			mc.abortLost(int(a.GetLostNode()), a.GetMsg(), mc.coordinator())
+			return
+		}
 		mc.hooks.abort(j, ipcpb.Code(msg.Abort.GetCode()), msg.Abort.GetMsg(), mc.coordinator())
 	case *clusterpb.Message_Bye:
 		mc.byes[node] = true
@@ -305,7 +313,18 @@ func (mc *multiCoord) linkLost(node int, err error) {
 	if !mc.hooks.current(j) || j.failed != nil || mc.byes[node] {
 		return
 	}
-	mc.hooks.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("%s%s was lost: %v", mc.name(node), j.members.rankRange(node), err), true)
+	mc.abortLost(node, fmt.Sprintf("%s%s was lost: %v", mc.name(node), j.members.rankRange(node), err), true)
+}
+
+// abortLost fails the job for the loss of node (its place in the job): the
+// Abort the other nodes get names it, and every node closes its data engine
+// naming it, so that a node still in a collective blames the lost node
+// rather than a neighbour that closed its engine first.
+func (mc *multiCoord) abortLost(node int, msg string, notify bool) {
+	if mc.j.failed == nil && mc.lost == 0 && node >= 0 && node < len(mc.ids) {
+		mc.lost = node + 1
+	}
+	mc.hooks.abort(mc.j, ipcpb.Code_CODE_ABORTED, msg, notify)
 }
 
 // name names the node at a place in the job by its --node-rank.
@@ -428,7 +447,7 @@ func (mc *multiCoord) flush() {
 	mn.out, mn.outKey = nil, nil
 	if link := mn.links[0]; link != nil {
 		if err := link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Ready{Ready: rd}}); err != nil {
-			mc.hooks.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node 0 (the coordinator) was lost: %v", err), false)
+			mc.abortLost(0, fmt.Sprintf("node 0 (the coordinator) was lost: %v", err), false)
 		}
 	}
 }
@@ -484,7 +503,7 @@ func (mc *multiCoord) next() []plan.Response {
 		msg := &clusterpb.Message{Msg: &clusterpb.Message_Plan{Plan: pm}}
 		for r, link := range mc.links {
 			if err := link.Send(msg); err != nil {
-				mc.hooks.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("%s%s was lost: %v", mc.name(r), j.members.rankRange(r), err), true)
+				mc.abortLost(r, fmt.Sprintf("%s%s was lost: %v", mc.name(r), j.members.rankRange(r), err), true)
 				return nil
 			}
 		}
@@ -576,13 +595,21 @@ func (mc *multiCoord) abort(code ipcpb.Code, msg string, notify bool) {
 	}
 	if notify {
 		a := abortMsg(code, msg, mc.j.epoch)
+		if mc.lost > 0 {
+			a.GetAbort().LostNode = proto.Int32(int32(mc.lost - 1))
+		}
 		for _, link := range mc.links {
 			link.Send(a)
 		}
 	}
-	if mc.b != nil {
-		mc.b.Close()
+	if mc.b == nil {
+		return
 	}
+	if lc, ok := mc.b.(backends.LostCloser); ok && mc.lost > 0 {
+		lc.CloseLost(mc.lost-1, errors.New(msg))
+		return
+	}
+	mc.b.Close()
 }
 
 // end says goodbye on the links of a job that ended normally, closes them

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,6 +53,8 @@ type stubBackend struct {
 	entered, release chan struct{}
 	closed           chan struct{}
 	once             sync.Once
+	// closedLost is the rank CloseLost named, +1 (0: closed by Close).
+	closedLost atomic.Int32
 }
 
 func newStubBackend() *stubBackend {
@@ -85,6 +88,10 @@ func (*stubBackend) Barrier(context.Context) error { return nil }
 func (b *stubBackend) Close() error {
 	b.once.Do(func() { close(b.closed) })
 	return nil
+}
+func (b *stubBackend) CloseLost(rank int, _ error) error {
+	b.closedLost.Store(int32(rank + 1))
+	return b.Close()
 }
 func (*stubBackend) LoopRunnable() int { return 1 << 20 }
 
@@ -428,5 +435,47 @@ func TestAbortDuringPlan(t *testing.T) {
 		if !errors.As(err, &herr) || herr.Code != ipcpb.Code_CODE_ABORTED || !strings.Contains(herr.Msg, why) {
 			t.Errorf("rank %d's collective under the abort: %v; want CODE_ABORTED with the abort's reason %q", r+1, err, why)
 		}
+	}
+}
+
+// TestAbortNamesLostNode: an Abort that names the node whose loss fails the
+// job (lost_node) makes node 1 close its engine naming that node
+// (backends.LostCloser), so that the tcp engine's byes tell a peer still in
+// a collective which node was lost, rather than that node 1 closed; an
+// Abort with another cause, or naming a node outside the job, closes it
+// plainly.
+func TestAbortNamesLostNode(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		lost     *int32
+		wantLost int32 // the rank CloseLost got, +1; 0: Close
+	}{
+		{"lost node 0", proto.Int32(0), 1},
+		{"no lost node", nil, 0},
+		{"lost node outside the job", proto.Int32(5), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			co := startAsCoordinator(t)
+			hs, _ := co.submit("running", 64<<10, 10)
+			reqs := co.awaitReady("running")
+			co.write(co.planFrame(1, reqs["running"]))
+			select {
+			case <-co.backend.entered:
+			case <-time.After(10 * time.Second):
+				t.Fatal("node 1 did not start the plan")
+			}
+			co.write(controlFrame(t, &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{
+				Code: int32(ipcpb.Code_CODE_ABORTED), Msg: "node 0 (rank 0) was lost: test", LostNode: tc.lost}}}))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for _, h := range hs {
+				if err := h.Wait(ctx); !errors.Is(err, hvdd.ErrAborted) {
+					t.Fatalf("a collective under the abort: %v", err)
+				}
+			}
+			if got := co.backend.closedLost.Load(); got != tc.wantLost {
+				t.Errorf("the engine was closed naming rank %d (+1; 0: Close), want %d", got, tc.wantLost)
+			}
+		})
 	}
 }

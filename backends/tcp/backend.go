@@ -422,9 +422,26 @@ func (b *Backend) Close() error {
 	return nil
 }
 
-func (b *engine) close() {
+// CloseLost is Close after the loss of rank: the byes name that rank, so
+// that a peer in a collective fails with a *PeerError naming it rather than
+// this rank. Calls here return an error that is both backends.ErrClosed and
+// a *PeerError naming rank. A rank out of range, or this rank, closes as
+// Close does; on a Backend that Group made, CloseLost is Close.
+func (b *Backend) CloseLost(rank int, err error) error {
+	if b.sub || rank < 0 || rank >= b.size || rank == b.rank {
+		return b.Close()
+	}
+	b.engine.closeWith(&backends.PeerError{Rank: rank, Err: fmt.Errorf("%w after the loss: %w", backends.ErrClosed, err)})
+	return nil
+}
+
+func (b *engine) close() { b.closeWith(backends.ErrClosed) }
+
+// closeWith fails the engine with err (unless it failed before) and closes
+// it, once.
+func (b *engine) closeWith(err error) {
 	b.closeOnce.Do(func() {
-		b.fail(backends.ErrClosed)
+		b.fail(err)
 		b.mu.Lock()
 		if b.ln != nil {
 			b.ln.Close()

@@ -76,15 +76,16 @@ var errDropped = errors.New("a peer declared this rank lost")
 func (b *engine) byeFor(err error, p *peer) ctrlMsg {
 	var pe *backends.PeerError
 	switch {
-	case errors.Is(err, backends.ErrClosed):
-		// The count of collectives finished with p rides in the rank field.
-		return ctrlMsg{kind: ctrlBye, reason: byeClosed, rank: int(int32(p.completed.Load()))}
 	case errors.Is(err, errDropped):
 		// The group gave up on us (a hung or partitioned rank); we must
 		// not pass our view of who failed on as if it were news.
 		return ctrlMsg{kind: ctrlBye, reason: byeAborted}
 	case errors.As(err, &pe):
+		// A rank we lost, or one whose loss made us close (CloseLost).
 		return ctrlMsg{kind: ctrlBye, reason: byeLost, rank: pe.Rank}
+	case errors.Is(err, backends.ErrClosed):
+		// The count of collectives finished with p rides in the rank field.
+		return ctrlMsg{kind: ctrlBye, reason: byeClosed, rank: int(int32(p.completed.Load()))}
 	}
 	return ctrlMsg{kind: ctrlBye, reason: byeAborted}
 }

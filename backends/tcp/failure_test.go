@@ -3,6 +3,7 @@ package tcp
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -132,6 +133,46 @@ func TestCloseUnblocks(t *testing.T) {
 	err := g[1].Barrier(context.Background())
 	if r, ok := backends.LostRank(err); !ok || r != 0 {
 		t.Errorf("rank 1: got %v, want a PeerError naming rank 0", err)
+	}
+}
+
+// TestCloseLostBlamesTheLostRank: a rank that closes because another was
+// lost (CloseLost) makes a peer blocked in a collective, waiting for its
+// bytes, fail naming the lost rank, not the closing one (the daemons close
+// their engines when a node is lost; the first to close must not be taken
+// for it). Calls on the closing rank return both ErrClosed and a PeerError
+// naming the lost rank.
+func TestCloseLostBlamesTheLostRank(t *testing.T) {
+	g := group(t, 3, nil)
+	const lost, closer, waiter = 2, 1, 0
+	errs := make(chan error, 2)
+	for _, k := range []int{waiter, closer} {
+		go func() {
+			errs <- g[k].Allreduce(context.Background(), make([]byte, 1<<20), tensor.Float32, tensor.Sum)
+		}()
+	}
+	// Both wait for rank 2, which never calls; rank 1 then closes for it.
+	if !waitFor(func() bool {
+		return g[waiter].peers[closer].active.Load() != 0 && g[closer].peers[waiter].active.Load() != 0
+	}) {
+		t.Fatal("the Allreduces never started")
+	}
+	g[closer].CloseLost(lost, errors.New("its control link broke"))
+	for range 2 {
+		select {
+		case err := <-errs:
+			if r, ok := backends.LostRank(err); !ok || r != lost {
+				t.Errorf("got %v, want a PeerError naming rank %d", err, lost)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("CloseLost did not unblock the calls")
+		}
+	}
+	if err := g[closer].Barrier(context.Background()); !errors.Is(err, backends.ErrClosed) {
+		t.Errorf("a call on the closed rank: got %v, want ErrClosed", err)
+	}
+	if err := g[waiter].failure(); err == nil || !strings.Contains(err.Error(), "reported lost by rank 1") {
+		t.Errorf("the waiter's failure %v does not say who reported the loss", err)
 	}
 }
 

@@ -1379,7 +1379,12 @@ type Abort struct {
 	// The node refusing a Join does not coordinate (the coordination of an
 	// elastic job moved, and that job is over): the joining node reads the
 	// coordinator's address anew at the rendezvous.
-	Moved         bool `protobuf:"varint,4,opt,name=moved,proto3" json:"moved,omitempty"`
+	Moved bool `protobuf:"varint,4,opt,name=moved,proto3" json:"moved,omitempty"`
+	// The node (its place in the job) whose loss fails the job, when that is
+	// the cause: the receivers close their data engines naming it, so that a
+	// node still in a collective blames the lost node, not the neighbour
+	// that closed first.
+	LostNode      *int32 `protobuf:"varint,5,opt,name=lost_node,json=lostNode,proto3,oneof" json:"lost_node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1440,6 +1445,13 @@ func (x *Abort) GetMoved() bool {
 		return x.Moved
 	}
 	return false
+}
+
+func (x *Abort) GetLostNode() int32 {
+	if x != nil && x.LostNode != nil {
+		return *x.LostNode
+	}
+	return 0
 }
 
 // Bye says the node's job ended normally (every local client left).
@@ -1917,12 +1929,15 @@ const file_cluster_proto_rawDesc = "" +
 	"\x03row\x18\x01 \x01(\tR\x03row\x12\x0e\n" +
 	"\x02ph\x18\x02 \x01(\rR\x02ph\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x13\n" +
-	"\x05ts_us\x18\x04 \x01(\x03R\x04tsUs\"Y\n" +
+	"\x05ts_us\x18\x04 \x01(\x03R\x04tsUs\"\x89\x01\n" +
 	"\x05Abort\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x10\n" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
-	"\x05moved\x18\x04 \x01(\bR\x05moved\"\x05\n" +
+	"\x05moved\x18\x04 \x01(\bR\x05moved\x12 \n" +
+	"\tlost_node\x18\x05 \x01(\x05H\x00R\blostNode\x88\x01\x01B\f\n" +
+	"\n" +
+	"_lost_node\"\x05\n" +
 	"\x03Bye\"G\n" +
 	"\tHeartbeat\x12\x12\n" +
 	"\x04sent\x18\x01 \x01(\x03R\x04sent\x12\x12\n" +
@@ -2015,6 +2030,7 @@ func file_cluster_proto_init() {
 	if File_cluster_proto != nil {
 		return
 	}
+	file_cluster_proto_msgTypes[17].OneofWrappers = []any{}
 	file_cluster_proto_msgTypes[20].OneofWrappers = []any{
 		(*Message_Join)(nil),
 		(*Message_Layout)(nil),
