@@ -118,10 +118,12 @@ func TestDeps(t *testing.T) {
 			},
 		},
 		{
+			// Discovery stands alone but for the dlopen helper it
+			// shares with gpu/cuda.
 			pkgs: []string{"gpu/nvml"},
-			rule: "imports nothing from hvdd",
+			rule: "imports nothing from hvdd but gpu/internal/dl",
 			bad: func(d dep) bool {
-				return strings.HasPrefix(d.path, module+"/") && d.path != module+"/gpu/nvml"
+				return strings.HasPrefix(d.path, module+"/") && d.path != module+"/gpu/nvml" && d.path != module+"/gpu/internal/dl"
 			},
 		},
 		{
@@ -153,11 +155,10 @@ func TestDeps(t *testing.T) {
 
 // cgoAllowed lists the modules whose cgo the default build may compile:
 // they link no library at build time and load theirs with dlopen at run
-// time, so the binary builds without CUDA and runs without a GPU.
-// go-nvml loads libnvidia-ml.so.1 (gpu/nvml); purego, whose cgo files
-// build only with CGO_ENABLED=1, loads libcuda.so.1 and libnccl.so.2
-// (gpu/cuda).
-var cgoAllowed = []string{"github.com/NVIDIA/go-nvml", "github.com/ebitengine/purego"}
+// time, so the binary builds without CUDA and runs without a GPU. purego,
+// whose cgo files build only with CGO_ENABLED=1, loads libcuda.so.1 and
+// libnccl.so.2 (gpu/cuda) and libnvidia-ml.so.1 (gpu/nvml).
+var cgoAllowed = []string{"github.com/ebitengine/purego"}
 
 // badCgo reports whether d is cgo that the default build must not
 // compile: cgo outside the standard library and cgoAllowed.
@@ -176,7 +177,7 @@ func badCgo(d dep) bool {
 // TestDepsSeesCgo checks that the cgo rule can fail: with the mpi tag,
 // cmd/hvdd's build compiles cgo (backends/mpi's) that the rule forbids,
 // and without it the rule's allowance is used (the build does compile
-// go-nvml's cgo), so the allowance is not stale.
+// purego's cgo), so the allowance is not stale.
 func TestDepsSeesCgo(t *testing.T) {
 	var forbidden []string
 	for _, d := range deps(t, "cmd/hvdd", "mpi", "CGO_ENABLED=1") {
@@ -197,17 +198,19 @@ func TestDepsSeesCgo(t *testing.T) {
 }
 
 // TestDepsWithoutCgo checks that cmd/hvdd builds with CGO_ENABLED=0 and
-// that its build then has no go-nvml (whose package does not compile
-// without cgo): gpu/nvml's !cgo file stands in.
+// still has GPU discovery (gpu/nvml, which loads NVML through purego) and
+// the CUDA driver's binding (gpu/cuda).
 func TestDepsWithoutCgo(t *testing.T) {
-	nvml := false
+	have := map[string]bool{}
 	for _, d := range deps(t, "cmd/hvdd", "", "CGO_ENABLED=0") {
-		if strings.HasPrefix(d.path, "github.com/NVIDIA/go-nvml/") {
-			t.Errorf("cmd/hvdd built with CGO_ENABLED=0 pulls in %s", d.path)
+		if d.cgoFiles > 0 && !d.standard {
+			t.Errorf("cmd/hvdd built with CGO_ENABLED=0 compiles cgo of %s", d.path)
 		}
-		nvml = nvml || d.path == module+"/gpu/nvml"
+		have[d.path] = true
 	}
-	if !nvml {
-		t.Errorf("cmd/hvdd built with CGO_ENABLED=0 has no gpu/nvml; hvdd gpus is gone")
+	for _, p := range []string{"/gpu/nvml", "/gpu/cuda"} {
+		if !have[module+p] {
+			t.Errorf("cmd/hvdd built with CGO_ENABLED=0 has no %s", module+p)
+		}
 	}
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds here, where Go is, what scripts/gpu-check.sh runs on a GPU machine
 # that has no Go and no network (issue 17):
-#   bin/hvdd               the default build (cgo on: NVML discovery in)
+#   bin/hvdd               the default build
 #   bin/<test binaries>    `go test -c` of the GPU packages in the table
 #                          below, each built only where its package has tests
 #   bin/gpu-tests.txt      the manifest gpu-check.sh reads: per line the test
@@ -25,9 +25,6 @@ case "${1:-}" in
 esac
 command -v go >/dev/null || { echo "scripts/gpu-build.sh: needs Go (it runs where the repo is built, not on the GPU machine)" >&2; exit 1; }
 
-# nvml.h, which go-nvml compiles, marks functions hvdd never calls as
-# deprecated; gcc's warnings about them are noise.
-export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g -Wno-deprecated-declarations}"
 ldflags='-s -w'
 mkdir -p bin
 echo "== go build -o bin/hvdd ./cmd/hvdd"

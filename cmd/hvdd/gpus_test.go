@@ -91,20 +91,42 @@ func TestGPUsUsage(t *testing.T) {
 	}
 }
 
-// TestGPUsWithoutCgo builds hvdd with CGO_ENABLED=0 (which must work:
-// NVML then cannot be loaded) and checks that hvdd gpus says so and exits 0.
+// TestGPUsWithoutCgo builds hvdd with CGO_ENABLED=0 (which must work: NVML
+// is loaded through purego, no cgo) and runs hvdd gpus of both builds on
+// gpu/nvml's stub NVML (a C library with nvml.h's ABI, two GPUs joined by
+// two NVLinks): both find the GPUs, as text and as JSON.
 func TestGPUsWithoutCgo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds hvdd again (-short)")
 	}
-	bin := filepath.Join(t.TempDir(), "hvdd-nocgo")
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skip("no C compiler (cc) to build the stub NVML")
+	}
+	dir := t.TempDir()
+	so := filepath.Join(dir, "libnvidia-ml.so.1")
+	if out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-o", so, "../../gpu/nvml/testdata/stub.c").CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v\n%s", err, out)
+	}
+	bin := filepath.Join(dir, "hvdd-nocgo")
 	build := exec.Command("go", "build", "-o", bin, ".")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("CGO_ENABLED=0 go build ./cmd/hvdd: %v\n%s", err, out)
 	}
-	if out := runGPUs(t, bin); out != "built without cgo: no GPU discovery: CPU-only\n" {
-		t.Errorf("hvdd gpus built without cgo: %q", out)
+	t.Setenv("HVDD_NVML_LIBRARY", so)
+	for _, b := range []string{hvddBin, bin} {
+		text := runGPUs(t, b)
+		if !strings.Contains(text, "Stub H100 80GB HBM3") || !strings.Contains(text, "NV2") {
+			t.Errorf("%s gpus on the stub NVML does not show its GPUs and their 2 NVLinks:\n%s", filepath.Base(b), text)
+		}
+		var r gpusJSON
+		if err := json.Unmarshal([]byte(runGPUs(t, b, "--json")), &r); err != nil {
+			t.Fatal(err)
+		}
+		if !r.Available || len(r.GPUs) != 2 {
+			t.Errorf("%s gpus --json on the stub NVML: %+v", filepath.Base(b), r)
+		}
 	}
 }
 

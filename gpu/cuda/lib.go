@@ -1,17 +1,14 @@
 package cuda
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"unsafe"
 
-	"github.com/ebitengine/purego"
-
 	"github.com/hvdd/hvdd/gpu"
+	"github.com/hvdd/hvdd/gpu/internal/dl"
 )
 
 // ipcHandle is CUipcMemHandle and CUipcEventHandle: struct { char
@@ -91,50 +88,16 @@ type ncclLib struct {
 }
 
 // bind fills the func fields of the struct lib points to with lib's
-// symbols in handle.
+// symbols in handle (dl.Bind), failing when any is missing.
 func bind(handle uintptr, lib any) error {
-	v := reflect.ValueOf(lib).Elem()
-	t := v.Type()
-	var missing []string
-	for i := range t.NumField() {
-		f := t.Field(i)
-		var sym uintptr
-		var err error
-		for _, name := range strings.Split(f.Tag.Get("sym"), "|") {
-			if sym, err = purego.Dlsym(handle, name); err == nil {
-				break
-			}
-		}
-		if err != nil {
-			missing = append(missing, f.Tag.Get("sym"))
-			continue
-		}
-		// The fields are unexported: reach them through their address.
-		ptr := reflect.NewAt(f.Type, unsafe.Pointer(v.Field(i).UnsafeAddr()))
-		purego.RegisterFunc(ptr.Interface(), sym)
-	}
-	if len(missing) > 0 {
+	if missing := dl.Bind(handle, lib); len(missing) > 0 {
 		return fmt.Errorf("missing symbols %s", strings.Join(missing, ", "))
 	}
 	return nil
 }
 
-// dlopen opens the first of paths that loads, returning the errors of all
-// when none does.
-func dlopen(paths []string) (uintptr, string, error) {
-	var errs []error
-	for _, p := range paths {
-		h, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL)
-		if err == nil {
-			return h, p, nil
-		}
-		errs = append(errs, err)
-	}
-	if len(errs) == 0 {
-		return 0, "", errors.New("no candidate path")
-	}
-	return 0, "", errors.Join(errs...)
-}
+// dlopen opens the first of paths that loads (dl.Open).
+func dlopen(paths []string) (uintptr, string, error) { return dl.Open(paths) }
 
 // ncclPaths lists where libnccl.so.2 is looked for: HVDD_NCCL_LIBRARY
 // alone if set; else the dynamic linker's search (LD_LIBRARY_PATH, the
@@ -179,13 +142,4 @@ func cudaPaths() []string {
 }
 
 // goString copies the NUL-terminated C string at p.
-func goString(p *byte) string {
-	if p == nil {
-		return ""
-	}
-	var b []byte
-	for q := unsafe.Pointer(p); *(*byte)(q) != 0; q = unsafe.Add(q, 1) {
-		b = append(b, *(*byte)(q))
-	}
-	return string(b)
-}
+func goString(p *byte) string { return dl.GoString(p) }

@@ -1,48 +1,40 @@
-//go:build cgo
-
 package nvml
 
 import (
 	"fmt"
 	"strings"
 	"sync"
-
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
-// cgoBuilt reports whether this build can load NVML (it needs cgo).
-const cgoBuilt = true
-
-// Library is the part of NVML's top-level API that discovery calls;
-// go-nvml's nvml.Interface (the real library, or its generated mock)
-// satisfies it.
+// Library is the part of NVML's top-level API that discovery calls, named
+// as go-nvml names it: the real library (lib.go) or a test's fake.
 type Library interface {
-	Init() nvml.Return
-	Shutdown() nvml.Return
-	SystemGetDriverVersion() (string, nvml.Return)
-	SystemGetCudaDriverVersion() (int, nvml.Return)
-	DeviceGetCount() (int, nvml.Return)
-	DeviceGetHandleByIndex(int) (nvml.Device, nvml.Return)
+	Init() Return
+	Shutdown() Return
+	SystemGetDriverVersion() (string, Return)
+	SystemGetCudaDriverVersion() (int, Return)
+	DeviceGetCount() (int, Return)
+	DeviceGetHandleByIndex(int) (Device, Return)
 }
 
-// Device is the part of a GPU's NVML API that discovery calls; go-nvml's
-// nvml.Device satisfies it. The calls that take another device take it as
-// Library.DeviceGetHandleByIndex returned it.
+// Device is the part of a GPU's NVML API that discovery calls. The calls
+// that take another device take it as Library.DeviceGetHandleByIndex
+// returned it.
 type Device interface {
-	GetUUID() (string, nvml.Return)
-	GetName() (string, nvml.Return)
-	GetPciInfo() (nvml.PciInfo, nvml.Return)
-	GetMemoryInfo() (nvml.Memory, nvml.Return)
-	GetCudaComputeCapability() (int, int, nvml.Return)
-	GetNvLinkState(link int) (nvml.EnableState, nvml.Return)
-	GetNvLinkRemotePciInfo(link int) (nvml.PciInfo, nvml.Return)
-	GetTopologyCommonAncestor(other nvml.Device) (nvml.GpuTopologyLevel, nvml.Return)
-	GetP2PStatus(other nvml.Device, index nvml.GpuP2PCapsIndex) (nvml.GpuP2PStatus, nvml.Return)
+	GetUUID() (string, Return)
+	GetName() (string, Return)
+	GetPciInfo() (PciInfo, Return)
+	GetMemoryInfo() (Memory, Return)
+	GetCudaComputeCapability() (int, int, Return)
+	GetNvLinkState(link int) (EnableState, Return)
+	GetNvLinkRemotePciInfo(link int) (PciInfo, Return)
+	GetTopologyCommonAncestor(other Device) (GpuTopologyLevel, Return)
+	GetP2PStatus(other Device, index GpuP2PCapsIndex) (GpuP2PStatus, Return)
 }
 
 var (
-	_ Library = nvml.Interface(nil)
-	_ Device  = nvml.Device(nil)
+	_ Library = (*library)(nil)
+	_ Device  = (*device)(nil)
 )
 
 // Discover describes this node's GPUs through NVML, loading
@@ -53,30 +45,30 @@ var (
 // while (NVML initialises every GPU, up to seconds without the persistence
 // daemon), so a daemon calls it off its start-up path.
 func Discover() (Report, error) {
-	// go-nvml keeps package state that loading and unloading a library
-	// write (its error-string function): one discovery at a time.
+	// NVML's init and shutdown are reference counted in the process; one
+	// discovery at a time keeps load, use and unload of the library paired.
 	discoverMu.Lock()
 	defer discoverMu.Unlock()
-	return discover(nvml.New())
+	return discover(newLibrary())
 }
 
 var discoverMu sync.Mutex
 
 // discover is Discover on lib.
 func discover(lib Library) (Report, error) {
-	if ret := lib.Init(); ret != nvml.SUCCESS {
+	if ret := lib.Init(); ret != SUCCESS {
 		return Report{Reason: initFailure(ret)}, nil
 	}
 	defer lib.Shutdown() // nothing to do if it fails: discovery is done
 	var r Report
-	if v, ret := lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
+	if v, ret := lib.SystemGetDriverVersion(); ret == SUCCESS {
 		r.DriverVersion = v
 	}
-	if v, ret := lib.SystemGetCudaDriverVersion(); ret == nvml.SUCCESS {
+	if v, ret := lib.SystemGetCudaDriverVersion(); ret == SUCCESS {
 		r.CUDAVersion = v
 	}
 	n, ret := lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
+	if ret != SUCCESS {
 		return r, fmt.Errorf("nvml: DeviceGetCount: %w", ret)
 	}
 	if n == 0 {
@@ -85,12 +77,12 @@ func discover(lib Library) (Report, error) {
 	}
 	// devs[i] is nil where NVML gave no handle; that GPU is listed with
 	// its error, and its pairs stay unknown.
-	devs := make([]nvml.Device, n)
+	devs := make([]Device, n)
 	r.GPUs = make([]GPU, n)
 	for i := range n {
 		r.GPUs[i] = GPU{Index: i}
 		d, ret := lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
+		if ret != SUCCESS {
 			r.GPUs[i].Errors = append(r.GPUs[i].Errors, fmt.Sprintf("DeviceGetHandleByIndex: %v", ret))
 			continue
 		}
@@ -108,13 +100,13 @@ func discover(lib Library) (Report, error) {
 }
 
 // initFailure words a failed nvmlInit for a node that runs CPU-only.
-func initFailure(ret nvml.Return) string {
+func initFailure(ret Return) string {
 	switch ret {
-	case nvml.ERROR_LIBRARY_NOT_FOUND:
+	case ERROR_LIBRARY_NOT_FOUND:
 		return "no NVIDIA driver (libnvidia-ml.so.1 not found): CPU-only"
-	case nvml.ERROR_DRIVER_NOT_LOADED:
+	case ERROR_DRIVER_NOT_LOADED:
 		return "NVIDIA driver not loaded (libnvidia-ml.so.1 found, the kernel module is not running): CPU-only"
-	case nvml.ERROR_NO_PERMISSION:
+	case ERROR_NO_PERMISSION:
 		return fmt.Sprintf("no permission to use the NVIDIA driver (nvmlInit: %v): CPU-only", ret)
 	default:
 		return fmt.Sprintf("NVML did not start (nvmlInit: %v): CPU-only", ret)
@@ -124,25 +116,25 @@ func initFailure(ret nvml.Return) string {
 // describe fills g (whose Index is set) from d. A failed call leaves its
 // fields zero and is named in g.Errors.
 func describe(g *GPU, d Device) {
-	fail := func(call string, ret nvml.Return) { g.Errors = append(g.Errors, fmt.Sprintf("%s: %v", call, ret)) }
-	var ret nvml.Return
-	if g.UUID, ret = d.GetUUID(); ret != nvml.SUCCESS {
+	fail := func(call string, ret Return) { g.Errors = append(g.Errors, fmt.Sprintf("%s: %v", call, ret)) }
+	var ret Return
+	if g.UUID, ret = d.GetUUID(); ret != SUCCESS {
 		fail("GetUUID", ret)
 	}
-	if g.Name, ret = d.GetName(); ret != nvml.SUCCESS {
+	if g.Name, ret = d.GetName(); ret != SUCCESS {
 		fail("GetName", ret)
 	}
-	if pci, ret := d.GetPciInfo(); ret == nvml.SUCCESS {
+	if pci, ret := d.GetPciInfo(); ret == SUCCESS {
 		g.PCIBusID = busID(pci)
 	} else {
 		fail("GetPciInfo", ret)
 	}
-	if mem, ret := d.GetMemoryInfo(); ret == nvml.SUCCESS {
+	if mem, ret := d.GetMemoryInfo(); ret == SUCCESS {
 		g.MemoryTotal, g.MemoryUsed = mem.Total, mem.Used
 	} else {
 		fail("GetMemoryInfo", ret)
 	}
-	if major, minor, ret := d.GetCudaComputeCapability(); ret == nvml.SUCCESS {
+	if major, minor, ret := d.GetCudaComputeCapability(); ret == SUCCESS {
 		g.ComputeCapability = fmt.Sprintf("%d.%d", major, minor)
 	} else {
 		fail("GetCudaComputeCapability", ret)
@@ -150,21 +142,21 @@ func describe(g *GPU, d Device) {
 	// NVML has no count of a GPU's links: it answers INVALID_ARGUMENT past
 	// the last, and NOT_SUPPORTED for every link of a GPU without NVLink
 	// (and for links a board leaves unused).
-	for l := range nvml.NVLINK_MAX_LINKS {
+	for l := range NVLINK_MAX_LINKS {
 		st, ret := d.GetNvLinkState(l)
-		if ret == nvml.ERROR_NOT_SUPPORTED {
+		if ret == ERROR_NOT_SUPPORTED {
 			continue
 		}
-		if ret == nvml.ERROR_INVALID_ARGUMENT {
+		if ret == ERROR_INVALID_ARGUMENT {
 			break
 		}
-		if ret != nvml.SUCCESS {
+		if ret != SUCCESS {
 			fail(fmt.Sprintf("GetNvLinkState(%d)", l), ret)
 			break
 		}
-		link := NVLink{Link: l, Active: st == nvml.FEATURE_ENABLED, RemoteGPU: -1}
+		link := NVLink{Link: l, Active: st == FEATURE_ENABLED, RemoteGPU: -1}
 		if link.Active {
-			if pci, ret := d.GetNvLinkRemotePciInfo(l); ret == nvml.SUCCESS {
+			if pci, ret := d.GetNvLinkRemotePciInfo(l); ret == SUCCESS {
 				link.RemotePCIBusID = busID(pci)
 			} else {
 				fail(fmt.Sprintf("GetNvLinkRemotePciInfo(%d)", l), ret)
@@ -199,18 +191,18 @@ func resolveLinks(gpus []GPU) {
 // gets the smaller of their counts of active links to something that is
 // not a GPU, which is how nvidia-smi topo -m arrives at NV18 between any
 // two GPUs of an HGX H100.
-func pair(gpus []GPU, devs []nvml.Device, i, j int) Pair {
+func pair(gpus []GPU, devs []Device, i, j int) Pair {
 	p := Pair{A: i, B: j}
 	di, dj := devs[i], devs[j]
 	if di == nil || dj == nil {
 		return p
 	}
-	if lvl, ret := di.GetTopologyCommonAncestor(dj); ret == nvml.SUCCESS {
+	if lvl, ret := di.GetTopologyCommonAncestor(dj); ret == SUCCESS {
 		p.Topology = topologyName(lvl)
 	}
-	p.P2PRead = p2pStatus(di, dj, nvml.P2P_CAPS_INDEX_READ)
-	p.P2PWrite = p2pStatus(di, dj, nvml.P2P_CAPS_INDEX_WRITE)
-	p.P2PNVLink = p2pStatus(di, dj, nvml.P2P_CAPS_INDEX_NVLINK)
+	p.P2PRead = p2pStatus(di, dj, P2P_CAPS_INDEX_READ)
+	p.P2PWrite = p2pStatus(di, dj, P2P_CAPS_INDEX_WRITE)
+	p.P2PNVLink = p2pStatus(di, dj, P2P_CAPS_INDEX_NVLINK)
 	for _, l := range gpus[i].NVLinks {
 		if l.Active && l.RemoteGPU == j {
 			p.NVLinks++
@@ -240,23 +232,23 @@ func switchLinks(g GPU) int {
 
 // p2pStatus is nvmlDeviceGetP2PStatus(a, b, idx) in nvidia-smi's words,
 // "" when the call failed.
-func p2pStatus(a, b nvml.Device, idx nvml.GpuP2PCapsIndex) string {
+func p2pStatus(a, b Device, idx GpuP2PCapsIndex) string {
 	st, ret := a.GetP2PStatus(b, idx)
-	if ret != nvml.SUCCESS {
+	if ret != SUCCESS {
 		return ""
 	}
 	switch st {
-	case nvml.P2P_STATUS_OK:
+	case P2P_STATUS_OK:
 		return "OK"
-	case nvml.P2P_STATUS_CHIPSET_NOT_SUPPORTED:
+	case P2P_STATUS_CHIPSET_NOT_SUPPORTED:
 		return "CNS"
-	case nvml.P2P_STATUS_GPU_NOT_SUPPORTED:
+	case P2P_STATUS_GPU_NOT_SUPPORTED:
 		return "GNS"
-	case nvml.P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED:
+	case P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED:
 		return "TNS"
-	case nvml.P2P_STATUS_DISABLED_BY_REGKEY:
+	case P2P_STATUS_DISABLED_BY_REGKEY:
 		return "DIS"
-	case nvml.P2P_STATUS_NOT_SUPPORTED:
+	case P2P_STATUS_NOT_SUPPORTED:
 		return "NS"
 	default:
 		return "U"
@@ -264,19 +256,19 @@ func p2pStatus(a, b nvml.Device, idx nvml.GpuP2PCapsIndex) string {
 }
 
 // topologyName is a GpuTopologyLevel in nvidia-smi topo -m's words.
-func topologyName(l nvml.GpuTopologyLevel) string {
+func topologyName(l GpuTopologyLevel) string {
 	switch l {
-	case nvml.TOPOLOGY_INTERNAL:
+	case TOPOLOGY_INTERNAL:
 		return "BRD"
-	case nvml.TOPOLOGY_SINGLE:
+	case TOPOLOGY_SINGLE:
 		return "PIX"
-	case nvml.TOPOLOGY_MULTIPLE:
+	case TOPOLOGY_MULTIPLE:
 		return "PXB"
-	case nvml.TOPOLOGY_HOSTBRIDGE:
+	case TOPOLOGY_HOSTBRIDGE:
 		return "PHB"
-	case nvml.TOPOLOGY_NODE:
+	case TOPOLOGY_NODE:
 		return "NODE"
-	case nvml.TOPOLOGY_SYSTEM:
+	case TOPOLOGY_SYSTEM:
 		return "SYS"
 	default:
 		return ""
@@ -286,7 +278,7 @@ func topologyName(l nvml.GpuTopologyLevel) string {
 // busID writes pci's bus id as sysfs does: "0000:3b:00.0". NVML's BusId is
 // "00000000:3B:00.0" (an 8-digit domain); older drivers fill only the
 // legacy field, and a mock may fill neither, leaving the numbers.
-func busID(pci nvml.PciInfo) string {
+func busID(pci PciInfo) string {
 	s := cString(pci.BusId[:])
 	if s == "" {
 		s = cString(pci.BusIdLegacy[:])

@@ -1,5 +1,3 @@
-//go:build cgo
-
 package nvml
 
 import (
@@ -8,19 +6,71 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 )
+
+// mockLib is a Library of funcs: an unset one panics when called, so a
+// test fills in only the calls discovery may make.
+type mockLib struct {
+	InitFunc                       func() Return
+	ShutdownFunc                   func() Return
+	SystemGetDriverVersionFunc     func() (string, Return)
+	SystemGetCudaDriverVersionFunc func() (int, Return)
+	DeviceGetCountFunc             func() (int, Return)
+	DeviceGetHandleByIndexFunc     func(int) (Device, Return)
+
+	inits, shutdowns int
+}
+
+func (m *mockLib) Init() Return                             { m.inits++; return m.InitFunc() }
+func (m *mockLib) Shutdown() Return                         { m.shutdowns++; return m.ShutdownFunc() }
+func (m *mockLib) SystemGetDriverVersion() (string, Return) { return m.SystemGetDriverVersionFunc() }
+func (m *mockLib) SystemGetCudaDriverVersion() (int, Return) {
+	return m.SystemGetCudaDriverVersionFunc()
+}
+func (m *mockLib) DeviceGetCount() (int, Return) { return m.DeviceGetCountFunc() }
+func (m *mockLib) DeviceGetHandleByIndex(i int) (Device, Return) {
+	return m.DeviceGetHandleByIndexFunc(i)
+}
+
+// mockDevice is a Device of funcs, as mockLib.
+type mockDevice struct {
+	GetUUIDFunc                   func() (string, Return)
+	GetNameFunc                   func() (string, Return)
+	GetPciInfoFunc                func() (PciInfo, Return)
+	GetMemoryInfoFunc             func() (Memory, Return)
+	GetCudaComputeCapabilityFunc  func() (int, int, Return)
+	GetNvLinkStateFunc            func(int) (EnableState, Return)
+	GetNvLinkRemotePciInfoFunc    func(int) (PciInfo, Return)
+	GetTopologyCommonAncestorFunc func(Device) (GpuTopologyLevel, Return)
+	GetP2PStatusFunc              func(Device, GpuP2PCapsIndex) (GpuP2PStatus, Return)
+}
+
+func (d *mockDevice) GetUUID() (string, Return)       { return d.GetUUIDFunc() }
+func (d *mockDevice) GetName() (string, Return)       { return d.GetNameFunc() }
+func (d *mockDevice) GetPciInfo() (PciInfo, Return)   { return d.GetPciInfoFunc() }
+func (d *mockDevice) GetMemoryInfo() (Memory, Return) { return d.GetMemoryInfoFunc() }
+func (d *mockDevice) GetCudaComputeCapability() (int, int, Return) {
+	return d.GetCudaComputeCapabilityFunc()
+}
+func (d *mockDevice) GetNvLinkState(l int) (EnableState, Return) { return d.GetNvLinkStateFunc(l) }
+func (d *mockDevice) GetNvLinkRemotePciInfo(l int) (PciInfo, Return) {
+	return d.GetNvLinkRemotePciInfoFunc(l)
+}
+func (d *mockDevice) GetTopologyCommonAncestor(o Device) (GpuTopologyLevel, Return) {
+	return d.GetTopologyCommonAncestorFunc(o)
+}
+func (d *mockDevice) GetP2PStatus(o Device, i GpuP2PCapsIndex) (GpuP2PStatus, Return) {
+	return d.GetP2PStatusFunc(o, i)
+}
 
 // fakeGPU is one GPU of a fakeNode.
 type fakeGPU struct {
 	name, uuid, bus string // bus as NVML writes it: "00000000:3B:00.0"
-	mem             nvml.Memory
+	mem             Memory
 	// links[l] is link l; nil links: NVLink not supported.
 	links []fakeLink
 	// fail maps a method name to the error it returns.
-	fail map[string]nvml.Return
+	fail map[string]Return
 }
 
 // fakeLink is one NVLink: up or down, and the bus id at its other end;
@@ -30,19 +80,18 @@ type fakeLink struct {
 	remote string
 }
 
-// fakeNode is a machine's worth of GPUs, built into go-nvml's generated
-// mock: topo and p2p answer for the pair (i, j).
+// fakeNode is a machine's worth of GPUs, built into mockLib: topo and p2p answer for the pair (i, j).
 type fakeNode struct {
 	gpus []fakeGPU
-	topo func(i, j int) nvml.GpuTopologyLevel
-	p2p  func(i, j int, idx nvml.GpuP2PCapsIndex) nvml.GpuP2PStatus
+	topo func(i, j int) GpuTopologyLevel
+	p2p  func(i, j int, idx GpuP2PCapsIndex) GpuP2PStatus
 	// noHandle lists GPUs whose DeviceGetHandleByIndex fails.
 	noHandle map[int]bool
 }
 
 // pciInfo is the PciInfo NVML gives for bus id s.
-func pciInfo(s string) nvml.PciInfo {
-	var p nvml.PciInfo
+func pciInfo(s string) PciInfo {
+	var p PciInfo
 	for i := range len(s) {
 		p.BusId[i] = int8(s[i])
 	}
@@ -51,68 +100,68 @@ func pciInfo(s string) nvml.PciInfo {
 
 // mock builds the node into an nvml mock; only the calls discovery makes
 // are filled in, so that any other call panics.
-func (n fakeNode) mock() *mock.Interface {
-	devs := make([]*mock.Device, len(n.gpus))
-	index := map[nvml.Device]int{}
+func (n fakeNode) mock() *mockLib {
+	devs := make([]*mockDevice, len(n.gpus))
+	index := map[Device]int{}
 	for i := range n.gpus {
-		devs[i] = &mock.Device{}
+		devs[i] = &mockDevice{}
 		index[devs[i]] = i
 	}
 	for i, g := range n.gpus {
 		d := devs[i]
-		ret := func(method string) nvml.Return {
+		ret := func(method string) Return {
 			if r, ok := g.fail[method]; ok {
 				return r
 			}
-			return nvml.SUCCESS
+			return SUCCESS
 		}
-		d.GetUUIDFunc = func() (string, nvml.Return) { return g.uuid, ret("GetUUID") }
-		d.GetNameFunc = func() (string, nvml.Return) { return g.name, ret("GetName") }
-		d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return pciInfo(g.bus), ret("GetPciInfo") }
-		d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return g.mem, ret("GetMemoryInfo") }
-		d.GetCudaComputeCapabilityFunc = func() (int, int, nvml.Return) { return 9, 0, ret("GetCudaComputeCapability") }
-		d.GetNvLinkStateFunc = func(l int) (nvml.EnableState, nvml.Return) {
-			if r := ret("GetNvLinkState"); r != nvml.SUCCESS {
+		d.GetUUIDFunc = func() (string, Return) { return g.uuid, ret("GetUUID") }
+		d.GetNameFunc = func() (string, Return) { return g.name, ret("GetName") }
+		d.GetPciInfoFunc = func() (PciInfo, Return) { return pciInfo(g.bus), ret("GetPciInfo") }
+		d.GetMemoryInfoFunc = func() (Memory, Return) { return g.mem, ret("GetMemoryInfo") }
+		d.GetCudaComputeCapabilityFunc = func() (int, int, Return) { return 9, 0, ret("GetCudaComputeCapability") }
+		d.GetNvLinkStateFunc = func(l int) (EnableState, Return) {
+			if r := ret("GetNvLinkState"); r != SUCCESS {
 				return 0, r
 			}
 			switch {
 			case g.links == nil:
-				return 0, nvml.ERROR_NOT_SUPPORTED
+				return 0, ERROR_NOT_SUPPORTED
 			case l >= len(g.links):
-				return 0, nvml.ERROR_INVALID_ARGUMENT
+				return 0, ERROR_INVALID_ARGUMENT
 			case g.links[l].remote == "":
-				return 0, nvml.ERROR_NOT_SUPPORTED
+				return 0, ERROR_NOT_SUPPORTED
 			case g.links[l].up:
-				return nvml.FEATURE_ENABLED, nvml.SUCCESS
+				return FEATURE_ENABLED, SUCCESS
 			}
-			return nvml.FEATURE_DISABLED, nvml.SUCCESS
+			return FEATURE_DISABLED, SUCCESS
 		}
-		d.GetNvLinkRemotePciInfoFunc = func(l int) (nvml.PciInfo, nvml.Return) {
+		d.GetNvLinkRemotePciInfoFunc = func(l int) (PciInfo, Return) {
 			if l >= len(g.links) || !g.links[l].up {
-				return nvml.PciInfo{}, nvml.ERROR_INVALID_ARGUMENT
+				return PciInfo{}, ERROR_INVALID_ARGUMENT
 			}
-			return pciInfo(g.links[l].remote), nvml.SUCCESS
+			return pciInfo(g.links[l].remote), SUCCESS
 		}
-		d.GetTopologyCommonAncestorFunc = func(other nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
-			return n.topo(i, index[other]), nvml.SUCCESS
+		d.GetTopologyCommonAncestorFunc = func(other Device) (GpuTopologyLevel, Return) {
+			return n.topo(i, index[other]), SUCCESS
 		}
-		d.GetP2PStatusFunc = func(other nvml.Device, idx nvml.GpuP2PCapsIndex) (nvml.GpuP2PStatus, nvml.Return) {
-			return n.p2p(i, index[other], idx), nvml.SUCCESS
+		d.GetP2PStatusFunc = func(other Device, idx GpuP2PCapsIndex) (GpuP2PStatus, Return) {
+			return n.p2p(i, index[other], idx), SUCCESS
 		}
 	}
-	return &mock.Interface{
-		InitFunc:                   func() nvml.Return { return nvml.SUCCESS },
-		ShutdownFunc:               func() nvml.Return { return nvml.SUCCESS },
-		SystemGetDriverVersionFunc: func() (string, nvml.Return) { return "550.54.15", nvml.SUCCESS },
-		SystemGetCudaDriverVersionFunc: func() (int, nvml.Return) {
-			return 12040, nvml.SUCCESS
+	return &mockLib{
+		InitFunc:                   func() Return { return SUCCESS },
+		ShutdownFunc:               func() Return { return SUCCESS },
+		SystemGetDriverVersionFunc: func() (string, Return) { return "550.54.15", SUCCESS },
+		SystemGetCudaDriverVersionFunc: func() (int, Return) {
+			return 12040, SUCCESS
 		},
-		DeviceGetCountFunc: func() (int, nvml.Return) { return len(n.gpus), nvml.SUCCESS },
-		DeviceGetHandleByIndexFunc: func(i int) (nvml.Device, nvml.Return) {
+		DeviceGetCountFunc: func() (int, Return) { return len(n.gpus), SUCCESS },
+		DeviceGetHandleByIndexFunc: func(i int) (Device, Return) {
 			if n.noHandle[i] {
-				return nil, nvml.ERROR_NO_PERMISSION
+				return nil, ERROR_NO_PERMISSION
 			}
-			return devs[i], nvml.SUCCESS
+			return devs[i], SUCCESS
 		},
 	}
 }
@@ -121,7 +170,7 @@ func (n fakeNode) mock() *mock.Interface {
 func h100(i int, bus string, links []fakeLink) fakeGPU {
 	return fakeGPU{
 		name: "NVIDIA H100 80GB HBM3", uuid: fmt.Sprintf("GPU-%08x-0000-0000-0000-000000000000", i), bus: bus,
-		mem: nvml.Memory{Total: 80 << 30, Used: 512 << 20, Free: 80<<30 - 512<<20}, links: links,
+		mem: Memory{Total: 80 << 30, Used: 512 << 20, Free: 80<<30 - 512<<20}, links: links,
 	}
 }
 
@@ -138,13 +187,13 @@ func hgx() fakeNode {
 		}
 		n.gpus = append(n.gpus, h100(i, b, links))
 	}
-	n.topo = func(i, j int) nvml.GpuTopologyLevel {
+	n.topo = func(i, j int) GpuTopologyLevel {
 		if i/4 == j/4 {
-			return nvml.TOPOLOGY_NODE
+			return TOPOLOGY_NODE
 		}
-		return nvml.TOPOLOGY_SYSTEM
+		return TOPOLOGY_SYSTEM
 	}
-	n.p2p = func(i, j int, idx nvml.GpuP2PCapsIndex) nvml.GpuP2PStatus { return nvml.P2P_STATUS_OK }
+	n.p2p = func(i, j int, idx GpuP2PCapsIndex) GpuP2PStatus { return P2P_STATUS_OK }
 	return n
 }
 
@@ -162,20 +211,20 @@ func bridged() fakeNode {
 		}
 		n.gpus = append(n.gpus, h100(i, b, links))
 	}
-	n.topo = func(i, j int) nvml.GpuTopologyLevel {
+	n.topo = func(i, j int) GpuTopologyLevel {
 		if i/2 == j/2 {
-			return nvml.TOPOLOGY_SINGLE
+			return TOPOLOGY_SINGLE
 		}
-		return nvml.TOPOLOGY_SYSTEM
+		return TOPOLOGY_SYSTEM
 	}
-	n.p2p = func(i, j int, idx nvml.GpuP2PCapsIndex) nvml.GpuP2PStatus {
+	n.p2p = func(i, j int, idx GpuP2PCapsIndex) GpuP2PStatus {
 		switch {
 		case i/2 == j/2:
-			return nvml.P2P_STATUS_OK
-		case idx == nvml.P2P_CAPS_INDEX_NVLINK:
-			return nvml.P2P_STATUS_NOT_SUPPORTED
+			return P2P_STATUS_OK
+		case idx == P2P_CAPS_INDEX_NVLINK:
+			return P2P_STATUS_NOT_SUPPORTED
 		}
-		return nvml.P2P_STATUS_CHIPSET_NOT_SUPPORTED
+		return P2P_STATUS_CHIPSET_NOT_SUPPORTED
 	}
 	return n
 }
@@ -183,12 +232,12 @@ func bridged() fakeNode {
 // pcie is two PCIe GPUs without NVLink under one host bridge.
 func pcie() fakeNode {
 	n := fakeNode{gpus: []fakeGPU{h100(0, "00000000:3B:00.0", nil), h100(1, "00000000:AF:00.0", nil)}}
-	n.topo = func(i, j int) nvml.GpuTopologyLevel { return nvml.TOPOLOGY_HOSTBRIDGE }
-	n.p2p = func(i, j int, idx nvml.GpuP2PCapsIndex) nvml.GpuP2PStatus {
-		if idx == nvml.P2P_CAPS_INDEX_NVLINK {
-			return nvml.P2P_STATUS_NOT_SUPPORTED
+	n.topo = func(i, j int) GpuTopologyLevel { return TOPOLOGY_HOSTBRIDGE }
+	n.p2p = func(i, j int, idx GpuP2PCapsIndex) GpuP2PStatus {
+		if idx == P2P_CAPS_INDEX_NVLINK {
+			return P2P_STATUS_NOT_SUPPORTED
 		}
-		return nvml.P2P_STATUS_OK
+		return P2P_STATUS_OK
 	}
 	return n
 }
@@ -282,8 +331,8 @@ func TestDiscoverTopology(t *testing.T) {
 					t.Errorf("GPU %d: errors %q", i, g.Errors)
 				}
 			}
-			if len(lib.InitCalls()) != 1 || len(lib.ShutdownCalls()) != 1 {
-				t.Errorf("Init called %d times, Shutdown %d; want once each", len(lib.InitCalls()), len(lib.ShutdownCalls()))
+			if lib.inits != 1 || lib.shutdowns != 1 {
+				t.Errorf("Init called %d times, Shutdown %d; want once each", lib.inits, lib.shutdowns)
 			}
 		})
 	}
@@ -332,7 +381,7 @@ func TestDiscoverLinkEnds(t *testing.T) {
 // without a handle gets unknown pairs.
 func TestDiscoverPartialFailure(t *testing.T) {
 	n := bridged()
-	n.gpus[1].fail = map[string]nvml.Return{"GetMemoryInfo": nvml.ERROR_NOT_SUPPORTED, "GetNvLinkState": nvml.ERROR_UNKNOWN}
+	n.gpus[1].fail = map[string]Return{"GetMemoryInfo": ERROR_NOT_SUPPORTED, "GetNvLinkState": ERROR_UNKNOWN}
 	n.noHandle = map[int]bool{3: true}
 	r, err := discover(n.mock())
 	if err != nil {
@@ -342,7 +391,7 @@ func TestDiscoverPartialFailure(t *testing.T) {
 	if g.UUID != n.gpus[1].uuid || g.MemoryTotal != 0 || len(g.NVLinks) != 0 {
 		t.Errorf("GPU 1: %+v, want its UUID, no memory, no links", g)
 	}
-	want := []string{"GetMemoryInfo: " + nvml.ERROR_NOT_SUPPORTED.Error(), "GetNvLinkState(0): " + nvml.ERROR_UNKNOWN.Error()}
+	want := []string{"GetMemoryInfo: " + ERROR_NOT_SUPPORTED.Error(), "GetNvLinkState(0): " + ERROR_UNKNOWN.Error()}
 	if !reflect.DeepEqual(g.Errors, want) {
 		t.Errorf("GPU 1 errors %q, want %q", g.Errors, want)
 	}
@@ -369,27 +418,27 @@ func TestDiscoverPartialFailure(t *testing.T) {
 // and no error; NVML is shut down exactly when it started.
 func TestDiscoverNoGPU(t *testing.T) {
 	tests := []struct {
-		init     nvml.Return
+		init     Return
 		count    int
 		reason   string
 		shutdown int
 	}{
-		{init: nvml.ERROR_LIBRARY_NOT_FOUND, reason: "no NVIDIA driver (libnvidia-ml.so.1 not found): CPU-only"},
-		{init: nvml.ERROR_DRIVER_NOT_LOADED, reason: "NVIDIA driver not loaded (libnvidia-ml.so.1 found, the kernel module is not running): CPU-only"},
-		{init: nvml.ERROR_NO_PERMISSION, reason: "no permission to use the NVIDIA driver (nvmlInit: " + nvml.ERROR_NO_PERMISSION.Error() + "): CPU-only"},
-		{init: nvml.ERROR_UNKNOWN, reason: "NVML did not start (nvmlInit: " + nvml.ERROR_UNKNOWN.Error() + "): CPU-only"},
-		{init: nvml.SUCCESS, count: 0, reason: "NVIDIA driver 550.54.15 but no GPU: CPU-only", shutdown: 1},
+		{init: ERROR_LIBRARY_NOT_FOUND, reason: "no NVIDIA driver (libnvidia-ml.so.1 not found): CPU-only"},
+		{init: ERROR_DRIVER_NOT_LOADED, reason: "NVIDIA driver not loaded (libnvidia-ml.so.1 found, the kernel module is not running): CPU-only"},
+		{init: ERROR_NO_PERMISSION, reason: "no permission to use the NVIDIA driver (nvmlInit: " + ERROR_NO_PERMISSION.Error() + "): CPU-only"},
+		{init: ERROR_UNKNOWN, reason: "NVML did not start (nvmlInit: " + ERROR_UNKNOWN.Error() + "): CPU-only"},
+		{init: SUCCESS, count: 0, reason: "NVIDIA driver 550.54.15 but no GPU: CPU-only", shutdown: 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.init.Error(), func(t *testing.T) {
 			// Only what discovery may call is filled in: the mock panics
 			// at any other call.
-			lib := &mock.Interface{InitFunc: func() nvml.Return { return tc.init }}
-			if tc.init == nvml.SUCCESS {
-				lib.ShutdownFunc = func() nvml.Return { return nvml.SUCCESS }
-				lib.SystemGetDriverVersionFunc = func() (string, nvml.Return) { return "550.54.15", nvml.SUCCESS }
-				lib.SystemGetCudaDriverVersionFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
-				lib.DeviceGetCountFunc = func() (int, nvml.Return) { return tc.count, nvml.SUCCESS }
+			lib := &mockLib{InitFunc: func() Return { return tc.init }}
+			if tc.init == SUCCESS {
+				lib.ShutdownFunc = func() Return { return SUCCESS }
+				lib.SystemGetDriverVersionFunc = func() (string, Return) { return "550.54.15", SUCCESS }
+				lib.SystemGetCudaDriverVersionFunc = func() (int, Return) { return 0, ERROR_NOT_SUPPORTED }
+				lib.DeviceGetCountFunc = func() (int, Return) { return tc.count, SUCCESS }
 			}
 			r, err := discover(lib)
 			if err != nil {
@@ -401,7 +450,7 @@ func TestDiscoverNoGPU(t *testing.T) {
 			if r.Summary() != tc.reason {
 				t.Errorf("Summary %q, want the reason", r.Summary())
 			}
-			if n := len(lib.ShutdownCalls()); n != tc.shutdown {
+			if n := lib.shutdowns; n != tc.shutdown {
 				t.Errorf("Shutdown called %d times, want %d", n, tc.shutdown)
 			}
 		})
@@ -411,32 +460,32 @@ func TestDiscoverNoGPU(t *testing.T) {
 // TestDiscoverCountFails: NVML that starts and cannot count its GPUs is an
 // error naming the call, and NVML is shut down.
 func TestDiscoverCountFails(t *testing.T) {
-	lib := &mock.Interface{
-		InitFunc:                       func() nvml.Return { return nvml.SUCCESS },
-		ShutdownFunc:                   func() nvml.Return { return nvml.SUCCESS },
-		SystemGetDriverVersionFunc:     func() (string, nvml.Return) { return "", nvml.ERROR_UNKNOWN },
-		SystemGetCudaDriverVersionFunc: func() (int, nvml.Return) { return 0, nvml.ERROR_UNKNOWN },
-		DeviceGetCountFunc:             func() (int, nvml.Return) { return 0, nvml.ERROR_GPU_IS_LOST },
+	lib := &mockLib{
+		InitFunc:                       func() Return { return SUCCESS },
+		ShutdownFunc:                   func() Return { return SUCCESS },
+		SystemGetDriverVersionFunc:     func() (string, Return) { return "", ERROR_UNKNOWN },
+		SystemGetCudaDriverVersionFunc: func() (int, Return) { return 0, ERROR_UNKNOWN },
+		DeviceGetCountFunc:             func() (int, Return) { return 0, ERROR_GPU_IS_LOST },
 	}
 	_, err := discover(lib)
-	if !errors.Is(err, nvml.ERROR_GPU_IS_LOST) || !strings.Contains(err.Error(), "DeviceGetCount") {
+	if !errors.Is(err, ERROR_GPU_IS_LOST) || !strings.Contains(err.Error(), "DeviceGetCount") {
 		t.Errorf("err = %v, want DeviceGetCount's ERROR_GPU_IS_LOST", err)
 	}
-	if len(lib.ShutdownCalls()) != 1 {
-		t.Errorf("Shutdown called %d times, want once", len(lib.ShutdownCalls()))
+	if lib.shutdowns != 1 {
+		t.Errorf("Shutdown called %d times, want once", lib.shutdowns)
 	}
 }
 
 func TestBusID(t *testing.T) {
-	legacy := func(s string) nvml.PciInfo {
-		var p nvml.PciInfo
+	legacy := func(s string) PciInfo {
+		var p PciInfo
 		for i := range len(s) {
 			p.BusIdLegacy[i] = int8(s[i])
 		}
 		return p
 	}
 	tests := []struct {
-		pci  nvml.PciInfo
+		pci  PciInfo
 		want string
 	}{
 		{pciInfo("00000000:3B:00.0"), "0000:3b:00.0"},
@@ -444,8 +493,8 @@ func TestBusID(t *testing.T) {
 		{pciInfo("10000000:3B:00.0"), "10000000:3b:00.0"}, // no domain digit lost
 		{pciInfo("0000:af:00.0"), "0000:af:00.0"},
 		{legacy("0000:AF:00.0"), "0000:af:00.0"},
-		{nvml.PciInfo{Domain: 0, Bus: 0x3b, Device: 0}, "0000:3b:00.0"},
-		{nvml.PciInfo{}, ""},
+		{PciInfo{Domain: 0, Bus: 0x3b, Device: 0}, "0000:3b:00.0"},
+		{PciInfo{}, ""},
 	}
 	for _, tc := range tests {
 		if got := busID(tc.pci); got != tc.want {

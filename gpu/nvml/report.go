@@ -1,6 +1,6 @@
 // Package nvml finds the node's NVIDIA GPUs and how they are connected,
-// through NVML (github.com/NVIDIA/go-nvml, which loads libnvidia-ml.so.1
-// with dlopen at run time): for each GPU its index, UUID, name, PCI bus id,
+// through NVML (libnvidia-ml.so.1, loaded with dlopen at run time, as
+// go-nvml loads it, through a binding of the calls discovery makes): for each GPU its index, UUID, name, PCI bus id,
 // memory and compute capability, its NVLinks, and for each pair of GPUs
 // the PCIe/NVLink path between them and whether peer-to-peer access works,
 // as `nvidia-smi topo -m` and `nvidia-smi topo -p2p` show them.
@@ -9,8 +9,8 @@
 // node without the NVIDIA driver (no libnvidia-ml.so.1, or the kernel
 // module not loaded), or with a driver and no GPU, gets a Report whose
 // Available is false and whose Reason says why, and the daemon runs
-// CPU-only. A binary built without cgo (CGO_ENABLED=0) cannot load NVML
-// at all and says so in the same way.
+// CPU-only. The binding needs no cgo (purego): a CGO_ENABLED=0 build
+// discovers GPUs too.
 //
 // The package only describes. It does not open CUDA contexts, choose
 // devices or watch their health; the GPU path proper (gpu, gpu/cuda)
@@ -21,7 +21,8 @@
 // The logic (which links join which GPUs, the topology matrix, the
 // no-driver path, the formatting) sits on a small interface of the NVML
 // calls it makes (Library, Device in discover.go), so that tests drive it
-// with go-nvml's generated mock.
+// with mocks, and a C stub with NVML's ABI (testdata/stub.c) checks the
+// binding.
 package nvml
 
 import (

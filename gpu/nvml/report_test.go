@@ -150,12 +150,6 @@ func haveNVML() bool {
 // the test binary of scripts/gpu-check.sh) it must describe real GPUs.
 func TestDiscoverHere(t *testing.T) {
 	r, err := Discover()
-	if !cgoBuilt {
-		if err != nil || r.Available || r.Reason != "built without cgo: no GPU discovery: CPU-only" {
-			t.Errorf("without cgo: %+v, %v", r, err)
-		}
-		return
-	}
 	if err != nil {
 		t.Fatal(err)
 	}
