@@ -224,6 +224,22 @@ func (co *coordinator) submit(name string, n int, base float32) ([]*hvdd.Handle,
 	return hs, xs
 }
 
+// planRunning submits name (256 KiB a rank: the executor's, where the stub
+// engine blocks) on both ranks, sends its plan once node 1 forwards it, and
+// returns when node 1's engine has entered the allreduce.
+func (co *coordinator) planRunning(t *testing.T, name string) ([]*hvdd.Handle, [][]float32) {
+	t.Helper()
+	hs, xs := co.submit(name, 64<<10, 10)
+	reqs := co.awaitReady(name)
+	co.write(co.planFrame(1, reqs[name]))
+	select {
+	case <-co.backend.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("node 1 did not start the plan")
+	}
+	return hs, xs
+}
+
 // awaitReady reads node 1's Ready messages until both its ranks' requests
 // for every name have come, and returns one request per name.
 func (co *coordinator) awaitReady(names ...string) map[string]*clusterpb.Request {
@@ -342,15 +358,7 @@ func TestShutdownAfterPlan(t *testing.T) {
 // the plan instead of closing the engine under it.
 func TestShutdownDuringPlan(t *testing.T) {
 	co := startAsCoordinator(t)
-	const n = 64 << 10 // 256 KiB: the executor's
-	h, x := co.submit("last", n, 10)
-	reqs := co.awaitReady("last")
-	co.write(co.planFrame(1, reqs["last"]))
-	select {
-	case <-co.backend.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("node 1 did not start the plan")
-	}
+	h, x := co.planRunning(t, "last")
 	co.write(shutdownFrame(t))
 	co.server.WaitLog(t, "shutdown waits for the plans before it", 10*time.Second)
 	select {
@@ -415,15 +423,7 @@ func TestLinksExpectWhilePending(t *testing.T) {
 // first, and its ranks got "backends: closed").
 func TestAbortDuringPlan(t *testing.T) {
 	co := startAsCoordinator(t)
-	const n = 64 << 10 // 256 KiB: the executor's
-	hs, _ := co.submit("running", n, 10)
-	reqs := co.awaitReady("running")
-	co.write(co.planFrame(1, reqs["running"]))
-	select {
-	case <-co.backend.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("node 1 did not start the plan")
-	}
+	hs, _ := co.planRunning(t, "running")
 	const why = "node 2 (rank 3) was lost: cluster: 10.0.0.3:4242 closed the connection"
 	co.write(controlFrame(t, &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{
 		Code: int32(ipcpb.Code_CODE_ABORTED), Msg: why}}}))
@@ -456,14 +456,7 @@ func TestAbortNamesLostNode(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			co := startAsCoordinator(t)
-			hs, _ := co.submit("running", 64<<10, 10)
-			reqs := co.awaitReady("running")
-			co.write(co.planFrame(1, reqs["running"]))
-			select {
-			case <-co.backend.entered:
-			case <-time.After(10 * time.Second):
-				t.Fatal("node 1 did not start the plan")
-			}
+			hs, _ := co.planRunning(t, "running")
 			co.write(controlFrame(t, &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{
 				Code: int32(ipcpb.Code_CODE_ABORTED), Msg: "node 0 (rank 0) was lost: test", LostNode: tc.lost}}}))
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
