@@ -134,7 +134,13 @@ func (x *executor) executeDevice(w work) {
 			}
 			x.runNative(w, devs, x.allreduceDevice)
 			return
-		case r.Op == tensor.Broadcast && w.b == nil && nccl:
+		case r.Op == tensor.Broadcast && crossNodes(&w):
+			// Through the engine and host memory, each GPU fed from there:
+			// no NCCL needed.
+			x.gpuPath("hierarchical broadcast")
+			x.runNative(w, devs, x.broadcastDevice)
+			return
+		case r.Op == tensor.Broadcast && nccl:
 			x.gpuPath("device broadcast")
 			x.runNative(w, devs, x.broadcastDevice)
 			return
@@ -623,15 +629,19 @@ func engineAllreduce(ctx context.Context, b backends.Backend, f []byte, dt tenso
 	return nil
 }
 
-// broadcastDevice is the native broadcast on one node.
+// crossNodes reports whether w's collective spans several nodes (its
+// process set's), which the engine joins.
+func crossNodes(w *work) bool { return w.b != nil && len(w.view.nodes) > 1 }
+
+// broadcastDevice is the native broadcast. On one node the root's GPU
+// feeds the node's other GPUs over NCCL. Across nodes (the hierarchical
+// broadcast), the root's node copies the root's tensor to host memory, the
+// engine broadcasts it (the one call per tensor the CPU path makes, so that
+// nodes on either path agree), and every GPU of every node without the
+// root's tensor copies it from there. Then each GPU's copy fans out to its
+// other local ranks' tensors.
 func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) (err error) {
 	r := &w.resp
-	ops := w.ops[0]
-	if r.Root < 0 || r.Root >= len(ops) || ops[r.Root] == nil {
-		return fmt.Errorf("broadcast root %d has no buffer", r.Root)
-	}
-	root := ops[r.Root].dev
-	n := root.n
 	var used []gpu.Comm
 	defer func() {
 		if serr := x.s.gpu.syncWatch(ctx, devs, used); err == nil {
@@ -641,46 +651,107 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 	if err := waitEvents(&w); err != nil {
 		return err
 	}
-	// first[d] is the tensor on GPU d that holds the data once it is there.
-	first := map[*gpuDev]*devOp{root.d: root}
-	if len(devs) > 1 {
-		cs, err := x.s.gpu.commsFor(devs)
-		if err != nil {
+	var b backends.Backend
+	rootNode := -1
+	if crossNodes(&w) {
+		if b, err = x.engineFor(w); err != nil {
 			return err
 		}
-		used = cs
-		rootIdx := 0
-		for i, d := range devs {
-			if d == root.d {
-				rootIdx = i
+		rootNode = w.view.rows.nodeOf(r.Root)
+	}
+	for i := range r.Tensors {
+		ops := w.ops[i]
+		if r.Root < 0 || r.Root >= len(ops) {
+			return fmt.Errorf("broadcast root %d is out of range", r.Root)
+		}
+		// first[d] is the tensor on GPU d that holds the data once it
+		// is there: the root's on its GPU, else the first local rank's.
+		first := map[*gpuDev]*devOp{}
+		var root *devOp
+		if o := ops[r.Root]; o != nil {
+			root = o.dev
+			first[root.d] = root
+		}
+		n := -1
+		for _, o := range ops {
+			if o == nil {
+				continue
+			}
+			if first[o.dev.d] == nil {
+				first[o.dev.d] = o.dev
+			}
+			n = o.dev.n
+		}
+		switch {
+		case n < 0:
+			return fmt.Errorf("broadcast of tensor %d: no local buffer", i)
+		case b != nil:
+			if err := x.broadcastAcross(ctx, b, rootNode, root, first, n); err != nil {
+				return err
+			}
+		case root == nil:
+			return fmt.Errorf("broadcast root %d has no buffer", r.Root)
+		case len(devs) > 1:
+			cs, err := x.s.gpu.commsFor(devs)
+			if err != nil {
+				return err
+			}
+			used = cs
+			rootIdx := slices.Index(devs, root.d)
+			if err := x.s.gpu.group(cs, func(k int, c gpu.Comm) error {
+				p := first[devs[k]].ptr
+				return c.Broadcast(devs[k].stream, p, p, n, tensor.Uint8, rootIdx)
+			}); err != nil {
+				return fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
 			}
 		}
 		for _, o := range ops {
-			if o != nil && first[o.dev.d] == nil {
-				first[o.dev.d] = o.dev
+			if o == nil {
+				continue
 			}
-		}
-		if err := x.s.gpu.group(cs, func(i int, c gpu.Comm) error {
-			p := first[devs[i]].ptr
-			return c.Broadcast(devs[i].stream, p, p, n, tensor.Uint8, rootIdx)
-		}); err != nil {
-			return fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
-		}
-	}
-	for _, o := range ops {
-		if o == nil {
-			continue
-		}
-		src := first[o.dev.d]
-		if o.dev == src {
-			continue
-		}
-		d := o.dev.d
-		if err := d.dev.CopyDtoD(d.stream, o.dev.ptr, src.ptr, n); err != nil {
-			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			src := first[o.dev.d]
+			if o.dev == src {
+				continue
+			}
+			d := o.dev.d
+			if err := d.dev.CopyDtoD(d.stream, o.dev.ptr, src.ptr, n); err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
 		}
 	}
 	return nil
+}
+
+// broadcastAcross moves n bytes from root (this node's root tensor, nil on
+// the other nodes) through host memory and the engine into first's tensor
+// on every GPU but root's.
+func (x *executor) broadcastAcross(ctx context.Context, b backends.Backend, rootNode int, root *devOp, first map[*gpuDev]*devOp, n int) error {
+	buf := x.fusion(n)
+	if root != nil {
+		d := root.d
+		if err := d.dev.CopyDtoH(d.stream, buf, root.ptr); err != nil {
+			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+		}
+		if err := d.sync(ctx); err != nil {
+			return err
+		}
+	}
+	if err := b.Broadcast(ctx, buf, rootNode); err != nil {
+		return err
+	}
+	var fed []*gpuDev
+	for d, t := range first {
+		if t == root {
+			continue
+		}
+		if err := d.dev.CopyHtoD(d.stream, t.ptr, buf); err != nil {
+			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+		}
+		fed = append(fed, d)
+	}
+	// buf is the executor's fusion buffer: the copies finish before it
+	// serves again.
+	return syncAll(ctx, fed)
 }
 
 // NCCL across nodes (GPUAllreduceNCCL). Whether a response may take it must

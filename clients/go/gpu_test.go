@@ -150,8 +150,8 @@ func TestGPUHostMode(t *testing.T) {
 }
 
 // TestGPUMultiNode: two nodes of two ranks, each node with two fake GPUs:
-// hierarchical allreduce (GPU, host through the tcp engine, GPU) and the
-// staged collectives across nodes.
+// hierarchical allreduce and broadcast (GPU, host through the tcp engine,
+// GPU) and the staged collectives across nodes.
 func TestGPUMultiNode(t *testing.T) {
 	ss := startNodesCfg(t, func(_ int, cfg *daemon.Config) { *cfg = gpuConfig(*cfg, 2) }, 2, 2)
 	ws := spawnNodesEnv(t, ss, "gpu", []string{"HVDD_FAKE_GPUS=2"}, 2, 2)
@@ -163,8 +163,10 @@ func TestGPUMultiNode(t *testing.T) {
 		}
 	}
 	for n, s := range ss {
-		if !strings.Contains(s.Logs(), `path="hierarchical allreduce"`) {
-			t.Errorf("node %d never ran the hierarchical allreduce", n)
+		for _, p := range []string{"hierarchical allreduce", "hierarchical broadcast"} {
+			if !strings.Contains(s.Logs(), `path="`+p+`"`) {
+				t.Errorf("node %d never ran the %s", n, p)
+			}
 		}
 	}
 }
@@ -951,7 +953,8 @@ func gpuJoin(ctx context.Context, c *hvdd.Client) error {
 // TestGPUNodeParity: node 0's ranks hold a tensor on the GPU (hierarchical
 // allreduce) while node 1's hold it in host memory (the CPU path), at sizes
 // that one engine call carries and sizes the CPU path pipelines in chunks:
-// both nodes must make the same engine calls.
+// both nodes must make the same engine calls. Then broadcasts, node 0's
+// through the hierarchical broadcast.
 // With --gpu-allreduce nccl the nodes vote each allreduce off NCCL (node 1
 // cannot) and take the same paths.
 func TestGPUNodeParity(t *testing.T) {
@@ -968,8 +971,10 @@ func TestGPUNodeParity(t *testing.T) {
 					}
 				}
 			}
-			if !strings.Contains(ss[0].Logs(), `path="hierarchical allreduce"`) {
-				t.Error("node 0 never ran the hierarchical allreduce")
+			for _, p := range []string{"hierarchical allreduce", "hierarchical broadcast"} {
+				if !strings.Contains(ss[0].Logs(), `path="`+p+`"`) {
+					t.Errorf("node 0 never ran the %s", p)
+				}
 			}
 			if strings.Contains(ss[0].Logs(), `path="nccl allreduce"`) {
 				t.Error("node 0 ran an allreduce on NCCL that node 1 could not")
@@ -1033,6 +1038,38 @@ func gpuParity(ctx context.Context, c *hvdd.Client) error {
 					if want := expectAllreduce[float32](tensor.Sum, c.Size(), i, tc.pre, 1); !close2(got[i], want) {
 						return fmt.Errorf("n %d pre %v k %d tensor %d: element %d = %v, want %v", tc.n, tc.pre, k, j, i, got[i], want)
 					}
+				}
+			}
+		}
+	}
+	// Broadcasts from a root on either node (node 0's on the GPU through
+	// the hierarchical broadcast, node 1's on the CPU path).
+	for _, n := range []int{1000, 2_200_000} {
+		for _, root := range []int{0, c.Size() - 1} {
+			name := fmt.Sprintf("parb.%d.%d", n, root)
+			x := input[float32](c.Rank(), n)
+			got := x
+			if onGPU {
+				b, err := e.upload(rawOf(x))
+				if err != nil {
+					return err
+				}
+				if err := c.BroadcastDevice(ctx, b.tensor(tensor.Float32), root, hvdd.WithName(name)); err != nil {
+					return err
+				}
+				raw, err := b.read(ctx)
+				if err != nil {
+					return err
+				}
+				got = typedOf[float32](raw)
+				b.free(c)
+			} else if err := hvdd.Broadcast(ctx, c, x, root, hvdd.WithName(name)); err != nil {
+				return err
+			}
+			want := input[float32](root, n)
+			for i := range got {
+				if got[i] != want[i] {
+					return fmt.Errorf("broadcast of %d from rank %d: element %d = %v, want %v", n, root, i, got[i], want[i])
 				}
 			}
 		}
