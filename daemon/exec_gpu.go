@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/gpu"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -146,7 +147,11 @@ func (x *executor) executeDevice(w work) {
 			return
 		case (r.Op == tensor.Allgather || r.Op == tensor.Alltoall || r.Op == tensor.Reducescatter) && w.b == nil && !multiGPU && noJoined(&w):
 			x.gpuPath("device " + strings.ToLower(r.Op.String()))
-			x.runOutputs(w, devs[0])
+			x.runOutputs(w, devs)
+			return
+		case r.Op == tensor.Allgather && w.b == nil && multiGPU && g.nccl != nil && noJoined(&w):
+			x.gpuPath("device allgather over GPUs")
+			x.runOutputs(w, devs)
 			return
 		}
 	}
@@ -908,9 +913,10 @@ func (g *gpuState) syncWatch(ctx context.Context, devs []*gpuDev, comms []gpu.Co
 // ncclWatch is how often syncWatch looks at the communicators.
 const ncclWatch = 20 * time.Millisecond
 
-// runOutputs runs an allgather, alltoall or reducescatter whose ops are all
-// on GPU d (one node) and answers each op with its device output.
-func (x *executor) runOutputs(w work, d *gpuDev) {
+// runOutputs runs an allgather, alltoall or reducescatter of one node whose
+// ops are all on devs (one GPU; several for an allgather, over NCCL) and
+// answers each op with its device output.
+func (x *executor) runOutputs(w work, devs []*gpuDev) {
 	r := &w.resp
 	if w.tl != nil {
 		defer traceAll(w.tl, r, timeline.End, "")
@@ -918,18 +924,18 @@ func (x *executor) runOutputs(w work, d *gpuDev) {
 		defer traceAll(w.tl, r, timeline.End, "")
 	}
 	ctx := context.Background()
-	dones, err := x.buildOutputs(&w, d)
-	if serr := d.sync(ctx); err == nil {
+	dones, used, err := x.buildOutputs(&w, devs)
+	if serr := x.s.gpu.syncWatch(ctx, devs, used); err == nil {
 		err = serr
 	}
 	if err == nil {
-		err = exportOutputs(&w, d, dones)
+		err = exportOutputs(&w, dones)
 	}
 	if err != nil {
 		for _, row := range dones {
 			for _, res := range row {
 				if res.n > 0 && res.p != 0 && !res.exported {
-					d.dev.Free(res.p)
+					res.d.dev.Free(res.p)
 				}
 			}
 		}
@@ -946,27 +952,34 @@ func (x *executor) runOutputs(w work, d *gpuDev) {
 // devResult is one op's device output while it is built.
 type devResult struct {
 	done     *ipcpb.Done
+	d        *gpuDev // where p is: the rank's GPU
 	p        gpu.DevicePtr
 	n        int
 	exported bool // the client holds it (addDeviceOutput): its to free
 }
 
-// buildOutputs enqueues every op's result on d's stream. On an error the
-// results allocated so far are in what it returns.
-func (x *executor) buildOutputs(w *work, d *gpuDev) ([][]devResult, error) {
+// buildOutputs enqueues every op's result on its GPU's stream, and returns
+// the NCCL communicators it used. On an error the results allocated so far
+// are in what it returns. Over several GPUs only allgather comes here.
+func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.Comm, error) {
 	r := &w.resp
 	es := r.DType.Size()
 	dones := make([][]devResult, len(w.ops))
 	if err := waitEvents(w); err != nil {
-		return dones, err
+		return dones, nil, err
 	}
+	if len(devs) > 1 {
+		cs, err := x.allgatherGPUs(w, devs, dones)
+		return dones, cs, err
+	}
+	d := devs[0]
 	for i, ops := range w.ops {
 		t := &r.Tensors[i]
 		rowBytes := int(t.Shape.RowElements()) * es
 		dones[i] = make([]devResult, len(ops))
 		// out allocates rank k's result of n bytes and fills it with fill.
 		out := func(k, n int, shape tensor.Shape, fill func(p gpu.DevicePtr) error) error {
-			dones[i][k] = devResult{done: &ipcpb.Done{OutputShape: shape}, n: n}
+			dones[i][k] = devResult{done: &ipcpb.Done{OutputShape: shape}, d: d, n: n}
 			if n == 0 {
 				return nil
 			}
@@ -988,15 +1001,9 @@ func (x *executor) buildOutputs(w *work, d *gpuDev) ([][]devResult, error) {
 		}
 		switch r.Op {
 		case tensor.Allgather:
-			var rows int64
-			for _, s := range t.RankShapes {
-				if len(s) > 0 {
-					rows += s[0]
-				}
-			}
-			shape := append(tensor.Shape{rows}, t.Shape[1:]...)
+			shape := allgatherShape(t)
 			for k := range ops {
-				if err := out(k, int(rows)*rowBytes, shape, func(p gpu.DevicePtr) error {
+				if err := out(k, int(shape[0])*rowBytes, shape, func(p gpu.DevicePtr) error {
 					off := 0
 					for _, so := range ops {
 						if err := copyIn(p.Add(off), so.dev.ptr, so.dev.n); err != nil {
@@ -1006,7 +1013,7 @@ func (x *executor) buildOutputs(w *work, d *gpuDev) ([][]devResult, error) {
 					}
 					return nil
 				}); err != nil {
-					return dones, err
+					return dones, nil, err
 				}
 			}
 		case tensor.Alltoall:
@@ -1036,7 +1043,7 @@ func (x *executor) buildOutputs(w *work, d *gpuDev) ([][]devResult, error) {
 					}
 					return nil
 				}); err != nil {
-					return dones, err
+					return dones, nil, err
 				}
 				dones[i][k].done.ReceivedSplits = recv
 			}
@@ -1089,20 +1096,125 @@ func (x *executor) buildOutputs(w *work, d *gpuDev) ([][]devResult, error) {
 					}
 					return nil
 				}); err != nil {
-					return dones, err
+					return dones, nil, err
 				}
 			}
 		}
 	}
-	return dones, nil
+	return dones, nil, nil
+}
+
+// allgatherShape is the output shape of allgather tensor t: the ranks' first
+// dimensions added up.
+func allgatherShape(t *plan.Tensor) tensor.Shape {
+	var rows int64
+	for _, s := range t.RankShapes {
+		if len(s) > 0 {
+			rows += s[0]
+		}
+	}
+	return append(tensor.Shape{rows}, t.Shape[1:]...)
+}
+
+// allgatherGPUs builds an allgather's outputs over several GPUs of the node:
+// on each GPU the first local rank's output receives the pieces of the
+// ranks on that GPU by D2D copies and every other rank's piece by an NCCL
+// broadcast from that rank's GPU (one group call for all of them, each
+// piece in place at its offset); the GPU's other ranks copy that output.
+func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+	g := x.s.gpu
+	cs, err := g.commsFor(devs)
+	if err != nil {
+		return nil, err
+	}
+	idx := make(map[*gpuDev]int, len(devs))
+	for j, d := range devs {
+		idx[d] = j
+	}
+	for i, ops := range w.ops {
+		shape := allgatherShape(&w.resp.Tensors[i])
+		offs := make([]int, len(ops)+1)
+		for k, o := range ops {
+			offs[k+1] = offs[k] + o.dev.n
+		}
+		total := offs[len(ops)]
+		dones[i] = make([]devResult, len(ops))
+		lead := make([]gpu.DevicePtr, len(devs)) // each GPU's first output
+		alloc := func(k int) (gpu.DevicePtr, error) {
+			d := ops[k].dev.d
+			dones[i][k] = devResult{done: &ipcpb.Done{OutputShape: shape}, d: d, n: total}
+			if total == 0 {
+				return 0, nil
+			}
+			p, err := d.dev.Alloc(total)
+			if err != nil {
+				return 0, fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, total, err)
+			}
+			dones[i][k].p = p
+			return p, nil
+		}
+		for k, o := range ops {
+			j := idx[o.dev.d]
+			if lead[j] != 0 || total == 0 {
+				continue
+			}
+			if lead[j], err = alloc(k); err != nil {
+				return cs, err
+			}
+		}
+		if total == 0 {
+			for k := range ops {
+				alloc(k)
+			}
+			continue
+		}
+		for k, o := range ops {
+			if o.dev.n == 0 {
+				continue
+			}
+			d := o.dev.d
+			if err := d.dev.CopyDtoD(d.stream, lead[idx[d]].Add(offs[k]), o.dev.ptr, o.dev.n); err != nil {
+				return cs, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+		}
+		if err := g.group(cs, func(j int, c gpu.Comm) error {
+			for k, o := range ops {
+				if o.dev.n == 0 {
+					continue
+				}
+				p := lead[j].Add(offs[k])
+				if err := c.Broadcast(devs[j].stream, p, p, o.dev.n, tensor.Uint8, idx[o.dev.d]); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			return cs, fmt.Errorf("NCCL broadcasts over %d GPUs: %w", len(devs), err)
+		}
+		for k, o := range ops {
+			d := o.dev.d
+			if dones[i][k].done != nil {
+				continue // a lead
+			}
+			p, err := alloc(k)
+			if err != nil {
+				return cs, err
+			}
+			if err := d.dev.CopyDtoD(d.stream, p, lead[idx[d]], total); err != nil {
+				return cs, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+		}
+	}
+	return cs, nil
 }
 
 // exportOutputs gives every built output an IPC handle and hands it to its
 // client, filling in the Dones.
-func exportOutputs(w *work, d *gpuDev, dones [][]devResult) error {
+func exportOutputs(w *work, dones [][]devResult) error {
 	for i, row := range w.ops {
 		for k, o := range row {
 			res := &dones[i][k]
+			d := res.d
 			db := &ipcpb.DeviceBuffer{DeviceUuid: d.info.UUID, Length: uint64(res.n)}
 			res.done.DeviceOutput = db
 			if res.n == 0 {
