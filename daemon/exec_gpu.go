@@ -153,6 +153,10 @@ func (x *executor) executeDevice(w work) {
 			x.gpuPath("device allgather over GPUs")
 			x.runOutputs(w, devs)
 			return
+		case r.Op == tensor.Reducescatter && w.b == nil && multiGPU && g.nccl != nil && noJoined(&w) && ncclDType(r.DType):
+			x.gpuPath("device reducescatter over GPUs")
+			x.runOutputs(w, devs)
+			return
 		}
 	}
 	x.gpuPath("staged " + strings.ToLower(r.Op.String()))
@@ -505,52 +509,10 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 	if err := waitEvents(&w); err != nil {
 		return err
 	}
-	// Each GPU's local ranks into its fusion buffer.
-	for _, d := range devs {
-		for i, row := range w.ops {
-			dst, n := d.fuse.Add(offs[i]), offs[i+1]-offs[i]
-			first := true
-			for _, o := range row {
-				if o == nil || o.dev.d != d {
-					continue
-				}
-				src := o.dev.ptr
-				if first || pre != 1 {
-					to := dst
-					if !first {
-						to = d.scratch.Add(offs[i])
-					}
-					if err := d.dev.CopyDtoD(d.stream, to, src, n); err != nil {
-						return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
-					}
-					if pre != 1 {
-						if err := d.scale(to, n/es, r.DType, pre); err != nil {
-							return fmt.Errorf("GPU %s: prescale: %w", d.info.UUID, err)
-						}
-					}
-					src = to
-				}
-				if !first {
-					if err := d.reduce(dst, src, n/es, r.DType, op); err != nil {
-						return fmt.Errorf("GPU %s: reduce: %w", d.info.UUID, err)
-					}
-				}
-				first = false
-			}
-		}
-	}
-	// The GPUs of the node together.
-	if len(devs) > 1 {
-		cs, err := g.commsFor(devs)
-		if err != nil {
-			return err
-		}
-		used = append(used, cs...)
-		if err := g.group(cs, func(i int, c gpu.Comm) error {
-			return c.Allreduce(devs[i].stream, devs[i].fuse, devs[i].fuse, total/es, r.DType, op)
-		}); err != nil {
-			return fmt.Errorf("NCCL allreduce over %d GPUs: %w", len(devs), err)
-		}
+	cs, err := x.reduceLocal(&w, devs, offs, op, pre)
+	used = append(used, cs...)
+	if err != nil {
+		return err
 	}
 	// The nodes together: on NCCL, or through host memory.
 	if w.nccl {
@@ -602,6 +564,67 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 		}
 	}
 	return nil
+}
+
+// reduceLocal reduces the node's ranks' tensors (offs: each tensor's place
+// in the concatenation) into every GPU's fusion buffer, which ensure made
+// large enough (with the scratch buffer when pre != 1): each GPU's first
+// local rank's tensor copied D2D, each further one reduced into it with
+// the reduce kernel (with a prescale, every input scaled first through the
+// scratch buffer, as the CPU path scales each input); then, over several
+// GPUs, one NCCL allreduce of the fusion buffers in a group call. It
+// returns the communicators it used.
+func (x *executor) reduceLocal(w *work, devs []*gpuDev, offs []int, op tensor.ReduceOp, pre float64) ([]gpu.Comm, error) {
+	r := &w.resp
+	es := r.DType.Size()
+	for _, d := range devs {
+		for i, row := range w.ops {
+			dst, n := d.fuse.Add(offs[i]), offs[i+1]-offs[i]
+			first := true
+			for _, o := range row {
+				if o == nil || o.dev.d != d {
+					continue
+				}
+				src := o.dev.ptr
+				if first || pre != 1 {
+					to := dst
+					if !first {
+						to = d.scratch.Add(offs[i])
+					}
+					if err := d.dev.CopyDtoD(d.stream, to, src, n); err != nil {
+						return nil, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+					}
+					if pre != 1 {
+						if err := d.scale(to, n/es, r.DType, pre); err != nil {
+							return nil, fmt.Errorf("GPU %s: prescale: %w", d.info.UUID, err)
+						}
+					}
+					src = to
+				}
+				if !first {
+					if err := d.reduce(dst, src, n/es, r.DType, op); err != nil {
+						return nil, fmt.Errorf("GPU %s: reduce: %w", d.info.UUID, err)
+					}
+				}
+				first = false
+			}
+		}
+	}
+	if len(devs) == 1 {
+		return nil, nil
+	}
+	g := x.s.gpu
+	cs, err := g.commsFor(devs)
+	if err != nil {
+		return nil, err
+	}
+	total := offs[len(offs)-1]
+	if err := g.group(cs, func(i int, c gpu.Comm) error {
+		return c.Allreduce(devs[i].stream, devs[i].fuse, devs[i].fuse, total/es, r.DType, op)
+	}); err != nil {
+		return cs, fmt.Errorf("NCCL allreduce over %d GPUs: %w", len(devs), err)
+	}
+	return cs, nil
 }
 
 // localBufsN returns the ops of row with bytes: what localBufs counts on
@@ -960,7 +983,8 @@ type devResult struct {
 
 // buildOutputs enqueues every op's result on its GPU's stream, and returns
 // the NCCL communicators it used. On an error the results allocated so far
-// are in what it returns. Over several GPUs only allgather comes here.
+// are in what it returns. Over several GPUs only allgather and
+// reducescatter come here.
 func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.Comm, error) {
 	r := &w.resp
 	es := r.DType.Size()
@@ -969,7 +993,11 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 		return dones, nil, err
 	}
 	if len(devs) > 1 {
-		cs, err := x.allgatherGPUs(w, devs, dones)
+		f := x.allgatherGPUs
+		if r.Op == tensor.Reducescatter {
+			f = x.reducescatterGPUs
+		}
+		cs, err := f(w, devs, dones)
 		return dones, cs, err
 	}
 	d := devs[0]
@@ -1202,6 +1230,68 @@ func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) (
 			}
 			if err := d.dev.CopyDtoD(d.stream, p, lead[idx[d]], total); err != nil {
 				return cs, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+		}
+	}
+	return cs, nil
+}
+
+// reducescatterGPUs builds a reducescatter's outputs over several GPUs of
+// the node: the ranks' whole tensors reduced into every GPU's fusion buffer
+// as an allreduce's are (reduceLocal: local kernels, one NCCL allreduce),
+// then each rank's block copied out into its output on its GPU and
+// postscaled there.
+func (x *executor) reducescatterGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+	r := &w.resp
+	es := r.DType.Size()
+	op, pre, post := scales(r, w.size)
+	offs := make([]int, len(r.Tensors)+1)
+	for i, t := range r.Tensors {
+		offs[i+1] = offs[i] + int(t.Shape.NumElements())*es
+	}
+	for _, d := range devs {
+		if err := d.ensure(offs[len(r.Tensors)], pre != 1); err != nil {
+			return nil, err
+		}
+	}
+	cs, err := x.reduceLocal(w, devs, offs, op, pre)
+	if err != nil {
+		return cs, err
+	}
+	for i, ops := range w.ops {
+		t := &r.Tensors[i]
+		rowBytes := int(t.Shape.RowElements()) * es
+		var d0 int64
+		if len(t.Shape) > 0 {
+			d0 = t.Shape[0]
+		}
+		n := int64(len(ops))
+		dones[i] = make([]devResult, len(ops))
+		for k, o := range ops {
+			kk := int64(k)
+			rows := d0 / n
+			start := kk*rows + min(kk, d0%n)
+			if kk < d0%n {
+				rows++
+			}
+			bytes := int(rows) * rowBytes
+			d := o.dev.d
+			dones[i][k] = devResult{done: &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...)}, d: d, n: bytes}
+			if bytes == 0 {
+				continue
+			}
+			p, err := d.dev.Alloc(bytes)
+			if err != nil {
+				return cs, fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, bytes, err)
+			}
+			dones[i][k].p = p
+			if err := d.dev.CopyDtoD(d.stream, p, d.fuse.Add(offs[i]+int(start)*rowBytes), bytes); err != nil {
+				return cs, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+			if post != 1 {
+				if err := d.scale(p, bytes/es, r.DType, post); err != nil {
+					return cs, fmt.Errorf("GPU %s: postscale: %w", d.info.UUID, err)
+				}
 			}
 		}
 	}

@@ -57,10 +57,10 @@ func TestGPUCollectives(t *testing.T) {
 			daemontest.Run(t, s.Socket, "gpu", tc.ranks, 180*time.Second, fmt.Sprint("HVDD_FAKE_GPUS=", tc.gpus))
 			logs := s.Logs()
 			// One GPU: every collective on the device; two: allgather over
-			// NCCL, alltoall and reducescatter staged through host memory.
+			// NCCL, reducescatter too, alltoall staged through host memory.
 			paths := []string{`path="device allreduce"`, `path="device broadcast"`, `path="device allgather"`, `path="device alltoall"`, `path="device reducescatter"`}
 			if tc.gpus > 1 {
-				paths = append(paths[:2], `path="device allgather over GPUs"`, `path="staged alltoall"`, `path="staged reducescatter"`)
+				paths = append(paths[:2], `path="device allgather over GPUs"`, `path="staged alltoall"`, `path="device reducescatter over GPUs"`)
 			}
 			for _, p := range paths {
 				if !strings.Contains(logs, p) {
@@ -627,20 +627,34 @@ func gpuType[T hvdd.Elem](ctx context.Context, c *hvdd.Client, e *devEnv) error 
 		return fmt.Errorf("alltoall %v: got %v, want %v", dt, got, want)
 	}
 	b.free(c)
-	// Reducescatter: d0 = 2*size+1 rows of 2.
-	if dt != tensor.Bool {
+	// Reducescatter: d0 = 2*size+1 rows of 2; Sum, and for floats Average
+	// with a prescale and a postscale.
+	type rsCase struct {
+		op        tensor.ReduceOp
+		pre, post float64
+	}
+	rsCases := []rsCase{{tensor.Sum, 1, 1}}
+	if isFloat[T]() {
+		rsCases = append(rsCases, rsCase{tensor.Average, 0.5, 3})
+	}
+	for _, rc := range rsCases {
+		if dt == tensor.Bool {
+			break
+		}
+		what := fmt.Sprintf("reducescatter %v %v pre %v post %v", dt, rc.op, rc.pre, rc.post)
 		d0 := 2*size + 1
 		if b, err = e.upload(rawOf(input[T](rank, d0*2))); err != nil {
 			return err
 		}
-		if f, err = c.ReducescatterDeviceAsync(b.tensor(dt), hvdd.WithShape(int64(d0), 2), hvdd.WithOp(tensor.Sum), hvdd.WithName("grs."+dt.String())); err != nil {
+		if f, err = c.ReducescatterDeviceAsync(b.tensor(dt), hvdd.WithShape(int64(d0), 2), hvdd.WithOp(rc.op),
+			hvdd.WithPrescale(rc.pre), hvdd.WithPostscale(rc.post), hvdd.WithName(fmt.Sprintf("grs.%v.%v", dt, rc.op))); err != nil {
 			return err
 		}
 		if out, err = f.Wait(ctx); err != nil {
-			return fmt.Errorf("reducescatter %v: %w", dt, err)
+			return fmt.Errorf("%s: %w", what, err)
 		}
 		if raw, err = e.readOutput(ctx, c, out); err != nil {
-			return fmt.Errorf("reducescatter %v: %w", dt, err)
+			return fmt.Errorf("%s: %w", what, err)
 		}
 		myRows := d0 / size
 		start := rank*myRows + min(rank, d0%size)
@@ -649,11 +663,11 @@ func gpuType[T hvdd.Elem](ctx context.Context, c *hvdd.Client, e *devEnv) error 
 		}
 		got := typedOf[T](raw)
 		if len(got) != myRows*2 {
-			return fmt.Errorf("reducescatter %v: %d elements, want %d", dt, len(got), myRows*2)
+			return fmt.Errorf("%s: %d elements, want %d", what, len(got), myRows*2)
 		}
 		for i := range got {
-			if w := expectAllreduce[T](tensor.Sum, size, start*2+i, 1, 1); !close2(got[i], w) {
-				return fmt.Errorf("reducescatter %v: element %d = %v, want %v", dt, i, got[i], w)
+			if w := expectAllreduce[T](rc.op, size, start*2+i, rc.pre, rc.post); !close2(got[i], w) {
+				return fmt.Errorf("%s: element %d = %v, want %v", what, i, got[i], w)
 			}
 		}
 		b.free(c)
