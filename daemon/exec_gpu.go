@@ -153,6 +153,10 @@ func (x *executor) executeDevice(w work) {
 			x.gpuPath("device allgather over GPUs")
 			x.runOutputs(w, devs)
 			return
+		case r.Op == tensor.Alltoall && w.b == nil && multiGPU && g.nccl != nil && noJoined(&w):
+			x.gpuPath("device alltoall over GPUs")
+			x.runOutputs(w, devs)
+			return
 		case r.Op == tensor.Reducescatter && w.b == nil && multiGPU && g.nccl != nil && noJoined(&w) && ncclDType(r.DType):
 			x.gpuPath("device reducescatter over GPUs")
 			x.runOutputs(w, devs)
@@ -983,8 +987,7 @@ type devResult struct {
 
 // buildOutputs enqueues every op's result on its GPU's stream, and returns
 // the NCCL communicators it used. On an error the results allocated so far
-// are in what it returns. Over several GPUs only allgather and
-// reducescatter come here.
+// are in what it returns.
 func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.Comm, error) {
 	r := &w.resp
 	es := r.DType.Size()
@@ -994,7 +997,10 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 	}
 	if len(devs) > 1 {
 		f := x.allgatherGPUs
-		if r.Op == tensor.Reducescatter {
+		switch r.Op {
+		case tensor.Alltoall:
+			f = x.alltoallGPUs
+		case tensor.Reducescatter:
 			f = x.reducescatterGPUs
 		}
 		cs, err := f(w, devs, dones)
@@ -1231,6 +1237,97 @@ func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) (
 			if err := d.dev.CopyDtoD(d.stream, p, lead[idx[d]], total); err != nil {
 				return cs, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 			}
+		}
+	}
+	return cs, nil
+}
+
+// alltoallGPUs builds an alltoall's outputs over several GPUs of the node:
+// each rank's output on its GPU receives the pieces of the ranks on the
+// same GPU by D2D copies and the others' by NCCL sends and receives, one
+// group call for all of them (between two GPUs NCCL matches them in the
+// order issued, which the same loop gives on both sides).
+func (x *executor) alltoallGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+	r := &w.resp
+	g := x.s.gpu
+	cs, err := g.commsFor(devs)
+	if err != nil {
+		return nil, err
+	}
+	idx := make(map[*gpuDev]int, len(devs))
+	for j, d := range devs {
+		idx[d] = j
+	}
+	for i, ops := range w.ops {
+		t := &r.Tensors[i]
+		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
+		n := len(ops)
+		// piece(s, k): the bytes of rank s's tensor for rank k, and where
+		// they go in k's output.
+		sendOff := make([][]int, n) // sendOff[s][k]: in s's tensor
+		recvOff := make([][]int, n) // recvOff[k][s]: in k's output
+		for s := range n {
+			sendOff[s] = make([]int, n+1)
+			for k := range n {
+				sendOff[s][k+1] = sendOff[s][k] + int(t.Splits[s][k])*rowBytes
+			}
+		}
+		dones[i] = make([]devResult, n)
+		for k, o := range ops {
+			recvOff[k] = make([]int, n+1)
+			recv := make([]int32, n)
+			var rows int64
+			for s := range n {
+				recvOff[k][s+1] = recvOff[k][s] + int(t.Splits[s][k])*rowBytes
+				recv[s] = t.Splits[s][k]
+				rows += int64(t.Splits[s][k])
+			}
+			d := o.dev.d
+			bytes := recvOff[k][n]
+			dones[i][k] = devResult{done: &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...), ReceivedSplits: recv}, d: d, n: bytes}
+			if bytes == 0 {
+				continue
+			}
+			p, err := d.dev.Alloc(bytes)
+			if err != nil {
+				return cs, fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, bytes, err)
+			}
+			dones[i][k].p = p
+		}
+		size := func(s, k int) int { return sendOff[s][k+1] - sendOff[s][k] }
+		for s, so := range ops {
+			for k, ko := range ops {
+				if m := size(s, k); m > 0 && so.dev.d == ko.dev.d {
+					d := so.dev.d
+					if err := d.dev.CopyDtoD(d.stream, dones[i][k].p.Add(recvOff[k][s]), so.dev.ptr.Add(sendOff[s][k]), m); err != nil {
+						return cs, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+					}
+				}
+			}
+		}
+		if err := g.group(cs, func(j int, c gpu.Comm) error {
+			d := devs[j]
+			for s, so := range ops {
+				for k, ko := range ops {
+					m := size(s, k)
+					if m == 0 || so.dev.d == ko.dev.d {
+						continue
+					}
+					switch d {
+					case so.dev.d:
+						if err := c.Send(d.stream, so.dev.ptr.Add(sendOff[s][k]), m, tensor.Uint8, idx[ko.dev.d]); err != nil {
+							return err
+						}
+					case ko.dev.d:
+						if err := c.Recv(d.stream, dones[i][k].p.Add(recvOff[k][s]), m, tensor.Uint8, idx[so.dev.d]); err != nil {
+							return err
+						}
+					}
+				}
+			}
+			return nil
+		}); err != nil {
+			return cs, fmt.Errorf("NCCL sends and receives over %d GPUs: %w", len(devs), err)
 		}
 	}
 	return cs, nil
