@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -89,8 +90,12 @@ func (x *executor) execute(w work) {
 			return
 		}
 		if w.nccl {
-			x.gpuPath("nccl allreduce")
-			x.runNative(w, usedDevs(&w), x.allreduceDevice)
+			f := x.allreduceDevice
+			if w.resp.Op == tensor.Broadcast {
+				f = x.broadcastDevice
+			}
+			x.gpuPath("nccl " + strings.ToLower(w.resp.Op.String()))
+			x.runNative(w, usedDevs(&w), f)
 			return
 		}
 	}

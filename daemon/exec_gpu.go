@@ -717,6 +717,12 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 		switch {
 		case n < 0:
 			return fmt.Errorf("broadcast of tensor %d: no local buffer", i)
+		case w.nccl:
+			cs, err := x.broadcastNCCL(ctx, w, devs, rootNode, root, first, n)
+			used = append(used, cs...)
+			if err != nil {
+				return err
+			}
 		case b != nil:
 			if err := x.broadcastAcross(ctx, b, rootNode, root, first, n); err != nil {
 				return err
@@ -724,17 +730,10 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 		case root == nil:
 			return fmt.Errorf("broadcast root %d has no buffer", r.Root)
 		case len(devs) > 1:
-			cs, err := x.s.gpu.commsFor(devs)
+			cs, err := x.localBroadcast(devs, first, n, slices.Index(devs, root.d))
+			used = append(used, cs...)
 			if err != nil {
 				return err
-			}
-			used = cs
-			rootIdx := slices.Index(devs, root.d)
-			if err := x.s.gpu.group(cs, func(k int, c gpu.Comm) error {
-				p := first[devs[k]].ptr
-				return c.Broadcast(devs[k].stream, p, p, n, tensor.Uint8, rootIdx)
-			}); err != nil {
-				return fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
 			}
 		}
 		for _, o := range ops {
@@ -752,6 +751,60 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 		}
 	}
 	return nil
+}
+
+// localBroadcast copies n bytes from first's tensor on devs[from] into
+// first's tensor on each other GPU of devs, with one NCCL broadcast in a
+// group call. It returns the communicators it used.
+func (x *executor) localBroadcast(devs []*gpuDev, first map[*gpuDev]*devOp, n, from int) ([]gpu.Comm, error) {
+	g := x.s.gpu
+	cs, err := g.commsFor(devs)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.group(cs, func(k int, c gpu.Comm) error {
+		p := first[devs[k]].ptr
+		return c.Broadcast(devs[k].stream, p, p, n, tensor.Uint8, from)
+	}); err != nil {
+		return cs, fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
+	}
+	return cs, nil
+}
+
+// broadcastNCCL is the broadcast the nodes agreed to run on NCCL
+// (ncclVote): the root's node first spreads the root's tensor to its other
+// GPUs, then devs[0] of every node (the GPU of the communicator across
+// nodes) joins one NCCL broadcast from the root's node, and the other nodes
+// spread it from devs[0] to their other GPUs.
+func (x *executor) broadcastNCCL(ctx context.Context, w work, devs []*gpuDev, rootNode int, root *devOp, first map[*gpuDev]*devOp, n int) ([]gpu.Comm, error) {
+	g := x.s.gpu
+	var used []gpu.Comm
+	if root != nil && len(devs) > 1 {
+		cs, err := x.localBroadcast(devs, first, n, slices.Index(devs, root.d))
+		used = append(used, cs...)
+		if err != nil {
+			return used, err
+		}
+	}
+	c, err := g.crossComm(ctx, w.b)
+	if err != nil {
+		return used, err
+	}
+	used = append(used, c)
+	d0 := devs[0]
+	p := first[d0].ptr
+	if err := c.Broadcast(d0.stream, p, p, n, tensor.Uint8, rootNode); err != nil {
+		g.abortComms()
+		return used, fmt.Errorf("NCCL broadcast across %d nodes: %w", w.b.Size(), err)
+	}
+	if root == nil && len(devs) > 1 {
+		cs, err := x.localBroadcast(devs, first, n, 0)
+		used = append(used, cs...)
+		if err != nil {
+			return used, err
+		}
+	}
+	return used, nil
 }
 
 // broadcastAcross moves n bytes from root (this node's root tensor, nil on
@@ -792,11 +845,13 @@ func (x *executor) broadcastAcross(ctx context.Context, b backends.Backend, root
 // depends on the plan and the configuration alone) and, for those, all vote
 // with one byte through the engine (Min of "I can": my ops are all device
 // tensors on GPUs including the one of the cross-node communicator). A
-// unanimous response runs: each node's ranks reduced on its GPUs as in
+// unanimous allreduce runs: each node's ranks reduced on its GPUs as in
 // allreduceDevice, one NCCL allreduce of the fusion buffer of devs[0] over
 // a communicator of one GPU per node, an NCCL broadcast from there to the
-// node's other GPUs, postscale, write-back. Otherwise every node runs its
-// own path (hierarchical or CPU), which make the same engine calls.
+// node's other GPUs, postscale, write-back; a unanimous broadcast runs
+// broadcastNCCL. Otherwise every node runs its own path (hierarchical or
+// CPU), which make the same engine calls. (Eligible responses cost every
+// node the one-byte vote, even a job of host tensors only.)
 //
 // The communicator is made on the first unanimous response of a job: node 0
 // draws the unique id and broadcasts it through the engine (whose
@@ -806,9 +861,9 @@ func (x *executor) broadcastAcross(ctx context.Context, b backends.Backend, root
 // ncclEligible reports whether w is voted on (the same on every node).
 func (x *executor) ncclEligible(w *work) bool {
 	r := &w.resp
+	allreduce := r.Op == tensor.Allreduce && (r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && ncclDType(r.DType)
 	return x.s.cfg.GPUAllreduce == GPUAllreduceNCCL && w.b != nil && len(w.view.nodes) > 1 &&
-		len(w.view.nodes) == w.b.Size() && r.Op == tensor.Allreduce &&
-		(r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && ncclDType(r.DType) && len(r.JoinedRanks) == 0
+		len(w.view.nodes) == w.b.Size() && (allreduce || r.Op == tensor.Broadcast) && len(r.JoinedRanks) == 0
 }
 
 // ncclVote sets w.nccl to whether every node can run w on NCCL. It returns

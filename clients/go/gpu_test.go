@@ -171,8 +171,9 @@ func TestGPUMultiNode(t *testing.T) {
 	}
 }
 
-// TestGPUMultiNodeNCCL: two nodes joined on NCCL (--gpu-allreduce nccl),
-// with one and with two fake GPUs per node; the other collectives staged.
+// TestGPUMultiNodeNCCL: two nodes joined on NCCL (--gpu-allreduce nccl)
+// for allreduce and broadcast, with one and with two fake GPUs per node;
+// the other collectives staged.
 func TestGPUMultiNodeNCCL(t *testing.T) {
 	for _, gpus := range []int{1, 2} {
 		t.Run(fmt.Sprint("gpus", gpus), func(t *testing.T) {
@@ -189,8 +190,9 @@ func TestGPUMultiNodeNCCL(t *testing.T) {
 			}
 			for n, s := range ss {
 				logs := s.Logs()
-				if !strings.Contains(logs, `path="nccl allreduce"`) || strings.Count(logs, "NCCL communicator across nodes created") != 1 {
-					t.Errorf("node %d did not join the nodes on one NCCL communicator", n)
+				if !strings.Contains(logs, `path="nccl allreduce"`) || !strings.Contains(logs, `path="nccl broadcast"`) ||
+					strings.Count(logs, "NCCL communicator across nodes created") != 1 {
+					t.Errorf("node %d did not join the nodes on one NCCL communicator for allreduce and broadcast", n)
 				}
 			}
 		})
@@ -990,8 +992,10 @@ func TestGPUNodeParity(t *testing.T) {
 					t.Errorf("node 0 never ran the %s", p)
 				}
 			}
-			if strings.Contains(ss[0].Logs(), `path="nccl allreduce"`) {
-				t.Error("node 0 ran an allreduce on NCCL that node 1 could not")
+			for _, p := range []string{"nccl allreduce", "nccl broadcast"} {
+				if strings.Contains(ss[0].Logs(), `path="`+p+`"`) {
+					t.Errorf("node 0 ran an %s that node 1 could not", p)
+				}
 			}
 		})
 	}
