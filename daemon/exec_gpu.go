@@ -149,6 +149,14 @@ func (x *executor) executeDevice(w work) {
 			x.gpuPath("device " + strings.ToLower(r.Op.String()))
 			x.runOutputs(w, devs)
 			return
+		case r.Op == tensor.Allgather && crossNodes(&w) && len(r.JoinedRanks) == 0:
+			x.gpuPath("hierarchical allgather")
+			x.runOutputs(w, devs)
+			return
+		case r.Op == tensor.Reducescatter && crossNodes(&w) && len(r.JoinedRanks) == 0 && nccl && (!multiGPU || ncclDType(r.DType)):
+			x.gpuPath("hierarchical reducescatter")
+			x.runOutputs(w, devs)
+			return
 		case r.Op == tensor.Allgather && w.b == nil && multiGPU && g.nccl != nil && noJoined(&w):
 			x.gpuPath("device allgather over GPUs")
 			x.runOutputs(w, devs)
@@ -1026,7 +1034,9 @@ func (x *executor) runOutputs(w work, devs []*gpuDev) {
 	}
 	for i, row := range w.ops {
 		for k, o := range row {
-			o.finish(dones[i][k].done)
+			if o != nil {
+				o.finish(dones[i][k].done)
+			}
 		}
 	}
 }
@@ -1049,6 +1059,17 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 	dones := make([][]devResult, len(w.ops))
 	if err := waitEvents(w); err != nil {
 		return dones, nil, err
+	}
+	if crossNodes(w) {
+		b, err := x.engineFor(*w)
+		if err != nil {
+			return dones, nil, err
+		}
+		if r.Op == tensor.Reducescatter {
+			cs, err := x.reducescatterAcross(context.Background(), w, devs, b, dones)
+			return dones, cs, err
+		}
+		return dones, nil, x.allgatherAcross(context.Background(), w, devs, b, dones)
 	}
 	if len(devs) > 1 {
 		f := x.allgatherGPUs
@@ -1297,6 +1318,187 @@ func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) (
 	return cs, nil
 }
 
+// allgatherAcross builds an allgather's outputs across nodes (the
+// hierarchical allgather): the node's ranks' pieces copied to host memory in
+// rank order, the engine's Allgatherv of the nodes' pieces (the one call per
+// tensor allgatherMulti makes, so that nodes on either path agree), the
+// result copied to one output on each GPU, which the GPU's other ranks copy.
+func (x *executor) allgatherAcross(ctx context.Context, w *work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
+	r := &w.resp
+	mb := w.view.rows
+	for i, row := range w.ops {
+		t := &r.Tensors[i]
+		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
+		counts := make([]int, mb.nodes())
+		for n := range counts {
+			lo, hi := mb.nodeRanks(n)
+			for rank := lo; rank < hi; rank++ {
+				if rank < len(t.RankShapes) && len(t.RankShapes[rank]) > 0 {
+					counts[n] += int(t.RankShapes[rank][0]) * rowBytes
+				}
+			}
+		}
+		total := 0
+		for _, c := range counts {
+			total += c
+		}
+		in := make([]byte, counts[mb.node])
+		off := 0
+		for _, o := range row {
+			if o == nil {
+				continue
+			}
+			if off+o.dev.n > len(in) {
+				return fmt.Errorf("allgather: the node's pieces exceed the %d bytes the plan gives it", len(in))
+			}
+			d := o.dev.d
+			if err := d.dev.CopyDtoH(d.stream, in[off:off+o.dev.n], o.dev.ptr); err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+			off += o.dev.n
+		}
+		if err := syncAll(ctx, devs); err != nil {
+			return err
+		}
+		out := x.fusion(total)
+		if err := b.Allgatherv(ctx, in, out, counts); err != nil {
+			return err
+		}
+		shape := allgatherShape(t)
+		dones[i] = make([]devResult, len(row))
+		lead := map[*gpuDev]gpu.DevicePtr{}
+		for k, o := range row {
+			if o == nil {
+				continue
+			}
+			d := o.dev.d
+			dones[i][k] = devResult{done: &ipcpb.Done{OutputShape: shape}, d: d, n: total}
+			if total == 0 {
+				continue
+			}
+			p, err := d.dev.Alloc(total)
+			if err != nil {
+				return fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, total, err)
+			}
+			dones[i][k].p = p
+			if src, ok := lead[d]; ok {
+				err = d.dev.CopyDtoD(d.stream, p, src, total)
+			} else {
+				lead[d] = p
+				err = d.dev.CopyHtoD(d.stream, p, out)
+			}
+			if err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+		}
+		// out is the executor's fusion buffer: the copies finish before
+		// it serves again.
+		if err := syncAll(ctx, devs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reducescatterAcross builds a reducescatter's outputs across nodes (the
+// hierarchical reducescatter): the node's ranks' tensors reduced on its GPUs
+// (reduceLocal, with the prescale), then per tensor GPU 0's sum copied to
+// host memory, the engine's ReduceScatter of it into this node's block (the
+// one call per tensor reducescatterMulti makes, with its counts), and each
+// local rank's rows of the block copied to its output on its GPU and
+// postscaled there. It returns the communicators it used.
+func (x *executor) reducescatterAcross(ctx context.Context, w *work, devs []*gpuDev, b backends.Backend, dones [][]devResult) ([]gpu.Comm, error) {
+	r := &w.resp
+	mb := w.view.rows
+	es := r.DType.Size()
+	op, pre, post := scales(r, w.size)
+	offs := make([]int, len(r.Tensors)+1)
+	for i, t := range r.Tensors {
+		offs[i+1] = offs[i] + int(t.Shape.NumElements())*es
+	}
+	for _, d := range devs {
+		if err := d.ensure(offs[len(r.Tensors)], pre != 1); err != nil {
+			return nil, err
+		}
+	}
+	cs, err := x.reduceLocal(w, devs, offs, op, pre)
+	if err != nil {
+		return cs, err
+	}
+	d0 := devs[0]
+	for i, row := range w.ops {
+		t := &r.Tensors[i]
+		rowBytes := int(t.Shape.RowElements()) * es
+		var dim int
+		if len(t.Shape) > 0 {
+			dim = int(t.Shape[0])
+		}
+		rows := func(rank int) int {
+			k := dim / w.size
+			if rank < dim%w.size {
+				k++
+			}
+			return k
+		}
+		full := x.fusion(offs[i+1] - offs[i])
+		if err := d0.dev.CopyDtoH(d0.stream, full, d0.fuse.Add(offs[i])); err != nil {
+			return cs, fmt.Errorf("GPU %s: %w", d0.info.UUID, err)
+		}
+		if err := d0.sync(ctx); err != nil {
+			return cs, err
+		}
+		counts := make([]int, mb.nodes())
+		for m := range counts {
+			lo, hi := mb.nodeRanks(m)
+			for rank := lo; rank < hi; rank++ {
+				counts[m] += rows(rank) * rowBytes
+			}
+		}
+		block := make([]byte, counts[mb.node])
+		if err := b.ReduceScatter(ctx, full, block, counts, r.DType, op); err != nil {
+			return cs, err
+		}
+		dones[i] = make([]devResult, len(row))
+		off := 0
+		for rank, o := range row {
+			if rank < mb.offset || rank >= mb.offset+mb.local() {
+				continue
+			}
+			n := rows(rank) * rowBytes
+			at := off
+			off += n
+			if o == nil {
+				continue
+			}
+			d := o.dev.d
+			dones[i][rank] = devResult{done: &ipcpb.Done{OutputShape: append(tensor.Shape{int64(rows(rank))}, t.Shape[1:]...)}, d: d, n: n}
+			if n == 0 {
+				continue
+			}
+			p, err := d.dev.Alloc(n)
+			if err != nil {
+				return cs, fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, n, err)
+			}
+			dones[i][rank].p = p
+			if err := d.dev.CopyHtoD(d.stream, p, block[at:at+n]); err != nil {
+				return cs, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+			if post != 1 {
+				if err := d.scale(p, n/es, r.DType, post); err != nil {
+					return cs, fmt.Errorf("GPU %s: postscale: %w", d.info.UUID, err)
+				}
+			}
+		}
+		// block is this tensor's; full, the executor's fusion buffer, was
+		// read by the engine already. The copies from block finish before
+		// it goes.
+		if err := syncAll(ctx, devs); err != nil {
+			return cs, err
+		}
+	}
+	return cs, nil
+}
+
 // alltoallGPUs builds an alltoall's outputs over several GPUs of the node:
 // each rank's output on its GPU receives the pieces of the ranks on the
 // same GPU by D2D copies and the others' by NCCL sends and receives, one
@@ -1455,6 +1657,9 @@ func (x *executor) reducescatterGPUs(w *work, devs []*gpuDev, dones [][]devResul
 func exportOutputs(w *work, dones [][]devResult) error {
 	for i, row := range w.ops {
 		for k, o := range row {
+			if o == nil {
+				continue // another node's rank
+			}
 			res := &dones[i][k]
 			d := res.d
 			db := &ipcpb.DeviceBuffer{DeviceUuid: d.info.UUID, Length: uint64(res.n)}

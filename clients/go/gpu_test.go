@@ -150,8 +150,8 @@ func TestGPUHostMode(t *testing.T) {
 }
 
 // TestGPUMultiNode: two nodes of two ranks, each node with two fake GPUs:
-// hierarchical allreduce and broadcast (GPU, host through the tcp engine,
-// GPU) and the staged collectives across nodes.
+// hierarchical allreduce, broadcast, allgather and reducescatter (GPU,
+// host through the tcp engine, GPU); alltoall staged.
 func TestGPUMultiNode(t *testing.T) {
 	ss := startNodesCfg(t, func(_ int, cfg *daemon.Config) { *cfg = gpuConfig(*cfg, 2) }, 2, 2)
 	ws := spawnNodesEnv(t, ss, "gpu", []string{"HVDD_FAKE_GPUS=2"}, 2, 2)
@@ -163,7 +163,7 @@ func TestGPUMultiNode(t *testing.T) {
 		}
 	}
 	for n, s := range ss {
-		for _, p := range []string{"hierarchical allreduce", "hierarchical broadcast"} {
+		for _, p := range []string{"hierarchical allreduce", "hierarchical broadcast", "hierarchical allgather", "hierarchical reducescatter"} {
 			if !strings.Contains(s.Logs(), `path="`+p+`"`) {
 				t.Errorf("node %d never ran the %s", n, p)
 			}
@@ -969,8 +969,8 @@ func gpuJoin(ctx context.Context, c *hvdd.Client) error {
 // TestGPUNodeParity: node 0's ranks hold a tensor on the GPU (hierarchical
 // allreduce) while node 1's hold it in host memory (the CPU path), at sizes
 // that one engine call carries and sizes the CPU path pipelines in chunks:
-// both nodes must make the same engine calls. Then broadcasts, node 0's
-// through the hierarchical broadcast.
+// both nodes must make the same engine calls. Then broadcasts, allgathers
+// and reducescatters, node 0's through the hierarchical paths.
 // With --gpu-allreduce nccl the nodes vote each allreduce off NCCL (node 1
 // cannot) and take the same paths.
 func TestGPUNodeParity(t *testing.T) {
@@ -987,7 +987,7 @@ func TestGPUNodeParity(t *testing.T) {
 					}
 				}
 			}
-			for _, p := range []string{"hierarchical allreduce", "hierarchical broadcast"} {
+			for _, p := range []string{"hierarchical allreduce", "hierarchical broadcast", "hierarchical allgather", "hierarchical reducescatter"} {
 				if !strings.Contains(ss[0].Logs(), `path="`+p+`"`) {
 					t.Errorf("node 0 never ran the %s", p)
 				}
@@ -1088,6 +1088,104 @@ func gpuParity(ctx context.Context, c *hvdd.Client) error {
 			for i := range got {
 				if got[i] != want[i] {
 					return fmt.Errorf("broadcast of %d from rank %d: element %d = %v, want %v", n, root, i, got[i], want[i])
+				}
+			}
+		}
+	}
+	// Allgathers of rank r's r+1 rows (node 0's through the hierarchical
+	// allgather).
+	for _, cols := range []int{3, 300_000} {
+		name := fmt.Sprintf("parg.%d", cols)
+		rows := c.Rank() + 1
+		x := input[float32](c.Rank(), rows*cols)
+		var got []float32
+		if onGPU {
+			b, err := e.upload(rawOf(x))
+			if err != nil {
+				return err
+			}
+			f, err := c.AllgatherDeviceAsync(b.tensor(tensor.Float32), hvdd.WithShape(int64(rows), int64(cols)), hvdd.WithName(name))
+			if err != nil {
+				return err
+			}
+			out, err := f.Wait(ctx)
+			if err != nil {
+				return err
+			}
+			raw, err := e.readOutput(ctx, c, out)
+			if err != nil {
+				return err
+			}
+			got = typedOf[float32](raw)
+			b.free(c)
+		} else {
+			var err error
+			if got, err = hvdd.Allgather(ctx, c, x, hvdd.WithShape(int64(rows), int64(cols)), hvdd.WithName(name)); err != nil {
+				return err
+			}
+		}
+		var want []float32
+		for r := range c.Size() {
+			want = append(want, input[float32](r, (r+1)*cols)...)
+		}
+		if len(got) != len(want) {
+			return fmt.Errorf("allgather of %d columns: %d elements, want %d", cols, len(got), len(want))
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				return fmt.Errorf("allgather of %d columns: element %d = %v, want %v", cols, i, got[i], want[i])
+			}
+		}
+	}
+	// Reducescatters of 2*size+1 rows (node 0's through the hierarchical
+	// reducescatter), Sum and Average with scaling.
+	for _, cols := range []int{2, 100_000} {
+		for _, rc := range []struct {
+			op        tensor.ReduceOp
+			pre, post float64
+		}{{tensor.Sum, 1, 1}, {tensor.Average, 0.5, 3}} {
+			name := fmt.Sprintf("parrs.%d.%v", cols, rc.op)
+			size, rank := c.Size(), c.Rank()
+			d0 := 2*size + 1
+			x := input[float32](rank, d0*cols)
+			opts := []hvdd.Option{hvdd.WithShape(int64(d0), int64(cols)), hvdd.WithOp(rc.op), hvdd.WithPrescale(rc.pre), hvdd.WithPostscale(rc.post), hvdd.WithName(name)}
+			var got []float32
+			if onGPU {
+				b, err := e.upload(rawOf(x))
+				if err != nil {
+					return err
+				}
+				f, err := c.ReducescatterDeviceAsync(b.tensor(tensor.Float32), opts...)
+				if err != nil {
+					return err
+				}
+				out, err := f.Wait(ctx)
+				if err != nil {
+					return err
+				}
+				raw, err := e.readOutput(ctx, c, out)
+				if err != nil {
+					return err
+				}
+				got = typedOf[float32](raw)
+				b.free(c)
+			} else {
+				var err error
+				if got, err = hvdd.Reducescatter(ctx, c, x, opts...); err != nil {
+					return err
+				}
+			}
+			myRows := d0 / size
+			start := rank*myRows + min(rank, d0%size)
+			if rank < d0%size {
+				myRows++
+			}
+			if len(got) != myRows*cols {
+				return fmt.Errorf("%s: %d elements, want %d", name, len(got), myRows*cols)
+			}
+			for i := range got {
+				if w := expectAllreduce[float32](rc.op, size, start*cols+i, rc.pre, rc.post); !close2(got[i], w) {
+					return fmt.Errorf("%s: element %d = %v, want %v", name, i, got[i], w)
 				}
 			}
 		}
