@@ -153,6 +153,10 @@ func (x *executor) executeDevice(w work) {
 			x.gpuPath("hierarchical allgather")
 			x.runOutputs(w, devs)
 			return
+		case r.Op == tensor.Alltoall && crossNodes(&w) && len(r.JoinedRanks) == 0:
+			x.gpuPath("hierarchical alltoall")
+			x.runOutputs(w, devs)
+			return
 		case r.Op == tensor.Reducescatter && crossNodes(&w) && len(r.JoinedRanks) == 0 && nccl && (!multiGPU || ncclDType(r.DType)):
 			x.gpuPath("hierarchical reducescatter")
 			x.runOutputs(w, devs)
@@ -1065,9 +1069,12 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 		if err != nil {
 			return dones, nil, err
 		}
-		if r.Op == tensor.Reducescatter {
+		switch r.Op {
+		case tensor.Reducescatter:
 			cs, err := x.reducescatterAcross(context.Background(), w, devs, b, dones)
 			return dones, cs, err
+		case tensor.Alltoall:
+			return dones, nil, x.alltoallAcross(context.Background(), w, devs, b, dones)
 		}
 		return dones, nil, x.allgatherAcross(context.Background(), w, devs, b, dones)
 	}
@@ -1393,6 +1400,71 @@ func (x *executor) allgatherAcross(ctx context.Context, w *work, devs []*gpuDev,
 		}
 		// out is the executor's fusion buffer: the copies finish before
 		// it serves again.
+		if err := syncAll(ctx, devs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// alltoallAcross builds an alltoall's outputs across nodes (the
+// hierarchical alltoall): the pieces the node sends copied to host memory
+// in a2aPlan's order, the engine's Alltoallv (alltoallMulti's one call per
+// tensor), each local rank's output assembled in host memory and copied to
+// its GPU.
+func (x *executor) alltoallAcross(ctx context.Context, w *work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
+	for i, row := range w.ops {
+		a := newA2APlan(w, i)
+		sent := 0
+		for _, c := range a.sendCounts {
+			sent += c
+		}
+		in := make([]byte, sent)
+		off := 0
+		var err error
+		a.sends(func(s, d int) {
+			o, n := row[s], a.piece(s, d)
+			if err != nil || o == nil || n == 0 {
+				return
+			}
+			g := o.dev.d
+			if e := g.dev.CopyDtoH(g.stream, in[off:off+n], o.dev.ptr.Add(a.start(s, d))); e != nil {
+				err = fmt.Errorf("GPU %s: %w", g.info.UUID, e)
+			}
+			off += n
+		})
+		if serr := syncAll(ctx, devs); err == nil {
+			err = serr
+		}
+		if err != nil {
+			return err
+		}
+		out := x.fusion(a.total)
+		if err := b.Alltoallv(ctx, in, a.sendCounts, out, a.recvCounts); err != nil {
+			return err
+		}
+		t := &w.resp.Tensors[i]
+		dones[i] = make([]devResult, len(row))
+		for d, o := range row {
+			if o == nil {
+				continue
+			}
+			g, n := o.dev.d, a.rows(d)*a.rowBytes
+			dones[i][d] = devResult{done: &ipcpb.Done{OutputShape: a.shape(d, t.Shape), ReceivedSplits: a.received(d)}, d: g, n: n}
+			if n == 0 {
+				continue
+			}
+			host := make([]byte, n)
+			a.fill(d, host, out)
+			p, err := g.dev.Alloc(n)
+			if err != nil {
+				return fmt.Errorf("GPU %s: device output of %d bytes: %w", g.info.UUID, n, err)
+			}
+			dones[i][d].p = p
+			if err := g.dev.CopyHtoD(g.stream, p, host); err != nil {
+				return fmt.Errorf("GPU %s: %w", g.info.UUID, err)
+			}
+		}
 		if err := syncAll(ctx, devs); err != nil {
 			return err
 		}

@@ -571,100 +571,144 @@ func (x *executor) outputs(row []*op, fill func(rank int, dst []byte), size func
 
 func (x *executor) alltoallMulti(ctx context.Context, b backends.Backend, w work) ([][]*ipcpb.Done, error) {
 	r := &w.resp
-	mb := w.view.rows
-	nn := mb.nodes()
-	myLo, myHi := mb.nodeRanks(mb.node)
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	for i, t := range r.Tensors {
-		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
-		sp := t.Splits
-		piece := func(s, d int) int { return int(sp[s][d]) * rowBytes }
-		// start(s, d): byte offset of rank s's piece for d in s's input.
-		start := func(s, d int) int {
-			o := 0
-			for k := 0; k < d; k++ {
-				o += piece(s, k)
-			}
-			return o
-		}
-		// Send to node m: for each rank d of m, the pieces of our ranks s.
-		sendCounts := make([]int, nn)
-		recvCounts := make([]int, nn)
+		a := newA2APlan(&w, i)
 		var in []byte
-		for m := 0; m < nn; m++ {
-			lo, hi := mb.nodeRanks(m)
-			for d := lo; d < hi; d++ {
-				for s := myLo; s < myHi; s++ {
-					if o := w.ops[i][s]; o != nil {
-						p := o.buf[start(s, d) : start(s, d)+piece(s, d)]
-						in = append(in, p...)
-						sendCounts[m] += len(p)
-					}
-				}
+		a.sends(func(s, d int) {
+			if o := w.ops[i][s]; o != nil {
+				in = append(in, o.buf[a.start(s, d):a.start(s, d)+a.piece(s, d)]...)
 			}
-			// Receive from node m: for each of our ranks d, the pieces of m's ranks.
-			for d := myLo; d < myHi; d++ {
-				for s := lo; s < hi; s++ {
-					recvCounts[m] += piece(s, d)
-				}
-			}
-		}
-		total := 0
-		for _, c := range recvCounts {
-			total += c
-		}
-		out := x.fusion(total)
+		})
+		out := x.fusion(a.total)
 		x.ph.at(i)
 		x.ph.begin(crossNode(b, r))
-		if err := b.Alltoallv(ctx, in, sendCounts, out, recvCounts); err != nil {
+		if err := b.Alltoallv(ctx, in, a.sendCounts, out, a.recvCounts); err != nil {
 			return nil, err
 		}
 		x.ph.end()
 		x.ph.begin(activity(r))
-		// Where d's pieces from node m begin inside out.
-		blockStart := make([]int, nn)
-		for m := 1; m < nn; m++ {
-			blockStart[m] = blockStart[m-1] + recvCounts[m-1]
-		}
-		rowsFor := func(d int) int {
-			n := 0
-			for s := range sp {
-				n += int(sp[s][d])
-			}
-			return n
-		}
-		fill := func(d int, dst []byte) {
-			at := 0
-			for m := 0; m < nn; m++ {
-				lo, hi := mb.nodeRanks(m)
-				off := blockStart[m]
-				for dd := myLo; dd < d; dd++ {
-					for s := lo; s < hi; s++ {
-						off += piece(s, dd)
-					}
-				}
-				for s := lo; s < hi; s++ {
-					at += copy(dst[at:], out[off:off+piece(s, d)])
-					off += piece(s, d)
-				}
-			}
-		}
 		row := w.ops[i]
 		dones[i] = make([]*ipcpb.Done, len(row))
 		for d, o := range row {
 			if o == nil {
 				continue
 			}
-			ds := x.outputs(row[d:d+1], func(_ int, dst []byte) { fill(d, dst) }, func(int) int { return rowsFor(d) * rowBytes },
-				append(tensor.Shape{int64(rowsFor(d))}, t.Shape[1:]...), func(_ int, dn *ipcpb.Done) {
-					for s := range sp {
-						dn.ReceivedSplits = append(dn.ReceivedSplits, sp[s][d])
-					}
-				})
+			ds := x.outputs(row[d:d+1], func(_ int, dst []byte) { a.fill(d, dst, out) }, func(int) int { return a.rows(d) * a.rowBytes },
+				a.shape(d, t.Shape), func(_ int, dn *ipcpb.Done) { dn.ReceivedSplits = a.received(d) })
 			dones[i][d] = ds[0]
 		}
 	}
 	return dones, nil
+}
+
+// a2aPlan is how one alltoall tensor's pieces travel across nodes: each
+// node sends node m, for each rank d of m, the pieces of its own ranks s
+// for d, in that order (one Alltoallv), and its ranks' outputs gather
+// their pieces from what every node sent.
+type a2aPlan struct {
+	mb         membership
+	sp         [][]int32 // splits: sp[s][d] rows from s to d
+	rowBytes   int
+	myLo, myHi int   // this node's ranks
+	sendCounts []int // bytes to each node
+	recvCounts []int // bytes from each node
+	blockStart []int // where node m's bytes begin in the output
+	total      int   // bytes received
+}
+
+func newA2APlan(w *work, i int) *a2aPlan {
+	t := &w.resp.Tensors[i]
+	mb := w.view.rows
+	a := &a2aPlan{mb: mb, sp: t.Splits, rowBytes: int(t.Shape.RowElements()) * w.resp.DType.Size()}
+	a.myLo, a.myHi = mb.nodeRanks(mb.node)
+	nn := mb.nodes()
+	a.sendCounts, a.recvCounts, a.blockStart = make([]int, nn), make([]int, nn), make([]int, nn)
+	for m := range nn {
+		lo, hi := mb.nodeRanks(m)
+		for d := lo; d < hi; d++ {
+			for s := a.myLo; s < a.myHi; s++ {
+				if w.ops[i][s] != nil {
+					a.sendCounts[m] += a.piece(s, d)
+				}
+			}
+		}
+		for d := a.myLo; d < a.myHi; d++ {
+			for s := lo; s < hi; s++ {
+				a.recvCounts[m] += a.piece(s, d)
+			}
+		}
+		if m > 0 {
+			a.blockStart[m] = a.blockStart[m-1] + a.recvCounts[m-1]
+		}
+		a.total += a.recvCounts[m]
+	}
+	return a
+}
+
+// piece is the bytes rank s sends rank d; start, where they begin in s's
+// input.
+func (a *a2aPlan) piece(s, d int) int { return int(a.sp[s][d]) * a.rowBytes }
+
+func (a *a2aPlan) start(s, d int) int {
+	o := 0
+	for k := range d {
+		o += a.piece(s, k)
+	}
+	return o
+}
+
+// sends calls f for the pieces this node sends, in the order they travel.
+func (a *a2aPlan) sends(f func(s, d int)) {
+	for m := range a.mb.nodes() {
+		lo, hi := a.mb.nodeRanks(m)
+		for d := lo; d < hi; d++ {
+			for s := a.myLo; s < a.myHi; s++ {
+				f(s, d)
+			}
+		}
+	}
+}
+
+// rows is how many rows rank d receives; received, from each rank.
+func (a *a2aPlan) rows(d int) int {
+	n := 0
+	for s := range a.sp {
+		n += int(a.sp[s][d])
+	}
+	return n
+}
+
+func (a *a2aPlan) received(d int) []int32 {
+	out := make([]int32, len(a.sp))
+	for s := range a.sp {
+		out[s] = a.sp[s][d]
+	}
+	return out
+}
+
+// shape is rank d's output shape for an input of shape in.
+func (a *a2aPlan) shape(d int, in tensor.Shape) tensor.Shape {
+	return append(tensor.Shape{int64(a.rows(d))}, in[1:]...)
+}
+
+// fill writes local rank d's output (rows(d) rows) into dst from out, what
+// the Alltoallv received.
+func (a *a2aPlan) fill(d int, dst, out []byte) {
+	at := 0
+	for m := range a.mb.nodes() {
+		lo, hi := a.mb.nodeRanks(m)
+		off := a.blockStart[m]
+		for dd := a.myLo; dd < d; dd++ {
+			for s := lo; s < hi; s++ {
+				off += a.piece(s, dd)
+			}
+		}
+		for s := lo; s < hi; s++ {
+			at += copy(dst[at:], out[off:off+a.piece(s, d)])
+			off += a.piece(s, d)
+		}
+	}
 }
 
 func (x *executor) reducescatterMulti(ctx context.Context, b backends.Backend, w work) ([][]*ipcpb.Done, error) {

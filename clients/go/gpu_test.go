@@ -150,8 +150,7 @@ func TestGPUHostMode(t *testing.T) {
 }
 
 // TestGPUMultiNode: two nodes of two ranks, each node with two fake GPUs:
-// hierarchical allreduce, broadcast, allgather and reducescatter (GPU,
-// host through the tcp engine, GPU); alltoall staged.
+// every collective hierarchical (GPU, host through the tcp engine, GPU).
 func TestGPUMultiNode(t *testing.T) {
 	ss := startNodesCfg(t, func(_ int, cfg *daemon.Config) { *cfg = gpuConfig(*cfg, 2) }, 2, 2)
 	ws := spawnNodesEnv(t, ss, "gpu", []string{"HVDD_FAKE_GPUS=2"}, 2, 2)
@@ -163,7 +162,7 @@ func TestGPUMultiNode(t *testing.T) {
 		}
 	}
 	for n, s := range ss {
-		for _, p := range []string{"hierarchical allreduce", "hierarchical broadcast", "hierarchical allgather", "hierarchical reducescatter"} {
+		for _, p := range []string{"hierarchical allreduce", "hierarchical broadcast", "hierarchical allgather", "hierarchical alltoall", "hierarchical reducescatter"} {
 			if !strings.Contains(s.Logs(), `path="`+p+`"`) {
 				t.Errorf("node %d never ran the %s", n, p)
 			}
@@ -969,8 +968,8 @@ func gpuJoin(ctx context.Context, c *hvdd.Client) error {
 // TestGPUNodeParity: node 0's ranks hold a tensor on the GPU (hierarchical
 // allreduce) while node 1's hold it in host memory (the CPU path), at sizes
 // that one engine call carries and sizes the CPU path pipelines in chunks:
-// both nodes must make the same engine calls. Then broadcasts, allgathers
-// and reducescatters, node 0's through the hierarchical paths.
+// both nodes must make the same engine calls. Then every other
+// collective, node 0's through the hierarchical paths.
 // With --gpu-allreduce nccl the nodes vote each allreduce off NCCL (node 1
 // cannot) and take the same paths.
 func TestGPUNodeParity(t *testing.T) {
@@ -987,7 +986,7 @@ func TestGPUNodeParity(t *testing.T) {
 					}
 				}
 			}
-			for _, p := range []string{"hierarchical allreduce", "hierarchical broadcast", "hierarchical allgather", "hierarchical reducescatter"} {
+			for _, p := range []string{"hierarchical allreduce", "hierarchical broadcast", "hierarchical allgather", "hierarchical alltoall", "hierarchical reducescatter"} {
 				if !strings.Contains(ss[0].Logs(), `path="`+p+`"`) {
 					t.Errorf("node 0 never ran the %s", p)
 				}
@@ -1134,6 +1133,69 @@ func gpuParity(ctx context.Context, c *hvdd.Client) error {
 		for i := range got {
 			if got[i] != want[i] {
 				return fmt.Errorf("allgather of %d columns: element %d = %v, want %v", cols, i, got[i], want[i])
+			}
+		}
+	}
+	// Alltoalls: rank s sends s+d+1 rows to rank d (node 0's through the
+	// hierarchical alltoall).
+	for _, cols := range []int{2, 40_000} {
+		name := fmt.Sprintf("para2a.%d", cols)
+		size, rank := c.Size(), c.Rank()
+		var splits []int32
+		rows := 0
+		for d := range size {
+			splits = append(splits, int32(rank+d+1))
+			rows += rank + d + 1
+		}
+		x := input[float32](rank, rows*cols)
+		opts := []hvdd.Option{hvdd.WithShape(int64(rows), int64(cols)), hvdd.WithName(name)}
+		var got []float32
+		var recv []int32
+		if onGPU {
+			b, err := e.upload(rawOf(x))
+			if err != nil {
+				return err
+			}
+			f, err := c.AlltoallDeviceAsync(b.tensor(tensor.Float32), splits, opts...)
+			if err != nil {
+				return err
+			}
+			out, err := f.Wait(ctx)
+			if err != nil {
+				return err
+			}
+			raw, err := e.readOutput(ctx, c, out)
+			if err != nil {
+				return err
+			}
+			got, recv = typedOf[float32](raw), out.ReceivedSplits
+			b.free(c)
+		} else {
+			var err error
+			if got, recv, err = hvdd.Alltoall(ctx, c, x, splits, opts...); err != nil {
+				return err
+			}
+		}
+		var want []float32
+		for s := range size {
+			total, start := 0, 0
+			for d := range size {
+				if d < rank {
+					start += s + d + 1
+				}
+				total += s + d + 1
+			}
+			want = append(want, input[float32](s, total*cols)[start*cols:(start+s+rank+1)*cols]...)
+			if int(recv[s]) != s+rank+1 {
+				return fmt.Errorf("%s: received splits %v", name, recv)
+			}
+		}
+		if len(got) != len(want) {
+			return fmt.Errorf("%s: %d elements, want %d", name, len(got), len(want))
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				return fmt.Errorf("%s: element %d = %v, want %v", name, i, got[i], want[i])
 			}
 		}
 	}
