@@ -447,23 +447,70 @@ func (x *executor) alltoall(r *plan.Response, t *plan.Tensor, ops []*op) error {
 	})
 }
 
-// reducescatter reduces the ranks' buffers and hands rank r its block of rows:
-// the first d0%n ranks get one row more than the others, as in Horovod.
-func (x *executor) reducescatter(r *plan.Response, t *plan.Tensor, ops []*op, size int) error {
+// scatterBlock is rank's block of a reducescatter of t over size ranks: its
+// first row and its number of rows. The first d0%size ranks get one row
+// more than the others, as in Horovod.
+func scatterBlock(t *plan.Tensor, size, rank int) (start, rows int64) {
 	var d0 int64
 	if len(t.Shape) > 0 {
 		d0 = t.Shape[0]
 	}
+	n, r := int64(size), int64(rank)
+	rows = d0 / n
+	start = r*rows + min(r, d0%n)
+	if r < d0%n {
+		rows++
+	}
+	return start, rows
+}
+
+// allgatherShape is the output shape of allgather tensor t: the ranks' first
+// dimensions added up.
+func allgatherShape(t *plan.Tensor) tensor.Shape {
+	var rows int64
+	for _, s := range t.RankShapes {
+		if len(s) > 0 {
+			rows += s[0]
+		}
+	}
+	return append(tensor.Shape{rows}, t.Shape[1:]...)
+}
+
+// allgatherCounts is what each node of mb contributes to an allgather of t
+// (bytes), and the total.
+func allgatherCounts(mb membership, t *plan.Tensor, dt tensor.DType) (counts []int, total int) {
+	rowBytes := int(t.Shape.RowElements()) * dt.Size()
+	counts = nodeCounts(mb, func(rank int) int {
+		if rank >= len(t.RankShapes) || len(t.RankShapes[rank]) == 0 {
+			return 0
+		}
+		return int(t.RankShapes[rank][0]) * rowBytes
+	})
+	for _, c := range counts {
+		total += c
+	}
+	return counts, total
+}
+
+// nodeCounts adds up bytes(rank) over each node's ranks of mb.
+func nodeCounts(mb membership, bytes func(rank int) int) []int {
+	counts := make([]int, mb.nodes())
+	for m := range counts {
+		lo, hi := mb.nodeRanks(m)
+		for rank := lo; rank < hi; rank++ {
+			counts[m] += bytes(rank)
+		}
+	}
+	return counts
+}
+
+// reducescatter reduces the ranks' buffers and hands rank r its block of
+// rows (scatterBlock).
+func (x *executor) reducescatter(r *plan.Response, t *plan.Tensor, ops []*op, size int) error {
 	rowBytes := t.Shape.RowElements() * int64(r.DType.Size())
-	n := int64(len(ops))
 	rop, pre, post := scales(r, size)
 	return x.eachRank(ops, func(rank int, o *op) (*ipcpb.Done, error) {
-		rr := int64(rank)
-		rows := d0 / n
-		start := rr*rows + min(rr, d0%n)
-		if rr < d0%n {
-			rows++
-		}
+		start, rows := scatterBlock(t, len(ops), rank)
 		out, ref, err := o.c.allocOutput(rows * rowBytes)
 		if err != nil {
 			return nil, err

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/hvdd/hvdd/backends"
-	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/gpu"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -643,6 +642,40 @@ func (x *executor) reduceLocal(w *work, devs []*gpuDev, offs []int, op tensor.Re
 	return cs, nil
 }
 
+// reduceWhole reduces every tensor of a reducescatter whole into the
+// node's GPUs' fusion buffers (reduceLocal, with the prescale), and returns
+// where each tensor lies there, the op, the postscale still to apply and
+// the communicators used.
+func (x *executor) reduceWhole(w *work, devs []*gpuDev) (offs []int, op tensor.ReduceOp, post float64, cs []gpu.Comm, err error) {
+	r := &w.resp
+	op, pre, post := scales(r, w.size)
+	offs = make([]int, len(r.Tensors)+1)
+	for i, t := range r.Tensors {
+		offs[i+1] = offs[i] + int(t.Shape.NumElements())*r.DType.Size()
+	}
+	for _, d := range devs {
+		if err := d.ensure(offs[len(r.Tensors)], pre != 1); err != nil {
+			return nil, op, post, nil, err
+		}
+	}
+	cs, err = x.reduceLocal(w, devs, offs, op, pre)
+	return offs, op, post, cs, err
+}
+
+// commsIndexed is commsFor(devs) with each GPU's index in devs (its rank
+// in the communicators).
+func (g *gpuState) commsIndexed(devs []*gpuDev) ([]gpu.Comm, map[*gpuDev]int, error) {
+	cs, err := g.commsFor(devs)
+	if err != nil {
+		return nil, nil, err
+	}
+	idx := make(map[*gpuDev]int, len(devs))
+	for j, d := range devs {
+		idx[d] = j
+	}
+	return cs, idx, nil
+}
+
 // localBufsN returns the ops of row with bytes: what localBufs counts on
 // the CPU path.
 func localBufsN(row []*op) []*op {
@@ -1096,15 +1129,10 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 		dones[i] = make([]devResult, len(ops))
 		// out allocates rank k's result of n bytes and fills it with fill.
 		out := func(k, n int, shape tensor.Shape, fill func(p gpu.DevicePtr) error) error {
-			dones[i][k] = devResult{done: &ipcpb.Done{OutputShape: shape}, d: d, n: n}
-			if n == 0 {
-				return nil
+			p, err := newResult(&dones[i][k], d, n, &ipcpb.Done{OutputShape: shape})
+			if err != nil || p == 0 {
+				return err
 			}
-			p, err := d.dev.Alloc(n)
-			if err != nil {
-				return fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, n, err)
-			}
-			dones[i][k].p = p
 			return fill(p)
 		}
 		copyIn := func(dst, src gpu.DevicePtr, n int) error {
@@ -1165,19 +1193,9 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 				dones[i][k].done.ReceivedSplits = recv
 			}
 		case tensor.Reducescatter:
-			var d0 int64
-			if len(t.Shape) > 0 {
-				d0 = t.Shape[0]
-			}
-			n := int64(len(ops))
 			op, pre, post := scales(r, w.size)
 			for k := range ops {
-				kk := int64(k)
-				rows := d0 / n
-				start := kk*rows + min(kk, d0%n)
-				if kk < d0%n {
-					rows++
-				}
+				start, rows := scatterBlock(t, len(ops), k)
 				bytes := int(rows) * rowBytes
 				if err := out(k, bytes, append(tensor.Shape{rows}, t.Shape[1:]...), func(p gpu.DevicePtr) error {
 					if pre != 1 {
@@ -1221,18 +1239,6 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 	return dones, nil, nil
 }
 
-// allgatherShape is the output shape of allgather tensor t: the ranks' first
-// dimensions added up.
-func allgatherShape(t *plan.Tensor) tensor.Shape {
-	var rows int64
-	for _, s := range t.RankShapes {
-		if len(s) > 0 {
-			rows += s[0]
-		}
-	}
-	return append(tensor.Shape{rows}, t.Shape[1:]...)
-}
-
 // allgatherGPUs builds an allgather's outputs over several GPUs of the node:
 // on each GPU the first local rank's output receives the pieces of the
 // ranks on that GPU by D2D copies and every other rank's piece by an NCCL
@@ -1240,13 +1246,9 @@ func allgatherShape(t *plan.Tensor) tensor.Shape {
 // piece in place at its offset); the GPU's other ranks copy that output.
 func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	g := x.s.gpu
-	cs, err := g.commsFor(devs)
+	cs, idx, err := g.commsIndexed(devs)
 	if err != nil {
 		return nil, err
-	}
-	idx := make(map[*gpuDev]int, len(devs))
-	for j, d := range devs {
-		idx[d] = j
 	}
 	for i, ops := range w.ops {
 		shape := allgatherShape(&w.resp.Tensors[i])
@@ -1258,17 +1260,7 @@ func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) (
 		dones[i] = make([]devResult, len(ops))
 		lead := make([]gpu.DevicePtr, len(devs)) // each GPU's first output
 		alloc := func(k int) (gpu.DevicePtr, error) {
-			d := ops[k].dev.d
-			dones[i][k] = devResult{done: &ipcpb.Done{OutputShape: shape}, d: d, n: total}
-			if total == 0 {
-				return 0, nil
-			}
-			p, err := d.dev.Alloc(total)
-			if err != nil {
-				return 0, fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, total, err)
-			}
-			dones[i][k].p = p
-			return p, nil
+			return newResult(&dones[i][k], ops[k].dev.d, total, &ipcpb.Done{OutputShape: shape})
 		}
 		for k, o := range ops {
 			j := idx[o.dev.d]
@@ -1335,20 +1327,7 @@ func (x *executor) allgatherAcross(ctx context.Context, w *work, devs []*gpuDev,
 	mb := w.view.rows
 	for i, row := range w.ops {
 		t := &r.Tensors[i]
-		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
-		counts := make([]int, mb.nodes())
-		for n := range counts {
-			lo, hi := mb.nodeRanks(n)
-			for rank := lo; rank < hi; rank++ {
-				if rank < len(t.RankShapes) && len(t.RankShapes[rank]) > 0 {
-					counts[n] += int(t.RankShapes[rank][0]) * rowBytes
-				}
-			}
-		}
-		total := 0
-		for _, c := range counts {
-			total += c
-		}
+		counts, total := allgatherCounts(mb, t, r.DType)
 		in := make([]byte, counts[mb.node])
 		off := 0
 		for _, o := range row {
@@ -1379,15 +1358,13 @@ func (x *executor) allgatherAcross(ctx context.Context, w *work, devs []*gpuDev,
 				continue
 			}
 			d := o.dev.d
-			dones[i][k] = devResult{done: &ipcpb.Done{OutputShape: shape}, d: d, n: total}
-			if total == 0 {
+			p, err := newResult(&dones[i][k], d, total, &ipcpb.Done{OutputShape: shape})
+			if err != nil {
+				return err
+			}
+			if p == 0 {
 				continue
 			}
-			p, err := d.dev.Alloc(total)
-			if err != nil {
-				return fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, total, err)
-			}
-			dones[i][k].p = p
 			if src, ok := lead[d]; ok {
 				err = d.dev.CopyDtoD(d.stream, p, src, total)
 			} else {
@@ -1450,17 +1427,15 @@ func (x *executor) alltoallAcross(ctx context.Context, w *work, devs []*gpuDev, 
 				continue
 			}
 			g, n := o.dev.d, a.rows(d)*a.rowBytes
-			dones[i][d] = devResult{done: &ipcpb.Done{OutputShape: a.shape(d, t.Shape), ReceivedSplits: a.received(d)}, d: g, n: n}
-			if n == 0 {
+			p, err := newResult(&dones[i][d], g, n, &ipcpb.Done{OutputShape: a.shape(d, t.Shape), ReceivedSplits: a.received(d)})
+			if err != nil {
+				return err
+			}
+			if p == 0 {
 				continue
 			}
 			host := make([]byte, n)
 			a.fill(d, host, out)
-			p, err := g.dev.Alloc(n)
-			if err != nil {
-				return fmt.Errorf("GPU %s: device output of %d bytes: %w", g.info.UUID, n, err)
-			}
-			dones[i][d].p = p
 			if err := g.dev.CopyHtoD(g.stream, p, host); err != nil {
 				return fmt.Errorf("GPU %s: %w", g.info.UUID, err)
 			}
@@ -1483,17 +1458,7 @@ func (x *executor) reducescatterAcross(ctx context.Context, w *work, devs []*gpu
 	r := &w.resp
 	mb := w.view.rows
 	es := r.DType.Size()
-	op, pre, post := scales(r, w.size)
-	offs := make([]int, len(r.Tensors)+1)
-	for i, t := range r.Tensors {
-		offs[i+1] = offs[i] + int(t.Shape.NumElements())*es
-	}
-	for _, d := range devs {
-		if err := d.ensure(offs[len(r.Tensors)], pre != 1); err != nil {
-			return nil, err
-		}
-	}
-	cs, err := x.reduceLocal(w, devs, offs, op, pre)
+	offs, op, post, cs, err := x.reduceWhole(w, devs)
 	if err != nil {
 		return cs, err
 	}
@@ -1501,16 +1466,9 @@ func (x *executor) reducescatterAcross(ctx context.Context, w *work, devs []*gpu
 	for i, row := range w.ops {
 		t := &r.Tensors[i]
 		rowBytes := int(t.Shape.RowElements()) * es
-		var dim int
-		if len(t.Shape) > 0 {
-			dim = int(t.Shape[0])
-		}
 		rows := func(rank int) int {
-			k := dim / w.size
-			if rank < dim%w.size {
-				k++
-			}
-			return k
+			_, k := scatterBlock(t, w.size, rank)
+			return int(k)
 		}
 		full := x.fusion(offs[i+1] - offs[i])
 		if err := d0.dev.CopyDtoH(d0.stream, full, d0.fuse.Add(offs[i])); err != nil {
@@ -1519,13 +1477,7 @@ func (x *executor) reducescatterAcross(ctx context.Context, w *work, devs []*gpu
 		if err := d0.sync(ctx); err != nil {
 			return cs, err
 		}
-		counts := make([]int, mb.nodes())
-		for m := range counts {
-			lo, hi := mb.nodeRanks(m)
-			for rank := lo; rank < hi; rank++ {
-				counts[m] += rows(rank) * rowBytes
-			}
-		}
+		counts := nodeCounts(mb, func(rank int) int { return rows(rank) * rowBytes })
 		block := make([]byte, counts[mb.node])
 		if err := b.ReduceScatter(ctx, full, block, counts, r.DType, op); err != nil {
 			return cs, err
@@ -1543,15 +1495,13 @@ func (x *executor) reducescatterAcross(ctx context.Context, w *work, devs []*gpu
 				continue
 			}
 			d := o.dev.d
-			dones[i][rank] = devResult{done: &ipcpb.Done{OutputShape: append(tensor.Shape{int64(rows(rank))}, t.Shape[1:]...)}, d: d, n: n}
-			if n == 0 {
+			p, err := newResult(&dones[i][rank], d, n, &ipcpb.Done{OutputShape: append(tensor.Shape{int64(rows(rank))}, t.Shape[1:]...)})
+			if err != nil {
+				return cs, err
+			}
+			if p == 0 {
 				continue
 			}
-			p, err := d.dev.Alloc(n)
-			if err != nil {
-				return cs, fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, n, err)
-			}
-			dones[i][rank].p = p
 			if err := d.dev.CopyHtoD(d.stream, p, block[at:at+n]); err != nil {
 				return cs, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 			}
@@ -1579,13 +1529,9 @@ func (x *executor) reducescatterAcross(ctx context.Context, w *work, devs []*gpu
 func (x *executor) alltoallGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	r := &w.resp
 	g := x.s.gpu
-	cs, err := g.commsFor(devs)
+	cs, idx, err := g.commsIndexed(devs)
 	if err != nil {
 		return nil, err
-	}
-	idx := make(map[*gpuDev]int, len(devs))
-	for j, d := range devs {
-		idx[d] = j
 	}
 	for i, ops := range w.ops {
 		t := &r.Tensors[i]
@@ -1613,15 +1559,13 @@ func (x *executor) alltoallGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([
 			}
 			d := o.dev.d
 			bytes := recvOff[k][n]
-			dones[i][k] = devResult{done: &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...), ReceivedSplits: recv}, d: d, n: bytes}
-			if bytes == 0 {
+			p, err := newResult(&dones[i][k], d, bytes, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...), ReceivedSplits: recv})
+			if err != nil {
+				return cs, err
+			}
+			if p == 0 {
 				continue
 			}
-			p, err := d.dev.Alloc(bytes)
-			if err != nil {
-				return cs, fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, bytes, err)
-			}
-			dones[i][k].p = p
 		}
 		size := func(s, k int) int { return sendOff[s][k+1] - sendOff[s][k] }
 		for s, so := range ops {
@@ -1670,47 +1614,25 @@ func (x *executor) alltoallGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([
 func (x *executor) reducescatterGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	r := &w.resp
 	es := r.DType.Size()
-	op, pre, post := scales(r, w.size)
-	offs := make([]int, len(r.Tensors)+1)
-	for i, t := range r.Tensors {
-		offs[i+1] = offs[i] + int(t.Shape.NumElements())*es
-	}
-	for _, d := range devs {
-		if err := d.ensure(offs[len(r.Tensors)], pre != 1); err != nil {
-			return nil, err
-		}
-	}
-	cs, err := x.reduceLocal(w, devs, offs, op, pre)
+	offs, _, post, cs, err := x.reduceWhole(w, devs)
 	if err != nil {
 		return cs, err
 	}
 	for i, ops := range w.ops {
 		t := &r.Tensors[i]
 		rowBytes := int(t.Shape.RowElements()) * es
-		var d0 int64
-		if len(t.Shape) > 0 {
-			d0 = t.Shape[0]
-		}
-		n := int64(len(ops))
 		dones[i] = make([]devResult, len(ops))
 		for k, o := range ops {
-			kk := int64(k)
-			rows := d0 / n
-			start := kk*rows + min(kk, d0%n)
-			if kk < d0%n {
-				rows++
-			}
+			start, rows := scatterBlock(t, len(ops), k)
 			bytes := int(rows) * rowBytes
 			d := o.dev.d
-			dones[i][k] = devResult{done: &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...)}, d: d, n: bytes}
-			if bytes == 0 {
+			p, err := newResult(&dones[i][k], d, bytes, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...)})
+			if err != nil {
+				return cs, err
+			}
+			if p == 0 {
 				continue
 			}
-			p, err := d.dev.Alloc(bytes)
-			if err != nil {
-				return cs, fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, bytes, err)
-			}
-			dones[i][k].p = p
 			if err := d.dev.CopyDtoD(d.stream, p, d.fuse.Add(offs[i]+int(start)*rowBytes), bytes); err != nil {
 				return cs, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 			}
@@ -1722,6 +1644,21 @@ func (x *executor) reducescatterGPUs(w *work, devs []*gpuDev, dones [][]devResul
 		}
 	}
 	return cs, nil
+}
+
+// newResult makes *res an op's result of n bytes on GPU d, answered with
+// done, and allocates its memory there: the address, 0 for n == 0.
+func newResult(res *devResult, d *gpuDev, n int, done *ipcpb.Done) (gpu.DevicePtr, error) {
+	*res = devResult{done: done, d: d, n: n}
+	if n == 0 {
+		return 0, nil
+	}
+	p, err := d.dev.Alloc(n)
+	if err != nil {
+		return 0, fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, n, err)
+	}
+	res.p = p
+	return p, nil
 }
 
 // exportOutputs gives every built output an IPC handle and hands it to its

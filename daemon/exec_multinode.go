@@ -505,26 +505,7 @@ func (x *executor) allgatherMulti(ctx context.Context, b backends.Backend, w wor
 	mb := w.view.rows
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	for i, t := range r.Tensors {
-		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
-		rankBytes := func(rank int) int {
-			if rank >= len(t.RankShapes) || len(t.RankShapes[rank]) == 0 {
-				return 0
-			}
-			return int(t.RankShapes[rank][0]) * rowBytes
-		}
-		counts := make([]int, mb.nodes())
-		var rows int64
-		total := 0
-		for n := range counts {
-			lo, hi := mb.nodeRanks(n)
-			for rank := lo; rank < hi; rank++ {
-				counts[n] += rankBytes(rank)
-				if rank < len(t.RankShapes) && len(t.RankShapes[rank]) > 0 {
-					rows += t.RankShapes[rank][0]
-				}
-			}
-			total += counts[n]
-		}
+		counts, total := allgatherCounts(mb, &t, r.DType)
 		in := make([]byte, 0, counts[mb.node])
 		for _, o := range w.ops[i][mb.offset : mb.offset+mb.local()] {
 			if o != nil {
@@ -539,8 +520,7 @@ func (x *executor) allgatherMulti(ctx context.Context, b backends.Backend, w wor
 		}
 		x.ph.end()
 		x.ph.begin(activity(r))
-		shape := append(tensor.Shape{rows}, t.Shape[1:]...)
-		dones[i] = x.outputs(w.ops[i], func(_ int, dst []byte) { copy(dst, out) }, func(int) int { return total }, shape, nil)
+		dones[i] = x.outputs(w.ops[i], func(_ int, dst []byte) { copy(dst, out) }, func(int) int { return total }, allgatherShape(&t), nil)
 	}
 	return dones, nil
 }
@@ -718,17 +698,13 @@ func (x *executor) reducescatterMulti(ctx context.Context, b backends.Backend, w
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	for i, t := range r.Tensors {
 		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
+		rows := func(rank int) int {
+			_, k := scatterBlock(&t, w.size, rank)
+			return int(k)
+		}
 		var d0 int
 		if len(t.Shape) > 0 {
 			d0 = int(t.Shape[0])
-		}
-		n := w.size
-		rows := func(rank int) int {
-			k := d0 / n
-			if rank < d0%n {
-				k++
-			}
-			return k
 		}
 		full := x.fusion(d0 * rowBytes)
 		x.ph.at(i)
@@ -740,13 +716,7 @@ func (x *executor) reducescatterMulti(ctx context.Context, b backends.Backend, w
 		} else if err := reduce.Fill(full, r.DType, op); err != nil {
 			return nil, err
 		}
-		counts := make([]int, mb.nodes())
-		for m := range counts {
-			lo, hi := mb.nodeRanks(m)
-			for rank := lo; rank < hi; rank++ {
-				counts[m] += rows(rank) * rowBytes
-			}
-		}
+		counts := nodeCounts(mb, func(rank int) int { return rows(rank) * rowBytes })
 		block := make([]byte, counts[mb.node])
 		x.ph.end()
 		x.ph.begin(crossNode(b, r))

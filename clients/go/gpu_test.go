@@ -448,6 +448,30 @@ func (e *devEnv) readOutput(ctx context.Context, c *hvdd.Client, out hvdd.Device
 	return buf, c.ReleaseDeviceOutput(out)
 }
 
+// deviceOutputOf uploads x, runs start on it (an allgather, alltoall or
+// reducescatter of a device tensor), and returns the output's values and
+// its DeviceOutput; the input is freed.
+func (e *devEnv) deviceOutputOf(ctx context.Context, c *hvdd.Client, x []float32, start func(hvdd.DeviceTensor) (*hvdd.DeviceFuture, error)) ([]float32, hvdd.DeviceOutput, error) {
+	b, err := e.upload(rawOf(x))
+	if err != nil {
+		return nil, hvdd.DeviceOutput{}, err
+	}
+	defer b.free(c)
+	f, err := start(b.tensor(tensor.Float32))
+	if err != nil {
+		return nil, hvdd.DeviceOutput{}, err
+	}
+	out, err := f.Wait(ctx)
+	if err != nil {
+		return nil, out, err
+	}
+	raw, err := e.readOutput(ctx, c, out)
+	if err != nil {
+		return nil, out, err
+	}
+	return typedOf[float32](raw), out, nil
+}
+
 func rawOf[T hvdd.Elem](s []T) []byte {
 	if len(s) == 0 {
 		return nil
@@ -1099,24 +1123,12 @@ func gpuParity(ctx context.Context, c *hvdd.Client) error {
 		x := input[float32](c.Rank(), rows*cols)
 		var got []float32
 		if onGPU {
-			b, err := e.upload(rawOf(x))
-			if err != nil {
+			var err error
+			if got, _, err = e.deviceOutputOf(ctx, c, x, func(t hvdd.DeviceTensor) (*hvdd.DeviceFuture, error) {
+				return c.AllgatherDeviceAsync(t, hvdd.WithShape(int64(rows), int64(cols)), hvdd.WithName(name))
+			}); err != nil {
 				return err
 			}
-			f, err := c.AllgatherDeviceAsync(b.tensor(tensor.Float32), hvdd.WithShape(int64(rows), int64(cols)), hvdd.WithName(name))
-			if err != nil {
-				return err
-			}
-			out, err := f.Wait(ctx)
-			if err != nil {
-				return err
-			}
-			raw, err := e.readOutput(ctx, c, out)
-			if err != nil {
-				return err
-			}
-			got = typedOf[float32](raw)
-			b.free(c)
 		} else {
 			var err error
 			if got, err = hvdd.Allgather(ctx, c, x, hvdd.WithShape(int64(rows), int64(cols)), hvdd.WithName(name)); err != nil {
@@ -1152,24 +1164,14 @@ func gpuParity(ctx context.Context, c *hvdd.Client) error {
 		var got []float32
 		var recv []int32
 		if onGPU {
-			b, err := e.upload(rawOf(x))
-			if err != nil {
+			var out hvdd.DeviceOutput
+			var err error
+			if got, out, err = e.deviceOutputOf(ctx, c, x, func(t hvdd.DeviceTensor) (*hvdd.DeviceFuture, error) {
+				return c.AlltoallDeviceAsync(t, splits, opts...)
+			}); err != nil {
 				return err
 			}
-			f, err := c.AlltoallDeviceAsync(b.tensor(tensor.Float32), splits, opts...)
-			if err != nil {
-				return err
-			}
-			out, err := f.Wait(ctx)
-			if err != nil {
-				return err
-			}
-			raw, err := e.readOutput(ctx, c, out)
-			if err != nil {
-				return err
-			}
-			got, recv = typedOf[float32](raw), out.ReceivedSplits
-			b.free(c)
+			recv = out.ReceivedSplits
 		} else {
 			var err error
 			if got, recv, err = hvdd.Alltoall(ctx, c, x, splits, opts...); err != nil {
@@ -1213,24 +1215,12 @@ func gpuParity(ctx context.Context, c *hvdd.Client) error {
 			opts := []hvdd.Option{hvdd.WithShape(int64(d0), int64(cols)), hvdd.WithOp(rc.op), hvdd.WithPrescale(rc.pre), hvdd.WithPostscale(rc.post), hvdd.WithName(name)}
 			var got []float32
 			if onGPU {
-				b, err := e.upload(rawOf(x))
-				if err != nil {
+				var err error
+				if got, _, err = e.deviceOutputOf(ctx, c, x, func(t hvdd.DeviceTensor) (*hvdd.DeviceFuture, error) {
+					return c.ReducescatterDeviceAsync(t, opts...)
+				}); err != nil {
 					return err
 				}
-				f, err := c.ReducescatterDeviceAsync(b.tensor(tensor.Float32), opts...)
-				if err != nil {
-					return err
-				}
-				out, err := f.Wait(ctx)
-				if err != nil {
-					return err
-				}
-				raw, err := e.readOutput(ctx, c, out)
-				if err != nil {
-					return err
-				}
-				got = typedOf[float32](raw)
-				b.free(c)
 			} else {
 				var err error
 				if got, err = hvdd.Reducescatter(ctx, c, x, opts...); err != nil {
