@@ -90,12 +90,15 @@ func (x *executor) execute(w work) {
 			return
 		}
 		if w.nccl {
-			f := x.allreduceDevice
-			if w.resp.Op == tensor.Broadcast {
-				f = x.broadcastDevice
-			}
 			x.gpuPath("nccl " + strings.ToLower(w.resp.Op.String()))
-			x.runNative(w, usedDevs(&w), f)
+			switch w.resp.Op {
+			case tensor.Reducescatter:
+				x.runOutputs(w, usedDevs(&w))
+			case tensor.Broadcast:
+				x.runNative(w, usedDevs(&w), x.broadcastDevice)
+			default:
+				x.runNative(w, usedDevs(&w), x.allreduceDevice)
+			}
 			return
 		}
 	}

@@ -894,7 +894,9 @@ func (x *executor) broadcastAcross(ctx context.Context, b backends.Backend, root
 // allreduceDevice, one NCCL allreduce of the fusion buffer of devs[0] over
 // a communicator of one GPU per node, an NCCL broadcast from there to the
 // node's other GPUs, postscale, write-back; a unanimous broadcast runs
-// broadcastNCCL. Otherwise every node runs its own path (hierarchical or
+// broadcastNCCL, a unanimous reducescatter reducescatterGPUs (the nodes'
+// sums allreduced as above, each rank's block copied out). Otherwise every
+// node runs its own path (hierarchical or
 // CPU), which make the same engine calls. (Eligible responses cost every
 // node the one-byte vote, even a job of host tensors only.)
 //
@@ -906,9 +908,9 @@ func (x *executor) broadcastAcross(ctx context.Context, b backends.Backend, root
 // ncclEligible reports whether w is voted on (the same on every node).
 func (x *executor) ncclEligible(w *work) bool {
 	r := &w.resp
-	allreduce := r.Op == tensor.Allreduce && (r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && ncclDType(r.DType)
+	reduces := (r.Op == tensor.Allreduce || r.Op == tensor.Reducescatter) && (r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && ncclDType(r.DType)
 	return x.s.cfg.GPUAllreduce == GPUAllreduceNCCL && w.b != nil && len(w.view.nodes) > 1 &&
-		len(w.view.nodes) == w.b.Size() && (allreduce || r.Op == tensor.Broadcast) && len(r.JoinedRanks) == 0
+		len(w.view.nodes) == w.b.Size() && (reduces || r.Op == tensor.Broadcast) && len(r.JoinedRanks) == 0
 }
 
 // ncclVote sets w.nccl to whether every node can run w on NCCL. It returns
@@ -1096,6 +1098,10 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 	dones := make([][]devResult, len(w.ops))
 	if err := waitEvents(w); err != nil {
 		return dones, nil, err
+	}
+	if w.nccl && r.Op == tensor.Reducescatter {
+		cs, err := x.reducescatterGPUs(w, devs, dones)
+		return dones, cs, err
 	}
 	if crossNodes(w) {
 		b, err := x.engineFor(*w)
@@ -1607,23 +1613,36 @@ func (x *executor) alltoallGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([
 }
 
 // reducescatterGPUs builds a reducescatter's outputs over several GPUs of
-// the node: the ranks' whole tensors reduced into every GPU's fusion buffer
-// as an allreduce's are (reduceLocal: local kernels, one NCCL allreduce),
-// then each rank's block copied out into its output on its GPU and
-// postscaled there.
+// the node, or across nodes on NCCL (w.nccl): the ranks' whole tensors
+// reduced into every GPU's fusion buffer as an allreduce's are (reduceLocal:
+// local kernels, one NCCL allreduce; across nodes then ncclCross), then each
+// local rank's block copied out into its output on its GPU and postscaled
+// there.
 func (x *executor) reducescatterGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	r := &w.resp
 	es := r.DType.Size()
-	offs, _, post, cs, err := x.reduceWhole(w, devs)
+	offs, op, post, cs, err := x.reduceWhole(w, devs)
 	if err != nil {
 		return cs, err
+	}
+	if w.nccl {
+		// Across nodes on NCCL: the nodes' sums added up on GPU 0 and
+		// spread to the node's other GPUs.
+		cross, err := x.ncclCross(context.Background(), *w, devs, offs[len(offs)-1]/es, r.DType, op)
+		cs = append(cs, cross...)
+		if err != nil {
+			return cs, err
+		}
 	}
 	for i, ops := range w.ops {
 		t := &r.Tensors[i]
 		rowBytes := int(t.Shape.RowElements()) * es
 		dones[i] = make([]devResult, len(ops))
 		for k, o := range ops {
-			start, rows := scatterBlock(t, len(ops), k)
+			if o == nil {
+				continue // another node's rank
+			}
+			start, rows := scatterBlock(t, w.size, k)
 			bytes := int(rows) * rowBytes
 			d := o.dev.d
 			p, err := newResult(&dones[i][k], d, bytes, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...)})
