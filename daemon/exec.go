@@ -92,7 +92,7 @@ func (x *executor) execute(w work) {
 		if w.nccl {
 			x.gpuPath("nccl " + strings.ToLower(w.resp.Op.String()))
 			switch w.resp.Op {
-			case tensor.Reducescatter:
+			case tensor.Reducescatter, tensor.Allgather:
 				x.runOutputs(w, usedDevs(&w))
 			case tensor.Broadcast:
 				x.runNative(w, usedDevs(&w), x.broadcastDevice)
@@ -479,16 +479,18 @@ func allgatherShape(t *plan.Tensor) tensor.Shape {
 	return append(tensor.Shape{rows}, t.Shape[1:]...)
 }
 
+// allgatherRankBytes is what rank contributes to an allgather of t.
+func allgatherRankBytes(t *plan.Tensor, dt tensor.DType, rank int) int {
+	if rank >= len(t.RankShapes) || len(t.RankShapes[rank]) == 0 {
+		return 0
+	}
+	return int(t.RankShapes[rank][0]*t.Shape.RowElements()) * dt.Size()
+}
+
 // allgatherCounts is what each node of mb contributes to an allgather of t
 // (bytes), and the total.
 func allgatherCounts(mb membership, t *plan.Tensor, dt tensor.DType) (counts []int, total int) {
-	rowBytes := int(t.Shape.RowElements()) * dt.Size()
-	counts = nodeCounts(mb, func(rank int) int {
-		if rank >= len(t.RankShapes) || len(t.RankShapes[rank]) == 0 {
-			return 0
-		}
-		return int(t.RankShapes[rank][0]) * rowBytes
-	})
+	counts = nodeCounts(mb, func(rank int) int { return allgatherRankBytes(t, dt, rank) })
 	for _, c := range counts {
 		total += c
 	}

@@ -895,7 +895,8 @@ func (x *executor) broadcastAcross(ctx context.Context, b backends.Backend, root
 // a communicator of one GPU per node, an NCCL broadcast from there to the
 // node's other GPUs, postscale, write-back; a unanimous broadcast runs
 // broadcastNCCL, a unanimous reducescatter reducescatterGPUs (the nodes'
-// sums allreduced as above, each rank's block copied out). Otherwise every
+// sums allreduced as above, each rank's block copied out), a unanimous
+// allgather allgatherGPUs. Otherwise every
 // node runs its own path (hierarchical or
 // CPU), which make the same engine calls. (Eligible responses cost every
 // node the one-byte vote, even a job of host tensors only.)
@@ -910,7 +911,7 @@ func (x *executor) ncclEligible(w *work) bool {
 	r := &w.resp
 	reduces := (r.Op == tensor.Allreduce || r.Op == tensor.Reducescatter) && (r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && ncclDType(r.DType)
 	return x.s.cfg.GPUAllreduce == GPUAllreduceNCCL && w.b != nil && len(w.view.nodes) > 1 &&
-		len(w.view.nodes) == w.b.Size() && (reduces || r.Op == tensor.Broadcast) && len(r.JoinedRanks) == 0
+		len(w.view.nodes) == w.b.Size() && (reduces || r.Op == tensor.Broadcast || r.Op == tensor.Allgather) && len(r.JoinedRanks) == 0
 }
 
 // ncclVote sets w.nccl to whether every node can run w on NCCL. It returns
@@ -1099,8 +1100,12 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 	if err := waitEvents(w); err != nil {
 		return dones, nil, err
 	}
-	if w.nccl && r.Op == tensor.Reducescatter {
-		cs, err := x.reducescatterGPUs(w, devs, dones)
+	if w.nccl {
+		f := x.allgatherGPUs
+		if r.Op == tensor.Reducescatter {
+			f = x.reducescatterGPUs
+		}
+		cs, err := f(w, devs, dones)
 		return dones, cs, err
 	}
 	if crossNodes(w) {
@@ -1245,22 +1250,40 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 	return dones, nil, nil
 }
 
-// allgatherGPUs builds an allgather's outputs over several GPUs of the node:
-// on each GPU the first local rank's output receives the pieces of the
-// ranks on that GPU by D2D copies and every other rank's piece by an NCCL
-// broadcast from that rank's GPU (one group call for all of them, each
-// piece in place at its offset); the GPU's other ranks copy that output.
+// allgatherGPUs builds an allgather's outputs over several GPUs of the
+// node, or across nodes on NCCL (w.nccl). On each GPU the first local
+// rank's output receives the pieces of the ranks on that GPU by D2D copies
+// and every other local rank's piece by an NCCL broadcast from that rank's
+// GPU (one group call, each piece in place at its offset). Across nodes,
+// GPU 0's output then joins one NCCL broadcast per node of that node's
+// pieces (contiguous: ranks are ordered by node) over the communicator
+// across nodes, and is spread to the node's other GPUs. The GPU's other
+// ranks copy its first output.
 func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	g := x.s.gpu
-	cs, idx, err := g.commsIndexed(devs)
-	if err != nil {
-		return nil, err
+	r := &w.resp
+	idx := map[*gpuDev]int{devs[0]: 0}
+	var local, used []gpu.Comm
+	var err error
+	if len(devs) > 1 {
+		if local, idx, err = g.commsIndexed(devs); err != nil {
+			return nil, err
+		}
+		used = local
+	}
+	var cross gpu.Comm
+	if w.nccl {
+		if cross, err = g.crossComm(context.Background(), w.b); err != nil {
+			return used, err
+		}
+		used = append(used, cross)
 	}
 	for i, ops := range w.ops {
-		shape := allgatherShape(&w.resp.Tensors[i])
+		t := &r.Tensors[i]
+		shape := allgatherShape(t)
 		offs := make([]int, len(ops)+1)
-		for k, o := range ops {
-			offs[k+1] = offs[k] + o.dev.n
+		for k := range ops {
+			offs[k+1] = offs[k] + allgatherRankBytes(t, r.DType, k)
 		}
 		total := offs[len(ops)]
 		dones[i] = make([]devResult, len(ops))
@@ -1269,58 +1292,85 @@ func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) (
 			return newResult(&dones[i][k], ops[k].dev.d, total, &ipcpb.Done{OutputShape: shape})
 		}
 		for k, o := range ops {
-			j := idx[o.dev.d]
-			if lead[j] != 0 || total == 0 {
+			if o == nil || total == 0 || lead[idx[o.dev.d]] != 0 {
 				continue
 			}
-			if lead[j], err = alloc(k); err != nil {
-				return cs, err
+			if lead[idx[o.dev.d]], err = alloc(k); err != nil {
+				return used, err
 			}
 		}
 		if total == 0 {
-			for k := range ops {
-				alloc(k)
+			for k, o := range ops {
+				if o != nil {
+					alloc(k)
+				}
 			}
 			continue
 		}
 		for k, o := range ops {
-			if o.dev.n == 0 {
+			if o == nil || o.dev.n == 0 {
 				continue
 			}
 			d := o.dev.d
 			if err := d.dev.CopyDtoD(d.stream, lead[idx[d]].Add(offs[k]), o.dev.ptr, o.dev.n); err != nil {
-				return cs, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+				return used, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 			}
 		}
-		if err := g.group(cs, func(j int, c gpu.Comm) error {
-			for k, o := range ops {
-				if o.dev.n == 0 {
-					continue
+		if len(devs) > 1 {
+			if err := g.group(local, func(j int, c gpu.Comm) error {
+				for k, o := range ops {
+					if o == nil || o.dev.n == 0 {
+						continue
+					}
+					p := lead[j].Add(offs[k])
+					if err := c.Broadcast(devs[j].stream, p, p, o.dev.n, tensor.Uint8, idx[o.dev.d]); err != nil {
+						return err
+					}
 				}
-				p := lead[j].Add(offs[k])
-				if err := c.Broadcast(devs[j].stream, p, p, o.dev.n, tensor.Uint8, idx[o.dev.d]); err != nil {
-					return err
+				return nil
+			}); err != nil {
+				return used, fmt.Errorf("NCCL broadcasts over %d GPUs: %w", len(devs), err)
+			}
+		}
+		if cross != nil {
+			counts, _ := allgatherCounts(w.view.rows, t, r.DType)
+			if err := g.group([]gpu.Comm{cross}, func(_ int, c gpu.Comm) error {
+				off := 0
+				for m, n := range counts {
+					if n > 0 {
+						if err := c.Broadcast(devs[0].stream, lead[0].Add(off), lead[0].Add(off), n, tensor.Uint8, m); err != nil {
+							return err
+						}
+					}
+					off += n
+				}
+				return nil
+			}); err != nil {
+				return used, fmt.Errorf("NCCL broadcasts across %d nodes: %w", len(counts), err)
+			}
+			if len(devs) > 1 {
+				if err := g.group(local, func(j int, c gpu.Comm) error {
+					return c.Broadcast(devs[j].stream, lead[j], lead[j], total, tensor.Uint8, 0)
+				}); err != nil {
+					return used, fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
 				}
 			}
-			return nil
-		}); err != nil {
-			return cs, fmt.Errorf("NCCL broadcasts over %d GPUs: %w", len(devs), err)
 		}
 		for k, o := range ops {
-			d := o.dev.d
-			if dones[i][k].done != nil {
-				continue // a lead
+			if o == nil || dones[i][k].done != nil {
+				continue // another node's rank, or a lead
 			}
+			d := o.dev.d
 			p, err := alloc(k)
 			if err != nil {
-				return cs, err
+				return used, err
 			}
 			if err := d.dev.CopyDtoD(d.stream, p, lead[idx[d]], total); err != nil {
-				return cs, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+				return used, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 			}
 		}
 	}
-	return cs, nil
+	return used, nil
 }
 
 // allgatherAcross builds an allgather's outputs across nodes (the

@@ -171,8 +171,8 @@ func TestGPUMultiNode(t *testing.T) {
 }
 
 // TestGPUMultiNodeNCCL: two nodes joined on NCCL (--gpu-allreduce nccl)
-// for allreduce, broadcast and reducescatter, with one and with two fake
-// GPUs per node; allgather and alltoall hierarchical.
+// for allreduce, broadcast, allgather and reducescatter, with one and with
+// two fake GPUs per node; alltoall hierarchical.
 func TestGPUMultiNodeNCCL(t *testing.T) {
 	for _, gpus := range []int{1, 2} {
 		t.Run(fmt.Sprint("gpus", gpus), func(t *testing.T) {
@@ -189,7 +189,7 @@ func TestGPUMultiNodeNCCL(t *testing.T) {
 			}
 			for n, s := range ss {
 				logs := s.Logs()
-				for _, p := range []string{"nccl allreduce", "nccl broadcast", "nccl reducescatter"} {
+				for _, p := range []string{"nccl allreduce", "nccl broadcast", "nccl allgather", "nccl reducescatter"} {
 					if !strings.Contains(logs, `path="`+p+`"`) {
 						t.Errorf("node %d never ran the %s", n, p)
 					}
@@ -1019,7 +1019,7 @@ func TestGPUNodeParity(t *testing.T) {
 					t.Errorf("node 0 never ran the %s", p)
 				}
 			}
-			for _, p := range []string{"nccl allreduce", "nccl broadcast", "nccl reducescatter"} {
+			for _, p := range []string{"nccl allreduce", "nccl broadcast", "nccl allgather", "nccl reducescatter"} {
 				if strings.Contains(ss[0].Logs(), `path="`+p+`"`) {
 					t.Errorf("node 0 ran an %s that node 1 could not", p)
 				}
