@@ -92,7 +92,7 @@ func (x *executor) execute(w work) {
 		if w.nccl {
 			x.gpuPath("nccl " + strings.ToLower(w.resp.Op.String()))
 			switch w.resp.Op {
-			case tensor.Reducescatter, tensor.Allgather:
+			case tensor.Reducescatter, tensor.Allgather, tensor.Alltoall:
 				x.runOutputs(w, usedDevs(&w))
 			case tensor.Broadcast:
 				x.runNative(w, usedDevs(&w), x.broadcastDevice)

@@ -896,7 +896,7 @@ func (x *executor) broadcastAcross(ctx context.Context, b backends.Backend, root
 // node's other GPUs, postscale, write-back; a unanimous broadcast runs
 // broadcastNCCL, a unanimous reducescatter reducescatterGPUs (the nodes'
 // sums allreduced as above, each rank's block copied out), a unanimous
-// allgather allgatherGPUs. Otherwise every
+// allgather allgatherGPUs, a unanimous alltoall alltoallNCCL. Otherwise every
 // node runs its own path (hierarchical or
 // CPU), which make the same engine calls. (Eligible responses cost every
 // node the one-byte vote, even a job of host tensors only.)
@@ -911,7 +911,8 @@ func (x *executor) ncclEligible(w *work) bool {
 	r := &w.resp
 	reduces := (r.Op == tensor.Allreduce || r.Op == tensor.Reducescatter) && (r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && ncclDType(r.DType)
 	return x.s.cfg.GPUAllreduce == GPUAllreduceNCCL && w.b != nil && len(w.view.nodes) > 1 &&
-		len(w.view.nodes) == w.b.Size() && (reduces || r.Op == tensor.Broadcast || r.Op == tensor.Allgather) && len(r.JoinedRanks) == 0
+		len(w.view.nodes) == w.b.Size() && (reduces || r.Op == tensor.Broadcast || r.Op == tensor.Allgather || r.Op == tensor.Alltoall) &&
+		len(r.JoinedRanks) == 0
 }
 
 // ncclVote sets w.nccl to whether every node can run w on NCCL. It returns
@@ -1102,8 +1103,11 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 	}
 	if w.nccl {
 		f := x.allgatherGPUs
-		if r.Op == tensor.Reducescatter {
+		switch r.Op {
+		case tensor.Reducescatter:
 			f = x.reducescatterGPUs
+		case tensor.Alltoall:
+			f = x.alltoallNCCL
 		}
 		cs, err := f(w, devs, dones)
 		return dones, cs, err
@@ -1501,6 +1505,160 @@ func (x *executor) alltoallAcross(ctx context.Context, w *work, devs []*gpuDev, 
 		}
 	}
 	return nil
+}
+
+// alltoallNCCL builds an alltoall's outputs across nodes on NCCL
+// (w.nccl), in a2aPlan's layout (the hierarchical alltoall's, on device
+// memory): the pieces this node sends gathered into a send buffer on GPU 0
+// (D2D from GPU 0's ranks, NCCL sends from the other GPUs' in one group
+// call), one NCCL send and receive per other node over the communicator
+// across nodes into a receive buffer on GPU 0 (the node's own block by a
+// D2D copy), then each local rank's output assembled from its runs there
+// (D2D on GPU 0, NCCL from GPU 0 to the others). Both buffers are GPU 0's
+// fusion buffer. Between two GPUs, or two nodes, NCCL matches sends and
+// receives in issue order, which the same loops give on both sides.
+func (x *executor) alltoallNCCL(w *work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+	g := x.s.gpu
+	cross, err := g.crossComm(context.Background(), w.b)
+	if err != nil {
+		return nil, err
+	}
+	used := []gpu.Comm{cross}
+	var local []gpu.Comm
+	idx := map[*gpuDev]int{devs[0]: 0}
+	if len(devs) > 1 {
+		if local, idx, err = g.commsIndexed(devs); err != nil {
+			return used, err
+		}
+		used = append(used, local...)
+	}
+	d0 := devs[0]
+	me := w.view.rows.node
+	// move is n bytes from one GPU's src to another's dst.
+	type move struct {
+		from, to *gpuDev
+		src, dst gpu.DevicePtr
+		n        int
+	}
+	// moves runs the moves between GPU 0 and the others: one NCCL group.
+	moves := func(ms []move) error {
+		if len(ms) == 0 {
+			return nil
+		}
+		return g.group(local, func(j int, c gpu.Comm) error {
+			for _, m := range ms {
+				switch devs[j] {
+				case m.from:
+					if err := c.Send(m.from.stream, m.src, m.n, tensor.Uint8, idx[m.to]); err != nil {
+						return err
+					}
+				case m.to:
+					if err := c.Recv(m.to.stream, m.dst, m.n, tensor.Uint8, idx[m.from]); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+	}
+	d2d := func(d *gpuDev, dst, src gpu.DevicePtr, n int) error {
+		if err := d.dev.CopyDtoD(d.stream, dst, src, n); err != nil {
+			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+		}
+		return nil
+	}
+	for i, row := range w.ops {
+		a := newA2APlan(w, i)
+		nn := len(a.sendCounts)
+		sendOff := make([]int, nn+1)
+		for m, c := range a.sendCounts {
+			sendOff[m+1] = sendOff[m] + c
+		}
+		if err := d0.ensure(sendOff[nn]+a.total, false); err != nil {
+			return used, err
+		}
+		sendBuf, recvBuf := d0.fuse, d0.fuse.Add(sendOff[nn])
+		var in []move
+		pos := 0
+		a.sends(func(s, d int) {
+			o, n := row[s], a.piece(s, d)
+			if err != nil || o == nil || n == 0 {
+				return
+			}
+			src := o.dev.ptr.Add(a.start(s, d))
+			if o.dev.d == d0 {
+				err = d2d(d0, sendBuf.Add(pos), src, n)
+			} else {
+				in = append(in, move{from: o.dev.d, to: d0, src: src, dst: sendBuf.Add(pos), n: n})
+			}
+			pos += n
+		})
+		if err != nil {
+			return used, err
+		}
+		if err := moves(in); err != nil {
+			return used, fmt.Errorf("NCCL sends to GPU 0: %w", err)
+		}
+		if n := a.sendCounts[me]; n > 0 {
+			if err := d2d(d0, recvBuf.Add(a.blockStart[me]), sendBuf.Add(sendOff[me]), n); err != nil {
+				return used, err
+			}
+		}
+		if err := g.group([]gpu.Comm{cross}, func(_ int, c gpu.Comm) error {
+			for m := range nn {
+				if m == me {
+					continue
+				}
+				if n := a.sendCounts[m]; n > 0 {
+					if err := c.Send(d0.stream, sendBuf.Add(sendOff[m]), n, tensor.Uint8, m); err != nil {
+						return err
+					}
+				}
+				if n := a.recvCounts[m]; n > 0 {
+					if err := c.Recv(d0.stream, recvBuf.Add(a.blockStart[m]), n, tensor.Uint8, m); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}); err != nil {
+			return used, fmt.Errorf("NCCL sends and receives across %d nodes: %w", nn, err)
+		}
+		t := &w.resp.Tensors[i]
+		dones[i] = make([]devResult, len(row))
+		var out []move
+		for d, o := range row {
+			if o == nil {
+				continue
+			}
+			gd, n := o.dev.d, a.rows(d)*a.rowBytes
+			p, err := newResult(&dones[i][d], gd, n, &ipcpb.Done{OutputShape: a.shape(d, t.Shape), ReceivedSplits: a.received(d)})
+			if err != nil {
+				return used, err
+			}
+			if p == 0 {
+				continue
+			}
+			at := 0
+			for _, sg := range a.segments(d) {
+				if sg[1] == 0 {
+					continue
+				}
+				if gd == d0 {
+					if err := d2d(d0, p.Add(at), recvBuf.Add(sg[0]), sg[1]); err != nil {
+						return used, err
+					}
+				} else {
+					out = append(out, move{from: d0, to: gd, src: recvBuf.Add(sg[0]), dst: p.Add(at), n: sg[1]})
+				}
+				at += sg[1]
+			}
+		}
+		if err := moves(out); err != nil {
+			return used, fmt.Errorf("NCCL sends from GPU 0: %w", err)
+		}
+	}
+	return used, nil
 }
 
 // reducescatterAcross builds a reducescatter's outputs across nodes (the

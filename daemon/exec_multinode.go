@@ -672,10 +672,11 @@ func (a *a2aPlan) shape(d int, in tensor.Shape) tensor.Shape {
 	return append(tensor.Shape{int64(a.rows(d))}, in[1:]...)
 }
 
-// fill writes local rank d's output (rows(d) rows) into dst from out, what
-// the Alltoallv received.
-func (a *a2aPlan) fill(d int, dst, out []byte) {
-	at := 0
+// segments lists where local rank d's output lies in what the Alltoallv
+// received: one run per node (its ranks' pieces for d, in rank order), as
+// {offset, length}.
+func (a *a2aPlan) segments(d int) [][2]int {
+	segs := make([][2]int, 0, a.mb.nodes())
 	for m := range a.mb.nodes() {
 		lo, hi := a.mb.nodeRanks(m)
 		off := a.blockStart[m]
@@ -684,10 +685,21 @@ func (a *a2aPlan) fill(d int, dst, out []byte) {
 				off += a.piece(s, dd)
 			}
 		}
+		n := 0
 		for s := lo; s < hi; s++ {
-			at += copy(dst[at:], out[off:off+a.piece(s, d)])
-			off += a.piece(s, d)
+			n += a.piece(s, d)
 		}
+		segs = append(segs, [2]int{off, n})
+	}
+	return segs
+}
+
+// fill writes local rank d's output (rows(d) rows) into dst from out, what
+// the Alltoallv received.
+func (a *a2aPlan) fill(d int, dst, out []byte) {
+	at := 0
+	for _, sg := range a.segments(d) {
+		at += copy(dst[at:], out[sg[0]:sg[0]+sg[1]])
 	}
 }
 

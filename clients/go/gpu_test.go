@@ -171,8 +171,7 @@ func TestGPUMultiNode(t *testing.T) {
 }
 
 // TestGPUMultiNodeNCCL: two nodes joined on NCCL (--gpu-allreduce nccl)
-// for allreduce, broadcast, allgather and reducescatter, with one and with
-// two fake GPUs per node; alltoall hierarchical.
+// for every collective, with one and with two fake GPUs per node.
 func TestGPUMultiNodeNCCL(t *testing.T) {
 	for _, gpus := range []int{1, 2} {
 		t.Run(fmt.Sprint("gpus", gpus), func(t *testing.T) {
@@ -189,7 +188,7 @@ func TestGPUMultiNodeNCCL(t *testing.T) {
 			}
 			for n, s := range ss {
 				logs := s.Logs()
-				for _, p := range []string{"nccl allreduce", "nccl broadcast", "nccl allgather", "nccl reducescatter"} {
+				for _, p := range []string{"nccl allreduce", "nccl broadcast", "nccl allgather", "nccl alltoall", "nccl reducescatter"} {
 					if !strings.Contains(logs, `path="`+p+`"`) {
 						t.Errorf("node %d never ran the %s", n, p)
 					}
@@ -1019,7 +1018,7 @@ func TestGPUNodeParity(t *testing.T) {
 					t.Errorf("node 0 never ran the %s", p)
 				}
 			}
-			for _, p := range []string{"nccl allreduce", "nccl broadcast", "nccl allgather", "nccl reducescatter"} {
+			for _, p := range []string{"nccl allreduce", "nccl broadcast", "nccl allgather", "nccl alltoall", "nccl reducescatter"} {
 				if strings.Contains(ss[0].Logs(), `path="`+p+`"`) {
 					t.Errorf("node 0 ran an %s that node 1 could not", p)
 				}
