@@ -387,13 +387,8 @@ func (x *executor) broadcast(r *plan.Response, ops []*op) error {
 // each rank's own.
 func (x *executor) allgather(r *plan.Response, t *plan.Tensor, ops []*op) error {
 	rowBytes := t.Shape.RowElements() * int64(r.DType.Size())
-	var total int64
-	for _, s := range t.RankShapes {
-		if len(s) > 0 {
-			total += s[0]
-		}
-	}
-	shape := append(tensor.Shape{total}, t.Shape[1:]...)
+	shape := allgatherShape(t)
+	total := shape[0]
 	srcs := make([][]byte, len(ops))
 	for i, o := range ops {
 		if o != nil {

@@ -1101,39 +1101,25 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 	if err := waitEvents(w); err != nil {
 		return dones, nil, err
 	}
-	if w.nccl {
-		f := x.allgatherGPUs
+	// Over NCCL (several GPUs, or across nodes when voted), through the
+	// engine (across nodes), or on one GPU (below).
+	var f func(*work, []*gpuDev, [][]devResult) ([]gpu.Comm, error)
+	switch {
+	case w.nccl || !crossNodes(w) && len(devs) > 1:
+		f = x.allgatherGPUs
 		switch r.Op {
 		case tensor.Reducescatter:
 			f = x.reducescatterGPUs
-		case tensor.Alltoall:
-			f = x.alltoallNCCL
-		}
-		cs, err := f(w, devs, dones)
-		return dones, cs, err
-	}
-	if crossNodes(w) {
-		b, err := x.engineFor(*w)
-		if err != nil {
-			return dones, nil, err
-		}
-		switch r.Op {
-		case tensor.Reducescatter:
-			cs, err := x.reducescatterAcross(context.Background(), w, devs, b, dones)
-			return dones, cs, err
-		case tensor.Alltoall:
-			return dones, nil, x.alltoallAcross(context.Background(), w, devs, b, dones)
-		}
-		return dones, nil, x.allgatherAcross(context.Background(), w, devs, b, dones)
-	}
-	if len(devs) > 1 {
-		f := x.allgatherGPUs
-		switch r.Op {
 		case tensor.Alltoall:
 			f = x.alltoallGPUs
-		case tensor.Reducescatter:
-			f = x.reducescatterGPUs
+			if w.nccl {
+				f = x.alltoallNCCL
+			}
 		}
+	case crossNodes(w):
+		f = x.outputsAcross
+	}
+	if f != nil {
 		cs, err := f(w, devs, dones)
 		return dones, cs, err
 	}
@@ -1377,6 +1363,23 @@ func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) (
 	return used, nil
 }
 
+// outputsAcross builds an allgather's, alltoall's or reducescatter's
+// outputs across nodes through the job's engine (the hierarchical paths).
+func (x *executor) outputsAcross(w *work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+	b, err := x.engineFor(*w)
+	if err != nil {
+		return nil, err
+	}
+	ctx := context.Background()
+	switch w.resp.Op {
+	case tensor.Reducescatter:
+		return x.reducescatterAcross(ctx, w, devs, b, dones)
+	case tensor.Alltoall:
+		return nil, x.alltoallAcross(ctx, w, devs, b, dones)
+	}
+	return nil, x.allgatherAcross(ctx, w, devs, b, dones)
+}
+
 // allgatherAcross builds an allgather's outputs across nodes (the
 // hierarchical allgather): the node's ranks' pieces copied to host memory in
 // rank order, the engine's Allgatherv of the nodes' pieces (the one call per
@@ -1447,8 +1450,8 @@ func (x *executor) allgatherAcross(ctx context.Context, w *work, devs []*gpuDev,
 // alltoallAcross builds an alltoall's outputs across nodes (the
 // hierarchical alltoall): the pieces the node sends copied to host memory
 // in a2aPlan's order, the engine's Alltoallv (alltoallMulti's one call per
-// tensor), each local rank's output assembled in host memory and copied to
-// its GPU.
+// tensor), each local rank's output copied to its GPU run by run from what
+// was received.
 func (x *executor) alltoallAcross(ctx context.Context, w *work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
 	for i, row := range w.ops {
 		a := newA2APlan(w, i)
@@ -1494,10 +1497,16 @@ func (x *executor) alltoallAcross(ctx context.Context, w *work, devs []*gpuDev, 
 			if p == 0 {
 				continue
 			}
-			host := make([]byte, n)
-			a.fill(d, host, out)
-			if err := g.dev.CopyHtoD(g.stream, p, host); err != nil {
-				return fmt.Errorf("GPU %s: %w", g.info.UUID, err)
+			// Straight from out, one copy per run: no assembly on the host.
+			at := 0
+			for _, sg := range a.segments(d) {
+				if sg[1] == 0 {
+					continue
+				}
+				if err := g.dev.CopyHtoD(g.stream, p.Add(at), out[sg[0]:sg[0]+sg[1]]); err != nil {
+					return fmt.Errorf("GPU %s: %w", g.info.UUID, err)
+				}
+				at += sg[1]
 			}
 		}
 		if err := syncAll(ctx, devs); err != nil {

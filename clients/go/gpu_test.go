@@ -1110,11 +1110,8 @@ func gpuParity(ctx context.Context, c *hvdd.Client) error {
 			} else if err := hvdd.Broadcast(ctx, c, x, root, hvdd.WithName(name)); err != nil {
 				return err
 			}
-			want := input[float32](root, n)
-			for i := range got {
-				if got[i] != want[i] {
-					return fmt.Errorf("broadcast of %d from rank %d: element %d = %v, want %v", n, root, i, got[i], want[i])
-				}
+			if err := sameFloats(fmt.Sprintf("broadcast of %d from rank %d", n, root), got, input[float32](root, n)); err != nil {
+				return err
 			}
 		}
 	}
@@ -1142,13 +1139,8 @@ func gpuParity(ctx context.Context, c *hvdd.Client) error {
 		for r := range c.Size() {
 			want = append(want, input[float32](r, (r+1)*cols)...)
 		}
-		if len(got) != len(want) {
-			return fmt.Errorf("allgather of %d columns: %d elements, want %d", cols, len(got), len(want))
-		}
-		for i := range got {
-			if got[i] != want[i] {
-				return fmt.Errorf("allgather of %d columns: element %d = %v, want %v", cols, i, got[i], want[i])
-			}
+		if err := sameFloats(fmt.Sprintf("allgather of %d columns", cols), got, want); err != nil {
+			return err
 		}
 	}
 	// Alltoalls: rank s sends s+d+1 rows to rank d (node 0's through the
@@ -1195,13 +1187,8 @@ func gpuParity(ctx context.Context, c *hvdd.Client) error {
 				return fmt.Errorf("%s: received splits %v", name, recv)
 			}
 		}
-		if len(got) != len(want) {
-			return fmt.Errorf("%s: %d elements, want %d", name, len(got), len(want))
-		}
-		for i := range got {
-			if got[i] != want[i] {
-				return fmt.Errorf("%s: element %d = %v, want %v", name, i, got[i], want[i])
-			}
+		if err := sameFloats(name, got, want); err != nil {
+			return err
 		}
 	}
 	// Reducescatters of 2*size+1 rows (node 0's through the hierarchical
@@ -1243,6 +1230,19 @@ func gpuParity(ctx context.Context, c *hvdd.Client) error {
 					return fmt.Errorf("%s: element %d = %v, want %v", name, i, got[i], w)
 				}
 			}
+		}
+	}
+	return nil
+}
+
+// sameFloats says where got first differs from want (length, then value).
+func sameFloats(what string, got, want []float32) error {
+	if len(got) != len(want) {
+		return fmt.Errorf("%s: %d elements, want %d", what, len(got), len(want))
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			return fmt.Errorf("%s: element %d = %v, want %v", what, i, got[i], want[i])
 		}
 	}
 	return nil

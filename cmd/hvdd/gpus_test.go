@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/hvdd/hvdd/gpu/gputest"
 )
 
 // gpusJSON is the part of `hvdd gpus --json` the tests read.
@@ -99,16 +101,8 @@ func TestGPUsWithoutCgo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds hvdd again (-short)")
 	}
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Skip("no C compiler (cc) to build the stub NVML")
-	}
-	dir := t.TempDir()
-	so := filepath.Join(dir, "libnvidia-ml.so.1")
-	if out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-o", so, "../../gpu/nvml/testdata/stub.c").CombinedOutput(); err != nil {
-		t.Fatalf("cc: %v\n%s", err, out)
-	}
-	bin := filepath.Join(dir, "hvdd-nocgo")
+	so := gputest.SharedLib(t, "../../gpu/nvml/testdata/stub.c", "libnvidia-ml.so.1")
+	bin := filepath.Join(t.TempDir(), "hvdd-nocgo")
 	build := exec.Command("go", "build", "-o", bin, ".")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {

@@ -2,11 +2,10 @@ package cuda
 
 import (
 	"errors"
-	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/hvdd/hvdd/gpu"
+	"github.com/hvdd/hvdd/gpu/gputest"
 	"github.com/hvdd/hvdd/tensor"
 )
 
@@ -14,15 +13,7 @@ import (
 // both libraries, or skips without a C compiler.
 func stubLib(t *testing.T) (*cudaLib, *ncclLib) {
 	t.Helper()
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Skip("no C compiler (cc) to build the stub library")
-	}
-	so := filepath.Join(t.TempDir(), "libstub.so")
-	if out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-o", so, "testdata/stub.c").CombinedOutput(); err != nil {
-		t.Fatalf("cc: %v\n%s", err, out)
-	}
-	h, _, err := dlopen([]string{so})
+	h, _, err := dlopen([]string{gputest.SharedLib(t, "testdata/stub.c", "libstub.so")})
 	if err != nil {
 		t.Fatal(err)
 	}

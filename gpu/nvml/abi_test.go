@@ -1,11 +1,12 @@
 package nvml
 
 import (
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strconv"
 	"testing"
+
+	"github.com/hvdd/hvdd/gpu/gputest"
 )
 
 // stubNVML builds testdata/stub.c into a shared library and points
@@ -13,15 +14,7 @@ import (
 // installs gcc).
 func stubNVML(t *testing.T) {
 	t.Helper()
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Skip("no C compiler (cc) to build the stub NVML")
-	}
-	so := filepath.Join(t.TempDir(), "libnvidia-ml.so.1")
-	if out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-o", so, "testdata/stub.c").CombinedOutput(); err != nil {
-		t.Fatalf("cc: %v\n%s", err, out)
-	}
-	t.Setenv("HVDD_NVML_LIBRARY", so)
+	t.Setenv("HVDD_NVML_LIBRARY", gputest.SharedLib(t, "testdata/stub.c", "libnvidia-ml.so.1"))
 }
 
 // TestDiscoverThroughTheBinding runs Discover on the stub library: every

@@ -13,7 +13,7 @@ import (
 // and closed by Shutdown, as go-nvml does it, with no cgo and no NVML
 // header at build time. The types, constants and the go-nvml-style method
 // names mirror nvml.h (NVML 12.x): go-nvml binds every NVML function to a
-// package variable, which kept 1.7 MB of bindings for fourteen calls in
+// package variable, which kept 1.7 MB of bindings for fifteen calls in
 // hvdd's binary (docs/BENCHMARKS.md), and needed cgo.
 
 // Return is nvmlReturn_t. It is an error; SUCCESS is not meant to be
