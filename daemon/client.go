@@ -42,6 +42,7 @@ type client struct {
 	status    bool // a status connection (hvdd status): no Hello, no job
 	bye       bool
 	reset     bool // its Goodbye says it re-initialises at once (elastic)
+	exiting   bool // its Goodbye says its process exits (no re-initialisation)
 	dropped   bool
 	lane      *lane // the job lane its hello went to (lanes.go)
 	job       *job
@@ -256,7 +257,7 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 	case *ipcpb.ClientMessage_ReleaseDeviceMemory:
 		c.releaseDeviceMemory(m.ReleaseDeviceMemory)
 	case *ipcpb.ClientMessage_Goodbye:
-		c.bye, c.reset = true, m.Goodbye.GetElasticReset()
+		c.bye, c.reset, c.exiting = true, m.Goodbye.GetElasticReset(), m.Goodbye.GetExiting()
 	default:
 		return &ipc.ProtocolError{Msg: fmt.Sprintf("unknown client message %T", m)}
 	}

@@ -56,7 +56,9 @@
 // (tracing.go, package timeline) records what the job does when asked.
 // A rank that said Goodbye (shutdown)
 // makes the others' later collectives fail with CODE_SHUT_DOWN instead of
-// hanging. Tensors that some ranks submitted and
+// hanging; in an elastic job, a Goodbye that says the process exits
+// (Goodbye.exiting, the Python client's atexit) ends the epoch as a lost
+// rank does (CODE_ABORTED, elastic.go), so the others re-form without it. Tensors that some ranks submitted and
 // others did not are logged after the stall-check time, naming the missing
 // ranks, and optionally fail the job after the stall-shutdown time.
 package daemon

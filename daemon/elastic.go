@@ -21,7 +21,9 @@ import (
 // stays on the oldest surviving rank, as Horovod keeps it on a worker with
 // up-to-date state). The survivors of an epoch that failed (CODE_ABORTED: a
 // lost rank, an engine error) are its ranks that closed with Goodbye; a lost
-// rank closed without. An epoch whose ranks all said Goodbye without such a
+// rank closed without, and a rank whose process exits (Goodbye.exiting)
+// is no survivor: while the job runs, its exit fails the epoch as a lost
+// rank does, whether the process failed or not (hvdd run judges that). An epoch whose ranks all said Goodbye without such a
 // failure (the job's end) ends as any job ends.
 //
 // The job grows the same way. A worker that says hello while the job runs or
@@ -39,7 +41,8 @@ import (
 // the survivors still have not all come back within Config.ElasticTimeout,
 // those that did are told so and the job ends. Across nodes every node
 // re-forms its own part this way and node 0 lays the epoch out
-// (elastic_multinode.go).
+// (elastic_multinode.go); an epoch laid out that cannot form fails as one
+// that ran, its ranks waiting in init() as the survivors (reformUnformed).
 
 // reform is the next epoch of an elastic job whose epoch failed.
 type reform struct {
@@ -60,6 +63,9 @@ type reform struct {
 	// removed is this node's host when hvdd run removed it: the epoch
 	// forms without it, and its survivors are told so (dead is set too).
 	removed string
+	// again says that the epoch before could not form (reformUnformed):
+	// the elastic timeout runs from the failure before it.
+	again bool
 }
 
 // reformCheckEvery is how often a forming epoch looks for survivors whose
@@ -86,18 +92,23 @@ func (j *job) noteSurvivor(c *client) {
 }
 
 // reformAfter begins the next epoch of an elastic job whose failed epoch has
-// ended, when it has survivors.
+// ended, when it has survivors: an epoch that formed, or one that failed as
+// it formed across nodes (reformUnformed).
 func (l *loop) reformAfter(j *job) {
-	if !j.elastic || j.failed.GetCode() != ipcpb.Code_CODE_ABORTED || !j.formed || l.quit {
+	if !j.elastic || j.failed.GetCode() != ipcpb.Code_CODE_ABORTED || !j.formed && len(j.survivors) == 0 || l.quit {
 		return
 	}
 	if len(j.survivors) == 0 {
-		l.nodes.nextReady(j.members.epoch+1, 0, "")
+		why := ""
+		if isRankExited(j.failed.GetError()) {
+			why = ranksExitedWhy
+		}
+		l.nodes.nextReady(j.epoch+1, 0, why)
 		return
 	}
 	ln := j.lane
 	sort.Slice(j.survivors, func(a, b int) bool { return j.survivors[a].rank < j.survivors[b].rank })
-	r := &reform{lane: ln, id: j.id, epoch: j.members.epoch + 1, failedAt: j.failedAt, cause: j.failed.GetError()}
+	r := &reform{lane: ln, id: j.id, epoch: j.epoch + 1, failedAt: j.failedAt, cause: j.failed.GetError()}
 	for _, s := range j.survivors {
 		r.survivors = append(r.survivors, s.pid)
 	}
@@ -107,7 +118,16 @@ func (l *loop) reformAfter(j *job) {
 		r.survivors = append(r.survivors, c.pid)
 	}
 	r.joiners = len(ln.joiners)
-	r.timer = time.AfterFunc(l.cfg.ElasticTimeout, func() { l.p.post(msgReformTimeout{r}) })
+	wait := l.cfg.ElasticTimeout
+	if old := ln.reform; old != nil && old.id == j.id && old.epoch == j.epoch {
+		// The epoch that re-formed could not form (reformUnformed): the
+		// wait for one that does goes on, so that epochs that keep failing
+		// to form end within the elastic timeout.
+		old.stop()
+		r.failedAt, r.again = old.failedAt, true
+		wait -= time.Since(old.failedAt)
+	}
+	r.timer = time.AfterFunc(wait, func() { l.p.post(msgReformTimeout{r}) })
 	r.check = time.AfterFunc(reformCheckEvery, func() { l.p.post(msgReformCheck{r}) })
 	ln.reform = r
 	// Warn, not Info: a membership change is what the daemon a job starts
@@ -128,6 +148,31 @@ func (l *loop) reformAfter(j *job) {
 	l.s.log.Warn(what, "job", j.id, "epoch", r.epoch,
 		"survivors", len(r.survivors)-r.joiners, "joining", r.joiners, "pids", pidList(r.survivors), "cause", r.cause)
 	l.nodes.nextReady(r.epoch, len(r.survivors), "")
+}
+
+// reformUnformed fails an epoch of an elastic job that was laid out across
+// nodes but could not form (its data engine did not connect, a node of the
+// layout was lost) as any failed epoch, with its ranks, still waiting in
+// init(), as the survivors: they need not come back, they wait on for the
+// next epoch, which the formation began without the nodes that are gone
+// (multiCoord.abort, elastic_multinode.go).
+func (l *loop) reformUnformed(j *job, msg string) {
+	l.s.log.Warn("elastic job: its epoch could not form across the nodes; the next one forms from the same ranks", "job", j.id, "epoch", j.epoch, "err", msg)
+	l.fail(j, ipcpb.Code_CODE_ABORTED, msg)
+	ln := j.lane
+	for lr, c := range j.slots {
+		if c == nil || c.dropped {
+			continue
+		}
+		j.survivors = append(j.survivors, survivor{rank: lr, pid: c.pid})
+		j.slots[lr], c.job = nil, nil
+		j.joined--
+		j.open--
+		ln.waiting = append(ln.waiting, c) // they say hello again (jobEnded)
+	}
+	if j.open == 0 {
+		l.jobEnded(j)
+	}
 }
 
 // joinLater is reformRank's local rank for a worker that joins a later
@@ -179,6 +224,20 @@ const hostsUpdatedCause = "the job's hosts were updated (hvd.elastic reset)"
 // isHostsUpdated reports whether msg ends an epoch for a host update, here
 // or relayed from another node.
 func isHostsUpdated(msg string) bool { return strings.HasSuffix(msg, hostsUpdatedCause) }
+
+// rankExitedCause ends the message of an epoch that ends because a rank's
+// process exited while the elastic job ran (Goodbye.exiting): whether it
+// failed or finished, the others go on without it.
+const rankExitedCause = "left the elastic job: its process exited while the job ran (Goodbye at exit); the other ranks reset and go on without it"
+
+// isRankExited reports whether msg ends an epoch for a rank that exited,
+// here or relayed from another node. Every rank of a job that ends
+// normally exits so: with nothing in flight, that is no failure to log.
+func isRankExited(msg string) bool { return strings.HasSuffix(msg, rankExitedCause) }
+
+// ranksExitedWhy is why a node with no survivors leaves an epoch that
+// failed only because ranks exited: at a job's normal end, every node.
+const ranksExitedWhy = "its ranks exited"
 
 // Horovod's HostUpdateResult: removed, added (mixed is both).
 const (
@@ -286,6 +345,9 @@ func (l *loop) reformTimeout(r *reform) {
 	}
 	msg := fmt.Sprintf("Timed out waiting for the %d surviving ranks of elastic job %d to re-initialise into epoch %d (waited %v, --elastic-timeout): pids %s",
 		len(r.survivors), r.id, r.epoch, l.cfg.ElasticTimeout, pidList(r.survivors))
+	if r.again {
+		msg += fmt.Sprintf("; epoch %d could not form across the nodes: %s", r.epoch-1, r.cause)
+	}
 	if j := ln.job; j != nil && j.id == r.id && !j.formed {
 		l.formFailed(j, msg)
 	} else {

@@ -22,7 +22,13 @@ import (
 // ranks, itself first and the others in their old order, and the epoch
 // starts as any job does: a fresh generation, so the data engine (the tcp
 // engine's rings) is connected anew among those nodes. A node whose link
-// breaks while the epoch forms is left out.
+// breaks while the epoch forms is left out. An epoch that is laid out but
+// cannot form (its data engine does not connect, or a node of the layout is
+// lost before it formed, e.g. hvdd run's driver stopped its daemon) fails as
+// a running epoch does (multiCoord.abort keeps the links, beginNext): its
+// ranks, still waiting in init(), are its survivors and wait on
+// (reformUnformed, elastic.go), and the epoch after it forms from them,
+// without the nodes that are gone, within the elastic timeout as any.
 //
 // The coordinator is node 0 at first. When another process serves the
 // rendezvous (Config.ExternalRendezvous: hvdd run's elastic driver, hvdd
@@ -111,7 +117,7 @@ func (c *multiNode) leads() bool { return c.lead == c.rank }
 
 // beginNext keeps the links of mc's failing elastic epoch for the next one.
 func (c *multiNode) beginNext(mc *multiCoord) {
-	n := &nextEpoch{epoch: mc.j.members.epoch + 1, links: make(map[int]*cluster.Link), joins: make(map[int]*clusterpb.Join),
+	n := &nextEpoch{epoch: mc.j.epoch + 1, links: make(map[int]*cluster.Link), joins: make(map[int]*clusterpb.Join),
 		prev: slices.Clone(mc.ids), won: -1}
 	for at, link := range mc.links {
 		if c.isWatched(link) {
@@ -162,9 +168,14 @@ func (c *multiNode) nextReady(epoch uint64, local int, why string) {
 	if n.deadline != nil {
 		n.deadline.Stop()
 	}
+	// At a job's normal end every node's ranks exit: no news.
+	logLeave := c.log.Warn
+	if why == ranksExitedWhy {
+		logLeave = c.log.Info
+	}
 	if c.leads() {
 		// Its followers find the link closed and claim the epoch.
-		c.log.Warn("elastic job: no rank of this node goes on; it leaves the job, whose coordination moves to another node", "epoch", epoch, "why", why)
+		logLeave("elastic job: no rank of this node goes on; it leaves the job, whose coordination moves to another node", "epoch", epoch, "why", why)
 		c.lead = -1
 		if c.waiting != nil && c.waiting.epoch == epoch {
 			c.waiting = nil
@@ -174,7 +185,7 @@ func (c *multiNode) nextReady(epoch uint64, local int, why string) {
 		return
 	}
 	if link := n.links[c.lead]; link != nil {
-		c.log.Warn("elastic job: no rank of this node goes on; it leaves the job", "epoch", epoch, "why", why)
+		logLeave("elastic job: no rank of this node goes on; it leaves the job", "epoch", epoch, "why", why)
 		link.Send(&clusterpb.Message{Msg: &clusterpb.Message_Join{Join: &clusterpb.Join{
 			NodeRank: int32(c.rank), Epoch: epoch, Elastic: true, DataHost: c.host}}})
 		c.closeLink(link)

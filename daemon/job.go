@@ -82,6 +82,10 @@ type job struct {
 	epoch     uint64
 	failedAt  time.Time
 	survivors []survivor // ranks that closed with Goodbye
+	// laidOut says that the job's layout across nodes is decided
+	// (multinode.go): from then on an elastic epoch that fails, formed or
+	// not, is followed by the next (elastic_multinode.go).
+	laidOut bool
 
 	barriers map[int32][]int   // per process set, per global rank: barriers submitted so far
 	psq      [][]psReq         // per global rank: set requests waiting for the others (procset.go)

@@ -586,7 +586,7 @@ func (l *loop) closed(c *client, bye bool, err error) {
 	}
 	c.groups = nil
 	j.open--
-	if j.formed && j.elastic && bye {
+	if j.formed && j.elastic && bye && !c.exiting {
 		j.noteSurvivor(c)
 	}
 	if !j.formed {
@@ -601,10 +601,18 @@ func (l *loop) closed(c *client, bye bool, err error) {
 		if j.members.nodes() > 1 {
 			where = fmt.Sprintf(" on node %d", j.members.node)
 		}
-		if bye {
+		switch {
+		case bye && j.elastic && c.exiting:
+			// A rank whose process exits while its elastic job runs has
+			// left it, whether it failed (an exception) or not: the others
+			// reset and go on without it, as after a lost rank (Horovod's
+			// workers see its connections close). hvdd run judges the exit
+			// by its status.
+			l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("rank %d (pid %d%s) %s", c.rank, c.pid, where, rankExitedCause), true)
+		case bye:
 			l.abort(j, ipcpb.Code_CODE_SHUT_DOWN, fmt.Sprintf(
 				"Horovod has been shut down: rank %d (pid %d%s) called shutdown() or exited while other ranks still had collectives to run; every rank must run the same collectives", c.rank, c.pid, where), true)
-		} else {
+		default:
 			why := "its connection closed without shutdown: the process died or was killed"
 			if err != nil && !errors.Is(err, ipc.ErrClosed) {
 				why = err.Error()
@@ -613,27 +621,33 @@ func (l *loop) closed(c *client, bye bool, err error) {
 		}
 	}
 	if j.open == 0 {
-		// Horovod's shutdown ends its timeline too.
-		l.stopTimeline(j, nil)
-		if j.tune != nil {
-			j.tune.close()
-		}
-		st := j.stats
-		l.s.log.Info("job ended", "job", j.id, "name", ln.key.name, "batches", st.batches, "responses", st.responses, "tensors", st.tensors, "bytes", st.bytes)
-		l.nodes.ended(j)
-		if j.coord != nil {
-			j.coord.end()
-		}
-		ln.job = nil
-		l.reformAfter(j)
-		w := ln.waiting
-		ln.waiting = nil
-		for _, c := range w {
-			l.hello(c, c.helloMsg)
-		}
-		l.seatJoiners(ln)
-		l.endLane(ln)
+		l.jobEnded(j)
 	}
+}
+
+// jobEnded ends j once its last client left it.
+func (l *loop) jobEnded(j *job) {
+	ln := j.lane
+	// Horovod's shutdown ends its timeline too.
+	l.stopTimeline(j, nil)
+	if j.tune != nil {
+		j.tune.close()
+	}
+	st := j.stats
+	l.s.log.Info("job ended", "job", j.id, "name", ln.key.name, "batches", st.batches, "responses", st.responses, "tensors", st.tensors, "bytes", st.bytes)
+	l.nodes.ended(j)
+	if j.coord != nil {
+		j.coord.end()
+	}
+	ln.job = nil
+	l.reformAfter(j)
+	w := ln.waiting
+	ln.waiting = nil
+	for _, c := range w {
+		l.hello(c, c.helloMsg)
+	}
+	l.seatJoiners(ln)
+	l.endLane(ln)
 }
 
 // endLane forgets a lane that holds nothing any more; a daemon started
@@ -656,8 +670,10 @@ func (l *loop) fail(j *job, code ipcpb.Code, msg string) {
 	j.failedAt = time.Now()
 	switch {
 	case !j.formed:
-	case code == ipcpb.Code_CODE_SHUT_DOWN && len(j.pending) == 0:
-		// An orderly shutdown with nothing in flight: the job is ending.
+	case (code == ipcpb.Code_CODE_SHUT_DOWN || isRankExited(msg)) && len(j.pending) == 0:
+		// An orderly shutdown, or a rank's exit from an elastic job, with
+		// nothing in flight: the job may be ending. (If the other ranks go
+		// on, their next collectives fail and the re-formation says why.)
 		l.s.log.Debug("job shutting down", "job", j.id, "why", msg)
 	case isHostsUpdated(msg):
 		// Not a failure: the ranks reset together (elastic.go).
@@ -904,9 +920,14 @@ func (l *loop) abort(j *job, code ipcpb.Code, msg string, notify bool) {
 	if j.coord != nil {
 		j.coord.abort(code, msg, notify)
 	}
-	if j.formed {
+	switch {
+	case j.formed:
 		l.fail(j, code, msg)
-	} else {
+	case j.elastic && j.laidOut && code == ipcpb.Code_CODE_ABORTED && !l.quit:
+		// An elastic epoch laid out across nodes that could not form: its
+		// clients wait on in init for the next (elastic.go).
+		l.reformUnformed(j, msg)
+	default:
 		// Its clients still wait in init: they get the reason.
 		l.formFailed(j, msg)
 	}

@@ -614,6 +614,7 @@ func (c *multiNode) formLayout(j *job, ids, slots []int, links map[int]*cluster.
 	}
 	mc := coordOf(j)
 	mc.table, mc.ids = t, ids
+	j.laidOut = true
 	lay := &clusterpb.Message{Msg: &clusterpb.Message_Layout{Layout: &clusterpb.Layout{Generation: id, Slots: ints32(slots), Nodes: ints32(ids), Epoch: j.epoch}}}
 	for at, node := range ids[1:] {
 		link := links[node]
@@ -665,6 +666,7 @@ func (c *multiNode) layout(m msgLayout) {
 	}
 	mc := coordOf(j)
 	mc.links[0], mc.ids = m.link, ids
+	j.laidOut = true
 	c.lead = ids[0]
 	if err := c.watch(mc, 0, ids[0], m.link); err != nil {
 		c.hooks.abort(j, ipcpb.Code_CODE_INTERNAL, err.Error(), true)

@@ -217,9 +217,9 @@ func (mc *multiCoord) control(node int, m *clusterpb.Message) {
 			mc.hooks.traceRemote(node, msg.TimelineEvents)
 		}
 	case *clusterpb.Message_Abort:
-		if ipcpb.Code(msg.Abort.GetCode()) == ipcpb.Code_CODE_SHUT_DOWN && (mc.hooks.executing() || len(mc.plans) > 0) {
-			// A rank shut down after its last collective; plans sent
-			// before that still run here (see next).
+		if code := ipcpb.Code(msg.Abort.GetCode()); (code == ipcpb.Code_CODE_SHUT_DOWN || isRankExited(msg.Abort.GetMsg())) && (mc.hooks.executing() || len(mc.plans) > 0) {
+			// A rank shut down (or exited) after its last collective;
+			// plans sent before that still run here (see next).
 			mc.n.log.Debug("shutdown waits for the plans before it", "job", j.id, "from", node, "plans", len(mc.plans), "running", mc.hooks.executing())
 			mc.shutdown = msg.Abort
 			return
@@ -589,8 +589,9 @@ func (mc *multiCoord) shutdownAfterPlans() {
 // abort tells the other nodes why the job fails (notify), while the links
 // are open, and closes the data engine (coordination).
 func (mc *multiCoord) abort(code ipcpb.Code, msg string, notify bool) {
-	if mc.j.elastic && mc.j.formed && code == ipcpb.Code_CODE_ABORTED {
-		// The links outlive the epoch: they form the next one.
+	if mc.j.elastic && mc.j.laidOut && code == ipcpb.Code_CODE_ABORTED {
+		// The links outlive the epoch, formed or only laid out (its engine
+		// did not connect, a node was lost): they form the next one.
 		mc.n.beginNext(mc)
 	}
 	if notify {
@@ -622,7 +623,9 @@ func (mc *multiCoord) end() {
 		if mc.n.next.holds(link) {
 			continue // it forms the next epoch
 		}
-		if j.failed == nil || j.failed.GetCode() == ipcpb.Code_CODE_SHUT_DOWN {
+		// A job that had not formed here did not end normally (the daemon
+		// shut down as it formed): to the other nodes, this one is lost.
+		if j.formed && (j.failed == nil || j.failed.GetCode() == ipcpb.Code_CODE_SHUT_DOWN) {
 			link.Send(bye)
 		}
 		mc.n.closeLink(link)

@@ -238,7 +238,7 @@ Elastic jobs on hosts (horovodrun's elastic mode):
   --slots-per-host S, --slots S
         the slots of a host that SCRIPT prints without any
   --blacklist-cooldown-range MIN MAX
-        a blacklisted host (or slot) comes back after a cooldown between MIN
+        a blacklisted host comes back after a cooldown between MIN
         and MAX seconds: MIN·2^n plus a random fraction of MIN for its n-th
         failure, as Horovod (1 <= MIN <= MAX <= 3600; default: never)
 
@@ -268,15 +268,16 @@ restoring a commit; hvdd run stops the host's ranks that have not left
 within --elastic-timeout, then its daemon. New ranks' output tags carry on
 the numbering ([4], [5], ...).
 
-Failures: when a host's daemon (or its agent) dies, the host is blacklisted,
-as Horovod blacklists the host of a failed worker: its ranks are stopped,
-and it comes back after the cooldown of --blacklist-cooldown-range, or
-never without one; so is a host added later whose daemon does not start
-(it exits, or is not ready within --start-timeout). When a rank fails and its host's daemon runs on, the
-host is not blacklisted: the rank's slot is, and a new rank is started in
-it after the same cooldown (never without a cooldown range); the host's
-other ranks go on. Host 0 is no exception: when its daemon dies, it is
-gone, or its last rank failed, the job goes on on the other hosts. The job
+Failures: when a rank fails (it exits with a non-zero status, by an
+exception or a signal, or cannot start) or a host's daemon (or its agent)
+dies, the host is blacklisted, as Horovod blacklists the host of a failed
+worker: its other ranks are stopped, the ranks on the other hosts restore
+their last commit and go on, and the host comes back after the cooldown of
+--blacklist-cooldown-range (with a new daemon and ranks), or never without
+one; so is a host added later whose daemon does not start (it exits, or is
+not ready within --start-timeout). Host 0 is no exception: when a rank of
+it fails, its daemon dies or it is gone, the job goes on on the other
+hosts. The job
 stops when fewer than --min-np ranks run and none can be added within
 --elastic-timeout, when none of the running ranks would be left (new ranks
 would have no state to start from), when every host is blacklisted, or at

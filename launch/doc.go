@@ -54,14 +54,13 @@
 // been removed from elastic job"), so that they exit (an expected exit,
 // whatever its status) and the others re-form without a lost rank; ranks
 // still running ElasticTimeout after the notice are stopped. Its rule for
-// failures: when a host's daemon (or its agent) dies, the host is
-// blacklisted as Horovod blacklists the host of a failed worker: its ranks
-// are stopped, and it comes back after the cooldown of BlacklistCooldown
-// (never without one). A host added later whose daemon does not start (it
-// exits, or is not ready within StartTimeout) is blacklisted the same way.
-// When only a rank fails and its host's daemon runs on, the host is not
-// blacklisted: the rank's slot is, and a new rank is started in it after
-// the same cooldown (never without a cooldown range).
+// failures: when a rank fails (a non-zero status, by an exception or a
+// signal, or it cannot start) or a host's daemon (or its agent) dies, the
+// host is blacklisted as Horovod blacklists the host of a failed worker:
+// its other ranks are stopped, and it comes back after the cooldown of
+// BlacklistCooldown (never without one), with a new daemon. A host added
+// later whose daemon does not start (it exits, or is not ready within
+// StartTimeout) is blacklisted the same way.
 // Host 0 follows the same rules as the others: its daemon dying, its host
 // leaving or losing its last rank does not end the job. The package does
 // not talk the daemon's protocol: it only checks that something accepts

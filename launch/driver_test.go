@@ -223,8 +223,9 @@ func (rj *realJob) checkCleanedUp() {
 }
 
 // TestDriverE2ERefill (a): -H with --min-np and a cooldown range: a rank
-// fails, the others re-form without it, and after the cooldown a new rank
-// [4] starts in its slot on the same host's daemon and joins the job.
+// fails, its host is blacklisted and its other rank stopped, the others
+// re-form without them, and after the cooldown the host comes back as a
+// new node (2) whose ranks [4] [5] join the job.
 func TestDriverE2ERefill(t *testing.T) {
 	t.Parallel()
 	bin := buildHvdd(t)
@@ -235,10 +236,11 @@ func TestDriverE2ERefill(t *testing.T) {
 	})
 	pids := rj.epoch(4, 0, 1, 2, 3)
 	rj.exit(pids[3], 3)
-	rj.epoch(3, 0, 1, 2)
-	rj.stderr.waitFor(t, "blacklisting its slot on 127.0.0.21 for 1s", 10*time.Second)
-	rj.stderr.waitFor(t, "started 1 rank on 127.0.0.21: [4]", 20*time.Second)
-	rj.epoch(4, 0, 1, 2, 4)
+	rj.stderr.waitFor(t, "blacklisting host 127.0.0.21 for 1s (--blacklist-cooldown-range), as Horovod blacklists the host of a failed worker; stopping its other ranks ([2])", 10*time.Second)
+	rj.epoch(2, 0, 1)
+	rj.stderr.waitFor(t, "host 127.0.0.21 joins the elastic job: starting its hvdd daemon (node 2) for 2 ranks", 20*time.Second)
+	rj.stderr.waitFor(t, "started 2 ranks on 127.0.0.21: [4] [5]", 20*time.Second)
+	rj.epoch(4, 0, 1, 4, 5)
 	rj.finish()
 	rj.checkCleanedUp()
 }
@@ -365,8 +367,8 @@ func TestDriverE2EMinNPTimeout(t *testing.T) {
 }
 
 // TestDriverE2EAllBlacklisted (e): without a cooldown range, a failed
-// rank's slot stays out; when the last host's last slot fails too, every
-// host is blacklisted and the job stops saying so.
+// rank's host stays out; when the last host's rank fails too, every host
+// is blacklisted and the job stops saying so.
 func TestDriverE2EAllBlacklisted(t *testing.T) {
 	t.Parallel()
 	bin := buildHvdd(t)
@@ -374,7 +376,7 @@ func TestDriverE2EAllBlacklisted(t *testing.T) {
 	rj := startReal(t, dir, bin, Config{NP: 2, MinNP: 1, Hosts: []Host{{"127.0.0.27", 1}, {"127.0.0.28", 1}}})
 	pids := rj.epoch(2, 0, 1)
 	rj.exit(pids[1], 3)
-	rj.stderr.waitFor(t, "blacklisting its slot on 127.0.0.28 for good", 20*time.Second)
+	rj.stderr.waitFor(t, "blacklisting host 127.0.0.28 for good", 20*time.Second)
 	rj.epoch(1, 0)
 	rj.exit(pids[0], 5)
 	r := rj.wait()
@@ -469,9 +471,9 @@ func TestDriverE2EHost0Leaves(t *testing.T) {
 	rj.checkCleanedUp()
 }
 
-// TestDriverE2EHost0RankLost: host 0's only rank fails (no cooldown: its
-// slot stays out); node 0's daemon runs on without a rank, and host 1's
-// rank goes on alone and finishes.
+// TestDriverE2EHost0RankLost: host 0's only rank fails (no cooldown: the
+// host stays out, its daemon is stopped), and host 1's rank goes on alone
+// and finishes.
 func TestDriverE2EHost0RankLost(t *testing.T) {
 	t.Parallel()
 	bin := buildHvdd(t)
@@ -479,7 +481,7 @@ func TestDriverE2EHost0RankLost(t *testing.T) {
 	rj := startReal(t, dir, bin, Config{NP: 2, MinNP: 1, Hosts: []Host{{"127.0.0.57", 1}, {"127.0.0.58", 1}}})
 	pids := rj.epoch(2, 0, 1)
 	rj.exit(pids[0], 3)
-	rj.stderr.waitFor(t, "blacklisting its slot on 127.0.0.57 for good", 20*time.Second)
+	rj.stderr.waitFor(t, "blacklisting host 127.0.0.57 for good", 20*time.Second)
 	rj.epoch(1, 1)
 	rj.finish()
 	rj.checkCleanedUp()

@@ -29,15 +29,17 @@ import (
 // node 0 to another node. The driver only starts and stops processes: the
 // daemons re-form the job around the ranks that come and go.
 //
-// Failures. Horovod blacklists the host of a failed worker. Here a host is
-// blacklisted when its daemon (or the daemon's agent) dies: its ranks are
-// stopped, and it comes back after the cooldown of
-// --blacklist-cooldown-range (never without one). When a rank fails and its
-// host's daemon runs on, the host is not blacklisted: the rank's slot is,
-// for the same cooldown, after which a new rank is started in it; the
-// host's other ranks go on. Host 0 is a host like the others: its daemon
-// may die, it may leave, or lose its last rank, and the job goes on on the
-// other hosts.
+// Failures. As Horovod's driver, the driver blacklists the host of a failed
+// worker: a rank that exits with a non-zero status (an exception, a
+// signal) or cannot start, or the host's daemon (or the daemon's agent)
+// dying. The host's other ranks are stopped, its daemon once they have
+// exited, and it comes back after the cooldown of
+// --blacklist-cooldown-range as a new node (never without one). The ranks
+// on the other hosts see the failed rank leave (the daemons end the epoch,
+// the Python client's exit tells its daemon so), restore their last commit
+// and re-form. Host 0 is a host like the others: a rank of it may fail,
+// its daemon may die, it may leave, and the job goes on on the other
+// hosts.
 
 // driver is the elastic driver of one job. Only the goroutine running Run
 // touches it; other goroutines report to it on its channels.

@@ -316,8 +316,8 @@ func TestDriverDiscoveryFailsWhileWaiting(t *testing.T) {
 // TestDriverAddedHostRankFails: on a host added by discovery, whose
 // daemon starts, the rank cannot start: its command is not found there
 // (through the agent: the rank exits at once with 127), cannot be executed
-// on this machine, or is not in $PATH here. Its slot (or the host, when
-// the command is not found here) is blacklisted saying why, the job goes
+// on this machine, or is not in $PATH here. The host is blacklisted
+// saying why, the job goes
 // on with the first host's rank (discovery keeps listing the host, and
 // nothing is started again without a cooldown range), and Run returns
 // that rank's status, 0.
@@ -343,7 +343,7 @@ func TestDriverAddedHostRankFails(t *testing.T) {
 				// env's quotes depend on the locale.
 				"[1]<stderr>:env: ", "/nonexistent/train", ": No such file or directory\n",
 				") exited with status 127; the elastic job goes on with 1 rank (--min-np 1; reset 2)\n",
-				"hvdd run: blacklisting its slot on " + added + " for good (no --blacklist-cooldown-range); the host's daemon and other ranks go on\n",
+				"hvdd run: blacklisting host " + added + " for good (no --blacklist-cooldown-range), as Horovod blacklists the host of a failed worker\n",
 			},
 		},
 		{
@@ -363,7 +363,7 @@ func TestDriverAddedHostRankFails(t *testing.T) {
 			want: []string{
 				"hvdd run: host " + added + " joins the elastic job: starting its hvdd daemon (node 1) for 1 rank (reset 1)\n",
 				"hvdd run: start a rank on " + added + ": fork/exec ",
-				"/train: permission denied; check that the command exists and is executable there; blacklisting its slot for good (no --blacklist-cooldown-range); the host's daemon and other ranks go on\n",
+				"/train: permission denied; check that the command exists and is executable there; blacklisting host " + added + " for good (no --blacklist-cooldown-range), as Horovod blacklists the host of a failed worker\n",
 			},
 		},
 		{
@@ -400,7 +400,7 @@ func TestDriverAddedHostRankFails(t *testing.T) {
 			since := len(fj.stderr.String())
 			waitDiscoveries(t, dir, 3)
 			if log := fj.stderr.String()[since:]; rankStarts.MatchString(log) {
-				t.Errorf("a rank was started again in the blacklisted slot:\n%s", log)
+				t.Errorf("a rank was started again on the blacklisted host:\n%s", log)
 			}
 			fj.exit(0, 0)
 			r := fj.wait()

@@ -445,35 +445,76 @@ func TestDriverHostsComeAndGo(t *testing.T) {
 	}
 }
 
-// TestDriverRefillsSlot: -H with --min-np and a cooldown range: a rank that
-// fails on a healthy host has its slot blacklisted, and a new rank starts
-// in it on the same daemon after the cooldown; the host's other rank goes
-// on untouched.
-func TestDriverRefillsSlot(t *testing.T) {
+// TestDriverFailedRankBlacklistsHost: a rank that fails (any non-zero
+// status) while its host's daemon runs on gets its host blacklisted, as
+// Horovod's driver blacklists the host of a failed worker, not its slot:
+// the host's other rank is stopped and the job goes on with the other
+// host's ranks. Without a cooldown range (hosts from discovery) the host
+// stays out, and a failure on the last host stops the job (every host
+// blacklisted); with one (-H), the host comes back after the cooldown with
+// a new daemon (node 2) and ranks.
+func TestDriverFailedRankBlacklistsHost(t *testing.T) {
 	t.Parallel()
-	dir := testDir(t)
-	fj := startFake(t, dir, Config{NP: 2, MinNP: 1, Hosts: []Host{{"127.0.0.32", 2}}, BlacklistCooldown: CooldownRange{300 * time.Millisecond, 300 * time.Millisecond}})
-	r0 := fj.rank(0)
-	fj.rank(1)
-	fj.exit(1, 3)
-	fj.stderr.waitFor(t, "exited with status 3; the elastic job goes on with 1 rank (--min-np 1; reset 1)", 10*time.Second)
-	fj.stderr.waitFor(t, "blacklisting its slot on 127.0.0.32 for 300ms (--blacklist-cooldown-range); the host's daemon and other ranks go on", 10*time.Second)
-	fj.stderr.waitFor(t, "1 blacklisted slot(s) of 127.0.0.32 free again", 10*time.Second)
-	fj.stderr.waitFor(t, "starting 1 rank more on 127.0.0.32 (reset 2)", 10*time.Second)
-	checkRank(t, 2, fj.rank(2), fakeRankInfo{rank: "1", size: "2", local: "-1/1/2", cross: "0/1", elastic: "1", sock: r0.sock})
-	if n := len(readLines(filepath.Join(dir, "serve.log"))); n != 1 {
-		t.Errorf("%d daemons started, want 1", n)
-	}
-	fj.exit(0, 0)
-	fj.exit(2, 0)
-	if r := fj.wait(); r.code != 0 || r.err != nil {
-		t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+	for _, tt := range []struct {
+		name     string
+		a, b     string
+		cooldown CooldownRange
+	}{
+		{"no cooldown", "127.0.0.17", "127.0.0.18", CooldownRange{}},
+		{"cooldown", "127.0.0.19", "127.0.0.89", CooldownRange{300 * time.Millisecond, 300 * time.Millisecond}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			dir := testDir(t)
+			cfg := Config{NP: 4, MinNP: 2, Hosts: []Host{{tt.a, 2}, {tt.b, 2}}, BlacklistCooldown: tt.cooldown}
+			if !tt.cooldown.set() {
+				// Discovery, so that the test sees the driver look at the
+				// hosts again.
+				cfg.Hosts, cfg.HostDiscoveryScript = nil, discoveryScript(t, dir, tt.a+":2\n"+tt.b+":2\n")
+			}
+			fj := startFake(t, dir, cfg)
+			r1 := fj.rank(1)
+			r2 := fj.rank(2)
+			fj.rank(3)
+			fj.exit(0, 3)
+			fj.stderr.waitFor(t, "exited with status 3; the elastic job goes on with 2 ranks (--min-np 2; reset 1)", 10*time.Second)
+			fj.stderr.waitFor(t, "blacklisting host "+tt.a+" "+cooldownPhrase(tt.cooldown.Min)+", as Horovod blacklists the host of a failed worker; stopping its other ranks ([1])", 10*time.Second)
+			fj.stderr.waitFor(t, "rank 1 (pid "+strconv.Itoa(r1.pid)+") exited with status 143; the elastic job goes on with 2 ranks", 10*time.Second)
+			if !tt.cooldown.set() {
+				since := len(fj.stderr.String())
+				waitDiscoveries(t, dir, 3)
+				if log := fj.stderr.String()[since:]; rankStarts.MatchString(log) {
+					t.Errorf("a rank was started on a host blacklisted for good:\n%s", log)
+				}
+				fj.exit(2, 4)
+				r := fj.wait()
+				want := "every host of the elastic job is blacklisted (" + tt.a + ":2, " + tt.b + ":2), so it stops"
+				if r.code != 4 || r.err == nil || !strings.Contains(r.err.Error(), want) {
+					t.Errorf("Run = %d, %v; want 4 and an error containing %q", r.code, r.err, want)
+				}
+				return
+			}
+			fj.stderr.waitFor(t, "host "+tt.a+"'s blacklisting is over (its cooldown ended)", 10*time.Second)
+			fj.stderr.waitFor(t, "host "+tt.a+" joins the elastic job: starting its hvdd daemon (node 2) for 2 ranks (reset 2)", 10*time.Second)
+			// The host comes back last: ranks 2 and 3 of 4.
+			checkRank(t, 4, fj.rank(4), fakeRankInfo{rank: "2", size: "4", local: "-1/0/2", cross: "1/2", elastic: "1", sock: fj.socket(2)})
+			fj.rank(5)
+			if r2.sock != fj.socket(1) {
+				t.Errorf("rank [2] on %s, want node 1's daemon", r2.sock)
+			}
+			for _, tag := range []int{2, 3, 4, 5} {
+				fj.exit(tag, 0)
+			}
+			if r := fj.wait(); r.code != 0 || r.err != nil {
+				t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
+			}
+		})
 	}
 }
 
-// TestDriverNoCooldown: without a cooldown range a failed rank's slot stays
-// out, and a host whose daemon dies stays blacklisted; when every host is
-// blacklisted the job stops with an error saying so.
+// TestDriverNoCooldown: without a cooldown range a host whose daemon dies
+// stays blacklisted, and so does the host of a failed rank; when every host
+// is blacklisted the job stops with an error saying so.
 func TestDriverNoCooldown(t *testing.T) {
 	t.Parallel()
 	dir := testDir(t)
@@ -484,20 +525,18 @@ func TestDriverNoCooldown(t *testing.T) {
 	syscall.Kill(fj.daemonPid(1), syscall.SIGKILL)
 	fj.stderr.waitFor(t, "blacklisting host 127.0.0.34 for good (no --blacklist-cooldown-range) and stopping the ranks on it ([2]), which lost their daemon (reset 1)", 10*time.Second)
 	fj.stderr.waitFor(t, "rank 2 (pid "+strconv.Itoa(r2.pid)+") exited with status 143; the elastic job goes on with 2 ranks", 10*time.Second)
-	fj.exit(1, 3)
-	fj.stderr.waitFor(t, "blacklisting its slot on 127.0.0.33 for good", 10*time.Second)
 	// Discovery still lists both hosts with all their slots: three runs
 	// taken in start nothing.
 	since := len(fj.stderr.String())
 	waitDiscoveries(t, dir, 3)
 	if log := fj.stderr.String()[since:]; rankStarts.MatchString(log) || strings.Contains(fj.stdout.String(), "[3]<stdout>") {
-		t.Errorf("a rank was started in a slot or on a host blacklisted for good:\n%s", log)
+		t.Errorf("a rank was started on a host blacklisted for good:\n%s", log)
 	}
-	fj.exit(0, 4)
+	fj.exit(1, 3)
 	r := fj.wait()
-	want := "every host of the elastic job is blacklisted (127.0.0.33:2, 127.0.0.34:1), so it stops"
-	if r.code != 4 || r.err == nil || !strings.Contains(r.err.Error(), want) {
-		t.Errorf("Run = %d, %v; want 4 and an error containing %q", r.code, r.err, want)
+	want := "Horovod detected that one or more processes exited with non-zero status: every host of the elastic job is blacklisted (127.0.0.33:2, 127.0.0.34:1), so it stops"
+	if r.code != 3 || r.err == nil || !strings.Contains(r.err.Error(), want) {
+		t.Errorf("Run = %d, %v; want 3 and an error containing %q", r.code, r.err, want)
 	}
 }
 
@@ -532,11 +571,11 @@ func TestDriverHost0DaemonLost(t *testing.T) {
 func TestDriverResetLimit(t *testing.T) {
 	t.Parallel()
 	dir := testDir(t)
-	fj := startFake(t, dir, Config{NP: 2, MinNP: 1, ResetLimit: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.37:2\n")})
+	fj := startFake(t, dir, Config{NP: 2, MinNP: 1, ResetLimit: 1, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.37:1\n127.0.0.90:1\n")})
 	fj.rank(0)
 	fj.exit(1, 3) // reset 1
 	fj.stderr.waitFor(t, "(--min-np 1; reset 1)", 10*time.Second)
-	setHosts(t, dir, "127.0.0.37:2\n127.0.0.38:1\n")
+	setHosts(t, dir, "127.0.0.37:1\n127.0.0.90:1\n127.0.0.38:1\n")
 	r := fj.wait()
 	if r.code != 3 || r.err == nil || r.err.Error() != "Horovod was shutdown because number of resets during elastic job exceeded limit: 1" {
 		t.Errorf("Run = %d, %v", r.code, r.err)
@@ -549,14 +588,14 @@ func TestDriverResetLimit(t *testing.T) {
 func TestDriverMinWait(t *testing.T) {
 	t.Parallel()
 	dir := testDir(t)
-	fj := startFake(t, dir, Config{NP: 2, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.39:2\n"), ElasticTimeout: 2 * time.Second})
+	fj := startFake(t, dir, Config{NP: 2, HostDiscoveryScript: discoveryScript(t, dir, "127.0.0.39:1\n127.0.0.91:1\n"), ElasticTimeout: 2 * time.Second})
 	fj.rank(0)
 	fj.exit(1, 3)
 	fj.stderr.waitFor(t, "1 rank left, fewer than --min-np 2: waiting up to 2s (--elastic-timeout) for slots", 10*time.Second)
-	setHosts(t, dir, "127.0.0.39:2\n127.0.0.40:1\n")
+	setHosts(t, dir, "127.0.0.39:1\n127.0.0.91:1\n127.0.0.40:1\n")
 	fj.stderr.waitFor(t, "the elastic job has 2 ranks again (--min-np 2)", 10*time.Second)
 	fj.rank(2)
-	setHosts(t, dir, "127.0.0.39:2\n")
+	setHosts(t, dir, "127.0.0.39:1\n127.0.0.91:1\n")
 	fj.stderr.waitFor(t, "host 127.0.0.40 is no longer discovered", 10*time.Second)
 	r := fj.wait()
 	want := "Timed out waiting for minimum number of slots to become available. Please check that you have enough resources to run at least 2 Horovod processes."
@@ -596,8 +635,9 @@ func TestDriverStartErrors(t *testing.T) {
 // longer discovered its daemon (node 0) is told that it has been removed,
 // its rank leaves, its daemon is stopped and the job goes on (the removal
 // is the one reset that --reset-limit 1 allows: the removed rank's exit
-// counts for nothing); when its last rank fails, the job goes on without a
-// rank there, and after the cooldown a new one starts on node 0's daemon.
+// counts for nothing); when its last rank fails, the host is blacklisted
+// and its daemon (node 0) stopped, the job goes on, and after the cooldown
+// the host comes back with a new daemon (node 2).
 func TestDriverHost0Leaves(t *testing.T) {
 	t.Parallel()
 	dir := testDir(t)
@@ -619,13 +659,14 @@ func TestDriverHost0Leaves(t *testing.T) {
 
 	dir = testDir(t)
 	fj = startFake(t, dir, Config{NP: 2, MinNP: 1, Hosts: []Host{{"127.0.0.42", 1}, {"127.0.0.43", 1}}, BlacklistCooldown: CooldownRange{time.Second, time.Second}})
-	r0 = fj.rank(0)
+	daemon0 = fj.daemonPid(0)
 	fj.rank(1)
 	fj.exit(0, 3)
 	fj.stderr.waitFor(t, "exited with status 3; the elastic job goes on with 1 rank (--min-np 1; reset 1)", 10*time.Second)
-	fj.stderr.waitFor(t, "starting 1 rank more on 127.0.0.42 (reset 2)", 10*time.Second)
-	if r2 := fj.rank(2); r2.sock != r0.sock {
-		t.Errorf("rank [2] runs on %s, want node 0's daemon (%s)", r2.sock, r0.sock)
+	fj.waitGone(daemon0, "node 0's daemon")
+	fj.stderr.waitFor(t, "host 127.0.0.42 joins the elastic job: starting its hvdd daemon (node 2) for 1 rank (reset 2)", 10*time.Second)
+	if r2 := fj.rank(2); r2.sock != fj.socket(2) {
+		t.Errorf("rank [2] runs on %s, want node 2's daemon (%s)", r2.sock, fj.socket(2))
 	}
 	fj.exit(1, 0)
 	fj.exit(2, 0)
@@ -707,8 +748,8 @@ func TestDriverRemovalFallback(t *testing.T) {
 }
 
 // TestDriverMaxNP: --max-np bounds the ranks: the older host is filled
-// first; a slot freed by a failure goes to an existing daemon with a free
-// slot; more slots do not start ranks beyond the bound.
+// first; the ranks lost with a failed rank's host go to an existing daemon
+// with a free slot; more slots do not start ranks beyond the bound.
 func TestDriverMaxNP(t *testing.T) {
 	t.Parallel()
 	dir := testDir(t)
@@ -723,16 +764,16 @@ func TestDriverMaxNP(t *testing.T) {
 	if len(serve) != 2 || !slices.ContainsFunc(serve, func(l string) bool { return strings.HasPrefix(l, "serve --slots 1 --nodes 2 --node-rank 1 ") }) {
 		t.Errorf("daemons started as:\n%s", strings.Join(serve, "\n"))
 	}
-	fj.exit(1, 3)
+	fj.exit(1, 3) // host .46 is blacklisted, rank 0 stopped
 	fj.stderr.waitFor(t, "starting 1 rank more on 127.0.0.47 (reset 2)", 10*time.Second)
-	checkRank(t, 3, fj.rank(3), fakeRankInfo{rank: "2", size: "3", local: "-1/1/2", cross: "0/1", elastic: "1", sock: r2.sock})
+	checkRank(t, 3, fj.rank(3), fakeRankInfo{rank: "1", size: "2", local: "-1/1/2", cross: "0/1", elastic: "1", sock: r2.sock})
 	setHosts(t, dir, "127.0.0.46:3\n127.0.0.47:2\n")
 	since := len(fj.stderr.String())
 	waitDiscoveries(t, dir, 3)
 	if log := fj.stderr.String()[since:]; rankStarts.MatchString(log) || strings.Contains(fj.stdout.String(), "[4]<stdout>") {
 		t.Errorf("a rank was started beyond --max-np:\n%s", log)
 	}
-	for _, tag := range []int{0, 2, 3} {
+	for _, tag := range []int{2, 3} {
 		fj.exit(tag, 0)
 	}
 	if r := fj.wait(); r.code != 0 || r.err != nil {

@@ -24,12 +24,8 @@ func (drv *driver) reconcile() {
 		return
 	}
 	j, cfg := drv.j, drv.j.cfg
-	back, freed := drv.hm.expire()
-	for _, h := range back {
+	for _, h := range drv.hm.expire() {
 		j.o.logf("host %s's blacklisting is over (its cooldown ended)", h)
-	}
-	for _, h := range slices.Sorted(maps.Keys(freed)) {
-		j.o.logf("%s blacklisted slot(s) of %s free again (the cooldown ended)", strconv.Itoa(freed[h]), h)
 	}
 	drv.retireUndiscovered()
 	avail := drv.hm.available()
@@ -252,6 +248,7 @@ func (drv *driver) startRanksOn(i, k int) {
 	running[host] += k
 	infos := slotInfos(avail, assign(avail, running, cfg.MaxNP))[host]
 	var started []int
+	var failed error
 	for x := range k {
 		s := slotInfo{rank: -1, size: -1, local: have + x, localSize: have + k, cross: -1, crossSize: -1}
 		if have+x < len(infos) {
@@ -259,15 +256,24 @@ func (drv *driver) startRanksOn(i, k int) {
 		}
 		tag := len(j.workers)
 		if err := j.startRankAs(drv.path, i, tag, j.rankVars(j.nodes[i], s, "-1")); err != nil {
-			cool := drv.hm.blacklistSlot(host)
-			j.o.logf("start a rank on %s: %v; check that the command exists and is executable there; blacklisting its slot %s; the host's daemon and other ranks go on", host, err, cooldownPhrase(cool))
-			continue
+			failed = err
+			break
 		}
 		drv.ranks = append(drv.ranks, driverRank{node: i})
 		started = append(started, tag)
 	}
 	if len(started) > 0 {
 		j.o.logf("started %s on %s: %s", ranks(len(started)), host, tagList(started))
+	}
+	if failed != nil {
+		// A worker that cannot start is a failed one: its host is
+		// blacklisted (the next look at the hosts makes up for it).
+		cool, stopped := drv.blacklistFailedHost(i)
+		j.o.logf("start a rank on %s: %v; check that the command exists and is executable there; %s", host, failed, blacklistedFailedPhrase(host, cool, stopped))
+		if drv.hm.allBlacklisted() {
+			drv.fail(drv.lastFail, errors.New(drv.allBlacklistedMessage()))
+			return
+		}
 	}
 	drv.checkMin()
 }

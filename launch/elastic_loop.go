@@ -195,16 +195,21 @@ func (drv *driver) rankExited(e exitEvent) {
 		j.o.logf("%s; a rank has finished the job with status 0, which is the job's", msg)
 		return
 	}
-	// A rank failed while its daemon runs on: its slot is blacklisted, not
-	// its host.
+	// A rank failed (a non-zero status, a signal): as Horovod's driver
+	// does, its host is blacklisted, for the cooldown of
+	// --blacklist-cooldown-range or for good, and the host's other ranks
+	// are stopped; the job goes on on the other hosts.
 	drv.lastFail = c
 	host := j.nodes[r.node].Host
-	cool := drv.hm.blacklistSlot(host)
+	cool, stopped := drv.blacklistFailedHost(r.node)
 	live := drv.live()
 	switch limit := cfg.ResetLimit; {
 	case drv.hm.allBlacklisted():
 		j.o.logf("%s", msg)
 		drv.fail(c, errors.New(drv.allBlacklistedMessage()))
+		return
+	case live == 0:
+		drv.failRank(c, msg+"; no rank is left to carry the job's state on")
 		return
 	case live < cfg.MinNP && !drv.recoverable():
 		drv.failRank(c, msg+fmt.Sprintf("; %s left, fewer than --min-np %d", ranks(live), cfg.MinNP))
@@ -212,14 +217,33 @@ func (drv *driver) rankExited(e exitEvent) {
 	case limit > 0 && drv.resets >= limit:
 		drv.failRank(c, msg+"; "+fmt.Sprintf(resetLimitMessage, limit))
 		return
-	case live == 0:
-		drv.failRank(c, msg+"; no rank is left to carry the job's state on")
-		return
 	}
 	drv.resets++
 	j.o.logf("%s; the elastic job goes on with %s (--min-np %d; reset %d)", msg, ranks(live), cfg.MinNP, drv.resets)
-	j.o.logf("blacklisting its slot on %s %s; the host's daemon and other ranks go on", host, cooldownPhrase(cool))
+	j.o.logf("%s", blacklistedFailedPhrase(host, cool, stopped))
 	drv.reconcile()
+}
+
+// blacklistFailedHost blacklists the host of node i, one of whose ranks
+// failed (Horovod blacklists the host of a failed worker, not its slot),
+// and retires the node: its other ranks are stopped and its daemon once
+// they have exited. It returns the host's cooldown (zero: for good) and
+// the ranks it stopped.
+func (drv *driver) blacklistFailedHost(i int) (time.Duration, []int) {
+	cool := drv.hm.blacklistHost(drv.j.nodes[i].Host)
+	stopped := drv.nodeRanks(i)
+	drv.retire(i)
+	return cool, stopped
+}
+
+// blacklistedFailedPhrase says that host was blacklisted for a failed rank
+// and which of its ranks were stopped.
+func blacklistedFailedPhrase(host string, cool time.Duration, stopped []int) string {
+	msg := fmt.Sprintf("blacklisting host %s %s, as Horovod blacklists the host of a failed worker", host, cooldownPhrase(cool))
+	if len(stopped) > 0 {
+		msg += fmt.Sprintf("; stopping its other ranks (%s)", tagList(stopped))
+	}
+	return msg
 }
 
 // cooldownPhrase says how long a host or slot is blacklisted for, given
@@ -304,7 +328,7 @@ func (drv *driver) daemonExited(d *daemonProc) {
 // allBlacklistedMessage says that every host is blacklisted (Horovod:
 // "blacklisted slots count == N -> stop running").
 func (drv *driver) allBlacklistedMessage() string {
-	return fmt.Sprintf("every host of the elastic job is blacklisted (%s), so it stops; see the ranks' output above for why they failed", hostList(drv.hm.discovered))
+	return fmt.Sprintf("Horovod detected that one or more processes exited with non-zero status: every host of the elastic job is blacklisted (%s), so it stops; see the ranks' output above for why they failed", hostList(drv.hm.discovered))
 }
 
 // daemonReady handles the end of the wait for a new node's daemon: its

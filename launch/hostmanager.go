@@ -9,12 +9,12 @@ import (
 
 // The elastic driver's view of the hosts, Horovod's HostManager and
 // HostState (horovod/runner/elastic/discovery.py): what discovery found,
-// which hosts and slots are blacklisted and until when, and the order in
+// which hosts are blacklisted and until when, and the order in
 // which hosts get ranks. It is pure: no I/O, and the clock and the
 // randomness of the cooldown are injected.
 
 // CooldownRange is horovodrun's --blacklist-cooldown-range: how long a
-// blacklisted host (or slot) stays out of an elastic job. The n-th
+// blacklisted host stays out of an elastic job. The n-th
 // blacklisting of a host lasts Min·2^n plus a random fraction of Min, kept
 // within [Min, Max] (Horovod's HostState). The zero value means no
 // cooldown: a blacklisted host never returns.
@@ -42,14 +42,11 @@ func (r CooldownRange) delay(failures int, u float64) time.Duration {
 
 // hostState is what the driver knows of one host besides its slots.
 type hostState struct {
-	// failures counts the host's blacklistings (of the host or of one of
-	// its slots) that started a cooldown; each one doubles the next.
+	// failures counts the host's blacklistings that started a cooldown;
+	// each one doubles the next.
 	failures    int
 	blacklisted bool
 	until       time.Time // blacklisted: when its cooldown ends; zero: never
-	// slotsOut holds one entry per blacklisted slot: when its cooldown
-	// ends; zero: never.
-	slotsOut []time.Time
 }
 
 // hostManager tracks the hosts of an elastic job. The zero value is not
@@ -92,16 +89,17 @@ func (m *hostManager) slots(host string) int {
 	return 0
 }
 
-// blacklistHost blacklists host (its daemon died) and returns how long it
-// stays out: zero means for good (no cooldown range). A host still in its
-// cooldown keeps it, as Horovod's HostState.blacklist does.
+// blacklistHost blacklists host (a rank of it failed, or its daemon died)
+// and returns how long it stays out: zero means for good (no cooldown
+// range). A host still in its cooldown keeps it, as Horovod's
+// HostState.blacklist does.
 func (m *hostManager) blacklistHost(host string) time.Duration {
 	s := m.state(host)
 	now := m.now()
 	if s.blacklisted && s.until.After(now) {
 		return s.until.Sub(now)
 	}
-	s.blacklisted, s.until, s.slotsOut = true, time.Time{}, nil
+	s.blacklisted, s.until = true, time.Time{}
 	if !m.cooldown.set() {
 		return 0
 	}
@@ -111,71 +109,33 @@ func (m *hostManager) blacklistHost(host string) time.Duration {
 	return d
 }
 
-// blacklistSlot takes one of host's slots out of the job (a rank failed
-// there while the host's daemon ran on) and returns how long: zero means
-// for good (no cooldown range). The cooldown grows with the host's
-// failures, as a host's does.
-func (m *hostManager) blacklistSlot(host string) time.Duration {
-	s := m.state(host)
-	if !m.cooldown.set() {
-		s.slotsOut = append(s.slotsOut, time.Time{})
-		return 0
-	}
-	s.failures++
-	d := m.cooldown.delay(s.failures, m.rand())
-	s.slotsOut = append(s.slotsOut, m.now().Add(d))
-	return d
-}
-
 // isBlacklisted reports whether host is blacklisted.
 func (m *hostManager) isBlacklisted(host string) bool {
 	s := m.states[host]
 	return s != nil && s.blacklisted
 }
 
-// expire ends the cooldowns that are over: it returns the hosts back from
-// the blacklist (Horovod's whitelist; their slots are all free again) and,
-// per host, how many of its blacklisted slots were freed. Hosts come in
-// name order.
-func (m *hostManager) expire() (back []string, freed map[string]int) {
+// expire ends the cooldowns that are over and returns the hosts back from
+// the blacklist (Horovod's whitelist), in name order.
+func (m *hostManager) expire() (back []string) {
 	now := m.now()
 	for _, h := range slices.Sorted(maps.Keys(m.states)) {
 		s := m.states[h]
-		if s.blacklisted {
-			if !s.until.IsZero() && !s.until.After(now) {
-				s.blacklisted, s.until = false, time.Time{}
-				back = append(back, h)
-			}
-			continue
+		if s.blacklisted && !s.until.IsZero() && !s.until.After(now) {
+			s.blacklisted, s.until = false, time.Time{}
+			back = append(back, h)
 		}
-		kept := s.slotsOut[:0]
-		for _, until := range s.slotsOut {
-			if until.IsZero() || until.After(now) {
-				kept = append(kept, until)
-			}
-		}
-		if n := len(s.slotsOut) - len(kept); n > 0 {
-			if freed == nil {
-				freed = map[string]int{}
-			}
-			freed[h] = n
-		}
-		s.slotsOut = kept
 	}
-	return back, freed
+	return back
 }
 
 // usable returns host's slots that ranks may use: discovered and not
 // blacklisted.
 func (m *hostManager) usable(h Host) int {
-	s := m.states[h.Name]
-	switch {
-	case s == nil:
-		return h.Slots
-	case s.blacklisted:
+	if m.isBlacklisted(h.Name) {
 		return 0
 	}
-	return max(h.Slots-len(s.slotsOut), 0)
+	return h.Slots
 }
 
 // available returns the hosts ranks may run on now, with their usable
@@ -210,8 +170,7 @@ func (m *hostManager) available() []Host {
 }
 
 // allBlacklisted reports whether discovery lists hosts with slots and every
-// one of them is blacklisted or has all its slots blacklisted: the job has
-// nowhere left to run.
+// one of them is blacklisted: the job has nowhere left to run.
 func (m *hostManager) allBlacklisted() bool {
 	some := false
 	for _, h := range m.discovered {
@@ -226,17 +185,12 @@ func (m *hostManager) allBlacklisted() bool {
 	return some
 }
 
-// recoverable reports whether some blacklisting is in a cooldown, so that a
-// host or slot will come back.
+// recoverable reports whether some host is blacklisted for a cooldown, so
+// that it will come back.
 func (m *hostManager) recoverable() bool {
 	for _, s := range m.states {
 		if s.blacklisted && !s.until.IsZero() {
 			return true
-		}
-		for _, until := range s.slotsOut {
-			if !until.IsZero() {
-				return true
-			}
 		}
 	}
 	return false

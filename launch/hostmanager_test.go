@@ -72,100 +72,71 @@ func TestHostManagerOrder(t *testing.T) {
 	}
 }
 
-// TestHostManagerBlacklist: without a cooldown range a blacklisted host or
-// slot never returns; with one, it returns when its cooldown is over, and
-// the next failure of the host waits twice as long.
+// TestHostManagerBlacklist: Horovod's HostState, step by step. Without a
+// cooldown range a blacklisted host never returns; with one, it returns
+// when its cooldown is over (min·2^n + u·min, u = 0.5 here), a host
+// blacklisted again during its cooldown keeps it, and the next failure of
+// a host that came back waits twice as long. A host blacklisted is out with
+// all its slots (Horovod blacklists the host of a failed worker).
 func TestHostManagerBlacklist(t *testing.T) {
 	s := time.Second
-	t.Run("no cooldown", func(t *testing.T) {
-		m, clock := newTestManager(CooldownRange{})
-		m.setDiscovered([]Host{{"a", 2}, {"b", 2}})
-		if d := m.blacklistHost("b"); d != 0 {
-			t.Errorf("blacklistHost = %v, want 0 (for good)", d)
-		}
-		if d := m.blacklistSlot("a"); d != 0 {
-			t.Errorf("blacklistSlot = %v, want 0 (for good)", d)
-		}
-		clock.advance(time.Hour)
-		if back, freed := m.expire(); back != nil || freed != nil {
-			t.Errorf("expire = %v, %v; nothing returns without a cooldown", back, freed)
-		}
-		if got := m.available(); !slices.Equal(got, []Host{{"a", 1}}) {
-			t.Errorf("available = %v, want [a:1]", got)
-		}
-		if m.recoverable() || m.allBlacklisted() || !m.isBlacklisted("b") {
-			t.Errorf("recoverable %v, allBlacklisted %v, b blacklisted %v", m.recoverable(), m.allBlacklisted(), m.isBlacklisted("b"))
-		}
-		m.blacklistSlot("a")
-		if !m.allBlacklisted() {
-			t.Error("every slot of a and host b are out, but allBlacklisted is false")
-		}
-	})
-
-	t.Run("cooldown", func(t *testing.T) {
-		m, clock := newTestManager(CooldownRange{10 * s, 100 * s})
-		m.setDiscovered([]Host{{"a", 2}, {"b", 1}})
-		if d := m.blacklistHost("b"); d != 25*s {
-			t.Errorf("first blacklisting: %v, want 25s", d)
-		}
-		// Blacklisted again during its cooldown: the cooldown stays.
-		clock.advance(5 * s)
-		if d := m.blacklistHost("b"); d != 20*s {
-			t.Errorf("blacklisted again during the cooldown: %v, want the 20s left", d)
-		}
-		if !m.recoverable() || m.allBlacklisted() {
-			t.Errorf("recoverable %v, allBlacklisted %v", m.recoverable(), m.allBlacklisted())
-		}
-		clock.advance(19 * s)
-		if back, _ := m.expire(); back != nil {
-			t.Errorf("b back after 24s of 25: %v", back)
-		}
-		clock.advance(s)
-		if back, _ := m.expire(); !slices.Equal(back, []string{"b"}) {
-			t.Errorf("expire = %v, want b back", back)
-		}
-		if got := m.available(); !slices.Equal(got, []Host{{"a", 2}, {"b", 1}}) {
-			t.Errorf("available = %v", got)
-		}
-		// The second failure waits 10·4 + 5.
-		if d := m.blacklistHost("b"); d != 45*s {
-			t.Errorf("second blacklisting: %v, want 45s", d)
-		}
-		// A slot of a: its own cooldown, from a's failures.
-		if d := m.blacklistSlot("a"); d != 25*s {
-			t.Errorf("slot cooldown %v, want 25s", d)
-		}
-		if got := m.available(); !slices.Equal(got, []Host{{"a", 1}}) {
-			t.Errorf("available = %v, want a:1", got)
-		}
-		clock.advance(25 * s)
-		back, freed := m.expire()
-		if back != nil || !maps.Equal(freed, map[string]int{"a": 1}) {
-			t.Errorf("expire = %v, %v; want a's slot freed", back, freed)
-		}
-		if got := m.available(); !slices.Equal(got, []Host{{"a", 2}}) {
-			t.Errorf("available = %v, want a:2", got)
-		}
-		clock.advance(20 * s)
-		if back, _ := m.expire(); !slices.Equal(back, []string{"b"}) {
-			t.Errorf("expire = %v, want b back after 45s", back)
-		}
-		if m.recoverable() {
-			t.Error("recoverable with nothing blacklisted")
-		}
-	})
-
-	t.Run("host blacklisting clears its slots", func(t *testing.T) {
-		m, clock := newTestManager(CooldownRange{s, s})
-		m.setDiscovered([]Host{{"a", 2}})
-		m.blacklistSlot("a")
-		m.blacklistHost("a")
-		clock.advance(s)
-		m.expire()
-		if got := m.available(); !slices.Equal(got, []Host{{"a", 2}}) {
-			t.Errorf("available = %v, want a:2", got)
-		}
-	})
+	type step struct {
+		advance   time.Duration
+		blacklist string        // a host to blacklist ("" none)
+		cool      time.Duration // blacklistHost's answer
+		back      []string      // expire's answer
+		avail     []Host
+		all, rec  bool // allBlacklisted, recoverable
+	}
+	for _, tt := range []struct {
+		name     string
+		cooldown CooldownRange
+		hosts    []Host
+		steps    []step
+	}{
+		{"no cooldown: for good", CooldownRange{}, []Host{{"a", 2}, {"b", 2}}, []step{
+			{blacklist: "b", avail: []Host{{"a", 2}}},
+			{advance: time.Hour, avail: []Host{{"a", 2}}},
+			{blacklist: "a", all: true},
+			{advance: time.Hour, all: true},
+		}},
+		{"cooldown: back, then twice as long", CooldownRange{10 * s, 100 * s}, []Host{{"a", 2}, {"b", 1}}, []step{
+			{blacklist: "b", cool: 25 * s, avail: []Host{{"a", 2}}, rec: true},
+			{advance: 5 * s, blacklist: "b", cool: 20 * s, avail: []Host{{"a", 2}}, rec: true}, // keeps its cooldown
+			{advance: 19 * s, avail: []Host{{"a", 2}}, rec: true},
+			{advance: s, back: []string{"b"}, avail: []Host{{"a", 2}, {"b", 1}}},
+			{blacklist: "b", cool: 45 * s, avail: []Host{{"a", 2}}, rec: true},
+			{blacklist: "a", cool: 25 * s, all: true, rec: true},
+			{advance: 25 * s, back: []string{"a"}, avail: []Host{{"a", 2}}, rec: true},
+			{advance: 20 * s, back: []string{"b"}, avail: []Host{{"a", 2}, {"b", 1}}},
+		}},
+		{"every host one after the other", CooldownRange{}, []Host{{"a", 2}, {"b", 2}, {"c", 1}}, []step{
+			{blacklist: "a", avail: []Host{{"b", 2}, {"c", 1}}},
+			{blacklist: "b", avail: []Host{{"c", 1}}},
+			{blacklist: "c", all: true},
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m, clock := newTestManager(tt.cooldown)
+			m.setDiscovered(tt.hosts)
+			for i, st := range tt.steps {
+				clock.advance(st.advance)
+				if st.blacklist != "" {
+					if d := m.blacklistHost(st.blacklist); d != st.cool {
+						t.Errorf("step %d: blacklistHost(%s) = %v, want %v", i, st.blacklist, d, st.cool)
+					}
+				} else if back := m.expire(); !slices.Equal(back, st.back) {
+					t.Errorf("step %d: expire = %v, want %v", i, back, st.back)
+				}
+				if got := m.available(); !slices.Equal(got, st.avail) {
+					t.Errorf("step %d: available = %v, want %v", i, got, st.avail)
+				}
+				if m.allBlacklisted() != st.all || m.recoverable() != st.rec {
+					t.Errorf("step %d: allBlacklisted %v, recoverable %v; want %v, %v", i, m.allBlacklisted(), m.recoverable(), st.all, st.rec)
+				}
+			}
+		})
+	}
 }
 
 func TestAssign(t *testing.T) {

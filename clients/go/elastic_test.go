@@ -10,10 +10,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/hvdd/hvdd/backends"
 	hvdd "github.com/hvdd/hvdd/clients/go"
 	"github.com/hvdd/hvdd/daemon"
 	"github.com/hvdd/hvdd/daemon/daemontest"
@@ -116,9 +119,13 @@ func elasticWorker() int {
 		// The nodes' order changed with their coordinator: any rank will do.
 		wantRank = c2.Rank()
 	}
-	if c2.Size() != wantSize || c2.Rank() != wantRank || c2.Epoch() != 1 || c2.JobID() != job {
-		return fail("epoch 1 identity: rank %d size %d epoch %d job %d; want rank %d size %d epoch 1 job %d",
-			c2.Rank(), c2.Size(), c2.Epoch(), c2.JobID(), wantRank, wantSize, job)
+	wantEpoch := uint64(1)
+	if v := envRank("HVDD_TEST_EPOCH_AFTER"); v > 0 {
+		wantEpoch = uint64(v) // epochs that could not form came between
+	}
+	if c2.Size() != wantSize || c2.Rank() != wantRank || c2.Epoch() != wantEpoch || c2.JobID() != job {
+		return fail("re-formed identity: rank %d size %d epoch %d job %d; want rank %d size %d epoch %d job %d",
+			c2.Rank(), c2.Size(), c2.Epoch(), c2.JobID(), wantRank, wantSize, wantEpoch, job)
 	}
 	x := []float32{1}
 	if err := hvdd.Allreduce(ctx, c2, x, hvdd.WithName("step.2"), hvdd.WithOp(hvdd.Sum)); err != nil || x[0] != float32(wantSize) {
@@ -288,6 +295,94 @@ func TestElasticAcrossNodes(t *testing.T) {
 			ss[0].WaitLog(t, "elastic job re-formed", 10*time.Second)
 			if logs := ss[0].Logs(); !strings.Contains(logs, "epoch=1 size="+strconv.Itoa(n-1)) || !strings.Contains(logs, tc.want) {
 				t.Errorf("node 0's log lacks the new epoch (%s):\n%s", tc.want, logs)
+			}
+		})
+	}
+}
+
+// TestElasticEpochNotFormed: an epoch of an elastic job that is laid out
+// across nodes but cannot form does not fail the ranks waiting in their
+// re-initialisation: the daemons form the next epoch from them, without the
+// node that is gone. Epoch 1 (after rank 3 on node 1 is lost) either cannot
+// connect its data engine, or loses node 1 (hvdd run's driver stops its
+// daemon) while its engine connects; epoch 2 forms.
+func TestElasticEpochNotFormed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node suite is long")
+	}
+	for _, tc := range []struct {
+		name     string
+		nodeLost bool
+	}{
+		{"engine does not connect", false},
+		{"node lost while the engine connects", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reached, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			ss := startNodesCfg(t, func(n int, c *daemon.Config) {
+				var calls atomic.Int32
+				c.NewBackend = func(ctx context.Context, j daemon.MultiNodeJob) (backends.Backend, error) {
+					// An engine that waits for a peer that has gone away
+					// gives up when the test ends.
+					ctx, cancel := context.WithCancel(ctx)
+					defer cancel()
+					go func() {
+						select {
+						case <-ctx.Done():
+						case <-release:
+							cancel()
+						}
+					}()
+					// Node 0's second engine is epoch 1's. (Node 1 may
+					// start epoch 2's before epoch 1's gives up.)
+					if calls.Add(1) != 2 || n == 1 && !tc.nodeLost {
+						return tcpFactory(ctx, j)
+					}
+					if !tc.nodeLost {
+						return nil, errors.New("injected: the data engine does not connect")
+					}
+					if n == 1 {
+						once.Do(func() { close(reached) })
+					}
+					<-ctx.Done()
+					return nil, errors.New("injected: the data engine did not connect")
+				}
+			}, 2, 2)
+			t.Cleanup(func() { close(release) }) // before the daemons stop
+			env := []string{"HVDD_TEST_EPOCH_AFTER=2"}
+			size := 3
+			if tc.nodeLost {
+				size = 2
+				env = append(env, "HVDD_TEST_SIZE_AFTER=2")
+			}
+			ws := spawnNodesEnv(t, ss, "elastic", env, 2, 2)
+			survivors := []*daemontest.Worker{ws[0][0], ws[0][1], ws[1][0]}
+			if tc.nodeLost {
+				select {
+				case <-reached:
+				case <-time.After(60 * time.Second):
+					t.Fatal("node 1 never connected epoch 1's engine")
+				}
+				ss[1].Stop(t)
+				ws[1][0].Cmd.Process.Kill()
+				survivors = survivors[:2]
+			}
+			for _, w := range survivors {
+				if err := w.Wait(60 * time.Second); err != nil {
+					t.Errorf("a survivor: %v\n%s", err, w.Output())
+				} else if !strings.Contains(w.Output(), fmt.Sprintf(" of %d\n", size)) {
+					t.Errorf("a survivor did not re-form at size %d:\n%s", size, w.Output())
+				}
+			}
+			if err := ws[1][1].Wait(30 * time.Second); err == nil {
+				t.Errorf("the victim exited 0:\n%s", ws[1][1].Output())
+			}
+			logs := ss[0].Logs()
+			for _, want := range []string{"its epoch could not form across the nodes", "epoch=2 size=" + strconv.Itoa(size)} {
+				if !strings.Contains(logs, want) {
+					t.Errorf("node 0's log lacks %q:\n%s", want, logs)
+				}
 			}
 		})
 	}

@@ -1172,9 +1172,16 @@ func (x *Timeline) GetMarkCycles() bool {
 // With elastic_reset the rank re-initialises at once
 // into the next epoch of its elastic job (hvd.elastic's reset after a host
 // update): the epoch ends for every rank, which all follow it.
+//
+// With exiting the process is exiting (the Python client's shutdown at exit):
+// the rank does not re-initialise. In an elastic job that still runs, its
+// Goodbye ends the epoch as a lost rank's close does (CODE_ABORTED), so that
+// the other ranks reset and go on without it; whether it failed is the
+// launcher's to judge, from its exit status.
 type Goodbye struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ElasticReset  bool                   `protobuf:"varint,1,opt,name=elastic_reset,json=elasticReset,proto3" json:"elastic_reset,omitempty"`
+	Exiting       bool                   `protobuf:"varint,2,opt,name=exiting,proto3" json:"exiting,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1212,6 +1219,13 @@ func (*Goodbye) Descriptor() ([]byte, []int) {
 func (x *Goodbye) GetElasticReset() bool {
 	if x != nil {
 		return x.ElasticReset
+	}
+	return false
+}
+
+func (x *Goodbye) GetExiting() bool {
+	if x != nil {
+		return x.Exiting
 	}
 	return false
 }
@@ -2793,9 +2807,10 @@ const file_hvdd_proto_rawDesc = "" +
 	"\bTimeline\x12\x1b\n" +
 	"\tfile_path\x18\x01 \x01(\tR\bfilePath\x12\x1f\n" +
 	"\vmark_cycles\x18\x02 \x01(\bR\n" +
-	"markCycles\".\n" +
+	"markCycles\"H\n" +
 	"\aGoodbye\x12#\n" +
-	"\relastic_reset\x18\x01 \x01(\bR\felasticReset\"\x91\x06\n" +
+	"\relastic_reset\x18\x01 \x01(\bR\felasticReset\x12\x18\n" +
+	"\aexiting\x18\x02 \x01(\bR\aexiting\"\x91\x06\n" +
 	"\rClientMessage\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.hvdd.ipc.v1.HelloH\x00R\x05hello\x12F\n" +
 	"\x0fregister_region\x18\x02 \x01(\v2\x1b.hvdd.ipc.v1.RegisterRegionH\x00R\x0eregisterRegion\x12L\n" +

@@ -17,11 +17,14 @@ pair to the root namespace, where hvdd run (its elastic driver serves the
 job's rendezvous) runs, as a launching machine reaches its hosts. With
 ``--victim 0`` rank 0 kills itself instead: with ``--netns`` it is the first
 host's only rank, so that host leaves the job and the coordination of the job
-moves from its daemon (node 0) to the other host's.
+moves from its daemon (node 0) to the other host's. With ``--exit raise`` the
+victim leaves by an exception out of its training function instead (exit
+status 1 through Python's exit path: its atexit tells the daemon that the
+process exits), timed from the moment it raises.
 
 Usage (from the repository root, after ``go build -o bin/hvdd ./cmd/hvdd``)::
 
-    .venv/bin/python clients/python/bench/elastic_recovery.py [--runs 5] [--np 3] [--netns] [--victim 0]
+    .venv/bin/python clients/python/bench/elastic_recovery.py [--runs 5] [--np 3] [--netns] [--victim 0] [--exit raise]
 """
 
 from __future__ import annotations
@@ -92,9 +95,9 @@ def where(tmp: str, np: int, netns: bool) -> list:
     return ["-H", f"{a0}:1,{a1}:{np - 1}", "--agent", agent]
 
 
-def one_run(hvdd: str, np: int, netns: bool, victim: int) -> float:
+def one_run(hvdd: str, np: int, netns: bool, victim: int, exit_mode: str) -> float:
     with tempfile.TemporaryDirectory(prefix="hvdd-elastic-bench-") as tmp:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HVDD_TEST_EXIT=exit_mode)
         if victim >= 0:
             env["HVDD_TEST_VICTIM"] = str(victim)
         p = subprocess.run(
@@ -118,13 +121,16 @@ def main() -> None:
     ap.add_argument("--hvdd", default=os.path.join(ROOT, "bin", "hvdd"), help="hvdd binary")
     ap.add_argument("--netns", action="store_true", help="two hosts: network namespaces joined by a veth pair (root)")
     ap.add_argument("--victim", type=int, default=-1, help="the rank killed (default: the last; 0: host 0's only rank)")
+    ap.add_argument(
+        "--exit", choices=["kill", "raise"], default="kill", help="how the victim leaves: SIGKILL or an exception"
+    )
     a = ap.parse_args()
     if a.netns:
         make_netns()
     times = []
     try:
         for i in range(a.runs):
-            t = one_run(a.hvdd, a.np, a.netns, a.victim)
+            t = one_run(a.hvdd, a.np, a.netns, a.victim, a.exit)
             times.append(t)
             print(f"run {i + 1}: recovery {t * 1000:.0f} ms", flush=True)
     finally:
@@ -132,9 +138,10 @@ def main() -> None:
             drop_netns()
     hosts = "two hosts (netns)" if a.netns else "one node"
     victim = "rank 0" if a.victim == 0 else "the last rank" if a.victim < 0 else f"rank {a.victim}"
+    how = "killed" if a.exit == "kill" else "raised"
     print(
         f"median recovery {statistics.median(times) * 1000:.0f} ms over {a.runs} runs "
-        f"(np {a.np} -> {a.np - 1}, {hosts}, {victim} killed)"
+        f"(np {a.np} -> {a.np - 1}, {hosts}, {victim} {how})"
     )
 
 

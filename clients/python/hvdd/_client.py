@@ -551,11 +551,13 @@ class Client:
 
     # ---------------------------------------------------------------- closing
 
-    def close(self, elastic_reset: bool = False) -> None:
+    def close(self, elastic_reset: bool = False, exiting: bool = False) -> None:
         """Says Goodbye (an orderly shutdown), closes the connection and
         releases the shared memory. Pending collectives fail. With
         elastic_reset the rank re-initialises at once into its elastic job's
-        next epoch (the daemon ends the epoch for every rank)."""
+        next epoch (the daemon ends the epoch for every rank). With exiting
+        the process exits (the shutdown at exit): in an elastic job that
+        still runs, the other ranks reset and go on without this one."""
         with self._lock:
             if self._rx.closed:
                 return
@@ -566,6 +568,7 @@ class Client:
                 m = pb.ClientMessage()
                 m.goodbye.SetInParent()
                 m.goodbye.elastic_reset = elastic_reset
+                m.goodbye.exiting = exiting
                 self._write(0, m.SerializeToString())
             except OSError:
                 pass

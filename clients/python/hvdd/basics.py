@@ -313,7 +313,7 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
         for hook in _on_init:
             hook()
         if not _atexit_registered:
-            atexit.register(shutdown)
+            atexit.register(_shutdown_at_exit)
             _atexit_registered = True
 
 
@@ -332,7 +332,7 @@ def _hvdd_binary() -> Optional[str]:
     return os.path.normpath(tree) if os.access(tree, os.X_OK) else None
 
 
-def shutdown(_elastic_reset: bool = False) -> None:
+def shutdown(_elastic_reset: bool = False, _exiting: bool = False) -> None:
     """Says goodbye to the daemon and closes the connection. Collectives still in
     flight fail with HorovodInternalError. A later ``init()`` starts afresh.
     (``hvdd.elastic.reset`` passes ``_elastic_reset``: the rank re-initialises
@@ -346,7 +346,18 @@ def shutdown(_elastic_reset: bool = False) -> None:
             ps._invalidate()
         _registered.clear()
     if c is not None:
-        c.close(_elastic_reset)
+        c.close(_elastic_reset, _exiting)
+
+
+def _shutdown_at_exit() -> None:
+    """``shutdown()`` as the process exits (atexit). The daemon is told that
+    the process exits: in an elastic job that still runs, its other ranks
+    reset and go on without this one (Horovod's workers see a worker that
+    leaves, by an exception or not, as lost), and ``hvdd run`` judges the
+    exit by its status. (A process that dies by a signal or ``os._exit``
+    runs no atexit: its connection just closes, which the daemon takes as a
+    lost rank.)"""
+    shutdown(_exiting=True)
 
 
 def is_initialized() -> bool:

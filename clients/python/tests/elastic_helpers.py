@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 from typing import Callable, List, Sequence, Tuple
 
 
@@ -37,10 +38,19 @@ def run_acting(
 ) -> Tuple[int, str, bool]:
     """Runs cmd (an ``hvdd run`` command line) and calls act(hvdd run's pid)
     once, as soon as ready(the output lines so far) holds. Returns hvdd run's
-    exit status, its whole output and whether act ran."""
+    exit status, its whole output and whether act ran. A run still going
+    after timeout seconds is killed and fails the calling test (a hang)."""
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
     lines: List[str] = []
     acted = False
+    hung = threading.Event()
+
+    def kill() -> None:
+        hung.set()
+        p.kill()
+
+    timer = threading.Timer(timeout, kill)
+    timer.start()
     try:
         assert p.stdout is not None
         for line in p.stdout:
@@ -48,11 +58,13 @@ def run_acting(
             if not acted and ready(lines):
                 act(p.pid)
                 acted = True
-        p.wait(timeout=timeout)
+        p.wait()
     finally:
+        timer.cancel()
         if p.poll() is None:
             p.kill()
             p.wait()
+    assert not hung.is_set(), f"hvdd run still ran after {timeout}s; its output:\n" + "".join(lines)
     return p.returncode, "".join(lines), acted
 
 

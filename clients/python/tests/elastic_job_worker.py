@@ -2,10 +2,18 @@
 
 Trains a tiny linear model with ``hvd.elastic.run`` and ``TorchState``, one
 commit per step, as the seeds' elastic scripts do. The last rank of the
-first epoch (or the rank $HVDD_TEST_VICTIM names) kills itself with SIGKILL at step KILL_AT; the survivors restore
-their last commit, re-initialise into the job's next epoch and finish. Each
-survivor prints its final weights (``RESULT {json}``) and the times of the
-kill and of its first completed step at the new size.
+first epoch (or the rank $HVDD_TEST_VICTIM names) kills itself with SIGKILL
+at step KILL_AT; the survivors restore their last commit, re-initialise into
+the job's next epoch and finish. Each survivor prints its final weights
+(``RESULT {json}``) and the times of the kill and of its first completed
+step at the new size.
+
+``$HVDD_TEST_EXIT`` says how the victim leaves: ``kill`` (SIGKILL, the
+default) or ``raise`` (an exception out of the training function: the
+process exits with status 1 through Python's own exit path, atexit
+included). ``$HVDD_TEST_VICTIMS`` (``R@S,...``) replaces KILL_AT and
+$HVDD_TEST_VICTIM: the process that ``hvdd run`` started as rank R fails
+at step S, whatever its rank then.
 
 With ``$HVDD_TEST_UNTIL_SIZE`` set, the ranks train on past STEPS until they
 have run STEPS steps at that size (a test changes the job's hosts meanwhile).
@@ -44,9 +52,17 @@ def main() -> None:
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, opt, step=0, sizes=[])
     until = int(os.environ.get("HVDD_TEST_UNTIL_SIZE", "0"))
-    victim = hvd.rank() == int(os.environ.get("HVDD_TEST_VICTIM", hvd.size() - 1))
+    exit_mode = os.environ.get("HVDD_TEST_EXIT", "kill")
+    victims = [tuple(int(x) for x in v.split("@")) for v in os.environ.get("HVDD_TEST_VICTIMS", "").split(",") if v]
+    launch_rank = int(os.environ.get("HVDD_RANK", "-1"))
+    first_victim = hvd.rank() == int(os.environ.get("HVDD_TEST_VICTIM", hvd.size() - 1))
     resets = []
     state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+
+    def fails_now(step: int) -> bool:
+        if victims:
+            return (launch_rank, step) in victims
+        return first_victim and step == kill_at
 
     def more(state: hvd.elastic.TorchState) -> bool:
         if state.step < steps:
@@ -56,8 +72,10 @@ def main() -> None:
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         while more(state):
-            if victim and state.step == kill_at:
+            if fails_now(state.step):
                 print(f"KILL {time.time():.6f}", flush=True)
+                if exit_mode == "raise":
+                    raise RuntimeError(f"rank {hvd.rank()} fails on purpose at step {state.step}")
                 os.kill(os.getpid(), signal.SIGKILL)
             x, y = batch(hvd.rank(), state.step)
             opt.zero_grad()
@@ -74,7 +92,16 @@ def main() -> None:
 
     train(state)
     w = model.weight.detach().reshape(-1).tolist() + model.bias.detach().tolist()
-    result = {"rank": hvd.rank(), "size": hvd.size(), "resets": resets, "w": w, "sizes": state.sizes}
+    result = {
+        "rank": hvd.rank(),
+        "size": hvd.size(),
+        "local_rank": hvd.local_rank(),
+        "local_size": hvd.local_size(),
+        "cross_size": hvd.cross_size(),
+        "resets": resets,
+        "w": w,
+        "sizes": state.sizes,
+    }
     print("RESULT " + json.dumps(result), flush=True)
     hvd.shutdown()
 

@@ -130,25 +130,36 @@ def test_removed_host_loses_nothing(hvdd_bin, tmp_path, removed):
 
 def test_seed_elastic_script_survives_kill(hvdd_bin, tmp_path):
     # The seeds' elastic PyTorch MNIST program (examples/pytorch_mnist_elastic.py,
-    # only its import changed) under hvdd run --min-np: a worker is killed with
-    # SIGKILL mid-epoch, the others restore their last commit and finish.
+    # only its import changed) on 2 hosts x 2 slots: bare host names from a
+    # discovery script with --slots-per-host 2. A worker on 127.0.0.1 is
+    # killed with SIGKILL mid-epoch; its host is blacklisted, and the
+    # survivors on localhost run the reset callback, which scales the
+    # learning rate by the new hvd.size() (printed by seed_elastic_lr.py), and
+    # finish training and test().
     root = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
     script = os.path.join(root, "examples", "pytorch_mnist_elastic.py")
     ckpt = tmp_path / "ckpt"
+    discover = tmp_path / "discover.sh"
+    discover.write_text("#!/bin/sh\nprintf 'localhost\\n127.0.0.1\\n'\n")
+    discover.chmod(0o755)
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HVDD_START_TIMEOUT="60")
     cmd = [
-        hvdd_bin, "run", "-np", "3", "--min-np", "2", "--socket", str(tmp_path / "hvdd.sock"), "--",
-        sys.executable, script, "--epochs", "2", "--synthetic-size", "4096", "--batch-size", "32",
-        "--lr", "0.05", "--log-interval", "2", "--checkpoint-dir", str(ckpt),
+        hvdd_bin, "run", "-np", "4", "--min-np", "2", "--host-discovery-script", str(discover),
+        "--slots-per-host", "2", "--", sys.executable, os.path.join(HERE, "seed_elastic_lr.py"), script,
+        "--epochs", "2", "--synthetic-size", "4096", "--batch-size", "32", "--lr", "0.05",
+        "--log-interval", "2", "--checkpoint-dir", str(ckpt),
     ]  # fmt: skip
-    # Kill rank 2 once rank 0 has logged a few steps of the first epoch.
+    # Kill rank 3 once rank 0 has logged a few steps of the first epoch.
     rc, out, killed = run_killing(
-        cmd, env, str(tmp_path), lambda lines: sum("[0]<stdout>:Train Epoch: 1" in l for l in lines) == 3, 2, 300
+        cmd, env, str(tmp_path), lambda lines: sum("[0]<stdout>:Train Epoch: 1" in l for l in lines) == 3, 3, 180
     )
     lines = out.splitlines(keepends=True)
     assert killed, out
     assert rc == 0, out
-    assert "rank 2 (pid" in out and "was killed by SIGKILL; the elastic job goes on with 2 ranks" in out, out
+    assert "rank 3 (pid" in out and "was killed by SIGKILL; the elastic job goes on with 2 ranks" in out, out
+    assert "blacklisting host 127.0.0.1 for good" in out, out
+    resets = [l.strip() for l in lines if l.startswith("[0]<stdout>:RESET ")]
+    assert resets and resets[-1] == "[0]<stdout>:RESET size 2 lr 0.1", out
     epochs = [l for l in lines if l.startswith("[0]<stdout>:Epoch ")]
     assert [l[len("[0]<stdout>:") :].split(":")[0] for l in epochs] == ["Epoch 1", "Epoch 2"], out
     losses = [float(l.split("loss=")[1].split()[0]) for l in epochs]
@@ -193,3 +204,126 @@ def test_seed_elastic_script_grows_by_a_host(hvdd_bin, tmp_path):
     epochs = [l for l in lines if l.startswith("[0]<stdout>:Epoch ")]
     assert [l[len("[0]<stdout>:") :].split(":")[0] for l in epochs] == ["Epoch 1", "Epoch 2"], out
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["checkpoint-1.pth.tar", "checkpoint-2.pth.tar"]
+
+
+# Horovod's elastic driver, scenario by scenario (HOROVOD.md 1.6, 3.11; its
+# elastic integration tests): 4 ranks on two "hosts", localhost and
+# 127.0.0.1 (both this machine, a daemon each), a worker that fails by an
+# exception out of its training function (exit status 1, through Python's
+# exit path) or by SIGKILL. Every run is bounded in time: a hang fails it.
+TWO_HOSTS = ["-np", "4", "-H", "localhost:2,127.0.0.1:2"]
+BOUND = int(os.environ.get("HVDD_TEST_ELASTIC_BOUND", "90"))  # seconds; each run takes a few
+
+
+def run_two_hosts(hvdd_bin: str, tmp: str, args: list, steps: int, **env_extra: str) -> tuple:
+    """hvdd run ARGS of the test worker for STEPS steps (no KILL_AT: the
+    failures come from $HVDD_TEST_VICTIMS); returns its status and output."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HVDD_START_TIMEOUT="60", **env_extra)
+    cmd = [hvdd_bin, "run", *args, "--", sys.executable, WORKER, str(steps), "-1"]
+    rc, out, _ = run_acting(cmd, env, tmp, lambda lines: False, lambda pid: None, BOUND)
+    return rc, out
+
+
+def results_by_tag(out: str) -> dict:
+    """The workers' RESULT lines, by hvdd run's output tag ([N])."""
+    res = {}
+    for line in out.splitlines():
+        m = re.match(r"\[(\d+)\]<stdout>:RESULT (.*)$", line)
+        if m:
+            res[int(m.group(1))] = json.loads(m.group(2))
+    return res
+
+
+def failed_as(mode: str) -> str:
+    return "exited with status 1" if mode == "raise" else "was killed by SIGKILL"
+
+
+@pytest.mark.parametrize("mode", ["raise", "kill"])
+def test_failed_worker_blacklists_its_host(hvdd_bin, tmp_path, mode):
+    # Rank 0, on localhost, fails at step 4. As with Horovod: the survivors
+    # get HorovodInternalError at their next collective, restore the last
+    # commit and re-form; the failed worker's host is blacklisted (not its
+    # slot), its other rank stopped, and the job goes on with 127.0.0.1's
+    # two ranks: size 2, local_size 2, cross_size 1, the reset callback last
+    # seeing size 2, the weights those of the steps replayed at the sizes
+    # the job ran them.
+    # (The daemons may re-form the job at 3 ranks before hvdd run sees the
+    # exit and stops localhost's other rank: the ranks train until they
+    # have run 10 steps at size 2.)
+    env = dict(HVDD_TEST_VICTIMS="0@4", HVDD_TEST_EXIT=mode, HVDD_TEST_UNTIL_SIZE="2")
+    rc, out = run_two_hosts(hvdd_bin, str(tmp_path), [*TWO_HOSTS, "--min-np", "2"], 10, **env)
+    assert rc == 0, out
+    assert "rank 0 (pid" in out and failed_as(mode) + "; the elastic job goes on with 2 ranks" in out, out
+    assert "blacklisting host localhost for good (no --blacklist-cooldown-range)" in out, out
+    assert "Horovod has been shut down" not in out, out
+    results = results_by_tag(out)
+    assert sorted(results) == [2, 3], out  # 127.0.0.1's ranks, and only they
+    assert sorted(r["rank"] for r in results.values()) == [0, 1], out
+    sizes = results[2]["sizes"]
+    assert sizes[:4] == [4] * 4 and sizes[-1] == 2 and sizes.count(2) == 10, sizes
+    want = reference_sizes(sizes)
+    for r in results.values():
+        assert (r["size"], r["local_size"], r["cross_size"], r["resets"][-1]) == (2, 2, 1, 2), r
+        assert r["sizes"] == sizes and max(abs(a - b) for a, b in zip(r["w"], want)) < 1e-9, (r, want)
+
+
+@pytest.mark.parametrize(
+    "victims,mode", [("0@3,2@6", "raise"), ("0@3,2@3", "kill")], ids=["one after the other", "at once"]
+)
+def test_job_ends_when_every_host_is_blacklisted(hvdd_bin, tmp_path, victims, mode):
+    # A worker on each host fails: at the same step, or first rank 0 on
+    # localhost and then, three steps into the next epoch, the worker that
+    # became rank 0 on 127.0.0.1. Every host is blacklisted: hvdd run stops
+    # the job and exits non-zero, saying why, instead of waiting.
+    # HVDD_TEST_UNTIL_SIZE 9: the others train on until they are stopped.
+    env = dict(HVDD_TEST_VICTIMS=victims, HVDD_TEST_EXIT=mode, HVDD_TEST_UNTIL_SIZE="9")
+    rc, out = run_two_hosts(hvdd_bin, str(tmp_path), [*TWO_HOSTS, "--min-np", "1"], 10, **env)
+    assert rc != 0, out
+    assert re.search(r"blacklisting host (localhost|127\.0\.0\.1) for good", out), out
+    assert "every host of the elastic job is blacklisted (localhost:2, 127.0.0.1:2)" in out, out
+
+
+def test_job_ends_below_min_np_after_elastic_timeout(hvdd_bin, tmp_path):
+    # Bare host names from a discovery script, --slots-per-host 2, --min-np
+    # 3: once localhost is blacklisted 2 slots are left; hvdd run waits
+    # --elastic-timeout for more, then stops the job with Horovod's message.
+    discover = tmp_path / "discover.sh"
+    discover.write_text("#!/bin/sh\nprintf 'localhost\\n127.0.0.1\\n'\n")
+    discover.chmod(0o755)
+    args = ["-np", "4", "--min-np", "3", "--host-discovery-script", str(discover), "--slots-per-host", "2"]
+    args += ["--elastic-timeout", "2"]
+    # HVDD_TEST_UNTIL_SIZE 9: the survivors train on until they are stopped.
+    rc, out = run_two_hosts(
+        hvdd_bin, str(tmp_path), args, 10, HVDD_TEST_VICTIMS="0@3", HVDD_TEST_EXIT="raise", HVDD_TEST_UNTIL_SIZE="9"
+    )
+    assert rc != 0, out
+    assert "2 ranks left, fewer than --min-np 3: waiting up to 2s (--elastic-timeout) for slots" in out, out
+    assert (
+        "Timed out waiting for minimum number of slots to become available. Please check that you have "
+        "enough resources to run at least 3 Horovod processes." in out
+    ), out
+
+
+@pytest.mark.parametrize("limit", [0, 1], ids=["host back", "reset limit"])
+def test_blacklisted_host_returns_after_cooldown(hvdd_bin, tmp_path, limit):
+    # With --blacklist-cooldown-range 1 1 the failed worker's host comes
+    # back a second later: a new daemon there, two new workers, and the job
+    # grows back to 4 ranks. With --reset-limit 1 that is one reset too
+    # many: hvdd run stops the job with Horovod's message.
+    args = [*TWO_HOSTS, "--min-np", "2", "--blacklist-cooldown-range", "1", "1"]
+    if limit:
+        args += ["--reset-limit", str(limit)]
+    rc, out = run_two_hosts(
+        hvdd_bin, str(tmp_path), args, 10, HVDD_TEST_VICTIMS="0@3", HVDD_TEST_EXIT="kill", HVDD_TEST_UNTIL_SIZE="4"
+    )
+    assert "blacklisting host localhost for 1s (--blacklist-cooldown-range)" in out, out
+    assert "host localhost's blacklisting is over (its cooldown ended)" in out, out
+    if limit:
+        assert rc != 0, out
+        assert "Horovod was shutdown because number of resets during elastic job exceeded limit: 1" in out, out
+        return
+    assert rc == 0, out
+    results = results_by_tag(out)
+    assert sorted(results) == [2, 3, 4, 5], out
+    for r in results.values():
+        assert r["size"] == 4 and r["sizes"].count(4) == 10, r
