@@ -21,9 +21,14 @@ the daemons then send global rank 0 a host-update notification
 (:data:`notification_manager`), and ``State.check_host_updates`` turns it
 into a ``HostsUpdatedInterrupt`` on every rank at the same commit, as
 Horovod does: every rank resets, and the next epoch takes the new workers
-in, which receive rank 0's state in ``state.sync()``. A job not started as
-elastic fails with the ``HorovodInternalError`` instead of calling
-``init()`` again.
+in, which receive rank 0's state in ``state.sync()``.
+
+A job not started as elastic re-forms too, as Horovod's does: a
+``HorovodInternalError`` raised on every rank (by the user's code, or a
+collective that failed everywhere) restores the last commit, re-initialises
+the same job and goes on. One that says a rank or the daemon was lost
+(``CODE_ABORTED``, ``CODE_SHUT_DOWN``) propagates there: the lost rank is not
+coming back, and ``init()`` would wait for it until its start timeout.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import numpy as np
 from . import basics as _basics
 from . import ops as _ops
 from ._client import elastic_requested
+from ._proto import hvdd_pb2 as _pb
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 __all__ = [
@@ -267,6 +273,16 @@ def _all_skip_sync(skip_sync: bool) -> bool:
     return bool(_ops.allreduce(flag, op=_basics.Min, name="hvdd.elastic.skip_sync")[0])
 
 
+def _recoverable(e: HorovodInternalError) -> bool:
+    """Whether a reset can re-form the job after ``e``. An elastic job always
+    can: its daemons form the next epoch from the ranks that reset. A static
+    one can when every rank is still there to re-initialise, that is unless
+    the daemon says a rank or node was lost or it shut down."""
+    if elastic_requested():
+        return True
+    return getattr(e, "code", 0) not in (_pb.CODE_ABORTED, _pb.CODE_SHUT_DOWN)
+
+
 def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[..., Any]:
     """Wraps ``func(state, ...)`` in Horovod's elastic retry loop, with
     ``reset`` re-forming the job (see the module doc).
@@ -274,8 +290,8 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
     A ``HorovodInternalError`` restores the last committed state and syncs it
     again after the reset; a ``HostsUpdatedInterrupt`` keeps the state and
     skips the sync when its ``skip_sync`` says the survivors already agree. In
-    a job that is not elastic (``HOROVOD_ELASTIC`` unset) nothing can re-form
-    it, so the ``HorovodInternalError`` propagates.
+    a job that is not elastic (``HOROVOD_ELASTIC`` unset) the same job
+    re-forms, unless the error says it lost a rank (:func:`_recoverable`).
     """
 
     @functools.wraps(func)
@@ -289,8 +305,8 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
                     if not _all_skip_sync(skip_sync):
                         state.sync()
                     return func(state, *args, **kwargs)
-                except HorovodInternalError:
-                    if not elastic_requested():
+                except HorovodInternalError as e:
+                    if not _recoverable(e):
                         raise
                     log.warning("hvdd elastic: a collective failed; restoring the last commit and re-forming the job")
                     state.restore()

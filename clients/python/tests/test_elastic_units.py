@@ -15,6 +15,7 @@ import hvdd.torch as hvd
 import hvdd.torch.elastic.sampler as sampler_mod
 import hvdd.torch.elastic.state as state_mod
 from hvdd.elastic import HostUpdateResult, ObjectState, notification_manager, run_fn
+from hvdd._proto import hvdd_pb2 as pb
 from hvdd.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 
@@ -122,8 +123,10 @@ def test_run_fn_hosts_updated_without_skip_sync_syncs(elastic_job):
     assert calls == ["sync", "func", "reset", "state.reset", "sync", "func"]
 
 
-def test_run_fn_not_elastic_propagates(monkeypatch):
-    # A static job cannot re-form: the failure is the job's, as before.
+@pytest.mark.parametrize("code", [pb.CODE_ABORTED, pb.CODE_SHUT_DOWN])
+def test_run_fn_not_elastic_propagates_a_lost_rank(monkeypatch, code):
+    # A static job that lost a rank cannot re-form (the rank is not coming
+    # back): the failure is the job's.
     monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
     monkeypatch.setattr(elastic, "_all_skip_sync", lambda skip: skip)
     calls: list = []
@@ -131,12 +134,82 @@ def test_run_fn_not_elastic_propagates(monkeypatch):
 
     def train(state):
         calls.append("func")
-        raise HorovodInternalError("rank 1 lost")
+        raise HorovodInternalError("rank 1 lost", code)
 
     with pytest.raises(HorovodInternalError, match="rank 1 lost"):
         run_fn(train, lambda: calls.append("reset"))(state)
     assert calls == ["sync", "func"]
     assert state not in notification_manager._listeners
+
+
+def test_run_fn_not_elastic_resets_like_horovod(monkeypatch):
+    # Horovod's run wraps any job: a HorovodInternalError with every rank
+    # still there restores, re-forms the same job and goes on.
+    monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
+    monkeypatch.setattr(elastic, "_all_skip_sync", lambda skip: skip)
+    calls: list = []
+    state = Recorder(calls)
+    outcomes = iter([HorovodInternalError("injected"), "done"])
+
+    def train(state):
+        calls.append("func")
+        out = next(outcomes)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    assert run_fn(train, lambda: calls.append("reset"))(state) == "done"
+    assert calls == ["sync", "func", "restore", "reset", "state.reset", "sync", "func"]
+
+
+# A static job (hvdd serve, HOROVOD_ELASTIC unset) whose ranks all raise
+# HorovodInternalError once, at batch 3, after committing at batch 2.
+STATIC_RESET = """
+import torch
+import hvdd.torch as hvd
+from hvdd.exceptions import HorovodInternalError
+
+hvd.init()
+torch.manual_seed(hvd.rank())  # different weights: the sync makes them equal
+model = torch.nn.Linear(4, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model, opt, batch=0)
+resets, steps, raised = [], [], []
+state.register_reset_callbacks([lambda: resets.append((hvd.size(), state.batch))])
+
+
+@hvd.elastic.run
+def train(state):
+    while state.batch < 6:
+        opt.zero_grad()
+        model(torch.full((2, 4), float(hvd.rank() + 1))).sum().backward()
+        opt.step()
+        steps.append(state.batch)
+        state.batch += 1
+        if state.batch % 2 == 0:
+            state.commit()
+        if state.batch == 3 and not raised:
+            raised.append(1)
+            raise HorovodInternalError("injected on every rank")
+    return state.batch
+
+
+print("RESULT", hvd.rank(), train(state), steps, resets, flush=True)
+w = torch.cat([p.detach().flatten() for p in model.parameters()])
+print("WEIGHTS", hvd.rank(), hvd.allreduce(w, op=hvd.Max).sub(w).abs().max().item(), flush=True)
+hvd.shutdown()
+"""
+
+
+def test_static_job_run_resets_and_resumes(job):
+    res = job.run("", np=2, timeout=120, cmd=[sys.executable, "-c", STATIC_RESET])
+    for r, out in enumerate(res.outputs):
+        # Batches 0-2 ran, the error restored the commit of batch 2, so batch 2
+        # ran again; the one reset callback saw the same size and the
+        # restored batch; rank 0's state reached both ranks at each sync.
+        assert f"RESULT {r} 6 [0, 1, 2, 2, 3, 4, 5] [(2, 2)]" in out, out
+        assert f"WEIGHTS {r} 0.0" in out, out
+    assert res.daemon_log.count("job formed") == 2, res.daemon_log
 
 
 def test_other_errors_propagate(elastic_job):
