@@ -38,6 +38,11 @@ parser.add_argument("--lr", type=float, default=0.001, help="learning rate (scal
 parser.add_argument("--data-dir", help="directory holding the MNIST idx files")
 parser.add_argument("--synthetic-size", type=int, default=30000, help="examples of the synthetic stand-in")
 parser.add_argument("--checkpoint-dir", default="./checkpoints", help="where rank 0 writes its checkpoints")
+parser.add_argument(
+    "--seed",
+    type=int,
+    help="seed of the initial weights, dropout and batches (default: unseeded, as Horovod's example)",
+)
 args = parser.parse_args()
 
 
@@ -110,6 +115,11 @@ def main():
     # into (-1, 784) to feed into our network. Also, need to normalize the
     # features between 0 and 1.
     x_train = np.reshape(x_train, (-1, 784)) / 255.0
+
+    if args.seed is not None:
+        # The graph's ops (initial weights, dropout) and each rank's batches.
+        tf.compat.v1.set_random_seed(args.seed)
+        np.random.seed(args.seed + hvd.rank())
 
     # Build model...
     with tf.name_scope("input"):

@@ -66,6 +66,7 @@ __all__ = [
     "barrier",
     "broadcast_object",
     "allgather_object",
+    "object_name",
 ]
 
 # numpy dtype name -> wire dtype. bfloat16 is ml_dtypes' (what TensorFlow's
@@ -92,10 +93,16 @@ _groups = itertools.count(1)
 _nonames = itertools.count(1)
 
 
+# Unnamed broadcast_object/allgather_object calls so far: (kind, process set
+# id) -> count (see object_name).
+_object_calls: dict = {}
+
+
 def reset_names() -> None:
     """Restarts the count of unnamed collectives (at every ``init()``)."""
     global _nonames
     _nonames = itertools.count(1)
+    _object_calls.clear()
 
 
 _basics._on_init.append(reset_names)
@@ -634,14 +641,28 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
 # ------------------------------------------------------------ Python objects
 
 
+def object_name(kind: str, process_set: ProcessSet) -> str:
+    """The name of an unnamed object collective: its kind, its process set and
+    the count of such calls on that set since ``init()``, the same on every
+    member of the set whatever its object. (Horovod names it after the
+    object's type, which differs between ranks in the commonest idiom,
+    ``broadcast_object(obj if hvd.rank() == 0 else None)``: Horovod's eager
+    TensorFlow ops match by submission order and do not mind; hvdd matches by
+    name, as Horovod's torch ops do.)"""
+    pid = 0 if process_set is global_process_set else process_set.process_set_id
+    n = _object_calls.get((kind, pid), 0) + 1
+    _object_calls[(kind, pid)] = n
+    return f"{kind}.noname.{pid}.{n}"
+
+
 def broadcast_object(
     obj: Any, root_rank: int = 0, name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> Any:
     """Pickles obj on the root and returns it unpickled on every rank: its size
-    is broadcast as ``<name>.sz``, then its bytes as ``<name>.t`` (name
-    defaults to the object's type name), as Horovod does."""
+    is broadcast as ``<name>.sz``, then its bytes as ``<name>.t``, as Horovod
+    does (name defaults to :func:`object_name`'s)."""
     if name is None:
-        name = type(obj).__name__
+        name = object_name("broadcast_object", process_set)
     if _basics.rank() == root_rank:
         b = io.BytesIO()
         _pickle.dump(obj, b)
@@ -656,9 +677,10 @@ def broadcast_object(
 
 def allgather_object(obj: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> List[Any]:
     """Pickles obj on every rank and returns the list of every rank's object,
-    in rank order (sizes gathered as ``<name>.sz``, bytes as ``<name>.t``)."""
+    in rank order (sizes gathered as ``<name>.sz``, bytes as ``<name>.t``;
+    name defaults to :func:`object_name`'s)."""
     if name is None:
-        name = type(obj).__name__
+        name = object_name("allgather_object", process_set)
     data = np.frombuffer(_pickle.dumps(obj), dtype=np.uint8)
     sizes = allgather(np.array([data.size], dtype=np.int32), name + ".sz", process_set)
     gathered = allgather(data, name + ".t", process_set)

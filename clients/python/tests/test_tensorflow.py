@@ -5,6 +5,7 @@ in TF1 graphs."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -129,6 +130,42 @@ def hvdd_run(hvdd_bin, tmp_path, script_args, timeout=240):
     return [l for l in lines if l.startswith("[0]")], [l for l in lines if l.startswith("[1]")]
 
 
+def hvdd_run_bounded(hvdd_bin, tmp_path, np, script_args, timeout):
+    """Runs `hvdd run -np NP` (a daemon of its own, a fresh socket) in a
+    session of its own; past timeout seconds it kills the whole session (the
+    launcher, its daemon and workers) and fails: a hang fails, it never
+    hangs the suite. Returns the output."""
+    env = {**os.environ, **ENV, "HVDD_SOCKET": str(tmp_path / "hvdd.sock")}
+    p = subprocess.Popen(
+        [hvdd_bin, "run", "-np", str(np), "--", sys.executable, *script_args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        pytest.fail(f"hvdd run -np {np} did not end within {timeout} s (a hang):\n{out}")
+    assert p.returncode == 0, out
+    return out
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_idioms_that_must_not_hang(hvdd_bin, tmp_path, np_):
+    """Issue 24: unnamed broadcast_object/allgather_object of objects whose
+    type differs per rank, broadcast's gradient (Horovod's average on the
+    root), and 16 independent collectives fetched by one TF1 Session.run and
+    run by one tf.function, with 2 inter-op threads: one job runs them all
+    (tf_workers.idioms)."""
+    out = hvdd_run_bounded(hvdd_bin, tmp_path, np_, [TF_WORKERS, "idioms"], timeout=300)
+    assert out.count("idioms ok") == np_, out
+
+
 def test_example_tensorflow2_mnist(hvdd_bin, tmp_path):
     script = os.path.join(ROOT, "examples", "tensorflow2_mnist.py")
     ckpt = tmp_path / "ckpt"
@@ -149,8 +186,14 @@ def test_example_tensorflow2_mnist(hvdd_bin, tmp_path):
 def test_example_tensorflow_mnist(hvdd_bin, tmp_path):
     script = os.path.join(ROOT, "examples", "tensorflow_mnist.py")
     ckpt = tmp_path / "ckpt"
+    # Seeded (the graph's seed and each rank's batches): with seed 1 the
+    # loss leaves the synthetic data's 2.30 plateau after about 40 of a
+    # rank's 100 steps and ends near 0.44, the same on every run; unseeded
+    # it sometimes stayed on the plateau all along.
     r0, r1 = hvdd_run(
-        hvdd_bin, tmp_path, [script, "--steps", "200", "--synthetic-size", "2000", "--checkpoint-dir", str(ckpt)]
+        hvdd_bin,
+        tmp_path,
+        [script, "--steps", "200", "--synthetic-size", "2000", "--checkpoint-dir", str(ckpt), "--seed", "1"],
     )
     losses = [float(l.split("loss = ")[1].split(",")[0]) for l in r0 if "loss = " in l]
     assert len(losses) == 10 and min(losses[-3:]) < losses[0] - 0.5, r0

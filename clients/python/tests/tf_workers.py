@@ -90,10 +90,9 @@ def run(build: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
     elif MODE == "function":
         out = tf.function(build)()
     else:
-        # Every collective of a TF1 graph that can run at once holds an
-        # inter-op thread while it waits (see hvdd/tensorflow/mpi_ops.py): give
-        # the session more threads than the graph has collectives.
-        config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=256)
+        # Fewer inter-op threads than the graph has independent collectives:
+        # no collective may hold one while it waits (hvdd/tensorflow/mpi_ops.py).
+        config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2)
         with tf.compat.v1.Session(config=config) as s:
             out = build()
             s.run(tf.compat.v1.global_variables_initializer())
@@ -285,7 +284,7 @@ def grads() -> None:
             ag = hvd.allgather(x)
             weights = tf.reshape(tf.range(tf.shape(ag)[0] * 2, dtype=tf.float64), tf.shape(ag))
             l_ag = tf.reduce_sum(ag * weights * (r + 1))
-            # broadcast: summed gradient on the root, zero elsewhere
+            # broadcast: the averaged gradient on the root, zero elsewhere
             bc = hvd.broadcast(c, root_rank=0)
             l_bc = tf.reduce_sum(bc * (r + 2))
             # average allreduce: the gradient is averaged too
@@ -312,7 +311,7 @@ def grads() -> None:
     w_all = np.arange(total_rows * 2, dtype=np.float64).reshape(total_rows, 2) * sum_w
     start = sum(q + 1 for q in range(r))
     want["ag"] = w_all[start : start + r + 1]
-    want["bc"] = np.full((2, 3), float(sum(q + 2 for q in range(n)))) if r == 0 else np.zeros((2, 3))
+    want["bc"] = np.full((2, 3), sum(q + 2 for q in range(n)) / n) if r == 0 else np.zeros((2, 3))
     want["av"] = np.full((2, 3), sum_w / n)
     want["rs"] = np.concatenate(ups) * n
     want["rsa"] = np.concatenate(ups) * 1.5
@@ -770,6 +769,91 @@ def fusion() -> None:
         step(tf.constant(float(r + 1)))
     check(vs[0].numpy(), np.full((1, 3), 1 - 0.1 * 1.5 * int(os.environ.get("STEPS", "5"))), "fusion weights", 1e-5)
     print(f"rank {r}: fusion ok")
+
+
+def _independent_collectives(r: int, n: int) -> tuple:
+    """A training step's worth of collectives that do not depend on each other
+    (8 allreduces, 3 allgathers, 3 broadcasts, a grouped allreduce, a
+    reducescatter): a builder of the outputs and their expected values."""
+
+    def build() -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for i in range(8):
+            out[f"ar{i}"] = hvd.allreduce(tf.fill([i + 1], float(r + i)), op=hvd.Sum)
+        for i in range(3):
+            out[f"ag{i}"] = hvd.allgather(tf.fill([r + 1, i + 1], float(r)))
+        for i in range(3):
+            out[f"bc{i}"] = hvd.broadcast(tf.fill([i + 2], float(r + 10 * i)), root_rank=i % n)
+        g = hvd.grouped_allreduce([tf.fill([2], float(r)), tf.fill([3], 1.0)], op=hvd.Sum)
+        out["gr0"], out["gr1"] = g[0], g[1]
+        out["rs"] = hvd.reducescatter(tf.fill([2 * n, 2], float(r)), op=hvd.Sum)
+        return out
+
+    rs = sum(range(n))
+    want = {f"ar{i}": np.full(i + 1, float(rs + n * i)) for i in range(8)}
+    for i in range(3):
+        want[f"ag{i}"] = np.concatenate([np.full((q + 1, i + 1), float(q)) for q in range(n)])
+        want[f"bc{i}"] = np.full(i + 2, float(i % n + 10 * i))
+    want["gr0"], want["gr1"] = np.full(2, float(rs)), np.full(3, float(n))
+    want["rs"] = np.full((2, 2), float(rs))
+    return build, want
+
+
+def idioms() -> None:
+    """Horovod idioms that must not hang (issue 24), in one process with at
+    most 2 inter-op threads (a 2-core machine's default), in eager mode:
+
+    - broadcast_object(obj if rank 0 else None) and allgather_object of
+      objects whose type differs per rank, unnamed: the default names must
+      not depend on the value;
+    - the gradient of broadcast: Horovod's averaged upstream gradient, on the
+      root only;
+    - a TF1 Session.run fetching 16 independent collectives at once, and the
+      same collectives in a tf.function: every rank's executor runs them in
+      its own order, so no collective may hold an executor thread while it
+      waits for the other ranks.
+
+    argv[3], if given, picks some of the parts (objects,grad,session,function)."""
+    parts = sys.argv[3].split(",") if len(sys.argv) > 3 else ["objects", "grad", "session", "function"]
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    if "objects" in parts:
+        _idioms_objects(r, n)
+    if "grad" in parts:
+        # broadcast's gradient with an all-ones upstream gradient
+        x = tf.constant(np.full((2, 3), float(r + 1)))
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = hvd.broadcast(x, root_rank=0)
+        check(tape.gradient(y, x), np.full((2, 3), 1.0 if r == 0 else 0.0), "eager broadcast gradient")
+    build, want = _independent_collectives(r, n)
+    if "session" in parts:
+        config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2)
+        with tf.Graph().as_default(), tf.compat.v1.Session(config=config) as s:
+            out = build()
+            for step in range(3):
+                got = s.run(out)
+                for k, w in want.items():
+                    check(got[k], w, f"session.run {step}: {k}")
+    if "function" in parts:
+        got = tf.function(build)()
+        for k, w in want.items():
+            check(got[k].numpy(), w, f"tf.function: {k}")
+    print(f"rank {r}: idioms ok")
+
+
+def _idioms_objects(r: int, n: int) -> None:
+    """Unnamed object collectives whose objects' types differ per rank."""
+    got = hvd.broadcast_object({"lr": 0.1, "from": r} if r == 0 else None, root_rank=0)
+    if got != {"lr": 0.1, "from": 0}:
+        raise AssertionError(f"broadcast_object: got {got!r}")
+    got = hvd.broadcast_object_fn(root_rank=n - 1)([r] if r == n - 1 else None)
+    if got != [n - 1]:
+        raise AssertionError(f"broadcast_object_fn: got {got!r}")
+    got = hvd.allgather_object(r if r % 2 == 0 else str(r))
+    if got != [q if q % 2 == 0 else str(q) for q in range(n)]:
+        raise AssertionError(f"allgather_object: got {got!r}")
 
 
 def late_rank() -> None:

@@ -982,6 +982,10 @@ def optimizer() -> None:
     assert hvd.broadcast_object(None) is None
     allg = hvd.allgather_object(obj)
     assert [o["rank"] for o in allg] == list(range(n)) and [o["thing"].v for o in allg] == list(range(n))
+    # unnamed, with objects whose type differs per rank (Horovod's default
+    # name, the type's, would differ between ranks and hang hvdd): issue 24
+    assert hvd.broadcast_object({"k": 1} if r == 0 else None) == {"k": 1}
+    assert hvd.allgather_object(r if r % 2 == 0 else str(r)) == [q if q % 2 == 0 else str(q) for q in range(n)]
     hvd.shutdown()
 
 

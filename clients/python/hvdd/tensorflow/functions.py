@@ -61,8 +61,9 @@ def broadcast_object(
         root_rank: The rank of the process from which parameters will be
                    broadcasted to all other processes.
         session: Session for TensorFlow v1 compatibility (unused).
-        name: Optional name to use during broadcast, will default to the class
-              type.
+        name: Optional name to use during broadcast; by default one counted
+              per call, the same on every rank whatever the object (not
+              the object's type, as in Horovod).
         process_set: Process set object to limit this operation to a subset of
                      Horovod processes. Default is the global process set.
 

@@ -3,20 +3,27 @@ TensorFlow tensors, in eager mode, inside ``tf.function`` and in TF1 graphs.
 
 There is no compiled op library. Each collective is a Python function over
 numpy arrays (``hvdd.ops``); in eager mode it runs at once on the tensors'
-values, and in a graph it becomes one ``tf.numpy_function`` node that runs it
-when the graph runs. Gradients are registered with ``tf.custom_gradient``, as
-Horovod registers them for its ops: an allreduce's gradient is the allreduce
-of the gradient, an allgather's is this rank's slice of the summed gradient,
-a broadcast's is the summed gradient on the root and zero elsewhere.
+values, and in a graph it becomes one node that runs it when the graph runs.
+Gradients are registered with ``tf.custom_gradient``, as Horovod registers
+them for its ops: an allreduce's gradient is the allreduce of the gradient,
+an allgather's is this rank's slice of the summed gradient, a broadcast's is
+the gradient averaged over the ranks on the root and zero elsewhere.
 
-A graph node holds one of TensorFlow's inter-op threads while it waits for
-the daemon. ``tf.function`` runs stateful nodes in program order, so its
-collectives run one after another, in the same order on every rank. A TF1
-graph may run independent collectives at once, each holding a thread: the
-training helpers therefore put a step's gradients (and a broadcast's
-variables) in one node, and a TF1 graph with more independent collectives
-than inter-op threads should order them with control dependencies or run
-in a session with more ``inter_op_parallelism_threads``.
+A graph collective must not hold one of TensorFlow's inter-op threads while
+it waits for the other ranks. A TF1 ``Session.run`` that fetches independent
+collectives runs them in a different order on every rank; if each waiting
+collective held a thread, every rank could fill its few threads (as many as
+cores, by default) with collectives the others have not started, and the
+step would never end. Horovod's kernels are asynchronous and let go of the
+thread; a ``tf.numpy_function`` cannot. So the node (:func:`_graph_call`) is
+a ``DatasetToSingleElement`` of a one-element dataset whose map function is
+the ``numpy_function``: that kernel is asynchronous and runs the dataset on
+a thread of its own, and the map function, built with
+``use_inter_op_parallelism=False``, runs inline on that thread. Every
+collective a rank's graph can run is therefore submitted, whatever the
+executor's order and thread count. (``tf.function`` also chains stateful
+nodes in program order, so its collectives are submitted in the same order
+on every rank.)
 
 GPU tensors are staged through host memory: TensorFlow offers no CUDA IPC
 handle of a tensor's device memory (no counterpart of torch's storage
@@ -127,15 +134,13 @@ def _name(kind: str, prefix: str, tensor: Any, name: Optional[str], ignore_name_
 
 # Graph collectives waiting now: id -> [start, name, warned]. A watchdog
 # thread warns about one that waits longer than HVDD_GRAPH_WAIT_WARN seconds
-# (default 60): in a TF1 graph that is the sign of collectives holding every
-# inter-op thread (see the module doc), which would otherwise hang silently.
+# (default 60), naming it in the rank's own output (the daemon's stall
+# warning goes to the daemon's log).
 _waiting: dict = {}
 _watchdog: Optional[threading.Thread] = None
 _WAIT_WARNING = (
-    "hvdd: the graph collective {name!r} has waited {secs:.0f} s for other ranks. Each collective node "
-    "holds one of TensorFlow's inter-op threads while it waits: if a session.run can start more independent "
-    "collectives than the session has inter-op threads, each rank may be waiting for one the others have not "
-    "started. Order them with control dependencies, or raise ConfigProto.inter_op_parallelism_threads."
+    "hvdd: the graph collective {name!r} has waited {secs:.0f} s for other ranks: another rank may not "
+    "run it (a different graph or fetches there, or a rank that stopped before it)."
 )
 
 
@@ -204,15 +209,51 @@ def _run(
     if _executing_eagerly():
         outs = fn(*[t.numpy() for t in inputs])
         return [tf.convert_to_tensor(o) for o in outs]
-    _check_not_xla()
-    outs = tf.numpy_function(
-        _watched(fn, name), list(inputs), list(touts), stateful=True, name=_normalize_name(name)[:200]
-    )
-    if not isinstance(outs, (list, tuple)):
-        outs = [outs]
+    outs = _graph_call(fn, list(inputs), list(touts), name)
     for o, s in zip(outs, shapes):
         o.set_shape(s)
-    return list(outs)
+    return outs
+
+
+try:  # TensorFlow >= 2.13; before, dataset_ops.MapDataset
+    from tensorflow.python.data.ops.map_op import _MapDataset
+except ImportError:  # pragma: no cover - older TensorFlow
+    try:
+        from tensorflow.python.data.ops.dataset_ops import MapDataset as _MapDataset
+    except ImportError:
+        _MapDataset = None
+
+
+def _graph_call(fn: Callable[..., Any], inputs: List[tf.Tensor], touts: List[tf.DType], name: str) -> List[tf.Tensor]:
+    """fn(*input arrays) as a graph node that does not hold an inter-op thread
+    while fn waits for the other ranks (see the module doc): a
+    ``numpy_function`` in the map function of a one-element dataset, run by
+    ``DatasetToSingleElement`` (an asynchronous kernel that runs the dataset
+    on a thread of its own), with ``use_inter_op_parallelism=False`` (the
+    function runs inline on that thread, not on the inter-op pool)."""
+    _check_not_xla()
+    watched = _watched(fn, name)
+    node = _normalize_name(name)[:200]
+    if not node[:1].isalnum():  # a TF1 name scope starts so
+        node = "hvdd" + node
+    if _MapDataset is None:  # pragma: no cover - older TensorFlow: a thread held
+        outs = tf.numpy_function(watched, inputs, touts, stateful=True, name=node)
+        return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    if not inputs:  # a dataset element needs a component
+        inputs, f = [tf.zeros([0], tf.int8)], lambda _: watched()
+    else:
+        f = watched
+
+    def call(*xs: tf.Tensor) -> Any:
+        outs = tf.numpy_function(f, list(xs), touts, stateful=True, name=node)
+        return tuple(outs) if isinstance(outs, (list, tuple)) else (outs,)
+
+    # tf.data has CPU kernels only: placed there under any device scope
+    # (TensorFlow copies a GPU tensor's value to the host, as it does for a
+    # numpy_function's inputs).
+    with tf.name_scope(node), tf.device("/device:CPU:0"):
+        ds = _MapDataset(tf.data.Dataset.from_tensors(tuple(inputs)), call, use_inter_op_parallelism=False)
+        return list(ds.get_single_element())
 
 
 try:  # TensorFlow >= 2.13
@@ -633,8 +674,8 @@ def _broadcast_many(
     single: bool = False,
 ) -> List[tf.Tensor]:
     """Broadcasts of several tensors sent together as one graph node.
-    Differentiable: the gradient is summed across ranks and kept on the
-    root."""
+    Differentiable, with Horovod's gradient: the upstream gradient averaged
+    across ranks on the root, zero elsewhere."""
     root = int(root_rank)
     ps_id = _ops.check_root(root, process_set)
     xs = [_tensor(t) for t in tensors]
@@ -656,10 +697,11 @@ def _broadcast_many(
 
     def grad(ys: List[tf.Tensor], *dys: tf.Tensor) -> Any:
         dys = _zeros_for_none(dys, ys)
-        summed = _grouped_allreduce(dys, None, Sum, 1.0, 1.0, ignore_name_scope, process_set)
+        # Horovod's: the upstream gradient averaged over the set, on the root
+        averaged = _grouped_allreduce(dys, None, Average, 1.0, 1.0, ignore_name_scope, process_set)
         if _basics.rank() != root:
-            return [g * 0 for g in summed]
-        return summed
+            return [g * 0 for g in averaged]
+        return averaged
 
     return list(_differentiable(forward, grad, xs))
 
@@ -893,8 +935,7 @@ def _scalar_op(value: Callable[[], Any], name: str) -> tf.Tensor:
 
     if _executing_eagerly():
         return tf.constant(fn(), dtype=tf.int32)
-    _check_not_xla()
-    out = tf.numpy_function(_watched(fn, name), [], tf.int32, stateful=True, name=name)
+    out = _graph_call(fn, [], [tf.int32], name)[0]
     out.set_shape([])
     return out
 

@@ -156,8 +156,9 @@ def broadcast_object(
         obj: An object capable of being serialized without losing any context.
         root_rank: The rank of the process from which parameters will be
             broadcasted to all other processes.
-        name: Optional name to use during broadcast, will default to the class
-            type.
+        name: Optional name to use during broadcast; by default one counted
+            per call, the same on every rank whatever the object (not
+            the object's type, as in Horovod).
         process_set: Process set object to limit this operation to a subset of
             Horovod processes. Default is the global process set.
 
@@ -172,8 +173,9 @@ def allgather_object(obj: Any, name: Optional[str] = None, process_set: ProcessS
 
     Arguments:
         obj: An object capable of being serialized without losing any context.
-        name: Optional name to use during allgather, will default to the class
-            type.
+        name: Optional name to use during allgather; by default one counted
+            per call, the same on every rank whatever the object (not
+            the object's type, as in Horovod).
         process_set: Process set object to limit this operation to a subset of
             Horovod processes. Default is the global process set.
 
