@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole hvdd test suite: formatting (gofmt, black) and vet, the Go tests under the race
-# detector, a short run of every fuzz target, and the Python client's tests (all of
-# them on Debian's torch in .venv, the torch client's on the newest PyPI torch in .venv-torch).
+# detector, a short run of every fuzz target, and the Python client's tests, each once: the
+# torch client's on the newest PyPI torch in .venv-torch, the others in .venv (Debian's torch, PyPI's TF).
 # It installs what it needs first (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +28,10 @@ HVDD_REQUIRE_PTXAS=1 go test -race -count=1 -timeout 20m ./...
 
 stage "MPI engine under a real mpirun (build tag mpi)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-go test -tags mpi -count=1 -timeout 10m ./backends/mpi/ ./cmd/hvdd/
+go test -tags mpi -count=1 -timeout 10m ./backends/mpi/
+# cmd/hvdd's other tests ran above (-race); here only those an MPI build
+# changes: the MPI engine and control, and the engines' refusals.
+go test -tags mpi -count=1 -timeout 10m -run 'MPI|WireCompression|ResolveControl' ./cmd/hvdd/
 # The engine on MPICH too (the default mpirun stays Open MPI's).
 go test -tags "mpi mpich" -c -o /tmp/hvdd-mpich.$$.test ./backends/mpi/
 (cd backends/mpi && mpiexec.mpich -n 3 /tmp/hvdd-mpich.$$.test -test.run '^TestMPIConformance$' -test.count=1)
@@ -64,20 +67,19 @@ done
 
 if [ -d clients/python/tests ]; then
   torch_of() { "$1" -c 'import torch; print("torch", torch.__version__)'; }
-  stage "python client: every test, on Debian's $(torch_of .venv/bin/python) (.venv)"
-  HVDD_BIN="$PWD/bin/hvdd" .venv/bin/python -m pytest -q --durations=15 clients/python/tests
-  # The tests of the torch client again on the newest torch from PyPI
-  # (.venv-torch, what users install): the torch API's (test_torch) and the
-  # client's units, and its GPU path (torch >= 2 frees exported storages
-  # through finalizers). The files that start torch workers to test the daemon's
-  # behaviour (launching, elastic orchestration, the timeline) run once,
-  # above, which keeps this pass to a few minutes.
+  t=clients/python/tests
+  # The torch client's own tests (its API, units, elastic state, GPU path)
+  # run once, on the newest torch from PyPI (.venv-torch, what users
+  # install); every other test (TensorFlow, Keras, launching, elastic jobs,
+  # the timeline; their torch workers use Debian's torch) runs once, on .venv.
+  torch_tests=($t/test_torch.py $t/test_units.py $t/test_elastic_units.py $t/test_gpu_units.py $t/test_gpu_ipc.py)
+  stage "python client: TensorFlow, Keras, launchers, elastic jobs (.venv, Debian's $(torch_of .venv/bin/python))"
+  HVDD_BIN="$PWD/bin/hvdd" .venv/bin/python -m pytest -q --durations=15 $t \
+    $(printf -- '--ignore=%s ' "${torch_tests[@]}")
   if ! wait $torch_setup; then
     cat "$torch_log"; echo "scripts/setup-torch.sh failed"; exit 1
   fi
-  stage "python client: the torch tests, on PyPI's $(torch_of .venv-torch/bin/python) (.venv-torch)"
-  t=clients/python/tests
-  HVDD_BIN="$PWD/bin/hvdd" .venv-torch/bin/python -m pytest -q \
-    $t/test_torch.py $t/test_units.py $t/test_elastic_units.py $t/test_gpu_units.py $t/test_gpu_ipc.py
+  stage "python client: the torch client's tests, on PyPI's $(torch_of .venv-torch/bin/python) (.venv-torch)"
+  HVDD_BIN="$PWD/bin/hvdd" .venv-torch/bin/python -m pytest -q --durations=10 "${torch_tests[@]}"
 fi
 stage "all tests passed"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Elastic recovery, hvdd against Horovod 0.28.1, alternated per round: from a
-# worker's SIGKILL to the survivors' first training step completed at the new
+# worker's SIGKILL (or exception) to the survivors' first training step completed at the new
 # size (clients/python/bench/tf_elastic_worker.py: 3 ranks, the last killed at
 # step 3, TensorFlowKerasState + DistributedGradientTape).
 #   hvdd     hvdd run -np 3 --min-np 2 (one host; TF 2.21)
@@ -15,11 +15,15 @@
 # which scripts/setup.sh installs) and passes horovodrun -p and -i.
 #
 #   bench/horovod/setup_tf.sh                # once: the Horovod + TensorFlow venv
-#   bench/horovod/elastic_recovery.sh [ROUNDS]   # default 3
+#   bench/horovod/elastic_recovery.sh [ROUNDS] [kill|raise]   # default 3 kill
+# With raise the victim raises an exception at the step instead of SIGKILL
+# (its process exits with status 1 through Python's exit path).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${HOROVOD_TF_VENV:-$(dirname "$REPO")/hvd-tf-venv}"
 ROUNDS="${1:-3}"
+export HVDD_BENCH_EXIT="${2:-kill}"
+case "$HVDD_BENCH_EXIT" in kill|raise) ;; *) echo "usage: $0 [ROUNDS] [kill|raise]" >&2; exit 2;; esac
 WORKER="$REPO/clients/python/bench/tf_elastic_worker.py"
 [ -x "$VENV/bin/horovodrun" ] || { echo "no Horovod venv at $VENV: run bench/horovod/setup_tf.sh" >&2; exit 1; }
 SSHD=$(command -v sshd || echo /usr/sbin/sshd)

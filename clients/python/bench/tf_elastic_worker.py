@@ -3,9 +3,11 @@ HVDD_BENCH_IMPL=horovod, horovod.tensorflow (bench/horovod/elastic_recovery.sh).
 
 A tiny model trained with hvd.elastic.run, TensorFlowKerasState and
 DistributedGradientTape, one commit per step. The last rank of the first
-epoch prints ``KILL <time>`` and kills itself with SIGKILL at step KILL_AT;
-the survivors print ``RECOVERED <time> size N`` when their step KILL_AT has
-completed at the new size.
+epoch prints ``KILL <time>`` and kills itself with SIGKILL at step KILL_AT
+(with HVDD_BENCH_EXIT=raise it raises an exception instead, and its process
+exits with status 1 through Python's exit path); the survivors print
+``RECOVERED <time> size N`` when their step KILL_AT has completed at the new
+size.
 
 Usage: tf_elastic_worker.py STEPS KILL_AT
 """
@@ -46,6 +48,8 @@ def train(state):
     while state.step < steps:
         if victim and state.step == kill_at:
             print(f"KILL {time.time():.6f}", flush=True)
+            if os.environ.get("HVDD_BENCH_EXIT") == "raise":
+                raise RuntimeError(f"rank {hvd.rank()} fails at step {state.step} (HVDD_BENCH_EXIT=raise)")
             os.kill(os.getpid(), signal.SIGKILL)
         g = tf.random.Generator.from_seed(1000 * state.step + hvd.rank())
         x = g.normal((8, 4))
