@@ -4,9 +4,10 @@
 # size (clients/python/bench/tf_elastic_worker.py: 3 ranks, the last killed at
 # step 3, TensorFlowKerasState + DistributedGradientTape).
 #   hvdd     hvdd run -np 3 --min-np 2 (one host; TF 2.21)
-#   hvdd-2h  the same on two "hosts", a daemon each on 127.0.0.2 (1 rank)
-#            and 127.0.0.3 (2 ranks, the victim among them): the next
-#            epoch spans both, its tcp engine connected anew
+#   hvdd-3h  the same on three "hosts" as Horovod's, a daemon each on
+#            127.0.0.2, 127.0.0.3 and 127.0.0.4 (1 rank each, the victim on
+#            the last): the failed worker's host is blacklisted, and the
+#            next epoch spans the other two, its tcp engine connected anew
 #   horovod  horovodrun -np 3 --min-np 2 --host-discovery-script (hosts
 #            127.0.0.1:1, 127.0.0.2:1, 127.0.0.3:1; the Horovod TF venv, TF 2.15)
 # Horovod blacklists the host of a failed worker, so its three ranks run on
@@ -64,8 +65,8 @@ print(f"{max(r)-k[0]:.3f}" if len(k)==1 and len(r)==2 else "failed")' < "$1"
 for r in $(seq 1 "$ROUNDS"); do
   "$REPO/bin/hvdd" run -np 3 --min-np 2 --socket "$TMP/hvdd.sock" -- "$REPO/.venv/bin/python" "$WORKER" 8 3 > "$TMP/hvdd.$r.log" 2>&1 || true
   echo "round $r hvdd recovery_s=$(recovery "$TMP/hvdd.$r.log")"
-  "$REPO/bin/hvdd" run -np 3 --min-np 2 -H 127.0.0.2:1,127.0.0.3:2 -- "$REPO/.venv/bin/python" "$WORKER" 8 3 > "$TMP/hvdd2h.$r.log" 2>&1 || true
-  echo "round $r hvdd-2h recovery_s=$(recovery "$TMP/hvdd2h.$r.log")"
+  "$REPO/bin/hvdd" run -np 3 --min-np 2 -H 127.0.0.2:1,127.0.0.3:1,127.0.0.4:1 -- "$REPO/.venv/bin/python" "$WORKER" 8 3 > "$TMP/hvdd3h.$r.log" 2>&1 || true
+  echo "round $r hvdd-3h recovery_s=$(recovery "$TMP/hvdd3h.$r.log")"
   (cd "$TMP" && HVDD_BENCH_IMPL=horovod "$VENV/bin/horovodrun" -np 3 --min-np 2 --host-discovery-script "$TMP/discover.sh" \
      -p "$PORT" -i "$TMP/id_ed25519" --network-interface lo "$VENV/bin/python" "$WORKER" 8 3) > "$TMP/horovod.$r.log" 2>&1 || true
   echo "round $r horovod recovery_s=$(recovery "$TMP/horovod.$r.log")"
