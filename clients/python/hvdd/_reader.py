@@ -35,6 +35,7 @@ from ._channel import Channel, ChannelError, fence
 from ._proto import hvdd_pb2 as pb
 from ._shm import Region, Staging
 from ._wire import ANC_SIZE, DONE_OK, HEADER, HEADER_SIZE, KIND_SERVER, KIND_WAKE, MAX_BODY, error_for
+from ._notifications import HostUpdateResult, notification_manager
 from .exceptions import HvddInternalError
 
 __all__ = ["Handle", "Reader"]
@@ -198,8 +199,6 @@ class Reader:
             if kind == "fatal":
                 raise error_for(m.fatal.code, m.fatal.error or "hvdd: the daemon closed the connection")
             if kind == "hosts_updated":
-                from .elastic import HostUpdateResult, notification_manager
-
                 u = m.hosts_updated
                 notification_manager.handle_hosts_updated(u.timestamp, HostUpdateResult(u.result))
                 return

@@ -33,11 +33,9 @@ coming back, and ``init()`` would wait for it until its start timeout.
 
 from __future__ import annotations
 
-import enum
 import functools
 import logging
 import queue
-import threading
 from typing import Any, Callable, List, Optional
 
 import numpy as np
@@ -45,6 +43,7 @@ import numpy as np
 from . import basics as _basics
 from . import ops as _ops
 from ._client import elastic_requested
+from ._notifications import HostUpdateResult, WorkerNotificationManager, notification_manager
 from ._proto import hvdd_pb2 as _pb
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
@@ -59,51 +58,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class HostUpdateResult(enum.IntFlag):
-    """What changed in the job's hosts (Horovod's
-    ``horovod.runner.elastic.worker.HostUpdateResult``)."""
-
-    no_update = 0
-    removed = 1
-    added = 2
-    mixed = removed | added
-
-
-class WorkerNotificationManager:
-    """Passes host-update notifications to the states that
-    :func:`run_fn` is running (Horovod's ``WorkerNotificationManager``). In
-    Horovod the driver posts them to every worker's HTTP service; in hvdd the
-    daemons send them to global rank 0 with the replies to its collectives
-    when workers wait to join the job, and ``State.check_host_updates``
-    broadcasts rank 0's view at the next commit."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._listeners: set = set()
-
-    def init(self) -> None:
-        """Starts receiving notifications; nothing to start yet."""
-
-    def register_listener(self, listener: Any) -> None:
-        with self._lock:
-            self._listeners.add(listener)
-
-    def remove_listener(self, listener: Any) -> None:
-        with self._lock:
-            self._listeners.discard(listener)
-
-    def handle_hosts_updated(self, timestamp: int, update_res: HostUpdateResult) -> None:
-        """Delivers a notification (the launcher's time of the change, and
-        what changed) to every registered state."""
-        with self._lock:
-            listeners = list(self._listeners)
-        for listener in listeners:
-            listener.on_hosts_updated(timestamp, update_res)
-
-
-notification_manager = WorkerNotificationManager()
 
 
 def _broadcast_object(obj: Any) -> Any:

@@ -36,6 +36,7 @@ import tensorflow as tf
 import hvdd.tensorflow as hvd
 from hvdd.tensorflow import Average, ProcessSet, global_process_set
 from hvdd.tensorflow.compression import Compression
+from hvdd.tensorflow.elastic import keras_session as _session
 from hvdd.tensorflow.gradient_aggregation import check_optimizer_args, make_allreduce_grads_fn, var_ids
 
 from .callbacks import (
@@ -371,18 +372,6 @@ def is_distributed_optimizer(optimizer: Any) -> bool:
 
 
 # ----------------------------------------------------------------------------- value helpers
-
-
-def _session(backend: Any) -> Any:
-    sess = tf.compat.v1.get_default_session()
-    if sess is not None:
-        return sess
-    get = getattr(backend, "get_session", None)
-    if get is None:
-        get = getattr(getattr(backend, "backend", None), "get_session", None)
-    if get is None:
-        get = tf.compat.v1.keras.backend.get_session
-    return get()
 
 
 def _eval(backend: Any, x: Any) -> Any:

@@ -14,6 +14,8 @@ from typing import Any, Callable, Dict, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
+from hvdd.tensorflow.elastic import keras_session as _session
+
 import hvdd.tensorflow as hvd
 
 __all__ = [
@@ -23,12 +25,6 @@ __all__ = [
     "LearningRateWarmupCallbackImpl",
     "BestModelCheckpointImpl",
 ]
-
-
-def _session(backend: Any) -> Any:
-    from . import _session as get
-
-    return get(backend)
 
 
 def _value(backend: Any, x: Any) -> float:

@@ -51,6 +51,20 @@ def _global_variables() -> List[Any]:
     return tf.compat.v1.global_variables()
 
 
+def keras_session(backend: Any) -> Any:
+    """The TF1 session a Keras backend (``tf.keras.backend`` or a module
+    holding one as ``backend``) runs in: the default session if there is one."""
+    sess = tf.compat.v1.get_default_session()
+    if sess is not None:
+        return sess
+    get = getattr(backend, "get_session", None)
+    if get is None:
+        get = getattr(getattr(backend, "backend", None), "get_session", None)
+    if get is None:
+        get = tf.compat.v1.keras.backend.get_session
+    return get()
+
+
 def _default_session() -> Any:
     return None if _executing_eagerly() else tf.compat.v1.get_default_session()
 
@@ -148,9 +162,7 @@ class TensorFlowKerasState(_VariablesState):
     def _session(self) -> Any:
         if self.backend is None:
             return tf.compat.v1.get_default_session() or tf.compat.v1.keras.backend.get_session()
-        from .._keras import _session
-
-        return _session(self.backend)
+        return keras_session(self.backend)
 
     def _model_variables(self) -> List[Any]:
         return list(self.model.variables)
