@@ -72,6 +72,21 @@ class Recorder(ObjectState):
 # --------------------------------------------------------------------------- run_fn
 
 
+def scripted(calls: list, outcomes: list):
+    """A training function that records "func" and then raises or returns
+    the next of outcomes."""
+    it = iter(outcomes)
+
+    def train(state):
+        calls.append("func")
+        out = next(it)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    return train
+
+
 def test_run_fn_retries_restores_and_skips_sync(elastic_job):
     calls: list = []
     state = Recorder(calls, batch=0)
@@ -110,15 +125,7 @@ def test_run_fn_retries_restores_and_skips_sync(elastic_job):
 def test_run_fn_hosts_updated_without_skip_sync_syncs(elastic_job):
     calls: list = []
     state = Recorder(calls)
-    outcomes = iter([HostsUpdatedInterrupt(skip_sync=False), "done"])
-
-    def train(state):
-        calls.append("func")
-        out = next(outcomes)
-        if isinstance(out, Exception):
-            raise out
-        return out
-
+    train = scripted(calls, [HostsUpdatedInterrupt(skip_sync=False), "done"])
     assert run_fn(train, lambda: calls.append("reset"))(state) == "done"
     assert calls == ["sync", "func", "reset", "state.reset", "sync", "func"]
 
@@ -149,15 +156,7 @@ def test_run_fn_not_elastic_resets_like_horovod(monkeypatch):
     monkeypatch.setattr(elastic, "_all_skip_sync", lambda skip: skip)
     calls: list = []
     state = Recorder(calls)
-    outcomes = iter([HorovodInternalError("injected"), "done"])
-
-    def train(state):
-        calls.append("func")
-        out = next(outcomes)
-        if isinstance(out, Exception):
-            raise out
-        return out
-
+    train = scripted(calls, [HorovodInternalError("injected"), "done"])
     assert run_fn(train, lambda: calls.append("reset"))(state) == "done"
     assert calls == ["sync", "func", "restore", "reset", "state.reset", "sync", "func"]
 
