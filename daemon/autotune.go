@@ -192,12 +192,12 @@ func (t *tuner) row(line string) {
 	t.w.WriteByte('\n')
 	if err := t.w.Flush(); err != nil {
 		t.log.Warn("autotune: writing the log file failed; it stops here", "err", err)
-		t.close()
+		t.Close()
 	}
 }
 
 // close closes the CSV log.
-func (t *tuner) close() {
+func (t *tuner) Close() {
 	if t.csv != nil {
 		t.csv.Close()
 		t.csv, t.w = nil, nil
@@ -250,7 +250,7 @@ func (t *tuner) update(names []string, bytes int64) (settings, bool) {
 		s.final = true
 		t.row(autotune.CSVRow(r.Best, r.BestScore))
 		t.log.Info("autotune: done; keeping the best settings", append([]any{"score_mb_per_s", r.BestScore}, s.attrs()...)...)
-		t.close()
+		t.Close()
 		return s, true
 	}
 	return s, !slices.Equal(r.Next, r.Values)

@@ -624,7 +624,7 @@ func (o *outputs) release(b *ipcpb.Buffer) error {
 	return fmt.Errorf("release of a buffer in unknown region %#x", b.GetRegion())
 }
 
-func (o *outputs) close() {
+func (o *outputs) Close() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, r := range o.regions {

@@ -41,7 +41,7 @@ type formation interface {
 	// driver removed it from the elastic job, else "".
 	removed() string
 	// close releases what the formation holds when the daemon stops.
-	close()
+	Close()
 }
 
 // coordination negotiates the tensors of one job: it takes its local ranks'
@@ -154,13 +154,17 @@ func (f *oneNode) complete(j *job) {
 	f.hooks.start(j, newMembership([]int{len(j.slots)}, 0), c)
 }
 
-func (f *oneNode) ended(*job)        {}
-func (f *oneNode) message(any) bool  { return false }
+func (f *oneNode) ended(*job) {}
+
+func (f *oneNode) message(any) bool { return false }
+
 func (f *oneNode) readable(int) bool { return false }
-func (f *oneNode) close()            {}
+
+func (f *oneNode) Close() {}
 
 func (f *oneNode) nextReady(uint64, int, string) {}
-func (f *oneNode) removed() string               { return "" }
+
+func (f *oneNode) removed() string { return "" }
 
 // localCoord negotiates a job of one node over a plan table.
 type localCoord struct {
@@ -177,15 +181,23 @@ func (c *localCoord) stalls(now, olderThan int64) []plan.Stall { return c.t.Stal
 
 func (c *localCoord) setRequest(r psReq) { c.j.settleLocal(r, c.t) }
 
-func (c *localCoord) abort(ipcpb.Code, string, bool)   {}
-func (c *localCoord) flush()                           {}
-func (c *localCoord) expect(bool)                      {}
-func (c *localCoord) end()                             {}
+func (c *localCoord) abort(ipcpb.Code, string, bool) {}
+
+func (c *localCoord) flush() {}
+
+func (c *localCoord) expect(bool) {}
+
+func (c *localCoord) end() {}
+
 func (c *localCoord) hostsUpdated(*ipcpb.HostsUpdated) {}
-func (c *localCoord) engine() backends.Backend         { return nil }
-func (c *localCoord) traceSink() eventSink             { return nil }
-func (c *localCoord) traceSent()                       {}
-func (c *localCoord) coordinates() bool                { return true }
+
+func (c *localCoord) engine() backends.Backend { return nil }
+
+func (c *localCoord) traceSink() eventSink { return nil }
+
+func (c *localCoord) traceSent() {}
+
+func (c *localCoord) coordinates() bool { return true }
 
 func (c *localCoord) retune(s settings) {
 	// The threshold is never negative here (tuner.settings).

@@ -127,8 +127,8 @@ func (l *loop) reformAfter(j *job) {
 		r.failedAt, r.again = old.failedAt, true
 		wait -= time.Since(old.failedAt)
 	}
-	r.timer = time.AfterFunc(wait, func() { l.p.post(msgReformTimeout{r}) })
-	r.check = time.AfterFunc(reformCheckEvery, func() { l.p.post(msgReformCheck{r}) })
+	r.timer = time.AfterFunc(wait, func() { l.p.Post(msgReformTimeout{r}) })
+	r.check = time.AfterFunc(reformCheckEvery, func() { l.p.Post(msgReformCheck{r}) })
 	ln.reform = r
 	// Warn, not Info: a membership change is what the daemon a job starts
 	// for itself (hvdd run, --log-level warning) must still show.
@@ -384,7 +384,7 @@ func (l *loop) reformCheck(r *reform) {
 		}
 	}
 	if len(gone) == 0 {
-		r.check = time.AfterFunc(reformCheckEvery, func() { l.p.post(msgReformCheck{r}) })
+		r.check = time.AfterFunc(reformCheckEvery, func() { l.p.Post(msgReformCheck{r}) })
 		return
 	}
 	l.s.log.Warn("survivors of the elastic job exited instead of re-initialising; its next epoch forms without them",
@@ -398,7 +398,7 @@ func (l *loop) reformCheck(r *reform) {
 		l.endLane(ln)
 		return
 	}
-	r.check = time.AfterFunc(reformCheckEvery, func() { l.p.post(msgReformCheck{r}) })
+	r.check = time.AfterFunc(reformCheckEvery, func() { l.p.Post(msgReformCheck{r}) })
 	if j == nil {
 		return
 	}

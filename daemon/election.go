@@ -70,7 +70,7 @@ func (c *multiNode) elect(n *nextEpoch) {
 	addr := c.ctrl.Addr() // open since the daemon started (migratable)
 	go func() {
 		res := msgElected{epoch: epoch, round: round}
-		defer func() { c.p.post(res) }()
+		defer func() { c.p.Post(res) }()
 		ctx, cancel := context.WithTimeout(c.life, c.cfg.StartTimeout)
 		defer cancel()
 		key := electionKey(epoch, round)
@@ -108,7 +108,7 @@ func (c *multiNode) elect(n *nextEpoch) {
 		dctx, dcancel := context.WithTimeout(ctx, c.ccfg.PeerTimeout)
 		defer dcancel()
 		link, err := cluster.Dial(dctx, addr, c.ccfg, who)
-		if err == nil && !c.joining.add(link) {
+		if err == nil && !c.joining.Add(link) {
 			// The daemon closed meanwhile; closeAll closes what it holds.
 			link.Close()
 			err = errors.New("the daemon is shutting down")
@@ -198,7 +198,7 @@ func (c *multiNode) takeLead(n *nextEpoch) {
 				n.links[id] = nil
 			}
 		}
-		n.deadline = time.AfterFunc(c.ccfg.PeerTimeout, func() { c.p.post(msgElectDeadline{n}) })
+		n.deadline = time.AfterFunc(c.ccfg.PeerTimeout, func() { c.p.Post(msgElectDeadline{n}) })
 		c.log.Warn("elastic job: this node coordinates the job from now on", "epoch", n.epoch, "was", old, "expects", n.nodes())
 	}
 	if j := n.forming; j != nil {
@@ -273,7 +273,7 @@ func (c *multiNode) reclaim(j *job) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
 		defer cancel()
 		if err := c.publish(ctx, "coordinator", addr); err != nil {
-			c.p.post(msgLayout{j: j, err: err})
+			c.p.Post(msgLayout{j: j, err: err})
 		}
 	}()
 	c.waiting = j

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/internal/poll"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -33,7 +34,7 @@ type work struct {
 // keeps negotiating while data moves.
 type executor struct {
 	s       *Server
-	p       *poller
+	p       *poll.Poller
 	ropts   reduce.Options
 	fuse    []byte // fusion buffer of cross-node ops, reused
 	adaIn   []byte // a node's block of a cross-node Adasum, reused
@@ -61,7 +62,7 @@ type executor struct {
 	dispatched time.Time
 }
 
-func newExecutor(s *Server, p *poller) *executor {
+func newExecutor(s *Server, p *poll.Poller) *executor {
 	return &executor{
 		s:       s,
 		p:       p,
@@ -77,7 +78,7 @@ func (x *executor) run() {
 		for _, w := range batch {
 			x.execute(w)
 		}
-		x.p.post(msgExecIdle{})
+		x.p.Post(msgExecIdle{})
 	}
 }
 

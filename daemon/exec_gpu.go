@@ -9,12 +9,13 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/gpu"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/tensor"
-	"google.golang.org/protobuf/proto"
 )
 
 // Executing responses that hold GPU tensors.
@@ -259,7 +260,7 @@ func (x *executor) deviceFailed(w work, err error) {
 	}
 	x.s.log.Error("GPU collective failed", "op", r.Op, "tensors", len(r.Tensors), "err", err)
 	if w.b != nil && len(w.view.nodes) > 1 {
-		x.p.post(msgExecErr{j: w.j, err: errors.New(msg), ops: w.ops, closed: errors.Is(err, backends.ErrClosed)})
+		x.p.Post(msgExecErr{j: w.j, err: errors.New(msg), ops: w.ops, closed: errors.Is(err, backends.ErrClosed)})
 		return
 	}
 	for _, row := range w.ops {

@@ -35,7 +35,7 @@ func (x *executor) executeMulti(w work) {
 	if err != nil {
 		d := &ipcpb.Done{Code: ipcpb.Code_CODE_UNIMPLEMENTED, Error: err.Error()}
 		finishRows(w.ops, d)
-		x.p.post(msgExecErr{j: w.j, err: err})
+		x.p.Post(msgExecErr{j: w.j, err: err})
 		return
 	}
 	var dones [][]*ipcpb.Done // per tensor, per row (nil = plain OK)
@@ -69,7 +69,7 @@ func (x *executor) executeMulti(w work) {
 		}
 		// The loop answers the ops: it knows whether the job had already
 		// failed, and the engine was closed for that.
-		x.p.post(msgExecErr{j: w.j, err: errors.New(msg), ops: w.ops, closed: errors.Is(err, backends.ErrClosed)})
+		x.p.Post(msgExecErr{j: w.j, err: errors.New(msg), ops: w.ops, closed: errors.Is(err, backends.ErrClosed)})
 		return
 	}
 	for i, row := range w.ops {

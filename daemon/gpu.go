@@ -182,7 +182,7 @@ func (g *gpuState) uuids() []string {
 
 // close releases everything: communicators, buffers, streams, contexts of
 // the GPUs opened. Called once the executor has stopped.
-func (g *gpuState) close() {
+func (g *gpuState) Close() {
 	if g == nil {
 		return
 	}

@@ -20,7 +20,7 @@ func FuzzResolveDevice(f *testing.F) {
 	if g == nil {
 		f.Fatal("no fake GPU")
 	}
-	defer g.close()
+	defer g.Close()
 	if g.devs[0].opened() {
 		f.Fatal("the GPU's context was opened before any device tensor")
 	}

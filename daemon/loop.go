@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/internal/poll"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/ipc"
@@ -53,7 +54,7 @@ type loop struct {
 	tlGen   uint32 // timelines started (tracer.gen)
 	s       *Server
 	cfg     Config
-	p       *poller
+	p       *poll.Poller
 	epoch   time.Time
 	clients map[int]*client // by socket fd
 	lanes   map[laneKey]*lane
@@ -91,7 +92,7 @@ type loop struct {
 	lastJobs               []JobStatus
 }
 
-func newLoop(s *Server, p *poller) (*loop, error) {
+func newLoop(s *Server, p *poll.Poller) (*loop, error) {
 	l := &loop{s: s, cfg: s.cfg, p: p, epoch: time.Now(), clients: make(map[int]*client), lanes: make(map[laneKey]*lane),
 		cycleTime: s.cfg.CycleTime, spin: s.cfg.Spin}
 	l.x = newExecutor(s, p)
@@ -158,7 +159,7 @@ func (l *loop) run() {
 				yielded = slept
 			}
 		}
-		events, err := l.p.wait(timeout)
+		events, err := l.p.Wait(timeout)
 		if timeout != 0 {
 			l.setAsleep(false)
 			lastSleep = time.Since(slept)
@@ -171,8 +172,8 @@ func (l *loop) run() {
 		active := len(events) > 0
 		for _, ev := range events {
 			fd := int(ev.Fd)
-			if fd == l.p.evfd {
-				for _, m := range l.p.drain() {
+			if fd == l.p.Evfd {
+				for _, m := range l.p.Drain() {
 					l.message(m)
 				}
 				continue
@@ -285,7 +286,7 @@ func (l *loop) message(m any) {
 	case msgConn:
 		c := m.c
 		fd := c.ic.FD()
-		if err := l.p.add(fd); err != nil {
+		if err := l.p.Add(fd); err != nil {
 			l.s.log.Error("cannot watch client connection", "pid", c.pid, "err", err)
 			c.ic.Close()
 			l.s.forget(c)
@@ -311,7 +312,7 @@ func (l *loop) message(m any) {
 	case msgProbe:
 		m.reply <- l.serviceStatus()
 	case msgDrain:
-		l.drain()
+		l.Drain()
 	case msgReformTimeout:
 		l.reformTimeout(m.r)
 	case msgReformCheck:
@@ -350,7 +351,7 @@ func (l *loop) drop(c *client, err error) {
 	} else if err != nil && !errors.Is(err, ipc.ErrClosed) {
 		l.s.log.Warn("closing client connection", "pid", c.pid, "err", err)
 	}
-	l.p.del(c.fd)
+	l.p.Del(c.fd)
 	delete(l.clients, c.fd)
 	for i, x := range l.chans {
 		if x == c {
@@ -371,7 +372,7 @@ func (l *loop) closeDead() {
 		return
 	}
 	for _, c := range l.dead {
-		c.out.close()
+		c.out.Close()
 	}
 	l.dead = nil
 }
@@ -392,7 +393,7 @@ func (l *loop) shutdown() {
 	}
 	for _, ln := range l.order {
 		for _, c := range ln.waiting {
-			c.out.close()
+			c.out.Close()
 		}
 		if ln.reform != nil {
 			ln.reform.stop()
@@ -402,7 +403,7 @@ func (l *loop) shutdown() {
 	<-l.x.stopped
 	l.execBusy = false
 	l.closeDead()
-	l.s.gpu.close()
+	l.s.gpu.Close()
 	if l.stall != nil {
 		l.stall.Stop()
 	}
@@ -411,8 +412,8 @@ func (l *loop) shutdown() {
 	}
 	l.stopTimeline(nil, nil)
 	l.tlClosing.Wait()
-	l.nodes.close()
-	l.p.close()
+	l.nodes.Close()
+	l.p.Close()
 }
 
 func (l *loop) hello(c *client, h *ipcpb.Hello) {
@@ -547,6 +548,7 @@ func (l *loop) start(j *job, m membership, c coordination) {
 
 // now, executing and current serve loopHooks.
 func (l *loop) executing() bool { return l.execBusy }
+
 func (l *loop) current(j *job) bool {
 	return j != nil && j.lane != nil && j.lane.job == j && l.lanes[j.lane.key] == j.lane
 }
@@ -631,7 +633,7 @@ func (l *loop) jobEnded(j *job) {
 	// Horovod's shutdown ends its timeline too.
 	l.stopTimeline(j, nil)
 	if j.tune != nil {
-		j.tune.close()
+		j.tune.Close()
 	}
 	st := j.stats
 	l.s.log.Info("job ended", "job", j.id, "name", ln.key.name, "batches", st.batches, "responses", st.responses, "tensors", st.tensors, "bytes", st.bytes)
@@ -778,7 +780,7 @@ func (l *loop) dispatch() {
 	}
 	if l.cycleTime > 0 {
 		if wait := l.cycleTime - time.Since(l.lastDispatch); wait > 0 {
-			l.cycle = time.AfterFunc(wait, func() { l.p.post(msgCycle{}) })
+			l.cycle = time.AfterFunc(wait, func() { l.p.Post(msgCycle{}) })
 			return
 		}
 	}
@@ -965,7 +967,7 @@ func (l *loop) armStallTimer() {
 	}
 	for _, j := range l.jobs() {
 		if len(j.pending) > 0 {
-			l.stall = time.AfterFunc(l.cfg.StallCheck, func() { l.p.post(msgStall{}) })
+			l.stall = time.AfterFunc(l.cfg.StallCheck, func() { l.p.Post(msgStall{}) })
 			return
 		}
 	}

@@ -310,7 +310,7 @@ func (s *Server) snapshot(timeout time.Duration) (*stateSnapshot, error) {
 		return nil, errors.New("the daemon is not serving yet")
 	}
 	m := msgMetrics{snap: &stateSnapshot{}, done: make(chan struct{})}
-	p.post(m)
+	p.Post(m)
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {

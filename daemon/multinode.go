@@ -17,6 +17,7 @@ import (
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/cluster"
 	"github.com/hvdd/hvdd/cluster/clusterpb"
+	"github.com/hvdd/hvdd/daemon/internal/poll"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/rendezvous"
@@ -70,7 +71,7 @@ type BackendFactory func(ctx context.Context, j MultiNodeJob) (backends.Backend,
 // Only the loop goroutine touches it, except where noted.
 type multiNode struct {
 	hooks loopHooks
-	p     *poller
+	p     *poll.Poller
 	log   *slog.Logger
 	cfg   Config
 	nodes int
@@ -130,7 +131,7 @@ type linkSet struct {
 }
 
 // add records link; false once closeAll has run.
-func (s *linkSet) add(link *cluster.Link) bool {
+func (s *linkSet) Add(link *cluster.Link) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -186,7 +187,7 @@ type (
 	msgLinkCheck struct{} // time to look for silent control links
 )
 
-func newMultiNode(hooks loopHooks, p *poller, cfg Config, log *slog.Logger) (*multiNode, error) {
+func newMultiNode(hooks loopHooks, p *poll.Poller, cfg Config, log *slog.Logger) (*multiNode, error) {
 	c := &multiNode{hooks: hooks, p: p, log: log, cfg: cfg, nodes: cfg.Nodes, rank: cfg.NodeRank, host: cfg.Advertise, joins: make(map[int]nodeJoin),
 		watched: make(map[int]*watchedLink),
 		ccfg:    cluster.Config{Secret: cfg.Secret, Heartbeat: cfg.Heartbeat, PeerTimeout: cfg.PeerTimeout}.WithDefaults()}
@@ -264,7 +265,7 @@ func (c *multiNode) publish(ctx context.Context, key, addr string) error {
 	return nil
 }
 
-func (c *multiNode) close() {
+func (c *multiNode) Close() {
 	c.endLife()
 	c.joining.closeAll()
 	for _, nj := range c.held {
@@ -339,7 +340,7 @@ func (c *multiNode) takeJoin(link *cluster.Link, who string) {
 		link.Close()
 		return
 	}
-	c.p.post(msgJoin{nodeJoin{link, m.GetJoin()}})
+	c.p.Post(msgJoin{nodeJoin{link, m.GetJoin()}})
 }
 
 // complete is called when every local client of j has said hello: the job
@@ -368,7 +369,7 @@ func (c *multiNode) joinCoordinator(j *job, join *clusterpb.Message, reclaim boo
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
 	defer cancel()
 	res := msgLayout{j: j}
-	defer func() { c.p.post(res) }()
+	defer func() { c.p.Post(res) }()
 	for {
 		var moved bool
 		res.link, res.layout, moved, res.err = c.tryJoin(ctx, join)
@@ -394,7 +395,7 @@ func (c *multiNode) tryJoin(ctx context.Context, join *clusterpb.Message) (*clus
 	if err != nil {
 		return nil, nil, false, err
 	}
-	if !c.joining.add(link) {
+	if !c.joining.Add(link) {
 		link.Close()
 		return nil, nil, false, errors.New("the daemon is shutting down")
 	}
@@ -692,7 +693,7 @@ func (c *multiNode) startBackend(j *job, id uint64, slots []int, node int) {
 	if err != nil {
 		b = nil // a factory may return a typed nil with its error
 	}
-	c.p.post(msgBackendUp{j: j, b: b, slots: slots, node: node, err: err})
+	c.p.Post(msgBackendUp{j: j, b: b, slots: slots, node: node, err: err})
 }
 
 func (c *multiNode) backendUp(m msgBackendUp) {
@@ -740,7 +741,7 @@ func (c *multiNode) watch(mc *multiCoord, node, id int, link *cluster.Link) erro
 		w.mc, w.node = mc, node
 		return nil
 	}
-	if err := c.p.add(fd); err != nil {
+	if err := c.p.Add(fd); err != nil {
 		return fmt.Errorf("cannot watch the control link to node %d: %w", id, err)
 	}
 	w := &watchedLink{mc: mc, node: node, id: id, link: link, fd: fd}
@@ -755,7 +756,7 @@ func (c *multiNode) watch(mc *multiCoord, node, id int, link *cluster.Link) erro
 // armLinkCheck schedules the next checkLinks while links are watched.
 func (c *multiNode) armLinkCheck() {
 	if len(c.watched) > 0 && c.linkCheck == nil {
-		c.linkCheck = time.AfterFunc(c.ccfg.Heartbeat, func() { c.p.post(msgLinkCheck{}) })
+		c.linkCheck = time.AfterFunc(c.ccfg.Heartbeat, func() { c.p.Post(msgLinkCheck{}) })
 	}
 }
 
@@ -845,7 +846,7 @@ func (c *multiNode) closeLink(link *cluster.Link) {
 func (c *multiNode) unwatch(link *cluster.Link) {
 	for fd, w := range c.watched {
 		if w.link == link {
-			c.p.del(fd)
+			c.p.Del(fd)
 			delete(c.watched, fd)
 		}
 	}

@@ -32,7 +32,7 @@ func (c *multiNode) watchRemoval(ctx context.Context) {
 	for {
 		kv, err := c.store.Wait(ctx, key)
 		if err == nil {
-			c.p.post(msgRemoved{host: string(kv[key])})
+			c.p.Post(msgRemoved{host: string(kv[key])})
 			return
 		}
 		if ctx.Err() != nil {

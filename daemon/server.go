@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hvdd/hvdd/daemon/internal/poll"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 )
 
@@ -37,7 +38,7 @@ type Server struct {
 
 	// mu guards the fields that follow.
 	mu       sync.Mutex
-	p        *poller
+	p        *poll.Poller
 	closed   bool
 	ln       *net.UnixListener
 	conns    map[*client]struct{}
@@ -113,7 +114,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	}
 	s.mu.Unlock()
 
-	p, err := newPoller()
+	p, err := poll.NewPoller()
 	if err != nil {
 		return err
 	}
@@ -122,19 +123,19 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	closed, draining := s.closed, s.draining
 	s.mu.Unlock()
 	if closed {
-		p.post(msgQuit{})
+		p.Post(msgQuit{})
 	}
 	if draining {
-		p.post(msgDrain{})
+		p.Post(msgDrain{})
 	}
 	l, err := newLoop(s, p)
 	if err != nil {
-		p.close()
+		p.Close()
 		return err
 	}
 	unregister, err := s.registerMetrics() // metrics.go
 	if err != nil {
-		p.close()
+		p.Close()
 		return err
 	}
 	defer unregister()
@@ -207,7 +208,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			uc.Close()
 			continue
 		}
-		p.post(msgConn{c})
+		p.Post(msgConn{c})
 	}
 	s.Close()
 	<-s.done
@@ -234,7 +235,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if p == nil {
 		return nil
 	}
-	p.post(msgDrain{})
+	p.Post(msgDrain{})
 	select {
 	case <-s.done:
 		return nil
@@ -264,7 +265,7 @@ func (s *Server) Close() error {
 		s.mu.Unlock()
 		if p != nil {
 			// The loop closes every connection on its way out.
-			p.post(msgQuit{})
+			p.Post(msgQuit{})
 		}
 	})
 	return nil

@@ -130,7 +130,7 @@ func (s *Server) Probe(ctx context.Context) (Status, error) {
 	p := s.p
 	s.mu.Unlock()
 	reply := make(chan Status, 1)
-	p.post(msgProbe{reply})
+	p.Post(msgProbe{reply})
 	select {
 	case st := <-reply:
 		return st, nil
@@ -197,7 +197,7 @@ func (l *loop) afterPass() {
 // drain starts Shutdown's drain: hellos waiting for the next job and
 // workers waiting to join an elastic job's next epoch are refused now; the
 // running job runs on (afterPass ends the drain when it has ended).
-func (l *loop) drain() {
+func (l *loop) Drain() {
 	if l.draining {
 		return
 	}

@@ -1,4 +1,6 @@
-package daemon
+// Package poll is the daemon loop's epoll set and its mailbox: an eventfd
+// through which other goroutines post messages to the loop.
+package poll
 
 import (
 	"fmt"
@@ -7,11 +9,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// poller is the loop's epoll set: every client socket plus an eventfd that
-// other goroutines write to hand the loop a message (see inbox).
-type poller struct {
+// Poller is the loop's epoll set: every client socket plus an eventfd that
+// other goroutines write to hand the loop a message (see Post).
+type Poller struct {
 	epfd   int
-	evfd   int
+	Evfd   int // the mailbox's eventfd, readable when a message waits
 	events []unix.EpollEvent
 
 	// mu guards the fields that follow.
@@ -20,7 +22,8 @@ type poller struct {
 	closed bool // the descriptors are closed: post drops its message
 }
 
-func newPoller() (*poller, error) {
+// NewPoller makes the epoll set and its eventfd mailbox.
+func NewPoller() (*Poller, error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("daemon: epoll_create: %w", err)
@@ -30,15 +33,16 @@ func newPoller() (*poller, error) {
 		unix.Close(epfd)
 		return nil, fmt.Errorf("daemon: eventfd: %w", err)
 	}
-	p := &poller{epfd: epfd, evfd: evfd, events: make([]unix.EpollEvent, 64)}
-	if err := p.add(evfd); err != nil {
-		p.close()
+	p := &Poller{epfd: epfd, Evfd: evfd, events: make([]unix.EpollEvent, 64)}
+	if err := p.Add(evfd); err != nil {
+		p.Close()
 		return nil, err
 	}
 	return p, nil
 }
 
-func (p *poller) add(fd int) error {
+// Add watches fd for input and hang-up.
+func (p *Poller) Add(fd int) error {
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(fd)}
 	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return fmt.Errorf("daemon: epoll add fd %d: %w", fd, err)
@@ -46,12 +50,13 @@ func (p *poller) add(fd int) error {
 	return nil
 }
 
-func (p *poller) del(fd int) {
+// Del stops watching fd.
+func (p *Poller) Del(fd int) {
 	unix.EpollCtl(p.epfd, unix.EPOLL_CTL_DEL, fd, nil)
 }
 
-// wait returns the ready events; timeoutMs 0 polls, -1 blocks.
-func (p *poller) wait(timeoutMs int) ([]unix.EpollEvent, error) {
+// Wait returns the ready events; timeoutMs 0 polls, -1 blocks.
+func (p *Poller) Wait(timeoutMs int) ([]unix.EpollEvent, error) {
 	for {
 		n, err := unix.EpollWait(p.epfd, p.events, timeoutMs)
 		if err == unix.EINTR {
@@ -67,11 +72,11 @@ func (p *poller) wait(timeoutMs int) ([]unix.EpollEvent, error) {
 	}
 }
 
-// post queues m for the loop and wakes it. Safe from any goroutine, also
+// Post queues m for the loop and wakes it. Safe from any goroutine, also
 // after close (a scrape may ask a loop that is ending): the message is then
 // dropped, and the eventfd's number, which may belong to another file by
 // then, is left alone.
-func (p *poller) post(m any) {
+func (p *Poller) Post(m any) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -79,13 +84,13 @@ func (p *poller) post(m any) {
 	}
 	p.inbox = append(p.inbox, m)
 	var one = [8]byte{1}
-	unix.Write(p.evfd, one[:])
+	unix.Write(p.Evfd, one[:])
 }
 
-// drain takes the queued messages and resets the eventfd.
-func (p *poller) drain() []any {
+// Drain takes the queued messages and resets the eventfd.
+func (p *Poller) Drain() []any {
 	var buf [8]byte
-	unix.Read(p.evfd, buf[:])
+	unix.Read(p.Evfd, buf[:])
 	p.mu.Lock()
 	m := p.inbox
 	p.inbox = nil
@@ -93,10 +98,11 @@ func (p *poller) drain() []any {
 	return m
 }
 
-func (p *poller) close() {
+// Close closes the descriptors; a later Post drops its message.
+func (p *Poller) Close() {
 	p.mu.Lock()
 	p.closed = true
 	p.mu.Unlock()
-	unix.Close(p.evfd)
+	unix.Close(p.Evfd)
 	unix.Close(p.epfd)
 }
