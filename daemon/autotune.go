@@ -266,7 +266,7 @@ func (l *loop) startTuner(j *job) {
 	if j.members.offset == 0 && len(j.slots) > 0 && j.slots[0] != nil {
 		// Global rank 0's HOROVOD_AUTOTUNE*, as Horovod reads them in
 		// rank 0's process, over the daemon's own.
-		if env := j.slots[0].helloMsg.GetAutotuneEnv(); len(env) > 0 {
+		if env := clientOf(j.slots[0]).helloMsg.GetAutotuneEnv(); len(env) > 0 {
 			var err error
 			if cfg.Autotune, err = jobAutotune(cfg.Autotune, env); err != nil {
 				l.s.log.Warn("autotune: rank 0's HOROVOD_AUTOTUNE* variables are ignored", "job", j.id, "err", err)
@@ -290,7 +290,7 @@ func (l *loop) startTuner(j *job) {
 		l.s.log.Error("autotune: cannot tune this job; it runs with the configured settings", "job", j.id, "err", err)
 		return
 	}
-	j.tune = t
+	l.laneOf(j).tune = t
 }
 
 // jobAutotune is the daemon's autotune settings a with a client's
@@ -331,7 +331,7 @@ func (l *loop) tuneBatch(j *job, resps []plan.Response) {
 			bytes += r.Bytes
 		}
 	}
-	s, changed := j.tune.update(names, bytes)
+	s, changed := l.laneOf(j).tune.update(names, bytes)
 	if !changed {
 		return
 	}

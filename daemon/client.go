@@ -97,6 +97,21 @@ func newClient(s *Server, uc *net.UnixConn) (*client, error) {
 // shmClose closes a received descriptor that will not be mapped.
 func shmClose(fd int) { unix.Close(fd) }
 
+// PID is the client's pid (SO_PEERCRED).
+func (c *client) PID() int32 { return c.pid }
+
+// Rank is the client's global rank in its job.
+func (c *client) Rank() int { return c.rank }
+
+// clientOf is the loop's client behind a connection of its jobs: every conn
+// of a job the loop formed is one of its clients.
+func clientOf(c conn) *client {
+	if c == nil {
+		return nil
+	}
+	return c.(*client)
+}
+
 func (c *client) String() string {
 	if c.job != nil {
 		return fmt.Sprintf("rank %d (pid %d)", c.rank, c.pid)

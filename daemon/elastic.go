@@ -87,8 +87,8 @@ type survivor struct {
 
 // noteSurvivor records c, closing its connection with Goodbye, as a
 // survivor should its elastic epoch fail.
-func (j *job) noteSurvivor(c *client) {
-	j.survivors = append(j.survivors, survivor{rank: c.rank, pid: c.pid})
+func (j *job) noteSurvivor(c conn) {
+	j.survivors = append(j.survivors, survivor{rank: c.Rank(), pid: c.PID()})
 }
 
 // reformAfter begins the next epoch of an elastic job whose failed epoch has
@@ -106,7 +106,7 @@ func (l *loop) reformAfter(j *job) {
 		l.nodes.nextReady(j.epoch+1, 0, why)
 		return
 	}
-	ln := j.lane
+	ln := l.laneOf(j)
 	sort.Slice(j.survivors, func(a, b int) bool { return j.survivors[a].rank < j.survivors[b].rank })
 	r := &reform{lane: ln, id: j.id, epoch: j.epoch + 1, failedAt: j.failedAt, cause: j.failed.GetError()}
 	for _, s := range j.survivors {
@@ -159,8 +159,9 @@ func (l *loop) reformAfter(j *job) {
 func (l *loop) reformUnformed(j *job, msg string) {
 	l.s.log.Warn("elastic job: its epoch could not form across the nodes; the next one forms from the same ranks", "job", j.id, "epoch", j.epoch, "err", msg)
 	l.fail(j, ipcpb.Code_CODE_ABORTED, msg)
-	ln := j.lane
-	for lr, c := range j.slots {
+	ln := l.laneOf(j)
+	for lr, s := range j.slots {
+		c := clientOf(s)
 		if c == nil || c.dropped {
 			continue
 		}
@@ -184,7 +185,7 @@ const joinLater = -2
 // 0 is told that hosts were updated, so that every rank resets at its next
 // commit (Horovod's HostsUpdatedInterrupt).
 func (l *loop) addJoiner(c *client, j *job) {
-	ln := j.lane
+	ln := l.laneOf(j)
 	if !slices.Contains(ln.joiners, c) {
 		ln.joiners = append(ln.joiners, c)
 	}
@@ -316,7 +317,7 @@ func (l *loop) reformRank(ln *lane, c *client, h *ipcpb.Hello) (lr int, refusal 
 
 // reformed ends a re-formation when the epoch has formed.
 func (l *loop) reformed(j *job) {
-	ln := j.lane
+	ln := l.laneOf(j)
 	r := ln.reform
 	if r == nil || r.id != j.id || r.epoch != j.epoch {
 		return
@@ -377,7 +378,7 @@ func (l *loop) reformCheck(r *reform) {
 	}
 	var alive, gone []int32
 	for _, pid := range r.survivors {
-		if j != nil && slices.ContainsFunc(j.slots, func(c *client) bool { return c != nil && c.pid == pid }) || processAlive(pid) {
+		if j != nil && slices.ContainsFunc(j.slots, func(c conn) bool { return c != nil && c.PID() == pid }) || processAlive(pid) {
 			alive = append(alive, pid)
 		} else {
 			gone = append(gone, pid)
@@ -403,9 +404,9 @@ func (l *loop) reformCheck(r *reform) {
 		return
 	}
 	// The joined survivors move up to their places among the others.
-	slots := make([]*client, len(alive))
-	for _, c := range j.slots {
-		if c != nil {
+	slots := make([]conn, len(alive))
+	for _, s := range j.slots {
+		if c := clientOf(s); c != nil {
 			lr := slices.Index(alive, c.pid)
 			slots[lr], c.localRank, c.rank = c, lr, lr
 		}

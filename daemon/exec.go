@@ -203,8 +203,8 @@ func (x *executor) finishBatched(ops [][]*op) {
 		ms  []*ipcpb.ServerMessage
 		ops []*op
 	}
-	by := make(map[*client]*batch)
-	var order []*client
+	by := make(map[conn]*batch)
+	var order []conn
 	ok := &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Done{Done: &ipcpb.Done{}}}
 	for _, row := range ops {
 		for _, o := range row {

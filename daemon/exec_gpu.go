@@ -95,7 +95,7 @@ func nativeOK(w *work) bool {
 			if o == nil {
 				continue
 			}
-			if o.dev == nil || o.dev.n == 0 {
+			if o.dev == nil || devOf(o).n == 0 {
 				return false
 			}
 			pos = append(pos, at)
@@ -212,9 +212,9 @@ func usedDevs(w *work) []*gpuDev {
 	var out []*gpuDev
 	for _, row := range w.ops {
 		for _, o := range row {
-			if o != nil && o.dev != nil && !seen[o.dev.d] {
-				seen[o.dev.d] = true
-				out = append(out, o.dev.d)
+			if o != nil && o.dev != nil && !seen[devOf(o).d] {
+				seen[devOf(o).d] = true
+				out = append(out, devOf(o).d)
 			}
 		}
 	}
@@ -266,7 +266,7 @@ func (x *executor) deviceFailed(w work, err error) {
 	for _, row := range w.ops {
 		for _, o := range row {
 			if o != nil && o.dev != nil {
-				o.dev.staged = nil // nothing to copy back
+				devOf(o).staged = nil // nothing to copy back
 			}
 		}
 	}
@@ -279,12 +279,12 @@ func waitEvents(w *work) error {
 	seen := make(map[*devEvent]bool)
 	for _, row := range w.ops {
 		for _, o := range row {
-			if o == nil || o.dev == nil || o.dev.ev == nil || seen[o.dev.ev] {
+			if o == nil || o.dev == nil || devOf(o).ev == nil || seen[devOf(o).ev] {
 				continue
 			}
-			seen[o.dev.ev] = true
-			if err := o.dev.d.stream.WaitEvent(o.dev.ev.ev); err != nil {
-				return fmt.Errorf("GPU %s: wait for the client's event: %w", o.dev.d.info.UUID, err)
+			seen[devOf(o).ev] = true
+			if err := devOf(o).d.stream.WaitEvent(devOf(o).ev.ev); err != nil {
+				return fmt.Errorf("GPU %s: wait for the client's event: %w", devOf(o).d.info.UUID, err)
 			}
 		}
 	}
@@ -313,14 +313,14 @@ func (x *executor) stageIn(w *work) error {
 	var err error
 	for _, row := range w.ops {
 		for _, o := range row {
-			if o == nil || o.dev == nil || o.dev.n == 0 {
+			if o == nil || o.dev == nil || devOf(o).n == 0 {
 				continue
 			}
-			host := make([]byte, o.dev.n)
-			if err = o.dev.d.dev.CopyDtoH(o.dev.d.stream, host, o.dev.ptr); err != nil {
+			host := make([]byte, devOf(o).n)
+			if err = devOf(o).d.dev.CopyDtoH(devOf(o).d.stream, host, devOf(o).ptr); err != nil {
 				break
 			}
-			o.buf, o.dev.staged = host, host
+			o.buf, devOf(o).staged = host, host
 		}
 		if err != nil {
 			break
@@ -340,7 +340,7 @@ func (x *executor) stageIn(w *work) error {
 // put in a granted host region goes to a daemon device allocation that the
 // Done exports (device_output). Runs on the executor goroutine.
 func unstage(o *op, d *ipcpb.Done) *ipcpb.Done {
-	dv := o.dev
+	dv, cl := devOf(o), clientOf(o.c)
 	staged := dv.staged
 	dv.staged = nil
 	if d.GetCode() != ipcpb.Code_CODE_OK {
@@ -348,17 +348,17 @@ func unstage(o *op, d *ipcpb.Done) *ipcpb.Done {
 	}
 	fail := func(err error) *ipcpb.Done {
 		dv.d.recover()
-		o.c.s.log.Error("GPU copy-back failed", "tensor", o.name, "gpu", dv.d.info.UUID, "err", err)
+		cl.s.log.Error("GPU copy-back failed", "tensor", o.name, "gpu", dv.d.info.UUID, "err", err)
 		return &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("tensor %q: GPU %s: copy the result back: %v", o.name, dv.d.info.UUID, err)}
 	}
 	switch {
 	case d.Output != nil:
-		out, err := o.c.outputBytes(d.Output)
+		out, err := cl.outputBytes(d.Output)
 		if err != nil {
 			return fail(err)
 		}
-		db, err := o.c.deviceOutput(dv.d, out)
-		o.c.out.release(d.Output)
+		db, err := cl.deviceOutput(dv.d, out)
+		cl.out.release(d.Output)
 		if err != nil {
 			return fail(err)
 		}
@@ -573,8 +573,8 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 			if o == nil {
 				continue
 			}
-			d := o.dev.d
-			if err := d.dev.CopyDtoD(d.stream, o.dev.ptr, d.fuse.Add(offs[i]), offs[i+1]-offs[i]); err != nil {
+			d := devOf(o).d
+			if err := d.dev.CopyDtoD(d.stream, devOf(o).ptr, d.fuse.Add(offs[i]), offs[i+1]-offs[i]); err != nil {
 				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 			}
 		}
@@ -598,10 +598,10 @@ func (x *executor) reduceLocal(w *work, devs []*gpuDev, offs []int, op tensor.Re
 			dst, n := d.fuse.Add(offs[i]), offs[i+1]-offs[i]
 			first := true
 			for _, o := range row {
-				if o == nil || o.dev.d != d {
+				if o == nil || devOf(o).d != d {
 					continue
 				}
-				src := o.dev.ptr
+				src := devOf(o).ptr
 				if first || pre != 1 {
 					to := dst
 					if !first {
@@ -682,7 +682,7 @@ func (g *gpuState) commsIndexed(devs []*gpuDev) ([]gpu.Comm, map[*gpuDev]int, er
 func localBufsN(row []*op) []*op {
 	var out []*op
 	for _, o := range row {
-		if o != nil && (len(o.buf) > 0 || o.dev != nil && o.dev.n > 0) {
+		if o != nil && (len(o.buf) > 0 || o.dev != nil && devOf(o).n > 0) {
 			out = append(out, o)
 		}
 	}
@@ -747,7 +747,7 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 		first := map[*gpuDev]*devOp{}
 		var root *devOp
 		if o := ops[r.Root]; o != nil {
-			root = o.dev
+			root = devOf(o)
 			first[root.d] = root
 		}
 		n := -1
@@ -755,10 +755,10 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 			if o == nil {
 				continue
 			}
-			if first[o.dev.d] == nil {
-				first[o.dev.d] = o.dev
+			if first[devOf(o).d] == nil {
+				first[devOf(o).d] = devOf(o)
 			}
-			n = o.dev.n
+			n = devOf(o).n
 		}
 		switch {
 		case n < 0:
@@ -786,12 +786,12 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 			if o == nil {
 				continue
 			}
-			src := first[o.dev.d]
+			src := first[devOf(o).d]
 			if o.dev == src {
 				continue
 			}
-			d := o.dev.d
-			if err := d.dev.CopyDtoD(d.stream, o.dev.ptr, src.ptr, n); err != nil {
+			d := devOf(o).d
+			if err := d.dev.CopyDtoD(d.stream, devOf(o).ptr, src.ptr, n); err != nil {
 				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 			}
 		}
@@ -1153,10 +1153,10 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 				if err := out(k, int(shape[0])*rowBytes, shape, func(p gpu.DevicePtr) error {
 					off := 0
 					for _, so := range ops {
-						if err := copyIn(p.Add(off), so.dev.ptr, so.dev.n); err != nil {
+						if err := copyIn(p.Add(off), devOf(so).ptr, devOf(so).n); err != nil {
 							return err
 						}
-						off += so.dev.n
+						off += devOf(so).n
 					}
 					return nil
 				}); err != nil {
@@ -1183,7 +1183,7 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 					off := 0
 					for s, so := range ops {
 						m := (starts[s][k+1] - starts[s][k]) * rowBytes
-						if err := copyIn(p.Add(off), so.dev.ptr.Add(starts[s][k]*rowBytes), m); err != nil {
+						if err := copyIn(p.Add(off), devOf(so).ptr.Add(starts[s][k]*rowBytes), m); err != nil {
 							return err
 						}
 						off += m
@@ -1206,7 +1206,7 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 						}
 					}
 					for s, so := range ops {
-						src := so.dev.ptr.Add(int(start) * rowBytes)
+						src := devOf(so).ptr.Add(int(start) * rowBytes)
 						if s == 0 || pre != 1 {
 							to := p
 							if s > 0 {
@@ -1280,13 +1280,13 @@ func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) (
 		dones[i] = make([]devResult, len(ops))
 		lead := make([]gpu.DevicePtr, len(devs)) // each GPU's first output
 		alloc := func(k int) (gpu.DevicePtr, error) {
-			return newResult(&dones[i][k], ops[k].dev.d, total, &ipcpb.Done{OutputShape: shape})
+			return newResult(&dones[i][k], devOf(ops[k]).d, total, &ipcpb.Done{OutputShape: shape})
 		}
 		for k, o := range ops {
-			if o == nil || total == 0 || lead[idx[o.dev.d]] != 0 {
+			if o == nil || total == 0 || lead[idx[devOf(o).d]] != 0 {
 				continue
 			}
-			if lead[idx[o.dev.d]], err = alloc(k); err != nil {
+			if lead[idx[devOf(o).d]], err = alloc(k); err != nil {
 				return used, err
 			}
 		}
@@ -1299,22 +1299,22 @@ func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) (
 			continue
 		}
 		for k, o := range ops {
-			if o == nil || o.dev.n == 0 {
+			if o == nil || devOf(o).n == 0 {
 				continue
 			}
-			d := o.dev.d
-			if err := d.dev.CopyDtoD(d.stream, lead[idx[d]].Add(offs[k]), o.dev.ptr, o.dev.n); err != nil {
+			d := devOf(o).d
+			if err := d.dev.CopyDtoD(d.stream, lead[idx[d]].Add(offs[k]), devOf(o).ptr, devOf(o).n); err != nil {
 				return used, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 			}
 		}
 		if len(devs) > 1 {
 			if err := g.group(local, func(j int, c gpu.Comm) error {
 				for k, o := range ops {
-					if o == nil || o.dev.n == 0 {
+					if o == nil || devOf(o).n == 0 {
 						continue
 					}
 					p := lead[j].Add(offs[k])
-					if err := c.Broadcast(devs[j].stream, p, p, o.dev.n, tensor.Uint8, idx[o.dev.d]); err != nil {
+					if err := c.Broadcast(devs[j].stream, p, p, devOf(o).n, tensor.Uint8, idx[devOf(o).d]); err != nil {
 						return err
 					}
 				}
@@ -1351,7 +1351,7 @@ func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) (
 			if o == nil || dones[i][k].done != nil {
 				continue // another node's rank, or a lead
 			}
-			d := o.dev.d
+			d := devOf(o).d
 			p, err := alloc(k)
 			if err != nil {
 				return used, err
@@ -1398,14 +1398,14 @@ func (x *executor) allgatherAcross(ctx context.Context, w *work, devs []*gpuDev,
 			if o == nil {
 				continue
 			}
-			if off+o.dev.n > len(in) {
+			if off+devOf(o).n > len(in) {
 				return fmt.Errorf("allgather: the node's pieces exceed the %d bytes the plan gives it", len(in))
 			}
-			d := o.dev.d
-			if err := d.dev.CopyDtoH(d.stream, in[off:off+o.dev.n], o.dev.ptr); err != nil {
+			d := devOf(o).d
+			if err := d.dev.CopyDtoH(d.stream, in[off:off+devOf(o).n], devOf(o).ptr); err != nil {
 				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 			}
-			off += o.dev.n
+			off += devOf(o).n
 		}
 		if err := syncAll(ctx, devs); err != nil {
 			return err
@@ -1421,7 +1421,7 @@ func (x *executor) allgatherAcross(ctx context.Context, w *work, devs []*gpuDev,
 			if o == nil {
 				continue
 			}
-			d := o.dev.d
+			d := devOf(o).d
 			p, err := newResult(&dones[i][k], d, total, &ipcpb.Done{OutputShape: shape})
 			if err != nil {
 				return err
@@ -1468,8 +1468,8 @@ func (x *executor) alltoallAcross(ctx context.Context, w *work, devs []*gpuDev, 
 			if err != nil || o == nil || n == 0 {
 				return
 			}
-			g := o.dev.d
-			if e := g.dev.CopyDtoH(g.stream, in[off:off+n], o.dev.ptr.Add(a.start(s, d))); e != nil {
+			g := devOf(o).d
+			if e := g.dev.CopyDtoH(g.stream, in[off:off+n], devOf(o).ptr.Add(a.start(s, d))); e != nil {
 				err = fmt.Errorf("GPU %s: %w", g.info.UUID, e)
 			}
 			off += n
@@ -1490,7 +1490,7 @@ func (x *executor) alltoallAcross(ctx context.Context, w *work, devs []*gpuDev, 
 			if o == nil {
 				continue
 			}
-			g, n := o.dev.d, a.rows(d)*a.rowBytes
+			g, n := devOf(o).d, a.rows(d)*a.rowBytes
 			p, err := newResult(&dones[i][d], g, n, &ipcpb.Done{OutputShape: a.shape(d, t.Shape), ReceivedSplits: a.received(d)})
 			if err != nil {
 				return err
@@ -1595,11 +1595,11 @@ func (x *executor) alltoallNCCL(w *work, devs []*gpuDev, dones [][]devResult) ([
 			if err != nil || o == nil || n == 0 {
 				return
 			}
-			src := o.dev.ptr.Add(a.start(s, d))
-			if o.dev.d == d0 {
+			src := devOf(o).ptr.Add(a.start(s, d))
+			if devOf(o).d == d0 {
 				err = d2d(d0, sendBuf.Add(pos), src, n)
 			} else {
-				in = append(in, move{from: o.dev.d, to: d0, src: src, dst: sendBuf.Add(pos), n: n})
+				in = append(in, move{from: devOf(o).d, to: d0, src: src, dst: sendBuf.Add(pos), n: n})
 			}
 			pos += n
 		})
@@ -1641,7 +1641,7 @@ func (x *executor) alltoallNCCL(w *work, devs []*gpuDev, dones [][]devResult) ([
 			if o == nil {
 				continue
 			}
-			gd, n := o.dev.d, a.rows(d)*a.rowBytes
+			gd, n := devOf(o).d, a.rows(d)*a.rowBytes
 			p, err := newResult(&dones[i][d], gd, n, &ipcpb.Done{OutputShape: a.shape(d, t.Shape), ReceivedSplits: a.received(d)})
 			if err != nil {
 				return used, err
@@ -1718,7 +1718,7 @@ func (x *executor) reducescatterAcross(ctx context.Context, w *work, devs []*gpu
 			if o == nil {
 				continue
 			}
-			d := o.dev.d
+			d := devOf(o).d
 			p, err := newResult(&dones[i][rank], d, n, &ipcpb.Done{OutputShape: append(tensor.Shape{int64(rows(rank))}, t.Shape[1:]...)})
 			if err != nil {
 				return cs, err
@@ -1781,7 +1781,7 @@ func (x *executor) alltoallGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([
 				recv[s] = t.Splits[s][k]
 				rows += int64(t.Splits[s][k])
 			}
-			d := o.dev.d
+			d := devOf(o).d
 			bytes := recvOff[k][n]
 			p, err := newResult(&dones[i][k], d, bytes, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...), ReceivedSplits: recv})
 			if err != nil {
@@ -1794,9 +1794,9 @@ func (x *executor) alltoallGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([
 		size := func(s, k int) int { return sendOff[s][k+1] - sendOff[s][k] }
 		for s, so := range ops {
 			for k, ko := range ops {
-				if m := size(s, k); m > 0 && so.dev.d == ko.dev.d {
-					d := so.dev.d
-					if err := d.dev.CopyDtoD(d.stream, dones[i][k].p.Add(recvOff[k][s]), so.dev.ptr.Add(sendOff[s][k]), m); err != nil {
+				if m := size(s, k); m > 0 && devOf(so).d == devOf(ko).d {
+					d := devOf(so).d
+					if err := d.dev.CopyDtoD(d.stream, dones[i][k].p.Add(recvOff[k][s]), devOf(so).ptr.Add(sendOff[s][k]), m); err != nil {
 						return cs, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 					}
 				}
@@ -1807,16 +1807,16 @@ func (x *executor) alltoallGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([
 			for s, so := range ops {
 				for k, ko := range ops {
 					m := size(s, k)
-					if m == 0 || so.dev.d == ko.dev.d {
+					if m == 0 || devOf(so).d == devOf(ko).d {
 						continue
 					}
 					switch d {
-					case so.dev.d:
-						if err := c.Send(d.stream, so.dev.ptr.Add(sendOff[s][k]), m, tensor.Uint8, idx[ko.dev.d]); err != nil {
+					case devOf(so).d:
+						if err := c.Send(d.stream, devOf(so).ptr.Add(sendOff[s][k]), m, tensor.Uint8, idx[devOf(ko).d]); err != nil {
 							return err
 						}
-					case ko.dev.d:
-						if err := c.Recv(d.stream, dones[i][k].p.Add(recvOff[k][s]), m, tensor.Uint8, idx[so.dev.d]); err != nil {
+					case devOf(ko).d:
+						if err := c.Recv(d.stream, dones[i][k].p.Add(recvOff[k][s]), m, tensor.Uint8, idx[devOf(so).d]); err != nil {
 							return err
 						}
 					}
@@ -1862,7 +1862,7 @@ func (x *executor) reducescatterGPUs(w *work, devs []*gpuDev, dones [][]devResul
 			}
 			start, rows := scatterBlock(t, w.size, k)
 			bytes := int(rows) * rowBytes
-			d := o.dev.d
+			d := devOf(o).d
 			p, err := newResult(&dones[i][k], d, bytes, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...)})
 			if err != nil {
 				return cs, err
@@ -1919,7 +1919,7 @@ func exportOutputs(w *work, dones [][]devResult) error {
 			}
 			db.MemHandle, db.AllocSize = h[:], uint64(res.n)
 			res.exported = true
-			if !o.c.addDeviceOutput(h, &devOutput{d: d, ptr: res.p}) {
+			if !clientOf(o.c).addDeviceOutput(h, &devOutput{d: d, ptr: res.p}) {
 				// The client is gone (and the memory freed): it needs no answer.
 				res.done = &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: "client gone"}
 			}

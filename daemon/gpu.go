@@ -276,6 +276,24 @@ type devOp struct {
 	staged []byte
 }
 
+// devOf is o's device tensor: the device path's devOp, which is the only
+// deviceTensor; nil for a host tensor.
+func devOf(o *op) *devOp {
+	d, _ := o.dev.(*devOp)
+	return d
+}
+
+// done copies a tensor staged through host memory back (exec_gpu.go:
+// unstage) as o is answered with dn.
+func (d *devOp) done(o *op, dn *ipcpb.Done) *ipcpb.Done {
+	if d.staged == nil {
+		return dn
+	}
+	return unstage(o, dn)
+}
+
+func (d *devOp) bytes() int { return d.n }
+
 func (d *devOp) release() {
 	if d.m != nil {
 		d.m.unref()

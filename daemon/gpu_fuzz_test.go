@@ -75,7 +75,7 @@ func FuzzResolveDevice(f *testing.F) {
 		if both {
 			t.Fatal("accepted both a host and a device buffer")
 		}
-		dv := o.dev
+		dv := devOf(o)
 		if dv == nil {
 			t.Fatal("accepted without a device op")
 		}

@@ -13,16 +13,16 @@ import (
 
 // op is one client request in flight.
 type op struct {
-	c         *client
+	c         conn
 	id        uint32 // frame id: the handle the Done answers
 	typ       tensor.OpType
 	name      string
 	group     uint64
 	groupSize int
 	req       plan.Request
-	reg       *region // holds a reference while the op is in flight
-	buf       []byte  // the input (and in-place output) bytes
-	dev       *devOp  // a GPU tensor (gpu.go): holds its mapping while in flight
+	reg       mapping      // holds a reference while the op is in flight
+	buf       []byte       // the input (and in-place output) bytes
+	dev       deviceTensor // a GPU tensor (gpu.go): holds its mapping while in flight
 
 	// Metrics (metrics.go): its collective's children in its job (nil
 	// when off), when it arrived (monoNow), its size class.
@@ -46,12 +46,42 @@ func (o *op) release() {
 
 // finish answers the op and drops its buffer.
 func (o *op) finish(d *ipcpb.Done) {
-	if o.dev != nil && o.dev.staged != nil {
-		d = unstage(o, d) // exec_gpu.go
+	if o.dev != nil {
+		d = o.dev.done(o, d)
 	}
 	o.c.reply(o.id, d)
 	o.count(d.GetCode()) // metrics.go
 	o.release()
+}
+
+// conn is a local rank's connection as a job, the coordination across nodes
+// and the executor use it: the loop's client is the one implementation.
+type conn interface {
+	// PID is the process's pid, Rank its global rank in its job.
+	PID() int32
+	Rank() int
+	// reply answers request id with d.
+	reply(id uint32, d *ipcpb.Done)
+	// sendBatch answers several requests in one write.
+	sendBatch(ids []uint32, ms []*ipcpb.ServerMessage) error
+	// allocOutput takes n bytes of the daemon's output region for an
+	// answer: the bytes, and the buffer that names them to the client.
+	allocOutput(n int64) ([]byte, *ipcpb.Buffer, error)
+}
+
+// mapping is a shared-memory mapping an op holds a reference on.
+type mapping interface{ unref() }
+
+// deviceTensor is an op's tensor in GPU memory, as the device path resolved
+// it (gpu.go: devOp).
+type deviceTensor interface {
+	// bytes is the tensor's size.
+	bytes() int
+	// release drops the op's references on the tensor's mapping and event.
+	release()
+	// done is called as o is answered with d, and returns the answer to
+	// send: a tensor staged through host memory is copied back first.
+	done(o *op, d *ipcpb.Done) *ipcpb.Done
 }
 
 // opKey finds a pending op: a global rank's tensor in a process set.
@@ -65,11 +95,13 @@ type opKey struct {
 // has, on one node or across several. How its tensors are negotiated is its
 // coordination's business (coordination.go), which keeps its own state.
 type job struct {
-	lane    *lane // where the loop keeps it (lanes.go)
 	id      uint64
-	slots   []*client // by local rank; nil while free
-	joined  int       // slots taken
-	open    int       // connections of the job still open
+	uid     uint32       // its processes' uid
+	name    string       // its name (Hello.job_name; "" is a name too)
+	m       *metrics.Job // its metrics; nil when off
+	slots   []conn       // by local rank; nil while free
+	joined  int          // slots taken
+	open    int          // connections of the job still open
 	formed  bool
 	members membership   // who the ranks are; set when the job forms
 	coord   coordination // set once every local client is here
@@ -101,7 +133,6 @@ type job struct {
 	// nodeRanks are the other nodes' ranks, on the coordinator of a job
 	// across nodes (their Joins' pids), for hvdd status.
 	nodeRanks []nodeRanks
-	tune      *tuner // the autotuner, on the node that decides the plans (autotune.go)
 }
 
 // jobStats counts what a job ran, to show fusion at work: a training step
@@ -118,7 +149,7 @@ func (j *job) pids() string {
 	var s []string
 	for _, c := range j.slots {
 		if c != nil {
-			s = append(s, fmt.Sprint(c.pid))
+			s = append(s, fmt.Sprint(c.PID()))
 		}
 	}
 	return strings.Join(s, " ")

@@ -51,7 +51,13 @@ type lane struct {
 	reform *reform
 	// m is the job's metrics (metrics.go); nil when off.
 	m *metrics.Job
+	// tune is the autotuner of the running job, on the node that decides
+	// its plans (autotune.go); nil otherwise.
+	tune *tuner
 }
+
+// laneOf is the lane of j (a job the loop made, running or ended).
+func (l *loop) laneOf(j *job) *lane { return l.lanes[laneKey{uid: j.uid, name: j.name}] }
 
 // name is how logs and errors name the lane's job.
 func (ln *lane) name() string {

@@ -31,22 +31,28 @@ const inlineMultiBytes = 64 << 10
 
 // Messages other goroutines post to the loop through its poller.
 type (
-	msgConn     struct{ c *client } // accepted connection
-	msgExecIdle struct{}            // the executor finished its batch
-	msgStall    struct{}            // the stall timer fired
-	msgCycle    struct{}            // the cycle timer fired
-	msgQuit     struct{}            // Close was called
-	msgExecErr  struct {            // a collective across nodes failed: the job fails
-		j   *job
-		err error
-		// ops are the failed collective's local ops, for the loop to
-		// answer (nil when the executor answered them): with the job's
-		// failure when the engine failed only because the loop closed it
-		// for that failure (closed), else with err.
-		ops    [][]*op
-		closed bool
-	}
+	msgConn  struct{ c *client } // accepted connection
+	msgStall struct{}            // the stall timer fired
+	msgCycle struct{}            // the cycle timer fired
+	msgQuit  struct{}            // Close was called
 )
+
+// msgExecIdle is the executor's message to the loop that it finished its
+// batch.
+type msgExecIdle struct{}
+
+// msgExecErr is the executor's message to the loop that a collective across
+// nodes failed: the job fails.
+type msgExecErr struct {
+	j   *job
+	err error
+	// ops are the failed collective's local ops, for the loop to
+	// answer (nil when the executor answered them): with the job's
+	// failure when the engine failed only because the loop closed it
+	// for that failure (closed), else with err.
+	ops    [][]*op
+	closed bool
+}
 
 // loop owns the daemon's job state and every client's read side; only its
 // goroutine touches them.
@@ -431,7 +437,7 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 	if j != nil && (j.failed != nil || j.formed) {
 		// A rank of the elastic job that re-initialises (its old connection
 		// may not have closed yet here) waits for the next epoch.
-		member := j.elastic && slices.ContainsFunc(j.slots, func(x *client) bool { return x != nil && x.pid == c.pid })
+		member := j.elastic && slices.ContainsFunc(j.slots, func(x conn) bool { return x != nil && x.PID() == c.pid })
 		if !member && h.GetElastic() && j.elastic && (j.failed == nil || j.failed.GetCode() == ipcpb.Code_CODE_ABORTED) {
 			// A worker that joins the running (or failing) elastic job.
 			l.addJoiner(c, j)
@@ -471,7 +477,7 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 		l.refuse(c, fmt.Sprintf("local rank %d is out of range: job %s has %d processes on this node (local ranks 0..%d)", lr, ln.name(), len(j.slots), len(j.slots)-1))
 		return
 	case lr >= 0 && j.slots[lr] != nil:
-		l.refuse(c, fmt.Sprintf("local rank %d is already taken by pid %d", lr, j.slots[lr].pid))
+		l.refuse(c, fmt.Sprintf("local rank %d is already taken by pid %d", lr, j.slots[lr].PID()))
 		return
 	case lr < 0:
 		for i, s := range j.slots {
@@ -498,12 +504,12 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 // openJob makes the job the next hellos of ln join: the forming epoch of an
 // elastic job (elastic.go), else a fresh job of the lane's size.
 func (l *loop) openJob(ln *lane, elastic bool) *job {
-	j := &job{pending: make(map[opKey]*op), elastic: elastic, lane: ln}
+	j := &job{pending: make(map[opKey]*op), elastic: elastic, uid: ln.key.uid, name: ln.key.name, m: ln.m}
 	if r := ln.reform; r != nil && r.dead == "" {
-		j.id, j.epoch, j.slots = r.id, r.epoch, make([]*client, len(r.survivors))
+		j.id, j.epoch, j.slots = r.id, r.epoch, make([]conn, len(r.survivors))
 	} else {
 		l.nextJob++
-		j.id, j.slots = l.nextJob, make([]*client, ln.size)
+		j.id, j.slots = l.nextJob, make([]conn, ln.size)
 	}
 	ln.job = j
 	return j
@@ -533,7 +539,8 @@ func (l *loop) start(j *job, m membership, c coordination) {
 	l.reformed(j)
 	l.helloTimeline(j)
 	homog := m.homogeneous()
-	for _, cl := range j.slots {
+	for _, s := range j.slots {
+		cl := clientOf(s)
 		cl.rank = m.offset + cl.localRank
 		crossRank, crossSize := m.cross(cl.localRank)
 		cl.sendSocket(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Welcome{Welcome: &ipcpb.Welcome{
@@ -550,7 +557,11 @@ func (l *loop) start(j *job, m membership, c coordination) {
 func (l *loop) executing() bool { return l.execBusy }
 
 func (l *loop) current(j *job) bool {
-	return j != nil && j.lane != nil && j.lane.job == j && l.lanes[j.lane.key] == j.lane
+	if j == nil {
+		return false
+	}
+	ln := l.laneOf(j)
+	return ln != nil && ln.job == j
 }
 
 // refuse ends a client that cannot join: it gets a Fatal and its connection is
@@ -629,11 +640,11 @@ func (l *loop) closed(c *client, bye bool, err error) {
 
 // jobEnded ends j once its last client left it.
 func (l *loop) jobEnded(j *job) {
-	ln := j.lane
+	ln := l.laneOf(j)
 	// Horovod's shutdown ends its timeline too.
 	l.stopTimeline(j, nil)
-	if j.tune != nil {
-		j.tune.Close()
+	if ln.tune != nil {
+		ln.tune.Close()
 	}
 	st := j.stats
 	l.s.log.Info("job ended", "job", j.id, "name", ln.key.name, "batches", st.batches, "responses", st.responses, "tensors", st.tensors, "bytes", st.bytes)
@@ -696,7 +707,8 @@ func (l *loop) fail(j *job, code ipcpb.Code, msg string) {
 		}
 		j.psq[i] = nil
 	}
-	for _, c := range j.slots {
+	for _, s := range j.slots {
+		c := clientOf(s)
 		if c == nil {
 			continue
 		}
@@ -711,7 +723,7 @@ func (l *loop) fail(j *job, code ipcpb.Code, msg string) {
 
 func (l *loop) enqueue(o *op) {
 	l.arrived(o) // metrics.go
-	c := o.c
+	c := clientOf(o.c)
 	j := c.job
 	switch {
 	case j == nil || !j.formed:
@@ -888,7 +900,7 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 	j.stats.responses += int64(len(batch))
 	j.stats.bytes += bytes
 	l.fused(j, batch) // metrics.go
-	if j.tune != nil {
+	if ln := l.laneOf(j); ln != nil && ln.tune != nil {
 		l.tuneBatch(j, resps)
 	}
 	if (b == nil && bytes <= inlineBytes || loopRunnable(b, bytes)) && !deviceBatch(batch) {
@@ -940,8 +952,8 @@ func (l *loop) abort(j *job, code ipcpb.Code, msg string, notify bool) {
 func (l *loop) formFailed(j *job, msg string) {
 	l.s.log.Error("job could not form", "job", j.id, "err", msg)
 	l.fail(j, ipcpb.Code_CODE_ABORTED, msg)
-	for _, c := range j.slots {
-		if c != nil && !c.dropped {
+	for _, s := range j.slots {
+		if c := clientOf(s); c != nil && !c.dropped {
 			c.fatal(ipcpb.Code_CODE_ABORTED, msg)
 			l.drop(c, nil)
 		}
@@ -1007,8 +1019,8 @@ func (l *loop) checkJobStalls(j *job) {
 		Stalled:         stalled,
 		ShutdownSeconds: int64(l.cfg.StallShutdown.Seconds()),
 	})
-	l.s.log.Warn(msg, "job", j.id, "name", j.lane.key.name)
-	j.lane.m.Stalled(len(over) > 0) // metrics.go
+	l.s.log.Warn(msg, "job", j.id, "name", j.name)
+	j.m.Stalled(len(over) > 0) // metrics.go
 	if len(over) > 0 {
 		var parts []string
 		for _, st := range over {

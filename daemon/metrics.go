@@ -69,7 +69,7 @@ func (r *region) unaccount() {
 // arrived prepares o's counting as the loop takes it: its job's children
 // for its collective, when it arrived, its size class.
 func (l *loop) arrived(o *op) {
-	ln := o.c.lane
+	ln := clientOf(o.c).lane
 	if ln == nil || ln.m == nil {
 		return
 	}
@@ -84,7 +84,7 @@ func (o *op) count(code ipcpb.Code) {
 	if o.m != nil {
 		n := len(o.buf)
 		if o.dev != nil {
-			n = o.dev.n // a GPU tensor (gpu.go)
+			n = o.dev.bytes() // a GPU tensor (gpu.go)
 		}
 		o.m.Done(code, n)
 	}
@@ -122,7 +122,7 @@ func observeLatency(w *work, dispatched time.Time) {
 // negotiated records a tensor's negotiation wait on this node: from its
 // first local rank's arrival to its last's (row holds its ops).
 func (l *loop) negotiated(j *job, row []*op) {
-	m := j.lane.m
+	m := j.m
 	if m == nil {
 		return
 	}
@@ -150,7 +150,7 @@ func (l *loop) negotiated(j *job, row []*op) {
 // executor, which reads it after it got the batch (inline, or through its
 // channel).
 func (l *loop) fused(j *job, batch []work) {
-	m := j.lane.m
+	m := j.m
 	if m == nil {
 		return
 	}

@@ -35,7 +35,7 @@ func opHooks(l *loop, j *job, ops []*op, batch []work) {
 // tensor's response; m nil is metrics off.
 func hookFixture(m *metrics.Metrics) (*loop, *job, []*op, []work) {
 	ln := &lane{m: m.Job("bench")}
-	j := &job{lane: ln}
+	j := &job{m: ln.m}
 	buf := make([]byte, 4096)
 	ops := make([]*op, 2)
 	for i := range ops {

@@ -424,7 +424,7 @@ func (c *multiNode) tryJoin(ctx context.Context, join *clusterpb.Message) (*clus
 func (c *multiNode) joinOf(j *job) *clusterpb.Message {
 	pids := make([]int32, 0, len(j.slots))
 	for _, cl := range j.slots {
-		pids = append(pids, cl.pid)
+		pids = append(pids, cl.PID())
 	}
 	return &clusterpb.Message{Msg: &clusterpb.Message_Join{Join: &clusterpb.Join{
 		NodeRank: int32(c.rank), Slots: int32(len(j.slots)), DataHost: c.host, Pids: pids,

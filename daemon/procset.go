@@ -23,9 +23,9 @@ import (
 
 // psReq is one rank's AddProcessSet or RemoveProcessSet.
 type psReq struct {
-	c     *client // the rank's client; nil for another node's rank (coordinator)
-	id    uint32  // frame id: the handle the Done answers
-	rank  int     // global rank
+	c     conn   // the rank's connection; nil for another node's rank (coordinator)
+	id    uint32 // frame id: the handle the Done answers
+	rank  int    // global rank
 	add   bool
 	ranks []int // AddProcessSet: the members, as sent
 	set   int32 // RemoveProcessSet: the set
@@ -49,7 +49,7 @@ type setChange struct {
 
 // processSetReq takes a local rank's set request to the job's coordination.
 func (l *loop) processSetReq(r psReq) {
-	c := r.c
+	c := clientOf(r.c)
 	j := c.job
 	switch {
 	case j == nil || !j.formed:

@@ -237,7 +237,7 @@ func (l *loop) drainRefuses(c *client) bool {
 	case !j.formed && j.failed == nil:
 		return false
 	}
-	member := j.elastic && slices.ContainsFunc(j.slots, func(x *client) bool { return x != nil && x.pid == c.pid })
+	member := j.elastic && slices.ContainsFunc(j.slots, func(x conn) bool { return x != nil && x.PID() == c.pid })
 	return !member
 }
 

@@ -39,9 +39,7 @@ func (l *loop) noteError(j *job, msg string) {
 	e := &ipcpb.StatusError{AtMs: time.Now().UnixMilli(), Error: msg}
 	if j != nil {
 		e.Job = j.id
-		if j.lane != nil {
-			e.JobName = j.lane.key.name
-		}
+		e.JobName = j.name
 	}
 	if len(l.errs) == maxErrors {
 		copy(l.errs, l.errs[1:])
@@ -127,7 +125,8 @@ func (l *loop) jobStatus(ln *lane, host string, maxPending int) *ipcpb.JobStatus
 	for k := range j.pending {
 		inFlight[k.rank]++
 	}
-	for lr, c := range j.slots {
+	for lr, s := range j.slots {
+		c := clientOf(s)
 		if c == nil {
 			continue
 		}

@@ -11,7 +11,7 @@ func TestStatusVisibility(t *testing.T) {
 	l := &loop{s: &Server{uid: 1000}, cfg: Config{Slots: 4}, epoch: time.Now(), lanes: map[laneKey]*lane{}}
 	for i, key := range []laneKey{{uid: 1000, name: "svc"}, {uid: 2000, name: "mine"}, {uid: 3000, name: "theirs"}} {
 		ln := &lane{key: key, size: 1}
-		ln.job = &job{lane: ln, id: uint64(i + 1), slots: make([]*client, 1), pending: map[opKey]*op{}}
+		ln.job = &job{uid: key.uid, name: key.name, m: ln.m, id: uint64(i + 1), slots: make([]conn, 1), pending: map[opKey]*op{}}
 		l.lanes[key] = ln
 		l.order = append(l.order, ln)
 		l.noteError(ln.job, "error of "+key.name)

@@ -238,7 +238,7 @@ func (l *loop) startTimeline(j *job, path string, markCycles bool) error {
 	}
 	if l.tl != nil && l.tl.job != j {
 		return fmt.Errorf("this daemon writes one timeline at a time, and job %s's runs (%s); stop it first, or run the job on its own daemon",
-			l.tl.job.lane.name(), l.tl.w.Path())
+			l.laneOf(l.tl.job).name(), l.tl.w.Path())
 	}
 	if l.tl != nil && l.tl.w.Path() == path {
 		l.tl.markCycles = markCycles
@@ -264,7 +264,7 @@ func (l *loop) helloTimeline(j *job) {
 	if j.members.offset != 0 || len(j.slots) == 0 || j.slots[0] == nil {
 		return
 	}
-	tl := j.slots[0].helloMsg.GetTimeline()
+	tl := clientOf(j.slots[0]).helloMsg.GetTimeline()
 	if tl.GetFilePath() == "" {
 		return
 	}
