@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/hvdd/hvdd/backends"
-	"github.com/hvdd/hvdd/cluster/clusterpb"
 	"github.com/hvdd/hvdd/daemon/autotune"
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/plan"
 )
 
@@ -78,54 +78,11 @@ func (a *AutotuneConfig) validate() error {
 	return errors.Join(errs...)
 }
 
-// settings are what tuning changes: the values in force.
-type settings struct {
-	fusion int64         // fusion threshold, bytes; 0 disables fusion
-	cycle  time.Duration // least time between dispatched plans
-	spin   time.Duration // the loop's spin window; 0 never spins
-	engine backends.Tuning
-	final  bool // tuning has ended: the best configuration
-}
-
-func (s settings) pb() *clusterpb.Tuning {
-	spin := s.spin.Microseconds()
-	if s.spin <= 0 {
-		spin = -1
-	}
-	return &clusterpb.Tuning{
-		FusionThreshold: s.fusion, CycleTimeUs: s.cycle.Microseconds(), SpinUs: spin,
-		Streams: int32(s.engine.Streams), ChunkBytes: int32(s.engine.ChunkBytes), SmallBytes: int32(s.engine.SmallBytes),
-		Final: s.final,
-	}
-}
-
-func settingsFromPB(t *clusterpb.Tuning) settings {
-	s := settings{
-		fusion: t.GetFusionThreshold(), cycle: time.Duration(t.GetCycleTimeUs()) * time.Microsecond,
-		spin:   time.Duration(t.GetSpinUs()) * time.Microsecond,
-		engine: backends.Tuning{Streams: int(t.GetStreams()), ChunkBytes: int(t.GetChunkBytes()), SmallBytes: int(t.GetSmallBytes())},
-		final:  t.GetFinal(),
-	}
-	if s.spin < 0 {
-		s.spin = 0
-	}
-	return s
-}
-
-// attrs are s as log attributes.
-func (s settings) attrs() []any {
-	a := []any{"fusion_threshold", s.fusion, "cycle_time", s.cycle, "spin", s.spin}
-	if s.engine != (backends.Tuning{}) {
-		a = append(a, "streams", s.engine.Streams, "chunk_bytes", s.engine.ChunkBytes, "small_bytes", s.engine.SmallBytes)
-	}
-	return a
-}
-
 // tuner tunes one job's settings on the node that decides its plans.
 type tuner struct {
 	m     *autotune.Manager
-	names []string // the Manager's knobs, in order
-	base  settings // the configured values (the fixed knobs keep them)
+	names []string     // the Manager's knobs, in order
+	base  job.Settings // the configured values (the fixed knobs keep them)
 	start time.Time
 	log   *slog.Logger
 	csv   *os.File // nil without a log file
@@ -134,7 +91,7 @@ type tuner struct {
 
 // newTuner returns the tuner of a job, or nil when every knob is fixed.
 // engine is the job's data engine, nil on one node. cfg has its defaults.
-func newTuner(cfg Config, base settings, engine backends.Backend, log *slog.Logger) (*tuner, error) {
+func newTuner(cfg Config, base job.Settings, engine backends.Backend, log *slog.Logger) (*tuner, error) {
 	a := cfg.Autotune
 	fixed := func(k string) bool { return slices.Contains(a.Fixed, k) }
 	var knobs []autotune.Knob
@@ -143,16 +100,16 @@ func newTuner(cfg Config, base settings, engine backends.Backend, log *slog.Logg
 			knobs = append(knobs, k)
 		}
 	}
-	add(autotune.Knob{Name: KnobFusion, Lo: 1.0 / 16, Hi: 256, Log: true, Start: float64(base.fusion) / (1 << 20)})
-	add(autotune.Knob{Name: KnobCycle, Lo: 0, Hi: 20, Start: float64(base.cycle) / float64(time.Millisecond)})
-	add(autotune.Knob{Name: KnobSpin, Lo: 0, Hi: 500, Start: float64(base.spin) / float64(time.Microsecond)})
+	add(autotune.Knob{Name: KnobFusion, Lo: 1.0 / 16, Hi: 256, Log: true, Start: float64(base.Fusion) / (1 << 20)})
+	add(autotune.Knob{Name: KnobCycle, Lo: 0, Hi: 20, Start: float64(base.Cycle) / float64(time.Millisecond)})
+	add(autotune.Knob{Name: KnobSpin, Lo: 0, Hi: 500, Start: float64(base.Spin) / float64(time.Microsecond)})
 	if tb, ok := engine.(backends.Tunable); ok {
-		base.engine = tb.Tuning()
+		base.Engine = tb.Tuning()
 		if n := tb.MaxStreams(); n > 1 {
-			add(autotune.Knob{Name: KnobStreams, Lo: 1, Hi: float64(n), Integer: true, Start: float64(base.engine.Streams)})
+			add(autotune.Knob{Name: KnobStreams, Lo: 1, Hi: float64(n), Integer: true, Start: float64(base.Engine.Streams)})
 		}
-		add(autotune.Knob{Name: KnobChunk, Lo: 16, Hi: 16 << 10, Log: true, Integer: true, Start: float64(base.engine.ChunkBytes) / 1024})
-		add(autotune.Knob{Name: KnobSmall, Lo: 1, Hi: 4 << 10, Log: true, Integer: true, Start: float64(base.engine.SmallBytes) / 1024})
+		add(autotune.Knob{Name: KnobChunk, Lo: 16, Hi: 16 << 10, Log: true, Integer: true, Start: float64(base.Engine.ChunkBytes) / 1024})
+		add(autotune.Knob{Name: KnobSmall, Lo: 1, Hi: 4 << 10, Log: true, Integer: true, Start: float64(base.Engine.SmallBytes) / 1024})
 	}
 	if len(knobs) == 0 {
 		log.Warn("autotune: every knob is fixed (set explicitly); nothing to tune", "fixed", strings.Join(a.Fixed, ","))
@@ -205,23 +162,23 @@ func (t *tuner) Close() {
 }
 
 // settings are the base settings with the Manager's knob values.
-func (t *tuner) settings(values []float64) settings {
+func (t *tuner) settings(values []float64) job.Settings {
 	s := t.base
 	for i, name := range t.names {
 		v := values[i]
 		switch name {
 		case KnobFusion:
-			s.fusion = int64(v * (1 << 20))
+			s.Fusion = int64(v * (1 << 20))
 		case KnobCycle:
-			s.cycle = time.Duration(v * float64(time.Millisecond))
+			s.Cycle = time.Duration(v * float64(time.Millisecond))
 		case KnobSpin:
-			s.spin = time.Duration(v * float64(time.Microsecond))
+			s.Spin = time.Duration(v * float64(time.Microsecond))
 		case KnobStreams:
-			s.engine.Streams = int(v)
+			s.Engine.Streams = int(v)
 		case KnobChunk:
-			s.engine.ChunkBytes = int(v) << 10
+			s.Engine.ChunkBytes = int(v) << 10
 		case KnobSmall:
-			s.engine.SmallBytes = int(v) << 10
+			s.Engine.SmallBytes = int(v) << 10
 		}
 	}
 	return s
@@ -229,14 +186,14 @@ func (t *tuner) settings(values []float64) settings {
 
 // update gives the tuner a dispatched batch: its tensors' names and bytes.
 // It returns the settings to apply when the configuration changes.
-func (t *tuner) update(names []string, bytes int64) (settings, bool) {
+func (t *tuner) update(names []string, bytes int64) (job.Settings, bool) {
 	r := t.m.Update(names, bytes, time.Since(t.start))
 	if r == nil {
-		return settings{}, false
+		return job.Settings{}, false
 	}
 	if r.Warmup {
 		t.log.Info("autotune: warming up", "score_mb_per_s", r.Score)
-		return settings{}, false
+		return job.Settings{}, false
 	}
 	attrs := []any{"score_mb_per_s", r.Score}
 	for i, n := range t.names {
@@ -247,9 +204,9 @@ func (t *tuner) update(names []string, bytes int64) (settings, bool) {
 	t.row(autotune.CSVRow(r.Values, r.Score))
 	s := t.settings(r.Next)
 	if r.Done {
-		s.final = true
+		s.Final = true
 		t.row(autotune.CSVRow(r.Best, r.BestScore))
-		t.log.Info("autotune: done; keeping the best settings", append([]any{"score_mb_per_s", r.BestScore}, s.attrs()...)...)
+		t.log.Info("autotune: done; keeping the best settings", append([]any{"score_mb_per_s", r.BestScore}, s.Attrs()...)...)
 		t.Close()
 		return s, true
 	}
@@ -258,18 +215,18 @@ func (t *tuner) update(names []string, bytes int64) (settings, bool) {
 
 // startTuner starts the autotuner of a job that has just formed, when
 // autotuning is on and this node decides the job's plans.
-func (l *loop) startTuner(j *job) {
-	if !j.coord.coordinates() {
+func (l *loop) startTuner(j *job.Job) {
+	if !j.Coord.Coordinates() {
 		return
 	}
 	cfg := l.cfg
-	if j.members.offset == 0 && len(j.slots) > 0 && j.slots[0] != nil {
+	if j.Members.Offset == 0 && len(j.Slots) > 0 && j.Slots[0] != nil {
 		// Global rank 0's HOROVOD_AUTOTUNE*, as Horovod reads them in
 		// rank 0's process, over the daemon's own.
-		if env := clientOf(j.slots[0]).helloMsg.GetAutotuneEnv(); len(env) > 0 {
+		if env := clientOf(j.Slots[0]).helloMsg.GetAutotuneEnv(); len(env) > 0 {
 			var err error
 			if cfg.Autotune, err = jobAutotune(cfg.Autotune, env); err != nil {
-				l.s.log.Warn("autotune: rank 0's HOROVOD_AUTOTUNE* variables are ignored", "job", j.id, "err", err)
+				l.s.log.Warn("autotune: rank 0's HOROVOD_AUTOTUNE* variables are ignored", "job", j.ID, "err", err)
 				cfg.Autotune = l.cfg.Autotune
 			}
 		}
@@ -284,10 +241,10 @@ func (l *loop) startTuner(j *job) {
 		cfg.Autotune.fix(KnobCycle)
 		cfg.Autotune.fix(KnobSpin)
 	}
-	base := settings{fusion: l.cfg.FusionThreshold, cycle: l.cfg.CycleTime, spin: l.cfg.Spin}
-	t, err := newTuner(cfg, base, j.coord.engine(), l.s.log.With("job", j.id))
+	base := job.Settings{Fusion: l.cfg.FusionThreshold, Cycle: l.cfg.CycleTime, Spin: l.cfg.Spin}
+	t, err := newTuner(cfg, base, j.Coord.Engine(), l.s.log.With("job", j.ID))
 	if err != nil {
-		l.s.log.Error("autotune: cannot tune this job; it runs with the configured settings", "job", j.id, "err", err)
+		l.s.log.Error("autotune: cannot tune this job; it runs with the configured settings", "job", j.ID, "err", err)
 		return
 	}
 	l.laneOf(j).tune = t
@@ -320,7 +277,7 @@ func jobAutotune(a AutotuneConfig, env []string) (AutotuneConfig, error) {
 
 // tuneBatch gives the autotuner the responses just dispatched, and applies
 // the settings it moves to.
-func (l *loop) tuneBatch(j *job, resps []plan.Response) {
+func (l *loop) tuneBatch(j *job.Job, resps []plan.Response) {
 	var names []string
 	var bytes int64
 	for i := range resps {
@@ -335,11 +292,11 @@ func (l *loop) tuneBatch(j *job, resps []plan.Response) {
 	if !changed {
 		return
 	}
-	l.tuned(s)
-	j.coord.retune(s)
+	l.Tuned(s)
+	j.Coord.Retune(s)
 }
 
-// tuned applies the loop's part of tuned settings (loopHooks).
-func (l *loop) tuned(s settings) {
-	l.cycleTime, l.spin = s.cycle, s.spin
+// Tuned applies the loop's part of tuned settings (loopHooks).
+func (l *loop) Tuned(s job.Settings) {
+	l.cycleTime, l.spin = s.Cycle, s.Spin
 }

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/ipc"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/shm"
@@ -45,14 +46,14 @@ type client struct {
 	exiting   bool // its Goodbye says its process exits (no re-initialisation)
 	dropped   bool
 	lane      *lane // the job lane its hello went to (lanes.go)
-	job       *job
+	job       *job.Job
 	localRank int
 	rank      int
 	helloMsg  *ipcpb.Hello
-	groups    map[uint64][]*op // partial groups by client group id
-	chReg     *region          // the channel's mapping, while registered
-	sockIn    uint64           // counted socket frames taken since the channel
-	sockWant  uint64           // counted socket frames owed before the ring
+	groups    map[uint64][]*job.Op // partial groups by client group id
+	chReg     *region              // the channel's mapping, while registered
+	sockIn    uint64               // counted socket frames taken since the channel
+	sockWant  uint64               // counted socket frames owed before the ring
 
 	// txMu serialises what the daemon sends this client: the channel's
 	// sending side and the socket writes it counts.
@@ -77,7 +78,7 @@ type region struct {
 
 func (r *region) ref() { r.refs.Add(1) }
 
-func (r *region) unref() {
+func (r *region) Unref() {
 	if r.refs.Add(-1) == 0 {
 		r.unaccount() // metrics.go
 		r.m.Close()
@@ -105,7 +106,7 @@ func (c *client) Rank() int { return c.rank }
 
 // clientOf is the loop's client behind a connection of its jobs: every conn
 // of a job the loop formed is one of its clients.
-func clientOf(c conn) *client {
+func clientOf(c job.Conn) *client {
 	if c == nil {
 		return nil
 	}
@@ -119,13 +120,13 @@ func (c *client) String() string {
 	return fmt.Sprintf("client pid %d", c.pid)
 }
 
-// readable handles the frames a client has sent, without blocking: at most
+// Readable handles the frames a client has sent, without blocking: at most
 // maxFramesPerWake of them, so one chatty client cannot starve the others. more
 // reports that it stopped at the limit (frames may wait in user space, where
 // epoll cannot see them). sock says the socket is readable; without it only
 // the channel (and socket frames it says are owed) is read. A non-nil error
 // means the connection must be dropped.
-func (l *loop) readable(c *client, sock bool) (more bool, err error) {
+func (l *loop) Readable(c *client, sock bool) (more bool, err error) {
 	for i := 0; i < maxFramesPerWake; i++ {
 		if c.dropped {
 			return false, nil
@@ -213,7 +214,7 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 			return &ipc.ProtocolError{Msg: fmt.Sprintf("unregister of unknown region %d", m.UnregisterRegion.GetRegion())}
 		}
 		delete(c.regions, r.id)
-		r.unref()
+		r.Unref()
 	case *ipcpb.ClientMessage_Enqueue:
 		if !c.hello {
 			return &ipc.ProtocolError{Msg: "Enqueue before Hello"}
@@ -225,7 +226,7 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 			if errors.Is(err, errGPUOpen) { // gpu.go: the GPU failed, not the request
 				code = ipcpb.Code_CODE_INTERNAL
 			}
-			c.reply(id, &ipcpb.Done{Code: code, Error: err.Error()})
+			c.Reply(id, &ipcpb.Done{Code: code, Error: err.Error()})
 			return nil
 		}
 		l.enqueue(o)
@@ -237,12 +238,12 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		for i, r := range m.AddProcessSet.GetRanks() {
 			ranks[i] = int(r)
 		}
-		l.processSetReq(psReq{c: c, id: id, add: true, ranks: ranks})
+		l.processSetReq(job.SetReq{Conn: c, ID: id, Add: true, Ranks: ranks})
 	case *ipcpb.ClientMessage_RemoveProcessSet:
 		if !c.hello {
 			return &ipc.ProtocolError{Msg: "RemoveProcessSet before Hello"}
 		}
-		l.processSetReq(psReq{c: c, id: id, set: m.RemoveProcessSet.GetProcessSet()})
+		l.processSetReq(job.SetReq{Conn: c, ID: id, Set: m.RemoveProcessSet.GetProcessSet()})
 	case *ipcpb.ClientMessage_Status:
 		if c.hello {
 			return &ipc.ProtocolError{Msg: "StatusRequest on a job's connection: ask on a connection of its own"}
@@ -260,7 +261,7 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 			}
 			break
 		}
-		if err := c.out.release(m.Release.GetBuffer()); err != nil {
+		if err := c.out.Release(m.Release.GetBuffer()); err != nil {
 			return &ipc.ProtocolError{Msg: err.Error()}
 		}
 	case *ipcpb.ClientMessage_RegisterChannel:
@@ -306,7 +307,7 @@ func (c *client) checkPeer() error {
 func (c *client) releaseConn() {
 	c.ic.CloseFDs()
 	for _, r := range c.regions {
-		r.unref()
+		r.Unref()
 	}
 	c.regions = nil
 	c.closeGPU()
@@ -314,7 +315,7 @@ func (c *client) releaseConn() {
 		c.txMu.Lock()
 		c.ch = nil
 		c.txMu.Unlock()
-		c.chReg.unref()
+		c.chReg.Unref()
 		c.chReg = nil
 	}
 }
@@ -388,65 +389,65 @@ func (c *client) registerChannel(m *ipcpb.RegisterChannel) error {
 
 // resolve checks an Enqueue against the protocol and the client's regions and
 // turns it into an op holding a reference on its region.
-func (c *client) resolve(id uint32, e *ipcpb.Enqueue) (*op, error) {
+func (c *client) resolve(id uint32, e *ipcpb.Enqueue) (*job.Op, error) {
 	t := tensor.OpType(e.GetOp())
 	if !t.Valid() {
 		return nil, fmt.Errorf("unknown collective %d", e.GetOp())
 	}
-	o := &op{c: c, id: id, typ: t, name: e.GetName(), group: e.GetGroup(), groupSize: int(e.GetGroupSize())}
-	o.req.Op = t
-	o.req.Name = e.GetName()
-	o.req.ProcessSet = e.GetProcessSet()
+	o := &job.Op{Conn: c, ID: id, Type: t, Name: e.GetName(), Group: e.GetGroup(), GroupSize: int(e.GetGroupSize())}
+	o.Req.Op = t
+	o.Req.Name = e.GetName()
+	o.Req.ProcessSet = e.GetProcessSet()
 	if t == tensor.Barrier || t == tensor.Join {
 		return o, nil
 	}
-	if o.name == "" {
+	if o.Name == "" {
 		return nil, fmt.Errorf("%v without a name", t)
 	}
 	dt := tensor.DType(e.GetDtype())
 	if !dt.Valid() {
-		return nil, fmt.Errorf("tensor %q: unsupported dtype %d", o.name, e.GetDtype())
+		return nil, fmt.Errorf("tensor %q: unsupported dtype %d", o.Name, e.GetDtype())
 	}
 	if len(e.GetShape()) > maxDims {
-		return nil, fmt.Errorf("tensor %q: %d dimensions (at most %d)", o.name, len(e.GetShape()), maxDims)
+		return nil, fmt.Errorf("tensor %q: %d dimensions (at most %d)", o.Name, len(e.GetShape()), maxDims)
 	}
 	// numel * size must not overflow and must equal the buffer length.
 	n := uint64(dt.Size())
 	for _, d := range e.GetShape() {
 		if d < 0 {
-			return nil, fmt.Errorf("tensor %q: negative dimension in shape %v", o.name, e.GetShape())
+			return nil, fmt.Errorf("tensor %q: negative dimension in shape %v", o.Name, e.GetShape())
 		}
 		hi, lo := bits.Mul64(n, uint64(d))
 		if hi != 0 || lo > shm.MaxRegion {
-			return nil, fmt.Errorf("tensor %q: shape %v is absurdly large", o.name, e.GetShape())
+			return nil, fmt.Errorf("tensor %q: shape %v is absurdly large", o.Name, e.GetShape())
 		}
 		n = lo
 	}
 	b := e.GetBuffer()
 	if db := e.GetDeviceBuffer(); db != nil {
 		if b != nil {
-			return nil, fmt.Errorf("tensor %q: both a host buffer and a device buffer", o.name)
+			return nil, fmt.Errorf("tensor %q: both a host buffer and a device buffer", o.Name)
 		}
-		dv, err := c.resolveDevice(o.name, db, n) // gpu.go
+		dv, err := c.resolveDevice(o.Name, db, n) // gpu.go
 		if err != nil {
 			return nil, err
 		}
-		o.dev = dv
-		o.req.Device = true
+		o.Dev = dv
+		o.Req.Device = true
 	} else if b.GetLength() != n {
-		return nil, fmt.Errorf("tensor %q: buffer of %d bytes for shape %v of %v (%d bytes)", o.name, b.GetLength(), e.GetShape(), dt, n)
+		return nil, fmt.Errorf("tensor %q: buffer of %d bytes for shape %v of %v (%d bytes)", o.Name, b.GetLength(), e.GetShape(), dt, n)
 	}
-	if n > 0 && o.dev == nil {
+	if n > 0 && o.Dev == nil {
 		r, ok := c.regions[b.GetRegion()]
 		if !ok {
-			return nil, fmt.Errorf("tensor %q: buffer in unknown region %d", o.name, b.GetRegion())
+			return nil, fmt.Errorf("tensor %q: buffer in unknown region %d", o.Name, b.GetRegion())
 		}
 		buf, err := r.m.Slice(b.GetOffset(), b.GetLength())
 		if err != nil {
-			return nil, fmt.Errorf("tensor %q: %v", o.name, err)
+			return nil, fmt.Errorf("tensor %q: %v", o.Name, err)
 		}
 		r.ref()
-		o.reg, o.buf = r, buf
+		o.Reg, o.Buf = r, buf
 	}
 	pre, post := e.GetPrescale(), e.GetPostscale()
 	if pre == 0 {
@@ -456,29 +457,29 @@ func (c *client) resolve(id uint32, e *ipcpb.Enqueue) (*op, error) {
 		post = 1
 	}
 	if math.IsNaN(pre) || math.IsInf(pre, 0) || math.IsNaN(post) || math.IsInf(post, 0) {
-		o.release()
-		return nil, fmt.Errorf("tensor %q: scale factors must be finite (prescale %v, postscale %v)", o.name, pre, post)
+		o.Release()
+		return nil, fmt.Errorf("tensor %q: scale factors must be finite (prescale %v, postscale %v)", o.Name, pre, post)
 	}
-	o.req.DType = dt
-	o.req.Shape = tensor.Shape(e.GetShape())
-	o.req.ReduceOp = tensor.ReduceOp(e.GetReduceOp())
-	o.req.Prescale, o.req.Postscale = pre, post
-	o.req.Root = int(e.GetRootRank())
-	o.req.Splits = e.GetSplits()
-	if !o.req.ReduceOp.Valid() {
-		o.release()
-		return nil, fmt.Errorf("tensor %q: unknown reduce op %d", o.name, e.GetReduceOp())
+	o.Req.DType = dt
+	o.Req.Shape = tensor.Shape(e.GetShape())
+	o.Req.ReduceOp = tensor.ReduceOp(e.GetReduceOp())
+	o.Req.Prescale, o.Req.Postscale = pre, post
+	o.Req.Root = int(e.GetRootRank())
+	o.Req.Splits = e.GetSplits()
+	if !o.Req.ReduceOp.Valid() {
+		o.Release()
+		return nil, fmt.Errorf("tensor %q: unknown reduce op %d", o.Name, e.GetReduceOp())
 	}
 	return o, nil
 }
 
-// reply sends a Done for frame id. Write errors mean the client is gone; its
+// Reply sends a Done for frame id. Write errors mean the client is gone; its
 // reader notices that on its own.
-func (c *client) reply(id uint32, d *ipcpb.Done) {
-	c.sendBatch([]uint32{id}, []*ipcpb.ServerMessage{{Msg: &ipcpb.ServerMessage_Done{Done: d}}})
+func (c *client) Reply(id uint32, d *ipcpb.Done) {
+	c.SendBatch([]uint32{id}, []*ipcpb.ServerMessage{{Msg: &ipcpb.ServerMessage_Done{Done: d}}})
 }
 
-// sendBatch sends messages that carry no descriptor: through the channel when
+// SendBatch sends messages that carry no descriptor: through the channel when
 // there is one and it has room (ringing the doorbell if the client sleeps),
 // else on the socket in one write.
 //
@@ -487,7 +488,7 @@ func (c *client) reply(id uint32, d *ipcpb.Done) {
 // loop moves them into the ring as the client makes room (flushOut). A
 // socket write could block the loop, whose client might itself be waiting for
 // room in its own ring: each would wait for the other.
-func (c *client) sendBatch(ids []uint32, ms []*ipcpb.ServerMessage) error {
+func (c *client) SendBatch(ids []uint32, ms []*ipcpb.ServerMessage) error {
 	c.txMu.Lock()
 	defer c.txMu.Unlock()
 	if c.ch != nil {
@@ -592,7 +593,7 @@ type outRegion struct {
 
 // alloc reserves n bytes in one of c's output regions, granting a new region to
 // the client first when none has room.
-func (c *client) allocOutput(n int64) ([]byte, *ipcpb.Buffer, error) {
+func (c *client) AllocOutput(n int64) ([]byte, *ipcpb.Buffer, error) {
 	if n == 0 {
 		return nil, &ipcpb.Buffer{}, nil
 	}
@@ -625,7 +626,7 @@ func (c *client) allocOutput(n int64) ([]byte, *ipcpb.Buffer, error) {
 	return m.Bytes()[off : off+n : off+n], &ipcpb.Buffer{Region: r.id, Offset: uint64(off), Length: uint64(n)}, nil
 }
 
-func (o *outputs) release(b *ipcpb.Buffer) error {
+func (o *outputs) Release(b *ipcpb.Buffer) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, r := range o.regions {

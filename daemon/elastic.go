@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 )
 
@@ -79,38 +80,26 @@ type (
 	msgReformCheck   struct{ r *reform }
 )
 
-// survivor is a rank of a failed elastic epoch that went on to re-initialise.
-type survivor struct {
-	rank int
-	pid  int32
-}
-
-// noteSurvivor records c, closing its connection with Goodbye, as a
-// survivor should its elastic epoch fail.
-func (j *job) noteSurvivor(c conn) {
-	j.survivors = append(j.survivors, survivor{rank: c.Rank(), pid: c.PID()})
-}
-
 // reformAfter begins the next epoch of an elastic job whose failed epoch has
 // ended, when it has survivors: an epoch that formed, or one that failed as
 // it formed across nodes (reformUnformed).
-func (l *loop) reformAfter(j *job) {
-	if !j.elastic || j.failed.GetCode() != ipcpb.Code_CODE_ABORTED || !j.formed && len(j.survivors) == 0 || l.quit {
+func (l *loop) reformAfter(j *job.Job) {
+	if !j.Elastic || j.Failed.GetCode() != ipcpb.Code_CODE_ABORTED || !j.Formed && len(j.Survivors) == 0 || l.quit {
 		return
 	}
-	if len(j.survivors) == 0 {
+	if len(j.Survivors) == 0 {
 		why := ""
-		if isRankExited(j.failed.GetError()) {
+		if isRankExited(j.Failed.GetError()) {
 			why = ranksExitedWhy
 		}
-		l.nodes.nextReady(j.epoch+1, 0, why)
+		l.nodes.NextReady(j.Epoch+1, 0, why)
 		return
 	}
 	ln := l.laneOf(j)
-	sort.Slice(j.survivors, func(a, b int) bool { return j.survivors[a].rank < j.survivors[b].rank })
-	r := &reform{lane: ln, id: j.id, epoch: j.epoch + 1, failedAt: j.failedAt, cause: j.failed.GetError()}
-	for _, s := range j.survivors {
-		r.survivors = append(r.survivors, s.pid)
+	sort.Slice(j.Survivors, func(a, b int) bool { return j.Survivors[a].Rank < j.Survivors[b].Rank })
+	r := &reform{lane: ln, id: j.ID, epoch: j.Epoch + 1, failedAt: j.FailedAt, cause: j.Failed.GetError()}
+	for _, s := range j.Survivors {
+		r.survivors = append(r.survivors, s.Pid)
 	}
 	// Workers waiting to join come after the survivors (Horovod's "older
 	// workers first": rank 0 stays on a survivor, whose state is current).
@@ -119,7 +108,7 @@ func (l *loop) reformAfter(j *job) {
 	}
 	r.joiners = len(ln.joiners)
 	wait := l.cfg.ElasticTimeout
-	if old := ln.reform; old != nil && old.id == j.id && old.epoch == j.epoch {
+	if old := ln.reform; old != nil && old.id == j.ID && old.epoch == j.Epoch {
 		// The epoch that re-formed could not form (reformUnformed): the
 		// wait for one that does goes on, so that epochs that keep failing
 		// to form end within the elastic timeout.
@@ -132,22 +121,22 @@ func (l *loop) reformAfter(j *job) {
 	ln.reform = r
 	// Warn, not Info: a membership change is what the daemon a job starts
 	// for itself (hvdd run, --log-level warning) must still show.
-	if host := l.nodes.removed(); host != "" {
+	if host := l.nodes.Removed(); host != "" {
 		// Horovod's removed workers fail their re-initialisation.
 		r.removed = host
 		r.dead = fmt.Sprintf("%s has been removed from elastic job", host)
-		l.s.log.Warn("elastic job: this host was removed; its ranks leave the job at its next epoch", "job", j.id, "epoch", r.epoch,
+		l.s.log.Warn("elastic job: this host was removed; its ranks leave the job at its next epoch", "job", j.ID, "epoch", r.epoch,
 			"pids", pidList(r.survivors))
-		l.nodes.nextReady(r.epoch, 0, r.dead)
+		l.nodes.NextReady(r.epoch, 0, r.dead)
 		return
 	}
 	what := "elastic job lost ranks; its next epoch waits for the survivors"
 	if isHostsUpdated(r.cause) {
 		what = "elastic job resets after a host update; its next epoch waits for its ranks"
 	}
-	l.s.log.Warn(what, "job", j.id, "epoch", r.epoch,
+	l.s.log.Warn(what, "job", j.ID, "epoch", r.epoch,
 		"survivors", len(r.survivors)-r.joiners, "joining", r.joiners, "pids", pidList(r.survivors), "cause", r.cause)
-	l.nodes.nextReady(r.epoch, len(r.survivors), "")
+	l.nodes.NextReady(r.epoch, len(r.survivors), "")
 }
 
 // reformUnformed fails an epoch of an elastic job that was laid out across
@@ -156,22 +145,22 @@ func (l *loop) reformAfter(j *job) {
 // init(), as the survivors: they need not come back, they wait on for the
 // next epoch, which the formation began without the nodes that are gone
 // (multiCoord.abort, elastic_multinode.go).
-func (l *loop) reformUnformed(j *job, msg string) {
-	l.s.log.Warn("elastic job: its epoch could not form across the nodes; the next one forms from the same ranks", "job", j.id, "epoch", j.epoch, "err", msg)
+func (l *loop) reformUnformed(j *job.Job, msg string) {
+	l.s.log.Warn("elastic job: its epoch could not form across the nodes; the next one forms from the same ranks", "job", j.ID, "epoch", j.Epoch, "err", msg)
 	l.fail(j, ipcpb.Code_CODE_ABORTED, msg)
 	ln := l.laneOf(j)
-	for lr, s := range j.slots {
+	for lr, s := range j.Slots {
 		c := clientOf(s)
 		if c == nil || c.dropped {
 			continue
 		}
-		j.survivors = append(j.survivors, survivor{rank: lr, pid: c.pid})
-		j.slots[lr], c.job = nil, nil
-		j.joined--
-		j.open--
+		j.Survivors = append(j.Survivors, job.Survivor{Rank: lr, Pid: c.pid})
+		j.Slots[lr], c.job = nil, nil
+		j.Joined--
+		j.Open--
 		ln.waiting = append(ln.waiting, c) // they say hello again (jobEnded)
 	}
-	if j.open == 0 {
+	if j.Open == 0 {
 		l.jobEnded(j)
 	}
 }
@@ -184,19 +173,19 @@ const joinLater = -2
 // or re-forms: it waits in init() for the job's next epoch, and global rank
 // 0 is told that hosts were updated, so that every rank resets at its next
 // commit (Horovod's HostsUpdatedInterrupt).
-func (l *loop) addJoiner(c *client, j *job) {
+func (l *loop) addJoiner(c *client, j *job.Job) {
 	ln := l.laneOf(j)
 	if !slices.Contains(ln.joiners, c) {
 		ln.joiners = append(ln.joiners, c)
 	}
-	l.s.log.Warn("a worker waits to join the elastic job at its next epoch", "job", j.id, "pid", c.pid, "waiting", len(ln.joiners))
-	l.laneHostsUpdated(ln, hostsAdded)
+	l.s.log.Warn("a worker waits to join the elastic job at its next epoch", "job", j.ID, "pid", c.pid, "waiting", len(ln.joiners))
+	l.laneHostsUpdated(ln, job.HostsAdded)
 }
 
-// hostsUpdated tells global rank 0 of the running elastic job that its
+// HostsUpdated tells global rank 0 of the running elastic job that its
 // hosts changed (loopHooks: the multi-node formation's, whose daemon runs
 // one job at a time).
-func (l *loop) hostsUpdated(result int32) {
+func (l *loop) HostsUpdated(result int32) {
 	if ln := l.soleLane(); ln != nil {
 		l.laneHostsUpdated(ln, result)
 	}
@@ -207,15 +196,15 @@ func (l *loop) hostsUpdated(result int32) {
 // rank 0 is on another node.
 func (l *loop) laneHostsUpdated(ln *lane, result int32) {
 	j := ln.job
-	if j == nil || !j.elastic || !j.formed || j.failed != nil {
+	if j == nil || !j.Elastic || !j.Formed || j.Failed != nil {
 		return
 	}
 	u := &ipcpb.HostsUpdated{Timestamp: time.Now().UnixMilli(), Result: result}
-	if j.members.offset == 0 && len(j.slots) > 0 && j.slots[0] != nil {
-		j.slots[0].sendBatch([]uint32{0}, []*ipcpb.ServerMessage{{Msg: &ipcpb.ServerMessage_HostsUpdated{HostsUpdated: u}}})
+	if j.Members.Offset == 0 && len(j.Slots) > 0 && j.Slots[0] != nil {
+		j.Slots[0].SendBatch([]uint32{0}, []*ipcpb.ServerMessage{{Msg: &ipcpb.ServerMessage_HostsUpdated{HostsUpdated: u}}})
 		return
 	}
-	j.coord.hostsUpdated(u)
+	j.Coord.HostsUpdated(u)
 }
 
 // hostsUpdatedCause ends the message of an epoch that ends because its ranks
@@ -240,12 +229,6 @@ func isRankExited(msg string) bool { return strings.HasSuffix(msg, rankExitedCau
 // failed only because ranks exited: at a job's normal end, every node.
 const ranksExitedWhy = "its ranks exited"
 
-// Horovod's HostUpdateResult: removed, added (mixed is both).
-const (
-	hostsRemoved = 1
-	hostsAdded   = 2
-)
-
 // seatJoiners, once ln's job has ended, seats the waiting workers in the
 // epoch that re-forms it, or refuses them when the job is over.
 func (l *loop) seatJoiners(ln *lane) {
@@ -264,16 +247,16 @@ func (l *loop) seatJoiners(ln *lane) {
 	}
 }
 
-// reformFailed gives up the forming epoch (loopHooks): the other nodes
+// ReformFailed gives up the forming epoch (loopHooks): the other nodes
 // cannot form it. The survivors that joined get msg, and so do those still
 // to come back.
-func (l *loop) reformFailed(epoch uint64, msg string) {
+func (l *loop) ReformFailed(epoch uint64, msg string) {
 	ln := l.soleLane()
 	if ln == nil {
 		return
 	}
-	if j := ln.job; j != nil && j.elastic && j.epoch == epoch && !j.formed && j.failed == nil {
-		l.formFailed(j, msg)
+	if j := ln.job; j != nil && j.Elastic && j.Epoch == epoch && !j.Formed && j.Failed == nil {
+		l.FormFailed(j, msg)
 	}
 	if r := ln.reform; r != nil && r.epoch == epoch {
 		r.dead = msg
@@ -301,7 +284,7 @@ func (l *loop) reformRank(ln *lane, c *client, h *ipcpb.Hello) (lr int, refusal 
 	}
 	if lr < 0 && h.GetElastic() {
 		// A worker that joins the job: in the epoch after this one.
-		if j := ln.job; j != nil && j.id == r.id {
+		if j := ln.job; j != nil && j.ID == r.id {
 			l.addJoiner(c, j)
 		} else if !slices.Contains(ln.joiners, c) {
 			ln.joiners = append(ln.joiners, c)
@@ -316,19 +299,19 @@ func (l *loop) reformRank(ln *lane, c *client, h *ipcpb.Hello) (lr int, refusal 
 }
 
 // reformed ends a re-formation when the epoch has formed.
-func (l *loop) reformed(j *job) {
+func (l *loop) reformed(j *job.Job) {
 	ln := l.laneOf(j)
 	r := ln.reform
-	if r == nil || r.id != j.id || r.epoch != j.epoch {
+	if r == nil || r.id != j.ID || r.epoch != j.Epoch {
 		return
 	}
 	r.stop()
 	ln.reform = nil
-	l.s.log.Warn("elastic job re-formed", "job", j.id, "epoch", r.epoch, "size", j.members.size,
-		"pids", j.pids(), "after", time.Since(r.failedAt).Round(time.Millisecond), "cause", r.cause)
+	l.s.log.Warn("elastic job re-formed", "job", j.ID, "epoch", r.epoch, "size", j.Members.Size,
+		"pids", j.PIDs(), "after", time.Since(r.failedAt).Round(time.Millisecond), "cause", r.cause)
 	if len(ln.joiners) > 0 {
 		// Workers came while it formed: the next epoch takes them.
-		l.laneHostsUpdated(ln, hostsAdded)
+		l.laneHostsUpdated(ln, job.HostsAdded)
 	}
 }
 
@@ -349,12 +332,12 @@ func (l *loop) reformTimeout(r *reform) {
 	if r.again {
 		msg += fmt.Sprintf("; epoch %d could not form across the nodes: %s", r.epoch-1, r.cause)
 	}
-	if j := ln.job; j != nil && j.id == r.id && !j.formed {
-		l.formFailed(j, msg)
+	if j := ln.job; j != nil && j.ID == r.id && !j.Formed {
+		l.FormFailed(j, msg)
 	} else {
 		l.s.log.Warn(msg)
 	}
-	l.nodes.nextReady(r.epoch, 0, msg)
+	l.nodes.NextReady(r.epoch, 0, msg)
 	l.seatJoiners(ln)
 	l.endLane(ln)
 }
@@ -373,12 +356,12 @@ func (l *loop) reformCheck(r *reform) {
 		return
 	}
 	j := ln.job
-	if j != nil && (j.id != r.id || j.formed) {
+	if j != nil && (j.ID != r.id || j.Formed) {
 		j = nil
 	}
 	var alive, gone []int32
 	for _, pid := range r.survivors {
-		if j != nil && slices.ContainsFunc(j.slots, func(c conn) bool { return c != nil && c.PID() == pid }) || processAlive(pid) {
+		if j != nil && slices.ContainsFunc(j.Slots, func(c job.Conn) bool { return c != nil && c.PID() == pid }) || processAlive(pid) {
 			alive = append(alive, pid)
 		} else {
 			gone = append(gone, pid)
@@ -394,7 +377,7 @@ func (l *loop) reformCheck(r *reform) {
 	if len(alive) == 0 {
 		r.stop()
 		ln.reform = nil
-		l.nodes.nextReady(r.epoch, 0, "its surviving ranks exited instead of re-initialising")
+		l.nodes.NextReady(r.epoch, 0, "its surviving ranks exited instead of re-initialising")
 		l.seatJoiners(ln)
 		l.endLane(ln)
 		return
@@ -404,16 +387,16 @@ func (l *loop) reformCheck(r *reform) {
 		return
 	}
 	// The joined survivors move up to their places among the others.
-	slots := make([]conn, len(alive))
-	for _, s := range j.slots {
+	slots := make([]job.Conn, len(alive))
+	for _, s := range j.Slots {
 		if c := clientOf(s); c != nil {
 			lr := slices.Index(alive, c.pid)
 			slots[lr], c.localRank, c.rank = c, lr, lr
 		}
 	}
-	j.slots = slots
-	if j.joined == len(slots) {
-		l.nodes.complete(j)
+	j.Slots = slots
+	if j.Joined == len(slots) {
+		l.nodes.Complete(j)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/hvdd/hvdd/cluster"
 	"github.com/hvdd/hvdd/cluster/clusterpb"
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 )
 
@@ -59,7 +60,7 @@ type nextEpoch struct {
 	// forming is this node's part of the epoch once it is complete
 	// (followers, and a node whose election is under way), waiting for the
 	// layout.
-	forming *job
+	forming *job.Job
 	// lost says why the epoch cannot form on this follower (the coordinator
 	// ended it, or its link is gone), for the survivors; "" while it can.
 	lost string
@@ -92,9 +93,9 @@ func (n *nextEpoch) holds(link *cluster.Link) bool {
 	return false
 }
 
-// nodes returns the nodes of the next epoch other than the coordinator, in
+// Nodes returns the nodes of the next epoch other than the coordinator, in
 // order.
-func (n *nextEpoch) nodes() []int { return slices.Sorted(maps.Keys(n.links)) }
+func (n *nextEpoch) Nodes() []int { return slices.Sorted(maps.Keys(n.links)) }
 
 // closeLinks stops watching and closes the epoch's links.
 func (c *multiNode) closeLinks(n *nextEpoch) {
@@ -117,7 +118,7 @@ func (c *multiNode) leads() bool { return c.lead == c.rank }
 
 // beginNext keeps the links of mc's failing elastic epoch for the next one.
 func (c *multiNode) beginNext(mc *multiCoord) {
-	n := &nextEpoch{epoch: mc.j.epoch + 1, links: make(map[int]*cluster.Link), joins: make(map[int]*clusterpb.Join),
+	n := &nextEpoch{epoch: mc.j.Epoch + 1, links: make(map[int]*cluster.Link), joins: make(map[int]*clusterpb.Join),
 		prev: slices.Clone(mc.ids), won: -1}
 	for at, link := range mc.links {
 		if c.isWatched(link) {
@@ -128,7 +129,7 @@ func (c *multiNode) beginNext(mc *multiCoord) {
 		n.lost = fmt.Sprintf("the elastic job cannot form epoch %d on node %d: node %d (the coordinator) was lost", n.epoch, c.rank, c.lead)
 	}
 	c.next = n
-	c.log.Debug("elastic job: the control links form the next epoch", "job", mc.j.id, "epoch", n.epoch, "links", len(n.links))
+	c.log.Debug("elastic job: the control links form the next epoch", "job", mc.j.ID, "epoch", n.epoch, "links", len(n.links))
 }
 
 func (c *multiNode) isWatched(link *cluster.Link) bool {
@@ -140,12 +141,12 @@ func (c *multiNode) isWatched(link *cluster.Link) bool {
 	return false
 }
 
-// nextReady is told, once this node's part of a failed epoch has ended, how
+// NextReady is told, once this node's part of a failed epoch has ended, how
 // many of its ranks will re-initialise into epoch (formation): none when
 // every local rank is gone, or when the node's re-formation gave up (why).
 // A follower with none leaves the job; so does a coordinator with none when
 // the coordination can move, which otherwise ends the job.
-func (c *multiNode) nextReady(epoch uint64, local int, why string) {
+func (c *multiNode) NextReady(epoch uint64, local int, why string) {
 	n := c.next
 	if n == nil || n.epoch != epoch {
 		return
@@ -177,7 +178,7 @@ func (c *multiNode) nextReady(epoch uint64, local int, why string) {
 		// Its followers find the link closed and claim the epoch.
 		logLeave("elastic job: no rank of this node goes on; it leaves the job, whose coordination moves to another node", "epoch", epoch, "why", why)
 		c.lead = -1
-		if c.waiting != nil && c.waiting.epoch == epoch {
+		if c.waiting != nil && c.waiting.Epoch == epoch {
 			c.waiting = nil
 		}
 		c.closeLinks(n)
@@ -192,16 +193,16 @@ func (c *multiNode) nextReady(epoch uint64, local int, why string) {
 		return
 	}
 	if local > 0 {
-		c.hooks.reformFailed(epoch, n.lost)
+		c.hooks.ReformFailed(epoch, n.lost)
 	}
 }
 
 // completeEpoch is complete for the next epoch of an elastic job: the
 // coordinator waits for the other nodes' Joins, a follower sends its own.
-func (c *multiNode) completeEpoch(j *job) {
+func (c *multiNode) completeEpoch(j *job.Job) {
 	n := c.next
-	if n == nil || n.epoch != j.epoch {
-		c.hooks.formFailed(j, fmt.Sprintf("the elastic job cannot form epoch %d on node %d: its control links are gone", j.epoch, c.rank))
+	if n == nil || n.epoch != j.Epoch {
+		c.hooks.FormFailed(j, fmt.Sprintf("the elastic job cannot form epoch %d on node %d: its control links are gone", j.Epoch, c.rank))
 		return
 	}
 	if n.electing {
@@ -215,7 +216,7 @@ func (c *multiNode) completeEpoch(j *job) {
 	}
 	if n.lost != "" {
 		c.next = nil
-		c.hooks.formFailed(j, n.lost)
+		c.hooks.FormFailed(j, n.lost)
 		return
 	}
 	n.forming = j
@@ -265,7 +266,7 @@ func (c *multiNode) epochMessage(w *watchedLink, m *clusterpb.Message) bool {
 		return true
 	}
 	// What comes on the failed epoch's links once it ended is stale.
-	return w.mc == nil || !c.hooks.current(w.mc.j)
+	return w.mc == nil || !c.hooks.Current(w.mc.j)
 }
 
 // nextGone records on a follower why the next epoch cannot form, and tells
@@ -278,7 +279,7 @@ func (c *multiNode) nextGone(n *nextEpoch, why string) {
 	n.lost, c.running = why, nil
 	if n.forming != nil {
 		c.next = nil
-		c.hooks.reformFailed(n.epoch, why)
+		c.hooks.ReformFailed(n.epoch, why)
 	}
 }
 
@@ -422,8 +423,8 @@ func (c *multiNode) abortNext(msg string) {
 		}
 	}
 	c.closeLinks(n)
-	if j := c.waiting; j != nil && j.epoch == n.epoch {
+	if j := c.waiting; j != nil && j.Epoch == n.epoch {
 		c.waiting = nil
 	}
-	c.hooks.reformFailed(n.epoch, msg) // fails our forming part, if any
+	c.hooks.ReformFailed(n.epoch, msg) // fails our forming part, if any
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/hvdd/hvdd/cluster"
 	"github.com/hvdd/hvdd/cluster/clusterpb"
+	"github.com/hvdd/hvdd/daemon/internal/job"
 )
 
 // Choosing the coordinator of an elastic job's next epoch at the rendezvous,
@@ -199,7 +200,7 @@ func (c *multiNode) takeLead(n *nextEpoch) {
 			}
 		}
 		n.deadline = time.AfterFunc(c.ccfg.PeerTimeout, func() { c.p.Post(msgElectDeadline{n}) })
-		c.log.Warn("elastic job: this node coordinates the job from now on", "epoch", n.epoch, "was", old, "expects", n.nodes())
+		c.log.Warn("elastic job: this node coordinates the job from now on", "epoch", n.epoch, "was", old, "expects", n.Nodes())
 	}
 	if j := n.forming; j != nil {
 		n.forming = nil
@@ -217,7 +218,7 @@ func (c *multiNode) follow(n *nextEpoch, lead int, link *cluster.Link) {
 		// them to the winner.
 		c.log.Warn("elastic job: another node took over the coordination", "node", lead, "epoch", n.epoch)
 		c.closeLinks(n)
-		if j := c.waiting; j != nil && j.epoch == n.epoch {
+		if j := c.waiting; j != nil && j.Epoch == n.epoch {
 			c.waiting, n.forming = nil, j
 		}
 	}
@@ -254,7 +255,7 @@ func (c *multiNode) electDeadline(n *nextEpoch) {
 	if c.next != n || !c.leads() {
 		return
 	}
-	for _, id := range n.nodes() {
+	for _, id := range n.Nodes() {
 		if n.links[id] == nil {
 			c.log.Warn("elastic job: a node did not reach the new coordinator in time; the next epoch forms without it", "node", id, "epoch", n.epoch, "waited", c.ccfg.PeerTimeout)
 			delete(n.links, id)
@@ -265,7 +266,7 @@ func (c *multiNode) electDeadline(n *nextEpoch) {
 
 // reclaim makes node 0 coordinate again once the elastic job it left, whose
 // coordination moved, is over: j is its next job.
-func (c *multiNode) reclaim(j *job) {
+func (c *multiNode) reclaim(j *job.Job) {
 	c.lead = 0
 	c.log.Warn("this node coordinates again: the elastic job whose coordination moved to another node is over")
 	addr := c.ctrl.Addr()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/internal/poll"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
@@ -16,19 +17,6 @@ import (
 	"github.com/hvdd/hvdd/reduce"
 	"github.com/hvdd/hvdd/tensor"
 )
-
-// work is one plan response with the ops it completes: ops[i][rank] is rank's
-// op for resp.Tensors[i], nil for a rank that has joined.
-type work struct {
-	resp plan.Response
-	j    *job
-	b    backends.Backend // the job's cross-node engine; nil on one node (or for a set on one node)
-	view setView          // across nodes: how the response's set lies over the nodes
-	tl   eventSink        // where the work's phases go (the timeline, or a follower's record of them); nil when off
-	size int
-	ops  [][]*op
-	nccl bool // the nodes agreed to join on NCCL (exec_gpu.go: ncclVote)
-}
 
 // executor runs batches of work in order on its own goroutine, so the loop
 // keeps negotiating while data moves.
@@ -38,14 +26,14 @@ type executor struct {
 	ropts   reduce.Options
 	fuse    []byte // fusion buffer of cross-node ops, reused
 	adaIn   []byte // a node's block of a cross-node Adasum, reused
-	work    chan []work
+	work    chan []job.Work
 	stopped chan struct{}
 
 	// The timeline row of the tensor being run and how many phases to end
 	// there (endTrace); no writer when off. The loop runs small batches
 	// itself only while the executor goroutine is idle, so one of them at a
 	// time uses these.
-	traceW    eventSink
+	traceW    job.EventSink
 	traceRow  string
 	traceEnds int
 	// ph: the phases of the response running across nodes.
@@ -67,7 +55,7 @@ func newExecutor(s *Server, p *poll.Poller) *executor {
 		s:       s,
 		p:       p,
 		ropts:   reduce.Options{Workers: s.cfg.Workers},
-		work:    make(chan []work, 1),
+		work:    make(chan []job.Work, 1),
 		stopped: make(chan struct{}),
 	}
 }
@@ -78,11 +66,11 @@ func (x *executor) run() {
 		for _, w := range batch {
 			x.execute(w)
 		}
-		x.p.Post(msgExecIdle{})
+		x.p.Post(job.MsgExecIdle{})
 	}
 }
 
-func (x *executor) execute(w work) {
+func (x *executor) execute(w job.Work) {
 	if timed(&w) {
 		defer observeLatency(&w, x.dispatched) // metrics.go
 	}
@@ -90,9 +78,9 @@ func (x *executor) execute(w work) {
 		if !x.ncclVote(&w) {
 			return
 		}
-		if w.nccl {
-			x.gpuPath("nccl " + strings.ToLower(w.resp.Op.String()))
-			switch w.resp.Op {
+		if w.NCCL {
+			x.gpuPath("nccl " + strings.ToLower(w.Resp.Op.String()))
+			switch w.Resp.Op {
 			case tensor.Reducescatter, tensor.Allgather, tensor.Alltoall:
 				x.runOutputs(w, usedDevs(&w))
 			case tensor.Broadcast:
@@ -103,7 +91,7 @@ func (x *executor) execute(w work) {
 			return
 		}
 	}
-	if deviceWork(&w) {
+	if job.DeviceWork(&w) {
 		x.executeDevice(w) // exec_gpu.go
 		return
 	}
@@ -111,44 +99,44 @@ func (x *executor) execute(w work) {
 }
 
 // executeHost runs w on host memory (GPU tensors staged there already).
-func (x *executor) executeHost(w work) {
-	if w.b != nil {
-		if w.tl != nil {
+func (x *executor) executeHost(w job.Work) {
+	if w.Engine != nil {
+		if w.Trace != nil {
 			// The response's top-level phase (tracer.responded) ends
 			// once every rank has its answer.
-			defer traceAll(w.tl, &w.resp, timeline.End, "")
+			defer traceAll(w.Trace, &w.Resp, timeline.End, "")
 		}
 		x.executeMulti(w)
 		return
 	}
-	r := &w.resp
+	r := &w.Resp
 	if r.Op == tensor.Allreduce {
-		if w.tl != nil {
-			traceAll(w.tl, r, timeline.Begin, activity(r))
+		if w.Trace != nil {
+			traceAll(w.Trace, r, timeline.Begin, activity(r))
 		}
-		err := x.allreduceFused(r, w.ops, w.size)
-		if w.tl != nil {
+		err := x.allreduceFused(r, w.Ops, w.Size)
+		if w.Trace != nil {
 			// The activity and the response's top-level phase
 			// (tracer.responded) end before the ranks hear, so that a
 			// rank's next request of a name opens its negotiation after.
-			traceAll(w.tl, r, timeline.End, "")
-			traceAll(w.tl, r, timeline.End, "")
+			traceAll(w.Trace, r, timeline.End, "")
+			traceAll(w.Trace, r, timeline.End, "")
 		}
 		if err != nil {
 			x.s.log.Error("allreduce failed", "tensors", len(r.Tensors), "err", err)
 			d := &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("allreduce of %d tensors: %v", len(r.Tensors), err)}
-			finishRows(w.ops, d)
+			job.FinishRows(w.Ops, d)
 			return
 		}
-		x.finishBatched(w.ops)
+		x.finishBatched(w.Ops)
 		return
 	}
 	for i, t := range r.Tensors {
-		ops := w.ops[i]
-		if w.tl != nil {
-			x.traceW, x.traceRow, x.traceEnds = w.tl, row(r.ProcessSet, t.Name), 1
+		ops := w.Ops[i]
+		if w.Trace != nil {
+			x.traceW, x.traceRow, x.traceEnds = w.Trace, row(r.ProcessSet, t.Name), 1
 			if r.Op != tensor.Barrier && r.Op != tensor.Join {
-				w.tl.Event(x.traceRow, timeline.Begin, activity(r))
+				w.Trace.Event(x.traceRow, timeline.Begin, activity(r))
 				x.traceEnds = 2
 			}
 		}
@@ -161,7 +149,7 @@ func (x *executor) executeHost(w work) {
 		case tensor.Alltoall:
 			err = x.alltoall(r, &t, ops)
 		case tensor.Reducescatter:
-			err = x.reducescatter(r, &t, ops, w.size)
+			err = x.reducescatter(r, &t, ops, w.Size)
 		case tensor.Barrier:
 			err = x.finishAll(ops, nil)
 		case tensor.Join:
@@ -176,7 +164,7 @@ func (x *executor) executeHost(w work) {
 			// Handlers return an error only before answering any op.
 			for _, o := range ops {
 				if o != nil {
-					o.finish(d)
+					o.Finish(d)
 				}
 			}
 		}
@@ -197,66 +185,55 @@ func (x *executor) endTrace() {
 }
 
 // finishBatched answers every op OK, one write per client.
-func (x *executor) finishBatched(ops [][]*op) {
+func (x *executor) finishBatched(ops [][]*job.Op) {
 	type batch struct {
 		ids []uint32
 		ms  []*ipcpb.ServerMessage
-		ops []*op
+		ops []*job.Op
 	}
-	by := make(map[conn]*batch)
-	var order []conn
+	by := make(map[job.Conn]*batch)
+	var order []job.Conn
 	ok := &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Done{Done: &ipcpb.Done{}}}
 	for _, row := range ops {
 		for _, o := range row {
 			if o == nil {
 				continue
 			}
-			if o.dev != nil {
+			if o.Dev != nil {
 				// A staged GPU tensor copies its result back first.
-				o.finish(&ipcpb.Done{})
+				o.Finish(&ipcpb.Done{})
 				continue
 			}
-			b := by[o.c]
+			b := by[o.Conn]
 			if b == nil {
 				b = &batch{}
-				by[o.c] = b
-				order = append(order, o.c)
+				by[o.Conn] = b
+				order = append(order, o.Conn)
 			}
-			b.ids = append(b.ids, o.id)
+			b.ids = append(b.ids, o.ID)
 			b.ms = append(b.ms, ok)
 			b.ops = append(b.ops, o)
 		}
 	}
 	for _, c := range order {
 		b := by[c]
-		c.sendBatch(b.ids, b.ms)
+		c.SendBatch(b.ids, b.ms)
 		for _, o := range b.ops {
-			o.count(ipcpb.Code_CODE_OK) // metrics.go
-			o.release()
-		}
-	}
-}
-
-// finishRows answers every op of every row with d.
-func finishRows(rows [][]*op, d *ipcpb.Done) {
-	for _, row := range rows {
-		for _, o := range row {
-			if o != nil {
-				o.finish(d)
-			}
+			o.Count(ipcpb.Code_CODE_OK) // metrics.go
+			o.Release()
 		}
 	}
 }
 
 // finishAll answers every op with d (OK when nil).
-func (x *executor) finishAll(ops []*op, d *ipcpb.Done) error {
+func (x *executor) finishAll(ops []*job.Op, d *ipcpb.Done) error {
 	if d == nil {
 		d = &ipcpb.Done{}
 	}
 	x.endTrace()
 	for _, o := range ops {
 		if o != nil {
-			o.finish(d)
+			o.Finish(d)
 		}
 	}
 	return nil
@@ -283,7 +260,7 @@ func scales(r *plan.Response, size int) (tensor.ReduceOp, float64, float64) {
 // large fused buffer would. Split points are multiples of 4 KiB of the
 // concatenation; every tensor starts at a multiple of the element size there,
 // so every piece is whole elements.
-func (x *executor) allreduceFused(r *plan.Response, ops [][]*op, size int) error {
+func (x *executor) allreduceFused(r *plan.Response, ops [][]*job.Op, size int) error {
 	if r.ReduceOp == tensor.Adasum {
 		return x.adasum(r, ops)
 	}
@@ -353,12 +330,12 @@ func (x *executor) allreduceFused(r *plan.Response, ops [][]*op, size int) error
 // ranks' buffers, in set order, meet in reduce.Adasum, which leaves the
 // result in all of them. A joined rank has no buffer and counts as a zero
 // vector. A large tensor is spread over the workers inside reduce.Adasum.
-func (x *executor) adasum(r *plan.Response, ops [][]*op) error {
+func (x *executor) adasum(r *plan.Response, ops [][]*job.Op) error {
 	for i, row := range ops {
 		bufs := make([][]byte, len(row))
 		for k, o := range row {
 			if o != nil {
-				bufs[k] = o.buf
+				bufs[k] = o.Buf
 			}
 		}
 		if err := reduce.Adasum(bufs, r.DType, r.Prescale, r.Postscale, &x.ropts); err != nil {
@@ -369,15 +346,15 @@ func (x *executor) adasum(r *plan.Response, ops [][]*op) error {
 }
 
 // broadcast copies the root's buffer into every other rank's.
-func (x *executor) broadcast(r *plan.Response, ops []*op) error {
+func (x *executor) broadcast(r *plan.Response, ops []*job.Op) error {
 	if r.Root < 0 || r.Root >= len(ops) || ops[r.Root] == nil {
 		return fmt.Errorf("broadcast root %d has no buffer", r.Root)
 	}
-	src := ops[r.Root].buf
+	src := ops[r.Root].Buf
 	var dsts [][]byte
 	for i, o := range ops {
 		if o != nil && i != r.Root {
-			dsts = append(dsts, o.buf)
+			dsts = append(dsts, o.Buf)
 		}
 	}
 	parallelCopy(dsts, src)
@@ -386,18 +363,18 @@ func (x *executor) broadcast(r *plan.Response, ops []*op) error {
 
 // allgather concatenates every rank's rows, in rank order, into an output of
 // each rank's own.
-func (x *executor) allgather(r *plan.Response, t *plan.Tensor, ops []*op) error {
+func (x *executor) allgather(r *plan.Response, t *plan.Tensor, ops []*job.Op) error {
 	rowBytes := t.Shape.RowElements() * int64(r.DType.Size())
 	shape := allgatherShape(t)
 	total := shape[0]
 	srcs := make([][]byte, len(ops))
 	for i, o := range ops {
 		if o != nil {
-			srcs[i] = o.buf
+			srcs[i] = o.Buf
 		}
 	}
-	return x.each(ops, func(o *op) (*ipcpb.Done, error) {
-		out, ref, err := o.c.allocOutput(total * rowBytes)
+	return x.each(ops, func(o *job.Op) (*ipcpb.Done, error) {
+		out, ref, err := o.Conn.AllocOutput(total * rowBytes)
 		if err != nil {
 			return nil, err
 		}
@@ -411,7 +388,7 @@ func (x *executor) allgather(r *plan.Response, t *plan.Tensor, ops []*op) error 
 
 // alltoall sends rank s's rows [sum(splits[s][:d]), +splits[s][d]) to rank d;
 // each rank receives the pieces in source-rank order.
-func (x *executor) alltoall(r *plan.Response, t *plan.Tensor, ops []*op) error {
+func (x *executor) alltoall(r *plan.Response, t *plan.Tensor, ops []*job.Op) error {
 	rowBytes := t.Shape.RowElements() * int64(r.DType.Size())
 	n := len(ops)
 	// starts[s][d] is the row where rank s's piece for rank d begins.
@@ -422,14 +399,14 @@ func (x *executor) alltoall(r *plan.Response, t *plan.Tensor, ops []*op) error {
 			starts[s][d+1] = starts[s][d] + int64(t.Splits[s][d])
 		}
 	}
-	return x.eachRank(ops, func(d int, o *op) (*ipcpb.Done, error) {
+	return x.eachRank(ops, func(d int, o *job.Op) (*ipcpb.Done, error) {
 		var rows int64
 		recv := make([]int32, n)
 		for s := 0; s < n; s++ {
 			rows += int64(t.Splits[s][d])
 			recv[s] = t.Splits[s][d]
 		}
-		out, ref, err := o.c.allocOutput(rows * rowBytes)
+		out, ref, err := o.Conn.AllocOutput(rows * rowBytes)
 		if err != nil {
 			return nil, err
 		}
@@ -438,7 +415,7 @@ func (x *executor) alltoall(r *plan.Response, t *plan.Tensor, ops []*op) error {
 			if ops[s] == nil {
 				return nil, fmt.Errorf("rank %d has no input (joined?)", s)
 			}
-			src := ops[s].buf
+			src := ops[s].Buf
 			off += copy(out[off:], src[starts[s][d]*rowBytes:starts[s][d+1]*rowBytes])
 		}
 		shape := append(tensor.Shape{rows}, t.Shape[1:]...)
@@ -485,7 +462,7 @@ func allgatherRankBytes(t *plan.Tensor, dt tensor.DType, rank int) int {
 
 // allgatherCounts is what each node of mb contributes to an allgather of t
 // (bytes), and the total.
-func allgatherCounts(mb membership, t *plan.Tensor, dt tensor.DType) (counts []int, total int) {
+func allgatherCounts(mb job.Membership, t *plan.Tensor, dt tensor.DType) (counts []int, total int) {
 	counts = nodeCounts(mb, func(rank int) int { return allgatherRankBytes(t, dt, rank) })
 	for _, c := range counts {
 		total += c
@@ -494,10 +471,10 @@ func allgatherCounts(mb membership, t *plan.Tensor, dt tensor.DType) (counts []i
 }
 
 // nodeCounts adds up bytes(rank) over each node's ranks of mb.
-func nodeCounts(mb membership, bytes func(rank int) int) []int {
-	counts := make([]int, mb.nodes())
+func nodeCounts(mb job.Membership, bytes func(rank int) int) []int {
+	counts := make([]int, mb.Nodes())
 	for m := range counts {
-		lo, hi := mb.nodeRanks(m)
+		lo, hi := mb.NodeRanks(m)
 		for rank := lo; rank < hi; rank++ {
 			counts[m] += bytes(rank)
 		}
@@ -507,12 +484,12 @@ func nodeCounts(mb membership, bytes func(rank int) int) []int {
 
 // reducescatter reduces the ranks' buffers and hands rank r its block of
 // rows (scatterBlock).
-func (x *executor) reducescatter(r *plan.Response, t *plan.Tensor, ops []*op, size int) error {
+func (x *executor) reducescatter(r *plan.Response, t *plan.Tensor, ops []*job.Op, size int) error {
 	rowBytes := t.Shape.RowElements() * int64(r.DType.Size())
 	rop, pre, post := scales(r, size)
-	return x.eachRank(ops, func(rank int, o *op) (*ipcpb.Done, error) {
+	return x.eachRank(ops, func(rank int, o *job.Op) (*ipcpb.Done, error) {
 		start, rows := scatterBlock(t, len(ops), rank)
-		out, ref, err := o.c.allocOutput(rows * rowBytes)
+		out, ref, err := o.Conn.AllocOutput(rows * rowBytes)
 		if err != nil {
 			return nil, err
 		}
@@ -522,7 +499,7 @@ func (x *executor) reducescatter(r *plan.Response, t *plan.Tensor, ops []*op, si
 				if so == nil {
 					return nil, fmt.Errorf("rank %d has no input (joined?)", s)
 				}
-				srcs = append(srcs, so.buf[start*rowBytes:(start+rows)*rowBytes])
+				srcs = append(srcs, so.Buf[start*rowBytes:(start+rows)*rowBytes])
 			}
 			if err := reduce.Reduce([][]byte{out}, srcs, r.DType, rop, pre, post, &x.ropts); err != nil {
 				return nil, err
@@ -535,11 +512,11 @@ func (x *executor) reducescatter(r *plan.Response, t *plan.Tensor, ops []*op, si
 
 // each runs f for every rank's op (in parallel when there are several) and
 // answers each op with f's Done, or with an error.
-func (x *executor) each(ops []*op, f func(o *op) (*ipcpb.Done, error)) error {
-	return x.eachRank(ops, func(_ int, o *op) (*ipcpb.Done, error) { return f(o) })
+func (x *executor) each(ops []*job.Op, f func(o *job.Op) (*ipcpb.Done, error)) error {
+	return x.eachRank(ops, func(_ int, o *job.Op) (*ipcpb.Done, error) { return f(o) })
 }
 
-func (x *executor) eachRank(ops []*op, f func(rank int, o *op) (*ipcpb.Done, error)) error {
+func (x *executor) eachRank(ops []*job.Op, f func(rank int, o *job.Op) (*ipcpb.Done, error)) error {
 	var wg sync.WaitGroup
 	dones := make([]*ipcpb.Done, len(ops))
 	for i, o := range ops {
@@ -551,7 +528,7 @@ func (x *executor) eachRank(ops []*op, f func(rank int, o *op) (*ipcpb.Done, err
 			defer wg.Done()
 			d, err := f(i, o)
 			if err != nil {
-				d = &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("tensor %q: %v", o.name, err)}
+				d = &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("tensor %q: %v", o.Name, err)}
 			}
 			dones[i] = d
 		}()
@@ -562,7 +539,7 @@ func (x *executor) eachRank(ops []*op, f func(rank int, o *op) (*ipcpb.Done, err
 	x.endTrace()
 	for i, o := range ops {
 		if o != nil {
-			o.finish(dones[i])
+			o.Finish(dones[i])
 		}
 	}
 	return nil

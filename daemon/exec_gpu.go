@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/gpu"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -61,41 +62,19 @@ import (
 // streams; an NCCL error aborts the communicator, and the next use makes a
 // new one.
 
-// deviceBatch reports whether any op of the batch is a GPU tensor: such
-// batches never run inline in the loop.
-func deviceBatch(batch []work) bool {
-	for i := range batch {
-		if deviceWork(&batch[i]) {
-			return true
-		}
-	}
-	return false
-}
-
-func deviceWork(w *work) bool {
-	for _, row := range w.ops {
-		for _, o := range row {
-			if o != nil && o.dev != nil {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // nativeOK reports whether w can run on a native path: every op of this
 // node is a non-empty device tensor, and every row has ops at the same
 // positions (rows of other nodes' ranks, and of joined ranks, are nil in
 // all of them), at least one.
-func nativeOK(w *work) bool {
+func nativeOK(w *job.Work) bool {
 	var first []int
-	for i, row := range w.ops {
+	for i, row := range w.Ops {
 		var pos []int
 		for at, o := range row {
 			if o == nil {
 				continue
 			}
-			if o.dev == nil || devOf(o).n == 0 {
+			if o.Dev == nil || devOf(o).n == 0 {
 				return false
 			}
 			pos = append(pos, at)
@@ -119,16 +98,16 @@ func ncclDType(dt tensor.DType) bool {
 }
 
 // executeDevice runs a response with GPU tensors in it.
-func (x *executor) executeDevice(w work) {
+func (x *executor) executeDevice(w job.Work) {
 	g := x.s.gpu
-	r := &w.resp
+	r := &w.Resp
 	if g != nil && !g.hostOnly && nativeOK(&w) {
 		devs := usedDevs(&w)
 		multiGPU := len(devs) > 1
 		nccl := !multiGPU || g.nccl != nil
 		switch {
 		case r.Op == tensor.Allreduce && r.ReduceOp != tensor.Adasum && nccl && (!multiGPU || ncclDType(r.DType)):
-			if w.b != nil {
+			if w.Engine != nil {
 				x.gpuPath("hierarchical allreduce")
 			} else {
 				x.gpuPath("device allreduce")
@@ -145,7 +124,7 @@ func (x *executor) executeDevice(w work) {
 			x.gpuPath("device broadcast")
 			x.runNative(w, devs, x.broadcastDevice)
 			return
-		case (r.Op == tensor.Allgather || r.Op == tensor.Alltoall || r.Op == tensor.Reducescatter) && w.b == nil && !multiGPU && noJoined(&w):
+		case (r.Op == tensor.Allgather || r.Op == tensor.Alltoall || r.Op == tensor.Reducescatter) && w.Engine == nil && !multiGPU && noJoined(&w):
 			x.gpuPath("device " + strings.ToLower(r.Op.String()))
 			x.runOutputs(w, devs)
 			return
@@ -161,15 +140,15 @@ func (x *executor) executeDevice(w work) {
 			x.gpuPath("hierarchical reducescatter")
 			x.runOutputs(w, devs)
 			return
-		case r.Op == tensor.Allgather && w.b == nil && multiGPU && g.nccl != nil && noJoined(&w):
+		case r.Op == tensor.Allgather && w.Engine == nil && multiGPU && g.nccl != nil && noJoined(&w):
 			x.gpuPath("device allgather over GPUs")
 			x.runOutputs(w, devs)
 			return
-		case r.Op == tensor.Alltoall && w.b == nil && multiGPU && g.nccl != nil && noJoined(&w):
+		case r.Op == tensor.Alltoall && w.Engine == nil && multiGPU && g.nccl != nil && noJoined(&w):
 			x.gpuPath("device alltoall over GPUs")
 			x.runOutputs(w, devs)
 			return
-		case r.Op == tensor.Reducescatter && w.b == nil && multiGPU && g.nccl != nil && noJoined(&w) && ncclDType(r.DType):
+		case r.Op == tensor.Reducescatter && w.Engine == nil && multiGPU && g.nccl != nil && noJoined(&w) && ncclDType(r.DType):
 			x.gpuPath("device reducescatter over GPUs")
 			x.runOutputs(w, devs)
 			return
@@ -197,8 +176,8 @@ func (x *executor) gpuPath(p string) {
 }
 
 // noJoined reports whether every rank of w has its op (no nil row entry).
-func noJoined(w *work) bool {
-	for _, row := range w.ops {
+func noJoined(w *job.Work) bool {
+	for _, row := range w.Ops {
 		if slices.Contains(row, nil) {
 			return false
 		}
@@ -207,12 +186,12 @@ func noJoined(w *work) bool {
 }
 
 // usedDevs lists the GPUs w's ops are on, in the daemon's order.
-func usedDevs(w *work) []*gpuDev {
+func usedDevs(w *job.Work) []*gpuDev {
 	seen := make(map[*gpuDev]bool)
 	var out []*gpuDev
-	for _, row := range w.ops {
+	for _, row := range w.Ops {
 		for _, o := range row {
-			if o != nil && o.dev != nil && !seen[devOf(o).d] {
+			if o != nil && o.Dev != nil && !seen[devOf(o).d] {
 				seen[devOf(o).d] = true
 				out = append(out, devOf(o).d)
 			}
@@ -223,26 +202,26 @@ func usedDevs(w *work) []*gpuDev {
 }
 
 // runNative runs a native path and answers the ops.
-func (x *executor) runNative(w work, devs []*gpuDev, f func(ctx context.Context, w work, devs []*gpuDev) error) {
-	if w.tl != nil {
+func (x *executor) runNative(w job.Work, devs []*gpuDev, f func(ctx context.Context, w job.Work, devs []*gpuDev) error) {
+	if w.Trace != nil {
 		// The response's top-level phase ends once every rank is answered
 		// (on one node, its Begin came from tracer.responded too).
-		defer traceAll(w.tl, &w.resp, timeline.End, "")
-		traceAll(w.tl, &w.resp, timeline.Begin, "GPU_"+activity(&w.resp))
-		defer traceAll(w.tl, &w.resp, timeline.End, "")
+		defer traceAll(w.Trace, &w.Resp, timeline.End, "")
+		traceAll(w.Trace, &w.Resp, timeline.Begin, "GPU_"+activity(&w.Resp))
+		defer traceAll(w.Trace, &w.Resp, timeline.End, "")
 	}
 	if err := f(context.Background(), w, devs); err != nil {
 		x.deviceFailed(w, err)
 		return
 	}
-	x.finishBatched(w.ops)
+	x.finishBatched(w.Ops)
 }
 
 // deviceFailed answers w's ops after a failure: on one node with
 // CODE_INTERNAL; across nodes through the loop, which fails the job (the
 // other nodes wait in the engine for this one).
-func (x *executor) deviceFailed(w work, err error) {
-	r := &w.resp
+func (x *executor) deviceFailed(w job.Work, err error) {
+	r := &w.Resp
 	var ge *gpu.Error
 	if errors.As(err, &ge) {
 		// A CUDA or NCCL error may leave streams and communicators
@@ -256,30 +235,30 @@ func (x *executor) deviceFailed(w work, err error) {
 	}
 	msg := fmt.Sprintf("%v of %d GPU tensor(s) failed: %v", r.Op, len(r.Tensors), err)
 	if n, ok := backends.LostRank(err); ok {
-		msg = fmt.Sprintf("node %d%s was lost during %v: %v", n, w.j.members.rankRange(n), r.Op, err)
+		msg = fmt.Sprintf("node %d%s was lost during %v: %v", n, w.Job.Members.RankRange(n), r.Op, err)
 	}
 	x.s.log.Error("GPU collective failed", "op", r.Op, "tensors", len(r.Tensors), "err", err)
-	if w.b != nil && len(w.view.nodes) > 1 {
-		x.p.Post(msgExecErr{j: w.j, err: errors.New(msg), ops: w.ops, closed: errors.Is(err, backends.ErrClosed)})
+	if w.Engine != nil && len(w.View.Nodes) > 1 {
+		x.p.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops, Closed: errors.Is(err, backends.ErrClosed)})
 		return
 	}
-	for _, row := range w.ops {
+	for _, row := range w.Ops {
 		for _, o := range row {
-			if o != nil && o.dev != nil {
+			if o != nil && o.Dev != nil {
 				devOf(o).staged = nil // nothing to copy back
 			}
 		}
 	}
-	finishRows(w.ops, &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: msg})
+	job.FinishRows(w.Ops, &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: msg})
 }
 
 // waitEvents makes each GPU's stream wait for the client events of the ops
 // on it (each event once).
-func waitEvents(w *work) error {
+func waitEvents(w *job.Work) error {
 	seen := make(map[*devEvent]bool)
-	for _, row := range w.ops {
+	for _, row := range w.Ops {
 		for _, o := range row {
-			if o == nil || o.dev == nil || devOf(o).ev == nil || seen[devOf(o).ev] {
+			if o == nil || o.Dev == nil || devOf(o).ev == nil || seen[devOf(o).ev] {
 				continue
 			}
 			seen[devOf(o).ev] = true
@@ -305,22 +284,22 @@ func syncAll(ctx context.Context, devs []*gpuDev) error {
 
 // stageIn copies every device tensor of w to host memory (after its event)
 // and points the op's buf at the copy, for the CPU path.
-func (x *executor) stageIn(w *work) error {
+func (x *executor) stageIn(w *job.Work) error {
 	devs := usedDevs(w)
 	if err := waitEvents(w); err != nil {
 		return err
 	}
 	var err error
-	for _, row := range w.ops {
+	for _, row := range w.Ops {
 		for _, o := range row {
-			if o == nil || o.dev == nil || devOf(o).n == 0 {
+			if o == nil || o.Dev == nil || devOf(o).n == 0 {
 				continue
 			}
 			host := make([]byte, devOf(o).n)
 			if err = devOf(o).d.dev.CopyDtoH(devOf(o).d.stream, host, devOf(o).ptr); err != nil {
 				break
 			}
-			o.buf, devOf(o).staged = host, host
+			o.Buf, devOf(o).staged = host, host
 		}
 		if err != nil {
 			break
@@ -339,8 +318,8 @@ func (x *executor) stageIn(w *work) error {
 // result goes back to the client's device memory; an output the CPU path
 // put in a granted host region goes to a daemon device allocation that the
 // Done exports (device_output). Runs on the executor goroutine.
-func unstage(o *op, d *ipcpb.Done) *ipcpb.Done {
-	dv, cl := devOf(o), clientOf(o.c)
+func unstage(o *job.Op, d *ipcpb.Done) *ipcpb.Done {
+	dv, cl := devOf(o), clientOf(o.Conn)
 	staged := dv.staged
 	dv.staged = nil
 	if d.GetCode() != ipcpb.Code_CODE_OK {
@@ -348,8 +327,8 @@ func unstage(o *op, d *ipcpb.Done) *ipcpb.Done {
 	}
 	fail := func(err error) *ipcpb.Done {
 		dv.d.recover()
-		cl.s.log.Error("GPU copy-back failed", "tensor", o.name, "gpu", dv.d.info.UUID, "err", err)
-		return &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("tensor %q: GPU %s: copy the result back: %v", o.name, dv.d.info.UUID, err)}
+		cl.s.log.Error("GPU copy-back failed", "tensor", o.Name, "gpu", dv.d.info.UUID, "err", err)
+		return &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("tensor %q: GPU %s: copy the result back: %v", o.Name, dv.d.info.UUID, err)}
 	}
 	switch {
 	case d.Output != nil:
@@ -358,14 +337,14 @@ func unstage(o *op, d *ipcpb.Done) *ipcpb.Done {
 			return fail(err)
 		}
 		db, err := cl.deviceOutput(dv.d, out)
-		cl.out.release(d.Output)
+		cl.out.Release(d.Output)
 		if err != nil {
 			return fail(err)
 		}
 		nd := proto.Clone(d).(*ipcpb.Done)
 		nd.Output, nd.DeviceOutput = nil, db
 		return nd
-	case o.typ == tensor.Allreduce || o.typ == tensor.Broadcast:
+	case o.Type == tensor.Allreduce || o.Type == tensor.Broadcast:
 		if dv.n == 0 {
 			return d
 		}
@@ -501,11 +480,11 @@ func (g *gpuState) group(cs []gpu.Comm, f func(i int, c gpu.Comm) error) error {
 
 // allreduceDevice is the native allreduce (see the top of this file), on
 // one node (w.b nil) or hierarchically across nodes.
-func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) (err error) {
-	r := &w.resp
+func (x *executor) allreduceDevice(ctx context.Context, w job.Work, devs []*gpuDev) (err error) {
+	r := &w.Resp
 	g := x.s.gpu
 	es := r.DType.Size()
-	op, pre, post := scales(r, w.size)
+	op, pre, post := scales(r, w.Size)
 	offs := make([]int, len(r.Tensors)+1)
 	for i, t := range r.Tensors {
 		offs[i+1] = offs[i] + int(t.Shape.NumElements())*es
@@ -531,13 +510,13 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 		return err
 	}
 	// The nodes together: on NCCL, or through host memory.
-	if w.nccl {
+	if w.NCCL {
 		cs, err := x.ncclCross(ctx, w, devs, total/es, r.DType, op)
 		used = append(used, cs...)
 		if err != nil {
 			return err
 		}
-	} else if w.b != nil && len(w.view.nodes) > 1 {
+	} else if w.Engine != nil && len(w.View.Nodes) > 1 {
 		b, err := x.engineFor(w)
 		if err != nil {
 			return err
@@ -550,7 +529,7 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 		if err := d0.sync(ctx); err != nil {
 			return err
 		}
-		oneCall := len(r.Tensors) == 1 && pre == 1 && len(localBufsN(w.ops[0])) == 1
+		oneCall := len(r.Tensors) == 1 && pre == 1 && len(localBufsN(w.Ops[0])) == 1
 		if err := engineAllreduce(ctx, b, f, r.DType, op, oneCall); err != nil {
 			return err
 		}
@@ -568,7 +547,7 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 		}
 	}
 	// Write back: one D2D copy per rank and tensor.
-	for i, row := range w.ops {
+	for i, row := range w.Ops {
 		for _, o := range row {
 			if o == nil {
 				continue
@@ -590,11 +569,11 @@ func (x *executor) allreduceDevice(ctx context.Context, w work, devs []*gpuDev) 
 // scratch buffer, as the CPU path scales each input); then, over several
 // GPUs, one NCCL allreduce of the fusion buffers in a group call. It
 // returns the communicators it used.
-func (x *executor) reduceLocal(w *work, devs []*gpuDev, offs []int, op tensor.ReduceOp, pre float64) ([]gpu.Comm, error) {
-	r := &w.resp
+func (x *executor) reduceLocal(w *job.Work, devs []*gpuDev, offs []int, op tensor.ReduceOp, pre float64) ([]gpu.Comm, error) {
+	r := &w.Resp
 	es := r.DType.Size()
 	for _, d := range devs {
-		for i, row := range w.ops {
+		for i, row := range w.Ops {
 			dst, n := d.fuse.Add(offs[i]), offs[i+1]-offs[i]
 			first := true
 			for _, o := range row {
@@ -647,9 +626,9 @@ func (x *executor) reduceLocal(w *work, devs []*gpuDev, offs []int, op tensor.Re
 // node's GPUs' fusion buffers (reduceLocal, with the prescale), and returns
 // where each tensor lies there, the op, the postscale still to apply and
 // the communicators used.
-func (x *executor) reduceWhole(w *work, devs []*gpuDev) (offs []int, op tensor.ReduceOp, post float64, cs []gpu.Comm, err error) {
-	r := &w.resp
-	op, pre, post := scales(r, w.size)
+func (x *executor) reduceWhole(w *job.Work, devs []*gpuDev) (offs []int, op tensor.ReduceOp, post float64, cs []gpu.Comm, err error) {
+	r := &w.Resp
+	op, pre, post := scales(r, w.Size)
 	offs = make([]int, len(r.Tensors)+1)
 	for i, t := range r.Tensors {
 		offs[i+1] = offs[i] + int(t.Shape.NumElements())*r.DType.Size()
@@ -679,10 +658,10 @@ func (g *gpuState) commsIndexed(devs []*gpuDev) ([]gpu.Comm, map[*gpuDev]int, er
 
 // localBufsN returns the ops of row with bytes: what localBufs counts on
 // the CPU path.
-func localBufsN(row []*op) []*op {
-	var out []*op
+func localBufsN(row []*job.Op) []*job.Op {
+	var out []*job.Op
 	for _, o := range row {
-		if o != nil && (len(o.buf) > 0 || o.dev != nil && devOf(o).n > 0) {
+		if o != nil && (len(o.Buf) > 0 || o.Dev != nil && devOf(o).n > 0) {
 			out = append(out, o)
 		}
 	}
@@ -709,7 +688,7 @@ func engineAllreduce(ctx context.Context, b backends.Backend, f []byte, dt tenso
 
 // crossNodes reports whether w's collective spans several nodes (its
 // process set's), which the engine joins.
-func crossNodes(w *work) bool { return w.b != nil && len(w.view.nodes) > 1 }
+func crossNodes(w *job.Work) bool { return w.Engine != nil && len(w.View.Nodes) > 1 }
 
 // broadcastDevice is the native broadcast. On one node the root's GPU
 // feeds the node's other GPUs over NCCL. Across nodes (the hierarchical
@@ -718,8 +697,8 @@ func crossNodes(w *work) bool { return w.b != nil && len(w.view.nodes) > 1 }
 // nodes on either path agree), and every GPU of every node without the
 // root's tensor copies it from there. Then each GPU's copy fans out to its
 // other local ranks' tensors.
-func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) (err error) {
-	r := &w.resp
+func (x *executor) broadcastDevice(ctx context.Context, w job.Work, devs []*gpuDev) (err error) {
+	r := &w.Resp
 	var used []gpu.Comm
 	defer func() {
 		if serr := x.s.gpu.syncWatch(ctx, devs, used); err == nil {
@@ -735,10 +714,10 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 		if b, err = x.engineFor(w); err != nil {
 			return err
 		}
-		rootNode = w.view.rows.nodeOf(r.Root)
+		rootNode = w.View.Rows.NodeOf(r.Root)
 	}
 	for i := range r.Tensors {
-		ops := w.ops[i]
+		ops := w.Ops[i]
 		if r.Root < 0 || r.Root >= len(ops) {
 			return fmt.Errorf("broadcast root %d is out of range", r.Root)
 		}
@@ -763,7 +742,7 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 		switch {
 		case n < 0:
 			return fmt.Errorf("broadcast of tensor %d: no local buffer", i)
-		case w.nccl:
+		case w.NCCL:
 			cs, err := x.broadcastNCCL(ctx, w, devs, rootNode, root, first, n)
 			used = append(used, cs...)
 			if err != nil {
@@ -787,7 +766,7 @@ func (x *executor) broadcastDevice(ctx context.Context, w work, devs []*gpuDev) 
 				continue
 			}
 			src := first[devOf(o).d]
-			if o.dev == src {
+			if o.Dev == src {
 				continue
 			}
 			d := devOf(o).d
@@ -822,7 +801,7 @@ func (x *executor) localBroadcast(devs []*gpuDev, first map[*gpuDev]*devOp, n, f
 // GPUs, then devs[0] of every node (the GPU of the communicator across
 // nodes) joins one NCCL broadcast from the root's node, and the other nodes
 // spread it from devs[0] to their other GPUs.
-func (x *executor) broadcastNCCL(ctx context.Context, w work, devs []*gpuDev, rootNode int, root *devOp, first map[*gpuDev]*devOp, n int) ([]gpu.Comm, error) {
+func (x *executor) broadcastNCCL(ctx context.Context, w job.Work, devs []*gpuDev, rootNode int, root *devOp, first map[*gpuDev]*devOp, n int) ([]gpu.Comm, error) {
 	g := x.s.gpu
 	var used []gpu.Comm
 	if root != nil && len(devs) > 1 {
@@ -832,7 +811,7 @@ func (x *executor) broadcastNCCL(ctx context.Context, w work, devs []*gpuDev, ro
 			return used, err
 		}
 	}
-	c, err := g.crossComm(ctx, w.b)
+	c, err := g.crossComm(ctx, w.Engine)
 	if err != nil {
 		return used, err
 	}
@@ -841,7 +820,7 @@ func (x *executor) broadcastNCCL(ctx context.Context, w work, devs []*gpuDev, ro
 	p := first[d0].ptr
 	if err := c.Broadcast(d0.stream, p, p, n, tensor.Uint8, rootNode); err != nil {
 		g.abortComms()
-		return used, fmt.Errorf("NCCL broadcast across %d nodes: %w", w.b.Size(), err)
+		return used, fmt.Errorf("NCCL broadcast across %d nodes: %w", w.Engine.Size(), err)
 	}
 	if root == nil && len(devs) > 1 {
 		cs, err := x.localBroadcast(devs, first, n, 0)
@@ -908,26 +887,26 @@ func (x *executor) broadcastAcross(ctx context.Context, b backends.Backend, root
 // CommInitRank on its devs[0].
 
 // ncclEligible reports whether w is voted on (the same on every node).
-func (x *executor) ncclEligible(w *work) bool {
-	r := &w.resp
+func (x *executor) ncclEligible(w *job.Work) bool {
+	r := &w.Resp
 	reduces := (r.Op == tensor.Allreduce || r.Op == tensor.Reducescatter) && (r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && ncclDType(r.DType)
-	return x.s.cfg.GPUAllreduce == GPUAllreduceNCCL && w.b != nil && len(w.view.nodes) > 1 &&
-		len(w.view.nodes) == w.b.Size() && (reduces || r.Op == tensor.Broadcast || r.Op == tensor.Allgather || r.Op == tensor.Alltoall) &&
+	return x.s.cfg.GPUAllreduce == GPUAllreduceNCCL && w.Engine != nil && len(w.View.Nodes) > 1 &&
+		len(w.View.Nodes) == w.Engine.Size() && (reduces || r.Op == tensor.Broadcast || r.Op == tensor.Allgather || r.Op == tensor.Alltoall) &&
 		len(r.JoinedRanks) == 0
 }
 
 // ncclVote sets w.nccl to whether every node can run w on NCCL. It returns
 // false (having answered the ops through the loop) when the engine failed.
-func (x *executor) ncclVote(w *work) bool {
+func (x *executor) ncclVote(w *job.Work) bool {
 	flag := []byte{0}
 	if g := x.s.gpu; g != nil && !g.hostOnly && g.nccl != nil && nativeOK(w) && usedDevs(w)[0] == g.devs[0] {
 		flag[0] = 1
 	}
-	if err := w.b.Allreduce(context.Background(), flag, tensor.Uint8, tensor.Min); err != nil {
+	if err := w.Engine.Allreduce(context.Background(), flag, tensor.Uint8, tensor.Min); err != nil {
 		x.deviceFailed(*w, fmt.Errorf("agreeing on NCCL across nodes: %w", err))
 		return false
 	}
-	w.nccl = flag[0] == 1
+	w.NCCL = flag[0] == 1
 	return true
 }
 
@@ -986,16 +965,16 @@ const ncclInitTimeout = 60 * time.Second
 
 // ncclCross joins the nodes' fusion buffers (devs[0]'s holds the node's
 // result) on NCCL and hands the total to the node's other GPUs.
-func (x *executor) ncclCross(ctx context.Context, w work, devs []*gpuDev, count int, dt tensor.DType, op tensor.ReduceOp) ([]gpu.Comm, error) {
+func (x *executor) ncclCross(ctx context.Context, w job.Work, devs []*gpuDev, count int, dt tensor.DType, op tensor.ReduceOp) ([]gpu.Comm, error) {
 	g := x.s.gpu
-	c, err := g.crossComm(ctx, w.b)
+	c, err := g.crossComm(ctx, w.Engine)
 	if err != nil {
 		return nil, err
 	}
 	d0 := devs[0]
 	if err := c.Allreduce(d0.stream, d0.fuse, d0.fuse, count, dt, op); err != nil {
 		g.abortComms()
-		return nil, fmt.Errorf("NCCL allreduce across %d nodes: %w", w.b.Size(), err)
+		return nil, fmt.Errorf("NCCL allreduce across %d nodes: %w", w.Engine.Size(), err)
 	}
 	if len(devs) == 1 {
 		return []gpu.Comm{c}, nil
@@ -1048,12 +1027,12 @@ const ncclWatch = 20 * time.Millisecond
 // runOutputs runs an allgather, alltoall or reducescatter of one node whose
 // ops are all on devs (one GPU; several for an allgather, over NCCL) and
 // answers each op with its device output.
-func (x *executor) runOutputs(w work, devs []*gpuDev) {
-	r := &w.resp
-	if w.tl != nil {
-		defer traceAll(w.tl, r, timeline.End, "")
-		traceAll(w.tl, r, timeline.Begin, "GPU_"+activity(r))
-		defer traceAll(w.tl, r, timeline.End, "")
+func (x *executor) runOutputs(w job.Work, devs []*gpuDev) {
+	r := &w.Resp
+	if w.Trace != nil {
+		defer traceAll(w.Trace, r, timeline.End, "")
+		traceAll(w.Trace, r, timeline.Begin, "GPU_"+activity(r))
+		defer traceAll(w.Trace, r, timeline.End, "")
 	}
 	ctx := context.Background()
 	dones, used, err := x.buildOutputs(&w, devs)
@@ -1074,10 +1053,10 @@ func (x *executor) runOutputs(w work, devs []*gpuDev) {
 		x.deviceFailed(w, err)
 		return
 	}
-	for i, row := range w.ops {
+	for i, row := range w.Ops {
 		for k, o := range row {
 			if o != nil {
-				o.finish(dones[i][k].done)
+				o.Finish(dones[i][k].done)
 			}
 		}
 	}
@@ -1095,25 +1074,25 @@ type devResult struct {
 // buildOutputs enqueues every op's result on its GPU's stream, and returns
 // the NCCL communicators it used. On an error the results allocated so far
 // are in what it returns.
-func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.Comm, error) {
-	r := &w.resp
+func (x *executor) buildOutputs(w *job.Work, devs []*gpuDev) ([][]devResult, []gpu.Comm, error) {
+	r := &w.Resp
 	es := r.DType.Size()
-	dones := make([][]devResult, len(w.ops))
+	dones := make([][]devResult, len(w.Ops))
 	if err := waitEvents(w); err != nil {
 		return dones, nil, err
 	}
 	// Over NCCL (several GPUs, or across nodes when voted), through the
 	// engine (across nodes), or on one GPU (below).
-	var f func(*work, []*gpuDev, [][]devResult) ([]gpu.Comm, error)
+	var f func(*job.Work, []*gpuDev, [][]devResult) ([]gpu.Comm, error)
 	switch {
-	case w.nccl || !crossNodes(w) && len(devs) > 1:
+	case w.NCCL || !crossNodes(w) && len(devs) > 1:
 		f = x.allgatherGPUs
 		switch r.Op {
 		case tensor.Reducescatter:
 			f = x.reducescatterGPUs
 		case tensor.Alltoall:
 			f = x.alltoallGPUs
-			if w.nccl {
+			if w.NCCL {
 				f = x.alltoallNCCL
 			}
 		}
@@ -1125,7 +1104,7 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 		return dones, cs, err
 	}
 	d := devs[0]
-	for i, ops := range w.ops {
+	for i, ops := range w.Ops {
 		t := &r.Tensors[i]
 		rowBytes := int(t.Shape.RowElements()) * es
 		dones[i] = make([]devResult, len(ops))
@@ -1195,7 +1174,7 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 				dones[i][k].done.ReceivedSplits = recv
 			}
 		case tensor.Reducescatter:
-			op, pre, post := scales(r, w.size)
+			op, pre, post := scales(r, w.Size)
 			for k := range ops {
 				start, rows := scatterBlock(t, len(ops), k)
 				bytes := int(rows) * rowBytes
@@ -1250,9 +1229,9 @@ func (x *executor) buildOutputs(w *work, devs []*gpuDev) ([][]devResult, []gpu.C
 // pieces (contiguous: ranks are ordered by node) over the communicator
 // across nodes, and is spread to the node's other GPUs. The GPU's other
 // ranks copy its first output.
-func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+func (x *executor) allgatherGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	g := x.s.gpu
-	r := &w.resp
+	r := &w.Resp
 	idx := map[*gpuDev]int{devs[0]: 0}
 	var local, used []gpu.Comm
 	var err error
@@ -1263,13 +1242,13 @@ func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) (
 		used = local
 	}
 	var cross gpu.Comm
-	if w.nccl {
-		if cross, err = g.crossComm(context.Background(), w.b); err != nil {
+	if w.NCCL {
+		if cross, err = g.crossComm(context.Background(), w.Engine); err != nil {
 			return used, err
 		}
 		used = append(used, cross)
 	}
-	for i, ops := range w.ops {
+	for i, ops := range w.Ops {
 		t := &r.Tensors[i]
 		shape := allgatherShape(t)
 		offs := make([]int, len(ops)+1)
@@ -1324,7 +1303,7 @@ func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) (
 			}
 		}
 		if cross != nil {
-			counts, _ := allgatherCounts(w.view.rows, t, r.DType)
+			counts, _ := allgatherCounts(w.View.Rows, t, r.DType)
 			if err := g.group([]gpu.Comm{cross}, func(_ int, c gpu.Comm) error {
 				off := 0
 				for m, n := range counts {
@@ -1366,13 +1345,13 @@ func (x *executor) allgatherGPUs(w *work, devs []*gpuDev, dones [][]devResult) (
 
 // outputsAcross builds an allgather's, alltoall's or reducescatter's
 // outputs across nodes through the job's engine (the hierarchical paths).
-func (x *executor) outputsAcross(w *work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+func (x *executor) outputsAcross(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	b, err := x.engineFor(*w)
 	if err != nil {
 		return nil, err
 	}
 	ctx := context.Background()
-	switch w.resp.Op {
+	switch w.Resp.Op {
 	case tensor.Reducescatter:
 		return x.reducescatterAcross(ctx, w, devs, b, dones)
 	case tensor.Alltoall:
@@ -1386,13 +1365,13 @@ func (x *executor) outputsAcross(w *work, devs []*gpuDev, dones [][]devResult) (
 // rank order, the engine's Allgatherv of the nodes' pieces (the one call per
 // tensor allgatherMulti makes, so that nodes on either path agree), the
 // result copied to one output on each GPU, which the GPU's other ranks copy.
-func (x *executor) allgatherAcross(ctx context.Context, w *work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
-	r := &w.resp
-	mb := w.view.rows
-	for i, row := range w.ops {
+func (x *executor) allgatherAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
+	r := &w.Resp
+	mb := w.View.Rows
+	for i, row := range w.Ops {
 		t := &r.Tensors[i]
 		counts, total := allgatherCounts(mb, t, r.DType)
-		in := make([]byte, counts[mb.node])
+		in := make([]byte, counts[mb.Node])
 		off := 0
 		for _, o := range row {
 			if o == nil {
@@ -1453,8 +1432,8 @@ func (x *executor) allgatherAcross(ctx context.Context, w *work, devs []*gpuDev,
 // in a2aPlan's order, the engine's Alltoallv (alltoallMulti's one call per
 // tensor), each local rank's output copied to its GPU run by run from what
 // was received.
-func (x *executor) alltoallAcross(ctx context.Context, w *work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
-	for i, row := range w.ops {
+func (x *executor) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
+	for i, row := range w.Ops {
 		a := newA2APlan(w, i)
 		sent := 0
 		for _, c := range a.sendCounts {
@@ -1469,7 +1448,7 @@ func (x *executor) alltoallAcross(ctx context.Context, w *work, devs []*gpuDev, 
 				return
 			}
 			g := devOf(o).d
-			if e := g.dev.CopyDtoH(g.stream, in[off:off+n], devOf(o).ptr.Add(a.start(s, d))); e != nil {
+			if e := g.dev.CopyDtoH(g.stream, in[off:off+n], devOf(o).ptr.Add(a.Start(s, d))); e != nil {
 				err = fmt.Errorf("GPU %s: %w", g.info.UUID, e)
 			}
 			off += n
@@ -1484,7 +1463,7 @@ func (x *executor) alltoallAcross(ctx context.Context, w *work, devs []*gpuDev, 
 		if err := b.Alltoallv(ctx, in, a.sendCounts, out, a.recvCounts); err != nil {
 			return err
 		}
-		t := &w.resp.Tensors[i]
+		t := &w.Resp.Tensors[i]
 		dones[i] = make([]devResult, len(row))
 		for d, o := range row {
 			if o == nil {
@@ -1527,9 +1506,9 @@ func (x *executor) alltoallAcross(ctx context.Context, w *work, devs []*gpuDev, 
 // (D2D on GPU 0, NCCL from GPU 0 to the others). Both buffers are GPU 0's
 // fusion buffer. Between two GPUs, or two nodes, NCCL matches sends and
 // receives in issue order, which the same loops give on both sides.
-func (x *executor) alltoallNCCL(w *work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+func (x *executor) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	g := x.s.gpu
-	cross, err := g.crossComm(context.Background(), w.b)
+	cross, err := g.crossComm(context.Background(), w.Engine)
 	if err != nil {
 		return nil, err
 	}
@@ -1543,7 +1522,7 @@ func (x *executor) alltoallNCCL(w *work, devs []*gpuDev, dones [][]devResult) ([
 		used = append(used, local...)
 	}
 	d0 := devs[0]
-	me := w.view.rows.node
+	me := w.View.Rows.Node
 	// move is n bytes from one GPU's src to another's dst.
 	type move struct {
 		from, to *gpuDev
@@ -1577,7 +1556,7 @@ func (x *executor) alltoallNCCL(w *work, devs []*gpuDev, dones [][]devResult) ([
 		}
 		return nil
 	}
-	for i, row := range w.ops {
+	for i, row := range w.Ops {
 		a := newA2APlan(w, i)
 		nn := len(a.sendCounts)
 		sendOff := make([]int, nn+1)
@@ -1595,7 +1574,7 @@ func (x *executor) alltoallNCCL(w *work, devs []*gpuDev, dones [][]devResult) ([
 			if err != nil || o == nil || n == 0 {
 				return
 			}
-			src := devOf(o).ptr.Add(a.start(s, d))
+			src := devOf(o).ptr.Add(a.Start(s, d))
 			if devOf(o).d == d0 {
 				err = d2d(d0, sendBuf.Add(pos), src, n)
 			} else {
@@ -1634,7 +1613,7 @@ func (x *executor) alltoallNCCL(w *work, devs []*gpuDev, dones [][]devResult) ([
 		}); err != nil {
 			return used, fmt.Errorf("NCCL sends and receives across %d nodes: %w", nn, err)
 		}
-		t := &w.resp.Tensors[i]
+		t := &w.Resp.Tensors[i]
 		dones[i] = make([]devResult, len(row))
 		var out []move
 		for d, o := range row {
@@ -1678,20 +1657,20 @@ func (x *executor) alltoallNCCL(w *work, devs []*gpuDev, dones [][]devResult) ([
 // one call per tensor reducescatterMulti makes, with its counts), and each
 // local rank's rows of the block copied to its output on its GPU and
 // postscaled there. It returns the communicators it used.
-func (x *executor) reducescatterAcross(ctx context.Context, w *work, devs []*gpuDev, b backends.Backend, dones [][]devResult) ([]gpu.Comm, error) {
-	r := &w.resp
-	mb := w.view.rows
+func (x *executor) reducescatterAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) ([]gpu.Comm, error) {
+	r := &w.Resp
+	mb := w.View.Rows
 	es := r.DType.Size()
 	offs, op, post, cs, err := x.reduceWhole(w, devs)
 	if err != nil {
 		return cs, err
 	}
 	d0 := devs[0]
-	for i, row := range w.ops {
+	for i, row := range w.Ops {
 		t := &r.Tensors[i]
 		rowBytes := int(t.Shape.RowElements()) * es
 		rows := func(rank int) int {
-			_, k := scatterBlock(t, w.size, rank)
+			_, k := scatterBlock(t, w.Size, rank)
 			return int(k)
 		}
 		full := x.fusion(offs[i+1] - offs[i])
@@ -1702,14 +1681,14 @@ func (x *executor) reducescatterAcross(ctx context.Context, w *work, devs []*gpu
 			return cs, err
 		}
 		counts := nodeCounts(mb, func(rank int) int { return rows(rank) * rowBytes })
-		block := make([]byte, counts[mb.node])
+		block := make([]byte, counts[mb.Node])
 		if err := b.ReduceScatter(ctx, full, block, counts, r.DType, op); err != nil {
 			return cs, err
 		}
 		dones[i] = make([]devResult, len(row))
 		off := 0
 		for rank, o := range row {
-			if rank < mb.offset || rank >= mb.offset+mb.local() {
+			if rank < mb.Offset || rank >= mb.Offset+mb.Local() {
 				continue
 			}
 			n := rows(rank) * rowBytes
@@ -1750,14 +1729,14 @@ func (x *executor) reducescatterAcross(ctx context.Context, w *work, devs []*gpu
 // same GPU by D2D copies and the others' by NCCL sends and receives, one
 // group call for all of them (between two GPUs NCCL matches them in the
 // order issued, which the same loop gives on both sides).
-func (x *executor) alltoallGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
-	r := &w.resp
+func (x *executor) alltoallGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+	r := &w.Resp
 	g := x.s.gpu
 	cs, idx, err := g.commsIndexed(devs)
 	if err != nil {
 		return nil, err
 	}
-	for i, ops := range w.ops {
+	for i, ops := range w.Ops {
 		t := &r.Tensors[i]
 		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
 		n := len(ops)
@@ -1836,14 +1815,14 @@ func (x *executor) alltoallGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([
 // local kernels, one NCCL allreduce; across nodes then ncclCross), then each
 // local rank's block copied out into its output on its GPU and postscaled
 // there.
-func (x *executor) reducescatterGPUs(w *work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
-	r := &w.resp
+func (x *executor) reducescatterGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+	r := &w.Resp
 	es := r.DType.Size()
 	offs, op, post, cs, err := x.reduceWhole(w, devs)
 	if err != nil {
 		return cs, err
 	}
-	if w.nccl {
+	if w.NCCL {
 		// Across nodes on NCCL: the nodes' sums added up on GPU 0 and
 		// spread to the node's other GPUs.
 		cross, err := x.ncclCross(context.Background(), *w, devs, offs[len(offs)-1]/es, r.DType, op)
@@ -1852,7 +1831,7 @@ func (x *executor) reducescatterGPUs(w *work, devs []*gpuDev, dones [][]devResul
 			return cs, err
 		}
 	}
-	for i, ops := range w.ops {
+	for i, ops := range w.Ops {
 		t := &r.Tensors[i]
 		rowBytes := int(t.Shape.RowElements()) * es
 		dones[i] = make([]devResult, len(ops))
@@ -1860,7 +1839,7 @@ func (x *executor) reducescatterGPUs(w *work, devs []*gpuDev, dones [][]devResul
 			if o == nil {
 				continue // another node's rank
 			}
-			start, rows := scatterBlock(t, w.size, k)
+			start, rows := scatterBlock(t, w.Size, k)
 			bytes := int(rows) * rowBytes
 			d := devOf(o).d
 			p, err := newResult(&dones[i][k], d, bytes, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...)})
@@ -1900,8 +1879,8 @@ func newResult(res *devResult, d *gpuDev, n int, done *ipcpb.Done) (gpu.DevicePt
 
 // exportOutputs gives every built output an IPC handle and hands it to its
 // client, filling in the Dones.
-func exportOutputs(w *work, dones [][]devResult) error {
-	for i, row := range w.ops {
+func exportOutputs(w *job.Work, dones [][]devResult) error {
+	for i, row := range w.Ops {
 		for k, o := range row {
 			if o == nil {
 				continue // another node's rank
@@ -1919,7 +1898,7 @@ func exportOutputs(w *work, dones [][]devResult) error {
 			}
 			db.MemHandle, db.AllocSize = h[:], uint64(res.n)
 			res.exported = true
-			if !clientOf(o.c).addDeviceOutput(h, &devOutput{d: d, ptr: res.p}) {
+			if !clientOf(o.Conn).addDeviceOutput(h, &devOutput{d: d, ptr: res.p}) {
 				// The client is gone (and the memory freed): it needs no answer.
 				res.done = &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: "client gone"}
 			}

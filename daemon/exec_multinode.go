@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/reduce"
 	"github.com/hvdd/hvdd/tensor"
@@ -28,21 +29,21 @@ func (x *executor) fusion(n int) []byte {
 // executeMulti runs one response across nodes and answers the local ops. A
 // backend failure fails the whole job and the ops with ABORTED, both
 // through the loop.
-func (x *executor) executeMulti(w work) {
-	r := &w.resp
+func (x *executor) executeMulti(w job.Work) {
+	r := &w.Resp
 	ctx := context.Background()
 	b, err := x.engineFor(w)
 	if err != nil {
 		d := &ipcpb.Done{Code: ipcpb.Code_CODE_UNIMPLEMENTED, Error: err.Error()}
-		finishRows(w.ops, d)
-		x.p.Post(msgExecErr{j: w.j, err: err})
+		job.FinishRows(w.Ops, d)
+		x.p.Post(job.MsgExecErr{Job: w.Job, Err: err})
 		return
 	}
 	var dones [][]*ipcpb.Done // per tensor, per row (nil = plain OK)
 	// The phases nest in the response's top-level phase (execute), on the
 	// node that writes the timeline: the local step through shared memory
 	// (SHM_<OP>), the engine's transfer (crossNode), the write-back.
-	x.ph = phases{w: w.tl, r: r}
+	x.ph = phases{w: w.Trace, r: r}
 	switch r.Op {
 	case tensor.Allreduce:
 		err = x.allreduceMulti(ctx, b, w)
@@ -65,14 +66,14 @@ func (x *executor) executeMulti(w work) {
 	if err != nil {
 		msg := fmt.Sprintf("%v across nodes failed: %v", r.Op, err)
 		if n, ok := backends.LostRank(err); ok {
-			msg = fmt.Sprintf("node %d%s was lost during %v: %v", n, w.j.members.rankRange(n), r.Op, err)
+			msg = fmt.Sprintf("node %d%s was lost during %v: %v", n, w.Job.Members.RankRange(n), r.Op, err)
 		}
 		// The loop answers the ops: it knows whether the job had already
 		// failed, and the engine was closed for that.
-		x.p.Post(msgExecErr{j: w.j, err: errors.New(msg), ops: w.ops, closed: errors.Is(err, backends.ErrClosed)})
+		x.p.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops, Closed: errors.Is(err, backends.ErrClosed)})
 		return
 	}
-	for i, row := range w.ops {
+	for i, row := range w.Ops {
 		for rank, o := range row {
 			if o == nil {
 				continue
@@ -84,7 +85,7 @@ func (x *executor) executeMulti(w work) {
 			if r.Op == tensor.Join {
 				d.LastJoinedRank = int32(r.LastJoinedRank)
 			}
-			o.finish(d)
+			o.Finish(d)
 		}
 	}
 }
@@ -93,18 +94,18 @@ func (x *executor) executeMulti(w work) {
 // set whose members live on some of the nodes only, the engine's group of
 // those nodes, made on its first use (in plan order on every member node,
 // as backends.Grouper asks) and kept while the job's engine is the same.
-func (x *executor) engineFor(w work) (backends.Backend, error) {
-	nodes := w.view.nodes
-	if len(nodes) == w.b.Size() {
-		return w.b, nil
+func (x *executor) engineFor(w job.Work) (backends.Backend, error) {
+	nodes := w.View.Nodes
+	if len(nodes) == w.Engine.Size() {
+		return w.Engine, nil
 	}
-	gr, ok := w.b.(backends.Grouper)
+	gr, ok := w.Engine.(backends.Grouper)
 	if !ok {
 		return nil, fmt.Errorf("process set %d lies on nodes %v of %d, and the %s engine cannot run a collective over some of its nodes only: use a set whose ranks span every node, or another --backend",
-			w.resp.ProcessSet, nodes, w.b.Size(), w.b.Name())
+			w.Resp.ProcessSet, nodes, w.Engine.Size(), w.Engine.Name())
 	}
-	if x.groupsOf != w.b {
-		x.groupsOf, x.groups = w.b, make(map[string]backends.Backend)
+	if x.groupsOf != w.Engine {
+		x.groupsOf, x.groups = w.Engine, make(map[string]backends.Backend)
 	}
 	key := fmt.Sprint(nodes)
 	if g := x.groups[key]; g != nil {
@@ -112,7 +113,7 @@ func (x *executor) engineFor(w work) (backends.Backend, error) {
 	}
 	g, err := gr.Group(nodes)
 	if err != nil {
-		return nil, fmt.Errorf("engine group of nodes %v (process set %d): %w", nodes, w.resp.ProcessSet, err)
+		return nil, fmt.Errorf("engine group of nodes %v (process set %d): %w", nodes, w.Resp.ProcessSet, err)
 	}
 	x.groups[key] = g
 	return g, nil
@@ -120,32 +121,32 @@ func (x *executor) engineFor(w work) (backends.Backend, error) {
 
 // localBufs returns the non-empty buffers of a row's ops (the local ranks
 // that submitted the tensor).
-func localBufs(row []*op) [][]byte {
+func localBufs(row []*job.Op) [][]byte {
 	var bufs [][]byte
 	for _, o := range row {
-		if o != nil && len(o.buf) > 0 {
-			bufs = append(bufs, o.buf)
+		if o != nil && len(o.Buf) > 0 {
+			bufs = append(bufs, o.Buf)
 		}
 	}
 	return bufs
 }
 
-func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w work) error {
-	r := &w.resp
+func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w job.Work) error {
+	r := &w.Resp
 	if r.ReduceOp == tensor.Adasum {
 		return x.adasumMulti(ctx, b, w)
 	}
-	op, pre, post := scales(r, w.size)
+	op, pre, post := scales(r, w.Size)
 	es := r.DType.Size()
 	if len(r.Tensors) == 1 && pre == 1 {
-		if bufs := localBufs(w.ops[0]); len(bufs) == 1 {
+		if bufs := localBufs(w.Ops[0]); len(bufs) == 1 {
 			// One local rank holds the only buffer: the engine works on the
 			// client's shared memory directly, with no copy in or out.
 			x.ph.begin(crossNode(b, r))
 			if err := b.Allreduce(ctx, bufs[0], r.DType, op); err != nil {
 				return err
 			}
-			x.ph.end()
+			x.ph.End()
 			if post != 1 {
 				return reduce.Scale(bufs[0], r.DType, post)
 			}
@@ -167,7 +168,7 @@ func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w wor
 	for i, t := range r.Tensors {
 		n := int(t.Shape.NumElements()) * es
 		seg := f[off : off+n]
-		if bufs := localBufs(w.ops[i]); len(bufs) > 0 {
+		if bufs := localBufs(w.Ops[i]); len(bufs) > 0 {
 			if err := reduce.Reduce([][]byte{seg}, bufs, r.DType, op, pre, 1, &x.ropts); err != nil {
 				return err
 			}
@@ -176,19 +177,19 @@ func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w wor
 		}
 		off += n
 	}
-	x.ph.end()
+	x.ph.End()
 	x.ph.begin(crossNode(b, r))
 	if err := b.Allreduce(ctx, f, r.DType, op); err != nil {
 		return err
 	}
-	x.ph.end()
+	x.ph.End()
 	// Write back, applying the postscale in the same pass: Horovod's copy
 	// out of the fusion buffer.
 	x.ph.begin("MEMCPY_OUT_FUSION_BUFFER")
 	off = 0
 	for i, t := range r.Tensors {
 		n := int(t.Shape.NumElements()) * es
-		if bufs := localBufs(w.ops[i]); len(bufs) > 0 {
+		if bufs := localBufs(w.Ops[i]); len(bufs) > 0 {
 			if err := reduce.Reduce(bufs, [][]byte{f[off : off+n]}, r.DType, op, 1, post, &x.ropts); err != nil {
 				return err
 			}
@@ -230,8 +231,8 @@ func pipeChunk(total int) int {
 // timeline: the local reduction until the first chunk is ready, the
 // engine's transfer until the last chunk is through, then the rest of the
 // write-back.
-func (x *executor) allreducePipelined(ctx context.Context, b backends.Backend, w work, f []byte, chunk int, op tensor.ReduceOp, pre, post float64) error {
-	r := &w.resp
+func (x *executor) allreducePipelined(ctx context.Context, b backends.Backend, w job.Work, f []byte, chunk int, op tensor.ReduceOp, pre, post float64) error {
+	r := &w.Resp
 	es := r.DType.Size()
 	offs := make([]int, len(r.Tensors)+1) // tensor i is f[offs[i]:offs[i+1]]
 	for i, t := range r.Tensors {
@@ -246,7 +247,7 @@ func (x *executor) allreducePipelined(ctx context.Context, b backends.Backend, w
 				continue
 			}
 			var cut [][]byte
-			for _, buf := range localBufs(w.ops[i]) {
+			for _, buf := range localBufs(w.Ops[i]) {
 				cut = append(cut, buf[a-offs[i]:z-offs[i]])
 			}
 			if err := fn(f[a:z], cut); err != nil {
@@ -326,7 +327,7 @@ func (x *executor) allreducePipelined(ctx context.Context, b backends.Backend, w
 				return rerr
 			}
 			if k == 0 {
-				x.ph.end()
+				x.ph.End()
 				x.ph.begin(crossNode(b, r))
 			}
 			lo, hi := bounds(k)
@@ -335,7 +336,7 @@ func (x *executor) allreducePipelined(ctx context.Context, b backends.Backend, w
 			}
 			written <- k
 		}
-		x.ph.end()
+		x.ph.End()
 		x.ph.begin("MEMCPY_OUT_FUSION_BUFFER")
 		return nil
 	}()
@@ -362,9 +363,9 @@ func (x *executor) allreducePipelined(ctx context.Context, b backends.Backend, w
 // travel as zeros). The flags are padded to 8 bytes, so that every node's
 // block, and so every value, keeps the element alignment of the fusion
 // buffer.
-func (x *executor) adasumMulti(ctx context.Context, b backends.Backend, w work) error {
-	r := &w.resp
-	mb := w.view.rows
+func (x *executor) adasumMulti(ctx context.Context, b backends.Backend, w job.Work) error {
+	r := &w.Resp
+	mb := w.View.Rows
 	nn := len(r.Tensors)
 	sizes := make([]int, nn) // bytes of tensor i
 	row := 0                 // bytes of every tensor once
@@ -372,15 +373,15 @@ func (x *executor) adasumMulti(ctx context.Context, b backends.Backend, w work) 
 		sizes[i] = int(t.Shape.NumElements()) * r.DType.Size()
 		row += sizes[i]
 	}
-	spans := make([][]reduce.AdasumSpan, mb.nodes())
-	counts := make([]int, mb.nodes())
+	spans := make([][]reduce.AdasumSpan, mb.Nodes())
+	counts := make([]int, mb.Nodes())
 	for m := range spans {
-		spans[m] = reduce.AdasumSpans(mb.nodeRanks(m))
+		spans[m] = reduce.AdasumSpans(mb.NodeRanks(m))
 		counts[m] = len(spans[m])*row + (len(spans[m])*nn+7)&^7
 	}
 	// Our block: the values of our spans, then their flags.
-	mine := spans[mb.node]
-	in := x.adasumIn(counts[mb.node])
+	mine := spans[mb.Node]
+	in := x.adasumIn(counts[mb.Node])
 	flags := in[len(mine)*row:]
 	clear(flags)
 	x.ph.begin(activity(r))
@@ -388,9 +389,9 @@ func (x *executor) adasumMulti(ctx context.Context, b backends.Backend, w work) 
 	for i := range r.Tensors {
 		for k, s := range mine {
 			bufs := make([][]byte, s.Len)
-			for j, o := range w.ops[i][s.Start : s.Start+s.Len] {
+			for j, o := range w.Ops[i][s.Start : s.Start+s.Len] {
 				if o != nil {
-					bufs[j] = o.buf
+					bufs[j] = o.Buf
 				}
 			}
 			v, err := reduce.AdasumPartial(bufs, r.DType, r.Prescale, &x.ropts)
@@ -409,12 +410,12 @@ func (x *executor) adasumMulti(ctx context.Context, b backends.Backend, w work) 
 		total += c
 	}
 	out := x.fusion(total)
-	x.ph.end()
+	x.ph.End()
 	x.ph.begin(crossNode(b, r))
 	if err := b.Allgatherv(ctx, in, out, counts); err != nil {
 		return err
 	}
-	x.ph.end()
+	x.ph.End()
 	// The upper levels of the tree, and the write-back.
 	x.ph.begin(activity(r))
 	// Every node's values of tensor i, in rank order, and the root.
@@ -442,7 +443,7 @@ func (x *executor) adasumMulti(ctx context.Context, b backends.Backend, w work) 
 		if err != nil {
 			return fmt.Errorf("tensor %q: %w", t.Name, err)
 		}
-		if dsts := localBufs(w.ops[i]); len(dsts) > 0 && root != nil {
+		if dsts := localBufs(w.Ops[i]); len(dsts) > 0 && root != nil {
 			parallelCopy(dsts, root)
 		}
 		tensorOff += sizes[i]
@@ -459,20 +460,20 @@ func (x *executor) adasumIn(n int) []byte {
 	return x.adaIn[:n]
 }
 
-func (x *executor) broadcastMulti(ctx context.Context, b backends.Backend, w work) error {
-	r := &w.resp
-	rootNode := w.view.rows.nodeOf(r.Root)
+func (x *executor) broadcastMulti(ctx context.Context, b backends.Backend, w job.Work) error {
+	r := &w.Resp
+	rootNode := w.View.Rows.NodeOf(r.Root)
 	for i := range r.Tensors {
-		row := w.ops[i]
+		row := w.Ops[i]
 		// The root's own buffer travels as is; elsewhere one local buffer
 		// receives and the others copy from it.
 		var src []byte
 		if row[r.Root] != nil {
-			src = row[r.Root].buf
+			src = row[r.Root].Buf
 		} else {
 			for _, o := range row {
 				if o != nil {
-					src = o.buf
+					src = o.Buf
 					break
 				}
 			}
@@ -485,12 +486,12 @@ func (x *executor) broadcastMulti(ctx context.Context, b backends.Backend, w wor
 		if err := b.Broadcast(ctx, src, rootNode); err != nil {
 			return err
 		}
-		x.ph.end()
+		x.ph.End()
 		x.ph.begin(activity(r))
 		var dsts [][]byte
 		for _, o := range row {
-			if o != nil && len(o.buf) > 0 && &o.buf[0] != &src[0] {
-				dsts = append(dsts, o.buf)
+			if o != nil && len(o.Buf) > 0 && &o.Buf[0] != &src[0] {
+				dsts = append(dsts, o.Buf)
 			}
 		}
 		if len(src) > 0 {
@@ -500,16 +501,16 @@ func (x *executor) broadcastMulti(ctx context.Context, b backends.Backend, w wor
 	return nil
 }
 
-func (x *executor) allgatherMulti(ctx context.Context, b backends.Backend, w work) ([][]*ipcpb.Done, error) {
-	r := &w.resp
-	mb := w.view.rows
+func (x *executor) allgatherMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
+	r := &w.Resp
+	mb := w.View.Rows
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	for i, t := range r.Tensors {
 		counts, total := allgatherCounts(mb, &t, r.DType)
-		in := make([]byte, 0, counts[mb.node])
-		for _, o := range w.ops[i][mb.offset : mb.offset+mb.local()] {
+		in := make([]byte, 0, counts[mb.Node])
+		for _, o := range w.Ops[i][mb.Offset : mb.Offset+mb.Local()] {
 			if o != nil {
-				in = append(in, o.buf...)
+				in = append(in, o.Buf...)
 			}
 		}
 		out := x.fusion(total)
@@ -518,9 +519,9 @@ func (x *executor) allgatherMulti(ctx context.Context, b backends.Backend, w wor
 		if err := b.Allgatherv(ctx, in, out, counts); err != nil {
 			return nil, err
 		}
-		x.ph.end()
+		x.ph.End()
 		x.ph.begin(activity(r))
-		dones[i] = x.outputs(w.ops[i], func(_ int, dst []byte) { copy(dst, out) }, func(int) int { return total }, allgatherShape(&t), nil)
+		dones[i] = x.outputs(w.Ops[i], func(_ int, dst []byte) { copy(dst, out) }, func(int) int { return total }, allgatherShape(&t), nil)
 	}
 	return dones, nil
 }
@@ -528,15 +529,15 @@ func (x *executor) allgatherMulti(ctx context.Context, b backends.Backend, w wor
 // outputs allocates each local op's output of size(rank) bytes, fills it with
 // fill and returns the Done of each, with shape (or shapeOf(rank) when shape is
 // nil) and received splits.
-func (x *executor) outputs(row []*op, fill func(rank int, dst []byte), size func(rank int) int, shape tensor.Shape, extra func(rank int, d *ipcpb.Done)) []*ipcpb.Done {
+func (x *executor) outputs(row []*job.Op, fill func(rank int, dst []byte), size func(rank int) int, shape tensor.Shape, extra func(rank int, d *ipcpb.Done)) []*ipcpb.Done {
 	dones := make([]*ipcpb.Done, len(row))
 	for rank, o := range row {
 		if o == nil {
 			continue
 		}
-		buf, ref, err := o.c.allocOutput(int64(size(rank)))
+		buf, ref, err := o.Conn.AllocOutput(int64(size(rank)))
 		if err != nil {
-			dones[rank] = &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("tensor %q: %v", o.name, err)}
+			dones[rank] = &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("tensor %q: %v", o.Name, err)}
 			continue
 		}
 		fill(rank, buf)
@@ -549,15 +550,15 @@ func (x *executor) outputs(row []*op, fill func(rank int, dst []byte), size func
 	return dones
 }
 
-func (x *executor) alltoallMulti(ctx context.Context, b backends.Backend, w work) ([][]*ipcpb.Done, error) {
-	r := &w.resp
+func (x *executor) alltoallMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
+	r := &w.Resp
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	for i, t := range r.Tensors {
 		a := newA2APlan(&w, i)
 		var in []byte
 		a.sends(func(s, d int) {
-			if o := w.ops[i][s]; o != nil {
-				in = append(in, o.buf[a.start(s, d):a.start(s, d)+a.piece(s, d)]...)
+			if o := w.Ops[i][s]; o != nil {
+				in = append(in, o.Buf[a.Start(s, d):a.Start(s, d)+a.piece(s, d)]...)
 			}
 		})
 		out := x.fusion(a.total)
@@ -566,9 +567,9 @@ func (x *executor) alltoallMulti(ctx context.Context, b backends.Backend, w work
 		if err := b.Alltoallv(ctx, in, a.sendCounts, out, a.recvCounts); err != nil {
 			return nil, err
 		}
-		x.ph.end()
+		x.ph.End()
 		x.ph.begin(activity(r))
-		row := w.ops[i]
+		row := w.Ops[i]
 		dones[i] = make([]*ipcpb.Done, len(row))
 		for d, o := range row {
 			if o == nil {
@@ -587,7 +588,7 @@ func (x *executor) alltoallMulti(ctx context.Context, b backends.Backend, w work
 // for d, in that order (one Alltoallv), and its ranks' outputs gather
 // their pieces from what every node sent.
 type a2aPlan struct {
-	mb         membership
+	mb         job.Membership
 	sp         [][]int32 // splits: sp[s][d] rows from s to d
 	rowBytes   int
 	myLo, myHi int   // this node's ranks
@@ -597,18 +598,18 @@ type a2aPlan struct {
 	total      int   // bytes received
 }
 
-func newA2APlan(w *work, i int) *a2aPlan {
-	t := &w.resp.Tensors[i]
-	mb := w.view.rows
-	a := &a2aPlan{mb: mb, sp: t.Splits, rowBytes: int(t.Shape.RowElements()) * w.resp.DType.Size()}
-	a.myLo, a.myHi = mb.nodeRanks(mb.node)
-	nn := mb.nodes()
+func newA2APlan(w *job.Work, i int) *a2aPlan {
+	t := &w.Resp.Tensors[i]
+	mb := w.View.Rows
+	a := &a2aPlan{mb: mb, sp: t.Splits, rowBytes: int(t.Shape.RowElements()) * w.Resp.DType.Size()}
+	a.myLo, a.myHi = mb.NodeRanks(mb.Node)
+	nn := mb.Nodes()
 	a.sendCounts, a.recvCounts, a.blockStart = make([]int, nn), make([]int, nn), make([]int, nn)
 	for m := range nn {
-		lo, hi := mb.nodeRanks(m)
+		lo, hi := mb.NodeRanks(m)
 		for d := lo; d < hi; d++ {
 			for s := a.myLo; s < a.myHi; s++ {
-				if w.ops[i][s] != nil {
+				if w.Ops[i][s] != nil {
 					a.sendCounts[m] += a.piece(s, d)
 				}
 			}
@@ -630,7 +631,7 @@ func newA2APlan(w *work, i int) *a2aPlan {
 // input.
 func (a *a2aPlan) piece(s, d int) int { return int(a.sp[s][d]) * a.rowBytes }
 
-func (a *a2aPlan) start(s, d int) int {
+func (a *a2aPlan) Start(s, d int) int {
 	o := 0
 	for k := range d {
 		o += a.piece(s, k)
@@ -640,8 +641,8 @@ func (a *a2aPlan) start(s, d int) int {
 
 // sends calls f for the pieces this node sends, in the order they travel.
 func (a *a2aPlan) sends(f func(s, d int)) {
-	for m := range a.mb.nodes() {
-		lo, hi := a.mb.nodeRanks(m)
+	for m := range a.mb.Nodes() {
+		lo, hi := a.mb.NodeRanks(m)
 		for d := lo; d < hi; d++ {
 			for s := a.myLo; s < a.myHi; s++ {
 				f(s, d)
@@ -676,9 +677,9 @@ func (a *a2aPlan) shape(d int, in tensor.Shape) tensor.Shape {
 // received: one run per node (its ranks' pieces for d, in rank order), as
 // {offset, length}.
 func (a *a2aPlan) segments(d int) [][2]int {
-	segs := make([][2]int, 0, a.mb.nodes())
-	for m := range a.mb.nodes() {
-		lo, hi := a.mb.nodeRanks(m)
+	segs := make([][2]int, 0, a.mb.Nodes())
+	for m := range a.mb.Nodes() {
+		lo, hi := a.mb.NodeRanks(m)
 		off := a.blockStart[m]
 		for dd := a.myLo; dd < d; dd++ {
 			for s := lo; s < hi; s++ {
@@ -703,15 +704,15 @@ func (a *a2aPlan) fill(d int, dst, out []byte) {
 	}
 }
 
-func (x *executor) reducescatterMulti(ctx context.Context, b backends.Backend, w work) ([][]*ipcpb.Done, error) {
-	r := &w.resp
-	mb := w.view.rows
-	op, pre, post := scales(r, w.size)
+func (x *executor) reducescatterMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
+	r := &w.Resp
+	mb := w.View.Rows
+	op, pre, post := scales(r, w.Size)
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	for i, t := range r.Tensors {
 		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
 		rows := func(rank int) int {
-			_, k := scatterBlock(&t, w.size, rank)
+			_, k := scatterBlock(&t, w.Size, rank)
 			return int(k)
 		}
 		var d0 int
@@ -721,7 +722,7 @@ func (x *executor) reducescatterMulti(ctx context.Context, b backends.Backend, w
 		full := x.fusion(d0 * rowBytes)
 		x.ph.at(i)
 		x.ph.begin(activity(r))
-		if bufs := localBufs(w.ops[i]); len(bufs) > 0 {
+		if bufs := localBufs(w.Ops[i]); len(bufs) > 0 {
 			if err := reduce.Reduce([][]byte{full}, bufs, r.DType, op, pre, 1, &x.ropts); err != nil {
 				return nil, err
 			}
@@ -729,23 +730,23 @@ func (x *executor) reducescatterMulti(ctx context.Context, b backends.Backend, w
 			return nil, err
 		}
 		counts := nodeCounts(mb, func(rank int) int { return rows(rank) * rowBytes })
-		block := make([]byte, counts[mb.node])
-		x.ph.end()
+		block := make([]byte, counts[mb.Node])
+		x.ph.End()
 		x.ph.begin(crossNode(b, r))
 		if err := b.ReduceScatter(ctx, full, block, counts, r.DType, op); err != nil {
 			return nil, err
 		}
-		x.ph.end()
+		x.ph.End()
 		x.ph.begin(activity(r))
 		// Our block holds our ranks' rows, in rank order.
-		at := make([]int, w.size)
+		at := make([]int, w.Size)
 		off := 0
-		for rank := mb.offset; rank < mb.offset+mb.local(); rank++ {
+		for rank := mb.Offset; rank < mb.Offset+mb.Local(); rank++ {
 			at[rank] = off
 			off += rows(rank) * rowBytes
 		}
 		var ferr error
-		dones[i] = x.outputs(w.ops[i], func(rank int, dst []byte) {
+		dones[i] = x.outputs(w.Ops[i], func(rank int, dst []byte) {
 			if len(dst) > 0 {
 				if err := reduce.Reduce([][]byte{dst}, [][]byte{block[at[rank] : at[rank]+len(dst)]}, r.DType, op, 1, post, &x.ropts); err != nil {
 					ferr = err

@@ -37,15 +37,15 @@ func FuzzResolve(f *testing.F) {
 			}
 			return
 		}
-		if o.buf != nil {
-			if uint64(len(o.buf)) != n || off+n > uint64(m.Size()) || off+n < off {
+		if o.Buf != nil {
+			if uint64(len(o.Buf)) != n || off+n > uint64(m.Size()) || off+n < off {
 				t.Fatalf("accepted buffer [%d,+%d) outside the %d-byte region", off, n, m.Size())
 			}
-			if int64(len(o.buf)) != o.req.Shape.NumElements()*int64(o.req.DType.Size()) {
-				t.Fatalf("buffer of %d bytes for shape %v %v", len(o.buf), o.req.Shape, o.req.DType)
+			if int64(len(o.Buf)) != o.Req.Shape.NumElements()*int64(o.Req.DType.Size()) {
+				t.Fatalf("buffer of %d bytes for shape %v %v", len(o.Buf), o.Req.Shape, o.Req.DType)
 			}
 		}
-		o.release()
+		o.Release()
 		if r.refs.Load() != 1 {
 			t.Fatalf("released op left %d references", r.refs.Load())
 		}

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/gpu"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/tensor"
@@ -238,7 +239,7 @@ type devMapping struct {
 	refs atomic.Int32
 }
 
-func (m *devMapping) unref() {
+func (m *devMapping) Unref() {
 	if m.refs.Add(-1) == 0 {
 		m.d.dev.CloseMemHandle(m.base)
 	}
@@ -251,7 +252,7 @@ type devEvent struct {
 	refs atomic.Int32
 }
 
-func (e *devEvent) unref() {
+func (e *devEvent) Unref() {
 	if e.refs.Add(-1) == 0 {
 		e.ev.Destroy()
 	}
@@ -278,28 +279,28 @@ type devOp struct {
 
 // devOf is o's device tensor: the device path's devOp, which is the only
 // deviceTensor; nil for a host tensor.
-func devOf(o *op) *devOp {
-	d, _ := o.dev.(*devOp)
+func devOf(o *job.Op) *devOp {
+	d, _ := o.Dev.(*devOp)
 	return d
 }
 
-// done copies a tensor staged through host memory back (exec_gpu.go:
+// Done copies a tensor staged through host memory back (exec_gpu.go:
 // unstage) as o is answered with dn.
-func (d *devOp) done(o *op, dn *ipcpb.Done) *ipcpb.Done {
+func (d *devOp) Done(o *job.Op, dn *ipcpb.Done) *ipcpb.Done {
 	if d.staged == nil {
 		return dn
 	}
 	return unstage(o, dn)
 }
 
-func (d *devOp) bytes() int { return d.n }
+func (d *devOp) Bytes() int { return d.n }
 
-func (d *devOp) release() {
+func (d *devOp) Release() {
 	if d.m != nil {
-		d.m.unref()
+		d.m.Unref()
 	}
 	if d.ev != nil {
-		d.ev.unref()
+		d.ev.Unref()
 	}
 	d.m, d.ev, d.staged = nil, nil, nil
 }
@@ -373,7 +374,7 @@ func (c *client) resolveDevice(name string, b *ipcpb.DeviceBuffer, n uint64) (*d
 		ek := string(eh)
 		e := c.gpu.events[ek]
 		if e != nil && e.d != d {
-			o.release()
+			o.Release()
 			return nil, fmt.Errorf("tensor %q: its IPC event handle was sent before for GPU %s, now for %s", name, e.d.info.UUID, d.info.UUID)
 		}
 		if e == nil {
@@ -382,19 +383,19 @@ func (c *client) resolveDevice(name string, b *ipcpb.DeviceBuffer, n uint64) (*d
 				for k, old := range c.gpu.events {
 					if old.refs.Load() == 1 {
 						delete(c.gpu.events, k)
-						old.unref()
+						old.Unref()
 					}
 				}
 			}
 			if len(c.gpu.events) >= maxDeviceMappings {
-				o.release()
+				o.Release()
 				return nil, fmt.Errorf("tensor %q: more than %d IPC events in use", name, maxDeviceMappings)
 			}
 			var h gpu.IpcEventHandle
 			copy(h[:], ek)
 			ev, err := d.dev.OpenEventHandle(h)
 			if err != nil {
-				o.release()
+				o.Release()
 				return nil, fmt.Errorf("tensor %q: GPU %s: open the CUDA IPC event handle: %w", name, d.info.UUID, err)
 			}
 			e = &devEvent{d: d, ev: ev}
@@ -414,7 +415,7 @@ func (c *client) releaseDeviceMemory(m *ipcpb.ReleaseDeviceMemory) {
 	for _, h := range m.GetMemHandles() {
 		if mp, ok := c.gpu.maps[string(h)]; ok {
 			delete(c.gpu.maps, string(h))
-			mp.unref()
+			mp.Unref()
 		}
 	}
 }
@@ -428,11 +429,11 @@ func (c *client) closeGPU() {
 	}
 	for k, m := range c.gpu.maps {
 		delete(c.gpu.maps, k)
-		m.unref()
+		m.Unref()
 	}
 	for k, e := range c.gpu.events {
 		delete(c.gpu.events, k)
-		e.unref()
+		e.Unref()
 	}
 	c.gpu.mu.Lock()
 	defer c.gpu.mu.Unlock()

@@ -79,14 +79,14 @@ func FuzzResolveDevice(f *testing.F) {
 		if dv == nil {
 			t.Fatal("accepted without a device op")
 		}
-		if uint64(dv.n) != n || int64(dv.n) != o.req.Shape.NumElements()*int64(o.req.DType.Size()) {
-			t.Fatalf("device tensor of %d bytes for shape %v %v (length %d)", dv.n, o.req.Shape, o.req.DType, n)
+		if uint64(dv.n) != n || int64(dv.n) != o.Req.Shape.NumElements()*int64(o.Req.DType.Size()) {
+			t.Fatalf("device tensor of %d bytes for shape %v %v (length %d)", dv.n, o.Req.Shape, o.Req.DType, n)
 		}
 		if n > 0 && (off+n < off || off+n > size || dv.ptr != dv.m.base.Add(int(off))) {
 			t.Fatalf("accepted bytes [%d,+%d) outside the allocation of %d", off, n, size)
 		}
 		m := dv.m
-		o.release()
+		o.Release()
 		if m != nil && m.refs.Load() != 1 {
 			t.Fatalf("released op left %d references on its mapping", m.refs.Load())
 		}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/metrics"
 )
 
@@ -39,7 +40,7 @@ type lane struct {
 	key laneKey
 	// job is the job forming or running; nil between the epochs of an
 	// elastic job, or after the job ended while hellos wait.
-	job *job
+	job *job.Job
 	// size is the number of local ranks the lane's job takes.
 	size int
 	// waiting are hellos that wait for the lane's job to end (its ranks on
@@ -57,7 +58,7 @@ type lane struct {
 }
 
 // laneOf is the lane of j (a job the loop made, running or ended).
-func (l *loop) laneOf(j *job) *lane { return l.lanes[laneKey{uid: j.uid, name: j.name}] }
+func (l *loop) laneOf(j *job.Job) *lane { return l.lanes[laneKey{uid: j.UID, name: j.Name}] }
 
 // name is how logs and errors name the lane's job.
 func (ln *lane) name() string {
@@ -77,7 +78,7 @@ func (ln *lane) idle() bool {
 func (ln *lane) taken() int {
 	switch {
 	case ln.job != nil:
-		return len(ln.job.slots)
+		return len(ln.job.Slots)
 	case ln.reform != nil:
 		return len(ln.reform.survivors)
 	}
@@ -112,7 +113,7 @@ func (l *loop) laneFor(c *client, h helloView) (*lane, string) {
 		return nil, fmt.Sprintf("local size %d is not a number of processes", size)
 	case multi && len(l.order) > 0:
 		return nil, fmt.Sprintf("this daemon of a multi-node job runs one job at a time and runs job %s (pids %s); wait for it to end, or start another daemon with a different --socket",
-			l.order[0].name(), l.order[0].pids())
+			l.order[0].name(), l.order[0].PIDs())
 	}
 	used := 0
 	for _, ln := range l.order {
@@ -138,10 +139,10 @@ type helloView interface {
 	GetLocalSize() int32
 }
 
-// pids lists the pids of the lane's ranks.
-func (ln *lane) pids() string {
+// PIDs lists the pids of the lane's ranks.
+func (ln *lane) PIDs() string {
 	if ln.job != nil {
-		return ln.job.pids()
+		return ln.job.PIDs()
 	}
 	if ln.reform != nil {
 		return pidList(ln.reform.survivors)
@@ -175,8 +176,8 @@ func (l *loop) dropLane(ln *lane) {
 }
 
 // jobs returns the jobs of every lane, forming or running, in lane order.
-func (l *loop) jobs() []*job {
-	var js []*job
+func (l *loop) jobs() []*job.Job {
+	var js []*job.Job
 	for _, ln := range l.order {
 		if ln.job != nil {
 			js = append(js, ln.job)

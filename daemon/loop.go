@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/internal/poll"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
@@ -21,14 +22,6 @@ import (
 	"github.com/hvdd/hvdd/tensor"
 )
 
-// inlineBytes is the most payload the loop executes itself instead of handing
-// the batch to the executor goroutine.
-const inlineBytes = 256 << 10
-
-// inlineMultiBytes is the same across nodes, where the loop then also waits
-// for the network (see loopRunnable).
-const inlineMultiBytes = 64 << 10
-
 // Messages other goroutines post to the loop through its poller.
 type (
 	msgConn  struct{ c *client } // accepted connection
@@ -36,23 +29,6 @@ type (
 	msgCycle struct{}            // the cycle timer fired
 	msgQuit  struct{}            // Close was called
 )
-
-// msgExecIdle is the executor's message to the loop that it finished its
-// batch.
-type msgExecIdle struct{}
-
-// msgExecErr is the executor's message to the loop that a collective across
-// nodes failed: the job fails.
-type msgExecErr struct {
-	j   *job
-	err error
-	// ops are the failed collective's local ops, for the loop to
-	// answer (nil when the executor answered them): with the job's
-	// failure when the engine failed only because the loop closed it
-	// for that failure (closed), else with err.
-	ops    [][]*op
-	closed bool
-}
 
 // loop owns the daemon's job state and every client's read side; only its
 // goroutine touches them.
@@ -72,9 +48,9 @@ type loop struct {
 	execBusy bool
 	dead     []*client // closed clients whose outputs wait for an idle executor
 
-	nodes formation // how jobs form: on this node alone, or across nodes
-	again []*client // clients with frames left over from the last pass
-	chans []*client // clients with a shared-memory channel
+	nodes job.Formation // how jobs form: on this node alone, or across nodes
+	again []*client     // clients with frames left over from the last pass
+	chans []*client     // clients with a shared-memory channel
 
 	stall        *time.Timer
 	cycle        *time.Timer
@@ -114,8 +90,8 @@ func newLoop(s *Server, p *poll.Poller) (*loop, error) {
 	return l, nil
 }
 
-// now is the plan's logical clock: milliseconds since the loop started.
-func (l *loop) now() int64 { return time.Since(l.epoch).Milliseconds() }
+// Now is the plan's logical clock: milliseconds since the loop started.
+func (l *loop) Now() int64 { return time.Since(l.epoch).Milliseconds() }
 
 // yieldEvery is how often at most the loop yields its P (runtime.Gosched)
 // before it blocks in epoll_wait, when its previous wait lasted over a
@@ -180,13 +156,13 @@ func (l *loop) run() {
 			fd := int(ev.Fd)
 			if fd == l.p.Evfd {
 				for _, m := range l.p.Drain() {
-					l.message(m)
+					l.Message(m)
 				}
 				continue
 			}
 			c := l.clients[fd]
 			if c == nil {
-				l.nodes.readable(fd)
+				l.nodes.Readable(fd)
 				continue
 			}
 			l.serveClient(c, ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0, true)
@@ -223,14 +199,14 @@ func (l *loop) run() {
 			l.tl.w.Mark("CYCLE_START")
 		}
 		for _, j := range l.jobs() {
-			if j.coord != nil {
-				j.coord.flush()
+			if j.Coord != nil {
+				j.Coord.Flush()
 			}
 		}
 		l.dispatch()
 		for _, j := range l.jobs() {
-			if j.coord != nil {
-				j.coord.expect(len(j.pending) > 0)
+			if j.Coord != nil {
+				j.Coord.Expect(len(j.Pending) > 0)
 			}
 		}
 		l.armStallTimer()
@@ -274,7 +250,7 @@ func (l *loop) setAsleep(v bool) (pending bool) {
 // serveClient handles what a client sent; hup reports a hung-up socket, sock
 // a readable one.
 func (l *loop) serveClient(c *client, hup, sock bool) {
-	more, err := l.readable(c, sock)
+	more, err := l.Readable(c, sock)
 	if err != nil || hup && !c.ic.Buffered() {
 		if err == nil {
 			err = ipc.ErrClosed
@@ -287,7 +263,7 @@ func (l *loop) serveClient(c *client, hup, sock bool) {
 	}
 }
 
-func (l *loop) message(m any) {
+func (l *loop) Message(m any) {
 	switch m := m.(type) {
 	case msgConn:
 		c := m.c
@@ -300,11 +276,11 @@ func (l *loop) message(m any) {
 		}
 		c.fd = fd
 		l.clients[fd] = c
-	case msgExecIdle:
+	case job.MsgExecIdle:
 		l.execBusy = false
 		for _, j := range l.jobs() {
-			if j.coord != nil {
-				j.coord.traceSent()
+			if j.Coord != nil {
+				j.Coord.TraceSent()
 			}
 		}
 		l.closeDead()
@@ -325,20 +301,20 @@ func (l *loop) message(m any) {
 		l.reformCheck(m.r)
 	case msgMetrics:
 		l.snapshot(m) // metrics.go
-	case msgExecErr:
-		if m.closed && m.j.failed != nil && m.j.failed.GetCode() == ipcpb.Code_CODE_ABORTED {
+	case job.MsgExecErr:
+		if m.Closed && m.Job.Failed != nil && m.Job.Failed.GetCode() == ipcpb.Code_CODE_ABORTED {
 			// The job failed first (a node lost, an abort from another node)
 			// and its engine was closed for it: the ranks hear why, not
 			// that the engine was closed.
-			finishRows(m.ops, m.j.failed)
+			job.FinishRows(m.Ops, m.Job.Failed)
 			return
 		}
-		finishRows(m.ops, &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: m.err.Error()})
-		if l.current(m.j) && m.j.failed == nil {
-			l.abort(m.j, ipcpb.Code_CODE_ABORTED, m.err.Error(), true)
+		job.FinishRows(m.Ops, &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: m.Err.Error()})
+		if l.Current(m.Job) && m.Job.Failed == nil {
+			l.Abort(m.Job, ipcpb.Code_CODE_ABORTED, m.Err.Error(), true)
 		}
 	default:
-		if !l.nodes.message(m) {
+		if !l.nodes.Message(m) {
 			l.s.log.Error("unknown message to the loop", "type", fmt.Sprintf("%T", m))
 		}
 	}
@@ -386,11 +362,11 @@ func (l *loop) closeDead() {
 // shutdown fails the running jobs and closes every connection.
 func (l *loop) shutdown() {
 	for _, j := range l.jobs() {
-		if j.formed && j.failed == nil && j.members.nodes() > 1 {
+		if j.Formed && j.Failed == nil && j.Members.Nodes() > 1 {
 			// To the other nodes this node is lost: their ranks cannot go
 			// on with its ranks gone (an elastic job re-forms without it).
-			j.coord.abort(ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node %d%s was lost: its hvdd daemon is shutting down",
-				l.cfg.NodeRank, j.members.rankRange(j.members.node)), true)
+			j.Coord.Abort(ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node %d%s was lost: its hvdd daemon is shutting down",
+				l.cfg.NodeRank, j.Members.RankRange(j.Members.Node)), true)
 		}
 		l.fail(j, ipcpb.Code_CODE_SHUT_DOWN, l.s.shutdownNote())
 	}
@@ -434,22 +410,22 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 	}
 	c.lane = ln
 	j := ln.job
-	if j != nil && (j.failed != nil || j.formed) {
+	if j != nil && (j.Failed != nil || j.Formed) {
 		// A rank of the elastic job that re-initialises (its old connection
 		// may not have closed yet here) waits for the next epoch.
-		member := j.elastic && slices.ContainsFunc(j.slots, func(x conn) bool { return x != nil && x.PID() == c.pid })
-		if !member && h.GetElastic() && j.elastic && (j.failed == nil || j.failed.GetCode() == ipcpb.Code_CODE_ABORTED) {
+		member := j.Elastic && slices.ContainsFunc(j.Slots, func(x job.Conn) bool { return x != nil && x.PID() == c.pid })
+		if !member && h.GetElastic() && j.Elastic && (j.Failed == nil || j.Failed.GetCode() == ipcpb.Code_CODE_ABORTED) {
 			// A worker that joins the running (or failing) elastic job.
 			l.addJoiner(c, j)
 			return
 		}
-		if j.failed != nil || member {
+		if j.Failed != nil || member {
 			// The last job is failing; its clients are on their way out.
 			ln.waiting = append(ln.waiting, c)
 			return
 		}
 		l.refuse(c, fmt.Sprintf("this daemon is running job %s of %d ranks (pids %s); wait for it to end, give this job another name (hvdd run --job NAME, or HVDD_JOB), or start another daemon with a different --socket",
-			ln.name(), len(j.slots), j.pids()))
+			ln.name(), len(j.Slots), j.PIDs()))
 		return
 	}
 	lr := int(h.GetLocalRank())
@@ -467,96 +443,96 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 		j = l.openJob(ln, h.GetElastic())
 	}
 	switch {
-	case h.GetElastic() != j.elastic:
-		l.refuse(c, fmt.Sprintf("every rank of a job must agree on HOROVOD_ELASTIC: job %d is elastic=%v, this process elastic=%v", j.id, j.elastic, h.GetElastic()))
+	case h.GetElastic() != j.Elastic:
+		l.refuse(c, fmt.Sprintf("every rank of a job must agree on HOROVOD_ELASTIC: job %d is elastic=%v, this process elastic=%v", j.ID, j.Elastic, h.GetElastic()))
 		return
 	case int(h.GetLocalSize()) != 0 && int(h.GetLocalSize()) != ln.size && !l.cfg.multiNode():
 		l.refuse(c, fmt.Sprintf("job %s has %d processes on this node, this process says %d (HVDD_LOCAL_SIZE): every process of a job must agree", ln.name(), ln.size, h.GetLocalSize()))
 		return
-	case lr >= len(j.slots):
-		l.refuse(c, fmt.Sprintf("local rank %d is out of range: job %s has %d processes on this node (local ranks 0..%d)", lr, ln.name(), len(j.slots), len(j.slots)-1))
+	case lr >= len(j.Slots):
+		l.refuse(c, fmt.Sprintf("local rank %d is out of range: job %s has %d processes on this node (local ranks 0..%d)", lr, ln.name(), len(j.Slots), len(j.Slots)-1))
 		return
-	case lr >= 0 && j.slots[lr] != nil:
-		l.refuse(c, fmt.Sprintf("local rank %d is already taken by pid %d", lr, j.slots[lr].PID()))
+	case lr >= 0 && j.Slots[lr] != nil:
+		l.refuse(c, fmt.Sprintf("local rank %d is already taken by pid %d", lr, j.Slots[lr].PID()))
 		return
 	case lr < 0:
-		for i, s := range j.slots {
+		for i, s := range j.Slots {
 			if s == nil {
 				lr = i
 				break
 			}
 		}
 	}
-	j.slots[lr] = c
-	j.joined++
-	j.open++
+	j.Slots[lr] = c
+	j.Joined++
+	j.Open++
 	c.job, c.localRank, c.rank = j, lr, lr
-	c.groups = make(map[uint64][]*op)
-	l.s.log.Debug("client joined", "pid", c.pid, "local_rank", lr, "job", j.id, "name", ln.key.name, "uid", ln.key.uid, "have", j.joined, "want", len(j.slots))
-	if j.joined < len(j.slots) {
+	c.groups = make(map[uint64][]*job.Op)
+	l.s.log.Debug("client joined", "pid", c.pid, "local_rank", lr, "job", j.ID, "name", ln.key.name, "uid", ln.key.uid, "have", j.Joined, "want", len(j.Slots))
+	if j.Joined < len(j.Slots) {
 		return
 	}
 	// Every local client is here: the job forms, alone or with the other
 	// nodes.
-	l.nodes.complete(j)
+	l.nodes.Complete(j)
 }
 
 // openJob makes the job the next hellos of ln join: the forming epoch of an
 // elastic job (elastic.go), else a fresh job of the lane's size.
-func (l *loop) openJob(ln *lane, elastic bool) *job {
-	j := &job{pending: make(map[opKey]*op), elastic: elastic, uid: ln.key.uid, name: ln.key.name, m: ln.m}
+func (l *loop) openJob(ln *lane, elastic bool) *job.Job {
+	j := &job.Job{Pending: make(map[job.OpKey]*job.Op), Elastic: elastic, UID: ln.key.uid, Name: ln.key.name, M: ln.m}
 	if r := ln.reform; r != nil && r.dead == "" {
-		j.id, j.epoch, j.slots = r.id, r.epoch, make([]conn, len(r.survivors))
+		j.ID, j.Epoch, j.Slots = r.id, r.epoch, make([]job.Conn, len(r.survivors))
 	} else {
 		l.nextJob++
-		j.id, j.slots = l.nextJob, make([]conn, ln.size)
+		j.ID, j.Slots = l.nextJob, make([]job.Conn, ln.size)
 	}
 	ln.job = j
 	return j
 }
 
-// start begins a formed job (loopHooks): it sends every local client its
+// Start begins a formed job (loopHooks): it sends every local client its
 // Welcome.
-func (l *loop) start(j *job, m membership, c coordination) {
-	m.epoch = j.epoch
-	j.members, j.coord = m, c
-	j.formed = true
-	j.formedAt = time.Now()
-	j.globalRows = make([]int, m.size)
-	for i := range j.globalRows {
-		j.globalRows[i] = -1
+func (l *loop) Start(j *job.Job, m job.Membership, c job.Coordination) {
+	m.Epoch = j.Epoch
+	j.Members, j.Coord = m, c
+	j.Formed = true
+	j.FormedAt = time.Now()
+	j.GlobalRows = make([]int, m.Size)
+	for i := range j.GlobalRows {
+		j.GlobalRows[i] = -1
 	}
-	for lr := range j.slots {
-		j.globalRows[m.offset+lr] = m.offset + lr
+	for lr := range j.Slots {
+		j.GlobalRows[m.Offset+lr] = m.Offset + lr
 	}
-	j.barriers = map[int32][]int{0: make([]int, m.size)}
+	j.Barriers = map[int32][]int{0: make([]int, m.Size)}
 	backendNames := []string{"shm"}
-	if b := c.engine(); b != nil {
+	if b := c.Engine(); b != nil {
 		backendNames = append(backendNames, b.Name())
 	}
-	l.s.log.Info("job formed", "job", j.id, "size", m.size, "node", m.node, "nodes", m.nodes(), "pids", j.pids(), "elastic", j.elastic, "epoch", m.epoch)
+	l.s.log.Info("job formed", "job", j.ID, "size", m.Size, "node", m.Node, "nodes", m.Nodes(), "pids", j.PIDs(), "elastic", j.Elastic, "epoch", m.Epoch)
 	l.startTuner(j)
 	l.reformed(j)
 	l.helloTimeline(j)
-	homog := m.homogeneous()
-	for _, s := range j.slots {
+	homog := m.Homogeneous()
+	for _, s := range j.Slots {
 		cl := clientOf(s)
-		cl.rank = m.offset + cl.localRank
-		crossRank, crossSize := m.cross(cl.localRank)
+		cl.rank = m.Offset + cl.localRank
+		crossRank, crossSize := m.Cross(cl.localRank)
 		cl.sendSocket(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Welcome{Welcome: &ipcpb.Welcome{
-			Version: ipc.Version, Rank: int32(cl.rank), Size: int32(m.size),
-			LocalRank: int32(cl.localRank), LocalSize: int32(len(j.slots)),
+			Version: ipc.Version, Rank: int32(cl.rank), Size: int32(m.Size),
+			LocalRank: int32(cl.localRank), LocalSize: int32(len(j.Slots)),
 			CrossRank: int32(crossRank), CrossSize: int32(crossSize), IsHomogeneous: homog,
-			DaemonVersion: Version, JobId: j.id, Backends: backendNames, Epoch: m.epoch,
+			DaemonVersion: Version, JobId: j.ID, Backends: backendNames, Epoch: m.Epoch,
 			GpuUuids: l.s.gpu.uuids(),
 		}}}, -1)
 	}
 }
 
 // now, executing and current serve loopHooks.
-func (l *loop) executing() bool { return l.execBusy }
+func (l *loop) Executing() bool { return l.execBusy }
 
-func (l *loop) current(j *job) bool {
+func (l *loop) Current(j *job.Job) bool {
 	if j == nil {
 		return false
 	}
@@ -594,63 +570,63 @@ func (l *loop) closed(c *client, bye bool, err error) {
 	}
 	for _, g := range c.groups {
 		for _, o := range g {
-			o.release()
+			o.Release()
 		}
 	}
 	c.groups = nil
-	j.open--
-	if j.formed && j.elastic && bye && !c.exiting {
-		j.noteSurvivor(c)
+	j.Open--
+	if j.Formed && j.Elastic && bye && !c.exiting {
+		j.NoteSurvivor(c)
 	}
-	if !j.formed {
-		j.slots[c.localRank] = nil
-		j.joined--
-	} else if j.failed == nil && j.elastic && bye && c.reset {
+	if !j.Formed {
+		j.Slots[c.localRank] = nil
+		j.Joined--
+	} else if j.Failed == nil && j.Elastic && bye && c.reset {
 		// Horovod's reset after a host update: every rank follows at the
 		// same step, and the next epoch takes in the waiting workers.
-		l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("rank %d (pid %d) re-initialises into the next epoch: %s", c.rank, c.pid, hostsUpdatedCause), true)
-	} else if j.failed == nil {
+		l.Abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("rank %d (pid %d) re-initialises into the next epoch: %s", c.rank, c.pid, hostsUpdatedCause), true)
+	} else if j.Failed == nil {
 		where := ""
-		if j.members.nodes() > 1 {
-			where = fmt.Sprintf(" on node %d", j.members.node)
+		if j.Members.Nodes() > 1 {
+			where = fmt.Sprintf(" on node %d", j.Members.Node)
 		}
 		switch {
-		case bye && j.elastic && c.exiting:
+		case bye && j.Elastic && c.exiting:
 			// A rank whose process exits while its elastic job runs has
 			// left it, whether it failed (an exception) or not: the others
 			// reset and go on without it, as after a lost rank (Horovod's
 			// workers see its connections close). hvdd run judges the exit
 			// by its status.
-			l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("rank %d (pid %d%s) %s", c.rank, c.pid, where, rankExitedCause), true)
+			l.Abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("rank %d (pid %d%s) %s", c.rank, c.pid, where, rankExitedCause), true)
 		case bye:
-			l.abort(j, ipcpb.Code_CODE_SHUT_DOWN, fmt.Sprintf(
+			l.Abort(j, ipcpb.Code_CODE_SHUT_DOWN, fmt.Sprintf(
 				"Horovod has been shut down: rank %d (pid %d%s) called shutdown() or exited while other ranks still had collectives to run; every rank must run the same collectives", c.rank, c.pid, where), true)
 		default:
 			why := "its connection closed without shutdown: the process died or was killed"
 			if err != nil && !errors.Is(err, ipc.ErrClosed) {
 				why = err.Error()
 			}
-			l.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("rank %d (pid %d%s) was lost: %s", c.rank, c.pid, where, why), true)
+			l.Abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("rank %d (pid %d%s) was lost: %s", c.rank, c.pid, where, why), true)
 		}
 	}
-	if j.open == 0 {
+	if j.Open == 0 {
 		l.jobEnded(j)
 	}
 }
 
 // jobEnded ends j once its last client left it.
-func (l *loop) jobEnded(j *job) {
+func (l *loop) jobEnded(j *job.Job) {
 	ln := l.laneOf(j)
 	// Horovod's shutdown ends its timeline too.
 	l.stopTimeline(j, nil)
 	if ln.tune != nil {
 		ln.tune.Close()
 	}
-	st := j.stats
-	l.s.log.Info("job ended", "job", j.id, "name", ln.key.name, "batches", st.batches, "responses", st.responses, "tensors", st.tensors, "bytes", st.bytes)
-	l.nodes.ended(j)
-	if j.coord != nil {
-		j.coord.end()
+	st := j.Stats
+	l.s.log.Info("job ended", "job", j.ID, "name", ln.key.name, "batches", st.Batches, "responses", st.Responses, "tensors", st.Tensors, "bytes", st.Bytes)
+	l.nodes.Ended(j)
+	if j.Coord != nil {
+		j.Coord.End()
 	}
 	ln.job = nil
 	l.reformAfter(j)
@@ -675,111 +651,111 @@ func (l *loop) endLane(ln *lane) {
 }
 
 // fail marks the job failed and answers every pending op with the error.
-func (l *loop) fail(j *job, code ipcpb.Code, msg string) {
-	if j.failed != nil {
+func (l *loop) fail(j *job.Job, code ipcpb.Code, msg string) {
+	if j.Failed != nil {
 		return
 	}
-	j.failed = &ipcpb.Done{Code: code, Error: msg}
-	j.failedAt = time.Now()
+	j.Failed = &ipcpb.Done{Code: code, Error: msg}
+	j.FailedAt = time.Now()
 	switch {
-	case !j.formed:
-	case (code == ipcpb.Code_CODE_SHUT_DOWN || isRankExited(msg)) && len(j.pending) == 0:
+	case !j.Formed:
+	case (code == ipcpb.Code_CODE_SHUT_DOWN || isRankExited(msg)) && len(j.Pending) == 0:
 		// An orderly shutdown, or a rank's exit from an elastic job, with
 		// nothing in flight: the job may be ending. (If the other ranks go
 		// on, their next collectives fail and the re-formation says why.)
-		l.s.log.Debug("job shutting down", "job", j.id, "why", msg)
+		l.s.log.Debug("job shutting down", "job", j.ID, "why", msg)
 	case isHostsUpdated(msg):
 		// Not a failure: the ranks reset together (elastic.go).
-		l.s.log.Warn("elastic job resets: its hosts were updated", "job", j.id, "why", msg)
+		l.s.log.Warn("elastic job resets: its hosts were updated", "job", j.ID, "why", msg)
 	default:
-		l.s.log.Error("job failed", "job", j.id, "err", msg, "pending", len(j.pending))
+		l.s.log.Error("job failed", "job", j.ID, "err", msg, "pending", len(j.Pending))
 		l.noteError(j, "job failed: "+msg)
 	}
-	for k, o := range j.pending {
-		o.finish(j.failed)
-		delete(j.pending, k)
+	for k, o := range j.Pending {
+		o.Finish(j.Failed)
+		delete(j.Pending, k)
 	}
-	for i, q := range j.psq {
+	for i, q := range j.SetQueue {
 		for _, r := range q {
-			if r.c != nil {
-				r.c.reply(r.id, j.failed)
+			if r.Conn != nil {
+				r.Conn.Reply(r.ID, j.Failed)
 			}
 		}
-		j.psq[i] = nil
+		j.SetQueue[i] = nil
 	}
-	for _, s := range j.slots {
+	for _, s := range j.Slots {
 		c := clientOf(s)
 		if c == nil {
 			continue
 		}
 		for id, g := range c.groups {
 			for _, o := range g {
-				o.finish(j.failed)
+				o.Finish(j.Failed)
 			}
 			delete(c.groups, id)
 		}
 	}
 }
 
-func (l *loop) enqueue(o *op) {
+func (l *loop) enqueue(o *job.Op) {
 	l.arrived(o) // metrics.go
-	c := clientOf(o.c)
+	c := clientOf(o.Conn)
 	j := c.job
 	switch {
-	case j == nil || !j.formed:
-		o.finish(&ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: "enqueue before the job was formed: wait for init() to return"})
+	case j == nil || !j.Formed:
+		o.Finish(&ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: "enqueue before the job was formed: wait for init() to return"})
 		return
-	case j.failed != nil:
-		o.finish(j.failed)
+	case j.Failed != nil:
+		o.Finish(j.Failed)
 		return
 	}
-	o.req.Rank = c.rank
-	switch o.typ {
+	o.Req.Rank = c.rank
+	switch o.Type {
 	case tensor.Barrier:
-		n := j.barriers[o.req.ProcessSet]
+		n := j.Barriers[o.Req.ProcessSet]
 		if n == nil {
-			n = make([]int, j.members.size)
-			j.barriers[o.req.ProcessSet] = n
+			n = make([]int, j.Members.Size)
+			j.Barriers[o.Req.ProcessSet] = n
 		}
-		o.req.Name = fmt.Sprintf("barrier.%d", n[c.rank])
+		o.Req.Name = fmt.Sprintf("barrier.%d", n[c.rank])
 		n[c.rank]++
 	case tensor.Join:
-		o.req.Name = "join"
+		o.Req.Name = "join"
 	}
-	o.name = o.req.Name
-	if o.groupSize <= 1 {
-		l.submit(j, o)
+	o.Name = o.Req.Name
+	if o.GroupSize <= 1 {
+		l.Submit(j, o)
 		return
 	}
-	g := append(c.groups[o.group], o)
-	if len(g) < o.groupSize {
-		c.groups[o.group] = g
+	g := append(c.groups[o.Group], o)
+	if len(g) < o.GroupSize {
+		c.groups[o.Group] = g
 		return
 	}
-	delete(c.groups, o.group)
+	delete(c.groups, o.Group)
 	names := make([]string, len(g))
 	for i, m := range g {
-		names[i] = m.name
+		names[i] = m.Name
 	}
 	sort.Strings(names)
 	key := strings.Join(names, "\x00")
 	for _, m := range g {
-		m.req.Group, m.req.GroupSize = key, len(g)
-		l.submit(j, m)
+		m.Req.Group, m.Req.GroupSize = key, len(g)
+		l.Submit(j, m)
 	}
 }
 
-func (l *loop) submit(j *job, o *op) {
-	if j.failed != nil {
-		o.finish(j.failed)
+func (l *loop) Submit(j *job.Job, o *job.Op) {
+	if j.Failed != nil {
+		o.Finish(j.Failed)
 		return
 	}
-	if d := j.coord.submit(o); d != nil {
-		o.finish(d)
+	if d := j.Coord.Submit(o); d != nil {
+		o.Finish(d)
 		return
 	}
 	if t := l.tracerOf(j); t != nil {
-		t.submitted(&o.req)
+		t.submitted(&o.Req)
 	}
 }
 
@@ -805,8 +781,8 @@ func (l *loop) dispatch() {
 	for i := 0; i < n && !l.execBusy; i++ {
 		at := (l.rr + i) % n
 		j := lanes[at].job
-		for j != nil && j.formed && j.failed == nil && !l.execBusy {
-			resps := j.coord.next()
+		for j != nil && j.Formed && j.Failed == nil && !l.execBusy {
+			resps := j.Coord.Next()
 			if resps == nil {
 				break
 			}
@@ -820,10 +796,10 @@ func (l *loop) dispatch() {
 
 // runResponses answers error responses at once and runs the rest as one batch,
 // inline when small, else on the executor.
-func (l *loop) runResponses(j *job, resps []plan.Response) {
-	b := j.coord.engine()
+func (l *loop) runResponses(j *job.Job, resps []plan.Response) {
+	b := j.Coord.Engine()
 	tl := l.tracerOf(j)
-	var batch []work
+	var batch []job.Work
 	for _, r := range resps {
 		names := make([]string, len(r.Tensors))
 		for i, t := range r.Tensors {
@@ -834,13 +810,13 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 			names = []string{"join"}
 			r.Tensors = []plan.Tensor{{Name: "join"}}
 		}
-		rows, root := j.rowRanks(r.ProcessSet, r.Root)
-		w := work{resp: r, j: j, b: b, size: len(rows), ops: make([][]*op, len(names))}
+		rows, root := j.RowRanks(r.ProcessSet, r.Root)
+		w := job.Work{Resp: r, Job: j, Engine: b, Size: len(rows), Ops: make([][]*job.Op, len(names))}
 		if b != nil {
 			// Across nodes a process set runs on the nodes of its members.
-			w.view = j.view(r.ProcessSet)
+			w.View = j.View(r.ProcessSet)
 			switch {
-			case w.view.rows.node < 0:
+			case w.View.Rows.Node < 0:
 				// No member here: the other nodes run it without this one.
 				if tl != nil {
 					tl.responded(&r)
@@ -849,40 +825,40 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 					}
 				}
 				continue
-			case len(w.view.nodes) == 1:
+			case len(w.View.Nodes) == 1:
 				// Every member is here: it runs as on one node.
-				w.b = nil
+				w.Engine = nil
 			}
 		}
 		if tl != nil {
 			tl.responded(&r)
-			w.tl = tl.w
-		} else if sink := j.coord.traceSink(); sink != nil && r.Err == nil {
+			w.Trace = tl.w
+		} else if sink := j.Coord.TraceSink(); sink != nil && r.Err == nil {
 			// The coordinator's timeline: this node's phases of the
 			// response, on its own track there.
 			traceAll(sink, &r, timeline.Begin, topName(&r))
-			w.tl = sink
+			w.Trace = sink
 		}
-		w.resp.Root = root
+		w.Resp.Root = root
 		for i, name := range names {
-			row := make([]*op, len(rows))
+			row := make([]*job.Op, len(rows))
 			for at, rank := range rows {
 				if rank < 0 {
 					continue
 				}
-				k := opKey{rank, r.ProcessSet, name}
-				if o, ok := j.pending[k]; ok {
+				k := job.OpKey{Rank: rank, Set: r.ProcessSet, Name: name}
+				if o, ok := j.Pending[k]; ok {
 					row[at] = o
-					delete(j.pending, k)
+					delete(j.Pending, k)
 				}
 			}
-			w.ops[i] = row
+			w.Ops[i] = row
 			l.negotiated(j, row) // metrics.go
 		}
 		if r.Err != nil {
 			l.noteError(j, r.Err.Error())
 			d := &ipcpb.Done{Code: errorCode(r.Err), Error: r.Err.Error()}
-			finishRows(w.ops, d)
+			job.FinishRows(w.Ops, d)
 			continue
 		}
 		batch = append(batch, w)
@@ -893,22 +869,22 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 	l.lastDispatch = time.Now()
 	var bytes int64
 	for _, w := range batch {
-		bytes += w.resp.Bytes
-		j.stats.tensors += int64(len(w.resp.Tensors))
+		bytes += w.Resp.Bytes
+		j.Stats.Tensors += int64(len(w.Resp.Tensors))
 	}
-	j.stats.batches++
-	j.stats.responses += int64(len(batch))
-	j.stats.bytes += bytes
+	j.Stats.Batches++
+	j.Stats.Responses += int64(len(batch))
+	j.Stats.Bytes += bytes
 	l.fused(j, batch) // metrics.go
 	if ln := l.laneOf(j); ln != nil && ln.tune != nil {
 		l.tuneBatch(j, resps)
 	}
-	if (b == nil && bytes <= inlineBytes || loopRunnable(b, bytes)) && !deviceBatch(batch) {
+	if (b == nil && bytes <= job.InlineBytes || loopRunnable(b, bytes)) && !job.DeviceBatch(batch) {
 		// Small work costs less than the hand-off to the executor.
 		for _, w := range batch {
 			l.x.execute(w)
 		}
-		j.coord.traceSent()
+		j.Coord.TraceSent()
 		return
 	}
 	l.execBusy = true
@@ -921,38 +897,38 @@ func (l *loop) runResponses(j *job, resps []plan.Response) {
 // sysmon's 10 ms poll). It saves a hand-off to the executor and back.
 func loopRunnable(b backends.Backend, bytes int64) bool {
 	lr, ok := b.(backends.LoopRunnable)
-	return ok && bytes <= inlineMultiBytes && bytes <= int64(lr.LoopRunnable())
+	return ok && bytes <= job.InlineMultiBytes && bytes <= int64(lr.LoopRunnable())
 }
 
-// abort fails the job (loopHooks); its coordination first tells the other
+// Abort fails the job (loopHooks); its coordination first tells the other
 // nodes (notify) and closes the data engine, so that a blocked collective
 // returns.
-func (l *loop) abort(j *job, code ipcpb.Code, msg string, notify bool) {
-	if j.failed != nil {
+func (l *loop) Abort(j *job.Job, code ipcpb.Code, msg string, notify bool) {
+	if j.Failed != nil {
 		return
 	}
-	if j.coord != nil {
-		j.coord.abort(code, msg, notify)
+	if j.Coord != nil {
+		j.Coord.Abort(code, msg, notify)
 	}
 	switch {
-	case j.formed:
+	case j.Formed:
 		l.fail(j, code, msg)
-	case j.elastic && j.laidOut && code == ipcpb.Code_CODE_ABORTED && !l.quit:
+	case j.Elastic && j.LaidOut && code == ipcpb.Code_CODE_ABORTED && !l.quit:
 		// An elastic epoch laid out across nodes that could not form: its
 		// clients wait on in init for the next (elastic.go).
 		l.reformUnformed(j, msg)
 	default:
 		// Its clients still wait in init: they get the reason.
-		l.formFailed(j, msg)
+		l.FormFailed(j, msg)
 	}
 }
 
-// formFailed ends a job that could not form across nodes: its clients, still
+// FormFailed ends a job that could not form across nodes: its clients, still
 // waiting in init, get the reason.
-func (l *loop) formFailed(j *job, msg string) {
-	l.s.log.Error("job could not form", "job", j.id, "err", msg)
+func (l *loop) FormFailed(j *job.Job, msg string) {
+	l.s.log.Error("job could not form", "job", j.ID, "err", msg)
 	l.fail(j, ipcpb.Code_CODE_ABORTED, msg)
-	for _, s := range j.slots {
+	for _, s := range j.Slots {
 		if c := clientOf(s); c != nil && !c.dropped {
 			c.fatal(ipcpb.Code_CODE_ABORTED, msg)
 			l.drop(c, nil)
@@ -978,7 +954,7 @@ func (l *loop) armStallTimer() {
 		return
 	}
 	for _, j := range l.jobs() {
-		if len(j.pending) > 0 {
+		if len(j.Pending) > 0 {
 			l.stall = time.AfterFunc(l.cfg.StallCheck, func() { l.p.Post(msgStall{}) })
 			return
 		}
@@ -994,12 +970,12 @@ func (l *loop) checkStalls() {
 	}
 }
 
-func (l *loop) checkJobStalls(j *job) {
-	if j.coord == nil || j.failed != nil {
+func (l *loop) checkJobStalls(j *job.Job) {
+	if j.Coord == nil || j.Failed != nil {
 		return
 	}
-	now := l.now()
-	stalls := j.coord.stalls(now, l.cfg.StallCheck.Milliseconds())
+	now := l.Now()
+	stalls := j.Coord.Stalls(now, l.cfg.StallCheck.Milliseconds())
 	if len(stalls) == 0 {
 		return
 	}
@@ -1019,8 +995,8 @@ func (l *loop) checkJobStalls(j *job) {
 		Stalled:         stalled,
 		ShutdownSeconds: int64(l.cfg.StallShutdown.Seconds()),
 	})
-	l.s.log.Warn(msg, "job", j.id, "name", j.name)
-	j.m.Stalled(len(over) > 0) // metrics.go
+	l.s.log.Warn(msg, "job", j.ID, "name", j.Name)
+	j.M.Stalled(len(over) > 0) // metrics.go
 	if len(over) > 0 {
 		var parts []string
 		for _, st := range over {

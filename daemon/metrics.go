@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/metrics"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/tensor"
@@ -68,34 +69,22 @@ func (r *region) unaccount() {
 
 // arrived prepares o's counting as the loop takes it: its job's children
 // for its collective, when it arrived, its size class.
-func (l *loop) arrived(o *op) {
-	ln := clientOf(o.c).lane
+func (l *loop) arrived(o *job.Op) {
+	ln := clientOf(o.Conn).lane
 	if ln == nil || ln.m == nil {
 		return
 	}
-	o.m = ln.m.Collective(o.typ)
-	o.at = monoNow()
-	o.class = uint8(metrics.SizeClass(int64(len(o.buf))))
-}
-
-// count counts o as answered with code; before release, which drops its
-// buffer.
-func (o *op) count(code ipcpb.Code) {
-	if o.m != nil {
-		n := len(o.buf)
-		if o.dev != nil {
-			n = o.dev.bytes() // a GPU tensor (gpu.go)
-		}
-		o.m.Done(code, n)
-	}
+	o.M = ln.m.Collective(o.Type)
+	o.At = monoNow()
+	o.Class = uint8(metrics.SizeClass(int64(len(o.Buf))))
 }
 
 // timed reports whether w's ops are counted (their job has metrics).
-func timed(w *work) bool {
-	for _, row := range w.ops {
+func timed(w *job.Work) bool {
+	for _, row := range w.Ops {
 		for _, o := range row {
 			if o != nil {
-				return o.m != nil
+				return o.M != nil
 			}
 		}
 	}
@@ -105,13 +94,13 @@ func timed(w *work) bool {
 // observeLatency records, for each tensor of w, the time since its batch
 // was dispatched in its collective's latency histogram, in the size class
 // of its first local rank's op.
-func observeLatency(w *work, dispatched time.Time) {
+func observeLatency(w *job.Work, dispatched time.Time) {
 	d := time.Since(dispatched).Seconds()
-	for _, row := range w.ops {
+	for _, row := range w.Ops {
 		for _, o := range row {
 			if o != nil {
-				if o.m != nil {
-					o.m.Latency(int(o.class)).Observe(d)
+				if o.M != nil {
+					o.M.Latency(int(o.Class)).Observe(d)
 				}
 				break
 			}
@@ -121,21 +110,21 @@ func observeLatency(w *work, dispatched time.Time) {
 
 // negotiated records a tensor's negotiation wait on this node: from its
 // first local rank's arrival to its last's (row holds its ops).
-func (l *loop) negotiated(j *job, row []*op) {
-	m := j.m
+func (l *loop) negotiated(j *job.Job, row []*job.Op) {
+	m := j.M
 	if m == nil {
 		return
 	}
 	first, last, n := int64(0), int64(0), 0
 	for _, o := range row {
-		if o == nil || o.m == nil {
+		if o == nil || o.M == nil {
 			continue
 		}
-		if n == 0 || o.at < first {
-			first = o.at
+		if n == 0 || o.At < first {
+			first = o.At
 		}
-		if n == 0 || o.at > last {
-			last = o.at
+		if n == 0 || o.At > last {
+			last = o.At
 		}
 		n++
 	}
@@ -149,15 +138,15 @@ func (l *loop) negotiated(j *job, row []*op) {
 // dispatch time for the latency: the loop dispatches only to an idle
 // executor, which reads it after it got the batch (inline, or through its
 // channel).
-func (l *loop) fused(j *job, batch []work) {
-	m := j.m
+func (l *loop) fused(j *job.Job, batch []job.Work) {
+	m := j.M
 	if m == nil {
 		return
 	}
 	l.x.dispatched = l.lastDispatch
 	tensors, bytes := 0, int64(0)
 	for i := range batch {
-		r := &batch[i].resp
+		r := &batch[i].Resp
 		m.Response(len(r.Tensors), r.Bytes)
 		tensors += len(r.Tensors)
 		bytes += r.Bytes
@@ -236,9 +225,9 @@ func (l *loop) snapshot(m msgMetrics) {
 			s.clients[0]++
 		case j == nil:
 			s.clients[1]++
-		case j.failed != nil:
+		case j.Failed != nil:
 			s.clients[4]++
-		case !j.formed:
+		case !j.Formed:
 			s.clients[2]++
 		default:
 			s.clients[3]++
@@ -250,9 +239,9 @@ func (l *loop) snapshot(m msgMetrics) {
 		case j == nil && ln.reform != nil:
 			s.jobs[3]++
 		case j == nil:
-		case j.failed != nil:
+		case j.Failed != nil:
 			s.jobs[2]++
-		case !j.formed:
+		case !j.Formed:
 			s.jobs[0]++
 		default:
 			s.jobs[1]++
@@ -279,7 +268,7 @@ func (l *loop) snapshot(m msgMetrics) {
 		ls.sent, ls.recv, ls.bytes = ls.sent+b[0], ls.recv+b[1], true
 	}
 	for _, j := range l.jobs() {
-		mc, ok := j.coord.(*multiCoord)
+		mc, ok := j.Coord.(*multiCoord)
 		if !ok || mc.b == nil {
 			continue
 		}

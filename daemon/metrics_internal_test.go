@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/metrics"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -14,7 +15,7 @@ import (
 // the loop and the executor call: each rank's op arrives and is answered;
 // the tensor's negotiation, its batch's fusion and its latency are
 // recorded once.
-func opHooks(l *loop, j *job, ops []*op, batch []work) {
+func opHooks(l *loop, j *job.Job, ops []*job.Op, batch []job.Work) {
 	for _, o := range ops {
 		l.arrived(o)
 	}
@@ -24,7 +25,7 @@ func opHooks(l *loop, j *job, ops []*op, batch []work) {
 	w := &batch[0]
 	on := timed(w)
 	for _, o := range ops {
-		o.count(ipcpb.Code_CODE_OK)
+		o.Count(ipcpb.Code_CODE_OK)
 	}
 	if on {
 		observeLatency(w, l.x.dispatched)
@@ -33,15 +34,15 @@ func opHooks(l *loop, j *job, ops []*op, batch []work) {
 
 // hookFixture is a job of two ranks with an op each, and a batch of the
 // tensor's response; m nil is metrics off.
-func hookFixture(m *metrics.Metrics) (*loop, *job, []*op, []work) {
+func hookFixture(m *metrics.Metrics) (*loop, *job.Job, []*job.Op, []job.Work) {
 	ln := &lane{m: m.Job("bench")}
-	j := &job{m: ln.m}
+	j := &job.Job{M: ln.m}
 	buf := make([]byte, 4096)
-	ops := make([]*op, 2)
+	ops := make([]*job.Op, 2)
 	for i := range ops {
-		ops[i] = &op{c: &client{lane: ln}, typ: tensor.Allreduce, buf: buf}
+		ops[i] = &job.Op{Conn: &client{lane: ln}, Type: tensor.Allreduce, Buf: buf}
 	}
-	batch := []work{{j: j, ops: [][]*op{ops}, resp: plan.Response{Op: tensor.Allreduce, Tensors: []plan.Tensor{{Name: "t"}}, Bytes: 4096}}}
+	batch := []job.Work{{Job: j, Ops: [][]*job.Op{ops}, Resp: plan.Response{Op: tensor.Allreduce, Tensors: []plan.Tensor{{Name: "t"}}, Bytes: 4096}}}
 	return &loop{x: &executor{}}, j, ops, batch
 }
 

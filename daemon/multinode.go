@@ -17,6 +17,7 @@ import (
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/cluster"
 	"github.com/hvdd/hvdd/cluster/clusterpb"
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/internal/poll"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -70,7 +71,7 @@ type BackendFactory func(ctx context.Context, j MultiNodeJob) (backends.Backend,
 // formation on several nodes) and watches the running job's control links.
 // Only the loop goroutine touches it, except where noted.
 type multiNode struct {
-	hooks loopHooks
+	hooks job.LoopHooks
 	p     *poll.Poller
 	log   *slog.Logger
 	cfg   Config
@@ -89,10 +90,10 @@ type multiNode struct {
 	// The coordinator only.
 	ctrl    *cluster.Listener
 	joins   map[int]nodeJoin // nodes waiting for the next job
-	waiting *job             // our local job, complete, waiting for the nodes
+	waiting *job.Job         // our local job, complete, waiting for the nodes
 
 	watched map[int]*watchedLink // the running job's control links, by descriptor
-	running *job                 // the elastic job that runs, until it is over
+	running *job.Job             // the elastic job that runs, until it is over
 
 	// linkBytes is what the engines of the jobs that ended exchanged with
 	// each node ({sent, received}, by --node-rank), for the metrics.
@@ -169,7 +170,7 @@ type nodeJoin struct {
 type (
 	msgJoin   struct{ nj nodeJoin }
 	msgLayout struct {
-		j      *job
+		j      *job.Job
 		link   *cluster.Link
 		layout *clusterpb.Layout
 		err    error
@@ -178,7 +179,7 @@ type (
 		reclaim bool
 	}
 	msgBackendUp struct {
-		j     *job
+		j     *job.Job
 		b     backends.Backend
 		slots []int
 		node  int // this node's place among the job's
@@ -187,7 +188,7 @@ type (
 	msgLinkCheck struct{} // time to look for silent control links
 )
 
-func newMultiNode(hooks loopHooks, p *poll.Poller, cfg Config, log *slog.Logger) (*multiNode, error) {
+func newMultiNode(hooks job.LoopHooks, p *poll.Poller, cfg Config, log *slog.Logger) (*multiNode, error) {
 	c := &multiNode{hooks: hooks, p: p, log: log, cfg: cfg, nodes: cfg.Nodes, rank: cfg.NodeRank, host: cfg.Advertise, joins: make(map[int]nodeJoin),
 		watched: make(map[int]*watchedLink),
 		ccfg:    cluster.Config{Secret: cfg.Secret, Heartbeat: cfg.Heartbeat, PeerTimeout: cfg.PeerTimeout}.WithDefaults()}
@@ -343,11 +344,11 @@ func (c *multiNode) takeJoin(link *cluster.Link, who string) {
 	c.p.Post(msgJoin{nodeJoin{link, m.GetJoin()}})
 }
 
-// complete is called when every local client of j has said hello: the job
+// Complete is called when every local client of j has said hello: the job
 // forms with the other nodes (formation).
-func (c *multiNode) complete(j *job) {
-	j.coord = newMultiCoord(c, j)
-	if j.epoch > 0 {
+func (c *multiNode) Complete(j *job.Job) {
+	j.Coord = newMultiCoord(c, j)
+	if j.Epoch > 0 {
 		c.completeEpoch(j)
 		return
 	}
@@ -365,7 +366,7 @@ func (c *multiNode) complete(j *job) {
 // coordination moved to it, and that job is over) refuses the Join as moved:
 // the address is read anew, and node 0, when it is the one that left
 // (reclaim), takes the coordination back.
-func (c *multiNode) joinCoordinator(j *job, join *clusterpb.Message, reclaim bool) {
+func (c *multiNode) joinCoordinator(j *job.Job, join *clusterpb.Message, reclaim bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
 	defer cancel()
 	res := msgLayout{j: j}
@@ -421,14 +422,14 @@ func (c *multiNode) tryJoin(ctx context.Context, join *clusterpb.Message) (*clus
 }
 
 // joinOf is the Join this node sends for j, complete.
-func (c *multiNode) joinOf(j *job) *clusterpb.Message {
-	pids := make([]int32, 0, len(j.slots))
-	for _, cl := range j.slots {
+func (c *multiNode) joinOf(j *job.Job) *clusterpb.Message {
+	pids := make([]int32, 0, len(j.Slots))
+	for _, cl := range j.Slots {
 		pids = append(pids, cl.PID())
 	}
 	return &clusterpb.Message{Msg: &clusterpb.Message_Join{Join: &clusterpb.Join{
-		NodeRank: int32(c.rank), Slots: int32(len(j.slots)), DataHost: c.host, Pids: pids,
-		Epoch: j.epoch, Elastic: j.elastic}}}
+		NodeRank: int32(c.rank), Slots: int32(len(j.Slots)), DataHost: c.host, Pids: pids,
+		Epoch: j.Epoch, Elastic: j.Elastic}}}
 }
 
 // dialCoordinator opens an authenticated link to node 0: through the
@@ -505,7 +506,7 @@ func (c *multiNode) join(nj nodeJoin) {
 		if err := c.watch(nil, -1, r, nj.link); err != nil {
 			c.log.Warn("a node waiting to join is not watched", "node", r, "err", err)
 		}
-		c.hooks.hostsUpdated(hostsAdded)
+		c.hooks.HostsUpdated(job.HostsAdded)
 	}
 	c.maybeLayout()
 }
@@ -515,22 +516,22 @@ func (c *multiNode) join(nj nodeJoin) {
 // epoch.
 func (c *multiNode) maybeLayout() {
 	j := c.waiting
-	if j == nil || !c.hooks.current(j) || j.failed != nil {
+	if j == nil || !c.hooks.Current(j) || j.Failed != nil {
 		return
 	}
-	ids, slots := []int{c.rank}, []int{len(j.slots)}
+	ids, slots := []int{c.rank}, []int{len(j.Slots)}
 	links := make(map[int]*cluster.Link)
-	j.nodeRanks = nil
+	j.NodeRanks = nil
 	add := func(id int, jn *clusterpb.Join, link *cluster.Link) {
-		j.nodeRanks = append(j.nodeRanks, nodeRanks{node: len(ids), host: jn.GetDataHost(), pids: jn.GetPids()})
+		j.NodeRanks = append(j.NodeRanks, job.NodeRanks{Node: len(ids), Host: jn.GetDataHost(), PIDs: jn.GetPids()})
 		ids, slots, links[id] = append(ids, id), append(slots, int(jn.GetSlots())), link
 	}
-	if j.epoch > 0 {
+	if j.Epoch > 0 {
 		n := c.next
-		if n == nil || n.epoch != j.epoch {
+		if n == nil || n.epoch != j.Epoch {
 			return
 		}
-		for _, id := range n.nodes() {
+		for _, id := range n.Nodes() {
 			if n.joins[id] == nil {
 				return
 			}
@@ -550,8 +551,8 @@ func (c *multiNode) maybeLayout() {
 		}
 		for _, id := range c.joinOrder() {
 			nj := c.joins[id]
-			if nj.join.GetElastic() != j.elastic {
-				c.refuseJoins(j, fmt.Sprintf("every rank of a job must agree on HOROVOD_ELASTIC: node 0's ranks run with elastic=%v, node %d's with elastic=%v", j.elastic, id, nj.join.GetElastic()))
+			if nj.join.GetElastic() != j.Elastic {
+				c.refuseJoins(j, fmt.Sprintf("every rank of a job must agree on HOROVOD_ELASTIC: node 0's ranks run with elastic=%v, node %d's with elastic=%v", j.Elastic, id, nj.join.GetElastic()))
 				return
 			}
 			add(id, nj.join, nj.link)
@@ -584,7 +585,7 @@ func (c *multiNode) elasticJoins() []int {
 }
 
 // refuseJoins fails the waiting job j and the nodes that joined it with msg.
-func (c *multiNode) refuseJoins(j *job, msg string) {
+func (c *multiNode) refuseJoins(j *job.Job, msg string) {
 	a := abortMsg(ipcpb.Code_CODE_ABORTED, msg, 0)
 	for _, nj := range c.joins {
 		nj.link.Send(a)
@@ -592,13 +593,13 @@ func (c *multiNode) refuseJoins(j *job, msg string) {
 	}
 	c.joins = make(map[int]nodeJoin)
 	c.waiting = nil
-	c.hooks.formFailed(j, msg)
+	c.hooks.FormFailed(j, msg)
 }
 
 // formLayout sends the job's layout to the nodes ids[1:] (on links, by node)
 // and starts its data engine: ids are the nodes in rank order, slots their
 // rank counts (node 0, this one, first).
-func (c *multiNode) formLayout(j *job, ids, slots []int, links map[int]*cluster.Link) {
+func (c *multiNode) formLayout(j *job.Job, ids, slots []int, links map[int]*cluster.Link) {
 	var idb [8]byte
 	rand.Read(idb[:])
 	id := binary.LittleEndian.Uint64(idb[:])
@@ -610,13 +611,13 @@ func (c *multiNode) formLayout(j *job, ids, slots []int, links map[int]*cluster.
 	}
 	t, err := plan.New(plan.Config{Size: total, FusionThreshold: c.cfg.FusionThreshold})
 	if err != nil {
-		c.hooks.formFailed(j, fmt.Sprintf("cannot start the job: %v", err))
+		c.hooks.FormFailed(j, fmt.Sprintf("cannot start the job: %v", err))
 		return
 	}
 	mc := coordOf(j)
 	mc.table, mc.ids = t, ids
-	j.laidOut = true
-	lay := &clusterpb.Message{Msg: &clusterpb.Message_Layout{Layout: &clusterpb.Layout{Generation: id, Slots: ints32(slots), Nodes: ints32(ids), Epoch: j.epoch}}}
+	j.LaidOut = true
+	lay := &clusterpb.Message{Msg: &clusterpb.Message_Layout{Layout: &clusterpb.Layout{Generation: id, Slots: ints32(slots), Nodes: ints32(ids), Epoch: j.Epoch}}}
 	for at, node := range ids[1:] {
 		link := links[node]
 		mc.links[at+1] = link
@@ -626,7 +627,7 @@ func (c *multiNode) formLayout(j *job, ids, slots []int, links map[int]*cluster.
 	}
 	for at, node := range ids[1:] {
 		if err := c.watch(mc, at+1, node, mc.links[at+1]); err != nil {
-			c.hooks.abort(j, ipcpb.Code_CODE_INTERNAL, err.Error(), true)
+			c.hooks.Abort(j, ipcpb.Code_CODE_INTERNAL, err.Error(), true)
 		}
 	}
 	go c.startBackend(j, id, slots, 0)
@@ -635,14 +636,14 @@ func (c *multiNode) formLayout(j *job, ids, slots []int, links map[int]*cluster.
 // layout is a non-coordinator's answer from node 0.
 func (c *multiNode) layout(m msgLayout) {
 	j := m.j
-	if !c.hooks.current(j) || j.failed != nil {
+	if !c.hooks.Current(j) || j.Failed != nil {
 		if m.link != nil {
 			m.link.Close()
 		}
 		return
 	}
 	if m.err != nil {
-		c.hooks.formFailed(j, fmt.Sprintf("node %d could not join the job: %v", c.rank, m.err))
+		c.hooks.FormFailed(j, fmt.Sprintf("node %d could not join the job: %v", c.rank, m.err))
 		return
 	}
 	if m.reclaim {
@@ -656,21 +657,21 @@ func (c *multiNode) layout(m msgLayout) {
 		}
 	}
 	at := slices.Index(ids, c.rank)
-	if j.elastic && j.epoch == 0 {
+	if j.Elastic && j.Epoch == 0 {
 		// A node that joined a running elastic job enters at its epoch.
-		j.epoch = m.layout.GetEpoch()
+		j.Epoch = m.layout.GetEpoch()
 	}
-	if len(ids) != len(slots) || at < 1 || slots[at] != len(j.slots) || !j.elastic && len(slots) != c.nodes {
+	if len(ids) != len(slots) || at < 1 || slots[at] != len(j.Slots) || !j.Elastic && len(slots) != c.nodes {
 		c.closeLink(m.link)
-		c.hooks.formFailed(j, fmt.Sprintf("the coordinator's layout (nodes %v, slots %v) does not fit this node (node %d of %d with %d slots)", ids, slots, c.rank, c.nodes, len(j.slots)))
+		c.hooks.FormFailed(j, fmt.Sprintf("the coordinator's layout (nodes %v, slots %v) does not fit this node (node %d of %d with %d slots)", ids, slots, c.rank, c.nodes, len(j.Slots)))
 		return
 	}
 	mc := coordOf(j)
 	mc.links[0], mc.ids = m.link, ids
-	j.laidOut = true
+	j.LaidOut = true
 	c.lead = ids[0]
 	if err := c.watch(mc, 0, ids[0], m.link); err != nil {
-		c.hooks.abort(j, ipcpb.Code_CODE_INTERNAL, err.Error(), true)
+		c.hooks.Abort(j, ipcpb.Code_CODE_INTERNAL, err.Error(), true)
 		return
 	}
 	go c.startBackend(j, m.layout.GetGeneration(), slots, at)
@@ -678,7 +679,7 @@ func (c *multiNode) layout(m msgLayout) {
 
 // startBackend (its own goroutine) connects the job's data engine.
 // node is this node's place among the job's.
-func (c *multiNode) startBackend(j *job, id uint64, slots []int, node int) {
+func (c *multiNode) startBackend(j *job.Job, id uint64, slots []int, node int) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StartTimeout)
 	defer cancel()
 	jid := fmt.Sprintf("job-%016x", id)
@@ -698,25 +699,25 @@ func (c *multiNode) startBackend(j *job, id uint64, slots []int, node int) {
 
 func (c *multiNode) backendUp(m msgBackendUp) {
 	j := m.j
-	if !c.hooks.current(j) || j.failed != nil {
+	if !c.hooks.Current(j) || j.Failed != nil {
 		if m.b != nil {
 			m.b.Close()
 		}
 		return
 	}
 	if m.err != nil {
-		c.hooks.abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node %d could not connect the %d nodes' data engine: %v", c.rank, len(m.slots), m.err), true)
+		c.hooks.Abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node %d could not connect the %d nodes' data engine: %v", c.rank, len(m.slots), m.err), true)
 		return
 	}
 	mc := coordOf(j)
 	mc.b = m.b
-	if j.elastic {
+	if j.Elastic {
 		c.running = j
 	}
-	c.hooks.start(j, newMembership(m.slots, m.node), mc)
-	if j.elastic && c.removedHost != "" {
+	c.hooks.Start(j, job.NewMembership(m.slots, m.node), mc)
+	if j.Elastic && c.removedHost != "" {
 		// Removed while the epoch formed: the next reset drops this node.
-		c.hooks.hostsUpdated(hostsRemoved)
+		c.hooks.HostsUpdated(job.HostsRemoved)
 	}
 }
 
@@ -760,8 +761,8 @@ func (c *multiNode) armLinkCheck() {
 	}
 }
 
-// readable reads the control link watched on descriptor fd (formation).
-func (c *multiNode) readable(fd int) bool {
+// Readable reads the control link watched on descriptor fd (formation).
+func (c *multiNode) Readable(fd int) bool {
 	w := c.watched[fd]
 	if w == nil {
 		return false
@@ -770,8 +771,8 @@ func (c *multiNode) readable(fd int) bool {
 	return true
 }
 
-// message handles the messages of the multi-node side (formation).
-func (c *multiNode) message(m any) bool {
+// Message handles the messages of the multi-node side (formation).
+func (c *multiNode) Message(m any) bool {
 	switch m := m.(type) {
 	case msgJoin:
 		c.join(m.nj)
@@ -794,19 +795,19 @@ func (c *multiNode) message(m any) bool {
 	return true
 }
 
-// ended forgets a job that ended while it waited for the other nodes
+// Ended forgets a job that ended while it waited for the other nodes
 // (formation).
-func (c *multiNode) ended(j *job) {
+func (c *multiNode) Ended(j *job.Job) {
 	if c.waiting == j {
 		c.waiting = nil
 	}
-	if j.elastic && j.formed && j.failed.GetCode() != ipcpb.Code_CODE_ABORTED {
+	if j.Elastic && j.Formed && j.Failed.GetCode() != ipcpb.Code_CODE_ABORTED {
 		// The elastic job is over (it re-forms only after CODE_ABORTED):
 		// the nodes that waited to join it hear so, and node 0
 		// coordinates the next job, unless it left this one (the
 		// coordination moved: it then finds the job at the rendezvous).
 		c.running = nil
-		c.log.Info("the elastic job is over", "job", j.id, "epoch", j.epoch)
+		c.log.Info("the elastic job is over", "job", j.ID, "epoch", j.Epoch)
 		if c.lead >= 0 {
 			c.lead = 0
 		}

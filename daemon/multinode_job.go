@@ -11,6 +11,7 @@ import (
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/cluster"
 	"github.com/hvdd/hvdd/cluster/clusterpb"
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/tensor"
@@ -31,8 +32,8 @@ import (
 // (node 0) or follower.
 type multiCoord struct {
 	n     *multiNode
-	hooks loopHooks
-	j     *job
+	hooks job.LoopHooks
+	j     *job.Job
 	b     backends.Backend // the data engine, once connected
 	table *plan.Table      // coordinator: the table over every global rank
 
@@ -58,7 +59,7 @@ type multiCoord struct {
 	// expecting is what the links were last told (cluster.Link.Expect).
 	expecting bool
 	// tuning is the autotuner's settings for the coordinator's next plan.
-	tuning *settings
+	tuning *job.Settings
 	// lost is the node (place in the job) whose loss fails the job, +1;
 	// 0 when the failure has another cause (see abortLost).
 	lost int
@@ -75,23 +76,23 @@ type setName struct {
 	name string
 }
 
-func newMultiCoord(n *multiNode, j *job) *multiCoord {
+func newMultiCoord(n *multiNode, j *job.Job) *multiCoord {
 	return &multiCoord{n: n, hooks: n.hooks, j: j, trace: nodeTrace{epoch: time.Now()}, links: make(map[int]*cluster.Link), byes: make(map[int]bool),
 		count: make(map[setName]int), sent: make(map[setName]*cacheEntry), caches: make(map[int]map[int32][]plan.Request)}
 }
 
 // coordOf returns the multi-node coordination of j.
-func coordOf(j *job) *multiCoord { return j.coord.(*multiCoord) }
+func coordOf(j *job.Job) *multiCoord { return j.Coord.(*multiCoord) }
 
 func (mc *multiCoord) coordinator() bool { return mc.n.leads() }
 
-func (mc *multiCoord) coordinates() bool { return mc.coordinator() }
+func (mc *multiCoord) Coordinates() bool { return mc.coordinator() }
 
-// retune takes the coordinator's autotuned settings (coordination): the
+// Retune takes the coordinator's autotuned settings (coordination): the
 // fusion threshold now, the rest with the next plan.
-func (mc *multiCoord) retune(s settings) {
+func (mc *multiCoord) Retune(s job.Settings) {
 	if mc.table != nil {
-		mc.table.SetFusionThreshold(s.fusion)
+		mc.table.SetFusionThreshold(s.Fusion)
 	}
 	mc.tuning = &s
 }
@@ -99,42 +100,42 @@ func (mc *multiCoord) retune(s settings) {
 // applyTuning applies settings that a plan carries, before its responses:
 // the loop's and the engine's. It reports false when the engine refused
 // them, after failing the job.
-func (mc *multiCoord) applyTuning(s settings) bool {
-	mc.hooks.tuned(s)
+func (mc *multiCoord) applyTuning(s job.Settings) bool {
+	mc.hooks.Tuned(s)
 	tb, ok := mc.b.(backends.Tunable)
-	if !ok || s.engine == (backends.Tuning{}) {
+	if !ok || s.Engine == (backends.Tuning{}) {
 		return true
 	}
-	if err := tb.SetTuning(s.engine); err != nil {
-		mc.hooks.abort(mc.j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("node %d cannot apply the autotuned engine settings: %v (give every node the same --tcp-streams)", mc.n.rank, err), true)
+	if err := tb.SetTuning(s.Engine); err != nil {
+		mc.hooks.Abort(mc.j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("node %d cannot apply the autotuned engine settings: %v (give every node the same --tcp-streams)", mc.n.rank, err), true)
 		return false
 	}
 	return true
 }
 
-func (mc *multiCoord) engine() backends.Backend { return mc.b }
+func (mc *multiCoord) Engine() backends.Backend { return mc.b }
 
-// setRequest takes a local rank's set request (coordination): the
+// SetRequest takes a local rank's set request (coordination): the
 // coordinator decides the rounds it completes at once (its table spans
 // every rank) and sends the decisions in its next plan; a follower queues
 // it until a plan brings its round's decision, and forwards it.
-func (mc *multiCoord) setRequest(r psReq) {
+func (mc *multiCoord) SetRequest(r job.SetReq) {
 	j := mc.j
 	if mc.coordinator() {
-		mc.decided(j.settleLocal(r, mc.table))
+		mc.decided(j.SettleLocal(r, mc.table))
 		return
 	}
-	if j.psq == nil {
-		j.psq = make([][]psReq, j.members.size)
+	if j.SetQueue == nil {
+		j.SetQueue = make([][]job.SetReq, j.Members.Size)
 	}
-	j.psq[r.rank] = append(j.psq[r.rank], r)
-	mc.setOut = append(mc.setOut, &clusterpb.SetRequest{Rank: int32(r.rank), Add: r.add, Ranks: ints32(r.ranks), ProcessSet: r.set})
+	j.SetQueue[r.Rank] = append(j.SetQueue[r.Rank], r)
+	mc.setOut = append(mc.setOut, &clusterpb.SetRequest{Rank: int32(r.Rank), Add: r.Add, Ranks: ints32(r.Ranks), ProcessSet: r.Set})
 }
 
 // decided queues set decisions for the coordinator's next plan.
-func (mc *multiCoord) decided(chs []setChange) {
+func (mc *multiCoord) decided(chs []job.SetChange) {
 	for _, ch := range chs {
-		mc.sets = append(mc.sets, &clusterpb.SetChange{Add: ch.add, ProcessSet: ch.set, Ranks: ints32(ch.ranks), Error: ch.err})
+		mc.sets = append(mc.sets, &clusterpb.SetChange{Add: ch.Add, ProcessSet: ch.Set, Ranks: ints32(ch.Ranks), Error: ch.Err})
 	}
 }
 
@@ -144,20 +145,20 @@ func (mc *multiCoord) decided(chs []setChange) {
 func (mc *multiCoord) applySets(chs []*clusterpb.SetChange) error {
 	j := mc.j
 	for _, pc := range chs {
-		var local []psReq
-		for lr := range j.slots {
-			rank := j.members.offset + lr
-			if j.psq == nil || len(j.psq[rank]) == 0 {
+		var local []job.SetReq
+		for lr := range j.Slots {
+			rank := j.Members.Offset + lr
+			if j.SetQueue == nil || len(j.SetQueue[rank]) == 0 {
 				return fmt.Errorf("the coordinator decided a process set round that rank %d has not reached", rank)
 			}
-			local = append(local, j.psq[rank][0])
-			j.psq[rank] = j.psq[rank][1:]
+			local = append(local, j.SetQueue[rank][0])
+			j.SetQueue[rank] = j.SetQueue[rank][1:]
 		}
-		ch := setChange{add: pc.GetAdd(), set: pc.GetProcessSet(), ranks: ints(pc.GetRanks()), err: pc.GetError()}
-		j.applySet(ch, local)
-		if !ch.add && ch.err == "" {
+		ch := job.SetChange{Add: pc.GetAdd(), Set: pc.GetProcessSet(), Ranks: ints(pc.GetRanks()), Err: pc.GetError()}
+		j.ApplySet(ch, local)
+		if !ch.Add && ch.Err == "" {
 			for sn := range mc.count {
-				if sn.set == ch.set {
+				if sn.set == ch.Set {
 					delete(mc.count, sn)
 				}
 			}
@@ -171,19 +172,19 @@ func (mc *multiCoord) applySets(chs []*clusterpb.SetChange) error {
 func (mc *multiCoord) localNeed(set int32) int {
 	j := mc.j
 	n := 0
-	for lr := range j.slots {
-		rank := j.members.offset + lr
+	for lr := range j.Slots {
+		rank := j.Members.Offset + lr
 		if mc.joined[rank] {
 			continue
 		}
-		if set == 0 || slices.Contains(j.sets[set], rank) {
+		if set == 0 || slices.Contains(j.Sets[set], rank) {
 			n++
 		}
 	}
 	return n
 }
 
-func (mc *multiCoord) stalls(now, olderThan int64) []plan.Stall {
+func (mc *multiCoord) Stalls(now, olderThan int64) []plan.Stall {
 	if mc.table == nil {
 		return nil
 	}
@@ -193,16 +194,16 @@ func (mc *multiCoord) stalls(now, olderThan int64) []plan.Stall {
 // control acts on a message from another node of the running job.
 func (mc *multiCoord) control(node int, m *clusterpb.Message) {
 	j := mc.j
-	if !mc.hooks.current(j) {
+	if !mc.hooks.Current(j) {
 		return
 	}
 	switch msg := m.Msg.(type) {
 	case *clusterpb.Message_Ready:
-		if !mc.coordinator() || j.failed != nil || mc.table == nil {
+		if !mc.coordinator() || j.Failed != nil || mc.table == nil {
 			return
 		}
 		if err := mc.ready(node, msg.Ready); err != nil {
-			mc.hooks.abort(j, ipcpb.Code_CODE_INVALID_ARGUMENT, err.Error(), true)
+			mc.hooks.Abort(j, ipcpb.Code_CODE_INVALID_ARGUMENT, err.Error(), true)
 			return
 		}
 	case *clusterpb.Message_Plan:
@@ -214,13 +215,13 @@ func (mc *multiCoord) control(node int, m *clusterpb.Message) {
 		}
 	case *clusterpb.Message_TimelineEvents:
 		if mc.coordinator() {
-			mc.hooks.traceRemote(node, msg.TimelineEvents)
+			mc.hooks.TraceRemote(node, msg.TimelineEvents)
 		}
 	case *clusterpb.Message_Abort:
-		if code := ipcpb.Code(msg.Abort.GetCode()); (code == ipcpb.Code_CODE_SHUT_DOWN || isRankExited(msg.Abort.GetMsg())) && (mc.hooks.executing() || len(mc.plans) > 0) {
+		if code := ipcpb.Code(msg.Abort.GetCode()); (code == ipcpb.Code_CODE_SHUT_DOWN || isRankExited(msg.Abort.GetMsg())) && (mc.hooks.Executing() || len(mc.plans) > 0) {
 			// A rank shut down (or exited) after its last collective;
 			// plans sent before that still run here (see next).
-			mc.n.log.Debug("shutdown waits for the plans before it", "job", j.id, "from", node, "plans", len(mc.plans), "running", mc.hooks.executing())
+			mc.n.log.Debug("shutdown waits for the plans before it", "job", j.ID, "from", node, "plans", len(mc.plans), "running", mc.hooks.Executing())
 			mc.shutdown = msg.Abort
 			return
 		}
@@ -229,19 +230,19 @@ func (mc *multiCoord) control(node int, m *clusterpb.Message) {
 			mc.abortLost(int(a.GetLostNode()), a.GetMsg(), mc.coordinator())
 			return
 		}
-		mc.hooks.abort(j, ipcpb.Code(msg.Abort.GetCode()), msg.Abort.GetMsg(), mc.coordinator())
+		mc.hooks.Abort(j, ipcpb.Code(msg.Abort.GetCode()), msg.Abort.GetMsg(), mc.coordinator())
 	case *clusterpb.Message_Bye:
 		mc.byes[node] = true
 	case *clusterpb.Message_HostsUpdated:
 		if mc.coordinator() {
-			mc.hooks.hostsUpdated(msg.HostsUpdated.GetResult())
+			mc.hooks.HostsUpdated(msg.HostsUpdated.GetResult())
 		}
 	}
 }
 
-// hostsUpdated forwards a host-update notification to the coordinator
+// HostsUpdated forwards a host-update notification to the coordinator
 // (coordination).
-func (mc *multiCoord) hostsUpdated(u *ipcpb.HostsUpdated) {
+func (mc *multiCoord) HostsUpdated(u *ipcpb.HostsUpdated) {
 	if link := mc.links[0]; link != nil && !mc.coordinator() {
 		link.Send(&clusterpb.Message{Msg: &clusterpb.Message_HostsUpdated{HostsUpdated: &clusterpb.HostsUpdated{Timestamp: u.GetTimestamp(), Result: u.GetResult()}}})
 	}
@@ -290,10 +291,10 @@ func (mc *multiCoord) ready(node int, rd *clusterpb.Ready) error {
 		}
 	}
 	for _, r := range all {
-		if err := mc.table.Submit(r, mc.hooks.now()); err != nil {
+		if err := mc.table.Submit(r, mc.hooks.Now()); err != nil {
 			return fmt.Errorf("rank %d's request for %q was refused: %v", r.Rank, r.Name, err)
 		}
-		mc.hooks.traceSubmitted(&r)
+		mc.hooks.TraceSubmitted(&r)
 	}
 	// (The job may not have started here yet: the node's ranks were
 	// welcomed first.)
@@ -302,7 +303,7 @@ func (mc *multiCoord) ready(node int, rd *clusterpb.Ready) error {
 		if rank < 0 || rank >= mc.table.Size() {
 			return fmt.Errorf("node %d sent a process set request for rank %d of %d", node, rank, mc.table.Size())
 		}
-		mc.decided(mc.j.settleLocal(psReq{rank: rank, add: sr.GetAdd(), ranks: ints(sr.GetRanks()), set: sr.GetProcessSet()}, mc.table))
+		mc.decided(mc.j.SettleLocal(job.SetReq{Rank: rank, Add: sr.GetAdd(), Ranks: ints(sr.GetRanks()), Set: sr.GetProcessSet()}, mc.table))
 	}
 	return nil
 }
@@ -310,10 +311,10 @@ func (mc *multiCoord) ready(node int, rd *clusterpb.Ready) error {
 // linkLost handles a broken control link.
 func (mc *multiCoord) linkLost(node int, err error) {
 	j := mc.j
-	if !mc.hooks.current(j) || j.failed != nil || mc.byes[node] {
+	if !mc.hooks.Current(j) || j.Failed != nil || mc.byes[node] {
 		return
 	}
-	mc.abortLost(node, fmt.Sprintf("%s%s was lost: %v", mc.name(node), j.members.rankRange(node), err), true)
+	mc.abortLost(node, fmt.Sprintf("%s%s was lost: %v", mc.name(node), j.Members.RankRange(node), err), true)
 }
 
 // abortLost fails the job for the loss of node (its place in the job): the
@@ -321,10 +322,10 @@ func (mc *multiCoord) linkLost(node int, err error) {
 // naming it, so that a node still in a collective blames the lost node
 // rather than a neighbour that closed its engine first.
 func (mc *multiCoord) abortLost(node int, msg string, notify bool) {
-	if mc.j.failed == nil && mc.lost == 0 && node >= 0 && node < len(mc.ids) {
+	if mc.j.Failed == nil && mc.lost == 0 && node >= 0 && node < len(mc.ids) {
 		mc.lost = node + 1
 	}
-	mc.hooks.abort(mc.j, ipcpb.Code_CODE_ABORTED, msg, notify)
+	mc.hooks.Abort(mc.j, ipcpb.Code_CODE_ABORTED, msg, notify)
 }
 
 // name names the node at a place in the job by its --node-rank.
@@ -339,42 +340,42 @@ func (mc *multiCoord) name(node int) string {
 	return fmt.Sprintf("node %d", id)
 }
 
-// submit takes a local request (coordination): the coordinator submits it
+// Submit takes a local request (coordination): the coordinator submits it
 // to its table; a follower forwards it once every local rank has.
-func (mc *multiCoord) submit(o *op) *ipcpb.Done {
+func (mc *multiCoord) Submit(o *job.Op) *ipcpb.Done {
 	j := mc.j
 	if mc.coordinator() {
-		return tableSubmit(mc.table, j, o, mc.hooks.now())
+		return job.TableSubmit(mc.table, j, o, mc.hooks.Now())
 	}
-	k := opKey{o.req.Rank, o.req.ProcessSet, o.req.Name}
-	if _, dup := j.pending[k]; dup {
+	k := job.OpKey{Rank: o.Req.Rank, Set: o.Req.ProcessSet, Name: o.Req.Name}
+	if _, dup := j.Pending[k]; dup {
 		return &ipcpb.Done{Code: ipcpb.Code_CODE_DUPLICATE_NAME, Error: fmt.Sprintf(
 			"Requested to %s a tensor with the same name as another tensor that is currently being processed (%q). If you want to request another tensor, use a different tensor name.",
-			o.typ.Lower(), o.name)}
+			o.Type.Lower(), o.Name)}
 	}
-	if set := o.req.ProcessSet; set != 0 && o.typ != tensor.Join {
+	if set := o.Req.ProcessSet; set != 0 && o.Type != tensor.Join {
 		// The coordinator's table would refuse it; say so here, as on
 		// one node.
-		members, ok := j.sets[set]
+		members, ok := j.Sets[set]
 		var err error
 		switch {
 		case !ok:
-			err = plan.UnknownSetError(o.typ, set)
-		case !slices.Contains(members, o.req.Rank):
-			err = plan.NotMemberError(o.typ, o.req.Rank, set)
+			err = plan.UnknownSetError(o.Type, set)
+		case !slices.Contains(members, o.Req.Rank):
+			err = plan.NotMemberError(o.Type, o.Req.Rank, set)
 		}
 		if err != nil {
 			return &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: err.Error()}
 		}
 	}
-	j.pending[k] = o
+	j.Pending[k] = o
 	mn := mc
-	if o.typ == tensor.Join {
+	if o.Type == tensor.Join {
 		if mn.joined == nil {
 			mn.joined = make(map[int]bool)
 		}
-		mn.joined[o.req.Rank] = true
-		mn.out = append(mn.out, []*clusterpb.Request{requestToPB(&o.req)})
+		mn.joined[o.Req.Rank] = true
+		mn.out = append(mn.out, []*clusterpb.Request{requestToPB(&o.Req)})
 		mn.outKey = append(mn.outKey, setName{})
 		// Tensors the remaining local ranks have all submitted are ready now.
 		for sn, n := range mn.count {
@@ -384,7 +385,7 @@ func (mc *multiCoord) submit(o *op) *ipcpb.Done {
 		}
 		return nil
 	}
-	sn := setName{o.req.ProcessSet, o.req.Name}
+	sn := setName{o.Req.ProcessSet, o.Req.Name}
 	mn.count[sn]++
 	if mn.count[sn] >= mc.localNeed(sn.set) {
 		mc.forward(sn)
@@ -397,21 +398,21 @@ func (mc *multiCoord) forward(sn setName) {
 	j := mc.j
 	delete(mc.count, sn)
 	var group []*clusterpb.Request
-	for lr := range j.slots {
-		if o, ok := j.pending[opKey{j.members.offset + lr, sn.set, sn.name}]; ok {
-			group = append(group, requestToPB(&o.req))
+	for lr := range j.Slots {
+		if o, ok := j.Pending[job.OpKey{Rank: j.Members.Offset + lr, Set: sn.set, Name: sn.name}]; ok {
+			group = append(group, requestToPB(&o.Req))
 		}
 	}
 	mc.out = append(mc.out, group)
 	mc.outKey = append(mc.outKey, sn)
 }
 
-// flush sends what became locally ready during this loop pass, in one
+// Flush sends what became locally ready during this loop pass, in one
 // message. A tensor forwarded before with the same requests travels as one
 // bit of the cache vector; others travel whole and (re)fill a cache slot.
-func (mc *multiCoord) flush() {
+func (mc *multiCoord) Flush() {
 	j := mc.j
-	if len(mc.out) == 0 && len(mc.setOut) == 0 || j.failed != nil {
+	if len(mc.out) == 0 && len(mc.setOut) == 0 || j.Failed != nil {
 		return
 	}
 	mn := mc
@@ -452,10 +453,10 @@ func (mc *multiCoord) flush() {
 	}
 }
 
-// expect tells the job's control links whether this node awaits messages
+// Expect tells the job's control links whether this node awaits messages
 // on them: while a local request is pending it does. Links over MPI
 // (--control mpi) then probe for messages often, and rarely otherwise.
-func (mc *multiCoord) expect(on bool) {
+func (mc *multiCoord) Expect(on bool) {
 	if on == mc.expecting {
 		return
 	}
@@ -467,12 +468,12 @@ func (mc *multiCoord) expect(on bool) {
 	}
 }
 
-// next returns the next plan to run (coordination), called while the
+// Next returns the next plan to run (coordination), called while the
 // executor is idle: on the coordinator the next batch of ready responses,
 // which it sends to every node first; on a follower the next plan received,
 // in order. A shutdown that came after plans takes effect once they have
 // run.
-func (mc *multiCoord) next() []plan.Response {
+func (mc *multiCoord) Next() []plan.Response {
 	j := mc.j
 	if mc.coordinator() {
 		if mc.shutdown != nil {
@@ -486,13 +487,13 @@ func (mc *multiCoord) next() []plan.Response {
 		mc.seq++
 		pm := &clusterpb.Plan{Seq: mc.seq, Sets: mc.sets}
 		mc.sets = nil
-		if gen, now, ok := mc.hooks.traceClock(); ok {
+		if gen, now, ok := mc.hooks.TraceClock(); ok {
 			pm.Timeline = &clusterpb.TimelineClock{Gen: gen, NowUs: now}
 		}
-		var tuned *settings
+		var tuned *job.Settings
 		if mc.tuning != nil {
 			tuned, mc.tuning = mc.tuning, nil
-			pm.Tuning = tuned.pb()
+			pm.Tuning = tuned.PB()
 		}
 		if resps == nil {
 			resps = []plan.Response{} // set decisions only: nothing to run
@@ -503,7 +504,7 @@ func (mc *multiCoord) next() []plan.Response {
 		msg := &clusterpb.Message{Msg: &clusterpb.Message_Plan{Plan: pm}}
 		for r, link := range mc.links {
 			if err := link.Send(msg); err != nil {
-				mc.abortLost(r, fmt.Sprintf("%s%s was lost: %v", mc.name(r), j.members.rankRange(r), err), true)
+				mc.abortLost(r, fmt.Sprintf("%s%s was lost: %v", mc.name(r), j.Members.RankRange(r), err), true)
 				return nil
 			}
 		}
@@ -522,21 +523,21 @@ func (mc *multiCoord) next() []plan.Response {
 	}
 	pm := mc.plans[0]
 	mc.plans = mc.plans[1:]
-	mc.traceSent()
+	mc.TraceSent()
 	mc.trace.active = pm.GetTimeline() != nil && mc.trace.known
 	mc.seq++
 	if pm.GetSeq() != mc.seq {
-		mc.hooks.abort(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("plan %d arrived where %d was due", pm.GetSeq(), mc.seq), true)
+		mc.hooks.Abort(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("plan %d arrived where %d was due", pm.GetSeq(), mc.seq), true)
 		return nil
 	}
 	if err := mc.applySets(pm.GetSets()); err != nil {
-		mc.hooks.abort(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("plan %d: %v", pm.GetSeq(), err), true)
+		mc.hooks.Abort(j, ipcpb.Code_CODE_INTERNAL, fmt.Sprintf("plan %d: %v", pm.GetSeq(), err), true)
 		return nil
 	}
 	if t := pm.GetTuning(); t != nil {
-		s := settingsFromPB(t)
-		if s.final {
-			mc.n.log.Info("autotune: the coordinator's best settings applied", s.attrs()...)
+		s := job.SettingsFromPB(t)
+		if s.Final {
+			mc.n.log.Info("autotune: the coordinator's best settings applied", s.Attrs()...)
 		}
 		if !mc.applyTuning(s) {
 			return nil
@@ -554,18 +555,18 @@ func (mc *multiCoord) next() []plan.Response {
 	return resps
 }
 
-// traceSink is the follower's record of a traced plan's phases
+// TraceSink is the follower's record of a traced plan's phases
 // (coordination).
-func (mc *multiCoord) traceSink() eventSink {
+func (mc *multiCoord) TraceSink() job.EventSink {
 	if mc.trace.active {
 		return &mc.trace
 	}
 	return nil
 }
 
-// traceSent sends the phases recorded for the coordinator's timeline
+// TraceSent sends the phases recorded for the coordinator's timeline
 // (coordination); a lost link drops them (the job fails anyway).
-func (mc *multiCoord) traceSent() {
+func (mc *multiCoord) TraceSent() {
 	t := &mc.trace
 	if len(t.events) == 0 {
 		return
@@ -579,23 +580,23 @@ func (mc *multiCoord) traceSent() {
 // shutdownAfterPlans applies a deferred shutdown once no plan waits or runs.
 func (mc *multiCoord) shutdownAfterPlans() {
 	a := mc.shutdown
-	if a == nil || mc.hooks.executing() || len(mc.plans) > 0 || mc.j.failed != nil {
+	if a == nil || mc.hooks.Executing() || len(mc.plans) > 0 || mc.j.Failed != nil {
 		return
 	}
 	mc.shutdown = nil
-	mc.hooks.abort(mc.j, ipcpb.Code(a.GetCode()), a.GetMsg(), mc.coordinator())
+	mc.hooks.Abort(mc.j, ipcpb.Code(a.GetCode()), a.GetMsg(), mc.coordinator())
 }
 
-// abort tells the other nodes why the job fails (notify), while the links
+// Abort tells the other nodes why the job fails (notify), while the links
 // are open, and closes the data engine (coordination).
-func (mc *multiCoord) abort(code ipcpb.Code, msg string, notify bool) {
-	if mc.j.elastic && mc.j.laidOut && code == ipcpb.Code_CODE_ABORTED {
+func (mc *multiCoord) Abort(code ipcpb.Code, msg string, notify bool) {
+	if mc.j.Elastic && mc.j.LaidOut && code == ipcpb.Code_CODE_ABORTED {
 		// The links outlive the epoch, formed or only laid out (its engine
 		// did not connect, a node was lost): they form the next one.
 		mc.n.beginNext(mc)
 	}
 	if notify {
-		a := abortMsg(code, msg, mc.j.epoch)
+		a := abortMsg(code, msg, mc.j.Epoch)
 		if mc.lost > 0 {
 			a.GetAbort().LostNode = proto.Int32(int32(mc.lost - 1))
 		}
@@ -613,11 +614,11 @@ func (mc *multiCoord) abort(code ipcpb.Code, msg string, notify bool) {
 	mc.b.Close()
 }
 
-// end says goodbye on the links of a job that ended normally, closes them
+// End says goodbye on the links of a job that ended normally, closes them
 // and the engine (coordination).
-func (mc *multiCoord) end() {
+func (mc *multiCoord) End() {
 	j := mc.j
-	mc.traceSent() // ahead of the Bye on the coordinator's link
+	mc.TraceSent() // ahead of the Bye on the coordinator's link
 	bye := &clusterpb.Message{Msg: &clusterpb.Message_Bye{Bye: &clusterpb.Bye{}}}
 	for _, link := range mc.links {
 		if mc.n.next.holds(link) {
@@ -625,7 +626,7 @@ func (mc *multiCoord) end() {
 		}
 		// A job that had not formed here did not end normally (the daemon
 		// shut down as it formed): to the other nodes, this one is lost.
-		if j.formed && (j.failed == nil || j.failed.GetCode() == ipcpb.Code_CODE_SHUT_DOWN) {
+		if j.Formed && (j.Failed == nil || j.Failed.GetCode() == ipcpb.Code_CODE_SHUT_DOWN) {
 			link.Send(bye)
 		}
 		mc.n.closeLink(link)
@@ -634,7 +635,7 @@ func (mc *multiCoord) end() {
 		if sr, ok := mc.b.(backends.StatsReporter); ok {
 			st := sr.Stats()
 			mc.n.endedLinkBytes(mc.ids, st) // metrics.go
-			mc.n.log.Info("cross-node bytes of the job", "job", j.id, "node", j.members.node, "sent", st.SentBytes, "received", st.RecvBytes)
+			mc.n.log.Info("cross-node bytes of the job", "job", j.ID, "node", j.Members.Node, "sent", st.SentBytes, "received", st.RecvBytes)
 		}
 		mc.b.Close()
 	}

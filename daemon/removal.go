@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"time"
+
+	"github.com/hvdd/hvdd/daemon/internal/job"
 )
 
 // Removing a host from an elastic job, as Horovod does: nothing is lost.
@@ -56,8 +58,8 @@ func (c *multiNode) hostRemoved(host string) {
 	}
 	c.removedHost = host
 	c.log.Warn("this host was removed from the elastic job (hvdd run's host discovery no longer lists it); its ranks leave at their next reset", "host", host, "node", c.rank)
-	c.hooks.hostsUpdated(hostsRemoved)
+	c.hooks.HostsUpdated(job.HostsRemoved)
 }
 
-// removed returns this node's host once it was removed (formation).
-func (c *multiNode) removed() string { return c.removedHost }
+// Removed returns this node's host once it was removed (formation).
+func (c *multiNode) Removed() string { return c.removedHost }

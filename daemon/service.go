@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/hvdd/hvdd/daemon/internal/job"
 )
 
 // What a service manager (systemd, through cmd/hvdd) needs from the daemon:
@@ -166,12 +168,12 @@ func laneJobStatus(ln *lane) (JobStatus, bool) {
 		return JobStatus{ID: ln.reform.id, Name: name, State: JobReforming, Epoch: ln.reform.epoch, LocalRanks: len(ln.reform.survivors)}, true
 	case j == nil:
 		return JobStatus{}, false
-	case j.failed != nil:
-		return JobStatus{ID: j.id, Name: name, State: JobFailed, LocalRanks: j.open, Epoch: j.epoch}, true
-	case !j.formed:
-		return JobStatus{ID: j.id, Name: name, State: JobForming, LocalRanks: j.joined, Epoch: j.epoch}, true
+	case j.Failed != nil:
+		return JobStatus{ID: j.ID, Name: name, State: JobFailed, LocalRanks: j.Open, Epoch: j.Epoch}, true
+	case !j.Formed:
+		return JobStatus{ID: j.ID, Name: name, State: JobForming, LocalRanks: j.Joined, Epoch: j.Epoch}, true
 	}
-	return JobStatus{ID: j.id, Name: name, State: JobRunning, LocalRanks: j.open, Size: j.members.size, Nodes: j.members.nodes(), Epoch: j.epoch}, true
+	return JobStatus{ID: j.ID, Name: name, State: JobRunning, LocalRanks: j.Open, Size: j.Members.Size, Nodes: j.Members.Nodes(), Epoch: j.Epoch}, true
 }
 
 // afterPass runs at the end of each pass of the loop that did something:
@@ -234,10 +236,10 @@ func (l *loop) drainRefuses(c *client) bool {
 	switch {
 	case j == nil:
 		return ln.reform == nil
-	case !j.formed && j.failed == nil:
+	case !j.Formed && j.Failed == nil:
 		return false
 	}
-	member := j.elastic && slices.ContainsFunc(j.slots, func(x conn) bool { return x != nil && x.PID() == c.pid })
+	member := j.Elastic && slices.ContainsFunc(j.Slots, func(x job.Conn) bool { return x != nil && x.PID() == c.pid })
 	return !member
 }
 

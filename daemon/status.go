@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 )
 
@@ -25,21 +26,13 @@ const maxErrors = 20
 // the request does not say.
 const defaultMaxPending = 100
 
-// nodeRanks is what the coordinator knows of another node's ranks: the
-// node's host and the pids of its local ranks, from its Join.
-type nodeRanks struct {
-	node int    // the node's place in the job (its index in the membership)
-	host string // the address it advertised
-	pids []int32
-}
-
 // noteError records an error for the status: a failed job, a refused
 // process, a tensor that failed.
-func (l *loop) noteError(j *job, msg string) {
+func (l *loop) noteError(j *job.Job, msg string) {
 	e := &ipcpb.StatusError{AtMs: time.Now().UnixMilli(), Error: msg}
 	if j != nil {
-		e.Job = j.id
-		e.JobName = j.name
+		e.Job = j.ID
+		e.JobName = j.Name
 	}
 	if len(l.errs) == maxErrors {
 		copy(l.errs, l.errs[1:])
@@ -85,7 +78,7 @@ func (l *loop) status(uid uint32, maxPending int) *ipcpb.Status {
 // ownsJob reports whether a current job of uid has this id.
 func (l *loop) ownsJob(uid uint32, id uint64) bool {
 	for _, ln := range l.order {
-		if ln.key.uid == uid && ln.job != nil && ln.job.id == id {
+		if ln.key.uid == uid && ln.job != nil && ln.job.ID == id {
 			return true
 		}
 	}
@@ -109,46 +102,46 @@ func (l *loop) jobStatus(ln *lane, host string, maxPending int) *ipcpb.JobStatus
 		}
 		return js
 	}
-	js.Id, js.Epoch, js.Elastic = j.id, j.epoch, j.elastic
-	js.Batches, js.Responses, js.Tensors, js.Bytes = j.stats.batches, j.stats.responses, j.stats.tensors, j.stats.bytes
+	js.Id, js.Epoch, js.Elastic = j.ID, j.Epoch, j.Elastic
+	js.Batches, js.Responses, js.Tensors, js.Bytes = j.Stats.Batches, j.Stats.Responses, j.Stats.Tensors, j.Stats.Bytes
 	switch {
-	case j.failed != nil:
-		js.State, js.Error = "failed", j.failed.GetError()
-	case !j.formed:
+	case j.Failed != nil:
+		js.State, js.Error = "failed", j.Failed.GetError()
+	case !j.Formed:
 		js.State = "forming"
 	default:
 		js.State = "running"
-		js.FormedMs = j.formedAt.UnixMilli()
-		js.Size = int32(j.members.size)
+		js.FormedMs = j.FormedAt.UnixMilli()
+		js.Size = int32(j.Members.Size)
 	}
 	inFlight := map[int]int32{}
-	for k := range j.pending {
-		inFlight[k.rank]++
+	for k := range j.Pending {
+		inFlight[k.Rank]++
 	}
-	for lr, s := range j.slots {
+	for lr, s := range j.Slots {
 		c := clientOf(s)
 		if c == nil {
 			continue
 		}
 		rs := &ipcpb.RankStatus{Rank: int32(c.rank), LocalRank: int32(lr), Pid: c.pid, Uid: c.uid, UidKnown: true,
-			Host: host, Node: int32(j.members.node), InFlight: inFlight[c.rank]}
-		if !j.formed {
+			Host: host, Node: int32(j.Members.Node), InFlight: inFlight[c.rank]}
+		if !j.Formed {
 			rs.Rank = -1
 		}
 		js.Ranks = append(js.Ranks, rs)
 	}
-	if j.formed {
-		for _, nr := range j.nodeRanks {
-			lo, _ := j.members.nodeRanks(nr.node)
-			for lr, pid := range nr.pids {
-				js.Ranks = append(js.Ranks, &ipcpb.RankStatus{Rank: int32(lo + lr), LocalRank: int32(lr), Pid: pid, Host: nr.host, Node: int32(nr.node)})
+	if j.Formed {
+		for _, nr := range j.NodeRanks {
+			lo, _ := j.Members.NodeRanks(nr.Node)
+			for lr, pid := range nr.PIDs {
+				js.Ranks = append(js.Ranks, &ipcpb.RankStatus{Rank: int32(lo + lr), LocalRank: int32(lr), Pid: pid, Host: nr.Host, Node: int32(nr.Node)})
 			}
 		}
 	}
-	if j.coord != nil && j.formed && j.failed == nil {
-		pend := j.coord.stalls(l.now(), -1)
+	if j.Coord != nil && j.Formed && j.Failed == nil {
+		pend := j.Coord.Stalls(l.Now(), -1)
 		js.PendingTotal = int32(len(pend))
-		now := l.now()
+		now := l.Now()
 		for i, p := range pend {
 			if i == maxPending {
 				break
@@ -162,12 +155,12 @@ func (l *loop) jobStatus(ln *lane, host string, maxPending int) *ipcpb.JobStatus
 			}
 			js.Pending = append(js.Pending, pt)
 		}
-		if b := j.coord.engine(); b != nil {
+		if b := j.Coord.Engine(); b != nil {
 			js.Engine = b.Name()
 			if sr, ok := b.(backends.StatsReporter); ok {
 				s := sr.Stats()
 				for peer := range s.SentBytes {
-					if peer == j.members.node {
+					if peer == j.Members.Node {
 						continue
 					}
 					js.Links = append(js.Links, &ipcpb.LinkStatus{PeerNode: int32(peer), SentBytes: s.SentBytes[peer], RecvBytes: s.RecvBytes[peer]})

@@ -3,6 +3,8 @@ package daemon
 import (
 	"testing"
 	"time"
+
+	"github.com/hvdd/hvdd/daemon/internal/job"
 )
 
 // TestStatusVisibility: root and the daemon's uid see every job; another
@@ -11,7 +13,7 @@ func TestStatusVisibility(t *testing.T) {
 	l := &loop{s: &Server{uid: 1000}, cfg: Config{Slots: 4}, epoch: time.Now(), lanes: map[laneKey]*lane{}}
 	for i, key := range []laneKey{{uid: 1000, name: "svc"}, {uid: 2000, name: "mine"}, {uid: 3000, name: "theirs"}} {
 		ln := &lane{key: key, size: 1}
-		ln.job = &job{uid: key.uid, name: key.name, m: ln.m, id: uint64(i + 1), slots: make([]conn, 1), pending: map[opKey]*op{}}
+		ln.job = &job.Job{UID: key.uid, Name: key.name, M: ln.m, ID: uint64(i + 1), Slots: make([]job.Conn, 1), Pending: map[job.OpKey]*job.Op{}}
 		l.lanes[key] = ln
 		l.order = append(l.order, ln)
 		l.noteError(ln.job, "error of "+key.name)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/cluster/clusterpb"
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -36,20 +37,14 @@ import (
 // handed with the work, so the loop may stop or switch the timeline while a
 // batch runs. With no timeline the hooks cost a nil check.
 
-// eventSink takes phase events of tensor rows: the timeline's Writer on the
-// node that writes it, a follower's nodeTrace on the others.
-type eventSink interface {
-	Event(tensor string, ph timeline.Phase, name string)
-}
-
 // tracer is the loop's running timeline. The daemon writes one at a time,
 // for the job that asked for it.
 type tracer struct {
-	job         *job   // the job it records
-	gen         uint32 // counts the timelines this loop started
+	job         *job.Job // the job it records
+	gen         uint32   // counts the timelines this loop started
 	w           *timeline.Writer
 	markCycles  bool
-	negotiating map[opKey]struct{} // rows in NEGOTIATE_*; rank -1 in the key
+	negotiating map[job.OpKey]struct{} // rows in NEGOTIATE_*; rank -1 in the key
 }
 
 // row names a tensor's timeline row: its name, and its process set's id
@@ -73,8 +68,8 @@ func negotiationName(r *plan.Request) string {
 // one another node forwarded: the row's negotiation starts with the first
 // rank, and every global rank ticks.
 func (t *tracer) submitted(r *plan.Request) {
-	k := opKey{-1, r.ProcessSet, r.Name}
-	name := row(k.set, k.name)
+	k := job.OpKey{Rank: -1, Set: r.ProcessSet, Name: r.Name}
+	name := row(k.Set, k.Name)
 	if _, ok := t.negotiating[k]; !ok {
 		t.negotiating[k] = struct{}{}
 		t.w.Event(name, timeline.Begin, negotiationName(r))
@@ -83,16 +78,16 @@ func (t *tracer) submitted(r *plan.Request) {
 }
 
 // tracerOf returns the running timeline if it records j, else nil.
-func (l *loop) tracerOf(j *job) *tracer {
+func (l *loop) tracerOf(j *job.Job) *tracer {
 	if l.tl != nil && l.tl.job == j {
 		return l.tl
 	}
 	return nil
 }
 
-// traceSubmitted records on the timeline, if one runs, a request another
+// TraceSubmitted records on the timeline, if one runs, a request another
 // node forwarded to the coordinator (loopHooks).
-func (l *loop) traceSubmitted(r *plan.Request) {
+func (l *loop) TraceSubmitted(r *plan.Request) {
 	if l.tl != nil {
 		l.tl.submitted(r)
 	}
@@ -103,8 +98,8 @@ func (l *loop) traceSubmitted(r *plan.Request) {
 func (t *tracer) responded(r *plan.Response) {
 	top := topName(r)
 	for _, tn := range r.Tensors {
-		k := opKey{-1, r.ProcessSet, tn.Name}
-		name := row(k.set, k.name)
+		k := job.OpKey{Rank: -1, Set: r.ProcessSet, Name: tn.Name}
+		name := row(k.Set, k.Name)
 		if _, ok := t.negotiating[k]; ok {
 			delete(t.negotiating, k)
 			t.w.Event(name, timeline.End, "")
@@ -147,7 +142,7 @@ func crossNode(b backends.Backend, r *plan.Response) string {
 // those open so that a failure ends them all (endAll). With no writer it
 // does nothing.
 type phases struct {
-	w    eventSink
+	w    job.EventSink
 	r    *plan.Response
 	one  bool // only the row of r.Tensors[i]
 	i    int
@@ -177,8 +172,8 @@ func (p *phases) begin(name string) {
 	p.open++
 }
 
-// end ends the innermost open phase.
-func (p *phases) end() {
+// End ends the innermost open phase.
+func (p *phases) End() {
 	if p.w == nil || p.open == 0 {
 		return
 	}
@@ -188,12 +183,12 @@ func (p *phases) end() {
 
 func (p *phases) endAll() {
 	for p.open > 0 {
-		p.end()
+		p.End()
 	}
 }
 
 // traceAll writes ph (named name, for Begin) on every tensor row of r.
-func traceAll(w eventSink, r *plan.Response, ph timeline.Phase, name string) {
+func traceAll(w job.EventSink, r *plan.Response, ph timeline.Phase, name string) {
 	for _, tn := range r.Tensors {
 		w.Event(row(r.ProcessSet, tn.Name), ph, name)
 	}
@@ -202,8 +197,8 @@ func traceAll(w eventSink, r *plan.Response, ph timeline.Phase, name string) {
 // timelineRequest starts, switches or stops the timeline for c's Timeline
 // request id. Only global rank 0's request acts.
 func (l *loop) timelineRequest(c *client, id uint32, m *ipcpb.Timeline) {
-	if c.job == nil || !c.job.formed || c.rank != 0 {
-		c.reply(id, &ipcpb.Done{})
+	if c.job == nil || !c.job.Formed || c.rank != 0 {
+		c.Reply(id, &ipcpb.Done{})
 		return
 	}
 	path := m.GetFilePath()
@@ -213,26 +208,26 @@ func (l *loop) timelineRequest(c *client, id uint32, m *ipcpb.Timeline) {
 			if err != nil {
 				d = &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: err.Error()}
 			}
-			c.reply(id, d)
+			c.Reply(id, d)
 		})
 		return
 	}
 	if !filepath.IsAbs(path) {
-		c.reply(id, &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: fmt.Sprintf("timeline file %q is not an absolute path", path)})
+		c.Reply(id, &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: fmt.Sprintf("timeline file %q is not an absolute path", path)})
 		return
 	}
 	if err := l.startTimeline(c.job, path, m.GetMarkCycles()); err != nil {
-		c.reply(id, &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: err.Error()})
+		c.Reply(id, &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: err.Error()})
 		return
 	}
-	c.reply(id, &ipcpb.Done{})
+	c.Reply(id, &ipcpb.Done{})
 }
 
 // startTimeline starts j's timeline in the file at path, an absolute path,
 // stopping j's in another file; the same file again only updates
 // markCycles. Another job's running timeline is an error: the daemon writes
 // one at a time.
-func (l *loop) startTimeline(j *job, path string, markCycles bool) error {
+func (l *loop) startTimeline(j *job.Job, path string, markCycles bool) error {
 	if !filepath.IsAbs(path) {
 		return fmt.Errorf("timeline file %q is not an absolute path", path)
 	}
@@ -254,17 +249,17 @@ func (l *loop) startTimeline(j *job, path string, markCycles bool) error {
 	}
 	l.s.log.Info("timeline started", "file", path, "mark_cycles", markCycles)
 	l.tlGen++
-	l.tl = &tracer{job: j, gen: l.tlGen, w: w, markCycles: markCycles, negotiating: make(map[opKey]struct{})}
+	l.tl = &tracer{job: j, gen: l.tlGen, w: w, markCycles: markCycles, negotiating: make(map[job.OpKey]struct{})}
 	return nil
 }
 
 // helloTimeline starts the timeline global rank 0 asked for in its Hello
 // (HOROVOD_TIMELINE), as j forms on the node that holds rank 0.
-func (l *loop) helloTimeline(j *job) {
-	if j.members.offset != 0 || len(j.slots) == 0 || j.slots[0] == nil {
+func (l *loop) helloTimeline(j *job.Job) {
+	if j.Members.Offset != 0 || len(j.Slots) == 0 || j.Slots[0] == nil {
 		return
 	}
-	tl := clientOf(j.slots[0]).helloMsg.GetTimeline()
+	tl := clientOf(j.Slots[0]).helloMsg.GetTimeline()
 	if tl.GetFilePath() == "" {
 		return
 	}
@@ -276,7 +271,7 @@ func (l *loop) helloTimeline(j *job) {
 // stopTimeline stops the running timeline, if any and if it records j (any
 // job's when j is nil); done (if not nil) is called, on another goroutine,
 // once its file is complete.
-func (l *loop) stopTimeline(j *job, done func(error)) {
+func (l *loop) stopTimeline(j *job.Job, done func(error)) {
 	t := l.tl
 	if t == nil || j != nil && t.job != j {
 		if done != nil {
@@ -303,19 +298,19 @@ func (l *loop) stopTimeline(j *job, done func(error)) {
 	})
 }
 
-// traceClock reports the running timeline's generation and clock
+// TraceClock reports the running timeline's generation and clock
 // (loopHooks).
-func (l *loop) traceClock() (uint32, int64, bool) {
+func (l *loop) TraceClock() (uint32, int64, bool) {
 	if l.tl == nil {
 		return 0, 0, false
 	}
 	return l.tl.gen, l.tl.w.Now(), true
 }
 
-// traceRemote writes the phases node ran for the timeline of generation
+// TraceRemote writes the phases node ran for the timeline of generation
 // m.Gen, on the node's track of each row (loopHooks). Events of an earlier
 // timeline are dropped.
-func (l *loop) traceRemote(node int, m *clusterpb.TimelineEvents) {
+func (l *loop) TraceRemote(node int, m *clusterpb.TimelineEvents) {
 	if l.tl == nil || m.GetGen() != l.tl.gen {
 		return
 	}

@@ -1,0 +1,142 @@
+package job
+
+import (
+	"errors"
+
+	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/cluster/clusterpb"
+	"github.com/hvdd/hvdd/daemon/plan"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+)
+
+// Formation is how the daemon forms a job once its local clients are there.
+type Formation interface {
+	// Complete is called when every local client of j has said hello. The
+	// formation ends in loopHooks.start, or in formFailed.
+	Complete(j *Job)
+	// Ended is called when the last client of j has left.
+	Ended(j *Job)
+	// Message handles a message the formation posted to the loop; it
+	// reports false for one that is not its own.
+	Message(m any) bool
+	// Readable handles a readable descriptor of the formation's own (a
+	// control link); it reports false for one that is not its own.
+	Readable(fd int) bool
+	// NextReady is told, when the failed epoch of an elastic job has ended
+	// here, how many local ranks will re-initialise into epoch, the next one
+	// (the loop's elastic re-forming): none when every local rank is gone or the re-formation
+	// gave up (why says why).
+	NextReady(epoch uint64, local int, why string)
+	// Removed returns the name of this node's host once hvdd run's elastic
+	// driver removed it from the elastic job, else "".
+	Removed() string
+	// close releases what the formation holds when the daemon stops.
+	Close()
+}
+
+// Coordination negotiates the tensors of one job: it takes its local ranks'
+// requests and decides which responses run, in which order, on every node.
+type Coordination interface {
+	// Submit takes a local rank's request. It adds an accepted op to the
+	// job's pending ops; a non-nil Done refuses it, and the loop answers the
+	// op with it.
+	Submit(o *Op) *ipcpb.Done
+	// Flush sends what this pass of the loop made ready (to the other
+	// nodes); the loop calls it before dispatching.
+	Flush()
+	// Next returns the next responses to run, called while the executor is
+	// idle and until it returns nil: the responses in the job's pending ops
+	// that every node runs in the same order.
+	Next() []plan.Response
+	// Expect says whether local requests are pending, after each pass.
+	Expect(pending bool)
+	// Engine is the job's cross-node data engine; nil on one node.
+	Engine() backends.Backend
+	// Stalls reports the tensors waiting longer than olderThan ms for some
+	// ranks, where this node negotiates them (plan.Table.Stalls).
+	Stalls(now, olderThan int64) []plan.Stall
+	// SetRequest takes a local rank's AddProcessSet or RemoveProcessSet
+	// (Job.QueueSet): the coordination decides its round once every rank has
+	// reached it, or passes it to the node that decides, and answers it.
+	SetRequest(r SetReq)
+	// Abort is called as the job fails with code and msg, before its pending
+	// ops are answered. With notify it tells the other nodes; it closes the
+	// engine, so that a blocked collective returns.
+	Abort(code ipcpb.Code, msg string, notify bool)
+	// End releases the job's links and engine once its last client left.
+	End()
+	// HostsUpdated passes a host-update notification on to global rank 0's
+	// node; only a node without rank 0 is asked to.
+	HostsUpdated(u *ipcpb.HostsUpdated)
+	// TraceSink is where the phases of the responses next() last returned
+	// go, on a node that records them for another's timeline; nil if none.
+	TraceSink() EventSink
+	// TraceSent hands the phases recorded so far to the node that writes
+	// the timeline; called while the executor is idle.
+	TraceSent()
+	// Coordinates reports whether this node decides the job's plans (and
+	// so runs its autotuner).
+	Coordinates() bool
+	// Retune applies the autotuner's settings on the deciding node: the
+	// fusion threshold to its table at once; across nodes every setting
+	// travels in the next plan, and each node applies it (loopHooks.tuned,
+	// the engine's) before that plan's responses.
+	Retune(s Settings)
+}
+
+// SetRegistry registers and removes process sets; *plan.Table is one.
+type SetRegistry interface {
+	Size() int // the number of global ranks
+	AddProcessSet(id int32, ranks []int) error
+	RemoveProcessSet(id int32) ([]plan.Aborted, error)
+}
+
+// LoopHooks is what a formation or a coordination may ask of the loop.
+type LoopHooks interface {
+	// Now is the plan's logical clock (ms).
+	Now() int64
+	// Executing reports whether the executor is running a batch.
+	Executing() bool
+	// Current reports whether j is the daemon's job still.
+	Current(j *Job) bool
+	// Start begins a formed job: it welcomes the local clients.
+	Start(j *Job, m Membership, c Coordination)
+	// Abort fails j with a cause (see coordination.abort for notify).
+	Abort(j *Job, code ipcpb.Code, msg string, notify bool)
+	// FormFailed ends a job that could not form: its clients get msg.
+	FormFailed(j *Job, msg string)
+	// ReformFailed gives up the forming epoch of an elastic job: the
+	// survivors get msg.
+	ReformFailed(epoch uint64, msg string)
+	// HostsUpdated tells global rank 0 of the running elastic job, if one
+	// runs, that its hosts changed: result is Horovod's HostUpdateResult
+	// (hostsAdded: workers wait to join it, from this node or another, or
+	// a node joins; hostsRemoved: a node's host is removed).
+	HostsUpdated(result int32)
+	// TraceSubmitted records a request another node forwarded on the
+	// timeline, if one runs (node 0 writes it).
+	TraceSubmitted(r *plan.Request)
+	// TraceClock is the timeline's generation and clock (µs) if this node
+	// writes one (the coordinator's plans carry it).
+	TraceClock() (gen uint32, now int64, ok bool)
+	// TraceRemote writes another node's phases into the timeline, if the
+	// one they were recorded for still runs.
+	TraceRemote(node int, m *clusterpb.TimelineEvents)
+	// Tuned applies the loop's part of the autotuner's settings (cycle
+	// time, spin window), as a plan of the coordinator's brought them.
+	Tuned(s Settings)
+}
+
+// TableSubmit submits o to t and adds it to j's pending ops, or returns the
+// Done that refuses it.
+func TableSubmit(t *plan.Table, j *Job, o *Op, now int64) *ipcpb.Done {
+	if err := t.Submit(o.Req, now); err != nil {
+		code := ipcpb.Code_CODE_INVALID_ARGUMENT
+		if errors.Is(err, plan.ErrDuplicateName) {
+			code = ipcpb.Code_CODE_DUPLICATE_NAME
+		}
+		return &ipcpb.Done{Code: code, Error: err.Error()}
+	}
+	j.Pending[OpKey{o.Req.Rank, o.Req.ProcessSet, o.Req.Name}] = o
+	return nil
+}
