@@ -79,7 +79,13 @@ func newLoop(s *Server, p *poll.Poller) (*loop, error) {
 		cycleTime: s.cfg.CycleTime, spin: s.cfg.Spin}
 	l.x = newExecutor(s, p)
 	if s.cfg.multiNode() {
-		mn, err := newMultiNode(l, p, s.cfg, s.log)
+		c := s.cfg
+		mn, err := newMultiNode(l, p, nodesConfig{
+			Nodes: c.Nodes, NodeRank: c.NodeRank, Advertise: c.Advertise, Rendezvous: c.Rendezvous,
+			ExternalRendezvous: c.ExternalRendezvous, Secret: c.Secret, Control: c.Control, NewBackend: c.NewBackend,
+			Elastic: c.Elastic, StartTimeout: c.StartTimeout, Heartbeat: c.Heartbeat, PeerTimeout: c.PeerTimeout,
+			FusionThreshold: c.FusionThreshold,
+		}, s.log)
 		if err != nil {
 			return nil, err
 		}

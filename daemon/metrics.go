@@ -8,7 +8,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/metrics"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -161,28 +160,6 @@ func (l *loop) refusedOp(c *client, e *ipcpb.Enqueue) {
 	}
 }
 
-// endedLinkBytes adds a job's engine counters, by place among its nodes
-// (ids: each place's --node-rank), to what the daemon's earlier jobs
-// exchanged with each node, so that the link counters keep growing across
-// jobs.
-func (c *multiNode) endedLinkBytes(ids []int, st backends.Stats) {
-	if c.linkBytes == nil {
-		c.linkBytes = make(map[int]*[2]int64)
-	}
-	for at := range st.SentBytes {
-		if at >= len(ids) || at >= len(st.RecvBytes) || ids[at] == c.rank {
-			continue
-		}
-		b := c.linkBytes[ids[at]]
-		if b == nil {
-			b = new([2]int64)
-			c.linkBytes[ids[at]] = b
-		}
-		b[0] += st.SentBytes[at]
-		b[1] += st.RecvBytes[at]
-	}
-}
-
 // The states of clients and jobs (hvdd_clients, hvdd_jobs).
 var (
 	clientStates = []string{"handshake", "waiting", "forming", "running", "failed", "status"}
@@ -194,15 +171,7 @@ type stateSnapshot struct {
 	clients   [6]int // by clientStates
 	jobs      [4]int // by jobStates
 	slotsUsed int
-	links     map[int]*linkSnapshot // by peer --node-rank
-}
-
-// linkSnapshot is one peer node's link: the engine's bytes (every job's
-// so far), and the control link's round-trip time (0: not measured).
-type linkSnapshot struct {
-	sent, recv int64
-	bytes      bool // the engine counts bytes (backends.StatsReporter)
-	rtt        time.Duration
+	links     map[int]*job.LinkStats // by peer --node-rank
 }
 
 // msgMetrics asks the loop for a snapshot: it fills snap in and closes
@@ -247,44 +216,7 @@ func (l *loop) snapshot(m msgMetrics) {
 			s.jobs[1]++
 		}
 	}
-	mn, ok := l.nodes.(*multiNode)
-	if !ok {
-		return
-	}
-	s.links = make(map[int]*linkSnapshot)
-	link := func(id int) *linkSnapshot {
-		if s.links[id] == nil {
-			s.links[id] = &linkSnapshot{}
-		}
-		return s.links[id]
-	}
-	for _, w := range mn.watched {
-		if w.id != mn.rank {
-			link(w.id).rtt = w.link.RTT()
-		}
-	}
-	for id, b := range mn.linkBytes {
-		ls := link(id)
-		ls.sent, ls.recv, ls.bytes = ls.sent+b[0], ls.recv+b[1], true
-	}
-	for _, j := range l.jobs() {
-		mc, ok := j.Coord.(*multiCoord)
-		if !ok || mc.b == nil {
-			continue
-		}
-		sr, ok := mc.b.(backends.StatsReporter)
-		if !ok {
-			continue
-		}
-		st := sr.Stats()
-		for at := range st.SentBytes {
-			if at >= len(mc.ids) || at >= len(st.RecvBytes) || mc.ids[at] == mn.rank {
-				continue
-			}
-			ls := link(mc.ids[at])
-			ls.sent, ls.recv, ls.bytes = ls.sent+st.SentBytes[at], ls.recv+st.RecvBytes[at], true
-		}
-	}
+	s.links = l.nodes.Links(l.jobs())
 }
 
 // snapshotTimeout bounds how long a scrape waits for the loop.
@@ -357,12 +289,12 @@ func (sc stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(usedDesc, prometheus.GaugeValue, float64(snap.slotsUsed))
 	for id, ls := range snap.links {
 		peer := fmt.Sprint(id)
-		if ls.bytes {
-			ch <- prometheus.MustNewConstMetric(sentDesc, prometheus.CounterValue, float64(ls.sent), peer)
-			ch <- prometheus.MustNewConstMetric(recvDesc, prometheus.CounterValue, float64(ls.recv), peer)
+		if ls.Bytes {
+			ch <- prometheus.MustNewConstMetric(sentDesc, prometheus.CounterValue, float64(ls.Sent), peer)
+			ch <- prometheus.MustNewConstMetric(recvDesc, prometheus.CounterValue, float64(ls.Recv), peer)
 		}
-		if ls.rtt > 0 {
-			ch <- prometheus.MustNewConstMetric(rttDesc, prometheus.GaugeValue, ls.rtt.Seconds(), peer)
+		if ls.RTT > 0 {
+			ch <- prometheus.MustNewConstMetric(rttDesc, prometheus.GaugeValue, ls.RTT.Seconds(), peer)
 		}
 	}
 }

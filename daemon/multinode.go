@@ -74,7 +74,7 @@ type multiNode struct {
 	hooks job.LoopHooks
 	p     *poll.Poller
 	log   *slog.Logger
-	cfg   Config
+	cfg   nodesConfig
 	nodes int
 	rank  int
 	// lead is the node that coordinates: node 0, or the node that took over
@@ -188,7 +188,24 @@ type (
 	msgLinkCheck struct{} // time to look for silent control links
 )
 
-func newMultiNode(hooks job.LoopHooks, p *poll.Poller, cfg Config, log *slog.Logger) (*multiNode, error) {
+// nodesConfig is what coordination across nodes takes of the daemon's
+// configuration: the fields of Config of the same names, which say what
+// they mean.
+type nodesConfig struct {
+	Nodes, NodeRank        int
+	Advertise              string
+	Rendezvous             string
+	ExternalRendezvous     bool
+	Secret                 []byte
+	Control                ControlTransport
+	NewBackend             BackendFactory
+	Elastic                bool
+	StartTimeout           time.Duration
+	Heartbeat, PeerTimeout time.Duration
+	FusionThreshold        int64
+}
+
+func newMultiNode(hooks job.LoopHooks, p *poll.Poller, cfg nodesConfig, log *slog.Logger) (*multiNode, error) {
 	c := &multiNode{hooks: hooks, p: p, log: log, cfg: cfg, nodes: cfg.Nodes, rank: cfg.NodeRank, host: cfg.Advertise, joins: make(map[int]nodeJoin),
 		watched: make(map[int]*watchedLink),
 		ccfg:    cluster.Config{Secret: cfg.Secret, Heartbeat: cfg.Heartbeat, PeerTimeout: cfg.PeerTimeout}.WithDefaults()}
@@ -893,4 +910,66 @@ func (c *multiNode) checkLinks() {
 		}
 	}
 	c.armLinkCheck()
+}
+
+// endedLinkBytes adds a job's engine counters, by place among its nodes
+// (ids: each place's --node-rank), to what the daemon's earlier jobs
+// exchanged with each node, so that the link counters keep growing across
+// jobs.
+func (c *multiNode) endedLinkBytes(ids []int, st backends.Stats) {
+	if c.linkBytes == nil {
+		c.linkBytes = make(map[int]*[2]int64)
+	}
+	for at := range st.SentBytes {
+		if at >= len(ids) || at >= len(st.RecvBytes) || ids[at] == c.rank {
+			continue
+		}
+		b := c.linkBytes[ids[at]]
+		if b == nil {
+			b = new([2]int64)
+			c.linkBytes[ids[at]] = b
+		}
+		b[0] += st.SentBytes[at]
+		b[1] += st.RecvBytes[at]
+	}
+}
+
+
+// Links reports the links to the other nodes (job.Formation).
+func (c *multiNode) Links(jobs []*job.Job) map[int]*job.LinkStats {
+	links := make(map[int]*job.LinkStats)
+	link := func(id int) *job.LinkStats {
+		if links[id] == nil {
+			links[id] = &job.LinkStats{}
+		}
+		return links[id]
+	}
+	for _, w := range c.watched {
+		if w.id != c.rank {
+			link(w.id).RTT = w.link.RTT()
+		}
+	}
+	for id, b := range c.linkBytes {
+		ls := link(id)
+		ls.Sent, ls.Recv, ls.Bytes = ls.Sent+b[0], ls.Recv+b[1], true
+	}
+	for _, j := range jobs {
+		mc, ok := j.Coord.(*multiCoord)
+		if !ok || mc.b == nil {
+			continue
+		}
+		sr, ok := mc.b.(backends.StatsReporter)
+		if !ok {
+			continue
+		}
+		st := sr.Stats()
+		for at := range st.SentBytes {
+			if at >= len(mc.ids) || at >= len(st.RecvBytes) || mc.ids[at] == c.rank {
+				continue
+			}
+			ls := link(mc.ids[at])
+			ls.Sent, ls.Recv, ls.Bytes = ls.Sent+st.SentBytes[at], ls.Recv+st.RecvBytes[at], true
+		}
+	}
+	return links
 }

@@ -2,6 +2,7 @@ package job
 
 import (
 	"errors"
+	"time"
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/cluster/clusterpb"
@@ -30,8 +31,21 @@ type Formation interface {
 	// Removed returns the name of this node's host once hvdd run's elastic
 	// driver removed it from the elastic job, else "".
 	Removed() string
+	// Links reports this node's links to the other nodes, by their
+	// --node-rank, for the metrics: what every job's engine (jobs, the
+	// running ones; the ended ones' counts are kept) exchanged with each,
+	// and the control links' round-trip times. Nil on one node.
+	Links(jobs []*Job) map[int]*LinkStats
 	// close releases what the formation holds when the daemon stops.
 	Close()
+}
+
+// LinkStats is this node's link to another node: the engines' bytes (every
+// job's since the daemon started) and the control link's round-trip time.
+type LinkStats struct {
+	Sent, Recv int64
+	Bytes      bool // the engine counts bytes (backends.StatsReporter)
+	RTT        time.Duration
 }
 
 // Coordination negotiates the tensors of one job: it takes its local ranks'
