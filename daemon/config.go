@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hvdd/hvdd/daemon/internal/nodes"
 	"github.com/hvdd/hvdd/daemon/metrics"
 	"github.com/hvdd/hvdd/gpu"
 )
@@ -90,11 +91,11 @@ type Config struct {
 	Secret []byte
 	// NewBackend creates the data engine of each multi-node job. Required
 	// with Nodes > 1 (cmd/hvdd passes the tcp or mpi engine).
-	NewBackend BackendFactory
+	NewBackend nodes.BackendFactory
 	// Control, when set, carries the control links between the daemons
 	// instead of TCP, and the nodes need no rendezvous (cmd/hvdd passes the
 	// MPI bridge with --backend mpi, so that MPI carries control and data).
-	Control ControlTransport
+	Control nodes.ControlTransport
 	// Elastic makes the daemon take part in elastic jobs across nodes whose
 	// node set changes: it forms jobs with the other nodes even when Nodes
 	// is 1 (node 0 then starts a job alone that nodes may join), and node 0
@@ -372,3 +373,14 @@ func NewLogger(w io.Writer, level slog.Level) *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
 }
+
+// MultiNodeJob describes a formed multi-node job to a BackendFactory.
+type MultiNodeJob = nodes.MultiNodeJob
+
+// ControlTransport opens the streams that carry the control links between
+// daemons when they do not use TCP (nodes.ControlTransport says how).
+type ControlTransport = nodes.ControlTransport
+
+// BackendFactory creates the cross-node engine of a job; every node calls it
+// at about the same time, and it returns once the engine is connected.
+type BackendFactory = nodes.BackendFactory

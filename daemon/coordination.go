@@ -46,7 +46,8 @@ func (f *oneNode) Close() {}
 func (f *oneNode) NextReady(uint64, int, string) {}
 
 func (f *oneNode) Links([]*job.Job) map[int]*job.LinkStats { return nil }
-func (f *oneNode) Removed() string                         { return "" }
+
+func (f *oneNode) Removed() string { return "" }
 
 // localCoord negotiates a job of one node over a plan table.
 type localCoord struct {

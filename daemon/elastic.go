@@ -89,8 +89,8 @@ func (l *loop) reformAfter(j *job.Job) {
 	}
 	if len(j.Survivors) == 0 {
 		why := ""
-		if isRankExited(j.Failed.GetError()) {
-			why = ranksExitedWhy
+		if job.IsRankExited(j.Failed.GetError()) {
+			why = job.RanksExitedWhy
 		}
 		l.nodes.NextReady(j.Epoch+1, 0, why)
 		return
@@ -214,20 +214,6 @@ const hostsUpdatedCause = "the job's hosts were updated (hvd.elastic reset)"
 // isHostsUpdated reports whether msg ends an epoch for a host update, here
 // or relayed from another node.
 func isHostsUpdated(msg string) bool { return strings.HasSuffix(msg, hostsUpdatedCause) }
-
-// rankExitedCause ends the message of an epoch that ends because a rank's
-// process exited while the elastic job ran (Goodbye.exiting): whether it
-// failed or finished, the others go on without it.
-const rankExitedCause = "left the elastic job: its process exited while the job ran (Goodbye at exit); the other ranks reset and go on without it"
-
-// isRankExited reports whether msg ends an epoch for a rank that exited,
-// here or relayed from another node. Every rank of a job that ends
-// normally exits so: with nothing in flight, that is no failure to log.
-func isRankExited(msg string) bool { return strings.HasSuffix(msg, rankExitedCause) }
-
-// ranksExitedWhy is why a node with no survivors leaves an epoch that
-// failed only because ranks exited: at a job's normal end, every node.
-const ranksExitedWhy = "its ranks exited"
 
 // seatJoiners, once ln's job has ended, seats the waiting workers in the
 // epoch that re-forms it, or refuses them when the job is over.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/internal/job"
+	"github.com/hvdd/hvdd/daemon/internal/nodes"
 	"github.com/hvdd/hvdd/daemon/internal/poll"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
@@ -80,7 +81,7 @@ func newLoop(s *Server, p *poll.Poller) (*loop, error) {
 	l.x = newExecutor(s, p)
 	if s.cfg.multiNode() {
 		c := s.cfg
-		mn, err := newMultiNode(l, p, nodesConfig{
+		mn, err := nodes.New(l, p, nodes.Config{
 			Nodes: c.Nodes, NodeRank: c.NodeRank, Advertise: c.Advertise, Rendezvous: c.Rendezvous,
 			ExternalRendezvous: c.ExternalRendezvous, Secret: c.Secret, Control: c.Control, NewBackend: c.NewBackend,
 			Elastic: c.Elastic, StartTimeout: c.StartTimeout, Heartbeat: c.Heartbeat, PeerTimeout: c.PeerTimeout,
@@ -603,7 +604,7 @@ func (l *loop) closed(c *client, bye bool, err error) {
 			// reset and go on without it, as after a lost rank (Horovod's
 			// workers see its connections close). hvdd run judges the exit
 			// by its status.
-			l.Abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("rank %d (pid %d%s) %s", c.rank, c.pid, where, rankExitedCause), true)
+			l.Abort(j, ipcpb.Code_CODE_ABORTED, fmt.Sprintf("rank %d (pid %d%s) %s", c.rank, c.pid, where, job.RankExitedCause), true)
 		case bye:
 			l.Abort(j, ipcpb.Code_CODE_SHUT_DOWN, fmt.Sprintf(
 				"Horovod has been shut down: rank %d (pid %d%s) called shutdown() or exited while other ranks still had collectives to run; every rank must run the same collectives", c.rank, c.pid, where), true)
@@ -665,7 +666,7 @@ func (l *loop) fail(j *job.Job, code ipcpb.Code, msg string) {
 	j.FailedAt = time.Now()
 	switch {
 	case !j.Formed:
-	case (code == ipcpb.Code_CODE_SHUT_DOWN || isRankExited(msg)) && len(j.Pending) == 0:
+	case (code == ipcpb.Code_CODE_SHUT_DOWN || job.IsRankExited(msg)) && len(j.Pending) == 0:
 		// An orderly shutdown, or a rank's exit from an elastic job, with
 		// nothing in flight: the job may be ending. (If the other ranks go
 		// on, their next collectives fail and the re-formation says why.)

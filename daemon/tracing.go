@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/cluster/clusterpb"
@@ -321,37 +320,4 @@ func (l *loop) TraceRemote(node int, m *clusterpb.TimelineEvents) {
 		}
 		l.tl.w.EventAt(e.GetRow(), ph, e.GetName(), e.GetTsUs(), node)
 	}
-}
-
-// nodeTrace records, on a node that does not write the timeline, the
-// phases it runs for plans the coordinator marked as traced, converted to
-// the coordinator's timeline clock, until they are sent (multiCoord.traceSent).
-//
-// The clock: each traced plan carries the coordinator's timeline time at
-// sending; the difference to this node's clock on arrival is the clocks'
-// offset plus the plan's one-way latency, so the least difference seen is
-// the best estimate (it places this node's phases early by at most that
-// plan's latency).
-type nodeTrace struct {
-	epoch  time.Time // this node's clock: µs since epoch
-	gen    uint32    // the coordinator's timeline the offset belongs to
-	offset int64     // local minus coordinator µs; valid when known
-	known  bool
-	active bool // the plan being run is traced
-	events []*clusterpb.TimelineEvent
-}
-
-// clock takes a traced plan's clock on its arrival.
-func (t *nodeTrace) clock(c *clusterpb.TimelineClock) {
-	d := time.Since(t.epoch).Microseconds() - c.GetNowUs()
-	if !t.known || c.GetGen() != t.gen || d < t.offset {
-		t.gen, t.offset, t.known = c.GetGen(), d, true
-	}
-}
-
-// Event records a phase event now, on the coordinator's clock (eventSink).
-func (t *nodeTrace) Event(tensor string, ph timeline.Phase, name string) {
-	t.events = append(t.events, &clusterpb.TimelineEvent{
-		Row: tensor, Ph: uint32(ph), Name: name, TsUs: time.Since(t.epoch).Microseconds() - t.offset,
-	})
 }

@@ -338,3 +338,17 @@ type NodeRanks struct {
 type EventSink interface {
 	Event(tensor string, ph timeline.Phase, name string)
 }
+
+// RankExitedCause ends the message of an epoch that ends because a rank's
+// process exited while the elastic job ran (Goodbye.exiting): whether it
+// failed or finished, the others go on without it.
+const RankExitedCause = "left the elastic job: its process exited while the job ran (Goodbye at exit); the other ranks reset and go on without it"
+
+// IsRankExited reports whether msg ends an epoch for a rank that exited,
+// here or relayed from another node. Every rank of a job that ends
+// normally exits so: with nothing in flight, that is no failure to log.
+func IsRankExited(msg string) bool { return strings.HasSuffix(msg, RankExitedCause) }
+
+// RanksExitedWhy is why a node with no survivors leaves an epoch that
+// failed only because ranks exited: at a job's normal end, every node.
+const RanksExitedWhy = "its ranks exited"

@@ -1,4 +1,4 @@
-package daemon
+package nodes
 
 import (
 	"github.com/hvdd/hvdd/cluster/clusterpb"

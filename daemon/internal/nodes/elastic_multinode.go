@@ -1,4 +1,4 @@
-package daemon
+package nodes
 
 import (
 	"errors"
@@ -16,7 +16,7 @@ import (
 // Elastic jobs across nodes. When an epoch of an elastic job fails (a lost
 // rank, a lost node), the job's control links do not close with it: they
 // carry the formation of the next epoch. Each node re-forms its part from
-// its own survivors (elastic.go) and then sends the coordinator a Join for
+// its own survivors (the loop's elastic re-forming) and then sends the coordinator a Join for
 // the next epoch on its link, with its survivors' count, or with none when it
 // has none left: it leaves the job. The coordinator waits for every node
 // whose link is still up, lays the epoch out over the nodes that still have
@@ -28,7 +28,7 @@ import (
 // lost before it formed, e.g. hvdd run's driver stopped its daemon) fails as
 // a running epoch does (multiCoord.abort keeps the links, beginNext): its
 // ranks, still waiting in init(), are its survivors and wait on
-// (reformUnformed, elastic.go), and the epoch after it forms from them,
+// (the loop's reformUnformed), and the epoch after it forms from them,
 // without the nodes that are gone, within the elastic timeout as any.
 //
 // The coordinator is node 0 at first. When another process serves the
@@ -171,7 +171,7 @@ func (c *multiNode) NextReady(epoch uint64, local int, why string) {
 	}
 	// At a job's normal end every node's ranks exit: no news.
 	logLeave := c.log.Warn
-	if why == ranksExitedWhy {
+	if why == job.RanksExitedWhy {
 		logLeave = c.log.Info
 	}
 	if c.leads() {

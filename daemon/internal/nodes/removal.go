@@ -1,4 +1,4 @@
-package daemon
+package nodes
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 // raises HostsUpdatedInterrupt at the same commit and, the update being a
 // removal only, skips the state sync after its reset. At that reset the
 // node's own ranks are refused ("HOST[LOCAL_RANK] has been removed from
-// elastic job") and the node leaves the job (elastic.go, reformAfter); the
+// elastic job") and the node leaves the job (the loop's reformAfter); the
 // other nodes form the next epoch without it.
 
 // msgRemoved says that hvdd run removed this node's host.

@@ -1,4 +1,4 @@
-package daemon
+package nodes
 
 import (
 	"errors"
@@ -13,6 +13,7 @@ import (
 	"github.com/hvdd/hvdd/cluster/clusterpb"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/plan"
+	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/tensor"
 )
@@ -86,6 +87,7 @@ func coordOf(j *job.Job) *multiCoord { return j.Coord.(*multiCoord) }
 
 func (mc *multiCoord) coordinator() bool { return mc.n.leads() }
 
+// Coordinates reports whether this node is the job's coordinator.
 func (mc *multiCoord) Coordinates() bool { return mc.coordinator() }
 
 // Retune takes the coordinator's autotuned settings (coordination): the
@@ -113,6 +115,7 @@ func (mc *multiCoord) applyTuning(s job.Settings) bool {
 	return true
 }
 
+// Engine is the job's engine across nodes.
 func (mc *multiCoord) Engine() backends.Backend { return mc.b }
 
 // SetRequest takes a local rank's set request (coordination): the
@@ -184,6 +187,7 @@ func (mc *multiCoord) localNeed(set int32) int {
 	return n
 }
 
+// Stalls reports the tensors the coordinator waits on (job.Coordination).
 func (mc *multiCoord) Stalls(now, olderThan int64) []plan.Stall {
 	if mc.table == nil {
 		return nil
@@ -218,7 +222,7 @@ func (mc *multiCoord) control(node int, m *clusterpb.Message) {
 			mc.hooks.TraceRemote(node, msg.TimelineEvents)
 		}
 	case *clusterpb.Message_Abort:
-		if code := ipcpb.Code(msg.Abort.GetCode()); (code == ipcpb.Code_CODE_SHUT_DOWN || isRankExited(msg.Abort.GetMsg())) && (mc.hooks.Executing() || len(mc.plans) > 0) {
+		if code := ipcpb.Code(msg.Abort.GetCode()); (code == ipcpb.Code_CODE_SHUT_DOWN || job.IsRankExited(msg.Abort.GetMsg())) && (mc.hooks.Executing() || len(mc.plans) > 0) {
 			// A rank shut down (or exited) after its last collective;
 			// plans sent before that still run here (see next).
 			mc.n.log.Debug("shutdown waits for the plans before it", "job", j.ID, "from", node, "plans", len(mc.plans), "running", mc.hooks.Executing())
@@ -634,7 +638,7 @@ func (mc *multiCoord) End() {
 	if mc.b != nil {
 		if sr, ok := mc.b.(backends.StatsReporter); ok {
 			st := sr.Stats()
-			mc.n.endedLinkBytes(mc.ids, st) // metrics.go
+			mc.n.endedLinkBytes(mc.ids, st)
 			mc.n.log.Info("cross-node bytes of the job", "job", j.ID, "node", j.Members.Node, "sent", st.SentBytes, "received", st.RecvBytes)
 		}
 		mc.b.Close()
@@ -652,4 +656,37 @@ func sameRequests(a, b []*clusterpb.Request) bool {
 		}
 	}
 	return true
+}
+
+// nodeTrace records, on a node that does not write the timeline, the
+// phases it runs for plans the coordinator marked as traced, converted to
+// the coordinator's timeline clock, until they are sent (multiCoord.traceSent).
+//
+// The clock: each traced plan carries the coordinator's timeline time at
+// sending; the difference to this node's clock on arrival is the clocks'
+// offset plus the plan's one-way latency, so the least difference seen is
+// the best estimate (it places this node's phases early by at most that
+// plan's latency).
+type nodeTrace struct {
+	epoch  time.Time // this node's clock: µs since epoch
+	gen    uint32    // the coordinator's timeline the offset belongs to
+	offset int64     // local minus coordinator µs; valid when known
+	known  bool
+	active bool // the plan being run is traced
+	events []*clusterpb.TimelineEvent
+}
+
+// clock takes a traced plan's clock on its arrival.
+func (t *nodeTrace) clock(c *clusterpb.TimelineClock) {
+	d := time.Since(t.epoch).Microseconds() - c.GetNowUs()
+	if !t.known || c.GetGen() != t.gen || d < t.offset {
+		t.gen, t.offset, t.known = c.GetGen(), d, true
+	}
+}
+
+// Event records a phase event now, on the coordinator's clock (eventSink).
+func (t *nodeTrace) Event(tensor string, ph timeline.Phase, name string) {
+	t.events = append(t.events, &clusterpb.TimelineEvent{
+		Row: tensor, Ph: uint32(ph), Name: name, TsUs: time.Since(t.epoch).Microseconds() - t.offset,
+	})
 }

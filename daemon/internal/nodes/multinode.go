@@ -1,4 +1,4 @@
-package daemon
+package nodes
 
 import (
 	"context"
@@ -74,7 +74,7 @@ type multiNode struct {
 	hooks job.LoopHooks
 	p     *poll.Poller
 	log   *slog.Logger
-	cfg   nodesConfig
+	cfg   Config
 	nodes int
 	rank  int
 	// lead is the node that coordinates: node 0, or the node that took over
@@ -188,10 +188,10 @@ type (
 	msgLinkCheck struct{} // time to look for silent control links
 )
 
-// nodesConfig is what coordination across nodes takes of the daemon's
-// configuration: the fields of Config of the same names, which say what
-// they mean.
-type nodesConfig struct {
+// Config is what coordination across nodes takes of the daemon's
+// configuration: the fields of daemon.Config of the same names, which say
+// what they mean.
+type Config struct {
 	Nodes, NodeRank        int
 	Advertise              string
 	Rendezvous             string
@@ -205,7 +205,10 @@ type nodesConfig struct {
 	FusionThreshold        int64
 }
 
-func newMultiNode(hooks job.LoopHooks, p *poll.Poller, cfg nodesConfig, log *slog.Logger) (*multiNode, error) {
+// New returns the formation across nodes: it joins this daemon's jobs with
+// the other nodes' daemons (through the rendezvous, or cfg.Control), and
+// reaches the loop through hooks and p.
+func New(hooks job.LoopHooks, p *poll.Poller, cfg Config, log *slog.Logger) (job.Formation, error) {
 	c := &multiNode{hooks: hooks, p: p, log: log, cfg: cfg, nodes: cfg.Nodes, rank: cfg.NodeRank, host: cfg.Advertise, joins: make(map[int]nodeJoin),
 		watched: make(map[int]*watchedLink),
 		ccfg:    cluster.Config{Secret: cfg.Secret, Heartbeat: cfg.Heartbeat, PeerTimeout: cfg.PeerTimeout}.WithDefaults()}
@@ -260,7 +263,7 @@ func newMultiNode(hooks job.LoopHooks, p *poll.Poller, cfg nodesConfig, log *slo
 
 // listenControl opens this node's control listener unless it is open: node
 // 0's, and every node's when an elastic job's coordination can move to it
-// (election.go). newMultiNode runs it.
+// (election.go). New runs it.
 func (c *multiNode) listenControl() error {
 	if c.ctrl != nil {
 		return nil
@@ -283,6 +286,8 @@ func (c *multiNode) publish(ctx context.Context, key, addr string) error {
 	return nil
 }
 
+// Close ends the formation's listeners, links and watches as the daemon
+// stops.
 func (c *multiNode) Close() {
 	c.endLife()
 	c.joining.closeAll()
@@ -933,7 +938,6 @@ func (c *multiNode) endedLinkBytes(ids []int, st backends.Stats) {
 		b[1] += st.RecvBytes[at]
 	}
 }
-
 
 // Links reports the links to the other nodes (job.Formation).
 func (c *multiNode) Links(jobs []*job.Job) map[int]*job.LinkStats {
