@@ -92,7 +92,7 @@ func newClient(s *Server, uc *net.UnixConn) (*client, error) {
 	}
 	// A client that stops reading must not stall the daemon for long.
 	ic.WriteTimeout = 5 * time.Second
-	return &client{s: s, ic: ic, regions: make(map[uint32]*region), localRank: -1, rank: -1}, nil
+	return &client{s: s, ic: ic, regions: make(map[uint32]*region), localRank: -1, rank: -1, gpu: clientGPU{log: s.log}}, nil
 }
 
 // shmClose closes a received descriptor that will not be mapped.
@@ -256,7 +256,7 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		l.timelineRequest(c, id, m.Timeline)
 	case *ipcpb.ClientMessage_Release:
 		if h := m.Release.GetDeviceOutput(); len(h) > 0 {
-			if err := c.releaseDeviceOutput(h); err != nil {
+			if err := c.gpu.releaseOutput(h); err != nil {
 				return &ipc.ProtocolError{Msg: err.Error()}
 			}
 			break
@@ -271,7 +271,7 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		l.chans = append(l.chans, c)
 		l.s.log.Debug("shared-memory channel registered", "pid", c.pid, "local_rank", c.localRank)
 	case *ipcpb.ClientMessage_ReleaseDeviceMemory:
-		c.releaseDeviceMemory(m.ReleaseDeviceMemory)
+		c.gpu.releaseMemory(m.ReleaseDeviceMemory)
 	case *ipcpb.ClientMessage_Goodbye:
 		c.bye, c.reset, c.exiting = true, m.Goodbye.GetElasticReset(), m.Goodbye.GetExiting()
 	default:
@@ -295,6 +295,7 @@ func (c *client) checkPeer() error {
 		return err
 	}
 	c.pid, c.uid = cred.Pid, cred.Uid
+	c.gpu.log = c.s.log.With("pid", c.pid)
 	if !c.s.allowed(cred.Uid, cred.Gid) && !c.s.allowedGroups(c.ic.FD()) {
 		return &fatalError{ipcpb.Code_CODE_PERMISSION_DENIED,
 			fmt.Sprintf("uid %d gid %d may not use this daemon (it runs as uid %d; add the group with --allow-gid)", cred.Uid, cred.Gid, c.s.uid)}
@@ -310,7 +311,7 @@ func (c *client) releaseConn() {
 		r.Unref()
 	}
 	c.regions = nil
-	c.closeGPU()
+	c.gpu.close()
 	if c.chReg != nil {
 		c.txMu.Lock()
 		c.ch = nil
@@ -428,7 +429,7 @@ func (c *client) resolve(id uint32, e *ipcpb.Enqueue) (*job.Op, error) {
 		if b != nil {
 			return nil, fmt.Errorf("tensor %q: both a host buffer and a device buffer", o.Name)
 		}
-		dv, err := c.resolveDevice(o.Name, db, n) // gpu.go
+		dv, err := c.s.gpu.resolve(&c.gpu, o.Name, db, n)
 		if err != nil {
 			return nil, err
 		}
@@ -590,6 +591,25 @@ type outRegion struct {
 	arena *shm.Arena
 	acct  *atomic.Int64 // the Server's count of output mappings (metrics.go)
 }
+
+// OutputBytes returns the bytes of a granted output buffer.
+func (c *client) OutputBytes(b *ipcpb.Buffer) ([]byte, error) {
+	if b.GetLength() == 0 {
+		return nil, nil
+	}
+	o := &c.out
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, r := range o.regions {
+		if r.id == b.GetRegion() {
+			return r.m.Slice(b.GetOffset(), b.GetLength())
+		}
+	}
+	return nil, fmt.Errorf("output in unknown region %#x", b.GetRegion())
+}
+
+// ReleaseOutput gives back an output buffer the daemon read itself.
+func (c *client) ReleaseOutput(b *ipcpb.Buffer) error { return c.out.Release(b) }
 
 // alloc reserves n bytes in one of c's output regions, granting a new region to
 // the client first when none has room.

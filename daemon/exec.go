@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"strings"
 	"sync"
@@ -21,13 +22,17 @@ import (
 // executor runs batches of work in order on its own goroutine, so the loop
 // keeps negotiating while data moves.
 type executor struct {
-	s       *Server
-	p       *poll.Poller
-	ropts   reduce.Options
-	fuse    []byte // fusion buffer of cross-node ops, reused
-	adaIn   []byte // a node's block of a cross-node Adasum, reused
-	work    chan []job.Work
-	stopped chan struct{}
+	log *slog.Logger
+	gpu *gpuState // nil on a CPU-only node
+	// ncclAcross joins the nodes' GPUs with NCCL (Config.GPUAllreduce
+	// "nccl") where a response allows it.
+	ncclAcross bool
+	p          *poll.Poller
+	ropts      reduce.Options
+	fuse       []byte // fusion buffer of cross-node ops, reused
+	adaIn      []byte // a node's block of a cross-node Adasum, reused
+	work       chan []job.Work
+	stopped    chan struct{}
 
 	// The timeline row of the tensor being run and how many phases to end
 	// there (endTrace); no writer when off. The loop runs small batches
@@ -50,13 +55,23 @@ type executor struct {
 	dispatched time.Time
 }
 
-func newExecutor(s *Server, p *poll.Poller) *executor {
+// execConfig is what the executor takes of the daemon's configuration.
+type execConfig struct {
+	Log        *slog.Logger
+	GPU        *gpuState // nil on a CPU-only node
+	Workers    int       // reduction workers (Config.Workers)
+	NCCLAcross bool      // Config.GPUAllreduce is "nccl"
+}
+
+func newExecutor(cfg execConfig, p *poll.Poller) *executor {
 	return &executor{
-		s:       s,
-		p:       p,
-		ropts:   reduce.Options{Workers: s.cfg.Workers},
-		work:    make(chan []job.Work, 1),
-		stopped: make(chan struct{}),
+		log:        cfg.Log,
+		gpu:        cfg.GPU,
+		ncclAcross: cfg.NCCLAcross,
+		p:          p,
+		ropts:      reduce.Options{Workers: cfg.Workers},
+		work:       make(chan []job.Work, 1),
+		stopped:    make(chan struct{}),
 	}
 }
 
@@ -123,7 +138,7 @@ func (x *executor) executeHost(w job.Work) {
 			traceAll(w.Trace, r, timeline.End, "")
 		}
 		if err != nil {
-			x.s.log.Error("allreduce failed", "tensors", len(r.Tensors), "err", err)
+			x.log.Error("allreduce failed", "tensors", len(r.Tensors), "err", err)
 			d := &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("allreduce of %d tensors: %v", len(r.Tensors), err)}
 			job.FinishRows(w.Ops, d)
 			return
@@ -159,7 +174,7 @@ func (x *executor) executeHost(w job.Work) {
 		}
 		x.endTrace() // if the handler failed before answering
 		if err != nil {
-			x.s.log.Error("collective failed", "tensor", t.Name, "op", r.Op, "err", err)
+			x.log.Error("collective failed", "tensor", t.Name, "op", r.Op, "err", err)
 			d := &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("tensor %q: %v", t.Name, err)}
 			// Handlers return an error only before answering any op.
 			for _, o := range ops {

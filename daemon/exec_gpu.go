@@ -99,7 +99,7 @@ func ncclDType(dt tensor.DType) bool {
 
 // executeDevice runs a response with GPU tensors in it.
 func (x *executor) executeDevice(w job.Work) {
-	g := x.s.gpu
+	g := x.gpu
 	r := &w.Resp
 	if g != nil && !g.hostOnly && nativeOK(&w) {
 		devs := usedDevs(&w)
@@ -172,7 +172,7 @@ func (x *executor) gpuPath(p string) {
 		x.gpuPaths = make(map[string]bool)
 	}
 	x.gpuPaths[p] = true
-	x.s.log.Debug("GPU path taken", "path", p)
+	x.log.Debug("GPU path taken", "path", p)
 }
 
 // noJoined reports whether every rank of w has its op (no nil row entry).
@@ -230,14 +230,14 @@ func (x *executor) deviceFailed(w job.Work, err error) {
 			d.recover()
 		}
 		if strings.HasPrefix(ge.Call, "nccl") {
-			x.s.gpu.abortComms()
+			x.gpu.abortComms()
 		}
 	}
 	msg := fmt.Sprintf("%v of %d GPU tensor(s) failed: %v", r.Op, len(r.Tensors), err)
 	if n, ok := backends.LostRank(err); ok {
 		msg = fmt.Sprintf("node %d%s was lost during %v: %v", n, w.Job.Members.RankRange(n), r.Op, err)
 	}
-	x.s.log.Error("GPU collective failed", "op", r.Op, "tensors", len(r.Tensors), "err", err)
+	x.log.Error("GPU collective failed", "op", r.Op, "tensors", len(r.Tensors), "err", err)
 	if w.Engine != nil && len(w.View.Nodes) > 1 {
 		x.p.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops, Closed: errors.Is(err, backends.ErrClosed)})
 		return
@@ -319,7 +319,7 @@ func (x *executor) stageIn(w *job.Work) error {
 // put in a granted host region goes to a daemon device allocation that the
 // Done exports (device_output). Runs on the executor goroutine.
 func unstage(o *job.Op, d *ipcpb.Done) *ipcpb.Done {
-	dv, cl := devOf(o), clientOf(o.Conn)
+	dv := devOf(o)
 	staged := dv.staged
 	dv.staged = nil
 	if d.GetCode() != ipcpb.Code_CODE_OK {
@@ -327,17 +327,17 @@ func unstage(o *job.Op, d *ipcpb.Done) *ipcpb.Done {
 	}
 	fail := func(err error) *ipcpb.Done {
 		dv.d.recover()
-		cl.s.log.Error("GPU copy-back failed", "tensor", o.Name, "gpu", dv.d.info.UUID, "err", err)
+		dv.cg.log.Error("GPU copy-back failed", "tensor", o.Name, "gpu", dv.d.info.UUID, "err", err)
 		return &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("tensor %q: GPU %s: copy the result back: %v", o.Name, dv.d.info.UUID, err)}
 	}
 	switch {
 	case d.Output != nil:
-		out, err := cl.outputBytes(d.Output)
+		out, err := o.Conn.OutputBytes(d.Output)
 		if err != nil {
 			return fail(err)
 		}
-		db, err := cl.deviceOutput(dv.d, out)
-		cl.out.Release(d.Output)
+		db, err := deviceOutput(dv.cg, dv.d, out)
+		o.Conn.ReleaseOutput(d.Output)
 		if err != nil {
 			return fail(err)
 		}
@@ -359,25 +359,9 @@ func unstage(o *job.Op, d *ipcpb.Done) *ipcpb.Done {
 	return d
 }
 
-// outputBytes returns the bytes of a granted output buffer.
-func (c *client) outputBytes(b *ipcpb.Buffer) ([]byte, error) {
-	if b.GetLength() == 0 {
-		return nil, nil
-	}
-	o := &c.out
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	for _, r := range o.regions {
-		if r.id == b.GetRegion() {
-			return r.m.Slice(b.GetOffset(), b.GetLength())
-		}
-	}
-	return nil, fmt.Errorf("output in unknown region %#x", b.GetRegion())
-}
-
 // deviceOutput copies out into a new allocation on d, exported to the
 // client until it sends Release with its handle.
-func (c *client) deviceOutput(d *gpuDev, out []byte) (*ipcpb.DeviceBuffer, error) {
+func deviceOutput(cg *clientGPU, d *gpuDev, out []byte) (*ipcpb.DeviceBuffer, error) {
 	db := &ipcpb.DeviceBuffer{DeviceUuid: d.info.UUID, Length: uint64(len(out))}
 	if len(out) == 0 {
 		return db, nil
@@ -400,7 +384,7 @@ func (c *client) deviceOutput(d *gpuDev, out []byte) (*ipcpb.DeviceBuffer, error
 		d.dev.Free(p)
 		return nil, err
 	}
-	if !c.addDeviceOutput(h, &devOutput{d: d, ptr: p}) {
+	if !cg.addOutput(h, &devOutput{d: d, ptr: p}) {
 		return nil, errors.New("client gone")
 	}
 	db.MemHandle, db.AllocSize = h[:], uint64(len(out))
@@ -482,7 +466,7 @@ func (g *gpuState) group(cs []gpu.Comm, f func(i int, c gpu.Comm) error) error {
 // one node (w.b nil) or hierarchically across nodes.
 func (x *executor) allreduceDevice(ctx context.Context, w job.Work, devs []*gpuDev) (err error) {
 	r := &w.Resp
-	g := x.s.gpu
+	g := x.gpu
 	es := r.DType.Size()
 	op, pre, post := scales(r, w.Size)
 	offs := make([]int, len(r.Tensors)+1)
@@ -608,7 +592,7 @@ func (x *executor) reduceLocal(w *job.Work, devs []*gpuDev, offs []int, op tenso
 	if len(devs) == 1 {
 		return nil, nil
 	}
-	g := x.s.gpu
+	g := x.gpu
 	cs, err := g.commsFor(devs)
 	if err != nil {
 		return nil, err
@@ -701,7 +685,7 @@ func (x *executor) broadcastDevice(ctx context.Context, w job.Work, devs []*gpuD
 	r := &w.Resp
 	var used []gpu.Comm
 	defer func() {
-		if serr := x.s.gpu.syncWatch(ctx, devs, used); err == nil {
+		if serr := x.gpu.syncWatch(ctx, devs, used); err == nil {
 			err = serr
 		}
 	}()
@@ -782,7 +766,7 @@ func (x *executor) broadcastDevice(ctx context.Context, w job.Work, devs []*gpuD
 // first's tensor on each other GPU of devs, with one NCCL broadcast in a
 // group call. It returns the communicators it used.
 func (x *executor) localBroadcast(devs []*gpuDev, first map[*gpuDev]*devOp, n, from int) ([]gpu.Comm, error) {
-	g := x.s.gpu
+	g := x.gpu
 	cs, err := g.commsFor(devs)
 	if err != nil {
 		return nil, err
@@ -802,7 +786,7 @@ func (x *executor) localBroadcast(devs []*gpuDev, first map[*gpuDev]*devOp, n, f
 // nodes) joins one NCCL broadcast from the root's node, and the other nodes
 // spread it from devs[0] to their other GPUs.
 func (x *executor) broadcastNCCL(ctx context.Context, w job.Work, devs []*gpuDev, rootNode int, root *devOp, first map[*gpuDev]*devOp, n int) ([]gpu.Comm, error) {
-	g := x.s.gpu
+	g := x.gpu
 	var used []gpu.Comm
 	if root != nil && len(devs) > 1 {
 		cs, err := x.localBroadcast(devs, first, n, slices.Index(devs, root.d))
@@ -890,7 +874,7 @@ func (x *executor) broadcastAcross(ctx context.Context, b backends.Backend, root
 func (x *executor) ncclEligible(w *job.Work) bool {
 	r := &w.Resp
 	reduces := (r.Op == tensor.Allreduce || r.Op == tensor.Reducescatter) && (r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && ncclDType(r.DType)
-	return x.s.cfg.GPUAllreduce == GPUAllreduceNCCL && w.Engine != nil && len(w.View.Nodes) > 1 &&
+	return x.ncclAcross && w.Engine != nil && len(w.View.Nodes) > 1 &&
 		len(w.View.Nodes) == w.Engine.Size() && (reduces || r.Op == tensor.Broadcast || r.Op == tensor.Allgather || r.Op == tensor.Alltoall) &&
 		len(r.JoinedRanks) == 0
 }
@@ -899,7 +883,7 @@ func (x *executor) ncclEligible(w *job.Work) bool {
 // false (having answered the ops through the loop) when the engine failed.
 func (x *executor) ncclVote(w *job.Work) bool {
 	flag := []byte{0}
-	if g := x.s.gpu; g != nil && !g.hostOnly && g.nccl != nil && nativeOK(w) && usedDevs(w)[0] == g.devs[0] {
+	if g := x.gpu; g != nil && !g.hostOnly && g.nccl != nil && nativeOK(w) && usedDevs(w)[0] == g.devs[0] {
 		flag[0] = 1
 	}
 	if err := w.Engine.Allreduce(context.Background(), flag, tensor.Uint8, tensor.Min); err != nil {
@@ -966,7 +950,7 @@ const ncclInitTimeout = 60 * time.Second
 // ncclCross joins the nodes' fusion buffers (devs[0]'s holds the node's
 // result) on NCCL and hands the total to the node's other GPUs.
 func (x *executor) ncclCross(ctx context.Context, w job.Work, devs []*gpuDev, count int, dt tensor.DType, op tensor.ReduceOp) ([]gpu.Comm, error) {
-	g := x.s.gpu
+	g := x.gpu
 	c, err := g.crossComm(ctx, w.Engine)
 	if err != nil {
 		return nil, err
@@ -1036,7 +1020,7 @@ func (x *executor) runOutputs(w job.Work, devs []*gpuDev) {
 	}
 	ctx := context.Background()
 	dones, used, err := x.buildOutputs(&w, devs)
-	if serr := x.s.gpu.syncWatch(ctx, devs, used); err == nil {
+	if serr := x.gpu.syncWatch(ctx, devs, used); err == nil {
 		err = serr
 	}
 	if err == nil {
@@ -1230,7 +1214,7 @@ func (x *executor) buildOutputs(w *job.Work, devs []*gpuDev) ([][]devResult, []g
 // across nodes, and is spread to the node's other GPUs. The GPU's other
 // ranks copy its first output.
 func (x *executor) allgatherGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
-	g := x.s.gpu
+	g := x.gpu
 	r := &w.Resp
 	idx := map[*gpuDev]int{devs[0]: 0}
 	var local, used []gpu.Comm
@@ -1507,7 +1491,7 @@ func (x *executor) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuD
 // fusion buffer. Between two GPUs, or two nodes, NCCL matches sends and
 // receives in issue order, which the same loops give on both sides.
 func (x *executor) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
-	g := x.s.gpu
+	g := x.gpu
 	cross, err := g.crossComm(context.Background(), w.Engine)
 	if err != nil {
 		return nil, err
@@ -1731,7 +1715,7 @@ func (x *executor) reducescatterAcross(ctx context.Context, w *job.Work, devs []
 // order issued, which the same loop gives on both sides).
 func (x *executor) alltoallGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	r := &w.Resp
-	g := x.s.gpu
+	g := x.gpu
 	cs, idx, err := g.commsIndexed(devs)
 	if err != nil {
 		return nil, err
@@ -1898,7 +1882,7 @@ func exportOutputs(w *job.Work, dones [][]devResult) error {
 			}
 			db.MemHandle, db.AllocSize = h[:], uint64(res.n)
 			res.exported = true
-			if !clientOf(o.Conn).addDeviceOutput(h, &devOutput{d: d, ptr: res.p}) {
+			if !devOf(o).cg.addOutput(h, &devOutput{d: d, ptr: res.p}) {
 				// The client is gone (and the memory freed): it needs no answer.
 				res.done = &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: "client gone"}
 			}

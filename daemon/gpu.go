@@ -223,6 +223,7 @@ func (g *gpuState) Close() {
 // opened events (the loop's), and the device outputs the daemon allocated
 // for it (the executor adds them, the loop frees them on Release).
 type clientGPU struct {
+	log    *slog.Logger
 	maps   map[string]*devMapping
 	events map[string]*devEvent
 
@@ -268,6 +269,7 @@ type devOutput struct {
 // devOp is an op's device tensor.
 type devOp struct {
 	d   *gpuDev
+	cg  *clientGPU // the device state of the connection that sent it
 	m   *devMapping // nil for an empty tensor
 	ev  *devEvent   // nil when the client synchronised its stream itself
 	ptr gpu.DevicePtr
@@ -308,10 +310,10 @@ func (d *devOp) Release() {
 // maxDeviceMappings bounds one connection's cached IPC mappings.
 const maxDeviceMappings = 4096
 
-// resolveDevice checks a DeviceBuffer for a tensor of n bytes and returns
-// it mapped, holding references on its mapping and event.
-func (c *client) resolveDevice(name string, b *ipcpb.DeviceBuffer, n uint64) (*devOp, error) {
-	g := c.s.gpu
+// resolve checks a DeviceBuffer for a tensor of n bytes of the connection
+// whose device state is cg and returns it mapped, holding references on its
+// mapping and event. g is nil on a CPU-only node.
+func (g *gpuState) resolve(cg *clientGPU, name string, b *ipcpb.DeviceBuffer, n uint64) (*devOp, error) {
 	if g == nil {
 		return nil, fmt.Errorf("tensor %q: a GPU tensor (device_buffer), but this daemon runs CPU-only (no CUDA driver): stage it through host memory", name)
 	}
@@ -327,7 +329,7 @@ func (c *client) resolveDevice(name string, b *ipcpb.DeviceBuffer, n uint64) (*d
 		return nil, fmt.Errorf("tensor %q: %w", name, err)
 	}
 	if n == 0 {
-		return &devOp{d: d}, nil
+		return &devOp{d: d, cg: cg}, nil
 	}
 	if len(b.GetMemHandle()) != gpu.IpcMemHandleSize {
 		return nil, fmt.Errorf("tensor %q: CUDA IPC memory handle of %d bytes (want %d)", name, len(b.GetMemHandle()), gpu.IpcMemHandleSize)
@@ -343,19 +345,19 @@ func (c *client) resolveDevice(name string, b *ipcpb.DeviceBuffer, n uint64) (*d
 	if carry != 0 || end > size {
 		return nil, fmt.Errorf("tensor %q: bytes [%d, +%d) lie outside the allocation of %d bytes", name, b.GetOffset(), b.GetLength(), size)
 	}
-	if c.gpu.maps == nil {
-		c.gpu.maps = make(map[string]*devMapping)
-		c.gpu.events = make(map[string]*devEvent)
+	if cg.maps == nil {
+		cg.maps = make(map[string]*devMapping)
+		cg.events = make(map[string]*devEvent)
 	}
 	key := string(b.GetMemHandle())
-	m := c.gpu.maps[key]
+	m := cg.maps[key]
 	switch {
 	case m != nil && m.d != d:
 		return nil, fmt.Errorf("tensor %q: its IPC memory handle was sent before for GPU %s, now for %s", name, m.d.info.UUID, d.info.UUID)
 	case m != nil && m.size != size:
 		return nil, fmt.Errorf("tensor %q: its IPC memory handle was sent before with allocation size %d, now %d", name, m.size, size)
 	case m == nil:
-		if len(c.gpu.maps) >= maxDeviceMappings {
+		if len(cg.maps) >= maxDeviceMappings {
 			return nil, fmt.Errorf("tensor %q: more than %d device allocations mapped: release some (ReleaseDeviceMemory)", name, maxDeviceMappings)
 		}
 		var h gpu.IpcMemHandle
@@ -366,28 +368,28 @@ func (c *client) resolveDevice(name string, b *ipcpb.DeviceBuffer, n uint64) (*d
 		}
 		m = &devMapping{d: d, base: base, size: size}
 		m.refs.Store(1)
-		c.gpu.maps[key] = m
+		cg.maps[key] = m
 	}
-	o := &devOp{d: d, m: m, ptr: m.base.Add(int(b.GetOffset())), n: int(n)}
+	o := &devOp{d: d, cg: cg, m: m, ptr: m.base.Add(int(b.GetOffset())), n: int(n)}
 	m.refs.Add(1)
 	if eh := b.GetEventHandle(); len(eh) != 0 {
 		ek := string(eh)
-		e := c.gpu.events[ek]
+		e := cg.events[ek]
 		if e != nil && e.d != d {
 			o.Release()
 			return nil, fmt.Errorf("tensor %q: its IPC event handle was sent before for GPU %s, now for %s", name, e.d.info.UUID, d.info.UUID)
 		}
 		if e == nil {
-			if len(c.gpu.events) >= maxDeviceMappings {
+			if len(cg.events) >= maxDeviceMappings {
 				// No message releases events: forget those no op uses.
-				for k, old := range c.gpu.events {
+				for k, old := range cg.events {
 					if old.refs.Load() == 1 {
-						delete(c.gpu.events, k)
+						delete(cg.events, k)
 						old.Unref()
 					}
 				}
 			}
-			if len(c.gpu.events) >= maxDeviceMappings {
+			if len(cg.events) >= maxDeviceMappings {
 				o.Release()
 				return nil, fmt.Errorf("tensor %q: more than %d IPC events in use", name, maxDeviceMappings)
 			}
@@ -400,7 +402,7 @@ func (c *client) resolveDevice(name string, b *ipcpb.DeviceBuffer, n uint64) (*d
 			}
 			e = &devEvent{d: d, ev: ev}
 			e.refs.Store(1)
-			c.gpu.events[ek] = e
+			cg.events[ek] = e
 		}
 		e.refs.Add(1)
 		o.ev = e
@@ -411,66 +413,66 @@ func (c *client) resolveDevice(name string, b *ipcpb.DeviceBuffer, n uint64) (*d
 // releaseDeviceMemory drops the cached mappings of handles the client freed;
 // a mapping an op in flight uses closes after it. Unknown handles are
 // ignored: the client may free allocations it never sent.
-func (c *client) releaseDeviceMemory(m *ipcpb.ReleaseDeviceMemory) {
+func (cg *clientGPU) releaseMemory(m *ipcpb.ReleaseDeviceMemory) {
 	for _, h := range m.GetMemHandles() {
-		if mp, ok := c.gpu.maps[string(h)]; ok {
-			delete(c.gpu.maps, string(h))
+		if mp, ok := cg.maps[string(h)]; ok {
+			delete(cg.maps, string(h))
 			mp.Unref()
 		}
 	}
 }
 
-// closeGPU drops everything the connection held on the GPUs (the loop, at
+// close drops everything the connection held on the GPUs (the loop, at
 // disconnect): mappings and events close once no op uses them, device
 // outputs are freed.
-func (c *client) closeGPU() {
-	if n := len(c.gpu.maps) + len(c.gpu.events); n > 0 {
-		c.s.log.Debug("GPU mappings closed", "pid", c.pid, "mappings", len(c.gpu.maps), "events", len(c.gpu.events))
+func (cg *clientGPU) close() {
+	if n := len(cg.maps) + len(cg.events); n > 0 {
+		cg.log.Debug("GPU mappings closed", "mappings", len(cg.maps), "events", len(cg.events))
 	}
-	for k, m := range c.gpu.maps {
-		delete(c.gpu.maps, k)
+	for k, m := range cg.maps {
+		delete(cg.maps, k)
 		m.Unref()
 	}
-	for k, e := range c.gpu.events {
-		delete(c.gpu.events, k)
+	for k, e := range cg.events {
+		delete(cg.events, k)
 		e.Unref()
 	}
-	c.gpu.mu.Lock()
-	defer c.gpu.mu.Unlock()
-	for k, o := range c.gpu.outs {
+	cg.mu.Lock()
+	defer cg.mu.Unlock()
+	for k, o := range cg.outs {
 		o.d.dev.Free(o.ptr)
-		delete(c.gpu.outs, k)
+		delete(cg.outs, k)
 	}
-	c.gpu.closed = true
+	cg.closed = true
 }
 
-// addDeviceOutput keeps a device output for the client until Release; it
+// addOutput keeps a device output for the client until Release; it
 // returns false (and frees it) when the client is gone.
-func (c *client) addDeviceOutput(h gpu.IpcMemHandle, o *devOutput) bool {
-	c.gpu.mu.Lock()
-	defer c.gpu.mu.Unlock()
-	if c.gpu.closed {
+func (cg *clientGPU) addOutput(h gpu.IpcMemHandle, o *devOutput) bool {
+	cg.mu.Lock()
+	defer cg.mu.Unlock()
+	if cg.closed {
 		o.d.dev.Free(o.ptr)
 		return false
 	}
-	if c.gpu.outs == nil {
-		c.gpu.outs = make(map[string]*devOutput)
+	if cg.outs == nil {
+		cg.outs = make(map[string]*devOutput)
 	}
-	c.gpu.outs[string(h[:])] = o
+	cg.outs[string(h[:])] = o
 	return true
 }
 
-// releaseDeviceOutput frees a device output the client has read.
-func (c *client) releaseDeviceOutput(h []byte) error {
-	c.gpu.mu.Lock()
-	defer c.gpu.mu.Unlock()
-	o, ok := c.gpu.outs[string(h)]
+// releaseOutput frees a device output the client has read.
+func (cg *clientGPU) releaseOutput(h []byte) error {
+	cg.mu.Lock()
+	defer cg.mu.Unlock()
+	o, ok := cg.outs[string(h)]
 	if !ok {
 		return fmt.Errorf("release of an unknown device output (%d-byte handle)", len(h))
 	}
-	delete(c.gpu.outs, string(h))
+	delete(cg.outs, string(h))
 	if err := o.d.dev.Free(o.ptr); err != nil {
-		c.s.log.Warn("freeing a device output failed", "gpu", o.d.info.UUID, "err", err)
+		cg.log.Warn("freeing a device output failed", "gpu", o.d.info.UUID, "err", err)
 	}
 	return nil
 }

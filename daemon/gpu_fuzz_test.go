@@ -53,7 +53,8 @@ func FuzzResolveDevice(f *testing.F) {
 	f.Add("GPU-x", h[:10], uint64(0), uint64(0), uint64(0), eh[:5], int32(1), int64(0), false)
 	f.Add(uuid, make([]byte, 64), uint64(4096), uint64(0), uint64(8), []byte{}, int32(10), int64(1), false)
 	f.Fuzz(func(t *testing.T, uuid string, mh []byte, size, off, n uint64, evh []byte, dt int32, d0 int64, both bool) {
-		c := &client{s: &Server{gpu: g, log: slog.New(slog.NewTextHandler(io.Discard, nil))}}
+		log := slog.New(slog.NewTextHandler(io.Discard, nil))
+		c := &client{s: &Server{gpu: g, log: log}, gpu: clientGPU{log: log}}
 		e := &ipcpb.Enqueue{Name: "t", Op: ipcpb.OpType_OP_ALLREDUCE, Dtype: ipcpb.DType(dt), Shape: []int64{d0},
 			DeviceBuffer: &ipcpb.DeviceBuffer{DeviceUuid: uuid, MemHandle: mh, AllocSize: size, Offset: off, Length: n, EventHandle: evh}}
 		if both {
@@ -69,7 +70,7 @@ func FuzzResolveDevice(f *testing.F) {
 					t.Fatalf("refused request left %d references on a mapping", m.refs.Load())
 				}
 			}
-			c.closeGPU()
+			c.gpu.close()
 			return
 		}
 		if both {
@@ -90,7 +91,7 @@ func FuzzResolveDevice(f *testing.F) {
 		if m != nil && m.refs.Load() != 1 {
 			t.Fatalf("released op left %d references on its mapping", m.refs.Load())
 		}
-		c.closeGPU()
+		c.gpu.close()
 		if m != nil && m.refs.Load() != 0 {
 			t.Fatalf("closed connection left %d references on a mapping", m.refs.Load())
 		}

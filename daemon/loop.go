@@ -78,7 +78,7 @@ type loop struct {
 func newLoop(s *Server, p *poll.Poller) (*loop, error) {
 	l := &loop{s: s, cfg: s.cfg, p: p, epoch: time.Now(), clients: make(map[int]*client), lanes: make(map[laneKey]*lane),
 		cycleTime: s.cfg.CycleTime, spin: s.cfg.Spin}
-	l.x = newExecutor(s, p)
+	l.x = newExecutor(execConfig{Log: s.log, GPU: s.gpu, Workers: s.cfg.Workers, NCCLAcross: s.cfg.GPUAllreduce == GPUAllreduceNCCL}, p)
 	if s.cfg.multiNode() {
 		c := s.cfg
 		mn, err := nodes.New(l, p, nodes.Config{

@@ -72,6 +72,10 @@ type Conn interface {
 	// AllocOutput takes n bytes of the daemon's output region for an
 	// answer: the bytes, and the buffer that names them to the client.
 	AllocOutput(n int64) ([]byte, *ipcpb.Buffer, error)
+	// OutputBytes returns the bytes of a buffer AllocOutput granted, and
+	// ReleaseOutput gives it back when the daemon, not the client, read it.
+	OutputBytes(b *ipcpb.Buffer) ([]byte, error)
+	ReleaseOutput(b *ipcpb.Buffer) error
 }
 
 // Mapping is a shared-memory mapping an op holds a reference on.
