@@ -1,9 +1,12 @@
 package daemon
 
 import (
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 
+	"github.com/hvdd/hvdd/gpu/fake"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/shm"
 )
@@ -50,4 +53,22 @@ func FuzzResolve(f *testing.F) {
 			t.Fatalf("released op left %d references", r.refs.Load())
 		}
 	})
+}
+
+// TestResolveBothBuffers: an Enqueue that names both a host buffer and a
+// device buffer is refused before either is resolved.
+func TestResolveBothBuffers(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	g := openGPUs(fake.New(fake.Options{Devices: 1}), nil, log, false)
+	defer g.Close()
+	c := &client{s: &Server{gpu: g, log: log}, gpu: clientGPU{log: log}}
+	e := &ipcpb.Enqueue{Name: "t", Op: ipcpb.OpType_OP_ALLREDUCE, Dtype: ipcpb.DType_DTYPE_FLOAT32, Shape: []int64{4},
+		Buffer:       &ipcpb.Buffer{Length: 16},
+		DeviceBuffer: &ipcpb.DeviceBuffer{DeviceUuid: g.uuids()[0], Length: 16}}
+	if o, err := c.resolve(1, e); err == nil || !strings.Contains(err.Error(), "both a host buffer and a device buffer") {
+		t.Fatalf("Resolve = %v, %v; want the refusal of both buffers", o, err)
+	}
+	if len(c.gpu.maps) != 0 {
+		t.Fatalf("the refused request mapped %d allocations", len(c.gpu.maps))
+	}
 }

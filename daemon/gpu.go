@@ -313,7 +313,7 @@ const maxDeviceMappings = 4096
 // resolve checks a DeviceBuffer for a tensor of n bytes of the connection
 // whose device state is cg and returns it mapped, holding references on its
 // mapping and event. g is nil on a CPU-only node.
-func (g *gpuState) resolve(cg *clientGPU, name string, b *ipcpb.DeviceBuffer, n uint64) (*devOp, error) {
+func (g *gpuState) resolve(cg *clientGPU, name string, b *ipcpb.DeviceBuffer, n uint64) (job.DeviceTensor, error) {
 	if g == nil {
 		return nil, fmt.Errorf("tensor %q: a GPU tensor (device_buffer), but this daemon runs CPU-only (no CUDA driver): stage it through host memory", name)
 	}

@@ -8,12 +8,16 @@ import (
 
 	"github.com/hvdd/hvdd/gpu/fake"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/tensor"
 )
 
-// FuzzResolveDevice checks every Enqueue with a device buffer against a fake
+// FuzzResolveDevice checks every device buffer of an Enqueue against a fake
 // GPU: a request is refused with an error (and holds no reference), or its
 // bytes lie inside the allocation and match the shape and dtype; releasing
-// the op leaves only the cache's reference on the mapping.
+// the op leaves only the cache's reference on the mapping. (The client
+// refuses an Enqueue with a host buffer as well, and shapes it cannot
+// size, before its device buffer gets here: both, and invalid dtypes and
+// shapes, are skipped; TestResolveBothBuffers covers the first.)
 func FuzzResolveDevice(f *testing.F) {
 	drv := fake.New(fake.Options{Devices: 1})
 	g := openGPUs(drv, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), false)
@@ -53,45 +57,42 @@ func FuzzResolveDevice(f *testing.F) {
 	f.Add("GPU-x", h[:10], uint64(0), uint64(0), uint64(0), eh[:5], int32(1), int64(0), false)
 	f.Add(uuid, make([]byte, 64), uint64(4096), uint64(0), uint64(8), []byte{}, int32(10), int64(1), false)
 	f.Fuzz(func(t *testing.T, uuid string, mh []byte, size, off, n uint64, evh []byte, dt int32, d0 int64, both bool) {
-		log := slog.New(slog.NewTextHandler(io.Discard, nil))
-		c := &client{s: &Server{gpu: g, log: log}, gpu: clientGPU{log: log}}
-		e := &ipcpb.Enqueue{Name: "t", Op: ipcpb.OpType_OP_ALLREDUCE, Dtype: ipcpb.DType(dt), Shape: []int64{d0},
-			DeviceBuffer: &ipcpb.DeviceBuffer{DeviceUuid: uuid, MemHandle: mh, AllocSize: size, Offset: off, Length: n, EventHandle: evh}}
-		if both {
-			e.Buffer = &ipcpb.Buffer{}
+		dtype := tensor.DType(dt)
+		if both || !dtype.Valid() || d0 < 0 || d0 > 1<<40 {
+			return
 		}
-		o, err := c.resolve(1, e)
+		cg := &clientGPU{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		db := &ipcpb.DeviceBuffer{DeviceUuid: uuid, MemHandle: mh, AllocSize: size, Offset: off, Length: n, EventHandle: evh}
+		want := uint64(d0) * uint64(dtype.Size())
+		res, err := g.resolve(cg, "t", db, want)
 		if err != nil {
 			if strings.TrimSpace(err.Error()) == "" {
 				t.Fatal("empty error text")
 			}
-			for _, m := range c.gpu.maps {
+			for _, m := range cg.maps {
 				if m.refs.Load() != 1 {
 					t.Fatalf("refused request left %d references on a mapping", m.refs.Load())
 				}
 			}
-			c.gpu.close()
+			cg.close()
 			return
 		}
-		if both {
-			t.Fatal("accepted both a host and a device buffer")
-		}
-		dv := devOf(o)
+		dv, _ := res.(*devOp)
 		if dv == nil {
 			t.Fatal("accepted without a device op")
 		}
-		if uint64(dv.n) != n || int64(dv.n) != o.Req.Shape.NumElements()*int64(o.Req.DType.Size()) {
-			t.Fatalf("device tensor of %d bytes for shape %v %v (length %d)", dv.n, o.Req.Shape, o.Req.DType, n)
+		if uint64(dv.n) != n || uint64(dv.n) != want {
+			t.Fatalf("device tensor of %d bytes for shape [%d] %v (length %d)", dv.n, d0, dtype, n)
 		}
 		if n > 0 && (off+n < off || off+n > size || dv.ptr != dv.m.base.Add(int(off))) {
 			t.Fatalf("accepted bytes [%d,+%d) outside the allocation of %d", off, n, size)
 		}
 		m := dv.m
-		o.Release()
+		dv.Release()
 		if m != nil && m.refs.Load() != 1 {
 			t.Fatalf("released op left %d references on its mapping", m.refs.Load())
 		}
-		c.gpu.close()
+		cg.close()
 		if m != nil && m.refs.Load() != 0 {
 			t.Fatalf("closed connection left %d references on a mapping", m.refs.Load())
 		}
