@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/hvdd/hvdd/daemon/internal/exec"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/ipc"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -63,7 +64,7 @@ type client struct {
 	hasOut atomic.Bool  // outq is not empty: the loop must flush it
 
 	out outputs
-	gpu clientGPU // its GPU mappings and device outputs (gpu.go)
+	gpu exec.ConnGPU // its GPU mappings and device outputs (gpu.go)
 }
 
 // region is a mapped client or daemon region with a reference count: the
@@ -92,7 +93,7 @@ func newClient(s *Server, uc *net.UnixConn) (*client, error) {
 	}
 	// A client that stops reading must not stall the daemon for long.
 	ic.WriteTimeout = 5 * time.Second
-	return &client{s: s, ic: ic, regions: make(map[uint32]*region), localRank: -1, rank: -1, gpu: clientGPU{log: s.log}}, nil
+	return &client{s: s, ic: ic, regions: make(map[uint32]*region), localRank: -1, rank: -1, gpu: exec.ConnGPU{Log: s.log}}, nil
 }
 
 // shmClose closes a received descriptor that will not be mapped.
@@ -219,11 +220,11 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		if !c.hello {
 			return &ipc.ProtocolError{Msg: "Enqueue before Hello"}
 		}
-		o, err := c.resolve(id, m.Enqueue)
+		o, err := c.Resolve(id, m.Enqueue)
 		if err != nil {
 			l.refusedOp(c, m.Enqueue) // metrics.go
 			code := ipcpb.Code_CODE_INVALID_ARGUMENT
-			if errors.Is(err, errGPUOpen) { // gpu.go: the GPU failed, not the request
+			if errors.Is(err, exec.ErrGPUOpen) { // gpu.go: the GPU failed, not the request
 				code = ipcpb.Code_CODE_INTERNAL
 			}
 			c.Reply(id, &ipcpb.Done{Code: code, Error: err.Error()})
@@ -256,7 +257,7 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		l.timelineRequest(c, id, m.Timeline)
 	case *ipcpb.ClientMessage_Release:
 		if h := m.Release.GetDeviceOutput(); len(h) > 0 {
-			if err := c.gpu.releaseOutput(h); err != nil {
+			if err := c.gpu.ReleaseOutput(h); err != nil {
 				return &ipc.ProtocolError{Msg: err.Error()}
 			}
 			break
@@ -271,7 +272,7 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		l.chans = append(l.chans, c)
 		l.s.log.Debug("shared-memory channel registered", "pid", c.pid, "local_rank", c.localRank)
 	case *ipcpb.ClientMessage_ReleaseDeviceMemory:
-		c.gpu.releaseMemory(m.ReleaseDeviceMemory)
+		c.gpu.ReleaseMemory(m.ReleaseDeviceMemory)
 	case *ipcpb.ClientMessage_Goodbye:
 		c.bye, c.reset, c.exiting = true, m.Goodbye.GetElasticReset(), m.Goodbye.GetExiting()
 	default:
@@ -295,7 +296,7 @@ func (c *client) checkPeer() error {
 		return err
 	}
 	c.pid, c.uid = cred.Pid, cred.Uid
-	c.gpu.log = c.s.log.With("pid", c.pid)
+	c.gpu.Log = c.s.log.With("pid", c.pid)
 	if !c.s.allowed(cred.Uid, cred.Gid) && !c.s.allowedGroups(c.ic.FD()) {
 		return &fatalError{ipcpb.Code_CODE_PERMISSION_DENIED,
 			fmt.Sprintf("uid %d gid %d may not use this daemon (it runs as uid %d; add the group with --allow-gid)", cred.Uid, cred.Gid, c.s.uid)}
@@ -311,7 +312,7 @@ func (c *client) releaseConn() {
 		r.Unref()
 	}
 	c.regions = nil
-	c.gpu.close()
+	c.gpu.Close()
 	if c.chReg != nil {
 		c.txMu.Lock()
 		c.ch = nil
@@ -388,9 +389,9 @@ func (c *client) registerChannel(m *ipcpb.RegisterChannel) error {
 	return nil
 }
 
-// resolve checks an Enqueue against the protocol and the client's regions and
+// Resolve checks an Enqueue against the protocol and the client's regions and
 // turns it into an op holding a reference on its region.
-func (c *client) resolve(id uint32, e *ipcpb.Enqueue) (*job.Op, error) {
+func (c *client) Resolve(id uint32, e *ipcpb.Enqueue) (*job.Op, error) {
 	t := tensor.OpType(e.GetOp())
 	if !t.Valid() {
 		return nil, fmt.Errorf("unknown collective %d", e.GetOp())
@@ -429,7 +430,7 @@ func (c *client) resolve(id uint32, e *ipcpb.Enqueue) (*job.Op, error) {
 		if b != nil {
 			return nil, fmt.Errorf("tensor %q: both a host buffer and a device buffer", o.Name)
 		}
-		dv, err := c.s.gpu.resolve(&c.gpu, o.Name, db, n)
+		dv, err := c.s.gpu.Resolve(&c.gpu, o.Name, db, n)
 		if err != nil {
 			return nil, err
 		}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hvdd/hvdd/daemon/internal/exec"
 	"github.com/hvdd/hvdd/gpu/fake"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/shm"
@@ -30,7 +31,7 @@ func FuzzResolve(f *testing.F) {
 		c := &client{regions: map[uint32]*region{1: r}}
 		e := &ipcpb.Enqueue{Name: name, Op: ipcpb.OpType(op), Dtype: ipcpb.DType(dt), Shape: []int64{d0, d1},
 			Buffer: &ipcpb.Buffer{Region: reg, Offset: off, Length: n}, Prescale: pre, Postscale: post}
-		o, err := c.resolve(1, e)
+		o, err := c.Resolve(1, e)
 		if err != nil {
 			if strings.TrimSpace(err.Error()) == "" {
 				t.Fatal("empty error text")
@@ -59,16 +60,16 @@ func FuzzResolve(f *testing.F) {
 // device buffer is refused before either is resolved.
 func TestResolveBothBuffers(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	g := openGPUs(fake.New(fake.Options{Devices: 1}), nil, log, false)
+	g := exec.OpenGPUs(fake.New(fake.Options{Devices: 1}), nil, log, false)
 	defer g.Close()
-	c := &client{s: &Server{gpu: g, log: log}, gpu: clientGPU{log: log}}
+	c := &client{s: &Server{gpu: g, log: log}, gpu: exec.ConnGPU{Log: log}}
 	e := &ipcpb.Enqueue{Name: "t", Op: ipcpb.OpType_OP_ALLREDUCE, Dtype: ipcpb.DType_DTYPE_FLOAT32, Shape: []int64{4},
 		Buffer:       &ipcpb.Buffer{Length: 16},
-		DeviceBuffer: &ipcpb.DeviceBuffer{DeviceUuid: g.uuids()[0], Length: 16}}
-	if o, err := c.resolve(1, e); err == nil || !strings.Contains(err.Error(), "both a host buffer and a device buffer") {
+		DeviceBuffer: &ipcpb.DeviceBuffer{DeviceUuid: g.UUIDs()[0], Length: 16}}
+	if o, err := c.Resolve(1, e); err == nil || !strings.Contains(err.Error(), "both a host buffer and a device buffer") {
 		t.Fatalf("Resolve = %v, %v; want the refusal of both buffers", o, err)
 	}
-	if len(c.gpu.maps) != 0 {
-		t.Fatalf("the refused request mapped %d allocations", len(c.gpu.maps))
+	if c.gpu.Mapped() != 0 {
+		t.Fatalf("the refused request mapped %d allocations", c.gpu.Mapped())
 	}
 }

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/internal/exec"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/internal/nodes"
 	"github.com/hvdd/hvdd/daemon/internal/poll"
@@ -45,7 +45,7 @@ type loop struct {
 	rr      int     // where dispatch starts: the lane after the last to get the executor
 	nextJob uint64
 
-	x        *executor
+	x        *exec.Executor
 	execBusy bool
 	dead     []*client // closed clients whose outputs wait for an idle executor
 
@@ -78,7 +78,7 @@ type loop struct {
 func newLoop(s *Server, p *poll.Poller) (*loop, error) {
 	l := &loop{s: s, cfg: s.cfg, p: p, epoch: time.Now(), clients: make(map[int]*client), lanes: make(map[laneKey]*lane),
 		cycleTime: s.cfg.CycleTime, spin: s.cfg.Spin}
-	l.x = newExecutor(execConfig{Log: s.log, GPU: s.gpu, Workers: s.cfg.Workers, NCCLAcross: s.cfg.GPUAllreduce == GPUAllreduceNCCL}, p)
+	l.x = exec.New(exec.Config{Log: s.log, GPU: s.gpu, Workers: s.cfg.Workers, NCCLAcross: s.cfg.GPUAllreduce == GPUAllreduceNCCL}, p)
 	if s.cfg.multiNode() {
 		c := s.cfg
 		mn, err := nodes.New(l, p, nodes.Config{
@@ -112,14 +112,14 @@ func (l *loop) Now() int64 { return time.Since(l.epoch).Milliseconds() }
 // without the yield, 2.5-3.5 % with it.
 const yieldEvery = 5 * time.Millisecond
 
-// run is the daemon's event loop. It waits in epoll for client frames and
+// Run is the daemon's event loop. It waits in epoll for client frames and
 // posted messages; after any activity it keeps polling without blocking for
 // cfg.Spin, so that the next request of a busy job is picked up without the
 // cost of a wake-up, then blocks again. An idle daemon sleeps in epoll_wait.
-func (l *loop) run() {
+func (l *loop) Run() {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	go l.x.run()
+	go l.x.Run()
 	defer l.shutdown()
 	spin := l.spin
 	var yielded time.Time
@@ -388,8 +388,8 @@ func (l *loop) shutdown() {
 			ln.reform.stop()
 		}
 	}
-	close(l.x.work)
-	<-l.x.stopped
+	close(l.x.Work)
+	<-l.x.Stopped
 	l.execBusy = false
 	l.closeDead()
 	l.s.gpu.Close()
@@ -531,7 +531,7 @@ func (l *loop) Start(j *job.Job, m job.Membership, c job.Coordination) {
 			LocalRank: int32(cl.localRank), LocalSize: int32(len(j.Slots)),
 			CrossRank: int32(crossRank), CrossSize: int32(crossSize), IsHomogeneous: homog,
 			DaemonVersion: Version, JobId: j.ID, Backends: backendNames, Epoch: m.Epoch,
-			GpuUuids: l.s.gpu.uuids(),
+			GpuUuids: l.s.gpu.UUIDs(),
 		}}}, -1)
 	}
 }
@@ -828,7 +828,7 @@ func (l *loop) runResponses(j *job.Job, resps []plan.Response) {
 				if tl != nil {
 					tl.responded(&r)
 					if r.Err == nil {
-						traceAll(tl.w, &r, timeline.End, "")
+						exec.TraceAll(tl.w, &r, timeline.End, "")
 					}
 				}
 				continue
@@ -843,7 +843,7 @@ func (l *loop) runResponses(j *job.Job, resps []plan.Response) {
 		} else if sink := j.Coord.TraceSink(); sink != nil && r.Err == nil {
 			// The coordinator's timeline: this node's phases of the
 			// response, on its own track there.
-			traceAll(sink, &r, timeline.Begin, topName(&r))
+			exec.TraceAll(sink, &r, timeline.Begin, exec.TopName(&r))
 			w.Trace = sink
 		}
 		w.Resp.Root = root
@@ -886,25 +886,16 @@ func (l *loop) runResponses(j *job.Job, resps []plan.Response) {
 	if ln := l.laneOf(j); ln != nil && ln.tune != nil {
 		l.tuneBatch(j, resps)
 	}
-	if (b == nil && bytes <= job.InlineBytes || loopRunnable(b, bytes)) && !job.DeviceBatch(batch) {
+	if (b == nil && bytes <= job.InlineBytes || exec.LoopRunnable(b, bytes)) && !job.DeviceBatch(batch) {
 		// Small work costs less than the hand-off to the executor.
 		for _, w := range batch {
-			l.x.execute(w)
+			l.x.Execute(w)
 		}
 		j.Coord.TraceSent()
 		return
 	}
 	l.execBusy = true
-	l.x.work <- batch
-}
-
-// loopRunnable reports whether a cross-node batch of this many bytes may run
-// in the loop itself: small, on an engine that waits in the kernel rather
-// than in Go's network poller (which would leave the loop's locked thread to
-// sysmon's 10 ms poll). It saves a hand-off to the executor and back.
-func loopRunnable(b backends.Backend, bytes int64) bool {
-	lr, ok := b.(backends.LoopRunnable)
-	return ok && bytes <= job.InlineMultiBytes && bytes <= int64(lr.LoopRunnable())
+	l.x.Work <- batch
 }
 
 // Abort fails the job (loopHooks); its coordination first tells the other

@@ -78,35 +78,6 @@ func (l *loop) arrived(o *job.Op) {
 	o.Class = uint8(metrics.SizeClass(int64(len(o.Buf))))
 }
 
-// timed reports whether w's ops are counted (their job has metrics).
-func timed(w *job.Work) bool {
-	for _, row := range w.Ops {
-		for _, o := range row {
-			if o != nil {
-				return o.M != nil
-			}
-		}
-	}
-	return false
-}
-
-// observeLatency records, for each tensor of w, the time since its batch
-// was dispatched in its collective's latency histogram, in the size class
-// of its first local rank's op.
-func observeLatency(w *job.Work, dispatched time.Time) {
-	d := time.Since(dispatched).Seconds()
-	for _, row := range w.Ops {
-		for _, o := range row {
-			if o != nil {
-				if o.M != nil {
-					o.M.Latency(int(o.Class)).Observe(d)
-				}
-				break
-			}
-		}
-	}
-}
-
 // negotiated records a tensor's negotiation wait on this node: from its
 // first local rank's arrival to its last's (row holds its ops).
 func (l *loop) negotiated(j *job.Job, row []*job.Op) {
@@ -142,7 +113,7 @@ func (l *loop) fused(j *job.Job, batch []job.Work) {
 	if m == nil {
 		return
 	}
-	l.x.dispatched = l.lastDispatch
+	l.x.Dispatched = l.lastDispatch
 	tensors, bytes := 0, int64(0)
 	for i := range batch {
 		r := &batch[i].Resp

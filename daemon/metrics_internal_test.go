@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hvdd/hvdd/daemon/internal/exec"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/metrics"
 	"github.com/hvdd/hvdd/daemon/plan"
@@ -23,12 +24,12 @@ func opHooks(l *loop, j *job.Job, ops []*job.Op, batch []job.Work) {
 	l.lastDispatch = time.Now() // the loop reads the clock as it dispatches anyway
 	l.fused(j, batch)
 	w := &batch[0]
-	on := timed(w)
+	on := exec.Timed(w)
 	for _, o := range ops {
 		o.Count(ipcpb.Code_CODE_OK)
 	}
 	if on {
-		observeLatency(w, l.x.dispatched)
+		exec.ObserveLatency(w, l.x.Dispatched)
 	}
 }
 
@@ -43,7 +44,7 @@ func hookFixture(m *metrics.Metrics) (*loop, *job.Job, []*job.Op, []job.Work) {
 		ops[i] = &job.Op{Conn: &client{lane: ln}, Type: tensor.Allreduce, Buf: buf}
 	}
 	batch := []job.Work{{Job: j, Ops: [][]*job.Op{ops}, Resp: plan.Response{Op: tensor.Allreduce, Tensors: []plan.Tensor{{Name: "t"}}, Bytes: 4096}}}
-	return &loop{x: &executor{}}, j, ops, batch
+	return &loop{x: &exec.Executor{}}, j, ops, batch
 }
 
 // TestOpMetricsAllocs pins the daemon's per-op hooks at zero allocations,

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hvdd/hvdd/daemon/internal/exec"
 	"github.com/hvdd/hvdd/daemon/internal/poll"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 )
@@ -33,8 +34,8 @@ type Server struct {
 	done    chan struct{} // closed when the loop has exited
 
 	closeOnce sync.Once
-	mapped    shmMapped // shared memory mapped, for the metrics (metrics.go)
-	gpu       *gpuState // the GPUs opened (gpu.go); nil when CPU-only
+	mapped    shmMapped  // shared memory mapped, for the metrics (metrics.go)
+	gpu       *exec.GPUs // the GPUs opened (gpu.go); nil when CPU-only
 
 	// mu guards the fields that follow.
 	mu       sync.Mutex
@@ -61,7 +62,7 @@ func New(cfg Config) (*Server, error) {
 		started: make(chan struct{}),
 		done:    make(chan struct{}),
 		conns:   make(map[*client]struct{}),
-		gpu:     openGPUs(c.GPU, c.NCCL, c.Logger, c.GPUAllreduce == GPUAllreduceHost),
+		gpu:     exec.OpenGPUs(c.GPU, c.NCCL, c.Logger, c.GPUAllreduce == GPUAllreduceHost),
 	}, nil
 }
 
@@ -141,7 +142,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	defer unregister()
 	go func() {
 		defer close(s.done)
-		l.run()
+		l.Run()
 	}()
 	close(s.started)
 	go func() {

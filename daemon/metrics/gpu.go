@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -157,7 +158,7 @@ func (c *gpuCollector) Collect(ch chan<- prometheus.Metric) {
 			send(c.ecc, prometheus.CounterValue, float64(g.ECCUncorrected), "uncorrected")
 		}
 		xids := c.xids[gpuKey{g.Index, g.UUID}]
-		for _, x := range slices.Sorted(mapKeys(xids)) {
+		for _, x := range slices.Sorted(maps.Keys(xids)) {
 			send(c.xid, prometheus.CounterValue, float64(xids[x]), strconv.FormatUint(x, 10))
 		}
 		lost := 0.0
@@ -165,17 +166,6 @@ func (c *gpuCollector) Collect(ch chan<- prometheus.Metric) {
 			lost = 1
 		}
 		gauge(c.lost, lost)
-	}
-}
-
-// mapKeys iterates over m's keys.
-func mapKeys(m map[uint64]uint64) func(func(uint64) bool) {
-	return func(yield func(uint64) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
 	}
 }
 
@@ -211,9 +201,9 @@ func (c *gpuCollector) set(stats []GPUStats) {
 // SetGPUs records a sampling round of the node's GPUs (one GPUStats per
 // GPU, as gpu/nvml's Sampler.Sample gave them): the hvdd_gpu_* series
 // show it from the next scrape on. A GPU missing from stats loses its
-// series; nil stats remove them all. Call it from one goroutine at a time
-// (the daemon's sampling loop); it does not block on a scrape for longer
-// than the scrape's copy of the figures. A nil Metrics does nothing.
+// series; nil stats remove them all. It is safe for concurrent use (a
+// scrape in progress delays it briefly); the daemon calls it from its
+// sampling goroutine after each Sample. A nil Metrics does nothing.
 func (m *Metrics) SetGPUs(stats []GPUStats) {
 	if m == nil {
 		return

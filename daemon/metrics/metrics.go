@@ -5,8 +5,9 @@
 // its own.
 //
 // It does not read the daemon's state: the daemon counts into a Job's
-// children from its loop and executor, and registers a collector of its
-// own (Registry) for what is read at scrape time (clients, jobs, links).
+// children from its loop and executor, registers a collector of its own
+// (Registry) for what is read at scrape time (clients, jobs, links), and
+// hands over each round of its GPU sampler's figures (SetGPUs, gpu.go).
 // Nothing here blocks the daemon: the scrape runs on the HTTP server's
 // goroutines, and the children the hot path touches are atomic.
 //
@@ -122,6 +123,7 @@ type Metrics struct {
 	batchBytes     *prometheus.HistogramVec
 	stallWarnings  *prometheus.CounterVec
 	stallShutdowns *prometheus.CounterVec
+	gpus           *gpuCollector
 
 	// now is the clock of retention; time.Now but in tests.
 	now func() time.Time
@@ -190,8 +192,9 @@ func New(opts Options) *Metrics {
 		Name: "hvdd_build_info", Help: "The daemon's version; always 1.",
 	}, []string{"version"})
 	build.WithLabelValues(opts.Version).Set(1)
+	m.gpus = newGPUCollector()
 	m.reg.MustRegister(m.ops, m.bytes, m.latency, m.wait, m.respTensors, m.respBytes,
-		m.batchTensors, m.batchBytes, m.stallWarnings, m.stallShutdowns, build)
+		m.batchTensors, m.batchBytes, m.stallWarnings, m.stallShutdowns, build, m.gpus)
 	if !opts.NoProcess {
 		m.reg.MustRegister(&cached{c: collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), every: processEvery, now: time.Now},
 			collectors.NewGoCollector())

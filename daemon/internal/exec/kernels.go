@@ -1,4 +1,4 @@
-package daemon
+package exec
 
 import (
 	"github.com/hvdd/hvdd/gpu"

@@ -1,4 +1,4 @@
-package daemon
+package exec
 
 import (
 	"context"
@@ -31,7 +31,7 @@ import (
 // belong to that goroutine, and it synchronises the streams before any Done
 // goes out.
 
-// gpuState is the daemon's GPUs: nil on a CPU-only node.
+// GPUs is the daemon's GPUs: nil on a CPU-only node.
 //
 // Start-up only lists them (Driver.Devices: no context). A GPU's context,
 // stream, fusion buffer and kernels are made on first use by a device
@@ -42,7 +42,7 @@ import (
 // connection's cached IPC mappings and events on it, its communicators and
 // its device outputs to go, which the daemon does not track across
 // connections.
-type gpuState struct {
+type GPUs struct {
 	drv  gpu.Driver
 	nccl gpu.NCCL // nil without NCCL: several GPUs then stage through host
 	log  *slog.Logger
@@ -66,7 +66,7 @@ type gpuState struct {
 type gpuDev struct {
 	idx  int // in gpuState.devs
 	info gpu.Info
-	g    *gpuState
+	g    *GPUs
 
 	// mu serialises open (the loop opens a GPU for the IPC handles it
 	// maps). dev and stream are set once, under mu, before any op on the
@@ -85,9 +85,9 @@ type gpuDev struct {
 	scratchN int
 }
 
-// errGPUOpen marks a GPU whose context could not be opened: the op that
+// ErrGPUOpen marks a GPU whose context could not be opened: the op that
 // needed it fails (CODE_INTERNAL), the next one tries again.
-var errGPUOpen = errors.New("cannot open the GPU")
+var ErrGPUOpen = errors.New("cannot open the GPU")
 
 // open makes d's context and stream, once; why (and the attributes that
 // follow, slog's) says what needed them, for the log. A failure leaves d
@@ -102,13 +102,13 @@ func (d *gpuDev) open(why string, attrs ...any) error {
 	dev, err := g.drv.Open(d.info.Index)
 	if err != nil {
 		g.log.Warn("GPU context open failed", append([]any{"index", d.info.Index, "uuid", d.info.UUID, "why", why, "err", err}, attrs...)...)
-		return fmt.Errorf("GPU %s: %w: retain its context: %w%s", d.info.UUID, errGPUOpen, err, openHint(err))
+		return fmt.Errorf("GPU %s: %w: retain its context: %w%s", d.info.UUID, ErrGPUOpen, err, openHint(err))
 	}
 	s, err := dev.NewStream()
 	if err != nil {
 		dev.Close()
 		g.log.Warn("GPU context open failed", append([]any{"index", d.info.Index, "uuid", d.info.UUID, "why", why, "err", err}, attrs...)...)
-		return fmt.Errorf("GPU %s: %w: create a stream: %w%s", d.info.UUID, errGPUOpen, err, openHint(err))
+		return fmt.Errorf("GPU %s: %w: create a stream: %w%s", d.info.UUID, ErrGPUOpen, err, openHint(err))
 	}
 	d.dev, d.stream = dev, s
 	g.log.Info("GPU context opened", append([]any{"index", d.info.Index, "uuid", d.info.UUID, "why", why}, attrs...)...)
@@ -135,10 +135,10 @@ func (d *gpuDev) opened() bool {
 	return d.dev != nil
 }
 
-// openGPUs lists the GPUs drv has, opening none (gpuDev.open does, on first
+// OpenGPUs lists the GPUs drv has, opening none (gpuDev.open does, on first
 // use); a driver that fails, or lists none, leaves the daemon CPU-only
 // (nil), saying so once.
-func openGPUs(drv gpu.Driver, nccl gpu.NCCL, log *slog.Logger, hostOnly bool) *gpuState {
+func OpenGPUs(drv gpu.Driver, nccl gpu.NCCL, log *slog.Logger, hostOnly bool) *GPUs {
 	if drv == nil {
 		return nil
 	}
@@ -150,7 +150,7 @@ func openGPUs(drv gpu.Driver, nccl gpu.NCCL, log *slog.Logger, hostOnly bool) *g
 		log.Info("no CUDA driver: CPU-only", "driver", drv.Name(), "why", err)
 		return nil
 	}
-	g := &gpuState{drv: drv, nccl: nccl, log: log, by: make(map[string]*gpuDev), hostOnly: hostOnly, comms: make(map[string][]gpu.Comm)}
+	g := &GPUs{drv: drv, nccl: nccl, log: log, by: make(map[string]*gpuDev), hostOnly: hostOnly, comms: make(map[string][]gpu.Comm)}
 	for _, in := range infos {
 		gd := &gpuDev{idx: len(g.devs), info: in, g: g}
 		g.devs = append(g.devs, gd)
@@ -169,8 +169,8 @@ func openGPUs(drv gpu.Driver, nccl gpu.NCCL, log *slog.Logger, hostOnly bool) *g
 	return g
 }
 
-// uuids lists the GPUs found (Welcome.gpu_uuids); nil when CPU-only.
-func (g *gpuState) uuids() []string {
+// UUIDs lists the GPUs found (Welcome.gpu_uuids); nil when CPU-only.
+func (g *GPUs) UUIDs() []string {
 	if g == nil {
 		return nil
 	}
@@ -183,7 +183,7 @@ func (g *gpuState) uuids() []string {
 
 // close releases everything: communicators, buffers, streams, contexts of
 // the GPUs opened. Called once the executor has stopped.
-func (g *gpuState) Close() {
+func (g *GPUs) Close() {
 	if g == nil {
 		return
 	}
@@ -219,11 +219,11 @@ func (g *gpuState) Close() {
 	}
 }
 
-// clientGPU is one connection's device state: its mapped allocations and
+// ConnGPU is one connection's device state: its mapped allocations and
 // opened events (the loop's), and the device outputs the daemon allocated
 // for it (the executor adds them, the loop frees them on Release).
-type clientGPU struct {
-	log    *slog.Logger
+type ConnGPU struct {
+	Log    *slog.Logger // where its messages go (the client's, with its pid)
 	maps   map[string]*devMapping
 	events map[string]*devEvent
 
@@ -240,6 +240,7 @@ type devMapping struct {
 	refs atomic.Int32
 }
 
+// Unref drops a reference; the last closes the mapping.
 func (m *devMapping) Unref() {
 	if m.refs.Add(-1) == 0 {
 		m.d.dev.CloseMemHandle(m.base)
@@ -253,6 +254,7 @@ type devEvent struct {
 	refs atomic.Int32
 }
 
+// Unref drops a reference; the last destroys the event.
 func (e *devEvent) Unref() {
 	if e.refs.Add(-1) == 0 {
 		e.ev.Destroy()
@@ -269,7 +271,7 @@ type devOutput struct {
 // devOp is an op's device tensor.
 type devOp struct {
 	d   *gpuDev
-	cg  *clientGPU // the device state of the connection that sent it
+	cg  *ConnGPU    // the device state of the connection that sent it
 	m   *devMapping // nil for an empty tensor
 	ev  *devEvent   // nil when the client synchronised its stream itself
 	ptr gpu.DevicePtr
@@ -295,8 +297,11 @@ func (d *devOp) Done(o *job.Op, dn *ipcpb.Done) *ipcpb.Done {
 	return unstage(o, dn)
 }
 
+// Bytes is the tensor's size (job.DeviceTensor).
 func (d *devOp) Bytes() int { return d.n }
 
+// Release drops the op's references on its mapping and event
+// (job.DeviceTensor).
 func (d *devOp) Release() {
 	if d.m != nil {
 		d.m.Unref()
@@ -310,16 +315,16 @@ func (d *devOp) Release() {
 // maxDeviceMappings bounds one connection's cached IPC mappings.
 const maxDeviceMappings = 4096
 
-// resolve checks a DeviceBuffer for a tensor of n bytes of the connection
+// Resolve checks a DeviceBuffer for a tensor of n bytes of the connection
 // whose device state is cg and returns it mapped, holding references on its
 // mapping and event. g is nil on a CPU-only node.
-func (g *gpuState) resolve(cg *clientGPU, name string, b *ipcpb.DeviceBuffer, n uint64) (job.DeviceTensor, error) {
+func (g *GPUs) Resolve(cg *ConnGPU, name string, b *ipcpb.DeviceBuffer, n uint64) (job.DeviceTensor, error) {
 	if g == nil {
 		return nil, fmt.Errorf("tensor %q: a GPU tensor (device_buffer), but this daemon runs CPU-only (no CUDA driver): stage it through host memory", name)
 	}
 	d := g.by[b.GetDeviceUuid()]
 	if d == nil {
-		return nil, fmt.Errorf("tensor %q: GPU %q is not one this daemon opened (%s): stage it through host memory", name, b.GetDeviceUuid(), strings.Join(g.uuids(), ", "))
+		return nil, fmt.Errorf("tensor %q: GPU %q is not one this daemon opened (%s): stage it through host memory", name, b.GetDeviceUuid(), strings.Join(g.UUIDs(), ", "))
 	}
 	if b.GetLength() != n {
 		return nil, fmt.Errorf("tensor %q: device buffer of %d bytes for a tensor of %d bytes", name, b.GetLength(), n)
@@ -413,7 +418,7 @@ func (g *gpuState) resolve(cg *clientGPU, name string, b *ipcpb.DeviceBuffer, n 
 // releaseDeviceMemory drops the cached mappings of handles the client freed;
 // a mapping an op in flight uses closes after it. Unknown handles are
 // ignored: the client may free allocations it never sent.
-func (cg *clientGPU) releaseMemory(m *ipcpb.ReleaseDeviceMemory) {
+func (cg *ConnGPU) ReleaseMemory(m *ipcpb.ReleaseDeviceMemory) {
 	for _, h := range m.GetMemHandles() {
 		if mp, ok := cg.maps[string(h)]; ok {
 			delete(cg.maps, string(h))
@@ -422,12 +427,12 @@ func (cg *clientGPU) releaseMemory(m *ipcpb.ReleaseDeviceMemory) {
 	}
 }
 
-// close drops everything the connection held on the GPUs (the loop, at
+// Close drops everything the connection held on the GPUs (the loop, at
 // disconnect): mappings and events close once no op uses them, device
 // outputs are freed.
-func (cg *clientGPU) close() {
+func (cg *ConnGPU) Close() {
 	if n := len(cg.maps) + len(cg.events); n > 0 {
-		cg.log.Debug("GPU mappings closed", "mappings", len(cg.maps), "events", len(cg.events))
+		cg.Log.Debug("GPU mappings closed", "mappings", len(cg.maps), "events", len(cg.events))
 	}
 	for k, m := range cg.maps {
 		delete(cg.maps, k)
@@ -448,7 +453,7 @@ func (cg *clientGPU) close() {
 
 // addOutput keeps a device output for the client until Release; it
 // returns false (and frees it) when the client is gone.
-func (cg *clientGPU) addOutput(h gpu.IpcMemHandle, o *devOutput) bool {
+func (cg *ConnGPU) addOutput(h gpu.IpcMemHandle, o *devOutput) bool {
 	cg.mu.Lock()
 	defer cg.mu.Unlock()
 	if cg.closed {
@@ -462,8 +467,11 @@ func (cg *clientGPU) addOutput(h gpu.IpcMemHandle, o *devOutput) bool {
 	return true
 }
 
-// releaseOutput frees a device output the client has read.
-func (cg *clientGPU) releaseOutput(h []byte) error {
+// Mapped is the number of the connection's mapped allocations.
+func (cg *ConnGPU) Mapped() int { return len(cg.maps) }
+
+// ReleaseOutput frees a device output the client has read.
+func (cg *ConnGPU) ReleaseOutput(h []byte) error {
 	cg.mu.Lock()
 	defer cg.mu.Unlock()
 	o, ok := cg.outs[string(h)]
@@ -472,7 +480,7 @@ func (cg *clientGPU) releaseOutput(h []byte) error {
 	}
 	delete(cg.outs, string(h))
 	if err := o.d.dev.Free(o.ptr); err != nil {
-		cg.log.Warn("freeing a device output failed", "gpu", o.d.info.UUID, "err", err)
+		cg.Log.Warn("freeing a device output failed", "gpu", o.d.info.UUID, "err", err)
 	}
 	return nil
 }

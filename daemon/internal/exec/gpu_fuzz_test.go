@@ -1,4 +1,4 @@
-package daemon
+package exec
 
 import (
 	"io"
@@ -20,7 +20,7 @@ import (
 // shapes, are skipped; TestResolveBothBuffers covers the first.)
 func FuzzResolveDevice(f *testing.F) {
 	drv := fake.New(fake.Options{Devices: 1})
-	g := openGPUs(drv, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), false)
+	g := OpenGPUs(drv, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), false)
 	if g == nil {
 		f.Fatal("no fake GPU")
 	}
@@ -61,10 +61,10 @@ func FuzzResolveDevice(f *testing.F) {
 		if both || !dtype.Valid() || d0 < 0 || d0 > 1<<40 {
 			return
 		}
-		cg := &clientGPU{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		cg := &ConnGPU{Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 		db := &ipcpb.DeviceBuffer{DeviceUuid: uuid, MemHandle: mh, AllocSize: size, Offset: off, Length: n, EventHandle: evh}
 		want := uint64(d0) * uint64(dtype.Size())
-		res, err := g.resolve(cg, "t", db, want)
+		res, err := g.Resolve(cg, "t", db, want)
 		if err != nil {
 			if strings.TrimSpace(err.Error()) == "" {
 				t.Fatal("empty error text")
@@ -74,7 +74,7 @@ func FuzzResolveDevice(f *testing.F) {
 					t.Fatalf("refused request left %d references on a mapping", m.refs.Load())
 				}
 			}
-			cg.close()
+			cg.Close()
 			return
 		}
 		dv, _ := res.(*devOp)
@@ -92,7 +92,7 @@ func FuzzResolveDevice(f *testing.F) {
 		if m != nil && m.refs.Load() != 1 {
 			t.Fatalf("released op left %d references on its mapping", m.refs.Load())
 		}
-		cg.close()
+		cg.Close()
 		if m != nil && m.refs.Load() != 0 {
 			t.Fatalf("closed connection left %d references on a mapping", m.refs.Load())
 		}

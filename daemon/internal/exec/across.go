@@ -1,4 +1,4 @@
-package daemon
+package exec
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 // node's ranks are contiguous and node order is rank order.
 
 // fusion returns a scratch buffer of n bytes, reused across ops.
-func (x *executor) fusion(n int) []byte {
+func (x *Executor) fusion(n int) []byte {
 	if cap(x.fuse) < n {
 		x.fuse = make([]byte, n)
 	}
@@ -29,7 +29,7 @@ func (x *executor) fusion(n int) []byte {
 // executeMulti runs one response across nodes and answers the local ops. A
 // backend failure fails the whole job and the ops with ABORTED, both
 // through the loop.
-func (x *executor) executeMulti(w job.Work) {
+func (x *Executor) executeMulti(w job.Work) {
 	r := &w.Resp
 	ctx := context.Background()
 	b, err := x.engineFor(w)
@@ -94,7 +94,7 @@ func (x *executor) executeMulti(w job.Work) {
 // set whose members live on some of the nodes only, the engine's group of
 // those nodes, made on its first use (in plan order on every member node,
 // as backends.Grouper asks) and kept while the job's engine is the same.
-func (x *executor) engineFor(w job.Work) (backends.Backend, error) {
+func (x *Executor) engineFor(w job.Work) (backends.Backend, error) {
 	nodes := w.View.Nodes
 	if len(nodes) == w.Engine.Size() {
 		return w.Engine, nil
@@ -131,7 +131,7 @@ func localBufs(row []*job.Op) [][]byte {
 	return bufs
 }
 
-func (x *executor) allreduceMulti(ctx context.Context, b backends.Backend, w job.Work) error {
+func (x *Executor) allreduceMulti(ctx context.Context, b backends.Backend, w job.Work) error {
 	r := &w.Resp
 	if r.ReduceOp == tensor.Adasum {
 		return x.adasumMulti(ctx, b, w)
@@ -231,7 +231,7 @@ func pipeChunk(total int) int {
 // timeline: the local reduction until the first chunk is ready, the
 // engine's transfer until the last chunk is through, then the rest of the
 // write-back.
-func (x *executor) allreducePipelined(ctx context.Context, b backends.Backend, w job.Work, f []byte, chunk int, op tensor.ReduceOp, pre, post float64) error {
+func (x *Executor) allreducePipelined(ctx context.Context, b backends.Backend, w job.Work, f []byte, chunk int, op tensor.ReduceOp, pre, post float64) error {
 	r := &w.Resp
 	es := r.DType.Size()
 	offs := make([]int, len(r.Tensors)+1) // tensor i is f[offs[i]:offs[i+1]]
@@ -363,7 +363,7 @@ func (x *executor) allreducePipelined(ctx context.Context, b backends.Backend, w
 // travel as zeros). The flags are padded to 8 bytes, so that every node's
 // block, and so every value, keeps the element alignment of the fusion
 // buffer.
-func (x *executor) adasumMulti(ctx context.Context, b backends.Backend, w job.Work) error {
+func (x *Executor) adasumMulti(ctx context.Context, b backends.Backend, w job.Work) error {
 	r := &w.Resp
 	mb := w.View.Rows
 	nn := len(r.Tensors)
@@ -453,14 +453,14 @@ func (x *executor) adasumMulti(ctx context.Context, b backends.Backend, w job.Wo
 
 // adasumIn returns a scratch buffer of n bytes for adasumMulti's own block,
 // reused across ops (the fusion buffer receives every node's blocks).
-func (x *executor) adasumIn(n int) []byte {
+func (x *Executor) adasumIn(n int) []byte {
 	if cap(x.adaIn) < n {
 		x.adaIn = make([]byte, n)
 	}
 	return x.adaIn[:n]
 }
 
-func (x *executor) broadcastMulti(ctx context.Context, b backends.Backend, w job.Work) error {
+func (x *Executor) broadcastMulti(ctx context.Context, b backends.Backend, w job.Work) error {
 	r := &w.Resp
 	rootNode := w.View.Rows.NodeOf(r.Root)
 	for i := range r.Tensors {
@@ -501,7 +501,7 @@ func (x *executor) broadcastMulti(ctx context.Context, b backends.Backend, w job
 	return nil
 }
 
-func (x *executor) allgatherMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
+func (x *Executor) allgatherMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
 	r := &w.Resp
 	mb := w.View.Rows
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
@@ -529,7 +529,7 @@ func (x *executor) allgatherMulti(ctx context.Context, b backends.Backend, w job
 // outputs allocates each local op's output of size(rank) bytes, fills it with
 // fill and returns the Done of each, with shape (or shapeOf(rank) when shape is
 // nil) and received splits.
-func (x *executor) outputs(row []*job.Op, fill func(rank int, dst []byte), size func(rank int) int, shape tensor.Shape, extra func(rank int, d *ipcpb.Done)) []*ipcpb.Done {
+func (x *Executor) outputs(row []*job.Op, fill func(rank int, dst []byte), size func(rank int) int, shape tensor.Shape, extra func(rank int, d *ipcpb.Done)) []*ipcpb.Done {
 	dones := make([]*ipcpb.Done, len(row))
 	for rank, o := range row {
 		if o == nil {
@@ -550,7 +550,7 @@ func (x *executor) outputs(row []*job.Op, fill func(rank int, dst []byte), size 
 	return dones
 }
 
-func (x *executor) alltoallMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
+func (x *Executor) alltoallMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
 	r := &w.Resp
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	for i, t := range r.Tensors {
@@ -558,7 +558,7 @@ func (x *executor) alltoallMulti(ctx context.Context, b backends.Backend, w job.
 		var in []byte
 		a.sends(func(s, d int) {
 			if o := w.Ops[i][s]; o != nil {
-				in = append(in, o.Buf[a.Start(s, d):a.Start(s, d)+a.piece(s, d)]...)
+				in = append(in, o.Buf[a.start(s, d):a.start(s, d)+a.piece(s, d)]...)
 			}
 		})
 		out := x.fusion(a.total)
@@ -627,11 +627,11 @@ func newA2APlan(w *job.Work, i int) *a2aPlan {
 	return a
 }
 
-// piece is the bytes rank s sends rank d; start, where they begin in s's
-// input.
+// piece is the bytes rank s sends rank d.
 func (a *a2aPlan) piece(s, d int) int { return int(a.sp[s][d]) * a.rowBytes }
 
-func (a *a2aPlan) Start(s, d int) int {
+// start is where the bytes rank s sends rank d begin in s's input.
+func (a *a2aPlan) start(s, d int) int {
 	o := 0
 	for k := range d {
 		o += a.piece(s, k)
@@ -704,7 +704,7 @@ func (a *a2aPlan) fill(d int, dst, out []byte) {
 	}
 }
 
-func (x *executor) reducescatterMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
+func (x *Executor) reducescatterMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
 	r := &w.Resp
 	mb := w.View.Rows
 	op, pre, post := scales(r, w.Size)

@@ -1,4 +1,4 @@
-package daemon
+package exec
 
 import (
 	"errors"
@@ -19,11 +19,11 @@ import (
 	"github.com/hvdd/hvdd/tensor"
 )
 
-// executor runs batches of work in order on its own goroutine, so the loop
+// Executor runs batches of work in order on its own goroutine, so the loop
 // keeps negotiating while data moves.
-type executor struct {
+type Executor struct {
 	log *slog.Logger
-	gpu *gpuState // nil on a CPU-only node
+	gpu *GPUs // nil on a CPU-only node
 	// ncclAcross joins the nodes' GPUs with NCCL (Config.GPUAllreduce
 	// "nccl") where a response allows it.
 	ncclAcross bool
@@ -31,8 +31,10 @@ type executor struct {
 	ropts      reduce.Options
 	fuse       []byte // fusion buffer of cross-node ops, reused
 	adaIn      []byte // a node's block of a cross-node Adasum, reused
-	work       chan []job.Work
-	stopped    chan struct{}
+	// Work takes the loop's batches; the loop closes it as it stops, and
+	// Stopped closes once the last batch ran.
+	Work    chan []job.Work
+	Stopped chan struct{}
 
 	// The timeline row of the tensor being run and how many phases to end
 	// there (endTrace); no writer when off. The loop runs small batches
@@ -50,44 +52,51 @@ type executor struct {
 	groupsOf backends.Backend
 	// gpuPaths are the GPU paths used so far (exec_gpu.go: gpuPath).
 	gpuPaths map[string]bool
-	// dispatched is when the loop dispatched the batch running now, for
-	// the latency metrics (metrics.go: fused); set only while it is idle.
-	dispatched time.Time
+	// Dispatched is when the loop dispatched the batch running now, for
+	// the latency metrics (ObserveLatency); set only while it is idle.
+	Dispatched time.Time
 }
 
-// execConfig is what the executor takes of the daemon's configuration.
-type execConfig struct {
+// Config is what the executor takes of the daemon's configuration.
+type Config struct {
 	Log        *slog.Logger
-	GPU        *gpuState // nil on a CPU-only node
-	Workers    int       // reduction workers (Config.Workers)
-	NCCLAcross bool      // Config.GPUAllreduce is "nccl"
+	GPU        *GPUs // nil on a CPU-only node
+	Workers    int   // reduction workers (Config.Workers)
+	NCCLAcross bool  // Config.GPUAllreduce is "nccl"
 }
 
-func newExecutor(cfg execConfig, p *poll.Poller) *executor {
-	return &executor{
+// New returns an executor that posts job.MsgExecIdle (and a failed
+// collective across nodes, job.MsgExecErr) to the loop through p.
+func New(cfg Config, p *poll.Poller) *Executor {
+	return &Executor{
 		log:        cfg.Log,
 		gpu:        cfg.GPU,
 		ncclAcross: cfg.NCCLAcross,
 		p:          p,
 		ropts:      reduce.Options{Workers: cfg.Workers},
-		work:       make(chan []job.Work, 1),
-		stopped:    make(chan struct{}),
+		Work:       make(chan []job.Work, 1),
+		Stopped:    make(chan struct{}),
 	}
 }
 
-func (x *executor) run() {
-	defer close(x.stopped)
-	for batch := range x.work {
+// Run runs the batches sent on Work in order until Work closes; the
+// executor's goroutine.
+func (x *Executor) Run() {
+	defer close(x.Stopped)
+	for batch := range x.Work {
 		for _, w := range batch {
-			x.execute(w)
+			x.Execute(w)
 		}
 		x.p.Post(job.MsgExecIdle{})
 	}
 }
 
-func (x *executor) execute(w job.Work) {
-	if timed(&w) {
-		defer observeLatency(&w, x.dispatched) // metrics.go
+// Execute runs one response's work: on NCCL across nodes, on the device
+// path, or on host memory. The loop calls it itself for small work while
+// the executor's goroutine is idle.
+func (x *Executor) Execute(w job.Work) {
+	if Timed(&w) {
+		defer ObserveLatency(&w, x.Dispatched) // metrics.go
 	}
 	if x.ncclEligible(&w) { // exec_gpu.go
 		if !x.ncclVote(&w) {
@@ -114,12 +123,12 @@ func (x *executor) execute(w job.Work) {
 }
 
 // executeHost runs w on host memory (GPU tensors staged there already).
-func (x *executor) executeHost(w job.Work) {
+func (x *Executor) executeHost(w job.Work) {
 	if w.Engine != nil {
 		if w.Trace != nil {
 			// The response's top-level phase (tracer.responded) ends
 			// once every rank has its answer.
-			defer traceAll(w.Trace, &w.Resp, timeline.End, "")
+			defer TraceAll(w.Trace, &w.Resp, timeline.End, "")
 		}
 		x.executeMulti(w)
 		return
@@ -127,15 +136,15 @@ func (x *executor) executeHost(w job.Work) {
 	r := &w.Resp
 	if r.Op == tensor.Allreduce {
 		if w.Trace != nil {
-			traceAll(w.Trace, r, timeline.Begin, activity(r))
+			TraceAll(w.Trace, r, timeline.Begin, activity(r))
 		}
 		err := x.allreduceFused(r, w.Ops, w.Size)
 		if w.Trace != nil {
 			// The activity and the response's top-level phase
 			// (tracer.responded) end before the ranks hear, so that a
 			// rank's next request of a name opens its negotiation after.
-			traceAll(w.Trace, r, timeline.End, "")
-			traceAll(w.Trace, r, timeline.End, "")
+			TraceAll(w.Trace, r, timeline.End, "")
+			TraceAll(w.Trace, r, timeline.End, "")
 		}
 		if err != nil {
 			x.log.Error("allreduce failed", "tensors", len(r.Tensors), "err", err)
@@ -149,7 +158,7 @@ func (x *executor) executeHost(w job.Work) {
 	for i, t := range r.Tensors {
 		ops := w.Ops[i]
 		if w.Trace != nil {
-			x.traceW, x.traceRow, x.traceEnds = w.Trace, row(r.ProcessSet, t.Name), 1
+			x.traceW, x.traceRow, x.traceEnds = w.Trace, Row(r.ProcessSet, t.Name), 1
 			if r.Op != tensor.Barrier && r.Op != tensor.Join {
 				w.Trace.Event(x.traceRow, timeline.Begin, activity(r))
 				x.traceEnds = 2
@@ -189,7 +198,7 @@ func (x *executor) executeHost(w job.Work) {
 // endTrace ends the timeline phases of the tensor being run (its activity
 // and its top-level phase), just before its ranks are answered: a rank's next
 // request of the same name then opens a new negotiation after them.
-func (x *executor) endTrace() {
+func (x *Executor) endTrace() {
 	if x.traceW == nil {
 		return
 	}
@@ -200,7 +209,7 @@ func (x *executor) endTrace() {
 }
 
 // finishBatched answers every op OK, one write per client.
-func (x *executor) finishBatched(ops [][]*job.Op) {
+func (x *Executor) finishBatched(ops [][]*job.Op) {
 	type batch struct {
 		ids []uint32
 		ms  []*ipcpb.ServerMessage
@@ -241,7 +250,7 @@ func (x *executor) finishBatched(ops [][]*job.Op) {
 }
 
 // finishAll answers every op with d (OK when nil).
-func (x *executor) finishAll(ops []*job.Op, d *ipcpb.Done) error {
+func (x *Executor) finishAll(ops []*job.Op, d *ipcpb.Done) error {
 	if d == nil {
 		d = &ipcpb.Done{}
 	}
@@ -275,7 +284,7 @@ func scales(r *plan.Response, size int) (tensor.ReduceOp, float64, float64) {
 // large fused buffer would. Split points are multiples of 4 KiB of the
 // concatenation; every tensor starts at a multiple of the element size there,
 // so every piece is whole elements.
-func (x *executor) allreduceFused(r *plan.Response, ops [][]*job.Op, size int) error {
+func (x *Executor) allreduceFused(r *plan.Response, ops [][]*job.Op, size int) error {
 	if r.ReduceOp == tensor.Adasum {
 		return x.adasum(r, ops)
 	}
@@ -345,7 +354,7 @@ func (x *executor) allreduceFused(r *plan.Response, ops [][]*job.Op, size int) e
 // ranks' buffers, in set order, meet in reduce.Adasum, which leaves the
 // result in all of them. A joined rank has no buffer and counts as a zero
 // vector. A large tensor is spread over the workers inside reduce.Adasum.
-func (x *executor) adasum(r *plan.Response, ops [][]*job.Op) error {
+func (x *Executor) adasum(r *plan.Response, ops [][]*job.Op) error {
 	for i, row := range ops {
 		bufs := make([][]byte, len(row))
 		for k, o := range row {
@@ -361,7 +370,7 @@ func (x *executor) adasum(r *plan.Response, ops [][]*job.Op) error {
 }
 
 // broadcast copies the root's buffer into every other rank's.
-func (x *executor) broadcast(r *plan.Response, ops []*job.Op) error {
+func (x *Executor) broadcast(r *plan.Response, ops []*job.Op) error {
 	if r.Root < 0 || r.Root >= len(ops) || ops[r.Root] == nil {
 		return fmt.Errorf("broadcast root %d has no buffer", r.Root)
 	}
@@ -378,7 +387,7 @@ func (x *executor) broadcast(r *plan.Response, ops []*job.Op) error {
 
 // allgather concatenates every rank's rows, in rank order, into an output of
 // each rank's own.
-func (x *executor) allgather(r *plan.Response, t *plan.Tensor, ops []*job.Op) error {
+func (x *Executor) allgather(r *plan.Response, t *plan.Tensor, ops []*job.Op) error {
 	rowBytes := t.Shape.RowElements() * int64(r.DType.Size())
 	shape := allgatherShape(t)
 	total := shape[0]
@@ -403,7 +412,7 @@ func (x *executor) allgather(r *plan.Response, t *plan.Tensor, ops []*job.Op) er
 
 // alltoall sends rank s's rows [sum(splits[s][:d]), +splits[s][d]) to rank d;
 // each rank receives the pieces in source-rank order.
-func (x *executor) alltoall(r *plan.Response, t *plan.Tensor, ops []*job.Op) error {
+func (x *Executor) alltoall(r *plan.Response, t *plan.Tensor, ops []*job.Op) error {
 	rowBytes := t.Shape.RowElements() * int64(r.DType.Size())
 	n := len(ops)
 	// starts[s][d] is the row where rank s's piece for rank d begins.
@@ -499,7 +508,7 @@ func nodeCounts(mb job.Membership, bytes func(rank int) int) []int {
 
 // reducescatter reduces the ranks' buffers and hands rank r its block of
 // rows (scatterBlock).
-func (x *executor) reducescatter(r *plan.Response, t *plan.Tensor, ops []*job.Op, size int) error {
+func (x *Executor) reducescatter(r *plan.Response, t *plan.Tensor, ops []*job.Op, size int) error {
 	rowBytes := t.Shape.RowElements() * int64(r.DType.Size())
 	rop, pre, post := scales(r, size)
 	return x.eachRank(ops, func(rank int, o *job.Op) (*ipcpb.Done, error) {
@@ -527,11 +536,11 @@ func (x *executor) reducescatter(r *plan.Response, t *plan.Tensor, ops []*job.Op
 
 // each runs f for every rank's op (in parallel when there are several) and
 // answers each op with f's Done, or with an error.
-func (x *executor) each(ops []*job.Op, f func(o *job.Op) (*ipcpb.Done, error)) error {
+func (x *Executor) each(ops []*job.Op, f func(o *job.Op) (*ipcpb.Done, error)) error {
 	return x.eachRank(ops, func(_ int, o *job.Op) (*ipcpb.Done, error) { return f(o) })
 }
 
-func (x *executor) eachRank(ops []*job.Op, f func(rank int, o *job.Op) (*ipcpb.Done, error)) error {
+func (x *Executor) eachRank(ops []*job.Op, f func(rank int, o *job.Op) (*ipcpb.Done, error)) error {
 	var wg sync.WaitGroup
 	dones := make([]*ipcpb.Done, len(ops))
 	for i, o := range ops {
@@ -582,4 +591,42 @@ func parallelCopy(dsts [][]byte, src []byte) {
 		}
 	}
 	wg.Wait()
+}
+
+// LoopRunnable reports whether a cross-node batch of this many bytes may run
+// in the loop itself: small, on an engine that waits in the kernel rather
+// than in Go's network poller (which would leave the loop's locked thread to
+// sysmon's 10 ms poll). It saves a hand-off to the executor and back.
+func LoopRunnable(b backends.Backend, bytes int64) bool {
+	lr, ok := b.(backends.LoopRunnable)
+	return ok && bytes <= job.InlineMultiBytes && bytes <= int64(lr.LoopRunnable())
+}
+
+// Timed reports whether w's ops are counted (their job has metrics).
+func Timed(w *job.Work) bool {
+	for _, row := range w.Ops {
+		for _, o := range row {
+			if o != nil {
+				return o.M != nil
+			}
+		}
+	}
+	return false
+}
+
+// ObserveLatency records, for each tensor of w, the time since its batch
+// was dispatched in its collective's latency histogram, in the size class
+// of its first local rank's op.
+func ObserveLatency(w *job.Work, dispatched time.Time) {
+	d := time.Since(dispatched).Seconds()
+	for _, row := range w.Ops {
+		for _, o := range row {
+			if o != nil {
+				if o.M != nil {
+					o.M.Latency(int(o.Class)).Observe(d)
+				}
+				break
+			}
+		}
+	}
 }

@@ -1,4 +1,4 @@
-package daemon
+package exec
 
 import (
 	"context"
@@ -18,49 +18,6 @@ import (
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/tensor"
 )
-
-// Executing responses that hold GPU tensors.
-//
-// Native paths work in device memory and cover what training spends its
-// time on:
-//
-//   - allreduce on one node: each GPU's local ranks are reduced into that
-//     GPU's fusion buffer (a D2D copy of the first rank's tensor, then one
-//     reduce kernel per further rank; with a prescale each input is scaled
-//     first, through the scratch buffer, so that Min/Max and integer
-//     truncation see the scaled values as on the CPU path); GPUs are joined
-//     by one NCCL allreduce over their fusion buffers (a communicator per
-//     set of GPUs, made once with ncclCommInitAll and kept); the postscale
-//     (Average's 1/size folded in, scales()) is one kernel; one D2D copy per
-//     rank writes the result back.
-//   - allreduce across nodes (hierarchical, Horovod's
-//     HOROVOD_HIERARCHICAL_ALLREDUCE): the same local step, then the node's
-//     fused result goes to host memory, through the job's engine (tcp or
-//     mpi) in exactly the calls the CPU path would make for it (so nodes may
-//     choose differently), and back to every GPU before the postscale and
-//     write-back.
-//   - broadcast on one node: D2D copies on the root's GPU, an NCCL
-//     broadcast (as bytes) to the others.
-//   - allgather, alltoall and reducescatter on one node whose ranks share
-//     one GPU: each rank's result is built in a new allocation on that GPU
-//     by D2D copies (and reduce and scale kernels), exported to it as
-//     Done.device_output.
-//
-// Everything else (allgather, alltoall and reducescatter over several GPUs
-// or nodes, Adasum, responses
-// with joined ranks or empty tensors, dtypes NCCL lacks across GPUs, a
-// node without NCCL, GPUAllreduceHost) is staged: every device tensor is
-// copied to host memory (after its IPC event), the CPU path runs on the
-// copies, and the op's finish copies the result back (in place) or into a
-// daemon device allocation exported to the client (Done.device_output)
-// before the Done goes out. Staging works on every engine and across nodes.
-//
-// Either way the executor synchronises the streams before answering, so a
-// Done means the daemon is finished with the client's memory. A GPU error
-// fails the ops it touched with CODE_INTERNAL (on one node; across nodes it
-// fails the job, whose other nodes wait in the engine) and replaces the
-// streams; an NCCL error aborts the communicator, and the next use makes a
-// new one.
 
 // nativeOK reports whether w can run on a native path: every op of this
 // node is a non-empty device tensor, and every row has ops at the same
@@ -98,7 +55,7 @@ func ncclDType(dt tensor.DType) bool {
 }
 
 // executeDevice runs a response with GPU tensors in it.
-func (x *executor) executeDevice(w job.Work) {
+func (x *Executor) executeDevice(w job.Work) {
 	g := x.gpu
 	r := &w.Resp
 	if g != nil && !g.hostOnly && nativeOK(&w) {
@@ -164,7 +121,7 @@ func (x *executor) executeDevice(w job.Work) {
 
 // gpuPath logs the first use of each way of running GPU tensors (tests
 // check that the path they mean to exercise ran).
-func (x *executor) gpuPath(p string) {
+func (x *Executor) gpuPath(p string) {
 	if x.gpuPaths[p] {
 		return
 	}
@@ -202,13 +159,13 @@ func usedDevs(w *job.Work) []*gpuDev {
 }
 
 // runNative runs a native path and answers the ops.
-func (x *executor) runNative(w job.Work, devs []*gpuDev, f func(ctx context.Context, w job.Work, devs []*gpuDev) error) {
+func (x *Executor) runNative(w job.Work, devs []*gpuDev, f func(ctx context.Context, w job.Work, devs []*gpuDev) error) {
 	if w.Trace != nil {
 		// The response's top-level phase ends once every rank is answered
 		// (on one node, its Begin came from tracer.responded too).
-		defer traceAll(w.Trace, &w.Resp, timeline.End, "")
-		traceAll(w.Trace, &w.Resp, timeline.Begin, "GPU_"+activity(&w.Resp))
-		defer traceAll(w.Trace, &w.Resp, timeline.End, "")
+		defer TraceAll(w.Trace, &w.Resp, timeline.End, "")
+		TraceAll(w.Trace, &w.Resp, timeline.Begin, "GPU_"+activity(&w.Resp))
+		defer TraceAll(w.Trace, &w.Resp, timeline.End, "")
 	}
 	if err := f(context.Background(), w, devs); err != nil {
 		x.deviceFailed(w, err)
@@ -220,7 +177,7 @@ func (x *executor) runNative(w job.Work, devs []*gpuDev, f func(ctx context.Cont
 // deviceFailed answers w's ops after a failure: on one node with
 // CODE_INTERNAL; across nodes through the loop, which fails the job (the
 // other nodes wait in the engine for this one).
-func (x *executor) deviceFailed(w job.Work, err error) {
+func (x *Executor) deviceFailed(w job.Work, err error) {
 	r := &w.Resp
 	var ge *gpu.Error
 	if errors.As(err, &ge) {
@@ -284,7 +241,7 @@ func syncAll(ctx context.Context, devs []*gpuDev) error {
 
 // stageIn copies every device tensor of w to host memory (after its event)
 // and points the op's buf at the copy, for the CPU path.
-func (x *executor) stageIn(w *job.Work) error {
+func (x *Executor) stageIn(w *job.Work) error {
 	devs := usedDevs(w)
 	if err := waitEvents(w); err != nil {
 		return err
@@ -327,7 +284,7 @@ func unstage(o *job.Op, d *ipcpb.Done) *ipcpb.Done {
 	}
 	fail := func(err error) *ipcpb.Done {
 		dv.d.recover()
-		dv.cg.log.Error("GPU copy-back failed", "tensor", o.Name, "gpu", dv.d.info.UUID, "err", err)
+		dv.cg.Log.Error("GPU copy-back failed", "tensor", o.Name, "gpu", dv.d.info.UUID, "err", err)
 		return &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: fmt.Sprintf("tensor %q: GPU %s: copy the result back: %v", o.Name, dv.d.info.UUID, err)}
 	}
 	switch {
@@ -361,7 +318,7 @@ func unstage(o *job.Op, d *ipcpb.Done) *ipcpb.Done {
 
 // deviceOutput copies out into a new allocation on d, exported to the
 // client until it sends Release with its handle.
-func deviceOutput(cg *clientGPU, d *gpuDev, out []byte) (*ipcpb.DeviceBuffer, error) {
+func deviceOutput(cg *ConnGPU, d *gpuDev, out []byte) (*ipcpb.DeviceBuffer, error) {
 	db := &ipcpb.DeviceBuffer{DeviceUuid: d.info.UUID, Length: uint64(len(out))}
 	if len(out) == 0 {
 		return db, nil
@@ -402,7 +359,7 @@ func commKey(devs []*gpuDev) string {
 
 // commsFor returns the NCCL communicators over devs (rank i on devs[i]),
 // made on first use.
-func (g *gpuState) commsFor(devs []*gpuDev) ([]gpu.Comm, error) {
+func (g *GPUs) commsFor(devs []*gpuDev) ([]gpu.Comm, error) {
 	k := commKey(devs)
 	if cs := g.comms[k]; cs != nil {
 		for _, c := range cs {
@@ -428,7 +385,7 @@ func (g *gpuState) commsFor(devs []*gpuDev) ([]gpu.Comm, error) {
 
 // abortComms aborts every communicator (ncclCommAbort) after an error; the
 // next use makes new ones.
-func (g *gpuState) abortComms() {
+func (g *GPUs) abortComms() {
 	for k, cs := range g.comms {
 		for _, c := range cs {
 			c.Abort()
@@ -442,7 +399,7 @@ func (g *gpuState) abortComms() {
 }
 
 // group runs f for every communicator inside one NCCL group.
-func (g *gpuState) group(cs []gpu.Comm, f func(i int, c gpu.Comm) error) error {
+func (g *GPUs) group(cs []gpu.Comm, f func(i int, c gpu.Comm) error) error {
 	if err := g.nccl.GroupStart(); err != nil {
 		return err
 	}
@@ -464,7 +421,7 @@ func (g *gpuState) group(cs []gpu.Comm, f func(i int, c gpu.Comm) error) error {
 
 // allreduceDevice is the native allreduce (see the top of this file), on
 // one node (w.b nil) or hierarchically across nodes.
-func (x *executor) allreduceDevice(ctx context.Context, w job.Work, devs []*gpuDev) (err error) {
+func (x *Executor) allreduceDevice(ctx context.Context, w job.Work, devs []*gpuDev) (err error) {
 	r := &w.Resp
 	g := x.gpu
 	es := r.DType.Size()
@@ -553,7 +510,7 @@ func (x *executor) allreduceDevice(ctx context.Context, w job.Work, devs []*gpuD
 // scratch buffer, as the CPU path scales each input); then, over several
 // GPUs, one NCCL allreduce of the fusion buffers in a group call. It
 // returns the communicators it used.
-func (x *executor) reduceLocal(w *job.Work, devs []*gpuDev, offs []int, op tensor.ReduceOp, pre float64) ([]gpu.Comm, error) {
+func (x *Executor) reduceLocal(w *job.Work, devs []*gpuDev, offs []int, op tensor.ReduceOp, pre float64) ([]gpu.Comm, error) {
 	r := &w.Resp
 	es := r.DType.Size()
 	for _, d := range devs {
@@ -610,7 +567,7 @@ func (x *executor) reduceLocal(w *job.Work, devs []*gpuDev, offs []int, op tenso
 // node's GPUs' fusion buffers (reduceLocal, with the prescale), and returns
 // where each tensor lies there, the op, the postscale still to apply and
 // the communicators used.
-func (x *executor) reduceWhole(w *job.Work, devs []*gpuDev) (offs []int, op tensor.ReduceOp, post float64, cs []gpu.Comm, err error) {
+func (x *Executor) reduceWhole(w *job.Work, devs []*gpuDev) (offs []int, op tensor.ReduceOp, post float64, cs []gpu.Comm, err error) {
 	r := &w.Resp
 	op, pre, post := scales(r, w.Size)
 	offs = make([]int, len(r.Tensors)+1)
@@ -628,7 +585,7 @@ func (x *executor) reduceWhole(w *job.Work, devs []*gpuDev) (offs []int, op tens
 
 // commsIndexed is commsFor(devs) with each GPU's index in devs (its rank
 // in the communicators).
-func (g *gpuState) commsIndexed(devs []*gpuDev) ([]gpu.Comm, map[*gpuDev]int, error) {
+func (g *GPUs) commsIndexed(devs []*gpuDev) ([]gpu.Comm, map[*gpuDev]int, error) {
 	cs, err := g.commsFor(devs)
 	if err != nil {
 		return nil, nil, err
@@ -681,7 +638,7 @@ func crossNodes(w *job.Work) bool { return w.Engine != nil && len(w.View.Nodes) 
 // nodes on either path agree), and every GPU of every node without the
 // root's tensor copies it from there. Then each GPU's copy fans out to its
 // other local ranks' tensors.
-func (x *executor) broadcastDevice(ctx context.Context, w job.Work, devs []*gpuDev) (err error) {
+func (x *Executor) broadcastDevice(ctx context.Context, w job.Work, devs []*gpuDev) (err error) {
 	r := &w.Resp
 	var used []gpu.Comm
 	defer func() {
@@ -765,7 +722,7 @@ func (x *executor) broadcastDevice(ctx context.Context, w job.Work, devs []*gpuD
 // localBroadcast copies n bytes from first's tensor on devs[from] into
 // first's tensor on each other GPU of devs, with one NCCL broadcast in a
 // group call. It returns the communicators it used.
-func (x *executor) localBroadcast(devs []*gpuDev, first map[*gpuDev]*devOp, n, from int) ([]gpu.Comm, error) {
+func (x *Executor) localBroadcast(devs []*gpuDev, first map[*gpuDev]*devOp, n, from int) ([]gpu.Comm, error) {
 	g := x.gpu
 	cs, err := g.commsFor(devs)
 	if err != nil {
@@ -785,7 +742,7 @@ func (x *executor) localBroadcast(devs []*gpuDev, first map[*gpuDev]*devOp, n, f
 // GPUs, then devs[0] of every node (the GPU of the communicator across
 // nodes) joins one NCCL broadcast from the root's node, and the other nodes
 // spread it from devs[0] to their other GPUs.
-func (x *executor) broadcastNCCL(ctx context.Context, w job.Work, devs []*gpuDev, rootNode int, root *devOp, first map[*gpuDev]*devOp, n int) ([]gpu.Comm, error) {
+func (x *Executor) broadcastNCCL(ctx context.Context, w job.Work, devs []*gpuDev, rootNode int, root *devOp, first map[*gpuDev]*devOp, n int) ([]gpu.Comm, error) {
 	g := x.gpu
 	var used []gpu.Comm
 	if root != nil && len(devs) > 1 {
@@ -819,7 +776,7 @@ func (x *executor) broadcastNCCL(ctx context.Context, w job.Work, devs []*gpuDev
 // broadcastAcross moves n bytes from root (this node's root tensor, nil on
 // the other nodes) through host memory and the engine into first's tensor
 // on every GPU but root's.
-func (x *executor) broadcastAcross(ctx context.Context, b backends.Backend, rootNode int, root *devOp, first map[*gpuDev]*devOp, n int) error {
+func (x *Executor) broadcastAcross(ctx context.Context, b backends.Backend, rootNode int, root *devOp, first map[*gpuDev]*devOp, n int) error {
 	buf := x.fusion(n)
 	if root != nil {
 		d := root.d
@@ -871,7 +828,7 @@ func (x *executor) broadcastAcross(ctx context.Context, b backends.Backend, root
 // CommInitRank on its devs[0].
 
 // ncclEligible reports whether w is voted on (the same on every node).
-func (x *executor) ncclEligible(w *job.Work) bool {
+func (x *Executor) ncclEligible(w *job.Work) bool {
 	r := &w.Resp
 	reduces := (r.Op == tensor.Allreduce || r.Op == tensor.Reducescatter) && (r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && ncclDType(r.DType)
 	return x.ncclAcross && w.Engine != nil && len(w.View.Nodes) > 1 &&
@@ -881,7 +838,7 @@ func (x *executor) ncclEligible(w *job.Work) bool {
 
 // ncclVote sets w.nccl to whether every node can run w on NCCL. It returns
 // false (having answered the ops through the loop) when the engine failed.
-func (x *executor) ncclVote(w *job.Work) bool {
+func (x *Executor) ncclVote(w *job.Work) bool {
 	flag := []byte{0}
 	if g := x.gpu; g != nil && !g.hostOnly && g.nccl != nil && nativeOK(w) && usedDevs(w)[0] == g.devs[0] {
 		flag[0] = 1
@@ -895,7 +852,7 @@ func (x *executor) ncclVote(w *job.Work) bool {
 }
 
 // crossComm returns the communicator across the nodes of engine b.
-func (g *gpuState) crossComm(ctx context.Context, b backends.Backend) (gpu.Comm, error) {
+func (g *GPUs) crossComm(ctx context.Context, b backends.Backend) (gpu.Comm, error) {
 	if g.cross != nil && g.crossOf == b {
 		if err := g.cross.AsyncError(); err != nil {
 			g.abortComms()
@@ -949,7 +906,7 @@ const ncclInitTimeout = 60 * time.Second
 
 // ncclCross joins the nodes' fusion buffers (devs[0]'s holds the node's
 // result) on NCCL and hands the total to the node's other GPUs.
-func (x *executor) ncclCross(ctx context.Context, w job.Work, devs []*gpuDev, count int, dt tensor.DType, op tensor.ReduceOp) ([]gpu.Comm, error) {
+func (x *Executor) ncclCross(ctx context.Context, w job.Work, devs []*gpuDev, count int, dt tensor.DType, op tensor.ReduceOp) ([]gpu.Comm, error) {
 	g := x.gpu
 	c, err := g.crossComm(ctx, w.Engine)
 	if err != nil {
@@ -983,7 +940,7 @@ func (x *executor) ncclCross(ctx context.Context, w job.Work, devs []*gpuDev, co
 // slices, each followed by a look at the communicators; an error aborts
 // them all (the next use makes new ones) and is returned once the streams
 // have drained.
-func (g *gpuState) syncWatch(ctx context.Context, devs []*gpuDev, comms []gpu.Comm) error {
+func (g *GPUs) syncWatch(ctx context.Context, devs []*gpuDev, comms []gpu.Comm) error {
 	if len(comms) == 0 {
 		return syncAll(ctx, devs)
 	}
@@ -1011,12 +968,12 @@ const ncclWatch = 20 * time.Millisecond
 // runOutputs runs an allgather, alltoall or reducescatter of one node whose
 // ops are all on devs (one GPU; several for an allgather, over NCCL) and
 // answers each op with its device output.
-func (x *executor) runOutputs(w job.Work, devs []*gpuDev) {
+func (x *Executor) runOutputs(w job.Work, devs []*gpuDev) {
 	r := &w.Resp
 	if w.Trace != nil {
-		defer traceAll(w.Trace, r, timeline.End, "")
-		traceAll(w.Trace, r, timeline.Begin, "GPU_"+activity(r))
-		defer traceAll(w.Trace, r, timeline.End, "")
+		defer TraceAll(w.Trace, r, timeline.End, "")
+		TraceAll(w.Trace, r, timeline.Begin, "GPU_"+activity(r))
+		defer TraceAll(w.Trace, r, timeline.End, "")
 	}
 	ctx := context.Background()
 	dones, used, err := x.buildOutputs(&w, devs)
@@ -1058,7 +1015,7 @@ type devResult struct {
 // buildOutputs enqueues every op's result on its GPU's stream, and returns
 // the NCCL communicators it used. On an error the results allocated so far
 // are in what it returns.
-func (x *executor) buildOutputs(w *job.Work, devs []*gpuDev) ([][]devResult, []gpu.Comm, error) {
+func (x *Executor) buildOutputs(w *job.Work, devs []*gpuDev) ([][]devResult, []gpu.Comm, error) {
 	r := &w.Resp
 	es := r.DType.Size()
 	dones := make([][]devResult, len(w.Ops))
@@ -1213,7 +1170,7 @@ func (x *executor) buildOutputs(w *job.Work, devs []*gpuDev) ([][]devResult, []g
 // pieces (contiguous: ranks are ordered by node) over the communicator
 // across nodes, and is spread to the node's other GPUs. The GPU's other
 // ranks copy its first output.
-func (x *executor) allgatherGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+func (x *Executor) allgatherGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	g := x.gpu
 	r := &w.Resp
 	idx := map[*gpuDev]int{devs[0]: 0}
@@ -1329,7 +1286,7 @@ func (x *executor) allgatherGPUs(w *job.Work, devs []*gpuDev, dones [][]devResul
 
 // outputsAcross builds an allgather's, alltoall's or reducescatter's
 // outputs across nodes through the job's engine (the hierarchical paths).
-func (x *executor) outputsAcross(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+func (x *Executor) outputsAcross(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	b, err := x.engineFor(*w)
 	if err != nil {
 		return nil, err
@@ -1349,7 +1306,7 @@ func (x *executor) outputsAcross(w *job.Work, devs []*gpuDev, dones [][]devResul
 // rank order, the engine's Allgatherv of the nodes' pieces (the one call per
 // tensor allgatherMulti makes, so that nodes on either path agree), the
 // result copied to one output on each GPU, which the GPU's other ranks copy.
-func (x *executor) allgatherAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
+func (x *Executor) allgatherAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
 	r := &w.Resp
 	mb := w.View.Rows
 	for i, row := range w.Ops {
@@ -1416,7 +1373,7 @@ func (x *executor) allgatherAcross(ctx context.Context, w *job.Work, devs []*gpu
 // in a2aPlan's order, the engine's Alltoallv (alltoallMulti's one call per
 // tensor), each local rank's output copied to its GPU run by run from what
 // was received.
-func (x *executor) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
+func (x *Executor) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
 	for i, row := range w.Ops {
 		a := newA2APlan(w, i)
 		sent := 0
@@ -1432,7 +1389,7 @@ func (x *executor) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuD
 				return
 			}
 			g := devOf(o).d
-			if e := g.dev.CopyDtoH(g.stream, in[off:off+n], devOf(o).ptr.Add(a.Start(s, d))); e != nil {
+			if e := g.dev.CopyDtoH(g.stream, in[off:off+n], devOf(o).ptr.Add(a.start(s, d))); e != nil {
 				err = fmt.Errorf("GPU %s: %w", g.info.UUID, e)
 			}
 			off += n
@@ -1490,7 +1447,7 @@ func (x *executor) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuD
 // (D2D on GPU 0, NCCL from GPU 0 to the others). Both buffers are GPU 0's
 // fusion buffer. Between two GPUs, or two nodes, NCCL matches sends and
 // receives in issue order, which the same loops give on both sides.
-func (x *executor) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+func (x *Executor) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	g := x.gpu
 	cross, err := g.crossComm(context.Background(), w.Engine)
 	if err != nil {
@@ -1558,7 +1515,7 @@ func (x *executor) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult
 			if err != nil || o == nil || n == 0 {
 				return
 			}
-			src := devOf(o).ptr.Add(a.Start(s, d))
+			src := devOf(o).ptr.Add(a.start(s, d))
 			if devOf(o).d == d0 {
 				err = d2d(d0, sendBuf.Add(pos), src, n)
 			} else {
@@ -1641,7 +1598,7 @@ func (x *executor) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult
 // one call per tensor reducescatterMulti makes, with its counts), and each
 // local rank's rows of the block copied to its output on its GPU and
 // postscaled there. It returns the communicators it used.
-func (x *executor) reducescatterAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) ([]gpu.Comm, error) {
+func (x *Executor) reducescatterAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) ([]gpu.Comm, error) {
 	r := &w.Resp
 	mb := w.View.Rows
 	es := r.DType.Size()
@@ -1713,7 +1670,7 @@ func (x *executor) reducescatterAcross(ctx context.Context, w *job.Work, devs []
 // same GPU by D2D copies and the others' by NCCL sends and receives, one
 // group call for all of them (between two GPUs NCCL matches them in the
 // order issued, which the same loop gives on both sides).
-func (x *executor) alltoallGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+func (x *Executor) alltoallGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	r := &w.Resp
 	g := x.gpu
 	cs, idx, err := g.commsIndexed(devs)
@@ -1799,7 +1756,7 @@ func (x *executor) alltoallGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult
 // local kernels, one NCCL allreduce; across nodes then ncclCross), then each
 // local rank's block copied out into its output on its GPU and postscaled
 // there.
-func (x *executor) reducescatterGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+func (x *Executor) reducescatterGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	r := &w.Resp
 	es := r.DType.Size()
 	offs, op, post, cs, err := x.reduceWhole(w, devs)
