@@ -91,7 +91,7 @@ type tuner struct {
 
 // newTuner returns the tuner of a job, or nil when every knob is fixed.
 // engine is the job's data engine, nil on one node. cfg has its defaults.
-func newTuner(cfg Config, base job.Settings, engine backends.Backend, log *slog.Logger) (*tuner, error) {
+func newTuner(cfg loopConfig, base job.Settings, engine backends.Backend, log *slog.Logger) (*tuner, error) {
 	a := cfg.Autotune
 	fixed := func(k string) bool { return slices.Contains(a.Fixed, k) }
 	var knobs []autotune.Knob
@@ -226,7 +226,7 @@ func (l *loop) startTuner(j *job.Job) {
 		if env := clientOf(j.Slots[0]).helloMsg.GetAutotuneEnv(); len(env) > 0 {
 			var err error
 			if cfg.Autotune, err = jobAutotune(cfg.Autotune, env); err != nil {
-				l.s.log.Warn("autotune: rank 0's HOROVOD_AUTOTUNE* variables are ignored", "job", j.ID, "err", err)
+				l.cfg.Log.Warn("autotune: rank 0's HOROVOD_AUTOTUNE* variables are ignored", "job", j.ID, "err", err)
 				cfg.Autotune = l.cfg.Autotune
 			}
 		}
@@ -242,9 +242,9 @@ func (l *loop) startTuner(j *job.Job) {
 		cfg.Autotune.fix(KnobSpin)
 	}
 	base := job.Settings{Fusion: l.cfg.FusionThreshold, Cycle: l.cfg.CycleTime, Spin: l.cfg.Spin}
-	t, err := newTuner(cfg, base, j.Coord.Engine(), l.s.log.With("job", j.ID))
+	t, err := newTuner(cfg, base, j.Coord.Engine(), l.cfg.Log.With("job", j.ID))
 	if err != nil {
-		l.s.log.Error("autotune: cannot tune this job; it runs with the configured settings", "job", j.ID, "err", err)
+		l.cfg.Log.Error("autotune: cannot tune this job; it runs with the configured settings", "job", j.ID, "err", err)
 		return
 	}
 	l.laneOf(j).tune = t

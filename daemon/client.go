@@ -32,7 +32,7 @@ const maxDims = 64
 // table and the job fields; the executor writes Done frames (ipc.Conn
 // serialises writes) and allocates outputs, which have their own lock.
 type client struct {
-	s   *Server
+	l   *loop
 	ic  *ipc.Conn
 	pid int32 // from SO_PEERCRED
 	uid uint32
@@ -86,14 +86,14 @@ func (r *region) Unref() {
 	}
 }
 
-func newClient(s *Server, uc *net.UnixConn) (*client, error) {
+func newClient(l *loop, uc *net.UnixConn) (*client, error) {
 	ic, err := ipc.NewConn(uc)
 	if err != nil {
 		return nil, err
 	}
 	// A client that stops reading must not stall the daemon for long.
 	ic.WriteTimeout = 5 * time.Second
-	return &client{s: s, ic: ic, regions: make(map[uint32]*region), localRank: -1, rank: -1, gpu: exec.ConnGPU{Log: s.log}}, nil
+	return &client{l: l, ic: ic, regions: make(map[uint32]*region), localRank: -1, rank: -1, gpu: exec.ConnGPU{Log: l.cfg.Log}}, nil
 }
 
 // shmClose closes a received descriptor that will not be mapped.
@@ -270,7 +270,7 @@ func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 			return err
 		}
 		l.chans = append(l.chans, c)
-		l.s.log.Debug("shared-memory channel registered", "pid", c.pid, "local_rank", c.localRank)
+		l.cfg.Log.Debug("shared-memory channel registered", "pid", c.pid, "local_rank", c.localRank)
 	case *ipcpb.ClientMessage_ReleaseDeviceMemory:
 		c.gpu.ReleaseMemory(m.ReleaseDeviceMemory)
 	case *ipcpb.ClientMessage_Goodbye:
@@ -296,10 +296,10 @@ func (c *client) checkPeer() error {
 		return err
 	}
 	c.pid, c.uid = cred.Pid, cred.Uid
-	c.gpu.Log = c.s.log.With("pid", c.pid)
-	if !c.s.allowed(cred.Uid, cred.Gid) && !c.s.allowedGroups(c.ic.FD()) {
+	c.gpu.Log = c.l.cfg.Log.With("pid", c.pid)
+	if !c.l.allowed(cred.Uid, cred.Gid) && !c.l.allowedGroups(c.ic.FD()) {
 		return &fatalError{ipcpb.Code_CODE_PERMISSION_DENIED,
-			fmt.Sprintf("uid %d gid %d may not use this daemon (it runs as uid %d; add the group with --allow-gid)", cred.Uid, cred.Gid, c.s.uid)}
+			fmt.Sprintf("uid %d gid %d may not use this daemon (it runs as uid %d; add the group with --allow-gid)", cred.Uid, cred.Gid, c.l.cfg.UID)}
 	}
 	return nil
 }
@@ -350,7 +350,7 @@ func (c *client) register(m *ipcpb.RegisterRegion) error {
 	}
 	r := &region{id: id, m: sm}
 	r.refs.Store(1)
-	r.account(&c.s.mapped.client) // metrics.go
+	r.account(&c.l.mapped.client) // metrics.go
 	c.regions[id] = r
 	return nil
 }
@@ -381,7 +381,7 @@ func (c *client) registerChannel(m *ipcpb.RegisterChannel) error {
 	}
 	r := &region{id: ^uint32(0), m: sm}
 	r.refs.Store(1)
-	r.account(&c.s.mapped.channel) // metrics.go
+	r.account(&c.l.mapped.channel) // metrics.go
 	c.chReg = r
 	c.txMu.Lock()
 	c.ch = ch
@@ -430,7 +430,7 @@ func (c *client) Resolve(id uint32, e *ipcpb.Enqueue) (*job.Op, error) {
 		if b != nil {
 			return nil, fmt.Errorf("tensor %q: both a host buffer and a device buffer", o.Name)
 		}
-		dv, err := c.s.gpu.Resolve(&c.gpu, o.Name, db, n)
+		dv, err := c.l.cfg.GPUs.Resolve(&c.gpu, o.Name, db, n)
 		if err != nil {
 			return nil, err
 		}
@@ -629,12 +629,12 @@ func (c *client) AllocOutput(n int64) ([]byte, *ipcpb.Buffer, error) {
 			return r.m.Bytes()[off : off+n : off+n], &ipcpb.Buffer{Region: r.id, Offset: uint64(off), Length: uint64(n)}, nil
 		}
 	}
-	size := max(c.s.cfg.OutputRegion, shm.RoundToPages(n))
+	size := max(c.l.cfg.OutputRegion, shm.RoundToPages(n))
 	m, err := shm.Create(fmt.Sprintf("hvdd-out-%d", c.pid), size)
 	if err != nil {
 		return nil, nil, fmt.Errorf("output region: %w", err)
 	}
-	r := &outRegion{id: grantedBase + o.nextID, m: m, arena: shm.NewArena(size), acct: &c.s.mapped.output}
+	r := &outRegion{id: grantedBase + o.nextID, m: m, arena: shm.NewArena(size), acct: &c.l.mapped.output}
 	o.nextID++
 	if err := c.sendSocket(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_GrantRegion{
 		GrantRegion: &ipcpb.GrantRegion{Region: r.id, Size: uint64(size)}}}, m.FD()); err != nil {
@@ -670,4 +670,67 @@ func (o *outputs) Close() {
 	}
 	o.regions = nil
 	o.closed = true
+}
+
+// fatal tells a client why its connection is about to be closed.
+func (c *client) fatal(code ipcpb.Code, msg string) {
+	c.sendSocket(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Fatal{Fatal: &ipcpb.Fatal{Code: code, Error: msg}}}, -1)
+}
+
+// allowedGroups reports whether the peer on socket fd has one of
+// Config.AllowGIDs among its supplementary groups.
+func (l *loop) allowedGroups(fd int) bool {
+	if len(l.cfg.AllowGIDs) == 0 {
+		return false
+	}
+	gids, err := peerGroups(fd)
+	if err != nil {
+		l.cfg.Log.Warn("cannot read a client's supplementary groups; only its primary group counts", "err", err)
+		return false
+	}
+	for _, g := range gids {
+		if slices.Contains(l.cfg.AllowGIDs, g) {
+			return true
+		}
+	}
+	return false
+}
+
+// allowed reports whether a peer with these credentials may connect.
+func (l *loop) allowed(uid, gid uint32) bool {
+	if uid == l.cfg.UID || uid == 0 {
+		return true
+	}
+	for _, g := range l.cfg.AllowGIDs {
+		if g == gid {
+			return true
+		}
+	}
+	return false
+}
+
+// accept takes a connection the Server's accept goroutine got: it checks
+// the peer, then, if admit lets it in (the Server is not closing), hands it
+// to the loop. Safe from any goroutine.
+func (l *loop) accept(uc *net.UnixConn, admit func() bool) {
+	c, err := newClient(l, uc)
+	if err != nil {
+		l.cfg.Log.Warn("refusing connection", "err", err)
+		uc.Close()
+		return
+	}
+	if err := c.checkPeer(); err != nil {
+		l.cfg.Log.Warn("refusing connection", "pid", c.pid, "uid", c.uid, "err", err)
+		var fe *fatalError
+		if errors.As(err, &fe) {
+			c.fatal(fe.code, fe.msg)
+		}
+		c.ic.Close()
+		return
+	}
+	if !admit() {
+		uc.Close()
+		return
+	}
+	l.p.Post(msgConn{c})
 }

@@ -125,7 +125,7 @@ func (l *loop) reformAfter(j *job.Job) {
 		// Horovod's removed workers fail their re-initialisation.
 		r.removed = host
 		r.dead = fmt.Sprintf("%s has been removed from elastic job", host)
-		l.s.log.Warn("elastic job: this host was removed; its ranks leave the job at its next epoch", "job", j.ID, "epoch", r.epoch,
+		l.cfg.Log.Warn("elastic job: this host was removed; its ranks leave the job at its next epoch", "job", j.ID, "epoch", r.epoch,
 			"pids", pidList(r.survivors))
 		l.nodes.NextReady(r.epoch, 0, r.dead)
 		return
@@ -134,7 +134,7 @@ func (l *loop) reformAfter(j *job.Job) {
 	if isHostsUpdated(r.cause) {
 		what = "elastic job resets after a host update; its next epoch waits for its ranks"
 	}
-	l.s.log.Warn(what, "job", j.ID, "epoch", r.epoch,
+	l.cfg.Log.Warn(what, "job", j.ID, "epoch", r.epoch,
 		"survivors", len(r.survivors)-r.joiners, "joining", r.joiners, "pids", pidList(r.survivors), "cause", r.cause)
 	l.nodes.NextReady(r.epoch, len(r.survivors), "")
 }
@@ -146,7 +146,7 @@ func (l *loop) reformAfter(j *job.Job) {
 // next epoch, which the formation began without the nodes that are gone
 // (multiCoord.abort, elastic_multinode.go).
 func (l *loop) reformUnformed(j *job.Job, msg string) {
-	l.s.log.Warn("elastic job: its epoch could not form across the nodes; the next one forms from the same ranks", "job", j.ID, "epoch", j.Epoch, "err", msg)
+	l.cfg.Log.Warn("elastic job: its epoch could not form across the nodes; the next one forms from the same ranks", "job", j.ID, "epoch", j.Epoch, "err", msg)
 	l.fail(j, ipcpb.Code_CODE_ABORTED, msg)
 	ln := l.laneOf(j)
 	for lr, s := range j.Slots {
@@ -178,7 +178,7 @@ func (l *loop) addJoiner(c *client, j *job.Job) {
 	if !slices.Contains(ln.joiners, c) {
 		ln.joiners = append(ln.joiners, c)
 	}
-	l.s.log.Warn("a worker waits to join the elastic job at its next epoch", "job", j.ID, "pid", c.pid, "waiting", len(ln.joiners))
+	l.cfg.Log.Warn("a worker waits to join the elastic job at its next epoch", "job", j.ID, "pid", c.pid, "waiting", len(ln.joiners))
 	l.laneHostsUpdated(ln, job.HostsAdded)
 }
 
@@ -293,7 +293,7 @@ func (l *loop) reformed(j *job.Job) {
 	}
 	r.stop()
 	ln.reform = nil
-	l.s.log.Warn("elastic job re-formed", "job", j.ID, "epoch", r.epoch, "size", j.Members.Size,
+	l.cfg.Log.Warn("elastic job re-formed", "job", j.ID, "epoch", r.epoch, "size", j.Members.Size,
 		"pids", j.PIDs(), "after", time.Since(r.failedAt).Round(time.Millisecond), "cause", r.cause)
 	if len(ln.joiners) > 0 {
 		// Workers came while it formed: the next epoch takes them.
@@ -321,7 +321,7 @@ func (l *loop) reformTimeout(r *reform) {
 	if j := ln.job; j != nil && j.ID == r.id && !j.Formed {
 		l.FormFailed(j, msg)
 	} else {
-		l.s.log.Warn(msg)
+		l.cfg.Log.Warn(msg)
 	}
 	l.nodes.NextReady(r.epoch, 0, msg)
 	l.seatJoiners(ln)
@@ -357,7 +357,7 @@ func (l *loop) reformCheck(r *reform) {
 		r.check = time.AfterFunc(reformCheckEvery, func() { l.p.Post(msgReformCheck{r}) })
 		return
 	}
-	l.s.log.Warn("survivors of the elastic job exited instead of re-initialising; its next epoch forms without them",
+	l.cfg.Log.Warn("survivors of the elastic job exited instead of re-initialising; its next epoch forms without them",
 		"job", r.id, "epoch", r.epoch, "gone", pidList(gone), "survivors", len(alive))
 	r.survivors = alive
 	if len(alive) == 0 {

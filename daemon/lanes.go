@@ -101,7 +101,7 @@ func (l *loop) laneFor(c *client, h helloView) (*lane, string) {
 		}
 	}
 	size := int(h.GetLocalSize())
-	multi := l.cfg.multiNode()
+	multi := l.cfg.MultiNode
 	if size == 0 || multi {
 		// A multi-node daemon's jobs have --slots ranks here (an elastic
 		// job's epochs as many as come back): what the other nodes were

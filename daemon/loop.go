@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"slices"
 	"sort"
@@ -14,8 +15,8 @@ import (
 
 	"github.com/hvdd/hvdd/daemon/internal/exec"
 	"github.com/hvdd/hvdd/daemon/internal/job"
-	"github.com/hvdd/hvdd/daemon/internal/nodes"
 	"github.com/hvdd/hvdd/daemon/internal/poll"
+	"github.com/hvdd/hvdd/daemon/metrics"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/ipc"
@@ -35,8 +36,10 @@ type (
 // goroutine touches them.
 type loop struct {
 	tlGen   uint32 // timelines started (tracer.gen)
-	s       *Server
-	cfg     Config
+	s       server
+	cfg     loopConfig
+	mapped  shmMapped     // shared memory mapped, for the metrics (metrics.go)
+	done    chan struct{} // closed when run has returned
 	p       *poll.Poller
 	epoch   time.Time
 	clients map[int]*client // by socket fd
@@ -75,26 +78,60 @@ type loop struct {
 	lastJobs               []JobStatus
 }
 
-func newLoop(s *Server, p *poll.Poller) (*loop, error) {
-	l := &loop{s: s, cfg: s.cfg, p: p, epoch: time.Now(), clients: make(map[int]*client), lanes: make(map[laneKey]*lane),
-		cycleTime: s.cfg.CycleTime, spin: s.cfg.Spin}
-	l.x = exec.New(exec.Config{Log: s.log, GPU: s.gpu, Workers: s.cfg.Workers, NCCLAcross: s.cfg.GPUAllreduce == GPUAllreduceNCCL}, p)
-	if s.cfg.multiNode() {
-		c := s.cfg
-		mn, err := nodes.New(l, p, nodes.Config{
-			Nodes: c.Nodes, NodeRank: c.NodeRank, Advertise: c.Advertise, Rendezvous: c.Rendezvous,
-			ExternalRendezvous: c.ExternalRendezvous, Secret: c.Secret, Control: c.Control, NewBackend: c.NewBackend,
-			Elastic: c.Elastic, StartTimeout: c.StartTimeout, Heartbeat: c.Heartbeat, PeerTimeout: c.PeerTimeout,
-			FusionThreshold: c.FusionThreshold,
-		}, s.log)
-		if err != nil {
-			return nil, err
-		}
-		l.nodes = mn
-	} else {
-		l.nodes = &oneNode{hooks: l, fusionThreshold: s.cfg.FusionThreshold}
+// loopConfig is what the loop takes of the daemon's configuration: the
+// fields of Config of the same names, which say what they mean, and what
+// the Server made from it.
+type loopConfig struct {
+	Slots                     int
+	FusionThreshold           int64
+	CycleTime, Spin           time.Duration
+	StallCheck, StallShutdown time.Duration
+	OutputRegion              int64
+	Nodes, NodeRank           int
+	// MultiNode says that the daemon runs one job at a time, formed across
+	// nodes (Nodes > 1 or Elastic).
+	MultiNode      bool
+	ElasticTimeout time.Duration
+	ExitAfterJob   bool
+	Autotune       AutotuneConfig
+	OnStatus       func(Status)
+	Metrics        *metrics.Metrics
+	AllowGIDs      []uint32
+
+	Log  *slog.Logger
+	UID  uint32     // the daemon's uid: its own processes and root may connect
+	GPUs *exec.GPUs // the node's GPUs; nil when CPU-only
+}
+
+// server is what the loop asks of the Server that runs it.
+type server interface {
+	// connClosed is told that a client connection closed (the idle exit
+	// counts them).
+	connClosed()
+	// shutdownNote is what clients are told when the daemon stops.
+	shutdownNote() string
+	// Close stops the daemon (--exit-after-job).
+	Close() error
+}
+
+// newLoop returns the loop, its executor x and its formation made by
+// newFormation, which gets the loop as the formation's hooks.
+func newLoop(cfg loopConfig, s server, p *poll.Poller, x *exec.Executor, newFormation func(job.LoopHooks) (job.Formation, error)) (*loop, error) {
+	l := &loop{s: s, cfg: cfg, p: p, x: x, done: make(chan struct{}), epoch: time.Now(), clients: make(map[int]*client), lanes: make(map[laneKey]*lane),
+		cycleTime: cfg.CycleTime, spin: cfg.Spin}
+	f, err := newFormation(l)
+	if err != nil {
+		return nil, err
 	}
+	l.nodes = f
 	return l, nil
+}
+
+// oneNodeFormation is the formation of a daemon that forms its jobs alone.
+func oneNodeFormation(fusionThreshold int64) func(job.LoopHooks) (job.Formation, error) {
+	return func(h job.LoopHooks) (job.Formation, error) {
+		return &oneNode{hooks: h, fusionThreshold: fusionThreshold}, nil
+	}
 }
 
 // Now is the plan's logical clock: milliseconds since the loop started.
@@ -117,6 +154,7 @@ const yieldEvery = 5 * time.Millisecond
 // cfg.Spin, so that the next request of a busy job is picked up without the
 // cost of a wake-up, then blocks again. An idle daemon sleeps in epoll_wait.
 func (l *loop) Run() {
+	defer close(l.done)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	go l.x.Run()
@@ -155,7 +193,7 @@ func (l *loop) Run() {
 			spin = ipc.AdaptSpin(spin, l.spin, lastSleep)
 		}
 		if err != nil {
-			l.s.log.Error("event loop failed", "err", err)
+			l.cfg.Log.Error("event loop failed", "err", err)
 			return
 		}
 		active := len(events) > 0
@@ -276,9 +314,9 @@ func (l *loop) Message(m any) {
 		c := m.c
 		fd := c.ic.FD()
 		if err := l.p.Add(fd); err != nil {
-			l.s.log.Error("cannot watch client connection", "pid", c.pid, "err", err)
+			l.cfg.Log.Error("cannot watch client connection", "pid", c.pid, "err", err)
 			c.ic.Close()
-			l.s.forget(c)
+			l.s.connClosed()
 			return
 		}
 		c.fd = fd
@@ -307,7 +345,7 @@ func (l *loop) Message(m any) {
 	case msgReformCheck:
 		l.reformCheck(m.r)
 	case msgMetrics:
-		l.snapshot(m) // metrics.go
+		l.fillSnapshot(m) // metrics.go
 	case job.MsgExecErr:
 		if m.Closed && m.Job.Failed != nil && m.Job.Failed.GetCode() == ipcpb.Code_CODE_ABORTED {
 			// The job failed first (a node lost, an abort from another node)
@@ -322,7 +360,7 @@ func (l *loop) Message(m any) {
 		}
 	default:
 		if !l.nodes.Message(m) {
-			l.s.log.Error("unknown message to the loop", "type", fmt.Sprintf("%T", m))
+			l.cfg.Log.Error("unknown message to the loop", "type", fmt.Sprintf("%T", m))
 		}
 	}
 }
@@ -335,10 +373,10 @@ func (l *loop) drop(c *client, err error) {
 	}
 	c.dropped = true
 	if ipc.IsProtocol(err) {
-		l.s.log.Warn("closing client connection: protocol error", "pid", c.pid, "err", err)
+		l.cfg.Log.Warn("closing client connection: protocol error", "pid", c.pid, "err", err)
 		c.fatal(ipcpb.Code_CODE_PROTOCOL, err.Error())
 	} else if err != nil && !errors.Is(err, ipc.ErrClosed) {
-		l.s.log.Warn("closing client connection", "pid", c.pid, "err", err)
+		l.cfg.Log.Warn("closing client connection", "pid", c.pid, "err", err)
 	}
 	l.p.Del(c.fd)
 	delete(l.clients, c.fd)
@@ -350,7 +388,7 @@ func (l *loop) drop(c *client, err error) {
 	}
 	c.ic.Close()
 	c.releaseConn()
-	l.s.forget(c)
+	l.s.connClosed()
 	l.closed(c, c.bye, err)
 }
 
@@ -392,7 +430,7 @@ func (l *loop) shutdown() {
 	<-l.x.Stopped
 	l.execBusy = false
 	l.closeDead()
-	l.s.gpu.Close()
+	l.cfg.GPUs.Close()
 	if l.stall != nil {
 		l.stall.Stop()
 	}
@@ -453,7 +491,7 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 	case h.GetElastic() != j.Elastic:
 		l.refuse(c, fmt.Sprintf("every rank of a job must agree on HOROVOD_ELASTIC: job %d is elastic=%v, this process elastic=%v", j.ID, j.Elastic, h.GetElastic()))
 		return
-	case int(h.GetLocalSize()) != 0 && int(h.GetLocalSize()) != ln.size && !l.cfg.multiNode():
+	case int(h.GetLocalSize()) != 0 && int(h.GetLocalSize()) != ln.size && !l.cfg.MultiNode:
 		l.refuse(c, fmt.Sprintf("job %s has %d processes on this node, this process says %d (HVDD_LOCAL_SIZE): every process of a job must agree", ln.name(), ln.size, h.GetLocalSize()))
 		return
 	case lr >= len(j.Slots):
@@ -475,7 +513,7 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 	j.Open++
 	c.job, c.localRank, c.rank = j, lr, lr
 	c.groups = make(map[uint64][]*job.Op)
-	l.s.log.Debug("client joined", "pid", c.pid, "local_rank", lr, "job", j.ID, "name", ln.key.name, "uid", ln.key.uid, "have", j.Joined, "want", len(j.Slots))
+	l.cfg.Log.Debug("client joined", "pid", c.pid, "local_rank", lr, "job", j.ID, "name", ln.key.name, "uid", ln.key.uid, "have", j.Joined, "want", len(j.Slots))
 	if j.Joined < len(j.Slots) {
 		return
 	}
@@ -517,7 +555,7 @@ func (l *loop) Start(j *job.Job, m job.Membership, c job.Coordination) {
 	if b := c.Engine(); b != nil {
 		backendNames = append(backendNames, b.Name())
 	}
-	l.s.log.Info("job formed", "job", j.ID, "size", m.Size, "node", m.Node, "nodes", m.Nodes(), "pids", j.PIDs(), "elastic", j.Elastic, "epoch", m.Epoch)
+	l.cfg.Log.Info("job formed", "job", j.ID, "size", m.Size, "node", m.Node, "nodes", m.Nodes(), "pids", j.PIDs(), "elastic", j.Elastic, "epoch", m.Epoch)
 	l.startTuner(j)
 	l.reformed(j)
 	l.helloTimeline(j)
@@ -531,7 +569,7 @@ func (l *loop) Start(j *job.Job, m job.Membership, c job.Coordination) {
 			LocalRank: int32(cl.localRank), LocalSize: int32(len(j.Slots)),
 			CrossRank: int32(crossRank), CrossSize: int32(crossSize), IsHomogeneous: homog,
 			DaemonVersion: Version, JobId: j.ID, Backends: backendNames, Epoch: m.Epoch,
-			GpuUuids: l.s.gpu.UUIDs(),
+			GpuUuids: l.cfg.GPUs.UUIDs(),
 		}}}, -1)
 	}
 }
@@ -550,7 +588,7 @@ func (l *loop) Current(j *job.Job) bool {
 // refuse ends a client that cannot join: it gets a Fatal and its connection is
 // closed, which its reader reports as an ordinary close.
 func (l *loop) refuse(c *client, msg string) {
-	l.s.log.Warn("refusing client", "pid", c.pid, "reason", msg)
+	l.cfg.Log.Warn("refusing client", "pid", c.pid, "reason", msg)
 	l.noteError(nil, fmt.Sprintf("refused pid %d (uid %d): %s", c.pid, c.uid, msg))
 	c.fatal(ipcpb.Code_CODE_BUSY, msg)
 	l.drop(c, nil)
@@ -630,7 +668,7 @@ func (l *loop) jobEnded(j *job.Job) {
 		ln.tune.Close()
 	}
 	st := j.Stats
-	l.s.log.Info("job ended", "job", j.ID, "name", ln.key.name, "batches", st.Batches, "responses", st.Responses, "tensors", st.Tensors, "bytes", st.Bytes)
+	l.cfg.Log.Info("job ended", "job", j.ID, "name", ln.key.name, "batches", st.Batches, "responses", st.Responses, "tensors", st.Tensors, "bytes", st.Bytes)
 	l.nodes.Ended(j)
 	if j.Coord != nil {
 		j.Coord.End()
@@ -651,7 +689,7 @@ func (l *loop) jobEnded(j *job.Job) {
 func (l *loop) endLane(ln *lane) {
 	l.dropLane(ln)
 	if l.cfg.ExitAfterJob && len(l.order) == 0 && !l.quit {
-		l.s.log.Info("job over; exiting (--exit-after-job)")
+		l.cfg.Log.Info("job over; exiting (--exit-after-job)")
 		// Close posts to this loop: not from the loop's own goroutine.
 		go l.s.Close()
 	}
@@ -670,12 +708,12 @@ func (l *loop) fail(j *job.Job, code ipcpb.Code, msg string) {
 		// An orderly shutdown, or a rank's exit from an elastic job, with
 		// nothing in flight: the job may be ending. (If the other ranks go
 		// on, their next collectives fail and the re-formation says why.)
-		l.s.log.Debug("job shutting down", "job", j.ID, "why", msg)
+		l.cfg.Log.Debug("job shutting down", "job", j.ID, "why", msg)
 	case isHostsUpdated(msg):
 		// Not a failure: the ranks reset together (elastic.go).
-		l.s.log.Warn("elastic job resets: its hosts were updated", "job", j.ID, "why", msg)
+		l.cfg.Log.Warn("elastic job resets: its hosts were updated", "job", j.ID, "why", msg)
 	default:
-		l.s.log.Error("job failed", "job", j.ID, "err", msg, "pending", len(j.Pending))
+		l.cfg.Log.Error("job failed", "job", j.ID, "err", msg, "pending", len(j.Pending))
 		l.noteError(j, "job failed: "+msg)
 	}
 	for k, o := range j.Pending {
@@ -924,7 +962,7 @@ func (l *loop) Abort(j *job.Job, code ipcpb.Code, msg string, notify bool) {
 // FormFailed ends a job that could not form across nodes: its clients, still
 // waiting in init, get the reason.
 func (l *loop) FormFailed(j *job.Job, msg string) {
-	l.s.log.Error("job could not form", "job", j.ID, "err", msg)
+	l.cfg.Log.Error("job could not form", "job", j.ID, "err", msg)
 	l.fail(j, ipcpb.Code_CODE_ABORTED, msg)
 	for _, s := range j.Slots {
 		if c := clientOf(s); c != nil && !c.dropped {
@@ -993,7 +1031,7 @@ func (l *loop) checkJobStalls(j *job.Job) {
 		Stalled:         stalled,
 		ShutdownSeconds: int64(l.cfg.StallShutdown.Seconds()),
 	})
-	l.s.log.Warn(msg, "job", j.ID, "name", j.Name)
+	l.cfg.Log.Warn(msg, "job", j.ID, "name", j.Name)
 	j.M.Stalled(len(over) > 0) // metrics.go
 	if len(over) > 0 {
 		var parts []string

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -152,9 +151,9 @@ type msgMetrics struct {
 	done chan struct{}
 }
 
-// snapshot fills in m's snapshot from the loop's state (on the loop's
+// fillSnapshot fills in m's snapshot from the loop's state (on the loop's
 // goroutine).
-func (l *loop) snapshot(m msgMetrics) {
+func (l *loop) fillSnapshot(m msgMetrics) {
 	defer close(m.done)
 	s := m.snap
 	for _, c := range l.clients {
@@ -193,23 +192,18 @@ func (l *loop) snapshot(m msgMetrics) {
 // snapshotTimeout bounds how long a scrape waits for the loop.
 const snapshotTimeout = 2 * time.Second
 
-// snapshot asks the loop for its state, waiting at most timeout.
-func (s *Server) snapshot(timeout time.Duration) (*stateSnapshot, error) {
-	s.mu.Lock()
-	p := s.p
-	s.mu.Unlock()
-	if p == nil {
-		return nil, errors.New("the daemon is not serving yet")
-	}
+// snapshot asks the loop for its state, waiting at most timeout. Safe from
+// any goroutine.
+func (l *loop) snapshot(timeout time.Duration) (*stateSnapshot, error) {
 	m := msgMetrics{snap: &stateSnapshot{}, done: make(chan struct{})}
-	p.Post(m)
+	l.p.Post(m)
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case <-m.done:
 		return m.snap, nil
-	case <-s.done:
-		return nil, ErrServerClosed
+	case <-l.done:
+		return nil, errLoopDone
 	case <-t.C:
 		return nil, fmt.Errorf("the daemon's loop did not answer within %v", timeout)
 	}
@@ -218,7 +212,7 @@ func (s *Server) snapshot(timeout time.Duration) (*stateSnapshot, error) {
 // stateCollector exports, at scrape time, the loop's snapshot and the
 // shared memory mapped (hvdd_clients, hvdd_jobs, hvdd_slots*,
 // hvdd_link_*, hvdd_shm_mapped_bytes).
-type stateCollector struct{ s *Server }
+type stateCollector struct{ l *loop }
 
 var (
 	clientsDesc = prometheus.NewDesc("hvdd_clients", "Client connections, by state: handshake (no Hello yet), waiting (for a job to end or an elastic epoch), forming (their job waits for its ranks or nodes), running, failed (their job failed; on their way out).", []string{"state"}, nil)
@@ -241,12 +235,12 @@ func (sc stateCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect sends the shared memory mapped, then the loop's snapshot, or an
 // error in its place when the loop does not answer in time.
 func (sc stateCollector) Collect(ch chan<- prometheus.Metric) {
-	sh := &sc.s.mapped
+	sh := &sc.l.mapped
 	for kind, v := range map[string]int64{"client": sh.client.Load(), "channel": sh.channel.Load(), "output": sh.output.Load()} {
 		ch <- prometheus.MustNewConstMetric(shmDesc, prometheus.GaugeValue, float64(v), kind)
 	}
-	ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(sc.s.cfg.Slots))
-	snap, err := sc.s.snapshot(snapshotTimeout)
+	ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(sc.l.cfg.Slots))
+	snap, err := sc.l.snapshot(snapshotTimeout)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(clientsDesc, err)
 		return
@@ -272,12 +266,12 @@ func (sc stateCollector) Collect(ch chan<- prometheus.Metric) {
 
 // registerMetrics registers the daemon's scrape-time collector with
 // Config.Metrics, if set; the returned func unregisters it.
-func (s *Server) registerMetrics() (func(), error) {
-	m := s.cfg.Metrics
+func (l *loop) registerMetrics() (func(), error) {
+	m := l.cfg.Metrics
 	if m == nil {
 		return func() {}, nil
 	}
-	sc := stateCollector{s}
+	sc := stateCollector{l}
 	if err := m.Registry().Register(sc); err != nil {
 		return nil, fmt.Errorf("daemon: Config.Metrics is in use by another Server (give each its own metrics.New): %w", err)
 	}

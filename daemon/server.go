@@ -8,14 +8,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/hvdd/hvdd/daemon/internal/exec"
+	"github.com/hvdd/hvdd/daemon/internal/job"
+	"github.com/hvdd/hvdd/daemon/internal/nodes"
 	"github.com/hvdd/hvdd/daemon/internal/poll"
-	"github.com/hvdd/hvdd/ipc/ipcpb"
 )
 
 // Version is the daemon's version string.
@@ -34,15 +34,15 @@ type Server struct {
 	done    chan struct{} // closed when the loop has exited
 
 	closeOnce sync.Once
-	mapped    shmMapped  // shared memory mapped, for the metrics (metrics.go)
 	gpu       *exec.GPUs // the GPUs opened (gpu.go); nil when CPU-only
 
 	// mu guards the fields that follow.
 	mu       sync.Mutex
 	p        *poll.Poller
+	l        *loop // set once Serve made it
 	closed   bool
 	ln       *net.UnixListener
-	conns    map[*client]struct{}
+	conns    int         // client connections open
 	draining bool        // Shutdown was called (before Serve: Serve starts the drain)
 	cause    error       // why the server stops, told to the clients
 	idleExit *time.Timer // Config.IdleExit: armed while no client is connected
@@ -61,7 +61,6 @@ func New(cfg Config) (*Server, error) {
 		quit:    make(chan struct{}),
 		started: make(chan struct{}),
 		done:    make(chan struct{}),
-		conns:   make(map[*client]struct{}),
 		gpu:     exec.OpenGPUs(c.GPU, c.NCCL, c.Logger, c.GPUAllreduce == GPUAllreduceHost),
 	}, nil
 }
@@ -129,12 +128,15 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	if draining {
 		p.Post(msgDrain{})
 	}
-	l, err := newLoop(s, p)
+	l, err := s.newLoop(p)
 	if err != nil {
 		p.Close()
 		return err
 	}
-	unregister, err := s.registerMetrics() // metrics.go
+	s.mu.Lock()
+	s.l = l
+	s.mu.Unlock()
+	unregister, err := l.registerMetrics() // metrics.go
 	if err != nil {
 		p.Close()
 		return err
@@ -181,35 +183,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			}
 			break
 		}
-		c, cerr := newClient(s, uc)
-		if cerr != nil {
-			s.log.Warn("refusing connection", "err", cerr)
-			uc.Close()
-			continue
-		}
-		if perr := c.checkPeer(); perr != nil {
-			s.log.Warn("refusing connection", "pid", c.pid, "uid", c.uid, "err", perr)
-			var fe *fatalError
-			if errors.As(perr, &fe) {
-				c.fatal(fe.code, fe.msg)
-			}
-			c.ic.Close()
-			continue
-		}
-		s.mu.Lock()
-		closed := s.closed
-		if !closed {
-			s.conns[c] = struct{}{}
-			if s.idleExit != nil {
-				s.idleExit.Stop()
-			}
-		}
-		s.mu.Unlock()
-		if closed {
-			uc.Close()
-			continue
-		}
-		p.Post(msgConn{c})
+		l.accept(uc, s.admit)
 	}
 	s.Close()
 	<-s.done
@@ -283,10 +257,27 @@ func (s *Server) shutdownNote() string {
 	return "the hvdd daemon is shutting down: " + s.cause.Error()
 }
 
-func (s *Server) forget(c *client) {
+// admit counts a new client connection unless the Server is closing, and
+// stops the idle exit's timer.
+func (s *Server) admit() bool {
 	s.mu.Lock()
-	delete(s.conns, c)
-	if len(s.conns) == 0 && s.idleExit != nil && !s.closed {
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.conns++
+	if s.idleExit != nil {
+		s.idleExit.Stop()
+	}
+	return true
+}
+
+// connClosed counts a client connection closed, and arms the idle exit's
+// timer when it was the last.
+func (s *Server) connClosed() {
+	s.mu.Lock()
+	s.conns--
+	if s.conns == 0 && s.idleExit != nil && !s.closed {
 		s.idleExit.Reset(s.cfg.IdleExit)
 	}
 	s.mu.Unlock()
@@ -297,7 +288,7 @@ func (s *Server) forget(c *client) {
 // have raced its firing).
 func (s *Server) idleTimeout() {
 	s.mu.Lock()
-	idle := len(s.conns) == 0 && !s.closed
+	idle := s.conns == 0 && !s.closed
 	s.mu.Unlock()
 	if idle {
 		s.log.Info("no client for the idle exit time; exiting", "idle_exit", s.cfg.IdleExit)
@@ -305,39 +296,27 @@ func (s *Server) idleTimeout() {
 	}
 }
 
-// fatal tells a client why its connection is about to be closed.
-func (c *client) fatal(code ipcpb.Code, msg string) {
-	c.sendSocket(0, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Fatal{Fatal: &ipcpb.Fatal{Code: code, Error: msg}}}, -1)
-}
-
-// allowedGroups reports whether the peer on socket fd has one of
-// Config.AllowGIDs among its supplementary groups.
-func (s *Server) allowedGroups(fd int) bool {
-	if len(s.cfg.AllowGIDs) == 0 {
-		return false
-	}
-	gids, err := peerGroups(fd)
-	if err != nil {
-		s.log.Warn("cannot read a client's supplementary groups; only its primary group counts", "err", err)
-		return false
-	}
-	for _, g := range gids {
-		if slices.Contains(s.cfg.AllowGIDs, g) {
-			return true
+// newLoop wires the loop: its config, the executor, and the formation (on
+// this node alone, or across nodes).
+func (s *Server) newLoop(p *poll.Poller) (*loop, error) {
+	c := s.cfg
+	x := exec.New(exec.Config{Log: s.log, GPU: s.gpu, Workers: c.Workers, NCCLAcross: c.GPUAllreduce == GPUAllreduceNCCL}, p)
+	formation := oneNodeFormation(c.FusionThreshold)
+	if c.multiNode() {
+		formation = func(h job.LoopHooks) (job.Formation, error) {
+			return nodes.New(h, p, nodes.Config{
+				Nodes: c.Nodes, NodeRank: c.NodeRank, Advertise: c.Advertise, Rendezvous: c.Rendezvous,
+				ExternalRendezvous: c.ExternalRendezvous, Secret: c.Secret, Control: c.Control, NewBackend: c.NewBackend,
+				Elastic: c.Elastic, StartTimeout: c.StartTimeout, Heartbeat: c.Heartbeat, PeerTimeout: c.PeerTimeout,
+				FusionThreshold: c.FusionThreshold,
+			}, s.log)
 		}
 	}
-	return false
-}
-
-// allowed reports whether a peer with these credentials may connect.
-func (s *Server) allowed(uid, gid uint32) bool {
-	if uid == s.uid || uid == 0 {
-		return true
-	}
-	for _, g := range s.cfg.AllowGIDs {
-		if g == gid {
-			return true
-		}
-	}
-	return false
+	return newLoop(loopConfig{
+		Slots: c.Slots, FusionThreshold: c.FusionThreshold, CycleTime: c.CycleTime, Spin: c.Spin,
+		StallCheck: c.StallCheck, StallShutdown: c.StallShutdown, OutputRegion: c.OutputRegion,
+		Nodes: c.Nodes, NodeRank: c.NodeRank, MultiNode: c.multiNode(), ElasticTimeout: c.ElasticTimeout,
+		ExitAfterJob: c.ExitAfterJob, Autotune: c.Autotune, OnStatus: c.OnStatus, Metrics: c.Metrics,
+		AllowGIDs: c.AllowGIDs, Log: s.log, UID: s.uid, GPUs: s.gpu,
+	}, s, p, x, formation)
 }

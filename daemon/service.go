@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -129,15 +130,28 @@ func (s *Server) Probe(ctx context.Context) (Status, error) {
 		return Status{}, fmt.Errorf("daemon: not serving yet: %w", context.Cause(ctx))
 	}
 	s.mu.Lock()
-	p := s.p
+	l := s.l
 	s.mu.Unlock()
+	st, err := l.probe(ctx)
+	if errors.Is(err, errLoopDone) {
+		return Status{}, ErrServerClosed
+	}
+	return st, err
+}
+
+// errLoopDone says that the loop has exited.
+var errLoopDone = errors.New("the daemon's loop has exited")
+
+// probe asks the loop what it is doing (Server.Probe); errLoopDone once the
+// loop has exited. Safe from any goroutine.
+func (l *loop) probe(ctx context.Context) (Status, error) {
 	reply := make(chan Status, 1)
-	p.Post(msgProbe{reply})
+	l.p.Post(msgProbe{reply})
 	select {
 	case st := <-reply:
 		return st, nil
-	case <-s.done:
-		return Status{}, ErrServerClosed
+	case <-l.done:
+		return Status{}, errLoopDone
 	case <-ctx.Done():
 		return Status{}, fmt.Errorf("daemon: the event loop did not answer: %w", context.Cause(ctx))
 	}
@@ -190,7 +204,7 @@ func (l *loop) afterPass() {
 	}
 	if l.draining && !l.drained && len(l.order) == 0 {
 		l.drained = true
-		l.s.log.Info("drained: no job left; exiting")
+		l.cfg.Log.Info("drained: no job left; exiting")
 		// Close posts to this loop: not from the loop's own goroutine.
 		go l.s.Close()
 	}
@@ -205,7 +219,7 @@ func (l *loop) Drain() {
 	}
 	l.draining = true
 	for _, j := range l.serviceJobs() {
-		l.s.log.Warn("draining: the running job runs on; new jobs are refused; the daemon exits when it ends",
+		l.cfg.Log.Warn("draining: the running job runs on; new jobs are refused; the daemon exits when it ends",
 			"job", j.ID, "name", j.Name, "state", j.State, "local_ranks", j.LocalRanks)
 	}
 	for _, ln := range slices.Clone(l.order) {

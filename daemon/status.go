@@ -53,7 +53,7 @@ func (l *loop) status(uid uint32, maxPending int) *ipcpb.Status {
 		maxPending = defaultMaxPending
 	}
 	host, _ := os.Hostname()
-	all := uid == 0 || uid == l.s.uid
+	all := uid == 0 || uid == l.cfg.UID
 	st := &ipcpb.Status{
 		Version: Version, StartedMs: l.epoch.UnixMilli(), NowMs: time.Now().UnixMilli(),
 		Slots: int32(l.cfg.Slots), NodeRank: int32(l.cfg.NodeRank), Nodes: int32(max(l.cfg.Nodes, 1)),

@@ -149,10 +149,10 @@ func (l *loop) startTimeline(j *job.Job, path string, markCycles bool) error {
 	// start.
 	w, err := timeline.Create(path, timeline.Options{})
 	if err != nil {
-		l.s.log.Error("cannot write the timeline", "err", err)
+		l.cfg.Log.Error("cannot write the timeline", "err", err)
 		return err
 	}
-	l.s.log.Info("timeline started", "file", path, "mark_cycles", markCycles)
+	l.cfg.Log.Info("timeline started", "file", path, "mark_cycles", markCycles)
 	l.tlGen++
 	l.tl = &tracer{job: j, gen: l.tlGen, w: w, markCycles: markCycles, negotiating: make(map[job.OpKey]struct{})}
 	return nil
@@ -169,7 +169,7 @@ func (l *loop) helloTimeline(j *job.Job) {
 		return
 	}
 	if err := l.startTimeline(j, tl.GetFilePath(), tl.GetMarkCycles()); err != nil {
-		l.s.log.Error("HOROVOD_TIMELINE: no timeline is written", "err", err)
+		l.cfg.Log.Error("HOROVOD_TIMELINE: no timeline is written", "err", err)
 	}
 }
 
@@ -185,7 +185,7 @@ func (l *loop) stopTimeline(j *job.Job, done func(error)) {
 		return
 	}
 	l.tl = nil
-	log := l.s.log
+	log := l.cfg.Log
 	l.tlClosing.Add(1)
 	t.w.CloseAsync(func(err error) {
 		defer l.tlClosing.Done()
