@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -252,6 +253,53 @@ func (l *loop) startTuner(j *job.Job) {
 
 // jobAutotune is the daemon's autotune settings a with a client's
 // HOROVOD_AUTOTUNE* variables (Hello.autotune_env: NAME=VALUE) applied.
+// applyHorovodEnv applies Horovod's HOROVOD_AUTOTUNE* variables, read
+// through getenv, over a (Config.ApplyHorovodEnv's part for the autotuner).
+func (a *AutotuneConfig) applyHorovodEnv(getenv func(string) string) error {
+	var errs []error
+	num := func(key string, f func(float64)) {
+		if err := envNumber(getenv, key, f); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if v := strings.TrimSpace(getenv("HOROVOD_AUTOTUNE")); v != "" && v != "0" {
+		a.Enabled = true
+	}
+	if v := getenv("HOROVOD_AUTOTUNE_LOG"); v != "" {
+		a.LogFile = v
+	}
+	num("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", func(x float64) {
+		a.WarmupSamples = int(x)
+		if x == 0 {
+			a.WarmupSamples = -1 // none, where 0 means the default
+		}
+	})
+	num("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", func(x float64) { a.StepsPerSample = int(x) })
+	num("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", func(x float64) { a.MaxSamples = int(x) })
+	num("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", func(x float64) {
+		a.Noise = x
+		if x == 0 {
+			a.Noise = -1
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// envNumber reads key through getenv and, when it is set, passes its value
+// to f; a value that is not a non-negative number is an error.
+func envNumber(getenv func(string) string, key string, f func(float64)) error {
+	v := strings.TrimSpace(getenv(key))
+	if v == "" {
+		return nil
+	}
+	x, err := strconv.ParseFloat(v, 64)
+	if err != nil || x < 0 {
+		return fmt.Errorf("%s=%q: want a non-negative number", key, v)
+	}
+	f(x)
+	return nil
+}
+
 func jobAutotune(a AutotuneConfig, env []string) (AutotuneConfig, error) {
 	vars := map[string]string{}
 	for _, kv := range env {
@@ -261,18 +309,18 @@ func jobAutotune(a AutotuneConfig, env []string) (AutotuneConfig, error) {
 		}
 		vars[name] = value
 	}
-	c := Config{Autotune: a}
-	c.Autotune.Fixed = slices.Clone(a.Fixed)
-	if err := c.ApplyHorovodEnv(func(k string) string { return vars[k] }); err != nil {
+	b := a
+	b.Fixed = slices.Clone(a.Fixed)
+	if err := b.applyHorovodEnv(func(k string) string { return vars[k] }); err != nil {
 		return a, err
 	}
 	if v, ok := vars["HOROVOD_AUTOTUNE"]; ok && strings.TrimSpace(v) == "0" {
-		c.Autotune.Enabled = false // the job asked for none
+		b.Enabled = false // the job asked for none
 	}
-	if err := c.Autotune.validate(); err != nil {
+	if err := b.validate(); err != nil {
 		return a, err
 	}
-	return c.Autotune, nil
+	return b, nil
 }
 
 // tuneBatch gives the autotuner the responses just dispatched, and applies

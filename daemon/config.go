@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -297,16 +296,9 @@ func (c *Config) withDefaults() Config {
 func (c *Config) ApplyHorovodEnv(getenv func(string) string) error {
 	var errs []error
 	num := func(key string, f func(float64)) {
-		v := strings.TrimSpace(getenv(key))
-		if v == "" {
-			return
+		if err := envNumber(getenv, key, f); err != nil {
+			errs = append(errs, err)
 		}
-		x, err := strconv.ParseFloat(v, 64)
-		if err != nil || x < 0 {
-			errs = append(errs, fmt.Errorf("%s=%q: want a non-negative number", key, v))
-			return
-		}
-		f(x)
 	}
 	num("HOROVOD_FUSION_THRESHOLD", func(x float64) {
 		if x == 0 {
@@ -322,26 +314,7 @@ func (c *Config) ApplyHorovodEnv(getenv func(string) string) error {
 	if getenv("HOROVOD_CYCLE_TIME") != "" {
 		c.Autotune.fix(KnobCycle)
 	}
-	if v := strings.TrimSpace(getenv("HOROVOD_AUTOTUNE")); v != "" && v != "0" {
-		c.Autotune.Enabled = true
-	}
-	if v := getenv("HOROVOD_AUTOTUNE_LOG"); v != "" {
-		c.Autotune.LogFile = v
-	}
-	num("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", func(x float64) {
-		c.Autotune.WarmupSamples = int(x)
-		if x == 0 {
-			c.Autotune.WarmupSamples = -1 // none, where 0 means the default
-		}
-	})
-	num("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", func(x float64) { c.Autotune.StepsPerSample = int(x) })
-	num("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", func(x float64) { c.Autotune.MaxSamples = int(x) })
-	num("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", func(x float64) {
-		c.Autotune.Noise = x
-		if x == 0 {
-			c.Autotune.Noise = -1
-		}
-	})
+	errs = append(errs, c.Autotune.applyHorovodEnv(getenv))
 	num("HOROVOD_STALL_CHECK_TIME_SECONDS", func(x float64) { c.StallCheck = time.Duration(x * float64(time.Second)) })
 	num("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", func(x float64) { c.StallShutdown = time.Duration(x * float64(time.Second)) })
 	if v := getenv("HOROVOD_STALL_CHECK_DISABLE"); v != "" && v != "0" {

@@ -78,6 +78,9 @@ type loop struct {
 	lastJobs               []JobStatus
 }
 
+// daemonVersion is the daemon's version string (Welcome, hvdd status).
+const daemonVersion = "0.1.0"
+
 // loopConfig is what the loop takes of the daemon's configuration: the
 // fields of Config of the same names, which say what they mean, and what
 // the Server made from it.
@@ -568,7 +571,7 @@ func (l *loop) Start(j *job.Job, m job.Membership, c job.Coordination) {
 			Version: ipc.Version, Rank: int32(cl.rank), Size: int32(m.Size),
 			LocalRank: int32(cl.localRank), LocalSize: int32(len(j.Slots)),
 			CrossRank: int32(crossRank), CrossSize: int32(crossSize), IsHomogeneous: homog,
-			DaemonVersion: Version, JobId: j.ID, Backends: backendNames, Epoch: m.Epoch,
+			DaemonVersion: daemonVersion, JobId: j.ID, Backends: backendNames, Epoch: m.Epoch,
 			GpuUuids: l.cfg.GPUs.UUIDs(),
 		}}}, -1)
 	}

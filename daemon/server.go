@@ -19,7 +19,7 @@ import (
 )
 
 // Version is the daemon's version string.
-const Version = "0.1.0"
+const Version = daemonVersion
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.
 var ErrServerClosed = errors.New("daemon: server closed")

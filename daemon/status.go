@@ -55,7 +55,7 @@ func (l *loop) status(uid uint32, maxPending int) *ipcpb.Status {
 	host, _ := os.Hostname()
 	all := uid == 0 || uid == l.cfg.UID
 	st := &ipcpb.Status{
-		Version: Version, StartedMs: l.epoch.UnixMilli(), NowMs: time.Now().UnixMilli(),
+		Version: daemonVersion, StartedMs: l.epoch.UnixMilli(), NowMs: time.Now().UnixMilli(),
 		Slots: int32(l.cfg.Slots), NodeRank: int32(l.cfg.NodeRank), Nodes: int32(max(l.cfg.Nodes, 1)),
 		Host: host, Pid: int32(os.Getpid()), Clients: int32(len(l.clients)),
 	}
