@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hvdd/hvdd/daemon/internal/loop"
 	"github.com/hvdd/hvdd/daemon/internal/nodes"
 	"github.com/hvdd/hvdd/daemon/metrics"
 	"github.com/hvdd/hvdd/gpu"
@@ -80,7 +81,7 @@ type Config struct {
 	// Rendezvous (hvdd run's elastic driver, hvdd rendezvous): node 0 is
 	// its client as the other nodes are, so the store outlives any node, and
 	// an elastic job's coordination moves to another node when the
-	// coordinator is lost (elastic_multinode.go).
+	// coordinator is lost (package nodes).
 	ExternalRendezvous bool
 	// Advertise is the host this node binds its control and data listeners
 	// on and that other nodes dial. Required with Nodes > 1.
@@ -128,12 +129,12 @@ type Config struct {
 	// running, failing or ending, a drain beginning. It runs on the loop's
 	// goroutine, so it must return at once and not call the Server (cmd/hvdd
 	// hands the line to a goroutine that tells systemd). Nil: not called.
-	OnStatus func(Status)
+	OnStatus func(loop.Status)
 
 	// Autotune tunes the settings of every job this daemon coordinates
 	// while the job runs (Horovod's HOROVOD_AUTOTUNE); its zero value leaves
 	// them as configured.
-	Autotune AutotuneConfig
+	Autotune loop.AutotuneConfig
 
 	// GPU is the CUDA driver (gpu/gpuload: hvdd serve --gpu) through which
 	// the daemon takes clients' GPU tensors (Enqueue.device_buffer). Nil,
@@ -167,40 +168,6 @@ type Config struct {
 	Metrics *metrics.Metrics
 }
 
-// AutotuneConfig configures autotuning (autotune.go). The zero value is
-// off; zero numbers mean Horovod's defaults.
-type AutotuneConfig struct {
-	// Enabled tunes, for each job whose plans this daemon decides (one
-	// node's jobs, and node 0's across nodes), the fusion threshold, the
-	// cycle time, the loop's spin window and, across nodes, the tcp
-	// engine's streams, segment and small-message threshold (the knobs
-	// KnobNames lists), by Bayesian optimisation of the bytes the job moves
-	// per microsecond; then it keeps the best. The coordinator applies them
-	// on every node.
-	Enabled bool
-	// LogFile, when set, is the CSV file the coordinator writes
-	// (HOROVOD_AUTOTUNE_LOG): a header of the knobs tuned, one row per
-	// configuration scored, and the best configuration last.
-	LogFile string
-	// WarmupSamples is how many scores are discarded first
-	// (HOROVOD_AUTOTUNE_WARMUP_SAMPLES); zero means 3, negative none.
-	WarmupSamples int
-	// StepsPerSample is how many times a tensor is seen per sample
-	// (HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE); zero means 10.
-	StepsPerSample int
-	// MaxSamples is how many configurations are scored
-	// (HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES); zero means 20.
-	MaxSamples int
-	// Noise is the Gaussian process's noise, in [0, 1]
-	// (HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE); zero means 0.8, negative
-	// none.
-	Noise float64
-	// Fixed names knobs the user set explicitly (flags, HOROVOD_* knobs),
-	// which tuning keeps as configured, as Horovod keeps parameters set
-	// explicitly; each is one of KnobNames.
-	Fixed []string
-}
-
 // The GPUAllreduce modes.
 const (
 	GPUAllreduceHierarchical = "hierarchical"
@@ -211,7 +178,7 @@ const (
 // DefaultFusionThreshold is Horovod's default fusion buffer size.
 const DefaultFusionThreshold = 128 << 20
 
-func (c *Config) validate() error {
+func (c *Config) Validate() error {
 	var errs []error
 	if c.Slots < 1 {
 		errs = append(errs, fmt.Errorf("slots must be at least 1, got %d (set --slots to the number of local processes)", c.Slots))
@@ -222,7 +189,7 @@ func (c *Config) validate() error {
 	if c.OutputRegion < 0 {
 		errs = append(errs, fmt.Errorf("output region size must not be negative, got %d", c.OutputRegion))
 	}
-	if err := c.Autotune.validate(); err != nil {
+	if err := c.Autotune.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	switch c.GPUAllreduce {
@@ -296,7 +263,7 @@ func (c *Config) withDefaults() Config {
 func (c *Config) ApplyHorovodEnv(getenv func(string) string) error {
 	var errs []error
 	num := func(key string, f func(float64)) {
-		if err := envNumber(getenv, key, f); err != nil {
+		if err := loop.EnvNumber(getenv, key, f); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -309,12 +276,12 @@ func (c *Config) ApplyHorovodEnv(getenv func(string) string) error {
 	})
 	num("HOROVOD_CYCLE_TIME", func(x float64) { c.CycleTime = time.Duration(x * float64(time.Millisecond)) })
 	if getenv("HOROVOD_FUSION_THRESHOLD") != "" {
-		c.Autotune.fix(KnobFusion)
+		c.Autotune.Fix(loop.KnobFusion)
 	}
 	if getenv("HOROVOD_CYCLE_TIME") != "" {
-		c.Autotune.fix(KnobCycle)
+		c.Autotune.Fix(loop.KnobCycle)
 	}
-	errs = append(errs, c.Autotune.applyHorovodEnv(getenv))
+	errs = append(errs, c.Autotune.ApplyHorovodEnv(getenv))
 	num("HOROVOD_STALL_CHECK_TIME_SECONDS", func(x float64) { c.StallCheck = time.Duration(x * float64(time.Second)) })
 	num("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", func(x float64) { c.StallShutdown = time.Duration(x * float64(time.Second)) })
 	if v := getenv("HOROVOD_STALL_CHECK_DISABLE"); v != "" && v != "0" {
@@ -357,3 +324,33 @@ type ControlTransport = nodes.ControlTransport
 // BackendFactory creates the cross-node engine of a job; every node calls it
 // at about the same time, and it returns once the engine is connected.
 type BackendFactory = nodes.BackendFactory
+
+// AutotuneConfig configures autotuning (Horovod's HOROVOD_AUTOTUNE*).
+type AutotuneConfig = loop.AutotuneConfig
+
+// The autotuner's knobs (AutotuneConfig.Fixed, hvdd serve --autotune-fixed).
+const (
+	KnobFusion  = loop.KnobFusion
+	KnobCycle   = loop.KnobCycle
+	KnobSpin    = loop.KnobSpin
+	KnobStreams = loop.KnobStreams
+	KnobChunk   = loop.KnobChunk
+	KnobSmall   = loop.KnobSmall
+)
+
+// Status is what the daemon is doing (Config.OnStatus, Server.Probe).
+type Status = loop.Status
+
+// JobStatus is one job in a Status.
+type JobStatus = loop.JobStatus
+
+// JobState is where a job is in its life (JobStatus.State).
+type JobState = loop.JobState
+
+// The states of a job.
+const (
+	JobForming   = loop.JobForming
+	JobRunning   = loop.JobRunning
+	JobFailed    = loop.JobFailed
+	JobReforming = loop.JobReforming
+)

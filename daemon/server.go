@@ -14,12 +14,13 @@ import (
 
 	"github.com/hvdd/hvdd/daemon/internal/exec"
 	"github.com/hvdd/hvdd/daemon/internal/job"
+	"github.com/hvdd/hvdd/daemon/internal/loop"
 	"github.com/hvdd/hvdd/daemon/internal/nodes"
 	"github.com/hvdd/hvdd/daemon/internal/poll"
 )
 
 // Version is the daemon's version string.
-const Version = daemonVersion
+const Version = loop.DaemonVersion
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.
 var ErrServerClosed = errors.New("daemon: server closed")
@@ -34,12 +35,12 @@ type Server struct {
 	done    chan struct{} // closed when the loop has exited
 
 	closeOnce sync.Once
-	gpu       *exec.GPUs // the GPUs opened (gpu.go); nil when CPU-only
+	gpu       *exec.GPUs // the GPUs opened; nil when CPU-only
 
 	// mu guards the fields that follow.
 	mu       sync.Mutex
 	p        *poll.Poller
-	l        *loop // set once Serve made it
+	l        *loop.Loop // set once Serve made it
 	closed   bool
 	ln       *net.UnixListener
 	conns    int         // client connections open
@@ -50,7 +51,7 @@ type Server struct {
 
 // New checks cfg and returns a Server that is not yet serving.
 func New(cfg Config) (*Server, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("daemon: invalid config: %w", err)
 	}
 	c := cfg.withDefaults()
@@ -123,10 +124,10 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	closed, draining := s.closed, s.draining
 	s.mu.Unlock()
 	if closed {
-		p.Post(msgQuit{})
+		p.Post(loop.MsgQuit{})
 	}
 	if draining {
-		p.Post(msgDrain{})
+		p.Post(loop.MsgDrain{})
 	}
 	l, err := s.newLoop(p)
 	if err != nil {
@@ -136,7 +137,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	s.mu.Lock()
 	s.l = l
 	s.mu.Unlock()
-	unregister, err := l.registerMetrics() // metrics.go
+	unregister, err := l.RegisterMetrics()
 	if err != nil {
 		p.Close()
 		return err
@@ -183,7 +184,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			}
 			break
 		}
-		l.accept(uc, s.admit)
+		l.Accept(uc, s.admit)
 	}
 	s.Close()
 	<-s.done
@@ -210,7 +211,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if p == nil {
 		return nil
 	}
-	p.Post(msgDrain{})
+	p.Post(loop.MsgDrain{})
 	select {
 	case <-s.done:
 		return nil
@@ -240,15 +241,15 @@ func (s *Server) Close() error {
 		s.mu.Unlock()
 		if p != nil {
 			// The loop closes every connection on its way out.
-			p.Post(msgQuit{})
+			p.Post(loop.MsgQuit{})
 		}
 	})
 	return nil
 }
 
-// shutdownNote is what clients are told when the server stops: its
+// ShutdownNote is what clients are told when the server stops: its
 // context's cause (cmd/hvdd names the signal), if it gave one.
-func (s *Server) shutdownNote() string {
+func (s *Server) ShutdownNote() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cause == nil || errors.Is(s.cause, context.Canceled) || errors.Is(s.cause, context.DeadlineExceeded) {
@@ -272,9 +273,9 @@ func (s *Server) admit() bool {
 	return true
 }
 
-// connClosed counts a client connection closed, and arms the idle exit's
+// ConnClosed counts a client connection closed, and arms the idle exit's
 // timer when it was the last.
-func (s *Server) connClosed() {
+func (s *Server) ConnClosed() {
 	s.mu.Lock()
 	s.conns--
 	if s.conns == 0 && s.idleExit != nil && !s.closed {
@@ -298,10 +299,10 @@ func (s *Server) idleTimeout() {
 
 // newLoop wires the loop: its config, the executor, and the formation (on
 // this node alone, or across nodes).
-func (s *Server) newLoop(p *poll.Poller) (*loop, error) {
+func (s *Server) newLoop(p *poll.Poller) (*loop.Loop, error) {
 	c := s.cfg
 	x := exec.New(exec.Config{Log: s.log, GPU: s.gpu, Workers: c.Workers, NCCLAcross: c.GPUAllreduce == GPUAllreduceNCCL}, p)
-	formation := oneNodeFormation(c.FusionThreshold)
+	formation := loop.OneNodeFormation(c.FusionThreshold)
 	if c.multiNode() {
 		formation = func(h job.LoopHooks) (job.Formation, error) {
 			return nodes.New(h, p, nodes.Config{
@@ -312,11 +313,38 @@ func (s *Server) newLoop(p *poll.Poller) (*loop, error) {
 			}, s.log)
 		}
 	}
-	return newLoop(loopConfig{
+	return loop.New(loop.Config{
 		Slots: c.Slots, FusionThreshold: c.FusionThreshold, CycleTime: c.CycleTime, Spin: c.Spin,
 		StallCheck: c.StallCheck, StallShutdown: c.StallShutdown, OutputRegion: c.OutputRegion,
 		Nodes: c.Nodes, NodeRank: c.NodeRank, MultiNode: c.multiNode(), ElasticTimeout: c.ElasticTimeout,
 		ExitAfterJob: c.ExitAfterJob, Autotune: c.Autotune, OnStatus: c.OnStatus, Metrics: c.Metrics,
 		AllowGIDs: c.AllowGIDs, Log: s.log, UID: s.uid, GPUs: s.gpu,
 	}, s, p, x, formation)
+}
+
+// Probe asks the event loop what the daemon is doing and returns its
+// answer. The question travels the way every event reaches the loop (a
+// message posted through its eventfd, the path of new connections, the
+// executor's completions and timers), and the loop answers it between two
+// passes over its events, so an answer proves that the loop still turns: a
+// loop stuck in a system call, a lock or an endless pass answers nothing,
+// and Probe returns ctx's error. It returns ErrServerClosed once the loop
+// has exited; called before Serve, it waits for Serve to start the loop.
+// Safe from any goroutine.
+func (s *Server) Probe(ctx context.Context) (loop.Status, error) {
+	select {
+	case <-s.started:
+	case <-s.done:
+		return loop.Status{}, ErrServerClosed
+	case <-ctx.Done():
+		return loop.Status{}, fmt.Errorf("daemon: not serving yet: %w", context.Cause(ctx))
+	}
+	s.mu.Lock()
+	l := s.l
+	s.mu.Unlock()
+	st, err := l.Probe(ctx)
+	if errors.Is(err, loop.ErrLoopDone) {
+		return loop.Status{}, ErrServerClosed
+	}
+	return st, err
 }

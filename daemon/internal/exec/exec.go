@@ -50,7 +50,7 @@ type Executor struct {
 	// engine of the job that asked for them last.
 	groups   map[string]backends.Backend
 	groupsOf backends.Backend
-	// gpuPaths are the GPU paths used so far (exec_gpu.go: gpuPath).
+	// gpuPaths are the GPU paths used so far (gpuPath).
 	gpuPaths map[string]bool
 	// Dispatched is when the loop dispatched the batch running now, for
 	// the latency metrics (ObserveLatency); set only while it is idle.
@@ -96,9 +96,9 @@ func (x *Executor) Run() {
 // the executor's goroutine is idle.
 func (x *Executor) Execute(w job.Work) {
 	if Timed(&w) {
-		defer ObserveLatency(&w, x.Dispatched) // metrics.go
+		defer ObserveLatency(&w, x.Dispatched)
 	}
-	if x.ncclEligible(&w) { // exec_gpu.go
+	if x.ncclEligible(&w) { // device.go
 		if !x.ncclVote(&w) {
 			return
 		}
@@ -116,7 +116,7 @@ func (x *Executor) Execute(w job.Work) {
 		}
 	}
 	if job.DeviceWork(&w) {
-		x.executeDevice(w) // exec_gpu.go
+		x.executeDevice(w) // device.go
 		return
 	}
 	x.executeHost(w)
@@ -243,7 +243,7 @@ func (x *Executor) finishBatched(ops [][]*job.Op) {
 		b := by[c]
 		c.SendBatch(b.ids, b.ms)
 		for _, o := range b.ops {
-			o.Count(ipcpb.Code_CODE_OK) // metrics.go
+			o.Count(ipcpb.Code_CODE_OK)
 			o.Release()
 		}
 	}

@@ -26,7 +26,7 @@ import (
 // it one more, so a mapping released while an op uses it closes after that
 // op. The client's IPC events are cached the same way.
 //
-// The device work itself (exec_gpu.go) runs only on the executor goroutine,
+// The device work itself (device.go) runs only on the executor goroutine,
 // never inline in the loop: each GPU's stream, fusion buffer and kernels
 // belong to that goroutine, and it synchronises the streams before any Done
 // goes out.
@@ -277,7 +277,7 @@ type devOp struct {
 	ptr gpu.DevicePtr
 	n   int
 	// staged is the host copy the CPU path works on, when the tensor
-	// takes that path (exec_gpu.go: stageIn); nil otherwise.
+	// takes that path (device.go: stageIn); nil otherwise.
 	staged []byte
 }
 
@@ -288,7 +288,7 @@ func devOf(o *job.Op) *devOp {
 	return d
 }
 
-// Done copies a tensor staged through host memory back (exec_gpu.go:
+// Done copies a tensor staged through host memory back (device.go:
 // unstage) as o is answered with dn.
 func (d *devOp) Done(o *job.Op, dn *ipcpb.Done) *ipcpb.Done {
 	if d.staged == nil {

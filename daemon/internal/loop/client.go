@@ -1,4 +1,4 @@
-package daemon
+package loop
 
 import (
 	"errors"
@@ -32,7 +32,7 @@ const maxDims = 64
 // table and the job fields; the executor writes Done frames (ipc.Conn
 // serialises writes) and allocates outputs, which have their own lock.
 type client struct {
-	l   *loop
+	l   *Loop
 	ic  *ipc.Conn
 	pid int32 // from SO_PEERCRED
 	uid uint32
@@ -79,6 +79,7 @@ type region struct {
 
 func (r *region) ref() { r.refs.Add(1) }
 
+// Unref drops a reference; the last closes the mapping (job.Mapping).
 func (r *region) Unref() {
 	if r.refs.Add(-1) == 0 {
 		r.unaccount() // metrics.go
@@ -86,7 +87,7 @@ func (r *region) Unref() {
 	}
 }
 
-func newClient(l *loop, uc *net.UnixConn) (*client, error) {
+func newClient(l *Loop, uc *net.UnixConn) (*client, error) {
 	ic, err := ipc.NewConn(uc)
 	if err != nil {
 		return nil, err
@@ -114,6 +115,7 @@ func clientOf(c job.Conn) *client {
 	return c.(*client)
 }
 
+// String names the client for logs: its rank and pid once it joined a job.
 func (c *client) String() string {
 	if c.job != nil {
 		return fmt.Sprintf("rank %d (pid %d)", c.rank, c.pid)
@@ -121,13 +123,13 @@ func (c *client) String() string {
 	return fmt.Sprintf("client pid %d", c.pid)
 }
 
-// Readable handles the frames a client has sent, without blocking: at most
+// readable handles the frames a client has sent, without blocking: at most
 // maxFramesPerWake of them, so one chatty client cannot starve the others. more
 // reports that it stopped at the limit (frames may wait in user space, where
 // epoll cannot see them). sock says the socket is readable; without it only
 // the channel (and socket frames it says are owed) is read. A non-nil error
 // means the connection must be dropped.
-func (l *loop) Readable(c *client, sock bool) (more bool, err error) {
+func (l *Loop) readable(c *client, sock bool) (more bool, err error) {
 	for i := 0; i < maxFramesPerWake; i++ {
 		if c.dropped {
 			return false, nil
@@ -190,7 +192,7 @@ func (c *client) nextFrame(sock bool) (ipc.Frame, bool, error) {
 const maxFramesPerWake = 64
 
 // handle acts on one client message.
-func (l *loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
+func (l *Loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 	if c.bye {
 		return &ipc.ProtocolError{Msg: "message after Goodbye"}
 	}
@@ -287,6 +289,7 @@ type fatalError struct {
 	msg  string
 }
 
+// Error is the message the client is told.
 func (e *fatalError) Error() string { return e.msg }
 
 // checkPeer reads the peer's credentials and decides whether it may connect.
@@ -647,6 +650,7 @@ func (c *client) AllocOutput(n int64) ([]byte, *ipcpb.Buffer, error) {
 	return m.Bytes()[off : off+n : off+n], &ipcpb.Buffer{Region: r.id, Offset: uint64(off), Length: uint64(n)}, nil
 }
 
+// Release gives back the part of an output region that b names.
 func (o *outputs) Release(b *ipcpb.Buffer) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -661,6 +665,7 @@ func (o *outputs) Release(b *ipcpb.Buffer) error {
 	return fmt.Errorf("release of a buffer in unknown region %#x", b.GetRegion())
 }
 
+// Close unmaps the output regions as the connection closes.
 func (o *outputs) Close() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -679,7 +684,7 @@ func (c *client) fatal(code ipcpb.Code, msg string) {
 
 // allowedGroups reports whether the peer on socket fd has one of
 // Config.AllowGIDs among its supplementary groups.
-func (l *loop) allowedGroups(fd int) bool {
+func (l *Loop) allowedGroups(fd int) bool {
 	if len(l.cfg.AllowGIDs) == 0 {
 		return false
 	}
@@ -697,7 +702,7 @@ func (l *loop) allowedGroups(fd int) bool {
 }
 
 // allowed reports whether a peer with these credentials may connect.
-func (l *loop) allowed(uid, gid uint32) bool {
+func (l *Loop) allowed(uid, gid uint32) bool {
 	if uid == l.cfg.UID || uid == 0 {
 		return true
 	}
@@ -709,10 +714,10 @@ func (l *loop) allowed(uid, gid uint32) bool {
 	return false
 }
 
-// accept takes a connection the Server's accept goroutine got: it checks
+// Accept takes a connection the Server's accept goroutine got: it checks
 // the peer, then, if admit lets it in (the Server is not closing), hands it
 // to the loop. Safe from any goroutine.
-func (l *loop) accept(uc *net.UnixConn, admit func() bool) {
+func (l *Loop) Accept(uc *net.UnixConn, admit func() bool) {
 	c, err := newClient(l, uc)
 	if err != nil {
 		l.cfg.Log.Warn("refusing connection", "err", err)

@@ -1,4 +1,4 @@
-package daemon
+package loop
 
 import (
 	"bufio"
@@ -57,13 +57,15 @@ const (
 // KnobNames are the knobs autotuning can tune.
 var KnobNames = []string{KnobFusion, KnobCycle, KnobSpin, KnobStreams, KnobChunk, KnobSmall}
 
-func (a *AutotuneConfig) fix(knob string) {
+// Fix adds knob to the fixed knobs, which autotuning leaves alone.
+func (a *AutotuneConfig) Fix(knob string) {
 	if !slices.Contains(a.Fixed, knob) {
 		a.Fixed = append(a.Fixed, knob)
 	}
 }
 
-func (a *AutotuneConfig) validate() error {
+// Validate checks the autotuning settings.
+func (a *AutotuneConfig) Validate() error {
 	var errs []error
 	for _, k := range a.Fixed {
 		if !slices.Contains(KnobNames, k) {
@@ -92,7 +94,7 @@ type tuner struct {
 
 // newTuner returns the tuner of a job, or nil when every knob is fixed.
 // engine is the job's data engine, nil on one node. cfg has its defaults.
-func newTuner(cfg loopConfig, base job.Settings, engine backends.Backend, log *slog.Logger) (*tuner, error) {
+func newTuner(cfg Config, base job.Settings, engine backends.Backend, log *slog.Logger) (*tuner, error) {
 	a := cfg.Autotune
 	fixed := func(k string) bool { return slices.Contains(a.Fixed, k) }
 	var knobs []autotune.Knob
@@ -216,7 +218,7 @@ func (t *tuner) update(names []string, bytes int64) (job.Settings, bool) {
 
 // startTuner starts the autotuner of a job that has just formed, when
 // autotuning is on and this node decides the job's plans.
-func (l *loop) startTuner(j *job.Job) {
+func (l *Loop) startTuner(j *job.Job) {
 	if !j.Coord.Coordinates() {
 		return
 	}
@@ -239,8 +241,8 @@ func (l *loop) startTuner(j *job.Job) {
 		// The cycle time and the spin window are the loop's, shared by
 		// every job of the daemon: one job does not tune them for all.
 		cfg.Autotune.Fixed = slices.Clone(cfg.Autotune.Fixed)
-		cfg.Autotune.fix(KnobCycle)
-		cfg.Autotune.fix(KnobSpin)
+		cfg.Autotune.Fix(KnobCycle)
+		cfg.Autotune.Fix(KnobSpin)
 	}
 	base := job.Settings{Fusion: l.cfg.FusionThreshold, Cycle: l.cfg.CycleTime, Spin: l.cfg.Spin}
 	t, err := newTuner(cfg, base, j.Coord.Engine(), l.cfg.Log.With("job", j.ID))
@@ -255,10 +257,10 @@ func (l *loop) startTuner(j *job.Job) {
 // HOROVOD_AUTOTUNE* variables (Hello.autotune_env: NAME=VALUE) applied.
 // applyHorovodEnv applies Horovod's HOROVOD_AUTOTUNE* variables, read
 // through getenv, over a (Config.ApplyHorovodEnv's part for the autotuner).
-func (a *AutotuneConfig) applyHorovodEnv(getenv func(string) string) error {
+func (a *AutotuneConfig) ApplyHorovodEnv(getenv func(string) string) error {
 	var errs []error
 	num := func(key string, f func(float64)) {
-		if err := envNumber(getenv, key, f); err != nil {
+		if err := EnvNumber(getenv, key, f); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -285,9 +287,9 @@ func (a *AutotuneConfig) applyHorovodEnv(getenv func(string) string) error {
 	return errors.Join(errs...)
 }
 
-// envNumber reads key through getenv and, when it is set, passes its value
+// EnvNumber reads key through getenv and, when it is set, passes its value
 // to f; a value that is not a non-negative number is an error.
-func envNumber(getenv func(string) string, key string, f func(float64)) error {
+func EnvNumber(getenv func(string) string, key string, f func(float64)) error {
 	v := strings.TrimSpace(getenv(key))
 	if v == "" {
 		return nil
@@ -311,13 +313,13 @@ func jobAutotune(a AutotuneConfig, env []string) (AutotuneConfig, error) {
 	}
 	b := a
 	b.Fixed = slices.Clone(a.Fixed)
-	if err := b.applyHorovodEnv(func(k string) string { return vars[k] }); err != nil {
+	if err := b.ApplyHorovodEnv(func(k string) string { return vars[k] }); err != nil {
 		return a, err
 	}
 	if v, ok := vars["HOROVOD_AUTOTUNE"]; ok && strings.TrimSpace(v) == "0" {
 		b.Enabled = false // the job asked for none
 	}
-	if err := b.validate(); err != nil {
+	if err := b.Validate(); err != nil {
 		return a, err
 	}
 	return b, nil
@@ -325,7 +327,7 @@ func jobAutotune(a AutotuneConfig, env []string) (AutotuneConfig, error) {
 
 // tuneBatch gives the autotuner the responses just dispatched, and applies
 // the settings it moves to.
-func (l *loop) tuneBatch(j *job.Job, resps []plan.Response) {
+func (l *Loop) tuneBatch(j *job.Job, resps []plan.Response) {
 	var names []string
 	var bytes int64
 	for i := range resps {
@@ -345,6 +347,40 @@ func (l *loop) tuneBatch(j *job.Job, resps []plan.Response) {
 }
 
 // Tuned applies the loop's part of tuned settings (loopHooks).
-func (l *loop) Tuned(s job.Settings) {
+func (l *Loop) Tuned(s job.Settings) {
 	l.cycleTime, l.spin = s.Cycle, s.Spin
+}
+
+// AutotuneConfig configures autotuning (autotune.go). The zero value is
+// off; zero numbers mean Horovod's defaults.
+type AutotuneConfig struct {
+	// Enabled tunes, for each job whose plans this daemon decides (one
+	// node's jobs, and node 0's across nodes), the fusion threshold, the
+	// cycle time, the loop's spin window and, across nodes, the tcp
+	// engine's streams, segment and small-message threshold (the knobs
+	// KnobNames lists), by Bayesian optimisation of the bytes the job moves
+	// per microsecond; then it keeps the best. The coordinator applies them
+	// on every node.
+	Enabled bool
+	// LogFile, when set, is the CSV file the coordinator writes
+	// (HOROVOD_AUTOTUNE_LOG): a header of the knobs tuned, one row per
+	// configuration scored, and the best configuration last.
+	LogFile string
+	// WarmupSamples is how many scores are discarded first
+	// (HOROVOD_AUTOTUNE_WARMUP_SAMPLES); zero means 3, negative none.
+	WarmupSamples int
+	// StepsPerSample is how many times a tensor is seen per sample
+	// (HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE); zero means 10.
+	StepsPerSample int
+	// MaxSamples is how many configurations are scored
+	// (HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES); zero means 20.
+	MaxSamples int
+	// Noise is the Gaussian process's noise, in [0, 1]
+	// (HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE); zero means 0.8, negative
+	// none.
+	Noise float64
+	// Fixed names knobs the user set explicitly (flags, HOROVOD_* knobs),
+	// which tuning keeps as configured, as Horovod keeps parameters set
+	// explicitly; each is one of KnobNames.
+	Fixed []string
 }

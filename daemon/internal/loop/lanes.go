@@ -1,4 +1,4 @@
-package daemon
+package loop
 
 import (
 	"fmt"
@@ -58,7 +58,7 @@ type lane struct {
 }
 
 // laneOf is the lane of j (a job the loop made, running or ended).
-func (l *loop) laneOf(j *job.Job) *lane { return l.lanes[laneKey{uid: j.UID, name: j.Name}] }
+func (l *Loop) laneOf(j *job.Job) *lane { return l.lanes[laneKey{uid: j.UID, name: j.Name}] }
 
 // name is how logs and errors name the lane's job.
 func (ln *lane) name() string {
@@ -87,7 +87,7 @@ func (ln *lane) taken() int {
 
 // laneFor returns the lane a hello h from c belongs to, making it if there
 // is room; otherwise it returns why c is refused.
-func (l *loop) laneFor(c *client, h helloView) (*lane, string) {
+func (l *Loop) laneFor(c *client, h HelloView) (*lane, string) {
 	key := laneKey{uid: c.uid, name: h.GetJob()}
 	if ln := l.lanes[key]; ln != nil {
 		return ln, ""
@@ -133,8 +133,8 @@ func (l *loop) laneFor(c *client, h helloView) (*lane, string) {
 	return ln, ""
 }
 
-// helloView is what laneFor reads of a Hello.
-type helloView interface {
+// HelloView is what laneFor reads of a Hello.
+type HelloView interface {
 	GetJob() string
 	GetLocalSize() int32
 }
@@ -151,7 +151,7 @@ func (ln *lane) PIDs() string {
 }
 
 // jobList names the daemon's jobs with their ranks, for refusals.
-func (l *loop) jobList() string {
+func (l *Loop) jobList() string {
 	var s []string
 	for _, ln := range l.order {
 		if n := ln.taken(); n > 0 {
@@ -162,7 +162,7 @@ func (l *loop) jobList() string {
 }
 
 // dropLane forgets ln once it holds nothing.
-func (l *loop) dropLane(ln *lane) {
+func (l *Loop) dropLane(ln *lane) {
 	if !ln.idle() || l.lanes[ln.key] != ln {
 		return
 	}
@@ -176,7 +176,7 @@ func (l *loop) dropLane(ln *lane) {
 }
 
 // jobs returns the jobs of every lane, forming or running, in lane order.
-func (l *loop) jobs() []*job.Job {
+func (l *Loop) jobs() []*job.Job {
 	var js []*job.Job
 	for _, ln := range l.order {
 		if ln.job != nil {
@@ -188,7 +188,7 @@ func (l *loop) jobs() []*job.Job {
 
 // soleLane is the lane of a daemon that runs one job at a time (a
 // multi-node daemon), or nil: what the multi-node formation's hooks act on.
-func (l *loop) soleLane() *lane {
+func (l *Loop) soleLane() *lane {
 	if len(l.order) == 0 {
 		return nil
 	}

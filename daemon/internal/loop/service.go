@@ -1,4 +1,4 @@
-package daemon
+package loop
 
 import (
 	"context"
@@ -109,61 +109,34 @@ func (j JobStatus) String() string {
 // Messages to the loop for a service manager.
 type (
 	msgProbe struct{ reply chan<- Status } // Probe: answer with the status
-	msgDrain struct{}                      // Shutdown: refuse new jobs, exit after the running one
+	MsgDrain struct{}                      // Shutdown: refuse new jobs, exit after the running one
 )
 
-// Probe asks the event loop what the daemon is doing and returns its
-// answer. The question travels the way every event reaches the loop (a
-// message posted through its eventfd, the path of new connections, the
-// executor's completions and timers), and the loop answers it between two
-// passes over its events, so an answer proves that the loop still turns: a
-// loop stuck in a system call, a lock or an endless pass answers nothing,
-// and Probe returns ctx's error. It returns ErrServerClosed once the loop
-// has exited; called before Serve, it waits for Serve to start the loop.
-// Safe from any goroutine.
-func (s *Server) Probe(ctx context.Context) (Status, error) {
-	select {
-	case <-s.started:
-	case <-s.done:
-		return Status{}, ErrServerClosed
-	case <-ctx.Done():
-		return Status{}, fmt.Errorf("daemon: not serving yet: %w", context.Cause(ctx))
-	}
-	s.mu.Lock()
-	l := s.l
-	s.mu.Unlock()
-	st, err := l.probe(ctx)
-	if errors.Is(err, errLoopDone) {
-		return Status{}, ErrServerClosed
-	}
-	return st, err
-}
+// ErrLoopDone says that the loop has exited.
+var ErrLoopDone = errors.New("the daemon's loop has exited")
 
-// errLoopDone says that the loop has exited.
-var errLoopDone = errors.New("the daemon's loop has exited")
-
-// probe asks the loop what it is doing (Server.Probe); errLoopDone once the
+// Probe asks the loop what it is doing (Server.Probe); errLoopDone once the
 // loop has exited. Safe from any goroutine.
-func (l *loop) probe(ctx context.Context) (Status, error) {
+func (l *Loop) Probe(ctx context.Context) (Status, error) {
 	reply := make(chan Status, 1)
 	l.p.Post(msgProbe{reply})
 	select {
 	case st := <-reply:
 		return st, nil
 	case <-l.done:
-		return Status{}, errLoopDone
+		return Status{}, ErrLoopDone
 	case <-ctx.Done():
 		return Status{}, fmt.Errorf("daemon: the event loop did not answer: %w", context.Cause(ctx))
 	}
 }
 
 // serviceStatus is what the daemon is doing now.
-func (l *loop) serviceStatus() Status {
+func (l *Loop) serviceStatus() Status {
 	return Status{Slots: l.cfg.Slots, Draining: l.draining, Jobs: l.serviceJobs()}
 }
 
 // serviceJobs describes every lane's job.
-func (l *loop) serviceJobs() []JobStatus {
+func (l *Loop) serviceJobs() []JobStatus {
 	var js []JobStatus
 	for _, ln := range l.order {
 		if j, ok := laneJobStatus(ln); ok {
@@ -194,7 +167,7 @@ func laneJobStatus(ln *lane) (JobStatus, bool) {
 // it reports a changed status to Config.OnStatus, and ends a drain that has
 // no job left to wait for. Comparing the job's summary costs a few loads,
 // so the busy path pays nothing more.
-func (l *loop) afterPass() {
+func (l *Loop) afterPass() {
 	if l.cfg.OnStatus != nil {
 		js := l.serviceJobs()
 		if !l.reported || !slices.Equal(js, l.lastJobs) || l.draining != l.lastDraining {
@@ -213,7 +186,7 @@ func (l *loop) afterPass() {
 // drain starts Shutdown's drain: hellos waiting for the next job and
 // workers waiting to join an elastic job's next epoch are refused now; the
 // running job runs on (afterPass ends the drain when it has ended).
-func (l *loop) Drain() {
+func (l *Loop) drain() {
 	if l.draining {
 		return
 	}
@@ -238,7 +211,7 @@ func (l *loop) Drain() {
 // takes the rest of a job that was forming when the drain began, and the
 // ranks of an elastic job that re-initialise into its next epoch, and
 // nothing that would start a job.
-func (l *loop) drainRefuses(c *client) bool {
+func (l *Loop) drainRefuses(c *client) bool {
 	if !l.draining {
 		return false
 	}
@@ -258,7 +231,7 @@ func (l *loop) drainRefuses(c *client) bool {
 }
 
 // drainNote is what a client refused by a draining daemon is told.
-func (l *loop) drainNote() string {
+func (l *Loop) drainNote() string {
 	what := "its running jobs"
 	if js := l.serviceJobs(); len(js) == 1 {
 		what = fmt.Sprintf("job %d", js[0].ID)
@@ -268,7 +241,7 @@ func (l *loop) drainNote() string {
 
 // refuseDraining refuses a hello that a draining daemon does not take
 // (drainRefuses), and reports whether it did.
-func (l *loop) refuseDraining(c *client) bool {
+func (l *Loop) refuseDraining(c *client) bool {
 	if !l.drainRefuses(c) {
 		return false
 	}

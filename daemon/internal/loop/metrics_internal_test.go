@@ -1,4 +1,4 @@
-package daemon
+package loop
 
 import (
 	"testing"
@@ -16,7 +16,7 @@ import (
 // the loop and the executor call: each rank's op arrives and is answered;
 // the tensor's negotiation, its batch's fusion and its latency are
 // recorded once.
-func opHooks(l *loop, j *job.Job, ops []*job.Op, batch []job.Work) {
+func opHooks(l *Loop, j *job.Job, ops []*job.Op, batch []job.Work) {
 	for _, o := range ops {
 		l.arrived(o)
 	}
@@ -35,7 +35,7 @@ func opHooks(l *loop, j *job.Job, ops []*job.Op, batch []job.Work) {
 
 // hookFixture is a job of two ranks with an op each, and a batch of the
 // tensor's response; m nil is metrics off.
-func hookFixture(m *metrics.Metrics) (*loop, *job.Job, []*job.Op, []job.Work) {
+func hookFixture(m *metrics.Metrics) (*Loop, *job.Job, []*job.Op, []job.Work) {
 	ln := &lane{m: m.Job("bench")}
 	j := &job.Job{M: ln.m}
 	buf := make([]byte, 4096)
@@ -44,7 +44,7 @@ func hookFixture(m *metrics.Metrics) (*loop, *job.Job, []*job.Op, []job.Work) {
 		ops[i] = &job.Op{Conn: &client{lane: ln}, Type: tensor.Allreduce, Buf: buf}
 	}
 	batch := []job.Work{{Job: j, Ops: [][]*job.Op{ops}, Resp: plan.Response{Op: tensor.Allreduce, Tensors: []plan.Tensor{{Name: "t"}}, Bytes: 4096}}}
-	return &loop{x: &exec.Executor{}}, j, ops, batch
+	return &Loop{x: &exec.Executor{}}, j, ops, batch
 }
 
 // TestOpMetricsAllocs pins the daemon's per-op hooks at zero allocations,

@@ -1,4 +1,4 @@
-package daemon
+package loop
 
 import (
 	"io"
@@ -62,7 +62,7 @@ func TestResolveBothBuffers(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	g := exec.OpenGPUs(fake.New(fake.Options{Devices: 1}), nil, log, false)
 	defer g.Close()
-	c := &client{l: &loop{cfg: loopConfig{GPUs: g, Log: log}}, gpu: exec.ConnGPU{Log: log}}
+	c := &client{l: &Loop{cfg: Config{GPUs: g, Log: log}}, gpu: exec.ConnGPU{Log: log}}
 	e := &ipcpb.Enqueue{Name: "t", Op: ipcpb.OpType_OP_ALLREDUCE, Dtype: ipcpb.DType_DTYPE_FLOAT32, Shape: []int64{4},
 		Buffer:       &ipcpb.Buffer{Length: 16},
 		DeviceBuffer: &ipcpb.DeviceBuffer{DeviceUuid: g.UUIDs()[0], Length: 16}}

@@ -1,4 +1,4 @@
-package daemon
+package loop
 
 import (
 	"fmt"
@@ -67,7 +67,7 @@ func (r *region) unaccount() {
 
 // arrived prepares o's counting as the loop takes it: its job's children
 // for its collective, when it arrived, its size class.
-func (l *loop) arrived(o *job.Op) {
+func (l *Loop) arrived(o *job.Op) {
 	ln := clientOf(o.Conn).lane
 	if ln == nil || ln.m == nil {
 		return
@@ -79,7 +79,7 @@ func (l *loop) arrived(o *job.Op) {
 
 // negotiated records a tensor's negotiation wait on this node: from its
 // first local rank's arrival to its last's (row holds its ops).
-func (l *loop) negotiated(j *job.Job, row []*job.Op) {
+func (l *Loop) negotiated(j *job.Job, row []*job.Op) {
 	m := j.M
 	if m == nil {
 		return
@@ -107,7 +107,7 @@ func (l *loop) negotiated(j *job.Job, row []*job.Op) {
 // dispatch time for the latency: the loop dispatches only to an idle
 // executor, which reads it after it got the batch (inline, or through its
 // channel).
-func (l *loop) fused(j *job.Job, batch []job.Work) {
+func (l *Loop) fused(j *job.Job, batch []job.Work) {
 	m := j.M
 	if m == nil {
 		return
@@ -124,7 +124,7 @@ func (l *loop) fused(j *job.Job, batch []job.Work) {
 }
 
 // refusedOp counts an Enqueue refused before it became an op.
-func (l *loop) refusedOp(c *client, e *ipcpb.Enqueue) {
+func (l *Loop) refusedOp(c *client, e *ipcpb.Enqueue) {
 	if c.lane != nil {
 		c.lane.m.Failed(tensor.OpType(e.GetOp()), ipcpb.Code_CODE_INVALID_ARGUMENT)
 	}
@@ -153,7 +153,7 @@ type msgMetrics struct {
 
 // fillSnapshot fills in m's snapshot from the loop's state (on the loop's
 // goroutine).
-func (l *loop) fillSnapshot(m msgMetrics) {
+func (l *Loop) fillSnapshot(m msgMetrics) {
 	defer close(m.done)
 	s := m.snap
 	for _, c := range l.clients {
@@ -194,7 +194,7 @@ const snapshotTimeout = 2 * time.Second
 
 // snapshot asks the loop for its state, waiting at most timeout. Safe from
 // any goroutine.
-func (l *loop) snapshot(timeout time.Duration) (*stateSnapshot, error) {
+func (l *Loop) snapshot(timeout time.Duration) (*stateSnapshot, error) {
 	m := msgMetrics{snap: &stateSnapshot{}, done: make(chan struct{})}
 	l.p.Post(m)
 	t := time.NewTimer(timeout)
@@ -203,7 +203,7 @@ func (l *loop) snapshot(timeout time.Duration) (*stateSnapshot, error) {
 	case <-m.done:
 		return m.snap, nil
 	case <-l.done:
-		return nil, errLoopDone
+		return nil, ErrLoopDone
 	case <-t.C:
 		return nil, fmt.Errorf("the daemon's loop did not answer within %v", timeout)
 	}
@@ -212,7 +212,7 @@ func (l *loop) snapshot(timeout time.Duration) (*stateSnapshot, error) {
 // stateCollector exports, at scrape time, the loop's snapshot and the
 // shared memory mapped (hvdd_clients, hvdd_jobs, hvdd_slots*,
 // hvdd_link_*, hvdd_shm_mapped_bytes).
-type stateCollector struct{ l *loop }
+type stateCollector struct{ l *Loop }
 
 var (
 	clientsDesc = prometheus.NewDesc("hvdd_clients", "Client connections, by state: handshake (no Hello yet), waiting (for a job to end or an elastic epoch), forming (their job waits for its ranks or nodes), running, failed (their job failed; on their way out).", []string{"state"}, nil)
@@ -264,9 +264,9 @@ func (sc stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// registerMetrics registers the daemon's scrape-time collector with
+// RegisterMetrics registers the daemon's scrape-time collector with
 // Config.Metrics, if set; the returned func unregisters it.
-func (l *loop) registerMetrics() (func(), error) {
+func (l *Loop) RegisterMetrics() (func(), error) {
 	m := l.cfg.Metrics
 	if m == nil {
 		return func() {}, nil

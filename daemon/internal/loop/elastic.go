@@ -1,4 +1,4 @@
-package daemon
+package loop
 
 import (
 	"bytes"
@@ -83,7 +83,7 @@ type (
 // reformAfter begins the next epoch of an elastic job whose failed epoch has
 // ended, when it has survivors: an epoch that formed, or one that failed as
 // it formed across nodes (reformUnformed).
-func (l *loop) reformAfter(j *job.Job) {
+func (l *Loop) reformAfter(j *job.Job) {
 	if !j.Elastic || j.Failed.GetCode() != ipcpb.Code_CODE_ABORTED || !j.Formed && len(j.Survivors) == 0 || l.quit {
 		return
 	}
@@ -145,7 +145,7 @@ func (l *loop) reformAfter(j *job.Job) {
 // init(), as the survivors: they need not come back, they wait on for the
 // next epoch, which the formation began without the nodes that are gone
 // (multiCoord.abort, elastic_multinode.go).
-func (l *loop) reformUnformed(j *job.Job, msg string) {
+func (l *Loop) reformUnformed(j *job.Job, msg string) {
 	l.cfg.Log.Warn("elastic job: its epoch could not form across the nodes; the next one forms from the same ranks", "job", j.ID, "epoch", j.Epoch, "err", msg)
 	l.fail(j, ipcpb.Code_CODE_ABORTED, msg)
 	ln := l.laneOf(j)
@@ -173,7 +173,7 @@ const joinLater = -2
 // or re-forms: it waits in init() for the job's next epoch, and global rank
 // 0 is told that hosts were updated, so that every rank resets at its next
 // commit (Horovod's HostsUpdatedInterrupt).
-func (l *loop) addJoiner(c *client, j *job.Job) {
+func (l *Loop) addJoiner(c *client, j *job.Job) {
 	ln := l.laneOf(j)
 	if !slices.Contains(ln.joiners, c) {
 		ln.joiners = append(ln.joiners, c)
@@ -185,7 +185,7 @@ func (l *loop) addJoiner(c *client, j *job.Job) {
 // HostsUpdated tells global rank 0 of the running elastic job that its
 // hosts changed (loopHooks: the multi-node formation's, whose daemon runs
 // one job at a time).
-func (l *loop) HostsUpdated(result int32) {
+func (l *Loop) HostsUpdated(result int32) {
 	if ln := l.soleLane(); ln != nil {
 		l.laneHostsUpdated(ln, result)
 	}
@@ -194,7 +194,7 @@ func (l *loop) HostsUpdated(result int32) {
 // laneHostsUpdated tells global rank 0 of ln's elastic job, if it runs,
 // that its hosts changed (result): here, or through the coordinator when
 // rank 0 is on another node.
-func (l *loop) laneHostsUpdated(ln *lane, result int32) {
+func (l *Loop) laneHostsUpdated(ln *lane, result int32) {
 	j := ln.job
 	if j == nil || !j.Elastic || !j.Formed || j.Failed != nil {
 		return
@@ -217,7 +217,7 @@ func isHostsUpdated(msg string) bool { return strings.HasSuffix(msg, hostsUpdate
 
 // seatJoiners, once ln's job has ended, seats the waiting workers in the
 // epoch that re-forms it, or refuses them when the job is over.
-func (l *loop) seatJoiners(ln *lane) {
+func (l *Loop) seatJoiners(ln *lane) {
 	r := ln.reform
 	js := ln.joiners
 	ln.joiners = nil
@@ -236,7 +236,7 @@ func (l *loop) seatJoiners(ln *lane) {
 // ReformFailed gives up the forming epoch (loopHooks): the other nodes
 // cannot form it. The survivors that joined get msg, and so do those still
 // to come back.
-func (l *loop) ReformFailed(epoch uint64, msg string) {
+func (l *Loop) ReformFailed(epoch uint64, msg string) {
 	ln := l.soleLane()
 	if ln == nil {
 		return
@@ -251,7 +251,7 @@ func (l *loop) ReformFailed(epoch uint64, msg string) {
 
 // reformRank is the local rank a hello takes in the forming epoch: its
 // place among the survivors, or a reason to refuse it.
-func (l *loop) reformRank(ln *lane, c *client, h *ipcpb.Hello) (lr int, refusal string) {
+func (l *Loop) reformRank(ln *lane, c *client, h *ipcpb.Hello) (lr int, refusal string) {
 	r := ln.reform
 	lr = slices.Index(r.survivors, c.pid)
 	if r.dead != "" {
@@ -285,7 +285,7 @@ func (l *loop) reformRank(ln *lane, c *client, h *ipcpb.Hello) (lr int, refusal 
 }
 
 // reformed ends a re-formation when the epoch has formed.
-func (l *loop) reformed(j *job.Job) {
+func (l *Loop) reformed(j *job.Job) {
 	ln := l.laneOf(j)
 	r := ln.reform
 	if r == nil || r.id != j.ID || r.epoch != j.Epoch {
@@ -302,7 +302,7 @@ func (l *loop) reformed(j *job.Job) {
 }
 
 // reformTimeout gives up a re-formation whose survivors did not all return.
-func (l *loop) reformTimeout(r *reform) {
+func (l *Loop) reformTimeout(r *reform) {
 	ln := r.lane
 	if ln.reform != r {
 		return
@@ -336,7 +336,7 @@ func (r *reform) stop() {
 
 // reformCheck drops the survivors of r whose process has exited without
 // coming back, and forms the epoch from the others when they are all there.
-func (l *loop) reformCheck(r *reform) {
+func (l *Loop) reformCheck(r *reform) {
 	ln := r.lane
 	if ln.reform != r {
 		return

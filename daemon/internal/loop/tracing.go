@@ -1,4 +1,4 @@
-package daemon
+package loop
 
 import (
 	"fmt"
@@ -67,7 +67,7 @@ func (t *tracer) submitted(r *plan.Request) {
 }
 
 // tracerOf returns the running timeline if it records j, else nil.
-func (l *loop) tracerOf(j *job.Job) *tracer {
+func (l *Loop) tracerOf(j *job.Job) *tracer {
 	if l.tl != nil && l.tl.job == j {
 		return l.tl
 	}
@@ -76,7 +76,7 @@ func (l *loop) tracerOf(j *job.Job) *tracer {
 
 // TraceSubmitted records on the timeline, if one runs, a request another
 // node forwarded to the coordinator (loopHooks).
-func (l *loop) TraceSubmitted(r *plan.Request) {
+func (l *Loop) TraceSubmitted(r *plan.Request) {
 	if l.tl != nil {
 		l.tl.submitted(r)
 	}
@@ -101,7 +101,7 @@ func (t *tracer) responded(r *plan.Response) {
 
 // timelineRequest starts, switches or stops the timeline for c's Timeline
 // request id. Only global rank 0's request acts.
-func (l *loop) timelineRequest(c *client, id uint32, m *ipcpb.Timeline) {
+func (l *Loop) timelineRequest(c *client, id uint32, m *ipcpb.Timeline) {
 	if c.job == nil || !c.job.Formed || c.rank != 0 {
 		c.Reply(id, &ipcpb.Done{})
 		return
@@ -132,7 +132,7 @@ func (l *loop) timelineRequest(c *client, id uint32, m *ipcpb.Timeline) {
 // stopping j's in another file; the same file again only updates
 // markCycles. Another job's running timeline is an error: the daemon writes
 // one at a time.
-func (l *loop) startTimeline(j *job.Job, path string, markCycles bool) error {
+func (l *Loop) startTimeline(j *job.Job, path string, markCycles bool) error {
 	if !filepath.IsAbs(path) {
 		return fmt.Errorf("timeline file %q is not an absolute path", path)
 	}
@@ -160,7 +160,7 @@ func (l *loop) startTimeline(j *job.Job, path string, markCycles bool) error {
 
 // helloTimeline starts the timeline global rank 0 asked for in its Hello
 // (HOROVOD_TIMELINE), as j forms on the node that holds rank 0.
-func (l *loop) helloTimeline(j *job.Job) {
+func (l *Loop) helloTimeline(j *job.Job) {
 	if j.Members.Offset != 0 || len(j.Slots) == 0 || j.Slots[0] == nil {
 		return
 	}
@@ -176,7 +176,7 @@ func (l *loop) helloTimeline(j *job.Job) {
 // stopTimeline stops the running timeline, if any and if it records j (any
 // job's when j is nil); done (if not nil) is called, on another goroutine,
 // once its file is complete.
-func (l *loop) stopTimeline(j *job.Job, done func(error)) {
+func (l *Loop) stopTimeline(j *job.Job, done func(error)) {
 	t := l.tl
 	if t == nil || j != nil && t.job != j {
 		if done != nil {
@@ -205,7 +205,7 @@ func (l *loop) stopTimeline(j *job.Job, done func(error)) {
 
 // TraceClock reports the running timeline's generation and clock
 // (loopHooks).
-func (l *loop) TraceClock() (uint32, int64, bool) {
+func (l *Loop) TraceClock() (uint32, int64, bool) {
 	if l.tl == nil {
 		return 0, 0, false
 	}
@@ -215,7 +215,7 @@ func (l *loop) TraceClock() (uint32, int64, bool) {
 // TraceRemote writes the phases node ran for the timeline of generation
 // m.Gen, on the node's track of each row (loopHooks). Events of an earlier
 // timeline are dropped.
-func (l *loop) TraceRemote(node int, m *clusterpb.TimelineEvents) {
+func (l *Loop) TraceRemote(node int, m *clusterpb.TimelineEvents) {
 	if l.tl == nil || m.GetGen() != l.tl.gen {
 		return
 	}

@@ -1,4 +1,4 @@
-package daemon
+package loop
 
 import (
 	"errors"
@@ -29,15 +29,15 @@ type (
 	msgConn  struct{ c *client } // accepted connection
 	msgStall struct{}            // the stall timer fired
 	msgCycle struct{}            // the cycle timer fired
-	msgQuit  struct{}            // Close was called
+	MsgQuit  struct{}            // Close was called
 )
 
-// loop owns the daemon's job state and every client's read side; only its
+// Loop owns the daemon's job state and every client's read side; only its
 // goroutine touches them.
-type loop struct {
+type Loop struct {
 	tlGen   uint32 // timelines started (tracer.gen)
-	s       server
-	cfg     loopConfig
+	s       Server
+	cfg     Config
 	mapped  shmMapped     // shared memory mapped, for the metrics (metrics.go)
 	done    chan struct{} // closed when run has returned
 	p       *poll.Poller
@@ -78,13 +78,13 @@ type loop struct {
 	lastJobs               []JobStatus
 }
 
-// daemonVersion is the daemon's version string (Welcome, hvdd status).
-const daemonVersion = "0.1.0"
+// DaemonVersion is the daemon's version string (Welcome, hvdd status).
+const DaemonVersion = "0.1.0"
 
-// loopConfig is what the loop takes of the daemon's configuration: the
+// Config is what the loop takes of the daemon's configuration: the
 // fields of Config of the same names, which say what they mean, and what
 // the Server made from it.
-type loopConfig struct {
+type Config struct {
 	Slots                     int
 	FusionThreshold           int64
 	CycleTime, Spin           time.Duration
@@ -106,21 +106,21 @@ type loopConfig struct {
 	GPUs *exec.GPUs // the node's GPUs; nil when CPU-only
 }
 
-// server is what the loop asks of the Server that runs it.
-type server interface {
-	// connClosed is told that a client connection closed (the idle exit
+// Server is what the loop asks of the Server that runs it.
+type Server interface {
+	// ConnClosed is told that a client connection closed (the idle exit
 	// counts them).
-	connClosed()
-	// shutdownNote is what clients are told when the daemon stops.
-	shutdownNote() string
+	ConnClosed()
+	// ShutdownNote is what clients are told when the daemon stops.
+	ShutdownNote() string
 	// Close stops the daemon (--exit-after-job).
 	Close() error
 }
 
-// newLoop returns the loop, its executor x and its formation made by
+// New returns the loop, its executor x and its formation made by
 // newFormation, which gets the loop as the formation's hooks.
-func newLoop(cfg loopConfig, s server, p *poll.Poller, x *exec.Executor, newFormation func(job.LoopHooks) (job.Formation, error)) (*loop, error) {
-	l := &loop{s: s, cfg: cfg, p: p, x: x, done: make(chan struct{}), epoch: time.Now(), clients: make(map[int]*client), lanes: make(map[laneKey]*lane),
+func New(cfg Config, s Server, p *poll.Poller, x *exec.Executor, newFormation func(job.LoopHooks) (job.Formation, error)) (*Loop, error) {
+	l := &Loop{s: s, cfg: cfg, p: p, x: x, done: make(chan struct{}), epoch: time.Now(), clients: make(map[int]*client), lanes: make(map[laneKey]*lane),
 		cycleTime: cfg.CycleTime, spin: cfg.Spin}
 	f, err := newFormation(l)
 	if err != nil {
@@ -130,15 +130,15 @@ func newLoop(cfg loopConfig, s server, p *poll.Poller, x *exec.Executor, newForm
 	return l, nil
 }
 
-// oneNodeFormation is the formation of a daemon that forms its jobs alone.
-func oneNodeFormation(fusionThreshold int64) func(job.LoopHooks) (job.Formation, error) {
+// OneNodeFormation is the formation of a daemon that forms its jobs alone.
+func OneNodeFormation(fusionThreshold int64) func(job.LoopHooks) (job.Formation, error) {
 	return func(h job.LoopHooks) (job.Formation, error) {
 		return &oneNode{hooks: h, fusionThreshold: fusionThreshold}, nil
 	}
 }
 
 // Now is the plan's logical clock: milliseconds since the loop started.
-func (l *loop) Now() int64 { return time.Since(l.epoch).Milliseconds() }
+func (l *Loop) Now() int64 { return time.Since(l.epoch).Milliseconds() }
 
 // yieldEvery is how often at most the loop yields its P (runtime.Gosched)
 // before it blocks in epoll_wait, when its previous wait lasted over a
@@ -156,7 +156,7 @@ const yieldEvery = 5 * time.Millisecond
 // posted messages; after any activity it keeps polling without blocking for
 // cfg.Spin, so that the next request of a busy job is picked up without the
 // cost of a wake-up, then blocks again. An idle daemon sleeps in epoll_wait.
-func (l *loop) Run() {
+func (l *Loop) Run() {
 	defer close(l.done)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -204,7 +204,7 @@ func (l *loop) Run() {
 			fd := int(ev.Fd)
 			if fd == l.p.Evfd {
 				for _, m := range l.p.Drain() {
-					l.Message(m)
+					l.message(m)
 				}
 				continue
 			}
@@ -267,7 +267,7 @@ func (l *loop) Run() {
 
 // outWaiting reports whether some client has frames waiting for room in its
 // channel's ring.
-func (l *loop) outWaiting() bool {
+func (l *Loop) outWaiting() bool {
 	for _, c := range l.chans {
 		if !c.dropped && c.hasOut.Load() {
 			return true
@@ -279,7 +279,7 @@ func (l *loop) outWaiting() bool {
 // setAsleep sets the asleep flag of every channel. Setting it, it reports
 // whether a ring holds frames after all (then the flags are cleared again and
 // the loop must not sleep).
-func (l *loop) setAsleep(v bool) (pending bool) {
+func (l *Loop) setAsleep(v bool) (pending bool) {
 	for _, c := range l.chans {
 		c.ch.SetAsleep(v)
 	}
@@ -297,8 +297,8 @@ func (l *loop) setAsleep(v bool) (pending bool) {
 
 // serveClient handles what a client sent; hup reports a hung-up socket, sock
 // a readable one.
-func (l *loop) serveClient(c *client, hup, sock bool) {
-	more, err := l.Readable(c, sock)
+func (l *Loop) serveClient(c *client, hup, sock bool) {
+	more, err := l.readable(c, sock)
 	if err != nil || hup && !c.ic.Buffered() {
 		if err == nil {
 			err = ipc.ErrClosed
@@ -311,7 +311,7 @@ func (l *loop) serveClient(c *client, hup, sock bool) {
 	}
 }
 
-func (l *loop) Message(m any) {
+func (l *Loop) message(m any) {
 	switch m := m.(type) {
 	case msgConn:
 		c := m.c
@@ -319,7 +319,7 @@ func (l *loop) Message(m any) {
 		if err := l.p.Add(fd); err != nil {
 			l.cfg.Log.Error("cannot watch client connection", "pid", c.pid, "err", err)
 			c.ic.Close()
-			l.s.connClosed()
+			l.s.ConnClosed()
 			return
 		}
 		c.fd = fd
@@ -337,12 +337,12 @@ func (l *loop) Message(m any) {
 		l.checkStalls()
 	case msgCycle:
 		l.cycle = nil
-	case msgQuit:
+	case MsgQuit:
 		l.quit = true
 	case msgProbe:
 		m.reply <- l.serviceStatus()
-	case msgDrain:
-		l.Drain()
+	case MsgDrain:
+		l.drain()
 	case msgReformTimeout:
 		l.reformTimeout(m.r)
 	case msgReformCheck:
@@ -370,7 +370,7 @@ func (l *loop) Message(m any) {
 
 // drop closes a client's connection after an error or its close, telling it
 // why when the error is the client's fault.
-func (l *loop) drop(c *client, err error) {
+func (l *Loop) drop(c *client, err error) {
 	if c.dropped {
 		return
 	}
@@ -391,13 +391,13 @@ func (l *loop) drop(c *client, err error) {
 	}
 	c.ic.Close()
 	c.releaseConn()
-	l.s.connClosed()
+	l.s.ConnClosed()
 	l.closed(c, c.bye, err)
 }
 
 // closeDead releases the output regions of closed clients once the executor
 // can no longer be writing into them.
-func (l *loop) closeDead() {
+func (l *Loop) closeDead() {
 	if l.execBusy {
 		return
 	}
@@ -408,7 +408,7 @@ func (l *loop) closeDead() {
 }
 
 // shutdown fails the running jobs and closes every connection.
-func (l *loop) shutdown() {
+func (l *Loop) shutdown() {
 	for _, j := range l.jobs() {
 		if j.Formed && j.Failed == nil && j.Members.Nodes() > 1 {
 			// To the other nodes this node is lost: their ranks cannot go
@@ -416,7 +416,7 @@ func (l *loop) shutdown() {
 			j.Coord.Abort(ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node %d%s was lost: its hvdd daemon is shutting down",
 				l.cfg.NodeRank, j.Members.RankRange(j.Members.Node)), true)
 		}
-		l.fail(j, ipcpb.Code_CODE_SHUT_DOWN, l.s.shutdownNote())
+		l.fail(j, ipcpb.Code_CODE_SHUT_DOWN, l.s.ShutdownNote())
 	}
 	for _, c := range l.clients {
 		l.drop(c, nil)
@@ -446,7 +446,7 @@ func (l *loop) shutdown() {
 	l.p.Close()
 }
 
-func (l *loop) hello(c *client, h *ipcpb.Hello) {
+func (l *Loop) hello(c *client, h *ipcpb.Hello) {
 	c.helloMsg = h
 	if l.refuseDraining(c) {
 		return
@@ -527,7 +527,7 @@ func (l *loop) hello(c *client, h *ipcpb.Hello) {
 
 // openJob makes the job the next hellos of ln join: the forming epoch of an
 // elastic job (elastic.go), else a fresh job of the lane's size.
-func (l *loop) openJob(ln *lane, elastic bool) *job.Job {
+func (l *Loop) openJob(ln *lane, elastic bool) *job.Job {
 	j := &job.Job{Pending: make(map[job.OpKey]*job.Op), Elastic: elastic, UID: ln.key.uid, Name: ln.key.name, M: ln.m}
 	if r := ln.reform; r != nil && r.dead == "" {
 		j.ID, j.Epoch, j.Slots = r.id, r.epoch, make([]job.Conn, len(r.survivors))
@@ -541,7 +541,7 @@ func (l *loop) openJob(ln *lane, elastic bool) *job.Job {
 
 // Start begins a formed job (loopHooks): it sends every local client its
 // Welcome.
-func (l *loop) Start(j *job.Job, m job.Membership, c job.Coordination) {
+func (l *Loop) Start(j *job.Job, m job.Membership, c job.Coordination) {
 	m.Epoch = j.Epoch
 	j.Members, j.Coord = m, c
 	j.Formed = true
@@ -571,16 +571,17 @@ func (l *loop) Start(j *job.Job, m job.Membership, c job.Coordination) {
 			Version: ipc.Version, Rank: int32(cl.rank), Size: int32(m.Size),
 			LocalRank: int32(cl.localRank), LocalSize: int32(len(j.Slots)),
 			CrossRank: int32(crossRank), CrossSize: int32(crossSize), IsHomogeneous: homog,
-			DaemonVersion: daemonVersion, JobId: j.ID, Backends: backendNames, Epoch: m.Epoch,
+			DaemonVersion: DaemonVersion, JobId: j.ID, Backends: backendNames, Epoch: m.Epoch,
 			GpuUuids: l.cfg.GPUs.UUIDs(),
 		}}}, -1)
 	}
 }
 
 // now, executing and current serve loopHooks.
-func (l *loop) Executing() bool { return l.execBusy }
+func (l *Loop) Executing() bool { return l.execBusy }
 
-func (l *loop) Current(j *job.Job) bool {
+// Current reports whether j is its lane's job still (job.LoopHooks).
+func (l *Loop) Current(j *job.Job) bool {
 	if j == nil {
 		return false
 	}
@@ -590,14 +591,14 @@ func (l *loop) Current(j *job.Job) bool {
 
 // refuse ends a client that cannot join: it gets a Fatal and its connection is
 // closed, which its reader reports as an ordinary close.
-func (l *loop) refuse(c *client, msg string) {
+func (l *Loop) refuse(c *client, msg string) {
 	l.cfg.Log.Warn("refusing client", "pid", c.pid, "reason", msg)
 	l.noteError(nil, fmt.Sprintf("refused pid %d (uid %d): %s", c.pid, c.uid, msg))
 	c.fatal(ipcpb.Code_CODE_BUSY, msg)
 	l.drop(c, nil)
 }
 
-func (l *loop) closed(c *client, bye bool, err error) {
+func (l *Loop) closed(c *client, bye bool, err error) {
 	ln := c.lane
 	if ln != nil {
 		if i := slices.Index(ln.waiting, c); i >= 0 {
@@ -663,7 +664,7 @@ func (l *loop) closed(c *client, bye bool, err error) {
 }
 
 // jobEnded ends j once its last client left it.
-func (l *loop) jobEnded(j *job.Job) {
+func (l *Loop) jobEnded(j *job.Job) {
 	ln := l.laneOf(j)
 	// Horovod's shutdown ends its timeline too.
 	l.stopTimeline(j, nil)
@@ -689,7 +690,7 @@ func (l *loop) jobEnded(j *job.Job) {
 
 // endLane forgets a lane that holds nothing any more; a daemon started
 // with --exit-after-job exits once it has none.
-func (l *loop) endLane(ln *lane) {
+func (l *Loop) endLane(ln *lane) {
 	l.dropLane(ln)
 	if l.cfg.ExitAfterJob && len(l.order) == 0 && !l.quit {
 		l.cfg.Log.Info("job over; exiting (--exit-after-job)")
@@ -699,7 +700,7 @@ func (l *loop) endLane(ln *lane) {
 }
 
 // fail marks the job failed and answers every pending op with the error.
-func (l *loop) fail(j *job.Job, code ipcpb.Code, msg string) {
+func (l *Loop) fail(j *job.Job, code ipcpb.Code, msg string) {
 	if j.Failed != nil {
 		return
 	}
@@ -745,7 +746,7 @@ func (l *loop) fail(j *job.Job, code ipcpb.Code, msg string) {
 	}
 }
 
-func (l *loop) enqueue(o *job.Op) {
+func (l *Loop) enqueue(o *job.Op) {
 	l.arrived(o) // metrics.go
 	c := clientOf(o.Conn)
 	j := c.job
@@ -772,7 +773,7 @@ func (l *loop) enqueue(o *job.Op) {
 	}
 	o.Name = o.Req.Name
 	if o.GroupSize <= 1 {
-		l.Submit(j, o)
+		l.submit(j, o)
 		return
 	}
 	g := append(c.groups[o.Group], o)
@@ -789,11 +790,11 @@ func (l *loop) enqueue(o *job.Op) {
 	key := strings.Join(names, "\x00")
 	for _, m := range g {
 		m.Req.Group, m.Req.GroupSize = key, len(g)
-		l.Submit(j, m)
+		l.submit(j, m)
 	}
 }
 
-func (l *loop) Submit(j *job.Job, o *job.Op) {
+func (l *Loop) submit(j *job.Job, o *job.Op) {
 	if j.Failed != nil {
 		o.Finish(j.Failed)
 		return
@@ -810,7 +811,7 @@ func (l *loop) Submit(j *job.Job, o *job.Op) {
 // dispatch hands everything ready to the executor when it is idle, job by
 // job: each pass starts with the lane after the one whose batch last went
 // to the executor, so that jobs that run at once take turns with it.
-func (l *loop) dispatch() {
+func (l *Loop) dispatch() {
 	if l.execBusy || l.cycle != nil || len(l.order) == 0 {
 		return
 	}
@@ -844,7 +845,7 @@ func (l *loop) dispatch() {
 
 // runResponses answers error responses at once and runs the rest as one batch,
 // inline when small, else on the executor.
-func (l *loop) runResponses(j *job.Job, resps []plan.Response) {
+func (l *Loop) runResponses(j *job.Job, resps []plan.Response) {
 	b := j.Coord.Engine()
 	tl := l.tracerOf(j)
 	var batch []job.Work
@@ -942,7 +943,7 @@ func (l *loop) runResponses(j *job.Job, resps []plan.Response) {
 // Abort fails the job (loopHooks); its coordination first tells the other
 // nodes (notify) and closes the data engine, so that a blocked collective
 // returns.
-func (l *loop) Abort(j *job.Job, code ipcpb.Code, msg string, notify bool) {
+func (l *Loop) Abort(j *job.Job, code ipcpb.Code, msg string, notify bool) {
 	if j.Failed != nil {
 		return
 	}
@@ -964,7 +965,7 @@ func (l *loop) Abort(j *job.Job, code ipcpb.Code, msg string, notify bool) {
 
 // FormFailed ends a job that could not form across nodes: its clients, still
 // waiting in init, get the reason.
-func (l *loop) FormFailed(j *job.Job, msg string) {
+func (l *Loop) FormFailed(j *job.Job, msg string) {
 	l.cfg.Log.Error("job could not form", "job", j.ID, "err", msg)
 	l.fail(j, ipcpb.Code_CODE_ABORTED, msg)
 	for _, s := range j.Slots {
@@ -988,7 +989,7 @@ func errorCode(e *plan.Error) ipcpb.Code {
 	return ipcpb.Code_CODE_INVALID_ARGUMENT
 }
 
-func (l *loop) armStallTimer() {
+func (l *Loop) armStallTimer() {
 	if l.stall != nil || l.cfg.StallCheck <= 0 {
 		return
 	}
@@ -1003,13 +1004,13 @@ func (l *loop) armStallTimer() {
 // checkStalls logs, for every job, the tensors that some ranks wait on
 // longer than the stall check, and fails a job whose stall outlasted the
 // stall shutdown; the other jobs go on.
-func (l *loop) checkStalls() {
+func (l *Loop) checkStalls() {
 	for _, j := range l.jobs() {
 		l.checkJobStalls(j)
 	}
 }
 
-func (l *loop) checkJobStalls(j *job.Job) {
+func (l *Loop) checkJobStalls(j *job.Job) {
 	if j.Coord == nil || j.Failed != nil {
 		return
 	}

@@ -1,4 +1,4 @@
-package daemon
+package loop
 
 import (
 	"fmt"
@@ -24,6 +24,7 @@ type oneNode struct {
 	fusionThreshold int64
 }
 
+// Complete implements job.Formation.
 func (f *oneNode) Complete(j *job.Job) {
 	t, err := plan.New(plan.Config{Size: len(j.Slots), FusionThreshold: f.fusionThreshold})
 	if err != nil {
@@ -35,18 +36,25 @@ func (f *oneNode) Complete(j *job.Job) {
 	f.hooks.Start(j, job.NewMembership([]int{len(j.Slots)}, 0), c)
 }
 
+// Ended implements job.Formation.
 func (f *oneNode) Ended(*job.Job) {}
 
+// Message implements job.Formation.
 func (f *oneNode) Message(any) bool { return false }
 
+// Readable implements job.Formation.
 func (f *oneNode) Readable(int) bool { return false }
 
+// Close implements job.Formation.
 func (f *oneNode) Close() {}
 
+// NextReady implements job.Formation.
 func (f *oneNode) NextReady(uint64, int, string) {}
 
+// Links implements job.Formation.
 func (f *oneNode) Links([]*job.Job) map[int]*job.LinkStats { return nil }
 
+// Removed implements job.Formation.
 func (f *oneNode) Removed() string { return "" }
 
 // localCoord negotiates a job of one node over a plan table.
@@ -56,34 +64,48 @@ type localCoord struct {
 	hooks job.LoopHooks
 }
 
+// Submit implements job.Coordination.
 func (c *localCoord) Submit(o *job.Op) *ipcpb.Done {
 	return job.TableSubmit(c.t, c.j, o, c.hooks.Now())
 }
 
+// Next implements job.Coordination.
 func (c *localCoord) Next() []plan.Response { return c.t.Ready() }
 
+// Stalls implements job.Coordination.
 func (c *localCoord) Stalls(now, olderThan int64) []plan.Stall { return c.t.Stalls(now, olderThan) }
 
+// SetRequest implements job.Coordination.
 func (c *localCoord) SetRequest(r job.SetReq) { c.j.SettleLocal(r, c.t) }
 
+// Abort implements job.Coordination.
 func (c *localCoord) Abort(ipcpb.Code, string, bool) {}
 
+// Flush implements job.Coordination.
 func (c *localCoord) Flush() {}
 
+// Expect implements job.Coordination.
 func (c *localCoord) Expect(bool) {}
 
+// End implements job.Coordination.
 func (c *localCoord) End() {}
 
+// HostsUpdated implements job.Coordination.
 func (c *localCoord) HostsUpdated(*ipcpb.HostsUpdated) {}
 
+// Engine implements job.Coordination.
 func (c *localCoord) Engine() backends.Backend { return nil }
 
+// TraceSink implements job.Coordination.
 func (c *localCoord) TraceSink() job.EventSink { return nil }
 
+// TraceSent implements job.Coordination.
 func (c *localCoord) TraceSent() {}
 
+// Coordinates implements job.Coordination.
 func (c *localCoord) Coordinates() bool { return true }
 
+// Retune implements job.Coordination.
 func (c *localCoord) Retune(s job.Settings) {
 	// The threshold is never negative here (tuner.settings).
 	c.t.SetFusionThreshold(s.Fusion)

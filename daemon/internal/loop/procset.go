@@ -1,4 +1,4 @@
-package daemon
+package loop
 
 import (
 	"github.com/hvdd/hvdd/daemon/internal/job"
@@ -20,7 +20,7 @@ import (
 // runs, and a removed set's responses never run after its removal.
 
 // processSetReq takes a local rank's set request to the job's coordination.
-func (l *loop) processSetReq(r job.SetReq) {
+func (l *Loop) processSetReq(r job.SetReq) {
 	c := clientOf(r.Conn)
 	j := c.job
 	switch {

@@ -1,4 +1,4 @@
-package daemon
+package loop
 
 import (
 	"testing"
@@ -10,7 +10,7 @@ import (
 // TestStatusVisibility: root and the daemon's uid see every job; another
 // user sees its own and a count of the others, and only its jobs' errors.
 func TestStatusVisibility(t *testing.T) {
-	l := &loop{cfg: loopConfig{Slots: 4, UID: 1000}, epoch: time.Now(), lanes: map[laneKey]*lane{}}
+	l := &Loop{cfg: Config{Slots: 4, UID: 1000}, epoch: time.Now(), lanes: map[laneKey]*lane{}}
 	for i, key := range []laneKey{{uid: 1000, name: "svc"}, {uid: 2000, name: "mine"}, {uid: 3000, name: "theirs"}} {
 		ln := &lane{key: key, size: 1}
 		ln.job = &job.Job{UID: key.uid, Name: key.name, M: ln.m, ID: uint64(i + 1), Slots: make([]job.Conn, 1), Pending: map[job.OpKey]*job.Op{}}
@@ -45,7 +45,7 @@ func TestStatusVisibility(t *testing.T) {
 
 // TestNoteErrorKeepsTheLast: the status keeps the last maxErrors errors.
 func TestNoteErrorKeepsTheLast(t *testing.T) {
-	l := &loop{}
+	l := &Loop{}
 	for i := 0; i < maxErrors+5; i++ {
 		l.noteError(nil, string(rune('a'+i)))
 	}

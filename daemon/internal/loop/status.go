@@ -1,4 +1,4 @@
-package daemon
+package loop
 
 import (
 	"os"
@@ -28,7 +28,7 @@ const defaultMaxPending = 100
 
 // noteError records an error for the status: a failed job, a refused
 // process, a tensor that failed.
-func (l *loop) noteError(j *job.Job, msg string) {
+func (l *Loop) noteError(j *job.Job, msg string) {
 	e := &ipcpb.StatusError{AtMs: time.Now().UnixMilli(), Error: msg}
 	if j != nil {
 		e.Job = j.ID
@@ -42,20 +42,20 @@ func (l *loop) noteError(j *job.Job, msg string) {
 }
 
 // statusRequest answers c's StatusRequest.
-func (l *loop) statusRequest(c *client, id uint32, req *ipcpb.StatusRequest) {
+func (l *Loop) statusRequest(c *client, id uint32, req *ipcpb.StatusRequest) {
 	c.status = true
 	c.sendSocket(id, &ipcpb.ServerMessage{Msg: &ipcpb.ServerMessage_Status{Status: l.status(c.uid, int(req.GetMaxPending()))}}, -1)
 }
 
 // status is the daemon's status as uid may see it.
-func (l *loop) status(uid uint32, maxPending int) *ipcpb.Status {
+func (l *Loop) status(uid uint32, maxPending int) *ipcpb.Status {
 	if maxPending <= 0 {
 		maxPending = defaultMaxPending
 	}
 	host, _ := os.Hostname()
 	all := uid == 0 || uid == l.cfg.UID
 	st := &ipcpb.Status{
-		Version: daemonVersion, StartedMs: l.epoch.UnixMilli(), NowMs: time.Now().UnixMilli(),
+		Version: DaemonVersion, StartedMs: l.epoch.UnixMilli(), NowMs: time.Now().UnixMilli(),
 		Slots: int32(l.cfg.Slots), NodeRank: int32(l.cfg.NodeRank), Nodes: int32(max(l.cfg.Nodes, 1)),
 		Host: host, Pid: int32(os.Getpid()), Clients: int32(len(l.clients)),
 	}
@@ -76,7 +76,7 @@ func (l *loop) status(uid uint32, maxPending int) *ipcpb.Status {
 }
 
 // ownsJob reports whether a current job of uid has this id.
-func (l *loop) ownsJob(uid uint32, id uint64) bool {
+func (l *Loop) ownsJob(uid uint32, id uint64) bool {
 	for _, ln := range l.order {
 		if ln.key.uid == uid && ln.job != nil && ln.job.ID == id {
 			return true
@@ -87,7 +87,7 @@ func (l *loop) ownsJob(uid uint32, id uint64) bool {
 
 // jobStatus is the status of ln's job (or of its next epoch while that
 // forms).
-func (l *loop) jobStatus(ln *lane, host string, maxPending int) *ipcpb.JobStatus {
+func (l *Loop) jobStatus(ln *lane, host string, maxPending int) *ipcpb.JobStatus {
 	js := &ipcpb.JobStatus{Name: ln.key.name, Uid: ln.key.uid, LocalSize: int32(ln.size)}
 	j := ln.job
 	if j == nil {
