@@ -1,0 +1,76 @@
+package deptest
+
+import (
+	"strings"
+	"testing"
+)
+
+// daemonLayers are the rules of the daemon's internal packages
+// (daemon/doc.go): the Server (package daemon) wires them; loop and nodes
+// are siblings that meet only at package job's seams; the executor serves
+// both and imports neither; job is the vocabulary and imports no sibling;
+// poll is a leaf.
+var daemonLayers = []struct {
+	pkg    string
+	denied []string // packages of the module it must not import, directly or not
+}{
+	{"daemon/internal/poll", []string{"daemon", "backends", "cluster", "gpu"}},
+	{"daemon/internal/job", []string{"daemon/internal/loop", "daemon/internal/nodes", "daemon/internal/exec", "daemon/internal/poll"}},
+	{"daemon/internal/exec", []string{"daemon/internal/loop", "daemon/internal/nodes"}},
+	{"daemon/internal/nodes", []string{"daemon/internal/loop", "daemon/internal/exec"}},
+	{"daemon/internal/loop", []string{"daemon/internal/nodes"}},
+}
+
+// deniedBy returns the package of denied that path is or lies below, or "".
+// Package daemon itself is denied alone, not its sub-packages (which the
+// rules name one by one).
+func deniedBy(path string, denied []string) string {
+	for _, d := range denied {
+		if d == "daemon" {
+			if path == module+"/daemon" {
+				return d
+			}
+			continue
+		}
+		if inside(path, d) {
+			return d
+		}
+	}
+	return ""
+}
+
+// TestDaemonLayers checks that no package of the daemon's imports, directly
+// or through another, what its layer must not: package daemon (the Server)
+// from any of them, and the rules of daemonLayers.
+func TestDaemonLayers(t *testing.T) {
+	for _, l := range daemonLayers {
+		t.Run(l.pkg, func(t *testing.T) {
+			denied := append([]string{"daemon"}, l.denied...)
+			for _, d := range deps(t, l.pkg, "") {
+				if by := deniedBy(d.path, denied); by != "" && !inside(d.path, l.pkg) {
+					t.Errorf("%s must not import %s, but its build pulls in %s", l.pkg, by, d.path)
+				}
+			}
+		})
+	}
+}
+
+// TestDaemonLayersCover checks that every package under daemon/internal has
+// a rule, so that a new one cannot slip past the layering.
+func TestDaemonLayersCover(t *testing.T) {
+	for _, d := range deps(t, "daemon", "") {
+		if !inside(d.path, "daemon/internal") {
+			continue
+		}
+		rel := strings.TrimPrefix(d.path, module+"/")
+		found := false
+		for _, l := range daemonLayers {
+			if inside(d.path, l.pkg) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("%s has no rule in daemonLayers: say what it may not import", rel)
+		}
+	}
+}
