@@ -118,12 +118,22 @@ func TestDeps(t *testing.T) {
 			},
 		},
 		{
-			// Discovery stands alone but for the dlopen helper it
-			// shares with gpu/cuda.
+			// The engines take the gpu seam's interfaces: the caller picks
+			// the binding (gpu/cuda on a GPU machine, gpu/fake in tests),
+			// so an engine builds and runs its conformance suite on both.
+			pkgs: []string{"backends", "backends/nccl", "backends/devicetest", "backends/tcp"},
+			rule: "imports neither gpu binding (gpu/cuda, gpu/fake)",
+			bad:  func(d dep) bool { return inside(d.path, "gpu/cuda") || inside(d.path, "gpu/fake") },
+		},
+		{
+			// Discovery and the sampler stand alone on go-nvml (built
+			// with cgo, so that its binding is in the list: without cgo
+			// gpu/nvml imports no go-nvml, TestDepsWithoutCgo).
 			pkgs: []string{"gpu/nvml"},
-			rule: "imports nothing from hvdd but gpu/internal/dl",
+			env:  []string{"CGO_ENABLED=1"},
+			rule: "imports nothing from hvdd, and outside the standard library only github.com/NVIDIA/go-nvml",
 			bad: func(d dep) bool {
-				return strings.HasPrefix(d.path, module+"/") && d.path != module+"/gpu/nvml" && d.path != module+"/gpu/internal/dl"
+				return !d.standard && d.path != module+"/gpu/nvml" && !strings.HasPrefix(d.path, goNVML+"/")
 			},
 		},
 		{
@@ -157,8 +167,13 @@ func TestDeps(t *testing.T) {
 // they link no library at build time and load theirs with dlopen at run
 // time, so the binary builds without CUDA and runs without a GPU. purego,
 // whose cgo files build only with CGO_ENABLED=1, loads libcuda.so.1 and
-// libnccl.so.2 (gpu/cuda) and libnvidia-ml.so.1 (gpu/nvml).
-var cgoAllowed = []string{"github.com/ebitengine/purego"}
+// libnccl.so.2 (gpu/cuda); go-nvml (gpu/nvml) compiles against its own
+// copy of nvml.h, leaves NVML's symbols unresolved at link time and
+// dlopens libnvidia-ml.so.1 (RTLD_GLOBAL) when NVML is initialised.
+var cgoAllowed = []string{"github.com/ebitengine/purego", goNVML}
+
+// goNVML is NVIDIA's NVML binding, gpu/nvml's one dependency.
+const goNVML = "github.com/NVIDIA/go-nvml"
 
 // badCgo reports whether d is cgo that the default build must not
 // compile: cgo outside the standard library and cgoAllowed.
@@ -176,8 +191,8 @@ func badCgo(d dep) bool {
 
 // TestDepsSeesCgo checks that the cgo rule can fail: with the mpi tag,
 // cmd/hvdd's build compiles cgo (backends/mpi's) that the rule forbids,
-// and without it the rule's allowance is used (the build does compile
-// purego's cgo), so the allowance is not stale.
+// and without it every allowance is used (the build does compile purego's
+// cgo and go-nvml's), so none is stale.
 func TestDepsSeesCgo(t *testing.T) {
 	var forbidden []string
 	for _, d := range deps(t, "cmd/hvdd", "mpi", "CGO_ENABLED=1") {
@@ -188,23 +203,33 @@ func TestDepsSeesCgo(t *testing.T) {
 	if len(forbidden) == 0 {
 		t.Error("the cgo rule finds nothing wrong with cmd/hvdd built with -tags mpi; it checks nothing")
 	}
-	allowed := false
+	used := map[string]bool{}
 	for _, d := range deps(t, "cmd/hvdd", "", "CGO_ENABLED=1") {
-		allowed = allowed || (d.cgoFiles > 0 && !d.standard && !badCgo(d))
+		for _, m := range cgoAllowed {
+			if d.cgoFiles > 0 && (d.path == m || strings.HasPrefix(d.path, m+"/")) {
+				used[m] = true
+			}
+		}
 	}
-	if !allowed {
-		t.Errorf("cmd/hvdd's default build compiles none of %s's cgo; drop what is no longer used from cgoAllowed", strings.Join(cgoAllowed, ", "))
+	for _, m := range cgoAllowed {
+		if !used[m] {
+			t.Errorf("cmd/hvdd's default build compiles none of %s's cgo; drop it from cgoAllowed if it is no longer used", m)
+		}
 	}
 }
 
-// TestDepsWithoutCgo checks that cmd/hvdd builds with CGO_ENABLED=0 and
-// still has GPU discovery (gpu/nvml, which loads NVML through purego) and
-// the CUDA driver's binding (gpu/cuda).
+// TestDepsWithoutCgo checks that cmd/hvdd builds with CGO_ENABLED=0: it
+// still has gpu/nvml (whose build-tagged nocgo.go says that discovery
+// needs cgo) and the CUDA driver's binding (gpu/cuda, through purego), and
+// none of go-nvml, which is cgo and would not compile.
 func TestDepsWithoutCgo(t *testing.T) {
 	have := map[string]bool{}
 	for _, d := range deps(t, "cmd/hvdd", "", "CGO_ENABLED=0") {
 		if d.cgoFiles > 0 && !d.standard {
 			t.Errorf("cmd/hvdd built with CGO_ENABLED=0 compiles cgo of %s", d.path)
+		}
+		if strings.HasPrefix(d.path, goNVML+"/") {
+			t.Errorf("cmd/hvdd built with CGO_ENABLED=0 imports %s (cgo only: a file of gpu/nvml without the cgo build tag imports it)", d.path)
 		}
 		have[d.path] = true
 	}

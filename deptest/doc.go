@@ -12,18 +12,20 @@
 //     but tensor and ipc/ipcpb: the daemon counts into it, it reads no
 //     daemon state;
 //   - gpu (the seam of the GPU path) imports anything but tensor and the
-//     standard library, or gpu/nvml (discovery) anything from hvdd but the
-//     dlopen helper gpu/internal/dl;
+//     standard library, or gpu/nvml (discovery, the sampler) anything from
+//     hvdd, or outside the standard library anything but go-nvml;
 //   - the default build of cmd/hvdd (no build tags) compiles cgo outside
-//     the standard library and the dlopen loader
-//     (github.com/ebitengine/purego, for NVML, CUDA and NCCL), which links
-//     nothing at build time: MPI, the one cgo engine that needs its library
-//     to build, stays behind the mpi build tag (cmd/hvdd/mpi_off.go,
-//     backends/mpi/nompi.go). The standard library's own cgo (net's
+//     the standard library and the dlopen loaders
+//     (github.com/ebitengine/purego for CUDA and NCCL,
+//     github.com/NVIDIA/go-nvml for NVML), which link nothing at build
+//     time (an allowance the build no longer uses fails too): MPI, the
+//     one cgo engine that needs its library to build, stays behind the
+//     mpi build tag (cmd/hvdd/mpi_off.go, backends/mpi/nompi.go). The standard library's own cgo (net's
 //     resolver, os/user) is allowed; it goes away with CGO_ENABLED=0;
 //   - cmd/hvdd does not build with CGO_ENABLED=0, or its build then
-//     compiles cgo, or lacks GPU discovery (gpu/nvml) or the CUDA binding
-//     (gpu/cuda): purego needs no cgo.
+//     compiles cgo, imports go-nvml, or lacks gpu/nvml (which then says
+//     that discovery needs cgo) or the CUDA binding (gpu/cuda): purego
+//     needs no cgo.
 //
 // The rules look at what a package's build pulls in, its own imports and
 // theirs; tests may import what they need.

@@ -93,10 +93,12 @@ func TestGPUsUsage(t *testing.T) {
 	}
 }
 
-// TestGPUsWithoutCgo builds hvdd with CGO_ENABLED=0 (which must work: NVML
-// is loaded through purego, no cgo) and runs hvdd gpus of both builds on
+// TestGPUsWithoutCgo builds hvdd with CGO_ENABLED=0 (which must work: the
+// daemon runs CPU-only without cgo) and runs hvdd gpus of both builds on
 // gpu/nvml's stub NVML (a C library with nvml.h's ABI, two GPUs joined by
-// two NVLinks): both find the GPUs, as text and as JSON.
+// two NVLinks): the default (cgo) build finds the GPUs, as text and as
+// JSON, through go-nvml; the CGO_ENABLED=0 build exits 1 saying that GPU
+// discovery needs a cgo build.
 func TestGPUsWithoutCgo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds hvdd again (-short)")
@@ -109,17 +111,22 @@ func TestGPUsWithoutCgo(t *testing.T) {
 		t.Fatalf("CGO_ENABLED=0 go build ./cmd/hvdd: %v\n%s", err, out)
 	}
 	t.Setenv("HVDD_NVML_LIBRARY", so)
-	for _, b := range []string{hvddBin, bin} {
-		text := runGPUs(t, b)
-		if !strings.Contains(text, "Stub H100 80GB HBM3") || !strings.Contains(text, "NV2") {
-			t.Errorf("%s gpus on the stub NVML does not show its GPUs and their 2 NVLinks:\n%s", filepath.Base(b), text)
-		}
-		var r gpusJSON
-		if err := json.Unmarshal([]byte(runGPUs(t, b, "--json")), &r); err != nil {
-			t.Fatal(err)
-		}
-		if !r.Available || len(r.GPUs) != 2 {
-			t.Errorf("%s gpus --json on the stub NVML: %+v", filepath.Base(b), r)
+	text := runGPUs(t, hvddBin)
+	if !strings.Contains(text, "Stub H100 80GB HBM3") || !strings.Contains(text, "NV2") {
+		t.Errorf("hvdd gpus on the stub NVML does not show its GPUs and their 2 NVLinks:\n%s", text)
+	}
+	var r gpusJSON
+	if err := json.Unmarshal([]byte(runGPUs(t, hvddBin, "--json")), &r); err != nil {
+		t.Fatal(err)
+	}
+	if !r.Available || len(r.GPUs) != 2 {
+		t.Errorf("hvdd gpus --json on the stub NVML: %+v", r)
+	}
+	for _, args := range [][]string{{"gpus"}, {"gpus", "--json"}} {
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "GPU discovery needs a cgo build") {
+			t.Errorf("CGO_ENABLED=0 hvdd %v: %v, want exit status 1 saying discovery needs cgo\n%s", args, err, out)
 		}
 	}
 }

@@ -1,47 +1,21 @@
+//go:build cgo
+
 package nvml
 
 import (
 	"fmt"
 	"strings"
 	"sync"
-)
 
-// Library is the part of NVML's top-level API that discovery calls, named
-// as go-nvml names it: the real library (lib.go) or a test's fake.
-type Library interface {
-	Init() Return
-	Shutdown() Return
-	SystemGetDriverVersion() (string, Return)
-	SystemGetCudaDriverVersion() (int, Return)
-	DeviceGetCount() (int, Return)
-	DeviceGetHandleByIndex(int) (Device, Return)
-}
-
-// Device is the part of a GPU's NVML API that discovery calls. The calls
-// that take another device take it as Library.DeviceGetHandleByIndex
-// returned it.
-type Device interface {
-	GetUUID() (string, Return)
-	GetName() (string, Return)
-	GetPciInfo() (PciInfo, Return)
-	GetMemoryInfo() (Memory, Return)
-	GetCudaComputeCapability() (int, int, Return)
-	GetNvLinkState(link int) (EnableState, Return)
-	GetNvLinkRemotePciInfo(link int) (PciInfo, Return)
-	GetTopologyCommonAncestor(other Device) (GpuTopologyLevel, Return)
-	GetP2PStatus(other Device, index GpuP2PCapsIndex) (GpuP2PStatus, Return)
-}
-
-var (
-	_ Library = (*library)(nil)
-	_ Device  = (*device)(nil)
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
 // Discover describes this node's GPUs through NVML, loading
-// libnvidia-ml.so.1 for the call and unloading it after. Without a driver
-// or a GPU it returns a Report whose Available is false and whose Reason
-// says why, and a nil error: the node runs CPU-only. It returns an error
-// only when NVML started and then failed to list the GPUs. It may take a
+// libnvidia-ml.so.1 for the call and unloading it after (unless a Sampler
+// holds it open). Without a driver or a GPU it returns a Report whose
+// Available is false and whose Reason says why, and a nil error: the node
+// runs CPU-only. It returns an error only when NVML started and then
+// failed to list the GPUs (or, built without cgo, ErrNeedsCgo). It may take a
 // while (NVML initialises every GPU, up to seconds without the persistence
 // daemon), so a daemon calls it off its start-up path.
 func Discover() (Report, error) {
@@ -55,20 +29,20 @@ func Discover() (Report, error) {
 var discoverMu sync.Mutex
 
 // discover is Discover on lib.
-func discover(lib Library) (Report, error) {
-	if ret := lib.Init(); ret != SUCCESS {
+func discover(lib gonvml.Interface) (Report, error) {
+	if ret := lib.Init(); ret != gonvml.SUCCESS {
 		return Report{Reason: initFailure(ret)}, nil
 	}
 	defer lib.Shutdown() // nothing to do if it fails: discovery is done
 	var r Report
-	if v, ret := lib.SystemGetDriverVersion(); ret == SUCCESS {
+	if v, ret := lib.SystemGetDriverVersion(); ret == gonvml.SUCCESS {
 		r.DriverVersion = v
 	}
-	if v, ret := lib.SystemGetCudaDriverVersion(); ret == SUCCESS {
+	if v, ret := lib.SystemGetCudaDriverVersion(); ret == gonvml.SUCCESS {
 		r.CUDAVersion = v
 	}
 	n, ret := lib.DeviceGetCount()
-	if ret != SUCCESS {
+	if ret != gonvml.SUCCESS {
 		return r, fmt.Errorf("nvml: DeviceGetCount: %w", ret)
 	}
 	if n == 0 {
@@ -77,12 +51,12 @@ func discover(lib Library) (Report, error) {
 	}
 	// devs[i] is nil where NVML gave no handle; that GPU is listed with
 	// its error, and its pairs stay unknown.
-	devs := make([]Device, n)
+	devs := make([]gonvml.Device, n)
 	r.GPUs = make([]GPU, n)
 	for i := range n {
 		r.GPUs[i] = GPU{Index: i}
 		d, ret := lib.DeviceGetHandleByIndex(i)
-		if ret != SUCCESS {
+		if ret != gonvml.SUCCESS {
 			r.GPUs[i].Errors = append(r.GPUs[i].Errors, fmt.Sprintf("DeviceGetHandleByIndex: %v", ret))
 			continue
 		}
@@ -100,13 +74,13 @@ func discover(lib Library) (Report, error) {
 }
 
 // initFailure words a failed nvmlInit for a node that runs CPU-only.
-func initFailure(ret Return) string {
+func initFailure(ret gonvml.Return) string {
 	switch ret {
-	case ERROR_LIBRARY_NOT_FOUND:
+	case gonvml.ERROR_LIBRARY_NOT_FOUND:
 		return "no NVIDIA driver (libnvidia-ml.so.1 not found): CPU-only"
-	case ERROR_DRIVER_NOT_LOADED:
+	case gonvml.ERROR_DRIVER_NOT_LOADED:
 		return "NVIDIA driver not loaded (libnvidia-ml.so.1 found, the kernel module is not running): CPU-only"
-	case ERROR_NO_PERMISSION:
+	case gonvml.ERROR_NO_PERMISSION:
 		return fmt.Sprintf("no permission to use the NVIDIA driver (nvmlInit: %v): CPU-only", ret)
 	default:
 		return fmt.Sprintf("NVML did not start (nvmlInit: %v): CPU-only", ret)
@@ -115,26 +89,26 @@ func initFailure(ret Return) string {
 
 // describe fills g (whose Index is set) from d. A failed call leaves its
 // fields zero and is named in g.Errors.
-func describe(g *GPU, d Device) {
-	fail := func(call string, ret Return) { g.Errors = append(g.Errors, fmt.Sprintf("%s: %v", call, ret)) }
-	var ret Return
-	if g.UUID, ret = d.GetUUID(); ret != SUCCESS {
+func describe(g *GPU, d gonvml.Device) {
+	fail := func(call string, ret gonvml.Return) { g.Errors = append(g.Errors, fmt.Sprintf("%s: %v", call, ret)) }
+	var ret gonvml.Return
+	if g.UUID, ret = d.GetUUID(); ret != gonvml.SUCCESS {
 		fail("GetUUID", ret)
 	}
-	if g.Name, ret = d.GetName(); ret != SUCCESS {
+	if g.Name, ret = d.GetName(); ret != gonvml.SUCCESS {
 		fail("GetName", ret)
 	}
-	if pci, ret := d.GetPciInfo(); ret == SUCCESS {
+	if pci, ret := d.GetPciInfo(); ret == gonvml.SUCCESS {
 		g.PCIBusID = busID(pci)
 	} else {
 		fail("GetPciInfo", ret)
 	}
-	if mem, ret := d.GetMemoryInfo(); ret == SUCCESS {
+	if mem, ret := d.GetMemoryInfo(); ret == gonvml.SUCCESS {
 		g.MemoryTotal, g.MemoryUsed = mem.Total, mem.Used
 	} else {
 		fail("GetMemoryInfo", ret)
 	}
-	if major, minor, ret := d.GetCudaComputeCapability(); ret == SUCCESS {
+	if major, minor, ret := d.GetCudaComputeCapability(); ret == gonvml.SUCCESS {
 		g.ComputeCapability = fmt.Sprintf("%d.%d", major, minor)
 	} else {
 		fail("GetCudaComputeCapability", ret)
@@ -142,21 +116,21 @@ func describe(g *GPU, d Device) {
 	// NVML has no count of a GPU's links: it answers INVALID_ARGUMENT past
 	// the last, and NOT_SUPPORTED for every link of a GPU without NVLink
 	// (and for links a board leaves unused).
-	for l := range NVLINK_MAX_LINKS {
+	for l := range gonvml.NVLINK_MAX_LINKS {
 		st, ret := d.GetNvLinkState(l)
-		if ret == ERROR_NOT_SUPPORTED {
+		if ret == gonvml.ERROR_NOT_SUPPORTED {
 			continue
 		}
-		if ret == ERROR_INVALID_ARGUMENT {
+		if ret == gonvml.ERROR_INVALID_ARGUMENT {
 			break
 		}
-		if ret != SUCCESS {
+		if ret != gonvml.SUCCESS {
 			fail(fmt.Sprintf("GetNvLinkState(%d)", l), ret)
 			break
 		}
-		link := NVLink{Link: l, Active: st == FEATURE_ENABLED, RemoteGPU: -1}
+		link := NVLink{Link: l, Active: st == gonvml.FEATURE_ENABLED, RemoteGPU: -1}
 		if link.Active {
-			if pci, ret := d.GetNvLinkRemotePciInfo(l); ret == SUCCESS {
+			if pci, ret := d.GetNvLinkRemotePciInfo(l); ret == gonvml.SUCCESS {
 				link.RemotePCIBusID = busID(pci)
 			} else {
 				fail(fmt.Sprintf("GetNvLinkRemotePciInfo(%d)", l), ret)
@@ -191,18 +165,18 @@ func resolveLinks(gpus []GPU) {
 // gets the smaller of their counts of active links to something that is
 // not a GPU, which is how nvidia-smi topo -m arrives at NV18 between any
 // two GPUs of an HGX H100.
-func pair(gpus []GPU, devs []Device, i, j int) Pair {
+func pair(gpus []GPU, devs []gonvml.Device, i, j int) Pair {
 	p := Pair{A: i, B: j}
 	di, dj := devs[i], devs[j]
 	if di == nil || dj == nil {
 		return p
 	}
-	if lvl, ret := di.GetTopologyCommonAncestor(dj); ret == SUCCESS {
+	if lvl, ret := di.GetTopologyCommonAncestor(dj); ret == gonvml.SUCCESS {
 		p.Topology = topologyName(lvl)
 	}
-	p.P2PRead = p2pStatus(di, dj, P2P_CAPS_INDEX_READ)
-	p.P2PWrite = p2pStatus(di, dj, P2P_CAPS_INDEX_WRITE)
-	p.P2PNVLink = p2pStatus(di, dj, P2P_CAPS_INDEX_NVLINK)
+	p.P2PRead = p2pStatus(di, dj, gonvml.P2P_CAPS_INDEX_READ)
+	p.P2PWrite = p2pStatus(di, dj, gonvml.P2P_CAPS_INDEX_WRITE)
+	p.P2PNVLink = p2pStatus(di, dj, gonvml.P2P_CAPS_INDEX_NVLINK)
 	for _, l := range gpus[i].NVLinks {
 		if l.Active && l.RemoteGPU == j {
 			p.NVLinks++
@@ -232,23 +206,23 @@ func switchLinks(g GPU) int {
 
 // p2pStatus is nvmlDeviceGetP2PStatus(a, b, idx) in nvidia-smi's words,
 // "" when the call failed.
-func p2pStatus(a, b Device, idx GpuP2PCapsIndex) string {
+func p2pStatus(a, b gonvml.Device, idx gonvml.GpuP2PCapsIndex) string {
 	st, ret := a.GetP2PStatus(b, idx)
-	if ret != SUCCESS {
+	if ret != gonvml.SUCCESS {
 		return ""
 	}
 	switch st {
-	case P2P_STATUS_OK:
+	case gonvml.P2P_STATUS_OK:
 		return "OK"
-	case P2P_STATUS_CHIPSET_NOT_SUPPORTED:
+	case gonvml.P2P_STATUS_CHIPSET_NOT_SUPPORTED:
 		return "CNS"
-	case P2P_STATUS_GPU_NOT_SUPPORTED:
+	case gonvml.P2P_STATUS_GPU_NOT_SUPPORTED:
 		return "GNS"
-	case P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED:
+	case gonvml.P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED:
 		return "TNS"
-	case P2P_STATUS_DISABLED_BY_REGKEY:
+	case gonvml.P2P_STATUS_DISABLED_BY_REGKEY:
 		return "DIS"
-	case P2P_STATUS_NOT_SUPPORTED:
+	case gonvml.P2P_STATUS_NOT_SUPPORTED:
 		return "NS"
 	default:
 		return "U"
@@ -256,19 +230,19 @@ func p2pStatus(a, b Device, idx GpuP2PCapsIndex) string {
 }
 
 // topologyName is a GpuTopologyLevel in nvidia-smi topo -m's words.
-func topologyName(l GpuTopologyLevel) string {
+func topologyName(l gonvml.GpuTopologyLevel) string {
 	switch l {
-	case TOPOLOGY_INTERNAL:
+	case gonvml.TOPOLOGY_INTERNAL:
 		return "BRD"
-	case TOPOLOGY_SINGLE:
+	case gonvml.TOPOLOGY_SINGLE:
 		return "PIX"
-	case TOPOLOGY_MULTIPLE:
+	case gonvml.TOPOLOGY_MULTIPLE:
 		return "PXB"
-	case TOPOLOGY_HOSTBRIDGE:
+	case gonvml.TOPOLOGY_HOSTBRIDGE:
 		return "PHB"
-	case TOPOLOGY_NODE:
+	case gonvml.TOPOLOGY_NODE:
 		return "NODE"
-	case TOPOLOGY_SYSTEM:
+	case gonvml.TOPOLOGY_SYSTEM:
 		return "SYS"
 	default:
 		return ""
@@ -278,7 +252,7 @@ func topologyName(l GpuTopologyLevel) string {
 // busID writes pci's bus id as sysfs does: "0000:3b:00.0". NVML's BusId is
 // "00000000:3B:00.0" (an 8-digit domain); older drivers fill only the
 // legacy field, and a mock may fill neither, leaving the numbers.
-func busID(pci PciInfo) string {
+func busID(pci gonvml.PciInfo) string {
 	s := cString(pci.BusId[:])
 	if s == "" {
 		s = cString(pci.BusIdLegacy[:])

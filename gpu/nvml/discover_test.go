@@ -1,3 +1,5 @@
+//go:build cgo
+
 package nvml
 
 import (
@@ -6,71 +8,19 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 )
-
-// mockLib is a Library of funcs: an unset one panics when called, so a
-// test fills in only the calls discovery may make.
-type mockLib struct {
-	InitFunc                       func() Return
-	ShutdownFunc                   func() Return
-	SystemGetDriverVersionFunc     func() (string, Return)
-	SystemGetCudaDriverVersionFunc func() (int, Return)
-	DeviceGetCountFunc             func() (int, Return)
-	DeviceGetHandleByIndexFunc     func(int) (Device, Return)
-
-	inits, shutdowns int
-}
-
-func (m *mockLib) Init() Return                             { m.inits++; return m.InitFunc() }
-func (m *mockLib) Shutdown() Return                         { m.shutdowns++; return m.ShutdownFunc() }
-func (m *mockLib) SystemGetDriverVersion() (string, Return) { return m.SystemGetDriverVersionFunc() }
-func (m *mockLib) SystemGetCudaDriverVersion() (int, Return) {
-	return m.SystemGetCudaDriverVersionFunc()
-}
-func (m *mockLib) DeviceGetCount() (int, Return) { return m.DeviceGetCountFunc() }
-func (m *mockLib) DeviceGetHandleByIndex(i int) (Device, Return) {
-	return m.DeviceGetHandleByIndexFunc(i)
-}
-
-// mockDevice is a Device of funcs, as mockLib.
-type mockDevice struct {
-	GetUUIDFunc                   func() (string, Return)
-	GetNameFunc                   func() (string, Return)
-	GetPciInfoFunc                func() (PciInfo, Return)
-	GetMemoryInfoFunc             func() (Memory, Return)
-	GetCudaComputeCapabilityFunc  func() (int, int, Return)
-	GetNvLinkStateFunc            func(int) (EnableState, Return)
-	GetNvLinkRemotePciInfoFunc    func(int) (PciInfo, Return)
-	GetTopologyCommonAncestorFunc func(Device) (GpuTopologyLevel, Return)
-	GetP2PStatusFunc              func(Device, GpuP2PCapsIndex) (GpuP2PStatus, Return)
-}
-
-func (d *mockDevice) GetUUID() (string, Return)       { return d.GetUUIDFunc() }
-func (d *mockDevice) GetName() (string, Return)       { return d.GetNameFunc() }
-func (d *mockDevice) GetPciInfo() (PciInfo, Return)   { return d.GetPciInfoFunc() }
-func (d *mockDevice) GetMemoryInfo() (Memory, Return) { return d.GetMemoryInfoFunc() }
-func (d *mockDevice) GetCudaComputeCapability() (int, int, Return) {
-	return d.GetCudaComputeCapabilityFunc()
-}
-func (d *mockDevice) GetNvLinkState(l int) (EnableState, Return) { return d.GetNvLinkStateFunc(l) }
-func (d *mockDevice) GetNvLinkRemotePciInfo(l int) (PciInfo, Return) {
-	return d.GetNvLinkRemotePciInfoFunc(l)
-}
-func (d *mockDevice) GetTopologyCommonAncestor(o Device) (GpuTopologyLevel, Return) {
-	return d.GetTopologyCommonAncestorFunc(o)
-}
-func (d *mockDevice) GetP2PStatus(o Device, i GpuP2PCapsIndex) (GpuP2PStatus, Return) {
-	return d.GetP2PStatusFunc(o, i)
-}
 
 // fakeGPU is one GPU of a fakeNode.
 type fakeGPU struct {
 	name, uuid, bus string // bus as NVML writes it: "00000000:3B:00.0"
-	mem             Memory
+	mem             gonvml.Memory
 	// links[l] is link l; nil links: NVLink not supported.
 	links []fakeLink
 	// fail maps a method name to the error it returns.
-	fail map[string]Return
+	fail map[string]gonvml.Return
 }
 
 // fakeLink is one NVLink: up or down, and the bus id at its other end;
@@ -80,88 +30,87 @@ type fakeLink struct {
 	remote string
 }
 
-// fakeNode is a machine's worth of GPUs, built into mockLib: topo and p2p answer for the pair (i, j).
+// fakeNode is a machine's worth of GPUs, built into go-nvml's mocks (mock):
+// topo and p2p answer for the pair (i, j).
 type fakeNode struct {
 	gpus []fakeGPU
-	topo func(i, j int) GpuTopologyLevel
-	p2p  func(i, j int, idx GpuP2PCapsIndex) GpuP2PStatus
+	topo func(i, j int) gonvml.GpuTopologyLevel
+	p2p  func(i, j int, idx gonvml.GpuP2PCapsIndex) gonvml.GpuP2PStatus
 	// noHandle lists GPUs whose DeviceGetHandleByIndex fails.
 	noHandle map[int]bool
 }
 
 // pciInfo is the PciInfo NVML gives for bus id s.
-func pciInfo(s string) PciInfo {
-	var p PciInfo
+func pciInfo(s string) gonvml.PciInfo {
+	var p gonvml.PciInfo
 	for i := range len(s) {
 		p.BusId[i] = int8(s[i])
 	}
 	return p
 }
 
-// mock builds the node into an nvml mock; only the calls discovery makes
-// are filled in, so that any other call panics.
-func (n fakeNode) mock() *mockLib {
-	devs := make([]*mockDevice, len(n.gpus))
-	index := map[Device]int{}
+// mock builds the node into go-nvml's generated mocks; only the calls
+// discovery makes are filled in, so that any other call panics.
+func (n fakeNode) mock() *mock.Interface {
+	devs := make([]*mock.Device, len(n.gpus))
+	index := map[gonvml.Device]int{}
 	for i := range n.gpus {
-		devs[i] = &mockDevice{}
+		devs[i] = &mock.Device{}
 		index[devs[i]] = i
 	}
 	for i, g := range n.gpus {
 		d := devs[i]
-		ret := func(method string) Return {
+		ret := func(method string) gonvml.Return {
 			if r, ok := g.fail[method]; ok {
 				return r
 			}
-			return SUCCESS
+			return gonvml.SUCCESS
 		}
-		d.GetUUIDFunc = func() (string, Return) { return g.uuid, ret("GetUUID") }
-		d.GetNameFunc = func() (string, Return) { return g.name, ret("GetName") }
-		d.GetPciInfoFunc = func() (PciInfo, Return) { return pciInfo(g.bus), ret("GetPciInfo") }
-		d.GetMemoryInfoFunc = func() (Memory, Return) { return g.mem, ret("GetMemoryInfo") }
-		d.GetCudaComputeCapabilityFunc = func() (int, int, Return) { return 9, 0, ret("GetCudaComputeCapability") }
-		d.GetNvLinkStateFunc = func(l int) (EnableState, Return) {
-			if r := ret("GetNvLinkState"); r != SUCCESS {
+		d.GetUUIDFunc = func() (string, gonvml.Return) { return g.uuid, ret("GetUUID") }
+		d.GetNameFunc = func() (string, gonvml.Return) { return g.name, ret("GetName") }
+		d.GetPciInfoFunc = func() (gonvml.PciInfo, gonvml.Return) { return pciInfo(g.bus), ret("GetPciInfo") }
+		d.GetMemoryInfoFunc = func() (gonvml.Memory, gonvml.Return) { return g.mem, ret("GetMemoryInfo") }
+		d.GetCudaComputeCapabilityFunc = func() (int, int, gonvml.Return) { return 9, 0, ret("GetCudaComputeCapability") }
+		d.GetNvLinkStateFunc = func(l int) (gonvml.EnableState, gonvml.Return) {
+			if r := ret("GetNvLinkState"); r != gonvml.SUCCESS {
 				return 0, r
 			}
 			switch {
 			case g.links == nil:
-				return 0, ERROR_NOT_SUPPORTED
+				return 0, gonvml.ERROR_NOT_SUPPORTED
 			case l >= len(g.links):
-				return 0, ERROR_INVALID_ARGUMENT
+				return 0, gonvml.ERROR_INVALID_ARGUMENT
 			case g.links[l].remote == "":
-				return 0, ERROR_NOT_SUPPORTED
+				return 0, gonvml.ERROR_NOT_SUPPORTED
 			case g.links[l].up:
-				return FEATURE_ENABLED, SUCCESS
+				return gonvml.FEATURE_ENABLED, gonvml.SUCCESS
 			}
-			return FEATURE_DISABLED, SUCCESS
+			return gonvml.FEATURE_DISABLED, gonvml.SUCCESS
 		}
-		d.GetNvLinkRemotePciInfoFunc = func(l int) (PciInfo, Return) {
+		d.GetNvLinkRemotePciInfoFunc = func(l int) (gonvml.PciInfo, gonvml.Return) {
 			if l >= len(g.links) || !g.links[l].up {
-				return PciInfo{}, ERROR_INVALID_ARGUMENT
+				return gonvml.PciInfo{}, gonvml.ERROR_INVALID_ARGUMENT
 			}
-			return pciInfo(g.links[l].remote), SUCCESS
+			return pciInfo(g.links[l].remote), gonvml.SUCCESS
 		}
-		d.GetTopologyCommonAncestorFunc = func(other Device) (GpuTopologyLevel, Return) {
-			return n.topo(i, index[other]), SUCCESS
+		d.GetTopologyCommonAncestorFunc = func(other gonvml.Device) (gonvml.GpuTopologyLevel, gonvml.Return) {
+			return n.topo(i, index[other]), gonvml.SUCCESS
 		}
-		d.GetP2PStatusFunc = func(other Device, idx GpuP2PCapsIndex) (GpuP2PStatus, Return) {
-			return n.p2p(i, index[other], idx), SUCCESS
+		d.GetP2PStatusFunc = func(other gonvml.Device, idx gonvml.GpuP2PCapsIndex) (gonvml.GpuP2PStatus, gonvml.Return) {
+			return n.p2p(i, index[other], idx), gonvml.SUCCESS
 		}
 	}
-	return &mockLib{
-		InitFunc:                   func() Return { return SUCCESS },
-		ShutdownFunc:               func() Return { return SUCCESS },
-		SystemGetDriverVersionFunc: func() (string, Return) { return "550.54.15", SUCCESS },
-		SystemGetCudaDriverVersionFunc: func() (int, Return) {
-			return 12040, SUCCESS
-		},
-		DeviceGetCountFunc: func() (int, Return) { return len(n.gpus), SUCCESS },
-		DeviceGetHandleByIndexFunc: func(i int) (Device, Return) {
+	return &mock.Interface{
+		InitFunc:                       func() gonvml.Return { return gonvml.SUCCESS },
+		ShutdownFunc:                   func() gonvml.Return { return gonvml.SUCCESS },
+		SystemGetDriverVersionFunc:     func() (string, gonvml.Return) { return "550.54.15", gonvml.SUCCESS },
+		SystemGetCudaDriverVersionFunc: func() (int, gonvml.Return) { return 12040, gonvml.SUCCESS },
+		DeviceGetCountFunc:             func() (int, gonvml.Return) { return len(n.gpus), gonvml.SUCCESS },
+		DeviceGetHandleByIndexFunc: func(i int) (gonvml.Device, gonvml.Return) {
 			if n.noHandle[i] {
-				return nil, ERROR_NO_PERMISSION
+				return nil, gonvml.ERROR_NO_PERMISSION
 			}
-			return devs[i], SUCCESS
+			return devs[i], gonvml.SUCCESS
 		},
 	}
 }
@@ -170,7 +119,7 @@ func (n fakeNode) mock() *mockLib {
 func h100(i int, bus string, links []fakeLink) fakeGPU {
 	return fakeGPU{
 		name: "NVIDIA H100 80GB HBM3", uuid: fmt.Sprintf("GPU-%08x-0000-0000-0000-000000000000", i), bus: bus,
-		mem: Memory{Total: 80 << 30, Used: 512 << 20, Free: 80<<30 - 512<<20}, links: links,
+		mem: gonvml.Memory{Total: 80 << 30, Used: 512 << 20, Free: 80<<30 - 512<<20}, links: links,
 	}
 }
 
@@ -187,13 +136,13 @@ func hgx() fakeNode {
 		}
 		n.gpus = append(n.gpus, h100(i, b, links))
 	}
-	n.topo = func(i, j int) GpuTopologyLevel {
+	n.topo = func(i, j int) gonvml.GpuTopologyLevel {
 		if i/4 == j/4 {
-			return TOPOLOGY_NODE
+			return gonvml.TOPOLOGY_NODE
 		}
-		return TOPOLOGY_SYSTEM
+		return gonvml.TOPOLOGY_SYSTEM
 	}
-	n.p2p = func(i, j int, idx GpuP2PCapsIndex) GpuP2PStatus { return P2P_STATUS_OK }
+	n.p2p = func(i, j int, idx gonvml.GpuP2PCapsIndex) gonvml.GpuP2PStatus { return gonvml.P2P_STATUS_OK }
 	return n
 }
 
@@ -211,20 +160,20 @@ func bridged() fakeNode {
 		}
 		n.gpus = append(n.gpus, h100(i, b, links))
 	}
-	n.topo = func(i, j int) GpuTopologyLevel {
+	n.topo = func(i, j int) gonvml.GpuTopologyLevel {
 		if i/2 == j/2 {
-			return TOPOLOGY_SINGLE
+			return gonvml.TOPOLOGY_SINGLE
 		}
-		return TOPOLOGY_SYSTEM
+		return gonvml.TOPOLOGY_SYSTEM
 	}
-	n.p2p = func(i, j int, idx GpuP2PCapsIndex) GpuP2PStatus {
+	n.p2p = func(i, j int, idx gonvml.GpuP2PCapsIndex) gonvml.GpuP2PStatus {
 		switch {
 		case i/2 == j/2:
-			return P2P_STATUS_OK
-		case idx == P2P_CAPS_INDEX_NVLINK:
-			return P2P_STATUS_NOT_SUPPORTED
+			return gonvml.P2P_STATUS_OK
+		case idx == gonvml.P2P_CAPS_INDEX_NVLINK:
+			return gonvml.P2P_STATUS_NOT_SUPPORTED
 		}
-		return P2P_STATUS_CHIPSET_NOT_SUPPORTED
+		return gonvml.P2P_STATUS_CHIPSET_NOT_SUPPORTED
 	}
 	return n
 }
@@ -232,12 +181,12 @@ func bridged() fakeNode {
 // pcie is two PCIe GPUs without NVLink under one host bridge.
 func pcie() fakeNode {
 	n := fakeNode{gpus: []fakeGPU{h100(0, "00000000:3B:00.0", nil), h100(1, "00000000:AF:00.0", nil)}}
-	n.topo = func(i, j int) GpuTopologyLevel { return TOPOLOGY_HOSTBRIDGE }
-	n.p2p = func(i, j int, idx GpuP2PCapsIndex) GpuP2PStatus {
-		if idx == P2P_CAPS_INDEX_NVLINK {
-			return P2P_STATUS_NOT_SUPPORTED
+	n.topo = func(i, j int) gonvml.GpuTopologyLevel { return gonvml.TOPOLOGY_HOSTBRIDGE }
+	n.p2p = func(i, j int, idx gonvml.GpuP2PCapsIndex) gonvml.GpuP2PStatus {
+		if idx == gonvml.P2P_CAPS_INDEX_NVLINK {
+			return gonvml.P2P_STATUS_NOT_SUPPORTED
 		}
-		return P2P_STATUS_OK
+		return gonvml.P2P_STATUS_OK
 	}
 	return n
 }
@@ -331,8 +280,8 @@ func TestDiscoverTopology(t *testing.T) {
 					t.Errorf("GPU %d: errors %q", i, g.Errors)
 				}
 			}
-			if lib.inits != 1 || lib.shutdowns != 1 {
-				t.Errorf("Init called %d times, Shutdown %d; want once each", lib.inits, lib.shutdowns)
+			if len(lib.InitCalls()) != 1 || len(lib.ShutdownCalls()) != 1 {
+				t.Errorf("Init called %d times, Shutdown %d; want once each", len(lib.InitCalls()), len(lib.ShutdownCalls()))
 			}
 		})
 	}
@@ -381,7 +330,7 @@ func TestDiscoverLinkEnds(t *testing.T) {
 // without a handle gets unknown pairs.
 func TestDiscoverPartialFailure(t *testing.T) {
 	n := bridged()
-	n.gpus[1].fail = map[string]Return{"GetMemoryInfo": ERROR_NOT_SUPPORTED, "GetNvLinkState": ERROR_UNKNOWN}
+	n.gpus[1].fail = map[string]gonvml.Return{"GetMemoryInfo": gonvml.ERROR_NOT_SUPPORTED, "GetNvLinkState": gonvml.ERROR_UNKNOWN}
 	n.noHandle = map[int]bool{3: true}
 	r, err := discover(n.mock())
 	if err != nil {
@@ -391,7 +340,7 @@ func TestDiscoverPartialFailure(t *testing.T) {
 	if g.UUID != n.gpus[1].uuid || g.MemoryTotal != 0 || len(g.NVLinks) != 0 {
 		t.Errorf("GPU 1: %+v, want its UUID, no memory, no links", g)
 	}
-	want := []string{"GetMemoryInfo: " + ERROR_NOT_SUPPORTED.Error(), "GetNvLinkState(0): " + ERROR_UNKNOWN.Error()}
+	want := []string{"GetMemoryInfo: " + gonvml.ERROR_NOT_SUPPORTED.Error(), "GetNvLinkState(0): " + gonvml.ERROR_UNKNOWN.Error()}
 	if !reflect.DeepEqual(g.Errors, want) {
 		t.Errorf("GPU 1 errors %q, want %q", g.Errors, want)
 	}
@@ -418,27 +367,27 @@ func TestDiscoverPartialFailure(t *testing.T) {
 // and no error; NVML is shut down exactly when it started.
 func TestDiscoverNoGPU(t *testing.T) {
 	tests := []struct {
-		init     Return
+		init     gonvml.Return
 		count    int
 		reason   string
 		shutdown int
 	}{
-		{init: ERROR_LIBRARY_NOT_FOUND, reason: "no NVIDIA driver (libnvidia-ml.so.1 not found): CPU-only"},
-		{init: ERROR_DRIVER_NOT_LOADED, reason: "NVIDIA driver not loaded (libnvidia-ml.so.1 found, the kernel module is not running): CPU-only"},
-		{init: ERROR_NO_PERMISSION, reason: "no permission to use the NVIDIA driver (nvmlInit: " + ERROR_NO_PERMISSION.Error() + "): CPU-only"},
-		{init: ERROR_UNKNOWN, reason: "NVML did not start (nvmlInit: " + ERROR_UNKNOWN.Error() + "): CPU-only"},
-		{init: SUCCESS, count: 0, reason: "NVIDIA driver 550.54.15 but no GPU: CPU-only", shutdown: 1},
+		{init: gonvml.ERROR_LIBRARY_NOT_FOUND, reason: "no NVIDIA driver (libnvidia-ml.so.1 not found): CPU-only"},
+		{init: gonvml.ERROR_DRIVER_NOT_LOADED, reason: "NVIDIA driver not loaded (libnvidia-ml.so.1 found, the kernel module is not running): CPU-only"},
+		{init: gonvml.ERROR_NO_PERMISSION, reason: "no permission to use the NVIDIA driver (nvmlInit: " + gonvml.ERROR_NO_PERMISSION.Error() + "): CPU-only"},
+		{init: gonvml.ERROR_UNKNOWN, reason: "NVML did not start (nvmlInit: " + gonvml.ERROR_UNKNOWN.Error() + "): CPU-only"},
+		{init: gonvml.SUCCESS, count: 0, reason: "NVIDIA driver 550.54.15 but no GPU: CPU-only", shutdown: 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.init.Error(), func(t *testing.T) {
 			// Only what discovery may call is filled in: the mock panics
 			// at any other call.
-			lib := &mockLib{InitFunc: func() Return { return tc.init }}
-			if tc.init == SUCCESS {
-				lib.ShutdownFunc = func() Return { return SUCCESS }
-				lib.SystemGetDriverVersionFunc = func() (string, Return) { return "550.54.15", SUCCESS }
-				lib.SystemGetCudaDriverVersionFunc = func() (int, Return) { return 0, ERROR_NOT_SUPPORTED }
-				lib.DeviceGetCountFunc = func() (int, Return) { return tc.count, SUCCESS }
+			lib := &mock.Interface{InitFunc: func() gonvml.Return { return tc.init }}
+			if tc.init == gonvml.SUCCESS {
+				lib.ShutdownFunc = func() gonvml.Return { return gonvml.SUCCESS }
+				lib.SystemGetDriverVersionFunc = func() (string, gonvml.Return) { return "550.54.15", gonvml.SUCCESS }
+				lib.SystemGetCudaDriverVersionFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
+				lib.DeviceGetCountFunc = func() (int, gonvml.Return) { return tc.count, gonvml.SUCCESS }
 			}
 			r, err := discover(lib)
 			if err != nil {
@@ -450,7 +399,7 @@ func TestDiscoverNoGPU(t *testing.T) {
 			if r.Summary() != tc.reason {
 				t.Errorf("Summary %q, want the reason", r.Summary())
 			}
-			if n := lib.shutdowns; n != tc.shutdown {
+			if n := len(lib.ShutdownCalls()); n != tc.shutdown {
 				t.Errorf("Shutdown called %d times, want %d", n, tc.shutdown)
 			}
 		})
@@ -460,32 +409,32 @@ func TestDiscoverNoGPU(t *testing.T) {
 // TestDiscoverCountFails: NVML that starts and cannot count its GPUs is an
 // error naming the call, and NVML is shut down.
 func TestDiscoverCountFails(t *testing.T) {
-	lib := &mockLib{
-		InitFunc:                       func() Return { return SUCCESS },
-		ShutdownFunc:                   func() Return { return SUCCESS },
-		SystemGetDriverVersionFunc:     func() (string, Return) { return "", ERROR_UNKNOWN },
-		SystemGetCudaDriverVersionFunc: func() (int, Return) { return 0, ERROR_UNKNOWN },
-		DeviceGetCountFunc:             func() (int, Return) { return 0, ERROR_GPU_IS_LOST },
+	lib := &mock.Interface{
+		InitFunc:                       func() gonvml.Return { return gonvml.SUCCESS },
+		ShutdownFunc:                   func() gonvml.Return { return gonvml.SUCCESS },
+		SystemGetDriverVersionFunc:     func() (string, gonvml.Return) { return "", gonvml.ERROR_UNKNOWN },
+		SystemGetCudaDriverVersionFunc: func() (int, gonvml.Return) { return 0, gonvml.ERROR_UNKNOWN },
+		DeviceGetCountFunc:             func() (int, gonvml.Return) { return 0, gonvml.ERROR_GPU_IS_LOST },
 	}
 	_, err := discover(lib)
-	if !errors.Is(err, ERROR_GPU_IS_LOST) || !strings.Contains(err.Error(), "DeviceGetCount") {
-		t.Errorf("err = %v, want DeviceGetCount's ERROR_GPU_IS_LOST", err)
+	if !errors.Is(err, gonvml.ERROR_GPU_IS_LOST) || !strings.Contains(err.Error(), "DeviceGetCount") {
+		t.Errorf("err = %v, want DeviceGetCount's gonvml.ERROR_GPU_IS_LOST", err)
 	}
-	if lib.shutdowns != 1 {
-		t.Errorf("Shutdown called %d times, want once", lib.shutdowns)
+	if n := len(lib.ShutdownCalls()); n != 1 {
+		t.Errorf("Shutdown called %d times, want once", n)
 	}
 }
 
 func TestBusID(t *testing.T) {
-	legacy := func(s string) PciInfo {
-		var p PciInfo
+	legacy := func(s string) gonvml.PciInfo {
+		var p gonvml.PciInfo
 		for i := range len(s) {
 			p.BusIdLegacy[i] = int8(s[i])
 		}
 		return p
 	}
 	tests := []struct {
-		pci  PciInfo
+		pci  gonvml.PciInfo
 		want string
 	}{
 		{pciInfo("00000000:3B:00.0"), "0000:3b:00.0"},
@@ -493,8 +442,8 @@ func TestBusID(t *testing.T) {
 		{pciInfo("10000000:3B:00.0"), "10000000:3b:00.0"}, // no domain digit lost
 		{pciInfo("0000:af:00.0"), "0000:af:00.0"},
 		{legacy("0000:AF:00.0"), "0000:af:00.0"},
-		{PciInfo{Domain: 0, Bus: 0x3b, Device: 0}, "0000:3b:00.0"},
-		{PciInfo{}, ""},
+		{gonvml.PciInfo{Domain: 0, Bus: 0x3b, Device: 0}, "0000:3b:00.0"},
+		{gonvml.PciInfo{}, ""},
 	}
 	for _, tc := range tests {
 		if got := busID(tc.pci); got != tc.want {

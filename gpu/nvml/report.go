@@ -1,28 +1,35 @@
 // Package nvml finds the node's NVIDIA GPUs and how they are connected,
-// through NVML (libnvidia-ml.so.1, loaded with dlopen at run time, as
-// go-nvml loads it, through a binding of the calls discovery makes): for each GPU its index, UUID, name, PCI bus id,
+// and samples their health, through NVML (libnvidia-ml.so.1, loaded with
+// dlopen at run time by github.com/NVIDIA/go-nvml).
+//
+// Discover describes the GPUs: for each its index, UUID, name, PCI bus id,
 // memory and compute capability, its NVLinks, and for each pair of GPUs
 // the PCIe/NVLink path between them and whether peer-to-peer access works,
-// as `nvidia-smi topo -m` and `nvidia-smi topo -p2p` show them.
+// as `nvidia-smi topo -m` and `nvidia-smi topo -p2p` show them. It never
+// fails for want of a GPU: a node without the NVIDIA driver (no
+// libnvidia-ml.so.1, or the kernel module not loaded), or with a driver
+// and no GPU, gets a Report whose Available is false and whose Reason says
+// why, and the daemon runs CPU-only.
 //
-// Discover is the one entry point. It never fails for want of a GPU: a
-// node without the NVIDIA driver (no libnvidia-ml.so.1, or the kernel
-// module not loaded), or with a driver and no GPU, gets a Report whose
-// Available is false and whose Reason says why, and the daemon runs
-// CPU-only. The binding needs no cgo (purego): a CGO_ENABLED=0 build
-// discovers GPUs too.
+// A Sampler (OpenSampler) reads, per GPU and round, utilization, memory,
+// temperature, power, PCIe and NVLink throughput, ECC counts and XID
+// events (Sample), and tells which GPUs are lost (LostError, Lost): those
+// NVML answers ERROR_GPU_IS_LOST for, or that reported XID 79.
 //
-// The package only describes. It does not open CUDA contexts, choose
-// devices or watch their health; the GPU path proper (gpu, gpu/cuda)
-// talks to the CUDA driver. NVML's indices are the node's, not the
-// process's: CUDA_VISIBLE_DEVICES renumbers CUDA's devices but not NVML's,
-// so match GPUs across the two by UUID.
+// go-nvml is cgo (against its own copy of nvml.h; nothing of CUDA at build
+// time). A build without cgo (CGO_ENABLED=0) has this package without it
+// (nocgo.go): Discover and OpenSampler return ErrNeedsCgo.
 //
-// The logic (which links join which GPUs, the topology matrix, the
-// no-driver path, the formatting) sits on a small interface of the NVML
-// calls it makes (Library, Device in discover.go), so that tests drive it
-// with mocks, and a C stub with NVML's ABI (testdata/stub.c) checks the
-// binding.
+// The package only describes and samples. It does not open CUDA contexts,
+// choose devices or act on a lost GPU; the GPU path proper (gpu, gpu/cuda)
+// talks to the CUDA driver, and the daemon decides what a lost GPU means.
+// NVML's indices are the node's, not the process's: CUDA_VISIBLE_DEVICES
+// renumbers CUDA's devices but not NVML's, so match GPUs across the two by
+// UUID.
+//
+// The logic runs on go-nvml's Interface, so that the tests drive it with
+// go-nvml's generated mocks (pkg/nvml/mock), and a C stub with NVML's ABI
+// (testdata/stub.c) checks the calls through the real binding.
 package nvml
 
 import (

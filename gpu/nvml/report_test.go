@@ -3,6 +3,8 @@ package nvml
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"flag"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -150,6 +152,9 @@ func haveNVML() bool {
 // the test binary of scripts/gpu-check.sh) it must describe real GPUs.
 func TestDiscoverHere(t *testing.T) {
 	r, err := Discover()
+	if errors.Is(err, ErrNeedsCgo) {
+		t.Skipf("%v (nocgo_test.go checks what such a build says)", err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,5 +185,49 @@ func TestDiscoverHere(t *testing.T) {
 		var b bytes.Buffer
 		r.Format(&b)
 		t.Logf("\n%s", b.String())
+	}
+}
+
+var sampleOut = flag.String("sample-out", "", "TestSampleHere writes the samples it read to this file, as JSON (scripts/gpu-check.sh compares them with nvidia-smi)")
+
+// TestSampleHere opens a Sampler on this machine's NVML and reads its
+// GPUs twice: without NVML or a GPU it skips; with them (a GPU machine
+// running the test binary of scripts/gpu-check.sh) the figures every
+// data-centre GPU has must be there and plausible, and no GPU lost.
+func TestSampleHere(t *testing.T) {
+	s, err := OpenSampler()
+	if err != nil {
+		if r, _ := Discover(); !r.Available || errors.Is(err, ErrNeedsCgo) {
+			t.Skipf("no sampler here: %v (%s)", err, r.Reason)
+		}
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var got []Sample
+	for range 2 {
+		if got, err = s.Sample(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := json.MarshalIndent(got, "", "  ")
+	t.Logf("%s", b)
+	if *sampleOut != "" {
+		if err := os.WriteFile(*sampleOut, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(got) == 0 {
+		t.Skip("NVML lists no GPU here")
+	}
+	for _, g := range got {
+		must := FieldUtilization | FieldMemory | FieldTemperature
+		if g.Lost != nil || !g.Valid.Has(must) || len(g.Errors) > 0 || !strings.HasPrefix(g.UUID, "GPU-") ||
+			g.UtilizationGPU > 100 || g.UtilizationMemory > 100 || g.MemoryTotal == 0 || g.MemoryUsed > g.MemoryTotal ||
+			g.Temperature == 0 || g.Temperature > 125 || (g.Valid.Has(FieldPower) && g.PowerMilliwatts == 0) {
+			t.Errorf("GPU %d: %+v", g.Index, g)
+		}
+	}
+	if lost := s.Lost(); lost != nil {
+		t.Errorf("lost GPUs: %+v", lost)
 	}
 }

@@ -1,8 +1,7 @@
 // Package dl loads C libraries at run time and binds their functions to Go
 // func fields, through purego (dlopen and a call bridge that need no cgo):
-// the GPU path's loaders use it for libcuda.so.1 and libnccl.so.2
-// (gpu/cuda) and libnvidia-ml.so.1 (gpu/nvml), so that hvdd builds without
-// CUDA or its headers and runs without a GPU.
+// gpu/cuda uses it for libcuda.so.1 and libnccl.so.2, so that hvdd builds
+// without CUDA or its headers and runs without a GPU.
 package dl
 
 import (
