@@ -301,7 +301,7 @@ func (s *Server) idleTimeout() {
 // this node alone, or across nodes).
 func (s *Server) newLoop(p *poll.Poller) (*loop.Loop, error) {
 	c := s.cfg
-	x := exec.New(exec.Config{Log: s.log, GPU: s.gpu, Workers: c.Workers, NCCLAcross: c.GPUAllreduce == GPUAllreduceNCCL}, p)
+	x := exec.New(exec.Config{Log: s.log, GPU: s.gpu, Workers: c.Workers}, p)
 	formation := loop.OneNodeFormation(c.FusionThreshold)
 	if c.multiNode() {
 		formation = func(h job.LoopHooks) (job.Formation, error) {
@@ -310,6 +310,8 @@ func (s *Server) newLoop(p *poll.Poller) (*loop.Loop, error) {
 				ExternalRendezvous: c.ExternalRendezvous, Secret: c.Secret, Control: c.Control, NewBackend: c.NewBackend,
 				Elastic: c.Elastic, StartTimeout: c.StartTimeout, Heartbeat: c.Heartbeat, PeerTimeout: c.PeerTimeout,
 				FusionThreshold: c.FusionThreshold,
+				NCCLAcross:      c.GPUAllreduce == GPUAllreduceNCCL && s.gpu.CanNCCLAcross(),
+				NCCLUniqueID:    s.gpu.NCCLUniqueID,
 			}, s.log)
 		}
 	}

@@ -201,6 +201,42 @@ func TestGPUMultiNodeNCCL(t *testing.T) {
 	}
 }
 
+// TestGPUMultiNodeNCCLOneNodeOptsOut: one node configured for NCCL across
+// nodes, the other not (--gpu-allreduce hierarchical): the coordinator's
+// plan runs every collective on each node's own path, on both, and the job
+// ends well. (The per-response vote over the engine that this replaced
+// left such nodes making different engine calls.) Each node is the
+// coordinator once.
+func TestGPUMultiNodeNCCLOneNodeOptsOut(t *testing.T) {
+	for _, optsOut := range []int{0, 1} {
+		t.Run(fmt.Sprint("node", optsOut), func(t *testing.T) {
+			ss := startNodesCfg(t, func(n int, cfg *daemon.Config) {
+				*cfg = gpuConfig(*cfg, 1)
+				cfg.GPUAllreduce = daemon.GPUAllreduceNCCL
+				if n == optsOut {
+					cfg.GPUAllreduce = daemon.GPUAllreduceHierarchical
+				}
+			}, 2, 2)
+			for n, node := range spawnNodesEnv(t, ss, "gpu", []string{"HVDD_FAKE_GPUS=1"}, 2, 2) {
+				for _, w := range node {
+					if err := w.Wait(240 * time.Second); err != nil {
+						t.Errorf("node %d rank %d: %v; output:\n%s", n, w.Rank, err, w.Output())
+					}
+				}
+			}
+			for n, s := range ss {
+				logs := s.Logs()
+				if strings.Contains(logs, `path="nccl `) || strings.Contains(logs, "NCCL communicator across nodes created") {
+					t.Errorf("node %d ran on NCCL across nodes though node %d opted out", n, optsOut)
+				}
+				if !strings.Contains(logs, `path="hierarchical allreduce"`) {
+					t.Errorf("node %d never ran the hierarchical allreduce", n)
+				}
+			}
+		})
+	}
+}
+
 // TestGPUMixed: host and GPU tensors in one job, in flight together.
 func TestGPUMixed(t *testing.T) {
 	s := daemontest.Start(t, gpuConfig(daemon.Config{Slots: 2}, 1))

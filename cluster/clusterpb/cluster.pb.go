@@ -205,20 +205,25 @@ func (x *Layout) GetEpoch() uint64 {
 
 // Request is one rank's request for one tensor (plan.Request).
 type Request struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rank          int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
-	ProcessSet    int32                  `protobuf:"varint,2,opt,name=process_set,json=processSet,proto3" json:"process_set,omitempty"`
-	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
-	Op            int32                  `protobuf:"varint,4,opt,name=op,proto3" json:"op,omitempty"`
-	Dtype         int32                  `protobuf:"varint,5,opt,name=dtype,proto3" json:"dtype,omitempty"`
-	Shape         []int64                `protobuf:"varint,6,rep,packed,name=shape,proto3" json:"shape,omitempty"`
-	ReduceOp      int32                  `protobuf:"varint,7,opt,name=reduce_op,json=reduceOp,proto3" json:"reduce_op,omitempty"`
-	Prescale      float64                `protobuf:"fixed64,8,opt,name=prescale,proto3" json:"prescale,omitempty"`
-	Postscale     float64                `protobuf:"fixed64,9,opt,name=postscale,proto3" json:"postscale,omitempty"`
-	Root          int32                  `protobuf:"varint,10,opt,name=root,proto3" json:"root,omitempty"`
-	Splits        []int32                `protobuf:"varint,11,rep,packed,name=splits,proto3" json:"splits,omitempty"`
-	Group         string                 `protobuf:"bytes,12,opt,name=group,proto3" json:"group,omitempty"`
-	GroupSize     int32                  `protobuf:"varint,13,opt,name=group_size,json=groupSize,proto3" json:"group_size,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Rank       int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	ProcessSet int32                  `protobuf:"varint,2,opt,name=process_set,json=processSet,proto3" json:"process_set,omitempty"`
+	Name       string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Op         int32                  `protobuf:"varint,4,opt,name=op,proto3" json:"op,omitempty"`
+	Dtype      int32                  `protobuf:"varint,5,opt,name=dtype,proto3" json:"dtype,omitempty"`
+	Shape      []int64                `protobuf:"varint,6,rep,packed,name=shape,proto3" json:"shape,omitempty"`
+	ReduceOp   int32                  `protobuf:"varint,7,opt,name=reduce_op,json=reduceOp,proto3" json:"reduce_op,omitempty"`
+	Prescale   float64                `protobuf:"fixed64,8,opt,name=prescale,proto3" json:"prescale,omitempty"`
+	Postscale  float64                `protobuf:"fixed64,9,opt,name=postscale,proto3" json:"postscale,omitempty"`
+	Root       int32                  `protobuf:"varint,10,opt,name=root,proto3" json:"root,omitempty"`
+	Splits     []int32                `protobuf:"varint,11,rep,packed,name=splits,proto3" json:"splits,omitempty"`
+	Group      string                 `protobuf:"bytes,12,opt,name=group,proto3" json:"group,omitempty"`
+	GroupSize  int32                  `protobuf:"varint,13,opt,name=group_size,json=groupSize,proto3" json:"group_size,omitempty"`
+	// The tensor is in GPU memory (plan.Request.Device).
+	Device bool `protobuf:"varint,14,opt,name=device,proto3" json:"device,omitempty"`
+	// The node's ranks' tensors of this name can join one NCCL communicator
+	// across the nodes (plan.Request.NCCL).
+	Nccl          bool `protobuf:"varint,15,opt,name=nccl,proto3" json:"nccl,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -342,6 +347,20 @@ func (x *Request) GetGroupSize() int32 {
 		return x.GroupSize
 	}
 	return 0
+}
+
+func (x *Request) GetDevice() bool {
+	if x != nil {
+		return x.Device
+	}
+	return false
+}
+
+func (x *Request) GetNccl() bool {
+	if x != nil {
+		return x.Nccl
+	}
+	return false
 }
 
 // Ready carries the requests of tensors every local rank of a node has
@@ -883,8 +902,13 @@ type Response struct {
 	JoinedRanks    []int32                `protobuf:"varint,10,rep,packed,name=joined_ranks,json=joinedRanks,proto3" json:"joined_ranks,omitempty"`
 	LastJoinedRank int32                  `protobuf:"varint,11,opt,name=last_joined_rank,json=lastJoinedRank,proto3" json:"last_joined_rank,omitempty"`
 	Bytes          int64                  `protobuf:"varint,12,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// A rank's tensor is in GPU memory (plan.Response.Device).
+	Device bool `protobuf:"varint,13,opt,name=device,proto3" json:"device,omitempty"`
+	// The nodes run the response on one NCCL communicator across nodes
+	// (plan.Response.NCCL): the coordinator decided it for every node.
+	Nccl          bool `protobuf:"varint,14,opt,name=nccl,proto3" json:"nccl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Response) Reset() {
@@ -1001,6 +1025,20 @@ func (x *Response) GetBytes() int64 {
 	return 0
 }
 
+func (x *Response) GetDevice() bool {
+	if x != nil {
+		return x.Device
+	}
+	return false
+}
+
+func (x *Response) GetNccl() bool {
+	if x != nil {
+		return x.Nccl
+	}
+	return false
+}
+
 // Plan is one batch of responses, numbered; every node executes batches in
 // order.
 type Plan struct {
@@ -1019,7 +1057,12 @@ type Plan struct {
 	// its settings since the last plan: every node applies them before the
 	// plan's responses, so the engine's settings change between the same
 	// two collectives everywhere.
-	Tuning        *Tuning `protobuf:"bytes,6,opt,name=tuning,proto3" json:"tuning,omitempty"`
+	Tuning *Tuning `protobuf:"bytes,6,opt,name=tuning,proto3" json:"tuning,omitempty"`
+	// The job's NCCL unique id, in the first plan with an NCCL response (and
+	// again in the first after a node joined): every node joins the
+	// communicator across nodes with it (ncclCommInitRank). It travels on
+	// the control links, which the job's secret authenticated.
+	NcclId        []byte `protobuf:"bytes,7,opt,name=nccl_id,json=ncclId,proto3" json:"nccl_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1085,6 +1128,13 @@ func (x *Plan) GetTimeline() *TimelineClock {
 func (x *Plan) GetTuning() *Tuning {
 	if x != nil {
 		return x.Tuning
+	}
+	return nil
+}
+
+func (x *Plan) GetNcclId() []byte {
+	if x != nil {
+		return x.NcclId
 	}
 	return nil
 }
@@ -1830,7 +1880,7 @@ const file_cluster_proto_rawDesc = "" +
 	"generation\x12\x14\n" +
 	"\x05slots\x18\x02 \x03(\x05R\x05slots\x12\x14\n" +
 	"\x05nodes\x18\x03 \x03(\x05R\x05nodes\x12\x14\n" +
-	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"\xc6\x02\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"\xf2\x02\n" +
 	"\aRequest\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x1f\n" +
 	"\vprocess_set\x18\x02 \x01(\x05R\n" +
@@ -1847,7 +1897,9 @@ const file_cluster_proto_rawDesc = "" +
 	"\x06splits\x18\v \x03(\x05R\x06splits\x12\x14\n" +
 	"\x05group\x18\f \x01(\tR\x05group\x12\x1d\n" +
 	"\n" +
-	"group_size\x18\r \x01(\x05R\tgroupSize\"\xca\x01\n" +
+	"group_size\x18\r \x01(\x05R\tgroupSize\x12\x16\n" +
+	"\x06device\x18\x0e \x01(\bR\x06device\x12\x12\n" +
+	"\x04nccl\x18\x0f \x01(\bR\x04nccl\"\xca\x01\n" +
 	"\x05Ready\x124\n" +
 	"\brequests\x18\x01 \x03(\v2\x18.hvdd.cluster.v1.RequestR\brequests\x12\x1f\n" +
 	"\vgroup_start\x18\x02 \x03(\x05R\n" +
@@ -1887,7 +1939,7 @@ const file_cluster_proto_rawDesc = "" +
 	"\vrank_shapes\x18\x03 \x03(\v2\x16.hvdd.cluster.v1.ShapeR\n" +
 	"rankShapes\x12/\n" +
 	"\x06splits\x18\x04 \x03(\v2\x17.hvdd.cluster.v1.SplitsR\x06splits\x12\x14\n" +
-	"\x05ranks\x18\x05 \x03(\x05R\x05ranks\"\xfc\x02\n" +
+	"\x05ranks\x18\x05 \x03(\x05R\x05ranks\"\xa8\x03\n" +
 	"\bResponse\x12\x0e\n" +
 	"\x02op\x18\x01 \x01(\x05R\x02op\x12(\n" +
 	"\x03err\x18\x02 \x01(\v2\x16.hvdd.cluster.v1.ErrorR\x03err\x12\x1f\n" +
@@ -1902,13 +1954,16 @@ const file_cluster_proto_rawDesc = "" +
 	"\fjoined_ranks\x18\n" +
 	" \x03(\x05R\vjoinedRanks\x12(\n" +
 	"\x10last_joined_rank\x18\v \x01(\x05R\x0elastJoinedRank\x12\x14\n" +
-	"\x05bytes\x18\f \x01(\x03R\x05bytes\"\xee\x01\n" +
+	"\x05bytes\x18\f \x01(\x03R\x05bytes\x12\x16\n" +
+	"\x06device\x18\r \x01(\bR\x06device\x12\x12\n" +
+	"\x04nccl\x18\x0e \x01(\bR\x04nccl\"\x87\x02\n" +
 	"\x04Plan\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x127\n" +
 	"\tresponses\x18\x02 \x03(\v2\x19.hvdd.cluster.v1.ResponseR\tresponses\x12.\n" +
 	"\x04sets\x18\x03 \x03(\v2\x1a.hvdd.cluster.v1.SetChangeR\x04sets\x12:\n" +
 	"\btimeline\x18\x05 \x01(\v2\x1e.hvdd.cluster.v1.TimelineClockR\btimeline\x12/\n" +
-	"\x06tuning\x18\x06 \x01(\v2\x17.hvdd.cluster.v1.TuningR\x06tuning\"\xe2\x01\n" +
+	"\x06tuning\x18\x06 \x01(\v2\x17.hvdd.cluster.v1.TuningR\x06tuning\x12\x17\n" +
+	"\anccl_id\x18\a \x01(\fR\x06ncclId\"\xe2\x01\n" +
 	"\x06Tuning\x12)\n" +
 	"\x10fusion_threshold\x18\x01 \x01(\x03R\x0ffusionThreshold\x12\"\n" +
 	"\rcycle_time_us\x18\x02 \x01(\x03R\vcycleTimeUs\x12\x17\n" +

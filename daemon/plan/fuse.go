@@ -87,7 +87,7 @@ func fuseAllgather(head *Response, queue []*Response, threshold int64) []*Respon
 	for ; i < len(queue); i++ {
 		c := queue[i]
 		if c.Err != nil || c.Op != tensor.Allgather || c.ProcessSet != head.ProcessSet ||
-			c.DType != head.DType || c.Device != head.Device || head.Bytes+c.Bytes > threshold {
+			c.DType != head.DType || c.Device != head.Device || c.NCCL != head.NCCL || head.Bytes+c.Bytes > threshold {
 			break
 		}
 		absorb(head, c)
@@ -101,6 +101,7 @@ func allreduceFusable(head, c *Response) bool {
 		c.ProcessSet == head.ProcessSet &&
 		c.DType == head.DType &&
 		c.Device == head.Device &&
+		c.NCCL == head.NCCL &&
 		c.ReduceOp == head.ReduceOp &&
 		c.Prescale == head.Prescale &&
 		c.Postscale == head.Postscale &&

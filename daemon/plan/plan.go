@@ -71,6 +71,16 @@ type Request struct {
 	// Device says the tensor is in GPU memory (a CUDA IPC buffer): device
 	// and host tensors run on different paths and are never fused together.
 	Device bool
+	// GPU is the node's index of the GPU that holds a Device tensor (0 is
+	// its first); it stays on the node (the NCCL flag below carries what
+	// the others need of it).
+	GPU int
+	// NCCL is the forwarding node's word that its ranks' tensors of this
+	// name can join one NCCL communicator across the nodes (a daemon
+	// configured for it, with NCCL, whose ranks' tensors are non-empty and
+	// on its GPUs, the first among them): set on every request the node
+	// forwards for the name, or on none.
+	NCCL bool
 }
 
 // Response is one unit of work for the executor: a fused collective, an
@@ -106,6 +116,10 @@ type Response struct {
 	// Device is set when a submitting rank's tensor is in GPU memory
 	// (Request.Device): fusion keeps such responses apart from host ones.
 	Device bool
+	// NCCL says that the nodes join this response on one NCCL communicator
+	// across nodes (NCCLAcross decides it); fusion keeps such responses
+	// apart from the others.
+	NCCL bool
 	// Bytes is the payload: the input size of one rank's tensors for
 	// Allreduce, Broadcast and Reducescatter; the sum over the submitting
 	// ranks' inputs (the allgather output size) for Allgather and Alltoall;

@@ -74,8 +74,10 @@ func (t *Table) construct(e *entry) *Response {
 	}
 
 	tn := &resp.Tensors[0]
+	every := true
 	for _, q := range reqs {
 		resp.Device = resp.Device || q.r.Device
+		every = every && q.r.NCCL
 	}
 	switch first.Op {
 	case tensor.Allreduce, tensor.Reducescatter:
@@ -106,7 +108,38 @@ func (t *Table) construct(e *entry) *Response {
 	case tensor.Barrier:
 		resp.JoinedRanks = joined
 	}
+	resp.NCCL = NCCLAcross(resp, every)
 	return resp
+}
+
+// NCCLAcross decides whether the nodes run r on one NCCL communicator
+// across nodes rather than each through its own path (hierarchical, or
+// host memory): every request said its node can (every, Request.NCCL), no
+// rank has joined, and NCCL runs the collective: an allreduce or
+// reducescatter summing or averaging a type NCCL has, a broadcast, an
+// allgather or an alltoall. The coordinator decides it once per response,
+// and every node runs what its plan says.
+func NCCLAcross(r *Response, every bool) bool {
+	if !every || r.Err != nil || len(r.JoinedRanks) > 0 {
+		return false
+	}
+	switch r.Op {
+	case tensor.Allreduce, tensor.Reducescatter:
+		return (r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && ncclHas(r.DType)
+	case tensor.Broadcast, tensor.Allgather, tensor.Alltoall:
+		return true
+	}
+	return false
+}
+
+// ncclHas reports whether NCCL reduces dt: NCCL has no 16-bit integers or
+// bool (the executor keeps the same rule for its NCCL calls).
+func ncclHas(dt tensor.DType) bool {
+	switch dt {
+	case tensor.Int16, tensor.Uint16, tensor.Bool:
+		return false
+	}
+	return dt.Valid()
 }
 
 // check runs the checks listed above and returns the first failure: the

@@ -451,7 +451,7 @@ func (x *Executor) allreduceDevice(ctx context.Context, w job.Work, devs []*gpuD
 		return err
 	}
 	// The nodes together: on NCCL, or through host memory.
-	if w.NCCL {
+	if w.Resp.NCCL {
 		cs, err := x.ncclCross(ctx, w, devs, total/es, r.DType, op)
 		used = append(used, cs...)
 		if err != nil {
@@ -683,7 +683,7 @@ func (x *Executor) broadcastDevice(ctx context.Context, w job.Work, devs []*gpuD
 		switch {
 		case n < 0:
 			return fmt.Errorf("broadcast of tensor %d: no local buffer", i)
-		case w.NCCL:
+		case w.Resp.NCCL:
 			cs, err := x.broadcastNCCL(ctx, w, devs, rootNode, root, first, n)
 			used = append(used, cs...)
 			if err != nil {
@@ -752,7 +752,7 @@ func (x *Executor) broadcastNCCL(ctx context.Context, w job.Work, devs []*gpuDev
 			return used, err
 		}
 	}
-	c, err := g.crossComm(ctx, w.Engine)
+	c, err := g.crossComm(ctx, w.Engine, w.NCCLID)
 	if err != nil {
 		return used, err
 	}
@@ -805,54 +805,79 @@ func (x *Executor) broadcastAcross(ctx context.Context, b backends.Backend, root
 	return syncAll(ctx, fed)
 }
 
-// NCCL across nodes (GPUAllreduceNCCL). Whether a response may take it must
-// be decided alike on every node, and only the coordinator's plan is common
-// knowledge: so every node asks ncclEligible of every response (its answer
-// depends on the plan and the configuration alone) and, for those, all vote
-// with one byte through the engine (Min of "I can": my ops are all device
-// tensors on GPUs including the one of the cross-node communicator). A
-// unanimous allreduce runs: each node's ranks reduced on its GPUs as in
+// NCCL across nodes (GPUAllreduceNCCL). Whether a response takes it is the
+// coordinator's decision, once, in the plan (plan.NCCLAcross, Resp.NCCL):
+// every node forwarded its ranks' requests saying whether it can (it runs
+// with NCCL, not host-only, and its ranks' tensors are non-empty, on its
+// GPUs, the first among them), so every node runs what the plan says. An
+// allreduce runs: each node's ranks reduced on its GPUs as in
 // allreduceDevice, one NCCL allreduce of the fusion buffer of devs[0] over
 // a communicator of one GPU per node, an NCCL broadcast from there to the
-// node's other GPUs, postscale, write-back; a unanimous broadcast runs
-// broadcastNCCL, a unanimous reducescatter reducescatterGPUs (the nodes'
-// sums allreduced as above, each rank's block copied out), a unanimous
-// allgather allgatherGPUs, a unanimous alltoall alltoallNCCL. Otherwise every
-// node runs its own path (hierarchical or
-// CPU), which make the same engine calls. (Eligible responses cost every
-// node the one-byte vote, even a job of host tensors only.)
+// node's other GPUs, postscale, write-back; a broadcast runs broadcastNCCL,
+// a reducescatter reducescatterGPUs (the nodes' sums allreduced as above,
+// each rank's block copied out), an allgather allgatherGPUs, an alltoall
+// alltoallNCCL.
 //
-// The communicator is made on the first unanimous response of a job: node 0
-// draws the unique id and broadcasts it through the engine (whose
-// connections the job's secret authenticated), every node joins with
-// CommInitRank on its devs[0].
+// The communicator is made on the job's first such response: the
+// coordinator drew the NCCL unique id and sent it in that plan, over the
+// control links (Work.NCCLID); every node joins with CommInitRank on its
+// devs[0].
 
-// ncclEligible reports whether w is voted on (the same on every node).
-func (x *Executor) ncclEligible(w *job.Work) bool {
-	r := &w.Resp
-	reduces := (r.Op == tensor.Allreduce || r.Op == tensor.Reducescatter) && (r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && ncclDType(r.DType)
-	return x.ncclAcross && w.Engine != nil && len(w.View.Nodes) > 1 &&
-		len(w.View.Nodes) == w.Engine.Size() && (reduces || r.Op == tensor.Broadcast || r.Op == tensor.Allgather || r.Op == tensor.Alltoall) &&
-		len(r.JoinedRanks) == 0
+// CanNCCLAcross reports whether this node can join NCCL communicators
+// across nodes: it has GPUs, NCCL, and does not stage every device tensor.
+func (g *GPUs) CanNCCLAcross() bool { return g != nil && !g.hostOnly && g.nccl != nil }
+
+// NCCLUniqueID draws an NCCL unique id for a communicator across nodes
+// (the coordinator's, sent in its plan).
+func (g *GPUs) NCCLUniqueID() ([]byte, error) {
+	if !g.CanNCCLAcross() {
+		return nil, errors.New("this node runs without NCCL")
+	}
+	id, err := g.nccl.GetUniqueID()
+	if err != nil {
+		return nil, fmt.Errorf("NCCL unique id: %w", err)
+	}
+	return id[:], nil
 }
 
-// ncclVote sets w.nccl to whether every node can run w on NCCL. It returns
-// false (having answered the ops through the loop) when the engine failed.
-func (x *Executor) ncclVote(w *job.Work) bool {
-	flag := []byte{0}
-	if g := x.gpu; g != nil && !g.hostOnly && g.nccl != nil && nativeOK(w) && usedDevs(w)[0] == g.devs[0] {
-		flag[0] = 1
+// executeNCCL runs w on NCCL across nodes, as the plan says.
+func (x *Executor) executeNCCL(w job.Work) {
+	if err := x.ncclAcrossOK(&w); err != nil {
+		x.deviceFailed(w, fmt.Errorf("the plan runs %v on NCCL across nodes, but %w", w.Resp.Op, err))
+		return
 	}
-	if err := w.Engine.Allreduce(context.Background(), flag, tensor.Uint8, tensor.Min); err != nil {
-		x.deviceFailed(*w, fmt.Errorf("agreeing on NCCL across nodes: %w", err))
-		return false
+	x.gpuPath("nccl " + strings.ToLower(w.Resp.Op.String()))
+	switch w.Resp.Op {
+	case tensor.Reducescatter, tensor.Allgather, tensor.Alltoall:
+		x.runOutputs(w, usedDevs(&w))
+	case tensor.Broadcast:
+		x.runNative(w, usedDevs(&w), x.broadcastDevice)
+	default:
+		x.runNative(w, usedDevs(&w), x.allreduceDevice)
 	}
-	w.NCCL = flag[0] == 1
-	return true
 }
 
-// crossComm returns the communicator across the nodes of engine b.
-func (g *GPUs) crossComm(ctx context.Context, b backends.Backend) (gpu.Comm, error) {
+// ncclAcrossOK reports whether this node can run w as the plan says, on
+// NCCL across nodes: what it told the coordinator when it forwarded the
+// requests.
+func (x *Executor) ncclAcrossOK(w *job.Work) error {
+	g := x.gpu
+	switch {
+	case w.Engine == nil:
+		return errors.New("no engine across nodes")
+	case !g.CanNCCLAcross():
+		return errors.New("this node runs without NCCL")
+	case !nativeOK(w) || usedDevs(w)[0] != g.devs[0]:
+		return fmt.Errorf("this node's tensors are not all non-empty GPU tensors, one on GPU %s", g.devs[0].info.UUID)
+	case len(w.NCCLID) != gpu.UniqueIDSize:
+		return fmt.Errorf("no NCCL unique id from the coordinator (%d bytes)", len(w.NCCLID))
+	}
+	return nil
+}
+
+// crossComm returns the communicator across the nodes of engine b, made
+// with the coordinator's unique id ncclID when there is none yet.
+func (g *GPUs) crossComm(ctx context.Context, b backends.Backend, ncclID []byte) (gpu.Comm, error) {
 	if g.cross != nil && g.crossOf == b {
 		if err := g.cross.AsyncError(); err != nil {
 			g.abortComms()
@@ -864,29 +889,9 @@ func (g *GPUs) crossComm(ctx context.Context, b backends.Backend) (gpu.Comm, err
 		g.cross.Destroy() // the previous job's
 		g.cross, g.crossOf = nil, nil
 	}
-	// Byte 0 says whether node 0 has an id (else every node fails alike).
-	buf := make([]byte, 1+gpu.UniqueIDSize)
-	var idErr error
-	if b.Rank() == 0 {
-		id, err := g.nccl.GetUniqueID()
-		if err == nil {
-			buf[0] = 1
-			copy(buf[1:], id[:])
-		}
-		idErr = err
-	}
-	if err := b.Broadcast(ctx, buf, 0); err != nil {
-		return nil, fmt.Errorf("NCCL unique id through the engine: %w", err)
-	}
-	if buf[0] != 1 {
-		if idErr != nil {
-			return nil, fmt.Errorf("NCCL unique id: %w", idErr)
-		}
-		return nil, errors.New("node 0 could not make an NCCL unique id")
-	}
 	var id gpu.UniqueID
-	copy(id[:], buf[1:])
-	// Open already: this node's ops are on devs[0] (ncclVote).
+	copy(id[:], ncclID)
+	// Open already: this node's ops are on devs[0] (ncclAcrossOK).
 	if err := g.devs[0].open("NCCL communicator across nodes"); err != nil {
 		return nil, err
 	}
@@ -908,7 +913,7 @@ const ncclInitTimeout = 60 * time.Second
 // result) on NCCL and hands the total to the node's other GPUs.
 func (x *Executor) ncclCross(ctx context.Context, w job.Work, devs []*gpuDev, count int, dt tensor.DType, op tensor.ReduceOp) ([]gpu.Comm, error) {
 	g := x.gpu
-	c, err := g.crossComm(ctx, w.Engine)
+	c, err := g.crossComm(ctx, w.Engine, w.NCCLID)
 	if err != nil {
 		return nil, err
 	}
@@ -1026,14 +1031,14 @@ func (x *Executor) buildOutputs(w *job.Work, devs []*gpuDev) ([][]devResult, []g
 	// engine (across nodes), or on one GPU (below).
 	var f func(*job.Work, []*gpuDev, [][]devResult) ([]gpu.Comm, error)
 	switch {
-	case w.NCCL || !crossNodes(w) && len(devs) > 1:
+	case w.Resp.NCCL || !crossNodes(w) && len(devs) > 1:
 		f = x.allgatherGPUs
 		switch r.Op {
 		case tensor.Reducescatter:
 			f = x.reducescatterGPUs
 		case tensor.Alltoall:
 			f = x.alltoallGPUs
-			if w.NCCL {
+			if w.Resp.NCCL {
 				f = x.alltoallNCCL
 			}
 		}
@@ -1183,8 +1188,8 @@ func (x *Executor) allgatherGPUs(w *job.Work, devs []*gpuDev, dones [][]devResul
 		used = local
 	}
 	var cross gpu.Comm
-	if w.NCCL {
-		if cross, err = g.crossComm(context.Background(), w.Engine); err != nil {
+	if w.Resp.NCCL {
+		if cross, err = g.crossComm(context.Background(), w.Engine, w.NCCLID); err != nil {
 			return used, err
 		}
 		used = append(used, cross)
@@ -1449,7 +1454,7 @@ func (x *Executor) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuD
 // receives in issue order, which the same loops give on both sides.
 func (x *Executor) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	g := x.gpu
-	cross, err := g.crossComm(context.Background(), w.Engine)
+	cross, err := g.crossComm(context.Background(), w.Engine, w.NCCLID)
 	if err != nil {
 		return nil, err
 	}
@@ -1763,7 +1768,7 @@ func (x *Executor) reducescatterGPUs(w *job.Work, devs []*gpuDev, dones [][]devR
 	if err != nil {
 		return cs, err
 	}
-	if w.NCCL {
+	if w.Resp.NCCL {
 		// Across nodes on NCCL: the nodes' sums added up on GPU 0 and
 		// spread to the node's other GPUs.
 		cross, err := x.ncclCross(context.Background(), *w, devs, offs[len(offs)-1]/es, r.DType, op)

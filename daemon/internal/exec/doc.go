@@ -20,8 +20,9 @@
 //     empty tensors, dtypes NCCL lacks across GPUs, a node without NCCL,
 //     GPUAllreduceHost) is staged: copied to host memory, run on the host
 //     path, and copied back as the op is answered.
-//   - NCCL across nodes (Config.NCCLAcross): where the nodes agree, per
-//     response, a communicator across nodes joins their GPUs directly.
+//   - NCCL across nodes (GPUAllreduceNCCL): where the coordinator's plan
+//     says so for a response (plan.Response.NCCL), a communicator across
+//     nodes joins the nodes' GPUs directly.
 //
 // Either way the executor synchronises the streams before answering, so a
 // Done means the daemon is finished with the client's memory. A GPU error

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
-	"strings"
 	"sync"
 	"time"
 
@@ -22,15 +21,12 @@ import (
 // Executor runs batches of work in order on its own goroutine, so the loop
 // keeps negotiating while data moves.
 type Executor struct {
-	log *slog.Logger
-	gpu *GPUs // nil on a CPU-only node
-	// ncclAcross joins the nodes' GPUs with NCCL (Config.GPUAllreduce
-	// "nccl") where a response allows it.
-	ncclAcross bool
-	p          *poll.Poller
-	ropts      reduce.Options
-	fuse       []byte // fusion buffer of cross-node ops, reused
-	adaIn      []byte // a node's block of a cross-node Adasum, reused
+	log   *slog.Logger
+	gpu   *GPUs // nil on a CPU-only node
+	p     *poll.Poller
+	ropts reduce.Options
+	fuse  []byte // fusion buffer of cross-node ops, reused
+	adaIn []byte // a node's block of a cross-node Adasum, reused
 	// Work takes the loop's batches; the loop closes it as it stops, and
 	// Stopped closes once the last batch ran.
 	Work    chan []job.Work
@@ -59,23 +55,21 @@ type Executor struct {
 
 // Config is what the executor takes of the daemon's configuration.
 type Config struct {
-	Log        *slog.Logger
-	GPU        *GPUs // nil on a CPU-only node
-	Workers    int   // reduction workers (Config.Workers)
-	NCCLAcross bool  // Config.GPUAllreduce is "nccl"
+	Log     *slog.Logger
+	GPU     *GPUs // nil on a CPU-only node
+	Workers int   // reduction workers (Config.Workers)
 }
 
 // New returns an executor that posts job.MsgExecIdle (and a failed
 // collective across nodes, job.MsgExecErr) to the loop through p.
 func New(cfg Config, p *poll.Poller) *Executor {
 	return &Executor{
-		log:        cfg.Log,
-		gpu:        cfg.GPU,
-		ncclAcross: cfg.NCCLAcross,
-		p:          p,
-		ropts:      reduce.Options{Workers: cfg.Workers},
-		Work:       make(chan []job.Work, 1),
-		Stopped:    make(chan struct{}),
+		log:     cfg.Log,
+		gpu:     cfg.GPU,
+		p:       p,
+		ropts:   reduce.Options{Workers: cfg.Workers},
+		Work:    make(chan []job.Work, 1),
+		Stopped: make(chan struct{}),
 	}
 }
 
@@ -98,22 +92,9 @@ func (x *Executor) Execute(w job.Work) {
 	if Timed(&w) {
 		defer ObserveLatency(&w, x.Dispatched)
 	}
-	if x.ncclEligible(&w) { // device.go
-		if !x.ncclVote(&w) {
-			return
-		}
-		if w.NCCL {
-			x.gpuPath("nccl " + strings.ToLower(w.Resp.Op.String()))
-			switch w.Resp.Op {
-			case tensor.Reducescatter, tensor.Allgather, tensor.Alltoall:
-				x.runOutputs(w, usedDevs(&w))
-			case tensor.Broadcast:
-				x.runNative(w, usedDevs(&w), x.broadcastDevice)
-			default:
-				x.runNative(w, usedDevs(&w), x.allreduceDevice)
-			}
-			return
-		}
+	if w.Resp.NCCL {
+		x.executeNCCL(w) // device.go
+		return
 	}
 	if job.DeviceWork(&w) {
 		x.executeDevice(w) // device.go

@@ -300,6 +300,9 @@ func (d *devOp) Done(o *job.Op, dn *ipcpb.Done) *ipcpb.Done {
 // Bytes is the tensor's size (job.DeviceTensor).
 func (d *devOp) Bytes() int { return d.n }
 
+// GPU is the index of the tensor's GPU among the node's (job.DeviceTensor).
+func (d *devOp) GPU() int { return d.d.idx }
+
 // Release drops the op's references on its mapping and event
 // (job.DeviceTensor).
 func (d *devOp) Release() {

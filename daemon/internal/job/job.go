@@ -86,6 +86,8 @@ type Mapping interface{ Unref() }
 type DeviceTensor interface {
 	// Bytes is the tensor's size.
 	Bytes() int
+	// GPU is the node's index of the GPU that holds it.
+	GPU() int
 	// Release drops the op's references on the tensor's mapping and event.
 	Release()
 	// Done is called as o is answered with d, and returns the answer to

@@ -66,6 +66,9 @@ type Coordination interface {
 	Expect(pending bool)
 	// Engine is the job's cross-node data engine; nil on one node.
 	Engine() backends.Backend
+	// NCCLID is the job's NCCL unique id for the communicator across
+	// nodes, once a plan brought it; nil until then, and on one node.
+	NCCLID() []byte
 	// Stalls reports the tensors waiting longer than olderThan ms for some
 	// ranks, where this node negotiates them (plan.Table.Stalls).
 	Stalls(now, olderThan int64) []plan.Stall

@@ -16,7 +16,10 @@ type Work struct {
 	Trace  EventSink        // where the work's phases go (the timeline, or a follower's record of them); nil when off
 	Size   int
 	Ops    [][]*Op
-	NCCL   bool // the nodes agreed to join on NCCL (the executor's vote)
+	// NCCLID is the job's NCCL unique id for the communicator across
+	// nodes (Coordination.NCCLID), for a response the plan runs on NCCL
+	// across nodes (Resp.NCCL).
+	NCCLID []byte
 }
 
 // FinishRows answers every op of every row with d.

@@ -438,7 +438,7 @@ func (c *client) Resolve(id uint32, e *ipcpb.Enqueue) (*job.Op, error) {
 			return nil, err
 		}
 		o.Dev = dv
-		o.Req.Device = true
+		o.Req.Device, o.Req.GPU = true, dv.GPU()
 	} else if b.GetLength() != n {
 		return nil, fmt.Errorf("tensor %q: buffer of %d bytes for shape %v of %v (%d bytes)", o.Name, b.GetLength(), e.GetShape(), dt, n)
 	}

@@ -96,6 +96,10 @@ func (c *localCoord) HostsUpdated(*ipcpb.HostsUpdated) {}
 // Engine implements job.Coordination.
 func (c *localCoord) Engine() backends.Backend { return nil }
 
+// NCCLID implements job.Coordination: one node needs no communicator
+// across nodes.
+func (c *localCoord) NCCLID() []byte { return nil }
+
 // TraceSink implements job.Coordination.
 func (c *localCoord) TraceSink() job.EventSink { return nil }
 

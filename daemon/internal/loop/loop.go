@@ -861,6 +861,9 @@ func (l *Loop) runResponses(j *job.Job, resps []plan.Response) {
 		}
 		rows, root := j.RowRanks(r.ProcessSet, r.Root)
 		w := job.Work{Resp: r, Job: j, Engine: b, Size: len(rows), Ops: make([][]*job.Op, len(names))}
+		if r.NCCL {
+			w.NCCLID = j.Coord.NCCLID()
+		}
 		if b != nil {
 			// Across nodes a process set runs on the nodes of its members.
 			w.View = j.View(r.ProcessSet)

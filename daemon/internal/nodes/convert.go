@@ -13,6 +13,7 @@ func requestToPB(r *plan.Request) *clusterpb.Request {
 		Rank: int32(r.Rank), ProcessSet: r.ProcessSet, Name: r.Name, Op: int32(r.Op), Dtype: int32(r.DType),
 		Shape: r.Shape, ReduceOp: int32(r.ReduceOp), Prescale: r.Prescale, Postscale: r.Postscale,
 		Root: int32(r.Root), Splits: r.Splits, Group: r.Group, GroupSize: int32(r.GroupSize),
+		Device: r.Device, Nccl: r.NCCL,
 	}
 }
 
@@ -21,7 +22,7 @@ func requestFromPB(m *clusterpb.Request) plan.Request {
 		Rank: int(m.GetRank()), ProcessSet: m.GetProcessSet(), Name: m.GetName(), Op: tensor.OpType(m.GetOp()),
 		DType: tensor.DType(m.GetDtype()), Shape: tensor.Shape(m.GetShape()), ReduceOp: tensor.ReduceOp(m.GetReduceOp()),
 		Prescale: m.GetPrescale(), Postscale: m.GetPostscale(), Root: int(m.GetRoot()), Splits: m.GetSplits(),
-		Group: m.GetGroup(), GroupSize: int(m.GetGroupSize()),
+		Group: m.GetGroup(), GroupSize: int(m.GetGroupSize()), Device: m.GetDevice(), NCCL: m.GetNccl(),
 	}
 }
 
@@ -45,7 +46,7 @@ func responseToPB(r *plan.Response) *clusterpb.Response {
 	m := &clusterpb.Response{
 		Op: int32(r.Op), ProcessSet: r.ProcessSet, Dtype: int32(r.DType), ReduceOp: int32(r.ReduceOp),
 		Prescale: r.Prescale, Postscale: r.Postscale, Root: int32(r.Root), JoinedRanks: ints32(r.JoinedRanks),
-		LastJoinedRank: int32(r.LastJoinedRank), Bytes: r.Bytes,
+		LastJoinedRank: int32(r.LastJoinedRank), Bytes: r.Bytes, Device: r.Device, Nccl: r.NCCL,
 	}
 	if e := r.Err; e != nil {
 		pe := &clusterpb.Error{Msg: e.Msg, Tensor: e.Tensor, Attr: e.Attr, Ranks: ints32(e.Ranks)}
@@ -72,7 +73,7 @@ func responseFromPB(m *clusterpb.Response) plan.Response {
 		Op: tensor.OpType(m.GetOp()), ProcessSet: m.GetProcessSet(), DType: tensor.DType(m.GetDtype()),
 		ReduceOp: tensor.ReduceOp(m.GetReduceOp()), Prescale: m.GetPrescale(), Postscale: m.GetPostscale(),
 		Root: int(m.GetRoot()), JoinedRanks: ints(m.GetJoinedRanks()), LastJoinedRank: int(m.GetLastJoinedRank()),
-		Bytes: m.GetBytes(),
+		Bytes: m.GetBytes(), Device: m.GetDevice(), NCCL: m.GetNccl(),
 	}
 	if e := m.GetErr(); e != nil {
 		pe := &plan.Error{Msg: e.GetMsg(), Tensor: e.GetTensor(), Attr: e.GetAttr(), Ranks: ints(e.GetRanks())}

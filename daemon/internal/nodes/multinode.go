@@ -203,6 +203,12 @@ type Config struct {
 	StartTimeout           time.Duration
 	Heartbeat, PeerTimeout time.Duration
 	FusionThreshold        int64
+	// NCCLAcross says that this node can join its GPUs to the other nodes'
+	// on NCCL (Config.GPUAllreduce "nccl", and the node has NCCL), and
+	// NCCLUniqueID draws the id of such a communicator (on the
+	// coordinator).
+	NCCLAcross   bool
+	NCCLUniqueID func() ([]byte, error)
 }
 
 // New returns the formation across nodes: it joins this daemon's jobs with

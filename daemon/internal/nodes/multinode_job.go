@@ -64,6 +64,13 @@ type multiCoord struct {
 	// lost is the node (place in the job) whose loss fails the job, +1;
 	// 0 when the failure has another cause (see abortLost).
 	lost int
+	// ncclID is the NCCL unique id of the job's communicator across nodes:
+	// the coordinator draws it for its first plan with an NCCL response
+	// (decideNCCL) and sends it in that plan; a follower takes it from
+	// there. ncclFailed: the coordinator could not draw one (no response
+	// of the job runs on NCCL across nodes then).
+	ncclID     []byte
+	ncclFailed bool
 }
 
 // cacheEntry is a tensor's requests as last forwarded, under a cache slot.
@@ -117,6 +124,75 @@ func (mc *multiCoord) applyTuning(s job.Settings) bool {
 
 // Engine is the job's engine across nodes.
 func (mc *multiCoord) Engine() backends.Backend { return mc.b }
+
+// NCCLID is the job's NCCL unique id once a plan brought it
+// (job.Coordination).
+func (mc *multiCoord) NCCLID() []byte { return mc.ncclID }
+
+// ncclReady reports whether a node's ranks' requests of one tensor can
+// join one NCCL communicator across the nodes: the node can (capable: it
+// runs with NCCL, configured for it), the tensor's process set spans every
+// node of the job (spans), and every request is a non-empty tensor in GPU
+// memory, one of them on the node's first GPU, where the communicator
+// across nodes lives.
+func ncclReady(capable, spans bool, reqs []*plan.Request) bool {
+	if !capable || !spans || len(reqs) == 0 {
+		return false
+	}
+	first := false
+	for _, r := range reqs {
+		if !r.Device || r.Shape.NumElements() == 0 {
+			return false
+		}
+		first = first || r.GPU == 0
+	}
+	return first
+}
+
+// localNCCL is ncclReady for this node's ranks' requests of (set, name).
+func (mc *multiCoord) localNCCL(set int32, name string) bool {
+	j := mc.j
+	if !mc.n.cfg.NCCLAcross {
+		return false
+	}
+	var reqs []*plan.Request
+	for lr := range j.Slots {
+		if o, ok := j.Pending[job.OpKey{Rank: j.Members.Offset + lr, Set: set, Name: name}]; ok {
+			reqs = append(reqs, &o.Req)
+		}
+	}
+	return ncclReady(true, len(j.View(set).Nodes) == j.Members.Nodes(), reqs)
+}
+
+// decideNCCL completes the coordinator's decision for the responses of its
+// next plan: the table decided from every request's word (plan.NCCLAcross),
+// where this node's own requests said only whether it can at all; here a
+// response of tensors this node's ranks cannot all join on NCCL runs on each
+// node's own path instead. It draws the job's NCCL unique id for the first
+// response that runs on NCCL, and returns it when this plan must carry it.
+func (mc *multiCoord) decideNCCL(resps []plan.Response) []byte {
+	var send []byte
+	for i := range resps {
+		r := &resps[i]
+		if !r.NCCL {
+			continue
+		}
+		for _, t := range r.Tensors {
+			r.NCCL = r.NCCL && mc.localNCCL(r.ProcessSet, t.Name)
+		}
+		if r.NCCL && mc.ncclID == nil && !mc.ncclFailed {
+			id, err := mc.n.cfg.NCCLUniqueID()
+			if err != nil {
+				mc.ncclFailed = true
+				mc.n.log.Warn("NCCL across nodes: no unique id; the job's responses run on each node's own path", "job", mc.j.ID, "err", err)
+			} else {
+				mc.ncclID, send = id, id
+			}
+		}
+		r.NCCL = r.NCCL && mc.ncclID != nil
+	}
+	return send
+}
 
 // SetRequest takes a local rank's set request (coordination): the
 // coordinator decides the rounds it completes at once (its table spans
@@ -349,6 +425,9 @@ func (mc *multiCoord) name(node int) string {
 func (mc *multiCoord) Submit(o *job.Op) *ipcpb.Done {
 	j := mc.j
 	if mc.coordinator() {
+		// This node's own word on NCCL across nodes: whether it can at
+		// all; decideNCCL looks at its ranks together.
+		o.Req.NCCL = mc.n.cfg.NCCLAcross && o.Req.Device
 		return job.TableSubmit(mc.table, j, o, mc.hooks.Now())
 	}
 	k := job.OpKey{Rank: o.Req.Rank, Set: o.Req.ProcessSet, Name: o.Req.Name}
@@ -402,8 +481,10 @@ func (mc *multiCoord) forward(sn setName) {
 	j := mc.j
 	delete(mc.count, sn)
 	var group []*clusterpb.Request
+	nccl := mc.localNCCL(sn.set, sn.name)
 	for lr := range j.Slots {
 		if o, ok := j.Pending[job.OpKey{Rank: j.Members.Offset + lr, Set: sn.set, Name: sn.name}]; ok {
+			o.Req.NCCL = nccl
 			group = append(group, requestToPB(&o.Req))
 		}
 	}
@@ -489,7 +570,7 @@ func (mc *multiCoord) Next() []plan.Response {
 			return nil
 		}
 		mc.seq++
-		pm := &clusterpb.Plan{Seq: mc.seq, Sets: mc.sets}
+		pm := &clusterpb.Plan{Seq: mc.seq, Sets: mc.sets, NcclId: mc.decideNCCL(resps)}
 		mc.sets = nil
 		if gen, now, ok := mc.hooks.TraceClock(); ok {
 			pm.Timeline = &clusterpb.TimelineClock{Gen: gen, NowUs: now}
@@ -546,6 +627,9 @@ func (mc *multiCoord) Next() []plan.Response {
 		if !mc.applyTuning(s) {
 			return nil
 		}
+	}
+	if id := pm.GetNcclId(); id != nil {
+		mc.ncclID = id
 	}
 	resps := make([]plan.Response, 0, len(pm.GetResponses()))
 	for _, pr := range pm.GetResponses() {
