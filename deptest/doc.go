@@ -14,14 +14,20 @@
 //   - gpu (the seam of the GPU path) imports anything but tensor and the
 //     standard library, or gpu/nvml (discovery, the sampler) anything from
 //     hvdd, or outside the standard library anything but go-nvml;
+//   - the engines (backends, backends/nccl, backends/devicetest,
+//     backends/tcp) import a GPU binding (gpu/cuda, gpu/fake): they take
+//     the gpu interfaces;
+//   - a package of the daemon's (daemon/internal/...) imports package daemon
+//     or breaks its layer (daemon_test.go): loop and nodes import each
+//     other, exec imports either, job a sibling, poll anything of hvdd's;
 //   - the default build of cmd/hvdd (no build tags) compiles cgo outside
 //     the standard library and the dlopen loaders
 //     (github.com/ebitengine/purego for CUDA and NCCL,
 //     github.com/NVIDIA/go-nvml for NVML), which link nothing at build
 //     time (an allowance the build no longer uses fails too): MPI, the
 //     one cgo engine that needs its library to build, stays behind the
-//     mpi build tag (cmd/hvdd/mpi_off.go, backends/mpi/nompi.go). The standard library's own cgo (net's
-//     resolver, os/user) is allowed; it goes away with CGO_ENABLED=0;
+//     mpi build tag (cmd/hvdd/mpi_off.go, backends/mpi/nompi.go). The
+//     standard library's own cgo (net's resolver, os/user) is allowed; it goes away with CGO_ENABLED=0;
 //   - cmd/hvdd does not build with CGO_ENABLED=0, or its build then
 //     compiles cgo, imports go-nvml, or lacks gpu/nvml (which then says
 //     that discovery needs cgo) or the CUDA binding (gpu/cuda): purego

@@ -36,6 +36,7 @@ tests='
 nvml.test        gpu/nvml     .
 gputest-cuda     gpu/cuda     .
 kernels-gpu.test gpu/kernels  .
+nccl-engine.test backends/nccl CUDA
 daemon-gpu.test  daemon       GPU|CUDA|Cuda|NCCL|Nccl
 '
 # The Python client's pure dependencies, for a GPU machine whose python3

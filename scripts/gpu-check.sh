@@ -11,6 +11,15 @@
 #              real NVML, gpu/cuda's conformance suite against the real
 #              driver, and those other parts added), run in its package
 #              directory with -test.v
+#   test:nccl-engine.test
+#              the device engine's conformance suite (backends/devicetest)
+#              on backends/nccl over the real driver and libnccl
+#              (TestConformanceCUDA): one rank per GPU, so world sizes
+#              beyond the GPU count skip and say so
+#   nvml-sample  gpu/nvml's Sampler on the real NVML (bin/nvml.test -test.run
+#              TestSampleHere, its figures written to nvml-sample.json), then
+#   nvml-sample-vs-nvidia-smi  the same GPUs (UUID and index), memory total,
+#              temperature and power as nvidia-smi --query-gpu reads them
 #   torch-npN  an end-to-end torch CUDA job through the daemon, N = 2 and 4
 #              local ranks sharing the one GPU:
 #              bin/hvdd run -np N -- python3 clients/python/tests/gpu/torch_cuda_job.py
@@ -29,7 +38,8 @@
 #   summary.txt  one line per step, PASS / FAIL / SKIP and why, then totals
 #   check.log    every step's command and full output
 #   gpus.json    hvdd gpus --json
-# (three files, written as the run goes: a run cut short still returns them.)
+#   nvml-sample.json  the NVML sampler's figures per GPU (nvml-sample)
+# (four files, written as the run goes: a run cut short still returns them.)
 # Exit status: 0 if no step failed (skips allowed), 1 if one did, 2 on usage.
 #
 # Usage: scripts/gpu-check.sh [--out DIR] [--deadline SECONDS] [--help]
@@ -41,7 +51,7 @@ out=${OUT:-./gpu-check-out}
 deadline=480
 while [ $# -gt 0 ]; do
   case $1 in
-    -h|--help) sed -n '2,38s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,47s/^# \{0,1\}//p' "$0"; exit 0 ;;
     --out) out=${2:?--out needs a directory}; shift 2 ;;
     --deadline) deadline=${2:?--deadline needs seconds}; shift 2 ;;
     *) echo "scripts/gpu-check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -184,9 +194,67 @@ else
     fi
     step "test:$bin" 240 "$root/$pkg" "$root/bin/$bin" -test.v -test.count=1 -test.timeout=230s -test.run "$run"
   done < "$manifest"
-  for b in gputest-cuda nvml.test; do
+  for b in gputest-cuda nvml.test nccl-engine.test; do
     grep -q "^$b " "$manifest" || note SKIP "test:$b" "not built: its package had no tests when scripts/gpu-build.sh ran"
   done
+fi
+
+# nvml-sample: gpu/nvml's Sampler reads the real GPUs (utilization, memory,
+# temperature, power, PCIe, NVLink, ECC, XID events; none lost), then its
+# figures are compared with nvidia-smi's.
+nvml_vs_smi() { # SAMPLE_JSON: the sampler's figures against nvidia-smi --query-gpu
+  python3 -c '
+import json, subprocess, sys
+samples = json.load(open(sys.argv[1]))
+q = "index,uuid,memory.total,temperature.gpu,power.draw"
+smi = {}
+for line in subprocess.check_output(["nvidia-smi", "--query-gpu=" + q, "--format=csv,noheader,nounits"], text=True).splitlines():
+    i, uuid, mem, temp, power = (x.strip() for x in line.split(","))
+    smi[uuid] = dict(index=int(i), mem_mib=float(mem), temp=float(temp), power=power)
+bad = []
+for g in samples:
+    n = smi.get(g["uuid"])
+    print("sampler GPU %d %s: valid %s, unsupported %s, util %d%%/%d%%, memory %d/%d MiB, %d C, %.1f W, PCIe tx/rx %d/%d B/s, NVLink tx/rx %d/%d B, ECC %d/%d, XIDs %s, lost %s" % (
+        g["index"], g["uuid"], g["valid"], g["unsupported"], g["utilization_gpu"], g["utilization_memory"],
+        g["memory_used"] >> 20, g["memory_total"] >> 20, g["temperature"], g["power_milliwatts"] / 1000,
+        g["pcie_tx_bytes_per_second"], g["pcie_rx_bytes_per_second"], g["nvlink_tx_bytes"], g["nvlink_rx_bytes"],
+        g["ecc_corrected"], g["ecc_uncorrected"], g.get("xids", []), g.get("lost")))
+    print("nvidia-smi:", n)
+    if n is None:
+        bad.append("GPU %d: UUID %s not in nvidia-smi" % (g["index"], g["uuid"]))
+        continue
+    if n["index"] != g["index"]:
+        bad.append("GPU %s: index %d, nvidia-smi %d" % (g["uuid"], g["index"], n["index"]))
+    if abs(g["memory_total"] / 2**20 - n["mem_mib"]) > 0.01 * n["mem_mib"]:
+        bad.append("GPU %d: memory total %d MiB, nvidia-smi %d" % (g["index"], g["memory_total"] >> 20, n["mem_mib"]))
+    if abs(g["temperature"] - n["temp"]) > 10:
+        bad.append("GPU %d: %d C, nvidia-smi %d C" % (g["index"], g["temperature"], n["temp"]))
+    if "power" in g["valid"].split("|") and n["power"].replace(".", "").isdigit():
+        w, sw = g["power_milliwatts"] / 1000, float(n["power"])
+        if abs(w - sw) > max(50, 0.5 * sw):
+            bad.append("GPU %d: %.1f W, nvidia-smi %.1f W" % (g["index"], w, sw))
+    if g.get("lost"):
+        bad.append("GPU %d lost: %s" % (g["index"], g["lost"]))
+if sorted(smi) != sorted(g["uuid"] for g in samples):
+    bad.append("GPUs: sampler %s, nvidia-smi %s" % (sorted(g["uuid"] for g in samples), sorted(smi)))
+for b in bad:
+    print("MISMATCH:", b)
+sys.exit(1 if bad else 0)
+' "$1"
+}
+export -f nvml_vs_smi
+if [ ! -x "$root/bin/nvml.test" ]; then
+  note SKIP nvml-sample "no bin/nvml.test: run scripts/gpu-build.sh"
+else
+  rm -f "$out/nvml-sample.json"
+  step nvml-sample 60 "$root/gpu/nvml" "$root/bin/nvml.test" -test.v -test.count=1 -test.run '^TestSampleHere$' -sample-out "$out/nvml-sample.json"
+  # grep without -q reads all of nvidia-smi's output: -q would quit at the
+  # first GPU, and a SIGPIPE'd nvidia-smi fail the pipeline (pipefail).
+  if ! nvidia-smi -L 2>/dev/null | grep UUID >/dev/null; then
+    note SKIP nvml-sample-vs-nvidia-smi "nvidia-smi lists no GPU here"
+  else
+    step nvml-sample-vs-nvidia-smi 60 "$root" bash -c 'nvml_vs_smi "$@"' _ "$out/nvml-sample.json"
+  fi
 fi
 
 # torch CUDA jobs through the daemon: 2 and 4 local ranks on the one GPU.

@@ -106,7 +106,8 @@
 //
 // FailNext makes the next calls of a named driver or NCCL function fail
 // with a *gpu.Error; LoseDevice makes every later call fail, as a GPU that
-// fell off the bus does. A process started by a test is told with the
+// fell off the bus does; BreakComm gives one communicator an asynchronous
+// error (ncclCommGetAsyncError), as a broken link does. A process started by a test is told with the
 // environment (read once, at the first New or NewNCCL):
 //
 //	HVDD_FAKE_GPUS=N                   number of devices (default 1)

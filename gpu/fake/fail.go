@@ -1,6 +1,7 @@
 package fake
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -196,4 +197,29 @@ func LoseAt(call string, n int) {
 		inject.loseAt = map[string]int{}
 	}
 	inject.loseAt[call] = n
+}
+
+// BreakComm makes c, a communicator of this fake, fail in the background as
+// one whose network link broke does: its AsyncError reports code
+// (ncclSystemError when 0) with why, and its work waiting for peers ends
+// without writing results, while its peers are told nothing until c is
+// aborted (then they see ncclRemoteError). It is an asynchronous error for
+// an engine's watch to find. It returns an error if c is not the fake's or
+// was aborted or destroyed.
+func BreakComm(c gpu.Comm, code int, why string) error {
+	fc, ok := c.(*comm)
+	if !ok || fc == nil {
+		return fmt.Errorf("gpu/fake: BreakComm of a %T, not a fake communicator", c)
+	}
+	if code == 0 {
+		code = ncclSystemError
+	}
+	fc.mu.Lock()
+	closed := fc.closed
+	fc.mu.Unlock()
+	if closed {
+		return errors.New("gpu/fake: BreakComm of an aborted or destroyed communicator")
+	}
+	fc.fail(code, fmt.Sprintf("rank %d: %s", fc.rank, why))
+	return nil
 }

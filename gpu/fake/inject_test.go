@@ -288,6 +288,54 @@ func TestAbortReachesPeer(t *testing.T) {
 	comms[0].Abort()
 }
 
+// TestBreakComm: a broken communicator reports the asynchronous error
+// given, its blocked work ends, its peer learns only once it is aborted,
+// and a communicator already aborted cannot be broken.
+func TestBreakComm(t *testing.T) {
+	d := fake.New(fake.Options{Devices: 2})
+	dev0, s0 := openDev(t, d, 0)
+	dev1, _ := openDev(t, d, 1)
+	comms, err := fake.NewNCCL().CommInitAll([]gpu.Device{dev0, dev1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := dev0.Alloc(64)
+	defer dev0.Free(p)
+	if err := comms[0].Allreduce(s0, p, p, 16, tensor.Float32, tensor.Sum); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.BreakComm(comms[0], 0, "link down"); err != nil {
+		t.Fatal(err)
+	}
+	ge := gpuErr(t, comms[0].AsyncError())
+	if ge.Call != "ncclCommGetAsyncError" || ge.Name != "ncclSystemError" || !strings.Contains(ge.Desc, "link down") {
+		t.Errorf("rank 0's AsyncError: %v", ge)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s0.Synchronize(ctx); err != nil {
+		t.Fatalf("rank 0's stream after BreakComm: %v", err)
+	}
+	if err := comms[1].AsyncError(); err != nil {
+		t.Errorf("rank 1 told of rank 0's broken link before any abort: %v", err)
+	}
+	if err := comms[0].Abort(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); comms[1].AsyncError() == nil; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("rank 1 not told of rank 0's abort")
+		}
+	}
+	if err := fake.BreakComm(comms[0], 6, "again"); err == nil {
+		t.Error("BreakComm of an aborted communicator succeeded")
+	}
+	if err := fake.BreakComm(nil, 0, ""); err == nil {
+		t.Error("BreakComm(nil) succeeded")
+	}
+	comms[1].Abort()
+}
+
 // TestCommInitRankCtx: a rank whose peers never come gives up at its ctx's
 // end, and the id's other ranks then fail rather than wait.
 func TestCommInitRankCtx(t *testing.T) {
