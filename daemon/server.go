@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hvdd/hvdd/daemon/internal/exec"
+	"github.com/hvdd/hvdd/daemon/internal/exec/device"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/internal/loop"
 	"github.com/hvdd/hvdd/daemon/internal/nodes"
@@ -35,7 +36,7 @@ type Server struct {
 	done    chan struct{} // closed when the loop has exited
 
 	closeOnce sync.Once
-	gpu       *exec.GPUs // the GPUs opened; nil when CPU-only
+	gpu       *device.GPUs // the GPUs opened; nil when CPU-only
 
 	// mu guards the fields that follow.
 	mu       sync.Mutex
@@ -62,7 +63,7 @@ func New(cfg Config) (*Server, error) {
 		quit:    make(chan struct{}),
 		started: make(chan struct{}),
 		done:    make(chan struct{}),
-		gpu:     exec.OpenGPUs(c.GPU, c.NCCL, c.Logger, c.GPUAllreduce == GPUAllreduceHost),
+		gpu:     device.OpenGPUs(c.GPU, c.NCCL, c.Logger, c.GPUAllreduce == GPUAllreduceHost),
 	}, nil
 }
 

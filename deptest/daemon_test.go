@@ -8,7 +8,8 @@ import (
 // daemonLayers are the rules of the daemon's internal packages
 // (daemon/doc.go): the Server (package daemon) wires them; loop and nodes
 // are siblings that meet only at package job's seams; the executor serves
-// both and imports neither; job is the vocabulary and imports no sibling;
+// both and imports neither, and its host path does not know the device
+// path (which stages onto it); job is the vocabulary and imports no sibling;
 // poll is a leaf.
 var daemonLayers = []struct {
 	pkg    string
@@ -17,6 +18,8 @@ var daemonLayers = []struct {
 	{"daemon/internal/poll", []string{"daemon", "backends", "cluster", "gpu"}},
 	{"daemon/internal/job", []string{"daemon/internal/loop", "daemon/internal/nodes", "daemon/internal/exec", "daemon/internal/poll"}},
 	{"daemon/internal/exec", []string{"daemon/internal/loop", "daemon/internal/nodes"}},
+	{"daemon/internal/exec/host", []string{"daemon/internal/exec/device", "daemon/internal/loop", "daemon/internal/nodes"}},
+	{"daemon/internal/exec/device", []string{"daemon/internal/loop", "daemon/internal/nodes"}},
 	{"daemon/internal/nodes", []string{"daemon/internal/loop", "daemon/internal/exec"}},
 	{"daemon/internal/loop", []string{"daemon/internal/nodes"}},
 }

@@ -3,12 +3,12 @@
 // for the loop (Executor.Execute), so the loop keeps negotiating while data
 // moves. Each response takes one of three paths:
 //
-//   - host (exec.go, across.go): tensors in the clients' shared memory,
-//     reduced, copied or scattered directly between them on one node;
+//   - host (package host): tensors in the clients' shared memory, reduced,
+//     copied or scattered directly between them on one node;
 //     across nodes each node's share goes through the job's engine
 //     (backends.Backend) in the calls across.go makes, pipelined in chunks.
-//   - device (device.go, gpu.go, kernels.go): tensors in the clients' GPU
-//     memory, opened by CUDA IPC handle once per connection (ConnGPU) and
+//   - device (package device): tensors in the clients' GPU memory, opened
+//     by CUDA IPC handle once per connection (ConnGPU) and
 //     kept until released. Native paths work in device memory: allreduce
 //     and broadcast on one node (each GPU's local ranks reduced into its
 //     fusion buffer by the daemon's kernels, GPUs joined by NCCL), and the
@@ -31,8 +31,10 @@
 // streams; an NCCL error aborts the communicator, and the next use makes a
 // new one.
 //
-// The executor imports package job (the work rows, the ops and their
-// connections) and none of the loop's or the nodes' packages; it tells the
-// loop it is idle, or that a collective across nodes failed, through the
-// poller's mailbox.
+// Package exec itself is the Executor, which picks the path of each
+// response. The device path imports the host path (it stages onto it and
+// moves across nodes through it), never the reverse. The executor imports
+// package job (the work rows, the ops and their connections) and none of
+// the loop's or the nodes' packages; it tells the loop it is idle, or that
+// a collective across nodes failed, through the poller's mailbox.
 package exec

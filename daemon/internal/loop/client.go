@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/hvdd/hvdd/daemon/internal/exec"
+	"github.com/hvdd/hvdd/daemon/internal/exec/device"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/ipc"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -64,7 +64,7 @@ type client struct {
 	hasOut atomic.Bool  // outq is not empty: the loop must flush it
 
 	out outputs
-	gpu exec.ConnGPU // its GPU mappings and device outputs (gpu.go)
+	gpu device.ConnGPU // its GPU mappings and device outputs (gpu.go)
 }
 
 // region is a mapped client or daemon region with a reference count: the
@@ -94,7 +94,7 @@ func newClient(l *Loop, uc *net.UnixConn) (*client, error) {
 	}
 	// A client that stops reading must not stall the daemon for long.
 	ic.WriteTimeout = 5 * time.Second
-	return &client{l: l, ic: ic, regions: make(map[uint32]*region), localRank: -1, rank: -1, gpu: exec.ConnGPU{Log: l.cfg.Log}}, nil
+	return &client{l: l, ic: ic, regions: make(map[uint32]*region), localRank: -1, rank: -1, gpu: device.ConnGPU{Log: l.cfg.Log}}, nil
 }
 
 // shmClose closes a received descriptor that will not be mapped.
@@ -226,7 +226,7 @@ func (l *Loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		if err != nil {
 			l.refusedOp(c, m.Enqueue) // metrics.go
 			code := ipcpb.Code_CODE_INVALID_ARGUMENT
-			if errors.Is(err, exec.ErrGPUOpen) { // gpu.go: the GPU failed, not the request
+			if errors.Is(err, device.ErrGPUOpen) { // gpu.go: the GPU failed, not the request
 				code = ipcpb.Code_CODE_INTERNAL
 			}
 			c.Reply(id, &ipcpb.Done{Code: code, Error: err.Error()})

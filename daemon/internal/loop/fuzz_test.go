@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hvdd/hvdd/daemon/internal/exec"
+	"github.com/hvdd/hvdd/daemon/internal/exec/device"
 	"github.com/hvdd/hvdd/gpu/fake"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/shm"
@@ -60,9 +60,9 @@ func FuzzResolve(f *testing.F) {
 // device buffer is refused before either is resolved.
 func TestResolveBothBuffers(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	g := exec.OpenGPUs(fake.New(fake.Options{Devices: 1}), nil, log, false)
+	g := device.OpenGPUs(fake.New(fake.Options{Devices: 1}), nil, log, false)
 	defer g.Close()
-	c := &client{l: &Loop{cfg: Config{GPUs: g, Log: log}}, gpu: exec.ConnGPU{Log: log}}
+	c := &client{l: &Loop{cfg: Config{GPUs: g, Log: log}}, gpu: device.ConnGPU{Log: log}}
 	e := &ipcpb.Enqueue{Name: "t", Op: ipcpb.OpType_OP_ALLREDUCE, Dtype: ipcpb.DType_DTYPE_FLOAT32, Shape: []int64{4},
 		Buffer:       &ipcpb.Buffer{Length: 16},
 		DeviceBuffer: &ipcpb.DeviceBuffer{DeviceUuid: g.UUIDs()[0], Length: 16}}

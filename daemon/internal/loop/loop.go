@@ -14,6 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hvdd/hvdd/daemon/internal/exec"
+	"github.com/hvdd/hvdd/daemon/internal/exec/device"
+	"github.com/hvdd/hvdd/daemon/internal/exec/host"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/internal/poll"
 	"github.com/hvdd/hvdd/daemon/metrics"
@@ -102,8 +104,8 @@ type Config struct {
 	AllowGIDs      []uint32
 
 	Log  *slog.Logger
-	UID  uint32     // the daemon's uid: its own processes and root may connect
-	GPUs *exec.GPUs // the node's GPUs; nil when CPU-only
+	UID  uint32       // the daemon's uid: its own processes and root may connect
+	GPUs *device.GPUs // the node's GPUs; nil when CPU-only
 }
 
 // Server is what the loop asks of the Server that runs it.
@@ -873,7 +875,7 @@ func (l *Loop) runResponses(j *job.Job, resps []plan.Response) {
 				if tl != nil {
 					tl.responded(&r)
 					if r.Err == nil {
-						exec.TraceAll(tl.w, &r, timeline.End, "")
+						host.TraceAll(tl.w, &r, timeline.End, "")
 					}
 				}
 				continue
@@ -888,7 +890,7 @@ func (l *Loop) runResponses(j *job.Job, resps []plan.Response) {
 		} else if sink := j.Coord.TraceSink(); sink != nil && r.Err == nil {
 			// The coordinator's timeline: this node's phases of the
 			// response, on its own track there.
-			exec.TraceAll(sink, &r, timeline.Begin, exec.TopName(&r))
+			host.TraceAll(sink, &r, timeline.Begin, host.TopName(&r))
 			w.Trace = sink
 		}
 		w.Resp.Root = root

@@ -1,9 +1,10 @@
-package exec
+package device
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sort"
 	"strings"
@@ -12,12 +13,23 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/internal/exec/host"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/gpu"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/tensor"
 )
+
+// Path runs responses with GPU tensors: natively in device memory,
+// or staged through host memory onto the host path.
+type Path struct {
+	log  *slog.Logger
+	gpu  *GPUs // nil on a CPU-only node
+	host *host.Path
+	// gpuPaths are the GPU paths used so far (gpuPath).
+	gpuPaths map[string]bool
+}
 
 // nativeOK reports whether w can run on a native path: every op of this
 // node is a non-empty device tensor, and every row has ops at the same
@@ -54,8 +66,14 @@ func ncclDType(dt tensor.DType) bool {
 	return true
 }
 
-// executeDevice runs a response with GPU tensors in it.
-func (x *Executor) executeDevice(w job.Work) {
+// New returns the device path over gpus (nil on a CPU-only
+// node), staging onto host.
+func New(log *slog.Logger, gpus *GPUs, host *host.Path) *Path {
+	return &Path{log: log, gpu: gpus, host: host}
+}
+
+// Execute runs a response with GPU tensors in it.
+func (x *Path) Execute(w job.Work) {
 	g := x.gpu
 	r := &w.Resp
 	if g != nil && !g.hostOnly && nativeOK(&w) {
@@ -116,12 +134,12 @@ func (x *Executor) executeDevice(w job.Work) {
 		x.deviceFailed(w, err)
 		return
 	}
-	x.executeHost(w)
+	x.host.Execute(w)
 }
 
 // gpuPath logs the first use of each way of running GPU tensors (tests
 // check that the path they mean to exercise ran).
-func (x *Executor) gpuPath(p string) {
+func (x *Path) gpuPath(p string) {
 	if x.gpuPaths[p] {
 		return
 	}
@@ -159,25 +177,25 @@ func usedDevs(w *job.Work) []*gpuDev {
 }
 
 // runNative runs a native path and answers the ops.
-func (x *Executor) runNative(w job.Work, devs []*gpuDev, f func(ctx context.Context, w job.Work, devs []*gpuDev) error) {
+func (x *Path) runNative(w job.Work, devs []*gpuDev, f func(ctx context.Context, w job.Work, devs []*gpuDev) error) {
 	if w.Trace != nil {
 		// The response's top-level phase ends once every rank is answered
 		// (on one node, its Begin came from tracer.responded too).
-		defer TraceAll(w.Trace, &w.Resp, timeline.End, "")
-		TraceAll(w.Trace, &w.Resp, timeline.Begin, "GPU_"+activity(&w.Resp))
-		defer TraceAll(w.Trace, &w.Resp, timeline.End, "")
+		defer host.TraceAll(w.Trace, &w.Resp, timeline.End, "")
+		host.TraceAll(w.Trace, &w.Resp, timeline.Begin, "GPU_"+host.Activity(&w.Resp))
+		defer host.TraceAll(w.Trace, &w.Resp, timeline.End, "")
 	}
 	if err := f(context.Background(), w, devs); err != nil {
 		x.deviceFailed(w, err)
 		return
 	}
-	x.finishBatched(w.Ops)
+	x.host.FinishBatched(w.Ops)
 }
 
 // deviceFailed answers w's ops after a failure: on one node with
 // CODE_INTERNAL; across nodes through the loop, which fails the job (the
 // other nodes wait in the engine for this one).
-func (x *Executor) deviceFailed(w job.Work, err error) {
+func (x *Path) deviceFailed(w job.Work, err error) {
 	r := &w.Resp
 	var ge *gpu.Error
 	if errors.As(err, &ge) {
@@ -196,7 +214,7 @@ func (x *Executor) deviceFailed(w job.Work, err error) {
 	}
 	x.log.Error("GPU collective failed", "op", r.Op, "tensors", len(r.Tensors), "err", err)
 	if w.Engine != nil && len(w.View.Nodes) > 1 {
-		x.p.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops, Closed: errors.Is(err, backends.ErrClosed)})
+		x.host.P.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops, Closed: errors.Is(err, backends.ErrClosed)})
 		return
 	}
 	for _, row := range w.Ops {
@@ -241,7 +259,7 @@ func syncAll(ctx context.Context, devs []*gpuDev) error {
 
 // stageIn copies every device tensor of w to host memory (after its event)
 // and points the op's buf at the copy, for the CPU path.
-func (x *Executor) stageIn(w *job.Work) error {
+func (x *Path) stageIn(w *job.Work) error {
 	devs := usedDevs(w)
 	if err := waitEvents(w); err != nil {
 		return err
@@ -421,11 +439,11 @@ func (g *GPUs) group(cs []gpu.Comm, f func(i int, c gpu.Comm) error) error {
 
 // allreduceDevice is the native allreduce (see the top of this file), on
 // one node (w.b nil) or hierarchically across nodes.
-func (x *Executor) allreduceDevice(ctx context.Context, w job.Work, devs []*gpuDev) (err error) {
+func (x *Path) allreduceDevice(ctx context.Context, w job.Work, devs []*gpuDev) (err error) {
 	r := &w.Resp
 	g := x.gpu
 	es := r.DType.Size()
-	op, pre, post := scales(r, w.Size)
+	op, pre, post := host.Scales(r, w.Size)
 	offs := make([]int, len(r.Tensors)+1)
 	for i, t := range r.Tensors {
 		offs[i+1] = offs[i] + int(t.Shape.NumElements())*es
@@ -458,11 +476,11 @@ func (x *Executor) allreduceDevice(ctx context.Context, w job.Work, devs []*gpuD
 			return err
 		}
 	} else if w.Engine != nil && len(w.View.Nodes) > 1 {
-		b, err := x.engineFor(w)
+		b, err := x.host.EngineFor(w)
 		if err != nil {
 			return err
 		}
-		f := x.fusion(total)
+		f := x.host.Fusion(total)
 		d0 := devs[0]
 		if err := d0.dev.CopyDtoH(d0.stream, f, d0.fuse); err != nil {
 			return fmt.Errorf("GPU %s: %w", d0.info.UUID, err)
@@ -510,7 +528,7 @@ func (x *Executor) allreduceDevice(ctx context.Context, w job.Work, devs []*gpuD
 // scratch buffer, as the CPU path scales each input); then, over several
 // GPUs, one NCCL allreduce of the fusion buffers in a group call. It
 // returns the communicators it used.
-func (x *Executor) reduceLocal(w *job.Work, devs []*gpuDev, offs []int, op tensor.ReduceOp, pre float64) ([]gpu.Comm, error) {
+func (x *Path) reduceLocal(w *job.Work, devs []*gpuDev, offs []int, op tensor.ReduceOp, pre float64) ([]gpu.Comm, error) {
 	r := &w.Resp
 	es := r.DType.Size()
 	for _, d := range devs {
@@ -567,9 +585,9 @@ func (x *Executor) reduceLocal(w *job.Work, devs []*gpuDev, offs []int, op tenso
 // node's GPUs' fusion buffers (reduceLocal, with the prescale), and returns
 // where each tensor lies there, the op, the postscale still to apply and
 // the communicators used.
-func (x *Executor) reduceWhole(w *job.Work, devs []*gpuDev) (offs []int, op tensor.ReduceOp, post float64, cs []gpu.Comm, err error) {
+func (x *Path) reduceWhole(w *job.Work, devs []*gpuDev) (offs []int, op tensor.ReduceOp, post float64, cs []gpu.Comm, err error) {
 	r := &w.Resp
-	op, pre, post := scales(r, w.Size)
+	op, pre, post := host.Scales(r, w.Size)
 	offs = make([]int, len(r.Tensors)+1)
 	for i, t := range r.Tensors {
 		offs[i+1] = offs[i] + int(t.Shape.NumElements())*r.DType.Size()
@@ -615,7 +633,7 @@ func localBufsN(row []*job.Op) []*job.Op {
 // pipeChunk chunk. Every node makes the same calls whichever path its own
 // tensors took.
 func engineAllreduce(ctx context.Context, b backends.Backend, f []byte, dt tensor.DType, op tensor.ReduceOp, oneCall bool) error {
-	chunk := pipeChunk(len(f))
+	chunk := host.PipeChunk(len(f))
 	if oneCall || chunk >= len(f) {
 		return b.Allreduce(ctx, f, dt, op)
 	}
@@ -638,7 +656,7 @@ func crossNodes(w *job.Work) bool { return w.Engine != nil && len(w.View.Nodes) 
 // nodes on either path agree), and every GPU of every node without the
 // root's tensor copies it from there. Then each GPU's copy fans out to its
 // other local ranks' tensors.
-func (x *Executor) broadcastDevice(ctx context.Context, w job.Work, devs []*gpuDev) (err error) {
+func (x *Path) broadcastDevice(ctx context.Context, w job.Work, devs []*gpuDev) (err error) {
 	r := &w.Resp
 	var used []gpu.Comm
 	defer func() {
@@ -652,7 +670,7 @@ func (x *Executor) broadcastDevice(ctx context.Context, w job.Work, devs []*gpuD
 	var b backends.Backend
 	rootNode := -1
 	if crossNodes(&w) {
-		if b, err = x.engineFor(w); err != nil {
+		if b, err = x.host.EngineFor(w); err != nil {
 			return err
 		}
 		rootNode = w.View.Rows.NodeOf(r.Root)
@@ -722,7 +740,7 @@ func (x *Executor) broadcastDevice(ctx context.Context, w job.Work, devs []*gpuD
 // localBroadcast copies n bytes from first's tensor on devs[from] into
 // first's tensor on each other GPU of devs, with one NCCL broadcast in a
 // group call. It returns the communicators it used.
-func (x *Executor) localBroadcast(devs []*gpuDev, first map[*gpuDev]*devOp, n, from int) ([]gpu.Comm, error) {
+func (x *Path) localBroadcast(devs []*gpuDev, first map[*gpuDev]*devOp, n, from int) ([]gpu.Comm, error) {
 	g := x.gpu
 	cs, err := g.commsFor(devs)
 	if err != nil {
@@ -742,7 +760,7 @@ func (x *Executor) localBroadcast(devs []*gpuDev, first map[*gpuDev]*devOp, n, f
 // GPUs, then devs[0] of every node (the GPU of the communicator across
 // nodes) joins one NCCL broadcast from the root's node, and the other nodes
 // spread it from devs[0] to their other GPUs.
-func (x *Executor) broadcastNCCL(ctx context.Context, w job.Work, devs []*gpuDev, rootNode int, root *devOp, first map[*gpuDev]*devOp, n int) ([]gpu.Comm, error) {
+func (x *Path) broadcastNCCL(ctx context.Context, w job.Work, devs []*gpuDev, rootNode int, root *devOp, first map[*gpuDev]*devOp, n int) ([]gpu.Comm, error) {
 	g := x.gpu
 	var used []gpu.Comm
 	if root != nil && len(devs) > 1 {
@@ -776,8 +794,8 @@ func (x *Executor) broadcastNCCL(ctx context.Context, w job.Work, devs []*gpuDev
 // broadcastAcross moves n bytes from root (this node's root tensor, nil on
 // the other nodes) through host memory and the engine into first's tensor
 // on every GPU but root's.
-func (x *Executor) broadcastAcross(ctx context.Context, b backends.Backend, rootNode int, root *devOp, first map[*gpuDev]*devOp, n int) error {
-	buf := x.fusion(n)
+func (x *Path) broadcastAcross(ctx context.Context, b backends.Backend, rootNode int, root *devOp, first map[*gpuDev]*devOp, n int) error {
+	buf := x.host.Fusion(n)
 	if root != nil {
 		d := root.d
 		if err := d.dev.CopyDtoH(d.stream, buf, root.ptr); err != nil {
@@ -840,8 +858,8 @@ func (g *GPUs) NCCLUniqueID() ([]byte, error) {
 	return id[:], nil
 }
 
-// executeNCCL runs w on NCCL across nodes, as the plan says.
-func (x *Executor) executeNCCL(w job.Work) {
+// ExecuteNCCL runs w on NCCL across nodes, as the plan says.
+func (x *Path) ExecuteNCCL(w job.Work) {
 	if err := x.ncclAcrossOK(&w); err != nil {
 		x.deviceFailed(w, fmt.Errorf("the plan runs %v on NCCL across nodes, but %w", w.Resp.Op, err))
 		return
@@ -860,7 +878,7 @@ func (x *Executor) executeNCCL(w job.Work) {
 // ncclAcrossOK reports whether this node can run w as the plan says, on
 // NCCL across nodes: what it told the coordinator when it forwarded the
 // requests.
-func (x *Executor) ncclAcrossOK(w *job.Work) error {
+func (x *Path) ncclAcrossOK(w *job.Work) error {
 	g := x.gpu
 	switch {
 	case w.Engine == nil:
@@ -911,7 +929,7 @@ const ncclInitTimeout = 60 * time.Second
 
 // ncclCross joins the nodes' fusion buffers (devs[0]'s holds the node's
 // result) on NCCL and hands the total to the node's other GPUs.
-func (x *Executor) ncclCross(ctx context.Context, w job.Work, devs []*gpuDev, count int, dt tensor.DType, op tensor.ReduceOp) ([]gpu.Comm, error) {
+func (x *Path) ncclCross(ctx context.Context, w job.Work, devs []*gpuDev, count int, dt tensor.DType, op tensor.ReduceOp) ([]gpu.Comm, error) {
 	g := x.gpu
 	c, err := g.crossComm(ctx, w.Engine, w.NCCLID)
 	if err != nil {
@@ -973,12 +991,12 @@ const ncclWatch = 20 * time.Millisecond
 // runOutputs runs an allgather, alltoall or reducescatter of one node whose
 // ops are all on devs (one GPU; several for an allgather, over NCCL) and
 // answers each op with its device output.
-func (x *Executor) runOutputs(w job.Work, devs []*gpuDev) {
+func (x *Path) runOutputs(w job.Work, devs []*gpuDev) {
 	r := &w.Resp
 	if w.Trace != nil {
-		defer TraceAll(w.Trace, r, timeline.End, "")
-		TraceAll(w.Trace, r, timeline.Begin, "GPU_"+activity(r))
-		defer TraceAll(w.Trace, r, timeline.End, "")
+		defer host.TraceAll(w.Trace, r, timeline.End, "")
+		host.TraceAll(w.Trace, r, timeline.Begin, "GPU_"+host.Activity(r))
+		defer host.TraceAll(w.Trace, r, timeline.End, "")
 	}
 	ctx := context.Background()
 	dones, used, err := x.buildOutputs(&w, devs)
@@ -1020,7 +1038,7 @@ type devResult struct {
 // buildOutputs enqueues every op's result on its GPU's stream, and returns
 // the NCCL communicators it used. On an error the results allocated so far
 // are in what it returns.
-func (x *Executor) buildOutputs(w *job.Work, devs []*gpuDev) ([][]devResult, []gpu.Comm, error) {
+func (x *Path) buildOutputs(w *job.Work, devs []*gpuDev) ([][]devResult, []gpu.Comm, error) {
 	r := &w.Resp
 	es := r.DType.Size()
 	dones := make([][]devResult, len(w.Ops))
@@ -1073,7 +1091,7 @@ func (x *Executor) buildOutputs(w *job.Work, devs []*gpuDev) ([][]devResult, []g
 		}
 		switch r.Op {
 		case tensor.Allgather:
-			shape := allgatherShape(t)
+			shape := host.AllgatherShape(t)
 			for k := range ops {
 				if err := out(k, int(shape[0])*rowBytes, shape, func(p gpu.DevicePtr) error {
 					off := 0
@@ -1120,9 +1138,9 @@ func (x *Executor) buildOutputs(w *job.Work, devs []*gpuDev) ([][]devResult, []g
 				dones[i][k].done.ReceivedSplits = recv
 			}
 		case tensor.Reducescatter:
-			op, pre, post := scales(r, w.Size)
+			op, pre, post := host.Scales(r, w.Size)
 			for k := range ops {
-				start, rows := scatterBlock(t, len(ops), k)
+				start, rows := host.ScatterBlock(t, len(ops), k)
 				bytes := int(rows) * rowBytes
 				if err := out(k, bytes, append(tensor.Shape{rows}, t.Shape[1:]...), func(p gpu.DevicePtr) error {
 					if pre != 1 {
@@ -1175,7 +1193,7 @@ func (x *Executor) buildOutputs(w *job.Work, devs []*gpuDev) ([][]devResult, []g
 // pieces (contiguous: ranks are ordered by node) over the communicator
 // across nodes, and is spread to the node's other GPUs. The GPU's other
 // ranks copy its first output.
-func (x *Executor) allgatherGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+func (x *Path) allgatherGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	g := x.gpu
 	r := &w.Resp
 	idx := map[*gpuDev]int{devs[0]: 0}
@@ -1196,10 +1214,10 @@ func (x *Executor) allgatherGPUs(w *job.Work, devs []*gpuDev, dones [][]devResul
 	}
 	for i, ops := range w.Ops {
 		t := &r.Tensors[i]
-		shape := allgatherShape(t)
+		shape := host.AllgatherShape(t)
 		offs := make([]int, len(ops)+1)
 		for k := range ops {
-			offs[k+1] = offs[k] + allgatherRankBytes(t, r.DType, k)
+			offs[k+1] = offs[k] + host.AllgatherRankBytes(t, r.DType, k)
 		}
 		total := offs[len(ops)]
 		dones[i] = make([]devResult, len(ops))
@@ -1249,7 +1267,7 @@ func (x *Executor) allgatherGPUs(w *job.Work, devs []*gpuDev, dones [][]devResul
 			}
 		}
 		if cross != nil {
-			counts, _ := allgatherCounts(w.View.Rows, t, r.DType)
+			counts, _ := host.AllgatherCounts(w.View.Rows, t, r.DType)
 			if err := g.group([]gpu.Comm{cross}, func(_ int, c gpu.Comm) error {
 				off := 0
 				for m, n := range counts {
@@ -1291,8 +1309,8 @@ func (x *Executor) allgatherGPUs(w *job.Work, devs []*gpuDev, dones [][]devResul
 
 // outputsAcross builds an allgather's, alltoall's or reducescatter's
 // outputs across nodes through the job's engine (the hierarchical paths).
-func (x *Executor) outputsAcross(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
-	b, err := x.engineFor(*w)
+func (x *Path) outputsAcross(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+	b, err := x.host.EngineFor(*w)
 	if err != nil {
 		return nil, err
 	}
@@ -1311,12 +1329,12 @@ func (x *Executor) outputsAcross(w *job.Work, devs []*gpuDev, dones [][]devResul
 // rank order, the engine's Allgatherv of the nodes' pieces (the one call per
 // tensor allgatherMulti makes, so that nodes on either path agree), the
 // result copied to one output on each GPU, which the GPU's other ranks copy.
-func (x *Executor) allgatherAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
+func (x *Path) allgatherAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
 	r := &w.Resp
 	mb := w.View.Rows
 	for i, row := range w.Ops {
 		t := &r.Tensors[i]
-		counts, total := allgatherCounts(mb, t, r.DType)
+		counts, total := host.AllgatherCounts(mb, t, r.DType)
 		in := make([]byte, counts[mb.Node])
 		off := 0
 		for _, o := range row {
@@ -1335,11 +1353,11 @@ func (x *Executor) allgatherAcross(ctx context.Context, w *job.Work, devs []*gpu
 		if err := syncAll(ctx, devs); err != nil {
 			return err
 		}
-		out := x.fusion(total)
+		out := x.host.Fusion(total)
 		if err := b.Allgatherv(ctx, in, out, counts); err != nil {
 			return err
 		}
-		shape := allgatherShape(t)
+		shape := host.AllgatherShape(t)
 		dones[i] = make([]devResult, len(row))
 		lead := map[*gpuDev]gpu.DevicePtr{}
 		for k, o := range row {
@@ -1378,23 +1396,23 @@ func (x *Executor) allgatherAcross(ctx context.Context, w *job.Work, devs []*gpu
 // in a2aPlan's order, the engine's Alltoallv (alltoallMulti's one call per
 // tensor), each local rank's output copied to its GPU run by run from what
 // was received.
-func (x *Executor) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
+func (x *Path) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
 	for i, row := range w.Ops {
-		a := newA2APlan(w, i)
+		a := host.NewA2APlan(w, i)
 		sent := 0
-		for _, c := range a.sendCounts {
+		for _, c := range a.SendCounts {
 			sent += c
 		}
 		in := make([]byte, sent)
 		off := 0
 		var err error
-		a.sends(func(s, d int) {
-			o, n := row[s], a.piece(s, d)
+		a.Sends(func(s, d int) {
+			o, n := row[s], a.Piece(s, d)
 			if err != nil || o == nil || n == 0 {
 				return
 			}
 			g := devOf(o).d
-			if e := g.dev.CopyDtoH(g.stream, in[off:off+n], devOf(o).ptr.Add(a.start(s, d))); e != nil {
+			if e := g.dev.CopyDtoH(g.stream, in[off:off+n], devOf(o).ptr.Add(a.Start(s, d))); e != nil {
 				err = fmt.Errorf("GPU %s: %w", g.info.UUID, e)
 			}
 			off += n
@@ -1405,8 +1423,8 @@ func (x *Executor) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuD
 		if err != nil {
 			return err
 		}
-		out := x.fusion(a.total)
-		if err := b.Alltoallv(ctx, in, a.sendCounts, out, a.recvCounts); err != nil {
+		out := x.host.Fusion(a.Total)
+		if err := b.Alltoallv(ctx, in, a.SendCounts, out, a.RecvCounts); err != nil {
 			return err
 		}
 		t := &w.Resp.Tensors[i]
@@ -1415,8 +1433,8 @@ func (x *Executor) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuD
 			if o == nil {
 				continue
 			}
-			g, n := devOf(o).d, a.rows(d)*a.rowBytes
-			p, err := newResult(&dones[i][d], g, n, &ipcpb.Done{OutputShape: a.shape(d, t.Shape), ReceivedSplits: a.received(d)})
+			g, n := devOf(o).d, a.Rows(d)*a.RowBytes
+			p, err := newResult(&dones[i][d], g, n, &ipcpb.Done{OutputShape: a.Shape(d, t.Shape), ReceivedSplits: a.Received(d)})
 			if err != nil {
 				return err
 			}
@@ -1425,7 +1443,7 @@ func (x *Executor) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuD
 			}
 			// Straight from out, one copy per run: no assembly on the host.
 			at := 0
-			for _, sg := range a.segments(d) {
+			for _, sg := range a.Segments(d) {
 				if sg[1] == 0 {
 					continue
 				}
@@ -1452,7 +1470,7 @@ func (x *Executor) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuD
 // (D2D on GPU 0, NCCL from GPU 0 to the others). Both buffers are GPU 0's
 // fusion buffer. Between two GPUs, or two nodes, NCCL matches sends and
 // receives in issue order, which the same loops give on both sides.
-func (x *Executor) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+func (x *Path) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	g := x.gpu
 	cross, err := g.crossComm(context.Background(), w.Engine, w.NCCLID)
 	if err != nil {
@@ -1503,24 +1521,24 @@ func (x *Executor) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult
 		return nil
 	}
 	for i, row := range w.Ops {
-		a := newA2APlan(w, i)
-		nn := len(a.sendCounts)
+		a := host.NewA2APlan(w, i)
+		nn := len(a.SendCounts)
 		sendOff := make([]int, nn+1)
-		for m, c := range a.sendCounts {
+		for m, c := range a.SendCounts {
 			sendOff[m+1] = sendOff[m] + c
 		}
-		if err := d0.ensure(sendOff[nn]+a.total, false); err != nil {
+		if err := d0.ensure(sendOff[nn]+a.Total, false); err != nil {
 			return used, err
 		}
 		sendBuf, recvBuf := d0.fuse, d0.fuse.Add(sendOff[nn])
 		var in []move
 		pos := 0
-		a.sends(func(s, d int) {
-			o, n := row[s], a.piece(s, d)
+		a.Sends(func(s, d int) {
+			o, n := row[s], a.Piece(s, d)
 			if err != nil || o == nil || n == 0 {
 				return
 			}
-			src := devOf(o).ptr.Add(a.start(s, d))
+			src := devOf(o).ptr.Add(a.Start(s, d))
 			if devOf(o).d == d0 {
 				err = d2d(d0, sendBuf.Add(pos), src, n)
 			} else {
@@ -1534,8 +1552,8 @@ func (x *Executor) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult
 		if err := moves(in); err != nil {
 			return used, fmt.Errorf("NCCL sends to GPU 0: %w", err)
 		}
-		if n := a.sendCounts[me]; n > 0 {
-			if err := d2d(d0, recvBuf.Add(a.blockStart[me]), sendBuf.Add(sendOff[me]), n); err != nil {
+		if n := a.SendCounts[me]; n > 0 {
+			if err := d2d(d0, recvBuf.Add(a.BlockStart[me]), sendBuf.Add(sendOff[me]), n); err != nil {
 				return used, err
 			}
 		}
@@ -1544,13 +1562,13 @@ func (x *Executor) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult
 				if m == me {
 					continue
 				}
-				if n := a.sendCounts[m]; n > 0 {
+				if n := a.SendCounts[m]; n > 0 {
 					if err := c.Send(d0.stream, sendBuf.Add(sendOff[m]), n, tensor.Uint8, m); err != nil {
 						return err
 					}
 				}
-				if n := a.recvCounts[m]; n > 0 {
-					if err := c.Recv(d0.stream, recvBuf.Add(a.blockStart[m]), n, tensor.Uint8, m); err != nil {
+				if n := a.RecvCounts[m]; n > 0 {
+					if err := c.Recv(d0.stream, recvBuf.Add(a.BlockStart[m]), n, tensor.Uint8, m); err != nil {
 						return err
 					}
 				}
@@ -1566,8 +1584,8 @@ func (x *Executor) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult
 			if o == nil {
 				continue
 			}
-			gd, n := devOf(o).d, a.rows(d)*a.rowBytes
-			p, err := newResult(&dones[i][d], gd, n, &ipcpb.Done{OutputShape: a.shape(d, t.Shape), ReceivedSplits: a.received(d)})
+			gd, n := devOf(o).d, a.Rows(d)*a.RowBytes
+			p, err := newResult(&dones[i][d], gd, n, &ipcpb.Done{OutputShape: a.Shape(d, t.Shape), ReceivedSplits: a.Received(d)})
 			if err != nil {
 				return used, err
 			}
@@ -1575,7 +1593,7 @@ func (x *Executor) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult
 				continue
 			}
 			at := 0
-			for _, sg := range a.segments(d) {
+			for _, sg := range a.Segments(d) {
 				if sg[1] == 0 {
 					continue
 				}
@@ -1603,7 +1621,7 @@ func (x *Executor) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult
 // one call per tensor reducescatterMulti makes, with its counts), and each
 // local rank's rows of the block copied to its output on its GPU and
 // postscaled there. It returns the communicators it used.
-func (x *Executor) reducescatterAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) ([]gpu.Comm, error) {
+func (x *Path) reducescatterAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) ([]gpu.Comm, error) {
 	r := &w.Resp
 	mb := w.View.Rows
 	es := r.DType.Size()
@@ -1616,17 +1634,17 @@ func (x *Executor) reducescatterAcross(ctx context.Context, w *job.Work, devs []
 		t := &r.Tensors[i]
 		rowBytes := int(t.Shape.RowElements()) * es
 		rows := func(rank int) int {
-			_, k := scatterBlock(t, w.Size, rank)
+			_, k := host.ScatterBlock(t, w.Size, rank)
 			return int(k)
 		}
-		full := x.fusion(offs[i+1] - offs[i])
+		full := x.host.Fusion(offs[i+1] - offs[i])
 		if err := d0.dev.CopyDtoH(d0.stream, full, d0.fuse.Add(offs[i])); err != nil {
 			return cs, fmt.Errorf("GPU %s: %w", d0.info.UUID, err)
 		}
 		if err := d0.sync(ctx); err != nil {
 			return cs, err
 		}
-		counts := nodeCounts(mb, func(rank int) int { return rows(rank) * rowBytes })
+		counts := host.NodeCounts(mb, func(rank int) int { return rows(rank) * rowBytes })
 		block := make([]byte, counts[mb.Node])
 		if err := b.ReduceScatter(ctx, full, block, counts, r.DType, op); err != nil {
 			return cs, err
@@ -1675,7 +1693,7 @@ func (x *Executor) reducescatterAcross(ctx context.Context, w *job.Work, devs []
 // same GPU by D2D copies and the others' by NCCL sends and receives, one
 // group call for all of them (between two GPUs NCCL matches them in the
 // order issued, which the same loop gives on both sides).
-func (x *Executor) alltoallGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+func (x *Path) alltoallGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	r := &w.Resp
 	g := x.gpu
 	cs, idx, err := g.commsIndexed(devs)
@@ -1761,7 +1779,7 @@ func (x *Executor) alltoallGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult
 // local kernels, one NCCL allreduce; across nodes then ncclCross), then each
 // local rank's block copied out into its output on its GPU and postscaled
 // there.
-func (x *Executor) reducescatterGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+func (x *Path) reducescatterGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
 	r := &w.Resp
 	es := r.DType.Size()
 	offs, op, post, cs, err := x.reduceWhole(w, devs)
@@ -1785,7 +1803,7 @@ func (x *Executor) reducescatterGPUs(w *job.Work, devs []*gpuDev, dones [][]devR
 			if o == nil {
 				continue // another node's rank
 			}
-			start, rows := scatterBlock(t, w.Size, k)
+			start, rows := host.ScatterBlock(t, w.Size, k)
 			bytes := int(rows) * rowBytes
 			d := devOf(o).d
 			p, err := newResult(&dones[i][k], d, bytes, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...)})

@@ -1,4 +1,4 @@
-package exec
+package host
 
 import (
 	"fmt"
@@ -29,9 +29,9 @@ func TopName(r *plan.Response) string {
 	return r.Op.String()
 }
 
-// activity is the executor's phase name for r on one node, and for the
+// Activity is the executor's phase name for r on one node, and for the
 // local step (reduction or copy through shared memory) of r across nodes.
-func activity(r *plan.Response) string {
+func Activity(r *plan.Response) string {
 	return "SHM_" + r.Op.String()
 }
 

@@ -1,4 +1,4 @@
-package exec
+package host
 
 import (
 	"errors"
@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"runtime"
 	"sync"
-	"time"
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/internal/job"
@@ -18,19 +17,14 @@ import (
 	"github.com/hvdd/hvdd/tensor"
 )
 
-// Executor runs batches of work in order on its own goroutine, so the loop
-// keeps negotiating while data moves.
-type Executor struct {
+// Path runs responses on host memory: in the clients' shared memory on
+// one node, through the job's engine across nodes (across.go).
+type Path struct {
 	log   *slog.Logger
-	gpu   *GPUs // nil on a CPU-only node
-	p     *poll.Poller
+	P     *poll.Poller
 	ropts reduce.Options
 	fuse  []byte // fusion buffer of cross-node ops, reused
 	adaIn []byte // a node's block of a cross-node Adasum, reused
-	// Work takes the loop's batches; the loop closes it as it stops, and
-	// Stopped closes once the last batch ran.
-	Work    chan []job.Work
-	Stopped chan struct{}
 
 	// The timeline row of the tensor being run and how many phases to end
 	// there (endTrace); no writer when off. The loop runs small batches
@@ -46,65 +40,17 @@ type Executor struct {
 	// engine of the job that asked for them last.
 	groups   map[string]backends.Backend
 	groupsOf backends.Backend
-	// gpuPaths are the GPU paths used so far (gpuPath).
-	gpuPaths map[string]bool
-	// Dispatched is when the loop dispatched the batch running now, for
-	// the latency metrics (ObserveLatency); set only while it is idle.
-	Dispatched time.Time
 }
 
-// Config is what the executor takes of the daemon's configuration.
-type Config struct {
-	Log     *slog.Logger
-	GPU     *GPUs // nil on a CPU-only node
-	Workers int   // reduction workers (Config.Workers)
+// New returns the host path; it posts a failed collective across
+// nodes (job.MsgExecErr) to the loop through p, and reduces with workers
+// goroutines.
+func New(log *slog.Logger, p *poll.Poller, workers int) *Path {
+	return &Path{log: log, P: p, ropts: reduce.Options{Workers: workers}}
 }
 
-// New returns an executor that posts job.MsgExecIdle (and a failed
-// collective across nodes, job.MsgExecErr) to the loop through p.
-func New(cfg Config, p *poll.Poller) *Executor {
-	return &Executor{
-		log:     cfg.Log,
-		gpu:     cfg.GPU,
-		p:       p,
-		ropts:   reduce.Options{Workers: cfg.Workers},
-		Work:    make(chan []job.Work, 1),
-		Stopped: make(chan struct{}),
-	}
-}
-
-// Run runs the batches sent on Work in order until Work closes; the
-// executor's goroutine.
-func (x *Executor) Run() {
-	defer close(x.Stopped)
-	for batch := range x.Work {
-		for _, w := range batch {
-			x.Execute(w)
-		}
-		x.p.Post(job.MsgExecIdle{})
-	}
-}
-
-// Execute runs one response's work: on NCCL across nodes, on the device
-// path, or on host memory. The loop calls it itself for small work while
-// the executor's goroutine is idle.
-func (x *Executor) Execute(w job.Work) {
-	if Timed(&w) {
-		defer ObserveLatency(&w, x.Dispatched)
-	}
-	if w.Resp.NCCL {
-		x.executeNCCL(w) // device.go
-		return
-	}
-	if job.DeviceWork(&w) {
-		x.executeDevice(w) // device.go
-		return
-	}
-	x.executeHost(w)
-}
-
-// executeHost runs w on host memory (GPU tensors staged there already).
-func (x *Executor) executeHost(w job.Work) {
+// Execute runs w on host memory (GPU tensors staged there already).
+func (x *Path) Execute(w job.Work) {
 	if w.Engine != nil {
 		if w.Trace != nil {
 			// The response's top-level phase (tracer.responded) ends
@@ -117,7 +63,7 @@ func (x *Executor) executeHost(w job.Work) {
 	r := &w.Resp
 	if r.Op == tensor.Allreduce {
 		if w.Trace != nil {
-			TraceAll(w.Trace, r, timeline.Begin, activity(r))
+			TraceAll(w.Trace, r, timeline.Begin, Activity(r))
 		}
 		err := x.allreduceFused(r, w.Ops, w.Size)
 		if w.Trace != nil {
@@ -133,7 +79,7 @@ func (x *Executor) executeHost(w job.Work) {
 			job.FinishRows(w.Ops, d)
 			return
 		}
-		x.finishBatched(w.Ops)
+		x.FinishBatched(w.Ops)
 		return
 	}
 	for i, t := range r.Tensors {
@@ -141,7 +87,7 @@ func (x *Executor) executeHost(w job.Work) {
 		if w.Trace != nil {
 			x.traceW, x.traceRow, x.traceEnds = w.Trace, Row(r.ProcessSet, t.Name), 1
 			if r.Op != tensor.Barrier && r.Op != tensor.Join {
-				w.Trace.Event(x.traceRow, timeline.Begin, activity(r))
+				w.Trace.Event(x.traceRow, timeline.Begin, Activity(r))
 				x.traceEnds = 2
 			}
 		}
@@ -179,7 +125,7 @@ func (x *Executor) executeHost(w job.Work) {
 // endTrace ends the timeline phases of the tensor being run (its activity
 // and its top-level phase), just before its ranks are answered: a rank's next
 // request of the same name then opens a new negotiation after them.
-func (x *Executor) endTrace() {
+func (x *Path) endTrace() {
 	if x.traceW == nil {
 		return
 	}
@@ -189,8 +135,8 @@ func (x *Executor) endTrace() {
 	x.traceW = nil
 }
 
-// finishBatched answers every op OK, one write per client.
-func (x *Executor) finishBatched(ops [][]*job.Op) {
+// FinishBatched answers every op OK, one write per client.
+func (x *Path) FinishBatched(ops [][]*job.Op) {
 	type batch struct {
 		ids []uint32
 		ms  []*ipcpb.ServerMessage
@@ -231,7 +177,7 @@ func (x *Executor) finishBatched(ops [][]*job.Op) {
 }
 
 // finishAll answers every op with d (OK when nil).
-func (x *Executor) finishAll(ops []*job.Op, d *ipcpb.Done) error {
+func (x *Path) finishAll(ops []*job.Op, d *ipcpb.Done) error {
 	if d == nil {
 		d = &ipcpb.Done{}
 	}
@@ -244,9 +190,9 @@ func (x *Executor) finishAll(ops []*job.Op, d *ipcpb.Done) error {
 	return nil
 }
 
-// scales turns Average into Sum with the divisor folded into the postscale, as
+// Scales turns Average into Sum with the divisor folded into the postscale, as
 // Horovod does (so integer averages truncate).
-func scales(r *plan.Response, size int) (tensor.ReduceOp, float64, float64) {
+func Scales(r *plan.Response, size int) (tensor.ReduceOp, float64, float64) {
 	op, post := r.ReduceOp, r.Postscale
 	if op == tensor.Average {
 		op = tensor.Sum
@@ -265,7 +211,7 @@ func scales(r *plan.Response, size int) (tensor.ReduceOp, float64, float64) {
 // large fused buffer would. Split points are multiples of 4 KiB of the
 // concatenation; every tensor starts at a multiple of the element size there,
 // so every piece is whole elements.
-func (x *Executor) allreduceFused(r *plan.Response, ops [][]*job.Op, size int) error {
+func (x *Path) allreduceFused(r *plan.Response, ops [][]*job.Op, size int) error {
 	if r.ReduceOp == tensor.Adasum {
 		return x.adasum(r, ops)
 	}
@@ -283,7 +229,7 @@ func (x *Executor) allreduceFused(r *plan.Response, ops [][]*job.Op, size int) e
 		segs = append(segs, seg{bufs, total})
 		total += len(bufs[0])
 	}
-	rop, pre, post := scales(r, size)
+	rop, pre, post := Scales(r, size)
 	workers := x.ropts.Workers
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
@@ -335,7 +281,7 @@ func (x *Executor) allreduceFused(r *plan.Response, ops [][]*job.Op, size int) e
 // ranks' buffers, in set order, meet in reduce.Adasum, which leaves the
 // result in all of them. A joined rank has no buffer and counts as a zero
 // vector. A large tensor is spread over the workers inside reduce.Adasum.
-func (x *Executor) adasum(r *plan.Response, ops [][]*job.Op) error {
+func (x *Path) adasum(r *plan.Response, ops [][]*job.Op) error {
 	for i, row := range ops {
 		bufs := make([][]byte, len(row))
 		for k, o := range row {
@@ -351,7 +297,7 @@ func (x *Executor) adasum(r *plan.Response, ops [][]*job.Op) error {
 }
 
 // broadcast copies the root's buffer into every other rank's.
-func (x *Executor) broadcast(r *plan.Response, ops []*job.Op) error {
+func (x *Path) broadcast(r *plan.Response, ops []*job.Op) error {
 	if r.Root < 0 || r.Root >= len(ops) || ops[r.Root] == nil {
 		return fmt.Errorf("broadcast root %d has no buffer", r.Root)
 	}
@@ -368,9 +314,9 @@ func (x *Executor) broadcast(r *plan.Response, ops []*job.Op) error {
 
 // allgather concatenates every rank's rows, in rank order, into an output of
 // each rank's own.
-func (x *Executor) allgather(r *plan.Response, t *plan.Tensor, ops []*job.Op) error {
+func (x *Path) allgather(r *plan.Response, t *plan.Tensor, ops []*job.Op) error {
 	rowBytes := t.Shape.RowElements() * int64(r.DType.Size())
-	shape := allgatherShape(t)
+	shape := AllgatherShape(t)
 	total := shape[0]
 	srcs := make([][]byte, len(ops))
 	for i, o := range ops {
@@ -393,7 +339,7 @@ func (x *Executor) allgather(r *plan.Response, t *plan.Tensor, ops []*job.Op) er
 
 // alltoall sends rank s's rows [sum(splits[s][:d]), +splits[s][d]) to rank d;
 // each rank receives the pieces in source-rank order.
-func (x *Executor) alltoall(r *plan.Response, t *plan.Tensor, ops []*job.Op) error {
+func (x *Path) alltoall(r *plan.Response, t *plan.Tensor, ops []*job.Op) error {
 	rowBytes := t.Shape.RowElements() * int64(r.DType.Size())
 	n := len(ops)
 	// starts[s][d] is the row where rank s's piece for rank d begins.
@@ -428,10 +374,10 @@ func (x *Executor) alltoall(r *plan.Response, t *plan.Tensor, ops []*job.Op) err
 	})
 }
 
-// scatterBlock is rank's block of a reducescatter of t over size ranks: its
+// ScatterBlock is rank's block of a reducescatter of t over size ranks: its
 // first row and its number of rows. The first d0%size ranks get one row
 // more than the others, as in Horovod.
-func scatterBlock(t *plan.Tensor, size, rank int) (start, rows int64) {
+func ScatterBlock(t *plan.Tensor, size, rank int) (start, rows int64) {
 	var d0 int64
 	if len(t.Shape) > 0 {
 		d0 = t.Shape[0]
@@ -445,9 +391,9 @@ func scatterBlock(t *plan.Tensor, size, rank int) (start, rows int64) {
 	return start, rows
 }
 
-// allgatherShape is the output shape of allgather tensor t: the ranks' first
+// AllgatherShape is the output shape of allgather tensor t: the ranks' first
 // dimensions added up.
-func allgatherShape(t *plan.Tensor) tensor.Shape {
+func AllgatherShape(t *plan.Tensor) tensor.Shape {
 	var rows int64
 	for _, s := range t.RankShapes {
 		if len(s) > 0 {
@@ -457,26 +403,26 @@ func allgatherShape(t *plan.Tensor) tensor.Shape {
 	return append(tensor.Shape{rows}, t.Shape[1:]...)
 }
 
-// allgatherRankBytes is what rank contributes to an allgather of t.
-func allgatherRankBytes(t *plan.Tensor, dt tensor.DType, rank int) int {
+// AllgatherRankBytes is what rank contributes to an allgather of t.
+func AllgatherRankBytes(t *plan.Tensor, dt tensor.DType, rank int) int {
 	if rank >= len(t.RankShapes) || len(t.RankShapes[rank]) == 0 {
 		return 0
 	}
 	return int(t.RankShapes[rank][0]*t.Shape.RowElements()) * dt.Size()
 }
 
-// allgatherCounts is what each node of mb contributes to an allgather of t
+// AllgatherCounts is what each node of mb contributes to an allgather of t
 // (bytes), and the total.
-func allgatherCounts(mb job.Membership, t *plan.Tensor, dt tensor.DType) (counts []int, total int) {
-	counts = nodeCounts(mb, func(rank int) int { return allgatherRankBytes(t, dt, rank) })
+func AllgatherCounts(mb job.Membership, t *plan.Tensor, dt tensor.DType) (counts []int, total int) {
+	counts = NodeCounts(mb, func(rank int) int { return AllgatherRankBytes(t, dt, rank) })
 	for _, c := range counts {
 		total += c
 	}
 	return counts, total
 }
 
-// nodeCounts adds up bytes(rank) over each node's ranks of mb.
-func nodeCounts(mb job.Membership, bytes func(rank int) int) []int {
+// NodeCounts adds up bytes(rank) over each node's ranks of mb.
+func NodeCounts(mb job.Membership, bytes func(rank int) int) []int {
 	counts := make([]int, mb.Nodes())
 	for m := range counts {
 		lo, hi := mb.NodeRanks(m)
@@ -489,11 +435,11 @@ func nodeCounts(mb job.Membership, bytes func(rank int) int) []int {
 
 // reducescatter reduces the ranks' buffers and hands rank r its block of
 // rows (scatterBlock).
-func (x *Executor) reducescatter(r *plan.Response, t *plan.Tensor, ops []*job.Op, size int) error {
+func (x *Path) reducescatter(r *plan.Response, t *plan.Tensor, ops []*job.Op, size int) error {
 	rowBytes := t.Shape.RowElements() * int64(r.DType.Size())
-	rop, pre, post := scales(r, size)
+	rop, pre, post := Scales(r, size)
 	return x.eachRank(ops, func(rank int, o *job.Op) (*ipcpb.Done, error) {
-		start, rows := scatterBlock(t, len(ops), rank)
+		start, rows := ScatterBlock(t, len(ops), rank)
 		out, ref, err := o.Conn.AllocOutput(rows * rowBytes)
 		if err != nil {
 			return nil, err
@@ -517,11 +463,11 @@ func (x *Executor) reducescatter(r *plan.Response, t *plan.Tensor, ops []*job.Op
 
 // each runs f for every rank's op (in parallel when there are several) and
 // answers each op with f's Done, or with an error.
-func (x *Executor) each(ops []*job.Op, f func(o *job.Op) (*ipcpb.Done, error)) error {
+func (x *Path) each(ops []*job.Op, f func(o *job.Op) (*ipcpb.Done, error)) error {
 	return x.eachRank(ops, func(_ int, o *job.Op) (*ipcpb.Done, error) { return f(o) })
 }
 
-func (x *Executor) eachRank(ops []*job.Op, f func(rank int, o *job.Op) (*ipcpb.Done, error)) error {
+func (x *Path) eachRank(ops []*job.Op, f func(rank int, o *job.Op) (*ipcpb.Done, error)) error {
 	var wg sync.WaitGroup
 	dones := make([]*ipcpb.Done, len(ops))
 	for i, o := range ops {
@@ -572,42 +518,4 @@ func parallelCopy(dsts [][]byte, src []byte) {
 		}
 	}
 	wg.Wait()
-}
-
-// LoopRunnable reports whether a cross-node batch of this many bytes may run
-// in the loop itself: small, on an engine that waits in the kernel rather
-// than in Go's network poller (which would leave the loop's locked thread to
-// sysmon's 10 ms poll). It saves a hand-off to the executor and back.
-func LoopRunnable(b backends.Backend, bytes int64) bool {
-	lr, ok := b.(backends.LoopRunnable)
-	return ok && bytes <= job.InlineMultiBytes && bytes <= int64(lr.LoopRunnable())
-}
-
-// Timed reports whether w's ops are counted (their job has metrics).
-func Timed(w *job.Work) bool {
-	for _, row := range w.Ops {
-		for _, o := range row {
-			if o != nil {
-				return o.M != nil
-			}
-		}
-	}
-	return false
-}
-
-// ObserveLatency records, for each tensor of w, the time since its batch
-// was dispatched in its collective's latency histogram, in the size class
-// of its first local rank's op.
-func ObserveLatency(w *job.Work, dispatched time.Time) {
-	d := time.Since(dispatched).Seconds()
-	for _, row := range w.Ops {
-		for _, o := range row {
-			if o != nil {
-				if o.M != nil {
-					o.M.Latency(int(o.Class)).Observe(d)
-				}
-				break
-			}
-		}
-	}
 }

@@ -1,4 +1,4 @@
-package exec
+package host
 
 import (
 	"context"
@@ -18,8 +18,8 @@ import (
 // and the result is written back locally. Global ranks are node-major, so a
 // node's ranks are contiguous and node order is rank order.
 
-// fusion returns a scratch buffer of n bytes, reused across ops.
-func (x *Executor) fusion(n int) []byte {
+// Fusion returns a scratch buffer of n bytes, reused across ops.
+func (x *Path) Fusion(n int) []byte {
 	if cap(x.fuse) < n {
 		x.fuse = make([]byte, n)
 	}
@@ -29,14 +29,14 @@ func (x *Executor) fusion(n int) []byte {
 // executeMulti runs one response across nodes and answers the local ops. A
 // backend failure fails the whole job and the ops with ABORTED, both
 // through the loop.
-func (x *Executor) executeMulti(w job.Work) {
+func (x *Path) executeMulti(w job.Work) {
 	r := &w.Resp
 	ctx := context.Background()
-	b, err := x.engineFor(w)
+	b, err := x.EngineFor(w)
 	if err != nil {
 		d := &ipcpb.Done{Code: ipcpb.Code_CODE_UNIMPLEMENTED, Error: err.Error()}
 		job.FinishRows(w.Ops, d)
-		x.p.Post(job.MsgExecErr{Job: w.Job, Err: err})
+		x.P.Post(job.MsgExecErr{Job: w.Job, Err: err})
 		return
 	}
 	var dones [][]*ipcpb.Done // per tensor, per row (nil = plain OK)
@@ -70,7 +70,7 @@ func (x *Executor) executeMulti(w job.Work) {
 		}
 		// The loop answers the ops: it knows whether the job had already
 		// failed, and the engine was closed for that.
-		x.p.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops, Closed: errors.Is(err, backends.ErrClosed)})
+		x.P.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops, Closed: errors.Is(err, backends.ErrClosed)})
 		return
 	}
 	for i, row := range w.Ops {
@@ -90,11 +90,11 @@ func (x *Executor) executeMulti(w job.Work) {
 	}
 }
 
-// engineFor returns the engine that runs w: the job's, or for a process
+// EngineFor returns the engine that runs w: the job's, or for a process
 // set whose members live on some of the nodes only, the engine's group of
 // those nodes, made on its first use (in plan order on every member node,
 // as backends.Grouper asks) and kept while the job's engine is the same.
-func (x *Executor) engineFor(w job.Work) (backends.Backend, error) {
+func (x *Path) EngineFor(w job.Work) (backends.Backend, error) {
 	nodes := w.View.Nodes
 	if len(nodes) == w.Engine.Size() {
 		return w.Engine, nil
@@ -131,12 +131,12 @@ func localBufs(row []*job.Op) [][]byte {
 	return bufs
 }
 
-func (x *Executor) allreduceMulti(ctx context.Context, b backends.Backend, w job.Work) error {
+func (x *Path) allreduceMulti(ctx context.Context, b backends.Backend, w job.Work) error {
 	r := &w.Resp
 	if r.ReduceOp == tensor.Adasum {
 		return x.adasumMulti(ctx, b, w)
 	}
-	op, pre, post := scales(r, w.Size)
+	op, pre, post := Scales(r, w.Size)
 	es := r.DType.Size()
 	if len(r.Tensors) == 1 && pre == 1 {
 		if bufs := localBufs(w.Ops[0]); len(bufs) == 1 {
@@ -159,11 +159,11 @@ func (x *Executor) allreduceMulti(ctx context.Context, b backends.Backend, w job
 	}
 	// Reduce the local ranks' buffers into the fusion buffer, tensor after
 	// tensor; a node whose ranks all joined contributes the neutral element.
-	f := x.fusion(total)
-	if chunk := pipeChunk(total); chunk < total {
+	f := x.Fusion(total)
+	if chunk := PipeChunk(total); chunk < total {
 		return x.allreducePipelined(ctx, b, w, f, chunk, op, pre, post)
 	}
-	x.ph.begin(activity(r))
+	x.ph.begin(Activity(r))
 	off := 0
 	for i, t := range r.Tensors {
 		n := int(t.Shape.NumElements()) * es
@@ -214,11 +214,11 @@ const (
 	pipeChunks   = 8
 )
 
-// pipeChunk returns the chunk size for a fused allreduce of total bytes:
+// PipeChunk returns the chunk size for a fused allreduce of total bytes:
 // total itself when it is not worth pipelining. Chunks are a multiple of
 // 256 bytes, so of every element size, and start cache-line aligned
 // relative to the fusion buffer.
-func pipeChunk(total int) int {
+func PipeChunk(total int) int {
 	if total < 2*pipeMinChunk {
 		return total
 	}
@@ -231,7 +231,7 @@ func pipeChunk(total int) int {
 // timeline: the local reduction until the first chunk is ready, the
 // engine's transfer until the last chunk is through, then the rest of the
 // write-back.
-func (x *Executor) allreducePipelined(ctx context.Context, b backends.Backend, w job.Work, f []byte, chunk int, op tensor.ReduceOp, pre, post float64) error {
+func (x *Path) allreducePipelined(ctx context.Context, b backends.Backend, w job.Work, f []byte, chunk int, op tensor.ReduceOp, pre, post float64) error {
 	r := &w.Resp
 	es := r.DType.Size()
 	offs := make([]int, len(r.Tensors)+1) // tensor i is f[offs[i]:offs[i+1]]
@@ -317,7 +317,7 @@ func (x *Executor) allreducePipelined(ctx context.Context, b backends.Backend, w
 		}
 	}()
 	err := func() error {
-		x.ph.begin(activity(r))
+		x.ph.begin(Activity(r))
 		for k := 0; k < n; k++ {
 			rerr, ok := <-reduced
 			if !ok {
@@ -363,7 +363,7 @@ func (x *Executor) allreducePipelined(ctx context.Context, b backends.Backend, w
 // travel as zeros). The flags are padded to 8 bytes, so that every node's
 // block, and so every value, keeps the element alignment of the fusion
 // buffer.
-func (x *Executor) adasumMulti(ctx context.Context, b backends.Backend, w job.Work) error {
+func (x *Path) adasumMulti(ctx context.Context, b backends.Backend, w job.Work) error {
 	r := &w.Resp
 	mb := w.View.Rows
 	nn := len(r.Tensors)
@@ -384,7 +384,7 @@ func (x *Executor) adasumMulti(ctx context.Context, b backends.Backend, w job.Wo
 	in := x.adasumIn(counts[mb.Node])
 	flags := in[len(mine)*row:]
 	clear(flags)
-	x.ph.begin(activity(r))
+	x.ph.begin(Activity(r))
 	off := 0
 	for i := range r.Tensors {
 		for k, s := range mine {
@@ -409,7 +409,7 @@ func (x *Executor) adasumMulti(ctx context.Context, b backends.Backend, w job.Wo
 	for _, c := range counts {
 		total += c
 	}
-	out := x.fusion(total)
+	out := x.Fusion(total)
 	x.ph.End()
 	x.ph.begin(crossNode(b, r))
 	if err := b.Allgatherv(ctx, in, out, counts); err != nil {
@@ -417,7 +417,7 @@ func (x *Executor) adasumMulti(ctx context.Context, b backends.Backend, w job.Wo
 	}
 	x.ph.End()
 	// The upper levels of the tree, and the write-back.
-	x.ph.begin(activity(r))
+	x.ph.begin(Activity(r))
 	// Every node's values of tensor i, in rank order, and the root.
 	var all []reduce.AdasumSpan
 	for _, ss := range spans {
@@ -453,14 +453,14 @@ func (x *Executor) adasumMulti(ctx context.Context, b backends.Backend, w job.Wo
 
 // adasumIn returns a scratch buffer of n bytes for adasumMulti's own block,
 // reused across ops (the fusion buffer receives every node's blocks).
-func (x *Executor) adasumIn(n int) []byte {
+func (x *Path) adasumIn(n int) []byte {
 	if cap(x.adaIn) < n {
 		x.adaIn = make([]byte, n)
 	}
 	return x.adaIn[:n]
 }
 
-func (x *Executor) broadcastMulti(ctx context.Context, b backends.Backend, w job.Work) error {
+func (x *Path) broadcastMulti(ctx context.Context, b backends.Backend, w job.Work) error {
 	r := &w.Resp
 	rootNode := w.View.Rows.NodeOf(r.Root)
 	for i := range r.Tensors {
@@ -479,7 +479,7 @@ func (x *Executor) broadcastMulti(ctx context.Context, b backends.Backend, w job
 			}
 		}
 		if src == nil {
-			src = x.fusion(int(r.Tensors[i].Shape.NumElements()) * r.DType.Size())
+			src = x.Fusion(int(r.Tensors[i].Shape.NumElements()) * r.DType.Size())
 		}
 		x.ph.at(i)
 		x.ph.begin(crossNode(b, r))
@@ -487,7 +487,7 @@ func (x *Executor) broadcastMulti(ctx context.Context, b backends.Backend, w job
 			return err
 		}
 		x.ph.End()
-		x.ph.begin(activity(r))
+		x.ph.begin(Activity(r))
 		var dsts [][]byte
 		for _, o := range row {
 			if o != nil && len(o.Buf) > 0 && &o.Buf[0] != &src[0] {
@@ -501,27 +501,27 @@ func (x *Executor) broadcastMulti(ctx context.Context, b backends.Backend, w job
 	return nil
 }
 
-func (x *Executor) allgatherMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
+func (x *Path) allgatherMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
 	r := &w.Resp
 	mb := w.View.Rows
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	for i, t := range r.Tensors {
-		counts, total := allgatherCounts(mb, &t, r.DType)
+		counts, total := AllgatherCounts(mb, &t, r.DType)
 		in := make([]byte, 0, counts[mb.Node])
 		for _, o := range w.Ops[i][mb.Offset : mb.Offset+mb.Local()] {
 			if o != nil {
 				in = append(in, o.Buf...)
 			}
 		}
-		out := x.fusion(total)
+		out := x.Fusion(total)
 		x.ph.at(i)
 		x.ph.begin(crossNode(b, r))
 		if err := b.Allgatherv(ctx, in, out, counts); err != nil {
 			return nil, err
 		}
 		x.ph.End()
-		x.ph.begin(activity(r))
-		dones[i] = x.outputs(w.Ops[i], func(_ int, dst []byte) { copy(dst, out) }, func(int) int { return total }, allgatherShape(&t), nil)
+		x.ph.begin(Activity(r))
+		dones[i] = x.outputs(w.Ops[i], func(_ int, dst []byte) { copy(dst, out) }, func(int) int { return total }, AllgatherShape(&t), nil)
 	}
 	return dones, nil
 }
@@ -529,7 +529,7 @@ func (x *Executor) allgatherMulti(ctx context.Context, b backends.Backend, w job
 // outputs allocates each local op's output of size(rank) bytes, fills it with
 // fill and returns the Done of each, with shape (or shapeOf(rank) when shape is
 // nil) and received splits.
-func (x *Executor) outputs(row []*job.Op, fill func(rank int, dst []byte), size func(rank int) int, shape tensor.Shape, extra func(rank int, d *ipcpb.Done)) []*ipcpb.Done {
+func (x *Path) outputs(row []*job.Op, fill func(rank int, dst []byte), size func(rank int) int, shape tensor.Shape, extra func(rank int, d *ipcpb.Done)) []*ipcpb.Done {
 	dones := make([]*ipcpb.Done, len(row))
 	for rank, o := range row {
 		if o == nil {
@@ -550,97 +550,98 @@ func (x *Executor) outputs(row []*job.Op, fill func(rank int, dst []byte), size 
 	return dones
 }
 
-func (x *Executor) alltoallMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
+func (x *Path) alltoallMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
 	r := &w.Resp
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	for i, t := range r.Tensors {
-		a := newA2APlan(&w, i)
+		a := NewA2APlan(&w, i)
 		var in []byte
-		a.sends(func(s, d int) {
+		a.Sends(func(s, d int) {
 			if o := w.Ops[i][s]; o != nil {
-				in = append(in, o.Buf[a.start(s, d):a.start(s, d)+a.piece(s, d)]...)
+				in = append(in, o.Buf[a.Start(s, d):a.Start(s, d)+a.Piece(s, d)]...)
 			}
 		})
-		out := x.fusion(a.total)
+		out := x.Fusion(a.Total)
 		x.ph.at(i)
 		x.ph.begin(crossNode(b, r))
-		if err := b.Alltoallv(ctx, in, a.sendCounts, out, a.recvCounts); err != nil {
+		if err := b.Alltoallv(ctx, in, a.SendCounts, out, a.RecvCounts); err != nil {
 			return nil, err
 		}
 		x.ph.End()
-		x.ph.begin(activity(r))
+		x.ph.begin(Activity(r))
 		row := w.Ops[i]
 		dones[i] = make([]*ipcpb.Done, len(row))
 		for d, o := range row {
 			if o == nil {
 				continue
 			}
-			ds := x.outputs(row[d:d+1], func(_ int, dst []byte) { a.fill(d, dst, out) }, func(int) int { return a.rows(d) * a.rowBytes },
-				a.shape(d, t.Shape), func(_ int, dn *ipcpb.Done) { dn.ReceivedSplits = a.received(d) })
+			ds := x.outputs(row[d:d+1], func(_ int, dst []byte) { a.fill(d, dst, out) }, func(int) int { return a.Rows(d) * a.RowBytes },
+				a.Shape(d, t.Shape), func(_ int, dn *ipcpb.Done) { dn.ReceivedSplits = a.Received(d) })
 			dones[i][d] = ds[0]
 		}
 	}
 	return dones, nil
 }
 
-// a2aPlan is how one alltoall tensor's pieces travel across nodes: each
+// A2APlan is how one alltoall tensor's pieces travel across nodes: each
 // node sends node m, for each rank d of m, the pieces of its own ranks s
 // for d, in that order (one Alltoallv), and its ranks' outputs gather
 // their pieces from what every node sent.
-type a2aPlan struct {
+type A2APlan struct {
 	mb         job.Membership
 	sp         [][]int32 // splits: sp[s][d] rows from s to d
-	rowBytes   int
+	RowBytes   int
 	myLo, myHi int   // this node's ranks
-	sendCounts []int // bytes to each node
-	recvCounts []int // bytes from each node
-	blockStart []int // where node m's bytes begin in the output
-	total      int   // bytes received
+	SendCounts []int // bytes to each node
+	RecvCounts []int // bytes from each node
+	BlockStart []int // where node m's bytes begin in the output
+	Total      int   // bytes received
 }
 
-func newA2APlan(w *job.Work, i int) *a2aPlan {
+// NewA2APlan plans the alltoall of w's tensor i across nodes.
+func NewA2APlan(w *job.Work, i int) *A2APlan {
 	t := &w.Resp.Tensors[i]
 	mb := w.View.Rows
-	a := &a2aPlan{mb: mb, sp: t.Splits, rowBytes: int(t.Shape.RowElements()) * w.Resp.DType.Size()}
+	a := &A2APlan{mb: mb, sp: t.Splits, RowBytes: int(t.Shape.RowElements()) * w.Resp.DType.Size()}
 	a.myLo, a.myHi = mb.NodeRanks(mb.Node)
 	nn := mb.Nodes()
-	a.sendCounts, a.recvCounts, a.blockStart = make([]int, nn), make([]int, nn), make([]int, nn)
+	a.SendCounts, a.RecvCounts, a.BlockStart = make([]int, nn), make([]int, nn), make([]int, nn)
 	for m := range nn {
 		lo, hi := mb.NodeRanks(m)
 		for d := lo; d < hi; d++ {
 			for s := a.myLo; s < a.myHi; s++ {
 				if w.Ops[i][s] != nil {
-					a.sendCounts[m] += a.piece(s, d)
+					a.SendCounts[m] += a.Piece(s, d)
 				}
 			}
 		}
 		for d := a.myLo; d < a.myHi; d++ {
 			for s := lo; s < hi; s++ {
-				a.recvCounts[m] += a.piece(s, d)
+				a.RecvCounts[m] += a.Piece(s, d)
 			}
 		}
 		if m > 0 {
-			a.blockStart[m] = a.blockStart[m-1] + a.recvCounts[m-1]
+			a.BlockStart[m] = a.BlockStart[m-1] + a.RecvCounts[m-1]
 		}
-		a.total += a.recvCounts[m]
+		a.Total += a.RecvCounts[m]
 	}
 	return a
 }
 
-// piece is the bytes rank s sends rank d.
-func (a *a2aPlan) piece(s, d int) int { return int(a.sp[s][d]) * a.rowBytes }
+// Piece is the bytes rank s sends rank d.
+func (a *A2APlan) Piece(s, d int) int { return int(a.sp[s][d]) * a.RowBytes }
 
-// start is where the bytes rank s sends rank d begin in s's input.
-func (a *a2aPlan) start(s, d int) int {
+// Start is where the bytes rank s sends rank d begin in s's input.
+func (a *A2APlan) Start(s, d int) int {
 	o := 0
 	for k := range d {
-		o += a.piece(s, k)
+		o += a.Piece(s, k)
 	}
 	return o
 }
 
-// sends calls f for the pieces this node sends, in the order they travel.
-func (a *a2aPlan) sends(f func(s, d int)) {
+// Sends calls f for the pieces this node sends, in the order they travel.
+func (a *A2APlan) Sends(f func(s, d int)) {
 	for m := range a.mb.Nodes() {
 		lo, hi := a.mb.NodeRanks(m)
 		for d := lo; d < hi; d++ {
@@ -651,8 +652,8 @@ func (a *a2aPlan) sends(f func(s, d int)) {
 	}
 }
 
-// rows is how many rows rank d receives; received, from each rank.
-func (a *a2aPlan) rows(d int) int {
+// Rows is how many rows rank d receives.
+func (a *A2APlan) Rows(d int) int {
 	n := 0
 	for s := range a.sp {
 		n += int(a.sp[s][d])
@@ -660,7 +661,8 @@ func (a *a2aPlan) rows(d int) int {
 	return n
 }
 
-func (a *a2aPlan) received(d int) []int32 {
+// Received is how many rows rank d receives from each rank.
+func (a *A2APlan) Received(d int) []int32 {
 	out := make([]int32, len(a.sp))
 	for s := range a.sp {
 		out[s] = a.sp[s][d]
@@ -668,27 +670,27 @@ func (a *a2aPlan) received(d int) []int32 {
 	return out
 }
 
-// shape is rank d's output shape for an input of shape in.
-func (a *a2aPlan) shape(d int, in tensor.Shape) tensor.Shape {
-	return append(tensor.Shape{int64(a.rows(d))}, in[1:]...)
+// Shape is rank d's output shape for an input of shape in.
+func (a *A2APlan) Shape(d int, in tensor.Shape) tensor.Shape {
+	return append(tensor.Shape{int64(a.Rows(d))}, in[1:]...)
 }
 
-// segments lists where local rank d's output lies in what the Alltoallv
+// Segments lists where local rank d's output lies in what the Alltoallv
 // received: one run per node (its ranks' pieces for d, in rank order), as
 // {offset, length}.
-func (a *a2aPlan) segments(d int) [][2]int {
+func (a *A2APlan) Segments(d int) [][2]int {
 	segs := make([][2]int, 0, a.mb.Nodes())
 	for m := range a.mb.Nodes() {
 		lo, hi := a.mb.NodeRanks(m)
-		off := a.blockStart[m]
+		off := a.BlockStart[m]
 		for dd := a.myLo; dd < d; dd++ {
 			for s := lo; s < hi; s++ {
-				off += a.piece(s, dd)
+				off += a.Piece(s, dd)
 			}
 		}
 		n := 0
 		for s := lo; s < hi; s++ {
-			n += a.piece(s, d)
+			n += a.Piece(s, d)
 		}
 		segs = append(segs, [2]int{off, n})
 	}
@@ -697,31 +699,31 @@ func (a *a2aPlan) segments(d int) [][2]int {
 
 // fill writes local rank d's output (rows(d) rows) into dst from out, what
 // the Alltoallv received.
-func (a *a2aPlan) fill(d int, dst, out []byte) {
+func (a *A2APlan) fill(d int, dst, out []byte) {
 	at := 0
-	for _, sg := range a.segments(d) {
+	for _, sg := range a.Segments(d) {
 		at += copy(dst[at:], out[sg[0]:sg[0]+sg[1]])
 	}
 }
 
-func (x *Executor) reducescatterMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
+func (x *Path) reducescatterMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
 	r := &w.Resp
 	mb := w.View.Rows
-	op, pre, post := scales(r, w.Size)
+	op, pre, post := Scales(r, w.Size)
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	for i, t := range r.Tensors {
 		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
 		rows := func(rank int) int {
-			_, k := scatterBlock(&t, w.Size, rank)
+			_, k := ScatterBlock(&t, w.Size, rank)
 			return int(k)
 		}
 		var d0 int
 		if len(t.Shape) > 0 {
 			d0 = int(t.Shape[0])
 		}
-		full := x.fusion(d0 * rowBytes)
+		full := x.Fusion(d0 * rowBytes)
 		x.ph.at(i)
-		x.ph.begin(activity(r))
+		x.ph.begin(Activity(r))
 		if bufs := localBufs(w.Ops[i]); len(bufs) > 0 {
 			if err := reduce.Reduce([][]byte{full}, bufs, r.DType, op, pre, 1, &x.ropts); err != nil {
 				return nil, err
@@ -729,7 +731,7 @@ func (x *Executor) reducescatterMulti(ctx context.Context, b backends.Backend, w
 		} else if err := reduce.Fill(full, r.DType, op); err != nil {
 			return nil, err
 		}
-		counts := nodeCounts(mb, func(rank int) int { return rows(rank) * rowBytes })
+		counts := NodeCounts(mb, func(rank int) int { return rows(rank) * rowBytes })
 		block := make([]byte, counts[mb.Node])
 		x.ph.End()
 		x.ph.begin(crossNode(b, r))
@@ -737,7 +739,7 @@ func (x *Executor) reducescatterMulti(ctx context.Context, b backends.Backend, w
 			return nil, err
 		}
 		x.ph.End()
-		x.ph.begin(activity(r))
+		x.ph.begin(Activity(r))
 		// Our block holds our ranks' rows, in rank order.
 		at := make([]int, w.Size)
 		off := 0

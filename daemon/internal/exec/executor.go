@@ -1,0 +1,116 @@
+package exec
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/internal/exec/device"
+	"github.com/hvdd/hvdd/daemon/internal/exec/host"
+	"github.com/hvdd/hvdd/daemon/internal/job"
+	"github.com/hvdd/hvdd/daemon/internal/poll"
+)
+
+// Executor runs batches of work in order on its own goroutine, so the loop
+// keeps negotiating while data moves.
+type Executor struct {
+	p    *poll.Poller
+	host *host.Path
+	dev  *device.Path
+	// Work takes the loop's batches; the loop closes it as it stops, and
+	// Stopped closes once the last batch ran.
+	Work    chan []job.Work
+	Stopped chan struct{}
+
+	// Dispatched is when the loop dispatched the batch running now, for
+	// the latency metrics (ObserveLatency); set only while it is idle.
+	Dispatched time.Time
+}
+
+// Config is what the executor takes of the daemon's configuration.
+type Config struct {
+	Log     *slog.Logger
+	GPU     *device.GPUs // nil on a CPU-only node
+	Workers int          // reduction workers (Config.Workers)
+}
+
+// New returns an executor that posts job.MsgExecIdle (and a failed
+// collective across nodes, job.MsgExecErr) to the loop through p.
+func New(cfg Config, p *poll.Poller) *Executor {
+	host := host.New(cfg.Log, p, cfg.Workers)
+	return &Executor{
+		p:       p,
+		host:    host,
+		dev:     device.New(cfg.Log, cfg.GPU, host),
+		Work:    make(chan []job.Work, 1),
+		Stopped: make(chan struct{}),
+	}
+}
+
+// Run runs the batches sent on Work in order until Work closes; the
+// executor's goroutine.
+func (x *Executor) Run() {
+	defer close(x.Stopped)
+	for batch := range x.Work {
+		for _, w := range batch {
+			x.Execute(w)
+		}
+		x.p.Post(job.MsgExecIdle{})
+	}
+}
+
+// Execute runs one response's work: on NCCL across nodes, on the device
+// path, or on host memory. The loop calls it itself for small work while
+// the executor's goroutine is idle.
+func (x *Executor) Execute(w job.Work) {
+	if Timed(&w) {
+		defer ObserveLatency(&w, x.Dispatched)
+	}
+	if w.Resp.NCCL {
+		x.dev.ExecuteNCCL(w)
+		return
+	}
+	if job.DeviceWork(&w) {
+		x.dev.Execute(w)
+		return
+	}
+	x.host.Execute(w)
+}
+
+// LoopRunnable reports whether a cross-node batch of this many bytes may run
+// in the loop itself: small, on an engine that waits in the kernel rather
+// than in Go's network poller (which would leave the loop's locked thread to
+// sysmon's 10 ms poll). It saves a hand-off to the executor and back.
+func LoopRunnable(b backends.Backend, bytes int64) bool {
+	lr, ok := b.(backends.LoopRunnable)
+	return ok && bytes <= job.InlineMultiBytes && bytes <= int64(lr.LoopRunnable())
+}
+
+// Timed reports whether w's ops are counted (their job has metrics).
+func Timed(w *job.Work) bool {
+	for _, row := range w.Ops {
+		for _, o := range row {
+			if o != nil {
+				return o.M != nil
+			}
+		}
+	}
+	return false
+}
+
+// ObserveLatency records, for each tensor of w, the time since its batch
+// was dispatched in its collective's latency histogram, in the size class
+// of its first local rank's op.
+func ObserveLatency(w *job.Work, dispatched time.Time) {
+	d := time.Since(dispatched).Seconds()
+	for _, row := range w.Ops {
+		for _, o := range row {
+			if o != nil {
+				if o.M != nil {
+					o.M.Latency(int(o.Class)).Observe(d)
+				}
+				break
+			}
+		}
+	}
+}
