@@ -1032,9 +1032,11 @@ func gpuJoin(ctx context.Context, c *hvdd.Client) error {
 // allreduce) while node 1's hold it in host memory (the CPU path), at sizes
 // that one engine call carries and sizes the CPU path pipelines in chunks:
 // both nodes must make the same engine calls. Then every other
-// collective, node 0's through the hierarchical paths.
-// With --gpu-allreduce nccl the nodes vote each allreduce off NCCL (node 1
-// cannot) and take the same paths.
+// collective, node 0's through the hierarchical paths. Both paths make
+// their engine calls through one function per collective (exec/host's
+// schedule.go). With --gpu-allreduce nccl the coordinator's plan keeps
+// every response off NCCL (node 1's requests say it cannot) and the nodes
+// take the same paths.
 func TestGPUNodeParity(t *testing.T) {
 	for _, mode := range []string{daemon.GPUAllreduceHierarchical, daemon.GPUAllreduceNCCL} {
 		t.Run(mode, func(t *testing.T) {

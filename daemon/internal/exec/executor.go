@@ -60,11 +60,18 @@ func (x *Executor) Run() {
 }
 
 // Execute runs one response's work: on NCCL across nodes, on the device
-// path, or on host memory. The loop calls it itself for small work while
-// the executor's goroutine is idle.
+// path, or on host memory; work with a tensor on a lost GPU fails instead.
+// The loop calls it itself for small work while the executor's goroutine
+// is idle.
 func (x *Executor) Execute(w job.Work) {
 	if Timed(&w) {
 		defer ObserveLatency(&w, x.Dispatched)
+	}
+	if err := x.dev.Lost(&w); err != nil {
+		// A tensor of w is on a GPU the sampler found lost: fail it
+		// before it touches any GPU (device/lost.go).
+		x.dev.FailLost(w, err)
+		return
 	}
 	if w.Resp.NCCL {
 		x.dev.ExecuteNCCL(w)

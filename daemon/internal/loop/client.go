@@ -226,7 +226,7 @@ func (l *Loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		if err != nil {
 			l.refusedOp(c, m.Enqueue) // metrics.go
 			code := ipcpb.Code_CODE_INVALID_ARGUMENT
-			if errors.Is(err, device.ErrGPUOpen) { // gpu.go: the GPU failed, not the request
+			if errors.Is(err, device.ErrGPUOpen) || errors.Is(err, device.ErrGPULost) { // the GPU failed, not the request
 				code = ipcpb.Code_CODE_INTERNAL
 			}
 			c.Reply(id, &ipcpb.Done{Code: code, Error: err.Error()})

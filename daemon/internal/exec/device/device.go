@@ -488,8 +488,10 @@ func (x *Path) allreduceDevice(ctx context.Context, w job.Work, devs []*gpuDev) 
 		if err := d0.sync(ctx); err != nil {
 			return err
 		}
-		oneCall := len(r.Tensors) == 1 && pre == 1 && len(localBufsN(w.Ops[0])) == 1
-		if err := engineAllreduce(ctx, b, f, r.DType, op, oneCall); err != nil {
+		// The host path's calls (host.AllreduceCalls): one, on its lone
+		// local buffer, where it would have one.
+		whole := len(r.Tensors) == 1 && pre == 1 && len(localBufsN(w.Ops[0])) == 1
+		if err := host.AllreduceCalls(ctx, b, f, r.DType, op, whole, nil, nil); err != nil {
 			return err
 		}
 		for _, d := range devs {
@@ -627,24 +629,6 @@ func localBufsN(row []*job.Op) []*job.Op {
 	return out
 }
 
-// engineAllreduce moves a node's fused buffer through the engine in the
-// calls allreduceMulti makes for it: one call when oneCall (its path for a
-// single local buffer) or the buffer is not worth pipelining, else one per
-// pipeChunk chunk. Every node makes the same calls whichever path its own
-// tensors took.
-func engineAllreduce(ctx context.Context, b backends.Backend, f []byte, dt tensor.DType, op tensor.ReduceOp, oneCall bool) error {
-	chunk := host.PipeChunk(len(f))
-	if oneCall || chunk >= len(f) {
-		return b.Allreduce(ctx, f, dt, op)
-	}
-	for lo := 0; lo < len(f); lo += chunk {
-		if err := b.Allreduce(ctx, f[lo:min(lo+chunk, len(f))], dt, op); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // crossNodes reports whether w's collective spans several nodes (its
 // process set's), which the engine joins.
 func crossNodes(w *job.Work) bool { return w.Engine != nil && len(w.View.Nodes) > 1 }
@@ -675,63 +659,101 @@ func (x *Path) broadcastDevice(ctx context.Context, w job.Work, devs []*gpuDev) 
 		}
 		rootNode = w.View.Rows.NodeOf(r.Root)
 	}
+	if b != nil && !w.Resp.NCCL {
+		// Across nodes through host memory: the host path's calls, one
+		// per tensor (host.BroadcastCalls).
+		var src broadcastSources
+		in := func(i int) ([]byte, error) {
+			if src, err = sourcesOf(&w, i); err != nil {
+				return nil, err
+			}
+			return x.broadcastIn(ctx, src)
+		}
+		out := func(i int, buf []byte) error {
+			if err := x.broadcastOut(ctx, src, buf); err != nil {
+				return err
+			}
+			return fanOut(w.Ops[i], src)
+		}
+		return host.BroadcastCalls(ctx, b, &w, in, out)
+	}
 	for i := range r.Tensors {
-		ops := w.Ops[i]
-		if r.Root < 0 || r.Root >= len(ops) {
-			return fmt.Errorf("broadcast root %d is out of range", r.Root)
-		}
-		// first[d] is the tensor on GPU d that holds the data once it
-		// is there: the root's on its GPU, else the first local rank's.
-		first := map[*gpuDev]*devOp{}
-		var root *devOp
-		if o := ops[r.Root]; o != nil {
-			root = devOf(o)
-			first[root.d] = root
-		}
-		n := -1
-		for _, o := range ops {
-			if o == nil {
-				continue
-			}
-			if first[devOf(o).d] == nil {
-				first[devOf(o).d] = devOf(o)
-			}
-			n = devOf(o).n
+		src, err := sourcesOf(&w, i)
+		if err != nil {
+			return err
 		}
 		switch {
-		case n < 0:
-			return fmt.Errorf("broadcast of tensor %d: no local buffer", i)
 		case w.Resp.NCCL:
-			cs, err := x.broadcastNCCL(ctx, w, devs, rootNode, root, first, n)
+			cs, err := x.broadcastNCCL(ctx, w, devs, rootNode, src.root, src.first, src.n)
 			used = append(used, cs...)
 			if err != nil {
 				return err
 			}
-		case b != nil:
-			if err := x.broadcastAcross(ctx, b, rootNode, root, first, n); err != nil {
-				return err
-			}
-		case root == nil:
+		case src.root == nil:
 			return fmt.Errorf("broadcast root %d has no buffer", r.Root)
 		case len(devs) > 1:
-			cs, err := x.localBroadcast(devs, first, n, slices.Index(devs, root.d))
+			cs, err := x.localBroadcast(devs, src.first, src.n, slices.Index(devs, src.root.d))
 			used = append(used, cs...)
 			if err != nil {
 				return err
 			}
 		}
-		for _, o := range ops {
-			if o == nil {
-				continue
-			}
-			src := first[devOf(o).d]
-			if o.Dev == src {
-				continue
-			}
-			d := devOf(o).d
-			if err := d.dev.CopyDtoD(d.stream, devOf(o).ptr, src.ptr, n); err != nil {
-				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
-			}
+		if err := fanOut(w.Ops[i], src); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// broadcastSources are where a broadcast's tensor is on this node: first[d]
+// is the tensor on GPU d that holds the data once it is there (the root's
+// on its GPU, else the first local rank's), root the root's (nil on
+// another node), n its bytes.
+type broadcastSources struct {
+	first map[*gpuDev]*devOp
+	root  *devOp
+	n     int
+}
+
+// sourcesOf finds the sources of w's tensor i.
+func sourcesOf(w *job.Work, i int) (broadcastSources, error) {
+	r, ops := &w.Resp, w.Ops[i]
+	if r.Root < 0 || r.Root >= len(ops) {
+		return broadcastSources{}, fmt.Errorf("broadcast root %d is out of range", r.Root)
+	}
+	src := broadcastSources{first: map[*gpuDev]*devOp{}, n: -1}
+	if o := ops[r.Root]; o != nil {
+		src.root = devOf(o)
+		src.first[src.root.d] = src.root
+	}
+	for _, o := range ops {
+		if o == nil {
+			continue
+		}
+		if src.first[devOf(o).d] == nil {
+			src.first[devOf(o).d] = devOf(o)
+		}
+		src.n = devOf(o).n
+	}
+	if src.n < 0 {
+		return src, fmt.Errorf("broadcast of tensor %d: no local buffer", i)
+	}
+	return src, nil
+}
+
+// fanOut copies each GPU's source to the GPU's other local ranks' tensors.
+func fanOut(ops []*job.Op, src broadcastSources) error {
+	for _, o := range ops {
+		if o == nil {
+			continue
+		}
+		from := src.first[devOf(o).d]
+		if o.Dev == from {
+			continue
+		}
+		d := devOf(o).d
+		if err := d.dev.CopyDtoD(d.stream, devOf(o).ptr, from.ptr, src.n); err != nil {
+			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 		}
 	}
 	return nil
@@ -791,26 +813,29 @@ func (x *Path) broadcastNCCL(ctx context.Context, w job.Work, devs []*gpuDev, ro
 	return used, nil
 }
 
-// broadcastAcross moves n bytes from root (this node's root tensor, nil on
-// the other nodes) through host memory and the engine into first's tensor
-// on every GPU but root's.
-func (x *Path) broadcastAcross(ctx context.Context, b backends.Backend, rootNode int, root *devOp, first map[*gpuDev]*devOp, n int) error {
-	buf := x.host.Fusion(n)
-	if root != nil {
+// broadcastIn is this node's buffer for a broadcast across nodes through
+// host memory (the hierarchical broadcast): on the root's node the root's
+// tensor copied there from its GPU.
+func (x *Path) broadcastIn(ctx context.Context, src broadcastSources) ([]byte, error) {
+	buf := x.host.Fusion(src.n)
+	if root := src.root; root != nil {
 		d := root.d
 		if err := d.dev.CopyDtoH(d.stream, buf, root.ptr); err != nil {
-			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			return nil, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 		}
 		if err := d.sync(ctx); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	if err := b.Broadcast(ctx, buf, rootNode); err != nil {
-		return err
-	}
+	return buf, nil
+}
+
+// broadcastOut feeds what the engine brought to the first tensor on every
+// GPU of this node that does not hold the root's.
+func (x *Path) broadcastOut(ctx context.Context, src broadcastSources, buf []byte) error {
 	var fed []*gpuDev
-	for d, t := range first {
-		if t == root {
+	for d, t := range src.first {
+		if t == src.root {
 			continue
 		}
 		if err := d.dev.CopyHtoD(d.stream, t.ptr, buf); err != nil {
@@ -1331,33 +1356,26 @@ func (x *Path) outputsAcross(w *job.Work, devs []*gpuDev, dones [][]devResult) (
 // result copied to one output on each GPU, which the GPU's other ranks copy.
 func (x *Path) allgatherAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
 	r := &w.Resp
-	mb := w.View.Rows
-	for i, row := range w.Ops {
-		t := &r.Tensors[i]
-		counts, total := host.AllgatherCounts(mb, t, r.DType)
-		in := make([]byte, counts[mb.Node])
+	in := func(i int, into []byte) error {
 		off := 0
-		for _, o := range row {
+		for _, o := range w.Ops[i] {
 			if o == nil {
 				continue
 			}
-			if off+devOf(o).n > len(in) {
-				return fmt.Errorf("allgather: the node's pieces exceed the %d bytes the plan gives it", len(in))
+			if off+devOf(o).n > len(into) {
+				return fmt.Errorf("allgather: the node's pieces exceed the %d bytes the plan gives it", len(into))
 			}
 			d := devOf(o).d
-			if err := d.dev.CopyDtoH(d.stream, in[off:off+devOf(o).n], devOf(o).ptr); err != nil {
+			if err := d.dev.CopyDtoH(d.stream, into[off:off+devOf(o).n], devOf(o).ptr); err != nil {
 				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 			}
 			off += devOf(o).n
 		}
-		if err := syncAll(ctx, devs); err != nil {
-			return err
-		}
-		out := x.host.Fusion(total)
-		if err := b.Allgatherv(ctx, in, out, counts); err != nil {
-			return err
-		}
-		shape := host.AllgatherShape(t)
+		return syncAll(ctx, devs)
+	}
+	out := func(i int, all []byte) error {
+		row := w.Ops[i]
+		shape := host.AllgatherShape(&r.Tensors[i])
 		dones[i] = make([]devResult, len(row))
 		lead := map[*gpuDev]gpu.DevicePtr{}
 		for k, o := range row {
@@ -1365,7 +1383,7 @@ func (x *Path) allgatherAcross(ctx context.Context, w *job.Work, devs []*gpuDev,
 				continue
 			}
 			d := devOf(o).d
-			p, err := newResult(&dones[i][k], d, total, &ipcpb.Done{OutputShape: shape})
+			p, err := newResult(&dones[i][k], d, len(all), &ipcpb.Done{OutputShape: shape})
 			if err != nil {
 				return err
 			}
@@ -1373,22 +1391,20 @@ func (x *Path) allgatherAcross(ctx context.Context, w *job.Work, devs []*gpuDev,
 				continue
 			}
 			if src, ok := lead[d]; ok {
-				err = d.dev.CopyDtoD(d.stream, p, src, total)
+				err = d.dev.CopyDtoD(d.stream, p, src, len(all))
 			} else {
 				lead[d] = p
-				err = d.dev.CopyHtoD(d.stream, p, out)
+				err = d.dev.CopyHtoD(d.stream, p, all)
 			}
 			if err != nil {
 				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 			}
 		}
-		// out is the executor's fusion buffer: the copies finish before
+		// all is the executor's fusion buffer: the copies finish before
 		// it serves again.
-		if err := syncAll(ctx, devs); err != nil {
-			return err
-		}
+		return syncAll(ctx, devs)
 	}
-	return nil
+	return host.AllgatherCalls(ctx, b, w, x.host.Fusion, in, out)
 }
 
 // alltoallAcross builds an alltoall's outputs across nodes (the
@@ -1397,13 +1413,8 @@ func (x *Path) allgatherAcross(ctx context.Context, w *job.Work, devs []*gpuDev,
 // tensor), each local rank's output copied to its GPU run by run from what
 // was received.
 func (x *Path) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
-	for i, row := range w.Ops {
-		a := host.NewA2APlan(w, i)
-		sent := 0
-		for _, c := range a.SendCounts {
-			sent += c
-		}
-		in := make([]byte, sent)
+	in := func(i int, a *host.A2APlan, into []byte) error {
+		row := w.Ops[i]
 		off := 0
 		var err error
 		a.Sends(func(s, d int) {
@@ -1412,7 +1423,7 @@ func (x *Path) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuDev, 
 				return
 			}
 			g := devOf(o).d
-			if e := g.dev.CopyDtoH(g.stream, in[off:off+n], devOf(o).ptr.Add(a.Start(s, d))); e != nil {
+			if e := g.dev.CopyDtoH(g.stream, into[off:off+n], devOf(o).ptr.Add(a.Start(s, d))); e != nil {
 				err = fmt.Errorf("GPU %s: %w", g.info.UUID, e)
 			}
 			off += n
@@ -1420,13 +1431,10 @@ func (x *Path) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuDev, 
 		if serr := syncAll(ctx, devs); err == nil {
 			err = serr
 		}
-		if err != nil {
-			return err
-		}
-		out := x.host.Fusion(a.Total)
-		if err := b.Alltoallv(ctx, in, a.SendCounts, out, a.RecvCounts); err != nil {
-			return err
-		}
+		return err
+	}
+	out := func(i int, a *host.A2APlan, got []byte) error {
+		row := w.Ops[i]
 		t := &w.Resp.Tensors[i]
 		dones[i] = make([]devResult, len(row))
 		for d, o := range row {
@@ -1441,23 +1449,21 @@ func (x *Path) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuDev, 
 			if p == 0 {
 				continue
 			}
-			// Straight from out, one copy per run: no assembly on the host.
+			// Straight from got, one copy per run: no assembly on the host.
 			at := 0
 			for _, sg := range a.Segments(d) {
 				if sg[1] == 0 {
 					continue
 				}
-				if err := g.dev.CopyHtoD(g.stream, p.Add(at), out[sg[0]:sg[0]+sg[1]]); err != nil {
+				if err := g.dev.CopyHtoD(g.stream, p.Add(at), got[sg[0]:sg[0]+sg[1]]); err != nil {
 					return fmt.Errorf("GPU %s: %w", g.info.UUID, err)
 				}
 				at += sg[1]
 			}
 		}
-		if err := syncAll(ctx, devs); err != nil {
-			return err
-		}
+		return syncAll(ctx, devs)
 	}
-	return nil
+	return host.AlltoallCalls(ctx, b, w, x.host.Fusion, in, out)
 }
 
 // alltoallNCCL builds an alltoall's outputs across nodes on NCCL
@@ -1625,67 +1631,53 @@ func (x *Path) reducescatterAcross(ctx context.Context, w *job.Work, devs []*gpu
 	r := &w.Resp
 	mb := w.View.Rows
 	es := r.DType.Size()
-	offs, op, post, cs, err := x.reduceWhole(w, devs)
+	offs, _, post, cs, err := x.reduceWhole(w, devs)
 	if err != nil {
 		return cs, err
 	}
 	d0 := devs[0]
-	for i, row := range w.Ops {
+	full := func(i int) ([]byte, error) {
+		f := x.host.Fusion(offs[i+1] - offs[i])
+		if err := d0.dev.CopyDtoH(d0.stream, f, d0.fuse.Add(offs[i])); err != nil {
+			return nil, fmt.Errorf("GPU %s: %w", d0.info.UUID, err)
+		}
+		return f, d0.sync(ctx)
+	}
+	out := func(i int, block []byte, at []int) error {
 		t := &r.Tensors[i]
 		rowBytes := int(t.Shape.RowElements()) * es
-		rows := func(rank int) int {
-			_, k := host.ScatterBlock(t, w.Size, rank)
-			return int(k)
-		}
-		full := x.host.Fusion(offs[i+1] - offs[i])
-		if err := d0.dev.CopyDtoH(d0.stream, full, d0.fuse.Add(offs[i])); err != nil {
-			return cs, fmt.Errorf("GPU %s: %w", d0.info.UUID, err)
-		}
-		if err := d0.sync(ctx); err != nil {
-			return cs, err
-		}
-		counts := host.NodeCounts(mb, func(rank int) int { return rows(rank) * rowBytes })
-		block := make([]byte, counts[mb.Node])
-		if err := b.ReduceScatter(ctx, full, block, counts, r.DType, op); err != nil {
-			return cs, err
-		}
+		row := w.Ops[i]
 		dones[i] = make([]devResult, len(row))
-		off := 0
-		for rank, o := range row {
-			if rank < mb.Offset || rank >= mb.Offset+mb.Local() {
-				continue
-			}
-			n := rows(rank) * rowBytes
-			at := off
-			off += n
+		for lr := range at {
+			rank := mb.Offset + lr
+			o := row[rank]
 			if o == nil {
 				continue
 			}
+			_, k := host.ScatterBlock(t, w.Size, rank)
+			rows, n := int(k), int(k)*rowBytes
 			d := devOf(o).d
-			p, err := newResult(&dones[i][rank], d, n, &ipcpb.Done{OutputShape: append(tensor.Shape{int64(rows(rank))}, t.Shape[1:]...)})
+			p, err := newResult(&dones[i][rank], d, n, &ipcpb.Done{OutputShape: append(tensor.Shape{int64(rows)}, t.Shape[1:]...)})
 			if err != nil {
-				return cs, err
+				return err
 			}
 			if p == 0 {
 				continue
 			}
-			if err := d.dev.CopyHtoD(d.stream, p, block[at:at+n]); err != nil {
-				return cs, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			if err := d.dev.CopyHtoD(d.stream, p, block[at[lr]:at[lr]+n]); err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 			}
 			if post != 1 {
 				if err := d.scale(p, n/es, r.DType, post); err != nil {
-					return cs, fmt.Errorf("GPU %s: postscale: %w", d.info.UUID, err)
+					return fmt.Errorf("GPU %s: postscale: %w", d.info.UUID, err)
 				}
 			}
 		}
-		// block is this tensor's; full, the executor's fusion buffer, was
-		// read by the engine already. The copies from block finish before
-		// it goes.
-		if err := syncAll(ctx, devs); err != nil {
-			return cs, err
-		}
+		// block is this tensor's; the fusion buffer was read by the engine
+		// already. The copies from block finish before it goes.
+		return syncAll(ctx, devs)
 	}
-	return cs, nil
+	return cs, host.ReducescatterCalls(ctx, b, w, full, out)
 }
 
 // alltoallGPUs builds an alltoall's outputs over several GPUs of the node:

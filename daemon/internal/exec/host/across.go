@@ -143,7 +143,7 @@ func (x *Path) allreduceMulti(ctx context.Context, b backends.Backend, w job.Wor
 			// One local rank holds the only buffer: the engine works on the
 			// client's shared memory directly, with no copy in or out.
 			x.ph.begin(crossNode(b, r))
-			if err := b.Allreduce(ctx, bufs[0], r.DType, op); err != nil {
+			if err := AllreduceCalls(ctx, b, bufs[0], r.DType, op, true, nil, nil); err != nil {
 				return err
 			}
 			x.ph.End()
@@ -179,7 +179,7 @@ func (x *Path) allreduceMulti(ctx context.Context, b backends.Backend, w job.Wor
 	}
 	x.ph.End()
 	x.ph.begin(crossNode(b, r))
-	if err := b.Allreduce(ctx, f, r.DType, op); err != nil {
+	if err := AllreduceCalls(ctx, b, f, r.DType, op, false, nil, nil); err != nil {
 		return err
 	}
 	x.ph.End()
@@ -273,7 +273,7 @@ func (x *Path) allreducePipelined(ctx context.Context, b backends.Backend, w job
 		})
 	}
 	total := len(f)
-	n := (total + chunk - 1) / chunk
+	n := Chunks(total, false)
 	bounds := func(k int) (int, int) { return k * chunk, min((k+1)*chunk, total) }
 
 	// The reducer runs at most two chunks ahead of the one in the engine
@@ -316,30 +316,26 @@ func (x *Path) allreducePipelined(ctx context.Context, b backends.Backend, w job
 			}
 		}
 	}()
-	err := func() error {
-		x.ph.begin(Activity(r))
-		for k := 0; k < n; k++ {
-			rerr, ok := <-reduced
-			if !ok {
-				return errors.New("local reduction ended early")
-			}
-			if rerr != nil {
-				return rerr
-			}
-			if k == 0 {
-				x.ph.End()
-				x.ph.begin(crossNode(b, r))
-			}
-			lo, hi := bounds(k)
-			if err := b.Allreduce(ctx, f[lo:hi], r.DType, op); err != nil {
-				return err
-			}
-			written <- k
+	x.ph.begin(Activity(r))
+	ready := func(k int) error {
+		rerr, ok := <-reduced
+		if !ok {
+			return errors.New("local reduction ended early")
 		}
+		if rerr != nil {
+			return rerr
+		}
+		if k == 0 {
+			x.ph.End()
+			x.ph.begin(crossNode(b, r))
+		}
+		return nil
+	}
+	err := AllreduceCalls(ctx, b, f, r.DType, op, false, ready, func(k int) { written <- k })
+	if err == nil {
 		x.ph.End()
 		x.ph.begin("MEMCPY_OUT_FUSION_BUFFER")
-		return nil
-	}()
+	}
 	close(stop)
 	close(written)
 	wg.Wait()
@@ -462,12 +458,12 @@ func (x *Path) adasumIn(n int) []byte {
 
 func (x *Path) broadcastMulti(ctx context.Context, b backends.Backend, w job.Work) error {
 	r := &w.Resp
-	rootNode := w.View.Rows.NodeOf(r.Root)
-	for i := range r.Tensors {
+	var src []byte
+	in := func(i int) ([]byte, error) {
 		row := w.Ops[i]
 		// The root's own buffer travels as is; elsewhere one local buffer
 		// receives and the others copy from it.
-		var src []byte
+		src = nil
 		if row[r.Root] != nil {
 			src = row[r.Root].Buf
 		} else {
@@ -483,13 +479,13 @@ func (x *Path) broadcastMulti(ctx context.Context, b backends.Backend, w job.Wor
 		}
 		x.ph.at(i)
 		x.ph.begin(crossNode(b, r))
-		if err := b.Broadcast(ctx, src, rootNode); err != nil {
-			return err
-		}
+		return src, nil
+	}
+	out := func(i int, src []byte) error {
 		x.ph.End()
 		x.ph.begin(Activity(r))
 		var dsts [][]byte
-		for _, o := range row {
+		for _, o := range w.Ops[i] {
 			if o != nil && len(o.Buf) > 0 && &o.Buf[0] != &src[0] {
 				dsts = append(dsts, o.Buf)
 			}
@@ -497,39 +493,46 @@ func (x *Path) broadcastMulti(ctx context.Context, b backends.Backend, w job.Wor
 		if len(src) > 0 {
 			parallelCopy(dsts, src)
 		}
+		return nil
 	}
-	return nil
+	return BroadcastCalls(ctx, b, &w, in, out)
 }
 
 func (x *Path) allgatherMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
 	r := &w.Resp
 	mb := w.View.Rows
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
-	for i, t := range r.Tensors {
-		counts, total := AllgatherCounts(mb, &t, r.DType)
-		in := make([]byte, 0, counts[mb.Node])
+	in := func(i int, into []byte) error {
+		off := 0
 		for _, o := range w.Ops[i][mb.Offset : mb.Offset+mb.Local()] {
 			if o != nil {
-				in = append(in, o.Buf...)
+				if off+len(o.Buf) > len(into) {
+					return fmt.Errorf("allgather: the node's pieces exceed the %d bytes the plan gives it", len(into))
+				}
+				off += copy(into[off:], o.Buf)
 			}
 		}
-		out := x.Fusion(total)
 		x.ph.at(i)
 		x.ph.begin(crossNode(b, r))
-		if err := b.Allgatherv(ctx, in, out, counts); err != nil {
-			return nil, err
-		}
+		return nil
+	}
+	out := func(i int, all []byte) error {
 		x.ph.End()
 		x.ph.begin(Activity(r))
-		dones[i] = x.outputs(w.Ops[i], func(_ int, dst []byte) { copy(dst, out) }, func(int) int { return total }, AllgatherShape(&t), nil)
+		t := &r.Tensors[i]
+		dones[i] = x.results(w.Ops[i], func(_ int, dst []byte) { copy(dst, all) }, func(int) int { return len(all) }, AllgatherShape(t), nil)
+		return nil
+	}
+	if err := AllgatherCalls(ctx, b, &w, x.Fusion, in, out); err != nil {
+		return nil, err
 	}
 	return dones, nil
 }
 
-// outputs allocates each local op's output of size(rank) bytes, fills it with
-// fill and returns the Done of each, with shape (or shapeOf(rank) when shape is
-// nil) and received splits.
-func (x *Path) outputs(row []*job.Op, fill func(rank int, dst []byte), size func(rank int) int, shape tensor.Shape, extra func(rank int, d *ipcpb.Done)) []*ipcpb.Done {
+// results allocates each local op's result of size(rank) bytes in its
+// client's output region, fills it with fill and returns the Done of each,
+// with shape and what extra adds.
+func (x *Path) results(row []*job.Op, fill func(rank int, dst []byte), size func(rank int) int, shape tensor.Shape, extra func(rank int, d *ipcpb.Done)) []*ipcpb.Done {
 	dones := make([]*ipcpb.Done, len(row))
 	for rank, o := range row {
 		if o == nil {
@@ -553,32 +556,34 @@ func (x *Path) outputs(row []*job.Op, fill func(rank int, dst []byte), size func
 func (x *Path) alltoallMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
 	r := &w.Resp
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
-	for i, t := range r.Tensors {
-		a := NewA2APlan(&w, i)
-		var in []byte
+	in := func(i int, a *A2APlan, into []byte) error {
+		off := 0
 		a.Sends(func(s, d int) {
 			if o := w.Ops[i][s]; o != nil {
-				in = append(in, o.Buf[a.Start(s, d):a.Start(s, d)+a.Piece(s, d)]...)
+				off += copy(into[off:], o.Buf[a.Start(s, d):a.Start(s, d)+a.Piece(s, d)])
 			}
 		})
-		out := x.Fusion(a.Total)
 		x.ph.at(i)
 		x.ph.begin(crossNode(b, r))
-		if err := b.Alltoallv(ctx, in, a.SendCounts, out, a.RecvCounts); err != nil {
-			return nil, err
-		}
+		return nil
+	}
+	out := func(i int, a *A2APlan, got []byte) error {
 		x.ph.End()
 		x.ph.begin(Activity(r))
-		row := w.Ops[i]
+		row, shape := w.Ops[i], r.Tensors[i].Shape
 		dones[i] = make([]*ipcpb.Done, len(row))
 		for d, o := range row {
 			if o == nil {
 				continue
 			}
-			ds := x.outputs(row[d:d+1], func(_ int, dst []byte) { a.fill(d, dst, out) }, func(int) int { return a.Rows(d) * a.RowBytes },
-				a.Shape(d, t.Shape), func(_ int, dn *ipcpb.Done) { dn.ReceivedSplits = a.Received(d) })
+			ds := x.results(row[d:d+1], func(_ int, dst []byte) { a.fill(d, dst, got) }, func(int) int { return a.Rows(d) * a.RowBytes },
+				a.Shape(d, shape), func(_ int, dn *ipcpb.Done) { dn.ReceivedSplits = a.Received(d) })
 			dones[i][d] = ds[0]
 		}
+		return nil
+	}
+	if err := AlltoallCalls(ctx, b, &w, x.Fusion, in, out); err != nil {
+		return nil, err
 	}
 	return dones, nil
 }
@@ -711,55 +716,50 @@ func (x *Path) reducescatterMulti(ctx context.Context, b backends.Backend, w job
 	mb := w.View.Rows
 	op, pre, post := Scales(r, w.Size)
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
-	for i, t := range r.Tensors {
-		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
-		rows := func(rank int) int {
-			_, k := ScatterBlock(&t, w.Size, rank)
-			return int(k)
-		}
+	full := func(i int) ([]byte, error) {
+		t := &r.Tensors[i]
 		var d0 int
 		if len(t.Shape) > 0 {
 			d0 = int(t.Shape[0])
 		}
-		full := x.Fusion(d0 * rowBytes)
+		f := x.Fusion(d0 * int(t.Shape.RowElements()) * r.DType.Size())
 		x.ph.at(i)
 		x.ph.begin(Activity(r))
 		if bufs := localBufs(w.Ops[i]); len(bufs) > 0 {
-			if err := reduce.Reduce([][]byte{full}, bufs, r.DType, op, pre, 1, &x.ropts); err != nil {
+			if err := reduce.Reduce([][]byte{f}, bufs, r.DType, op, pre, 1, &x.ropts); err != nil {
 				return nil, err
 			}
-		} else if err := reduce.Fill(full, r.DType, op); err != nil {
+		} else if err := reduce.Fill(f, r.DType, op); err != nil {
 			return nil, err
 		}
-		counts := NodeCounts(mb, func(rank int) int { return rows(rank) * rowBytes })
-		block := make([]byte, counts[mb.Node])
 		x.ph.End()
 		x.ph.begin(crossNode(b, r))
-		if err := b.ReduceScatter(ctx, full, block, counts, r.DType, op); err != nil {
-			return nil, err
-		}
+		return f, nil
+	}
+	out := func(i int, block []byte, at []int) error {
 		x.ph.End()
 		x.ph.begin(Activity(r))
-		// Our block holds our ranks' rows, in rank order.
-		at := make([]int, w.Size)
-		off := 0
-		for rank := mb.Offset; rank < mb.Offset+mb.Local(); rank++ {
-			at[rank] = off
-			off += rows(rank) * rowBytes
+		t := &r.Tensors[i]
+		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
+		rows := func(rank int) int {
+			_, k := ScatterBlock(t, w.Size, rank)
+			return int(k)
 		}
 		var ferr error
-		dones[i] = x.outputs(w.Ops[i], func(rank int, dst []byte) {
+		dones[i] = x.results(w.Ops[i], func(rank int, dst []byte) {
 			if len(dst) > 0 {
-				if err := reduce.Reduce([][]byte{dst}, [][]byte{block[at[rank] : at[rank]+len(dst)]}, r.DType, op, 1, post, &x.ropts); err != nil {
+				from := at[rank-mb.Offset]
+				if err := reduce.Reduce([][]byte{dst}, [][]byte{block[from : from+len(dst)]}, r.DType, op, 1, post, &x.ropts); err != nil {
 					ferr = err
 				}
 			}
 		}, func(rank int) int { return rows(rank) * rowBytes }, nil, func(rank int, d *ipcpb.Done) {
 			d.OutputShape = append(tensor.Shape{int64(rows(rank))}, t.Shape[1:]...)
 		})
-		if ferr != nil {
-			return nil, ferr
-		}
+		return ferr
+	}
+	if err := ReducescatterCalls(ctx, b, &w, full, out); err != nil {
+		return nil, err
 	}
 	return dones, nil
 }
