@@ -8,6 +8,7 @@ import (
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/internal/job"
+	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/reduce"
 	"github.com/hvdd/hvdd/tensor"
@@ -227,59 +228,82 @@ func PipeChunk(total int) int {
 }
 
 // allreducePipelined is allreduceMulti's fused path in chunks of chunk bytes
-// of the fusion buffer f (see pipeChunk). The phases it writes on the
-// timeline: the local reduction until the first chunk is ready, the
-// engine's transfer until the last chunk is through, then the rest of the
-// write-back.
+// of the fusion buffer f (see PipeChunk): the local ranks' buffers are
+// reduced into f and the result written back to them chunk by chunk,
+// around the engine's calls (pipeline).
 func (x *Path) allreducePipelined(ctx context.Context, b backends.Backend, w job.Work, f []byte, chunk int, op tensor.ReduceOp, pre, post float64) error {
 	r := &w.Resp
-	es := r.DType.Size()
-	offs := make([]int, len(r.Tensors)+1) // tensor i is f[offs[i]:offs[i+1]]
-	for i, t := range r.Tensors {
-		offs[i+1] = offs[i] + int(t.Shape.NumElements())*es
-	}
-	// each calls fn for every piece of tensor i within f[lo:hi]: the
-	// piece's range in f, and its local buffers cut to the same range.
-	each := func(lo, hi int, fn func(seg []byte, bufs [][]byte) error) error {
-		for i := range r.Tensors {
-			a, z := max(lo, offs[i]), min(hi, offs[i+1])
-			if a >= z {
-				continue
-			}
-			var cut [][]byte
-			for _, buf := range localBufs(w.Ops[i]) {
-				cut = append(cut, buf[a-offs[i]:z-offs[i]])
-			}
-			if err := fn(f[a:z], cut); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	localReduce := func(lo, hi int) error {
-		return each(lo, hi, func(seg []byte, bufs [][]byte) error {
+	fz := newFused(&w, f)
+	reduceChunk := func(lo, hi int) error {
+		return fz.each(lo, hi, func(seg []byte, bufs [][]byte) error {
 			if len(bufs) == 0 {
 				return reduce.Fill(seg, r.DType, op)
 			}
 			return reduce.Reduce([][]byte{seg}, bufs, r.DType, op, pre, 1, &x.ropts)
 		})
 	}
-	writeBack := func(lo, hi int) error {
-		return each(lo, hi, func(seg []byte, bufs [][]byte) error {
+	writeChunk := func(lo, hi int) error {
+		return fz.each(lo, hi, func(seg []byte, bufs [][]byte) error {
 			if len(bufs) == 0 {
 				return nil
 			}
 			return reduce.Reduce(bufs, [][]byte{seg}, r.DType, op, 1, post, &x.ropts)
 		})
 	}
+	return x.pipeline(ctx, b, r, f, chunk, op, reduceChunk, writeChunk)
+}
+
+// fused is a response's tensors laid out one after the other in the fusion
+// buffer f: tensor i is f[offs[i]:offs[i+1]].
+type fused struct {
+	w    *job.Work
+	f    []byte
+	offs []int
+}
+
+func newFused(w *job.Work, f []byte) *fused {
+	r := &w.Resp
+	es := r.DType.Size()
+	offs := make([]int, len(r.Tensors)+1)
+	for i, t := range r.Tensors {
+		offs[i+1] = offs[i] + int(t.Shape.NumElements())*es
+	}
+	return &fused{w: w, f: f, offs: offs}
+}
+
+// each calls fn for every piece of a tensor within f[lo:hi]: the piece's
+// range in f, and the tensor's local buffers cut to the same range.
+func (fz *fused) each(lo, hi int, fn func(seg []byte, bufs [][]byte) error) error {
+	for i := range fz.w.Resp.Tensors {
+		a, z := max(lo, fz.offs[i]), min(hi, fz.offs[i+1])
+		if a >= z {
+			continue
+		}
+		var cut [][]byte
+		for _, buf := range localBufs(fz.w.Ops[i]) {
+			cut = append(cut, buf[a-fz.offs[i]:z-fz.offs[i]])
+		}
+		if err := fn(fz.f[a:z], cut); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pipeline makes the engine's calls on f chunk by chunk (AllreduceCalls)
+// while one goroutine runs reduceChunk ahead of them and another runs
+// writeChunk behind. The phases it writes on the timeline: the local
+// reduction until the first chunk is ready, the engine's transfer until the
+// last chunk is through, then the rest of the write-back. It returns only
+// once both goroutines have finished with the clients' buffers, also when
+// the engine fails.
+func (x *Path) pipeline(ctx context.Context, b backends.Backend, r *plan.Response, f []byte, chunk int, op tensor.ReduceOp, reduceChunk, writeChunk func(lo, hi int) error) error {
 	total := len(f)
 	n := Chunks(total, false)
 	bounds := func(k int) (int, int) { return k * chunk, min((k+1)*chunk, total) }
-
 	// The reducer runs at most two chunks ahead of the one in the engine
 	// (one waiting in the channel, one being reduced); the writer follows
-	// the engine. This function returns only once both have finished with
-	// the clients' buffers, also when the engine fails.
+	// the engine.
 	stop := make(chan struct{})
 	reduced := make(chan error, 1)
 	written := make(chan int, n)
@@ -296,7 +320,7 @@ func (x *Path) allreducePipelined(ctx context.Context, b backends.Backend, w job
 			default:
 			}
 			lo, hi := bounds(k)
-			err := localReduce(lo, hi)
+			err := reduceChunk(lo, hi)
 			select {
 			case reduced <- err:
 			case <-stop:
@@ -312,7 +336,7 @@ func (x *Path) allreducePipelined(ctx context.Context, b backends.Backend, w job
 		for k := range written {
 			if werr == nil {
 				lo, hi := bounds(k)
-				werr = writeBack(lo, hi)
+				werr = writeChunk(lo, hi)
 			}
 		}
 	}()
