@@ -63,8 +63,8 @@ type client struct {
 	outq   [][]byte     // frames waiting for room in the ring (see sendBatch)
 	hasOut atomic.Bool  // outq is not empty: the loop must flush it
 
-	out outputs
-	gpu device.ConnGPU // its GPU mappings and device outputs (gpu.go)
+	out outputRegions
+	gpu device.ConnGPU // its GPU mappings and device outputs
 }
 
 // region is a mapped client or daemon region with a reference count: the
@@ -580,8 +580,8 @@ func (c *client) sendSocket(id uint32, m *ipcpb.ServerMessage, fd int) error {
 	return err
 }
 
-// outputs are the daemon-owned regions granted to one client for results.
-type outputs struct {
+// outputRegions are the daemon-owned regions granted to one client for results.
+type outputRegions struct {
 	// mu guards the fields that follow.
 	mu      sync.Mutex
 	regions []*outRegion
@@ -651,7 +651,7 @@ func (c *client) AllocOutput(n int64) ([]byte, *ipcpb.Buffer, error) {
 }
 
 // Release gives back the part of an output region that b names.
-func (o *outputs) Release(b *ipcpb.Buffer) error {
+func (o *outputRegions) Release(b *ipcpb.Buffer) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, r := range o.regions {
@@ -666,7 +666,7 @@ func (o *outputs) Release(b *ipcpb.Buffer) error {
 }
 
 // Close unmaps the output regions as the connection closes.
-func (o *outputs) Close() {
+func (o *outputRegions) Close() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, r := range o.regions {
