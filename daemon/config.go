@@ -160,6 +160,22 @@ type Config struct {
 	// node too.
 	GPUAllreduce string
 
+	// OpenGPUSampler opens the sampler of the node's GPUs. Each of its
+	// rounds (every GPUSampleInterval, on a goroutine of the Server's own,
+	// never the loop's) feeds Metrics' hvdd_gpu_* families and hvdd
+	// status's GPU figures, and a GPU a round reports lost (NVML's
+	// ERROR_GPU_IS_LOST, or XID 79) fails the device tensors on it from
+	// then on, naming it, while host tensors and the other GPUs go on. It
+	// is called once, on that goroutine, after Serve has started; an error
+	// is logged, shown by hvdd status, and leaves the daemon unsampled. Nil
+	// means gpu/nvml's OpenSampler when the daemon has GPUs (GPU lists
+	// some), and no sampling without.
+	OpenGPUSampler func() (GPUSampler, error)
+	// GPUSampleInterval is the time between the starts of two sampling
+	// rounds (hvdd serve --gpu-sample-interval). Zero means 10 s; negative
+	// turns sampling off.
+	GPUSampleInterval time.Duration
+
 	// Metrics, when set, receives the daemon's Prometheus metrics (package
 	// daemon/metrics; hvdd serve --metrics-addr serves them): ops, bytes,
 	// latency, fusion, negotiation waits, stalls, clients and jobs, links,
@@ -177,6 +193,11 @@ const (
 
 // DefaultFusionThreshold is Horovod's default fusion buffer size.
 const DefaultFusionThreshold = 128 << 20
+
+// DefaultGPUSampleInterval is GPUSampleInterval's default: a node
+// service's pace (each round costs about 40 ms of NVML calls per GPU, on
+// the sampler's goroutine).
+const DefaultGPUSampleInterval = 10 * time.Second
 
 func (c *Config) Validate() error {
 	var errs []error
@@ -249,6 +270,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
+	}
+	if out.GPUSampleInterval == 0 {
+		out.GPUSampleInterval = DefaultGPUSampleInterval
 	}
 	return out
 }

@@ -80,4 +80,20 @@
 // submitted and others did not are logged after the stall-check time,
 // naming the missing ranks, and optionally fail the job after the
 // stall-shutdown time.
+//
+// # GPUs
+//
+// The daemon owns the node's GPUs, so it reports them as a node service
+// does (gpusample.go): a goroutine of the Server's, never the loop's,
+// samples them through NVML (Config.OpenGPUSampler, every
+// Config.GPUSampleInterval) and feeds each round to the hvdd_gpu_* metrics
+// and to hvdd status, which the loop answers from the Server's copy of the
+// last round (Server.GPUStatus) without calling NVML. A GPU a round reports
+// lost (ERROR_GPU_IS_LOST, or XID 79) is logged once and marked in the
+// device path (internal/exec/device, lost.go): a new device tensor on it
+// is refused, and a response with a tensor on it fails before it runs,
+// both with CODE_INTERNAL naming the GPU's index, UUID and PCI bus id;
+// host tensors and the other GPUs go on. A rank whose tensor was refused
+// leaves its peers waiting as any refused request does, until it gives up
+// (its process exits: CODE_ABORTED) or the stall shutdown.
 package daemon

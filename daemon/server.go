@@ -37,6 +37,7 @@ type Server struct {
 
 	closeOnce sync.Once
 	gpu       *device.GPUs // the GPUs opened; nil when CPU-only
+	sampling  *gpuSampling // the GPU sampler's goroutine (gpusample.go); nil when none
 
 	// mu guards the fields that follow.
 	mu       sync.Mutex
@@ -56,7 +57,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("daemon: invalid config: %w", err)
 	}
 	c := cfg.withDefaults()
-	return &Server{
+	s := &Server{
 		cfg:     c,
 		log:     c.Logger,
 		uid:     uint32(os.Getuid()),
@@ -64,7 +65,9 @@ func New(cfg Config) (*Server, error) {
 		started: make(chan struct{}),
 		done:    make(chan struct{}),
 		gpu:     device.OpenGPUs(c.GPU, c.NCCL, c.Logger, c.GPUAllreduce == GPUAllreduceHost),
-	}, nil
+	}
+	s.sampling = s.newGPUSampling()
+	return s, nil
 }
 
 // Listen creates the daemon's socket at path: it makes the directory (0755 if
@@ -149,6 +152,10 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 		l.Run()
 	}()
 	close(s.started)
+	if g := s.sampling; g != nil {
+		go g.run(s.quit)
+		defer g.wait(s.log)
+	}
 	go func() {
 		select {
 		case <-ctx.Done():

@@ -110,6 +110,7 @@ type serveArgs struct {
 	logFile, removeOnExit                      string
 	metricsAddr                                string
 	gpuDriver, gpuAllreduce                    string
+	gpuSampleInterval                          time.Duration
 
 	// Autotuning (HOROVOD_AUTOTUNE and its details when not given).
 	autotune                      bool
@@ -243,6 +244,7 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 		return args, err
 	}
 	fs.StringVar(&args.gpuAllreduce, "gpu-allreduce", defGPUAllreduce, "how GPU tensors are reduced: hierarchical (on the GPUs, NCCL between a node's GPUs, the node's result through the cross-node engine in host memory), nccl (the same, with the nodes joined on NCCL: one GPU per node; the same on every node) or host (staged through host memory, the CPU path) (default: $HOROVOD_HIERARCHICAL_ALLREDUCE=1 hierarchical, else $HOROVOD_GPU_ALLREDUCE: NCCL nccl, MPI or GLOO host; else hierarchical)")
+	fs.DurationVar(&args.gpuSampleInterval, "gpu-sample-interval", daemon.DefaultGPUSampleInterval, "how often to sample the GPUs through NVML (utilization, memory, temperature, power, PCIe/NVLink throughput, ECC and XID errors) for /metrics and hvdd status; a GPU found lost (XID 79) fails the GPU tensors on it; 0 turns sampling off")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
 		printDefaults(fs)
@@ -300,6 +302,10 @@ func serveConfig(args serveArgs) (daemon.Config, string, error) {
 	}
 	if err := gpuConfig(&cfg, args.gpuDriver, args.gpuAllreduce); err != nil { // gpu.go
 		return cfg, "", err
+	}
+	cfg.GPUSampleInterval = args.gpuSampleInterval
+	if args.gpuSampleInterval <= 0 {
+		cfg.GPUSampleInterval = -1 // off
 	}
 	// Checked on every daemon, though only one across nodes uses it.
 	if args.compression, err = backends.ParseCompression(args.wireCompression); err != nil {

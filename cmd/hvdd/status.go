@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -24,7 +25,9 @@ const statusUsage = `Usage: hvdd status [flags]
 Shows what the node's daemon is doing: its jobs (name, user, state, ranks with
 their pids, uids and hosts), what each job waits on now (the tensors some
 ranks submitted, and the ranks missing), its recent errors, and the bytes and
-throughput of its links to the other nodes. Across nodes, node 0's daemon
+throughput of its links to the other nodes, and the node's GPUs as its last
+sampling round saw them (utilization, memory, temperature, power, PCIe and
+NVLink throughput, ECC and XID errors, lost GPUs). Across nodes, node 0's daemon
 (the coordinator) lists every node's ranks and every pending tensor.
 
 Root and the daemon's own user see every job; other users see their own.
@@ -198,6 +201,7 @@ func formatStatus(st, prev *ipcpb.Status) string {
 			b.WriteByte('\n')
 		}
 	}
+	formatGPUs(&b, st)
 	if errs := st.GetErrors(); len(errs) > 0 {
 		b.WriteString("\nrecent errors:\n")
 		for _, e := range errs {
@@ -214,6 +218,69 @@ func formatStatus(st, prev *ipcpb.Status) string {
 		}
 	}
 	return b.String()
+}
+
+// formatGPUs renders the node's GPUs of st's last sampling round: per GPU
+// a line of identity and the gauges, a line of the links and error
+// counts; a figure the round did not read is left out.
+func formatGPUs(b *strings.Builder, st *ipcpb.Status) {
+	if e := st.GetGpuSamplingError(); e != "" {
+		fmt.Fprintf(b, "\nGPU sampling: %s\n", e)
+	}
+	gpus := st.GetGpus()
+	if len(gpus) == 0 {
+		return
+	}
+	ago := time.Duration(st.GetNowMs()-st.GetGpusSampledMs()) * time.Millisecond
+	fmt.Fprintf(b, "\nGPUs (NVML, sampled %s ago):\n", ago.Round(time.Second))
+	for _, g := range gpus {
+		has := func(f string) bool { return slices.Contains(g.GetValid(), f) }
+		fmt.Fprintf(b, "  GPU %d %s (PCI %s)", g.GetIndex(), g.GetUuid(), g.GetPciBusId())
+		if g.GetLost() {
+			fmt.Fprintf(b, ": LOST (%s): its GPU tensors fail\n", g.GetLostReason())
+		} else {
+			var gauges []string
+			if has("utilization") {
+				gauges = append(gauges, fmt.Sprintf("%d%% busy, memory %d%% busy", g.GetUtilizationGpu(), g.GetUtilizationMemory()))
+			}
+			if has("memory") {
+				gauges = append(gauges, fmt.Sprintf("%s of %s used", byteSize(int64(g.GetMemoryUsed())), byteSize(int64(g.GetMemoryTotal()))))
+			}
+			if has("temperature") {
+				gauges = append(gauges, fmt.Sprintf("%d C", g.GetTemperature()))
+			}
+			if has("power") {
+				gauges = append(gauges, fmt.Sprintf("%.1f W", float64(g.GetPowerMilliwatts())/1000))
+			}
+			if len(gauges) > 0 {
+				fmt.Fprintf(b, ": %s", strings.Join(gauges, ", "))
+			}
+			b.WriteByte('\n')
+		}
+		var more []string
+		if has("pcie") {
+			more = append(more, fmt.Sprintf("PCIe %s/s out, %s/s in", byteSize(int64(g.GetPcieTxBytesPerSecond())), byteSize(int64(g.GetPcieRxBytesPerSecond()))))
+		}
+		if has("nvlink") {
+			more = append(more, fmt.Sprintf("NVLink %s sent, %s received", byteSize(int64(g.GetNvlinkTxBytes())), byteSize(int64(g.GetNvlinkRxBytes()))))
+		}
+		if has("ecc") {
+			more = append(more, fmt.Sprintf("ECC errors %d corrected, %d uncorrected", g.GetEccCorrected(), g.GetEccUncorrected()))
+		}
+		if xs := g.GetXids(); len(xs) > 0 {
+			var parts []string
+			for _, x := range xs {
+				parts = append(parts, fmt.Sprintf("%d (x%d)", x.GetXid(), x.GetCount()))
+			}
+			more = append(more, "XID errors "+strings.Join(parts, ", "))
+		}
+		if len(more) > 0 {
+			fmt.Fprintf(b, "    %s\n", strings.Join(more, "; "))
+		}
+		if errs := g.GetErrors(); len(errs) > 0 {
+			fmt.Fprintf(b, "    NVML errors: %s\n", strings.Join(errs, "; "))
+		}
+	}
 }
 
 // prevLink finds a job's link in the previous snapshot.

@@ -2050,9 +2050,19 @@ type Status struct {
 	// The last errors: failed jobs, refused processes, tensors that failed.
 	Errors []*StatusError `protobuf:"bytes,12,rep,name=errors,proto3" json:"errors,omitempty"`
 	// Jobs of other users left out of jobs (a requester that is not root).
-	HiddenJobs    int32 `protobuf:"varint,13,opt,name=hidden_jobs,json=hiddenJobs,proto3" json:"hidden_jobs,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HiddenJobs int32 `protobuf:"varint,13,opt,name=hidden_jobs,json=hiddenJobs,proto3" json:"hidden_jobs,omitempty"`
+	// The node's GPUs as the daemon's last sampling round (NVML) saw them,
+	// in NVML's order; empty when the daemon does not sample them (no GPU,
+	// sampling off, NVML unavailable: gpu_sampling_error says why) or
+	// before its first round.
+	Gpus []*GPUStatus `protobuf:"bytes,14,rep,name=gpus,proto3" json:"gpus,omitempty"`
+	// When that round was taken (Unix milliseconds); 0 before the first.
+	GpusSampledMs int64 `protobuf:"varint,15,opt,name=gpus_sampled_ms,json=gpusSampledMs,proto3" json:"gpus_sampled_ms,omitempty"`
+	// Why the daemon has no GPU figures, or why its last round failed
+	// (NVML could not be opened, a round's error); empty otherwise.
+	GpuSamplingError string `protobuf:"bytes,16,opt,name=gpu_sampling_error,json=gpuSamplingError,proto3" json:"gpu_sampling_error,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Status) Reset() {
@@ -2176,6 +2186,303 @@ func (x *Status) GetHiddenJobs() int32 {
 	return 0
 }
 
+func (x *Status) GetGpus() []*GPUStatus {
+	if x != nil {
+		return x.Gpus
+	}
+	return nil
+}
+
+func (x *Status) GetGpusSampledMs() int64 {
+	if x != nil {
+		return x.GpusSampledMs
+	}
+	return 0
+}
+
+func (x *Status) GetGpuSamplingError() string {
+	if x != nil {
+		return x.GpuSamplingError
+	}
+	return ""
+}
+
+// GPUStatus is one GPU's figures from one sampling round, named and in
+// the units of gpu/nvml's Sample. A figure not in valid is zero: the GPU
+// does not report it (unsupported), its call failed (errors), or the GPU
+// is lost.
+type GPUStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// NVML's index of the GPU (the node's: CUDA_VISIBLE_DEVICES renumbers
+	// CUDA's devices, not NVML's), its UUID and PCI bus id.
+	Index    int32  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Uuid     string `protobuf:"bytes,2,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	PciBusId string `protobuf:"bytes,3,opt,name=pci_bus_id,json=pciBusId,proto3" json:"pci_bus_id,omitempty"`
+	// The figures read this round, and those the GPU does not support, by
+	// gpu/nvml's names: utilization, memory, temperature, power, pcie,
+	// nvlink, ecc, xid.
+	Valid       []string `protobuf:"bytes,4,rep,name=valid,proto3" json:"valid,omitempty"`
+	Unsupported []string `protobuf:"bytes,5,rep,name=unsupported,proto3" json:"unsupported,omitempty"`
+	// Percentages of NVML's last sample period.
+	UtilizationGpu    uint32 `protobuf:"varint,6,opt,name=utilization_gpu,json=utilizationGpu,proto3" json:"utilization_gpu,omitempty"`
+	UtilizationMemory uint32 `protobuf:"varint,7,opt,name=utilization_memory,json=utilizationMemory,proto3" json:"utilization_memory,omitempty"`
+	// Bytes of device memory.
+	MemoryUsed  uint64 `protobuf:"varint,8,opt,name=memory_used,json=memoryUsed,proto3" json:"memory_used,omitempty"`
+	MemoryTotal uint64 `protobuf:"varint,9,opt,name=memory_total,json=memoryTotal,proto3" json:"memory_total,omitempty"`
+	// Degrees Celsius (the die).
+	Temperature          uint32 `protobuf:"varint,10,opt,name=temperature,proto3" json:"temperature,omitempty"`
+	PowerMilliwatts      uint32 `protobuf:"varint,11,opt,name=power_milliwatts,json=powerMilliwatts,proto3" json:"power_milliwatts,omitempty"`
+	PcieTxBytesPerSecond uint64 `protobuf:"varint,12,opt,name=pcie_tx_bytes_per_second,json=pcieTxBytesPerSecond,proto3" json:"pcie_tx_bytes_per_second,omitempty"`
+	PcieRxBytesPerSecond uint64 `protobuf:"varint,13,opt,name=pcie_rx_bytes_per_second,json=pcieRxBytesPerSecond,proto3" json:"pcie_rx_bytes_per_second,omitempty"`
+	// NVML's counters since the driver loaded.
+	NvlinkTxBytes  uint64 `protobuf:"varint,14,opt,name=nvlink_tx_bytes,json=nvlinkTxBytes,proto3" json:"nvlink_tx_bytes,omitempty"`
+	NvlinkRxBytes  uint64 `protobuf:"varint,15,opt,name=nvlink_rx_bytes,json=nvlinkRxBytes,proto3" json:"nvlink_rx_bytes,omitempty"`
+	EccCorrected   uint64 `protobuf:"varint,16,opt,name=ecc_corrected,json=eccCorrected,proto3" json:"ecc_corrected,omitempty"`
+	EccUncorrected uint64 `protobuf:"varint,17,opt,name=ecc_uncorrected,json=eccUncorrected,proto3" json:"ecc_uncorrected,omitempty"`
+	// The XID errors the driver reported for the GPU since the daemon began
+	// watching it, by XID, in XID order.
+	Xids []*XIDCount `protobuf:"bytes,18,rep,name=xids,proto3" json:"xids,omitempty"`
+	// Set once the GPU is lost (NVML's ERROR_GPU_IS_LOST, or XID 79): how
+	// it was seen. The daemon then fails the ops on it.
+	Lost       bool   `protobuf:"varint,19,opt,name=lost,proto3" json:"lost,omitempty"`
+	LostReason string `protobuf:"bytes,20,opt,name=lost_reason,json=lostReason,proto3" json:"lost_reason,omitempty"`
+	// The NVML calls that failed this round ("GetPowerUsage: Insufficient
+	// Permissions").
+	Errors        []string `protobuf:"bytes,21,rep,name=errors,proto3" json:"errors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GPUStatus) Reset() {
+	*x = GPUStatus{}
+	mi := &file_hvdd_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GPUStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GPUStatus) ProtoMessage() {}
+
+func (x *GPUStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GPUStatus.ProtoReflect.Descriptor instead.
+func (*GPUStatus) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *GPUStatus) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *GPUStatus) GetUuid() string {
+	if x != nil {
+		return x.Uuid
+	}
+	return ""
+}
+
+func (x *GPUStatus) GetPciBusId() string {
+	if x != nil {
+		return x.PciBusId
+	}
+	return ""
+}
+
+func (x *GPUStatus) GetValid() []string {
+	if x != nil {
+		return x.Valid
+	}
+	return nil
+}
+
+func (x *GPUStatus) GetUnsupported() []string {
+	if x != nil {
+		return x.Unsupported
+	}
+	return nil
+}
+
+func (x *GPUStatus) GetUtilizationGpu() uint32 {
+	if x != nil {
+		return x.UtilizationGpu
+	}
+	return 0
+}
+
+func (x *GPUStatus) GetUtilizationMemory() uint32 {
+	if x != nil {
+		return x.UtilizationMemory
+	}
+	return 0
+}
+
+func (x *GPUStatus) GetMemoryUsed() uint64 {
+	if x != nil {
+		return x.MemoryUsed
+	}
+	return 0
+}
+
+func (x *GPUStatus) GetMemoryTotal() uint64 {
+	if x != nil {
+		return x.MemoryTotal
+	}
+	return 0
+}
+
+func (x *GPUStatus) GetTemperature() uint32 {
+	if x != nil {
+		return x.Temperature
+	}
+	return 0
+}
+
+func (x *GPUStatus) GetPowerMilliwatts() uint32 {
+	if x != nil {
+		return x.PowerMilliwatts
+	}
+	return 0
+}
+
+func (x *GPUStatus) GetPcieTxBytesPerSecond() uint64 {
+	if x != nil {
+		return x.PcieTxBytesPerSecond
+	}
+	return 0
+}
+
+func (x *GPUStatus) GetPcieRxBytesPerSecond() uint64 {
+	if x != nil {
+		return x.PcieRxBytesPerSecond
+	}
+	return 0
+}
+
+func (x *GPUStatus) GetNvlinkTxBytes() uint64 {
+	if x != nil {
+		return x.NvlinkTxBytes
+	}
+	return 0
+}
+
+func (x *GPUStatus) GetNvlinkRxBytes() uint64 {
+	if x != nil {
+		return x.NvlinkRxBytes
+	}
+	return 0
+}
+
+func (x *GPUStatus) GetEccCorrected() uint64 {
+	if x != nil {
+		return x.EccCorrected
+	}
+	return 0
+}
+
+func (x *GPUStatus) GetEccUncorrected() uint64 {
+	if x != nil {
+		return x.EccUncorrected
+	}
+	return 0
+}
+
+func (x *GPUStatus) GetXids() []*XIDCount {
+	if x != nil {
+		return x.Xids
+	}
+	return nil
+}
+
+func (x *GPUStatus) GetLost() bool {
+	if x != nil {
+		return x.Lost
+	}
+	return false
+}
+
+func (x *GPUStatus) GetLostReason() string {
+	if x != nil {
+		return x.LostReason
+	}
+	return ""
+}
+
+func (x *GPUStatus) GetErrors() []string {
+	if x != nil {
+		return x.Errors
+	}
+	return nil
+}
+
+// XIDCount is how many times a GPU reported one XID.
+type XIDCount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Xid           uint64                 `protobuf:"varint,1,opt,name=xid,proto3" json:"xid,omitempty"`
+	Count         uint64                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *XIDCount) Reset() {
+	*x = XIDCount{}
+	mi := &file_hvdd_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *XIDCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*XIDCount) ProtoMessage() {}
+
+func (x *XIDCount) ProtoReflect() protoreflect.Message {
+	mi := &file_hvdd_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use XIDCount.ProtoReflect.Descriptor instead.
+func (*XIDCount) Descriptor() ([]byte, []int) {
+	return file_hvdd_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *XIDCount) GetXid() uint64 {
+	if x != nil {
+		return x.Xid
+	}
+	return 0
+}
+
+func (x *XIDCount) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 type JobStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2210,7 +2517,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_hvdd_proto_msgTypes[21]
+	mi := &file_hvdd_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2222,7 +2529,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[21]
+	mi := &file_hvdd_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2235,7 +2542,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{21}
+	return file_hvdd_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *JobStatus) GetId() uint64 {
@@ -2390,7 +2697,7 @@ type RankStatus struct {
 
 func (x *RankStatus) Reset() {
 	*x = RankStatus{}
-	mi := &file_hvdd_proto_msgTypes[22]
+	mi := &file_hvdd_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2402,7 +2709,7 @@ func (x *RankStatus) String() string {
 func (*RankStatus) ProtoMessage() {}
 
 func (x *RankStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[22]
+	mi := &file_hvdd_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2415,7 +2722,7 @@ func (x *RankStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankStatus.ProtoReflect.Descriptor instead.
 func (*RankStatus) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{22}
+	return file_hvdd_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RankStatus) GetRank() int32 {
@@ -2487,7 +2794,7 @@ type PendingTensor struct {
 
 func (x *PendingTensor) Reset() {
 	*x = PendingTensor{}
-	mi := &file_hvdd_proto_msgTypes[23]
+	mi := &file_hvdd_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2499,7 +2806,7 @@ func (x *PendingTensor) String() string {
 func (*PendingTensor) ProtoMessage() {}
 
 func (x *PendingTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[23]
+	mi := &file_hvdd_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2512,7 +2819,7 @@ func (x *PendingTensor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingTensor.ProtoReflect.Descriptor instead.
 func (*PendingTensor) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{23}
+	return file_hvdd_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PendingTensor) GetName() string {
@@ -2561,7 +2868,7 @@ type LinkStatus struct {
 
 func (x *LinkStatus) Reset() {
 	*x = LinkStatus{}
-	mi := &file_hvdd_proto_msgTypes[24]
+	mi := &file_hvdd_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2573,7 +2880,7 @@ func (x *LinkStatus) String() string {
 func (*LinkStatus) ProtoMessage() {}
 
 func (x *LinkStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[24]
+	mi := &file_hvdd_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2586,7 +2893,7 @@ func (x *LinkStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkStatus.ProtoReflect.Descriptor instead.
 func (*LinkStatus) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{24}
+	return file_hvdd_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *LinkStatus) GetPeerNode() int32 {
@@ -2622,7 +2929,7 @@ type StatusError struct {
 
 func (x *StatusError) Reset() {
 	*x = StatusError{}
-	mi := &file_hvdd_proto_msgTypes[25]
+	mi := &file_hvdd_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2634,7 +2941,7 @@ func (x *StatusError) String() string {
 func (*StatusError) ProtoMessage() {}
 
 func (x *StatusError) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[25]
+	mi := &file_hvdd_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2647,7 +2954,7 @@ func (x *StatusError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusError.ProtoReflect.Descriptor instead.
 func (*StatusError) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{25}
+	return file_hvdd_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StatusError) GetAtMs() int64 {
@@ -2694,7 +3001,7 @@ type HostsUpdated struct {
 
 func (x *HostsUpdated) Reset() {
 	*x = HostsUpdated{}
-	mi := &file_hvdd_proto_msgTypes[26]
+	mi := &file_hvdd_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2706,7 +3013,7 @@ func (x *HostsUpdated) String() string {
 func (*HostsUpdated) ProtoMessage() {}
 
 func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
-	mi := &file_hvdd_proto_msgTypes[26]
+	mi := &file_hvdd_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2719,7 +3026,7 @@ func (x *HostsUpdated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostsUpdated.ProtoReflect.Descriptor instead.
 func (*HostsUpdated) Descriptor() ([]byte, []int) {
-	return file_hvdd_proto_rawDescGZIP(), []int{26}
+	return file_hvdd_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *HostsUpdated) GetTimestamp() int64 {
@@ -2870,7 +3177,7 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x05fatal\x18\x04 \x01(\v2\x12.hvdd.ipc.v1.FatalH\x00R\x05fatal\x12@\n" +
 	"\rhosts_updated\x18\x05 \x01(\v2\x19.hvdd.ipc.v1.HostsUpdatedH\x00R\fhostsUpdated\x12-\n" +
 	"\x06status\x18\x06 \x01(\v2\x13.hvdd.ipc.v1.StatusH\x00R\x06statusB\x05\n" +
-	"\x03msg\"\xff\x02\n" +
+	"\x03msg\"\x81\x04\n" +
 	"\x06Status\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1d\n" +
 	"\n" +
@@ -2888,7 +3195,39 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x04jobs\x18\v \x03(\v2\x16.hvdd.ipc.v1.JobStatusR\x04jobs\x120\n" +
 	"\x06errors\x18\f \x03(\v2\x18.hvdd.ipc.v1.StatusErrorR\x06errors\x12\x1f\n" +
 	"\vhidden_jobs\x18\r \x01(\x05R\n" +
-	"hiddenJobs\"\xa6\x04\n" +
+	"hiddenJobs\x12*\n" +
+	"\x04gpus\x18\x0e \x03(\v2\x16.hvdd.ipc.v1.GPUStatusR\x04gpus\x12&\n" +
+	"\x0fgpus_sampled_ms\x18\x0f \x01(\x03R\rgpusSampledMs\x12,\n" +
+	"\x12gpu_sampling_error\x18\x10 \x01(\tR\x10gpuSamplingError\"\xfa\x05\n" +
+	"\tGPUStatus\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x12\n" +
+	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x1c\n" +
+	"\n" +
+	"pci_bus_id\x18\x03 \x01(\tR\bpciBusId\x12\x14\n" +
+	"\x05valid\x18\x04 \x03(\tR\x05valid\x12 \n" +
+	"\vunsupported\x18\x05 \x03(\tR\vunsupported\x12'\n" +
+	"\x0futilization_gpu\x18\x06 \x01(\rR\x0eutilizationGpu\x12-\n" +
+	"\x12utilization_memory\x18\a \x01(\rR\x11utilizationMemory\x12\x1f\n" +
+	"\vmemory_used\x18\b \x01(\x04R\n" +
+	"memoryUsed\x12!\n" +
+	"\fmemory_total\x18\t \x01(\x04R\vmemoryTotal\x12 \n" +
+	"\vtemperature\x18\n" +
+	" \x01(\rR\vtemperature\x12)\n" +
+	"\x10power_milliwatts\x18\v \x01(\rR\x0fpowerMilliwatts\x126\n" +
+	"\x18pcie_tx_bytes_per_second\x18\f \x01(\x04R\x14pcieTxBytesPerSecond\x126\n" +
+	"\x18pcie_rx_bytes_per_second\x18\r \x01(\x04R\x14pcieRxBytesPerSecond\x12&\n" +
+	"\x0fnvlink_tx_bytes\x18\x0e \x01(\x04R\rnvlinkTxBytes\x12&\n" +
+	"\x0fnvlink_rx_bytes\x18\x0f \x01(\x04R\rnvlinkRxBytes\x12#\n" +
+	"\recc_corrected\x18\x10 \x01(\x04R\feccCorrected\x12'\n" +
+	"\x0fecc_uncorrected\x18\x11 \x01(\x04R\x0eeccUncorrected\x12)\n" +
+	"\x04xids\x18\x12 \x03(\v2\x15.hvdd.ipc.v1.XIDCountR\x04xids\x12\x12\n" +
+	"\x04lost\x18\x13 \x01(\bR\x04lost\x12\x1f\n" +
+	"\vlost_reason\x18\x14 \x01(\tR\n" +
+	"lostReason\x12\x16\n" +
+	"\x06errors\x18\x15 \x03(\tR\x06errors\"2\n" +
+	"\bXIDCount\x12\x10\n" +
+	"\x03xid\x18\x01 \x01(\x04R\x03xid\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\"\xa6\x04\n" +
 	"\tJobStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -3008,7 +3347,7 @@ func file_hvdd_proto_rawDescGZIP() []byte {
 }
 
 var file_hvdd_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_hvdd_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_hvdd_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_hvdd_proto_goTypes = []any{
 	(DType)(0),                  // 0: hvdd.ipc.v1.DType
 	(OpType)(0),                 // 1: hvdd.ipc.v1.OpType
@@ -3035,12 +3374,14 @@ var file_hvdd_proto_goTypes = []any{
 	(*Fatal)(nil),               // 22: hvdd.ipc.v1.Fatal
 	(*ServerMessage)(nil),       // 23: hvdd.ipc.v1.ServerMessage
 	(*Status)(nil),              // 24: hvdd.ipc.v1.Status
-	(*JobStatus)(nil),           // 25: hvdd.ipc.v1.JobStatus
-	(*RankStatus)(nil),          // 26: hvdd.ipc.v1.RankStatus
-	(*PendingTensor)(nil),       // 27: hvdd.ipc.v1.PendingTensor
-	(*LinkStatus)(nil),          // 28: hvdd.ipc.v1.LinkStatus
-	(*StatusError)(nil),         // 29: hvdd.ipc.v1.StatusError
-	(*HostsUpdated)(nil),        // 30: hvdd.ipc.v1.HostsUpdated
+	(*GPUStatus)(nil),           // 25: hvdd.ipc.v1.GPUStatus
+	(*XIDCount)(nil),            // 26: hvdd.ipc.v1.XIDCount
+	(*JobStatus)(nil),           // 27: hvdd.ipc.v1.JobStatus
+	(*RankStatus)(nil),          // 28: hvdd.ipc.v1.RankStatus
+	(*PendingTensor)(nil),       // 29: hvdd.ipc.v1.PendingTensor
+	(*LinkStatus)(nil),          // 30: hvdd.ipc.v1.LinkStatus
+	(*StatusError)(nil),         // 31: hvdd.ipc.v1.StatusError
+	(*HostsUpdated)(nil),        // 32: hvdd.ipc.v1.HostsUpdated
 }
 var file_hvdd_proto_depIdxs = []int32{
 	15, // 0: hvdd.ipc.v1.Hello.timeline:type_name -> hvdd.ipc.v1.Timeline
@@ -3070,18 +3411,20 @@ var file_hvdd_proto_depIdxs = []int32{
 	20, // 24: hvdd.ipc.v1.ServerMessage.grant_region:type_name -> hvdd.ipc.v1.GrantRegion
 	21, // 25: hvdd.ipc.v1.ServerMessage.done:type_name -> hvdd.ipc.v1.Done
 	22, // 26: hvdd.ipc.v1.ServerMessage.fatal:type_name -> hvdd.ipc.v1.Fatal
-	30, // 27: hvdd.ipc.v1.ServerMessage.hosts_updated:type_name -> hvdd.ipc.v1.HostsUpdated
+	32, // 27: hvdd.ipc.v1.ServerMessage.hosts_updated:type_name -> hvdd.ipc.v1.HostsUpdated
 	24, // 28: hvdd.ipc.v1.ServerMessage.status:type_name -> hvdd.ipc.v1.Status
-	25, // 29: hvdd.ipc.v1.Status.jobs:type_name -> hvdd.ipc.v1.JobStatus
-	29, // 30: hvdd.ipc.v1.Status.errors:type_name -> hvdd.ipc.v1.StatusError
-	26, // 31: hvdd.ipc.v1.JobStatus.ranks:type_name -> hvdd.ipc.v1.RankStatus
-	27, // 32: hvdd.ipc.v1.JobStatus.pending:type_name -> hvdd.ipc.v1.PendingTensor
-	28, // 33: hvdd.ipc.v1.JobStatus.links:type_name -> hvdd.ipc.v1.LinkStatus
-	34, // [34:34] is the sub-list for method output_type
-	34, // [34:34] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	27, // 29: hvdd.ipc.v1.Status.jobs:type_name -> hvdd.ipc.v1.JobStatus
+	31, // 30: hvdd.ipc.v1.Status.errors:type_name -> hvdd.ipc.v1.StatusError
+	25, // 31: hvdd.ipc.v1.Status.gpus:type_name -> hvdd.ipc.v1.GPUStatus
+	26, // 32: hvdd.ipc.v1.GPUStatus.xids:type_name -> hvdd.ipc.v1.XIDCount
+	28, // 33: hvdd.ipc.v1.JobStatus.ranks:type_name -> hvdd.ipc.v1.RankStatus
+	29, // 34: hvdd.ipc.v1.JobStatus.pending:type_name -> hvdd.ipc.v1.PendingTensor
+	30, // 35: hvdd.ipc.v1.JobStatus.links:type_name -> hvdd.ipc.v1.LinkStatus
+	36, // [36:36] is the sub-list for method output_type
+	36, // [36:36] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_hvdd_proto_init() }
@@ -3117,7 +3460,7 @@ func file_hvdd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hvdd_proto_rawDesc), len(file_hvdd_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -117,6 +117,10 @@ type Server interface {
 	ShutdownNote() string
 	// Close stops the daemon (--exit-after-job).
 	Close() error
+	// GPUStatus fills st's GPU fields (gpus, gpus_sampled_ms,
+	// gpu_sampling_error) from the Server's last sampling round, for hvdd
+	// status. It returns at once: the loop never waits for NVML.
+	GPUStatus(st *ipcpb.Status)
 }
 
 // New returns the loop, its executor x and its formation made by

@@ -16,8 +16,9 @@ import (
 // a job of one node, or of the coordinator across nodes, which also knows
 // every other node's ranks from their Joins), the last errors, and the
 // engine's byte counters per peer node (the command computes rates from two
-// snapshots). Root and the daemon's own uid see every job; other users see
-// theirs, and how many others there are.
+// snapshots), and the node's GPUs as the Server's sampler last saw them
+// (Server.GPUStatus). Root and the daemon's own uid see every job; other
+// users see theirs, and how many others there are.
 
 // maxErrors is how many recent errors the status keeps.
 const maxErrors = 20
@@ -71,6 +72,11 @@ func (l *Loop) status(uid uint32, maxPending int) *ipcpb.Status {
 		if all || e.GetJob() == 0 || l.ownsJob(uid, e.GetJob()) {
 			st.Errors = append(st.Errors, e)
 		}
+	}
+	// The node's GPUs, as the Server's sampler last saw them: every user
+	// may see them, as nvidia-smi shows them to everyone.
+	if l.s != nil {
+		l.s.GPUStatus(st)
 	}
 	return st
 }
