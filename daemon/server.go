@@ -119,31 +119,13 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	}
 	s.mu.Unlock()
 
-	p, err := poll.NewPoller()
+	l, err := s.start()
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.p = p
-	closed, draining := s.closed, s.draining
-	s.mu.Unlock()
-	if closed {
-		p.Post(loop.MsgQuit{})
-	}
-	if draining {
-		p.Post(loop.MsgDrain{})
-	}
-	l, err := s.newLoop(p)
-	if err != nil {
-		p.Close()
-		return err
-	}
-	s.mu.Lock()
-	s.l = l
-	s.mu.Unlock()
 	unregister, err := l.RegisterMetrics()
 	if err != nil {
-		p.Close()
+		s.p.Close()
 		return err
 	}
 	defer unregister()
@@ -176,30 +158,62 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	s.log.Info("hvdd daemon listening", "socket", ln.Addr().String(), "slots", s.cfg.Slots,
 		"fusion_threshold", s.cfg.FusionThreshold, "version", Version)
 
-	for {
-		var uc *net.UnixConn
-		uc, err = ln.AcceptUnix()
-		if err != nil {
-			select {
-			case <-s.quit:
-				err = ErrServerClosed
-			default:
-				var ne net.Error
-				if errors.As(err, &ne) && ne.Timeout() {
-					continue
-				}
-				err = fmt.Errorf("daemon: accept: %w", err)
-			}
-			break
-		}
-		l.Accept(uc, s.admit)
-	}
+	err = s.accept(ln, l)
 	s.Close()
 	<-s.done
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
 	return err
+}
+
+// start makes the poller and the loop, telling the loop of a Close or a
+// Shutdown that came before Serve.
+func (s *Server) start() (*loop.Loop, error) {
+	p, err := poll.NewPoller()
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.p = p
+	closed, draining := s.closed, s.draining
+	s.mu.Unlock()
+	if closed {
+		p.Post(loop.MsgQuit{})
+	}
+	if draining {
+		p.Post(loop.MsgDrain{})
+	}
+	l, err := s.newLoop(p)
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	s.mu.Lock()
+	s.l = l
+	s.mu.Unlock()
+	return l, nil
+}
+
+// accept hands ln's connections to the loop until ln fails or the Server
+// closes (ErrServerClosed).
+func (s *Server) accept(ln *net.UnixListener, l *loop.Loop) error {
+	for {
+		uc, err := ln.AcceptUnix()
+		if err != nil {
+			select {
+			case <-s.quit:
+				return ErrServerClosed
+			default:
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					continue
+				}
+				return fmt.Errorf("daemon: accept: %w", err)
+			}
+		}
+		l.Accept(uc, s.admit)
+	}
 }
 
 // Shutdown drains the server: it refuses new jobs (their ranks are told

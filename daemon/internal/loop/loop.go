@@ -168,107 +168,145 @@ func (l *Loop) Run() {
 	defer runtime.UnlockOSThread()
 	go l.x.Run()
 	defer l.shutdown()
-	spin := l.spin
-	var yielded time.Time
-	var lastSleep time.Duration // the previous blocking wait
+	sl := sleeper{spin: l.spin}
 	l.afterPass()
 	for !l.quit {
-		timeout := 0
-		if l.spin <= 0 || !time.Now().Before(l.spinUntil) {
-			// Going to sleep: tell the channels' clients to ring the
-			// doorbell, unless something arrived meanwhile.
-			if !l.setAsleep(true) {
-				timeout = -1
-				if l.outWaiting() {
-					// A client's frames wait for room in its ring, and
-					// nothing tells us when it makes room: look again soon.
-					timeout = 1
-				}
-			}
-		}
-		var slept time.Time
-		if timeout != 0 {
-			slept = time.Now()
-			if lastSleep > time.Millisecond && slept.Sub(yielded) > yieldEvery {
-				// See yieldEvery.
-				runtime.Gosched()
-				yielded = slept
-			}
-		}
-		events, err := l.p.Wait(timeout)
-		if timeout != 0 {
-			l.setAsleep(false)
-			lastSleep = time.Since(slept)
-			spin = ipc.AdaptSpin(spin, l.spin, lastSleep)
-		}
+		events, slept, err := l.wait(&sl)
 		if err != nil {
 			l.cfg.Log.Error("event loop failed", "err", err)
 			return
 		}
 		active := len(events) > 0
-		for _, ev := range events {
-			fd := int(ev.Fd)
-			if fd == l.p.Evfd {
-				for _, m := range l.p.Drain() {
-					l.message(m)
-				}
-				continue
-			}
-			c := l.clients[fd]
-			if c == nil {
-				l.nodes.Readable(fd)
-				continue
-			}
-			l.serveClient(c, ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0, true)
-		}
-		for _, c := range l.chans {
-			if !c.dropped && c.ch.Pending() {
-				l.serveClient(c, false, false)
-				active = true
-			}
-			if !c.dropped && c.hasOut.Load() {
-				if err := c.flushOut(); err != nil {
-					l.drop(c, err)
-				}
-			}
+		l.serveEvents(events)
+		if l.serveChannels() {
+			active = true
 		}
 		if !active {
-			if timeout == 0 {
+			if !slept {
 				unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 			}
 			continue
 		}
-		// Clients cut off by the per-wake frame limit still hold frames in
-		// user space, which epoll cannot see: serve them again.
-		for len(l.again) > 0 {
-			again := l.again
-			l.again = nil
-			for _, c := range again {
-				if !c.dropped {
-					l.serveClient(c, false, true)
-				}
-			}
-		}
-		if l.tl != nil && l.tl.markCycles {
-			l.tl.w.Mark("CYCLE_START")
-		}
-		for _, j := range l.jobs() {
-			if j.Coord != nil {
-				j.Coord.Flush()
-			}
-		}
-		l.dispatch()
-		for _, j := range l.jobs() {
-			if j.Coord != nil {
-				j.Coord.Expect(len(j.Pending) > 0)
-			}
-		}
-		l.armStallTimer()
-		l.afterPass()
+		l.endPass()
 		if l.spin > 0 {
-			l.spinUntil = time.Now().Add(spin)
+			l.spinUntil = time.Now().Add(sl.spin)
 		}
 	}
+}
+
+// sleeper is what the loop remembers of its waits: its adaptive spin
+// window, when it last yielded its P, and how long its last blocking wait
+// took.
+type sleeper struct {
+	spin      time.Duration
+	yielded   time.Time
+	lastSleep time.Duration
+}
+
+// wait waits for events: it polls while the spin window lasts, else sleeps
+// in epoll (telling the channels' clients to ring the doorbell) until
+// something happens. slept reports a blocking wait.
+func (l *Loop) wait(sl *sleeper) (events []unix.EpollEvent, slept bool, err error) {
+	timeout := 0
+	if l.spin <= 0 || !time.Now().Before(l.spinUntil) {
+		// Going to sleep: tell the channels' clients to ring the
+		// doorbell, unless something arrived meanwhile.
+		if !l.setAsleep(true) {
+			timeout = -1
+			if l.outWaiting() {
+				// A client's frames wait for room in its ring, and
+				// nothing tells us when it makes room: look again soon.
+				timeout = 1
+			}
+		}
+	}
+	var start time.Time
+	if timeout != 0 {
+		start = time.Now()
+		if sl.lastSleep > time.Millisecond && start.Sub(sl.yielded) > yieldEvery {
+			// See yieldEvery.
+			runtime.Gosched()
+			sl.yielded = start
+		}
+	}
+	events, err = l.p.Wait(timeout)
+	if timeout != 0 {
+		l.setAsleep(false)
+		sl.lastSleep = time.Since(start)
+		sl.spin = ipc.AdaptSpin(sl.spin, l.spin, sl.lastSleep)
+	}
+	return events, timeout != 0, err
+}
+
+// serveEvents handles what epoll reported: the mailbox's messages, the
+// clients' sockets, the formation's control links.
+func (l *Loop) serveEvents(events []unix.EpollEvent) {
+	for _, ev := range events {
+		fd := int(ev.Fd)
+		if fd == l.p.Evfd {
+			for _, m := range l.p.Drain() {
+				l.message(m)
+			}
+			continue
+		}
+		c := l.clients[fd]
+		if c == nil {
+			l.nodes.Readable(fd)
+			continue
+		}
+		l.serveClient(c, ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0, true)
+	}
+}
+
+// serveChannels reads the clients' shared-memory channels, which epoll
+// does not see, and flushes the frames that waited for room in them. It
+// reports whether a channel had frames.
+func (l *Loop) serveChannels() (active bool) {
+	for _, c := range l.chans {
+		if !c.dropped && c.ch.Pending() {
+			l.serveClient(c, false, false)
+			active = true
+		}
+		if !c.dropped && c.hasOut.Load() {
+			if err := c.flushOut(); err != nil {
+				l.drop(c, err)
+			}
+		}
+	}
+	return active
+}
+
+// endPass ends an active pass: it serves again the clients cut off by the
+// per-wake frame limit, sends what became ready to the other nodes,
+// dispatches, and arms the stall timer.
+func (l *Loop) endPass() {
+	// Clients cut off by the per-wake frame limit still hold frames in
+	// user space, which epoll cannot see: serve them again.
+	for len(l.again) > 0 {
+		again := l.again
+		l.again = nil
+		for _, c := range again {
+			if !c.dropped {
+				l.serveClient(c, false, true)
+			}
+		}
+	}
+	if l.tl != nil && l.tl.markCycles {
+		l.tl.w.Mark("CYCLE_START")
+	}
+	for _, j := range l.jobs() {
+		if j.Coord != nil {
+			j.Coord.Flush()
+		}
+	}
+	l.dispatch()
+	for _, j := range l.jobs() {
+		if j.Coord != nil {
+			j.Coord.Expect(len(j.Pending) > 0)
+		}
+	}
+	l.armStallTimer()
+	l.afterPass()
 }
 
 // outWaiting reports whether some client has frames waiting for room in its
@@ -852,74 +890,11 @@ func (l *Loop) dispatch() {
 // runResponses answers error responses at once and runs the rest as one batch,
 // inline when small, else on the executor.
 func (l *Loop) runResponses(j *job.Job, resps []plan.Response) {
-	b := j.Coord.Engine()
-	tl := l.tracerOf(j)
 	var batch []job.Work
 	for _, r := range resps {
-		names := make([]string, len(r.Tensors))
-		for i, t := range r.Tensors {
-			names[i] = t.Name
+		if w, ok := l.work(j, r); ok {
+			batch = append(batch, w)
 		}
-		if r.Op == tensor.Join {
-			// The join response names no tensor: it completes every rank's join.
-			names = []string{"join"}
-			r.Tensors = []plan.Tensor{{Name: "join"}}
-		}
-		rows, root := j.RowRanks(r.ProcessSet, r.Root)
-		w := job.Work{Resp: r, Job: j, Engine: b, Size: len(rows), Ops: make([][]*job.Op, len(names))}
-		if r.NCCL {
-			w.NCCLID = j.Coord.NCCLID()
-		}
-		if b != nil {
-			// Across nodes a process set runs on the nodes of its members.
-			w.View = j.View(r.ProcessSet)
-			switch {
-			case w.View.Rows.Node < 0:
-				// No member here: the other nodes run it without this one.
-				if tl != nil {
-					tl.responded(&r)
-					if r.Err == nil {
-						host.TraceAll(tl.w, &r, timeline.End, "")
-					}
-				}
-				continue
-			case len(w.View.Nodes) == 1:
-				// Every member is here: it runs as on one node.
-				w.Engine = nil
-			}
-		}
-		if tl != nil {
-			tl.responded(&r)
-			w.Trace = tl.w
-		} else if sink := j.Coord.TraceSink(); sink != nil && r.Err == nil {
-			// The coordinator's timeline: this node's phases of the
-			// response, on its own track there.
-			host.TraceAll(sink, &r, timeline.Begin, host.TopName(&r))
-			w.Trace = sink
-		}
-		w.Resp.Root = root
-		for i, name := range names {
-			row := make([]*job.Op, len(rows))
-			for at, rank := range rows {
-				if rank < 0 {
-					continue
-				}
-				k := job.OpKey{Rank: rank, Set: r.ProcessSet, Name: name}
-				if o, ok := j.Pending[k]; ok {
-					row[at] = o
-					delete(j.Pending, k)
-				}
-			}
-			w.Ops[i] = row
-			l.negotiated(j, row) // metrics.go
-		}
-		if r.Err != nil {
-			l.noteError(j, r.Err.Error())
-			d := &ipcpb.Done{Code: errorCode(r.Err), Error: r.Err.Error()}
-			job.FinishRows(w.Ops, d)
-			continue
-		}
-		batch = append(batch, w)
 	}
 	if len(batch) == 0 {
 		return
@@ -937,6 +912,7 @@ func (l *Loop) runResponses(j *job.Job, resps []plan.Response) {
 	if ln := l.laneOf(j); ln != nil && ln.tune != nil {
 		l.tuneBatch(j, resps)
 	}
+	b := j.Coord.Engine()
 	if (b == nil && bytes <= job.InlineBytes || exec.LoopRunnable(b, bytes)) && !job.DeviceBatch(batch) {
 		// Small work costs less than the hand-off to the executor.
 		for _, w := range batch {
@@ -947,6 +923,78 @@ func (l *Loop) runResponses(j *job.Job, resps []plan.Response) {
 	}
 	l.execBusy = true
 	l.x.Work <- batch
+}
+
+// work makes r's work: its ops taken out of the job's pending ones, by row.
+// It reports false for a response with nothing to run here (an error,
+// answered at once, or a process set without a member on this node).
+func (l *Loop) work(j *job.Job, r plan.Response) (job.Work, bool) {
+	names := make([]string, len(r.Tensors))
+	for i, t := range r.Tensors {
+		names[i] = t.Name
+	}
+	if r.Op == tensor.Join {
+		// The join response names no tensor: it completes every rank's join.
+		names = []string{"join"}
+		r.Tensors = []plan.Tensor{{Name: "join"}}
+	}
+	rows, root := j.RowRanks(r.ProcessSet, r.Root)
+	b := j.Coord.Engine()
+	tl := l.tracerOf(j)
+	w := job.Work{Resp: r, Job: j, Engine: b, Size: len(rows), Ops: make([][]*job.Op, len(names))}
+	if r.NCCL {
+		w.NCCLID = j.Coord.NCCLID()
+	}
+	if b != nil {
+		// Across nodes a process set runs on the nodes of its members.
+		w.View = j.View(r.ProcessSet)
+		switch {
+		case w.View.Rows.Node < 0:
+			// No member here: the other nodes run it without this one.
+			if tl != nil {
+				tl.responded(&r)
+				if r.Err == nil {
+					host.TraceAll(tl.w, &r, timeline.End, "")
+				}
+			}
+			return w, false
+		case len(w.View.Nodes) == 1:
+			// Every member is here: it runs as on one node.
+			w.Engine = nil
+		}
+	}
+	if tl != nil {
+		tl.responded(&r)
+		w.Trace = tl.w
+	} else if sink := j.Coord.TraceSink(); sink != nil && r.Err == nil {
+		// The coordinator's timeline: this node's phases of the
+		// response, on its own track there.
+		host.TraceAll(sink, &r, timeline.Begin, host.TopName(&r))
+		w.Trace = sink
+	}
+	w.Resp.Root = root
+	for i, name := range names {
+		row := make([]*job.Op, len(rows))
+		for at, rank := range rows {
+			if rank < 0 {
+				continue
+			}
+			k := job.OpKey{Rank: rank, Set: r.ProcessSet, Name: name}
+			if o, ok := j.Pending[k]; ok {
+				row[at] = o
+				delete(j.Pending, k)
+			}
+		}
+		w.Ops[i] = row
+		l.negotiated(j, row) // metrics.go
+	}
+	if r.Err != nil {
+		l.noteError(j, r.Err.Error())
+		d := &ipcpb.Done{Code: errorCode(r.Err), Error: r.Err.Error()}
+		job.FinishRows(w.Ops, d)
+		return w, false
+	}
+	return w, true
 }
 
 // Abort fails the job (loopHooks); its coordination first tells the other
