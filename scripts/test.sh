@@ -44,7 +44,7 @@ go test -tags mpi -count=1 -timeout 10m -run 'TestMPIMultiNode|TestMPICHMultiNod
 go test -count=1 -timeout 10m -run 'TestConformanceCompressed' ./backends/tcp/
 
 stage "fuzz (${FUZZTIME:=10s} per target)"
-for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon FuzzResolve" "./shm FuzzSlice" "./reduce FuzzReduce" "./reduce FuzzWire" "./daemon/plan FuzzTable" \
+for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon/internal/loop FuzzResolve" "./daemon/internal/exec/device FuzzResolveDevice" "./shm FuzzSlice" "./reduce FuzzReduce" "./reduce FuzzWire" "./daemon/plan FuzzTable" \
          "./backends/tcp FuzzParse" "./backends/tcp FuzzHandshakeServer" "./backends/tcp FuzzWireMessage" "./cluster FuzzFrames"; do
   set -- $t
   # Go's fuzzer sometimes fails with "context deadline exceeded" and no
