@@ -8,13 +8,14 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/backends/nccl"
 	"github.com/hvdd/hvdd/daemon/internal/exec/host"
 	"github.com/hvdd/hvdd/daemon/internal/job"
+	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/gpu"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -79,53 +80,53 @@ func (x *Path) Execute(w job.Work) {
 	if g != nil && !g.hostOnly && nativeOK(&w) {
 		devs := usedDevs(&w)
 		multiGPU := len(devs) > 1
-		nccl := !multiGPU || g.nccl != nil
+		withNCCL := !multiGPU || g.nccl != nil // NCCL where several GPUs need it
 		switch {
-		case r.Op == tensor.Allreduce && r.ReduceOp != tensor.Adasum && nccl && (!multiGPU || ncclDType(r.DType)):
+		case r.Op == tensor.Allreduce && r.ReduceOp != tensor.Adasum && withNCCL && (!multiGPU || ncclDType(r.DType)):
 			if w.Engine != nil {
 				x.gpuPath("hierarchical allreduce")
 			} else {
 				x.gpuPath("device allreduce")
 			}
-			x.runNative(w, devs, x.allreduceDevice)
+			x.runNative(w, devs, x.allreduceNative)
 			return
 		case r.Op == tensor.Broadcast && crossNodes(&w):
 			// Through the engine and host memory, each GPU fed from there:
 			// no NCCL needed.
 			x.gpuPath("hierarchical broadcast")
-			x.runNative(w, devs, x.broadcastDevice)
+			x.runNative(w, devs, x.broadcastNative)
 			return
-		case r.Op == tensor.Broadcast && nccl:
+		case r.Op == tensor.Broadcast && withNCCL:
 			x.gpuPath("device broadcast")
-			x.runNative(w, devs, x.broadcastDevice)
+			x.runNative(w, devs, x.broadcastNative)
 			return
 		case (r.Op == tensor.Allgather || r.Op == tensor.Alltoall || r.Op == tensor.Reducescatter) && w.Engine == nil && !multiGPU && noJoined(&w):
 			x.gpuPath("device " + strings.ToLower(r.Op.String()))
-			x.runOutputs(w, devs)
+			x.runResults(w, devs)
 			return
 		case r.Op == tensor.Allgather && crossNodes(&w) && len(r.JoinedRanks) == 0:
 			x.gpuPath("hierarchical allgather")
-			x.runOutputs(w, devs)
+			x.runResults(w, devs)
 			return
 		case r.Op == tensor.Alltoall && crossNodes(&w) && len(r.JoinedRanks) == 0:
 			x.gpuPath("hierarchical alltoall")
-			x.runOutputs(w, devs)
+			x.runResults(w, devs)
 			return
-		case r.Op == tensor.Reducescatter && crossNodes(&w) && len(r.JoinedRanks) == 0 && nccl && (!multiGPU || ncclDType(r.DType)):
+		case r.Op == tensor.Reducescatter && crossNodes(&w) && len(r.JoinedRanks) == 0 && withNCCL && (!multiGPU || ncclDType(r.DType)):
 			x.gpuPath("hierarchical reducescatter")
-			x.runOutputs(w, devs)
+			x.runResults(w, devs)
 			return
 		case r.Op == tensor.Allgather && w.Engine == nil && multiGPU && g.nccl != nil && noJoined(&w):
 			x.gpuPath("device allgather over GPUs")
-			x.runOutputs(w, devs)
+			x.runResults(w, devs)
 			return
 		case r.Op == tensor.Alltoall && w.Engine == nil && multiGPU && g.nccl != nil && noJoined(&w):
 			x.gpuPath("device alltoall over GPUs")
-			x.runOutputs(w, devs)
+			x.runResults(w, devs)
 			return
 		case r.Op == tensor.Reducescatter && w.Engine == nil && multiGPU && g.nccl != nil && noJoined(&w) && ncclDType(r.DType):
 			x.gpuPath("device reducescatter over GPUs")
-			x.runOutputs(w, devs)
+			x.runResults(w, devs)
 			return
 		}
 	}
@@ -176,20 +177,35 @@ func usedDevs(w *job.Work) []*gpuDev {
 	return out
 }
 
-// runNative runs a native path and answers the ops.
+// runNative runs a native path that works in the ops' own tensors (an
+// allreduce or a broadcast), waits for the GPUs and answers the ops.
 func (x *Path) runNative(w job.Work, devs []*gpuDev, f func(ctx context.Context, w job.Work, devs []*gpuDev) error) {
-	if w.Trace != nil {
-		// The response's top-level phase ends once every rank is answered
-		// (on one node, its Begin came from tracer.responded too).
-		defer host.TraceAll(w.Trace, &w.Resp, timeline.End, "")
-		host.TraceAll(w.Trace, &w.Resp, timeline.Begin, "GPU_"+host.Activity(&w.Resp))
-		defer host.TraceAll(w.Trace, &w.Resp, timeline.End, "")
+	defer traceGPU(&w)()
+	ctx := context.Background()
+	err := f(ctx, w, devs)
+	if werr := x.gpu.waitStreams(ctx, devs); err == nil {
+		err = werr
 	}
-	if err := f(context.Background(), w, devs); err != nil {
+	if err != nil {
 		x.deviceFailed(w, err)
 		return
 	}
 	x.host.FinishBatched(w.Ops)
+}
+
+// traceGPU begins w's GPU phase on the timeline, if it is traced, and
+// returns what ends it and the response's top-level phase (on one node,
+// its Begin came from tracer.responded too), to run once every rank is
+// answered.
+func traceGPU(w *job.Work) (end func()) {
+	if w.Trace == nil {
+		return func() {}
+	}
+	host.TraceAll(w.Trace, &w.Resp, timeline.Begin, "GPU_"+host.Activity(&w.Resp))
+	return func() {
+		host.TraceAll(w.Trace, &w.Resp, timeline.End, "")
+		host.TraceAll(w.Trace, &w.Resp, timeline.End, "")
+	}
 }
 
 // deviceFailed answers w's ops after a failure: on one node with
@@ -205,7 +221,7 @@ func (x *Path) deviceFailed(w job.Work, err error) {
 			d.recover()
 		}
 		if strings.HasPrefix(ge.Call, "nccl") {
-			x.gpu.abortComms()
+			x.gpu.abortEngines()
 		}
 	}
 	msg := fmt.Sprintf("%v of %d GPU tensor(s) failed: %v", r.Op, len(r.Tensors), err)
@@ -243,18 +259,6 @@ func waitEvents(w *job.Work) error {
 		}
 	}
 	return nil
-}
-
-// syncAll synchronises the streams of devs, all of them even after an
-// error (no work may be left running on clients' memory).
-func syncAll(ctx context.Context, devs []*gpuDev) error {
-	var errs []error
-	for _, d := range devs {
-		if err := d.sync(ctx); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // stageIn copies every device tensor of w to host memory (after its event)
@@ -366,95 +370,19 @@ func deviceOutput(cg *ConnGPU, d *gpuDev, out []byte) (*ipcpb.DeviceBuffer, erro
 	return db, nil
 }
 
-// commKey names a set of GPUs.
-func commKey(devs []*gpuDev) string {
-	var b strings.Builder
-	for _, d := range devs {
-		fmt.Fprintf(&b, "%d,", d.idx)
-	}
-	return b.String()
-}
-
-// commsFor returns the NCCL communicators over devs (rank i on devs[i]),
-// made on first use.
-func (g *GPUs) commsFor(devs []*gpuDev) ([]gpu.Comm, error) {
-	k := commKey(devs)
-	if cs := g.comms[k]; cs != nil {
-		for _, c := range cs {
-			if err := c.AsyncError(); err != nil {
-				g.abortComms()
-				return nil, fmt.Errorf("NCCL communicator over GPUs %s failed: %w", k, err)
-			}
-		}
-		return cs, nil
-	}
-	ds := make([]gpu.Device, len(devs))
-	for i, d := range devs {
-		ds[i] = d.dev
-	}
-	cs, err := g.nccl.CommInitAll(ds)
-	if err != nil {
-		return nil, fmt.Errorf("NCCL communicator over %d GPUs: %w", len(devs), err)
-	}
-	g.comms[k] = cs
-	g.log.Info("NCCL communicator created", "gpus", len(devs))
-	return cs, nil
-}
-
-// abortComms aborts every communicator (ncclCommAbort) after an error; the
-// next use makes new ones.
-func (g *GPUs) abortComms() {
-	for k, cs := range g.comms {
-		for _, c := range cs {
-			c.Abort()
-		}
-		delete(g.comms, k)
-	}
-	if g.cross != nil {
-		g.cross.Abort()
-		g.cross, g.crossOf = nil, nil
-	}
-}
-
-// group runs f for every communicator inside one NCCL group.
-func (g *GPUs) group(cs []gpu.Comm, f func(i int, c gpu.Comm) error) error {
-	if err := g.nccl.GroupStart(); err != nil {
-		return err
-	}
-	var errs []error
-	for i, c := range cs {
-		if err := f(i, c); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := g.nccl.GroupEnd(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := errors.Join(errs...); err != nil {
-		g.abortComms()
-		return err
-	}
-	return nil
-}
-
-// allreduceDevice is the native allreduce (see the top of this file), on
-// one node (w.b nil) or hierarchically across nodes.
-func (x *Path) allreduceDevice(ctx context.Context, w job.Work, devs []*gpuDev) (err error) {
+// allreduceNative is the native allreduce, on one node or across nodes.
+// Every GPU's fusion buffer gets the node's result (reduceLocal: the
+// daemon's kernels on each GPU, NCCL over the node's GPUs); across nodes
+// the nodes' results are added up on NCCL across nodes where the plan says
+// (allreduceNCCLAcross), else through the job's engine and host memory
+// (allreduceHierarchical); then every GPU postscales its fusion buffer and
+// copies the result into its ranks' tensors.
+func (x *Path) allreduceNative(ctx context.Context, w job.Work, devs []*gpuDev) error {
 	r := &w.Resp
-	g := x.gpu
 	es := r.DType.Size()
 	op, pre, post := host.Scales(r, w.Size)
-	offs := make([]int, len(r.Tensors)+1)
-	for i, t := range r.Tensors {
-		offs[i+1] = offs[i] + int(t.Shape.NumElements())*es
-	}
+	offs := fusedOffsets(r)
 	total := offs[len(r.Tensors)]
-	var used []gpu.Comm // NCCL communicators the op ran on
-	defer func() {
-		if serr := g.syncWatch(ctx, devs, used); err == nil {
-			err = serr
-		}
-	}()
 	for _, d := range devs {
 		if err := d.ensure(total, pre != 1); err != nil {
 			return err
@@ -463,41 +391,21 @@ func (x *Path) allreduceDevice(ctx context.Context, w job.Work, devs []*gpuDev) 
 	if err := waitEvents(&w); err != nil {
 		return err
 	}
-	cs, err := x.reduceLocal(&w, devs, offs, op, pre)
-	used = append(used, cs...)
-	if err != nil {
+	if err := x.reduceLocal(&w, devs, offs, op, pre); err != nil {
 		return err
 	}
-	// The nodes together: on NCCL, or through host memory.
-	if w.Resp.NCCL {
-		cs, err := x.ncclCross(ctx, w, devs, total/es, r.DType, op)
-		used = append(used, cs...)
+	switch {
+	case r.NCCL:
+		across, err := x.gpu.acrossEngine(ctx, &w)
 		if err != nil {
 			return err
 		}
-	} else if w.Engine != nil && len(w.View.Nodes) > 1 {
-		b, err := x.host.EngineFor(w)
-		if err != nil {
+		if err := x.allreduceNCCLAcross(devs, across, total/es, r.DType, op); err != nil {
 			return err
 		}
-		f := x.host.Fusion(total)
-		d0 := devs[0]
-		if err := d0.dev.CopyDtoH(d0.stream, f, d0.fuse); err != nil {
-			return fmt.Errorf("GPU %s: %w", d0.info.UUID, err)
-		}
-		if err := d0.sync(ctx); err != nil {
+	case crossNodes(&w):
+		if err := x.allreduceHierarchical(ctx, &w, devs, total, op, pre); err != nil {
 			return err
-		}
-		// The host path's calls (host.AllreduceCalls): one, on its lone
-		// local buffer, where it would have one.
-		whole := len(r.Tensors) == 1 && pre == 1 && len(localBufsN(w.Ops[0])) == 1
-		if err := host.AllreduceCalls(ctx, b, f, r.DType, op, whole, nil, nil); err != nil {
-			return err
-		}
-		for _, d := range devs {
-			if err := d.dev.CopyHtoD(d.stream, d.fuse, f); err != nil {
-				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
-			}
 		}
 	}
 	for _, d := range devs {
@@ -522,17 +430,55 @@ func (x *Path) allreduceDevice(ctx context.Context, w job.Work, devs []*gpuDev) 
 	return nil
 }
 
+// fusedOffsets returns where each tensor of r lies in the concatenation of
+// them all (a fusion buffer): tensor i at [offs[i], offs[i+1]) bytes.
+func fusedOffsets(r *plan.Response) []int {
+	offs := make([]int, len(r.Tensors)+1)
+	for i, t := range r.Tensors {
+		offs[i+1] = offs[i] + int(t.Shape.NumElements())*r.DType.Size()
+	}
+	return offs
+}
+
+// allreduceHierarchical adds up the nodes' results across nodes through
+// the job's engine and host memory: GPU 0's fusion buffer (which holds the
+// node's result, as every GPU's does) copied to the executor's host fusion
+// buffer, the host path's calls on it (host.AllreduceCalls: one, on its
+// lone local buffer, where the host path would have one, so that nodes on
+// either path agree), and the total copied into every GPU's fusion buffer.
+func (x *Path) allreduceHierarchical(ctx context.Context, w *job.Work, devs []*gpuDev, total int, op tensor.ReduceOp, pre float64) error {
+	b, err := x.host.EngineFor(*w)
+	if err != nil {
+		return err
+	}
+	f := x.host.Fusion(total)
+	d0 := devs[0]
+	if err := d0.dev.CopyDtoH(d0.stream, f, d0.fuse); err != nil {
+		return fmt.Errorf("GPU %s: %w", d0.info.UUID, err)
+	}
+	if err := d0.sync(ctx); err != nil {
+		return err
+	}
+	whole := len(w.Resp.Tensors) == 1 && pre == 1 && len(localBufsN(w.Ops[0])) == 1
+	if err := host.AllreduceCalls(ctx, b, f, w.Resp.DType, op, whole, nil, nil); err != nil {
+		return err
+	}
+	for _, d := range devs {
+		if err := d.dev.CopyHtoD(d.stream, d.fuse, f); err != nil {
+			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+		}
+	}
+	return nil
+}
+
 // reduceLocal reduces the node's ranks' tensors (offs: each tensor's place
 // in the concatenation) into every GPU's fusion buffer, which ensure made
-// large enough (with the scratch buffer when pre != 1): each GPU's first
-// local rank's tensor copied D2D, each further one reduced into it with
-// the reduce kernel (with a prescale, every input scaled first through the
-// scratch buffer, as the CPU path scales each input); then, over several
-// GPUs, one NCCL allreduce of the fusion buffers in a group call. It
-// returns the communicators it used.
-func (x *Path) reduceLocal(w *job.Work, devs []*gpuDev, offs []int, op tensor.ReduceOp, pre float64) ([]gpu.Comm, error) {
-	r := &w.Resp
-	es := r.DType.Size()
+// large enough (with the scratch buffer when pre != 1): on each GPU its
+// local ranks' tensors folded in with the daemon's kernels (accumulate);
+// then, over several GPUs, one NCCL allreduce of the fusion buffers over
+// the node-local engines, in one group call.
+func (x *Path) reduceLocal(w *job.Work, devs []*gpuDev, offs []int, op tensor.ReduceOp, pre float64) error {
+	dt := w.Resp.DType
 	for _, d := range devs {
 		for i, row := range w.Ops {
 			dst, n := d.fuse.Add(offs[i]), offs[i+1]-offs[i]
@@ -541,80 +487,71 @@ func (x *Path) reduceLocal(w *job.Work, devs []*gpuDev, offs []int, op tensor.Re
 				if o == nil || devOf(o).d != d {
 					continue
 				}
-				src := devOf(o).ptr
-				if first || pre != 1 {
-					to := dst
-					if !first {
-						to = d.scratch.Add(offs[i])
-					}
-					if err := d.dev.CopyDtoD(d.stream, to, src, n); err != nil {
-						return nil, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
-					}
-					if pre != 1 {
-						if err := d.scale(to, n/es, r.DType, pre); err != nil {
-							return nil, fmt.Errorf("GPU %s: prescale: %w", d.info.UUID, err)
-						}
-					}
-					src = to
-				}
-				if !first {
-					if err := d.reduce(dst, src, n/es, r.DType, op); err != nil {
-						return nil, fmt.Errorf("GPU %s: reduce: %w", d.info.UUID, err)
-					}
+				if err := d.accumulate(dst, devOf(o).ptr, d.scratch.Add(offs[i]), n, first, dt, op, pre); err != nil {
+					return err
 				}
 				first = false
 			}
 		}
 	}
 	if len(devs) == 1 {
-		return nil, nil
+		return nil
 	}
-	g := x.gpu
-	cs, err := g.commsFor(devs)
+	local, err := x.gpu.localEngines(devs)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	total := offs[len(offs)-1]
-	if err := g.group(cs, func(i int, c gpu.Comm) error {
-		return c.Allreduce(devs[i].stream, devs[i].fuse, devs[i].fuse, total/es, r.DType, op)
+	count := offs[len(offs)-1] / dt.Size()
+	if err := groupEach(local, func(i int, e *nccl.Engine) error {
+		return e.Allreduce(devs[i].stream, devs[i].fuse, devs[i].fuse, count, dt, op)
 	}); err != nil {
-		return cs, fmt.Errorf("NCCL allreduce over %d GPUs: %w", len(devs), err)
+		return fmt.Errorf("NCCL allreduce over %d GPUs: %w", len(devs), err)
 	}
-	return cs, nil
+	return nil
+}
+
+// accumulate folds one input, n bytes at src, into dst on d: the first
+// input copied there, each further one reduced into it with op by the
+// reduce kernel. With a prescale (pre != 1) every input is scaled first,
+// as the CPU path scales each input: the first in dst, the others in
+// scratch.
+func (d *gpuDev) accumulate(dst, src, scratch gpu.DevicePtr, n int, first bool, dt tensor.DType, op tensor.ReduceOp, pre float64) error {
+	if first || pre != 1 {
+		to := dst
+		if !first {
+			to = scratch
+		}
+		if err := d.dev.CopyDtoD(d.stream, to, src, n); err != nil {
+			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+		}
+		if pre != 1 {
+			if err := d.scale(to, n/dt.Size(), dt, pre); err != nil {
+				return fmt.Errorf("GPU %s: prescale: %w", d.info.UUID, err)
+			}
+		}
+		src = to
+	}
+	if !first {
+		if err := d.reduce(dst, src, n/dt.Size(), dt, op); err != nil {
+			return fmt.Errorf("GPU %s: reduce: %w", d.info.UUID, err)
+		}
+	}
+	return nil
 }
 
 // reduceWhole reduces every tensor of a reducescatter whole into the
 // node's GPUs' fusion buffers (reduceLocal, with the prescale), and returns
-// where each tensor lies there, the op, the postscale still to apply and
-// the communicators used.
-func (x *Path) reduceWhole(w *job.Work, devs []*gpuDev) (offs []int, op tensor.ReduceOp, post float64, cs []gpu.Comm, err error) {
+// where each tensor lies there, the op and the postscale still to apply.
+func (x *Path) reduceWhole(w *job.Work, devs []*gpuDev) (offs []int, op tensor.ReduceOp, post float64, err error) {
 	r := &w.Resp
 	op, pre, post := host.Scales(r, w.Size)
-	offs = make([]int, len(r.Tensors)+1)
-	for i, t := range r.Tensors {
-		offs[i+1] = offs[i] + int(t.Shape.NumElements())*r.DType.Size()
-	}
+	offs = fusedOffsets(r)
 	for _, d := range devs {
 		if err := d.ensure(offs[len(r.Tensors)], pre != 1); err != nil {
-			return nil, op, post, nil, err
+			return nil, op, post, err
 		}
 	}
-	cs, err = x.reduceLocal(w, devs, offs, op, pre)
-	return offs, op, post, cs, err
-}
-
-// commsIndexed is commsFor(devs) with each GPU's index in devs (its rank
-// in the communicators).
-func (g *GPUs) commsIndexed(devs []*gpuDev) ([]gpu.Comm, map[*gpuDev]int, error) {
-	cs, err := g.commsFor(devs)
-	if err != nil {
-		return nil, nil, err
-	}
-	idx := make(map[*gpuDev]int, len(devs))
-	for j, d := range devs {
-		idx[d] = j
-	}
-	return cs, idx, nil
+	return offs, op, post, x.reduceLocal(w, devs, offs, op, pre)
 }
 
 // localBufsN returns the ops of row with bytes: what localBufs counts on
@@ -633,49 +570,18 @@ func localBufsN(row []*job.Op) []*job.Op {
 // process set's), which the engine joins.
 func crossNodes(w *job.Work) bool { return w.Engine != nil && len(w.View.Nodes) > 1 }
 
-// broadcastDevice is the native broadcast. On one node the root's GPU
-// feeds the node's other GPUs over NCCL. Across nodes (the hierarchical
-// broadcast), the root's node copies the root's tensor to host memory, the
-// engine broadcasts it (the one call per tensor the CPU path makes, so that
-// nodes on either path agree), and every GPU of every node without the
-// root's tensor copies it from there. Then each GPU's copy fans out to its
-// other local ranks' tensors.
-func (x *Path) broadcastDevice(ctx context.Context, w job.Work, devs []*gpuDev) (err error) {
+// broadcastNative is the native broadcast. On one node the root's GPU
+// feeds the node's other GPUs over NCCL (broadcastOverGPUs); across nodes
+// the nodes join on NCCL where the plan says (broadcastNCCLAcross), else
+// through the job's engine and host memory (broadcastHierarchical). Then
+// each GPU's copy fans out to its other local ranks' tensors.
+func (x *Path) broadcastNative(ctx context.Context, w job.Work, devs []*gpuDev) error {
 	r := &w.Resp
-	var used []gpu.Comm
-	defer func() {
-		if serr := x.gpu.syncWatch(ctx, devs, used); err == nil {
-			err = serr
-		}
-	}()
 	if err := waitEvents(&w); err != nil {
 		return err
 	}
-	var b backends.Backend
-	rootNode := -1
-	if crossNodes(&w) {
-		if b, err = x.host.EngineFor(w); err != nil {
-			return err
-		}
-		rootNode = w.View.Rows.NodeOf(r.Root)
-	}
-	if b != nil && !w.Resp.NCCL {
-		// Across nodes through host memory: the host path's calls, one
-		// per tensor (host.BroadcastCalls).
-		var src broadcastSources
-		in := func(i int) ([]byte, error) {
-			if src, err = sourcesOf(&w, i); err != nil {
-				return nil, err
-			}
-			return x.broadcastIn(ctx, src)
-		}
-		out := func(i int, buf []byte) error {
-			if err := x.broadcastOut(ctx, src, buf); err != nil {
-				return err
-			}
-			return fanOut(w.Ops[i], src)
-		}
-		return host.BroadcastCalls(ctx, b, &w, in, out)
+	if crossNodes(&w) && !r.NCCL {
+		return x.broadcastHierarchical(ctx, &w)
 	}
 	for i := range r.Tensors {
 		src, err := sourcesOf(&w, i)
@@ -683,26 +589,48 @@ func (x *Path) broadcastDevice(ctx context.Context, w job.Work, devs []*gpuDev) 
 			return err
 		}
 		switch {
-		case w.Resp.NCCL:
-			cs, err := x.broadcastNCCL(ctx, w, devs, rootNode, src.root, src.first, src.n)
-			used = append(used, cs...)
-			if err != nil {
-				return err
-			}
+		case r.NCCL:
+			err = x.broadcastNCCLAcross(ctx, &w, devs, src)
 		case src.root == nil:
-			return fmt.Errorf("broadcast root %d has no buffer", r.Root)
+			err = fmt.Errorf("broadcast root %d has no buffer", r.Root)
 		case len(devs) > 1:
-			cs, err := x.localBroadcast(devs, src.first, src.n, slices.Index(devs, src.root.d))
-			used = append(used, cs...)
-			if err != nil {
-				return err
-			}
+			err = x.broadcastOverGPUs(devs, src.on(devs), src.n, slices.Index(devs, src.root.d))
+		}
+		if err != nil {
+			return err
 		}
 		if err := fanOut(w.Ops[i], src); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// broadcastHierarchical is the broadcast across nodes through the job's
+// engine and host memory: the root's node copies the root's tensor to host
+// memory (broadcastIn), the engine broadcasts it (the host path's calls,
+// one per tensor: host.BroadcastCalls, so that nodes on either path
+// agree), every GPU without the root's tensor copies it from there
+// (broadcastOut), and each GPU's copy fans out to its other local ranks'.
+func (x *Path) broadcastHierarchical(ctx context.Context, w *job.Work) error {
+	b, err := x.host.EngineFor(*w)
+	if err != nil {
+		return err
+	}
+	var src broadcastSources
+	in := func(i int) ([]byte, error) {
+		if src, err = sourcesOf(w, i); err != nil {
+			return nil, err
+		}
+		return x.broadcastIn(ctx, src)
+	}
+	out := func(i int, buf []byte) error {
+		if err := x.broadcastOut(ctx, src, buf); err != nil {
+			return err
+		}
+		return fanOut(w.Ops[i], src)
+	}
+	return host.BroadcastCalls(ctx, b, w, in, out)
 }
 
 // broadcastSources are where a broadcast's tensor is on this node: first[d]
@@ -759,58 +687,56 @@ func fanOut(ops []*job.Op, src broadcastSources) error {
 	return nil
 }
 
-// localBroadcast copies n bytes from first's tensor on devs[from] into
-// first's tensor on each other GPU of devs, with one NCCL broadcast in a
-// group call. It returns the communicators it used.
-func (x *Path) localBroadcast(devs []*gpuDev, first map[*gpuDev]*devOp, n, from int) ([]gpu.Comm, error) {
-	g := x.gpu
-	cs, err := g.commsFor(devs)
-	if err != nil {
-		return nil, err
+// on returns the tensor on each GPU of devs that holds the data once it is
+// there (first).
+func (s broadcastSources) on(devs []*gpuDev) []gpu.DevicePtr {
+	bufs := make([]gpu.DevicePtr, len(devs))
+	for k, d := range devs {
+		bufs[k] = s.first[d].ptr
 	}
-	if err := g.group(cs, func(k int, c gpu.Comm) error {
-		p := first[devs[k]].ptr
-		return c.Broadcast(devs[k].stream, p, p, n, tensor.Uint8, from)
-	}); err != nil {
-		return cs, fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
-	}
-	return cs, nil
+	return bufs
 }
 
-// broadcastNCCL is the broadcast the nodes agreed to run on NCCL
-// (ncclVote): the root's node first spreads the root's tensor to its other
-// GPUs, then devs[0] of every node (the GPU of the communicator across
-// nodes) joins one NCCL broadcast from the root's node, and the other nodes
-// spread it from devs[0] to their other GPUs.
-func (x *Path) broadcastNCCL(ctx context.Context, w job.Work, devs []*gpuDev, rootNode int, root *devOp, first map[*gpuDev]*devOp, n int) ([]gpu.Comm, error) {
-	g := x.gpu
-	var used []gpu.Comm
-	if root != nil && len(devs) > 1 {
-		cs, err := x.localBroadcast(devs, first, n, slices.Index(devs, root.d))
-		used = append(used, cs...)
-		if err != nil {
-			return used, err
-		}
-	}
-	c, err := g.crossComm(ctx, w.Engine, w.NCCLID)
+// broadcastOverGPUs copies n bytes from bufs[from] on devs[from] into
+// bufs[k] on every other GPU devs[k] of the node: one NCCL broadcast over
+// the node-local engines, in one group call.
+func (x *Path) broadcastOverGPUs(devs []*gpuDev, bufs []gpu.DevicePtr, n, from int) error {
+	local, err := x.gpu.localEngines(devs)
 	if err != nil {
-		return used, err
+		return err
 	}
-	used = append(used, c)
-	d0 := devs[0]
-	p := first[d0].ptr
-	if err := c.Broadcast(d0.stream, p, p, n, tensor.Uint8, rootNode); err != nil {
-		g.abortComms()
-		return used, fmt.Errorf("NCCL broadcast across %d nodes: %w", w.Engine.Size(), err)
+	if err := groupEach(local, func(k int, e *nccl.Engine) error {
+		return e.Broadcast(devs[k].stream, bufs[k], bufs[k], n, tensor.Uint8, from)
+	}); err != nil {
+		return fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
 	}
-	if root == nil && len(devs) > 1 {
-		cs, err := x.localBroadcast(devs, first, n, 0)
-		used = append(used, cs...)
-		if err != nil {
-			return used, err
+	return nil
+}
+
+// broadcastNCCLAcross is the broadcast the plan runs on NCCL across nodes:
+// the root's node first spreads the root's tensor to its other GPUs, then
+// devs[0] of every node (the GPU of the engine across nodes) joins one
+// NCCL broadcast from the root's node, and the other nodes spread it from
+// devs[0] to their other GPUs.
+func (x *Path) broadcastNCCLAcross(ctx context.Context, w *job.Work, devs []*gpuDev, src broadcastSources) error {
+	bufs := src.on(devs)
+	if src.root != nil && len(devs) > 1 {
+		if err := x.broadcastOverGPUs(devs, bufs, src.n, slices.Index(devs, src.root.d)); err != nil {
+			return err
 		}
 	}
-	return used, nil
+	across, err := x.gpu.acrossEngine(ctx, w)
+	if err != nil {
+		return err
+	}
+	rootNode := w.View.Rows.NodeOf(w.Resp.Root)
+	if err := across.Broadcast(devs[0].stream, bufs[0], bufs[0], src.n, tensor.Uint8, rootNode); err != nil {
+		return fmt.Errorf("NCCL broadcast across %d nodes: %w", across.Size(), err)
+	}
+	if src.root == nil && len(devs) > 1 {
+		return x.broadcastOverGPUs(devs, bufs, src.n, 0)
+	}
+	return nil
 }
 
 // broadcastIn is this node's buffer for a broadcast across nodes through
@@ -853,18 +779,19 @@ func (x *Path) broadcastOut(ctx context.Context, src broadcastSources, buf []byt
 // every node forwarded its ranks' requests saying whether it can (it runs
 // with NCCL, not host-only, and its ranks' tensors are non-empty, on its
 // GPUs, the first among them), so every node runs what the plan says. An
-// allreduce runs: each node's ranks reduced on its GPUs as in
-// allreduceDevice, one NCCL allreduce of the fusion buffer of devs[0] over
-// a communicator of one GPU per node, an NCCL broadcast from there to the
-// node's other GPUs, postscale, write-back; a broadcast runs broadcastNCCL,
-// a reducescatter reducescatterGPUs (the nodes' sums allreduced as above,
-// each rank's block copied out), an allgather allgatherGPUs, an alltoall
-// alltoallNCCL.
+// allreduce runs allreduceNative: each node's ranks reduced on its GPUs,
+// then allreduceNCCLAcross (one NCCL allreduce of the fusion buffer of
+// devs[0] over the engine across nodes, one rank per node, and an NCCL
+// broadcast from there to the node's other GPUs), postscale, write-back; a
+// broadcast runs broadcastNCCLAcross, a reducescatter
+// reducescatterOverGPUs (the nodes' results allreduced as above, each
+// rank's block copied out), an allgather allgatherOverGPUs, an alltoall
+// alltoallNCCLAcross, each with the engine across nodes.
 //
-// The communicator is made on the job's first such response: the
-// coordinator drew the NCCL unique id and sent it in that plan, over the
-// control links (Work.NCCLID); every node joins with CommInitRank on its
-// devs[0].
+// The engine across nodes is made on the job's first such response
+// (GPUs.acrossEngine): the coordinator drew the NCCL unique id and sent it
+// in that plan, over the control links (Work.NCCLID); every node joins
+// (nccl.Join) on its devs[0].
 
 // CanNCCLAcross reports whether this node can join NCCL communicators
 // across nodes: it has GPUs, NCCL, and does not stage every device tensor.
@@ -876,11 +803,7 @@ func (g *GPUs) NCCLUniqueID() ([]byte, error) {
 	if !g.CanNCCLAcross() {
 		return nil, errors.New("this node runs without NCCL")
 	}
-	id, err := g.nccl.GetUniqueID()
-	if err != nil {
-		return nil, fmt.Errorf("NCCL unique id: %w", err)
-	}
-	return id[:], nil
+	return nccl.NewUniqueID(g.nccl)
 }
 
 // ExecuteNCCL runs w on NCCL across nodes, as the plan says.
@@ -892,11 +815,11 @@ func (x *Path) ExecuteNCCL(w job.Work) {
 	x.gpuPath("nccl " + strings.ToLower(w.Resp.Op.String()))
 	switch w.Resp.Op {
 	case tensor.Reducescatter, tensor.Allgather, tensor.Alltoall:
-		x.runOutputs(w, usedDevs(&w))
+		x.runResults(w, usedDevs(&w))
 	case tensor.Broadcast:
-		x.runNative(w, usedDevs(&w), x.broadcastDevice)
+		x.runNative(w, usedDevs(&w), x.broadcastNative)
 	default:
-		x.runNative(w, usedDevs(&w), x.allreduceDevice)
+		x.runNative(w, usedDevs(&w), x.allreduceNative)
 	}
 }
 
@@ -918,124 +841,61 @@ func (x *Path) ncclAcrossOK(w *job.Work) error {
 	return nil
 }
 
-// crossComm returns the communicator across the nodes of engine b, made
-// with the coordinator's unique id ncclID when there is none yet.
-func (g *GPUs) crossComm(ctx context.Context, b backends.Backend, ncclID []byte) (gpu.Comm, error) {
-	if g.cross != nil && g.crossOf == b {
-		if err := g.cross.AsyncError(); err != nil {
-			g.abortComms()
-			return nil, fmt.Errorf("NCCL communicator across nodes failed: %w", err)
-		}
-		return g.cross, nil
-	}
-	if g.cross != nil {
-		g.cross.Destroy() // the previous job's
-		g.cross, g.crossOf = nil, nil
-	}
-	var id gpu.UniqueID
-	copy(id[:], ncclID)
-	// Open already: this node's ops are on devs[0] (ncclAcrossOK).
-	if err := g.devs[0].open("NCCL communicator across nodes"); err != nil {
-		return nil, err
-	}
-	cctx, cancel := context.WithTimeout(ctx, ncclInitTimeout)
-	defer cancel()
-	c, err := g.nccl.CommInitRank(cctx, g.devs[0].dev, b.Size(), id, b.Rank())
-	if err != nil {
-		return nil, fmt.Errorf("NCCL communicator across %d nodes: %w", b.Size(), err)
-	}
-	g.cross, g.crossOf = c, b
-	g.log.Info("NCCL communicator across nodes created", "nodes", b.Size(), "rank", b.Rank(), "gpu", g.devs[0].info.UUID)
-	return c, nil
-}
-
-// ncclInitTimeout bounds joining the communicator across nodes.
-const ncclInitTimeout = 60 * time.Second
-
-// ncclCross joins the nodes' fusion buffers (devs[0]'s holds the node's
-// result) on NCCL and hands the total to the node's other GPUs.
-func (x *Path) ncclCross(ctx context.Context, w job.Work, devs []*gpuDev, count int, dt tensor.DType, op tensor.ReduceOp) ([]gpu.Comm, error) {
-	g := x.gpu
-	c, err := g.crossComm(ctx, w.Engine, w.NCCLID)
-	if err != nil {
-		return nil, err
-	}
+// allreduceNCCLAcross adds up the nodes' results on NCCL across nodes:
+// the fusion buffer of devs[0] (which holds the node's result, as every
+// GPU's does: count elements of dt) joins one NCCL allreduce over the
+// engine across nodes, and the total goes from there to the node's other
+// GPUs by an NCCL broadcast (broadcastOverGPUs).
+func (x *Path) allreduceNCCLAcross(devs []*gpuDev, across *nccl.Engine, count int, dt tensor.DType, op tensor.ReduceOp) error {
 	d0 := devs[0]
-	if err := c.Allreduce(d0.stream, d0.fuse, d0.fuse, count, dt, op); err != nil {
-		g.abortComms()
-		return nil, fmt.Errorf("NCCL allreduce across %d nodes: %w", w.Engine.Size(), err)
+	if err := across.Allreduce(d0.stream, d0.fuse, d0.fuse, count, dt, op); err != nil {
+		return fmt.Errorf("NCCL allreduce across %d nodes: %w", across.Size(), err)
 	}
 	if len(devs) == 1 {
-		return []gpu.Comm{c}, nil
+		return nil
 	}
-	cs, err := g.commsFor(devs)
-	if err != nil {
-		return []gpu.Comm{c}, err
+	bufs := make([]gpu.DevicePtr, len(devs))
+	for i, d := range devs {
+		bufs[i] = d.fuse
 	}
-	n := count * dt.Size()
-	if err := g.group(cs, func(i int, c gpu.Comm) error {
-		return c.Broadcast(devs[i].stream, devs[i].fuse, devs[i].fuse, n, tensor.Uint8, 0)
-	}); err != nil {
-		return []gpu.Comm{c}, fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
-	}
-	return append(cs, c), nil
+	return x.broadcastOverGPUs(devs, bufs, count*dt.Size(), 0)
 }
 
-// syncWatch synchronises devs' streams while watching the communicators
-// their work ran on: NCCL reports a failed peer through
-// ncclCommGetAsyncError, not the stream, and a kernel that waits for a dead
-// peer ends only once the communicator is aborted. So the wait goes in
-// slices, each followed by a look at the communicators; an error aborts
-// them all (the next use makes new ones) and is returned once the streams
-// have drained.
-func (g *GPUs) syncWatch(ctx context.Context, devs []*gpuDev, comms []gpu.Comm) error {
-	if len(comms) == 0 {
-		return syncAll(ctx, devs)
-	}
-	for {
-		wctx, cancel := context.WithTimeout(ctx, ncclWatch)
-		err := syncAll(wctx, devs)
-		cancel()
-		for _, c := range comms {
-			if cerr := c.AsyncError(); cerr != nil {
-				err := fmt.Errorf("NCCL communicator (rank %d of %d) failed: %w", c.Rank(), c.Size(), cerr)
-				g.abortComms()
-				syncAll(ctx, devs)
-				return err
-			}
-		}
-		if err == nil || !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
-			return err
-		}
-	}
-}
+// Results. An allgather, alltoall or reducescatter leaves each rank a
+// result of a new size, which the daemon allocates on the rank's GPU and
+// exports to the client (Done.device_output, freed on its Release).
+// buildResults enqueues them on the path the topology gives:
+//
+//   - OneGPU: on one GPU, by device copies and the daemon's kernels;
+//   - OverGPUs: on the node's GPUs, by device copies on each and, over
+//     several, NCCL between them (the node-local engines);
+//   - Hierarchical: across nodes through the job's engine (the host path's
+//     calls, host.*Calls) and host memory;
+//   - NCCLAcross: across nodes on NCCL (the engine across nodes), where
+//     the plan says (Resp.NCCL).
+//
+// The allgather and the reducescatter on NCCL across nodes are their
+// OverGPUs builders given the engine across nodes.
 
-// ncclWatch is how often syncWatch looks at the communicators.
-const ncclWatch = 20 * time.Millisecond
-
-// runOutputs runs an allgather, alltoall or reducescatter of one node whose
-// ops are all on devs (one GPU; several for an allgather, over NCCL) and
-// answers each op with its device output.
-func (x *Path) runOutputs(w job.Work, devs []*gpuDev) {
-	r := &w.Resp
-	if w.Trace != nil {
-		defer host.TraceAll(w.Trace, r, timeline.End, "")
-		host.TraceAll(w.Trace, r, timeline.Begin, "GPU_"+host.Activity(r))
-		defer host.TraceAll(w.Trace, r, timeline.End, "")
-	}
+// runResults runs an allgather, alltoall or reducescatter whose ops of
+// this node are all on devs, waits for the GPUs and answers each op with
+// its result.
+func (x *Path) runResults(w job.Work, devs []*gpuDev) {
+	defer traceGPU(&w)()
 	ctx := context.Background()
-	dones, used, err := x.buildOutputs(&w, devs)
-	if serr := x.gpu.syncWatch(ctx, devs, used); err == nil {
-		err = serr
+	res := make([][]devResult, len(w.Ops))
+	err := x.buildResults(&w, devs, res)
+	if werr := x.gpu.waitStreams(ctx, devs); err == nil {
+		err = werr
 	}
 	if err == nil {
-		err = exportOutputs(&w, dones)
+		err = exportResults(&w, res)
 	}
 	if err != nil {
-		for _, row := range dones {
-			for _, res := range row {
-				if res.n > 0 && res.p != 0 && !res.exported {
-					res.d.dev.Free(res.p)
+		for _, row := range res {
+			for _, r := range row {
+				if r.n > 0 && r.p != 0 && !r.exported {
+					r.d.dev.Free(r.p)
 				}
 			}
 		}
@@ -1045,316 +905,267 @@ func (x *Path) runOutputs(w job.Work, devs []*gpuDev) {
 	for i, row := range w.Ops {
 		for k, o := range row {
 			if o != nil {
-				o.Finish(dones[i][k].done)
+				o.Finish(res[i][k].done)
 			}
 		}
 	}
 }
 
-// devResult is one op's device output while it is built.
+// devResult is one op's result while it is built.
 type devResult struct {
 	done     *ipcpb.Done
 	d        *gpuDev // where p is: the rank's GPU
 	p        gpu.DevicePtr
 	n        int
-	exported bool // the client holds it (addDeviceOutput): its to free
+	exported bool // the client holds it (ConnGPU.addOutput): its to free
 }
 
-// buildOutputs enqueues every op's result on its GPU's stream, and returns
-// the NCCL communicators it used. On an error the results allocated so far
-// are in what it returns.
-func (x *Path) buildOutputs(w *job.Work, devs []*gpuDev) ([][]devResult, []gpu.Comm, error) {
-	r := &w.Resp
-	es := r.DType.Size()
-	dones := make([][]devResult, len(w.Ops))
+// buildResults enqueues every op's result on its GPU's stream, into res
+// (res[i][rank] for tensor i; on an error it holds the results allocated
+// so far).
+func (x *Path) buildResults(w *job.Work, devs []*gpuDev, res [][]devResult) error {
 	if err := waitEvents(w); err != nil {
-		return dones, nil, err
+		return err
 	}
-	// Over NCCL (several GPUs, or across nodes when voted), through the
-	// engine (across nodes), or on one GPU (below).
-	var f func(*job.Work, []*gpuDev, [][]devResult) ([]gpu.Comm, error)
+	op := w.Resp.Op
 	switch {
-	case w.Resp.NCCL || !crossNodes(w) && len(devs) > 1:
-		f = x.allgatherGPUs
-		switch r.Op {
-		case tensor.Reducescatter:
-			f = x.reducescatterGPUs
-		case tensor.Alltoall:
-			f = x.alltoallGPUs
-			if w.Resp.NCCL {
-				f = x.alltoallNCCL
-			}
+	case w.Resp.NCCL:
+		across, err := x.gpu.acrossEngine(context.Background(), w)
+		if err != nil {
+			return err
 		}
-	case crossNodes(w):
-		f = x.outputsAcross
-	}
-	if f != nil {
-		cs, err := f(w, devs, dones)
-		return dones, cs, err
-	}
-	d := devs[0]
-	for i, ops := range w.Ops {
-		t := &r.Tensors[i]
-		rowBytes := int(t.Shape.RowElements()) * es
-		dones[i] = make([]devResult, len(ops))
-		// out allocates rank k's result of n bytes and fills it with fill.
-		out := func(k, n int, shape tensor.Shape, fill func(p gpu.DevicePtr) error) error {
-			p, err := newResult(&dones[i][k], d, n, &ipcpb.Done{OutputShape: shape})
-			if err != nil || p == 0 {
-				return err
-			}
-			return fill(p)
-		}
-		copyIn := func(dst, src gpu.DevicePtr, n int) error {
-			if n == 0 {
-				return nil
-			}
-			if err := d.dev.CopyDtoD(d.stream, dst, src, n); err != nil {
-				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
-			}
-			return nil
-		}
-		switch r.Op {
+		switch op {
 		case tensor.Allgather:
-			shape := host.AllgatherShape(t)
-			for k := range ops {
-				if err := out(k, int(shape[0])*rowBytes, shape, func(p gpu.DevicePtr) error {
-					off := 0
-					for _, so := range ops {
-						if err := copyIn(p.Add(off), devOf(so).ptr, devOf(so).n); err != nil {
-							return err
-						}
-						off += devOf(so).n
-					}
-					return nil
-				}); err != nil {
-					return dones, nil, err
-				}
-			}
+			return x.allgatherOverGPUs(w, devs, res, across)
 		case tensor.Alltoall:
-			n := len(ops)
-			starts := make([][]int, n) // starts[s][dst]: the row where s's piece for dst begins
-			for s := range n {
-				starts[s] = make([]int, n+1)
-				for dst := range n {
-					starts[s][dst+1] = starts[s][dst] + int(t.Splits[s][dst])
-				}
-			}
-			for k := range ops {
-				var rows int64
-				recv := make([]int32, n)
-				for s := range n {
-					rows += int64(t.Splits[s][k])
-					recv[s] = t.Splits[s][k]
-				}
-				if err := out(k, int(rows)*rowBytes, append(tensor.Shape{rows}, t.Shape[1:]...), func(p gpu.DevicePtr) error {
-					off := 0
-					for s, so := range ops {
-						m := (starts[s][k+1] - starts[s][k]) * rowBytes
-						if err := copyIn(p.Add(off), devOf(so).ptr.Add(starts[s][k]*rowBytes), m); err != nil {
-							return err
-						}
-						off += m
-					}
-					return nil
-				}); err != nil {
-					return dones, nil, err
-				}
-				dones[i][k].done.ReceivedSplits = recv
-			}
-		case tensor.Reducescatter:
-			op, pre, post := host.Scales(r, w.Size)
-			for k := range ops {
-				start, rows := host.ScatterBlock(t, len(ops), k)
-				bytes := int(rows) * rowBytes
-				if err := out(k, bytes, append(tensor.Shape{rows}, t.Shape[1:]...), func(p gpu.DevicePtr) error {
-					if pre != 1 {
-						if err := d.ensure(bytes, true); err != nil {
-							return err
-						}
-					}
-					for s, so := range ops {
-						src := devOf(so).ptr.Add(int(start) * rowBytes)
-						if s == 0 || pre != 1 {
-							to := p
-							if s > 0 {
-								to = d.scratch
-							}
-							if err := copyIn(to, src, bytes); err != nil {
-								return err
-							}
-							if pre != 1 {
-								if err := d.scale(to, bytes/es, r.DType, pre); err != nil {
-									return err
-								}
-							}
-							src = to
-						}
-						if s > 0 {
-							if err := d.reduce(p, src, bytes/es, r.DType, op); err != nil {
-								return err
-							}
-						}
-					}
-					if post != 1 {
-						return d.scale(p, bytes/es, r.DType, post)
-					}
-					return nil
-				}); err != nil {
-					return dones, nil, err
-				}
-			}
+			return x.alltoallNCCLAcross(w, devs, res, across)
 		}
+		return x.reducescatterOverGPUs(w, devs, res, across)
+	case crossNodes(w):
+		return x.resultsHierarchical(w, devs, res)
 	}
-	return dones, nil, nil
+	switch {
+	case op == tensor.Allgather:
+		return x.allgatherOverGPUs(w, devs, res, nil)
+	case op == tensor.Alltoall:
+		return x.alltoallOverGPUs(w, devs, res)
+	case len(devs) > 1:
+		return x.reducescatterOverGPUs(w, devs, res, nil)
+	}
+	return reducescatterOneGPU(w, devs[0], res)
 }
 
-// allgatherGPUs builds an allgather's outputs over several GPUs of the
-// node, or across nodes on NCCL (w.nccl). On each GPU the first local
-// rank's output receives the pieces of the ranks on that GPU by D2D copies
-// and every other local rank's piece by an NCCL broadcast from that rank's
-// GPU (one group call, each piece in place at its offset). Across nodes,
-// GPU 0's output then joins one NCCL broadcast per node of that node's
-// pieces (contiguous: ranks are ordered by node) over the communicator
-// across nodes, and is spread to the node's other GPUs. The GPU's other
-// ranks copy its first output.
-func (x *Path) allgatherGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
-	g := x.gpu
-	r := &w.Resp
-	idx := map[*gpuDev]int{devs[0]: 0}
-	var local, used []gpu.Comm
-	var err error
-	if len(devs) > 1 {
-		if local, idx, err = g.commsIndexed(devs); err != nil {
-			return nil, err
-		}
-		used = local
-	}
-	var cross gpu.Comm
-	if w.Resp.NCCL {
-		if cross, err = g.crossComm(context.Background(), w.Engine, w.NCCLID); err != nil {
-			return used, err
-		}
-		used = append(used, cross)
-	}
-	for i, ops := range w.Ops {
-		t := &r.Tensors[i]
-		shape := host.AllgatherShape(t)
-		offs := make([]int, len(ops)+1)
-		for k := range ops {
-			offs[k+1] = offs[k] + host.AllgatherRankBytes(t, r.DType, k)
-		}
-		total := offs[len(ops)]
-		dones[i] = make([]devResult, len(ops))
-		lead := make([]gpu.DevicePtr, len(devs)) // each GPU's first output
-		alloc := func(k int) (gpu.DevicePtr, error) {
-			return newResult(&dones[i][k], devOf(ops[k]).d, total, &ipcpb.Done{OutputShape: shape})
-		}
-		for k, o := range ops {
-			if o == nil || total == 0 || lead[idx[devOf(o).d]] != 0 {
-				continue
-			}
-			if lead[idx[devOf(o).d]], err = alloc(k); err != nil {
-				return used, err
-			}
-		}
-		if total == 0 {
-			for k, o := range ops {
-				if o != nil {
-					alloc(k)
-				}
-			}
-			continue
-		}
-		for k, o := range ops {
-			if o == nil || devOf(o).n == 0 {
-				continue
-			}
-			d := devOf(o).d
-			if err := d.dev.CopyDtoD(d.stream, lead[idx[d]].Add(offs[k]), devOf(o).ptr, devOf(o).n); err != nil {
-				return used, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
-			}
-		}
-		if len(devs) > 1 {
-			if err := g.group(local, func(j int, c gpu.Comm) error {
-				for k, o := range ops {
-					if o == nil || devOf(o).n == 0 {
-						continue
-					}
-					p := lead[j].Add(offs[k])
-					if err := c.Broadcast(devs[j].stream, p, p, devOf(o).n, tensor.Uint8, idx[devOf(o).d]); err != nil {
-						return err
-					}
-				}
-				return nil
-			}); err != nil {
-				return used, fmt.Errorf("NCCL broadcasts over %d GPUs: %w", len(devs), err)
-			}
-		}
-		if cross != nil {
-			counts, _ := host.AllgatherCounts(w.View.Rows, t, r.DType)
-			if err := g.group([]gpu.Comm{cross}, func(_ int, c gpu.Comm) error {
-				off := 0
-				for m, n := range counts {
-					if n > 0 {
-						if err := c.Broadcast(devs[0].stream, lead[0].Add(off), lead[0].Add(off), n, tensor.Uint8, m); err != nil {
-							return err
-						}
-					}
-					off += n
-				}
-				return nil
-			}); err != nil {
-				return used, fmt.Errorf("NCCL broadcasts across %d nodes: %w", len(counts), err)
-			}
-			if len(devs) > 1 {
-				if err := g.group(local, func(j int, c gpu.Comm) error {
-					return c.Broadcast(devs[j].stream, lead[j], lead[j], total, tensor.Uint8, 0)
-				}); err != nil {
-					return used, fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
-				}
-			}
-		}
-		for k, o := range ops {
-			if o == nil || dones[i][k].done != nil {
-				continue // another node's rank, or a lead
-			}
-			d := devOf(o).d
-			p, err := alloc(k)
-			if err != nil {
-				return used, err
-			}
-			if err := d.dev.CopyDtoD(d.stream, p, lead[idx[d]], total); err != nil {
-				return used, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
-			}
-		}
-	}
-	return used, nil
-}
-
-// outputsAcross builds an allgather's, alltoall's or reducescatter's
-// outputs across nodes through the job's engine (the hierarchical paths).
-func (x *Path) outputsAcross(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
+// resultsHierarchical builds an allgather's, alltoall's or reducescatter's
+// results across nodes through the job's engine.
+func (x *Path) resultsHierarchical(w *job.Work, devs []*gpuDev, res [][]devResult) error {
 	b, err := x.host.EngineFor(*w)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	ctx := context.Background()
 	switch w.Resp.Op {
 	case tensor.Reducescatter:
-		return x.reducescatterAcross(ctx, w, devs, b, dones)
+		return x.reducescatterHierarchical(ctx, w, devs, b, res)
 	case tensor.Alltoall:
-		return nil, x.alltoallAcross(ctx, w, devs, b, dones)
+		return x.alltoallHierarchical(ctx, w, devs, b, res)
 	}
-	return nil, x.allgatherAcross(ctx, w, devs, b, dones)
+	return x.allgatherHierarchical(ctx, w, devs, b, res)
 }
 
-// allgatherAcross builds an allgather's outputs across nodes (the
-// hierarchical allgather): the node's ranks' pieces copied to host memory in
-// rank order, the engine's Allgatherv of the nodes' pieces (the one call per
-// tensor allgatherMulti makes, so that nodes on either path agree), the
-// result copied to one output on each GPU, which the GPU's other ranks copy.
-func (x *Path) allgatherAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
+// newResult makes *res an op's result of n bytes on GPU d, answered with
+// done, and allocates its memory there: the address, 0 for n == 0.
+func newResult(res *devResult, d *gpuDev, n int, done *ipcpb.Done) (gpu.DevicePtr, error) {
+	*res = devResult{done: done, d: d, n: n}
+	if n == 0 {
+		return 0, nil
+	}
+	p, err := d.dev.Alloc(n)
+	if err != nil {
+		return 0, fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, n, err)
+	}
+	res.p = p
+	return p, nil
+}
+
+// exportResults gives every result built an IPC handle and hands it to its
+// client, filling in the Dones.
+func exportResults(w *job.Work, res [][]devResult) error {
+	for i, row := range w.Ops {
+		for k, o := range row {
+			if o == nil {
+				continue // another node's rank
+			}
+			r := &res[i][k]
+			d := r.d
+			db := &ipcpb.DeviceBuffer{DeviceUuid: d.info.UUID, Length: uint64(r.n)}
+			r.done.DeviceOutput = db
+			if r.n == 0 {
+				continue
+			}
+			h, err := d.dev.IpcMemHandle(r.p)
+			if err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+			}
+			db.MemHandle, db.AllocSize = h[:], uint64(r.n)
+			r.exported = true
+			if !devOf(o).cg.addOutput(h, &devOutput{d: d, ptr: r.p}) {
+				// The client is gone (and the memory freed): it needs no answer.
+				r.done = &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: "client gone"}
+			}
+		}
+	}
+	return nil
+}
+
+// allgatherOverGPUs builds an allgather's results on the node's GPUs and,
+// given the engine across nodes (across; nil on one node), across nodes on
+// NCCL, tensor by tensor (allgatherTensor).
+func (x *Path) allgatherOverGPUs(w *job.Work, devs []*gpuDev, res [][]devResult, across *nccl.Engine) error {
+	local, err := x.gpu.enginesBetween(devs)
+	if err != nil {
+		return err
+	}
+	for i := range w.Ops {
+		if err := x.allgatherTensor(w, i, devs, res, local, across); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// allgatherTensor builds the results of w's tensor i (allgatherOverGPUs).
+// Each GPU's first local rank's result is the GPU's lead: it receives
+// every rank's piece at the rank's offset, from this node's ranks
+// (gatherOnNode) and, across nodes, from the others (allgatherNCCLAcross,
+// which completes GPU 0's lead and spreads it to the node's other GPUs).
+// The GPU's other ranks then copy its lead.
+func (x *Path) allgatherTensor(w *job.Work, i int, devs []*gpuDev, res [][]devResult, local []*nccl.Engine, across *nccl.Engine) error {
+	r := &w.Resp
+	ops, t := w.Ops[i], &r.Tensors[i]
+	shape := host.AllgatherShape(t)
+	offs := make([]int, len(ops)+1) // rank k's piece at offs[k] of the result
+	for k := range ops {
+		offs[k+1] = offs[k] + host.AllgatherRankBytes(t, r.DType, k)
+	}
+	total := offs[len(ops)]
+	res[i] = make([]devResult, len(ops))
+	alloc := func(k int) (gpu.DevicePtr, error) {
+		return newResult(&res[i][k], devOf(ops[k]).d, total, &ipcpb.Done{OutputShape: shape})
+	}
+	if total == 0 {
+		for k, o := range ops {
+			if o != nil {
+				alloc(k)
+			}
+		}
+		return nil
+	}
+	lead := make([]gpu.DevicePtr, len(devs)) // lead[j]: GPU devs[j]'s
+	for k, o := range ops {
+		if o == nil {
+			continue // another node's rank
+		}
+		if j := slices.Index(devs, devOf(o).d); lead[j] == 0 {
+			p, err := alloc(k)
+			if err != nil {
+				return err
+			}
+			lead[j] = p
+		}
+	}
+	if err := gatherOnNode(ops, devs, lead, offs, local); err != nil {
+		return err
+	}
+	if across != nil {
+		if err := x.allgatherNCCLAcross(w, i, devs, lead, total, across); err != nil {
+			return err
+		}
+	}
+	for k, o := range ops {
+		if o == nil || res[i][k].done != nil {
+			continue // another node's rank, or a lead
+		}
+		d := devOf(o).d
+		p, err := alloc(k)
+		if err != nil {
+			return err
+		}
+		if err := d.dev.CopyDtoD(d.stream, p, lead[slices.Index(devs, d)], total); err != nil {
+			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+		}
+	}
+	return nil
+}
+
+// gatherOnNode puts every local rank's piece (rank k's at offs[k]) into
+// every GPU's lead: a D2D copy into its own GPU's and, over several GPUs
+// (local, the node-local engines over devs), NCCL broadcasts from its GPU
+// into the others', one group call for all, each piece in place at its
+// offset.
+func gatherOnNode(ops []*job.Op, devs []*gpuDev, lead []gpu.DevicePtr, offs []int, local []*nccl.Engine) error {
+	for k, o := range ops {
+		if o == nil || devOf(o).n == 0 {
+			continue
+		}
+		d := devOf(o).d
+		if err := d.dev.CopyDtoD(d.stream, lead[slices.Index(devs, d)].Add(offs[k]), devOf(o).ptr, devOf(o).n); err != nil {
+			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+		}
+	}
+	if local == nil {
+		return nil
+	}
+	if err := groupEach(local, func(j int, e *nccl.Engine) error {
+		for k, o := range ops {
+			if o == nil || devOf(o).n == 0 {
+				continue
+			}
+			p := lead[j].Add(offs[k])
+			if err := e.Broadcast(devs[j].stream, p, p, devOf(o).n, tensor.Uint8, slices.Index(devs, devOf(o).d)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("NCCL broadcasts over %d GPUs: %w", len(devs), err)
+	}
+	return nil
+}
+
+// allgatherNCCLAcross completes GPU 0's lead (total bytes) for w's tensor
+// i across nodes on NCCL: one broadcast per node of that node's pieces
+// (contiguous: ranks are ordered by node) over the engine across nodes, in
+// one group call, then the lead spread to the node's other GPUs' leads.
+func (x *Path) allgatherNCCLAcross(w *job.Work, i int, devs []*gpuDev, lead []gpu.DevicePtr, total int, across *nccl.Engine) error {
+	counts, _ := host.AllgatherCounts(w.View.Rows, &w.Resp.Tensors[i], w.Resp.DType)
+	if err := across.Group(func() error {
+		off := 0
+		for m, n := range counts {
+			if n > 0 {
+				p := lead[0].Add(off)
+				if err := across.Broadcast(devs[0].stream, p, p, n, tensor.Uint8, m); err != nil {
+					return err
+				}
+			}
+			off += n
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("NCCL broadcasts across %d nodes: %w", len(counts), err)
+	}
+	if len(devs) == 1 {
+		return nil
+	}
+	return x.broadcastOverGPUs(devs, lead, total, 0)
+}
+
+// allgatherHierarchical builds an allgather's results across nodes through
+// the job's engine: the node's ranks' pieces copied to host memory in rank
+// order, the engine's Allgatherv of the nodes' pieces (the host path's one
+// call per tensor, host.AllgatherCalls, so that nodes on either path
+// agree), the result copied to one result on each GPU, which the GPU's
+// other ranks copy.
+func (x *Path) allgatherHierarchical(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, res [][]devResult) error {
 	r := &w.Resp
 	in := func(i int, into []byte) error {
 		off := 0
@@ -1376,14 +1187,14 @@ func (x *Path) allgatherAcross(ctx context.Context, w *job.Work, devs []*gpuDev,
 	out := func(i int, all []byte) error {
 		row := w.Ops[i]
 		shape := host.AllgatherShape(&r.Tensors[i])
-		dones[i] = make([]devResult, len(row))
+		res[i] = make([]devResult, len(row))
 		lead := map[*gpuDev]gpu.DevicePtr{}
 		for k, o := range row {
 			if o == nil {
 				continue
 			}
 			d := devOf(o).d
-			p, err := newResult(&dones[i][k], d, len(all), &ipcpb.Done{OutputShape: shape})
+			p, err := newResult(&res[i][k], d, len(all), &ipcpb.Done{OutputShape: shape})
 			if err != nil {
 				return err
 			}
@@ -1407,12 +1218,142 @@ func (x *Path) allgatherAcross(ctx context.Context, w *job.Work, devs []*gpuDev,
 	return host.AllgatherCalls(ctx, b, w, x.host.Fusion, in, out)
 }
 
-// alltoallAcross builds an alltoall's outputs across nodes (the
-// hierarchical alltoall): the pieces the node sends copied to host memory
-// in a2aPlan's order, the engine's Alltoallv (alltoallMulti's one call per
-// tensor), each local rank's output copied to its GPU run by run from what
-// was received.
-func (x *Path) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) error {
+// gpuMove is n bytes from src on one of the node's GPUs to dst on another,
+// or on the same one.
+type gpuMove struct {
+	from, to *gpuDev
+	src, dst gpu.DevicePtr
+	n        int
+}
+
+// moveAll enqueues the moves ms between GPUs of devs: one within a GPU by
+// a D2D copy, one between two GPUs by an NCCL send and receive over local
+// (the node-local engines over devs; nil with one GPU), all of those in
+// one group call. Between two GPUs NCCL matches sends and receives in the
+// order issued, which the one walk over ms gives on both sides.
+func moveAll(devs []*gpuDev, local []*nccl.Engine, ms []gpuMove) error {
+	between := false
+	for _, m := range ms {
+		if m.from != m.to {
+			between = true
+			continue
+		}
+		if err := m.to.dev.CopyDtoD(m.to.stream, m.dst, m.src, m.n); err != nil {
+			return fmt.Errorf("GPU %s: %w", m.to.info.UUID, err)
+		}
+	}
+	if !between {
+		return nil
+	}
+	if err := groupEach(local, func(j int, e *nccl.Engine) error {
+		d := devs[j]
+		for _, m := range ms {
+			var err error
+			switch {
+			case m.from == m.to:
+			case m.from == d:
+				err = e.Send(d.stream, m.src, m.n, tensor.Uint8, slices.Index(devs, m.to))
+			case m.to == d:
+				err = e.Recv(d.stream, m.dst, m.n, tensor.Uint8, slices.Index(devs, m.from))
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("NCCL sends and receives over %d GPUs: %w", len(devs), err)
+	}
+	return nil
+}
+
+// alltoallOverGPUs builds an alltoall's results on the node's GPUs: each
+// rank's result on its GPU receives every rank's piece for it, in rank
+// order (moveAll: D2D copies from the ranks on the same GPU, NCCL sends
+// and receives from the others, one group call per tensor).
+func (x *Path) alltoallOverGPUs(w *job.Work, devs []*gpuDev, res [][]devResult) error {
+	local, err := x.gpu.enginesBetween(devs)
+	if err != nil {
+		return err
+	}
+	for i, ops := range w.Ops {
+		t := &w.Resp.Tensors[i]
+		rowBytes := int(t.Shape.RowElements()) * w.Resp.DType.Size()
+		n := len(ops)
+		// start[s][k]: where rank s's piece for rank k begins in s's tensor.
+		start := make([][]int, n)
+		for s := range n {
+			start[s] = make([]int, n+1)
+			for k := range n {
+				start[s][k+1] = start[s][k] + int(t.Splits[s][k])*rowBytes
+			}
+		}
+		res[i] = make([]devResult, n)
+		var ms []gpuMove
+		for k, o := range ops {
+			recv := make([]int32, n)
+			var rows int64
+			for s := range n {
+				recv[s] = t.Splits[s][k]
+				rows += int64(recv[s])
+			}
+			p, err := newResult(&res[i][k], devOf(o).d, int(rows)*rowBytes, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...), ReceivedSplits: recv})
+			if err != nil {
+				return err
+			}
+			at := 0
+			for s, so := range ops {
+				if m := start[s][k+1] - start[s][k]; m > 0 {
+					ms = append(ms, gpuMove{from: devOf(so).d, to: devOf(o).d, src: devOf(so).ptr.Add(start[s][k]), dst: p.Add(at), n: m})
+					at += m
+				}
+			}
+		}
+		if err := moveAll(devs, local, ms); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// placeAlltoall makes the results of this node's ranks for w's tensor i
+// from what an alltoall across nodes received, in a's layout: each
+// result allocated on its rank's GPU, and every run of it (one per node,
+// A2APlan.Segments) put there by put, which copies n bytes at offset src
+// of what was received to dst on GPU d.
+func placeAlltoall(w *job.Work, i int, a *host.A2APlan, res [][]devResult, put func(d *gpuDev, dst gpu.DevicePtr, src, n int) error) error {
+	row, t := w.Ops[i], &w.Resp.Tensors[i]
+	res[i] = make([]devResult, len(row))
+	for r, o := range row {
+		if o == nil {
+			continue
+		}
+		d := devOf(o).d
+		p, err := newResult(&res[i][r], d, a.Rows(r)*a.RowBytes, &ipcpb.Done{OutputShape: a.Shape(r, t.Shape), ReceivedSplits: a.Received(r)})
+		if err != nil {
+			return err
+		}
+		at := 0
+		for _, sg := range a.Segments(r) {
+			if sg[1] == 0 {
+				continue
+			}
+			if err := put(d, p.Add(at), sg[0], sg[1]); err != nil {
+				return err
+			}
+			at += sg[1]
+		}
+	}
+	return nil
+}
+
+// alltoallHierarchical builds an alltoall's results across nodes through
+// the job's engine: the pieces the node sends copied to host memory in
+// A2APlan's order, the engine's Alltoallv (the host path's one call per
+// tensor, host.AlltoallCalls), each local rank's result copied to its GPU
+// run by run from what was received (placeAlltoall): no assembly on the
+// host.
+func (x *Path) alltoallHierarchical(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, res [][]devResult) error {
 	in := func(i int, a *host.A2APlan, into []byte) error {
 		row := w.Ops[i]
 		off := 0
@@ -1434,206 +1375,217 @@ func (x *Path) alltoallAcross(ctx context.Context, w *job.Work, devs []*gpuDev, 
 		return err
 	}
 	out := func(i int, a *host.A2APlan, got []byte) error {
-		row := w.Ops[i]
-		t := &w.Resp.Tensors[i]
-		dones[i] = make([]devResult, len(row))
-		for d, o := range row {
-			if o == nil {
-				continue
+		if err := placeAlltoall(w, i, a, res, func(d *gpuDev, dst gpu.DevicePtr, src, n int) error {
+			if err := d.dev.CopyHtoD(d.stream, dst, got[src:src+n]); err != nil {
+				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 			}
-			g, n := devOf(o).d, a.Rows(d)*a.RowBytes
-			p, err := newResult(&dones[i][d], g, n, &ipcpb.Done{OutputShape: a.Shape(d, t.Shape), ReceivedSplits: a.Received(d)})
-			if err != nil {
-				return err
-			}
-			if p == 0 {
-				continue
-			}
-			// Straight from got, one copy per run: no assembly on the host.
-			at := 0
-			for _, sg := range a.Segments(d) {
-				if sg[1] == 0 {
-					continue
-				}
-				if err := g.dev.CopyHtoD(g.stream, p.Add(at), got[sg[0]:sg[0]+sg[1]]); err != nil {
-					return fmt.Errorf("GPU %s: %w", g.info.UUID, err)
-				}
-				at += sg[1]
-			}
+			return nil
+		}); err != nil {
+			return err
 		}
 		return syncAll(ctx, devs)
 	}
 	return host.AlltoallCalls(ctx, b, w, x.host.Fusion, in, out)
 }
 
-// alltoallNCCL builds an alltoall's outputs across nodes on NCCL
-// (w.nccl), in a2aPlan's layout (the hierarchical alltoall's, on device
-// memory): the pieces this node sends gathered into a send buffer on GPU 0
-// (D2D from GPU 0's ranks, NCCL sends from the other GPUs' in one group
-// call), one NCCL send and receive per other node over the communicator
-// across nodes into a receive buffer on GPU 0 (the node's own block by a
-// D2D copy), then each local rank's output assembled from its runs there
-// (D2D on GPU 0, NCCL from GPU 0 to the others). Both buffers are GPU 0's
-// fusion buffer. Between two GPUs, or two nodes, NCCL matches sends and
-// receives in issue order, which the same loops give on both sides.
-func (x *Path) alltoallNCCL(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
-	g := x.gpu
-	cross, err := g.crossComm(context.Background(), w.Engine, w.NCCLID)
+// alltoallNCCLAcross builds an alltoall's results across nodes on NCCL,
+// in A2APlan's layout (the hierarchical alltoall's, in device memory), on
+// GPU 0's fusion buffer, tensor by tensor: the pieces this node sends
+// gathered into a send buffer there (moveAll: D2D from GPU 0's ranks, NCCL
+// from the other GPUs'), exchanged with the other nodes into a receive
+// buffer there (alltoallExchange), and each local rank's result assembled
+// from its runs in it (placeAlltoall, moveAll from GPU 0).
+func (x *Path) alltoallNCCLAcross(w *job.Work, devs []*gpuDev, res [][]devResult, across *nccl.Engine) error {
+	local, err := x.gpu.enginesBetween(devs)
 	if err != nil {
-		return nil, err
-	}
-	used := []gpu.Comm{cross}
-	var local []gpu.Comm
-	idx := map[*gpuDev]int{devs[0]: 0}
-	if len(devs) > 1 {
-		if local, idx, err = g.commsIndexed(devs); err != nil {
-			return used, err
-		}
-		used = append(used, local...)
+		return err
 	}
 	d0 := devs[0]
-	me := w.View.Rows.Node
-	// move is n bytes from one GPU's src to another's dst.
-	type move struct {
-		from, to *gpuDev
-		src, dst gpu.DevicePtr
-		n        int
-	}
-	// moves runs the moves between GPU 0 and the others: one NCCL group.
-	moves := func(ms []move) error {
-		if len(ms) == 0 {
-			return nil
-		}
-		return g.group(local, func(j int, c gpu.Comm) error {
-			for _, m := range ms {
-				switch devs[j] {
-				case m.from:
-					if err := c.Send(m.from.stream, m.src, m.n, tensor.Uint8, idx[m.to]); err != nil {
-						return err
-					}
-				case m.to:
-					if err := c.Recv(m.to.stream, m.dst, m.n, tensor.Uint8, idx[m.from]); err != nil {
-						return err
-					}
-				}
-			}
-			return nil
-		})
-	}
-	d2d := func(d *gpuDev, dst, src gpu.DevicePtr, n int) error {
-		if err := d.dev.CopyDtoD(d.stream, dst, src, n); err != nil {
-			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
-		}
-		return nil
-	}
 	for i, row := range w.Ops {
 		a := host.NewA2APlan(w, i)
 		nn := len(a.SendCounts)
-		sendOff := make([]int, nn+1)
+		sendOff := make([]int, nn+1) // node m's pieces at sendOff[m] of the send buffer
 		for m, c := range a.SendCounts {
 			sendOff[m+1] = sendOff[m] + c
 		}
 		if err := d0.ensure(sendOff[nn]+a.Total, false); err != nil {
-			return used, err
+			return err
 		}
 		sendBuf, recvBuf := d0.fuse, d0.fuse.Add(sendOff[nn])
-		var in []move
+		var in []gpuMove
 		pos := 0
 		a.Sends(func(s, d int) {
-			o, n := row[s], a.Piece(s, d)
-			if err != nil || o == nil || n == 0 {
-				return
+			if o, n := row[s], a.Piece(s, d); o != nil && n > 0 {
+				in = append(in, gpuMove{from: devOf(o).d, to: d0, src: devOf(o).ptr.Add(a.Start(s, d)), dst: sendBuf.Add(pos), n: n})
+				pos += n
 			}
-			src := devOf(o).ptr.Add(a.Start(s, d))
-			if devOf(o).d == d0 {
-				err = d2d(d0, sendBuf.Add(pos), src, n)
-			} else {
-				in = append(in, move{from: devOf(o).d, to: d0, src: src, dst: sendBuf.Add(pos), n: n})
-			}
-			pos += n
 		})
-		if err != nil {
-			return used, err
+		if err := moveAll(devs, local, in); err != nil {
+			return fmt.Errorf("the node's pieces to GPU 0: %w", err)
 		}
-		if err := moves(in); err != nil {
-			return used, fmt.Errorf("NCCL sends to GPU 0: %w", err)
+		if err := alltoallExchange(a, w.View.Rows.Node, d0, sendBuf, sendOff, recvBuf, across); err != nil {
+			return err
 		}
-		if n := a.SendCounts[me]; n > 0 {
-			if err := d2d(d0, recvBuf.Add(a.BlockStart[me]), sendBuf.Add(sendOff[me]), n); err != nil {
-				return used, err
-			}
-		}
-		if err := g.group([]gpu.Comm{cross}, func(_ int, c gpu.Comm) error {
-			for m := range nn {
-				if m == me {
-					continue
-				}
-				if n := a.SendCounts[m]; n > 0 {
-					if err := c.Send(d0.stream, sendBuf.Add(sendOff[m]), n, tensor.Uint8, m); err != nil {
-						return err
-					}
-				}
-				if n := a.RecvCounts[m]; n > 0 {
-					if err := c.Recv(d0.stream, recvBuf.Add(a.BlockStart[m]), n, tensor.Uint8, m); err != nil {
-						return err
-					}
-				}
-			}
+		var out []gpuMove
+		placeAlltoall(w, i, a, res, func(d *gpuDev, dst gpu.DevicePtr, src, n int) error {
+			out = append(out, gpuMove{from: d0, to: d, src: recvBuf.Add(src), dst: dst, n: n})
 			return nil
-		}); err != nil {
-			return used, fmt.Errorf("NCCL sends and receives across %d nodes: %w", nn, err)
+		})
+		if err := moveAll(devs, local, out); err != nil {
+			return fmt.Errorf("the results from GPU 0: %w", err)
 		}
-		t := &w.Resp.Tensors[i]
-		dones[i] = make([]devResult, len(row))
-		var out []move
-		for d, o := range row {
-			if o == nil {
+	}
+	return nil
+}
+
+// alltoallExchange sends what this node (me) has for each other node m
+// (at sendOff[m] of sendBuf) and receives what m has for it (into recvBuf
+// at a.BlockStart[m]): one NCCL send and receive per node over the engine
+// across nodes, in one group call; its own block goes by a D2D copy on
+// GPU 0 (d0). Between two nodes NCCL matches them in the order issued,
+// which the same loop gives on both sides.
+func alltoallExchange(a *host.A2APlan, me int, d0 *gpuDev, sendBuf gpu.DevicePtr, sendOff []int, recvBuf gpu.DevicePtr, across *nccl.Engine) error {
+	if n := a.SendCounts[me]; n > 0 {
+		if err := d0.dev.CopyDtoD(d0.stream, recvBuf.Add(a.BlockStart[me]), sendBuf.Add(sendOff[me]), n); err != nil {
+			return fmt.Errorf("GPU %s: %w", d0.info.UUID, err)
+		}
+	}
+	nn := len(a.SendCounts)
+	if err := across.Group(func() error {
+		for m := range nn {
+			if m == me {
 				continue
 			}
-			gd, n := devOf(o).d, a.Rows(d)*a.RowBytes
-			p, err := newResult(&dones[i][d], gd, n, &ipcpb.Done{OutputShape: a.Shape(d, t.Shape), ReceivedSplits: a.Received(d)})
+			if n := a.SendCounts[m]; n > 0 {
+				if err := across.Send(d0.stream, sendBuf.Add(sendOff[m]), n, tensor.Uint8, m); err != nil {
+					return err
+				}
+			}
+			if n := a.RecvCounts[m]; n > 0 {
+				if err := across.Recv(d0.stream, recvBuf.Add(a.BlockStart[m]), n, tensor.Uint8, m); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("NCCL sends and receives across %d nodes: %w", nn, err)
+	}
+	return nil
+}
+
+// reducescatterOneGPU builds a reducescatter's results on one GPU, d: each
+// rank's block of every rank's tensor folded straight into the rank's
+// result (accumulate, with the prescale through d's scratch buffer), then
+// postscaled.
+func reducescatterOneGPU(w *job.Work, d *gpuDev, res [][]devResult) error {
+	r := &w.Resp
+	op, pre, post := host.Scales(r, w.Size)
+	for i, ops := range w.Ops {
+		t := &r.Tensors[i]
+		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
+		res[i] = make([]devResult, len(ops))
+		for k := range ops {
+			start, rows := host.ScatterBlock(t, len(ops), k)
+			n := int(rows) * rowBytes
+			p, err := newResult(&res[i][k], d, n, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...)})
 			if err != nil {
-				return used, err
+				return err
 			}
 			if p == 0 {
 				continue
 			}
-			at := 0
-			for _, sg := range a.Segments(d) {
-				if sg[1] == 0 {
-					continue
+			if pre != 1 {
+				if err := d.ensure(n, true); err != nil {
+					return err
 				}
-				if gd == d0 {
-					if err := d2d(d0, p.Add(at), recvBuf.Add(sg[0]), sg[1]); err != nil {
-						return used, err
-					}
-				} else {
-					out = append(out, move{from: d0, to: gd, src: recvBuf.Add(sg[0]), dst: p.Add(at), n: sg[1]})
+			}
+			for s, so := range ops {
+				if err := d.accumulate(p, devOf(so).ptr.Add(int(start)*rowBytes), d.scratch, n, s == 0, r.DType, op, pre); err != nil {
+					return err
 				}
-				at += sg[1]
+			}
+			if post != 1 {
+				if err := d.scale(p, n/r.DType.Size(), r.DType, post); err != nil {
+					return fmt.Errorf("GPU %s: postscale: %w", d.info.UUID, err)
+				}
 			}
 		}
-		if err := moves(out); err != nil {
-			return used, fmt.Errorf("NCCL sends from GPU 0: %w", err)
-		}
 	}
-	return used, nil
+	return nil
 }
 
-// reducescatterAcross builds a reducescatter's outputs across nodes (the
-// hierarchical reducescatter): the node's ranks' tensors reduced on its GPUs
-// (reduceLocal, with the prescale), then per tensor GPU 0's sum copied to
-// host memory, the engine's ReduceScatter of it into this node's block (the
-// one call per tensor reducescatterMulti makes, with its counts), and each
-// local rank's rows of the block copied to its output on its GPU and
-// postscaled there. It returns the communicators it used.
-func (x *Path) reducescatterAcross(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, dones [][]devResult) ([]gpu.Comm, error) {
+// reducescatterOverGPUs builds a reducescatter's results on the node's
+// GPUs and, given the engine across nodes (across; nil on one node),
+// across nodes on NCCL: the ranks' whole tensors reduced into every GPU's
+// fusion buffer as an allreduce's are (reduceWhole: local kernels, NCCL
+// over the node's GPUs; across nodes then allreduceNCCLAcross), then each
+// local rank's block copied out into its result on its GPU and postscaled
+// there.
+func (x *Path) reducescatterOverGPUs(w *job.Work, devs []*gpuDev, res [][]devResult, across *nccl.Engine) error {
+	r := &w.Resp
+	es := r.DType.Size()
+	offs, op, post, err := x.reduceWhole(w, devs)
+	if err != nil {
+		return err
+	}
+	if across != nil {
+		if err := x.allreduceNCCLAcross(devs, across, offs[len(offs)-1]/es, r.DType, op); err != nil {
+			return err
+		}
+	}
+	for i, ops := range w.Ops {
+		t := &r.Tensors[i]
+		rowBytes := int(t.Shape.RowElements()) * es
+		res[i] = make([]devResult, len(ops))
+		for k, o := range ops {
+			if o == nil {
+				continue // another node's rank
+			}
+			start, rows := host.ScatterBlock(t, w.Size, k)
+			d := devOf(o).d
+			if err := scatterResult(&res[i][k], d, t, int(rows), post, r.DType, func(p gpu.DevicePtr, n int) error {
+				return d.dev.CopyDtoD(d.stream, p, d.fuse.Add(offs[i]+int(start)*rowBytes), n)
+			}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// scatterResult makes *res a reducescatter's result of rows rows of t on
+// GPU d: allocated there, filled by fill (n bytes at p), and postscaled.
+func scatterResult(res *devResult, d *gpuDev, t *plan.Tensor, rows int, post float64, dt tensor.DType, fill func(p gpu.DevicePtr, n int) error) error {
+	n := rows * int(t.Shape.RowElements()) * dt.Size()
+	p, err := newResult(res, d, n, &ipcpb.Done{OutputShape: append(tensor.Shape{int64(rows)}, t.Shape[1:]...)})
+	if err != nil || p == 0 {
+		return err
+	}
+	if err := fill(p, n); err != nil {
+		return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+	}
+	if post != 1 {
+		if err := d.scale(p, n/dt.Size(), dt, post); err != nil {
+			return fmt.Errorf("GPU %s: postscale: %w", d.info.UUID, err)
+		}
+	}
+	return nil
+}
+
+// reducescatterHierarchical builds a reducescatter's results across nodes
+// through the job's engine: the node's ranks' tensors reduced on its GPUs
+// (reduceWhole, with the prescale), then per tensor GPU 0's result copied
+// to host memory, the engine's ReduceScatter of it into this node's block
+// (the host path's one call per tensor, host.ReducescatterCalls, with its
+// counts), and each local rank's rows of the block copied to its result on
+// its GPU and postscaled there.
+func (x *Path) reducescatterHierarchical(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, res [][]devResult) error {
 	r := &w.Resp
 	mb := w.View.Rows
-	es := r.DType.Size()
-	offs, _, post, cs, err := x.reduceWhole(w, devs)
+	offs, _, post, err := x.reduceWhole(w, devs)
 	if err != nil {
-		return cs, err
+		return err
 	}
 	d0 := devs[0]
 	full := func(i int) ([]byte, error) {
@@ -1645,220 +1597,25 @@ func (x *Path) reducescatterAcross(ctx context.Context, w *job.Work, devs []*gpu
 	}
 	out := func(i int, block []byte, at []int) error {
 		t := &r.Tensors[i]
-		rowBytes := int(t.Shape.RowElements()) * es
 		row := w.Ops[i]
-		dones[i] = make([]devResult, len(row))
+		res[i] = make([]devResult, len(row))
 		for lr := range at {
 			rank := mb.Offset + lr
 			o := row[rank]
 			if o == nil {
 				continue
 			}
-			_, k := host.ScatterBlock(t, w.Size, rank)
-			rows, n := int(k), int(k)*rowBytes
+			_, rows := host.ScatterBlock(t, w.Size, rank)
 			d := devOf(o).d
-			p, err := newResult(&dones[i][rank], d, n, &ipcpb.Done{OutputShape: append(tensor.Shape{int64(rows)}, t.Shape[1:]...)})
-			if err != nil {
+			if err := scatterResult(&res[i][rank], d, t, int(rows), post, r.DType, func(p gpu.DevicePtr, n int) error {
+				return d.dev.CopyHtoD(d.stream, p, block[at[lr]:at[lr]+n])
+			}); err != nil {
 				return err
-			}
-			if p == 0 {
-				continue
-			}
-			if err := d.dev.CopyHtoD(d.stream, p, block[at[lr]:at[lr]+n]); err != nil {
-				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
-			}
-			if post != 1 {
-				if err := d.scale(p, n/es, r.DType, post); err != nil {
-					return fmt.Errorf("GPU %s: postscale: %w", d.info.UUID, err)
-				}
 			}
 		}
 		// block is this tensor's; the fusion buffer was read by the engine
 		// already. The copies from block finish before it goes.
 		return syncAll(ctx, devs)
 	}
-	return cs, host.ReducescatterCalls(ctx, b, w, full, out)
-}
-
-// alltoallGPUs builds an alltoall's outputs over several GPUs of the node:
-// each rank's output on its GPU receives the pieces of the ranks on the
-// same GPU by D2D copies and the others' by NCCL sends and receives, one
-// group call for all of them (between two GPUs NCCL matches them in the
-// order issued, which the same loop gives on both sides).
-func (x *Path) alltoallGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
-	r := &w.Resp
-	g := x.gpu
-	cs, idx, err := g.commsIndexed(devs)
-	if err != nil {
-		return nil, err
-	}
-	for i, ops := range w.Ops {
-		t := &r.Tensors[i]
-		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
-		n := len(ops)
-		// piece(s, k): the bytes of rank s's tensor for rank k, and where
-		// they go in k's output.
-		sendOff := make([][]int, n) // sendOff[s][k]: in s's tensor
-		recvOff := make([][]int, n) // recvOff[k][s]: in k's output
-		for s := range n {
-			sendOff[s] = make([]int, n+1)
-			for k := range n {
-				sendOff[s][k+1] = sendOff[s][k] + int(t.Splits[s][k])*rowBytes
-			}
-		}
-		dones[i] = make([]devResult, n)
-		for k, o := range ops {
-			recvOff[k] = make([]int, n+1)
-			recv := make([]int32, n)
-			var rows int64
-			for s := range n {
-				recvOff[k][s+1] = recvOff[k][s] + int(t.Splits[s][k])*rowBytes
-				recv[s] = t.Splits[s][k]
-				rows += int64(t.Splits[s][k])
-			}
-			d := devOf(o).d
-			bytes := recvOff[k][n]
-			p, err := newResult(&dones[i][k], d, bytes, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...), ReceivedSplits: recv})
-			if err != nil {
-				return cs, err
-			}
-			if p == 0 {
-				continue
-			}
-		}
-		size := func(s, k int) int { return sendOff[s][k+1] - sendOff[s][k] }
-		for s, so := range ops {
-			for k, ko := range ops {
-				if m := size(s, k); m > 0 && devOf(so).d == devOf(ko).d {
-					d := devOf(so).d
-					if err := d.dev.CopyDtoD(d.stream, dones[i][k].p.Add(recvOff[k][s]), devOf(so).ptr.Add(sendOff[s][k]), m); err != nil {
-						return cs, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
-					}
-				}
-			}
-		}
-		if err := g.group(cs, func(j int, c gpu.Comm) error {
-			d := devs[j]
-			for s, so := range ops {
-				for k, ko := range ops {
-					m := size(s, k)
-					if m == 0 || devOf(so).d == devOf(ko).d {
-						continue
-					}
-					switch d {
-					case devOf(so).d:
-						if err := c.Send(d.stream, devOf(so).ptr.Add(sendOff[s][k]), m, tensor.Uint8, idx[devOf(ko).d]); err != nil {
-							return err
-						}
-					case devOf(ko).d:
-						if err := c.Recv(d.stream, dones[i][k].p.Add(recvOff[k][s]), m, tensor.Uint8, idx[devOf(so).d]); err != nil {
-							return err
-						}
-					}
-				}
-			}
-			return nil
-		}); err != nil {
-			return cs, fmt.Errorf("NCCL sends and receives over %d GPUs: %w", len(devs), err)
-		}
-	}
-	return cs, nil
-}
-
-// reducescatterGPUs builds a reducescatter's outputs over several GPUs of
-// the node, or across nodes on NCCL (w.nccl): the ranks' whole tensors
-// reduced into every GPU's fusion buffer as an allreduce's are (reduceLocal:
-// local kernels, one NCCL allreduce; across nodes then ncclCross), then each
-// local rank's block copied out into its output on its GPU and postscaled
-// there.
-func (x *Path) reducescatterGPUs(w *job.Work, devs []*gpuDev, dones [][]devResult) ([]gpu.Comm, error) {
-	r := &w.Resp
-	es := r.DType.Size()
-	offs, op, post, cs, err := x.reduceWhole(w, devs)
-	if err != nil {
-		return cs, err
-	}
-	if w.Resp.NCCL {
-		// Across nodes on NCCL: the nodes' sums added up on GPU 0 and
-		// spread to the node's other GPUs.
-		cross, err := x.ncclCross(context.Background(), *w, devs, offs[len(offs)-1]/es, r.DType, op)
-		cs = append(cs, cross...)
-		if err != nil {
-			return cs, err
-		}
-	}
-	for i, ops := range w.Ops {
-		t := &r.Tensors[i]
-		rowBytes := int(t.Shape.RowElements()) * es
-		dones[i] = make([]devResult, len(ops))
-		for k, o := range ops {
-			if o == nil {
-				continue // another node's rank
-			}
-			start, rows := host.ScatterBlock(t, w.Size, k)
-			bytes := int(rows) * rowBytes
-			d := devOf(o).d
-			p, err := newResult(&dones[i][k], d, bytes, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...)})
-			if err != nil {
-				return cs, err
-			}
-			if p == 0 {
-				continue
-			}
-			if err := d.dev.CopyDtoD(d.stream, p, d.fuse.Add(offs[i]+int(start)*rowBytes), bytes); err != nil {
-				return cs, fmt.Errorf("GPU %s: %w", d.info.UUID, err)
-			}
-			if post != 1 {
-				if err := d.scale(p, bytes/es, r.DType, post); err != nil {
-					return cs, fmt.Errorf("GPU %s: postscale: %w", d.info.UUID, err)
-				}
-			}
-		}
-	}
-	return cs, nil
-}
-
-// newResult makes *res an op's result of n bytes on GPU d, answered with
-// done, and allocates its memory there: the address, 0 for n == 0.
-func newResult(res *devResult, d *gpuDev, n int, done *ipcpb.Done) (gpu.DevicePtr, error) {
-	*res = devResult{done: done, d: d, n: n}
-	if n == 0 {
-		return 0, nil
-	}
-	p, err := d.dev.Alloc(n)
-	if err != nil {
-		return 0, fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, n, err)
-	}
-	res.p = p
-	return p, nil
-}
-
-// exportOutputs gives every built output an IPC handle and hands it to its
-// client, filling in the Dones.
-func exportOutputs(w *job.Work, dones [][]devResult) error {
-	for i, row := range w.Ops {
-		for k, o := range row {
-			if o == nil {
-				continue // another node's rank
-			}
-			res := &dones[i][k]
-			d := res.d
-			db := &ipcpb.DeviceBuffer{DeviceUuid: d.info.UUID, Length: uint64(res.n)}
-			res.done.DeviceOutput = db
-			if res.n == 0 {
-				continue
-			}
-			h, err := d.dev.IpcMemHandle(res.p)
-			if err != nil {
-				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
-			}
-			db.MemHandle, db.AllocSize = h[:], uint64(res.n)
-			res.exported = true
-			if !devOf(o).cg.addOutput(h, &devOutput{d: d, ptr: res.p}) {
-				// The client is gone (and the memory freed): it needs no answer.
-				res.done = &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: "client gone"}
-			}
-		}
-	}
-	return nil
+	return host.ReducescatterCalls(ctx, b, w, full, out)
 }

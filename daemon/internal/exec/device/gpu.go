@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/backends/nccl"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/gpu"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -53,18 +54,24 @@ type GPUs struct {
 	// on the CPU path (Config.GPUAllreduce "host").
 	hostOnly bool
 
-	// Used by the executor goroutine only.
-	comms map[string][]gpu.Comm // NCCL communicators by the devices they span (commKey)
-	// cross is the communicator across nodes (GPUAllreduceNCCL): one rank
-	// per node, on devs[0], made for the engine crossOf (a job's).
-	cross   gpu.Comm
-	crossOf backends.Backend
+	// The NCCL engines (backends/nccl), used by the executor goroutine
+	// only. local holds the node-local engines by the GPUs they span
+	// (commKey), rank i on the i-th of them; across is this node's engine
+	// across nodes (GPUAllreduceNCCL): one rank per node, on devs[0],
+	// joined for the job engine acrossOf. Each is made on first use and
+	// kept while it is healthy.
+	local    map[string][]*nccl.Engine
+	across   *nccl.Engine
+	acrossOf backends.Backend
+	// used lists the engines the running response enqueued work with, for
+	// the wait at its end (waitStreams).
+	used []engineUse
 }
 
 // gpuDev is one GPU the daemon found, with (once opened) its context and
 // the executor's stream, fusion and scratch buffers and kernels on it.
 type gpuDev struct {
-	idx  int // in gpuState.devs
+	idx  int // in GPUs.devs
 	info gpu.Info
 	g    *GPUs
 
@@ -138,7 +145,7 @@ func (d *gpuDev) opened() bool {
 // OpenGPUs lists the GPUs drv has, opening none (gpuDev.open does, on first
 // use); a driver that fails, or lists none, leaves the daemon CPU-only
 // (nil), saying so once.
-func OpenGPUs(drv gpu.Driver, nccl gpu.NCCL, log *slog.Logger, hostOnly bool) *GPUs {
+func OpenGPUs(drv gpu.Driver, ncclLib gpu.NCCL, log *slog.Logger, hostOnly bool) *GPUs {
 	if drv == nil {
 		return nil
 	}
@@ -150,20 +157,20 @@ func OpenGPUs(drv gpu.Driver, nccl gpu.NCCL, log *slog.Logger, hostOnly bool) *G
 		log.Info("no CUDA driver: CPU-only", "driver", drv.Name(), "why", err)
 		return nil
 	}
-	g := &GPUs{drv: drv, nccl: nccl, log: log, by: make(map[string]*gpuDev), hostOnly: hostOnly, comms: make(map[string][]gpu.Comm)}
+	g := &GPUs{drv: drv, nccl: ncclLib, log: log, by: make(map[string]*gpuDev), hostOnly: hostOnly, local: make(map[string][]*nccl.Engine)}
 	for _, in := range infos {
 		gd := &gpuDev{idx: len(g.devs), info: in, g: g}
 		g.devs = append(g.devs, gd)
 		g.by[in.UUID] = gd
 		log.Info("GPU found", "index", in.Index, "uuid", in.UUID, "name", in.Name, "pci", in.PCIBusID, "memory", in.MemoryBytes, "driver", drv.Name())
 	}
-	if nccl == nil && len(g.devs) > 1 {
+	if ncclLib == nil && len(g.devs) > 1 {
 		log.Info("no NCCL: tensors on different GPUs are reduced through host memory")
 	}
 	cudaV, _ := drv.Version()
 	ncclV := 0
-	if nccl != nil {
-		ncclV, _ = nccl.Version()
+	if ncclLib != nil {
+		ncclV, _ = ncclLib.Version()
 	}
 	log.Info("GPU path ready (each GPU's context opened on first use)", "gpus", len(g.devs), "driver", drv.Name(), "cuda_version", cudaV, "nccl_version", ncclV, "host_only", hostOnly)
 	return g
@@ -181,22 +188,13 @@ func (g *GPUs) UUIDs() []string {
 	return out
 }
 
-// close releases everything: communicators, buffers, streams, contexts of
+// Close releases everything: NCCL engines, buffers, streams, contexts of
 // the GPUs opened. Called once the executor has stopped.
 func (g *GPUs) Close() {
 	if g == nil {
 		return
 	}
-	for k, cs := range g.comms {
-		for _, c := range cs {
-			c.Destroy()
-		}
-		delete(g.comms, k)
-	}
-	if g.cross != nil {
-		g.cross.Destroy()
-		g.cross, g.crossOf = nil, nil
-	}
+	g.dropEngines((*nccl.Engine).Close)
 	for _, d := range g.devs {
 		d.mu.Lock()
 		if d.dev == nil {
@@ -582,4 +580,189 @@ func (d *gpuDev) sync(ctx context.Context) error {
 		return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 	}
 	return nil
+}
+
+// The NCCL engines. The device path drives NCCL through backends/nccl: the
+// node-local engines over a set of GPUs (one communicator, ncclCommInitAll)
+// and, where the plan runs a response on NCCL across nodes, this node's
+// engine across nodes (joined with the coordinator's unique id). The
+// collectives only enqueue; a response ends with waitStreams, which waits
+// through the engines its work used, so that a failed peer (seen only in
+// ncclCommGetAsyncError, never in the stream) ends the wait. After an NCCL
+// error every engine is aborted and the next use makes new ones.
+
+// engineUse is an engine a response enqueued work with, and the GPU whose
+// stream that work is on.
+type engineUse struct {
+	e      *nccl.Engine
+	d      *gpuDev
+	across bool // the engine across nodes
+}
+
+// use notes that the running response enqueues work with e on d's stream.
+func (g *GPUs) use(e *nccl.Engine, d *gpuDev, across bool) {
+	for _, u := range g.used {
+		if u.e == e {
+			return
+		}
+	}
+	g.used = append(g.used, engineUse{e: e, d: d, across: across})
+}
+
+// commKey names a set of GPUs.
+func commKey(devs []*gpuDev) string {
+	var b strings.Builder
+	for _, d := range devs {
+		fmt.Fprintf(&b, "%d,", d.idx)
+	}
+	return b.String()
+}
+
+// localEngines returns the node-local NCCL engines over devs (rank i on
+// devs[i]), made on first use, and made again when the kept ones have
+// failed since their last use.
+func (g *GPUs) localEngines(devs []*gpuDev) ([]*nccl.Engine, error) {
+	k := commKey(devs)
+	es := g.local[k]
+	if es != nil {
+		if err := es[0].Err(); err != nil {
+			g.log.Warn("NCCL communicator failed since its last use: making a new one", "gpus", len(devs), "err", err)
+			for _, e := range es {
+				e.Close()
+			}
+			delete(g.local, k)
+			es = nil
+		}
+	}
+	if es == nil {
+		ds := make([]gpu.Device, len(devs))
+		for i, d := range devs {
+			ds[i] = d.dev
+		}
+		var err error
+		if es, err = nccl.NewLocal(g.nccl, ds); err != nil {
+			return nil, err
+		}
+		g.local[k] = es
+		g.log.Info("NCCL communicator created", "gpus", len(devs))
+	}
+	for i, e := range es {
+		g.use(e, devs[i], false)
+	}
+	return es, nil
+}
+
+// enginesBetween returns the node-local engines over devs where there are
+// several GPUs to join, nil for one.
+func (g *GPUs) enginesBetween(devs []*gpuDev) ([]*nccl.Engine, error) {
+	if len(devs) == 1 {
+		return nil, nil
+	}
+	return g.localEngines(devs)
+}
+
+// acrossEngine returns this node's engine across the nodes of w's job
+// engine, joined with the coordinator's unique id (w.NCCLID) on the job's
+// first use (and the previous job's closed). A kept engine that failed
+// fails the response: the nodes cannot make a new one without a new id.
+func (g *GPUs) acrossEngine(ctx context.Context, w *job.Work) (*nccl.Engine, error) {
+	b := w.Engine
+	if g.across != nil && g.acrossOf == b {
+		if err := g.across.Err(); err != nil {
+			g.abortEngines()
+			return nil, fmt.Errorf("NCCL communicator across nodes failed: %w", err)
+		}
+	} else {
+		if g.across != nil {
+			g.across.Close() // the previous job's
+			g.across, g.acrossOf = nil, nil
+		}
+		// Open already: this node's ops are on devs[0] (ncclAcrossOK).
+		if err := g.devs[0].open("NCCL communicator across nodes"); err != nil {
+			return nil, err
+		}
+		e, err := nccl.Join(ctx, g.nccl, g.devs[0].dev, w.NCCLID, b.Rank(), b.Size())
+		if err != nil {
+			return nil, fmt.Errorf("NCCL communicator across %d nodes: %w", b.Size(), err)
+		}
+		g.across, g.acrossOf = e, b
+		g.log.Info("NCCL communicator across nodes created", "nodes", b.Size(), "rank", b.Rank(), "gpu", g.devs[0].info.UUID)
+	}
+	g.use(g.across, g.devs[0], true)
+	return g.across, nil
+}
+
+// groupEach makes f's calls for every engine of es (rank i on devs[i], as
+// localEngines returns them) as one NCCL group; a failure aborts them.
+func groupEach(es []*nccl.Engine, f func(i int, e *nccl.Engine) error) error {
+	return es[0].Group(func() error {
+		for i, e := range es {
+			if err := f(i, e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// waitStreams waits for devs' streams at the end of a response: each
+// through the engines whose work is on it (Engine.Wait, which watches
+// their communicators for a failed peer; the engine across nodes first,
+// since a dead node stalls the node-local work behind it), then every
+// stream plainly (those without engine work, and the drain after a
+// failure: no work may be left running on the clients' memory). The first
+// failure aborts every engine, so that nothing waits for a dead peer, and
+// is returned.
+func (g *GPUs) waitStreams(ctx context.Context, devs []*gpuDev) error {
+	used := g.used
+	g.used = nil
+	var err error
+	for _, d := range devs {
+		for _, across := range []bool{true, false} {
+			for _, u := range used {
+				if u.d != d || u.across != across {
+					continue
+				}
+				if werr := u.e.Wait(ctx, d.stream); werr != nil && err == nil {
+					err = fmt.Errorf("GPU %s: waiting for NCCL: %w", d.info.UUID, werr)
+					g.abortEngines()
+				}
+			}
+		}
+	}
+	if serr := syncAll(ctx, devs); err == nil {
+		err = serr
+	}
+	return err
+}
+
+// abortEngines aborts every NCCL engine after an error (ncclCommAbort):
+// the next use makes new ones.
+func (g *GPUs) abortEngines() { g.dropEngines((*nccl.Engine).Abort) }
+
+// dropEngines ends every engine kept with end (Abort, or Close when the
+// daemon stops) and forgets them.
+func (g *GPUs) dropEngines(end func(*nccl.Engine) error) {
+	for k, es := range g.local {
+		for _, e := range es {
+			end(e)
+		}
+		delete(g.local, k)
+	}
+	if g.across != nil {
+		end(g.across)
+		g.across, g.acrossOf = nil, nil
+	}
+}
+
+// syncAll synchronises the streams of devs, all of them even after an
+// error (no work may be left running on clients' memory).
+func syncAll(ctx context.Context, devs []*gpuDev) error {
+	var errs []error
+	for _, d := range devs {
+		if err := d.sync(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
