@@ -229,8 +229,16 @@ func (x *Path) deviceFailed(w job.Work, err error) {
 		msg = fmt.Sprintf("node %d%s was lost during %v: %v", n, w.Job.Members.RankRange(n), r.Op, err)
 	}
 	x.log.Error("GPU collective failed", "op", r.Op, "tensors", len(r.Tensors), "err", err)
+	x.fail(w, msg, errors.Is(err, backends.ErrClosed))
+}
+
+// fail answers w's ops with msg (CODE_INTERNAL), copying nothing back;
+// across nodes it fails the job instead, through the loop, whose other
+// nodes wait in the engine (closed: the engine failed only because the
+// loop closed it).
+func (x *Path) fail(w job.Work, msg string, closed bool) {
 	if w.Engine != nil && len(w.View.Nodes) > 1 {
-		x.host.P.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops, Closed: errors.Is(err, backends.ErrClosed)})
+		x.host.P.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops, Closed: closed})
 		return
 	}
 	for _, row := range w.Ops {

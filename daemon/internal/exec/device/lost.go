@@ -10,7 +10,6 @@ import (
 	"github.com/hvdd/hvdd/daemon/internal/exec/host"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/timeline"
-	"github.com/hvdd/hvdd/ipc/ipcpb"
 )
 
 // Lost GPUs. The Server samples the node's GPUs through NVML on a
@@ -170,16 +169,5 @@ func (x *Path) FailLost(w job.Work, err error) {
 		// every rank has its answer.
 		defer host.TraceAll(w.Trace, r, timeline.End, "")
 	}
-	if w.Engine != nil && len(w.View.Nodes) > 1 {
-		x.host.P.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops})
-		return
-	}
-	for _, row := range w.Ops {
-		for _, o := range row {
-			if o != nil && o.Dev != nil {
-				devOf(o).staged = nil // nothing to copy back
-			}
-		}
-	}
-	job.FinishRows(w.Ops, &ipcpb.Done{Code: ipcpb.Code_CODE_INTERNAL, Error: msg})
+	x.fail(w, msg, false)
 }
