@@ -354,11 +354,33 @@ func (g *GPUs) Resolve(cg *ConnGPU, name string, b *ipcpb.DeviceBuffer, n uint64
 	if carry != 0 || end > size {
 		return nil, fmt.Errorf("tensor %q: bytes [%d, +%d) lie outside the allocation of %d bytes", name, b.GetOffset(), b.GetLength(), size)
 	}
+	m, err := cg.mapping(d, name, b.GetMemHandle(), size)
+	if err != nil {
+		return nil, err
+	}
+	o := &devOp{d: d, cg: cg, m: m, ptr: m.base.Add(int(b.GetOffset())), n: int(n)}
+	m.refs.Add(1)
+	if eh := b.GetEventHandle(); len(eh) != 0 {
+		e, err := cg.event(d, name, eh)
+		if err != nil {
+			o.Release()
+			return nil, err
+		}
+		e.refs.Add(1)
+		o.ev = e
+	}
+	return o, nil
+}
+
+// mapping returns the connection's cached mapping of the allocation of
+// size bytes that handle names on d, opening it (cuIpcOpenMemHandle) the
+// first time; the cache holds a reference.
+func (cg *ConnGPU) mapping(d *gpuDev, name string, handle []byte, size uint64) (*devMapping, error) {
 	if cg.maps == nil {
 		cg.maps = make(map[string]*devMapping)
 		cg.events = make(map[string]*devEvent)
 	}
-	key := string(b.GetMemHandle())
+	key := string(handle)
 	m := cg.maps[key]
 	switch {
 	case m != nil && m.d != d:
@@ -379,44 +401,43 @@ func (g *GPUs) Resolve(cg *ConnGPU, name string, b *ipcpb.DeviceBuffer, n uint64
 		m.refs.Store(1)
 		cg.maps[key] = m
 	}
-	o := &devOp{d: d, cg: cg, m: m, ptr: m.base.Add(int(b.GetOffset())), n: int(n)}
-	m.refs.Add(1)
-	if eh := b.GetEventHandle(); len(eh) != 0 {
-		ek := string(eh)
-		e := cg.events[ek]
-		if e != nil && e.d != d {
-			o.Release()
-			return nil, fmt.Errorf("tensor %q: its IPC event handle was sent before for GPU %s, now for %s", name, e.d.info.UUID, d.info.UUID)
-		}
-		if e == nil {
-			if len(cg.events) >= maxDeviceMappings {
-				// No message releases events: forget those no op uses.
-				for k, old := range cg.events {
-					if old.refs.Load() == 1 {
-						delete(cg.events, k)
-						old.Unref()
-					}
-				}
-			}
-			if len(cg.events) >= maxDeviceMappings {
-				o.Release()
-				return nil, fmt.Errorf("tensor %q: more than %d IPC events in use", name, maxDeviceMappings)
-			}
-			var h gpu.IpcEventHandle
-			copy(h[:], ek)
-			ev, err := d.dev.OpenEventHandle(h)
-			if err != nil {
-				o.Release()
-				return nil, fmt.Errorf("tensor %q: GPU %s: open the CUDA IPC event handle: %w", name, d.info.UUID, err)
-			}
-			e = &devEvent{d: d, ev: ev}
-			e.refs.Store(1)
-			cg.events[ek] = e
-		}
-		e.refs.Add(1)
-		o.ev = e
+	return m, nil
+}
+
+// event returns the connection's cached IPC event that handle names on d,
+// opening it (cuIpcEventOpenHandle) the first time; the cache holds a
+// reference. No message releases events: at the bound, those no op uses
+// are forgotten.
+func (cg *ConnGPU) event(d *gpuDev, name string, handle []byte) (*devEvent, error) {
+	ek := string(handle)
+	e := cg.events[ek]
+	if e != nil && e.d != d {
+		return nil, fmt.Errorf("tensor %q: its IPC event handle was sent before for GPU %s, now for %s", name, e.d.info.UUID, d.info.UUID)
 	}
-	return o, nil
+	if e != nil {
+		return e, nil
+	}
+	if len(cg.events) >= maxDeviceMappings {
+		for k, old := range cg.events {
+			if old.refs.Load() == 1 {
+				delete(cg.events, k)
+				old.Unref()
+			}
+		}
+	}
+	if len(cg.events) >= maxDeviceMappings {
+		return nil, fmt.Errorf("tensor %q: more than %d IPC events in use", name, maxDeviceMappings)
+	}
+	var h gpu.IpcEventHandle
+	copy(h[:], ek)
+	ev, err := d.dev.OpenEventHandle(h)
+	if err != nil {
+		return nil, fmt.Errorf("tensor %q: GPU %s: open the CUDA IPC event handle: %w", name, d.info.UUID, err)
+	}
+	e = &devEvent{d: d, ev: ev}
+	e.refs.Store(1)
+	cg.events[ek] = e
+	return e, nil
 }
 
 // releaseDeviceMemory drops the cached mappings of handles the client freed;
