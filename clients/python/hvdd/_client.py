@@ -11,6 +11,8 @@ The Client sends; it composes the rest:
 
 - :mod:`hvdd._wire`: the frame format and the hand-encoded Enqueue (pure).
 - :class:`hvdd._shm.Staging`: the staging regions and their allocation.
+- :mod:`hvdd._env`: its settings from the environment (socket, job, local
+  rank, timeouts, arena and ring sizes, timeline and autotuning).
 - :class:`hvdd._reader.Reader`: the receiving side. There is no dedicated
   reader thread on the per-op path: the thread that waits for a handle
   (:meth:`Client.complete`) reads the daemon's answers itself, polling the
@@ -31,11 +33,18 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from . import _env
 from ._channel import DEFAULT_RING, Channel, channel_bytes, fence
+from ._env import (
+    autotune_env,
+    default_socket_path,
+    default_start_timeout,
+    elastic_requested,
+)  # noqa: F401 (their home before _env)
 from ._proto import hvdd_pb2 as pb
 from ._reader import Handle, Reader
 from ._shm import Region, Staging
@@ -45,73 +54,6 @@ from .exceptions import HvddInternalError
 __all__ = ["Client", "Handle", "PROTOCOL_VERSION", "default_socket_path"]
 
 log = logging.getLogger(__name__)
-
-
-def default_socket_path() -> str:
-    """$HVDD_SOCKET, else the daemon's default (as ``ipc.SocketPath``)."""
-    s = os.environ.get("HVDD_SOCKET")
-    if s:
-        return s
-    if os.geteuid() == 0:
-        return "/run/hvdd/hvdd.sock"
-    d = os.environ.get("XDG_RUNTIME_DIR")
-    if d:
-        return os.path.join(d, "hvdd.sock")
-    import tempfile
-
-    return os.path.join(tempfile.gettempdir(), f"hvdd-{os.getuid()}", "hvdd.sock")
-
-
-def default_start_timeout() -> float:
-    """How long ``init()`` waits for the job to form: $HVDD_START_TIMEOUT
-    seconds, else 120; in an elastic job, whose workers may wait to join a
-    running job until its next commit, $HOROVOD_ELASTIC_TIMEOUT (what
-    ``hvdd run --elastic-timeout`` passes), else 600 (Horovod's default)."""
-    if "HVDD_START_TIMEOUT" in os.environ:
-        return float(os.environ["HVDD_START_TIMEOUT"])
-    if elastic_requested():
-        return float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", "600"))
-    return 120.0
-
-
-def elastic_requested() -> bool:
-    """Whether this process runs in an elastic job: HOROVOD_ELASTIC=1 (what
-    ``hvdd run --min-np`` sets, as horovodrun does)."""
-    return os.environ.get("HOROVOD_ELASTIC", "") == "1"
-
-
-def _requested_local_rank() -> int:
-    for k in ("HVDD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
-        v = os.environ.get(k)
-        if v:
-            try:
-                return int(v)
-            except ValueError:
-                log.warning("ignoring non-integer %s=%r", k, v)
-    return -1
-
-
-def _job_local_size() -> int:
-    """The job's process count on this node for Hello: HVDD_LOCAL_SIZE (hvdd
-    run), else 0 (the daemon's --slots)."""
-    try:
-        return max(0, int(os.environ.get("HVDD_LOCAL_SIZE", "0")))
-    except ValueError:
-        log.warning("ignoring non-integer HVDD_LOCAL_SIZE=%r", os.environ.get("HVDD_LOCAL_SIZE"))
-        return 0
-
-
-def autotune_env() -> List[str]:
-    """HOROVOD_AUTOTUNE and HOROVOD_AUTOTUNE_* as NAME=VALUE, for Hello: global
-    rank 0's turn the daemon's autotuning on for the job (the log file's path
-    made absolute, since the daemon writes it from its own directory)."""
-    out = []
-    for name, value in sorted(os.environ.items()):
-        if name == "HOROVOD_AUTOTUNE" or name.startswith("HOROVOD_AUTOTUNE_"):
-            if name == "HOROVOD_AUTOTUNE_LOG" and value:
-                value = os.path.abspath(value)
-            out.append(f"{name}={value}")
-    return out
 
 
 class Client:
@@ -127,18 +69,18 @@ class Client:
         job: Optional[str] = None,
         local_size: Optional[int] = None,
     ) -> None:
-        self.socket_path = socket_path or default_socket_path()
-        self.requested_local_rank = _requested_local_rank() if local_rank is None else local_rank
+        self.socket_path = socket_path or _env.default_socket_path()
+        self.requested_local_rank = _env.requested_local_rank() if local_rank is None else local_rank
         # The daemon runs several jobs at once: processes of one uid that
         # give the same job name (HVDD_JOB, hvdd run --job; the launcher's job
         # id under mpirun or srun) form one job of local_size processes here.
-        self.job = os.environ.get("HVDD_JOB", "") if job is None else job
-        self.local_size = _job_local_size() if local_size is None else local_size
+        self.job = _env.job() if job is None else job
+        self.local_size = _env.job_local_size() if local_size is None else local_size
         if arena_size is None:
-            arena_size = int(os.environ.get("HVDD_ARENA_SIZE", 256 << 20))
+            arena_size = _env.arena_size()
         self.arena_size = arena_size
         if start_timeout is None:
-            start_timeout = default_start_timeout()
+            start_timeout = _env.default_start_timeout()
         self.start_timeout = start_timeout
         self.client_name = client_name
         self.welcome: Any = None
@@ -150,7 +92,7 @@ class Client:
         self._staging = Staging(arena_size, self._register_region)
         # Spin-then-sleep while waiting: the window starts at HVDD_SPIN_US
         # and adapts (see _reader._adapt_spin).
-        spin = float(os.environ.get("HVDD_SPIN_US", "50")) * 1e-6
+        spin = _env.spin_seconds()
         self._rx = Reader(self._lock, self._staging, spin)
         # The shared-memory channel (ipc/PROTOCOL.md, "Channel"): sending
         # under _wlock here, receiving in the reader.
@@ -176,14 +118,14 @@ class Client:
             h.job = self.job
             h.local_size = self.local_size
             h.client = self.client_name
-            h.elastic = elastic_requested()
-            timeline = os.environ.get("HOROVOD_TIMELINE", "")
+            h.elastic = _env.elastic_requested()
+            timeline = _env.timeline()
             if timeline and timeline != "DYNAMIC":
                 # The daemon starts it as the job forms (global rank 0's
                 # counts), in its own working directory: the path goes absolute.
                 h.timeline.file_path = os.path.abspath(timeline)
-                h.timeline.mark_cycles = os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES", "0") not in ("", "0")
-            h.autotune_env.extend(autotune_env())
+                h.timeline.mark_cycles = _env.timeline_mark_cycles()
+            h.autotune_env.extend(_env.autotune_env())
             try:
                 self._write(0, hello.SerializeToString())
                 self._staging.add(self.arena_size)
@@ -212,7 +154,7 @@ class Client:
                     continue
                 raise HvddInternalError(f"hvdd: unexpected {kind} before Welcome")
             sock.settimeout(None)
-            if os.environ.get("HVDD_CHANNEL", "1") != "0":
+            if _env.channel_enabled():
                 self._open_channel()
         except BaseException:
             self._teardown()
@@ -255,7 +197,7 @@ class Client:
         """Creates and registers the channel. Runs after Welcome and before
         any request, so that the daemon sends nothing on the socket between
         the registration and the first frame it counts."""
-        ring = int(os.environ.get("HVDD_RING_BYTES", DEFAULT_RING))
+        ring = _env.ring_bytes(DEFAULT_RING)
         r = Region.create(-1, channel_bytes(ring), f"hvdd-chan-{os.getpid()}")
         try:
             ch = Channel(r, ring)

@@ -43,13 +43,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import queue
 import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from . import _env
 from ._wire import encode_device_buffer
 
 __all__ = [
@@ -395,7 +395,7 @@ class TorchCudaExporter(Exporter):
                 backend = self._torch.cuda.get_allocator_backend()
             except (AttributeError, RuntimeError):
                 backend = "native"
-            self._problem = (allocator_problem(backend, dict(os.environ)),)
+            self._problem = (allocator_problem(backend, _env.torch_allocator_conf()),)
         return self._problem[0]
 
     @staticmethod

@@ -50,6 +50,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from . import _env
+
 log = logging.getLogger(__name__)
 
 # The rendezvous port derived from a job id falls in this range.
@@ -175,7 +177,7 @@ def detect(env: Optional[Mapping[str, str]] = None, ppid: Optional[int] = None) 
     """Reads this process's place in the job from its launcher's environment;
     None when no launcher that hvdd knows started it, or when ``hvdd run``
     did (which sets HVDD_SOCKET and HVDD_RANK itself)."""
-    env = os.environ if env is None else env
+    env = _env.environ() if env is None else env
     if env.get("HVDD_RANK") is not None and env.get("HVDD_SOCKET"):
         return None
     if "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_LOCAL_SIZE" in env:
@@ -365,7 +367,7 @@ def ensure_daemon(
     """Returns the socket of the daemon p's process joins: the node's own
     daemon if one listens on node_socket, else the job's daemon on this host,
     started here by whichever of the job's local processes comes first."""
-    env = os.environ if env is None else env
+    env = _env.environ() if env is None else env
     if _connectable(node_socket):
         log.debug("hvdd: joining the node's daemon at %s", node_socket)
         return node_socket

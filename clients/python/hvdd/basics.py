@@ -12,8 +12,8 @@ import os
 import threading
 from typing import Any, Optional, Sequence, Union
 
-from . import _launcher
-from ._client import Client, default_socket_path, default_start_timeout
+from . import _env, _launcher
+from ._client import Client
 from ._proto import hvdd_pb2 as _pb
 from .exceptions import HvddInternalError
 
@@ -194,7 +194,7 @@ def _register(c: Client, ps: ProcessSet) -> None:
 
 
 def _dynamic_enabled() -> bool:
-    return _dynamic or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0") not in ("", "0")
+    return _dynamic or _env.dynamic_process_sets()
 
 
 def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
@@ -277,21 +277,23 @@ def init(comm: Optional[Any] = None, process_sets: Optional[Any] = None) -> None
             return
         where = _launcher.detect()
         sock = None
-        if where is not None and not os.environ.get("HVDD_SOCKET"):
+        if where is not None and not _env.socket_override():
             # Started by mpirun or srun without hvdd run: join the node's
             # daemon, or the one the job's processes here start for it.
-            sock = _launcher.ensure_daemon(where, default_socket_path(), _hvdd_binary(), default_start_timeout())
+            sock = _launcher.ensure_daemon(
+                where, _env.default_socket_path(), _hvdd_binary(), _env.default_start_timeout()
+            )
         c = Client(
             socket_path=sock,
             local_rank=None if where is None else where.local_rank,
-            job=None if where is None or os.environ.get("HVDD_JOB") else f"{where.launcher}:{where.job}",
+            job=None if where is None or _env.job() else f"{where.launcher}:{where.job}",
             local_size=None if where is None else where.local_size,
         )
         try:
             c.connect()
         except HvddInternalError as e:
             hint = ""
-            if sock is not None and sock != default_socket_path():
+            if sock is not None and sock != _env.default_socket_path():
                 hint = f" (the log of the job's daemon on this host: {_launcher.job_files(where, os.path.dirname(sock))[2]})"
             raise ValueError(f"Horovod initialization failed: {e}{hint}") from e
         if where is not None:
@@ -321,11 +323,9 @@ def _hvdd_binary() -> Optional[str]:
     """The hvdd binary a job started by mpirun or srun runs its daemon with:
     $HVDD_BIN, else hvdd on PATH, else the bin/hvdd of the source tree this
     package was installed from (pip install -e)."""
-    if os.environ.get("HVDD_BIN"):
-        return os.environ["HVDD_BIN"]
-    import shutil
-
-    found = shutil.which("hvdd")
+    if _env.hvdd_bin():
+        return _env.hvdd_bin()
+    found = _env.hvdd_on_path()
     if found:
         return found
     tree = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "bin", "hvdd")
@@ -484,7 +484,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
         mark_cycles: mark every cycle of the daemon's loop (CYCLE_START).
     """
     c = client()
-    if not os.environ.get("HOROVOD_TIMELINE"):
+    if not _env.timeline():
         raise ValueError("Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage.")
     m = _pb.ClientMessage()
     m.timeline.file_path = os.path.abspath(file_path)

@@ -42,7 +42,7 @@ import numpy as np
 
 from . import basics as _basics
 from . import ops as _ops
-from ._client import elastic_requested
+from ._env import elastic_requested
 from ._notifications import HostUpdateResult, WorkerNotificationManager, notification_manager
 from ._proto import hvdd_pb2 as _pb
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt

@@ -9,6 +9,11 @@ Horovod's integer handles, for ``poll`` and ``synchronize``; the result of a
 handle is the array (or list, or tuple) its ``finish`` makes, which the
 framework module converts.
 
+Every collective of every framework reaches the client through here, host
+or device tensor: a device tensor that the daemon takes through CUDA IPC is
+sent by :func:`submit_device` or :func:`submit_device_output`, with its
+DeviceBuffer (:mod:`hvdd._cuda`) in place of staged bytes.
+
 Names follow Horovod: ``"<op>.<name>"`` when the caller names the
 collective, else ``"<op>.noname.<n>"``, so unnamed collectives match
 across ranks by the order in which each rank issued them: n counts the
@@ -55,6 +60,8 @@ __all__ = [
     "submit_allreduce",
     "submit_broadcast",
     "submit_output",
+    "submit_device",
+    "submit_device_output",
     "group",
     "allreduce",
     "grouped_allreduce",
@@ -460,6 +467,83 @@ def submit_output(
             rs = np.array(list(d.received_splits) if d is not None else [], dtype=np.int32)
             return r, (convert_splits(rs) if convert_splits is not None else rs)
         return r
+
+    h.finish = finish
+    return h
+
+
+# ------------------------------------------------------------ device tensors
+#
+# A device tensor the daemon takes in place travels as an encoded
+# DeviceBuffer (hvdd._cuda.DeviceSession.buffer: a CUDA IPC handle of its
+# memory, not its bytes) instead of staged bytes. The framework module decides
+# whether a tensor can (hvdd._cuda) and makes the buffer and the tensors; these
+# send it and read the daemon's answer, as the functions above do for arrays.
+
+
+def submit_device(
+    c: Client, kind: int, name: str, wire: int, shape: Sequence[int], device: bytes, result: Any, **kw: Any
+) -> Handle:
+    """Sends a collective whose result the daemon writes over the device
+    buffer ``device`` (allreduce, broadcast; ``kw`` as for
+    :meth:`Client.submit`). The handle's result is ``result``, the tensor
+    whose memory the buffer is, which the handle holds until the Done."""
+    h = c.submit(kind, name, wire, tuple(shape), device=device, **kw)
+    h.finish = lambda _h: result
+    return h
+
+
+def submit_device_output(
+    c: Client,
+    kind: int,
+    name: str,
+    wire: int,
+    source: Any,
+    device: bytes,
+    exporter: Any,
+    dtype: Any,
+    from_host: Callable[[np.ndarray], Any],
+    ps: int = 0,
+    with_splits: bool = False,
+    convert_splits: Optional[Callable[[np.ndarray], Any]] = None,
+    **kw: Any,
+) -> Handle:
+    """Sends a collective whose result the daemon allocates (allgather,
+    alltoall, reducescatter; ``kw`` carries splits, reduce_op, scales,
+    group) on the device tensor ``source``, sent as ``device`` (its encoded
+    DeviceBuffer); the handle holds source until the Done. The daemon
+    answers with its own device memory (``Done.device_output``), copied into
+    a new tensor like source in ``exporter``'s memory (an
+    :class:`hvdd._cuda.Exporter`) and released; or, should it answer in host
+    memory, with an array of numpy dtype, which ``from_host`` makes a tensor
+    on source's device. The result is that tensor, or (tensor, received
+    splits as int32, converted) when with_splits."""
+    h = c.submit(kind, name, wire, tuple(source.shape), process_set=ps, device=device, **kw)
+    rest = tuple(source.shape[1:])
+
+    def finish(h: Handle) -> Any:
+        _ = source  # its memory lives until the Done
+        d = h.done
+        shape = tuple(d.output_shape) if d is not None and len(d.output_shape) else (0,) + rest
+        if d is not None and d.HasField("device_output") and d.device_output.length:
+            o = d.device_output
+            try:
+                out = exporter.new_empty(source, shape)
+                exporter.read_output(out, o.mem_handle, o.alloc_size, o.offset, o.length)
+            finally:
+                c.release_device_output(o.mem_handle)
+        elif d is not None and d.HasField("output") and d.output.length:
+            try:
+                a = _new_array(c.output(d.output), dtype, shape)
+            finally:
+                c.release(d.output)
+            out = from_host(a)
+        else:
+            out = exporter.new_empty(source, shape)
+        if with_splits:
+            rs = np.array(list(d.received_splits) if d is not None else [], dtype=np.int32)
+            return out, (convert_splits(rs) if convert_splits is not None else rs)
+        return out
 
     h.finish = finish
     return h

@@ -1,6 +1,7 @@
-"""The client's modules import each other without circles, counting imports
-inside functions too: each layer imports only those below it (the leaves,
-transport, state, ops, elastic, the frameworks, Keras)."""
+"""The client's modules import each other without circles and bottom up,
+counting imports inside functions too: each module imports only modules of
+its own layer or of the layers below it (LAYERS: the leaves, transport,
+state, ops, elastic, the frameworks, Keras, the Keras façades)."""
 
 from __future__ import annotations
 
@@ -24,27 +25,35 @@ def _modules(pkg: str = PKG) -> dict:
     return mods
 
 
-def _imports(name: str, path: str, mods: dict) -> set:
-    """The hvdd modules that module name imports, anywhere in its source."""
+def _node_imports(node: ast.AST, name: str, path: str, mods: dict) -> set:
+    """The hvdd modules one import statement of module name imports."""
     is_pkg = path.endswith("__init__.py")
     base = name.split(".") if is_pkg else name.split(".")[:-1]
+    targets = []
+    if isinstance(node, ast.Import):
+        targets = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        if node.level:
+            mod = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+        else:
+            mod = node.module or ""
+        # from X import m: the module X.m if there is one, else X
+        targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in mods else mod for a in node.names]
     out = set()
+    for t in targets:
+        while t and t not in mods:
+            t = t.rpartition(".")[0]
+        if t and t != name:
+            out.add(t)
+    return out
+
+
+def _imports(name: str, path: str, mods: dict) -> set:
+    """The hvdd modules that module name imports, anywhere in its source."""
+    out: set = set()
     for node in ast.walk(ast.parse(open(path).read())):
-        targets = []
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                mod = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
-            # from X import m: the module X.m if there is one, else X
-            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in mods else mod for a in node.names]
-        for t in targets:
-            while t and t not in mods:
-                t = t.rpartition(".")[0]
-            if t and t != name:
-                out.add(t)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out |= _node_imports(node, name, path, mods)
     return out
 
 
@@ -83,20 +92,95 @@ def _circles(graph: dict) -> list:
     return found
 
 
-# The one upward import left (issue 25, item 7): hvdd.tensorflow's
-# DistributedOptimizer hands a Keras optimizer to hvdd.tensorflow.keras, as
-# Horovod's does, from inside the function. Removing it means moving the Keras
-# optimizer's wrapper below hvdd.tensorflow.
-KNOWN = {("hvdd.tensorflow", "hvdd.tensorflow.keras")}
+# The layers, bottom up (docs/ARCHITECTURE.md, the Python client). A module
+# belongs to the layer of the longest name listed that is its own or a
+# package above it; "hvdd" is the package's __init__ alone. A module that no
+# layer names fails test_layers: give a new module its place here.
+LAYERS = [
+    # Nothing of hvdd but each other: errors, the wire format, the protocol's
+    # messages, every environment read, host-update notifications.
+    ("leaves", ["hvdd.exceptions", "hvdd._wire", "hvdd._proto", "hvdd._env", "hvdd._notifications"]),
+    # The connection to the daemon, the GPU path's CUDA IPC (_cuda), and for
+    # jobs under mpirun or srun the daemon the job starts (_launcher).
+    ("transport", ["hvdd._shm", "hvdd._channel", "hvdd._cuda", "hvdd._reader", "hvdd._client", "hvdd._launcher"]),
+    # init, ranks, process sets (hvdd itself re-exports them).
+    ("state", ["hvdd.basics", "hvdd"]),
+    # The one funnel of every collective, host or device tensor.
+    ("ops", ["hvdd.ops"]),
+    ("elastic", ["hvdd.elastic"]),
+    ("frameworks", ["hvdd.torch", "hvdd.tensorflow"]),
+    # The Keras API written once: it imports hvdd.tensorflow's modules, never
+    # the hvdd.tensorflow package.
+    ("keras", ["hvdd._keras"]),
+    ("facades", ["hvdd.keras", "hvdd.tensorflow.keras"]),
+]
+
+# Upward imports allowed because they are lazy: inside the module-level
+# __getattr__ of a module (PEP 562), to name a class of a higher layer under
+# Horovod's path, so that importing the module imports nothing above it.
+# test_layers checks that every import of the target sits there, and that
+# the edge is still needed; test_no_import_circles leaves it out.
+LAZY = {
+    # horovod.tensorflow.elastic.TensorFlowKerasState, which lives with the
+    # Keras code (it runs in the Keras session).
+    ("hvdd.tensorflow.elastic", "hvdd._keras.elastic"),
+}
+
+
+def _layer(name: str) -> int:
+    """The index in LAYERS of module name's layer; -1 for none."""
+    best, found = -1, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if name == p or (p != "hvdd" and name.startswith(p + ".")):
+                if len(p) > best:
+                    best, found = len(p), i
+    return found
+
+
+def _upward(graph: dict) -> list:
+    """The imports of a module of a higher layer, as (importer, imported)."""
+    return sorted((a, b) for a in graph for b in graph[a] if _layer(b) > _layer(a))
+
+
+def _lazy_only(name: str, path: str, target: str, mods: dict) -> bool:
+    """Whether every import of target in module name (at path) lies inside
+    its module-level __getattr__."""
+    tree = ast.parse(open(path).read())
+    lazy = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "__getattr__"]
+    inside = {id(n) for f in lazy for n in ast.walk(f)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in inside:
+            if target in _node_imports(node, name, path, mods):
+                return False
+    return True
+
+
+def _graph() -> tuple:
+    mods = _modules()
+    return mods, {m: _imports(m, p, mods) for m, p in mods.items()}
 
 
 def test_no_import_circles() -> None:
-    mods = _modules()
-    graph = {m: _imports(m, p, mods) for m, p in mods.items()}
-    for a, b in KNOWN:
-        assert b in graph[a], f"{a} no longer imports {b}: drop it from KNOWN"
+    _, graph = _graph()
+    for a, b in LAZY:
         graph[a].discard(b)
     assert _circles(graph) == []
+
+
+def test_layers() -> None:
+    mods, graph = _graph()
+    unplaced = sorted(m for m in mods if _layer(m) < 0)
+    assert unplaced == [], f"modules in no layer (add them to LAYERS): {unplaced}"
+    for a, b in LAZY:
+        assert b in graph[a], f"{a} no longer imports {b}: drop it from LAZY"
+        assert _lazy_only(a, mods[a], b, mods), f"{a} imports {b} outside its module-level __getattr__"
+    upward = [
+        f"{a} ({LAYERS[_layer(a)][0]}) imports {b} ({LAYERS[_layer(b)][0]})"
+        for a, b in _upward(graph)
+        if (a, b) not in LAZY
+    ]
+    assert upward == [], "imports of a higher layer:\n" + "\n".join(upward)
 
 
 def test_the_check_sees_imports_inside_functions() -> None:
@@ -112,3 +196,10 @@ def test_the_check_sees_imports_inside_functions() -> None:
 
 def test_the_check_finds_a_circle() -> None:
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_check_finds_an_upward_import() -> None:
+    graph = {"hvdd._client": {"hvdd.elastic", "hvdd._wire"}, "hvdd.elastic": {"hvdd.ops"}, "hvdd.ops": set()}
+    assert _upward(graph) == [("hvdd._client", "hvdd.elastic")]
+    assert _layer("hvdd.tensorflow.keras.callbacks") > _layer("hvdd._keras.api") > _layer("hvdd.tensorflow.mpi_ops")
+    assert _layer("hvdd") == _layer("hvdd.basics") and _layer("hvdd.nothing_placed") == -1

@@ -14,9 +14,10 @@ from typing import Any, Callable, Dict, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
-from hvdd.tensorflow.elastic import keras_session as _session
-
-import hvdd.tensorflow as hvd
+from .. import basics as _basics
+from ..tensorflow import functions as _functions
+from ..tensorflow import mpi_ops as _mpi_ops
+from ._session import _session
 
 __all__ = [
     "BroadcastGlobalVariablesCallbackImpl",
@@ -88,9 +89,9 @@ class BroadcastGlobalVariablesCallbackImpl:
                 # variables in one broadcast.
                 variables = [v for v in self.model.variables if not self._is_local(v)]
                 variables += [v for v in _optimizer_variables(self.model.optimizer) if not self._is_local(v)]
-                hvd.broadcast_variables(variables, root_rank=self.root_rank)
+                _functions.broadcast_variables(variables, root_rank=self.root_rank)
             else:
-                _session(self.backend).run(hvd.broadcast_global_variables(self.root_rank))
+                _session(self.backend).run(_functions.broadcast_global_variables(self.root_rank))
         self.broadcast_done = True
 
 
@@ -114,7 +115,7 @@ class MetricAverageCallbackImpl:
                 raise TypeError(f"MetricAverageCallback: metric {metric!r} is not numeric: {logs[metric]!r}")
             values.append(tf.constant(a.astype(np.float64), name=metric.replace("/", "_")))
         with tf.device(self.device):
-            reduced = hvd.grouped_allreduce(values, op=hvd.Average, name="MetricAverageCallback")
+            reduced = _mpi_ops.grouped_allreduce(values, op=_basics.Average, name="MetricAverageCallback")
         for metric, r in zip(names, reduced):
             r = np.asarray(r.numpy() if tf.executing_eagerly() else _session(self.backend).run(r))
             logs[metric] = float(r) if r.ndim == 0 else r
@@ -242,7 +243,7 @@ class LearningRateWarmupCallbackImpl(LearningRateScheduleCallbackImpl):
         def multiplier(epoch: float) -> float:
             # Shift by one batch so that each epoch ends on a round value.
             epoch += 1.0 / self.steps_per_epoch
-            return 1.0 / hvd.size() * (epoch * (hvd.size() - 1) / warmup_epochs + 1)
+            return 1.0 / _basics.size() * (epoch * (_basics.size() - 1) / warmup_epochs + 1)
 
         super().__init__(
             backend,
@@ -259,7 +260,7 @@ class LearningRateWarmupCallbackImpl(LearningRateScheduleCallbackImpl):
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         super().on_epoch_end(epoch, logs)
-        if epoch == self.end_epoch - 1 and self.verbose > 0 and hvd.rank() == 0:
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and _basics.rank() == 0:
             print("\nEpoch %d: finished gradual learning rate warmup to %g." % (epoch + 1, self._get_lr()))
 
 

@@ -18,13 +18,18 @@ from .. import basics as _basics
 from ..basics import *  # noqa: F401,F403 (Horovod's common basics: basics.__all__)
 from ..basics import Adasum, Average, ProcessSet, global_process_set
 from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt, HvddInternalError
-from . import elastic
+from . import _keras_optimizer, elastic
 from .compression import Compression
-from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
+from .functions import (
+    allgather_object,
+    broadcast_global_variables,
+    broadcast_object,
+    broadcast_object_fn,
+    broadcast_variables,
+)
 from .gradient_aggregation import LocalGradientAggregationHelper, check_optimizer_args, make_allreduce_grads_fn, var_ids
 from .mpi_ops import __all__ as _COLLECTIVES
 from .mpi_ops import (
-    _executing_eagerly,
     allgather,
     allreduce,
     alltoall,
@@ -62,26 +67,6 @@ __all__ = [
     "PartialDistributedGradientTape",
     "elastic",
 ]
-
-
-def broadcast_global_variables(root_rank: int) -> Any:
-    """Broadcasts all global variables from root rank to all other processes.
-
-    **NOTE:** deprecated in TensorFlow 2.0.
-
-    Arguments:
-        root_rank: rank of the process from which global variables will be
-                   broadcasted to all other processes.
-
-    Returns:
-        The op that assigns root's values to every global variable (run it).
-    """
-    if _executing_eagerly():
-        raise RuntimeError(
-            "hvd.broadcast_global_variables() does not support eager execution. "
-            "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead."
-        )
-    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
 class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
@@ -388,22 +373,26 @@ def DistributedOptimizer(
     if _is_keras_optimizer(optimizer):
         if op == Adasum:
             raise ValueError("op == Adasum is not supported yet with Keras")
-        from . import keras as hvd_k
+        # What hvdd.tensorflow.keras.DistributedOptimizer returns (Horovod
+        # hands the optimizer to horovod.tensorflow.keras), on tf.keras.
+        from tensorflow import keras
 
-        return hvd_k.DistributedOptimizer(
+        return _keras_optimizer.create_distributed_optimizer(
+            keras,
             optimizer,
-            name=name,
-            device_dense=device_dense,
-            device_sparse=device_sparse,
-            compression=compression,
-            sparse_as_dense=sparse_as_dense,
-            gradient_predivide_factor=gradient_predivide_factor,
-            op=op,
+            name,
+            device_dense,
+            device_sparse,
+            compression,
+            sparse_as_dense,
+            gradient_predivide_factor,
+            op,
             backward_passes_per_step=backward_passes_per_step,
             average_aggregated_gradients=average_aggregated_gradients,
             groups=groups,
             process_set=process_set,
             scale_local_gradients=scale_local_gradients,
+            num_groups=0,
         )
     raise ValueError(
         "Provided optimizer doesn't inherit from either legacy TensorFlow or Keras optimizer: %s" % optimizer

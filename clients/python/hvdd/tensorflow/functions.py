@@ -13,7 +13,13 @@ from .. import ops as _ops
 from ..basics import ProcessSet, global_process_set
 from .mpi_ops import _broadcast_many, _executing_eagerly
 
-__all__ = ["broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object"]
+__all__ = [
+    "broadcast_variables",
+    "broadcast_global_variables",
+    "broadcast_object",
+    "broadcast_object_fn",
+    "allgather_object",
+]
 
 
 def broadcast_variables(
@@ -44,6 +50,26 @@ def broadcast_variables(
     if _executing_eagerly():
         return None
     return tf.group(*assigns)
+
+
+def broadcast_global_variables(root_rank: int) -> Any:
+    """Broadcasts all global variables from root rank to all other processes.
+
+    **NOTE:** deprecated in TensorFlow 2.0.
+
+    Arguments:
+        root_rank: rank of the process from which global variables will be
+                   broadcasted to all other processes.
+
+    Returns:
+        The op that assigns root's values to every global variable (run it).
+    """
+    if _executing_eagerly():
+        raise RuntimeError(
+            "hvd.broadcast_global_variables() does not support eager execution. "
+            "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead."
+        )
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
 def broadcast_object(

@@ -42,7 +42,6 @@ as ``hvdd.torch`` names them.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -52,7 +51,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from .. import _cuda
+from .. import _cuda, _env
 from .. import basics as _basics
 from .. import ops as _ops
 from .._proto import hvdd_pb2 as pb
@@ -145,7 +144,7 @@ _WAIT_WARNING = (
 
 
 def _watch() -> None:
-    limit = float(os.environ.get("HVDD_GRAPH_WAIT_WARN", "60"))
+    limit = _env.graph_wait_warn()
     while True:
         time.sleep(min(5.0, limit / 2))
         now = time.monotonic()

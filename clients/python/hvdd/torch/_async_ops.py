@@ -14,12 +14,13 @@ daemon, another GPU, an allocator legacy CUDA IPC cannot share) they are
 staged through host memory with one warning. Allgather, alltoall and
 reducescatter hand the daemon the input the same way and get their output
 as daemon device memory (Done.device_output), copied into a new tensor on
-the input's device.
+the input's device. Device tensors and host ones alike reach the client
+through :mod:`hvdd.ops`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -110,8 +111,39 @@ def _into(output: torch.Tensor) -> Tuple[Optional[np.ndarray], Callable[[np.ndar
     return None, copy
 
 
-def _register(handle: int, h: Handle) -> int:
-    return _ops.register(handle, h)
+def _prologue(
+    kind: str,
+    process_set: ProcessSet,
+    op: Optional[int] = None,
+    tensors: Optional[Sequence[torch.Tensor]] = None,
+    resolve: Optional[Callable[[], Any]] = None,
+) -> Tuple[Client, Any, Any]:
+    """The prologue of every ``*_async``: what it checks before it sends
+    anything, in Horovod's order (its Python checks the tensors and the op,
+    then its C++ enqueue the process set). The client (ValueError before
+    ``init()``); each of ``tensors`` (:func:`_check`; allreduce, allgather
+    and reducescatter check their one tensor as they send it); the reduction
+    op, when given (with Adasum's rules for an allreduce); then the process
+    set, for a collective of ``kind`` (``ops.process_set_for``), or by
+    ``resolve()`` where the collective checks it its own way (a broadcast's
+    root, an alltoall's splits). Returns (client, op, what the process set's
+    check returned). The public handle comes from :func:`_register`, once the
+    collective is sent."""
+    c = _basics.client()
+    if tensors is not None:
+        for t in tensors:
+            _check(t)
+    if op is not None:
+        op = _reduce_op(op)
+        if kind == "Allreduce":
+            _ops.check_adasum(op, process_set)
+    ps = resolve() if resolve is not None else process_set_for(kind, process_set)
+    return c, op, ps
+
+
+def _register(h: Handle) -> int:
+    """The public handle (the next number) of a collective just sent."""
+    return _ops.register(_ops.next_handle(), h)
 
 
 def _device_submit(
@@ -127,7 +159,9 @@ def _device_submit(
     tensor through CUDA IPC: on output (tensor itself for the in-place
     forms), or on a device copy of tensor that becomes the result. None when
     the tensor is not device memory an exporter claims, or must be staged
-    (hvdd._cuda warned why); the caller then stages it."""
+    (hvdd._cuda warned why); the caller then stages it. Sent by
+    ``ops.submit_device``, as host tensors are by ``ops.submit_allreduce``
+    and ``ops.submit_broadcast``."""
     ex = _cuda.exporter_for(tensor)
     if ex is None or tensor.numel() == 0:
         return None
@@ -148,10 +182,7 @@ def _device_submit(
     dev = s.buffer(buf)
     if dev is None:
         return None
-    h = c.submit(kind, full_name, wire, tuple(tensor.shape), device=dev, **kw)
-    result = output if output is not None else buf
-    h.finish = lambda _h: result  # holds the memory until the Done
-    return h
+    return _ops.submit_device(c, kind, full_name, wire, tensor.shape, dev, output if output is not None else buf, **kw)
 
 
 # ------------------------------------------------------------------- allreduce
@@ -213,13 +244,9 @@ def _allreduce_async(
     postscale_factor: float,
     process_set: ProcessSet,
 ) -> int:
-    c = _basics.client()
-    op = _reduce_op(op)
-    _ops.check_adasum(op, process_set)
-    ps = process_set_for("Allreduce", process_set)
-    handle = _ops.next_handle()
+    c, op, ps = _prologue("Allreduce", process_set, op)
     h = _allreduce_submit(c, tensor, output, _name("allreduce", name), op, prescale_factor, postscale_factor, ps)
-    return _register(handle, h)
+    return _register(h)
 
 
 def allreduce_async(
@@ -288,22 +315,16 @@ def _grouped_allreduce_async(
     postscale_factor: float,
     process_set: ProcessSet,
 ) -> int:
-    c = _basics.client()
-    op = _reduce_op(op)
-    _ops.check_adasum(op, process_set)
-    ps = process_set_for("Allreduce", process_set)
     tensors = list(tensors)
-    for t in tensors:
-        _check(t)
+    c, op, ps = _prologue("Allreduce", process_set, op, tensors)
     if len({t.device for t in tensors}) > 1:
         raise ValueError("Tensors in list must be on same device.")
-    handle = _ops.next_handle()
 
     def sub(nm: str, i: int, gid: int, n: int) -> Handle:
         out = outputs[i] if outputs is not None else None
         return _allreduce_submit(c, tensors[i], out, nm, op, prescale_factor, postscale_factor, ps, gid, n)
 
-    return _register(handle, _ops.group(_name("grouped_allreduce", name), sub, len(tensors)))
+    return _register(_ops.group(_name("grouped_allreduce", name), sub, len(tensors)))
 
 
 def grouped_allreduce_async(
@@ -413,7 +434,8 @@ def _device_output_submit(
     """A collective with a daemon-allocated output on a device tensor through
     CUDA IPC: the daemon answers with its own device memory
     (Done.device_output), which is copied into a new tensor on the input's
-    device and released. None when the tensor is to be staged."""
+    device and released (``ops.submit_device_output``). None when the tensor
+    is to be staged."""
     ex = _cuda.exporter_for(tensor)
     if ex is None or tensor.numel() == 0:
         return None
@@ -424,38 +446,32 @@ def _device_output_submit(
     dev = s.buffer(buf)
     if dev is None:
         return None
-    h = c.submit(kind, full_name, wire, tuple(tensor.shape), process_set=ps, device=dev, **kw)
-    rest = tuple(tensor.shape[1:])
 
-    def finish(h: Handle) -> Any:
-        _ = buf  # the input's memory lives until the Done
-        d = h.done
-        shape = tuple(d.output_shape) if d is not None and len(d.output_shape) else (0,) + rest
-        if d is not None and d.HasField("device_output") and d.device_output.length:
-            o = d.device_output
-            try:
-                out = ex.new_empty(tensor, shape)
-                ex.read_output(out, o.mem_handle, o.alloc_size, o.offset, o.length)
-            finally:
-                c.release_device_output(o.mem_handle)
-        elif d is not None and d.HasField("output") and d.output.length:
-            try:
-                a = _ops._new_array(c.output(d.output), _DTYPES[tensor.dtype][1], shape)
-            finally:
-                c.release(d.output)
-            out = _to_torch(tensor.dtype)(a).to(tensor.device)
-            if not ex.claims(out):
-                o2 = ex.new_empty(tensor, shape)
-                o2.copy_(out)
-                out = o2
-        else:
-            out = ex.new_empty(tensor, shape)
-        if with_splits:
-            return out, torch.tensor(list(d.received_splits) if d is not None else [], dtype=torch.int32)
+    def from_host(a: np.ndarray) -> torch.Tensor:
+        """A host answer (a daemon without device outputs) as a tensor in
+        the exporter's memory on the input's device."""
+        out = _to_torch(tensor.dtype)(a).to(tensor.device)
+        if not ex.claims(out):
+            o2 = ex.new_empty(tensor, tuple(a.shape))
+            o2.copy_(out)
+            out = o2
         return out
 
-    h.finish = finish
-    return h
+    return _ops.submit_device_output(
+        c,
+        kind,
+        full_name,
+        wire,
+        buf,
+        dev,
+        ex,
+        _DTYPES[tensor.dtype][1],
+        from_host,
+        ps,
+        with_splits,
+        convert_splits=torch.from_numpy,
+        **kw,
+    )
 
 
 def allgather_async(
@@ -471,27 +487,21 @@ def allgather_async(
         A handle to the allgather operation that can be used with `poll()` or
         `synchronize()`.
     """
-    c = _basics.client()
-    ps = process_set_for("Allgather", process_set)
-    handle = _ops.next_handle()
-    return _register(handle, _output_submit(c, pb.OP_ALLGATHER, tensor, _name("allgather", name), ps))
+    c, _, ps = _prologue("Allgather", process_set)
+    return _register(_output_submit(c, pb.OP_ALLGATHER, tensor, _name("allgather", name), ps))
 
 
 def grouped_allgather_async(
     tensors: Sequence[torch.Tensor], name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> int:
     """Asynchronous grouped allgather; `synchronize()` returns a list."""
-    c = _basics.client()
-    ps = process_set_for("Allgather", process_set)
     tensors = list(tensors)
-    for t in tensors:
-        _check(t)
-    handle = _ops.next_handle()
+    c, _, ps = _prologue("Allgather", process_set, tensors=tensors)
 
     def sub(nm: str, i: int, gid: int, n: int) -> Handle:
         return _output_submit(c, pb.OP_ALLGATHER, tensors[i], nm, ps, group=gid, group_size=n)
 
-    return _register(handle, _ops.group(_name("grouped_allgather", name), sub, len(tensors)))
+    return _register(_ops.group(_name("grouped_allgather", name), sub, len(tensors)))
 
 
 # ------------------------------------------------------------------- broadcast
@@ -500,20 +510,20 @@ def grouped_allgather_async(
 def _broadcast_async(
     tensor: torch.Tensor, output: Optional[torch.Tensor], root_rank: int, name: Optional[str], process_set: ProcessSet
 ) -> int:
-    c = _basics.client()
-    wire_dt = _check(tensor)[0]
-    ps = _ops.check_root(root_rank, process_set)
-    handle = _ops.next_handle()
+    c, _, ps = _prologue(
+        "Broadcast", process_set, tensors=[tensor], resolve=lambda: _ops.check_root(root_rank, process_set)
+    )
+    wire_dt = _DTYPES[tensor.dtype][0]
     full_name = _name("broadcast", name)
     if not tensor.is_cpu or _cuda.has_exporters():
         h = _device_submit(
             c, pb.OP_BROADCAST, tensor, output, full_name, wire_dt, root_rank=int(root_rank), process_set=ps
         )
         if h is not None:
-            return _register(handle, h)
+            return _register(h)
     out, convert = _into(output) if output is not None else (None, _to_torch(tensor.dtype))
     h = _ops.submit_broadcast(c, _array(tensor), full_name, root_rank, ps, out=out, wire=wire_dt, convert=convert)
-    return _register(handle, h)
+    return _register(h)
 
 
 def broadcast_async(
@@ -588,12 +598,14 @@ def alltoall_async(
         A handle to the alltoall operation that can be used with `poll()` or
         `synchronize()`; `synchronize()` returns (output, received_splits).
     """
-    c = _basics.client()
-    _check(tensor)
-    ps, sp = _ops.alltoall_splits(_splits_array(splits), tensor.shape, process_set)
-    handle = _ops.next_handle()
+    c, _, (ps, sp) = _prologue(
+        "Alltoall",
+        process_set,
+        tensors=[tensor],
+        resolve=lambda: _ops.alltoall_splits(_splits_array(splits), tensor.shape, process_set),
+    )
     h = _output_submit(c, pb.OP_ALLTOALL, tensor, _name("alltoall", name), ps, with_splits=True, splits=sp)
-    return _register(handle, h)
+    return _register(h)
 
 
 # --------------------------------------------------------------- reducescatter
@@ -616,10 +628,7 @@ def reducescatter_async(
         A handle to the reducescatter operation that can be used with `poll()`
         or `synchronize()`.
     """
-    c = _basics.client()
-    ps = process_set_for("Reducescatter", process_set)
-    op = _reduce_op(op)
-    handle = _ops.next_handle()
+    c, op, ps = _prologue("Reducescatter", process_set, op)
     h = _output_submit(
         c,
         pb.OP_REDUCESCATTER,
@@ -630,7 +639,7 @@ def reducescatter_async(
         prescale=float(prescale_factor),
         postscale=float(postscale_factor),
     )
-    return _register(handle, h)
+    return _register(h)
 
 
 def grouped_reducescatter_async(
@@ -642,13 +651,8 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> int:
     """Asynchronous grouped reducescatter; `synchronize()` returns a list."""
-    c = _basics.client()
-    ps = process_set_for("Reducescatter", process_set)
-    op = _reduce_op(op)
     tensors = list(tensors)
-    for t in tensors:
-        _check(t)
-    handle = _ops.next_handle()
+    c, op, ps = _prologue("Reducescatter", process_set, op, tensors)
 
     def sub(nm: str, i: int, gid: int, n: int) -> Handle:
         return _output_submit(
@@ -664,4 +668,4 @@ def grouped_reducescatter_async(
             group_size=n,
         )
 
-    return _register(handle, _ops.group(_name("grouped_reducescatter", name), sub, len(tensors)))
+    return _register(_ops.group(_name("grouped_reducescatter", name), sub, len(tensors)))

@@ -10,13 +10,13 @@ optimizer step and Adasum-reduces the parameter's delta (Horovod's
 
 from __future__ import annotations
 
-import os
 import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator, List, Optional
 
 import torch
 
+from .. import _env
 from ..basics import Adasum, Average, ProcessSet, global_process_set, rocm_built, size
 from .compression import Compression
 from .functions import broadcast_object
@@ -121,7 +121,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._p_to_group: dict = {}
         self._group_counts: dict = {}
 
-        if self.process_set.included() and (size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"):
+        if self.process_set.included() and (size() > 1 or _env.elastic_requested()):
             self._register_hooks()
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
