@@ -152,10 +152,11 @@ type Config struct {
 	// result through the job's engine (NewBackend) in host memory and
 	// copies it back; GPUAllreduceNCCL reduces the node's ranks on the GPU
 	// the same way and joins the nodes with an NCCL communicator of one GPU
-	// per node (its unique id broadcast through the engine), falling back
-	// to the hierarchical path for a response that some node cannot run so
-	// (every node must use the same mode: the nodes agree on each
-	// allreduce with one byte through the engine); GPUAllreduceHost stages
+	// per node (its unique id sent in the coordinator's plan over the
+	// control links) where the coordinator's plan says so: for a response
+	// that every node's ranks can run so (plan.NCCLAcross); otherwise, and
+	// on a node configured otherwise, each node runs its own path for it
+	// (the nodes' modes may differ); GPUAllreduceHost stages
 	// every GPU tensor through host memory and runs the CPU path, on one
 	// node too.
 	GPUAllreduce string

@@ -19,7 +19,8 @@
 //     the gpu interfaces;
 //   - a package of the daemon's (daemon/internal/...) imports package daemon
 //     or breaks its layer (daemon_test.go): loop and nodes import each
-//     other, exec imports either, job a sibling, poll anything of hvdd's;
+//     other, exec imports either, job a sibling, poll the daemon, an
+//     engine, the control links or the GPU seam;
 //   - the default build of cmd/hvdd (no build tags) compiles cgo outside
 //     the standard library and the dlopen loaders
 //     (github.com/ebitengine/purego for CUDA and NCCL,

@@ -243,7 +243,7 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 	if err != nil {
 		return args, err
 	}
-	fs.StringVar(&args.gpuAllreduce, "gpu-allreduce", defGPUAllreduce, "how GPU tensors are reduced: hierarchical (on the GPUs, NCCL between a node's GPUs, the node's result through the cross-node engine in host memory), nccl (the same, with the nodes joined on NCCL: one GPU per node; the same on every node) or host (staged through host memory, the CPU path) (default: $HOROVOD_HIERARCHICAL_ALLREDUCE=1 hierarchical, else $HOROVOD_GPU_ALLREDUCE: NCCL nccl, MPI or GLOO host; else hierarchical)")
+	fs.StringVar(&args.gpuAllreduce, "gpu-allreduce", defGPUAllreduce, "how GPU tensors are reduced: hierarchical (on the GPUs, NCCL between a node's GPUs, the node's result through the cross-node engine in host memory), nccl (the same, with the nodes joined on NCCL, one GPU per node, for each collective every node can run so: a node with another mode keeps the job off NCCL) or host (staged through host memory, the CPU path) (default: $HOROVOD_HIERARCHICAL_ALLREDUCE=1 hierarchical, else $HOROVOD_GPU_ALLREDUCE: NCCL nccl, MPI or GLOO host; else hierarchical)")
 	fs.DurationVar(&args.gpuSampleInterval, "gpu-sample-interval", daemon.DefaultGPUSampleInterval, "how often to sample the GPUs through NVML (utilization, memory, temperature, power, PCIe/NVLink throughput, ECC and XID errors) for /metrics and hvdd status; a GPU found lost (XID 79) fails the GPU tensors on it; 0 turns sampling off")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)

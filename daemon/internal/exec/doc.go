@@ -6,7 +6,8 @@
 //   - host (package host): tensors in the clients' shared memory, reduced,
 //     copied or scattered directly between them on one node;
 //     across nodes each node's share goes through the job's engine
-//     (backends.Backend) in the calls across.go makes, pipelined in chunks.
+//     (backends.Backend) in the calls host/schedule.go makes, the large
+//     fused allreduce pipelined in chunks.
 //   - device (package device): tensors in the clients' GPU memory, opened
 //     by CUDA IPC handle once per connection (ConnGPU) and
 //     kept until released. Native paths work in device memory: allreduce

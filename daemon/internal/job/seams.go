@@ -13,7 +13,7 @@ import (
 // Formation is how the daemon forms a job once its local clients are there.
 type Formation interface {
 	// Complete is called when every local client of j has said hello. The
-	// formation ends in loopHooks.start, or in formFailed.
+	// formation ends in LoopHooks.Start, or in FormFailed.
 	Complete(j *Job)
 	// Ended is called when the last client of j has left.
 	Ended(j *Job)
@@ -36,7 +36,7 @@ type Formation interface {
 	// running ones; the ended ones' counts are kept) exchanged with each,
 	// and the control links' round-trip times. Nil on one node.
 	Links(jobs []*Job) map[int]*LinkStats
-	// close releases what the formation holds when the daemon stops.
+	// Close releases what the formation holds when the daemon stops.
 	Close()
 }
 
@@ -96,7 +96,7 @@ type Coordination interface {
 	Coordinates() bool
 	// Retune applies the autotuner's settings on the deciding node: the
 	// fusion threshold to its table at once; across nodes every setting
-	// travels in the next plan, and each node applies it (loopHooks.tuned,
+	// travels in the next plan, and each node applies it (LoopHooks.Tuned,
 	// the engine's) before that plan's responses.
 	Retune(s Settings)
 }
@@ -118,7 +118,7 @@ type LoopHooks interface {
 	Current(j *Job) bool
 	// Start begins a formed job: it welcomes the local clients.
 	Start(j *Job, m Membership, c Coordination)
-	// Abort fails j with a cause (see coordination.abort for notify).
+	// Abort fails j with a cause (see Coordination.Abort for notify).
 	Abort(j *Job, code ipcpb.Code, msg string, notify bool)
 	// FormFailed ends a job that could not form: its clients get msg.
 	FormFailed(j *Job, msg string)

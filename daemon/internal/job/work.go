@@ -61,7 +61,7 @@ func DeviceWork(w *Work) bool {
 const InlineBytes = 256 << 10
 
 // InlineMultiBytes is the same across nodes, where the loop then also waits
-// for the network (see loopRunnable).
+// for the network (see exec.LoopRunnable).
 const InlineMultiBytes = 64 << 10
 
 // MsgExecIdle is the executor's message to the loop that it finished its
