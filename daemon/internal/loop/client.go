@@ -82,7 +82,7 @@ func (r *region) ref() { r.refs.Add(1) }
 // Unref drops a reference; the last closes the mapping (job.Mapping).
 func (r *region) Unref() {
 	if r.refs.Add(-1) == 0 {
-		r.unaccount() // metrics.go
+		r.unaccount()
 		r.m.Close()
 	}
 }
@@ -224,7 +224,7 @@ func (l *Loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		}
 		o, err := c.Resolve(id, m.Enqueue)
 		if err != nil {
-			l.refusedOp(c, m.Enqueue) // metrics.go
+			l.refusedOp(c, m.Enqueue)
 			code := ipcpb.Code_CODE_INVALID_ARGUMENT
 			if errors.Is(err, device.ErrGPUOpen) || errors.Is(err, device.ErrGPULost) { // the GPU failed, not the request
 				code = ipcpb.Code_CODE_INTERNAL
@@ -353,7 +353,7 @@ func (c *client) register(m *ipcpb.RegisterRegion) error {
 	}
 	r := &region{id: id, m: sm}
 	r.refs.Store(1)
-	r.account(&c.l.mapped.client) // metrics.go
+	r.account(&c.l.mapped.client)
 	c.regions[id] = r
 	return nil
 }
@@ -384,7 +384,7 @@ func (c *client) registerChannel(m *ipcpb.RegisterChannel) error {
 	}
 	r := &region{id: ^uint32(0), m: sm}
 	r.refs.Store(1)
-	r.account(&c.l.mapped.channel) // metrics.go
+	r.account(&c.l.mapped.channel)
 	c.chReg = r
 	c.txMu.Lock()
 	c.ch = ch
@@ -645,7 +645,7 @@ func (c *client) AllocOutput(n int64) ([]byte, *ipcpb.Buffer, error) {
 		return nil, nil, fmt.Errorf("grant output region: %w", err)
 	}
 	o.regions = append(o.regions, r)
-	r.acct.Add(size) // metrics.go
+	r.acct.Add(size)
 	off, _ := r.arena.Alloc(n)
 	return m.Bytes()[off : off+n : off+n], &ipcpb.Buffer{Region: r.id, Offset: uint64(off), Length: uint64(n)}, nil
 }
@@ -670,7 +670,7 @@ func (o *outputRegions) Close() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, r := range o.regions {
-		r.acct.Add(-r.m.Size()) // metrics.go
+		r.acct.Add(-r.m.Size())
 		r.m.Close()
 	}
 	o.regions = nil

@@ -127,7 +127,7 @@ func (l *Loop) laneFor(c *client, h HelloView) (*lane, string) {
 			l.cfg.Slots, used, l.jobList(), size)
 	}
 	ln := &lane{key: key, size: size}
-	ln.m = l.cfg.Metrics.Job(key.name) // metrics.go
+	ln.m = l.cfg.Metrics.Job(key.name)
 	l.lanes[key] = ln
 	l.order = append(l.order, ln)
 	return ln, ""
@@ -167,7 +167,7 @@ func (l *Loop) dropLane(ln *lane) {
 		return
 	}
 	delete(l.lanes, ln.key)
-	ln.m.Release() // metrics.go
+	ln.m.Release()
 	i := slices.Index(l.order, ln)
 	l.order = slices.Delete(l.order, i, i+1)
 	if l.rr > i {

@@ -392,7 +392,7 @@ func (l *Loop) message(m any) {
 	case msgReformCheck:
 		l.reformCheck(m.r)
 	case msgMetrics:
-		l.fillSnapshot(m) // metrics.go
+		l.fillSnapshot(m)
 	case job.MsgExecErr:
 		if m.Closed && m.Job.Failed != nil && m.Job.Failed.GetCode() == ipcpb.Code_CODE_ABORTED {
 			// The job failed first (a node lost, an abort from another node)
@@ -791,7 +791,7 @@ func (l *Loop) fail(j *job.Job, code ipcpb.Code, msg string) {
 }
 
 func (l *Loop) enqueue(o *job.Op) {
-	l.arrived(o) // metrics.go
+	l.arrived(o)
 	c := clientOf(o.Conn)
 	j := c.job
 	switch {
@@ -908,7 +908,7 @@ func (l *Loop) runResponses(j *job.Job, resps []plan.Response) {
 	j.Stats.Batches++
 	j.Stats.Responses += int64(len(batch))
 	j.Stats.Bytes += bytes
-	l.fused(j, batch) // metrics.go
+	l.fused(j, batch)
 	if ln := l.laneOf(j); ln != nil && ln.tune != nil {
 		l.tuneBatch(j, resps)
 	}
@@ -986,7 +986,7 @@ func (l *Loop) work(j *job.Job, r plan.Response) (job.Work, bool) {
 			}
 		}
 		w.Ops[i] = row
-		l.negotiated(j, row) // metrics.go
+		l.negotiated(j, row)
 	}
 	if r.Err != nil {
 		l.noteError(j, r.Err.Error())
@@ -1093,7 +1093,7 @@ func (l *Loop) checkJobStalls(j *job.Job) {
 		ShutdownSeconds: int64(l.cfg.StallShutdown.Seconds()),
 	})
 	l.cfg.Log.Warn(msg, "job", j.ID, "name", j.Name)
-	j.M.Stalled(len(over) > 0) // metrics.go
+	j.M.Stalled(len(over) > 0)
 	if len(over) > 0 {
 		var parts []string
 		for _, st := range over {

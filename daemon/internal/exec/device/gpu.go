@@ -327,7 +327,7 @@ func (g *GPUs) Resolve(cg *ConnGPU, name string, b *ipcpb.DeviceBuffer, n uint64
 	if d == nil {
 		return nil, fmt.Errorf("tensor %q: GPU %q is not one this daemon opened (%s): stage it through host memory", name, b.GetDeviceUuid(), strings.Join(g.UUIDs(), ", "))
 	}
-	if e := d.lostErr(); e != nil { // lost.go
+	if e := d.lostErr(); e != nil {
 		return nil, fmt.Errorf("tensor %q: %w", name, e)
 	}
 	if b.GetLength() != n {
