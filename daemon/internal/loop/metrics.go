@@ -222,12 +222,13 @@ var (
 	sentDesc    = prometheus.NewDesc("hvdd_link_sent_bytes_total", "Payload bytes the cross-node engine sent to a peer node (every job so far), by the peer's --node-rank.", []string{"peer_node"}, nil)
 	recvDesc    = prometheus.NewDesc("hvdd_link_received_bytes_total", "Payload bytes the cross-node engine received from a peer node (every job so far), by the peer's --node-rank.", []string{"peer_node"}, nil)
 	rttDesc     = prometheus.NewDesc("hvdd_link_rtt_seconds", "The last round-trip time of the control link to a peer node (heartbeat echoes, once per heartbeat period), by the peer's --node-rank.", []string{"peer_node"}, nil)
+	devOpsDesc  = prometheus.NewDesc("hvdd_gpu_device_ops_total", "What the device path did to GPU memory since the daemon started, by kind: allocation (cuMemAlloc: fusion and scratch buffers as they grow, results, device outputs), export (IPC handles exported to clients), open and close (clients' IPC memory handles and events), staging (device tensors copied to host memory for the host path). A training job's steady state should add nothing.", []string{"kind"}, nil)
 	shmDesc     = prometheus.NewDesc("hvdd_shm_mapped_bytes", "Shared memory the daemon has mapped, by kind: client (regions clients registered), channel (their shared-memory channels), output (regions the daemon granted for results).", []string{"kind"}, nil)
 )
 
 // Describe sends the collector's descriptors.
 func (sc stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{clientsDesc, jobsDesc, slotsDesc, usedDesc, sentDesc, recvDesc, rttDesc, shmDesc} {
+	for _, d := range []*prometheus.Desc{clientsDesc, jobsDesc, slotsDesc, usedDesc, sentDesc, recvDesc, rttDesc, shmDesc, devOpsDesc} {
 		ch <- d
 	}
 }
@@ -238,6 +239,12 @@ func (sc stateCollector) Collect(ch chan<- prometheus.Metric) {
 	sh := &sc.l.mapped
 	for kind, v := range map[string]int64{"client": sh.client.Load(), "channel": sh.channel.Load(), "output": sh.output.Load()} {
 		ch <- prometheus.MustNewConstMetric(shmDesc, prometheus.GaugeValue, float64(v), kind)
+	}
+	if g := sc.l.cfg.GPUs; g != nil {
+		c := g.Counts()
+		for kind, v := range map[string]int64{"allocation": c.Allocs, "export": c.Exports, "open": c.Opens, "close": c.Closes, "staging": c.Stagings} {
+			ch <- prometheus.MustNewConstMetric(devOpsDesc, prometheus.CounterValue, float64(v), kind)
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(sc.l.cfg.Slots))
 	snap, err := sc.l.snapshot(snapshotTimeout)

@@ -287,6 +287,7 @@ func (x *Path) stageIn(w *job.Work) error {
 				break
 			}
 			o.Buf, devOf(o).staged = host, host
+			devOf(o).d.g.counts.stagings.Add(1)
 		}
 		if err != nil {
 			break
@@ -357,6 +358,7 @@ func deviceOutput(cg *ConnGPU, d *gpuDev, out []byte) (*ipcpb.DeviceBuffer, erro
 	if err != nil {
 		return nil, fmt.Errorf("device output of %d bytes: %w", len(out), err)
 	}
+	d.g.counts.allocs.Add(1)
 	if err := d.dev.CopyHtoD(d.stream, p, out); err != nil {
 		d.sync(context.Background())
 		d.dev.Free(p)
@@ -371,6 +373,7 @@ func deviceOutput(cg *ConnGPU, d *gpuDev, out []byte) (*ipcpb.DeviceBuffer, erro
 		d.dev.Free(p)
 		return nil, err
 	}
+	d.g.counts.exports.Add(1)
 	if !cg.addOutput(h, &devOutput{d: d, ptr: p}) {
 		return nil, errors.New("client gone")
 	}
@@ -991,6 +994,7 @@ func newResult(res *devResult, d *gpuDev, n int, done *ipcpb.Done) (gpu.DevicePt
 	if err != nil {
 		return 0, fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, n, err)
 	}
+	d.g.counts.allocs.Add(1)
 	res.p = p
 	return p, nil
 }
@@ -1014,6 +1018,7 @@ func exportResults(w *job.Work, res [][]devResult) error {
 			if err != nil {
 				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 			}
+			d.g.counts.exports.Add(1)
 			db.MemHandle, db.AllocSize = h[:], uint64(r.n)
 			r.exported = true
 			if !devOf(o).cg.addOutput(h, &devOutput{d: d, ptr: r.p}) {

@@ -44,11 +44,12 @@ import (
 // its device outputs to go, which the daemon does not track across
 // connections.
 type GPUs struct {
-	drv  gpu.Driver
-	nccl gpu.NCCL // nil without NCCL: several GPUs then stage through host
-	log  *slog.Logger
-	devs []*gpuDev
-	by   map[string]*gpuDev // by UUID
+	counts counters // what the device path did to device memory (Counts)
+	drv    gpu.Driver
+	nccl   gpu.NCCL // nil without NCCL: several GPUs then stage through host
+	log    *slog.Logger
+	devs   []*gpuDev
+	by     map[string]*gpuDev // by UUID
 
 	// hostOnly stages every device tensor through host memory and runs it
 	// on the CPU path (Config.GPUAllreduce "host").
@@ -242,6 +243,7 @@ type devMapping struct {
 func (m *devMapping) Unref() {
 	if m.refs.Add(-1) == 0 {
 		m.d.dev.CloseMemHandle(m.base)
+		m.d.g.counts.closes.Add(1)
 	}
 }
 
@@ -256,6 +258,7 @@ type devEvent struct {
 func (e *devEvent) Unref() {
 	if e.refs.Add(-1) == 0 {
 		e.ev.Destroy()
+		e.d.g.counts.closes.Add(1)
 	}
 }
 
@@ -397,6 +400,7 @@ func (cg *ConnGPU) mapping(d *gpuDev, name string, handle []byte, size uint64) (
 		if err != nil {
 			return nil, fmt.Errorf("tensor %q: GPU %s: open the CUDA IPC memory handle: %w", name, d.info.UUID, err)
 		}
+		d.g.counts.opens.Add(1)
 		m = &devMapping{d: d, base: base, size: size}
 		m.refs.Store(1)
 		cg.maps[key] = m
@@ -434,6 +438,7 @@ func (cg *ConnGPU) event(d *gpuDev, name string, handle []byte) (*devEvent, erro
 	if err != nil {
 		return nil, fmt.Errorf("tensor %q: GPU %s: open the CUDA IPC event handle: %w", name, d.info.UUID, err)
 	}
+	d.g.counts.opens.Add(1)
 	e = &devEvent{d: d, ev: ev}
 	e.refs.Store(1)
 	cg.events[ek] = e
@@ -574,6 +579,7 @@ func (d *gpuDev) ensure(n int, scratch bool) error {
 		if err != nil {
 			return fmt.Errorf("GPU %s: fusion buffer of %d bytes: %w", d.info.UUID, n, err)
 		}
+		d.g.counts.allocs.Add(1)
 		*p, *have = np, n
 		return nil
 	}
