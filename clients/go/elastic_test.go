@@ -320,6 +320,7 @@ func TestElasticEpochNotFormed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			reached, release := make(chan struct{}), make(chan struct{})
 			var once sync.Once
+			var inside atomic.Int32 // nodes inside epoch 1's engine
 			ss := startNodesCfg(t, func(n int, c *daemon.Config) {
 				var calls atomic.Int32
 				c.NewBackend = func(ctx context.Context, j daemon.MultiNodeJob) (backends.Backend, error) {
@@ -342,7 +343,11 @@ func TestElasticEpochNotFormed(t *testing.T) {
 					if !tc.nodeLost {
 						return nil, errors.New("injected: the data engine does not connect")
 					}
-					if n == 1 {
+					// Node 1 goes once both nodes are inside epoch 1's
+					// engine: were node 0 not there yet, epoch 1 would
+					// fail before its engine, and node 0's second engine
+					// would be epoch 2's.
+					if inside.Add(1) == 2 {
 						once.Do(func() { close(reached) })
 					}
 					<-ctx.Done()
@@ -362,7 +367,7 @@ func TestElasticEpochNotFormed(t *testing.T) {
 				select {
 				case <-reached:
 				case <-time.After(60 * time.Second):
-					t.Fatal("node 1 never connected epoch 1's engine")
+					t.Fatal("the nodes never both reached epoch 1's engine")
 				}
 				ss[1].Stop(t)
 				ws[1][0].Cmd.Process.Kill()
