@@ -115,17 +115,6 @@ LAYERS = [
     ("facades", ["hvdd.keras", "hvdd.tensorflow.keras"]),
 ]
 
-# Upward imports allowed because they are lazy: inside the module-level
-# __getattr__ of a module (PEP 562), to name a class of a higher layer under
-# Horovod's path, so that importing the module imports nothing above it.
-# test_layers checks that every import of the target sits there, and that
-# the edge is still needed; test_no_import_circles leaves it out.
-LAZY = {
-    # horovod.tensorflow.elastic.TensorFlowKerasState, which lives with the
-    # Keras code (it runs in the Keras session).
-    ("hvdd.tensorflow.elastic", "hvdd._keras.elastic"),
-}
-
 
 def _layer(name: str) -> int:
     """The index in LAYERS of module name's layer; -1 for none."""
@@ -143,19 +132,6 @@ def _upward(graph: dict) -> list:
     return sorted((a, b) for a in graph for b in graph[a] if _layer(b) > _layer(a))
 
 
-def _lazy_only(name: str, path: str, target: str, mods: dict) -> bool:
-    """Whether every import of target in module name (at path) lies inside
-    its module-level __getattr__."""
-    tree = ast.parse(open(path).read())
-    lazy = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "__getattr__"]
-    inside = {id(n) for f in lazy for n in ast.walk(f)}
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in inside:
-            if target in _node_imports(node, name, path, mods):
-                return False
-    return True
-
-
 def _graph() -> tuple:
     mods = _modules()
     return mods, {m: _imports(m, p, mods) for m, p in mods.items()}
@@ -163,8 +139,6 @@ def _graph() -> tuple:
 
 def test_no_import_circles() -> None:
     _, graph = _graph()
-    for a, b in LAZY:
-        graph[a].discard(b)
     assert _circles(graph) == []
 
 
@@ -172,14 +146,7 @@ def test_layers() -> None:
     mods, graph = _graph()
     unplaced = sorted(m for m in mods if _layer(m) < 0)
     assert unplaced == [], f"modules in no layer (add them to LAYERS): {unplaced}"
-    for a, b in LAZY:
-        assert b in graph[a], f"{a} no longer imports {b}: drop it from LAZY"
-        assert _lazy_only(a, mods[a], b, mods), f"{a} imports {b} outside its module-level __getattr__"
-    upward = [
-        f"{a} ({LAYERS[_layer(a)][0]}) imports {b} ({LAYERS[_layer(b)][0]})"
-        for a, b in _upward(graph)
-        if (a, b) not in LAZY
-    ]
+    upward = [f"{a} ({LAYERS[_layer(a)][0]}) imports {b} ({LAYERS[_layer(b)][0]})" for a, b in _upward(graph)]
     assert upward == [], "imports of a higher layer:\n" + "\n".join(upward)
 
 

@@ -28,7 +28,7 @@ from ..tensorflow._keras_optimizer import (
     distributed_optimizer_class,
     is_distributed_optimizer,
 )
-from ._session import _session
+from ..tensorflow._session import _session
 from .callbacks import (
     BestModelCheckpointImpl,
     BroadcastGlobalVariablesCallbackImpl,

@@ -17,7 +17,7 @@ import tensorflow as tf
 from .. import basics as _basics
 from ..tensorflow import functions as _functions
 from ..tensorflow import mpi_ops as _mpi_ops
-from ._session import _session
+from ..tensorflow._session import _session
 
 __all__ = [
     "BroadcastGlobalVariablesCallbackImpl",

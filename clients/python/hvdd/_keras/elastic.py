@@ -1,94 +1,19 @@
 """Elastic Keras (Horovod's ``horovod/_keras/elastic.py`` and the
 ``elastic`` modules of ``horovod.tensorflow.keras`` and ``horovod.keras``),
-written once: :class:`TensorFlowKerasState`, the callbacks' ``*Impl``
-mixins, and :func:`bind`, which makes ``KerasState`` and the callbacks for
-one Keras module. ``run`` is ``hvdd.tensorflow.elastic``'s, and
-``hvdd.tensorflow.elastic`` names ``TensorFlowKerasState`` too (Horovod's
-``horovod.tensorflow.elastic.TensorFlowKerasState``).
-
-:class:`TensorFlowKerasState` is a state of ``hvdd.tensorflow.elastic``'s
-kind (``TensorFlowState``'s sibling): it saves and loads with that module's
-helpers, and broadcasts with its ``broadcast_variables`` and
-``broadcast_object``, looked up there when called, so that whatever replaces
-them there (tests do) serves both states."""
+written once: the callbacks' ``*Impl`` mixins, and
+:func:`bind`, which makes ``KerasState`` (on ``hvdd.tensorflow.elastic``'s
+``TensorFlowKerasState``, where Horovod has it) and the callbacks for one
+Keras module. ``run`` is ``hvdd.tensorflow.elastic``'s."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
-import tensorflow as tf
-
-from ..basics import rank
-from ..tensorflow import elastic as _tf_elastic
-from ..tensorflow.elastic import (
-    _global_variables,
-    _load,
-    _model_built,
-    _optimizer_variables,
-    _snapshot,
-    _VariablesState,
-    run,
-)
-from ..tensorflow.mpi_ops import _executing_eagerly
-from ._session import _session
+from ..tensorflow.elastic import TensorFlowKerasState, run
 
 __all__ = ["TensorFlowKerasState", "bind", "PUBLIC"]
 
 PUBLIC = ["KerasState", "CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback", "run"]
-
-
-class TensorFlowKerasState(_VariablesState):
-    """State representation of a TensorFlow Keras model and optimizer.
-
-    Supports TensorFlow 2 models and optimizers, as well as `keras` and `tf.keras`.
-
-    Args:
-        model: TensorFlow Keras model.
-        optimizer: Optional optimizer, can be compiled into model instead.
-        backend: For TensorFlow v1, backend used by Keras for obtaining the session.
-        kwargs: Additional properties to sync, will be exposed as attributes of the object.
-    """
-
-    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
-        self.model = model
-        if not _model_built(model):
-            raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
-
-        self.optimizer = optimizer or getattr(model, "optimizer", None)
-        self.backend = backend
-        self._bcast_op = None
-        if backend is not None and not _executing_eagerly():
-            # TF1: one broadcast op, built once and run in the Keras session.
-            self._bcast_op = _tf_elastic.broadcast_variables(_global_variables(), root_rank=0)
-        self._save_model()
-        super().__init__(bcast_object=_tf_elastic.broadcast_object, get_rank=rank, **kwargs)
-
-    def _broadcast(self) -> None:
-        if self._bcast_op is not None:
-            self._session().run(self._bcast_op)
-        elif _executing_eagerly():
-            # The model's and the optimizer's variables, in one broadcast.
-            _tf_elastic.broadcast_variables(self._model_variables() + _optimizer_variables(self.optimizer), root_rank=0)
-        else:
-            self._session().run(_tf_elastic.broadcast_variables(_global_variables(), root_rank=0))
-
-    def _session(self) -> Any:
-        if self.backend is None:
-            return tf.compat.v1.get_default_session() or tf.compat.v1.keras.backend.get_session()
-        return _session(self.backend)
-
-    def _model_variables(self) -> List[Any]:
-        return list(self.model.variables)
-
-    def _save_model(self) -> None:
-        session = None if _executing_eagerly() else self._session()
-        self._saved_model_state = _snapshot(self._model_variables(), session)
-        self._saved_optimizer_state = _snapshot(_optimizer_variables(self.optimizer), session)
-
-    def _load_model(self) -> None:
-        session = None if _executing_eagerly() else self._session()
-        _load(self._model_variables(), self._saved_model_state, session)
-        _load(_optimizer_variables(self.optimizer), self._saved_optimizer_state, session)
 
 
 class CommitStateCallbackImpl:

@@ -9,10 +9,8 @@ so other keyword arguments are plain synced values. Eagerly (TF2) the saved
 state is a copy of the variables' values; in a TF1 graph they are read and
 loaded through the session. Importing this does not import torch.
 
-``TensorFlowKerasState`` lives with the Keras code (``hvdd._keras.elastic``,
-a layer above this module, as it runs in the Keras session); this module
-names it under Horovod's path on first use (:func:`__getattr__`), so that
-importing it imports nothing of the Keras layer.
+``TensorFlowKerasState`` lives here, where Horovod has it; the Keras layer
+(``hvdd._keras.elastic``) builds its ``KerasState`` on it.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from ..basics import rank
 from ..elastic import ObjectState, State, reset, run_fn
 from ..exceptions import HorovodInternalError
 from .functions import broadcast_object, broadcast_variables
+from ._session import _session
 from .mpi_ops import _executing_eagerly
 
 __all__ = ["run", "TensorFlowKerasState", "TensorFlowState", "State", "ObjectState"]
@@ -146,18 +145,55 @@ class TensorFlowState(_VariablesState):
         _load(self.variables, self._values, self.session)
 
 
-def __getattr__(name: str) -> Any:
-    """Horovod's ``horovod.tensorflow.elastic.TensorFlowKerasState``: the
-    class of ``hvdd._keras.elastic``, imported when first asked for (PEP
-    562). The client's one import of a higher layer, lazy so that it makes
-    no import circle (tests/test_import_graph.py allows it as such)."""
-    if name == "TensorFlowKerasState":
-        from .._keras.elastic import TensorFlowKerasState
+class TensorFlowKerasState(_VariablesState):
+    """State representation of a TensorFlow Keras model and optimizer.
 
-        globals()[name] = TensorFlowKerasState
-        return TensorFlowKerasState
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    Supports TensorFlow 2 models and optimizers, as well as `keras` and `tf.keras`.
 
+    Args:
+        model: TensorFlow Keras model.
+        optimizer: Optional optimizer, can be compiled into model instead.
+        backend: For TensorFlow v1, backend used by Keras for obtaining the session.
+        kwargs: Additional properties to sync, will be exposed as attributes of the object.
+    """
 
-def __dir__() -> List[str]:
-    return sorted({*globals(), *__all__})
+    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
+        self.model = model
+        if not _model_built(model):
+            raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
+
+        self.optimizer = optimizer or getattr(model, "optimizer", None)
+        self.backend = backend
+        self._bcast_op = None
+        if backend is not None and not _executing_eagerly():
+            # TF1: one broadcast op, built once and run in the Keras session.
+            self._bcast_op = broadcast_variables(_global_variables(), root_rank=0)
+        self._save_model()
+        super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
+
+    def _broadcast(self) -> None:
+        if self._bcast_op is not None:
+            self._session().run(self._bcast_op)
+        elif _executing_eagerly():
+            # The model's and the optimizer's variables, in one broadcast.
+            broadcast_variables(self._model_variables() + _optimizer_variables(self.optimizer), root_rank=0)
+        else:
+            self._session().run(broadcast_variables(_global_variables(), root_rank=0))
+
+    def _session(self) -> Any:
+        if self.backend is None:
+            return tf.compat.v1.get_default_session() or tf.compat.v1.keras.backend.get_session()
+        return _session(self.backend)
+
+    def _model_variables(self) -> List[Any]:
+        return list(self.model.variables)
+
+    def _save_model(self) -> None:
+        session = None if _executing_eagerly() else self._session()
+        self._saved_model_state = _snapshot(self._model_variables(), session)
+        self._saved_optimizer_state = _snapshot(_optimizer_variables(self.optimizer), session)
+
+    def _load_model(self) -> None:
+        session = None if _executing_eagerly() else self._session()
+        _load(self._model_variables(), self._saved_model_state, session)
+        _load(_optimizer_variables(self.optimizer), self._saved_optimizer_state, session)

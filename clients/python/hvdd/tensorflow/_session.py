@@ -1,5 +1,5 @@
-"""The TF1 session a Keras backend runs in: what the Keras API, its callbacks
-and ``TensorFlowKerasState`` read values and run broadcasts through in a
+"""The TF1 session a Keras backend runs in: what ``TensorFlowKerasState``,
+the Keras API and its callbacks read values and run broadcasts through in a
 TF1 graph."""
 
 from __future__ import annotations
