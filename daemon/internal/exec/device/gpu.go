@@ -45,11 +45,14 @@ import (
 // connections.
 type GPUs struct {
 	counts counters // what the device path did to device memory (Counts)
-	drv    gpu.Driver
-	nccl   gpu.NCCL // nil without NCCL: several GPUs then stage through host
-	log    *slog.Logger
-	devs   []*gpuDev
-	by     map[string]*gpuDev // by UUID
+	// anyLost is set once a GPU is lost (MarkLost), so that the executor's
+	// check costs one atomic load while none is.
+	anyLost atomic.Bool
+	drv     gpu.Driver
+	nccl    gpu.NCCL // nil without NCCL: several GPUs then stage through host
+	log     *slog.Logger
+	devs    []*gpuDev
+	by      map[string]*gpuDev // by UUID
 
 	// hostOnly stages every device tensor through host memory and runs it
 	// on the CPU path (Config.GPUAllreduce "host").
@@ -75,6 +78,8 @@ type gpuDev struct {
 	idx  int // in GPUs.devs
 	info gpu.Info
 	g    *GPUs
+	// lost is set, once, when NVML reports the GPU lost (lost.go).
+	lost atomic.Pointer[LostError]
 
 	// mu serialises open (the loop opens a GPU for the IPC handles it
 	// maps). dev and stream are set once, under mu, before any op on the

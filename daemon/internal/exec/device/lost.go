@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"github.com/hvdd/hvdd/daemon/internal/exec/host"
 	"github.com/hvdd/hvdd/daemon/internal/job"
@@ -55,26 +53,8 @@ func (e *LostError) Unwrap() error { return e.Cause }
 // Is reports whether target is ErrGPULost.
 func (e *LostError) Is(target error) bool { return target == ErrGPULost }
 
-// lostGPUs holds the lost GPUs of every GPUs of the process, *gpuDev to
-// *LostError, written once per GPU. It lives beside gpuDev rather than in
-// it so that the state of a lost GPU stays in this file; anyLost is set
-// once any GPU is in it, so that the executor's check costs one atomic
-// load while none is.
-var (
-	lostGPUs sync.Map
-	anyLost  atomic.Bool
-)
-
 // lostErr returns d's LostError, nil while d is not lost.
-func (d *gpuDev) lostErr() *LostError {
-	if !anyLost.Load() {
-		return nil
-	}
-	if e, ok := lostGPUs.Load(d); ok {
-		return e.(*LostError)
-	}
-	return nil
-}
+func (d *gpuDev) lostErr() *LostError { return d.lost.Load() }
 
 // MarkLost records that the daemon's GPU of this UUID (or, failing that,
 // of this PCI bus id) is lost, cause saying how that was seen, and logs it
@@ -101,10 +81,10 @@ func (g *GPUs) MarkLost(uuid, pciBusID string, cause error) (*LostError, bool) {
 		cause = errors.New("lost")
 	}
 	e := &LostError{Index: d.info.Index, UUID: d.info.UUID, PCIBusID: d.info.PCIBusID, Cause: cause}
-	if old, loaded := lostGPUs.LoadOrStore(d, e); loaded {
-		return old.(*LostError), false
+	if !d.lost.CompareAndSwap(nil, e) {
+		return d.lost.Load(), false
 	}
-	anyLost.Store(true)
+	g.anyLost.Store(true)
 	g.log.Error("GPU lost: its device tensors fail from now on", "index", e.Index, "uuid", e.UUID, "pci", e.PCIBusID, "cause", cause)
 	return e, true
 }
@@ -138,7 +118,7 @@ func (g *GPUs) LostErr(idx int) error {
 // Lost returns the LostError of the first lost GPU that a tensor of w is
 // on; nil when none is (at once, while no GPU is lost).
 func (x *Path) Lost(w *job.Work) error {
-	if x.gpu == nil || !anyLost.Load() {
+	if x.gpu == nil || !x.gpu.anyLost.Load() {
 		return nil
 	}
 	for _, row := range w.Ops {
