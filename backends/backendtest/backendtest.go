@@ -180,7 +180,7 @@ func testAllreduce(t *testing.T, g []backends.Backend) {
 				seed++
 				in := make([][]byte, n)
 				for r := range in {
-					in[r] = Fill(rng(seed, r), dt, op, count)
+					in[r] = Fill(Rand(seed, r), dt, op, count)
 				}
 				want := Reduce(in, dt, op)
 				bufs := make([][]byte, n)
@@ -229,7 +229,7 @@ func testAllgatherv(t *testing.T, g []backends.Backend) {
 		if base >= 1<<20 && light() {
 			continue
 		}
-		r := rng(uint64(100+i), 0)
+		r := Rand(uint64(100+i), 0)
 		cnt := unevenCounts(r, n, base, 1)
 		if base == 0 {
 			cnt = make([]int, n)
@@ -237,7 +237,7 @@ func testAllgatherv(t *testing.T, g []backends.Backend) {
 		in := make([][]byte, n)
 		var want []byte
 		for k := range in {
-			in[k] = randBytes(r, cnt[k])
+			in[k] = RandBytes(r, cnt[k])
 			want = append(want, in[k]...)
 		}
 		out := make([][]byte, n)
@@ -252,7 +252,7 @@ func testAllgatherv(t *testing.T, g []backends.Backend) {
 		}
 		for k := range out {
 			if !bytes.Equal(out[k], want) {
-				t.Fatalf("%s: rank %d result differs from the concatenation at byte %d", what, k, firstDiff(out[k], want))
+				t.Fatalf("%s: rank %d result differs from the concatenation at byte %d", what, k, FirstDiff(out[k], want))
 			}
 		}
 	}
@@ -265,14 +265,14 @@ func testBroadcast(t *testing.T, g []backends.Backend) {
 			if size > 1<<20 && root > 0 && light() {
 				continue
 			}
-			r := rng(uint64(200+i), root)
-			want := randBytes(r, size)
+			r := Rand(uint64(200+i), root)
+			want := RandBytes(r, size)
 			bufs := make([][]byte, n)
 			for k := range bufs {
 				if k == root {
 					bufs[k] = bytes.Clone(want)
 				} else {
-					bufs[k] = randBytes(r, size) // garbage to be overwritten
+					bufs[k] = RandBytes(r, size) // garbage to be overwritten
 				}
 			}
 			what := fmt.Sprintf("Broadcast(%d bytes, root=%d)", size, root)
@@ -283,7 +283,7 @@ func testBroadcast(t *testing.T, g []backends.Backend) {
 			}
 			for k := range bufs {
 				if !bytes.Equal(bufs[k], want) {
-					t.Fatalf("%s: rank %d differs from the root at byte %d", what, k, firstDiff(bufs[k], want))
+					t.Fatalf("%s: rank %d differs from the root at byte %d", what, k, FirstDiff(bufs[k], want))
 				}
 			}
 		}
@@ -296,7 +296,7 @@ func testAlltoallv(t *testing.T, g []backends.Backend) {
 		if base >= 1<<20 && light() {
 			continue
 		}
-		r := rng(uint64(300+i), 0)
+		r := Rand(uint64(300+i), 0)
 		// send[k][q] is the number of bytes rank k sends to rank q.
 		send := make([][]int, n)
 		for k := range send {
@@ -307,7 +307,7 @@ func testAlltoallv(t *testing.T, g []backends.Backend) {
 		}
 		in := make([][]byte, n)
 		for k := range in {
-			in[k] = randBytes(r, sum(send[k]))
+			in[k] = RandBytes(r, sum(send[k]))
 		}
 		recv := make([][]int, n)
 		out := make([][]byte, n)
@@ -331,7 +331,7 @@ func testAlltoallv(t *testing.T, g []backends.Backend) {
 				// q's send counts before k.
 				src := in[q][sum(send[q][:k]):][:send[q][k]]
 				if got := out[k][off : off+recv[k][q]]; !bytes.Equal(got, src) {
-					t.Fatalf("%s: rank %d's piece from rank %d differs at byte %d", what, k, q, firstDiff(got, src))
+					t.Fatalf("%s: rank %d's piece from rank %d differs at byte %d", what, k, q, FirstDiff(got, src))
 				}
 				off += recv[k][q]
 			}
@@ -349,7 +349,7 @@ func testReduceScatter(t *testing.T, g []backends.Backend) {
 					continue // a multi-MiB result; see largeCase
 				}
 				seed++
-				r := rng(seed, 0)
+				r := Rand(seed, 0)
 				cnt := unevenCounts(r, n, base*dt.Size(), dt.Size())
 				if i == 1 && n > 1 {
 					cnt[n-1] = 0 // a trailing empty block
@@ -357,7 +357,7 @@ func testReduceScatter(t *testing.T, g []backends.Backend) {
 				total := sum(cnt) / dt.Size()
 				in := make([][]byte, n)
 				for k := range in {
-					in[k] = Fill(rng(seed, k+1), dt, op, total)
+					in[k] = Fill(Rand(seed, k+1), dt, op, total)
 				}
 				want := Reduce(in, dt, op)
 				out := make([][]byte, n)
@@ -427,7 +427,7 @@ func testBackToBack(t *testing.T, g []backends.Backend) {
 		count int
 		root  int
 	}
-	r := rng(500, 0)
+	r := Rand(500, 0)
 	steps := make([]step, rounds)
 	for i := range steps {
 		steps[i] = step{kind: r.IntN(4), count: []int{1, 17, 3000, 70000}[r.IntN(4)], root: r.IntN(n)}
@@ -436,7 +436,7 @@ func testBackToBack(t *testing.T, g []backends.Backend) {
 	for i, s := range steps {
 		inputs[i] = make([][]byte, n)
 		for k := range n {
-			inputs[i][k] = Fill(rng(uint64(600+i), k), tensor.Int32, tensor.Sum, s.count)
+			inputs[i][k] = Fill(Rand(uint64(600+i), k), tensor.Int32, tensor.Sum, s.count)
 		}
 	}
 	results := make([][][]byte, rounds)
@@ -485,7 +485,7 @@ func testBackToBack(t *testing.T, g []backends.Backend) {
 				continue
 			}
 			if !bytes.Equal(got, want) {
-				t.Fatalf("step %d (kind %d, count %d): rank %d differs at byte %d", i, s.kind, s.count, k, firstDiff(got, want))
+				t.Fatalf("step %d (kind %d, count %d): rank %d differs at byte %d", i, s.kind, s.count, k, FirstDiff(got, want))
 			}
 		}
 	}
@@ -621,11 +621,13 @@ func repeat(x, n int) []int {
 	return c
 }
 
-func rng(seed uint64, rank int) *rand.Rand {
+// Rand is rank's random source for a run seeded with seed.
+func Rand(seed uint64, rank int) *rand.Rand {
 	return rand.New(rand.NewPCG(seed, uint64(rank)+0x9e3779b97f4a7c15))
 }
 
-func randBytes(r *rand.Rand, n int) []byte {
+// RandBytes is n random bytes from r.
+func RandBytes(r *rand.Rand, n int) []byte {
 	b := make([]byte, n)
 	for i := range b {
 		b[i] = byte(r.Uint32())
@@ -633,7 +635,9 @@ func randBytes(r *rand.Rand, n int) []byte {
 	return b
 }
 
-func firstDiff(a, b []byte) int {
+// FirstDiff is the first index where a and b differ (the shorter's length
+// when one is a prefix of the other).
+func FirstDiff(a, b []byte) int {
 	for i := range min(len(a), len(b)) {
 		if a[i] != b[i] {
 			return i

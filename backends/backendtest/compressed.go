@@ -66,7 +66,7 @@ func RunCompressed(t *testing.T, c backends.Compression, newGroup func(t *testin
 // m·10^e, m in [1, 10) and e uniform in [-9, 3], random signs, a few zeros, and pairs that
 // cancel across ranks (rank r's value negated on rank r+1).
 func mixedInputs(seed uint64, n, count int) [][]float32 {
-	r := rng(seed, 0)
+	r := Rand(seed, 0)
 	in := make([][]float32, n)
 	for k := range in {
 		in[k] = make([]float32, count)
@@ -166,7 +166,7 @@ func checkCompressedAllreduce(t *testing.T, g []backends.Backend, c backends.Com
 	}
 	for k := 1; k < n; k++ {
 		if !bytes.Equal(bufs[k], bufs[0]) {
-			t.Fatalf("%s: rank %d differs from rank 0 at element %d", what, k, firstDiff(bufs[k], bufs[0])/4)
+			t.Fatalf("%s: rank %d differs from rank 0 at element %d", what, k, FirstDiff(bufs[k], bufs[0])/4)
 		}
 	}
 	t.Logf("%s over %d ranks: largest error %.3f of the bound", what, n, worst)

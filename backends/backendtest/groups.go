@@ -90,7 +90,7 @@ func testGroups(t *testing.T, newGroup func(t *testing.T, size int) []backends.B
 			}
 			ins := make([][]byte, k)
 			for m := range ins {
-				ins[m] = Fill(rng(seed, m), tensor.Float32, tensor.Sum, count)
+				ins[m] = Fill(Rand(seed, m), tensor.Float32, tensor.Sum, count)
 			}
 			sum := Reduce(ins, tensor.Float32, tensor.Sum)
 			for m := range k {
@@ -105,7 +105,7 @@ func testGroups(t *testing.T, newGroup func(t *testing.T, size int) []backends.B
 		case "Allgatherv":
 			var cat []byte
 			for m := range k {
-				in := randBytes(rng(seed, m), s.n+m)
+				in := RandBytes(Rand(seed, m), s.n+m)
 				data[i][m].in = in
 				cat = append(cat, in...)
 			}
@@ -114,7 +114,7 @@ func testGroups(t *testing.T, newGroup func(t *testing.T, size int) []backends.B
 				data[i][m].want = cat
 			}
 		case "Broadcast":
-			src := randBytes(rng(seed, 0), s.n)
+			src := RandBytes(Rand(seed, 0), s.n)
 			for m := range k {
 				data[i][m].in = make([]byte, s.n)
 				if m == k-1 {
@@ -128,7 +128,7 @@ func testGroups(t *testing.T, newGroup func(t *testing.T, size int) []backends.B
 			for m := range k {
 				pieces[m] = make([][]byte, k)
 				for d := range k {
-					pieces[m][d] = randBytes(rng(seed, m*k+d), s.n+d)
+					pieces[m][d] = RandBytes(Rand(seed, m*k+d), s.n+d)
 					data[i][m].in = append(data[i][m].in, pieces[m][d]...)
 				}
 			}
@@ -170,7 +170,7 @@ func testGroups(t *testing.T, newGroup func(t *testing.T, size int) []backends.B
 				got = d.in
 			}
 			if s.kind != "Barrier" && !bytes.Equal(got, d.want) {
-				t.Errorf("step %d (%s over %v, %d bytes): rank %d's result differs at byte %d", i, s.kind, s.set, s.n, s.set[m], firstDiff(got, d.want))
+				t.Errorf("step %d (%s over %v, %d bytes): rank %d's result differs at byte %d", i, s.kind, s.set, s.n, s.set[m], FirstDiff(got, d.want))
 			}
 		}
 	}

@@ -63,7 +63,7 @@ func fill(seed uint64, k int, dt tensor.DType, op tensor.ReduceOp, count int) []
 	if op == tensor.Average {
 		op = tensor.Sum
 	}
-	return backendtest.Fill(rng(seed, k), dt, op, count)
+	return backendtest.Fill(backendtest.Rand(seed, k), dt, op, count)
 }
 
 // checkReduced compares every rank's got[k] with the reduction by op of
@@ -86,7 +86,7 @@ func checkReduced(t *testing.T, what string, got [][]byte, in func(k int) [][]by
 			want, wantOf = backendtest.Reduce(ins, dt, op), ins
 		}
 		if !bytes.Equal(got[k], want) {
-			i := firstDiff(got[k], want) / dt.Size()
+			i := backendtest.FirstDiff(got[k], want) / dt.Size()
 			t.Fatalf("%s: rank %d element %d = %x, want %x", what, k, i, elem(got[k], dt, i), elem(want, dt, i))
 		}
 	}
@@ -189,7 +189,7 @@ func testAllreduce(t *testing.T, w *world, drive driver, full bool) {
 					pre: func(k int, x *rank) error {
 						if !inPlace {
 							// Garbage where the result goes.
-							if err := x.put(dst(t, x), randBytes(rng(seed, k+100), count*es)); err != nil {
+							if err := x.put(dst(t, x), backendtest.RandBytes(backendtest.Rand(seed, k+100), count*es)); err != nil {
 								return err
 							}
 						}
@@ -238,7 +238,7 @@ func testReduceScatter(t *testing.T, w *world, drive driver, full bool) {
 				if !drive(t, w, job{what: what,
 					pre: func(k int, x *rank) error {
 						if !inPlace {
-							if err := x.put(dst(t, k, x), randBytes(rng(seed, k+100), count*es)); err != nil {
+							if err := x.put(dst(t, k, x), backendtest.RandBytes(backendtest.Rand(seed, k+100), count*es)); err != nil {
 								return err
 							}
 						}
@@ -280,8 +280,8 @@ func testBroadcast(t *testing.T, w *world, drive driver, full bool) {
 			if size > 1<<20 && root > 0 && light() {
 				continue
 			}
-			r := rng(uint64(200+i), root)
-			want := randBytes(r, count*es)
+			r := backendtest.Rand(uint64(200+i), root)
+			want := backendtest.RandBytes(r, count*es)
 			out := make([][]byte, n)
 			for k := range out {
 				out[k] = make([]byte, count*es)
@@ -297,7 +297,7 @@ func testBroadcast(t *testing.T, w *world, drive driver, full bool) {
 			if !drive(t, w, job{what: what,
 				pre: func(k int, x *rank) error {
 					// Garbage everywhere but root's input.
-					if err := x.put(dst(t, x), randBytes(rng(uint64(300+i), k), count*es)); err != nil {
+					if err := x.put(dst(t, x), backendtest.RandBytes(backendtest.Rand(uint64(300+i), k), count*es)); err != nil {
 						return err
 					}
 					if k == root {
@@ -314,7 +314,7 @@ func testBroadcast(t *testing.T, w *world, drive driver, full bool) {
 			}
 			for k := range out {
 				if !bytes.Equal(out[k], want) {
-					t.Fatalf("%s: rank %d differs from the root at byte %d", what, k, firstDiff(out[k], want))
+					t.Fatalf("%s: rank %d differs from the root at byte %d", what, k, backendtest.FirstDiff(out[k], want))
 				}
 			}
 		}
@@ -332,7 +332,7 @@ func testAllgather(t *testing.T, w *world, drive driver, full bool) {
 		in := make([][]byte, n)
 		out := make([][]byte, n)
 		for k := range in {
-			in[k] = randBytes(rng(uint64(400+i), k), count*es)
+			in[k] = backendtest.RandBytes(backendtest.Rand(uint64(400+i), k), count*es)
 			out[k] = make([]byte, n*count*es)
 		}
 		want := bytes.Join(in, nil)
@@ -347,7 +347,7 @@ func testAllgather(t *testing.T, w *world, drive driver, full bool) {
 		}
 		if !drive(t, w, job{what: what,
 			pre: func(k int, x *rank) error {
-				if err := x.put(x.buf(t, &x.recv, n*count*es), randBytes(rng(uint64(500+i), k), n*count*es)); err != nil {
+				if err := x.put(x.buf(t, &x.recv, n*count*es), backendtest.RandBytes(backendtest.Rand(uint64(500+i), k), n*count*es)); err != nil {
 					return err
 				}
 				return x.put(src(t, k, x), in[k])
@@ -361,7 +361,7 @@ func testAllgather(t *testing.T, w *world, drive driver, full bool) {
 		}
 		for k := range out {
 			if !bytes.Equal(out[k], want) {
-				t.Fatalf("%s: rank %d differs from the concatenation at byte %d", what, k, firstDiff(out[k], want))
+				t.Fatalf("%s: rank %d differs from the concatenation at byte %d", what, k, backendtest.FirstDiff(out[k], want))
 			}
 		}
 	}
@@ -369,7 +369,7 @@ func testAllgather(t *testing.T, w *world, drive driver, full bool) {
 
 // unevenCounts returns per-rank element counts: uneven, with zeros.
 func unevenCounts(seed uint64, k, n, base int) []int {
-	r := rng(seed, k)
+	r := backendtest.Rand(seed, k)
 	c := make([]int, n)
 	for i := range c {
 		if (i+k)%3 != 1 {
@@ -400,13 +400,13 @@ func testAlltoallv(t *testing.T, w *world, drive driver, full bool) {
 			for q := range n {
 				recv[k][q] = send[q][k]
 			}
-			in[k] = randBytes(rng(uint64(700+i), k), sum(send[k])*es)
+			in[k] = backendtest.RandBytes(backendtest.Rand(uint64(700+i), k), sum(send[k])*es)
 			out[k] = make([]byte, sum(recv[k])*es)
 		}
 		what := fmt.Sprintf("Alltoallv(%v, base=%d)", dt, base)
 		if !drive(t, w, job{what: what,
 			pre: func(k int, x *rank) error {
-				if err := x.put(x.buf(t, &x.recv, len(out[k])), randBytes(rng(uint64(800+i), k), len(out[k]))); err != nil {
+				if err := x.put(x.buf(t, &x.recv, len(out[k])), backendtest.RandBytes(backendtest.Rand(uint64(800+i), k), len(out[k]))); err != nil {
 					return err
 				}
 				return x.put(x.buf(t, &x.send, len(in[k])), in[k])
@@ -425,7 +425,7 @@ func testAlltoallv(t *testing.T, w *world, drive driver, full bool) {
 				// send counts before k.
 				src := in[q][sum(send[q][:k])*es:][:send[q][k]*es]
 				if got := out[k][off : off+recv[k][q]*es]; !bytes.Equal(got, src) {
-					t.Fatalf("%s: rank %d's block from rank %d differs at byte %d", what, k, q, firstDiff(got, src))
+					t.Fatalf("%s: rank %d's block from rank %d differs at byte %d", what, k, q, backendtest.FirstDiff(got, src))
 				}
 				off += recv[k][q] * es
 			}
@@ -577,7 +577,7 @@ func testSendRecv(t *testing.T, w *world) {
 	in := make([][]byte, n)
 	out := make([][]byte, n)
 	for k := range in {
-		in[k] = randBytes(rng(950, k), count*dt.Size())
+		in[k] = backendtest.RandBytes(backendtest.Rand(950, k), count*dt.Size())
 		out[k] = make([]byte, count*dt.Size())
 	}
 	if !apart(t, w, job{what: "ring of Send and Recv",
@@ -600,7 +600,7 @@ func testSendRecv(t *testing.T, w *world) {
 	}
 	for k := range out {
 		if want := in[(k+n-1)%n]; !bytes.Equal(out[k], want) {
-			t.Fatalf("ring: rank %d differs from rank %d's buffer at byte %d", k, (k+n-1)%n, firstDiff(out[k], want))
+			t.Fatalf("ring: rank %d differs from rank %d's buffer at byte %d", k, (k+n-1)%n, backendtest.FirstDiff(out[k], want))
 		}
 	}
 }

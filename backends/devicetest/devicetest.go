@@ -35,7 +35,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -301,27 +300,6 @@ func report(t *testing.T, what string, errs []error) bool {
 		}
 	}
 	return ok
-}
-
-func rng(seed uint64, rank int) *rand.Rand {
-	return rand.New(rand.NewPCG(seed, uint64(rank)+0x9e3779b97f4a7c15))
-}
-
-func randBytes(r *rand.Rand, n int) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-	return b
-}
-
-func firstDiff(a, b []byte) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return min(len(a), len(b))
 }
 
 func sum(c []int) int {
