@@ -806,8 +806,8 @@ func joinScenario(ctx context.Context, c *hvdd.Client) error {
 }
 
 // bigFused: grouped allreduces whose fused buffer is large enough for the
-// daemon to pipeline it across nodes in chunks (daemon/exec_multinode.go,
-// pipeChunk), with tensor boundaries inside chunks, for three element
+// daemon to pipeline it across nodes in chunks (daemon/internal/exec/host,
+// PipeChunk), with tensor boundaries inside chunks, for three element
 // sizes, Sum and a prescaled, postscaled Average; then the same while the
 // last node's ranks have joined (their node contributes the neutral
 // element, chunk by chunk).
