@@ -125,16 +125,17 @@ func NCCLAcross(r *Response, every bool) bool {
 	}
 	switch r.Op {
 	case tensor.Allreduce, tensor.Reducescatter:
-		return (r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && ncclHas(r.DType)
+		return (r.ReduceOp == tensor.Sum || r.ReduceOp == tensor.Average) && NCCLReduces(r.DType)
 	case tensor.Broadcast, tensor.Allgather, tensor.Alltoall:
 		return true
 	}
 	return false
 }
 
-// ncclHas reports whether NCCL reduces dt: NCCL has no 16-bit integers or
-// bool (the executor keeps the same rule for its NCCL calls).
-func ncclHas(dt tensor.DType) bool {
+// NCCLReduces reports whether NCCL reduces dt: NCCL has no 16-bit integers
+// or bool. The device path asks it too, for its NCCL calls over a node's
+// GPUs.
+func NCCLReduces(dt tensor.DType) bool {
 	switch dt {
 	case tensor.Int16, tensor.Uint16, tensor.Bool:
 		return false

@@ -58,15 +58,6 @@ func nativeOK(w *job.Work) bool {
 	return len(first) > 0
 }
 
-// ncclDType reports whether NCCL reduces dt.
-func ncclDType(dt tensor.DType) bool {
-	switch dt {
-	case tensor.Int16, tensor.Uint16, tensor.Bool:
-		return false
-	}
-	return true
-}
-
 // New returns the device path over gpus (nil on a CPU-only
 // node), staging onto host.
 func New(log *slog.Logger, gpus *GPUs, host *host.Path) *Path {
@@ -82,7 +73,7 @@ func (x *Path) Execute(w job.Work) {
 		multiGPU := len(devs) > 1
 		withNCCL := !multiGPU || g.nccl != nil // NCCL where several GPUs need it
 		switch {
-		case r.Op == tensor.Allreduce && r.ReduceOp != tensor.Adasum && withNCCL && (!multiGPU || ncclDType(r.DType)):
+		case r.Op == tensor.Allreduce && r.ReduceOp != tensor.Adasum && withNCCL && (!multiGPU || plan.NCCLReduces(r.DType)):
 			if w.Engine != nil {
 				x.gpuPath("hierarchical allreduce")
 			} else {
@@ -112,7 +103,7 @@ func (x *Path) Execute(w job.Work) {
 			x.gpuPath("hierarchical alltoall")
 			x.runResults(w, devs)
 			return
-		case r.Op == tensor.Reducescatter && crossNodes(&w) && len(r.JoinedRanks) == 0 && withNCCL && (!multiGPU || ncclDType(r.DType)):
+		case r.Op == tensor.Reducescatter && crossNodes(&w) && len(r.JoinedRanks) == 0 && withNCCL && (!multiGPU || plan.NCCLReduces(r.DType)):
 			x.gpuPath("hierarchical reducescatter")
 			x.runResults(w, devs)
 			return
@@ -124,7 +115,7 @@ func (x *Path) Execute(w job.Work) {
 			x.gpuPath("device alltoall over GPUs")
 			x.runResults(w, devs)
 			return
-		case r.Op == tensor.Reducescatter && w.Engine == nil && multiGPU && g.nccl != nil && noJoined(&w) && ncclDType(r.DType):
+		case r.Op == tensor.Reducescatter && w.Engine == nil && multiGPU && g.nccl != nil && noJoined(&w) && plan.NCCLReduces(r.DType):
 			x.gpuPath("device reducescatter over GPUs")
 			x.runResults(w, devs)
 			return
