@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
+	"unsafe"
 
 	hvdd "github.com/hvdd/hvdd/clients/go"
 	"github.com/hvdd/hvdd/reduce"
@@ -145,66 +147,79 @@ func Close(got, want, tol float64) bool {
 	return math.Abs(got-want) <= tol*math.Max(1, math.Abs(want))
 }
 
-// encode converts a small whole number to T.
-func encode[T hvdd.Elem](v int64) T {
-	var z T
-	var x any
-	switch any(z).(type) {
-	case uint8:
-		x = uint8(v)
-	case int8:
-		x = int8(v)
-	case uint16:
-		x = uint16(v)
-	case int16:
-		x = int16(v)
-	case int32:
-		x = int32(v)
-	case int64:
-		x = v
-	case hvdd.Float16:
-		x = hvdd.Float16(reduce.Float32ToFloat16(float32(v)))
-	case hvdd.BFloat16:
-		x = hvdd.BFloat16(reduce.Float32ToBFloat16(float32(v)))
-	case float32:
-		x = float32(v)
-	case float64:
-		x = float64(v)
-	case bool:
-		x = v != 0
+// encodeRaw writes the small whole number v as one element of dtype dt at
+// the start of b (bool: v != 0). Every check input and the poison is
+// written through it, into buffers held as bytes.
+func encodeRaw(dt tensor.DType, b []byte, v int64) {
+	ne := binary.NativeEndian
+	switch dt {
+	case tensor.Uint8, tensor.Int8:
+		b[0] = byte(v)
+	case tensor.Uint16, tensor.Int16:
+		ne.PutUint16(b, uint16(v))
+	case tensor.Int32:
+		ne.PutUint32(b, uint32(v))
+	case tensor.Int64:
+		ne.PutUint64(b, uint64(v))
+	case tensor.Float16:
+		ne.PutUint16(b, reduce.Float32ToFloat16(float32(v)))
+	case tensor.BFloat16:
+		ne.PutUint16(b, reduce.Float32ToBFloat16(float32(v)))
+	case tensor.Float32:
+		ne.PutUint32(b, math.Float32bits(float32(v)))
+	case tensor.Float64:
+		ne.PutUint64(b, math.Float64bits(float64(v)))
+	case tensor.Bool:
+		b[0] = 0
+		if v != 0 {
+			b[0] = 1
+		}
 	}
-	return x.(T)
 }
 
-// decode converts an element to float64 (bool as 0 or 1).
-func decode[T hvdd.Elem](v T) float64 {
-	switch x := any(v).(type) {
-	case uint8:
-		return float64(x)
-	case int8:
-		return float64(x)
-	case uint16:
-		return float64(x)
-	case int16:
-		return float64(x)
-	case int32:
-		return float64(x)
-	case int64:
-		return float64(x)
-	case hvdd.Float16:
-		return float64(reduce.Float16ToFloat32(uint16(x)))
-	case hvdd.BFloat16:
-		return float64(reduce.BFloat16ToFloat32(uint16(x)))
-	case float32:
-		return float64(x)
-	case float64:
-		return x
-	case bool:
-		if x {
+// decodeRaw converts the element of dtype dt at the start of b to float64
+// (bool as 0 or 1).
+func decodeRaw(dt tensor.DType, b []byte) float64 {
+	ne := binary.NativeEndian
+	switch dt {
+	case tensor.Uint8:
+		return float64(b[0])
+	case tensor.Int8:
+		return float64(int8(b[0]))
+	case tensor.Uint16:
+		return float64(ne.Uint16(b))
+	case tensor.Int16:
+		return float64(int16(ne.Uint16(b)))
+	case tensor.Int32:
+		return float64(int32(ne.Uint32(b)))
+	case tensor.Int64:
+		return float64(int64(ne.Uint64(b)))
+	case tensor.Float16:
+		return float64(reduce.Float16ToFloat32(ne.Uint16(b)))
+	case tensor.BFloat16:
+		return float64(reduce.BFloat16ToFloat32(ne.Uint16(b)))
+	case tensor.Float32:
+		return float64(math.Float32frombits(ne.Uint32(b)))
+	case tensor.Float64:
+		return math.Float64frombits(ne.Uint64(b))
+	case tensor.Bool:
+		if b[0] != 0 {
 			return 1
 		}
 	}
 	return 0
+}
+
+// encode converts a small whole number to T.
+func encode[T hvdd.Elem](v int64) T {
+	var x T
+	encodeRaw(hvdd.DTypeOf[T](), unsafe.Slice((*byte)(unsafe.Pointer(&x)), unsafe.Sizeof(x)), v)
+	return x
+}
+
+// decode converts an element to float64 (bool as 0 or 1).
+func decode[T hvdd.Elem](v T) float64 {
+	return decodeRaw(hvdd.DTypeOf[T](), unsafe.Slice((*byte)(unsafe.Pointer(&v)), unsafe.Sizeof(v)))
 }
 
 // Expect describes what one rank must see from one collective when checking.
@@ -255,21 +270,43 @@ func (e Expect) Want(j int64) float64 {
 }
 
 // Fill writes this rank's check input into in.
-func Fill[T hvdd.Elem](e Expect, in []T) {
-	for i := range in {
-		in[i] = encode[T](e.Input(int64(i)))
+func Fill[T hvdd.Elem](e Expect, in []T) { fillRaw(e, hvdd.DTypeOf[T](), hostBytes(in)) }
+
+// fillRaw writes this rank's check input into b, elements of dtype dt.
+func fillRaw(e Expect, dt tensor.DType, b []byte) {
+	es := dt.Size()
+	for i := 0; i < len(b)/es; i++ {
+		encodeRaw(dt, b[i*es:], e.Input(int64(i)))
+	}
+}
+
+// poison overwrites b, elements of dtype dt, with a value no check input
+// holds (99; true for bool).
+func poison(dt tensor.DType, b []byte) {
+	var v [8]byte
+	es := dt.Size()
+	encodeRaw(dt, v[:], 99)
+	for i := 0; i+es <= len(b); i += es {
+		copy(b[i:i+es], v[:es])
 	}
 }
 
 // Verify compares out with the expected result and returns the number of
 // wrong elements and a description of the first.
 func Verify[T hvdd.Elem](e Expect, out []T) (bad int64, first string) {
-	if int64(len(out)) != e.OutputLen() {
-		return max(e.OutputLen(), 1), fmt.Sprintf("result has %d elements, want %d", len(out), e.OutputLen())
+	return verifyRaw(e, hvdd.DTypeOf[T](), hostBytes(out))
+}
+
+// verifyRaw is Verify of out, elements of dtype dt.
+func verifyRaw(e Expect, dt tensor.DType, out []byte) (bad int64, first string) {
+	es := dt.Size()
+	n := int64(len(out) / es)
+	if n != e.OutputLen() {
+		return max(e.OutputLen(), 1), fmt.Sprintf("result has %d elements, want %d", n, e.OutputLen())
 	}
 	tol := Tolerance(e.DType, e.Ranks)
-	for j, v := range out {
-		got, want := decode(v), e.Want(int64(j))
+	for j := range n {
+		got, want := decodeRaw(dt, out[j*int64(es):]), e.Want(j)
 		if !Close(got, want, tol) {
 			if bad == 0 {
 				first = fmt.Sprintf("element %d is %v, want %v", j, got, want)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"unsafe"
 
 	hvdd "github.com/hvdd/hvdd/clients/go"
 	"github.com/hvdd/hvdd/gpu"
@@ -145,8 +144,8 @@ func (e *deviceEnv) output(ctx context.Context, c *hvdd.Client, out hvdd.DeviceO
 }
 
 // runDevice performs one collective of e.Op on the device buffer and, when
-// read, returns this rank's result copied to host.
-func runDevice[T hvdd.Elem](ctx context.Context, c *hvdd.Client, ex Expect, b *devBuffer, read bool) ([]T, error) {
+// read, returns this rank's result copied to host, as bytes.
+func runDevice(ctx context.Context, c *hvdd.Client, ex Expect, b *devBuffer, read bool) ([]byte, error) {
 	t := b.tensor(ex.DType)
 	red := hvdd.WithOp(ex.Reduce)
 	var f *hvdd.DeviceFuture
@@ -182,22 +181,5 @@ func runDevice[T hvdd.Elem](ctx context.Context, c *hvdd.Client, ex Expect, b *d
 			return nil, err
 		}
 	}
-	if !read {
-		return nil, nil
-	}
-	var z T
-	res := make([]T, len(raw)/int(unsafe.Sizeof(z)))
-	if len(res) > 0 {
-		copy(unsafe.Slice((*byte)(unsafe.Pointer(&res[0])), len(raw)), raw)
-	}
-	return res, nil
-}
-
-// hostBytes views a typed slice as bytes.
-func hostBytes[T hvdd.Elem](s []T) []byte {
-	if len(s) == 0 {
-		return nil
-	}
-	var z T
-	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(z)))
+	return raw, nil // nil unless read
 }

@@ -176,40 +176,33 @@ func traced(ctx context.Context, c *hvdd.Client, cfg Config, f func() error) err
 	return err
 }
 
-// dispatch picks the profile and instantiates it for cfg.DType.
+// dispatch runs the profile or the sweep cfg asks for, on cfg.DType's
+// elements.
 func dispatch(ctx context.Context, c *hvdd.Client, cfg Config, out, errOut io.Writer) error {
 	if cfg.Profile == "idle" {
 		return idle(ctx, c, cfg, out, errOut)
 	}
-	pickFor, ok := picks[cfg.DType]
+	el, ok := picks[cfg.DType]
 	if !ok {
 		return fmt.Errorf("unsupported dtype %s", cfg.DType)
 	}
-	return pickFor(cfg)(ctx, c, cfg, out, errOut)
-}
-
-// runFunc is a sweep or a profile, instantiated for one element type.
-type runFunc func(context.Context, *hvdd.Client, Config, io.Writer, io.Writer) error
-
-// picks holds pick instantiated for each dtype hvdd bench measures.
-var picks = map[tensor.DType]func(Config) runFunc{
-	tensor.Uint8:    pick[uint8],
-	tensor.Int8:     pick[int8],
-	tensor.Uint16:   pick[uint16],
-	tensor.Int16:    pick[int16],
-	tensor.Int32:    pick[int32],
-	tensor.Int64:    pick[int64],
-	tensor.Float16:  pick[hvdd.Float16],
-	tensor.BFloat16: pick[hvdd.BFloat16],
-	tensor.Float32:  pick[float32],
-	tensor.Float64:  pick[float64],
-	tensor.Bool:     pick[bool],
-}
-
-// pick returns the sweep, or the resnet50 profile, for element type T.
-func pick[T hvdd.Elem](cfg Config) runFunc {
 	if cfg.Profile == "resnet50" {
-		return resnet[T]
+		return resnet(ctx, c, cfg, el, out, errOut)
 	}
-	return sweep[T]
+	return sweep(ctx, c, cfg, el, out, errOut)
+}
+
+// picks holds the element type of each dtype hvdd bench measures.
+var picks = map[tensor.DType]elems{
+	tensor.Uint8:    &typed[uint8]{},
+	tensor.Int8:     &typed[int8]{},
+	tensor.Uint16:   &typed[uint16]{},
+	tensor.Int16:    &typed[int16]{},
+	tensor.Int32:    &typed[int32]{},
+	tensor.Int64:    &typed[int64]{},
+	tensor.Float16:  &typed[hvdd.Float16]{},
+	tensor.BFloat16: &typed[hvdd.BFloat16]{},
+	tensor.Float32:  &typed[float32]{},
+	tensor.Float64:  &typed[float64]{},
+	tensor.Bool:     &typed[bool]{},
 }

@@ -14,12 +14,12 @@ import (
 	"github.com/hvdd/hvdd/tensor"
 )
 
-// resnet runs the resnet50 profile: per step, ResNet-50's 161 gradients are
-// allreduced (Average) asynchronously and waited for; then one fused
-// allreduce of the same total is timed the same way. With
-// --timeline-compare the two variants are instead the step with the
-// timeline off and the step with it on.
-func resnet[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, out, errOut io.Writer) error {
+// resnet runs the resnet50 profile on elements of el (cfg.DType's): per
+// step, ResNet-50's 161 gradients are allreduced (Average) asynchronously
+// and waited for; then one fused allreduce of the same total is timed the
+// same way. With --timeline-compare the two variants are instead the step
+// with the timeline off and the step with it on.
+func resnet(ctx context.Context, c *hvdd.Client, cfg Config, el elems, out, errOut io.Writer) error {
 	n := c.Size()
 	var total int64
 	for _, s := range ResNet50Sizes {
@@ -35,7 +35,7 @@ func resnet[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, out, e
 		len(ResNet50Sizes), total, cfg.DType, float64(bytes)/1e6, n, cfg.ZeroCopy, cfg.Warmup, cfg.Iters, gap, cfg.Check),
 		"# variant                    median_ms     min_ms     max_ms  algbw_GB/s  busbw_GB/s  check")
 
-	r := &resnetRun[T]{ctx: ctx, c: c, cfg: cfg, errOut: errOut}
+	r := &resnetRun{ctx: ctx, c: c, cfg: cfg, el: el, errOut: errOut}
 	defer r.free()
 	if err := r.alloc(total); err != nil {
 		return err
@@ -118,31 +118,32 @@ func printResNet(p *printer, rows []Row, label string) {
 }
 
 // resnetTensor is one allreduce of the resnet50 profile.
-type resnetTensor[T hvdd.Elem] struct {
+type resnetTensor struct {
 	e        Expect // what the result must be
-	buf      []T
-	pristine []T // buf's input, restored before each run (--check only)
+	buf      []byte // the elements' bytes
+	pristine []byte // buf's input, restored before each run (--check only)
 	name     string
 }
 
 // resnetRun holds the resnet50 profile's buffers and its count of wrong
 // results while it runs.
-type resnetRun[T hvdd.Elem] struct {
+type resnetRun struct {
 	ctx     context.Context
 	c       *hvdd.Client
 	cfg     Config
+	el      elems // the element type, cfg.DType's
 	errOut  io.Writer
-	grads   []resnetTensor[T] // ResNet50Sizes, one allreduce each
-	fused   resnetTensor[T]   // all of them in one
-	handles []*hvdd.Handle    // grads' handles during a step
+	grads   []resnetTensor // ResNet50Sizes, one allreduce each
+	fused   resnetTensor   // all of them in one
+	handles []*hvdd.Handle // grads' handles during a step
 	frees   []func()
 	bad     int64 // wrong elements seen so far (--check)
 }
 
 // alloc makes the gradients' buffers and the fused one (total elements),
 // zeroed, with their check inputs under --check.
-func (r *resnetRun[T]) alloc(total int64) error {
-	r.grads = make([]resnetTensor[T], len(ResNet50Sizes))
+func (r *resnetRun) alloc(total int64) error {
+	r.grads = make([]resnetTensor, len(ResNet50Sizes))
 	for i, s := range ResNet50Sizes {
 		if err := r.tensor(&r.grads[i], int64(s), "resnet50.grad."+strconv.Itoa(i)); err != nil {
 			return err
@@ -153,26 +154,26 @@ func (r *resnetRun[T]) alloc(total int64) error {
 }
 
 // tensor makes t: count elements named name.
-func (r *resnetRun[T]) tensor(t *resnetTensor[T], count int64, name string) error {
-	b, free, err := buffer[T](r.c, int(count), r.cfg.ZeroCopy)
+func (r *resnetRun) tensor(t *resnetTensor, count int64, name string) error {
+	b, free, err := buffer(r.c, r.el, int(count), r.cfg.ZeroCopy)
 	if err != nil {
 		return err
 	}
 	r.frees = append(r.frees, free)
 	clear(b)
-	*t = resnetTensor[T]{
+	*t = resnetTensor{
 		e:   Expect{Op: tensor.Allreduce, Reduce: tensor.Average, DType: r.cfg.DType, Ranks: r.c.Size(), Rank: r.c.Rank(), Count: count},
 		buf: b, name: name,
 	}
 	if r.cfg.Check {
-		t.pristine = make([]T, len(b))
-		Fill(t.e, t.pristine)
+		t.pristine = make([]byte, len(b))
+		fillRaw(t.e, t.e.DType, t.pristine)
 	}
 	return nil
 }
 
 // free gives back the buffers alloc made, the last first.
-func (r *resnetRun[T]) free() {
+func (r *resnetRun) free() {
 	for i := len(r.frees) - 1; i >= 0; i-- {
 		r.frees[i]()
 	}
@@ -182,7 +183,7 @@ func (r *resnetRun[T]) free() {
 // returns their times, variant after variant. The variants alternate,
 // iteration by iteration, so that a shared machine's drift (this VM's speed
 // moves by tens of percent between seconds) weighs on both alike.
-func (r *resnetRun[T]) measure(variants []variant) ([]time.Duration, error) {
+func (r *resnetRun) measure(variants []variant) ([]time.Duration, error) {
 	iters := r.cfg.Iters
 	ts := make([]time.Duration, len(variants)*iters)
 	for i := -r.cfg.Warmup; i < iters; i++ {
@@ -202,7 +203,7 @@ func (r *resnetRun[T]) measure(variants []variant) ([]time.Duration, error) {
 
 // pause sleeps for --gap, untimed, before a step: a training step's
 // compute (on a device, or anywhere but these cores) between reductions.
-func (r *resnetRun[T]) pause() {
+func (r *resnetRun) pause() {
 	if r.cfg.Gap > 0 {
 		time.Sleep(r.cfg.Gap)
 	}
@@ -210,7 +211,7 @@ func (r *resnetRun[T]) pause() {
 
 // step times one training step's gradient reduction: every gradient
 // allreduced asynchronously, then waited for.
-func (r *resnetRun[T]) step() (time.Duration, error) {
+func (r *resnetRun) step() (time.Duration, error) {
 	if r.cfg.Check {
 		for i := range r.grads {
 			copy(r.grads[i].buf, r.grads[i].pristine)
@@ -219,7 +220,7 @@ func (r *resnetRun[T]) step() (time.Duration, error) {
 	avg := hvdd.WithOp(tensor.Average)
 	t0 := time.Now()
 	for i := range r.grads {
-		h, err := hvdd.AllreduceAsync(r.c, r.grads[i].buf, avg, hvdd.WithName(r.grads[i].name))
+		h, err := r.el.allreduceAsync(r.c, r.grads[i].buf, avg, hvdd.WithName(r.grads[i].name))
 		if err != nil {
 			return 0, err
 		}
@@ -254,7 +255,7 @@ const compareBlock = 5
 // (each start truncates the file, which is left with the last traced
 // block, and names its rows afresh: a little more to write than a timeline
 // that runs on). The first --warmup steps are not timed.
-func (r *resnetRun[T]) compare(variants []variant) ([]time.Duration, error) {
+func (r *resnetRun) compare(variants []variant) ([]time.Duration, error) {
 	iters := r.cfg.Iters
 	ts := make([]time.Duration, 0, 2*iters)
 	got := [2][]time.Duration{}
@@ -289,7 +290,7 @@ func (r *resnetRun[T]) compare(variants []variant) ([]time.Duration, error) {
 
 // timeline starts or stops the --timeline on rank 0, then waits for every
 // rank.
-func (r *resnetRun[T]) timeline(on bool) error {
+func (r *resnetRun) timeline(on bool) error {
 	if r.c.Rank() == 0 {
 		var err error
 		if on {
@@ -305,12 +306,12 @@ func (r *resnetRun[T]) timeline(on bool) error {
 }
 
 // fusedStep times one allreduce of all the gradients' elements at once.
-func (r *resnetRun[T]) fusedStep() (time.Duration, error) {
+func (r *resnetRun) fusedStep() (time.Duration, error) {
 	if r.cfg.Check {
 		copy(r.fused.buf, r.fused.pristine)
 	}
 	t0 := time.Now()
-	err := hvdd.Allreduce(r.ctx, r.c, r.fused.buf, hvdd.WithOp(tensor.Average), hvdd.WithName(r.fused.name))
+	err := r.allreduce(&r.fused)
 	dt := time.Since(t0)
 	if err == nil && r.cfg.Check {
 		r.verify(&r.fused)
@@ -318,10 +319,19 @@ func (r *resnetRun[T]) fusedStep() (time.Duration, error) {
 	return dt, err
 }
 
+// allreduce is hvdd.Allreduce (Average) of t, which waits for it.
+func (r *resnetRun) allreduce(t *resnetTensor) error {
+	h, err := r.el.allreduceAsync(r.c, t.buf, hvdd.WithOp(tensor.Average), hvdd.WithName(t.name))
+	if err != nil {
+		return err
+	}
+	return h.Wait(r.ctx)
+}
+
 // verify counts t's wrong elements, and reports the first tensor that has
 // any.
-func (r *resnetRun[T]) verify(t *resnetTensor[T]) {
-	if nb, first := Verify(t.e, t.buf); nb > 0 {
+func (r *resnetRun) verify(t *resnetTensor) {
+	if nb, first := verifyRaw(t.e, t.e.DType, t.buf); nb > 0 {
 		if r.bad == 0 {
 			fmt.Fprintf(r.errOut, "hvdd bench: rank %d: %s: %d wrong; %s\n", r.c.Rank(), t.name, nb, first)
 		}

@@ -85,42 +85,23 @@ func minOverRanks(ctx context.Context, c *hvdd.Client, ts []time.Duration, extra
 	return out, ex, err
 }
 
-// buffer returns n elements: shared memory from Alloc with zero-copy, else a
-// plain Go slice; free gives shared memory back.
-func buffer[T hvdd.Elem](c *hvdd.Client, n int, zeroCopy bool) (buf []T, free func(), err error) {
-	if !zeroCopy {
-		return make([]T, n), func() {}, nil
-	}
-	buf, err = hvdd.Alloc[T](c, n)
+// buffer returns the bytes of n elements of el: shared memory from Alloc
+// with zero-copy, else a plain Go slice; free gives shared memory back.
+func buffer(c *hvdd.Client, el elems, n int, zeroCopy bool) (buf []byte, free func(), err error) {
+	buf, err = el.alloc(c, n, zeroCopy)
 	if err != nil {
 		return nil, nil, fmt.Errorf("alloc %d elements: %w", n, err)
 	}
-	return buf, func() { hvdd.Free(c, buf) }, nil
-}
-
-// runOnce performs one collective of e.Op on in and returns this rank's
-// result (in itself for the in-place ops).
-func runOnce[T hvdd.Elem](ctx context.Context, c *hvdd.Client, e Expect, in []T) ([]T, error) {
-	red := hvdd.WithOp(e.Reduce)
-	switch e.Op {
-	case tensor.Allreduce:
-		return in, hvdd.Allreduce(ctx, c, in, red)
-	case tensor.Broadcast:
-		return in, hvdd.Broadcast(ctx, c, in, 0)
-	case tensor.Allgather:
-		return hvdd.Allgather(ctx, c, in)
-	case tensor.Alltoall:
-		out, _, err := hvdd.Alltoall(ctx, c, in, nil)
-		return out, err
-	case tensor.Reducescatter:
-		return hvdd.Reducescatter(ctx, c, in, red)
+	if !zeroCopy {
+		return buf, func() {}, nil
 	}
-	return nil, fmt.Errorf("unsupported op %s", e.Op)
+	return buf, func() { el.free(c, buf) }, nil
 }
 
-// sweep measures cfg.Op at every size of the sweep and prints a row per size
-// on rank 0. It returns an error on a failed collective or a failed check.
-func sweep[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, out, errOut io.Writer) error {
+// sweep measures cfg.Op on elements of el (cfg.DType's) at every size of
+// the sweep and prints a row per size on rank 0. It returns an error on a
+// failed collective or a failed check.
+func sweep(ctx context.Context, c *hvdd.Client, cfg Config, el elems, out, errOut io.Writer) error {
 	n, rank := c.Size(), c.Rank()
 	p := newPrinter(cfg, out, rank == 0)
 	iters := fmt.Sprintf("iters %d (sizes <= 64K: >= %d and >= %v)", cfg.Iters, cfg.SmallIters, cfg.SmallTime)
@@ -144,7 +125,8 @@ func sweep[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, out, er
 	failed := false
 	for _, bytes := range Sizes(cfg.MinBytes, cfg.MaxBytes, cfg.StepFactor, es, Divisor(cfg.Op, n)) {
 		e := Expect{Op: cfg.Op, Reduce: cfg.Reduce, DType: cfg.DType, Ranks: n, Rank: rank, Count: bytes / int64(es)}
-		row, bad, err := measureSize[T](ctx, c, cfg, e, dev, errOut)
+		m := &sizeRun{ctx: ctx, c: c, cfg: cfg, el: el, e: e, errOut: errOut}
+		row, bad, err := m.measure(dev)
 		if err != nil {
 			return fmt.Errorf("%s of %d bytes: %w", lower(cfg.Op.String()), bytes, err)
 		}
@@ -160,31 +142,34 @@ func sweep[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, out, er
 
 var errCheckFailed = fmt.Errorf("--check found wrong results")
 
-// measureSize runs the warm-up and the timed loop of one size.
-func measureSize[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, e Expect, dev *deviceEnv, errOut io.Writer) (Row, bool, error) {
+// measure runs the warm-up and the timed loop of the size, with its input
+// on dev's GPU when dev is not nil, and returns its row and whether --check
+// found wrong results on any rank.
+func (m *sizeRun) measure(dev *deviceEnv) (Row, bool, error) {
+	ctx, c, cfg, e := m.ctx, m.c, m.cfg, m.e
 	row := Row{Op: lower(e.Op.String()), Count: e.Count, DType: e.DType.String(), Ranks: e.Ranks, ZeroCopy: cfg.ZeroCopy, GapUS: us(cfg.Gap), Device: cfg.Device}
 	if e.Op == tensor.Allreduce || e.Op == tensor.Reducescatter {
 		row.Reduce = e.Reduce.String()
 	}
-	in, free, err := buffer[T](c, int(e.InputLen()), cfg.ZeroCopy)
+	in, free, err := buffer(c, m.el, int(e.InputLen()), cfg.ZeroCopy)
 	if err != nil {
 		return row, false, err
 	}
 	defer free()
-	m := &sizeRun[T]{ctx: ctx, c: c, cfg: cfg, e: e, errOut: errOut, in: in}
+	m.in = in
 	if cfg.Check {
-		m.pristine = make([]T, len(in))
-		Fill(e, m.pristine)
+		m.pristine = make([]byte, len(in))
+		fillRaw(e, e.DType, m.pristine)
 	}
 	// Without --check the buffer holds zeros, a fixed point of every
 	// reduction, so repeated in-place runs neither overflow nor go subnormal.
 	clear(in)
 	if dev != nil {
-		if m.dev, err = dev.alloc(len(hostBytes(in))); err != nil {
+		if m.dev, err = dev.alloc(len(in)); err != nil {
 			return row, false, err
 		}
 		defer m.dev.free(c)
-		if err := m.dev.upload(hostBytes(in)); err != nil {
+		if err := m.dev.upload(in); err != nil {
 			return row, false, err
 		}
 	}
@@ -224,35 +209,36 @@ func measureSize[T hvdd.Elem](ctx context.Context, c *hvdd.Client, cfg Config, e
 
 // sizeRun is one size of a sweep while it runs: its input buffer and its
 // count of wrong results.
-type sizeRun[T hvdd.Elem] struct {
+type sizeRun struct {
 	ctx      context.Context
 	c        *hvdd.Client
 	cfg      Config
+	el       elems // the element type, e.DType's
 	e        Expect
 	errOut   io.Writer
-	in       []T
-	pristine []T        // in's input, restored before each run (--check only)
+	in       []byte     // the input's bytes
+	pristine []byte     // in's input, restored before each run (--check only)
 	dev      *devBuffer // with --device: the input on the GPU (in is then the host copy)
 	bad      int64      // wrong elements seen so far (--check)
 }
 
 // once runs and times one collective; under --check it verifies the result.
-func (m *sizeRun[T]) once() (time.Duration, error) {
+func (m *sizeRun) once() (time.Duration, error) {
 	if m.cfg.Check {
 		copy(m.in, m.pristine)
 		if m.dev != nil {
-			if err := m.dev.upload(hostBytes(m.in)); err != nil {
+			if err := m.dev.upload(m.in); err != nil {
 				return 0, err
 			}
 		}
 	}
 	t0 := time.Now()
-	var res []T
+	var res []byte
 	var err error
 	if m.dev != nil {
-		res, err = runDevice[T](m.ctx, m.c, m.e, m.dev, m.cfg.Check)
+		res, err = runDevice(m.ctx, m.c, m.e, m.dev, m.cfg.Check)
 	} else {
-		res, err = runOnce(m.ctx, m.c, m.e, m.in)
+		res, err = m.el.run(m.ctx, m.c, m.e.Op, m.in, hvdd.WithOp(m.e.Reduce))
 	}
 	dt := time.Since(t0)
 	if err != nil {
@@ -261,10 +247,10 @@ func (m *sizeRun[T]) once() (time.Duration, error) {
 	if m.cfg.Check && m.e.Op != tensor.Allreduce && m.e.Op != tensor.Broadcast {
 		// The input is ours again once the op is done: clobber it at
 		// once, so that a daemon still reading it gives wrong results.
-		poison(m.in)
+		poison(m.e.DType, m.in)
 	}
 	if m.cfg.Check {
-		if nb, first := Verify(m.e, res); nb > 0 {
+		if nb, first := verifyRaw(m.e, m.e.DType, res); nb > 0 {
 			if m.bad == 0 {
 				fmt.Fprintf(m.errOut, "hvdd bench: rank %d: %s of %d elements of %s: %d wrong; %s\n",
 					m.e.Rank, lower(m.e.Op.String()), m.e.Count, m.e.DType, nb, first)
@@ -279,7 +265,7 @@ func (m *sizeRun[T]) once() (time.Duration, error) {
 // given, and returns their times. With --gap, rank 0 also measures the CPU
 // time of the daemon (the process serving the socket) over the paced loop,
 // into row: what ops that come apart cost it (bench/gapcpu.sh).
-func (m *sizeRun[T]) timed(iters int, row *Row) ([]time.Duration, error) {
+func (m *sizeRun) timed(iters int, row *Row) ([]time.Duration, error) {
 	var cpu daemonCPU
 	if m.cfg.Gap > 0 && m.e.Rank == 0 {
 		cpu = startDaemonCPU(m.c.Socket)
@@ -302,7 +288,7 @@ func (m *sizeRun[T]) timed(iters int, row *Row) ([]time.Duration, error) {
 // --iters, or for small sizes without --gap as many as IterationsFor
 // gives for the slowest rank's warm-up estimate, so that every rank runs
 // the same number.
-func (m *sizeRun[T]) iterations(bytes int64, warm []time.Duration) (int, error) {
+func (m *sizeRun) iterations(bytes int64, warm []time.Duration) (int, error) {
 	if bytes > SmallBytes || m.cfg.Gap != 0 {
 		return m.cfg.Iters, nil
 	}
@@ -355,12 +341,4 @@ func lower(s string) string {
 		}
 	}
 	return string(b)
-}
-
-// poison overwrites buf with a value no check input holds (99; true for bool).
-func poison[T hvdd.Elem](buf []T) {
-	v := encode[T](99)
-	for i := range buf {
-		buf[i] = v
-	}
 }
