@@ -77,7 +77,10 @@
 // Function returns, for a name that is both an entry of the image and a
 // kernel of gpu/kernels' Catalog, a Go implementation with the kernel's
 // semantics (package reduce's arithmetic), run on the stream in order.
-// Launch checks the arguments against the kernel's parameters.
+// Launch checks the arguments against the kernel's parameters. A combine
+// kernel reads its table of segments, and checks the pointers in it, when
+// it runs on the stream, not at launch: the table's copy to the device is
+// queued just before the launch, as the daemon queues it.
 //
 // # NCCL
 //

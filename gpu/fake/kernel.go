@@ -2,6 +2,8 @@ package fake
 
 import (
 	"bytes"
+	"encoding/binary"
+	"fmt"
 	"regexp"
 	"sync/atomic"
 
@@ -97,9 +99,10 @@ func (f *function) Launch(s gpu.Stream, grid, block int, args ...any) error {
 	if len(args) != len(f.k.Params) {
 		return newErr(call, errInvalidValue, "%s takes %d parameters, %d given", f.k.Name, len(f.k.Params), len(args))
 	}
+	// The arguments by type, in parameter order.
 	var ptrs []gpu.DevicePtr
-	var n uint64
-	var factor float64
+	var u64s []uint64
+	var f64s []float64
 	for i, p := range f.k.Params {
 		switch p {
 		case kernels.Ptr:
@@ -111,12 +114,12 @@ func (f *function) Launch(s gpu.Stream, grid, block int, args ...any) error {
 		case kernels.U64:
 			switch v := args[i].(type) {
 			case uint64:
-				n = v
+				u64s = append(u64s, v)
 			case int64:
 				if v < 0 {
 					return newErr(call, errInvalidValue, "%s parameter %d: negative count %d", f.k.Name, i, v)
 				}
-				n = uint64(v)
+				u64s = append(u64s, uint64(v))
 			default:
 				return newErr(call, errInvalidValue, "%s parameter %d: %T given, a uint64 or int64 expected", f.k.Name, i, args[i])
 			}
@@ -125,8 +128,16 @@ func (f *function) Launch(s gpu.Stream, grid, block int, args ...any) error {
 			if !ok {
 				return newErr(call, errInvalidValue, "%s parameter %d: %T given, a float64 expected", f.k.Name, i, args[i])
 			}
-			factor = v
+			f64s = append(f64s, v)
 		}
+	}
+	if f.k.Kind == kernels.Combine {
+		return f.launchCombine(fs, ptrs[0], u64s[0], u64s[1], u64s[2], f64s[0], f64s[1])
+	}
+	n := u64s[0]
+	var factor float64
+	if len(f64s) > 0 {
+		factor = f64s[0]
 	}
 	if n > 1<<40 {
 		return newErr(call, errInvalidValue, "%s: count %d", f.k.Name, n)
@@ -178,4 +189,122 @@ func (f *function) Launch(s gpu.Stream, grid, block int, args ...any) error {
 		return nil
 	}
 	return fs.enqueue(work{call: call, run: run, done: done})
+}
+
+// maxTableWords bounds a combine table (nseg*(1+nin+nout) words), and with
+// it each of nseg, nin and nout, so that no size computed from them
+// overflows.
+const maxTableWords = 1 << 36
+
+// launchCombine enqueues combine_<op>_<dtype>(table, nseg, nin, nout, pre,
+// post). The table is device memory that earlier work on the stream
+// typically writes (a CopyHtoD just before the launch), so only the table's
+// span is resolved and held at launch; its words are read, and the spans
+// of the pointers in them resolved and held, when the kernel runs, as a
+// GPU reads them. A pointer whose span is not device memory then (never
+// was, or was freed after the launch: unlike the other kernels' buffers,
+// these are not held from the launch on) fails the kernel with
+// CUDA_ERROR_ILLEGAL_ADDRESS, the context's sticky error, as a GPU's fault
+// would.
+func (f *function) launchCombine(fs *stream, table gpu.DevicePtr, nseg, nin, nout uint64, pre, post float64) error {
+	const call = "cuLaunchKernel"
+	k := f.k
+	if nin < 1 || nout < 1 {
+		return newErr(call, errInvalidValue, "%s: %d inputs and %d outputs, at least 1 of each expected", k.Name, nin, nout)
+	}
+	if nin > maxTableWords || nout > maxTableWords || nseg > maxTableWords/(1+nin+nout) {
+		return newErr(call, errInvalidValue, "%s: a table of %d segments of %d inputs and %d outputs", k.Name, nseg, nin, nout)
+	}
+	words := int(1 + nin + nout)
+	tab, err := hold(call, table, int(nseg)*words*8)
+	if err != nil {
+		return newErr(call, errInvalidValue, "%s table: %s", k.Name, err.(*gpu.Error).Desc)
+	}
+	run := func(<-chan struct{}) error {
+		seg := make([]uint64, words)
+		for s := range int(nseg) {
+			for w := range seg {
+				seg[w] = binary.LittleEndian.Uint64(tab.bytes[(s*words+w)*8:])
+			}
+			where := fmt.Sprintf("%s segment %d of %d", k.Name, s, nseg)
+			if err := combineSegment(where, k, seg[0], seg[1:1+nin], seg[1+nin:], pre, post); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return fs.enqueue(work{call: call, run: run, done: tab.release})
+}
+
+// combineSegment computes one segment of a combine (where names it in
+// errors) as the daemon's former sequence of kernels did: a scaled copy of
+// in[0], each further input scaled (in scratch) and reduced into it in
+// order, the result scaled by post and copied to every output. Every input
+// is read before any output is written, so an output may be an input (in
+// place).
+func combineSegment(where string, k kernels.Kernel, count uint64, in, out []uint64, pre, post float64) error {
+	const call = "cuLaunchKernel"
+	const illegalAddress, launchFailed = 700, 719 // CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_LAUNCH_FAILED
+	if count > 1<<40 {
+		return newErr(call, illegalAddress, "%s: count %d runs past any buffer", where, count)
+	}
+	if count == 0 {
+		return nil
+	}
+	n := int(count) * k.DType.Size()
+	var spans []span
+	defer func() {
+		for _, sp := range spans {
+			sp.release()
+		}
+	}()
+	bufs := func(what string, ptrs []uint64) ([][]byte, error) {
+		var bs [][]byte
+		for j, p := range ptrs {
+			sp, err := hold(call, gpu.DevicePtr(p), n)
+			if err != nil {
+				return nil, newErr(call, illegalAddress, "%s: %s %d: %s", where, what, j, err.(*gpu.Error).Desc)
+			}
+			spans = append(spans, sp)
+			bs = append(bs, sp.bytes)
+		}
+		return bs, nil
+	}
+	ins, err := bufs("input", in)
+	if err != nil {
+		return err
+	}
+	outs, err := bufs("output", out)
+	if err != nil {
+		return err
+	}
+	acc := append([]byte(nil), ins[0]...)
+	err = reduce.Scale(acc, k.DType, pre)
+	var tmp []byte
+	for _, b := range ins[1:] {
+		if err != nil {
+			break
+		}
+		src := b
+		if pre != 1 {
+			tmp = append(tmp[:0], b...)
+			if err = reduce.Scale(tmp, k.DType, pre); err != nil {
+				break
+			}
+			src = tmp
+		}
+		// Two sources: reduce rounds float16 and bfloat16 once per call,
+		// so after every step here, as the separate kernels did.
+		err = reduce.Reduce([][]byte{acc}, [][]byte{acc, src}, k.DType, k.Op, 1, 1, nil)
+	}
+	if err == nil {
+		err = reduce.Scale(acc, k.DType, post)
+	}
+	if err != nil {
+		return newErr(call, launchFailed, "%s: %v", where, err)
+	}
+	for _, b := range outs {
+		copy(b, acc)
+	}
+	return nil
 }

@@ -504,6 +504,10 @@ func testKernels(t *testing.T, d gpu.Driver) {
 			// n (the grid-stride loop must cover the rest); n = 70001 with
 			// Grid's launch.
 			for _, c := range []struct{ n, grid, block int }{{1, 1, 1}, {1000, 2, 32}, {70001, kernels.Grid(70001), kernels.BlockSize}} {
+				if k.Kind == kernels.Combine {
+					testCombine(t, dev, s, fn, k, r, c.n, c.grid, c.block)
+					continue
+				}
 				n := c.n
 				in := k.DType.Size() * n
 				out := in
@@ -835,4 +839,53 @@ func testNCCLAbort(t *testing.T, d gpu.Driver, n gpu.NCCL) {
 	wg.Wait()
 	ok(t, rs.comms[1].Abort(), "Abort of rank 1")
 	rs.comms = nil // aborted: no Destroy
+}
+
+// testCombine launches combine kernel k over three inputs of n elements
+// into two outputs, the first of them input 0 itself (in place), with a
+// prescale and a postscale, and checks both outputs against package
+// reduce: each input scaled, folded in rank order, the total scaled.
+func testCombine(t *testing.T, dev gpu.Device, s gpu.Stream, fn gpu.Function, k kernels.Kernel, r *rand.Rand, n, grid, block int) {
+	t.Helper()
+	dt := k.DType
+	size := dt.Size() * n
+	ins := make([][]byte, 3)
+	ptrs := make([]gpu.DevicePtr, 3)
+	for j := range ins {
+		ins[j] = randBytes(r, size)
+		if dt.IsFloat() {
+			fillFloats(r, ins[j], dt)
+		}
+		ptrs[j] = alloc(t, dev, size+64)
+		ok(t, dev.Memset8(s, ptrs[j], 0x5a, size+64), "Memset8")
+		ok(t, dev.CopyHtoD(s, ptrs[j], ins[j]), "CopyHtoD")
+	}
+	out1 := alloc(t, dev, size+64)
+	ok(t, dev.Memset8(s, out1, 0x5a, size+64), "Memset8")
+	pre, post := []float64{1, 0.5, 3}[r.IntN(3)], []float64{1, 0.25, -2.5}[r.IntN(3)]
+	if dt == tensor.Bool {
+		pre, post = 1, 1
+	}
+	table := kernels.AppendTable(nil, kernels.Segment{Count: uint64(n),
+		In: []uint64{uint64(ptrs[0]), uint64(ptrs[1]), uint64(ptrs[2])}, Out: []uint64{uint64(ptrs[0]), uint64(out1)}})
+	pt := alloc(t, dev, len(table))
+	ok(t, dev.CopyHtoD(s, pt, table), "CopyHtoD table")
+	ok(t, fn.Launch(s, grid, block, pt, uint64(1), uint64(3), uint64(2), pre, post), "Launch")
+	want := append([]byte(nil), ins[0]...)
+	ok(t, reduce.Scale(want, dt, pre), "reference")
+	for _, in := range ins[1:] {
+		x := append([]byte(nil), in...)
+		ok(t, reduce.Scale(x, dt, pre), "reference")
+		ok(t, reduce.Reduce([][]byte{want}, [][]byte{want, x}, dt, k.Op, 1, 1, nil), "reference")
+	}
+	ok(t, reduce.Scale(want, dt, post), "reference")
+	for i, p := range []gpu.DevicePtr{ptrs[0], out1} {
+		got := read(t, dev, s, p, size+64)
+		if e, same := sameValues(dt, got[:size], want); !same {
+			sz := dt.Size()
+			t.Fatalf("n=%d grid=%d block=%d pre=%v post=%v: output %d element %d is %x, want %x", n, grid, block, pre, post, i, e,
+				got[e*sz:(e+1)*sz], want[e*sz:(e+1)*sz])
+		}
+		diff(t, "guard bytes past the output", got[size:], bytes.Repeat([]byte{0x5a}, 64))
+	}
 }

@@ -2,7 +2,10 @@ package kernels
 
 import (
 	"bytes"
+	"encoding/binary"
 	"regexp"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/hvdd/hvdd/tensor"
@@ -21,8 +24,9 @@ func TestCatalogMatchesPTX(t *testing.T) {
 		entries[string(m[1])] = string(m[2])
 	}
 	cat := Catalog()
-	// 11 dtypes x 4 ops, 10 scales (no bool), 4 conversions.
-	if want := 11*4 + 10 + 4; len(cat) != want {
+	// 11 dtypes x 4 ops of reduce and of combine, 10 scales (no bool), 4
+	// conversions.
+	if want := 11*4*2 + 10 + 4; len(cat) != want {
 		t.Errorf("%d kernels in the catalogue, want %d", len(cat), want)
 	}
 	if len(entries) != len(cat) {
@@ -73,6 +77,19 @@ func TestNames(t *testing.T) {
 			}
 		}
 	}
+	for _, tt := range tests {
+		want := strings.Replace(tt.want, "reduce_", "combine_", 1)
+		got, err := CombineName(tt.op, tt.dt)
+		if got != want || (err != nil) != (want == "") {
+			t.Errorf("CombineName(%v, %v) = %q, %v; want %q", tt.op, tt.dt, got, err, want)
+		}
+		if got != "" {
+			k, ok := Lookup(got)
+			if !ok || k.Kind != Combine || k.Op != tt.op || k.DType != tt.dt || !slices.Equal(k.Params, []Param{Ptr, U64, U64, U64, F64, F64}) {
+				t.Errorf("Lookup(%q) = %+v, %v", got, k, ok)
+			}
+		}
+	}
 	if n, err := ScaleName(tensor.Float16); n != "scale_float16" || err != nil {
 		t.Errorf("ScaleName(float16) = %q, %v", n, err)
 	}
@@ -85,6 +102,47 @@ func TestNames(t *testing.T) {
 	for _, c := range []struct{ n, want int }{{0, 1}, {1, 1}, {256, 1}, {257, 2}, {1 << 30, MaxGrid}} {
 		if g := Grid(c.n); g != c.want {
 			t.Errorf("Grid(%d) = %d, want %d", c.n, g, c.want)
+		}
+	}
+}
+
+// TestCatalogKinds checks that every (op, dtype) has its reduce and its
+// combine kernel, and every kernel a kind it is named after.
+func TestCatalogKinds(t *testing.T) {
+	n := map[Kind]int{}
+	for _, k := range Catalog() {
+		n[k.Kind]++
+		prefix := map[Kind]string{Reduce: "reduce_", Scale: "scale_", Convert: "convert_", Combine: "combine_"}[k.Kind]
+		if prefix == "" || !strings.HasPrefix(k.Name, prefix) {
+			t.Errorf("%s: kind %d", k.Name, k.Kind)
+		}
+	}
+	if n[Reduce] != 44 || n[Combine] != 44 || n[Scale] != 10 || n[Convert] != 4 {
+		t.Errorf("kernels of each kind: %v", n)
+	}
+	for _, dt := range kernelDTypes {
+		for _, o := range opNames {
+			if _, err := CombineName(o.op, dt); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+}
+
+func TestAppendTable(t *testing.T) {
+	b := AppendTable([]byte{0xaa}, Segment{Count: 3, In: []uint64{0x1000, 0x2000}, Out: []uint64{0x1000, 0x2000}})
+	b = AppendTable(b, Segment{Count: 1 << 40, In: []uint64{1, 2}, Out: []uint64{3, 4}})
+	b = AppendTable(b, Segment{}) // a count only
+	if len(b) != 1+2*5*8+8 {
+		t.Fatalf("%d bytes, want %d", len(b), 1+2*5*8+8)
+	}
+	if b[0] != 0xaa {
+		t.Error("the prefix changed")
+	}
+	want := []uint64{3, 0x1000, 0x2000, 0x1000, 0x2000, 1 << 40, 1, 2, 3, 4, 0}
+	for i, w := range want {
+		if got := binary.LittleEndian.Uint64(b[1+8*i:]); got != w {
+			t.Errorf("word %d = %#x, want %#x", i, got, w)
 		}
 	}
 }

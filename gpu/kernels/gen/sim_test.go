@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/hvdd/hvdd/gpu/kernels"
@@ -26,8 +27,32 @@ import (
 
 type ptxFunc struct {
 	params []string
-	body   []string // instructions and "LABEL:" lines, trimmed
-	labels map[string]int
+	body   []insn         // the instructions, decoded
+	labels map[string]int // label -> index in body
+}
+
+// insn is one decoded instruction: "@%p1 bra $L_loop" has pred "%p1",
+// parts ["bra"] and ops ["$L_loop"].
+type insn struct {
+	text  string   // as written, without the ';'
+	pred  string   // the guard predicate, or ""
+	parts []string // the opcode split at '.'
+	ops   []string // the operands, trimmed
+}
+
+func decode(l string) insn {
+	in := insn{text: l}
+	if strings.HasPrefix(l, "@") {
+		in.pred, l, _ = strings.Cut(l[1:], " ")
+	}
+	opc, rest, _ := strings.Cut(l, " ")
+	for _, o := range strings.Split(rest, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			in.ops = append(in.ops, o)
+		}
+	}
+	in.parts = strings.Split(opc, ".")
+	return in
 }
 
 func parsePTX(t *testing.T, src string) map[string]*ptxFunc {
@@ -55,7 +80,7 @@ func parsePTX(t *testing.T, src string) map[string]*ptxFunc {
 				f.labels[strings.TrimSuffix(l, ":")] = len(f.body)
 				continue
 			}
-			f.body = append(f.body, strings.TrimSuffix(l, ";"))
+			f.body = append(f.body, decode(strings.TrimSuffix(l, ";")))
 		}
 		fns[name] = f
 	}
@@ -179,29 +204,22 @@ func (m *machine) run(f *ptxFunc) {
 		if steps > 1e7 {
 			m.t.Fatal("runaway kernel")
 		}
-		ins := f.body[pc]
+		in := &f.body[pc]
 		pc++
-		if strings.HasPrefix(ins, "@") {
-			p, rest, _ := strings.Cut(ins[1:], " ")
-			if !m.preds[p] {
-				continue
-			}
-			ins = rest
+		if in.pred != "" && !m.preds[in.pred] {
+			continue
 		}
-		opc, rest, _ := strings.Cut(ins, " ")
-		var ops []string
-		for _, o := range strings.Split(rest, ",") {
-			if o = strings.TrimSpace(o); o != "" {
-				ops = append(ops, o)
-			}
-		}
-		parts := strings.Split(opc, ".")
+		ins, parts, ops := in.text, in.parts, in.ops
 		set := func(v uint64) { m.regs[ops[0]] = v }
 		switch parts[0] {
 		case "ret":
 			return
 		case "bra":
-			pc = f.labels[ops[0]]
+			l, ok := f.labels[ops[0]]
+			if !ok {
+				m.t.Fatalf("branch to unknown label %s", ops[0])
+			}
+			pc = l
 		case "mov":
 			set(m.val(ops[1]))
 		case "cvta":
@@ -329,6 +347,8 @@ func (m *machine) cvt(parts, ops []string) {
 		}
 	case to[0] == 'u' && from[0] == 'u':
 		set(mask(v, min(width(to), width(from))))
+	case to == "s32" && (from == "s8" || from == "s16"):
+		set(mask(uint64(signExt(v, width(from))), 32))
 	default:
 		m.t.Fatalf("cvt %v", parts)
 	}
@@ -418,6 +438,9 @@ func TestSimulate(t *testing.T) {
 	fns := parsePTX(t, string(src))
 	r := rand.New(rand.NewPCG(11, 12))
 	for _, k := range kernels.Catalog() {
+		if k.Kind == kernels.Combine {
+			continue // TestSimulateCombine
+		}
 		t.Run(k.Name, func(t *testing.T) {
 			f := fns[k.Name]
 			if f == nil {
@@ -512,4 +535,226 @@ func specialF32(r *rand.Rand) uint32 {
 		return sign | uint32(100+r.IntN(14))<<23 | r.Uint32()&0x7fffff
 	}
 	return sign | r.Uint32()&0x7fffff // float32 subnormal
+}
+
+// combineFactors are the (pre, post) pairs TestSimulateCombine tries: every
+// pair of 1 (no scaling), 0.5 (exact), 3 (rounds, overflows float16
+// sooner) and 1/3 (not exact in any float type), and factors that saturate
+// integers and flip signs.
+var combineFactors = func() [][2]float64 {
+	fs := []float64{1, 0.5, 3, 1.0 / 3}
+	var out [][2]float64
+	for _, pre := range fs {
+		for _, post := range fs {
+			out = append(out, [2]float64{pre, post})
+		}
+	}
+	return append(out, [2]float64{-2.5, 1e10}, [2]float64{1e10, -1.0 / 3})
+}()
+
+// combineCounts are the segments of every TestSimulateCombine launch:
+// empty, one element, counts that are no multiple of the block, one that is.
+var combineCounts = []int{37, 0, 300, 1, 64}
+
+// combineWant computes one segment as the daemon's sequence of separate
+// kernels did (and the CPU path does): a copy of ins[0] scaled by pre, each
+// further input scaled by pre in scratch and reduced into it pairwise, in
+// order, then the result scaled by post.
+func combineWant(t *testing.T, ins [][]byte, dt tensor.DType, op tensor.ReduceOp, pre, post float64) []byte {
+	t.Helper()
+	acc := append([]byte(nil), ins[0]...)
+	if err := reduce.Scale(acc, dt, pre); err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range ins[1:] {
+		tmp := append([]byte(nil), in...)
+		if err := reduce.Scale(tmp, dt, pre); err != nil {
+			t.Fatal(err)
+		}
+		if err := reduce.Reduce([][]byte{acc}, [][]byte{acc, tmp}, dt, op, 1, 1, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := reduce.Scale(acc, dt, post); err != nil {
+		t.Fatal(err)
+	}
+	return acc
+}
+
+// TestSimulateCombine runs every combine kernel in the interpreter against
+// combineWant: every kernel with nin 1..4 and nout 1 and 3, outputs apart
+// from the inputs and in place (out_k == in_k), every (pre, post) pair of
+// combineFactors, grids smaller than the largest segment (the grid-stride
+// loop must cover the rest) and large enough, over the segments of
+// combineCounts filled by randomData (NaNs, infinities, subnormals,
+// rounding ties). Bit for bit, except that a NaN from an add or a multiply
+// (a sum, a product or a scaling) may be any NaN.
+func TestSimulateCombine(t *testing.T) {
+	src, err := os.ReadFile("../kernels.ptx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fns := parsePTX(t, string(src))
+	var ks []kernels.Kernel
+	for _, k := range kernels.Catalog() {
+		if k.Kind == kernels.Combine {
+			ks = append(ks, k)
+		}
+	}
+	if len(ks) != 4*11 {
+		t.Fatalf("%d combine kernels, want 44", len(ks))
+	}
+	var launches, segments atomic.Int64
+	t.Cleanup(func() {
+		t.Logf("%d launches of %d kernels, %d segments", launches.Load(), len(ks), segments.Load())
+	})
+	for ki, k := range ks {
+		t.Run(k.Name, func(t *testing.T) {
+			t.Parallel()
+			f := fns[k.Name]
+			if f == nil {
+				t.Fatal("not in the PTX")
+			}
+			r := rand.New(rand.NewPCG(15, uint64(ki)))
+			// 36 launches: the 16 shapes (nin, nout, in place) twice and a
+			// bit, each of the 18 factor pairs twice (5 is prime to 18),
+			// the three grids in turn.
+			for c := range 2 * len(combineFactors) {
+				shape := c % 16
+				nin, nout := 1+shape%4, []int{1, 3}[shape/4%2]
+				inPlace := shape/8 == 1
+				fac := combineFactors[(5*c+ki)%len(combineFactors)]
+				grid, block := []int{2, 3, 10}[c%3], []int{32, 7, 32}[c%3]
+				name := fmt.Sprintf("nin=%d nout=%d inplace=%v pre=%v post=%v grid=%dx%d", nin, nout, inPlace, fac[0], fac[1], grid, block)
+				simulateCombine(t, f, r, k, nin, nout, inPlace, fac[0], fac[1], grid, block, name)
+				launches.Add(1)
+				segments.Add(int64(len(combineCounts)))
+			}
+		})
+	}
+}
+
+// TestSimulateCombineRounding checks that combine rounds float16 and
+// bfloat16 after every step, as the separate kernels did, where a single
+// reduce.Reduce over all inputs rounds once: 2048 + 1 + 1 is 2048 in
+// float16 step by step (2049 is a tie, rounded to even), 2050 at once;
+// 256 + 1 + 1 likewise in bfloat16.
+func TestSimulateCombineRounding(t *testing.T) {
+	src, err := os.ReadFile("../kernels.ptx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fns := parsePTX(t, string(src))
+	for _, c := range []struct {
+		dt        tensor.DType
+		big, want float32
+	}{{tensor.Float16, 2048, 2048}, {tensor.BFloat16, 256, 256}} {
+		name, err := kernels.CombineName(tensor.Sum, c.dt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		enc := reduce.Float32ToFloat16
+		if c.dt == tensor.BFloat16 {
+			enc = reduce.Float32ToBFloat16
+		}
+		h := func(f float32) []byte { return binary.LittleEndian.AppendUint16(nil, enc(f)) }
+		const in0, in1, in2, out = 0x20000000, 0x21000000, 0x22000000, 0x23000000
+		mem := map[uint64][]byte{in0: h(c.big), in1: h(1), in2: h(1), out: h(0)}
+		mem[0x10000000] = kernels.AppendTable(nil, kernels.Segment{Count: 1, In: []uint64{in0, in1, in2}, Out: []uint64{out}})
+		launch(t, fns[name], 1, 1, mem, 0x10000000, 1, 3, 1, math.Float64bits(1), math.Float64bits(1))
+		if got, want := mem[out], h(c.want); !bytes.Equal(got, want) {
+			t.Errorf("%s: %v + 1 + 1 = %x, want %x", name, c.big, got, want)
+		}
+		// The reference agrees, and one reduce.Reduce does not.
+		if got := combineWant(t, [][]byte{h(c.big), h(1), h(1)}, c.dt, tensor.Sum, 1, 1); !bytes.Equal(got, h(c.want)) {
+			t.Errorf("combineWant: %x", got)
+		}
+		once := h(0)
+		if err := reduce.Reduce([][]byte{once}, [][]byte{h(c.big), h(1), h(1)}, c.dt, tensor.Sum, 1, 1, nil); err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Equal(once, h(c.want)) {
+			t.Errorf("one reduce.Reduce gives %x too: the case does not tell the roundings apart", once)
+		}
+	}
+}
+
+// guard is what follows every buffer of a simulated launch: a kernel that
+// writes past a buffer's end changes it.
+var guard = bytes.Repeat([]byte{0xee}, 8)
+
+func simulateCombine(t *testing.T, f *ptxFunc, r *rand.Rand, k kernels.Kernel, nin, nout int, inPlace bool, pre, post float64, grid, block int, name string) {
+	t.Helper()
+	dt := k.DType
+	mem := map[uint64][]byte{}
+	next := uint64(0x20000000)
+	buffer := func(b []byte) uint64 {
+		p := next
+		next += 0x1000000
+		mem[p] = append(append([]byte(nil), b...), guard...)
+		return p
+	}
+	type segment struct {
+		ins  [][]byte // the inputs as written
+		in   []uint64
+		out  []uint64
+		want []byte
+	}
+	var segs []segment
+	var table []byte
+	for _, n := range combineCounts {
+		var s segment
+		for range nin {
+			b := randomData(r, dt, n)
+			s.ins = append(s.ins, b)
+			s.in = append(s.in, buffer(b))
+		}
+		for j := range nout {
+			if inPlace && j < nin {
+				s.out = append(s.out, s.in[j])
+				continue
+			}
+			s.out = append(s.out, buffer(bytes.Repeat([]byte{0x5a}, n*dt.Size())))
+		}
+		s.want = combineWant(t, s.ins, dt, k.Op, pre, post)
+		table = kernels.AppendTable(table, kernels.Segment{Count: uint64(n), In: s.in, Out: s.out})
+		segs = append(segs, s)
+	}
+	const tableBase = 0x10000000
+	mem[tableBase] = append(table, guard...)
+	launch(t, f, grid, block, mem, tableBase, uint64(len(segs)), uint64(nin), uint64(nout), math.Float64bits(pre), math.Float64bits(post))
+
+	if !bytes.Equal(mem[tableBase][:len(table)], table) {
+		t.Fatalf("%s: the table changed", name)
+	}
+	// An add or a multiply makes any NaN; min and max pass NaNs on as
+	// reduce does, and so does a copy.
+	arith := k.Op == tensor.Sum || k.Op == tensor.Product || pre != 1 || post != 1
+	sz := dt.Size()
+	for si, s := range segs {
+		outs := map[uint64]bool{}
+		for _, p := range s.out {
+			outs[p] = true
+			got := mem[p]
+			if !bytes.Equal(got[len(s.want):], guard) {
+				t.Fatalf("%s: segment %d: wrote past the end of an output: %x", name, si, got[len(s.want):])
+			}
+			for i := range len(s.want) / sz {
+				g, w := got[i*sz:(i+1)*sz], s.want[i*sz:(i+1)*sz]
+				if bytes.Equal(g, w) || arith && isNaN(dt, g) && isNaN(dt, w) {
+					continue
+				}
+				var ins []string
+				for _, in := range s.ins {
+					ins = append(ins, fmt.Sprintf("%x", in[i*sz:(i+1)*sz]))
+				}
+				t.Fatalf("%s: segment %d (count %d) element %d: got %x, want %x (inputs %s)", name, si, len(s.want)/sz, i, g, w, strings.Join(ins, " "))
+			}
+		}
+		for j, p := range s.in {
+			if !outs[p] && !bytes.Equal(mem[p], append(append([]byte(nil), s.ins[j]...), guard...)) {
+				t.Fatalf("%s: segment %d: input %d changed", name, si, j)
+			}
+		}
+	}
 }
