@@ -372,3 +372,9 @@ func (s *Server) Probe(ctx context.Context) (loop.Status, error) {
 	}
 	return st, err
 }
+
+// SettleGPUs waits until the driver calls the device path has queued off
+// the loop so far (closing IPC handles released, freeing device memory)
+// have run, so that the counts in the metrics are final. A no-op on a
+// CPU-only node.
+func (s *Server) SettleGPUs() { s.gpu.Settle() }

@@ -20,7 +20,7 @@ func TestGPUDeviceOps(t *testing.T) {
 	s := daemontest.Start(t, cfg)
 	daemontest.Run(t, s.Socket, "gpu", 2, 180*time.Second, "HVDD_FAKE_GPUS=1")
 	s.WaitLog(t, "job ended", 30*time.Second)
-	ops := deviceOps(t, m)
+	ops := settledDeviceOps(t, s, m)
 	t.Logf("hvdd_gpu_device_ops_total: %v", ops)
 	for _, kind := range []string{"allocation", "export", "open"} {
 		if ops[kind] <= 0 {
@@ -56,4 +56,23 @@ func deviceOps(t *testing.T, m *metrics.Metrics) map[string]float64 {
 		t.Fatalf("hvdd_gpu_device_ops_total has kinds %v, want allocation, export, open, close, staging", ops)
 	}
 	return ops
+}
+
+// settledDeviceOps returns hvdd_gpu_device_ops_total once the job's
+// connections are gone: their hangups reach the daemon after the job
+// ended, and the closes they queue run on the GPUs' housekeeping
+// goroutine (SettleGPUs). It waits, up to 30 s, until every handle opened
+// is closed, and returns the counts then (or at the deadline: the caller
+// checks).
+func settledDeviceOps(t *testing.T, s *daemontest.Server, m *metrics.Metrics) map[string]float64 {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s.SettleGPUs()
+		ops := deviceOps(t, m)
+		if ops["open"] == ops["close"] || time.Now().After(deadline) {
+			return ops
+		}
+		time.Sleep(5 * time.Millisecond) // the poll's pace, not a synchronisation
+	}
 }

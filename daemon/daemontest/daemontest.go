@@ -380,3 +380,7 @@ func RunAll(tb testing.TB, clients []*hvdd.Client, f func(c *hvdd.Client) error)
 		}
 	}
 }
+
+// SettleGPUs waits for the daemon's queued GPU housekeeping (IPC handles
+// closed, memory freed): daemon.Server.SettleGPUs.
+func (s *Server) SettleGPUs() { s.srv.SettleGPUs() }

@@ -79,7 +79,37 @@ var inject struct {
 	mu     sync.Mutex
 	next   map[string][]int // call -> codes of its next failures, in order
 	loseAt map[string]int   // call -> calls left until the device is lost
+	holds  map[string][]*Hold
 }
+
+// Hold is a call held until Release (HoldNext): a driver call as slow as
+// a test wants, with no timing in the test.
+type Hold struct {
+	reached chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+// HoldNext makes the next call of the named function (as FailNext names
+// them) block, once it is made, until Release. Holds add up: each holds
+// one call, in order.
+func HoldNext(call string) *Hold {
+	h := &Hold{reached: make(chan struct{}), release: make(chan struct{})}
+	inject.mu.Lock()
+	defer inject.mu.Unlock()
+	if inject.holds == nil {
+		inject.holds = map[string][]*Hold{}
+	}
+	inject.holds[call] = append(inject.holds[call], h)
+	return h
+}
+
+// Reached is closed once the held call has been made (and is blocked).
+func (h *Hold) Reached() <-chan struct{} { return h.reached }
+
+// Release lets the held call go on (or, if it was not made yet, lets it
+// pass at once). Safe to call more than once.
+func (h *Hold) Release() { h.once.Do(func() { close(h.release) }) }
 
 // lost is set once the device is lost: every later call fails.
 var lost atomic.Bool
@@ -111,10 +141,16 @@ func FailNext(call string, count, code int) {
 // as after a GPU fell off the bus. Reset undoes it.
 func LoseDevice() { lost.Store(true) }
 
-// Reset clears the pending failures and a lost device.
+// Reset clears the pending failures and holds (releasing them) and a
+// lost device.
 func Reset() {
 	inject.mu.Lock()
-	inject.next, inject.loseAt = nil, nil
+	for _, hs := range inject.holds {
+		for _, h := range hs {
+			h.Release()
+		}
+	}
+	inject.next, inject.loseAt, inject.holds = nil, nil, nil
 	inject.mu.Unlock()
 	lost.Store(false)
 }
@@ -134,6 +170,10 @@ func check(call string) error {
 	if lost.Load() {
 		return lostErr(call)
 	}
+	if h := takeHold(call); h != nil {
+		close(h.reached)
+		<-h.release
+	}
 	inject.mu.Lock()
 	defer inject.mu.Unlock()
 	if n, ok := inject.loseAt[call]; ok {
@@ -149,6 +189,18 @@ func check(call string) error {
 		return newErr(call, codes[0], "injected failure")
 	}
 	return nil
+}
+
+// takeHold returns the next hold of call, if any, and forgets it.
+func takeHold(call string) *Hold {
+	inject.mu.Lock()
+	defer inject.mu.Unlock()
+	hs := inject.holds[call]
+	if len(hs) == 0 {
+		return nil
+	}
+	inject.holds[call] = hs[1:]
+	return hs[0]
 }
 
 var envOnce sync.Once

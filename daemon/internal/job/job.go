@@ -93,6 +93,11 @@ type DeviceTensor interface {
 	// Done is called as o is answered with d, and returns the answer to
 	// send: a tensor staged through host memory is copied back first.
 	Done(o *Op, d *ipcpb.Done) *ipcpb.Done
+	// WhenOpen reports whether the tensor's memory is open in the daemon
+	// (its IPC handles open off the loop goroutine): true, with the error
+	// of a failed open; or false, and then it calls then, once, from
+	// another goroutine, when the opens have ended.
+	WhenOpen(then func(error)) (bool, error)
 }
 
 // OpKey finds a pending op: a global rank's tensor in a process set.

@@ -223,13 +223,20 @@ func (l *Loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 			return &ipc.ProtocolError{Msg: "Enqueue before Hello"}
 		}
 		o, err := c.Resolve(id, m.Enqueue)
-		if err != nil {
-			l.refusedOp(c, m.Enqueue)
-			code := ipcpb.Code_CODE_INVALID_ARGUMENT
-			if errors.Is(err, device.ErrGPUOpen) || errors.Is(err, device.ErrGPULost) { // the GPU failed, not the request
-				code = ipcpb.Code_CODE_INTERNAL
+		if err == nil && o.Dev != nil {
+			// A device tensor's IPC handles open off the loop: the op
+			// joins the negotiation once they are (msgOpened).
+			e := m.Enqueue
+			now, oerr := o.Dev.WhenOpen(func(err error) { l.p.Post(msgOpened{c: c, o: o, e: e, err: err}) })
+			if !now {
+				return nil
 			}
-			c.Reply(id, &ipcpb.Done{Code: code, Error: err.Error()})
+			if err = oerr; err != nil {
+				o.Release()
+			}
+		}
+		if err != nil {
+			l.refuseOp(c, id, m.Enqueue, err)
 			return nil
 		}
 		l.enqueue(o)

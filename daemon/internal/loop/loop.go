@@ -32,6 +32,14 @@ type (
 	msgStall struct{}            // the stall timer fired
 	msgCycle struct{}            // the cycle timer fired
 	MsgQuit  struct{}            // Close was called
+	// msgOpened: the IPC handles of op o, which client c enqueued with e,
+	// have been opened (or failed to, err).
+	msgOpened struct {
+		c   *client
+		o   *job.Op
+		e   *ipcpb.Enqueue
+		err error
+	}
 )
 
 // Loop owns the daemon's job state and every client's read side; only its
@@ -376,6 +384,8 @@ func (l *Loop) message(m any) {
 			}
 		}
 		l.closeDead()
+	case msgOpened:
+		l.opened(m)
 	case msgStall:
 		l.stall = nil
 		l.checkStalls()
@@ -410,6 +420,31 @@ func (l *Loop) message(m any) {
 			l.cfg.Log.Error("unknown message to the loop", "type", fmt.Sprintf("%T", m))
 		}
 	}
+}
+
+// opened goes on with an op whose device tensor's handles were opened off
+// the loop: it joins the negotiation, or is refused for a failed open, or
+// is dropped with its client.
+func (l *Loop) opened(m msgOpened) {
+	switch {
+	case m.c.dropped:
+		m.o.Release()
+	case m.err != nil:
+		m.o.Release()
+		l.refuseOp(m.c, m.o.ID, m.e, m.err)
+	default:
+		l.enqueue(m.o)
+	}
+}
+
+// refuseOp answers an Enqueue the daemon cannot take with why.
+func (l *Loop) refuseOp(c *client, id uint32, e *ipcpb.Enqueue, err error) {
+	l.refusedOp(c, e)
+	code := ipcpb.Code_CODE_INVALID_ARGUMENT
+	if errors.Is(err, device.ErrGPUOpen) || errors.Is(err, device.ErrGPULost) { // the GPU failed, not the request
+		code = ipcpb.Code_CODE_INTERNAL
+	}
+	c.Reply(id, &ipcpb.Done{Code: code, Error: err.Error()})
 }
 
 // drop closes a client's connection after an error or its close, telling it

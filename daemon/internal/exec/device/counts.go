@@ -6,7 +6,7 @@ import "sync/atomic"
 // daemon started, for the metrics: the steady state of a training job
 // should add nothing but the work (issue 26), and these make it visible.
 type Counts struct {
-	// Allocs are device allocations (cuMemAlloc): fusion and scratch
+	// Allocs are device allocations (cuMemAlloc): fusion buffers and combine tables
 	// buffers as they grow, results and device outputs.
 	Allocs int64
 	// Exports are IPC handles exported for clients (cuIpcGetMemHandle).

@@ -18,6 +18,7 @@ import (
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/gpu"
+	"github.com/hvdd/hvdd/gpu/kernels"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/tensor"
 )
@@ -338,60 +339,63 @@ func unstage(o *job.Op, d *ipcpb.Done) *ipcpb.Done {
 	return d
 }
 
-// deviceOutput copies out into a new allocation on d, exported to the
-// client until it sends Release with its handle.
+// deviceOutput copies out into a buffer of the connection's pool on d,
+// lent to the client until it sends Release with its handle.
 func deviceOutput(cg *ConnGPU, d *gpuDev, out []byte) (*ipcpb.DeviceBuffer, error) {
 	db := &ipcpb.DeviceBuffer{DeviceUuid: d.info.UUID, Length: uint64(len(out))}
 	if len(out) == 0 {
 		return db, nil
 	}
-	p, err := d.dev.Alloc(len(out))
+	o, err := cg.take(d, len(out))
 	if err != nil {
-		return nil, fmt.Errorf("device output of %d bytes: %w", len(out), err)
+		return nil, err
 	}
-	d.g.counts.allocs.Add(1)
-	if err := d.dev.CopyHtoD(d.stream, p, out); err != nil {
+	if err := d.dev.CopyHtoD(d.stream, o.ptr, out); err != nil {
 		d.sync(context.Background())
-		d.dev.Free(p)
+		cg.giveBack(o)
 		return nil, err
 	}
 	if err := d.sync(context.Background()); err != nil {
-		d.dev.Free(p)
+		cg.giveBack(o)
 		return nil, err
 	}
-	h, err := d.dev.IpcMemHandle(p)
+	h, err := o.handle()
 	if err != nil {
-		d.dev.Free(p)
+		cg.giveBack(o)
 		return nil, err
 	}
-	d.g.counts.exports.Add(1)
-	if !cg.addOutput(h, &devOutput{d: d, ptr: p}) {
+	if !cg.lend(o) {
 		return nil, errors.New("client gone")
 	}
-	db.MemHandle, db.AllocSize = h[:], uint64(len(out))
+	db.MemHandle, db.AllocSize = h[:], uint64(o.size)
 	return db, nil
 }
 
 // allreduceNative is the native allreduce, on one node or across nodes.
-// Every GPU's fusion buffer gets the node's result (reduceLocal: the
-// daemon's kernels on each GPU, NCCL over the node's GPUs); across nodes
-// the nodes' results are added up on NCCL across nodes where the plan says
+// The ranks of one node on one GPU meet in one combine kernel straight
+// from their tensors into their tensors (allreduceOneGPU). Otherwise every
+// GPU's fusion buffer gets the node's result (reduceLocal: a combine
+// kernel on each GPU, NCCL over the node's GPUs); across nodes the nodes'
+// results are added up on NCCL across nodes where the plan says
 // (allreduceNCCLAcross), else through the job's engine and host memory
-// (allreduceHierarchical); then every GPU postscales its fusion buffer and
-// copies the result into its ranks' tensors.
+// (allreduceHierarchical); then every GPU's fusion buffer goes out to its
+// ranks' tensors, postscaled, by one more combine kernel (a fan-out).
 func (x *Path) allreduceNative(ctx context.Context, w job.Work, devs []*gpuDev) error {
 	r := &w.Resp
 	es := r.DType.Size()
 	op, pre, post := host.Scales(r, w.Size)
+	if err := waitEvents(&w); err != nil {
+		return err
+	}
+	if len(devs) == 1 && !r.NCCL && !crossNodes(&w) {
+		return allreduceOneGPU(&w, devs[0], op, pre, post)
+	}
 	offs := fusedOffsets(r)
 	total := offs[len(r.Tensors)]
 	for _, d := range devs {
-		if err := d.ensure(total, pre != 1); err != nil {
+		if err := d.ensure(total); err != nil {
 			return err
 		}
-	}
-	if err := waitEvents(&w); err != nil {
-		return err
 	}
 	if err := x.reduceLocal(&w, devs, offs, op, pre); err != nil {
 		return err
@@ -410,23 +414,42 @@ func (x *Path) allreduceNative(ctx context.Context, w job.Work, devs []*gpuDev) 
 			return err
 		}
 	}
-	for _, d := range devs {
-		if post != 1 {
-			if err := d.scale(d.fuse, total/es, r.DType, post); err != nil {
-				return fmt.Errorf("GPU %s: postscale: %w", d.info.UUID, err)
-			}
-		}
-	}
-	// Write back: one D2D copy per rank and tensor.
+	return fanOutFused(&w, devs, offs, op, post)
+}
+
+// allreduceOneGPU is the allreduce of a node's ranks on one GPU, d: one
+// combine kernel, a segment per tensor, that reads every rank's tensor
+// and writes the result into every rank's tensor.
+func allreduceOneGPU(w *job.Work, d *gpuDev, op tensor.ReduceOp, pre, post float64) error {
+	r := &w.Resp
+	segs := make([]kernels.Segment, len(w.Ops))
+	nin := 0
 	for i, row := range w.Ops {
-		for _, o := range row {
-			if o == nil {
-				continue
-			}
-			d := devOf(o).d
-			if err := d.dev.CopyDtoD(d.stream, devOf(o).ptr, d.fuse.Add(offs[i]), offs[i+1]-offs[i]); err != nil {
-				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
-			}
+		ps := rankPtrs(row, d, 0)
+		nin = len(ps)
+		segs[i] = kernels.Segment{Count: uint64(r.Tensors[i].Shape.NumElements()), In: ps, Out: ps}
+	}
+	if err := d.combine(segs, nin, nin, r.DType, op, pre, post); err != nil {
+		return fmt.Errorf("GPU %s: allreduce: %w", d.info.UUID, err)
+	}
+	return nil
+}
+
+// fanOutFused writes every GPU's fusion buffer (offs: each tensor's place)
+// into its ranks' tensors, postscaled: one combine kernel per GPU, a
+// segment per tensor, one input and an output per local rank.
+func fanOutFused(w *job.Work, devs []*gpuDev, offs []int, op tensor.ReduceOp, post float64) error {
+	es := w.Resp.DType.Size()
+	for _, d := range devs {
+		segs := make([]kernels.Segment, len(w.Ops))
+		nout := 0
+		for i, row := range w.Ops {
+			outs := rankPtrs(row, d, 0)
+			nout = len(outs)
+			segs[i] = kernels.Segment{Count: uint64((offs[i+1] - offs[i]) / es), In: []uint64{uint64(d.fuse.Add(offs[i]))}, Out: outs}
+		}
+		if err := d.combine(segs, 1, nout, w.Resp.DType, op, 1, post); err != nil {
+			return fmt.Errorf("GPU %s: write back: %w", d.info.UUID, err)
 		}
 	}
 	return nil
@@ -475,25 +498,21 @@ func (x *Path) allreduceHierarchical(ctx context.Context, w *job.Work, devs []*g
 
 // reduceLocal reduces the node's ranks' tensors (offs: each tensor's place
 // in the concatenation) into every GPU's fusion buffer, which ensure made
-// large enough (with the scratch buffer when pre != 1): on each GPU its
-// local ranks' tensors folded in with the daemon's kernels (accumulate);
-// then, over several GPUs, one NCCL allreduce of the fusion buffers over
-// the node-local engines, in one group call.
+// large enough: on each GPU one combine kernel over its local ranks'
+// tensors, each scaled by pre; then, over several GPUs, one NCCL allreduce
+// of the fusion buffers over the node-local engines, in one group call.
 func (x *Path) reduceLocal(w *job.Work, devs []*gpuDev, offs []int, op tensor.ReduceOp, pre float64) error {
 	dt := w.Resp.DType
 	for _, d := range devs {
+		segs := make([]kernels.Segment, len(w.Ops))
+		nin := 0
 		for i, row := range w.Ops {
-			dst, n := d.fuse.Add(offs[i]), offs[i+1]-offs[i]
-			first := true
-			for _, o := range row {
-				if o == nil || devOf(o).d != d {
-					continue
-				}
-				if err := d.accumulate(dst, devOf(o).ptr, d.scratch.Add(offs[i]), n, first, dt, op, pre); err != nil {
-					return err
-				}
-				first = false
-			}
+			ins := rankPtrs(row, d, 0)
+			nin = len(ins)
+			segs[i] = kernels.Segment{Count: uint64((offs[i+1] - offs[i]) / dt.Size()), In: ins, Out: []uint64{uint64(d.fuse.Add(offs[i]))}}
+		}
+		if err := d.combine(segs, nin, 1, dt, op, pre, 1); err != nil {
+			return fmt.Errorf("GPU %s: reduce: %w", d.info.UUID, err)
 		}
 	}
 	if len(devs) == 1 {
@@ -512,35 +531,6 @@ func (x *Path) reduceLocal(w *job.Work, devs []*gpuDev, offs []int, op tensor.Re
 	return nil
 }
 
-// accumulate folds one input, n bytes at src, into dst on d: the first
-// input copied there, each further one reduced into it with op by the
-// reduce kernel. With a prescale (pre != 1) every input is scaled first,
-// as the CPU path scales each input: the first in dst, the others in
-// scratch.
-func (d *gpuDev) accumulate(dst, src, scratch gpu.DevicePtr, n int, first bool, dt tensor.DType, op tensor.ReduceOp, pre float64) error {
-	if first || pre != 1 {
-		to := dst
-		if !first {
-			to = scratch
-		}
-		if err := d.dev.CopyDtoD(d.stream, to, src, n); err != nil {
-			return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
-		}
-		if pre != 1 {
-			if err := d.scale(to, n/dt.Size(), dt, pre); err != nil {
-				return fmt.Errorf("GPU %s: prescale: %w", d.info.UUID, err)
-			}
-		}
-		src = to
-	}
-	if !first {
-		if err := d.reduce(dst, src, n/dt.Size(), dt, op); err != nil {
-			return fmt.Errorf("GPU %s: reduce: %w", d.info.UUID, err)
-		}
-	}
-	return nil
-}
-
 // reduceWhole reduces every tensor of a reducescatter whole into the
 // node's GPUs' fusion buffers (reduceLocal, with the prescale), and returns
 // where each tensor lies there, the op and the postscale still to apply.
@@ -549,7 +539,7 @@ func (x *Path) reduceWhole(w *job.Work, devs []*gpuDev) (offs []int, op tensor.R
 	op, pre, post := host.Scales(r, w.Size)
 	offs = fusedOffsets(r)
 	for _, d := range devs {
-		if err := d.ensure(offs[len(r.Tensors)], pre != 1); err != nil {
+		if err := d.ensure(offs[len(r.Tensors)]); err != nil {
 			return nil, op, post, err
 		}
 	}
@@ -896,8 +886,8 @@ func (x *Path) runResults(w job.Work, devs []*gpuDev) {
 	if err != nil {
 		for _, row := range res {
 			for _, r := range row {
-				if r.n > 0 && r.p != 0 && !r.exported {
-					r.d.dev.Free(r.p)
+				if r.out != nil && !r.lent {
+					r.cg.giveBack(r.out)
 				}
 			}
 		}
@@ -915,11 +905,13 @@ func (x *Path) runResults(w job.Work, devs []*gpuDev) {
 
 // devResult is one op's result while it is built.
 type devResult struct {
-	done     *ipcpb.Done
-	d        *gpuDev // where p is: the rank's GPU
-	p        gpu.DevicePtr
-	n        int
-	exported bool // the client holds it (ConnGPU.addOutput): its to free
+	done *ipcpb.Done
+	d    *gpuDev // where p is: the rank's GPU
+	cg   *ConnGPU
+	out  *devOutput // the pool's buffer p is in; nil for n == 0
+	p    gpu.DevicePtr
+	n    int
+	lent bool // the client holds it (ConnGPU.lend) until it sends Release
 }
 
 // buildResults enqueues every op's result on its GPU's stream, into res
@@ -974,24 +966,26 @@ func (x *Path) resultsHierarchical(w *job.Work, devs []*gpuDev, res [][]devResul
 	return x.allgatherHierarchical(ctx, w, devs, b, res)
 }
 
-// newResult makes *res an op's result of n bytes on GPU d, answered with
-// done, and allocates its memory there: the address, 0 for n == 0.
-func newResult(res *devResult, d *gpuDev, n int, done *ipcpb.Done) (gpu.DevicePtr, error) {
-	*res = devResult{done: done, d: d, n: n}
+// newResult makes *res the result of n bytes of o (on its GPU),
+// answered with done, in a buffer of o's connection's pool: the address,
+// 0 for n == 0.
+func newResult(res *devResult, o *job.Op, n int, done *ipcpb.Done) (gpu.DevicePtr, error) {
+	dv := devOf(o)
+	*res = devResult{done: done, d: dv.d, cg: dv.cg, n: n}
 	if n == 0 {
 		return 0, nil
 	}
-	p, err := d.dev.Alloc(n)
+	out, err := dv.cg.take(dv.d, n)
 	if err != nil {
-		return 0, fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, n, err)
+		return 0, err
 	}
-	d.g.counts.allocs.Add(1)
-	res.p = p
-	return p, nil
+	res.out, res.p = out, out.ptr
+	return out.ptr, nil
 }
 
-// exportResults gives every result built an IPC handle and hands it to its
-// client, filling in the Dones.
+// exportResults gives every result built its buffer's IPC handle (exported
+// once per buffer) and lends the buffer to its client, filling in the
+// Dones.
 func exportResults(w *job.Work, res [][]devResult) error {
 	for i, row := range w.Ops {
 		for k, o := range row {
@@ -999,20 +993,18 @@ func exportResults(w *job.Work, res [][]devResult) error {
 				continue // another node's rank
 			}
 			r := &res[i][k]
-			d := r.d
-			db := &ipcpb.DeviceBuffer{DeviceUuid: d.info.UUID, Length: uint64(r.n)}
+			db := &ipcpb.DeviceBuffer{DeviceUuid: r.d.info.UUID, Length: uint64(r.n)}
 			r.done.DeviceOutput = db
 			if r.n == 0 {
 				continue
 			}
-			h, err := d.dev.IpcMemHandle(r.p)
+			h, err := r.out.handle()
 			if err != nil {
-				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
+				return err
 			}
-			d.g.counts.exports.Add(1)
-			db.MemHandle, db.AllocSize = h[:], uint64(r.n)
-			r.exported = true
-			if !devOf(o).cg.addOutput(h, &devOutput{d: d, ptr: r.p}) {
+			db.MemHandle, db.AllocSize = h[:], uint64(r.out.size)
+			r.lent = true
+			if !r.cg.lend(r.out) {
 				// The client is gone (and the memory freed): it needs no answer.
 				r.done = &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: "client gone"}
 			}
@@ -1054,7 +1046,7 @@ func (x *Path) allgatherTensor(w *job.Work, i int, devs []*gpuDev, res [][]devRe
 	total := offs[len(ops)]
 	res[i] = make([]devResult, len(ops))
 	alloc := func(k int) (gpu.DevicePtr, error) {
-		return newResult(&res[i][k], devOf(ops[k]).d, total, &ipcpb.Done{OutputShape: shape})
+		return newResult(&res[i][k], ops[k], total, &ipcpb.Done{OutputShape: shape})
 	}
 	if total == 0 {
 		for k, o := range ops {
@@ -1198,7 +1190,7 @@ func (x *Path) allgatherHierarchical(ctx context.Context, w *job.Work, devs []*g
 				continue
 			}
 			d := devOf(o).d
-			p, err := newResult(&res[i][k], d, len(all), &ipcpb.Done{OutputShape: shape})
+			p, err := newResult(&res[i][k], o, len(all), &ipcpb.Done{OutputShape: shape})
 			if err != nil {
 				return err
 			}
@@ -1301,7 +1293,7 @@ func (x *Path) alltoallOverGPUs(w *job.Work, devs []*gpuDev, res [][]devResult) 
 				recv[s] = t.Splits[s][k]
 				rows += int64(recv[s])
 			}
-			p, err := newResult(&res[i][k], devOf(o).d, int(rows)*rowBytes, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...), ReceivedSplits: recv})
+			p, err := newResult(&res[i][k], o, int(rows)*rowBytes, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...), ReceivedSplits: recv})
 			if err != nil {
 				return err
 			}
@@ -1333,7 +1325,7 @@ func placeAlltoall(w *job.Work, i int, a *host.A2APlan, res [][]devResult, put f
 			continue
 		}
 		d := devOf(o).d
-		p, err := newResult(&res[i][r], d, a.Rows(r)*a.RowBytes, &ipcpb.Done{OutputShape: a.Shape(r, t.Shape), ReceivedSplits: a.Received(r)})
+		p, err := newResult(&res[i][r], o, a.Rows(r)*a.RowBytes, &ipcpb.Done{OutputShape: a.Shape(r, t.Shape), ReceivedSplits: a.Received(r)})
 		if err != nil {
 			return err
 		}
@@ -1412,7 +1404,7 @@ func (x *Path) alltoallNCCLAcross(w *job.Work, devs []*gpuDev, res [][]devResult
 		for m, c := range a.SendCounts {
 			sendOff[m+1] = sendOff[m] + c
 		}
-		if err := d0.ensure(sendOff[nn]+a.Total, false); err != nil {
+		if err := d0.ensure(sendOff[nn] + a.Total); err != nil {
 			return err
 		}
 		sendBuf, recvBuf := d0.fuse, d0.fuse.Add(sendOff[nn])
@@ -1478,43 +1470,37 @@ func alltoallExchange(a *host.A2APlan, me int, d0 *gpuDev, sendBuf gpu.DevicePtr
 	return nil
 }
 
-// reducescatterOneGPU builds a reducescatter's results on one GPU, d: each
-// rank's block of every rank's tensor folded straight into the rank's
-// result (accumulate, with the prescale through d's scratch buffer), then
-// postscaled.
+// reducescatterOneGPU builds a reducescatter's results on one GPU, d: one
+// combine kernel with a segment per tensor and rank, which reads that
+// rank's block of every rank's tensor and writes the rank's result, scaled
+// as the CPU path scales.
 func reducescatterOneGPU(w *job.Work, d *gpuDev, res [][]devResult) error {
 	r := &w.Resp
 	op, pre, post := host.Scales(r, w.Size)
+	es := r.DType.Size()
+	var segs []kernels.Segment
+	nin := 0
 	for i, ops := range w.Ops {
 		t := &r.Tensors[i]
-		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
+		rowBytes := int(t.Shape.RowElements()) * es
 		res[i] = make([]devResult, len(ops))
 		for k := range ops {
 			start, rows := host.ScatterBlock(t, len(ops), k)
 			n := int(rows) * rowBytes
-			p, err := newResult(&res[i][k], d, n, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...)})
+			p, err := newResult(&res[i][k], ops[k], n, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...)})
 			if err != nil {
 				return err
 			}
 			if p == 0 {
 				continue
 			}
-			if pre != 1 {
-				if err := d.ensure(n, true); err != nil {
-					return err
-				}
-			}
-			for s, so := range ops {
-				if err := d.accumulate(p, devOf(so).ptr.Add(int(start)*rowBytes), d.scratch, n, s == 0, r.DType, op, pre); err != nil {
-					return err
-				}
-			}
-			if post != 1 {
-				if err := d.scale(p, n/r.DType.Size(), r.DType, post); err != nil {
-					return fmt.Errorf("GPU %s: postscale: %w", d.info.UUID, err)
-				}
-			}
+			ins := rankPtrs(ops, d, int(start)*rowBytes)
+			nin = len(ins)
+			segs = append(segs, kernels.Segment{Count: uint64(n / es), In: ins, Out: []uint64{uint64(p)}})
 		}
+	}
+	if err := d.combine(segs, nin, 1, r.DType, op, pre, post); err != nil {
+		return fmt.Errorf("GPU %s: reducescatter: %w", d.info.UUID, err)
 	}
 	return nil
 }
@@ -1548,7 +1534,7 @@ func (x *Path) reducescatterOverGPUs(w *job.Work, devs []*gpuDev, res [][]devRes
 			}
 			start, rows := host.ScatterBlock(t, w.Size, k)
 			d := devOf(o).d
-			if err := scatterResult(&res[i][k], d, t, int(rows), post, r.DType, func(p gpu.DevicePtr, n int) error {
+			if err := scatterResult(&res[i][k], o, t, int(rows), post, r.DType, func(p gpu.DevicePtr, n int) error {
 				return d.dev.CopyDtoD(d.stream, p, d.fuse.Add(offs[i]+int(start)*rowBytes), n)
 			}); err != nil {
 				return err
@@ -1558,11 +1544,13 @@ func (x *Path) reducescatterOverGPUs(w *job.Work, devs []*gpuDev, res [][]devRes
 	return nil
 }
 
-// scatterResult makes *res a reducescatter's result of rows rows of t on
-// GPU d: allocated there, filled by fill (n bytes at p), and postscaled.
-func scatterResult(res *devResult, d *gpuDev, t *plan.Tensor, rows int, post float64, dt tensor.DType, fill func(p gpu.DevicePtr, n int) error) error {
+// scatterResult makes *res a reducescatter's result of rows rows of t for
+// o, on its GPU: in a buffer of its connection's pool, filled by fill (n
+// bytes at p), and postscaled.
+func scatterResult(res *devResult, o *job.Op, t *plan.Tensor, rows int, post float64, dt tensor.DType, fill func(p gpu.DevicePtr, n int) error) error {
+	d := devOf(o).d
 	n := rows * int(t.Shape.RowElements()) * dt.Size()
-	p, err := newResult(res, d, n, &ipcpb.Done{OutputShape: append(tensor.Shape{int64(rows)}, t.Shape[1:]...)})
+	p, err := newResult(res, o, n, &ipcpb.Done{OutputShape: append(tensor.Shape{int64(rows)}, t.Shape[1:]...)})
 	if err != nil || p == 0 {
 		return err
 	}
@@ -1611,7 +1599,7 @@ func (x *Path) reducescatterHierarchical(ctx context.Context, w *job.Work, devs 
 			}
 			_, rows := host.ScatterBlock(t, w.Size, rank)
 			d := devOf(o).d
-			if err := scatterResult(&res[i][rank], d, t, int(rows), post, r.DType, func(p gpu.DevicePtr, n int) error {
+			if err := scatterResult(&res[i][rank], o, t, int(rows), post, r.DType, func(p gpu.DevicePtr, n int) error {
 				return d.dev.CopyHtoD(d.stream, p, block[at[lr]:at[lr]+n])
 			}); err != nil {
 				return err

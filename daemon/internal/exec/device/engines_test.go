@@ -40,7 +40,7 @@ func TestLocalEngines(t *testing.T) {
 	}
 	// One allreduce over both GPUs, as reduceLocal issues it.
 	for _, d := range g.devs {
-		if err := d.ensure(64, false); err != nil {
+		if err := d.ensure(64); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -30,7 +30,16 @@ import (
 // The device work itself (device.go) runs only on the executor goroutine,
 // never inline in the loop: each GPU's stream, fusion buffer and kernels
 // belong to that goroutine, and it synchronises the streams before any Done
-// goes out.
+// goes out. The driver calls that may block (opening a GPU's context or an
+// IPC handle, closing one, freeing memory) run on the housekeeping
+// goroutine (later.go): an op whose memory is still being opened reaches
+// the loop's negotiation once it is open (job.DeviceTensor.WhenOpen).
+//
+// Results of a new size (allgather, alltoall, reducescatter, a staged
+// output) go to the client in buffers of its connection's pool: allocated
+// and exported once, lent to the client from its Done until it sends
+// Release, then kept for the next result, so that a training job's steady
+// state allocates and exports nothing.
 
 // GPUs is the daemon's GPUs: nil on a CPU-only node.
 //
@@ -45,6 +54,7 @@ import (
 // connections.
 type GPUs struct {
 	counts counters // what the device path did to device memory (Counts)
+	hk     housekeeping
 	// anyLost is set once a GPU is lost (MarkLost), so that the executor's
 	// check costs one atomic load while none is.
 	anyLost atomic.Bool
@@ -73,7 +83,7 @@ type GPUs struct {
 }
 
 // gpuDev is one GPU the daemon found, with (once opened) its context and
-// the executor's stream, fusion and scratch buffers and kernels on it.
+// the executor's stream, fusion buffer, combine tables and kernels on it.
 type gpuDev struct {
 	idx  int // in GPUs.devs
 	info gpu.Info
@@ -89,13 +99,12 @@ type gpuDev struct {
 	dev gpu.Device // nil until opened
 
 	// Used by the executor goroutine only (set by open).
-	stream   gpu.Stream
-	kern     *gpuKernels
-	kernErr  error
-	fuse     gpu.DevicePtr
-	fuseN    int
-	scratch  gpu.DevicePtr
-	scratchN int
+	stream  gpu.Stream
+	kern    *gpuKernels
+	kernErr error
+	fuse    gpu.DevicePtr
+	fuseN   int
+	tab     tables // the combine kernel's (combine.go)
 }
 
 // ErrGPUOpen marks a GPU whose context could not be opened: the op that
@@ -200,6 +209,7 @@ func (g *GPUs) Close() {
 	if g == nil {
 		return
 	}
+	g.Settle()
 	g.dropEngines((*nccl.Engine).Close)
 	for _, d := range g.devs {
 		d.mu.Lock()
@@ -210,9 +220,7 @@ func (g *GPUs) Close() {
 		if d.fuseN > 0 {
 			d.dev.Free(d.fuse)
 		}
-		if d.scratchN > 0 {
-			d.dev.Free(d.scratch)
-		}
+		d.freeTables()
 		if d.kern != nil {
 			d.kern.mod.Unload()
 		}
@@ -224,36 +232,49 @@ func (g *GPUs) Close() {
 }
 
 // ConnGPU is one connection's device state: its mapped allocations and
-// opened events (the loop's), and the device outputs the daemon allocated
-// for it (the executor adds them, the loop frees them on Release).
+// opened events (the loop's), and the pool of device buffers its results
+// go out in (the executor takes and lends them, the loop takes them back on
+// Release).
 type ConnGPU struct {
 	Log    *slog.Logger // where its messages go (the client's, with its pid)
 	maps   map[string]*devMapping
 	events map[string]*devEvent
 
-	mu     sync.Mutex // guards the fields below
-	outs   map[string]*devOutput
+	mu     sync.Mutex            // guards the fields below
+	outs   map[string]*devOutput // lent to the client, by IPC handle
+	free   []*devOutput          // kept for the next results, oldest first
 	closed bool
 }
 
-// devMapping is a client allocation opened with cuIpcOpenMemHandle.
+// devMapping is a client allocation opened with cuIpcOpenMemHandle (on the
+// housekeeping goroutine: base is set once open has ended without error).
 type devMapping struct {
+	opening
 	d    *gpuDev
 	base gpu.DevicePtr
 	size uint64
 	refs atomic.Int32
 }
 
-// Unref drops a reference; the last closes the mapping.
+// Unref drops a reference; the last closes the mapping (once its open has
+// ended: the close is queued after it).
 func (m *devMapping) Unref() {
 	if m.refs.Add(-1) == 0 {
-		m.d.dev.CloseMemHandle(m.base)
-		m.d.g.counts.closes.Add(1)
+		g := m.d.g
+		g.later(func() {
+			if m.err != nil {
+				return
+			}
+			m.d.dev.CloseMemHandle(m.base)
+			g.counts.closes.Add(1)
+		})
 	}
 }
 
-// devEvent is a client's interprocess event, opened once.
+// devEvent is a client's interprocess event, opened once (on the
+// housekeeping goroutine).
 type devEvent struct {
+	opening
 	d    *gpuDev
 	ev   gpu.Event
 	refs atomic.Int32
@@ -262,25 +283,40 @@ type devEvent struct {
 // Unref drops a reference; the last destroys the event.
 func (e *devEvent) Unref() {
 	if e.refs.Add(-1) == 0 {
-		e.ev.Destroy()
-		e.d.g.counts.closes.Add(1)
+		g := e.d.g
+		g.later(func() {
+			if e.err != nil {
+				return
+			}
+			e.ev.Destroy()
+			g.counts.closes.Add(1)
+		})
 	}
 }
 
-// devOutput is daemon device memory holding a result for the client
-// (Done.device_output) until it sends Release.
+// devOutput is a buffer of a connection's pool of device memory for
+// results (Done.device_output): allocated once (size bytes, a sizeClass),
+// exported once (h), lent for one result at a time.
 type devOutput struct {
-	d   *gpuDev
-	ptr gpu.DevicePtr
+	d        *gpuDev
+	ptr      gpu.DevicePtr
+	size     int
+	h        gpu.IpcMemHandle
+	exported bool
 }
 
 // devOp is an op's device tensor.
 type devOp struct {
-	d   *gpuDev
-	cg  *ConnGPU    // the device state of the connection that sent it
-	m   *devMapping // nil for an empty tensor
-	ev  *devEvent   // nil when the client synchronised its stream itself
-	ptr gpu.DevicePtr
+	d    *gpuDev
+	cg   *ConnGPU    // the device state of the connection that sent it
+	name string      // the tensor's, for errors
+	m    *devMapping // nil for an empty tensor
+	ev   *devEvent   // nil when the client synchronised its stream itself
+	off  int         // the tensor's offset in m's allocation
+	// ctx is the GPU's context being opened for an empty tensor (whose
+	// op has no mapping to wait for); nil when it was open.
+	ctx *opening
+	ptr gpu.DevicePtr // m's base + off, once open (WhenOpen)
 	n   int
 	// staged is the host copy the CPU path works on, when the tensor
 	// takes that path (device.go: stageIn); nil otherwise.
@@ -321,12 +357,64 @@ func (d *devOp) Release() {
 	d.m, d.ev, d.staged = nil, nil, nil
 }
 
+// WhenOpen reports whether the tensor's memory, event and GPU context are
+// open (job.DeviceTensor): true with the error of a failed open, or false,
+// and then calls then, once, from another goroutine when they are.
+func (d *devOp) WhenOpen(then func(error)) (bool, error) {
+	var waits []*opening
+	for _, o := range []*opening{d.ctx, d.mOpening(), d.evOpening()} {
+		if o != nil && !o.done() {
+			waits = append(waits, o)
+		}
+	}
+	if len(waits) == 0 {
+		return true, d.opened()
+	}
+	go func() {
+		for _, o := range waits {
+			<-o.ready
+		}
+		then(d.opened())
+	}()
+	return false, nil
+}
+
+func (d *devOp) mOpening() *opening {
+	if d.m == nil {
+		return nil
+	}
+	return &d.m.opening
+}
+
+func (d *devOp) evOpening() *opening {
+	if d.ev == nil {
+		return nil
+	}
+	return &d.ev.opening
+}
+
+// opened ends WhenOpen once every open has ended: the first failure, named
+// after the tensor, or nil with ptr set.
+func (d *devOp) opened() error {
+	for _, o := range []*opening{d.ctx, d.mOpening(), d.evOpening()} {
+		if o != nil && o.err != nil {
+			return fmt.Errorf("tensor %q: %w", d.name, o.err)
+		}
+	}
+	if d.m != nil {
+		d.ptr = d.m.base.Add(d.off)
+	}
+	return nil
+}
+
 // maxDeviceMappings bounds one connection's cached IPC mappings.
 const maxDeviceMappings = 4096
 
 // Resolve checks a DeviceBuffer for a tensor of n bytes of the connection
-// whose device state is cg and returns it mapped, holding references on its
-// mapping and event. g is nil on a CPU-only node.
+// whose device state is cg and returns it, holding references on its
+// mapping and event. The handles it has not seen before, and the GPU's
+// context the first time, are opened on the housekeeping goroutine: the
+// tensor is usable once WhenOpen says so. g is nil on a CPU-only node.
 func (g *GPUs) Resolve(cg *ConnGPU, name string, b *ipcpb.DeviceBuffer, n uint64) (job.DeviceTensor, error) {
 	if g == nil {
 		return nil, fmt.Errorf("tensor %q: a GPU tensor (device_buffer), but this daemon runs CPU-only (no CUDA driver): stage it through host memory", name)
@@ -341,12 +429,15 @@ func (g *GPUs) Resolve(cg *ConnGPU, name string, b *ipcpb.DeviceBuffer, n uint64
 	if b.GetLength() != n {
 		return nil, fmt.Errorf("tensor %q: device buffer of %d bytes for a tensor of %d bytes", name, b.GetLength(), n)
 	}
-	// The executor runs even an empty tensor on the GPU's stream.
-	if err := d.open("first device tensor", "tensor", name); err != nil {
-		return nil, fmt.Errorf("tensor %q: %w", name, err)
-	}
 	if n == 0 {
-		return &devOp{d: d, cg: cg}, nil
+		// The executor runs even an empty tensor on the GPU's stream.
+		o := &devOp{d: d, cg: cg, name: name}
+		if !d.opened() {
+			ctx := newOpening()
+			o.ctx = &ctx
+			g.later(func() { ctx.end(d.open("first device tensor", "tensor", name)) })
+		}
+		return o, nil
 	}
 	if len(b.GetMemHandle()) != gpu.IpcMemHandleSize {
 		return nil, fmt.Errorf("tensor %q: CUDA IPC memory handle of %d bytes (want %d)", name, len(b.GetMemHandle()), gpu.IpcMemHandleSize)
@@ -366,7 +457,7 @@ func (g *GPUs) Resolve(cg *ConnGPU, name string, b *ipcpb.DeviceBuffer, n uint64
 	if err != nil {
 		return nil, err
 	}
-	o := &devOp{d: d, cg: cg, m: m, ptr: m.base.Add(int(b.GetOffset())), n: int(n)}
+	o := &devOp{d: d, cg: cg, name: name, m: m, off: int(b.GetOffset()), n: int(n)}
 	m.refs.Add(1)
 	if eh := b.GetEventHandle(); len(eh) != 0 {
 		e, err := cg.event(d, name, eh)
@@ -381,8 +472,10 @@ func (g *GPUs) Resolve(cg *ConnGPU, name string, b *ipcpb.DeviceBuffer, n uint64
 }
 
 // mapping returns the connection's cached mapping of the allocation of
-// size bytes that handle names on d, opening it (cuIpcOpenMemHandle) the
-// first time; the cache holds a reference.
+// size bytes that handle names on d, opening it (cuIpcOpenMemHandle, and
+// the GPU's context first if need be) on the housekeeping goroutine the
+// first time; the cache holds a reference. A mapping whose open failed is
+// opened again.
 func (cg *ConnGPU) mapping(d *gpuDev, name string, handle []byte, size uint64) (*devMapping, error) {
 	if cg.maps == nil {
 		cg.maps = make(map[string]*devMapping)
@@ -390,6 +483,11 @@ func (cg *ConnGPU) mapping(d *gpuDev, name string, handle []byte, size uint64) (
 	}
 	key := string(handle)
 	m := cg.maps[key]
+	if m != nil && m.done() && m.err != nil {
+		delete(cg.maps, key)
+		m.Unref()
+		m = nil
+	}
 	switch {
 	case m != nil && m.d != d:
 		return nil, fmt.Errorf("tensor %q: its IPC memory handle was sent before for GPU %s, now for %s", name, m.d.info.UUID, d.info.UUID)
@@ -399,27 +497,42 @@ func (cg *ConnGPU) mapping(d *gpuDev, name string, handle []byte, size uint64) (
 		if len(cg.maps) >= maxDeviceMappings {
 			return nil, fmt.Errorf("tensor %q: more than %d device allocations mapped: release some (ReleaseDeviceMemory)", name, maxDeviceMappings)
 		}
-		var h gpu.IpcMemHandle
-		copy(h[:], key)
-		base, err := d.dev.OpenMemHandle(h, int(size))
-		if err != nil {
-			return nil, fmt.Errorf("tensor %q: GPU %s: open the CUDA IPC memory handle: %w", name, d.info.UUID, err)
-		}
-		d.g.counts.opens.Add(1)
-		m = &devMapping{d: d, base: base, size: size}
+		m = &devMapping{opening: newOpening(), d: d, size: size}
 		m.refs.Store(1)
 		cg.maps[key] = m
+		var h gpu.IpcMemHandle
+		copy(h[:], key)
+		d.g.later(func() {
+			if err := d.open("first device tensor", "tensor", name); err != nil {
+				m.end(err)
+				return
+			}
+			base, err := d.dev.OpenMemHandle(h, int(size))
+			if err != nil {
+				m.end(fmt.Errorf("GPU %s: open the CUDA IPC memory handle: %w", d.info.UUID, err))
+				return
+			}
+			d.g.counts.opens.Add(1)
+			m.base = base
+			m.end(nil)
+		})
 	}
 	return m, nil
 }
 
 // event returns the connection's cached IPC event that handle names on d,
-// opening it (cuIpcEventOpenHandle) the first time; the cache holds a
-// reference. No message releases events: at the bound, those no op uses
-// are forgotten.
+// opening it (cuIpcEventOpenHandle) on the housekeeping goroutine the
+// first time; the cache holds a reference. No message releases events: at
+// the bound, those no op uses are forgotten. One whose open failed is
+// opened again.
 func (cg *ConnGPU) event(d *gpuDev, name string, handle []byte) (*devEvent, error) {
 	ek := string(handle)
 	e := cg.events[ek]
+	if e != nil && e.done() && e.err != nil {
+		delete(cg.events, ek)
+		e.Unref()
+		e = nil
+	}
 	if e != nil && e.d != d {
 		return nil, fmt.Errorf("tensor %q: its IPC event handle was sent before for GPU %s, now for %s", name, e.d.info.UUID, d.info.UUID)
 	}
@@ -437,21 +550,31 @@ func (cg *ConnGPU) event(d *gpuDev, name string, handle []byte) (*devEvent, erro
 	if len(cg.events) >= maxDeviceMappings {
 		return nil, fmt.Errorf("tensor %q: more than %d IPC events in use", name, maxDeviceMappings)
 	}
-	var h gpu.IpcEventHandle
-	copy(h[:], ek)
-	ev, err := d.dev.OpenEventHandle(h)
-	if err != nil {
-		return nil, fmt.Errorf("tensor %q: GPU %s: open the CUDA IPC event handle: %w", name, d.info.UUID, err)
-	}
-	d.g.counts.opens.Add(1)
-	e = &devEvent{d: d, ev: ev}
+	e = &devEvent{opening: newOpening(), d: d}
 	e.refs.Store(1)
 	cg.events[ek] = e
+	var h gpu.IpcEventHandle
+	copy(h[:], ek)
+	d.g.later(func() {
+		// The mapping's open, queued before, opened the GPU's context.
+		if err := d.open("first device tensor", "tensor", name); err != nil {
+			e.end(err)
+			return
+		}
+		ev, err := d.dev.OpenEventHandle(h)
+		if err != nil {
+			e.end(fmt.Errorf("GPU %s: open the CUDA IPC event handle: %w", d.info.UUID, err))
+			return
+		}
+		d.g.counts.opens.Add(1)
+		e.ev = ev
+		e.end(nil)
+	})
 	return e, nil
 }
 
-// releaseDeviceMemory drops the cached mappings of handles the client freed;
-// a mapping an op in flight uses closes after it. Unknown handles are
+// ReleaseMemory drops the cached mappings of handles the client freed; a
+// mapping an op in flight uses closes after it. Unknown handles are
 // ignored: the client may free allocations it never sent.
 func (cg *ConnGPU) ReleaseMemory(m *ipcpb.ReleaseDeviceMemory) {
 	for _, h := range m.GetMemHandles() {
@@ -463,8 +586,8 @@ func (cg *ConnGPU) ReleaseMemory(m *ipcpb.ReleaseDeviceMemory) {
 }
 
 // Close drops everything the connection held on the GPUs (the loop, at
-// disconnect): mappings and events close once no op uses them, device
-// outputs are freed.
+// disconnect): mappings and events close once no op uses them, the pool's
+// buffers are freed (on the housekeeping goroutine).
 func (cg *ConnGPU) Close() {
 	if n := len(cg.maps) + len(cg.events); n > 0 {
 		cg.Log.Debug("GPU mappings closed", "mappings", len(cg.maps), "events", len(cg.events))
@@ -480,32 +603,142 @@ func (cg *ConnGPU) Close() {
 	cg.mu.Lock()
 	defer cg.mu.Unlock()
 	for k, o := range cg.outs {
-		o.d.dev.Free(o.ptr)
+		o.freeLater()
 		delete(cg.outs, k)
 	}
+	for _, o := range cg.free {
+		o.freeLater()
+	}
+	cg.free = nil
 	cg.closed = true
 }
 
-// addOutput keeps a device output for the client until Release; it
-// returns false (and frees it) when the client is gone.
-func (cg *ConnGPU) addOutput(h gpu.IpcMemHandle, o *devOutput) bool {
+// maxPooled bounds the buffers a connection's pool keeps per GPU while
+// none is lent: beyond, the oldest are freed.
+const maxPooled = 8
+
+// sizeClass rounds a result's n bytes up to the size its buffer is
+// allocated with: a power of two up to 1 MiB, then a multiple of an
+// eighth of the power of two below (at most 12.5% more), so that results
+// whose size varies a little (an allgather of varying batches) reuse a
+// buffer.
+func sizeClass(n int) int {
+	const small = 1 << 20
+	if n <= 256 {
+		return 256
+	}
+	if n <= small {
+		return 1 << bits.Len(uint(n-1))
+	}
+	step := 1 << (bits.Len(uint(n)) - 4) // an eighth of n's power of two
+	return (n + step - 1) / step * step
+}
+
+// take returns a buffer on d for a result of n > 0 bytes: the smallest
+// pooled one that fits (and is not over twice its size class), or a new
+// one (cuMemAlloc). Runs on the executor goroutine.
+func (cg *ConnGPU) take(d *gpuDev, n int) (*devOutput, error) {
+	class := sizeClass(n)
+	cg.mu.Lock()
+	best := -1
+	for i, o := range cg.free {
+		if o.d == d && o.size >= n && o.size <= 2*class && (best < 0 || o.size < cg.free[best].size) {
+			best = i
+		}
+	}
+	if best >= 0 {
+		o := cg.free[best]
+		cg.free = append(cg.free[:best], cg.free[best+1:]...)
+		cg.mu.Unlock()
+		return o, nil
+	}
+	cg.mu.Unlock()
+	p, err := d.dev.Alloc(class)
+	if err != nil {
+		return nil, fmt.Errorf("GPU %s: device output of %d bytes: %w", d.info.UUID, n, err)
+	}
+	d.g.counts.allocs.Add(1)
+	return &devOutput{d: d, ptr: p, size: class}, nil
+}
+
+// handle returns o's IPC handle, exporting it the first time.
+func (o *devOutput) handle() (gpu.IpcMemHandle, error) {
+	if o.exported {
+		return o.h, nil
+	}
+	h, err := o.d.dev.IpcMemHandle(o.ptr)
+	if err != nil {
+		return h, fmt.Errorf("GPU %s: %w", o.d.info.UUID, err)
+	}
+	o.d.g.counts.exports.Add(1)
+	o.h, o.exported = h, true
+	return h, nil
+}
+
+// freeLater frees o's memory on the housekeeping goroutine.
+func (o *devOutput) freeLater() {
+	d := o.d
+	d.g.later(func() {
+		if err := d.dev.Free(o.ptr); err != nil {
+			d.g.log.Warn("freeing a device output failed", "gpu", d.info.UUID, "err", err)
+		}
+	})
+}
+
+// lend hands o (exported) to the client until it sends Release; it
+// returns false (and frees o) when the client is gone.
+func (cg *ConnGPU) lend(o *devOutput) bool {
 	cg.mu.Lock()
 	defer cg.mu.Unlock()
 	if cg.closed {
-		o.d.dev.Free(o.ptr)
+		o.freeLater()
 		return false
 	}
 	if cg.outs == nil {
 		cg.outs = make(map[string]*devOutput)
 	}
-	cg.outs[string(h[:])] = o
+	cg.outs[string(o.h[:])] = o
 	return true
+}
+
+// giveBack returns a buffer taken and not lent (a result that failed) to
+// the pool.
+func (cg *ConnGPU) giveBack(o *devOutput) {
+	cg.mu.Lock()
+	defer cg.mu.Unlock()
+	cg.keep(o)
+}
+
+// keep pools o, freeing the oldest of its GPU's pooled buffers beyond
+// maxPooled; cg.mu is held.
+func (cg *ConnGPU) keep(o *devOutput) {
+	if cg.closed {
+		o.freeLater()
+		return
+	}
+	cg.free = append(cg.free, o)
+	n := 0
+	for _, f := range cg.free {
+		if f.d == o.d {
+			n++
+		}
+	}
+	for i := 0; n > maxPooled && i < len(cg.free); {
+		if f := cg.free[i]; f.d == o.d {
+			f.freeLater()
+			cg.free = append(cg.free[:i], cg.free[i+1:]...)
+			n--
+			continue
+		}
+		i++
+	}
 }
 
 // Mapped is the number of the connection's mapped allocations.
 func (cg *ConnGPU) Mapped() int { return len(cg.maps) }
 
-// ReleaseOutput frees a device output the client has read.
+// ReleaseOutput takes back a device output the client has read, into the
+// pool.
 func (cg *ConnGPU) ReleaseOutput(h []byte) error {
 	cg.mu.Lock()
 	defer cg.mu.Unlock()
@@ -514,9 +747,7 @@ func (cg *ConnGPU) ReleaseOutput(h []byte) error {
 		return fmt.Errorf("release of an unknown device output (%d-byte handle)", len(h))
 	}
 	delete(cg.outs, string(h))
-	if err := o.d.dev.Free(o.ptr); err != nil {
-		cg.Log.Warn("freeing a device output failed", "gpu", o.d.info.UUID, "err", err)
-	}
+	cg.keep(o)
 	return nil
 }
 
@@ -552,15 +783,6 @@ func (k *gpuKernels) fn(name string) (gpu.Function, error) {
 	return f, nil
 }
 
-// reduce enqueues dst = op(dst, src) over count elements.
-func (d *gpuDev) reduce(dst, src gpu.DevicePtr, count int, dt tensor.DType, op tensor.ReduceOp) error {
-	k, err := d.kernels()
-	if err != nil {
-		return err
-	}
-	return kernelReduce(k.fn, d.stream, dst, src, count, dt, op)
-}
-
 // scale enqueues p *= factor over count elements.
 func (d *gpuDev) scale(p gpu.DevicePtr, count int, dt tensor.DType, factor float64) error {
 	k, err := d.kernels()
@@ -570,30 +792,24 @@ func (d *gpuDev) scale(p gpu.DevicePtr, count int, dt tensor.DType, factor float
 	return kernelScale(k.fn, d.stream, p, count, dt, factor)
 }
 
-// ensure grows d's fusion (and, with scratch, scratch) buffer to n bytes.
-func (d *gpuDev) ensure(n int, scratch bool) error {
-	grow := func(p *gpu.DevicePtr, have *int) error {
-		if *have >= n {
-			return nil
-		}
-		if *have > 0 {
-			d.dev.Free(*p)
-			*have = 0
-		}
-		np, err := d.dev.Alloc(n)
-		if err != nil {
-			return fmt.Errorf("GPU %s: fusion buffer of %d bytes: %w", d.info.UUID, n, err)
-		}
-		d.g.counts.allocs.Add(1)
-		*p, *have = np, n
+// ensure grows d's fusion buffer to hold n bytes, to n's size class
+// (sizeClass), so that a fused size that creeps up does not reallocate at
+// every new maximum.
+func (d *gpuDev) ensure(n int) error {
+	if d.fuseN >= n {
 		return nil
 	}
-	if err := grow(&d.fuse, &d.fuseN); err != nil {
-		return err
+	if d.fuseN > 0 {
+		d.dev.Free(d.fuse)
+		d.fuseN = 0
 	}
-	if scratch {
-		return grow(&d.scratch, &d.scratchN)
+	size := sizeClass(n)
+	p, err := d.dev.Alloc(size)
+	if err != nil {
+		return fmt.Errorf("GPU %s: fusion buffer of %d bytes: %w", d.info.UUID, size, err)
 	}
+	d.g.counts.allocs.Add(1)
+	d.fuse, d.fuseN = p, size
 	return nil
 }
 
@@ -795,6 +1011,7 @@ func syncAll(ctx context.Context, devs []*gpuDev) error {
 		if err := d.sync(ctx); err != nil {
 			errs = append(errs, err)
 		}
+		d.endResponse()
 	}
 	return errors.Join(errs...)
 }

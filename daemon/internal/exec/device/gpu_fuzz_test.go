@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/gpu/fake"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/tensor"
@@ -65,6 +66,11 @@ func FuzzResolveDevice(f *testing.F) {
 		db := &ipcpb.DeviceBuffer{DeviceUuid: uuid, MemHandle: mh, AllocSize: size, Offset: off, Length: n, EventHandle: evh}
 		want := uint64(d0) * uint64(dtype.Size())
 		res, err := g.Resolve(cg, "t", db, want)
+		if err == nil {
+			if err = awaitOpen(res); err != nil {
+				res.Release()
+			}
+		}
 		if err != nil {
 			if strings.TrimSpace(err.Error()) == "" {
 				t.Fatal("empty error text")
@@ -97,4 +103,14 @@ func FuzzResolveDevice(f *testing.F) {
 			t.Fatalf("closed connection left %d references on a mapping", m.refs.Load())
 		}
 	})
+}
+
+// awaitOpen waits until dt's handles are open (WhenOpen) and returns the
+// error of a failed open.
+func awaitOpen(dt job.DeviceTensor) error {
+	ch := make(chan error, 1)
+	if now, err := dt.WhenOpen(func(err error) { ch <- err }); now {
+		return err
+	}
+	return <-ch
 }

@@ -6,24 +6,12 @@ import (
 	"github.com/hvdd/hvdd/tensor"
 )
 
-// The calling convention of gpu/kernels' element-wise kernels, in one place:
-// reduce_<op>_<dtype>(dst, src, n) and scale_<dtype>(p, n, f), n a uint64
-// element count, launched 1-D with kernels.BlockSize threads per block.
+// The calling convention of gpu/kernels' scale kernel, scale_<dtype>(p, n,
+// f), n a uint64 element count, launched 1-D with kernels.BlockSize
+// threads per block. (The combine kernel's is in combine.go.)
 
 // kernelImage is the PTX the daemon loads on each GPU.
 func kernelImage() []byte { return kernels.PTX() }
-
-func kernelReduce(f func(string) (gpu.Function, error), s gpu.Stream, dst, src gpu.DevicePtr, count int, dt tensor.DType, op tensor.ReduceOp) error {
-	name, err := kernels.Name(op, dt)
-	if err != nil {
-		return err
-	}
-	fn, err := f(name)
-	if err != nil {
-		return err
-	}
-	return fn.Launch(s, kernels.Grid(count), kernels.BlockSize, dst, src, uint64(count))
-}
 
 func kernelScale(f func(string) (gpu.Function, error), s gpu.Stream, p gpu.DevicePtr, count int, dt tensor.DType, factor float64) error {
 	if dt == tensor.Bool {

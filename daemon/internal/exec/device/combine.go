@@ -1,0 +1,146 @@
+package device
+
+import (
+	"fmt"
+
+	"github.com/hvdd/hvdd/daemon/internal/job"
+	"github.com/hvdd/hvdd/gpu"
+	"github.com/hvdd/hvdd/gpu/kernels"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+// The combine kernel (gpu/kernels: combine_<op>_<dtype>) is how ranks that
+// share a GPU meet: one launch per fused response reads each rank's input
+// once and writes each output once (2N·S bytes of memory traffic for N
+// ranks and S bytes, where a copy into a fusion buffer, a reduce per
+// further rank and a copy back per rank moved (5N−1)·S), with the
+// prescale and postscale folded in. Its table of segments (one per tensor:
+// count, input pointers, output pointers) is copied to the GPU ahead of
+// the launch, into the response's part of the GPU's table buffer.
+
+// tables are a GPU's combine tables for the running response: the host
+// bytes of each launch (not rewritten until the response's streams are
+// synchronised: a queued copy may read them until then) and the device
+// buffer they are copied to. Used by the executor goroutine only.
+type tables struct {
+	host    [][]byte // one per launch of the response, kept for the next ones
+	next    int      // host[next] is the next launch's
+	dev     gpu.DevicePtr
+	devN    int
+	used    int             // bytes of dev the running response's launches use
+	retired []gpu.DevicePtr // outgrown buffers a queued launch may still read
+}
+
+// minTable is the first table buffer's size: room for a fused response of
+// about a hundred tensors over two ranks.
+const minTable = 8 << 10
+
+// combine enqueues one combine launch on d over segs, each of nin inputs
+// and nout outputs, reducing with op, each input scaled by pre and the
+// total by post.
+func (d *gpuDev) combine(segs []kernels.Segment, nin, nout int, dt tensor.DType, op tensor.ReduceOp, pre, post float64) error {
+	if len(segs) == 0 {
+		return nil
+	}
+	k, err := d.kernels()
+	if err != nil {
+		return err
+	}
+	name, err := kernels.CombineName(op, dt)
+	if err != nil {
+		return err
+	}
+	fn, err := k.fn(name)
+	if err != nil {
+		return err
+	}
+	t := &d.tab
+	if t.next == len(t.host) {
+		t.host = append(t.host, nil)
+	}
+	b := t.host[t.next][:0]
+	most := uint64(0)
+	for _, s := range segs {
+		b = kernels.AppendTable(b, s)
+		most = max(most, s.Count)
+	}
+	t.host[t.next] = b
+	t.next++
+	table, err := d.tableAt(b)
+	if err != nil {
+		return err
+	}
+	if err := fn.Launch(d.stream, kernels.Grid(int(most)), kernels.BlockSize, table, uint64(len(segs)), uint64(nin), uint64(nout), pre, post); err != nil {
+		return fmt.Errorf("GPU %s: %s: %w", d.info.UUID, name, err)
+	}
+	return nil
+}
+
+// tableAt copies b to the response's next free bytes of d's table buffer
+// (on d's stream) and returns where; a buffer too small is replaced by one
+// twice as large, the old one kept until the response ends (endResponse).
+func (d *gpuDev) tableAt(b []byte) (gpu.DevicePtr, error) {
+	t := &d.tab
+	need := (len(b) + 255) &^ 255 // each table 256-byte aligned
+	if t.used+need > t.devN {
+		n := max(minTable, 2*t.devN)
+		for n < t.used+need {
+			n *= 2
+		}
+		p, err := d.dev.Alloc(n)
+		if err != nil {
+			return 0, fmt.Errorf("GPU %s: combine table of %d bytes: %w", d.info.UUID, n, err)
+		}
+		d.g.counts.allocs.Add(1)
+		if t.devN > 0 {
+			t.retired = append(t.retired, t.dev)
+		}
+		t.dev, t.devN, t.used = p, n, 0
+	}
+	at := t.dev.Add(t.used)
+	if err := d.dev.CopyHtoD(d.stream, at, b); err != nil {
+		return 0, fmt.Errorf("GPU %s: combine table: %w", d.info.UUID, err)
+	}
+	t.used += need
+	return at, nil
+}
+
+// endResponse forgets the response's tables once d's stream is
+// synchronised: their bytes, host and device, are free for the next.
+func (d *gpuDev) endResponse() {
+	t := &d.tab
+	t.next, t.used = 0, 0
+	for _, p := range t.retired {
+		d.dev.Free(p)
+	}
+	t.retired = nil
+}
+
+// rankPtrs are the addresses, at byte at, of the device tensors of row
+// (one tensor's ops, by rank) that are on d.
+func rankPtrs(row []*job.Op, d *gpuDev, at int) []uint64 {
+	var ps []uint64
+	for _, o := range row {
+		if dv := devOfOp(o); dv != nil && dv.d == d {
+			ps = append(ps, uint64(dv.ptr.Add(at)))
+		}
+	}
+	return ps
+}
+
+// devOfOp is devOf for an op that may be nil (another node's rank).
+func devOfOp(o *job.Op) *devOp {
+	if o == nil {
+		return nil
+	}
+	return devOf(o)
+}
+
+// freeTables frees d's table buffers (the daemon stops).
+func (d *gpuDev) freeTables() {
+	d.endResponse()
+	if d.tab.devN > 0 {
+		d.dev.Free(d.tab.dev)
+		d.tab.dev, d.tab.devN = 0, 0
+	}
+}
