@@ -62,6 +62,10 @@ func TestGPUCollectives(t *testing.T) {
 			if tc.gpus > 1 {
 				paths = append(paths[:2], `path="device allgather over GPUs"`, `path="device alltoall over GPUs"`, `path="device reducescatter over GPUs"`)
 			}
+			if tc.gpus == tc.ranks {
+				// One rank per GPU: NCCL in place on the ranks' tensors.
+				paths = append(paths, `path="device allreduce in place over GPUs"`)
+			}
 			for _, p := range paths {
 				if !strings.Contains(logs, p) {
 					t.Errorf("the daemon never took the GPU path %s", p)

@@ -373,7 +373,8 @@ func deviceOutput(cg *ConnGPU, d *gpuDev, out []byte) (*ipcpb.DeviceBuffer, erro
 
 // allreduceNative is the native allreduce, on one node or across nodes.
 // The ranks of one node on one GPU meet in one combine kernel straight
-// from their tensors into their tensors (allreduceOneGPU). Otherwise every
+// from their tensors into their tensors (allreduceOneGPU); one rank on
+// each of several GPUs, in NCCL in place (allreduceInPlace). Otherwise every
 // GPU's fusion buffer gets the node's result (reduceLocal: a combine
 // kernel on each GPU, NCCL over the node's GPUs); across nodes the nodes'
 // results are added up on NCCL across nodes where the plan says
@@ -389,6 +390,9 @@ func (x *Path) allreduceNative(ctx context.Context, w job.Work, devs []*gpuDev) 
 	}
 	if len(devs) == 1 && !r.NCCL && !crossNodes(&w) {
 		return allreduceOneGPU(&w, devs[0], op, pre, post)
+	}
+	if !r.NCCL && !crossNodes(&w) && pre == 1 && oneRankPerGPU(&w, devs) {
+		return x.allreduceInPlace(&w, devs, op, post)
 	}
 	offs := fusedOffsets(r)
 	total := offs[len(r.Tensors)]
@@ -415,6 +419,54 @@ func (x *Path) allreduceNative(ctx context.Context, w job.Work, devs []*gpuDev) 
 		}
 	}
 	return fanOutFused(&w, devs, offs, op, post)
+}
+
+// oneRankPerGPU reports whether each GPU of devs holds one of w's ranks.
+func oneRankPerGPU(w *job.Work, devs []*gpuDev) bool {
+	return len(localBufsN(w.Ops[0])) == len(devs)
+}
+
+// allreduceInPlace is the allreduce of a node's ranks, one on each GPU of
+// devs: NCCL in place on the ranks' own tensors over the node-local
+// engines (one group call, an allreduce per tensor and GPU), then the
+// postscale in place (a combine kernel per GPU): no fusion buffer and no
+// copies.
+func (x *Path) allreduceInPlace(w *job.Work, devs []*gpuDev, op tensor.ReduceOp, post float64) error {
+	r := &w.Resp
+	x.gpuPath("device allreduce in place over GPUs")
+	local, err := x.gpu.localEngines(devs)
+	if err != nil {
+		return err
+	}
+	mine := make([][]gpu.DevicePtr, len(devs)) // mine[j][i]: tensor i on devs[j]
+	for j, d := range devs {
+		for _, row := range w.Ops {
+			mine[j] = append(mine[j], gpu.DevicePtr(rankPtrs(row, d, 0)[0]))
+		}
+	}
+	if err := groupEach(local, func(j int, e *nccl.Engine) error {
+		for i, p := range mine[j] {
+			if err := e.Allreduce(devs[j].stream, p, p, int(r.Tensors[i].Shape.NumElements()), r.DType, op); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("NCCL allreduce over %d GPUs: %w", len(devs), err)
+	}
+	if post == 1 {
+		return nil
+	}
+	for j, d := range devs {
+		segs := make([]kernels.Segment, len(mine[j]))
+		for i, p := range mine[j] {
+			segs[i] = kernels.Segment{Count: uint64(r.Tensors[i].Shape.NumElements()), In: []uint64{uint64(p)}, Out: []uint64{uint64(p)}}
+		}
+		if err := d.combine(segs, 1, 1, r.DType, op, 1, post); err != nil {
+			return fmt.Errorf("GPU %s: postscale: %w", d.info.UUID, err)
+		}
+	}
+	return nil
 }
 
 // allreduceOneGPU is the allreduce of a node's ranks on one GPU, d: one
