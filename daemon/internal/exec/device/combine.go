@@ -18,22 +18,30 @@ import (
 // count, input pointers, output pointers) is copied to the GPU ahead of
 // the launch, into the response's part of the GPU's table buffer.
 
-// tables are a GPU's combine tables for the running response: the host
-// bytes of each launch (not rewritten until the response's streams are
-// synchronised: a queued copy may read them until then) and the device
-// buffer they are copied to. Used by the executor goroutine only.
+// tables are a GPU's combine tables: the host bytes of each launch of the
+// running response (not rewritten until the response's streams are
+// synchronised: a queued copy may read them until then), and the device
+// area they are copied to, where each table stays for the launches after
+// it with the same table (cached): a training step's in-place allreduce of
+// the same tensors launches with no copy. Used by the executor goroutine
+// only.
 type tables struct {
 	host    [][]byte // one per launch of the response, kept for the next ones
 	next    int      // host[next] is the next launch's
 	dev     gpu.DevicePtr
 	devN    int
-	used    int             // bytes of dev the running response's launches use
-	retired []gpu.DevicePtr // outgrown buffers a queued launch may still read
+	used    int                      // bytes of dev holding tables
+	cached  map[string]gpu.DevicePtr // table bytes -> where in dev
+	retired []gpu.DevicePtr          // outgrown areas a queued launch may still read
 }
 
-// minTable is the first table buffer's size: room for a fused response of
-// about a hundred tensors over two ranks.
-const minTable = 8 << 10
+// minTable is the first table area's size (room for a fused response of
+// about a hundred tensors over two ranks), maxTable the size beyond which
+// a full area is replaced, not grown.
+const (
+	minTable = 8 << 10
+	maxTable = 1 << 20
+)
 
 // combine enqueues one combine launch on d over segs, each of nin inputs
 // and nout outputs, reducing with op, each input scaled by pre and the
@@ -76,15 +84,22 @@ func (d *gpuDev) combine(segs []kernels.Segment, nin, nout int, dt tensor.DType,
 	return nil
 }
 
-// tableAt copies b to the response's next free bytes of d's table buffer
-// (on d's stream) and returns where; a buffer too small is replaced by one
-// twice as large, the old one kept until the response ends (endResponse).
+// tableAt returns where table b is in d's table area: where it was put
+// before, or copied there now (on d's stream). A full area is replaced by
+// a new one (twice as large up to maxTable) and its tables forgotten, the
+// old area kept until the response ends (endResponse).
 func (d *gpuDev) tableAt(b []byte) (gpu.DevicePtr, error) {
 	t := &d.tab
+	if p, ok := t.cached[string(b)]; ok {
+		return p, nil
+	}
+	if t.cached == nil {
+		t.cached = make(map[string]gpu.DevicePtr)
+	}
 	need := (len(b) + 255) &^ 255 // each table 256-byte aligned
 	if t.used+need > t.devN {
-		n := max(minTable, 2*t.devN)
-		for n < t.used+need {
+		n := max(min(2*t.devN, maxTable), minTable)
+		for n < need {
 			n *= 2
 		}
 		p, err := d.dev.Alloc(n)
@@ -96,20 +111,22 @@ func (d *gpuDev) tableAt(b []byte) (gpu.DevicePtr, error) {
 			t.retired = append(t.retired, t.dev)
 		}
 		t.dev, t.devN, t.used = p, n, 0
+		t.cached = make(map[string]gpu.DevicePtr)
 	}
 	at := t.dev.Add(t.used)
 	if err := d.dev.CopyHtoD(d.stream, at, b); err != nil {
 		return 0, fmt.Errorf("GPU %s: combine table: %w", d.info.UUID, err)
 	}
 	t.used += need
+	t.cached[string(b)] = at
 	return at, nil
 }
 
-// endResponse forgets the response's tables once d's stream is
-// synchronised: their bytes, host and device, are free for the next.
+// endResponse ends a response once d's stream is synchronised: its
+// tables' host bytes are free for the next, its outgrown areas freed.
 func (d *gpuDev) endResponse() {
 	t := &d.tab
-	t.next, t.used = 0, 0
+	t.next = 0
 	for _, p := range t.retired {
 		d.dev.Free(p)
 	}

@@ -816,6 +816,7 @@ func (d *gpuDev) ensure(n int) error {
 // recover replaces d's stream after a failure (a CUDA error may leave it
 // unusable), so the next job starts clean.
 func (d *gpuDev) recover() {
+	d.tab.cached = nil // a table copy queued may never have run
 	d.stream.Destroy()
 	if s, err := d.dev.NewStream(); err == nil {
 		d.stream = s
