@@ -283,9 +283,10 @@ func TestGPUClientDies(t *testing.T) {
 // TestGPUFault: injected CUDA and NCCL failures fail the ops they hit with
 // CODE_INTERNAL naming the call; the daemon serves the next job.
 func TestGPUFault(t *testing.T) {
-	// The calls of the allreduce over two GPUs: the combine kernels, the
-	// copy of their tables, NCCL between the GPUs.
-	for _, call := range []string{"cuLaunchKernel", "cuMemcpyHtoDAsync", "ncclAllReduce"} {
+	// The calls of the allreduce over two GPUs, one rank on each: the wait
+	// for the client's event, NCCL in place, the postscale's combine
+	// kernel (its table was copied by the first allreduce, and stays).
+	for _, call := range []string{"cuLaunchKernel", "cuStreamWaitEvent", "ncclAllReduce"} {
 		t.Run(call, func(t *testing.T) {
 			defer fake.Reset()
 			s := daemontest.Start(t, gpuConfig(daemon.Config{Slots: 2}, 2))
