@@ -11,24 +11,43 @@
 #                          gpu-check.sh puts on PYTHONPATH only where the GPU
 #                          machine's python3 lacks them (the client needs
 #                          protobuf, the GPU tests pytest)
+#   bin/hvdd-base          with --baseline REV: hvdd built from commit REV
+#                          (git archive), which scripts/gpu-bench.sh
+#                          alternates with bin/hvdd (old and new in one run)
 # Everything is stripped (-ldflags='-s -w'; Go's stack traces survive) to fit
-# the device tool's 64 MiB (working tree and carried bin/ together).
+# the device tool's 64 MiB (working tree and carried bin/ together); with
+# --no-tests the test binaries are left out (a bench-only carry).
 #
-# Usage: scripts/gpu-build.sh [--help]
+# Usage: scripts/gpu-build.sh [--baseline REV] [--no-tests] [--help]
 # Then, on the GPU machine (device tool: carry ["bin"]): scripts/gpu-check.sh
+# or scripts/gpu-bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in
-  -h|--help) sed -n '2,15s/^# \{0,1\}//p' "$0"; exit 0 ;;
-  "") ;;
-  *) echo "scripts/gpu-build.sh: unexpected argument $1 (see --help)" >&2; exit 2 ;;
-esac
+baseline='' tests_too=1
+while [ $# -gt 0 ]; do
+  case $1 in
+    -h|--help) sed -n '2,22s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    --baseline) baseline=${2:?--baseline needs a commit}; shift 2 ;;
+    --no-tests) tests_too=0; shift ;;
+    *) echo "scripts/gpu-build.sh: unexpected argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
 command -v go >/dev/null || { echo "scripts/gpu-build.sh: needs Go (it runs where the repo is built, not on the GPU machine)" >&2; exit 1; }
 
 ldflags='-s -w'
 mkdir -p bin
 echo "== go build -o bin/hvdd ./cmd/hvdd"
 go build -ldflags "$ldflags" -o bin/hvdd ./cmd/hvdd
+rm -f bin/hvdd-base
+if [ -n "$baseline" ]; then
+  rev=$(git rev-parse --verify "$baseline^{commit}") || { echo "scripts/gpu-build.sh: --baseline $baseline is not a commit" >&2; exit 2; }
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  echo "== go build -o bin/hvdd-base ./cmd/hvdd at ${rev:0:12}"
+  git archive "$rev" | tar -x -C "$tmp"
+  (cd "$tmp" && go build -ldflags "$ldflags" -o "$OLDPWD/bin/hvdd-base" ./cmd/hvdd)
+  echo "$rev" > bin/hvdd-base.rev
+fi
 
 # BINARY  PACKAGE  -test.run PATTERN
 # A part that adds GPU tests adds its line here.
@@ -63,6 +82,11 @@ manifest=bin/gpu-tests.txt
 built=() skipped=()
 while read -r bin pkg run; do
   [ -n "$bin" ] || continue
+  if [ "$tests_too" = 0 ]; then
+    skipped+=("$bin (--no-tests)")
+    rm -f "bin/$bin"
+    continue
+  fi
   # Built only where a test the pattern selects exists.
   if ! compgen -G "$pkg/*_test.go" >/dev/null ||
     ! grep -hoE '^func (Test|Example)[A-Za-z0-9_]*' "$pkg"/*_test.go | sed 's/^func //' | grep -qE "$run"; then
@@ -78,9 +102,11 @@ done <<< "$tests"
 mv "$manifest.tmp" "$manifest"
 
 echo
-echo "built: bin/hvdd ${built[*]/#/bin/}"
+echo "built: bin/hvdd ${extra[*]:-} ${built[*]/#/bin/}"
 for s in "${skipped[@]}"; do echo "not built: $s"; done
-size=$(du -cm bin/hvdd "$manifest" bin/pylib "${built[@]/#/bin/}" | tail -1 | cut -f1)
+extra=()
+[ -f bin/hvdd-base ] && extra=(bin/hvdd-base)
+size=$(du -cm bin/hvdd "${extra[@]}" "$manifest" bin/pylib "${built[@]/#/bin/}" | tail -1 | cut -f1)
 tree=$(git ls-files -z | du -cm --files0-from=- | tail -1 | cut -f1)
 echo "bin/ to carry: ${size} MiB; tracked tree: ${tree} MiB (the device tool takes 64 MiB in all)"
 if [ $((size + tree)) -gt 60 ]; then
