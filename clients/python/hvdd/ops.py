@@ -500,7 +500,7 @@ def submit_device_output(
     wire: int,
     source: Any,
     device: bytes,
-    exporter: Any,
+    session: Any,
     dtype: Any,
     from_host: Callable[[np.ndarray], Any],
     ps: int = 0,
@@ -513,13 +513,16 @@ def submit_device_output(
     group) on the device tensor ``source``, sent as ``device`` (its encoded
     DeviceBuffer); the handle holds source until the Done. The daemon
     answers with its own device memory (``Done.device_output``), copied into
-    a new tensor like source in ``exporter``'s memory (an
-    :class:`hvdd._cuda.Exporter`) and released; or, should it answer in host
-    memory, with an array of numpy dtype, which ``from_host`` makes a tensor
-    on source's device. The result is that tensor, or (tensor, received
-    splits as int32, converted) when with_splits."""
+    a new tensor like source in the memory of ``session``'s exporter (an
+    :class:`hvdd._cuda.DeviceSession`, which keeps the daemon's output
+    buffers mapped: they come back op after op) and released once the copy
+    is done; or, should it answer in host memory, with an array of numpy
+    dtype, which ``from_host`` makes a tensor on source's device. The result
+    is that tensor, or (tensor, received splits as int32, converted) when
+    with_splits."""
     h = c.submit(kind, name, wire, tuple(source.shape), process_set=ps, device=device, **kw)
     rest = tuple(source.shape[1:])
+    exporter = session.exporter
 
     def finish(h: Handle) -> Any:
         _ = source  # its memory lives until the Done
@@ -529,7 +532,7 @@ def submit_device_output(
             o = d.device_output
             try:
                 out = exporter.new_empty(source, shape)
-                exporter.read_output(out, o.mem_handle, o.alloc_size, o.offset, o.length)
+                session.read_output(out, o.mem_handle, o.alloc_size, o.offset, o.length)
             finally:
                 c.release_device_output(o.mem_handle)
         elif d is not None and d.HasField("output") and d.output.length:

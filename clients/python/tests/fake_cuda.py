@@ -21,6 +21,12 @@ The handles follow the fake driver's layout (64 bytes each):
 The event is this process's one interprocess event: each op records it
 (recorded += 1); it completes at once (completed = recorded) unless
 ``hold_events`` is set, when the test completes it with :meth:`complete`.
+
+The daemon's device outputs are read through ``/proc/<pid>/fd/<fd>`` of the
+handle, opened once per mapping (``output_opens``, ``output_closes``). The
+pools of out-of-place ops are segments of their own, one per "stream"
+(``stream``, which a test may change); an op's result is copied out of its
+slot into a new tensor of this device's memory (never exported).
 """
 
 from __future__ import annotations
@@ -100,6 +106,9 @@ class FakeDevice(_cuda.Exporter):
         self.segments: List[Segment] = []
         self.exports = 0
         self.outputs_read = 0
+        self.output_opens = 0
+        self.output_closes = 0
+        self.stream: Any = 0  # the "current stream" (pool_key)
         self.hold_events = False
         self.problem_text: Optional[str] = None
         self.refuse: Optional[str] = None  # export() raises ExportUnavailable with it
@@ -192,15 +201,26 @@ class FakeDevice(_cuda.Exporter):
     def new_empty(self, like: Any, shape: Tuple[int, ...]) -> Any:
         return self.empty(tuple(shape), like.dtype)
 
-    def read_output(self, out: Any, mem_handle: bytes, alloc_size: int, offset: int, length: int) -> None:
-        """Reads the daemon's fake device memory: its memfd, through
-        /proc/<pid>/fd/<fd> as the fake driver opens handles."""
+    def open_output(self, out: Any, mem_handle: bytes, alloc_size: int) -> Any:
+        """Opens the daemon's fake device memory: its memfd, through
+        /proc/<pid>/fd/<fd> as the fake driver opens handles (checking the
+        fd is still that allocation's, as the driver does)."""
         assert mem_handle[:8] == b"HVDDFAKE", mem_handle[:8]
-        pid, fd, size, _ = struct.unpack("<IiQQ", mem_handle[8:32])
-        assert size == alloc_size and offset + length <= size, (size, alloc_size, offset, length)
-        with open(f"/proc/{pid}/fd/{fd}", "rb") as f:
-            f.seek(offset)
-            data = f.read(length)
+        pid, fd, size, alloc_id = struct.unpack("<IiQQ", mem_handle[8:32])
+        assert size == alloc_size, (size, alloc_size)
+        path = f"/proc/{pid}/fd/{fd}"
+        f = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        name = os.readlink(f"/proc/self/fd/{f}")
+        if f"hvdd-fake-mem-{pid}-{alloc_id}" not in name:
+            os.close(f)
+            raise RuntimeError(f"fake: {path} is {name}, not allocation {pid}-{alloc_id} (freed)")
+        self.output_opens += 1
+        return f, size
+
+    def copy_output(self, out: Any, mapping: Any, offset: int, length: int) -> None:
+        f, size = mapping
+        assert offset + length <= size, (size, offset, length)
+        data = os.pread(f, length, offset)
         assert len(data) == length
         self.outputs_read += 1
         dst = _cuda.TorchCudaExporter._storage(out)
@@ -208,6 +228,21 @@ class FakeDevice(_cuda.Exporter):
         assert seg is not None and out.is_contiguous()
         off = out.data_ptr() - seg.base
         seg.bytes[off : off + length] = np.frombuffer(data, dtype=np.uint8)
+
+    def close_output(self, mapping: Any) -> None:
+        os.close(mapping[0])
+        self.output_closes += 1
+
+    def pool_key(self, tensor: Any) -> Any:
+        return self.stream
+
+    def new_pool(self, like: Any, nbytes: int) -> Any:
+        return self.empty((nbytes,), torch.uint8, new_segment=True)
+
+    def copy_out(self, view: Any, stream: Any) -> Any:
+        out = self.empty(tuple(view.shape), view.dtype)
+        out.copy_(view)
+        return out
 
     def record_event(self, tensor: Any) -> bytes:
         with self._lock:

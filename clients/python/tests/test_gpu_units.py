@@ -242,3 +242,51 @@ def test_tensorflow_gpu_tensor_warns_once():
     msgs = [str(x.message) for x in w if issubclass(x.category, _cuda.HvddStagingWarning)]
     assert len(msgs) == 1 and "GPU:0" in msgs[0] and "no CUDA IPC" in msgs[0], msgs
     _cuda.reset_warnings()
+
+
+def test_driver_maps_and_counts():
+    """_Driver's IPC calls (libcuda's functions stood in for): an open, a
+    copy and its stream's synchronize, a close, each counted; copy_from_ipc
+    is the three in one."""
+    calls = []
+
+    def open_(pp, h, flags):
+        calls.append(("open", bytes(h.reserved)[:4], flags))
+        pp._obj.value = 0x10000
+        return 0
+
+    def copy(dst, src, n, stream):
+        calls.append(("copy", dst.value, src.value, n, stream.value))
+        return 0
+
+    def sync(stream):
+        calls.append(("sync", stream.value))
+        return 0
+
+    def close(p):
+        calls.append(("close", p.value))
+        return 0
+
+    d = _cuda._Driver.__new__(_cuda._Driver)
+    d.lib, d.opens, d.closes = object(), 0, 0
+    d._fns = {"cuIpcOpenMemHandle_v2": open_, "cuMemcpyDtoDAsync_v2": copy, "cuStreamSynchronize": sync}
+    d._fns["cuIpcCloseMemHandle"] = close
+    p = d.open_ipc(b"HVDD" + bytes(60))
+    assert p == 0x10000 and (d.opens, d.closes) == (1, 0)
+    d.copy_sync(0x2000, p + 64, 128, 7)
+    d.close_ipc(p)
+    assert (d.opens, d.closes) == (1, 1)
+    assert calls == [
+        ("open", b"HVDD", 1),
+        ("copy", 0x2000, 0x10040, 128, 7),
+        ("sync", 7),
+        ("close", 0x10000),
+    ]
+    calls.clear()
+    d.copy_from_ipc(b"HVDD" + bytes(60), 16, 0x3000, 8, 9)
+    assert [c[0] for c in calls] == ["open", "copy", "sync", "close"] and (d.opens, d.closes) == (2, 2)
+    # A failed copy still closes what it opened.
+    d._fns["cuMemcpyDtoDAsync_v2"] = lambda *a: 700
+    with pytest.raises(RuntimeError, match="cuMemcpyDtoDAsync failed: CUDA error 700"):
+        d.copy_from_ipc(b"HVDD" + bytes(60), 0, 0x3000, 8, 9)
+    assert (d.opens, d.closes) == (3, 3)

@@ -8,8 +8,10 @@ these in their forward and backward passes) and :mod:`hvdd.torch.mpi_ops`
 differentiable forms). It imports neither.
 
 CUDA tensors: allreduce, grouped allreduce and broadcast run in place on the
-device, the tensor handed to the daemon through CUDA IPC (:mod:`hvdd._cuda`;
-an out-of-place op reduces a device copy); where that cannot be (a CPU-only
+device, the tensor handed to the daemon through CUDA IPC (:mod:`hvdd._cuda`);
+an out-of-place op reduces a device copy of its input in a slot of the
+session's pool (exported once), and its result is copied out of the slot
+into a new tensor when it completes. Where that cannot be (a CPU-only
 daemon, another GPU, an allocator legacy CUDA IPC cannot share) they are
 staged through host memory with one warning. Allgather, alltoall and
 reducescatter hand the daemon the input the same way and get their output
@@ -146,6 +148,10 @@ def _register(h: Handle) -> int:
     return _ops.register(_ops.next_handle(), h)
 
 
+class _PoolRefused(Exception):
+    """The pool's memory cannot go through CUDA IPC."""
+
+
 def _device_submit(
     c: Client,
     kind: int,
@@ -157,17 +163,26 @@ def _device_submit(
 ) -> Optional[Handle]:
     """Submits an in-place collective (allreduce, broadcast) of a device
     tensor through CUDA IPC: on output (tensor itself for the in-place
-    forms), or on a device copy of tensor that becomes the result. None when
-    the tensor is not device memory an exporter claims, or must be staged
-    (hvdd._cuda warned why); the caller then stages it. Sent by
-    ``ops.submit_device``, as host tensors are by ``ops.submit_allreduce``
-    and ``ops.submit_broadcast``."""
+    forms), or, out of place, on a copy of tensor in a slot of the session's
+    pool (``DeviceSession.slot``), copied out into a new tensor, the result,
+    when the op completes; or, where no slot serves, on a device copy of
+    tensor of its own that becomes the result. None when the tensor is not
+    device memory an exporter claims, or must be staged (hvdd._cuda warned
+    why); the caller then stages it. Sent by ``ops.submit_device``, as host
+    tensors are by ``ops.submit_allreduce`` and ``ops.submit_broadcast``."""
     ex = _cuda.exporter_for(tensor)
     if ex is None or tensor.numel() == 0:
         return None
     s = _cuda.session(c, ex)
     if not s.usable(tensor):
         return None
+    if output is None:
+        slot = s.slot(tensor)
+        if slot is not None:
+            try:
+                return _slot_submit(c, s, slot, kind, tensor, full_name, wire, **kw)
+            except _PoolRefused:
+                pass  # a copy of its own, as without a pool
     with torch.no_grad():
         if output is None:
             buf = ex.empty_like(tensor)
@@ -183,6 +198,39 @@ def _device_submit(
     if dev is None:
         return None
     return _ops.submit_device(c, kind, full_name, wire, tensor.shape, dev, output if output is not None else buf, **kw)
+
+
+def _slot_submit(
+    c: Client,
+    s: _cuda.DeviceSession,
+    slot: _cuda.Slot,
+    kind: int,
+    tensor: torch.Tensor,
+    full_name: str,
+    wire: int,
+    **kw: Any,
+) -> Handle:
+    """Submits an out-of-place collective on a copy of tensor in slot; the
+    result is copied out of it when the op completes. Raises _PoolRefused
+    (the slot freed, the session's pools off) when the pool's memory
+    cannot be exported (warned once)."""
+    try:
+        with torch.no_grad():
+            slot.view.copy_(tensor)
+        dev = s.buffer(slot.view)
+        if dev is None:
+            slot.free()
+            s.pool_refused()
+            raise _PoolRefused()
+        h = _ops.submit_device(c, kind, full_name, wire, tensor.shape, dev, None, **kw)
+    except BaseException:
+        slot.free()
+        raise
+    # The slot is the daemon's until the Done: freed by the result's copy,
+    # or, should the op fail (no finish runs), once its handle is gone.
+    slot.lend(h)
+    h.finish = lambda _h, slot=slot: slot.result()
+    return h
 
 
 # ------------------------------------------------------------------- allreduce
@@ -464,7 +512,7 @@ def _device_output_submit(
         wire,
         buf,
         dev,
-        ex,
+        s,
         _DTYPES[tensor.dtype][1],
         from_host,
         ps,
