@@ -25,6 +25,19 @@
 #              bin/hvdd run -np N -- python3 clients/python/tests/gpu/torch_cuda_job.py
 #              ($HVDD_GPU_JOB overrides the script)
 #   pytest-gpu python3 -m pytest clients/python/tests/gpu (its test_*.py)
+#   kill-mid-allreduce
+#              a rank SIGKILLed in the middle of device allreduces (issue
+#              26): 2 ranks allreduce 256 MiB tensors on cuda:0; rank 1 dies
+#              with ops in the daemon and its IPC mappings open; rank 0 must
+#              get HorovodInternalError naming rank 1 within 2 s; the daemon
+#              must close every IPC handle it opened (its
+#              hvdd_gpu_device_ops_total open = close) and the dead rank's
+#              memory must leave the GPU (nvidia-smi, where it lists the
+#              pid); then a new job on the same daemon and GPU must get
+#              right results: python3 clients/python/tests/gpu/kill_mid_allreduce.py
+#              (it starts the daemon and both jobs' ranks itself: under
+#              hvdd run, a dead rank's SIGTERM to the others would stop the
+#              survivor before it could show its error)
 #   bench-*    bin/hvdd bench --np N --device cuda: N = 2 and 4 with --check,
 #              then N = 2 timed
 #
@@ -39,7 +52,8 @@
 #   check.log    every step's command and full output
 #   gpus.json    hvdd gpus --json
 #   nvml-sample.json  the NVML sampler's figures per GPU (nvml-sample)
-# (four files, written as the run goes: a run cut short still returns them.)
+#   kill-mid-allreduce.json  that step's checks and figures
+# (five files, written as the run goes: a run cut short still returns them.)
 # Exit status: 0 if no step failed (skips allowed), 1 if one did, 2 on usage.
 #
 # Usage: scripts/gpu-check.sh [--out DIR] [--deadline SECONDS] [--help]
@@ -51,7 +65,7 @@ out=${OUT:-./gpu-check-out}
 deadline=480
 while [ $# -gt 0 ]; do
   case $1 in
-    -h|--help) sed -n '2,47s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^set -uo pipefail/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     --out) out=${2:?--out needs a directory}; shift 2 ;;
     --deadline) deadline=${2:?--deadline needs seconds}; shift 2 ;;
     *) echo "scripts/gpu-check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -274,6 +288,17 @@ if compgen -G "$root/clients/python/tests/gpu/test_*.py" >/dev/null; then
   step pytest-gpu 180 "$root" python3 -m pytest -v -x -p no:cacheprovider clients/python/tests/gpu
 else
   note SKIP pytest-gpu "no clients/python/tests/gpu/test_*.py"
+fi
+
+# kill-mid-allreduce: a rank dies mid-op; the survivor's error, the
+# daemon's IPC handles closed, the next job on the same GPU.
+kill_job=clients/python/tests/gpu/kill_mid_allreduce.py
+if [ ! -f "$root/$kill_job" ]; then
+  note SKIP kill-mid-allreduce "no $kill_job"
+elif ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >> "$log" 2>&1; then
+  note FAIL kill-mid-allreduce "python3's torch sees no CUDA device"
+else
+  step kill-mid-allreduce 120 "$root" python3 "$root/$kill_job" --hvdd "$hvdd" --json "$out/kill-mid-allreduce.json"
 fi
 
 # hvdd bench on the device.

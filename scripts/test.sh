@@ -2,6 +2,7 @@
 # The whole hvdd test suite: formatting (gofmt, black) and vet, the Go tests under the race
 # detector, a short run of every fuzz target, and the Python client's tests, each once: the
 # torch client's on the newest PyPI torch in .venv-torch, the others in .venv (Debian's torch, PyPI's TF).
+# Last, the scripts the GPU machine runs, checked without a GPU (scripts/gpu_bench_test.sh).
 # It installs what it needs first (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -72,7 +73,7 @@ if [ -d clients/python/tests ]; then
   # run once, on the newest torch from PyPI (.venv-torch, what users
   # install); every other test (TensorFlow, Keras, launching, elastic jobs,
   # the timeline; their torch workers use Debian's torch) runs once, on .venv.
-  torch_tests=($t/test_torch.py $t/test_units.py $t/test_elastic_units.py $t/test_gpu_units.py $t/test_gpu_ipc.py)
+  torch_tests=($t/test_torch.py $t/test_units.py $t/test_elastic_units.py $t/test_gpu_units.py $t/test_gpu_ipc.py $t/test_gpu_steady.py)
   stage "python client: TensorFlow, Keras, launchers, elastic jobs (.venv, Debian's $(torch_of .venv/bin/python))"
   HVDD_BIN="$PWD/bin/hvdd" .venv/bin/python -m pytest -q --durations=15 $t \
     $(printf -- '--ignore=%s ' "${torch_tests[@]}")
@@ -81,5 +82,7 @@ if [ -d clients/python/tests ]; then
   fi
   stage "python client: the torch client's tests, on PyPI's $(torch_of .venv-torch/bin/python) (.venv-torch)"
   HVDD_BIN="$PWD/bin/hvdd" .venv-torch/bin/python -m pytest -q --durations=10 "${torch_tests[@]}"
+  stage "the GPU machine's scripts, checked without a GPU (scripts/gpu_bench_test.sh)"
+  HVDD_BIN="$PWD/bin/hvdd" GPU_BENCH_PYTHON="$PWD/.venv-torch/bin/python" scripts/gpu_bench_test.sh
 fi
 stage "all tests passed"

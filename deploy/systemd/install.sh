@@ -8,6 +8,9 @@
 #   sudo deploy/systemd/install.sh              # bin/hvdd of this checkout
 #   sudo HVDD_BIN=/path/to/hvdd deploy/systemd/install.sh
 #   DESTDIR=/tmp/root deploy/systemd/install.sh # into a staging root (as root)
+# On a node with NVIDIA GPUs (/dev/nvidiactl, or HVDD_GPU=1) it also
+# installs hvdd-gpu.conf as hvdd.service.d/gpu.conf. NVIDIA MPS, for ranks
+# sharing a GPU, is a separate unit: deploy/systemd/README-mps.md.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -42,6 +45,11 @@ mv -f "$root/usr/local/bin/.hvdd.new" "$root/usr/local/bin/hvdd"
 
 install -d -m 0755 "$root/etc/systemd/system"
 install -m 0644 "$here/hvdd.service" "$here/hvdd.socket" "$root/etc/systemd/system/"
+# A GPU node: the daemon needs the GPUs' device nodes (hvdd-gpu.conf).
+if [ -e /dev/nvidiactl ] || [ "${HVDD_GPU:-}" = 1 ]; then
+	install -D -m 0644 "$here/hvdd-gpu.conf" "$root/etc/systemd/system/hvdd.service.d/gpu.conf"
+	echo "GPU node: installed hvdd.service.d/gpu.conf (the daemon sees /dev/nvidia*)"
+fi
 if [ ! -e "$root/etc/default/hvdd" ]; then
 	install -D -m 0644 "$here/hvdd.default" "$root/etc/default/hvdd"
 	echo "created /etc/default/hvdd: set HVDD_SLOTS there"

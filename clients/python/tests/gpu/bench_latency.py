@@ -13,14 +13,20 @@ prints the medians (and 10th/90th percentiles) in microseconds, and the
 ratio. A "blocking" op returns once the result is in device memory: hvdd's
 allreduce_ returns at the daemon's Done; NCCL's is followed by a stream
 synchronisation.
+
+--json PATH: rank 0 also writes the figures there as one JSON object
+(scripts/gpu-bench.sh reads it). Without torch or a CUDA device every rank
+exits 3 before hvd.init(), saying why (gpu-bench.sh's SKIP).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
+import sys
 import time
 
 import torch
@@ -51,8 +57,12 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--no-nccl", action="store_true", help="time hvdd only")
+    ap.add_argument("--json", help="rank 0 also writes the medians (us) to this file as JSON")
     a = ap.parse_args()
 
+    if not torch.cuda.is_available():
+        print(f"no CUDA device: torch {torch.__version__} sees none (torch.cuda.is_available() is False)", file=sys.stderr)
+        sys.exit(3)
     hvd.init()
     r, n, lr, ls = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
     ngpu = torch.cuda.device_count()
@@ -101,6 +111,33 @@ def main() -> None:
             print(f"  ratio hvdd / nccl: {ratio:.2f} (issue 17 asks <= 2)")
         else:
             print(f"  nccl: not timed: {why}")
+        if a.json:
+            figures = {
+                k: {
+                    "median_us": statistics.median(ts) * 1e6,
+                    "p10_us": statistics.quantiles(ts, n=10)[0] * 1e6,
+                    "p90_us": statistics.quantiles(ts, n=10)[-1] * 1e6,
+                }
+                for k, ts in results.items()
+            }
+            with open(a.json, "w") as f:
+                json.dump(
+                    {
+                        "measure": "bench_latency",
+                        "bytes": x.numel() * 4,
+                        "ranks": n,
+                        "local_size": ls,
+                        "device": torch.cuda.get_device_name(dev),
+                        "iters": a.iters,
+                        "results": figures,
+                        "nccl_not_timed": why,
+                        "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")),
+                        "torch": torch.__version__,
+                    },
+                    f,
+                    sort_keys=True,
+                )
+                f.write("\n")
     hvd.shutdown()
 
 
