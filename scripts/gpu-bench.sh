@@ -14,8 +14,10 @@
 #                                                                -> nccl1.json
 #   hvdd-bench-npN bin/hvdd bench --np N --device cuda, 4 B .. 256 MiB, N = 1,
 #                  2, 4 (its --json rows)            -> hvdd-bench-npN.jsonl
-#   latency-npN    bench_latency.py under bin/hvdd run -np N, N = 1 and 2:
-#                  hvdd.torch's 4 KiB allreduce_ (and NCCL's at 1 rank)
+#   latency-npN    bench_latency.py --parts under bin/hvdd run -np N, N = 1
+#                  and 2: hvdd.torch's 4 KiB allreduce_ (and NCCL's at 1
+#                  rank), its submit and wait timed apart, and the op with a
+#                  stream sync instead of an interprocess event
 #                                                          -> latency-npN.json
 #   train-MODE     train_resnet.py, 2 ranks under bin/hvdd run: ResNet-50,
 #                  synthetic data, batch 32 per rank; MODE hvdd
@@ -122,14 +124,14 @@ copy_args=(--bytes $((1 << 30)) --reps 20)
 nccl_args=(--iters 2000 --warmup 200 --large-iters 30)
 gloo_args=(--iters 1000 --warmup 100 --large-iters 10)
 bench_args=(--min-bytes 4 --max-bytes 256M)
-lat_args=(--iters 2000 --warmup 200)
+lat_args=(--iters 2000 --warmup 200 --parts)
 train_args=(--warmup 10 --steps 30)
 if [ "$quick" = 1 ]; then
   copy_args=(--bytes $((1 << 30)) --reps 10)
   nccl_args=(--iters 500 --warmup 50 --large-iters 10)
   gloo_args=(--iters 300 --warmup 30 --large-iters 5)
   bench_args=(--min-bytes 4 --max-bytes 256M --step-factor 4 --small-iters 300 --small-time 50ms --iters 10)
-  lat_args=(--iters 500 --warmup 50)
+  lat_args=(--iters 500 --warmup 50 --parts)
   train_args=(--warmup 5 --steps 10)
 fi
 if [ "$cpu" = 1 ]; then

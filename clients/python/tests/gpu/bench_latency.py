@@ -15,7 +15,8 @@ allreduce_ returns at the daemon's Done; NCCL's is followed by a stream
 synchronisation.
 
 --json PATH: rank 0 also writes the figures there as one JSON object
-(scripts/gpu-bench.sh reads it). Without torch or a CUDA device every rank
+(scripts/gpu-bench.sh reads it). --parts: also where the time goes (the
+submit and the wait timed apart; a stream sync instead of the event). Without torch or a CUDA device every rank
 exits 3 before hvd.init(), saying why (gpu-bench.sh's SKIP).
 """
 
@@ -51,6 +52,47 @@ def _summary(ts: list[float]) -> str:
     return f"median {statistics.median(ts) * 1e6:8.1f} us  (p10 {q[0] * 1e6:.1f}, p90 {q[-1] * 1e6:.1f})"
 
 
+def _parts(x: torch.Tensor, a: argparse.Namespace, results: dict) -> None:
+    """Where a CUDA allreduce_'s time goes (GPU-PATH.md D11): the submit
+    (allreduce_async_ returning: the Python work, the event record, the
+    send) and the wait (synchronize: the daemon's work and its Done) timed
+    apart; then the whole op with the client's stream synchronised before
+    each op instead of an interprocess event recorded (the daemon then waits
+    for no event of the client's: the cost of the event and of the
+    client's context staying busy), by telling the exporter this stream has
+    no interprocess event, as it does where torch cannot make one."""
+    sub, wait = [], []
+    for i in range(a.warmup + a.iters):
+        t0 = time.perf_counter()
+        h = hvd.allreduce_async_(x, op=hvd.Sum, name="latparts")
+        t1 = time.perf_counter()
+        hvd.synchronize(h)
+        t2 = time.perf_counter()
+        if i >= a.warmup:
+            sub.append(t1 - t0)
+            wait.append(t2 - t1)
+    results["hvdd submit (async_)"] = sub
+    results["hvdd wait (synchronize)"] = wait
+    from hvdd import _cuda
+
+    ex = _cuda.exporter_for(x)
+    events = getattr(ex, "_events", None)
+    if events is None:
+        return
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    kept = events.get(stream)
+    events[stream] = (None, b"")
+    try:
+        results["hvdd, stream sync, no event"] = _times(
+            lambda: hvd.allreduce_(x, op=hvd.Sum, name="latsync"), a.iters, a.warmup
+        )
+    finally:
+        if kept is None:
+            events.pop(stream, None)
+        else:
+            events[stream] = kept
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bytes", type=int, default=4096, help="tensor size (float32 elements x 4)")
@@ -58,10 +100,17 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--no-nccl", action="store_true", help="time hvdd only")
     ap.add_argument("--json", help="rank 0 also writes the medians (us) to this file as JSON")
+    ap.add_argument(
+        "--parts",
+        action="store_true",
+        help="also time the submit and the wait apart, and the op with a stream sync instead of an event",
+    )
     a = ap.parse_args()
 
     if not torch.cuda.is_available():
-        print(f"no CUDA device: torch {torch.__version__} sees none (torch.cuda.is_available() is False)", file=sys.stderr)
+        print(
+            f"no CUDA device: torch {torch.__version__} sees none (torch.cuda.is_available() is False)", file=sys.stderr
+        )
         sys.exit(3)
     hvd.init()
     r, n, lr, ls = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
@@ -74,6 +123,8 @@ def main() -> None:
     results["hvdd (CUDA IPC)"] = _times(lambda: hvd.allreduce_(x, op=hvd.Sum, name="lat"), a.iters, a.warmup)
     xc = torch.ones_like(x, device="cpu")
     results["hvdd (CPU tensor)"] = _times(lambda: hvd.allreduce_(xc, op=hvd.Sum, name="latcpu"), a.iters, a.warmup)
+    if a.parts:
+        _parts(x, a, results)
 
     why = ""
     if a.no_nccl:
