@@ -66,6 +66,10 @@ func TestGPUCollectives(t *testing.T) {
 				// One rank per GPU: NCCL in place on the ranks' tensors.
 				paths = append(paths, `path="device allreduce in place over GPUs"`)
 			}
+			// Ranks sharing a GPU without MPS (none runs here): said once.
+			if shared := strings.Contains(logs, `msg="processes share a GPU"`); shared != (tc.ranks > tc.gpus) {
+				t.Errorf("logged that processes share a GPU: %v, with %d ranks on %d GPUs", shared, tc.ranks, tc.gpus)
+			}
 			for _, p := range paths {
 				if !strings.Contains(logs, p) {
 					t.Errorf("the daemon never took the GPU path %s", p)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/hvdd/hvdd/gpu"
 	"github.com/hvdd/hvdd/gpu/nvml"
 )
 
@@ -19,7 +20,9 @@ libnvidia-ml.so.1, loaded at run time) sees them: index, name, UUID, PCI bus
 id, memory used and total, compute capability and active NVLinks; then, with
 two GPUs or more, the topology between each pair (as nvidia-smi topo -m
 shows it: NV# for NVLinks, else the PCIe path) and whether peer-to-peer reads
-work (nvidia-smi topo -p2p r).
+work (nvidia-smi topo -p2p r). Last, whether NVIDIA MPS runs: without it,
+processes that share a GPU (several ranks of a job, and the daemon that
+reduces their tensors there) take turns on it.
 
 Indices are NVML's, the node's: CUDA_VISIBLE_DEVICES does not renumber them.
 Match GPUs by UUID.
@@ -54,17 +57,25 @@ func gpusMain(argv []string) int {
 		fmt.Fprintf(os.Stderr, "hvdd gpus: %v\n", err)
 		return 1
 	}
-	if err := printGPUs(os.Stdout, r, *asJSON); err != nil {
+	if err := printGPUs(os.Stdout, r, gpu.DetectMPS(), *asJSON); err != nil {
 		fmt.Fprintf(os.Stderr, "hvdd gpus: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-// printGPUs writes r as a table and matrices, or as JSON.
-func printGPUs(w io.Writer, r nvml.Report, asJSON bool) error {
+// printGPUs writes r as a table and matrices, then whether NVIDIA MPS
+// runs (where there are GPUs), or all of it as JSON.
+func printGPUs(w io.Writer, r nvml.Report, mps gpu.MPS, asJSON bool) error {
 	if !asJSON {
-		return r.Format(w)
+		if err := r.Format(w); err != nil {
+			return err
+		}
+		if r.Available {
+			_, err := fmt.Fprintf(w, "\n%s\n", mps.Advice())
+			return err
+		}
+		return nil
 	}
 	// Empty lists rather than null, so that jq '.gpus[]' works without GPUs.
 	if r.GPUs == nil {
@@ -73,7 +84,10 @@ func printGPUs(w io.Writer, r nvml.Report, asJSON bool) error {
 	if r.Pairs == nil {
 		r.Pairs = []nvml.Pair{}
 	}
-	b, err := json.Marshal(r)
+	b, err := json.Marshal(struct {
+		nvml.Report
+		MPS gpu.MPS `json:"mps"`
+	}{r, mps})
 	if err != nil {
 		return err
 	}
@@ -91,4 +105,7 @@ func logGPUs(log *slog.Logger) {
 		return
 	}
 	r.Log(log)
+	if r.Available {
+		log.Info(gpu.DetectMPS().Advice())
+	}
 }

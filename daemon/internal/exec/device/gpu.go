@@ -67,6 +67,9 @@ type GPUs struct {
 	// hostOnly stages every device tensor through host memory and runs it
 	// on the CPU path (Config.GPUAllreduce "host").
 	hostOnly bool
+	// mps is whether NVIDIA MPS ran when the daemon started (said once
+	// when processes come to share a GPU without it).
+	mps gpu.MPS
 
 	// The NCCL engines (backends/nccl), used by the executor goroutine
 	// only. local holds the node-local engines by the GPUs they span
@@ -90,6 +93,11 @@ type gpuDev struct {
 	g    *GPUs
 	// lost is set, once, when NVML reports the GPU lost (lost.go).
 	lost atomic.Pointer[LostError]
+	// users are the connections that sent tensors on the GPU (the loop's:
+	// Resolve, ConnGPU.Close); shared is set once the daemon said that
+	// several processes share it.
+	users  map[*ConnGPU]bool
+	shared bool
 
 	// mu serialises open (the loop opens a GPU for the IPC handles it
 	// maps). dev and stream are set once, under mu, before any op on the
@@ -172,7 +180,7 @@ func OpenGPUs(drv gpu.Driver, ncclLib gpu.NCCL, log *slog.Logger, hostOnly bool)
 		log.Info("no CUDA driver: CPU-only", "driver", drv.Name(), "why", err)
 		return nil
 	}
-	g := &GPUs{drv: drv, nccl: ncclLib, log: log, by: make(map[string]*gpuDev), hostOnly: hostOnly, local: make(map[string][]*nccl.Engine)}
+	g := &GPUs{drv: drv, nccl: ncclLib, log: log, by: make(map[string]*gpuDev), hostOnly: hostOnly, local: make(map[string][]*nccl.Engine), mps: gpu.DetectMPS()}
 	for _, in := range infos {
 		gd := &gpuDev{idx: len(g.devs), info: in, g: g}
 		g.devs = append(g.devs, gd)
@@ -187,7 +195,7 @@ func OpenGPUs(drv gpu.Driver, ncclLib gpu.NCCL, log *slog.Logger, hostOnly bool)
 	if ncclLib != nil {
 		ncclV, _ = ncclLib.Version()
 	}
-	log.Info("GPU path ready (each GPU's context opened on first use)", "gpus", len(g.devs), "driver", drv.Name(), "cuda_version", cudaV, "nccl_version", ncclV, "host_only", hostOnly)
+	log.Info("GPU path ready (each GPU's context opened on first use)", "gpus", len(g.devs), "driver", drv.Name(), "cuda_version", cudaV, "nccl_version", ncclV, "host_only", hostOnly, "mps", g.mps.Running)
 	return g
 }
 
@@ -239,6 +247,8 @@ type ConnGPU struct {
 	Log    *slog.Logger // where its messages go (the client's, with its pid)
 	maps   map[string]*devMapping
 	events map[string]*devEvent
+
+	gpus []*gpuDev // the GPUs it sent tensors on (gpuDev.users)
 
 	mu     sync.Mutex            // guards the fields below
 	outs   map[string]*devOutput // lent to the client, by IPC handle
@@ -429,6 +439,7 @@ func (g *GPUs) Resolve(cg *ConnGPU, name string, b *ipcpb.DeviceBuffer, n uint64
 	if b.GetLength() != n {
 		return nil, fmt.Errorf("tensor %q: device buffer of %d bytes for a tensor of %d bytes", name, b.GetLength(), n)
 	}
+	g.noteUser(d, cg)
 	if n == 0 {
 		// The executor runs even an empty tensor on the GPU's stream.
 		o := &devOp{d: d, cg: cg, name: name}
@@ -469,6 +480,24 @@ func (g *GPUs) Resolve(cg *ConnGPU, name string, b *ipcpb.DeviceBuffer, n uint64
 		o.ev = e
 	}
 	return o, nil
+}
+
+// noteUser notes that cg sends tensors on d, and says once, where NVIDIA
+// MPS does not run, that several processes share d: their contexts and
+// the daemon's take turns on it.
+func (g *GPUs) noteUser(d *gpuDev, cg *ConnGPU) {
+	if d.users[cg] {
+		return
+	}
+	if d.users == nil {
+		d.users = make(map[*ConnGPU]bool)
+	}
+	d.users[cg] = true
+	cg.gpus = append(cg.gpus, d)
+	if len(d.users) > 1 && !d.shared && !g.mps.Running {
+		d.shared = true
+		g.log.Info("processes share a GPU", "gpu", d.info.UUID, "index", d.info.Index, "processes", len(d.users), "mps", g.mps.Advice())
+	}
 }
 
 // mapping returns the connection's cached mapping of the allocation of
@@ -600,6 +629,10 @@ func (cg *ConnGPU) Close() {
 		delete(cg.events, k)
 		e.Unref()
 	}
+	for _, d := range cg.gpus {
+		delete(d.users, cg)
+	}
+	cg.gpus = nil
 	cg.mu.Lock()
 	defer cg.mu.Unlock()
 	for k, o := range cg.outs {
