@@ -111,8 +111,16 @@ class Table:
             res = "INFO"
         else:
             res = "PASS" if judge(ratio) else "FAIL"
-        self.rows.append((measure, _fmt(hvdd, unit), _fmt(peer, unit) if not isinstance(peer, str) else peer,
-                          "—" if ratio is None else f"{ratio:.2f}", target or "—", res))
+        self.rows.append(
+            (
+                measure,
+                _fmt(hvdd, unit),
+                _fmt(peer, unit) if not isinstance(peer, str) else peer,
+                "—" if ratio is None else f"{ratio:.2f}",
+                target or "—",
+                res,
+            )
+        )
 
     def value(self, measure: str, v, unit: str) -> None:
         """A figure of the record (a peer's or the limit's), in the peer column."""
@@ -130,8 +138,12 @@ def build(d: str) -> Table:
     t = Table()
     bj = _load(d, "B.json")
     B = bj.get("B_GBps") if bj else None
-    t.value("B: device-to-device copy_ of %s, bytes read + written (GB/s)" % (
-        f"{bj['bytes'] >> 20} MiB" if bj else "1 GiB"), B, "GB/s")
+    t.value(
+        "B: device-to-device copy_ of %s, bytes read + written (GB/s)"
+        % (f"{bj['bytes'] >> 20} MiB" if bj else "1 GiB"),
+        B,
+        "GB/s",
+    )
 
     nj = _load(d, "nccl1.json")
     nccl = nj.get("small_median_us") if nj else None
@@ -141,42 +153,96 @@ def build(d: str) -> Table:
         nccl_src = "NCCL world 1 (bench_latency.py)"
     ok2 = lambda r: r <= 2.0  # noqa: E731
     ok3 = lambda r: r <= 3.0  # noqa: E731
-    t.add(f"4 KiB allreduce_, hvdd.torch 1 rank vs torch {nccl_src} (median µs)",
-          _lat(d, 1, False), nccl, "µs", "≤ 2x", judge=ok2)
-    t.add(f"4 KiB allreduce_, hvdd.torch 2 ranks on the GPU vs torch {nccl_src} (µs)",
-          _lat(d, 2, False), nccl, "µs", "≤ 3x", judge=ok3)
+    t.add(
+        f"4 KiB allreduce_, hvdd.torch 1 rank vs torch {nccl_src} (median µs)",
+        _lat(d, 1, False),
+        nccl,
+        "µs",
+        "≤ 2x",
+        judge=ok2,
+    )
+    t.add(
+        f"4 KiB allreduce_, hvdd.torch 2 ranks on the GPU vs torch {nccl_src} (µs)",
+        _lat(d, 2, False),
+        nccl,
+        "µs",
+        "≤ 3x",
+        judge=ok3,
+    )
     t.add(f"↳ the same under MPS vs {nccl_src} (µs)", _lat(d, 2, True), nccl, "µs", "≤ 3x", judge=ok3)
     t.add("↳ MPS effect: 2 ranks with MPS / without (µs)", _lat(d, 2, True), _lat(d, 2, False), "µs", info=True)
-    t.add("↳ hvdd.torch 1 rank vs NCCL world 1 in the same process (bench_latency.py, µs)",
-          _lat(d, 1, False), _lat(d, 1, False, NCCL), "µs", info=True)
+    t.add(
+        "↳ hvdd.torch 1 rank vs NCCL world 1 in the same process (bench_latency.py, µs)",
+        _lat(d, 1, False),
+        _lat(d, 1, False, NCCL),
+        "µs",
+        info=True,
+    )
 
     for mps in (False, True):
         v = _bench(d, 2, mps, 4, "median_us")
-        t.add(f"4 B allreduce, hvdd bench --np 2 --device cuda{' under MPS' if mps else ''} (median µs)",
-              v, 30.0, "µs", "≤ 30 µs", judge=lambda r: r <= 1.0)
+        t.add(
+            f"4 B allreduce, hvdd bench --np 2 --device cuda{' under MPS' if mps else ''} (median µs)",
+            v,
+            30.0,
+            "µs",
+            "≤ 30 µs",
+            judge=lambda r: r <= 1.0,
+        )
     for np in (1, 4):
         v = _bench(d, np, False, 4, "median_us")
-        t.add(f"↳ 4 B allreduce, hvdd bench --np {np} (µs; vs --np 2)", v, _bench(d, 2, False, 4, "median_us"),
-              "µs", info=True)
+        t.add(
+            f"↳ 4 B allreduce, hvdd bench --np {np} (µs; vs --np 2)",
+            v,
+            _bench(d, 2, False, 4, "median_us"),
+            "µs",
+            info=True,
+        )
 
     for np, mps in ((2, False), (4, False), (2, True)):
         lim = B * (np - 1) / np**2 if B else None
-        t.add(f"256 MiB allreduce busbw, hvdd bench --np {np}{' under MPS' if mps else ''} vs B(N−1)/N² (GB/s)",
-              _bench(d, np, mps, MIB256, "busbw_gbps"), lim, "GB/s", "≥ 0.8", judge=lambda r: r >= 0.8)
+        t.add(
+            f"256 MiB allreduce busbw, hvdd bench --np {np}{' under MPS' if mps else ''} vs B(N−1)/N² (GB/s)",
+            _bench(d, np, mps, MIB256, "busbw_gbps"),
+            lim,
+            "GB/s",
+            "≥ 0.8",
+            judge=lambda r: r >= 0.8,
+        )
     v1 = _bench(d, 1, False, MIB256, "algbw_gbps")
-    t.add("↳ 256 MiB allreduce algbw, hvdd bench --np 1 vs B/2 (a copy in and out; GB/s)", v1,
-          B / 2 if B else None, "GB/s", info=True)
+    t.add(
+        "↳ 256 MiB allreduce algbw, hvdd bench --np 1 vs B/2 (a copy in and out; GB/s)",
+        v1,
+        B / 2 if B else None,
+        "GB/s",
+        info=True,
+    )
 
     for np in (2, 4):
         g = _load(d, f"gloo-np{np}.json")
-        t.add(f"64 MiB allreduce busbw, {np} ranks: hvdd bench vs torch gloo, CUDA tensors (GB/s)",
-              _bench(d, np, False, MIB64, "busbw_gbps"), g.get("large_busbw_GBps") if g else None, "GB/s", info=True)
+        t.add(
+            f"64 MiB allreduce busbw, {np} ranks: hvdd bench vs torch gloo, CUDA tensors (GB/s)",
+            _bench(d, np, False, MIB64, "busbw_gbps"),
+            g.get("large_busbw_GBps") if g else None,
+            "GB/s",
+            info=True,
+        )
     g2 = _load(d, "gloo-np2.json")
-    t.add("4 KiB allreduce, 2 ranks: hvdd.torch vs torch gloo, CUDA tensors (µs)", _lat(d, 2, False),
-          g2.get("small_median_us") if g2 else None, "µs", info=True)
+    t.add(
+        "4 KiB allreduce, 2 ranks: hvdd.torch vs torch gloo, CUDA tensors (µs)",
+        _lat(d, 2, False),
+        g2.get("small_median_us") if g2 else None,
+        "µs",
+        info=True,
+    )
     g4 = _load(d, "gloo-np4.json")
-    t.add("4 KiB allreduce, 4 ranks: hvdd bench (Go client) vs torch gloo, CUDA tensors (µs)",
-          _bench(d, 4, False, KIB4, "median_us"), g4.get("small_median_us") if g4 else None, "µs", info=True)
+    t.add(
+        "4 KiB allreduce, 4 ranks: hvdd bench (Go client) vs torch gloo, CUDA tensors (µs)",
+        _bench(d, 4, False, KIB4, "median_us"),
+        g4.get("small_median_us") if g4 else None,
+        "µs",
+        info=True,
+    )
     t.value("64 MiB allreduce, torch NCCL world 1: algbw (GB/s)", nj.get("large_algbw_GBps") if nj else None, "GB/s")
 
     for mps in (False, True):
@@ -185,13 +251,30 @@ def build(d: str) -> Table:
         label = "ResNet-50" if any(x and x.get("resnet50") for x in (h, na, dg)) else model
         sfx = " under MPS" if mps else ""
         hv = h.get("total_img_per_s") if h else None
-        t.add(f"training, {label}, 2 ranks{sfx}: hvdd vs the same without allreduce (img/s, total)",
-              hv, na.get("total_img_per_s") if na else None, "img/s", "≥ 0.9", judge=lambda r: r >= 0.9)
-        t.add(f"training, {label}, 2 ranks{sfx}: hvdd vs DDP on gloo, CUDA tensors (img/s)",
-              hv, dg.get("total_img_per_s") if dg else None, "img/s", "> 1", judge=lambda r: r > 1.0)
+        t.add(
+            f"training, {label}, 2 ranks{sfx}: hvdd vs the same without allreduce (img/s, total)",
+            hv,
+            na.get("total_img_per_s") if na else None,
+            "img/s",
+            "≥ 0.9",
+            judge=lambda r: r >= 0.9,
+        )
+        t.add(
+            f"training, {label}, 2 ranks{sfx}: hvdd vs DDP on gloo, CUDA tensors (img/s)",
+            hv,
+            dg.get("total_img_per_s") if dg else None,
+            "img/s",
+            "> 1",
+            judge=lambda r: r > 1.0,
+        )
     na0, na1 = _train(d, "noallreduce", False), _train(d, "noallreduce", True)
-    t.add("↳ training without allreduce, 2 ranks: with MPS / without (img/s)",
-          na1.get("total_img_per_s") if na1 else None, na0.get("total_img_per_s") if na0 else None, "img/s", info=True)
+    t.add(
+        "↳ training without allreduce, 2 ranks: with MPS / without (img/s)",
+        na1.get("total_img_per_s") if na1 else None,
+        na0.get("total_img_per_s") if na0 else None,
+        "img/s",
+        info=True,
+    )
     return t
 
 
@@ -208,7 +291,10 @@ def main(argv=None) -> int:
         parts += [f"GPU: {bj.get('device')}; torch {bj.get('torch')}", ""]
     parts += [table, ""]
     n = {k: sum(1 for r in t.rows if r[5] == k) for k in ("PASS", "FAIL", "INFO", "n/a")}
-    parts += [f"targets: {n['PASS']} met, {n['FAIL']} missed; {n['n/a']} rows without figures; {n['INFO']} for comparison", ""]
+    parts += [
+        f"targets: {n['PASS']} met, {n['FAIL']} missed; {n['n/a']} rows without figures; {n['INFO']} for comparison",
+        "",
+    ]
     parts += [
         "Definitions: latency rows are medians of blocking ops (µs); hvdd bench's are the median over iterations "
         "of the slowest rank's time (nccl-tests' way); busbw = algbw·2(N−1)/N. B counts the bytes one copy_ reads "

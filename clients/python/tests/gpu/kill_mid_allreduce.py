@@ -57,8 +57,11 @@ NO_DEVICE = 3
 
 
 def _parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--hvdd", help="the hvdd binary (default $HVDD_BIN, else bin/hvdd)")
     ap.add_argument("--device", choices=("cuda", "fake", "cpu"), default="cuda")
     ap.add_argument("--mib", type=float, default=256, help="MiB per tensor (default 256)")
@@ -152,7 +155,9 @@ def worker_victim(a) -> int:
         hs = submit()
         hvd.synchronize(hs[0])
         pending = sum(1 for h in hs[1:] if not hvd.poll(h))
-        print(f"rank 1 (pid {os.getpid()}): SIGKILL now, {pending} of the round's other {len(hs) - 1} allreduces pending")
+        print(
+            f"rank 1 (pid {os.getpid()}): SIGKILL now, {pending} of the round's other {len(hs) - 1} allreduces pending"
+        )
         with open(a.stamp + ".tmp", "w") as f:
             json.dump({"pending": pending, "of": len(hs) - 1, "pid": os.getpid(), "monotonic": time.monotonic()}, f)
         os.rename(a.stamp + ".tmp", a.stamp)
@@ -274,8 +279,12 @@ def _smi_pids() -> set[int] | None:
     if not shutil.which("nvidia-smi"):
         return None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     return {int(x) for x in out.split() if x.strip().isdigit()}
@@ -312,12 +321,27 @@ def _job(a, hvdd_sock: str, tmp: str, name: str, worker: str, timeout: float, ex
             HVDD_START_TIMEOUT="60",
             HVDD_JOB=name,
             PYTHONUNBUFFERED="1",
-            PYTHONPATH=os.pathsep.join(filter(None, [os.path.join(ROOT, "clients", "python"), os.environ.get("PYTHONPATH")])),
+            PYTHONPATH=os.pathsep.join(
+                filter(None, [os.path.join(ROOT, "clients", "python"), os.environ.get("PYTHONPATH")])
+            ),
         )
         path = os.path.join(tmp, f"{name}.rank{r}.log")
         logs.append(path)
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", worker, "--device", a.device,
-               "--mib", str(a.mib), "--tensors", str(a.tensors), "--rounds", str(a.rounds), *extra]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            worker,
+            "--device",
+            a.device,
+            "--mib",
+            str(a.mib),
+            "--tensors",
+            str(a.tensors),
+            "--rounds",
+            str(a.rounds),
+            *extra,
+        ]
         with open(path, "w") as f:
             procs.append(subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=tmp))
     deadline = time.monotonic() + timeout
@@ -349,8 +373,10 @@ def driver(a) -> int:
             print(f"no torch in {sys.executable}: {e}", file=sys.stderr)
             return NO_DEVICE
         if not torch.cuda.is_available():
-            print(f"no CUDA device: torch {torch.__version__} sees none (torch.cuda.is_available() is False)",
-                  file=sys.stderr)
+            print(
+                f"no CUDA device: torch {torch.__version__} sees none (torch.cuda.is_available() is False)",
+                file=sys.stderr,
+            )
             return NO_DEVICE
     hvdd = a.hvdd or os.environ.get("HVDD_BIN") or os.path.join(ROOT, "bin", "hvdd")
     if not os.access(hvdd, os.X_OK):
@@ -364,8 +390,20 @@ def driver(a) -> int:
     url = f"http://127.0.0.1:{port}/metrics"
     gpu = {"cuda": "cuda", "fake": "fake", "cpu": "off"}[a.device]
     dlog_path = os.path.join(tmp, "daemon.log")
-    dcmd = [hvdd, "serve", "--slots", "2", "--socket", sock, "--gpu", gpu,
-            "--metrics-addr", f"127.0.0.1:{port}", "--log-level", "info"]
+    dcmd = [
+        hvdd,
+        "serve",
+        "--slots",
+        "2",
+        "--socket",
+        sock,
+        "--gpu",
+        gpu,
+        "--metrics-addr",
+        f"127.0.0.1:{port}",
+        "--log-level",
+        "info",
+    ]
     print("daemon:", " ".join(dcmd), flush=True)
     with open(dlog_path, "w") as dlog:
         daemon = subprocess.Popen(dcmd, stdout=dlog, stderr=subprocess.STDOUT)
@@ -386,14 +424,18 @@ def driver(a) -> int:
         watch = SmiWatch() if a.device == "cuda" else None
         if watch:
             watch.start()
-        rcs, outs, pids, timed_out = _job(a, sock, tmp, "victim", "victim", a.job_timeout,
-                                          ["--stamp", stamp, "--result", result])
+        rcs, outs, pids, timed_out = _job(
+            a, sock, tmp, "victim", "victim", a.job_timeout, ["--stamp", stamp, "--result", result]
+        )
         if watch:
             watch.stop.set()
             watch.join()
         figures["victim_pid"] = pids[1]
-        checks.add("victim killed", rcs[1] == -signal.SIGKILL,
-                   f"rank 1 (pid {pids[1]}) exit status {rcs[1]} (want -9: SIGKILL)")
+        checks.add(
+            "victim killed",
+            rcs[1] == -signal.SIGKILL,
+            f"rank 1 (pid {pids[1]}) exit status {rcs[1]} (want -9: SIGKILL)",
+        )
         res = None
         if os.path.exists(result):
             with open(result) as f:
@@ -405,14 +447,21 @@ def driver(a) -> int:
             checks.add("survivor's error", False, f"rank 0 exit status {rcs[0]}, no result (its output is above)")
         else:
             named = "rank 1" in res["message"]
-            checks.add("survivor's error", res["horovod_internal_error"] and named and rcs[0] == 0,
-                       f"{res['error_type']} (HorovodInternalError: {res['horovod_internal_error']}; names rank 1: "
-                       f"{named}): {res['message']!r}")
+            checks.add(
+                "survivor's error",
+                res["horovod_internal_error"] and named and rcs[0] == 0,
+                f"{res['error_type']} (HorovodInternalError: {res['horovod_internal_error']}; names rank 1: "
+                f"{named}): {res['message']!r}",
+            )
             dt = res["after_kill_s"]
-            checks.add("error within limit", dt is not None and dt <= a.limit,
-                       f"{dt:.3f} s after the kill (limit {a.limit:g} s); at the kill {res['pending_at_kill']} of "
-                       f"the round's other {res['ops_per_round'] - 1} allreduces were pending"
-                       if dt is not None else "no kill time (rank 1 wrote no stamp)")
+            checks.add(
+                "error within limit",
+                dt is not None and dt <= a.limit,
+                f"{dt:.3f} s after the kill (limit {a.limit:g} s); at the kill {res['pending_at_kill']} of "
+                f"the round's other {res['ops_per_round'] - 1} allreduces were pending"
+                if dt is not None
+                else "no kill time (rank 1 wrote no stamp)",
+            )
             if res["pending_at_kill"] == 0:
                 print("note: no op was pending at the kill: the daemon held rank 1's mappings open, but between ops")
 
@@ -420,44 +469,68 @@ def driver(a) -> int:
         c1, waited = _released(url, 10)
         figures["counters_after_victim"] = c1
         if c1 is None:
-            checks.add("mappings released (victim job)", None if a.device == "cpu" else False,
-                       "the daemon has no hvdd_gpu_device_ops_total (CPU-only daemon)" if a.device == "cpu"
-                       else f"no hvdd_gpu_device_ops_total at {url}")
+            checks.add(
+                "mappings released (victim job)",
+                None if a.device == "cpu" else False,
+                "the daemon has no hvdd_gpu_device_ops_total (CPU-only daemon)"
+                if a.device == "cpu"
+                else f"no hvdd_gpu_device_ops_total at {url}",
+            )
         else:
             opened = c1.get("open", 0) - (before or {}).get("open", 0)
-            checks.add("mappings released (victim job)", c1.get("open") == c1.get("close") and opened > 0,
-                       f"opens {c1.get('open')} closes {c1.get('close')} ({opened} opened by the job; "
-                       f"equal {waited:.1f} s after it ended)" if c1.get("open") == c1.get("close")
-                       else f"opens {c1.get('open')} closes {c1.get('close')} still, 10 s after the job ended")
+            checks.add(
+                "mappings released (victim job)",
+                c1.get("open") == c1.get("close") and opened > 0,
+                f"opens {c1.get('open')} closes {c1.get('close')} ({opened} opened by the job; "
+                f"equal {waited:.1f} s after it ended)"
+                if c1.get("open") == c1.get("close")
+                else f"opens {c1.get('open')} closes {c1.get('close')} still, 10 s after the job ended",
+            )
         if watch:
             if pids[1] not in watch.seen:
-                checks.add("victim's GPU memory freed", None,
-                           f"nvidia-smi never listed pid {pids[1]} (it listed {sorted(watch.seen) or 'none'}: "
-                           "another PID namespace?)")
+                checks.add(
+                    "victim's GPU memory freed",
+                    None,
+                    f"nvidia-smi never listed pid {pids[1]} (it listed {sorted(watch.seen) or 'none'}: "
+                    "another PID namespace?)",
+                )
             else:
                 t0 = time.monotonic()
                 now = _smi_pids()
                 while now is not None and pids[1] in now and time.monotonic() - t0 < 10:
                     time.sleep(0.5)
                     now = _smi_pids()
-                checks.add("victim's GPU memory freed", now is not None and pids[1] not in now,
-                           f"pid {pids[1]} gone from nvidia-smi --query-compute-apps after "
-                           f"{time.monotonic() - t0:.1f} s" if now is not None and pids[1] not in now
-                           else f"pid {pids[1]} still listed by nvidia-smi 10 s after the job: {sorted(now or [])}")
+                checks.add(
+                    "victim's GPU memory freed",
+                    now is not None and pids[1] not in now,
+                    f"pid {pids[1]} gone from nvidia-smi --query-compute-apps after " f"{time.monotonic() - t0:.1f} s"
+                    if now is not None and pids[1] not in now
+                    else f"pid {pids[1]} still listed by nvidia-smi 10 s after the job: {sorted(now or [])}",
+                )
 
         # job 2: a new job on the same daemon and GPU.
         rcs, outs, pids, timed_out = _job(a, sock, tmp, "next", "check", a.job_timeout)
         good = rcs == [0, 0] and all("OK" in o for o in outs)
-        checks.add("next job", good, "both ranks right" if good else
-                   f"exit statuses {rcs}{' (timed out)' if timed_out else ''}: see its output above")
+        checks.add(
+            "next job",
+            good,
+            "both ranks right"
+            if good
+            else f"exit statuses {rcs}{' (timed out)' if timed_out else ''}: see its output above",
+        )
         c2, waited = _released(url, 10)
         figures["counters_after_next"] = c2
         if c2 is not None:
             opened = c2.get("open", 0) - (c1 or {}).get("open", 0)
-            checks.add("mappings released (next job)", c2.get("open") == c2.get("close") and opened > 0,
-                       f"opens {c2.get('open')} closes {c2.get('close')} ({opened} opened by the job)")
+            checks.add(
+                "mappings released (next job)",
+                c2.get("open") == c2.get("close") and opened > 0,
+                f"opens {c2.get('open')} closes {c2.get('close')} ({opened} opened by the job)",
+            )
         try:
-            st = subprocess.run([hvdd, "status", "--json", "--socket", sock], capture_output=True, text=True, timeout=10)
+            st = subprocess.run(
+                [hvdd, "status", "--json", "--socket", sock], capture_output=True, text=True, timeout=10
+            )
             print("hvdd status --json:", st.stdout.strip() or st.stderr.strip())
         except (OSError, subprocess.TimeoutExpired) as e:
             print("hvdd status:", e)

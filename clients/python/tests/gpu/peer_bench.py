@@ -318,15 +318,22 @@ def cmd_gloo_rank(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     def common(p: argparse.ArgumentParser, device: bool = True) -> None:
         p.add_argument("--json", help="also write the JSON object to this file")
         if device:
-            p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                           help="cpu: the same code on CPU tensors, to check the script (default cuda)")
+            p.add_argument(
+                "--device",
+                choices=("cuda", "cpu"),
+                default="cuda",
+                help="cpu: the same code on CPU tensors, to check the script (default cuda)",
+            )
 
     p = sub.add_parser("copy", help="B: the device-to-device copy rate, read + written")
     common(p)
@@ -335,9 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.set_defaults(fn=cmd_copy)
 
-    for name, helptext in (("nccl1", "torch.distributed NCCL, world size 1"),
-                           ("gloo", "torch.distributed gloo with CUDA tensors, --np ranks on one GPU"),
-                           ("gloo-rank", "one rank of gloo (started by gloo)")):
+    for name, helptext in (
+        ("nccl1", "torch.distributed NCCL, world size 1"),
+        ("gloo", "torch.distributed gloo with CUDA tensors, --np ranks on one GPU"),
+        ("gloo-rank", "one rank of gloo (started by gloo)"),
+    ):
         p = sub.add_parser(name, help=helptext)
         common(p, device=name != "nccl1")
         p.add_argument("--iters", type=int, default=2000, help="timed iterations at --small-bytes")

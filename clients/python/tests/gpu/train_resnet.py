@@ -40,11 +40,18 @@ NO_DEVICE = 3
 
 
 def _parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--mode", choices=("hvdd", "noallreduce", "ddp-gloo"), required=True)
-    ap.add_argument("--model", choices=("resnet50", "small"), default="resnet50",
-                    help="resnet50 (torchvision; the small net where torchvision is missing) or small")
+    ap.add_argument(
+        "--model",
+        choices=("resnet50", "small"),
+        default="resnet50",
+        help="resnet50 (torchvision; the small net where torchvision is missing) or small",
+    )
     ap.add_argument("--batch", type=int, default=32, help="images per rank per step")
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps (cudnn.benchmark picks its algorithms)")
@@ -114,7 +121,9 @@ def main(argv=None) -> int:
         print(f"no torch in {sys.executable}: {e}", file=sys.stderr)
         return NO_DEVICE
     if a.device == "cuda" and not torch.cuda.is_available():
-        print(f"no CUDA device: torch {torch.__version__} sees none (torch.cuda.is_available() is False)", file=sys.stderr)
+        print(
+            f"no CUDA device: torch {torch.__version__} sees none (torch.cuda.is_available() is False)", file=sys.stderr
+        )
         return NO_DEVICE
     if a.device == "cuda":
         dev = torch.device("cuda", int(os.environ.get("HVDD_TEST_CUDA_DEVICE", "0")))
@@ -141,8 +150,13 @@ def main(argv=None) -> int:
             return 2
         rank = _env_int("HVDD_RANK", "RANK", "OMPI_COMM_WORLD_RANK", default=0)
         size = _env_int("HVDD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", default=1)
-        dist.init_process_group("gloo", init_method="file://" + os.path.abspath(a.store), rank=rank,
-                                world_size=size, timeout=timedelta(seconds=120))
+        dist.init_process_group(
+            "gloo",
+            init_method="file://" + os.path.abspath(a.store),
+            rank=rank,
+            world_size=size,
+            timeout=timedelta(seconds=120),
+        )
 
     torch.manual_seed(1234 + rank)
     model, what = _model(torch, a.model)
@@ -198,8 +212,10 @@ def main(argv=None) -> int:
         total = sum(e["img_per_s"] for e in every)
         dname = torch.cuda.get_device_name(dev) if a.device == "cuda" else "cpu"
         print(f"model: {what}, {nparams} parameters; {dname}")
-        print(f"mode {a.mode}, {size} ranks: total {total:.1f} img/s; per rank "
-              + ", ".join(f"{e['img_per_s']:.1f}" for e in every))
+        print(
+            f"mode {a.mode}, {size} ranks: total {total:.1f} img/s; per rank "
+            + ", ".join(f"{e['img_per_s']:.1f}" for e in every)
+        )
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(
