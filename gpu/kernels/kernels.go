@@ -74,7 +74,29 @@
 // out_k == in_k); other overlaps are undefined. nin >= 1 and nout >= 1 are
 // the caller's to guarantee (the kernel does not check; nout == 0 writes
 // nothing, nin == 0 reads out_0 as an input). The daemon launches a combine
-// with Grid(largest count) blocks of BlockSize threads.
+// with CombineGrid(largest count, dtype) blocks of BlockSize threads.
+//
+// For float32, float16 and bfloat16, combine moves 16 bytes per load and
+// store where it can: a segment whose pointers, every input and every
+// output, are all 16-byte aligned (checked per segment, at run time) has
+// its count/lanes whole vectors of lanes elements (4 float32, 8 float16 or
+// bfloat16) done a vector per thread at a time, a grid-stride loop over
+// vectors, each thread loading the next input's vector while it combines
+// the one at hand. The count%lanes elements left, and every element of a
+// segment with a pointer that is not 16-byte aligned, are done one per
+// thread as above. Either way each element is computed exactly as above
+// (the vector loop keeps float16 and bfloat16 widened to float32, rounded
+// after every step), and each thread reads all of a vector's inputs
+// before it writes any output. A float16 vector is converted with plain
+// cvt, without reduce's NaN rules, which cost more than the arithmetic: a
+// vector with a NaN among its inputs is done element by element instead,
+// so only a NaN that an add or a multiply makes can take the vector path,
+// and any NaN will do for it (see below). The other dtypes (the integers,
+// float64 and bool) are done element by element only: they are not what
+// gradients are made of, and every vector loop adds 2 to 8 KB of PTX to the
+// binary. Such a launch keeps a thread busy per vector, not per element:
+// CombineGrid launches a thread per vector for them (any grid is correct;
+// one per element would leave most threads idle).
 //
 // The PTX is ISA version 7.0 for target sm_70 (Volta) and later: the driver
 // compiles it for the GPU at load time. Nothing in it needs more than
@@ -208,6 +230,25 @@ func Lookup(name string) (Kernel, bool) {
 // by a scale; Adasum is not element-wise).
 func Name(op tensor.ReduceOp, dt tensor.DType) (string, error) {
 	return opKernel("reduce", op, dt)
+}
+
+// CombineLanes is the number of elements of dt a combine kernel's vector
+// loop moves per 16-byte load (4 float32, 8 float16 or bfloat16), 1 for the
+// dtypes it does element by element.
+func CombineLanes(dt tensor.DType) int {
+	switch dt {
+	case tensor.Float32, tensor.Float16, tensor.BFloat16:
+		return 16 / dt.Size()
+	}
+	return 1
+}
+
+// CombineGrid returns the number of blocks of BlockSize threads for a
+// combine launch whose largest segment has n elements of dt: a thread per
+// vector (Grid of n/CombineLanes rounded up).
+func CombineGrid(n int, dt tensor.DType) int {
+	l := CombineLanes(dt)
+	return Grid((n + l - 1) / l)
 }
 
 // CombineName returns the combine kernel for op and dt

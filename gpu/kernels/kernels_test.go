@@ -129,6 +129,31 @@ func TestCatalogKinds(t *testing.T) {
 	}
 }
 
+// TestCombineVectors checks that exactly the combine kernels the package
+// doc says move 16 bytes at a time (float32, float16, bfloat16) have
+// 16-byte loads and stores, and no other kernel has any.
+func TestCombineVectors(t *testing.T) {
+	body := regexp.MustCompile(`(?s)\.visible \.entry (\w+)\(.*?\n\}\n`)
+	vectored := map[tensor.DType]bool{tensor.Float32: true, tensor.Float16: true, tensor.BFloat16: true}
+	n := 0
+	for _, m := range body.FindAllSubmatch(PTX(), -1) {
+		k, ok := Lookup(string(m[1]))
+		if !ok {
+			t.Fatalf("%s: not in the catalogue", m[1])
+		}
+		n++
+		ld := bytes.Contains(m[0], []byte("ld.global.v4.u32"))
+		st := bytes.Contains(m[0], []byte("st.global.v4.u32"))
+		want := k.Kind == Combine && vectored[k.DType]
+		if ld != want || st != want {
+			t.Errorf("%s: 16-byte loads %v, stores %v; want %v", k.Name, ld, st, want)
+		}
+	}
+	if n != len(Catalog()) {
+		t.Errorf("%d kernels in the PTX, %d in the catalogue", n, len(Catalog()))
+	}
+}
+
 func TestAppendTable(t *testing.T) {
 	b := AppendTable([]byte{0xaa}, Segment{Count: 3, In: []uint64{0x1000, 0x2000}, Out: []uint64{0x1000, 0x2000}})
 	b = AppendTable(b, Segment{Count: 1 << 40, In: []uint64{1, 2}, Out: []uint64{3, 4}})
@@ -143,6 +168,29 @@ func TestAppendTable(t *testing.T) {
 	for i, w := range want {
 		if got := binary.LittleEndian.Uint64(b[1+8*i:]); got != w {
 			t.Errorf("word %d = %#x, want %#x", i, got, w)
+		}
+	}
+}
+
+// TestCombineGrid: a thread per 16-byte vector for the vectorized dtypes,
+// a thread per element for the others.
+func TestCombineGrid(t *testing.T) {
+	for _, tc := range []struct {
+		n    int
+		dt   tensor.DType
+		want int
+	}{
+		{1, tensor.Float32, 1},
+		{4 * BlockSize, tensor.Float32, 1},
+		{4*BlockSize + 1, tensor.Float32, 2},
+		{8 * BlockSize * 3, tensor.Float16, 3},
+		{8 * BlockSize * 3, tensor.BFloat16, 3},
+		{BlockSize * 3, tensor.Int32, 3},
+		{BlockSize * 3, tensor.Float64, 3},
+		{1 << 40, tensor.Float32, MaxGrid},
+	} {
+		if got := CombineGrid(tc.n, tc.dt); got != tc.want {
+			t.Errorf("CombineGrid(%d, %v) = %d, want %d", tc.n, tc.dt, got, tc.want)
 		}
 	}
 }

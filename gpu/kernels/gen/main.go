@@ -15,7 +15,9 @@
 //	}
 //
 // with 64-bit indices, so any 1-D launch covers n elements (combine runs
-// one such loop per segment of its table, see writeCombine). The bodies
+// one such loop per segment of its table, for float32, float16 and
+// bfloat16 after one over the segment's 16-byte vectors, see writeCombine
+// and writeVector). The bodies
 // reproduce package reduce's arithmetic bit for bit (a NaN that comes out of
 // an add or a multiply is some NaN, its payload the hardware's, as on the
 // CPU's vector and scalar paths alike): integer ops wrap (they
@@ -96,7 +98,7 @@ func writeKernel(b *bytes.Buffer, k kernels.Kernel) {
 		if j == len(names)-1 {
 			sep = ""
 		}
-		fmt.Fprintf(b, "\t.param .%s %s_%s%s\n", types[j], k.Name, names[j], sep)
+		fmt.Fprintf(b, "\t.param .%s %s%s\n", types[j], names[j], sep)
 	}
 	b.WriteString(")\n{\n")
 	e.i(".reg .pred %%p<8>;")
@@ -109,13 +111,13 @@ func writeKernel(b *bytes.Buffer, k kernels.Kernel) {
 	// %rd1: dst (or p), %rd2: src, %rd3: n, %rd4: i, %rd5: stride,
 	// %rd6: &dst[i], %rd7: &src[i].
 	if k.Kind == kernels.Scale {
-		e.i("ld.param.u64 %%rd1, [%s_p];", k.Name)
-		e.i("ld.param.u64 %%rd3, [%s_n];", k.Name)
-		e.i("ld.param.f64 %%fd7, [%s_f];", k.Name)
+		e.i("ld.param.u64 %%rd1, [p];")
+		e.i("ld.param.u64 %%rd3, [n];")
+		e.i("ld.param.f64 %%fd7, [f];")
 	} else {
-		e.i("ld.param.u64 %%rd1, [%s_dst];", k.Name)
-		e.i("ld.param.u64 %%rd2, [%s_src];", k.Name)
-		e.i("ld.param.u64 %%rd3, [%s_n];", k.Name)
+		e.i("ld.param.u64 %%rd1, [dst];")
+		e.i("ld.param.u64 %%rd2, [src];")
+		e.i("ld.param.u64 %%rd3, [n];")
 		e.i("cvta.to.global.u64 %%rd2, %%rd2;")
 	}
 	e.i("cvta.to.global.u64 %%rd1, %%rd1;")
@@ -376,7 +378,13 @@ func convertBody(e emitter, k kernels.Kernel) {
 //
 //	for seg := table; seg < table + nseg*segBytes; seg += segBytes {   // %rd8
 //		count := seg[0]                                                 // %rd12
-//		for i := first; i < count; i += stride {                        // %rd13
+//		if first >= count { continue }
+//		nvec := 0                                                       // %rd22
+//		if every pointer of seg is 16-byte aligned { nvec = count / lanes }
+//		for v := first; v < nvec; v += stride {                         // %rd21
+//			elements v*lanes ... v*lanes+lanes-1, 16 bytes at a time (writeVector)
+//		}
+//		for i := nvec*lanes + first; i < count; i += stride {           // %rd13
 //			acc := S(in_0[i], pre)                                      // %f1, %fd2, %r10, %rd19
 //			for w := &seg[2]; w < &seg[1+nin]; w++ {                    // %rd16
 //				acc = op(acc, S((*w)[i], pre))
@@ -386,12 +394,14 @@ func convertBody(e emitter, k kernels.Kernel) {
 //		}
 //	}
 //
-// Every step leaves acc as the element type holds it (float16 and
-// bfloat16 narrowed, 8- and 16-bit integers wrapped and re-extended as
-// their load extends them), so each step is exactly one of the reduce or
-// scale kernels' per-element operations. The pointers are read from the
-// table for every element: nin+nout loads of 8 bytes that stay in cache,
-// against one element read per input and written per output.
+// The vector loop exists for the dtypes of vecFor only (for the others
+// nvec is 0: the element loop does the whole segment). Every step leaves
+// acc as the element type holds it (float16 and bfloat16 narrowed, 8- and
+// 16-bit integers wrapped and re-extended as their load extends them), so
+// each step is exactly one of the reduce or scale kernels' per-element
+// operations. The element loop reads the pointers from the table for every
+// element, the vector loop for every vector: nin+nout loads of 8 bytes,
+// the same for every thread, that stay in cache.
 func writeCombine(b *bytes.Buffer, k kernels.Kernel) {
 	e := emitter{b}
 	names := []string{"table", "nseg", "nin", "nout", "pre", "post"}
@@ -402,24 +412,38 @@ func writeCombine(b *bytes.Buffer, k kernels.Kernel) {
 		if j == len(names)-1 {
 			sep = ""
 		}
-		fmt.Fprintf(b, "\t.param .%s %s_%s%s\n", types[j], k.Name, names[j], sep)
+		fmt.Fprintf(b, "\t.param .%s %s%s\n", types[j], names[j], sep)
 	}
 	b.WriteString(")\n{\n")
-	e.i(".reg .pred %%p<8>;")
+	dt := k.DType
+	v, vec := vecFor(dt)
+	if vec {
+		e.i(".reg .pred %%p<10>;")
+	} else {
+		e.i(".reg .pred %%p<8>;")
+	}
 	e.i(".reg .b16 %%rs<8>;")
 	e.i(".reg .b32 %%r<32>;")
-	e.i(".reg .b64 %%rd<24>;")
+	if vec {
+		e.i(".reg .b64 %%rd<26>;")
+	} else {
+		e.i(".reg .b64 %%rd<24>;")
+	}
 	e.i(".reg .f32 %%f<16>;")
 	e.i(".reg .f64 %%fd<8>;")
+	if vec {
+		e.i(".reg .b32 %%v<4>;")
+		e.i(".reg .%s %%a<%d>;", v.reg, v.lanes)
+		e.i(".reg .%s %%x<%d>;", v.reg, v.lanes)
+	}
 	b.WriteString("\n")
-	dt := k.DType
 	// %rd1: table, %rd2: nseg, %rd3: nin, %rd4: nout, %fd6: pre, %fd7: post.
-	e.i("ld.param.u64 %%rd1, [%s_table];", k.Name)
-	e.i("ld.param.u64 %%rd2, [%s_nseg];", k.Name)
-	e.i("ld.param.u64 %%rd3, [%s_nin];", k.Name)
-	e.i("ld.param.u64 %%rd4, [%s_nout];", k.Name)
-	e.i("ld.param.f64 %%fd6, [%s_pre];", k.Name)
-	e.i("ld.param.f64 %%fd7, [%s_post];", k.Name)
+	e.i("ld.param.u64 %%rd1, [table];")
+	e.i("ld.param.u64 %%rd2, [nseg];")
+	e.i("ld.param.u64 %%rd3, [nin];")
+	e.i("ld.param.u64 %%rd4, [nout];")
+	e.i("ld.param.f64 %%fd6, [pre];")
+	e.i("ld.param.f64 %%fd7, [post];")
 	e.i("cvta.to.global.u64 %%rd1, %%rd1;")
 	// %rd7: bytes per segment, (1+nin+nout)*8; %rd10: offset of out_0's
 	// word in a segment, (1+nin)*8; %rd11: the end of the table.
@@ -463,6 +487,16 @@ func writeCombine(b *bytes.Buffer, k kernels.Kernel) {
 	e.i("mov.u64 %%rd13, %%rd5;")
 	e.i("setp.ge.u64 %%p1, %%rd13, %%rd12;")
 	e.i("@%%p1 bra $L_next;")
+	// The element loop runs i < end by step: %rd12 (count) and %rd6 (the
+	// stride), or for float16 %rd24 and %rd23, which a vector that falls
+	// back to it sets to its own elements (writeVector).
+	end, step := "%rd12", "%rd6"
+	if vec {
+		if v.fast {
+			end, step = "%rd24", "%rd23"
+		}
+		writeVector(e, k, v, end, step)
+	}
 	b.WriteString("$L_elem:\n")
 	// %rd14: i's byte offset; %rd16: the table word of the pointer at
 	// hand; %rd15: the element's address.
@@ -503,16 +537,308 @@ func writeCombine(b *bytes.Buffer, k kernels.Kernel) {
 	e.i("setp.lt.u64 %%p1, %%rd16, %%rd18;")
 	e.i("@%%p1 bra $L_out;")
 	b.WriteString("$L_step:\n")
-	e.i("add.s64 %%rd13, %%rd13, %%rd6;")
-	e.i("setp.lt.u64 %%p1, %%rd13, %%rd12;")
+	e.i("add.s64 %%rd13, %%rd13, %s;", step)
+	e.i("setp.lt.u64 %%p1, %%rd13, %s;", end)
 	e.i("@%%p1 bra $L_elem;")
+	if vec && v.fast {
+		e.i("@%%p9 bra $V_step;") // back to the vector loop
+	}
 	b.WriteString("$L_next:\n")
 	e.i("add.s64 %%rd8, %%rd8, %%rd7;")
 	e.i("setp.lt.u64 %%p1, %%rd8, %%rd11;")
 	e.i("@%%p1 bra $L_seg;")
 	b.WriteString("$L_done:\n")
 	e.i("ret;")
+	if vec && v.fast {
+		// A vector with a NaN among its inputs: its elements through the
+		// element loop, then on with the vector loop.
+		b.WriteString("$V_nan:\n")
+		e.i("shl.b64 %%rd13, %%rd21, %d;", v.shift)
+		e.i("add.s64 %%rd24, %%rd13, %d;", v.lanes)
+		e.i("mov.u64 %%rd23, 1;")
+		e.i("mov.pred %%p9, 1;")
+		e.i("bra $L_elem;")
+	}
 	b.WriteString("}\n")
+}
+
+// vecInfo describes the vector loop of a combine kernel: a vector, 16
+// bytes, is loaded into %v0..%v3 and its lanes elements are computed in
+// %a<lanes> (the accumulators) and %x<lanes> (the input at hand), of PTX
+// type reg.
+type vecInfo struct {
+	lanes, shift int // elements per vector and its log2
+	reg          string
+	fast         bool // float16: lanes without NaN rules, a vector with a NaN input goes to the element loop
+}
+
+// vecFor returns the vector loop of the combine kernels for dt, or false
+// for the dtypes that have none (the integers, float64 and bool: not what
+// gradients are made of, and each vector loop adds 2 to 8 KB of PTX to
+// the binary; their element loop does every segment). The lanes hold
+// float32 as the element loop holds it, float16 and bfloat16 widened to
+// float32 (see writeVector).
+func vecFor(dt tensor.DType) (vecInfo, bool) {
+	switch dt {
+	case tensor.Float32:
+		return vecInfo{lanes: 4, shift: 2, reg: "f32"}, true
+	case tensor.Float16:
+		return vecInfo{lanes: 8, shift: 3, reg: "f32", fast: true}, true
+	case tensor.BFloat16:
+		return vecInfo{lanes: 8, shift: 3, reg: "b32"}, true
+	}
+	return vecInfo{}, false
+}
+
+// writeVector writes a combine's vector loop, between a segment's first
+// words and its element loop (which it leaves with %rd13 at the first
+// element it did not do):
+//
+//	nvec := 0                                                          // %rd22
+//	if (in_0 | ... | out_{nout-1}) & 15 == 0 { nvec = count / lanes }  // %rd25
+//	for v := first; v < nvec; v += stride {                            // %rd21
+//		w := &seg[1]                                                   // %rd16
+//		vector = (*w)[v]                                               // %v
+//		for {
+//			x = the lanes of vector                                    // %x
+//			w++
+//			if w < &seg[1+nin] { vector = (*w)[v] }   // in flight while x is combined
+//			x = S(x, pre)
+//			acc = x the first time round, else op(acc, x)              // %a
+//			if w == &seg[1+nin] { break }
+//		}
+//		acc = S(acc, post)
+//		for ; w < seg + segBytes; w++ { (*w)[v] = the vector of acc }
+//	}
+//	i := nvec*lanes + first
+//
+// with 16-byte loads and stores (ld.global.v4.u32), so a thread moves 16
+// bytes per access where the element loop moves 2 or 4. Each lane is
+// computed as the element loop computes its element: float32 with the
+// very same instructions; bfloat16
+// widened exactly (a shift) and kept in float32, rounded after every step
+// with reduce.Float32ToBFloat16's arithmetic, NaN rule included, so that a
+// lane always holds the widened value of the bfloat16 the element loop
+// holds (the store then takes the top halves). float16 is kept in float32
+// the same way, but its conversions with reduce's NaN rules cost most of
+// the work (cvt gives canonical NaNs): a vector whose inputs hold no NaN
+// is computed with plain cvt (exact for every other value), one with a
+// NaN among its inputs (checked as each input arrives, before anything is
+// stored) goes to the element loop, which does its elements and comes back
+// ($V_nan). A NaN that an add or a multiply makes is the hardware's either
+// way, as the package doc allows.
+func writeVector(e emitter, k kernels.Kernel, v vecInfo, end, step string) {
+	b := e.b
+	dt := k.DType
+	// nvec: count/lanes where every pointer is 16-byte aligned, else 0.
+	e.i("mov.u64 %%rd25, 0;")
+	e.i("add.s64 %%rd16, %%rd8, 8;")
+	b.WriteString("$V_align:\n")
+	e.i("ld.global.nc.u64 %%rd15, [%%rd16];")
+	e.i("or.b64 %%rd25, %%rd25, %%rd15;")
+	e.i("add.s64 %%rd16, %%rd16, 8;")
+	e.i("setp.lt.u64 %%p1, %%rd16, %%rd18;")
+	e.i("@%%p1 bra $V_align;")
+	e.i("and.b64 %%rd25, %%rd25, 15;")
+	e.i("setp.ne.u64 %%p1, %%rd25, 0;")
+	e.i("shr.u64 %%rd22, %%rd12, %d;", v.shift)
+	e.i("selp.b64 %%rd22, 0, %%rd22, %%p1;")
+	e.i("mov.u64 %%rd21, %%rd5;")
+	e.i("setp.ge.u64 %%p1, %%rd21, %%rd22;")
+	e.i("@%%p1 bra $V_tail;")
+	b.WriteString("$V_vec:\n")
+	// %rd14: v's byte offset; %p7: the first input; %p8: another input
+	// follows the one at hand.
+	e.i("shl.b64 %%rd14, %%rd21, 4;")
+	e.i("add.s64 %%rd16, %%rd8, 8;")
+	vecLoad(e, "")
+	e.i("mov.pred %%p7, 1;")
+	b.WriteString("$V_in:\n")
+	if v.fast {
+		vecNaN(e)
+		e.i("@%%p3 bra $V_nan;")
+	}
+	for l := 0; l < v.lanes; l++ {
+		vecLane(e, dt, l)
+	}
+	e.i("add.s64 %%rd16, %%rd16, 8;")
+	e.i("setp.lt.u64 %%p8, %%rd16, %%rd17;")
+	vecLoad(e, "@%p8 ")
+	e.i("@%%p5 bra $V_pre;")
+	for l := 0; l < v.lanes; l++ {
+		vecScale(e, dt, fmt.Sprintf("%%x%d", l), "%fd6", "%f12", true)
+	}
+	b.WriteString("$V_pre:\n")
+	e.i("@%%p7 bra $V_first;")
+	for l := 0; l < v.lanes; l++ {
+		vecOp(e, k.Op, dt, fmt.Sprintf("%%a%d", l), fmt.Sprintf("%%x%d", l))
+	}
+	e.i("@%%p8 bra $V_in;")
+	e.i("bra $V_post;")
+	b.WriteString("$V_first:\n")
+	for l := 0; l < v.lanes; l++ {
+		e.i("mov.%s %%a%d, %%x%d;", bitsOf(v.reg), l, l)
+	}
+	e.i("mov.pred %%p7, 0;")
+	e.i("@%%p8 bra $V_in;")
+	b.WriteString("$V_post:\n")
+	e.i("@%%p6 bra $V_scaled;")
+	for l := 0; l < v.lanes; l++ {
+		vecScale(e, dt, fmt.Sprintf("%%a%d", l), "%fd7", "%f13", dt != tensor.Float16)
+	}
+	b.WriteString("$V_scaled:\n")
+	vecPack(e, dt)
+	// %rd16 is out_0's word now.
+	e.i("setp.ge.u64 %%p1, %%rd16, %%rd18;")
+	e.i("@%%p1 bra $V_step;")
+	b.WriteString("$V_out:\n")
+	e.i("ld.global.nc.u64 %%rd15, [%%rd16];")
+	e.i("cvta.to.global.u64 %%rd15, %%rd15;")
+	e.i("add.s64 %%rd15, %%rd15, %%rd14;")
+	e.i("st.global.v4.u32 [%%rd15], {%%v0, %%v1, %%v2, %%v3};")
+	e.i("add.s64 %%rd16, %%rd16, 8;")
+	e.i("setp.lt.u64 %%p1, %%rd16, %%rd18;")
+	e.i("@%%p1 bra $V_out;")
+	b.WriteString("$V_step:\n")
+	e.i("add.s64 %%rd21, %%rd21, %%rd6;")
+	e.i("setp.lt.u64 %%p1, %%rd21, %%rd22;")
+	e.i("@%%p1 bra $V_vec;")
+	b.WriteString("$V_tail:\n")
+	// The elements past the last whole vector (all of them if nvec is 0).
+	e.i("shl.b64 %%rd13, %%rd22, %d;", v.shift)
+	e.i("add.s64 %%rd13, %%rd13, %%rd5;")
+	if v.fast {
+		e.i("mov.u64 %s, %%rd12;", end)
+		e.i("mov.u64 %s, %%rd6;", step)
+		e.i("mov.pred %%p9, 0;")
+	}
+	e.i("setp.ge.u64 %%p1, %%rd13, %%rd12;")
+	e.i("@%%p1 bra $L_next;")
+}
+
+// bitsOf returns the bit-size type of a register type ("f32" -> "b32").
+func bitsOf(reg string) string { return "b" + reg[1:] }
+
+// vecLoad loads the vector at byte offset %rd14 of the buffer whose pointer
+// is the table word at %rd16 into %v0..%v3, each instruction guarded by
+// pred ("" or "@%p8 ").
+func vecLoad(e emitter, pred string) {
+	pred = strings.ReplaceAll(pred, "%", "%%")
+	e.i(pred + "ld.global.nc.u64 %%rd15, [%%rd16];")
+	e.i(pred + "cvta.to.global.u64 %%rd15, %%rd15;")
+	e.i(pred + "add.s64 %%rd15, %%rd15, %%rd14;")
+	e.i(pred + "ld.global.v4.u32 {%%v0, %%v1, %%v2, %%v3}, [%%rd15];")
+}
+
+// vecNaN sets %p3 if a float16 of the vector %v0..%v3 is a NaN: h&0x7fff >
+// 0x7c00, that is h&0x7fff + 0x3ff carries into bit 15, for both halves of
+// each word at once (no carry crosses from the low half to the high).
+func vecNaN(e emitter) {
+	for w := range 4 {
+		e.i("and.b32 %%r%d, %%v%d, 0x7fff7fff;", 27+min(w, 1), w)
+		e.i("add.s32 %%r%d, %%r%d, 0x03ff03ff;", 27+min(w, 1), 27+min(w, 1))
+		if w > 0 {
+			e.i("or.b32 %%r27, %%r27, %%r28;")
+		}
+	}
+	e.i("and.b32 %%r27, %%r27, 0x80008000;")
+	e.i("setp.ne.u32 %%p3, %%r27, 0;")
+}
+
+// vecLane sets lane l of %x from the vector %v0..%v3: the element itself,
+// or for float16 and bfloat16 its float32 value.
+func vecLane(e emitter, dt tensor.DType, l int) {
+	switch {
+	case dt == tensor.Float16:
+		if l%2 == 0 {
+			e.i("mov.b32 {%%rs3, %%rs4}, %%v%d;", l/2)
+			e.i("cvt.f32.f16 %%x%d, %%rs3;", l)
+		} else {
+			e.i("cvt.f32.f16 %%x%d, %%rs4;", l)
+		}
+	case dt == tensor.BFloat16:
+		if l%2 == 0 {
+			e.i("shl.b32 %%x%d, %%v%d, 16;", l, l/2)
+		} else {
+			e.i("and.b32 %%x%d, %%v%d, 0xffff0000;", l, l/2)
+		}
+	default:
+		e.i("mov.b32 %%x%d, %%v%d;", l, l)
+	}
+}
+
+// vecPack sets the vector %v0..%v3 from the lanes of %a: the elements
+// themselves, float16 narrowed (exactly: each lane holds a float16's
+// value, or the post-scaled value cvt rounds as narrow does), bfloat16 the
+// top halves of the rounded lanes.
+func vecPack(e emitter, dt tensor.DType) {
+	for w := range 4 {
+		switch {
+		case dt == tensor.Float16:
+			e.i("cvt.rn.f16.f32 %%rs3, %%a%d;", 2*w)
+			e.i("cvt.rn.f16.f32 %%rs4, %%a%d;", 2*w+1)
+			e.i("mov.b32 %%v%d, {%%rs3, %%rs4};", w)
+		case dt == tensor.BFloat16:
+			e.i("prmt.b32 %%v%d, %%a%d, %%a%d, 0x7632;", w, 2*w, 2*w+1)
+		default:
+			e.i("mov.b32 %%v%d, %%a%d;", w, w)
+		}
+	}
+}
+
+// vecScale writes reg = S(reg, f) for one lane: as combineScale for the
+// dtypes whose lanes are their elements; for float16 and bfloat16 the
+// product in float32, rounded to the dtype if round (float16's last
+// scale is rounded by vecPack).
+func vecScale(e emitter, dt tensor.DType, reg, f64, f32 string, round bool) {
+	if !isHalf(dt) {
+		scaleElem(e, dt, reg, f64, f32)
+		return
+	}
+	e.i("mul.rn.f32 %s, %s, %s;", reg, reg, f32)
+	if round {
+		vecRound(e, dt, reg)
+	}
+}
+
+// vecRound rounds a float16 or bfloat16 lane, a float32, to the dtype:
+// what widen(narrow(reg)) gives. float16: cvt both ways (the vector has no
+// NaN input; a NaN an add or a multiply made stays some NaN). bfloat16:
+// narrow's integer rounding, its low half cleared, and its NaN rule (the
+// NaN's top half, quieted): (reg & 0xffff0000) | 0x400000.
+func vecRound(e emitter, dt tensor.DType, reg string) {
+	if dt == tensor.Float16 {
+		e.i("cvt.rn.f16.f32 %%rs5, %s;", reg)
+		e.i("cvt.f32.f16 %s, %%rs5;", reg)
+		return
+	}
+	e.i("setp.nan.f32 %%p3, %s, %s;", reg, reg)
+	e.i("bfe.u32 %%r27, %s, 16, 1;", reg)
+	e.i("add.s32 %%r27, %%r27, 32767;")
+	e.i("add.s32 %%r27, %s, %%r27;", reg)
+	e.i("@%%p3 or.b32 %%r27, %s, 0x400000;", reg)
+	e.i("and.b32 %s, %%r27, 0xffff0000;", reg)
+}
+
+// vecOp writes acc = op(acc, x) for one lane: as combineOp for the dtypes
+// whose lanes are their elements; for float16 and bfloat16 in float32,
+// a sum or a product rounded to the dtype. Min and max pick one of two
+// values that are already rounded, but for a bfloat16 NaN (float16's are
+// not on this path): the element loop narrows the one picked, which
+// quiets it, and so does the vector loop.
+func vecOp(e emitter, op tensor.ReduceOp, dt tensor.DType, acc, x string) {
+	if !isHalf(dt) {
+		combineOp(e, op, dt, acc, x)
+		return
+	}
+	combine(e, op, "f32", acc, acc, x)
+	switch {
+	case op == tensor.Sum || op == tensor.Product:
+		vecRound(e, dt, acc)
+	case dt == tensor.BFloat16:
+		e.i("setp.nan.f32 %%p3, %s, %s;", acc, acc)
+		e.i("@%%p3 or.b32 %s, %s, 0x400000;", acc, acc)
+	}
 }
 
 // combineRegs returns the registers of a combine's accumulator and of the
@@ -563,6 +889,14 @@ func combineScale(e emitter, dt tensor.DType, reg, one, f64, f32, skip string) {
 		return
 	}
 	e.i("@%s bra %s;", one, skip)
+	scaleElem(e, dt, reg, f64, f32)
+	e.b.WriteString(skip + ":\n")
+}
+
+// scaleElem writes reg = S(reg, f) for an element as the element loop holds
+// it (combineRegs), f being f64 (a float64 register) or, for float32,
+// float16 and bfloat16, f32 (float32(f)).
+func scaleElem(e emitter, dt tensor.DType, reg, f64, f32 string) {
 	switch {
 	case dt == tensor.Float32:
 		e.i("mul.rn.f32 %s, %s, %s;", reg, reg, f32)
@@ -587,7 +921,6 @@ func combineScale(e emitter, dt tensor.DType, reg, one, f64, f32, skip string) {
 			extend(e, dt, reg)
 		}
 	}
-	e.b.WriteString(skip + ":\n")
 }
 
 // extend wraps the 32-bit register reg to an 8- or 16-bit dtype's width and

@@ -32,10 +32,12 @@ type ptxFunc struct {
 }
 
 // insn is one decoded instruction: "@%p1 bra $L_loop" has pred "%p1",
-// parts ["bra"] and ops ["$L_loop"].
+// parts ["bra"] and ops ["$L_loop"]; "@!%p8 ..." has pred "%p8" and not
+// set. A vector operand ("{%v0, %v1}") is one op, its braces kept.
 type insn struct {
 	text  string   // as written, without the ';'
 	pred  string   // the guard predicate, or ""
+	not   bool     // the guard is negated
 	parts []string // the opcode split at '.'
 	ops   []string // the operands, trimmed
 }
@@ -44,15 +46,33 @@ func decode(l string) insn {
 	in := insn{text: l}
 	if strings.HasPrefix(l, "@") {
 		in.pred, l, _ = strings.Cut(l[1:], " ")
+		in.pred, in.not = strings.CutPrefix(in.pred, "!")
 	}
 	opc, rest, _ := strings.Cut(l, " ")
-	for _, o := range strings.Split(rest, ",") {
+	for rest != "" {
+		var o string
+		if r := strings.TrimSpace(rest); strings.HasPrefix(r, "{") {
+			o, rest, _ = strings.Cut(r, "}")
+			o += "}"
+			_, rest, _ = strings.Cut(rest, ",")
+		} else {
+			o, rest, _ = strings.Cut(rest, ",")
+		}
 		if o = strings.TrimSpace(o); o != "" {
 			in.ops = append(in.ops, o)
 		}
 	}
 	in.parts = strings.Split(opc, ".")
 	return in
+}
+
+// elems splits a vector operand "{%v0, %v1}" into its registers.
+func elems(op string) []string {
+	var out []string
+	for _, r := range strings.Split(strings.Trim(op, "{}"), ",") {
+		out = append(out, strings.TrimSpace(r))
+	}
+	return out
 }
 
 func parsePTX(t *testing.T, src string) map[string]*ptxFunc {
@@ -96,6 +116,15 @@ type machine struct {
 	params  map[string]uint64
 	special map[string]uint64
 	mem     map[uint64][]byte // base -> buffer
+	stats   *launchStats
+}
+
+// launchStats counts what the threads of one launch did: the global loads
+// and stores of data (the table's ld.global.nc loads are not counted), by
+// vector (ld.global.v4) and by element, and the vectors that combine
+// handed to its element loop for a NaN (branches to $V_nan).
+type launchStats struct {
+	vecLoads, vecStores, loads, stores, nanVectors int
 }
 
 func (m *machine) mem8(addr uint64, n int) []byte {
@@ -126,7 +155,7 @@ func (m *machine) val(op string) uint64 {
 			m.t.Fatalf("read of unset register %s", op)
 		}
 		return v
-	case strings.HasPrefix(op, "0d"):
+	case strings.HasPrefix(op, "0d"), strings.HasPrefix(op, "0x"):
 		v, err := strconv.ParseUint(op[2:], 16, 64)
 		if err != nil {
 			m.t.Fatal(err)
@@ -176,6 +205,8 @@ func (m *machine) compare(cmp, typ string, a, b uint64) bool {
 		lt, eq, unordered = x < y, x == y, x != x || y != y
 	}
 	switch cmp {
+	case "nan":
+		return unordered
 	case "lt":
 		return lt
 	case "ge":
@@ -192,11 +223,31 @@ func (m *machine) compare(cmp, typ string, a, b uint64) bool {
 }
 
 // Junk NaNs the interpreter's conversions give, as hardware gives
-// canonical ones: the kernels must not let them through.
+// canonical ones: the kernels must not let them through. An add or a
+// multiply that makes a NaN gives the canonical NaN, as hardware does
+// (all ones but the sign: the NaN a rounding that adds to the bits is
+// likeliest to carry out of).
 const (
 	junkF32NaN = 0x7fbadbad
 	junkF16NaN = 0x7d11
+	hwF32NaN   = 0x7fffffff
+	hwF64NaN   = 0x7fffffffffffffff
 )
+
+// arith32 and arith64 return the bits of an add's or a multiply's result.
+func arith32(f float32) uint64 {
+	if f != f {
+		return hwF32NaN
+	}
+	return b32(f)
+}
+
+func arith64(f float64) uint64 {
+	if f != f {
+		return hwF64NaN
+	}
+	return b64(f)
+}
 
 // run runs one thread of f to its ret.
 func (m *machine) run(f *ptxFunc) {
@@ -206,7 +257,7 @@ func (m *machine) run(f *ptxFunc) {
 		}
 		in := &f.body[pc]
 		pc++
-		if in.pred != "" && !m.preds[in.pred] {
+		if in.pred != "" && m.preds[in.pred] == in.not {
 			continue
 		}
 		ins, parts, ops := in.text, in.parts, in.ops
@@ -220,8 +271,22 @@ func (m *machine) run(f *ptxFunc) {
 				m.t.Fatalf("branch to unknown label %s", ops[0])
 			}
 			pc = l
+			if ops[0] == "$V_nan" {
+				m.stats.nanVectors++
+			}
 		case "mov":
-			set(m.val(ops[1]))
+			switch {
+			case parts[1] == "pred":
+				m.preds[ops[0]] = m.val(ops[1]) != 0
+			case strings.HasPrefix(ops[0], "{"): // {lo, hi} = halves of a b32
+				rs, v := elems(ops[0]), m.val(ops[1])
+				m.regs[rs[0]], m.regs[rs[1]] = v&0xffff, v>>16&0xffff
+			case strings.HasPrefix(ops[1], "{"):
+				rs := elems(ops[1])
+				set(m.val(rs[0])&0xffff | (m.val(rs[1])&0xffff)<<16)
+			default:
+				set(m.val(ops[1]))
+			}
 		case "cvta":
 			set(m.val(ops[1]))
 		case "ld":
@@ -231,37 +296,65 @@ func (m *machine) run(f *ptxFunc) {
 				set(m.params[addr])
 				continue
 			}
-			b := m.mem8(m.val(addr), width(typ)/8)
-			var v uint64
-			for i := len(b) - 1; i >= 0; i-- {
-				v = v<<8 | uint64(b[i])
+			dst := []string{ops[0]}
+			if vec := strings.HasPrefix(ops[0], "{"); vec {
+				dst = elems(ops[0])
+				m.stats.vecLoads++
+			} else if parts[2] != "nc" {
+				m.stats.loads++
 			}
-			if typ[0] == 's' {
-				v = uint64(signExt(v, width(typ)))
-				if !strings.HasPrefix(ops[0], "%rd") {
-					v = mask(v, 32)
+			n := width(typ) / 8
+			if m.val(addr)%uint64(n*len(dst)) != 0 {
+				m.t.Fatalf("%s: misaligned address %#x", ins, m.val(addr))
+			}
+			all := m.mem8(m.val(addr), n*len(dst))
+			for j, r := range dst {
+				b := all[j*n : (j+1)*n]
+				var v uint64
+				for i := len(b) - 1; i >= 0; i-- {
+					v = v<<8 | uint64(b[i])
 				}
+				if typ[0] == 's' {
+					v = uint64(signExt(v, width(typ)))
+					if !strings.HasPrefix(r, "%rd") {
+						v = mask(v, 32)
+					}
+				}
+				m.regs[r] = v
 			}
-			set(v)
 		case "st":
 			typ := parts[len(parts)-1]
-			b := m.mem8(m.val(strings.Trim(ops[0], "[]")), width(typ)/8)
-			v := m.val(ops[1])
-			for i := range b {
-				b[i] = byte(v >> (8 * i))
+			src := []string{ops[1]}
+			if strings.HasPrefix(ops[1], "{") {
+				src = elems(ops[1])
+				m.stats.vecStores++
+			} else {
+				m.stats.stores++
+			}
+			n := width(typ) / 8
+			addr := m.val(strings.Trim(ops[0], "[]"))
+			if addr%uint64(n*len(src)) != 0 {
+				m.t.Fatalf("%s: misaligned address %#x", ins, addr)
+			}
+			all := m.mem8(addr, n*len(src))
+			for j, r := range src {
+				v := m.val(r)
+				for i := range n {
+					all[j*n+i] = byte(v >> (8 * i))
+				}
 			}
 		case "add", "mul":
 			typ := parts[len(parts)-1]
 			a, b := m.val(ops[1]), m.val(ops[2])
 			switch {
 			case typ == "f32" && parts[0] == "add":
-				set(b32(f32(a) + f32(b)))
+				set(arith32(f32(a) + f32(b)))
 			case typ == "f32":
-				set(b32(f32(a) * f32(b)))
+				set(arith32(f32(a) * f32(b)))
 			case typ == "f64" && parts[0] == "add":
-				set(b64(f64(a) + f64(b)))
+				set(arith64(f64(a) + f64(b)))
 			case typ == "f64":
-				set(b64(f64(a) * f64(b)))
+				set(arith64(f64(a) * f64(b)))
 			case parts[0] == "add":
 				set(mask(a+b, width(typ)))
 			case parts[1] == "wide":
@@ -279,15 +372,37 @@ func (m *machine) run(f *ptxFunc) {
 				}
 				continue
 			}
+			w := width(parts[1])
 			if parts[0] == "and" {
-				set(mask(m.val(ops[1])&m.val(ops[2]), 32))
+				set(mask(m.val(ops[1])&m.val(ops[2]), w))
 			} else {
-				set(mask(m.val(ops[1])|m.val(ops[2]), 32))
+				set(mask(m.val(ops[1])|m.val(ops[2]), w))
 			}
 		case "shl":
-			set(mask(m.val(ops[1])<<m.val(ops[2]), 32))
+			set(mask(m.val(ops[1])<<m.val(ops[2]), width(parts[1])))
 		case "shr":
-			set(mask(m.val(ops[1]), 32) >> m.val(ops[2]))
+			w := width(parts[1])
+			if parts[1][0] == 's' {
+				set(mask(uint64(signExt(m.val(ops[1]), w)>>m.val(ops[2])), w))
+			} else {
+				set(mask(m.val(ops[1]), w) >> m.val(ops[2]))
+			}
+		case "bfe": // bfe.u32 d, a, pos, len
+			if parts[1] != "u32" {
+				m.t.Fatalf("unknown instruction %q", ins)
+			}
+			set(mask(mask(m.val(ops[1]), 32)>>m.val(ops[2]), int(m.val(ops[3]))))
+		case "prmt": // prmt.b32 d, a, b, c: byte i of d is byte c[4i:4i+4] of b:a
+			ab := mask(m.val(ops[1]), 32) | mask(m.val(ops[2]), 32)<<32
+			c, d := m.val(ops[3]), uint64(0)
+			for i := range 4 {
+				sel := c >> (4 * i) & 15
+				if sel&8 != 0 {
+					m.t.Fatalf("%s: sign-replicating selector", ins)
+				}
+				d |= ab >> (8 * sel) & 0xff << (8 * i)
+			}
+			set(d)
 		case "setp":
 			m.preds[ops[0]] = m.compare(parts[1], parts[2], m.val(ops[1]), m.val(ops[2]))
 		case "selp":
@@ -354,19 +469,22 @@ func (m *machine) cvt(parts, ops []string) {
 	}
 }
 
-// launch runs f over a grid, one thread after another.
-func launch(t *testing.T, f *ptxFunc, grid, block int, mem map[uint64][]byte, args ...uint64) {
+// launch runs f over a grid, one thread after another, and returns what
+// its threads did.
+func launch(t *testing.T, f *ptxFunc, grid, block int, mem map[uint64][]byte, args ...uint64) *launchStats {
 	params := map[string]uint64{}
 	for i, p := range f.params {
 		params[p] = args[i]
 	}
+	st := &launchStats{}
 	for b := 0; b < grid; b++ {
 		for th := 0; th < block; th++ {
-			m := &machine{t: t, regs: map[string]uint64{}, preds: map[string]bool{}, params: params, mem: mem,
+			m := &machine{t: t, regs: map[string]uint64{}, preds: map[string]bool{}, params: params, mem: mem, stats: st,
 				special: map[string]uint64{"%ctaid.x": uint64(b), "%ntid.x": uint64(block), "%tid.x": uint64(th), "%nctaid.x": uint64(grid)}}
 			m.run(f)
 		}
 	}
+	return st
 }
 
 func randomData(r *rand.Rand, dt tensor.DType, n int) []byte {
@@ -552,9 +670,63 @@ var combineFactors = func() [][2]float64 {
 	return append(out, [2]float64{-2.5, 1e10}, [2]float64{1e10, -1.0 / 3})
 }()
 
-// combineCounts are the segments of every TestSimulateCombine launch:
-// empty, one element, counts that are no multiple of the block, one that is.
-var combineCounts = []int{37, 0, 300, 1, 64}
+// combineSeg is one segment of every TestSimulateCombine launch.
+type combineSeg struct {
+	count  int
+	skew   skew
+	finite bool // inputs without NaNs, so that float16's vectors stay on the vector path
+}
+
+// skew says which buffers of a segment lie off 16-byte alignment (by a
+// whole number of elements), so that the element loop does the segment
+// whole.
+type skew uint8
+
+const (
+	aligned skew = iota // none
+	skewIn              // the last input's
+	skewOut             // the last output's (and so the input's it is, in place)
+	skewAll             // all, by the same amount
+)
+
+func (s skew) String() string {
+	return [...]string{"aligned", "last input off", "last output off", "all off"}[s]
+}
+
+// combineSegs are the segments of every TestSimulateCombine launch, aligned
+// (vector loop, then element loop for the tail) and not (element loop):
+// empty, one element, counts that are no multiple of the block nor of any
+// vector's lanes (a tail: 37, 300 for float16 and bfloat16, 301), one that
+// is a multiple of both (64), inputs with NaNs and without, and segments
+// with one buffer or all of them unaligned, in one table.
+var combineSegs = []combineSeg{
+	{count: 37}, {count: 0}, {count: 300}, {count: 1},
+	{count: 64, finite: true}, {count: 301, finite: true},
+	{count: 45, skew: skewIn}, {count: 40, skew: skewOut, finite: true}, {count: 33, skew: skewAll},
+}
+
+// finiteData is randomData with every NaN made an infinity of its sign.
+func finiteData(r *rand.Rand, dt tensor.DType, n int) []byte {
+	b := randomData(r, dt, n)
+	sz := dt.Size()
+	for i := range n {
+		x := b[i*sz : (i+1)*sz]
+		if !isNaN(dt, x) {
+			continue
+		}
+		switch dt {
+		case tensor.Float16:
+			binary.LittleEndian.PutUint16(x, binary.LittleEndian.Uint16(x)&0xfc00)
+		case tensor.BFloat16:
+			binary.LittleEndian.PutUint16(x, binary.LittleEndian.Uint16(x)&0xff80)
+		case tensor.Float32:
+			binary.LittleEndian.PutUint32(x, binary.LittleEndian.Uint32(x)&0xff800000)
+		case tensor.Float64:
+			binary.LittleEndian.PutUint64(x, binary.LittleEndian.Uint64(x)&0xfff0000000000000)
+		}
+	}
+	return b
+}
 
 // combineWant computes one segment as the daemon's sequence of separate
 // kernels did (and the CPU path does): a copy of ins[0] scaled by pre, each
@@ -585,10 +757,12 @@ func combineWant(t *testing.T, ins [][]byte, dt tensor.DType, op tensor.ReduceOp
 // combineWant: every kernel with nin 1..4 and nout 1 and 3, outputs apart
 // from the inputs and in place (out_k == in_k), every (pre, post) pair of
 // combineFactors, grids smaller than the largest segment (the grid-stride
-// loop must cover the rest) and large enough, over the segments of
-// combineCounts filled by randomData (NaNs, infinities, subnormals,
-// rounding ties). Bit for bit, except that a NaN from an add or a multiply
-// (a sum, a product or a scaling) may be any NaN.
+// loops must cover the rest) and large enough, over the segments of
+// combineSegs filled by randomData (NaNs, infinities, subnormals, rounding
+// ties) or finiteData. Bit for bit, except that a NaN from an add or a
+// multiply (a sum, a product or a scaling) may be any NaN. Each launch
+// must also have done the elements it did by vector and by element as
+// checkPaths says.
 func TestSimulateCombine(t *testing.T) {
 	src, err := os.ReadFile("../kernels.ptx")
 	if err != nil {
@@ -604,9 +778,10 @@ func TestSimulateCombine(t *testing.T) {
 	if len(ks) != 4*11 {
 		t.Fatalf("%d combine kernels, want 44", len(ks))
 	}
-	var launches, segments atomic.Int64
+	var launches, segments, vectors, nanVectors atomic.Int64
 	t.Cleanup(func() {
-		t.Logf("%d launches of %d kernels, %d segments", launches.Load(), len(ks), segments.Load())
+		t.Logf("%d launches of %d kernels, %d segments, %d vectors (%d of them float16 ones with a NaN, done by element)",
+			launches.Load(), len(ks), segments.Load(), vectors.Load(), nanVectors.Load())
 	})
 	for ki, k := range ks {
 		t.Run(k.Name, func(t *testing.T) {
@@ -616,6 +791,7 @@ func TestSimulateCombine(t *testing.T) {
 				t.Fatal("not in the PTX")
 			}
 			r := rand.New(rand.NewPCG(15, uint64(ki)))
+			var sum launchStats
 			// 36 launches: the 16 shapes (nin, nout, in place) twice and a
 			// bit, each of the 18 factor pairs twice (5 is prime to 18),
 			// the three grids in turn.
@@ -626,9 +802,17 @@ func TestSimulateCombine(t *testing.T) {
 				fac := combineFactors[(5*c+ki)%len(combineFactors)]
 				grid, block := []int{2, 3, 10}[c%3], []int{32, 7, 32}[c%3]
 				name := fmt.Sprintf("nin=%d nout=%d inplace=%v pre=%v post=%v grid=%dx%d", nin, nout, inPlace, fac[0], fac[1], grid, block)
-				simulateCombine(t, f, r, k, nin, nout, inPlace, fac[0], fac[1], grid, block, name)
+				st := simulateCombine(t, f, r, k, nin, nout, inPlace, fac[0], fac[1], grid, block, name)
 				launches.Add(1)
-				segments.Add(int64(len(combineCounts)))
+				segments.Add(int64(len(combineSegs)))
+				vectors.Add(int64(st.vecStores/nout + st.nanVectors))
+				nanVectors.Add(int64(st.nanVectors))
+				sum.vecStores += st.vecStores
+				sum.nanVectors += st.nanVectors
+			}
+			// float16's vectors take both ways.
+			if v, ok := vecFor(k.DType); ok && v.fast && (sum.vecStores == 0 || sum.nanVectors == 0) {
+				t.Errorf("%d vector stores, %d vectors with a NaN: want both", sum.vecStores, sum.nanVectors)
 			}
 		})
 	}
@@ -658,12 +842,17 @@ func TestSimulateCombineRounding(t *testing.T) {
 			enc = reduce.Float32ToBFloat16
 		}
 		h := func(f float32) []byte { return binary.LittleEndian.AppendUint16(nil, enc(f)) }
+		// Nine elements: a vector of eight and one by element.
 		const in0, in1, in2, out = 0x20000000, 0x21000000, 0x22000000, 0x23000000
-		mem := map[uint64][]byte{in0: h(c.big), in1: h(1), in2: h(1), out: h(0)}
-		mem[0x10000000] = kernels.AppendTable(nil, kernels.Segment{Count: 1, In: []uint64{in0, in1, in2}, Out: []uint64{out}})
-		launch(t, fns[name], 1, 1, mem, 0x10000000, 1, 3, 1, math.Float64bits(1), math.Float64bits(1))
-		if got, want := mem[out], h(c.want); !bytes.Equal(got, want) {
+		x9 := func(b []byte) []byte { return bytes.Repeat(b, 9) }
+		mem := map[uint64][]byte{in0: x9(h(c.big)), in1: x9(h(1)), in2: x9(h(1)), out: x9(h(0))}
+		mem[0x10000000] = kernels.AppendTable(nil, kernels.Segment{Count: 9, In: []uint64{in0, in1, in2}, Out: []uint64{out}})
+		st := launch(t, fns[name], 1, 1, mem, 0x10000000, 1, 3, 1, math.Float64bits(1), math.Float64bits(1))
+		if got, want := mem[out], x9(h(c.want)); !bytes.Equal(got, want) {
 			t.Errorf("%s: %v + 1 + 1 = %x, want %x", name, c.big, got, want)
+		}
+		if st.vecLoads != 3 || st.loads != 3 {
+			t.Errorf("%s: %d vector loads and %d element loads, want 3 and 3", name, st.vecLoads, st.loads)
 		}
 		// The reference agrees, and one reduce.Reduce does not.
 		if got := combineWant(t, [][]byte{h(c.big), h(1), h(1)}, c.dt, tensor.Sum, 1, 1); !bytes.Equal(got, h(c.want)) {
@@ -683,18 +872,19 @@ func TestSimulateCombineRounding(t *testing.T) {
 // writes past a buffer's end changes it.
 var guard = bytes.Repeat([]byte{0xee}, 8)
 
-func simulateCombine(t *testing.T, f *ptxFunc, r *rand.Rand, k kernels.Kernel, nin, nout int, inPlace bool, pre, post float64, grid, block int, name string) {
+func simulateCombine(t *testing.T, f *ptxFunc, r *rand.Rand, k kernels.Kernel, nin, nout int, inPlace bool, pre, post float64, grid, block int, name string) *launchStats {
 	t.Helper()
 	dt := k.DType
 	mem := map[uint64][]byte{}
 	next := uint64(0x20000000)
-	buffer := func(b []byte) uint64 {
-		p := next
+	buffer := func(b []byte, off uint64) uint64 {
+		p := next + off
 		next += 0x1000000
 		mem[p] = append(append([]byte(nil), b...), guard...)
 		return p
 	}
 	type segment struct {
+		combineSeg
 		ins  [][]byte // the inputs as written
 		in   []uint64
 		out  []uint64
@@ -702,19 +892,43 @@ func simulateCombine(t *testing.T, f *ptxFunc, r *rand.Rand, k kernels.Kernel, n
 	}
 	var segs []segment
 	var table []byte
-	for _, n := range combineCounts {
-		var s segment
-		for range nin {
+	for _, cs := range combineSegs {
+		n := cs.count
+		s := segment{combineSeg: cs}
+		// The skew: a whole number of elements that is not of 16 bytes.
+		off := uint64(dt.Size() * (1 + r.IntN(16/dt.Size()-1)))
+		inOff, outOff := make([]uint64, nin), make([]uint64, nout)
+		switch cs.skew {
+		case skewIn:
+			inOff[nin-1] = off
+		case skewOut:
+			if inPlace && nout-1 < nin {
+				inOff[nout-1] = off
+			} else {
+				outOff[nout-1] = off
+			}
+		case skewAll:
+			for j := range inOff {
+				inOff[j] = off
+			}
+			for j := range outOff {
+				outOff[j] = off
+			}
+		}
+		for j := range nin {
 			b := randomData(r, dt, n)
+			if cs.finite {
+				b = finiteData(r, dt, n)
+			}
 			s.ins = append(s.ins, b)
-			s.in = append(s.in, buffer(b))
+			s.in = append(s.in, buffer(b, inOff[j]))
 		}
 		for j := range nout {
 			if inPlace && j < nin {
 				s.out = append(s.out, s.in[j])
 				continue
 			}
-			s.out = append(s.out, buffer(bytes.Repeat([]byte{0x5a}, n*dt.Size())))
+			s.out = append(s.out, buffer(bytes.Repeat([]byte{0x5a}, n*dt.Size()), outOff[j]))
 		}
 		s.want = combineWant(t, s.ins, dt, k.Op, pre, post)
 		table = kernels.AppendTable(table, kernels.Segment{Count: uint64(n), In: s.in, Out: s.out})
@@ -722,7 +936,7 @@ func simulateCombine(t *testing.T, f *ptxFunc, r *rand.Rand, k kernels.Kernel, n
 	}
 	const tableBase = 0x10000000
 	mem[tableBase] = append(table, guard...)
-	launch(t, f, grid, block, mem, tableBase, uint64(len(segs)), uint64(nin), uint64(nout), math.Float64bits(pre), math.Float64bits(post))
+	st := launch(t, f, grid, block, mem, tableBase, uint64(len(segs)), uint64(nin), uint64(nout), math.Float64bits(pre), math.Float64bits(post))
 
 	if !bytes.Equal(mem[tableBase][:len(table)], table) {
 		t.Fatalf("%s: the table changed", name)
@@ -748,7 +962,7 @@ func simulateCombine(t *testing.T, f *ptxFunc, r *rand.Rand, k kernels.Kernel, n
 				for _, in := range s.ins {
 					ins = append(ins, fmt.Sprintf("%x", in[i*sz:(i+1)*sz]))
 				}
-				t.Fatalf("%s: segment %d (count %d) element %d: got %x, want %x (inputs %s)", name, si, len(s.want)/sz, i, g, w, strings.Join(ins, " "))
+				t.Fatalf("%s: segment %d (count %d, %v) element %d: got %x, want %x (inputs %s)", name, si, s.count, s.skew, i, g, w, strings.Join(ins, " "))
 			}
 		}
 		for j, p := range s.in {
@@ -756,5 +970,54 @@ func simulateCombine(t *testing.T, f *ptxFunc, r *rand.Rand, k kernels.Kernel, n
 				t.Fatalf("%s: segment %d: input %d changed", name, si, j)
 			}
 		}
+	}
+	checkPaths(t, k, nin, nout, st, name)
+	return st
+}
+
+// checkPaths checks that a combine launch over combineSegs did each
+// element the way it should have: by vector (16 bytes a load, one load per
+// input and one store per output for each vector) the whole vectors of the
+// aligned segments, for the dtypes of vecFor, and all else by element.
+// float16's vectors whose inputs hold a NaN are done by element instead:
+// there each vector is either stored or handed over (st.nanVectors), a
+// vector of NaN-free inputs always stored, and the loads of a vector
+// handed over are those it made before it found the NaN.
+func checkPaths(t *testing.T, k kernels.Kernel, nin, nout int, st *launchStats, name string) {
+	t.Helper()
+	v, vec := vecFor(k.DType)
+	var want launchStats
+	vectors, finite := 0, 0 // whole vectors in aligned segments, in those with finite inputs
+	for _, cs := range combineSegs {
+		nv := 0
+		if vec && cs.skew == aligned {
+			nv = cs.count / v.lanes
+		}
+		vectors += nv
+		if cs.finite {
+			finite += nv
+		}
+		rest := cs.count - nv*v.lanes
+		want.vecLoads += nv * nin
+		want.vecStores += nv * nout
+		want.loads += rest * nin
+		want.stores += rest * nout
+	}
+	if vec && (want.vecLoads == 0 || want.loads == 0) {
+		t.Fatal("combineSegs take the vector loop or the element loop only")
+	}
+	if v.fast {
+		stored := st.vecStores / nout
+		if stored+st.nanVectors != vectors || stored < finite || st.vecStores != stored*nout ||
+			st.vecLoads < stored*nin+st.nanVectors || st.vecLoads > vectors*nin {
+			t.Fatalf("%s: %d vectors, %d with finite inputs; %d vector loads, %d vector stores, %d vectors handed to the element loop",
+				name, vectors, finite, st.vecLoads, st.vecStores, st.nanVectors)
+		}
+		want.loads += st.nanVectors * v.lanes * nin
+		want.stores += st.nanVectors * v.lanes * nout
+		want.vecLoads, want.vecStores, want.nanVectors = st.vecLoads, st.vecStores, st.nanVectors
+	}
+	if *st != want {
+		t.Fatalf("%s: %+v, want %+v", name, *st, want)
 	}
 }

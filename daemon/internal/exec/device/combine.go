@@ -78,7 +78,7 @@ func (d *gpuDev) combine(segs []kernels.Segment, nin, nout int, dt tensor.DType,
 	if err != nil {
 		return err
 	}
-	if err := fn.Launch(d.stream, kernels.Grid(int(most)), kernels.BlockSize, table, uint64(len(segs)), uint64(nin), uint64(nout), pre, post); err != nil {
+	if err := fn.Launch(d.stream, kernels.CombineGrid(int(most), dt), kernels.BlockSize, table, uint64(len(segs)), uint64(nin), uint64(nout), pre, post); err != nil {
 		return fmt.Errorf("GPU %s: %s: %w", d.info.UUID, name, err)
 	}
 	return nil
