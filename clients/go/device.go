@@ -176,7 +176,11 @@ func (c *Client) ReducescatterDeviceAsync(t DeviceTensor, options ...Option) (*D
 }
 
 // ReleaseDeviceOutput tells the daemon that the caller has copied a
-// DeviceOutput out (and closed its mapping): the daemon frees it.
+// DeviceOutput out: the daemon keeps the buffer for a later result of this
+// client (the same Handle comes back then), so a mapping of it may stay
+// open while the client is connected. The daemon frees its buffers when
+// the client disconnects: close every mapping of them before Close
+// (CUDA leaves freeing memory another process maps undefined).
 func (c *Client) ReleaseDeviceOutput(out DeviceOutput) error {
 	if len(out.Handle) == 0 {
 		return nil

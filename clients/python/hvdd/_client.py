@@ -504,6 +504,10 @@ class Client:
             if self._rx.closed:
                 return
             self._rx.closed = True
+        # The daemon frees its output buffers once the connection closes:
+        # no mapping of them may outlive it.
+        for s in list(self.device_sessions.values()):
+            s.unmap_outputs()
         sock = self._sock
         if sock is not None:
             try:

@@ -1202,17 +1202,24 @@ class DeviceSession:
             self._take_back_slots()
             return {k: [(p.slots.size, p.slots.busy, p.slots.used) for p in sp.pools] for k, sp in self._pools.items()}
 
-    def close(self) -> None:
-        """Ends the releaser thread (the connection is closing: the daemon
-        closes every mapping of a connection it loses), closes the device
-        outputs mapped here and drops the pools."""
-        if self._releaser is not None:
-            self._freed.put(None)
+    def unmap_outputs(self) -> None:
+        """Closes the device outputs mapped here. The client calls it before
+        it says Goodbye: the daemon frees its output buffers when the
+        connection closes, and CUDA leaves freeing memory another process
+        still maps undefined."""
         close: List[Any] = []
         with self._out_lock:
             for h, e in list(self._outputs.items()):
                 self._drop_output(h, e, close)
         self._close_outputs(close)
+
+    def close(self) -> None:
+        """Ends the releaser thread (the connection is closing: the daemon
+        closes every mapping of a connection it loses), closes the device
+        outputs still mapped here and drops the pools."""
+        if self._releaser is not None:
+            self._freed.put(None)
+        self.unmap_outputs()
         with self._pool_lock:
             self._drop_pools()
 

@@ -39,7 +39,8 @@ import (
 // output) go to the client in buffers of its connection's pool: allocated
 // and exported once, lent to the client from its Done until it sends
 // Release, then kept for the next result, so that a training job's steady
-// state allocates and exports nothing.
+// state allocates and exports nothing. They are freed only when the
+// connection closes (the client may map them until then).
 
 // GPUs is the daemon's GPUs: nil on a CPU-only node.
 //
@@ -646,10 +647,6 @@ func (cg *ConnGPU) Close() {
 	cg.closed = true
 }
 
-// maxPooled bounds the buffers a connection's pool keeps per GPU while
-// none is lent: beyond, the oldest are freed.
-const maxPooled = 8
-
 // sizeClass rounds a result's n bytes up to the size its buffer is
 // allocated with: a power of two up to 1 MiB, then a multiple of an
 // eighth of the power of two below (at most 12.5% more), so that results
@@ -742,29 +739,19 @@ func (cg *ConnGPU) giveBack(o *devOutput) {
 	cg.keep(o)
 }
 
-// keep pools o, freeing the oldest of its GPU's pooled buffers beyond
-// maxPooled; cg.mu is held.
+// keep pools o until the connection closes; cg.mu is held. A buffer once
+// lent is never freed while the client is connected: the client may keep
+// its mapping open (the Python client does, to read the next result in
+// the same buffer without opening it again), and CUDA leaves freeing
+// memory another process maps undefined. The pool stays small: a result
+// takes a free buffer up to twice its size class, so only results in
+// flight together, or of sizes far apart, add buffers.
 func (cg *ConnGPU) keep(o *devOutput) {
 	if cg.closed {
 		o.freeLater()
 		return
 	}
 	cg.free = append(cg.free, o)
-	n := 0
-	for _, f := range cg.free {
-		if f.d == o.d {
-			n++
-		}
-	}
-	for i := 0; n > maxPooled && i < len(cg.free); {
-		if f := cg.free[i]; f.d == o.d {
-			f.freeLater()
-			cg.free = append(cg.free[:i], cg.free[i+1:]...)
-			n--
-			continue
-		}
-		i++
-	}
 }
 
 // Mapped is the number of the connection's mapped allocations.
