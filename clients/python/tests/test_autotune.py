@@ -15,9 +15,11 @@ import pytest
 from conftest import ROOT
 
 BENCH = os.path.join(ROOT, "examples", "pytorch_synthetic_benchmark.py")
-# A short run: 2 + 3*5 = 17 steps, about twice what 3 configurations of one
-# step per sample need (5 samples each, no warm-up).
-ARGS = ["--num-iters", "3", "--width", "8", "--image-size", "32", "--batch-size", "4"]
+# A short run: 2 + 6*5 = 32 steps, about twice the 15 that 3 configurations
+# of one step per sample need (5 samples each, no warm-up). (With 3
+# iterations, 17 steps, a loaded CI machine once ended the job after two
+# configurations.)
+ARGS = ["--num-iters", "6", "--width", "8", "--image-size", "32", "--batch-size", "4"]
 KNOBS = ["fusion_threshold_mb", "cycle_time_ms", "spin_us"]
 
 
