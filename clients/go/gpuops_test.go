@@ -20,7 +20,7 @@ func TestGPUDeviceOps(t *testing.T) {
 	s := daemontest.Start(t, cfg)
 	daemontest.Run(t, s.Socket, "gpu", 2, 180*time.Second, "HVDD_FAKE_GPUS=1")
 	s.WaitLog(t, "job ended", 30*time.Second)
-	ops := settledDeviceOps(t, s, m)
+	ops := settledDeviceOps(t, s, m, 2)
 	t.Logf("hvdd_gpu_device_ops_total: %v", ops)
 	for _, kind := range []string{"allocation", "export", "open"} {
 		if ops[kind] <= 0 {
@@ -58,21 +58,14 @@ func deviceOps(t *testing.T, m *metrics.Metrics) map[string]float64 {
 	return ops
 }
 
-// settledDeviceOps returns hvdd_gpu_device_ops_total once the job's
-// connections are gone: their hangups reach the daemon after the job
-// ended, and the closes they queue run on the GPUs' housekeeping
-// goroutine (SettleGPUs). It waits, up to 30 s, until every handle opened
-// is closed, and returns the counts then (or at the deadline: the caller
-// checks).
-func settledDeviceOps(t *testing.T, s *daemontest.Server, m *metrics.Metrics) map[string]float64 {
+// settledDeviceOps returns hvdd_gpu_device_ops_total once the daemon has
+// closed the device state of conns connections in all ("GPU mappings
+// closed", logged once their closes are queued: the clients' hangups reach
+// the daemon after the job ended) and run what that queued on the GPUs'
+// housekeeping goroutine (SettleGPUs).
+func settledDeviceOps(t *testing.T, s *daemontest.Server, m *metrics.Metrics, conns int) map[string]float64 {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		s.SettleGPUs()
-		ops := deviceOps(t, m)
-		if ops["open"] == ops["close"] || time.Now().After(deadline) {
-			return ops
-		}
-		time.Sleep(5 * time.Millisecond) // the poll's pace, not a synchronisation
-	}
+	s.WaitLogCount(t, "GPU mappings closed", conns, 30*time.Second)
+	s.SettleGPUs()
+	return deviceOps(t, m)
 }

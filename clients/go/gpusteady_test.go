@@ -42,7 +42,7 @@ func TestGPUSteadyState(t *testing.T) {
 	for i, extra := range []int{0, 0, iters} {
 		daemontest.Run(t, s.Socket, "gpusteady", 2, 300*time.Second, "HVDD_FAKE_GPUS=1", "HVDD_TEST_STEADY_ITERS="+strconv.Itoa(extra))
 		s.WaitLog(t, "job ended", 30*time.Second)
-		after := settledDeviceOps(t, s, m)
+		after := settledDeviceOps(t, s, m, 2*(i+1))
 		added[i] = map[string]float64{}
 		for k, v := range after {
 			added[i][k] = v - before[k]

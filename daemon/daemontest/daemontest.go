@@ -158,6 +158,15 @@ func (s *Server) WaitLog(tb testing.TB, substr string, timeout time.Duration) {
 	}
 }
 
+// WaitLogCount waits until the daemon's log contains substr n times, or
+// fails the test.
+func (s *Server) WaitLogCount(tb testing.TB, substr string, n int, timeout time.Duration) {
+	tb.Helper()
+	if !s.logs.waitCount(substr, n, time.Now().Add(timeout)) {
+		tb.Fatalf("daemon log holds %q %d times after %v, want %d:\n%s", substr, strings.Count(s.logs.String(), substr), timeout, n, s.logs.String())
+	}
+}
+
 // Worker is one running worker process.
 type Worker struct {
 	Rank int
@@ -314,14 +323,20 @@ func (s *syncBuffer) String() string {
 }
 
 // waitFor blocks until the buffer contains substr (true) or the deadline
-// passes (false). The check and the registration for the next write happen
-// under one lock, so a write between them cannot be missed.
+// passes (false).
 func (s *syncBuffer) waitFor(substr string, deadline time.Time) bool {
+	return s.waitCount(substr, 1, deadline)
+}
+
+// waitCount blocks until the buffer contains substr n times (true) or the
+// deadline passes (false). The check and the registration for the next
+// write happen under one lock, so a write between them cannot be missed.
+func (s *syncBuffer) waitCount(substr string, n int, deadline time.Time) bool {
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	for {
 		s.mu.Lock()
-		if strings.Contains(s.b.String(), substr) {
+		if strings.Count(s.b.String(), substr) >= n {
 			s.mu.Unlock()
 			return true
 		}
@@ -333,7 +348,7 @@ func (s *syncBuffer) waitFor(substr string, deadline time.Time) bool {
 		select {
 		case <-ch:
 		case <-timer.C:
-			return strings.Contains(s.String(), substr)
+			return strings.Count(s.String(), substr) >= n
 		}
 	}
 }

@@ -50,15 +50,7 @@ func (d *gpuDev) combine(segs []kernels.Segment, nin, nout int, dt tensor.DType,
 	if len(segs) == 0 {
 		return nil
 	}
-	k, err := d.kernels()
-	if err != nil {
-		return err
-	}
-	name, err := kernels.CombineName(op, dt)
-	if err != nil {
-		return err
-	}
-	fn, err := k.fn(name)
+	fn, err := d.combineFn(op, dt)
 	if err != nil {
 		return err
 	}
@@ -79,9 +71,34 @@ func (d *gpuDev) combine(segs []kernels.Segment, nin, nout int, dt tensor.DType,
 		return err
 	}
 	if err := fn.Launch(d.stream, kernels.CombineGrid(int(most), dt), kernels.BlockSize, table, uint64(len(segs)), uint64(nin), uint64(nout), pre, post); err != nil {
-		return fmt.Errorf("GPU %s: %s: %w", d.info.UUID, name, err)
+		return fmt.Errorf("GPU %s: combine %v %v: %w", d.info.UUID, op, dt, err)
 	}
 	return nil
+}
+
+// combineFn returns d's combine kernel for op and dt, looked up once.
+func (d *gpuDev) combineFn(op tensor.ReduceOp, dt tensor.DType) (gpu.Function, error) {
+	k, err := d.kernels()
+	if err != nil {
+		return nil, err
+	}
+	key := combineKey{op, dt}
+	if f, ok := k.combines[key]; ok {
+		return f, nil
+	}
+	name, err := kernels.CombineName(op, dt)
+	if err != nil {
+		return nil, err
+	}
+	f, err := k.fn(name)
+	if err != nil {
+		return nil, err
+	}
+	if k.combines == nil {
+		k.combines = make(map[combineKey]gpu.Function)
+	}
+	k.combines[key] = f
+	return f, nil
 }
 
 // tableAt returns where table b is in d's table area: where it was put
@@ -138,19 +155,14 @@ func (d *gpuDev) endResponse() {
 func rankPtrs(row []*job.Op, d *gpuDev, at int) []uint64 {
 	var ps []uint64
 	for _, o := range row {
-		if dv := devOfOp(o); dv != nil && dv.d == d {
+		if o == nil {
+			continue // another node's rank
+		}
+		if dv := devOf(o); dv.d == d {
 			ps = append(ps, uint64(dv.ptr.Add(at)))
 		}
 	}
 	return ps
-}
-
-// devOfOp is devOf for an op that may be nil (another node's rank).
-func devOfOp(o *job.Op) *devOp {
-	if o == nil {
-		return nil
-	}
-	return devOf(o)
 }
 
 // freeTables frees d's table buffers (the daemon stops).

@@ -100,10 +100,12 @@ type gpuDev struct {
 	users  map[*ConnGPU]bool
 	shared bool
 
-	// mu serialises open (the loop opens a GPU for the IPC handles it
-	// maps). dev and stream are set once, under mu, before any op on the
-	// GPU exists; the code that uses them holds such an op (it got it from
-	// the goroutine that opened the GPU) and reads them without mu.
+	// mu serialises open (the housekeeping goroutine opens a GPU before
+	// the first IPC handle on it; the executor, for NCCL across nodes).
+	// dev and stream are set once, under mu, before any op on the GPU
+	// reaches the executor; the code that uses them holds such an op (it
+	// came after the open, through WhenOpen and the loop) and reads them
+	// without mu.
 	mu  sync.Mutex
 	dev gpu.Device // nil until opened
 
@@ -372,42 +374,36 @@ func (d *devOp) Release() {
 // open (job.DeviceTensor): true with the error of a failed open, or false,
 // and then calls then, once, from another goroutine when they are.
 func (d *devOp) WhenOpen(then func(error)) (bool, error) {
-	var waits []*opening
-	for _, o := range []*opening{d.ctx, d.mOpening(), d.evOpening()} {
-		if o != nil && !o.done() {
-			waits = append(waits, o)
-		}
-	}
-	if len(waits) == 0 {
+	ctx, m, ev := d.openings()
+	if ctx.done() && m.done() && ev.done() {
 		return true, d.opened()
 	}
 	go func() {
-		for _, o := range waits {
-			<-o.ready
-		}
+		ctx.wait()
+		m.wait()
+		ev.wait()
 		then(d.opened())
 	}()
 	return false, nil
 }
 
-func (d *devOp) mOpening() *opening {
-	if d.m == nil {
-		return nil
+// openings are what d waits for: its GPU's context, mapping and event
+// being opened (nil for what it has none of, or was open already).
+func (d *devOp) openings() (ctx, m, ev *opening) {
+	if d.m != nil {
+		m = &d.m.opening
 	}
-	return &d.m.opening
-}
-
-func (d *devOp) evOpening() *opening {
-	if d.ev == nil {
-		return nil
+	if d.ev != nil {
+		ev = &d.ev.opening
 	}
-	return &d.ev.opening
+	return d.ctx, m, ev
 }
 
 // opened ends WhenOpen once every open has ended: the first failure, named
 // after the tensor, or nil with ptr set.
 func (d *devOp) opened() error {
-	for _, o := range []*opening{d.ctx, d.mOpening(), d.evOpening()} {
+	ctx, m, ev := d.openings()
+	for _, o := range [...]*opening{ctx, m, ev} {
 		if o != nil && o.err != nil {
 			return fmt.Errorf("tensor %q: %w", d.name, o.err)
 		}
@@ -619,9 +615,7 @@ func (cg *ConnGPU) ReleaseMemory(m *ipcpb.ReleaseDeviceMemory) {
 // disconnect): mappings and events close once no op uses them, the pool's
 // buffers are freed (on the housekeeping goroutine).
 func (cg *ConnGPU) Close() {
-	if n := len(cg.maps) + len(cg.events); n > 0 {
-		cg.Log.Debug("GPU mappings closed", "mappings", len(cg.maps), "events", len(cg.events))
-	}
+	maps, events := len(cg.maps), len(cg.events)
 	for k, m := range cg.maps {
 		delete(cg.maps, k)
 		m.Unref()
@@ -645,6 +639,11 @@ func (cg *ConnGPU) Close() {
 	}
 	cg.free = nil
 	cg.closed = true
+	if maps+events > 0 {
+		// Logged once the closes are queued (GPUs.Settle then waits for
+		// them: tests count this line).
+		cg.Log.Debug("GPU mappings closed", "mappings", maps, "events", events)
+	}
 }
 
 // sizeClass rounds a result's n bytes up to the size its buffer is
@@ -775,6 +774,15 @@ func (cg *ConnGPU) ReleaseOutput(h []byte) error {
 type gpuKernels struct {
 	mod gpu.Module
 	fns map[string]gpu.Function
+	// combines are the combine kernels looked up so far, by op and dtype:
+	// a launch per response finds its function without building its name.
+	combines map[combineKey]gpu.Function
+}
+
+// combineKey names a combine kernel.
+type combineKey struct {
+	op tensor.ReduceOp
+	dt tensor.DType
 }
 
 // kernels returns d's kernels, loading them on first use.

@@ -73,13 +73,23 @@ type opening struct {
 
 func newOpening() opening { return opening{ready: make(chan struct{})} }
 
-// done reports whether the open has ended.
+// done reports whether the open has ended; true for none (nil).
 func (o *opening) done() bool {
+	if o == nil {
+		return true
+	}
 	select {
 	case <-o.ready:
 		return true
 	default:
 		return false
+	}
+}
+
+// wait blocks until the open has ended; at once for none (nil).
+func (o *opening) wait() {
+	if o != nil {
+		<-o.ready
 	}
 }
 
