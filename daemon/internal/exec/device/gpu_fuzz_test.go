@@ -114,3 +114,48 @@ func awaitOpen(dt job.DeviceTensor) error {
 	}
 	return <-ch
 }
+
+// TestResolveRetriesFailedOpen: an IPC open that fails (on the housekeeping
+// goroutine) fails the op that waited for it, with the call named, and the
+// next op on the same handle opens it again instead of reusing the failure.
+func TestResolveRetriesFailedOpen(t *testing.T) {
+	defer fake.Reset()
+	g := OpenGPUs(fake.New(fake.Options{Devices: 1}), nil, slog.New(slog.NewTextHandler(io.Discard, nil)), false)
+	defer g.Close()
+	d := g.devs[0]
+	if err := d.open("test"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := d.dev.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.dev.Free(p)
+	h, err := d.dev.IpcMemHandle(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := &ConnGPU{Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	defer cg.Close()
+	db := &ipcpb.DeviceBuffer{DeviceUuid: d.info.UUID, MemHandle: h[:], AllocSize: 4096, Length: 64}
+	fake.FailNext("cuIpcOpenMemHandle", 1, 0)
+	first, err := g.Resolve(cg, "t", db, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := awaitOpen(first); err == nil || !strings.Contains(err.Error(), "cuIpcOpenMemHandle") || !strings.Contains(err.Error(), `tensor "t"`) {
+		t.Fatalf("the failed open: got %v, want an error naming the tensor and cuIpcOpenMemHandle", err)
+	}
+	first.Release()
+	second, err := g.Resolve(cg, "t", db, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := awaitOpen(second); err != nil {
+		t.Fatalf("the next op on the same handle: %v, want it opened again", err)
+	}
+	if dv := second.(*devOp); dv.ptr == 0 || dv.ptr != dv.m.base {
+		t.Fatalf("opened again at %x (mapping base %x)", dv.ptr, dv.m.base)
+	}
+	second.Release()
+}
