@@ -219,9 +219,8 @@ def _slot_submit(
             slot.view.copy_(tensor)
         dev = s.buffer(slot.view)
         if dev is None:
-            slot.free()
             s.pool_refused()
-            raise _PoolRefused()
+            raise _PoolRefused()  # the slot is freed below
         h = _ops.submit_device(c, kind, full_name, wire, tensor.shape, dev, None, **kw)
     except BaseException:
         slot.free()
