@@ -36,6 +36,17 @@ def test_gradients(job, mode):
     tf_job(job, "grads", mode)
 
 
+@pytest.mark.parametrize("np_", [2, 4])
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_allgather_gradient_averaged(job, mode, np_):
+    """allgather's and grouped_allgather's gradients are Horovod 0.28.1's:
+    the upstream gradient averaged over the ranks, this rank's rows (not
+    summed, which is N times too large), with first dimensions that differ
+    per rank."""
+    res = tf_job(job, "allgather_grads", mode, np=np_)
+    assert all(f"{mode} allgather grads ok" in o for o in res.outputs), res.outputs
+
+
 def test_distributed_gradient_tape(job):
     tf_job(job, "tape")
 

@@ -280,7 +280,7 @@ def grads() -> None:
             # allreduce Sum: d/dc sum(w * allreduce(c)) = allreduce(w) = sum of ranks' w
             ar = hvd.allreduce(c * (r + 1), op=hvd.Sum)
             l_ar = tf.reduce_sum(ar * (r + 1))
-            # allgather: rank r's slice of the summed upstream gradient
+            # allgather: rank r's slice of the averaged upstream gradient
             ag = hvd.allgather(x)
             weights = tf.reshape(tf.range(tf.shape(ag)[0] * 2, dtype=tf.float64), tf.shape(ag))
             l_ag = tf.reduce_sum(ag * weights * (r + 1))
@@ -308,7 +308,7 @@ def grads() -> None:
     sum_w = sum(q + 1 for q in range(n))
     want["ar"] = np.full((2, 3), float(sum_w) * (r + 1))
     total_rows = sum(q + 1 for q in range(n))
-    w_all = np.arange(total_rows * 2, dtype=np.float64).reshape(total_rows, 2) * sum_w
+    w_all = np.arange(total_rows * 2, dtype=np.float64).reshape(total_rows, 2) * sum_w / n
     start = sum(q + 1 for q in range(r))
     want["ag"] = w_all[start : start + r + 1]
     want["bc"] = np.full((2, 3), sum(q + 2 for q in range(n)) / n) if r == 0 else np.zeros((2, 3))
@@ -319,6 +319,53 @@ def grads() -> None:
     for k, w in want.items():
         check(got[k], w, f"{MODE} grad {k}", 1e-9)
     print(f"rank {r}: {MODE} grads ok")
+
+
+def allgather_grads() -> None:
+    """The gradients of allgather and grouped_allgather, as Horovod 0.28.1's
+    ``_allgather_grad`` / ``_grouped_allgather_grad`` define them: the
+    upstream gradient averaged over the ranks (an ``op=Average`` allreduce),
+    split by the gathered first dimensions, this rank's piece (older Horovod
+    summed instead: N times larger). The ranks contribute different first
+    dimensions and a different upstream gradient each; every value is a
+    multiple of 1/4, so the expected gradients are exact in float64."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    rows = [3 - q % 3 for q in range(n)]  # 3, 2, 1, 3: not all the same
+    total, start = sum(rows), sum(rows[:r])
+    xs = [data(q, tf.float64, (rows[q], 2), seed=31) for q in range(n)]
+    ys = [data(q, tf.float64, (rows[q], 3), seed=32) for q in range(n)]
+    # each rank's upstream gradient of the gathered tensors
+    up_x = [data(q, tf.float64, (total, 2), seed=33) for q in range(n)]
+    up_y = [data(q, tf.float64, (total, 3), seed=34) for q in range(n)]
+
+    def build() -> Dict[str, Any]:
+        x, a, b = tf.constant(xs[r]), tf.constant(xs[r]), tf.constant(ys[r])
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch([x, a, b])
+            ag = hvd.allgather(x)
+            l_ag = tf.reduce_sum(ag * up_x[r])
+            ga, gb = hvd.grouped_allgather([a, b])
+            l_g = tf.reduce_sum(ga * up_x[r]) + tf.reduce_sum(gb * up_y[r])
+        d_ga, d_gb = tape.gradient(l_g, [a, b])
+        return {"ag": ag, "ga": ga, "gb": gb, "d_ag": tape.gradient(l_ag, x), "d_ga": d_ga, "d_gb": d_gb}
+
+    # Horovod 0.28.1: Average-allreduce of the upstream gradients, then
+    # tf.split(grad, gathered first dimensions)[rank]
+    mean_x = np.sum(up_x, axis=0) / n
+    mean_y = np.sum(up_y, axis=0) / n
+    want = {
+        "ag": np.concatenate(xs),
+        "ga": np.concatenate(xs),
+        "gb": np.concatenate(ys),
+        "d_ag": mean_x[start : start + rows[r]],
+        "d_ga": mean_x[start : start + rows[r]],
+        "d_gb": mean_y[start : start + rows[r]],
+    }
+    got = run(build)
+    for k, w in want.items():
+        check(got[k], w, f"{MODE} allgather grads {k} (rank {r} of {n})")
+    print(f"rank {r}: {MODE} allgather grads ok")
 
 
 def _linear_data(rank: int, step: int, bs: int = 4) -> tuple:

@@ -6,8 +6,9 @@ numpy arrays (``hvdd.ops``); in eager mode it runs at once on the tensors'
 values, and in a graph it becomes one node that runs it when the graph runs.
 Gradients are registered with ``tf.custom_gradient``, as Horovod registers
 them for its ops: an allreduce's gradient is the allreduce of the gradient,
-an allgather's is this rank's slice of the summed gradient, a broadcast's is
-the gradient averaged over the ranks on the root and zero elsewhere.
+an allgather's is this rank's slice of the gradient averaged over the ranks
+(Horovod 0.28.1's; older Horovod summed), a broadcast's is the gradient
+averaged over the ranks on the root and zero elsewhere.
 
 A graph collective must not hold one of TensorFlow's inter-op threads while
 it waits for the other ranks. A TF1 ``Session.run`` that fetches independent
@@ -626,11 +627,13 @@ def grouped_allgather(
         return _run(fn, xs, [x.dtype for x in xs], shapes, full)
 
     def grad(ys: List[tf.Tensor], *dys: tf.Tensor) -> Any:
+        # Horovod 0.28.1's _allgather_grad / _grouped_allgather_grad: the
+        # upstream gradient averaged over the set, then this rank's rows
         dys = _zeros_for_none(dys, ys)
-        summed = _grouped_allreduce(dys, None, Sum, 1.0, 1.0, ignore_name_scope, process_set)
+        averaged = _grouped_allreduce(dys, None, Average, 1.0, 1.0, ignore_name_scope, process_set)
         r = process_set.rank() if process_set is not global_process_set else _basics.rank()
         out = []
-        for x, g in zip(xs, summed):
+        for x, g in zip(xs, averaged):
             splits = _allgather_splits(x, process_set, ignore_name_scope)
             start = tf.reduce_sum(splits[:r])
             out.append(g[start : start + splits[r]])
