@@ -83,6 +83,13 @@ type Config struct {
 	// an elastic job's coordination moves to another node when the
 	// coordinator is lost (package nodes).
 	ExternalRendezvous bool
+	// ElasticDriver says that hvdd run's elastic driver, which serves the
+	// external rendezvous, decides the membership of every epoch of an
+	// elastic job after the first, as Horovod's driver does: the daemons
+	// report each forming epoch's workers there and form it only with the
+	// nodes and ranks the driver publishes (package nodes, driven.go).
+	// Needs Elastic and ExternalRendezvous.
+	ElasticDriver bool
 	// Advertise is the host this node binds its control and data listeners
 	// on and that other nodes dial. Required with Nodes > 1.
 	Advertise string
@@ -238,6 +245,9 @@ func (c *Config) Validate() error {
 		if c.NewBackend == nil {
 			errs = append(errs, errors.New("a multi-node job needs a backend"))
 		}
+	}
+	if c.ElasticDriver && (!c.Elastic || !c.ExternalRendezvous || c.Control != nil) {
+		errs = append(errs, errors.New("--elastic-driver needs --elastic and --rendezvous-external (the driver serves the rendezvous), and TCP control links"))
 	}
 	return errors.Join(errs...)
 }

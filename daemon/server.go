@@ -329,7 +329,7 @@ func (s *Server) newLoop(p *poll.Poller) (*loop.Loop, error) {
 		formation = func(h job.LoopHooks) (job.Formation, error) {
 			return nodes.New(h, p, nodes.Config{
 				Nodes: c.Nodes, NodeRank: c.NodeRank, Advertise: c.Advertise, Rendezvous: c.Rendezvous,
-				ExternalRendezvous: c.ExternalRendezvous, Secret: c.Secret, Control: c.Control, NewBackend: c.NewBackend,
+				ExternalRendezvous: c.ExternalRendezvous, ElasticDriver: c.ElasticDriver, Secret: c.Secret, Control: c.Control, NewBackend: c.NewBackend,
 				Elastic: c.Elastic, StartTimeout: c.StartTimeout, Heartbeat: c.Heartbeat, PeerTimeout: c.PeerTimeout,
 				FusionThreshold: c.FusionThreshold,
 				NCCLAcross:      c.GPUAllreduce == GPUAllreduceNCCL && s.gpu.CanNCCLAcross(),

@@ -237,6 +237,8 @@ type Config struct {
 
 	// discoverEvery, if positive, replaces DefaultDiscoverEvery (tests).
 	discoverEvery time.Duration
+	// reportWait, if positive, replaces DefaultReportWait (tests).
+	reportWait time.Duration
 }
 
 // ServeFlags is the `hvdd serve` flags that pass the job's settings to

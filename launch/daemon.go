@@ -348,7 +348,7 @@ func (j *job) daemonArgs(i int) []string {
 		// the coordinator takes nodes that join the running job. The
 		// driver serves the rendezvous, so that the coordination can move
 		// off node 0.
-		args = append(args, "--elastic", "--rendezvous-external")
+		args = append(args, "--elastic", "--rendezvous-external", "--elastic-driver")
 	}
 	return args
 }

@@ -72,6 +72,13 @@ type driver struct {
 	readyC  chan readyEvent
 	discC   chan discovery
 	quit    chan struct{}
+
+	// ms decides each epoch's members (elastic_members.go); storeC
+	// signals a change of the job's rendezvous store, and reportWait
+	// bounds the wait for the daemons' reports.
+	ms         membership
+	storeC     chan struct{}
+	reportWait time.Duration
 }
 
 // driverRank is a rank the driver started.
@@ -123,6 +130,12 @@ func newDriver(j *job) *driver {
 		readyC:   make(chan readyEvent),
 		discC:    make(chan discovery),
 		quit:     make(chan struct{}),
+
+		storeC:     make(chan struct{}, 1),
+		reportWait: DefaultReportWait,
+	}
+	if cfg.reportWait > 0 {
+		drv.reportWait = cfg.reportWait
 	}
 	if cfg.discoverEvery > 0 {
 		drv.every = cfg.discoverEvery
@@ -193,6 +206,7 @@ func runElastic(ctx context.Context, cfg *Config, o *output, sigs <-chan os.Sign
 			drv.ranks = append(drv.ranks, driverRank{node: i})
 		}
 	}
+	drv.startMembership()
 	return drv.supervise(ctx, sigs)
 }
 

@@ -411,7 +411,7 @@ func TestDriverHostsComeAndGo(t *testing.T) {
 	if len(serve) != 2 || !strings.HasPrefix(serve[0], "serve --slots 1 --nodes 1 --node-rank 0 --rendezvous 127.0.0.1:") ||
 		!strings.HasPrefix(serve[1], "serve --slots 2 --nodes 2 --node-rank 1 ") ||
 		rendezvous.FindString(serve[0]) != rendezvous.FindString(serve[1]) ||
-		!strings.HasSuffix(serve[0], " --elastic --rendezvous-external") || !strings.HasSuffix(serve[1], " --elastic --rendezvous-external") {
+		!strings.HasSuffix(serve[0], " --elastic --rendezvous-external --elastic-driver") || !strings.HasSuffix(serve[1], " --elastic --rendezvous-external --elastic-driver") {
 		t.Errorf("daemons started as:\n%s", strings.Join(serve, "\n"))
 	}
 	if n0, n1 := fj.rdvCount(0), fj.rdvCount(1); n0 != "1" || n1 != "2" {

@@ -362,12 +362,6 @@ func (drv *driver) live() int {
 	return n
 }
 
-// recoverable reports whether ranks may yet be added: hosts can be
-// discovered, or blacklisted ones come back.
-func (drv *driver) recoverable() bool {
-	return drv.j.cfg.HostDiscoveryScript != "" || drv.j.cfg.BlacklistCooldown.set()
-}
-
 // checkMin starts the wait of --elastic-timeout when fewer than --min-np
 // ranks go on (Horovod's wait_for_available_slots), ends it when enough
 // do, and fails the job when no rank is left or none can be added.
@@ -386,11 +380,11 @@ func (drv *driver) checkMin() {
 	case drv.minWait != nil:
 	case live == 0:
 		drv.fail(drv.lastFail, errors.New("no rank of the elastic job is left to carry its state on"))
-	case !drv.recoverable():
-		drv.fail(drv.lastFail, fmt.Errorf("%s left, fewer than --min-np %d, and no host can be added (give -H more hosts, --blacklist-cooldown-range, or --host-discovery-script)", ranks(live), min))
 	default:
+		// As Horovod's driver: wait for hosts even when none can come
+		// (fixed hosts, blacklisted for good); no epoch forms meanwhile.
 		drv.minWait = time.NewTimer(drv.timeout)
-		j.o.logf("%s left, fewer than --min-np %d: waiting up to %v (--elastic-timeout) for slots", ranks(live), min, drv.timeout)
+		j.o.logf("%s left, fewer than --min-np %d: waiting up to %v (--elastic-timeout) for slots; no epoch forms meanwhile", ranks(live), min, drv.timeout)
 	}
 }
 

@@ -30,6 +30,14 @@ func (drv *driver) supervise(ctx context.Context, sigs <-chan os.Signal) (int, e
 		drv.watchDaemon(d)
 	}
 	wg.Go(func() { drv.runDiscovery(ctx) })
+	if j.rdv != nil {
+		wg.Go(func() { drv.watchStore(ctx) })
+	}
+	defer func() {
+		if drv.ms.wait != nil {
+			drv.ms.wait.Stop()
+		}
+	}()
 	tick := time.NewTicker(drv.every)
 	defer tick.Stop()
 	ctxDone := ctx.Done()
@@ -62,7 +70,11 @@ func (drv *driver) supervise(ctx context.Context, sigs <-chan os.Signal) (int, e
 		case <-drv.minWaitC():
 			drv.minWait = nil
 			drv.fail(drv.lastFail, errors.New(drv.slotsTimeout(j.cfg.MinNP)))
+		case <-drv.storeC:
+		case <-drv.reportWaitC():
+			drv.ms.wait, drv.ms.overdue = nil, true
 		}
+		drv.decide()
 	}
 	drv.stopMinWait()
 	j.closeStdins()
@@ -210,9 +222,6 @@ func (drv *driver) rankExited(e exitEvent) {
 		return
 	case live == 0:
 		drv.failRank(c, msg+"; no rank is left to carry the job's state on")
-		return
-	case live < cfg.MinNP && !drv.recoverable():
-		drv.failRank(c, msg+fmt.Sprintf("; %s left, fewer than --min-np %d", ranks(live), cfg.MinNP))
 		return
 	case limit > 0 && drv.resets >= limit:
 		drv.failRank(c, msg+"; "+fmt.Sprintf(resetLimitMessage, limit))

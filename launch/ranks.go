@@ -62,6 +62,11 @@ func (j *job) startRank(path string, i, lr int) error {
 // (the next tag: len(j.workers)), with the rank variables rankEnv.
 func (j *job) startRankAs(path string, i, rank int, rankEnv []string) error {
 	n, cfg := j.nodes[i], j.cfg
+	if cfg.driven() {
+		// The daemons name the workers of each forming epoch by it to
+		// the elastic driver (its tag: unique in the job).
+		rankEnv = append(rankEnv, workerEnv+"="+strconv.Itoa(rank))
+	}
 	if !n.Local {
 		return j.startRemoteRank(i, rank, rankEnv)
 	}
@@ -150,6 +155,9 @@ func (j *job) rankVars(n node, s slotInfo, requestLR string) []string {
 		"HOROVOD_CROSS_RANK="+c, "HOROVOD_CROSS_SIZE="+csz,
 	)
 }
+
+// workerEnv names a worker of a job the elastic driver runs (Hello.worker).
+const workerEnv = "HVDD_WORKER"
 
 // environ is our environment without the job secret's variable.
 func environ() []string {

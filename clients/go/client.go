@@ -334,6 +334,7 @@ func (c *Client) handshake(ctx context.Context, localRank int) error {
 		Version: ipc.Version, Pid: int32(os.Getpid()), LocalRank: int32(localRank), Client: "go",
 		Elastic: c.Elastic || os.Getenv("HOROVOD_ELASTIC") == "1", Timeline: envTimeline(),
 		AutotuneEnv: envAutotune(), Job: c.jobName(), LocalSize: int32(c.localSize()),
+		Worker: os.Getenv("HVDD_WORKER"),
 	}}}, -1); err != nil {
 		return c.refusal(fmt.Errorf("hvdd: hello: %w", err))
 	}

@@ -103,6 +103,7 @@ type serveArgs struct {
 	rendezvous, advertise, secretFile, backend string
 	iface                                      string
 	rendezvousExternal, exitAfterJob           bool
+	elasticDriver                              bool
 	control                                    string
 	wireCompression                            string
 	compression                                backends.Compression // wireCompression parsed
@@ -200,6 +201,7 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 	fs.IntVar(&args.nodeRank, "node-rank", 0, "this node's index in [0, --nodes); node 0 coordinates (with --elastic --rendezvous-external, until it is lost) and serves the rendezvous unless --rendezvous-external; -1: mpirun's rank")
 	fs.StringVar(&args.rendezvous, "rendezvous", "", "node 0's rendezvous address HOST:PORT (node 0 binds it, unless --rendezvous-external)")
 	fs.BoolVar(&args.rendezvousExternal, "rendezvous-external", false, "another process serves --rendezvous (hvdd rendezvous, or hvdd run's elastic driver): node 0 does not bind it, and with --elastic the coordination of a job moves to another node when node 0 is lost")
+	fs.BoolVar(&args.elasticDriver, "elastic-driver", false, "with --elastic --rendezvous-external: hvdd run's elastic driver, which serves the rendezvous, decides each epoch's nodes and ranks after a failure or a host update, as Horovod's driver does; the daemons report the workers that re-form and wait for its decision (hvdd run passes it)")
 	fs.StringVar(&args.advertise, "advertise", "", "this node's address (host) that the other nodes reach; control and data listeners bind it (default: the local address of the route to --rendezvous)")
 	fs.StringVar(&args.iface, "network-interface", "", "NAME[,NAME...]: advertise and bind the address of the first of these network interfaces that this host has, instead of --advertise (horovodrun --network-interface)")
 	fs.StringVar(&args.secretFile, "secret-file", "", "file holding the job's shared secret (default $HVDD_SECRET); required with --nodes > 1")
@@ -478,6 +480,7 @@ func clusterConfig(cfg *daemon.Config, args serveArgs) error {
 	cfg.Nodes, cfg.NodeRank, cfg.Rendezvous, cfg.Advertise = args.nodes, args.nodeRank, args.rendezvous, args.advertise
 	cfg.Elastic = args.elastic
 	cfg.ExternalRendezvous = args.rendezvousExternal
+	cfg.ElasticDriver = args.elasticDriver
 	cfg.Secret, cfg.NewBackend = secret, factory
 	warnIfBound(cfg.Logger)
 	return nil

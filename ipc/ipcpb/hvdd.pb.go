@@ -405,7 +405,13 @@ type Hello struct {
 	// The job's number of processes on this node (HVDD_LOCAL_SIZE, or the
 	// launcher's local size); 0 means the daemon's --slots. Every process of
 	// a job must agree.
-	LocalSize     int32 `protobuf:"varint,9,opt,name=local_size,json=localSize,proto3" json:"local_size,omitempty"`
+	LocalSize int32 `protobuf:"varint,9,opt,name=local_size,json=localSize,proto3" json:"local_size,omitempty"`
+	// The launcher's name for this worker process (HVDD_WORKER, set by hvdd
+	// run's elastic driver: the rank's output tag), unique within the job for
+	// its whole life. The daemons report the workers of each forming elastic
+	// epoch by it, so that the driver knows which of its processes re-form and
+	// which are gone, on any host, whatever their pids there.
+	Worker        string `protobuf:"bytes,10,opt,name=worker,proto3" json:"worker,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -501,6 +507,13 @@ func (x *Hello) GetLocalSize() int32 {
 		return x.LocalSize
 	}
 	return 0
+}
+
+func (x *Hello) GetWorker() string {
+	if x != nil {
+		return x.Worker
+	}
+	return ""
 }
 
 // RegisterRegion announces a client-created memfd, passed with SCM_RIGHTS in the
@@ -3052,7 +3065,7 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x06Buffer\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06length\x18\x03 \x01(\x04R\x06length\"\x8b\x02\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\"\xa3\x02\n" +
 	"\x05Hello\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x1d\n" +
@@ -3064,7 +3077,9 @@ const file_hvdd_proto_rawDesc = "" +
 	"\fautotune_env\x18\a \x03(\tR\vautotuneEnv\x12\x10\n" +
 	"\x03job\x18\b \x01(\tR\x03job\x12\x1d\n" +
 	"\n" +
-	"local_size\x18\t \x01(\x05R\tlocalSize\"<\n" +
+	"local_size\x18\t \x01(\x05R\tlocalSize\x12\x16\n" +
+	"\x06worker\x18\n" +
+	" \x01(\tR\x06worker\"<\n" +
 	"\x0eRegisterRegion\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"*\n" +

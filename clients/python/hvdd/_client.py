@@ -117,6 +117,7 @@ class Client:
             h.local_rank = self.requested_local_rank
             h.job = self.job
             h.local_size = self.local_size
+            h.worker = _env.worker()
             h.client = self.client_name
             h.elastic = _env.elastic_requested()
             timeline = _env.timeline()

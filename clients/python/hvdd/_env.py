@@ -24,6 +24,7 @@ HOROVOD_ELASTIC                 :func:`elastic_requested`
 HVDD_LOCAL_RANK, ...            :func:`requested_local_rank`
 HVDD_LOCAL_SIZE                 :func:`job_local_size`
 HVDD_JOB                        :func:`job`
+HVDD_WORKER                     :func:`worker`
 HVDD_ARENA_SIZE                 :func:`arena_size`
 HVDD_SPIN_US                    :func:`spin_seconds`
 HVDD_CHANNEL, HVDD_RING_BYTES   :func:`channel_enabled`, :func:`ring_bytes`
@@ -54,6 +55,7 @@ __all__ = [
     "elastic_requested",
     "requested_local_rank",
     "job_local_size",
+    "worker",
     "job",
     "arena_size",
     "spin_seconds",
@@ -141,6 +143,13 @@ def job_local_size() -> int:
     except ValueError:
         log.warning("ignoring non-integer HVDD_LOCAL_SIZE=%r", os.environ.get("HVDD_LOCAL_SIZE"))
         return 0
+
+
+def worker() -> str:
+    """$HVDD_WORKER: hvdd run's name for this worker process, unique in its
+    job, with which the daemons report an elastic epoch's workers to the
+    driver; "" when unset."""
+    return os.environ.get("HVDD_WORKER", "")
 
 
 def job() -> str:

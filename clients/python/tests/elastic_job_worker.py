@@ -18,6 +18,9 @@ at step S, whatever its rank then.
 With ``$HVDD_TEST_UNTIL_SIZE`` set, the ranks train on past STEPS until they
 have run STEPS steps at that size (a test changes the job's hosts meanwhile).
 KILL_AT -1 kills no rank. ``RESULT`` also lists the job's size at every step.
+With ``$HVDD_TEST_TRACE`` set, every rank prints what a user observes as it
+happens: ``STEP s size n rank r`` for each step it completes (one a restore
+later takes back included) and ``RESET size n`` for each reset callback.
 
 Usage: elastic_job_worker.py STEPS KILL_AT
 """
@@ -57,7 +60,14 @@ def main() -> None:
     launch_rank = int(os.environ.get("HVDD_RANK", "-1"))
     first_victim = hvd.rank() == int(os.environ.get("HVDD_TEST_VICTIM", hvd.size() - 1))
     resets = []
-    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+    trace = bool(os.environ.get("HVDD_TEST_TRACE"))
+
+    def on_reset() -> None:
+        resets.append(hvd.size())
+        if trace:
+            print(f"RESET size {hvd.size()}", flush=True)
+
+    state.register_reset_callbacks([on_reset])
 
     def fails_now(step: int) -> bool:
         if victims:
@@ -82,6 +92,8 @@ def main() -> None:
             loss = ((model(x) - y) ** 2).mean()
             loss.backward()
             opt.step()
+            if trace:
+                print(f"STEP {state.step} size {hvd.size()} rank {hvd.rank()}", flush=True)
             if state.step == kill_at:
                 print(f"RECOVERED {time.time():.6f} size {hvd.size()}", flush=True)
             if state.step == 3 and hvd.rank() == 0:

@@ -746,3 +746,7 @@ func (l *Loop) Accept(uc *net.UnixConn, admit func() bool) {
 	}
 	l.p.Post(msgConn{c})
 }
+
+// Worker is the launcher's name for the client's process (Hello.worker,
+// HVDD_WORKER); "" when it gave none.
+func (c *client) Worker() string { return c.helloMsg.GetWorker() }

@@ -78,6 +78,9 @@ type nextEpoch struct {
 	won int
 	// deadline ends the wait of a new coordinator for the nodes it expects.
 	deadline *time.Timer
+	// members is hvdd run's elastic driver's latest decision for the epoch
+	// (driven.go); nil until it has decided.
+	members *members
 }
 
 // holds reports whether link forms the next epoch; n may be nil.
@@ -129,6 +132,7 @@ func (c *multiNode) beginNext(mc *multiCoord) {
 		n.lost = fmt.Sprintf("the elastic job cannot form epoch %d on node %d: node %d (the coordinator) was lost", n.epoch, c.rank, c.lead)
 	}
 	c.next = n
+	c.watchMembers(n)
 	c.log.Debug("elastic job: the control links form the next epoch", "job", mc.j.ID, "epoch", n.epoch, "links", len(n.links))
 }
 
@@ -166,6 +170,7 @@ func (c *multiNode) NextReady(epoch uint64, local int, why string) {
 		return
 	}
 	c.next, c.running = nil, nil
+	c.reportEpoch(epoch, nil)
 	if n.deadline != nil {
 		n.deadline.Stop()
 	}
@@ -205,6 +210,7 @@ func (c *multiNode) completeEpoch(j *job.Job) {
 		c.hooks.FormFailed(j, fmt.Sprintf("the elastic job cannot form epoch %d on node %d: its control links are gone", j.Epoch, c.rank))
 		return
 	}
+	c.reportEpoch(j.Epoch, workersOf(j))
 	if n.electing {
 		n.forming = j // the election decides
 		return

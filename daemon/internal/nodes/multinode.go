@@ -121,6 +121,14 @@ type multiNode struct {
 	// won, and published its address, before the loop heard): elected
 	// takes them up once the outcome is known.
 	held []nodeJoin
+
+	// Reports to hvdd run's elastic driver (driven.go): reports runs them
+	// in order on a goroutine of their own, started on first use under
+	// reportMu; membersStop ends the watch of the forming epoch's
+	// decisions.
+	reportMu    sync.Mutex
+	reports     chan func()
+	membersStop context.CancelFunc
 }
 
 // linkSet is a set of links that goroutines other than the loop's hold,
@@ -196,6 +204,7 @@ type Config struct {
 	Advertise              string
 	Rendezvous             string
 	ExternalRendezvous     bool
+	ElasticDriver          bool
 	Secret                 []byte
 	Control                ControlTransport
 	NewBackend             BackendFactory
@@ -385,6 +394,7 @@ func (c *multiNode) Complete(j *job.Job) {
 		c.maybeLayout()
 		return
 	}
+	c.reportJoining(j)
 	// The Join is built here: the loop owns j.
 	go c.joinCoordinator(j, c.joinOf(j), c.rank == 0 && c.lead < 0)
 }
@@ -559,15 +569,25 @@ func (c *multiNode) maybeLayout() {
 		if n == nil || n.epoch != j.Epoch {
 			return
 		}
-		for _, id := range n.Nodes() {
+		prev, joined := n.Nodes(), c.elasticJoins()
+		if c.driven() {
+			var ok bool
+			if prev, joined, ok = c.drivenNodes(j, n); !ok {
+				return // hvdd run's elastic driver decides
+			}
+		}
+		for _, id := range prev {
 			if n.joins[id] == nil {
 				return
 			}
+		}
+		for _, id := range prev {
 			add(id, n.joins[id], n.links[id])
 		}
 		c.next = nil
+		c.stopMembers()
 		// Nodes that joined the running job come after the others.
-		for _, id := range c.elasticJoins() {
+		for _, id := range joined {
 			add(id, c.joins[id].join, c.joins[id].link)
 			delete(c.joins, id)
 		}
@@ -743,6 +763,12 @@ func (c *multiNode) backendUp(m msgBackendUp) {
 		c.running = j
 	}
 	c.hooks.Start(j, job.NewMembership(m.slots, m.node), mc)
+	c.reportFormed(j)
+	if j.Elastic && c.leads() && len(c.elasticJoins()) > 0 {
+		// Nodes came while the epoch formed and were not in it: the
+		// next reset takes them.
+		c.hooks.HostsUpdated(job.HostsAdded)
+	}
 	if j.Elastic && c.removedHost != "" {
 		// Removed while the epoch formed: the next reset drops this node.
 		c.hooks.HostsUpdated(job.HostsRemoved)
@@ -816,6 +842,8 @@ func (c *multiNode) Message(m any) bool {
 		c.elected(m)
 	case msgElectDeadline:
 		c.electDeadline(m.n)
+	case msgMembers:
+		c.membersDecided(m)
 
 	default:
 		return false
@@ -835,6 +863,7 @@ func (c *multiNode) Ended(j *job.Job) {
 		// coordinates the next job, unless it left this one (the
 		// coordination moved: it then finds the job at the rendezvous).
 		c.running = nil
+		c.stopMembers()
 		c.log.Info("the elastic job is over", "job", j.ID, "epoch", j.Epoch)
 		if c.lead >= 0 {
 			c.lead = 0

@@ -1,0 +1,310 @@
+package launch
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The elastic driver decides the members of every epoch of the job after
+// the first, as Horovod's driver does (its worker registry's barrier, then
+// the blacklist, then the rendezvous's answer), and the daemons form each
+// epoch only over the members it publishes (package nodes, driven.go; the
+// daemons run --elastic-driver). The daemons report, at the job's
+// rendezvous store, which workers (HVDD_WORKER: the rank's output tag)
+// each node re-forms into a forming epoch; the driver waits until every
+// node of the last epoch has reported and every rank the reports leave out
+// has exited, so that its status has been judged (a failed rank's host is
+// blacklisted and its other ranks stopped, rankExited), and then publishes
+// the nodes that go on, each with its reported ranks, and the nodes that
+// joined the running job and reported their ranks. It publishes nothing
+// while fewer than --min-np ranks would be in it: the daemons' ranks wait
+// in init() while the driver waits, up to --elastic-timeout, for hosts
+// (checkMin). So no rank ever steps, or runs a reset callback, at a
+// membership the driver did not decide, and a failure costs one reset.
+
+// Keys of the job's rendezvous store (package nodes, driven.go, writes and
+// reads the same).
+func reportKey(epoch uint64, node int) string {
+	return "elastic/" + strconv.FormatUint(epoch, 10) + "/node/" + strconv.Itoa(node)
+}
+
+func joiningKey(node int) string { return "elastic/joining/" + strconv.Itoa(node) }
+
+func membersKey(epoch uint64, version int) string {
+	return "elastic/" + strconv.FormatUint(epoch, 10) + "/members/" + strconv.Itoa(version)
+}
+
+func formedKey(epoch uint64) string { return "elastic/" + strconv.FormatUint(epoch, 10) + "/formed" }
+
+// DefaultReportWait bounds the driver's wait for the daemons' reports of a
+// forming epoch, from the first: a node still silent then (its host cut
+// off, its daemon hung) is taken as failed, and a rank its daemon left
+// out that still runs is stopped.
+const DefaultReportWait = 10 * time.Second
+
+// membership is the driver's state in deciding epochs.
+type membership struct {
+	// epoch is the epoch being decided: the first after the last that
+	// formed (1 at the start).
+	epoch uint64
+	// version counts the decisions published for it; last is the latest.
+	version int
+	last    string
+	// members are the last decided epoch's ranks by node (the first
+	// epoch's: the ranks the job started with); decided those of the
+	// latest decision for epoch.
+	members, decided map[int][]int
+	// since is when the first report for epoch came (zero: none yet);
+	// wait fires DefaultReportWait later, and overdue says it has.
+	since   time.Time
+	wait    *time.Timer
+	overdue bool
+}
+
+// startMembership records the job's first ranks as its first epoch's.
+func (drv *driver) startMembership() {
+	drv.ms = membership{epoch: 1, members: map[int][]int{}}
+	for tag, r := range drv.ranks {
+		drv.ms.members[r.node] = append(drv.ms.members[r.node], tag)
+	}
+}
+
+// watchStore signals drv.storeC at every change of the job's rendezvous
+// store, until ctx ends.
+func (drv *driver) watchStore(ctx context.Context) {
+	st := drv.j.rdv.srv.Store()
+	ch := st.Changed()
+	for {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		}
+		// Taken before the signal: a change after it closes this one.
+		ch = st.Changed()
+		select {
+		case drv.storeC <- struct{}{}:
+		default: // one pending signal covers every change before it
+		}
+	}
+}
+
+// reportWaitC fires when the wait for a forming epoch's reports is over
+// (nil: none).
+func (drv *driver) reportWaitC() <-chan time.Time {
+	if drv.ms.wait == nil {
+		return nil
+	}
+	return drv.ms.wait.C
+}
+
+// nextEpoch moves the decision on to the next epoch: the one decided has
+// formed, or failed as it formed.
+func (drv *driver) nextEpoch() {
+	ms := &drv.ms
+	ms.members = ms.decided
+	ms.epoch++
+	ms.version, ms.last, ms.decided = 0, "", nil
+	ms.since, ms.overdue = time.Time{}, false
+	if ms.wait != nil {
+		ms.wait.Stop()
+		ms.wait = nil
+	}
+}
+
+// get reads key from the job's store: nil, false when it is not there.
+func (drv *driver) get(key string) ([]byte, bool) {
+	v, err := drv.j.rdv.srv.Store().Get(drv.ctx, key)
+	return v, err == nil
+}
+
+// workers reads the workers a node reported under key: their tags, -1 for
+// a worker the driver did not start.
+func (drv *driver) workers(key string) ([]int, bool) {
+	v, ok := drv.get(key)
+	if !ok {
+		return nil, false
+	}
+	var tags []int
+	for _, f := range strings.Fields(string(v)) {
+		t, err := strconv.Atoi(f)
+		if err != nil || t < 0 || t >= len(drv.ranks) {
+			t = -1
+		}
+		tags = append(tags, t)
+	}
+	return tags, true
+}
+
+// goesOn reports whether rank tag runs and is not being stopped or leaving.
+func (drv *driver) goesOn(tag int) bool {
+	if tag < 0 || drv.j.exited[tag] {
+		return false
+	}
+	r := drv.ranks[tag]
+	return !r.stopping && !r.leaving
+}
+
+// decide publishes the members of the forming epoch once the daemons'
+// reports and the ranks' exits allow (see above). supervise calls it after
+// every event.
+func (drv *driver) decide() {
+	if drv.state != jobRunning || drv.j.rdv == nil || drv.ctx.Err() != nil {
+		return
+	}
+	j, ms := drv.j, &drv.ms
+	for ms.version > 0 {
+		// An epoch that formed, or whose successor forms, is decided.
+		if _, formed := drv.get(formedKey(ms.epoch)); !formed && !drv.anyReport(ms.epoch+1) {
+			break
+		}
+		drv.nextEpoch()
+	}
+	reports := map[int][]int{}
+	for i := range drv.nodes {
+		if tags, ok := drv.workers(reportKey(ms.epoch, i)); ok {
+			reports[i] = tags
+		}
+	}
+	if len(reports) == 0 {
+		return // no epoch forms
+	}
+	if ms.since.IsZero() {
+		ms.since = time.Now()
+		ms.wait = time.NewTimer(drv.reportWait)
+	}
+	if drv.finishing {
+		// Horovod: a worker that succeeded ends the job.
+		drv.publish("end a rank finished the job with status 0, which ends an elastic job as in Horovod", nil)
+		return
+	}
+
+	// Settled: every node of the last epoch reported, every rank the
+	// reports leave out has exited (its status judged), and every rank
+	// reported goes on.
+	var silent, leftOut, gone []int
+	for _, i := range slices.Sorted(maps.Keys(ms.members)) {
+		if n := drv.nodes[i]; n.retired || n.dead {
+			continue
+		}
+		rep, ok := reports[i]
+		if !ok {
+			silent = append(silent, i)
+			continue
+		}
+		for _, t := range ms.members[i] {
+			if !slices.Contains(rep, t) && !j.exited[t] {
+				leftOut = append(leftOut, t)
+			}
+		}
+	}
+	for i, rep := range reports {
+		if n := drv.nodes[i]; n.retired || n.dead {
+			continue
+		}
+		for _, t := range rep {
+			if !drv.goesOn(t) {
+				gone = append(gone, t)
+			}
+		}
+	}
+	if len(silent)+len(leftOut)+len(gone) > 0 {
+		if ms.overdue {
+			drv.overdue(silent, leftOut)
+		}
+		return
+	}
+
+	// The members: the last epoch's nodes that go on, with the ranks they
+	// reported, then the nodes that joined, with theirs.
+	var parts []string
+	decided, total := map[int][]int{}, 0
+	for i := range drv.nodes {
+		n := drv.nodes[i]
+		if n.retired || n.dead {
+			continue
+		}
+		tags := reports[i]
+		if _, member := ms.members[i]; !member {
+			var ok bool
+			if tags, ok = drv.workers(joiningKey(i)); !ok || !n.ready || slices.ContainsFunc(tags, func(t int) bool { return !drv.goesOn(t) }) {
+				continue // it joins a later epoch
+			}
+		}
+		if len(tags) == 0 {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%d:%d", i, len(tags)))
+		decided[i], total = tags, total+len(tags)
+	}
+	if total < j.cfg.MinNP || len(parts) == 0 {
+		return // checkMin waits for hosts, up to --elastic-timeout
+	}
+	drv.publish(strings.Join(parts, " "), decided)
+}
+
+// anyReport reports whether a node reported for epoch.
+func (drv *driver) anyReport(epoch uint64) bool {
+	for i := range drv.nodes {
+		if _, ok := drv.get(reportKey(epoch, i)); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// publish sets the forming epoch's members to value, unless they are
+// already.
+func (drv *driver) publish(value string, decided map[int][]int) {
+	ms, j := &drv.ms, drv.j
+	if value == ms.last {
+		return
+	}
+	if err := j.rdv.srv.Store().Set(drv.ctx, membersKey(ms.epoch, ms.version+1), []byte(value)); err != nil {
+		drv.fail(drv.lastFail, fmt.Errorf("publish the elastic job's members for epoch %d at its rendezvous: %w", ms.epoch, err))
+		return
+	}
+	ms.version++
+	ms.last, ms.decided = value, decided
+	if decided == nil {
+		return
+	}
+	var hosts []string
+	size := 0
+	for _, i := range slices.Sorted(maps.Keys(decided)) {
+		hosts = append(hosts, fmt.Sprintf("%s (%d)", j.nodes[i].Host, len(decided[i])))
+		size += len(decided[i])
+	}
+	j.o.logf("the elastic job's epoch %d forms with %s: %s", ms.epoch, ranks(size), strings.Join(hosts, ", "))
+}
+
+// overdue acts on a forming epoch whose reports did not all come within
+// the report wait: the silent nodes' hosts are blacklisted as failed (their
+// daemons cannot reach the rendezvous, or hang), and ranks their daemons
+// left out that still run are stopped.
+func (drv *driver) overdue(silent, leftOut []int) {
+	j := drv.j
+	for _, i := range silent {
+		if n := drv.nodes[i]; n.retired || n.dead {
+			continue
+		}
+		host := j.nodes[i].Host
+		cool, stopped := drv.blacklistFailedHost(i)
+		j.o.logf("host %s's daemon (node %d) did not report its ranks for the elastic job's epoch %d within %v of the first report; taking it as failed: %s",
+			host, i, drv.ms.epoch, drv.reportWait, blacklistedFailedPhrase(host, cool, stopped))
+	}
+	for _, t := range leftOut {
+		if drv.goesOn(t) {
+			j.o.logf("rank %d left its daemon's part of the elastic job's epoch %d but still runs %v later; stopping it", t, drv.ms.epoch, drv.reportWait)
+			drv.stopRank(t)
+		}
+	}
+	if drv.hm.allBlacklisted() {
+		drv.fail(drv.lastFail, fmt.Errorf("%s", drv.allBlacklistedMessage()))
+	}
+}
