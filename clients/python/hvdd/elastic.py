@@ -243,7 +243,10 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
 
     A ``HorovodInternalError`` restores the last committed state and syncs it
     again after the reset; a ``HostsUpdatedInterrupt`` keeps the state and
-    skips the sync when its ``skip_sync`` says the survivors already agree. In
+    skips the sync when its ``skip_sync`` says the survivors already agree.
+    Either way ``state.on_reset()`` then runs ``state.reset()`` (a
+    ``TorchState``'s ``ElasticSampler`` repartitions its epoch's rest over the
+    new ranks there) and the reset callbacks. In
     a job that is not elastic (``HOROVOD_ELASTIC`` unset) the same job
     re-forms, unless the error says it lost a rank (:func:`_recoverable`).
     """

@@ -530,3 +530,172 @@ def test_sampler_in_torch_state(monkeypatch, no_broadcast):
     world.size, world.rank = 1, 0
     state.sync()
     assert (s.num_replicas, s.rank, len(s)) == (1, 0, 16)
+
+
+# --------------------------------------------------------------------------- ElasticSampler across the elastic loop
+
+
+class Gone(Exception):
+    """A rank that leaves the job: its host was removed (its init() after the
+    reset is refused) or it failed."""
+
+
+def _elastic_epochs(monkeypatch, event: str, at: tuple, per_commit: int = 1) -> dict:
+    """The seeds' elastic loop (run_fn with a TorchState holding an
+    ElasticSampler that a DataLoader draws from; record_batch after every
+    batch, a commit every per_commit batches, set_epoch then a commit at the
+    end of an epoch) on 4 ranks, 64 samples, batch size 2, 3 epochs; the
+    job loses its second host (ranks 2 and 3) once.
+
+    event "removed": rank 0 hears of the removal before the commit at
+    ``at`` = (epoch, batches done in it; (e + 1, 0) is the commit after
+    set_epoch(e + 1)), so every rank raises HostsUpdatedInterrupt(skip_sync)
+    there. event "failed": the step of the batch after ``at`` fails on every
+    rank (HorovodInternalError; ranks 2 and 3 are gone), so the survivors
+    restore the last commit and sync.
+
+    The ranks are in lockstep, so each runs alone here, one after another,
+    with rank() and size() stubbed and the broadcasts the identity. Returns
+    {epoch: [(launch rank, size, indices of a committed batch), ...]}."""
+    monkeypatch.setattr(state_mod, "broadcast_object", identity)
+    world = World(monkeypatch, 4)
+    dataset = list(range(64))
+    visits: dict = collections.defaultdict(list)
+    for launch in range(4):
+        world.rank, world.size = launch, 4
+        sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=5)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=2, sampler=sampler)
+        state = hvd.elastic.TorchState(sampler=sampler, epoch=0, batch=0)
+        fired: list = []
+        pending: list = []  # batches done since the last commit
+
+        def commit(state) -> None:
+            at_event = event == "removed" and (state.epoch, state.batch) == at and not fired
+            if at_event:
+                fired.append(1)
+                state.on_hosts_updated(1, HostUpdateResult.removed)
+            try:
+                state.commit()
+            finally:  # saved, interrupted or not
+                for epoch, visit in pending:
+                    visits[epoch].append(visit)
+                pending.clear()
+
+        def train(state) -> None:
+            pending.clear()  # a restore undid them
+            while state.epoch < 3:
+                for idx, batch in enumerate(loader):
+                    if event == "failed" and (state.epoch, state.batch) == at and not fired:
+                        fired.append(1)
+                        if launch >= 2:
+                            raise Gone()
+                        raise HorovodInternalError("rank 3 was lost")
+                    pending.append((state.epoch, (launch, world.size, batch.tolist())))
+                    state.sampler.record_batch(idx, 2)
+                    state.batch += 1
+                    if state.batch % per_commit == 0:
+                        commit(state)
+                state.epoch += 1
+                state.batch = 0
+                state.sampler.set_epoch(state.epoch)
+                commit(state)
+
+        def reset(launch=launch) -> None:
+            if launch >= 2:
+                raise Gone()  # the removed host's ranks are refused in init()
+            world.rank, world.size = launch, 2
+
+        try:
+            run_fn(train, reset)(state)
+        except Gone:
+            assert launch >= 2
+        else:
+            assert launch < 2
+    return visits
+
+
+def _assert_shares(visits: dict, want: dict) -> None:
+    """Every epoch covers the 64 samples once, each rank drawing its share:
+    want[epoch][launch rank] samples."""
+    for epoch in range(3):
+        counts = collections.Counter(i for _, _, idx in visits[epoch] for i in idx)
+        got = collections.Counter()
+        for launch, _, idx in visits[epoch]:
+            got[launch] += len(idx)
+        twice = sorted(i for i, n in counts.items() if n > 1)
+        missed = sorted(set(range(64)) - set(counts))
+        assert (dict(got), twice, missed) == (want[epoch], [], []), (
+            f"epoch {epoch}: shares by rank {dict(got)}, want {want[epoch]}; "
+            f"drawn twice {twice}; never drawn {missed}"
+        )
+
+
+# The shares Horovod's documentation gives (the sampler "will automatically
+# repartition the unprocessed indices among the new set of workers"): 64/4
+# each while 4 ranks train; at a reset mid-epoch, each of the 4 ranks has
+# drawn what it committed (2 batches of 2), and the 64 - 16 left go to the
+# 2 survivors, 24 each; every later epoch is 64/2 each.
+FULL_AT_4 = {0: 16, 1: 16, 2: 16, 3: 16}
+FULL_AT_2 = {0: 32, 1: 32}
+SPLIT_AT_COMMIT_2 = {0: 4 + 24, 1: 4 + 24, 2: 4, 3: 4}
+
+
+def test_sampler_repartitions_after_a_removal_mid_epoch(elastic_job, monkeypatch):
+    # HostsUpdatedInterrupt(skip_sync=True): no restore, no sync; the reset
+    # (state.on_reset -> TorchState.reset) repartitions the epoch's rest.
+    visits = _elastic_epochs(monkeypatch, "removed", (1, 2))
+    _assert_shares(visits, {0: FULL_AT_4, 1: SPLIT_AT_COMMIT_2, 2: FULL_AT_2})
+    assert {size for _, size, _ in visits[2]} == {2}
+
+
+def test_sampler_repartitions_after_a_removal_at_the_epoch_end(elastic_job, monkeypatch):
+    # The removal interrupts the commit after set_epoch(2), which had
+    # partitioned epoch 2 over 4 ranks: the reset partitions it over 2.
+    visits = _elastic_epochs(monkeypatch, "removed", (2, 0))
+    _assert_shares(visits, {0: FULL_AT_4, 1: FULL_AT_4, 2: FULL_AT_2})
+
+
+def test_sampler_repartitions_after_a_failure_from_the_last_commit(elastic_job, monkeypatch):
+    # A commit every 2 batches; the step of batch 4 of epoch 1 fails. Batch 3
+    # was drawn but not committed: the restore forgets it (processed_num as
+    # of the commit after batch 2), and after the reset and the sync the
+    # survivors draw it again, within the 48 left, 24 each.
+    visits = _elastic_epochs(monkeypatch, "failed", (1, 3), per_commit=2)
+    _assert_shares(visits, {0: FULL_AT_4, 1: SPLIT_AT_COMMIT_2, 2: FULL_AT_2})
+
+
+def test_torch_state_reset_resets_its_handlers(monkeypatch, no_broadcast):
+    # on_reset runs TorchState.reset before the callbacks: the sampler is
+    # already partitioned over the new size when a callback reads len().
+    world = World(monkeypatch, 4)
+    s = world.sampler(1, list(range(40)), shuffle=False)
+    state = hvd.elastic.TorchState(sampler=s)
+    s.record_batch(0, 2)
+    seen = []
+    state.register_reset_callbacks([lambda: seen.append((s.num_replicas, s.rank, len(s)))])
+    world.size, world.rank = 2, 0
+    state.on_reset()
+    assert seen == [(2, 0, 16)]
+    assert list(s) == list(range(8, 40, 2))
+
+
+def test_torch_state_reset_skips_handlers_without_reset(monkeypatch, no_broadcast):
+    # A handler written to Horovod's interface (save, restore, sync,
+    # set_value) has no reset: TorchState.reset passes it by.
+    class Thing:
+        pass
+
+    class Plain:
+        def __init__(self, value) -> None:
+            self.value = value
+
+        def save(self) -> None:
+            pass
+
+    monkeypatch.setattr(state_mod, "_handler_registry", [(Thing, Plain), *state_mod.get_handler_registry()])
+    world = World(monkeypatch, 2)
+    s = world.sampler(0, list(range(8)))
+    state = hvd.elastic.TorchState(thing=Thing(), sampler=s)
+    world.size = 1
+    state.on_reset()
+    assert len(s) == 8

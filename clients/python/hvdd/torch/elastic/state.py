@@ -63,6 +63,19 @@ class TorchState(ObjectState):
             handler.sync()
         super().sync()
 
+    def reset(self) -> None:
+        """After every reset (``state.on_reset``, before the reset callbacks
+        and before the sync if there is one), each handler re-reads what
+        depends on the job's ranks: an :class:`ElasticSampler` repartitions
+        the rest of its epoch over the new ``size()`` and ``rank()``. A host
+        removal resets without a restore or a sync (``skip_sync``), so this
+        is the only place where its sampler learns the new size."""
+        for handler in self._handlers.values():
+            reset = getattr(handler, "reset", None)  # a handler of Horovod's interface has none
+            if reset is not None:
+                reset()
+        super().reset()
+
     def __setattr__(self, name: str, value: Any) -> None:
         # Assigning a new model, optimizer or sampler replaces the handler's
         # value and saves it.
@@ -85,6 +98,10 @@ class StateHandler:
 
     def sync(self) -> None:
         raise NotImplementedError()
+
+    def reset(self) -> None:
+        """Follows a reset of the job (rank and size may have changed);
+        nothing to do for most objects."""
 
     def set_value(self, value: Any) -> None:
         self.value = value
@@ -125,10 +142,13 @@ class OptimizerStateHandler(_StateDictHandler):
 class SamplerStateHandler(_StateDictHandler):
     """An :class:`ElasticSampler`: rank 0's epoch and processed count are
     broadcast and loaded, which repartitions what is left of the epoch over
-    the current ranks."""
+    the current ranks; a reset repartitions it too, synced or not."""
 
     def sync(self) -> None:
         self.value.load_state_dict(broadcast_object(self.value.state_dict()))
+
+    def reset(self) -> None:
+        self.value.reset()
 
 
 _handler_registry: List[Tuple[Type[Any], Type[StateHandler]]] = [
