@@ -360,6 +360,15 @@ const RankExitedCause = "left the elastic job: its process exited while the job 
 // normally exits so: with nothing in flight, that is no failure to log.
 func IsRankExited(msg string) bool { return strings.HasSuffix(msg, RankExitedCause) }
 
+// HostsUpdatedCause ends the message of an epoch that ends because its
+// ranks reset after a host update (HostsUpdatedInterrupt): no rank was
+// lost.
+const HostsUpdatedCause = "the job's hosts were updated (hvd.elastic reset)"
+
+// IsHostsUpdated reports whether msg ends an epoch for a host update, here
+// or relayed from another node.
+func IsHostsUpdated(msg string) bool { return strings.HasSuffix(msg, HostsUpdatedCause) }
+
 // RanksExitedWhy is why a node with no survivors leaves an epoch that
 // failed only because ranks exited: at a job's normal end, every node.
 const RanksExitedWhy = "its ranks exited"

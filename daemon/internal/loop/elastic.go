@@ -208,12 +208,11 @@ func (l *Loop) laneHostsUpdated(ln *lane, result int32) {
 }
 
 // hostsUpdatedCause ends the message of an epoch that ends because its ranks
-// reset after a host update (HostsUpdatedInterrupt): no rank was lost.
-const hostsUpdatedCause = "the job's hosts were updated (hvd.elastic reset)"
+// reset after a host update (job.HostsUpdatedCause).
+const hostsUpdatedCause = job.HostsUpdatedCause
 
-// isHostsUpdated reports whether msg ends an epoch for a host update, here
-// or relayed from another node.
-func isHostsUpdated(msg string) bool { return strings.HasSuffix(msg, hostsUpdatedCause) }
+// isHostsUpdated reports whether msg ends an epoch for a host update.
+func isHostsUpdated(msg string) bool { return job.IsHostsUpdated(msg) }
 
 // seatJoiners, once ln's job has ended, seats the waiting workers in the
 // epoch that re-forms it, or refuses them when the job is over.

@@ -298,9 +298,11 @@ func (mc *multiCoord) control(node int, m *clusterpb.Message) {
 			mc.hooks.TraceRemote(node, msg.TimelineEvents)
 		}
 	case *clusterpb.Message_Abort:
-		if code := ipcpb.Code(msg.Abort.GetCode()); (code == ipcpb.Code_CODE_SHUT_DOWN || job.IsRankExited(msg.Abort.GetMsg())) && (mc.hooks.Executing() || len(mc.plans) > 0) {
-			// A rank shut down (or exited) after its last collective;
-			// plans sent before that still run here (see next).
+		if code, m := ipcpb.Code(msg.Abort.GetCode()), msg.Abort.GetMsg(); (code == ipcpb.Code_CODE_SHUT_DOWN || job.IsRankExited(m) || job.IsHostsUpdated(m)) && (mc.hooks.Executing() || len(mc.plans) > 0) {
+			// A rank shut down, exited or reset for a host update after
+			// its last collective (Horovod's ranks all reset after the
+			// same commit's broadcast); plans sent before that still run
+			// here (see next), so their ranks get those results.
 			mc.n.log.Debug("shutdown waits for the plans before it", "job", j.ID, "from", node, "plans", len(mc.plans), "running", mc.hooks.Executing())
 			mc.shutdown = msg.Abort
 			return
