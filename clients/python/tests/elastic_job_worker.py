@@ -9,7 +9,7 @@ the job's next epoch and finish. Each survivor prints its final weights
 step at the new size.
 
 ``$HVDD_TEST_EXIT`` says how the victim leaves: ``kill`` (SIGKILL, the
-default) or ``raise`` (an exception out of the training function: the
+default), ``exit0`` (it finishes early, status 0) or ``raise`` (an exception out of the training function: the
 process exits with status 1 through Python's own exit path, atexit
 included). ``$HVDD_TEST_VICTIMS`` (``R@S,...``) replaces KILL_AT and
 $HVDD_TEST_VICTIM: the process that ``hvdd run`` started as rank R fails
@@ -86,6 +86,8 @@ def main() -> None:
                 print(f"KILL {time.time():.6f}", flush=True)
                 if exit_mode == "raise":
                     raise RuntimeError(f"rank {hvd.rank()} fails on purpose at step {state.step}")
+                if exit_mode == "exit0":
+                    sys.exit(0)
                 os.kill(os.getpid(), signal.SIGKILL)
             x, y = batch(hvd.rank(), state.step)
             opt.zero_grad()

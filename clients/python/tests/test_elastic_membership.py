@@ -96,7 +96,12 @@ def test_failure_on_a_two_slot_host_resets_once_to_size_2(hvdd_bin, tmp_path, ho
     # failed host's other rank never steps again, nobody runs at size 3.
     where = ["-H", HOSTS] if hosts == "static" else discovery(tmp_path, "localhost:2\n127.0.0.1:2\n")
     rc, out, trace = run(
-        hvdd_bin, tmp_path, ["-np", "4", "--min-np", "2", *where], 5, HVDD_TEST_VICTIMS=f"{victim}@3", HVDD_TEST_EXIT=mode
+        hvdd_bin,
+        tmp_path,
+        ["-np", "4", "--min-np", "2", *where],
+        5,
+        HVDD_TEST_VICTIMS=f"{victim}@3",
+        HVDD_TEST_EXIT=mode,
     )
     assert rc == 0, out
     assert f"{failed_as(mode)}; the elastic job goes on with 2 ranks" in out, out
@@ -208,3 +213,22 @@ def test_blacklisted_host_comes_back_after_its_cooldown(hvdd_bin, tmp_path):
         assert resets(trace[tag]) == [] and {s for _, s in steps(trace[tag])} == {4}, (tag, trace[tag], out)
     for r in results.values():
         assert r["size"] == 4 and r["sizes"].count(4) >= 6, r
+
+
+def test_a_worker_that_finishes_early_ends_the_job(hvdd_bin, tmp_path):
+    # A worker exits with status 0 at step 3 while the others train on.
+    # Horovod's driver: a worker that succeeded ends the elastic job; no
+    # epoch forms without it (nobody resets, nobody steps again), and the
+    # job's status is the finished worker's.
+    rc, out, trace = run(
+        hvdd_bin,
+        tmp_path,
+        ["-np", "4", "--min-np", "2", "-H", HOSTS],
+        8,
+        HVDD_TEST_VICTIMS="1@3",
+        HVDD_TEST_EXIT="exit0",
+    )
+    assert rc == 0, out
+    for tag, events in trace.items():
+        assert resets(events) == [] and steps(events) == [(0, 4), (1, 4), (2, 4)], (tag, events, out)
+    assert "a rank finished the job with status 0" in out, out
