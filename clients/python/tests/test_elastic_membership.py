@@ -184,18 +184,20 @@ def test_no_step_below_min_np_and_the_elastic_timeout_is_waited(hvdd_bin, tmp_pa
         assert resets(events) == [], (tag, events, out)
 
 
-def test_blacklisted_host_comes_back_after_its_cooldown(hvdd_bin, tmp_path):
+@pytest.mark.parametrize("hosts", ["static", "discovery"])
+def test_blacklisted_host_comes_back_after_its_cooldown(hvdd_bin, tmp_path, hosts):
     # --blacklist-cooldown-range 2 3: localhost, blacklisted for its failed
     # worker, comes back 2-3 s later (discovery still lists it) with two new
     # workers. Every epoch is at a size Horovod gives: 4, then 2, then 4
     # again; never 3. The job ends at size 4.
+    where = ["-H", HOSTS] if hosts == "static" else discovery(tmp_path, "localhost:2\n127.0.0.1:2\n")
     rc, out, trace = run(
         hvdd_bin,
         tmp_path,
-        ["-np", "4", "--min-np", "2", "-H", HOSTS, "--blacklist-cooldown-range", "2", "3"],
+        ["-np", "4", "--min-np", "2", *where, "--blacklist-cooldown-range", "2", "3"],
         6,
         HVDD_TEST_VICTIMS="0@3",
-        HVDD_TEST_EXIT="kill",
+        HVDD_TEST_EXIT="kill" if hosts == "static" else "raise",
         HVDD_TEST_UNTIL_SIZE="4",
     )
     assert rc == 0, out
