@@ -43,6 +43,17 @@ type ServerConfig struct {
 	// MaxKeys bounds the number of keys the store holds; 0 means
 	// DefaultMaxKeys.
 	MaxKeys int
+
+	// Intercept, when set, sees every authenticated request that changes
+	// the store before the store applies it: op is "set", "add" or
+	// "delete", value a Set's value or an Add's decimal delta (nil for a
+	// Delete). It runs on the request's goroutine, concurrently with other
+	// requests, and may block: the request waits (its client sees a slow
+	// store). A non-nil error fails the request unapplied, answered with
+	// the status of the error's category (500 for none; wrap ErrClosed for
+	// 503, a store shutting down). A seam for tests, which hold or drop
+	// one step of a protocol over the store; nil in real runs.
+	Intercept func(op, key string, value []byte) error
 }
 
 // validate reports the first problem with c.
@@ -78,6 +89,8 @@ type Server struct {
 	ln     net.Listener
 	srv    *fasthttp.Server
 	quit   chan struct{} // closed by Close
+	// intercept is ServerConfig.Intercept.
+	intercept func(op, key string, value []byte) error
 
 	// now is the server's clock; tests replace it.
 	now func() time.Time
@@ -122,6 +135,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		quit:   make(chan struct{}),
 		now:    time.Now,
 		replay: newReplayCache(),
+
+		intercept: cfg.Intercept,
 	}
 	s.srv = &fasthttp.Server{
 		Handler:              s.handle,
@@ -237,6 +252,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 
 	req, err := parseRequest(method, uri, body)
+	if err == nil {
+		err = s.intercepted(req, body)
+	}
 	if err != nil {
 		s.respondError(ctx, nonce, err)
 		return
@@ -273,6 +291,30 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case opWait:
 		s.wait(ctx, nonce, req)
 	}
+}
+
+// intercepted passes a request that changes the store to the Intercept
+// hook, if there is one, and returns its verdict.
+func (s *Server) intercepted(req request, body []byte) error {
+	if s.intercept == nil {
+		return nil
+	}
+	var op string
+	switch req.op {
+	case opSet:
+		op = "set"
+	case opAdd:
+		op = "add"
+		body = strconv.AppendInt(nil, req.delta, 10)
+	case opDelete:
+		op, body = "delete", nil
+	default:
+		return nil
+	}
+	if err := s.intercept(op, req.key, body); err != nil {
+		return fmt.Errorf("%s %q refused by the server's Intercept hook: %w", op, req.key, err)
+	}
+	return nil
 }
 
 // wait answers a /wait long poll: 200 with a JSON object of base64 values

@@ -6,6 +6,7 @@ import (
 	"crypto/hmac"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -475,5 +476,56 @@ func TestServeCancel(t *testing.T) {
 	}
 	if _, err := s.Store().Get(context.Background(), "k"); !errors.Is(err, ErrClosed) {
 		t.Fatalf("store after cancel = %v, want ErrClosed", err)
+	}
+}
+
+// TestServerIntercept: the Intercept hook sees each Set, Add and Delete
+// before the store applies it (an Add as its decimal delta), a refusal
+// fails the request unapplied with the error's category, and reads pass by
+// it.
+func TestServerIntercept(t *testing.T) {
+	type seen struct{ op, key, value string }
+	var mu sync.Mutex
+	var got []seen
+	s, _ := startServer(t, ServerConfig{Intercept: func(op, key string, value []byte) error {
+		mu.Lock()
+		got = append(got, seen{op, key, string(value)})
+		mu.Unlock()
+		if key == "refused" {
+			return ErrClosed
+		}
+		return nil
+	}})
+	c := newTestClient(t, s.Addr(), testSecret)
+	ctx := context.Background()
+	if err := c.Set(ctx, "a", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Add(ctx, "n", 3); err != nil || n != 3 {
+		t.Fatalf("Add = %d, %v; want 3", n, err)
+	}
+	if err := c.Delete(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, "refused", []byte("v")); !errors.Is(err, ErrClosed) {
+		t.Errorf("refused Set = %v, want ErrClosed", err)
+	}
+	if _, err := c.Add(ctx, "refused", 1); !errors.Is(err, ErrClosed) {
+		t.Errorf("refused Add = %v, want ErrClosed", err)
+	}
+	if _, err := s.Store().Get(ctx, "refused"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the refused requests were applied: Get = %v, want ErrNotFound", err)
+	}
+	if _, err := c.Get(ctx, "n"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Wait(ctx, "n"); err != nil {
+		t.Fatal(err)
+	}
+	want := []seen{{"set", "a", "v"}, {"add", "n", "3"}, {"delete", "a", ""}, {"set", "refused", "v"}, {"add", "refused", "1"}}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("Intercept saw %v, want %v", got, want)
 	}
 }
