@@ -112,9 +112,11 @@ type multiNode struct {
 	// nodes (elastic_multinode.go); nil otherwise.
 	next *nextEpoch
 
-	// joining holds the link a joinCoordinator goroutine waits on for the
-	// layout (a node joining a running elastic job may wait long), so that
-	// close can end the wait.
+	// joining holds the links that goroutines hold before the loop takes
+	// them (a joinCoordinator waiting for the layout, a node joining a
+	// running elastic job may wait long; an election's; an accepted link
+	// until its Join reaches the loop), so that close can end their waits
+	// and no link outlives the daemon.
 	joining linkSet
 	// held are nodes that dialled in to join the next epoch while this
 	// node's own claim to coordinate it was still in flight (it may have
@@ -372,9 +374,17 @@ func (c *multiNode) acceptControl(t ControlTransport) {
 // takeJoin (its own goroutine) waits for a new link's Join and hands it to
 // the loop.
 func (c *multiNode) takeJoin(link *cluster.Link, who string) {
+	// Held in joining until the loop takes it (msgJoin): a daemon that
+	// closes first closes it, rather than leave it open, heartbeating, to
+	// a node that would take this one for alive.
+	if !c.joining.Add(link) {
+		link.Close()
+		return
+	}
 	m, err := link.Recv()
 	if err != nil || m.GetJoin() == nil {
 		c.log.Warn("node did not join", "peer", who, "err", err)
+		c.joining.remove(link)
 		link.Close()
 		return
 	}
@@ -829,6 +839,7 @@ func (c *multiNode) Readable(fd int) bool {
 func (c *multiNode) Message(m any) bool {
 	switch m := m.(type) {
 	case msgJoin:
+		c.joining.remove(m.nj.link) // the loop's now
 		c.join(m.nj)
 	case msgLayout:
 		c.layout(m)
