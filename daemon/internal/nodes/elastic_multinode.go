@@ -329,21 +329,19 @@ func (c *multiNode) takeEpochJoin(n *nextEpoch, id int, link *cluster.Link, jn *
 // an election (coordinator): its first message, an announcement or a Join.
 func (c *multiNode) epochDialIn(nj nodeJoin) {
 	n, id := c.next, int(nj.join.GetNodeRank())
-	refuse := func(msg string) {
+	refuseAs := func(moved bool, msg string) {
 		c.log.Warn("refusing node", "node", id, "reason", msg)
-		nj.link.Send(abortMsg(ipcpb.Code_CODE_ABORTED, msg, nj.join.GetEpoch()))
+		a := abortMsg(ipcpb.Code_CODE_ABORTED, msg, nj.join.GetEpoch())
+		a.GetAbort().Moved = moved
+		nj.link.Send(a)
 		nj.link.Close()
 	}
+	refuse := func(msg string) { refuseAs(false, msg) }
 	switch {
 	case c.lead < 0:
 		// This node left the job after it won the claim: the nodes that
 		// found it there claim the next round.
-		msg := fmt.Sprintf("node %d left the elastic job, whose epoch %d node %d joined: another node coordinates it", c.rank, nj.join.GetEpoch(), id)
-		c.log.Warn("refusing node", "node", id, "reason", msg)
-		a := abortMsg(ipcpb.Code_CODE_ABORTED, msg, nj.join.GetEpoch())
-		a.GetAbort().Moved = true
-		nj.link.Send(a)
-		nj.link.Close()
+		refuseAs(true, fmt.Sprintf("node %d left the elastic job, whose epoch %d node %d joined: another node coordinates it", c.rank, nj.join.GetEpoch(), id))
 		return
 	case n == nil || n.epoch != nj.join.GetEpoch():
 		refuse(fmt.Sprintf("node %d joined epoch %d of the elastic job, which node %d does not form (it formed without node %d, or the job is over)", id, nj.join.GetEpoch(), c.rank, id))
@@ -352,7 +350,10 @@ func (c *multiNode) epochDialIn(nj nodeJoin) {
 		c.held = append(c.held, nj) // see multiNode.held
 		return
 	case !c.leads():
-		refuse(fmt.Sprintf("node %d joined epoch %d of the elastic job at node %d, which does not coordinate it", id, n.epoch, c.rank))
+		// It found this node's name for a round this node did not win in
+		// the end (waitWinner) or no longer coordinates: as moved, so that
+		// it claims the next round, which leads it to the coordinator.
+		refuseAs(true, fmt.Sprintf("node %d joined epoch %d of the elastic job at node %d, which does not coordinate it", id, n.epoch, c.rank))
 		return
 	case !slices.Contains(n.prev, id) || id == c.rank:
 		refuse(fmt.Sprintf("node %d was not in epoch %d of the elastic job, so it cannot form the next one", id, n.epoch-1))

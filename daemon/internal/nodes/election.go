@@ -10,24 +10,35 @@ import (
 	"github.com/hvdd/hvdd/cluster"
 	"github.com/hvdd/hvdd/cluster/clusterpb"
 	"github.com/hvdd/hvdd/daemon/internal/job"
+	"github.com/hvdd/hvdd/rendezvous"
 )
 
 // Choosing the coordinator of an elastic job's next epoch at the rendezvous,
 // when the coordination can move (elastic_multinode.go). Every node that
 // may coordinate keeps a control listener open from its start. Round r of
-// epoch e has three keys:
+// epoch e has four keys:
 //   - "elastic/e/r/claim", a counter every claimant adds 1 to: the one that
 //     reads 1 won the claim;
+//   - "elastic/e/r/addr", where the winner names itself ("NODE ADDR": its
+//     --node-rank and control address) before it seals;
 //   - "elastic/e/r/seal", a counter that decides the round once: the
 //     winner adds 1 before it publishes, and a claimant that waited a peer
 //     timeout for the publication adds 1 too. Whoever reads 1 decides: the
 //     winner coordinates, or the waiter voids the round (the winner, slow
 //     or dead, then reads 2 and takes part in the next round as the others);
-//   - "elastic/e/r", where the winner publishes "NODE ADDR" (its --node-rank
-//     and control address), or "" once it left before the epoch formed.
-// A void round, or a winner that cannot be reached, sends the claimants to
-// round r+1.
-
+//   - "elastic/e/r", where the winner publishes its "NODE ADDR", or the
+//     waiter that voided the round "", as does a winner that left before
+//     the epoch formed.
+//
+// A waiter that reads 2 or more from the seal waits no more: what it would
+// wait for may only come from a node that is lost (a winner lost between
+// its seal and its publication, or a waiter lost between its seal and its
+// void). The store decides instead: the publication if there is one; else
+// the winner's name, written before it sealed, which the waiter dials (a
+// lost winner cannot be reached, a live one coordinates or refuses the
+// dial as moved); else nothing: the winner never sealed, so a waiter did,
+// and the round is void. A void round, or a winner that cannot be reached,
+// sends the claimants to round r+1.
 // Messages of an election.
 type (
 	msgElected struct {
@@ -81,6 +92,12 @@ func (c *multiNode) elect(n *nextEpoch) {
 			return
 		}
 		if v == 1 {
+			record := strconv.Itoa(c.rank) + " " + addr
+			// Named before the seal: a waiter that finds the round sealed
+			// without a publication dials this node (waitWinner).
+			if res.err = c.publish(ctx, key+"/addr", record); res.err != nil {
+				return
+			}
 			sealed, err := c.store.Add(ctx, key+"/seal", 1)
 			switch {
 			case err != nil:
@@ -88,7 +105,7 @@ func (c *multiNode) elect(n *nextEpoch) {
 			case sealed != 1:
 				res.void = true // a waiter gave up on this node's win
 			default:
-				res.err = c.publish(ctx, key, strconv.Itoa(c.rank)+" "+addr)
+				res.err = c.publish(ctx, key, record)
 				if res.err == nil {
 					// Nodes that join the job later dial the coordinator here.
 					res.err = c.publish(ctx, "coordinator", addr)
@@ -128,8 +145,13 @@ func (c *multiNode) elect(n *nextEpoch) {
 	}()
 }
 
-// waitWinner waits for the publication of round key's winner. After a peer
-// timeout it tries to void the round (seal); nil, nil says it did.
+// waitWinner waits for the publication of round key's winner and returns
+// it (under key; "" from a winner that withdrew or a waiter that voided the
+// round), or nil, nil when this claimant voids the round. After a peer
+// timeout without it, it seals the round: first to seal, it voids the
+// round and publishes so; else it waits no more and returns what the
+// store holds (see the top of this file): the publication, the winner's
+// name, or nil, nil when the winner never sealed.
 func (c *multiNode) waitWinner(ctx context.Context, key string) (map[string][]byte, error) {
 	wctx, cancel := context.WithTimeout(ctx, c.ccfg.PeerTimeout)
 	kv, err := c.store.Wait(wctx, key)
@@ -142,9 +164,23 @@ func (c *multiNode) waitWinner(ctx context.Context, key string) (map[string][]by
 		return nil, err
 	}
 	if sealed == 1 {
+		// The other waiters see the round void at once, not after their
+		// own peer timeout.
+		if err := c.store.Set(ctx, key, nil); err != nil {
+			c.log.Warn("elastic job: cannot publish the void round at the rendezvous", "key", key, "err", err)
+		}
 		return nil, nil
 	}
-	return c.store.Wait(ctx, key) // the winner sealed: it publishes
+	for _, k := range []string{key, key + "/addr"} {
+		v, err := c.store.Get(ctx, k)
+		switch {
+		case err == nil:
+			return map[string][]byte{key: v}, nil
+		case !errors.Is(err, rendezvous.ErrNotFound):
+			return nil, err
+		}
+	}
+	return nil, nil // a waiter sealed first, and the winner never sealed
 }
 
 // elected acts on the outcome of this node's claim.
@@ -222,6 +258,7 @@ func (c *multiNode) follow(n *nextEpoch, lead int, link *cluster.Link) {
 			c.waiting, n.forming = nil, j
 		}
 	}
+	c.log.Debug("elastic job: following the node that won the claim", "node", lead, "epoch", n.epoch, "round", n.round)
 	c.lead, n.elected = lead, true
 	n.links[lead] = link
 	if err := c.watch(nil, -1, lead, link); err != nil {
