@@ -253,6 +253,7 @@ class Job:
         self.records: List[dict] = []  # one per fault, filled in by inject/measure
         self.fd_samples: Dict[int, List[tuple]] = collections.defaultdict(list)  # daemon pid -> (t, fds, threads, host)
         self.stragglers = 0
+        self.terminated = False  # the campaign SIGTERMed hvdd run (its status is then 143)
         self.rc: Optional[int] = None
         self.ended: Optional[float] = None
 
@@ -279,10 +280,12 @@ class Job:
         if self.camp.args.break_kind in ("restore", "leak", "hang"):
             env["CHAOS_BREAK"] = self.camp.args.break_kind
             env["CHAOS_HANG_S"] = str(self.camp.args.bound + 15)
+        # --break membership: 6 ranks on 3 hosts where the model (and Horovod, with 8) has 4
+        np_ = 6 if self.camp.args.break_kind == "membership" else HOSTS * SLOTS
         max_np = ["--max-np", "6"] if self.camp.args.break_kind == "membership" else []
         cmd = [
             "ip", "netns", "exec", self.net.driver_ns(),
-            os.path.join(ROOT, "bin/hvdd"), "run", "-np", str(HOSTS * SLOTS), "--min-np", str(MIN_NP), *max_np,
+            os.path.join(ROOT, "bin/hvdd"), "run", "-np", str(np_), "--min-np", str(MIN_NP), *max_np,
             "--host-discovery-script", disc, "--agent", self.camp.agent,
             "--blacklist-cooldown-range", str(COOLDOWN[0]), str(COOLDOWN[1]),
             "--elastic-timeout", str(ELASTIC_TIMEOUT), "--start-timeout", "60",
@@ -339,6 +342,7 @@ class Job:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.note_stderr("campaign: hvdd run did not end %ds after the stop; SIGTERM" % timeout)
+            self.terminated = True
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(20)
@@ -973,7 +977,7 @@ class Campaign:
         job.start()
         problems: List[str] = []
         outcome = "stopped"
-        if not job.wait_settled(self.args.bound + 60):
+        if not job.wait_settled(20 if self.args.break_kind == "membership" else self.args.bound + 60):
             problems.append("hang: the job never started training on all hosts")
         for f in faults:
             if not job.alive():
@@ -1002,6 +1006,10 @@ class Campaign:
             time.sleep(1)
         alive_at_stop = job.alive()
         job.stop(timeout=10 if hung else self.args.bound)
+        if job.terminated and not hung:
+            problems.append(
+                f"hang: the ranks did not stop at the stop file within {self.args.bound:g}s (hvdd run SIGTERMed)"
+            )
         if self.args.break_kind == "leak":
             pass  # the worker left them (worker.py: CHAOS_BREAK=leak)
         tail = [l for _, l in job.stderr[-8:]]
@@ -1016,7 +1024,7 @@ class Campaign:
                 problems.append(
                     f"exit: hvdd run ended with {job.rc} while the job could go on: " + " | ".join(tail[-3:])
                 )
-        elif job.rc != 0:
+        elif job.rc != 0 and not job.terminated:
             problems.append(f"exit: hvdd run returned {job.rc} after the stop: " + " | ".join(tail[-3:]))
         rep = replay_history(job, problems)
         rep["membership"] = check_membership(job, problems)
@@ -1126,7 +1134,7 @@ def main() -> int:
         choices=BREAKS,
         help="break something on purpose to show its check fails: restore (a rank keeps its weights"
         " across restore()), leak (a /dev/shm segment and a process left behind), hang (a reset held"
-        " past --bound), membership (hvdd run --max-np 6: epochs of 3 hosts where Horovod gives 4)",
+        " past --bound), membership (hvdd run -np 6 --max-np 6: epochs of 3 hosts where the model, hvdd run -np 8, has 4)",
     )
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     args = p.parse_args()
