@@ -187,6 +187,7 @@ func (c *multiNode) NextReady(epoch uint64, local int, why string) {
 			c.waiting = nil
 		}
 		c.closeLinks(n)
+		c.moveJoiners(fmt.Sprintf("node %d left the elastic job it coordinated", c.rank))
 		c.void(n)
 		return
 	}
@@ -434,4 +435,20 @@ func (c *multiNode) abortNext(msg string) {
 		c.waiting = nil
 	}
 	c.hooks.ReformFailed(n.epoch, msg) // fails our forming part, if any
+}
+
+// moveJoiners sends the nodes waiting to join the running elastic job at
+// this node, which no longer coordinates it (why), to the coordinator
+// registered at the rendezvous: a refusal marked moved makes them dial it
+// anew (joinCoordinator).
+func (c *multiNode) moveJoiners(why string) {
+	for _, id := range c.elasticJoins() {
+		nj := c.joins[id]
+		delete(c.joins, id)
+		c.log.Warn("a node waiting to join the elastic job goes to its new coordinator", "node", id, "why", why)
+		a := abortMsg(ipcpb.Code_CODE_ABORTED, why+"; dial the coordinator registered at the rendezvous", 0)
+		a.GetAbort().Moved = true
+		nj.link.Send(a)
+		c.closeLink(nj.link)
+	}
 }

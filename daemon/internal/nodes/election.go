@@ -254,6 +254,7 @@ func (c *multiNode) follow(n *nextEpoch, lead int, link *cluster.Link) {
 		// them to the winner.
 		c.log.Warn("elastic job: another node took over the coordination", "node", lead, "epoch", n.epoch)
 		c.closeLinks(n)
+		c.moveJoiners(fmt.Sprintf("node %d lost the coordination of the elastic job to node %d", c.rank, lead))
 		if j := c.waiting; j != nil && j.Epoch == n.epoch {
 			c.waiting, n.forming = nil, j
 		}

@@ -448,23 +448,25 @@ func (c *multiNode) tryJoin(ctx context.Context, join *clusterpb.Message) (*clus
 		link.Close()
 		return nil, nil, false, errors.New("the daemon is shutting down")
 	}
-	defer c.joining.remove(link)
-	if err := link.Send(join); err != nil {
+	// On success the link stays in joining until the loop takes the
+	// layout (layout), so that a daemon closing meanwhile closes it.
+	fail := func(moved bool, err error) (*cluster.Link, *clusterpb.Layout, bool, error) {
+		c.joining.remove(link)
 		link.Close()
-		return nil, nil, false, err
+		return nil, nil, moved, err
+	}
+	if err := link.Send(join); err != nil {
+		return fail(false, err)
 	}
 	m, err := link.Recv()
 	if err != nil {
-		link.Close()
-		return nil, nil, false, fmt.Errorf("waiting for the other nodes: %w", err)
+		return fail(false, fmt.Errorf("waiting for the other nodes: %w", err))
 	}
 	if a := m.GetAbort(); a != nil {
-		link.Close()
-		return nil, nil, a.GetMoved(), errors.New(a.GetMsg())
+		return fail(a.GetMoved(), errors.New(a.GetMsg()))
 	}
 	if m.GetLayout() == nil {
-		link.Close()
-		return nil, nil, false, fmt.Errorf("coordinator sent %T instead of a layout", m.Msg)
+		return fail(false, fmt.Errorf("coordinator sent %T instead of a layout", m.Msg))
 	}
 	return link, m.GetLayout(), false, nil
 }
@@ -496,14 +498,20 @@ func (c *multiNode) dialCoordinator(ctx context.Context) (*cluster.Link, error) 
 	if err != nil {
 		return nil, fmt.Errorf("no coordinator registered at the rendezvous %s: %w", c.cfg.Rendezvous, err)
 	}
+	addr := string(kv["coordinator"])
 	for {
-		link, err := cluster.Dial(ctx, string(kv["coordinator"]), c.ccfg, who)
+		link, err := cluster.Dial(ctx, addr, c.ccfg, who)
 		if err == nil || errors.Is(err, cluster.ErrAuth) || ctx.Err() != nil {
 			return link, err
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(100 * time.Millisecond):
+		}
+		// The coordination may have moved (an elastic job's coordinator
+		// lost): dial whoever is registered now.
+		if v, err := c.store.Get(ctx, "coordinator"); err == nil {
+			addr = string(v)
 		}
 	}
 }
@@ -694,6 +702,9 @@ func (c *multiNode) formLayout(j *job.Job, ids, slots []int, links map[int]*clus
 // layout is a non-coordinator's answer from node 0.
 func (c *multiNode) layout(m msgLayout) {
 	j := m.j
+	if m.link != nil {
+		c.joining.remove(m.link) // the loop's now (tryJoin)
+	}
 	if !c.hooks.Current(j) || j.Failed != nil {
 		if m.link != nil {
 			m.link.Close()
