@@ -42,7 +42,10 @@ COOLDOWN = (3, 6)  # --blacklist-cooldown-range: every cooldown is min(6, 3*2^n 
 PEER_TIMEOUT = 3.0  # the daemons' failure detection
 REPORT_WAIT = 10.0  # hvdd run's wait for the daemons' reports
 ELASTIC_TIMEOUT = 30
-SHORT, LONG = 1.0, REPORT_WAIT + 3.0  # outages below and above the detection bound
+# Outages below the detection bound, and past it: silent for the peer
+# timeout, then hvdd run's report wait, with 5 s to spare.
+SHORT, LONG = 1.0, PEER_TIMEOUT + REPORT_WAIT + 5.0
+DETECT = PEER_TIMEOUT + REPORT_WAIT + 2.0  # by then a long outage's host is out and the job trains
 
 # Every kind of fault; the schedule draws each of them in turn (shuffled).
 KINDS = [
@@ -86,16 +89,16 @@ def now() -> float:
 # ---------------------------------------------------------------- schedule
 
 
-def draw_schedule(seed: int, n: int, per_job: int) -> List[List[dict]]:
+def draw_schedule(seed: int, n: int, per_job: int, kinds: List[str] = KINDS) -> List[List[dict]]:
     """n faults from seed, every kind in turn (each round of kinds shuffled),
     split into jobs of at most per_job faults; an early success
     (rank_exit0) ends its job (nothing is added to a job after it)."""
     rng = random.Random(seed)
     faults = []
     while len(faults) < n:
-        kinds = KINDS[:]
-        rng.shuffle(kinds)
-        faults += kinds
+        drawn = kinds[:]
+        rng.shuffle(drawn)
+        faults += drawn
     faults = faults[:n]
     jobs: List[List[dict]] = [[]]
     for kind in faults:
@@ -197,6 +200,17 @@ def proc_cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def is_daemon(pid: int) -> bool:
+    """Whether pid is an hvdd daemon itself (argv: .../hvdd serve ...), not
+    the agent's shell that runs it."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return len(argv) > 1 and os.path.basename(argv[0]) == b"hvdd" and argv[1] == b"serve"
 
 
 def count_fds(pid: int) -> int:
@@ -328,7 +342,7 @@ class Job:
         while self.proc.poll() is None:
             for i in range(HOSTS):
                 for pid in self.net.pids(i):
-                    if " serve " in proc_cmdline(pid):
+                    if is_daemon(pid):
                         self.fd_samples[pid].append((now(), count_fds(pid), count_threads(pid), i))
             time.sleep(2)
 
@@ -428,7 +442,7 @@ class Job:
 
     def daemon_pid(self, host: int) -> Optional[int]:
         for pid in self.net.pids(host):
-            if " serve " in proc_cmdline(pid):
+            if is_daemon(pid):
                 return pid
         return None
 
@@ -625,8 +639,10 @@ class Job:
             evs = self.snapshot()
             rounds = self.rounds(evs)
             for e in evs:
+                if e["ev"] != "step":
+                    continue
                 r = rounds.get(e["rid"])
-                if e["ev"] == "step" and r and r["start"] > rec["t"] + COOLDOWN[0] and h in self.round_hosts(r):
+                if r and r["start"] > rec["t"] + COOLDOWN[0] and h in self.round_hosts(r):
                     rec["recovery"] = e["at"] - rec["t"]
                     rec["note"] += f"; back after {rec['recovery']:.1f}s"
                     return
@@ -958,6 +974,8 @@ class Campaign:
         self.cut: set = set()
         self.results: List[dict] = []
         self.problems: List[str] = []
+        self.errors = 0  # the campaign's own failures (tracebacks)
+        self.current: Optional[Job] = None
 
     def run(self, jobs: List[List[dict]]) -> int:
         self.net.create()
@@ -967,12 +985,23 @@ class Campaign:
             if now() > deadline:
                 print(f"chaos: time limit reached before job {j}", flush=True)
                 break
-            self.run_job(j, faults)
+            try:
+                self.run_job(j, faults)
+            except Exception:  # a campaign bug: say so, stop the job, go on
+                import traceback
+
+                traceback.print_exc()
+                self.errors += 1
+                job = self.current
+                if job is not None and job.alive():
+                    os.killpg(job.proc.pid, signal.SIGKILL)
+                    job.proc.wait(10)
         return self.report(jobs)
 
     def run_job(self, j: int, faults: List[dict]) -> None:
         shm_before = shm_entries()
         job = Job(self, j, faults)
+        self.current = job
         print(f"chaos: job {j}: {len(faults)} faults: {', '.join(f['kind'] for f in faults)}", flush=True)
         job.start()
         problems: List[str] = []
@@ -996,6 +1025,13 @@ class Campaign:
             if rec.get("hang"):
                 problems.append(f"hang: no step within {self.args.bound}s after {f['kind']} ({rec['note']})")
                 break
+            if rec["kind"].endswith("_long") and rec.get("recovery", 0) > DETECT:
+                rec["late"] = True
+                problems.append(
+                    f"hang: {f['kind']} ({rec['note']}): the job trained again only {rec['recovery']:.1f}s after the"
+                    f" fault, not within the detection bound ({PEER_TIMEOUT:g}s peer timeout + {REPORT_WAIT:g}s report wait)"
+                    f" without the host; epoch after: {rec.get('hosts_after')}"
+                )
             if rec.get("ended"):
                 break
             job.after_fault(rec)
@@ -1053,7 +1089,7 @@ class Campaign:
 
     def report(self, jobs: List[List[dict]]) -> int:
         by_kind: Dict[str, dict] = collections.OrderedDict(
-            (k, {"n": 0, "ok": 0, "rec": [], "hang": 0, "ended": 0}) for k in KINDS
+            (k, {"n": 0, "ok": 0, "rec": [], "hang": 0, "ended": 0, "late": 0}) for k in KINDS
         )
         for res in self.results:
             for rec in res["records"]:
@@ -1066,6 +1102,7 @@ class Campaign:
                 elif "recovery" in rec:
                     k["ok"] += 1
                     k["rec"].append(rec["recovery"])
+                    k["late"] += bool(rec.get("late"))
 
         def pct(xs: List[float], q: float) -> str:
             if not xs:
@@ -1075,7 +1112,7 @@ class Campaign:
 
         print()
         print(
-            f"{'fault':<18} {'n':>3} {'survived':>8} {'ended':>5} {'hang':>4} {'median_s':>8} {'p99_s':>6} {'max_s':>6}"
+            f"{'fault':<18} {'n':>3} {'survived':>8} {'late':>4} {'ended':>5} {'hang':>4} {'median_s':>8} {'p99_s':>6} {'max_s':>6}"
         )
         for kind, k in by_kind.items():
             if not k["n"]:
@@ -1083,7 +1120,7 @@ class Campaign:
             med = f"{statistics.median(k['rec']):.1f}" if k["rec"] else "-"
             mx = f"{max(k['rec']):.1f}" if k["rec"] else "-"
             print(
-                f"{kind:<18} {k['n']:>3} {k['ok']:>8} {k['ended']:>5} {k['hang']:>4} {med:>8} {pct(k['rec'], 0.99):>6} {mx:>6}"
+                f"{kind:<18} {k['n']:>3} {k['ok']:>8} {k['late']:>4} {k['ended']:>5} {k['hang']:>4} {med:>8} {pct(k['rec'], 0.99):>6} {mx:>6}"
             )
         tot = {
             key: sum(r[key] for r in self.results)
@@ -1099,7 +1136,9 @@ class Campaign:
         sched = os.path.join(self.work, "schedule.json")
         with open(sched, "w") as fh:
             json.dump({"seed": self.args.seed, "jobs": jobs, "args": vars(self.args)}, fh, indent=1)
-        found = sum(tot.values())
+        found = sum(tot.values()) + self.errors
+        if self.errors:
+            print(f"campaign errors (tracebacks above): {self.errors}")
         print(f"work dir (logs, results, schedule): {self.work}")
         if found:
             print(f"\nFAILED: seed {self.args.seed}; schedule {sched}")
@@ -1137,6 +1176,7 @@ def main() -> int:
         " past --bound), membership (hvdd run -np 6 --max-np 6: epochs of 3 hosts where the model, hvdd run -np 8, has 4)",
     )
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--kinds", help="only these fault kinds, comma-separated (default: all): " + ", ".join(KINDS))
     args = p.parse_args()
     if os.geteuid() != 0:
         p.error("needs root: network namespaces")
@@ -1156,7 +1196,11 @@ def main() -> int:
             args.bound = min(args.bound, 60)
         if args.break_kind:
             args.faults = min(args.faults, 2)
-        jobs = draw_schedule(args.seed, args.faults, args.per_job)
+        kinds = args.kinds.split(",") if args.kinds else KINDS
+        for k in kinds:
+            if k not in KINDS:
+                p.error(f"--kinds: unknown kind {k!r}")
+        jobs = draw_schedule(args.seed, args.faults, args.per_job, kinds)
         if args.break_kind in ("restore", "hang", "leak"):
             jobs = [[dict(jobs[0][0], kind="rank_kill")]]
         if args.break_kind == "membership":
