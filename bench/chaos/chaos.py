@@ -610,7 +610,9 @@ class Job:
             evs = self.snapshot()
             rounds = self.rounds(evs)
             for e in evs:
-                if e["ev"] != "step" or e["at"] < t_end:
+                # a failure: the job may (must, for a long outage) go on
+                # without the host before the outage ends
+                if e["ev"] != "step" or e["at"] < (t if disruptive else t_end):
                     continue
                 r = rounds.get(e["rid"])
                 if disruptive and (r is None or e["rid"] == rec["rid_before"] or r["start"] < t):
