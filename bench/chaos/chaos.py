@@ -923,31 +923,33 @@ def check_leaks(job: Job, shm_before: set, problems: List[str]) -> int:
     step_times = [(e["at"], e["rid"]) for e in job.snapshot() if e["ev"] == "step"]
     by_rid = {r["rid"]: r for r in rounds}
 
-    def membership_at(t: float) -> Optional[tuple]:
-        """The membership of the epoch training at t, settled (3 s in)."""
+    def epoch_at(t: float) -> Optional[dict]:
+        """The epoch training at t, settled (3 s in)."""
         import bisect
 
         i = bisect.bisect_right(step_times, (t, "~")) - 1
         if i < 0 or t - step_times[i][0] > 1.0:
             return None
         r = by_rid[step_times[i][1]]
-        if t - r["start"] < 3:
-            return None
-        return tuple(sorted(job.round_hosts(r).items()))
+        return r if t - r["start"] >= 3 else None
 
+    # per daemon and membership: the fewest fds in each epoch (joining
+    # nodes' connections come and go within one); the last such epoch may
+    # not hold more than the first
     for pid, samples in job.fd_samples.items():
-        by_m: Dict[tuple, List[tuple]] = collections.defaultdict(list)
+        by_m: Dict[tuple, Dict[str, int]] = collections.defaultdict(dict)
         for t, fds, thr, host in samples:
-            m = membership_at(t)
-            if m is not None and fds >= 0:
-                by_m[m].append((t, fds, thr))
-        for m, ss in by_m.items():
-            if len(ss) < 2:
+            r = epoch_at(t)
+            if r is None or fds < 0:
                 continue
-            if ss[-1][1] - ss[0][1] > 12:
+            m = tuple(sorted(job.round_hosts(r).items()))
+            by_m[m][r["rid"]] = min(fds, by_m[m].get(r["rid"], fds))
+        for m, per_epoch in by_m.items():
+            mins = list(per_epoch.values())  # in epoch order (dicts keep insertion order)
+            if len(mins) >= 2 and mins[-1] - mins[0] > 12:
                 leaks += 1
                 problems.append(
-                    f"leak: daemon {pid} holds {ss[0][1]} fds at membership {m}, {ss[-1][1]} later at the same membership"
+                    f"leak: daemon {pid} holds {mins[0]} fds in an epoch at membership {m}, {mins[-1]} in a later one at the same membership"
                 )
                 break
     return leaks
