@@ -538,7 +538,10 @@ class Job:
             if pid:
                 os.kill(pid, signal.SIGSTOP)
                 time.sleep(dur)
-                os.kill(pid, signal.SIGCONT)
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:  # hvdd run stopped it meanwhile (its host blacklisted)
+                    rec["note"] += "; gone before SIGCONT (stopped by hvdd run)"
             rec["failed"] = [vhost] if dur > SHORT else []
             rec["note"] = f"daemon of host {vhost} stopped {dur:g} s"
             rec["t_end"] = now()
