@@ -9,14 +9,15 @@ the last rank kills itself at step 3, and the survivors print when their
 step 3 completed at the new size. The recovery of a run is the latest
 survivor's time minus the kill's. By default the job runs on one node (a
 private daemon); with ``--netns`` on two "hosts", network namespaces joined
-by a veth pair (root and ip(8) needed), one rank on the first and N-1 on the
-second, started through an agent that enters the namespace: the victim's
-host keeps its other ranks, and the next epoch spans both hosts, with the
-tcp engine connected anew across the link. Each namespace also has a veth
+by a veth pair (root and ip(8) needed), started through an agent that enters
+the namespace: the victim is its host's only rank (N-1 ranks on the other),
+since Horovod's driver blacklists a failed worker's host with all its slots
+and hvdd run's decides each epoch's members the same way (the survivors wait
+in init() until it has seen the exit). Each namespace also has a veth
 pair to the root namespace, where hvdd run (its elastic driver serves the
 job's rendezvous) runs, as a launching machine reaches its hosts. With
-``--victim 0`` rank 0 kills itself instead: with ``--netns`` it is the first
-host's only rank, so that host leaves the job and the coordination of the job
+``--victim 0`` rank 0 kills itself instead: with ``--netns`` it is then the
+first host's only rank, so that host leaves the job and the coordination of the job
 moves from its daemon (node 0) to the other host's. With ``--exit raise`` the
 victim leaves by an exception out of its training function instead (exit
 status 1 through Python's exit path: its atexit tells the daemon that the
@@ -81,7 +82,7 @@ def drop_netns() -> None:
         subprocess.run(["ip", "link", "del", rif], capture_output=True)
 
 
-def where(tmp: str, np: int, netns: bool) -> list:
+def where(tmp: str, np: int, netns: bool, victim: int) -> list:
     """hvdd run's placement flags: a private socket, or the two namespaces
     through an agent script that enters the named host's one."""
     if not netns:
@@ -92,7 +93,8 @@ def where(tmp: str, np: int, netns: bool) -> list:
         f.write(f'#!/bin/sh\ncase "$1" in\n{cases}*) exit 255 ;;\nesac\nexec ip netns exec "$ns" sh -c "$2"\n')
     os.chmod(agent, 0o755)
     (_, a0, _), (_, a1, _) = NETNS
-    return ["-H", f"{a0}:1,{a1}:{np - 1}", "--agent", agent]
+    slots = (1, np - 1) if victim == 0 else (np - 1, 1)  # the victim alone on its host
+    return ["-H", f"{a0}:{slots[0]},{a1}:{slots[1]}", "--agent", agent]
 
 
 def one_run(hvdd: str, np: int, netns: bool, victim: int, exit_mode: str) -> float:
@@ -101,7 +103,7 @@ def one_run(hvdd: str, np: int, netns: bool, victim: int, exit_mode: str) -> flo
         if victim >= 0:
             env["HVDD_TEST_VICTIM"] = str(victim)
         p = subprocess.run(
-            [hvdd, "run", "-np", str(np), "--min-np", str(np - 1), *where(tmp, np, netns), "--",
+            [hvdd, "run", "-np", str(np), "--min-np", str(np - 1), *where(tmp, np, netns, victim), "--",
              sys.executable, WORKER, "6", "3"],
             env=env, capture_output=True, text=True, timeout=300, cwd=tmp,
         )  # fmt: skip
