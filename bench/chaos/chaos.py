@@ -868,6 +868,20 @@ def check_membership(job: Job, problems: List[str]) -> int:
             problems.append(
                 f"membership: epoch {r['rid']} at +{r['start'] - job.t0:.1f}s, hosts {hosts}: " + "; ".join(why)
             )
+    # a host blacklisted with no fault injected there: a healthy host's rank failed
+    for at, line in list(job.stderr):
+        m = re.match(r"hvdd run: blacklisting host ([0-9.]+) ", line)
+        if not m:
+            continue
+        h = job.net.host_index(m.group(1))
+        if any(abs(at - b) < LONG + REPORT_WAIT for b in job.blacklist.get(h, [])):
+            continue
+        why = [l for a, l in job.stderr if at - 1 <= a <= at and "exited with status" in l and m.group(1) in l]
+        bad += 1
+        problems.append(
+            f"membership: hvdd run blacklisted healthy host {h} at +{at - job.t0:.1f}s, no fault there: "
+            + (why[-1] if why else line)[:200]
+        )
     # a host that failed comes back after its cooldown (if the job ran on long enough)
     end = job.ended or now()
     for h, times in job.blacklist.items():
@@ -879,6 +893,12 @@ def check_membership(job: Job, problems: List[str]) -> int:
         if h not in job.listed:
             continue
         back = [r for r in rounds if r["start"] > b + COOLDOWN[0] and h in job.round_hosts(r)]
+        if back and back[0]["start"] > b + COOLDOWN[1] + RETURN_S:
+            bad += 1
+            problems.append(
+                f"membership: host {h} failed at +{b - job.t0:.1f}s, back only {back[0]['start'] - b:.1f}s later"
+                f" (cooldown {COOLDOWN[1]}s + {RETURN_S:g}s to start)"
+            )
         if not back:
             bad += 1
             problems.append(f"membership: host {h} failed at +{b - job.t0:.1f}s and never came back after its cooldown")
