@@ -63,7 +63,9 @@ func (j *job) watch(pre, cmd, whileRunning, post string) string {
 	g := strconv.Itoa(max(j.grace, 1))
 	s := pre + "exec 3<&0; " +
 		cmd + " 3<&- & p=$!; " +
-		"( cat <&3 >/dev/null 2>&1; exec 3<&-; kill -TERM $p; sleep " + g + "; kill -KILL $p ) >/dev/null 2>&1 & w=$!; " +
+		// The watcher's grace sleep dies with it (kill $w below), not
+		// left behind for the grace.
+		"( cat <&3 >/dev/null 2>&1; exec 3<&-; kill -TERM $p; s=; trap 'kill $s 2>/dev/null; exit 0' TERM; sleep " + g + " & s=$!; wait $s; kill -KILL $p ) >/dev/null 2>&1 & w=$!; " +
 		"exec 3<&-; " + whileRunning +
 		"wait $p; r=$?; kill $w 2>/dev/null; " + post + "exit $r"
 	return s

@@ -223,6 +223,10 @@ func (drv *driver) rankExited(e exitEvent) {
 	case live == 0:
 		drv.failRank(c, msg+"; no rank is left to carry the job's state on")
 		return
+	case !drv.prevGoesOn():
+		// Horovod: new ranks get the job's state from running ones.
+		drv.failRank(c, msg+"; No hosts from previous set remaining, unable to broadcast state. (Only ranks that joined since the last epoch run.)")
+		return
 	case limit > 0 && drv.resets >= limit:
 		drv.failRank(c, msg+"; "+fmt.Sprintf(resetLimitMessage, limit))
 		return

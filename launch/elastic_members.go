@@ -245,6 +245,11 @@ func (drv *driver) decide() {
 	if total < j.cfg.MinNP || len(parts) == 0 {
 		return // checkMin waits for hosts, up to --elastic-timeout
 	}
+	if !slices.ContainsFunc(slices.Collect(maps.Keys(decided)), func(i int) bool { return len(ms.members[i]) > 0 }) {
+		// Horovod: new ranks get the job's state from running ones.
+		drv.fail(drv.lastFail, fmt.Errorf("No hosts from previous set remaining, unable to broadcast state. (Epoch %d would hold only ranks that joined since the last epoch: %s.)", ms.epoch, strings.Join(parts, " ")))
+		return
+	}
 	drv.publish(strings.Join(parts, " "), decided)
 }
 
@@ -307,4 +312,17 @@ func (drv *driver) overdue(silent, leftOut []int) {
 	if drv.hm.allBlacklisted() {
 		drv.fail(drv.lastFail, fmt.Errorf("%s", drv.allBlacklistedMessage()))
 	}
+}
+
+// prevGoesOn reports whether a rank of the last epoch (or of the latest
+// decision) goes on: one that holds the job's state.
+func (drv *driver) prevGoesOn() bool {
+	for _, m := range []map[int][]int{drv.ms.members, drv.ms.decided} {
+		for _, tags := range m {
+			if slices.ContainsFunc(tags, drv.goesOn) {
+				return true
+			}
+		}
+	}
+	return false
 }
