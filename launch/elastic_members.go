@@ -3,6 +3,7 @@ package launch
 import (
 	"context"
 	"fmt"
+	"github.com/hvdd/hvdd/internal/elastickeys"
 	"maps"
 	"slices"
 	"strconv"
@@ -29,17 +30,12 @@ import (
 
 // Keys of the job's rendezvous store (package nodes, driven.go, writes and
 // reads the same).
-func reportKey(epoch uint64, node int) string {
-	return "elastic/" + strconv.FormatUint(epoch, 10) + "/node/" + strconv.Itoa(node)
-}
-
-func joiningKey(node int) string { return "elastic/joining/" + strconv.Itoa(node) }
-
-func membersKey(epoch uint64, version int) string {
-	return "elastic/" + strconv.FormatUint(epoch, 10) + "/members/" + strconv.Itoa(version)
-}
-
-func formedKey(epoch uint64) string { return "elastic/" + strconv.FormatUint(epoch, 10) + "/formed" }
+var (
+	reportKey  = elastickeys.Report
+	joiningKey = elastickeys.Joining
+	membersKey = elastickeys.Members
+	formedKey  = elastickeys.Formed
+)
 
 // DefaultReportWait bounds the driver's wait for the daemons' reports of a
 // forming epoch, from the first: a node still silent then (its host cut

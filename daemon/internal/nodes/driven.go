@@ -3,6 +3,7 @@ package nodes
 import (
 	"context"
 	"fmt"
+	"github.com/hvdd/hvdd/internal/elastickeys"
 	"slices"
 	"strconv"
 	"strings"
@@ -55,17 +56,12 @@ type msgMembers struct {
 	err   error
 }
 
-func reportKey(epoch uint64, node int) string {
-	return "elastic/" + strconv.FormatUint(epoch, 10) + "/node/" + strconv.Itoa(node)
-}
-
-func joiningKey(node int) string { return "elastic/joining/" + strconv.Itoa(node) }
-
-func membersKey(epoch uint64, version int) string {
-	return "elastic/" + strconv.FormatUint(epoch, 10) + "/members/" + strconv.Itoa(version)
-}
-
-func formedKey(epoch uint64) string { return "elastic/" + strconv.FormatUint(epoch, 10) + "/formed" }
+var (
+	reportKey  = elastickeys.Report
+	joiningKey = elastickeys.Joining
+	membersKey = elastickeys.Members
+	formedKey  = elastickeys.Formed
+)
 
 // parseMembers parses a decision ("K:RANKS ..." or "end WHY").
 func parseMembers(version int, v []byte) (*members, error) {

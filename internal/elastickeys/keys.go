@@ -1,0 +1,23 @@
+// Package elastickeys names the keys of an elastic job's rendezvous store by
+// which hvdd run's elastic driver (package launch) and the daemons (package
+// nodes, driven.go) agree on each epoch's members: the daemons report, the
+// driver decides.
+package elastickeys
+
+import "strconv"
+
+// Report is node's report of the workers it re-forms into epoch.
+func Report(epoch uint64, node int) string {
+	return "elastic/" + strconv.FormatUint(epoch, 10) + "/node/" + strconv.Itoa(node)
+}
+
+// Joining is the report of a node that joins the running job.
+func Joining(node int) string { return "elastic/joining/" + strconv.Itoa(node) }
+
+// Members is the driver's decision version of epoch's members.
+func Members(epoch uint64, version int) string {
+	return "elastic/" + strconv.FormatUint(epoch, 10) + "/members/" + strconv.Itoa(version)
+}
+
+// Formed marks epoch formed (the coordinator).
+func Formed(epoch uint64) string { return "elastic/" + strconv.FormatUint(epoch, 10) + "/formed" }
