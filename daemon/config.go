@@ -389,3 +389,21 @@ const (
 	JobFailed    = loop.JobFailed
 	JobReforming = loop.JobReforming
 )
+
+// DriverGrace is how much longer than the elastic timeout a daemon under
+// hvdd run's elastic driver (Config.ElasticDriver) waits for an epoch's
+// survivors before it gives them up itself. The driver owns that timeout:
+// it waits --elastic-timeout for slots from the failure it sees, which can
+// be a second after the daemons saw it (a rank's exit status), and then
+// ends the job with Horovod's message. A daemon that timed out first would
+// refuse the survivors, and the job would end on their failures instead.
+const DriverGrace = 30 * time.Second
+
+// reformTimeout is the loop's bound on an epoch's re-formation: the elastic
+// timeout, and DriverGrace more when the driver decides the membership.
+func (c Config) reformTimeout() time.Duration {
+	if c.ElasticDriver {
+		return c.ElasticTimeout + DriverGrace
+	}
+	return c.ElasticTimeout
+}

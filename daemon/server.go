@@ -340,7 +340,7 @@ func (s *Server) newLoop(p *poll.Poller) (*loop.Loop, error) {
 	return loop.New(loop.Config{
 		Slots: c.Slots, FusionThreshold: c.FusionThreshold, CycleTime: c.CycleTime, Spin: c.Spin,
 		StallCheck: c.StallCheck, StallShutdown: c.StallShutdown, OutputRegion: c.OutputRegion,
-		Nodes: c.Nodes, NodeRank: c.NodeRank, MultiNode: c.multiNode(), ElasticTimeout: c.ElasticTimeout,
+		Nodes: c.Nodes, NodeRank: c.NodeRank, MultiNode: c.multiNode(), ElasticTimeout: c.reformTimeout(),
 		ExitAfterJob: c.ExitAfterJob, Autotune: c.Autotune, OnStatus: c.OnStatus, Metrics: c.Metrics,
 		AllowGIDs: c.AllowGIDs, Log: s.log, UID: s.uid, GPUs: s.gpu,
 	}, s, p, x, formation)

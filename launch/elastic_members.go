@@ -53,8 +53,11 @@ type membership struct {
 	last    string
 	// members are the last decided epoch's ranks by node (the first
 	// epoch's: the ranks the job started with); decided those of the
-	// latest decision for epoch.
+	// latest decision for epoch, and versions those of each decision for
+	// it (by version), since the epoch may form with an earlier one than
+	// the latest (a node ready to join came as it formed).
 	members, decided map[int][]int
+	versions         map[int]map[int][]int
 	// since is when the first report for epoch came (zero: none yet);
 	// wait fires DefaultReportWait later, and overdue says it has.
 	since   time.Time
@@ -100,12 +103,16 @@ func (drv *driver) reportWaitC() <-chan time.Time {
 }
 
 // nextEpoch moves the decision on to the next epoch: the one decided has
-// formed, or failed as it formed.
-func (drv *driver) nextEpoch() {
+// formed with the decision of version formedWith (0: unknown, the latest),
+// or failed as it formed.
+func (drv *driver) nextEpoch(formedWith int) {
 	ms := &drv.ms
 	ms.members = ms.decided
+	if m, ok := ms.versions[formedWith]; ok {
+		ms.members = m
+	}
 	ms.epoch++
-	ms.version, ms.last, ms.decided = 0, "", nil
+	ms.version, ms.last, ms.decided, ms.versions = 0, "", nil, nil
 	ms.since, ms.overdue = time.Time{}, false
 	if ms.wait != nil {
 		ms.wait.Stop()
@@ -156,10 +163,12 @@ func (drv *driver) decide() {
 	j, ms := drv.j, &drv.ms
 	for ms.version > 0 {
 		// An epoch that formed, or whose successor forms, is decided.
-		if _, formed := drv.get(formedKey(ms.epoch)); !formed && !drv.anyReport(ms.epoch+1) {
+		v, formed := drv.get(formedKey(ms.epoch))
+		if !formed && !drv.anyReport(ms.epoch+1) {
 			break
 		}
-		drv.nextEpoch()
+		with, _ := strconv.Atoi(string(v))
+		drv.nextEpoch(with)
 	}
 	reports := map[int][]int{}
 	for i := range drv.nodes {
@@ -275,6 +284,10 @@ func (drv *driver) publish(value string, decided map[int][]int) {
 	if decided == nil {
 		return
 	}
+	if ms.versions == nil {
+		ms.versions = map[int]map[int][]int{}
+	}
+	ms.versions[ms.version] = decided
 	var hosts []string
 	size := 0
 	for _, i := range slices.Sorted(maps.Keys(decided)) {

@@ -19,5 +19,7 @@ func Members(epoch uint64, version int) string {
 	return "elastic/" + strconv.FormatUint(epoch, 10) + "/members/" + strconv.Itoa(version)
 }
 
-// Formed marks epoch formed (the coordinator).
+// Formed marks epoch formed (the coordinator); its value is the version of
+// the decision it formed with (Members), which need not be the latest: the
+// driver may have published another while the epoch formed.
 func Formed(epoch uint64) string { return "elastic/" + strconv.FormatUint(epoch, 10) + "/formed" }

@@ -161,10 +161,11 @@ func (c *multiNode) reportJoining(j *job.Job) {
 	}
 }
 
-// reportFormed marks epoch formed, on the coordinator.
+// reportFormed marks epoch formed, on the coordinator, with the version of
+// the decision it formed with.
 func (c *multiNode) reportFormed(j *job.Job) {
 	if c.driven() && j.Elastic && j.Epoch > 0 && c.leads() {
-		c.tell(formedKey(j.Epoch), []byte("1"))
+		c.tell(formedKey(j.Epoch), []byte(strconv.Itoa(c.formedWith)))
 	}
 }
 

@@ -128,9 +128,12 @@ type multiNode struct {
 	// in order on a goroutine of their own, started on first use under
 	// reportMu; membersStop ends the watch of the forming epoch's
 	// decisions.
+	// formedWith is the version of the decision the epoch being laid
+	// out follows (0: none), which reportFormed tells the driver.
 	reportMu    sync.Mutex
 	reports     chan func()
 	membersStop context.CancelFunc
+	formedWith  int
 }
 
 // linkSet is a set of links that goroutines other than the loop's hold,
@@ -593,6 +596,7 @@ func (c *multiNode) maybeLayout() {
 			if prev, joined, ok = c.drivenNodes(j, n); !ok {
 				return // hvdd run's elastic driver decides
 			}
+			c.formedWith = n.members.version
 		}
 		for _, id := range prev {
 			if n.joins[id] == nil {
