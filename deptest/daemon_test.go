@@ -9,8 +9,9 @@ import (
 // (daemon/doc.go): the Server (package daemon) wires them; loop and nodes
 // are siblings that meet only at package job's seams; the executor serves
 // both and imports neither, and its host path does not know the device
-// path (which stages onto it); job is the vocabulary and imports no sibling;
-// poll is a leaf.
+// path (which stages onto it); the core both paths share (exec/sched: the
+// schedule of engine calls, the layouts) knows neither path nor any GPU
+// library; job is the vocabulary and imports no sibling; poll is a leaf.
 var daemonLayers = []struct {
 	pkg    string
 	denied []string // packages of the module it must not import, directly or not
@@ -18,6 +19,7 @@ var daemonLayers = []struct {
 	{"daemon/internal/poll", []string{"daemon", "backends", "cluster", "gpu"}},
 	{"daemon/internal/job", []string{"daemon/internal/loop", "daemon/internal/nodes", "daemon/internal/exec", "daemon/internal/poll"}},
 	{"daemon/internal/exec", []string{"daemon/internal/loop", "daemon/internal/nodes"}},
+	{"daemon/internal/exec/sched", []string{"daemon/internal/exec/host", "daemon/internal/exec/device", "daemon/internal/loop", "daemon/internal/nodes", "backends/nccl", "gpu/cuda"}},
 	{"daemon/internal/exec/host", []string{"daemon/internal/exec/device", "daemon/internal/loop", "daemon/internal/nodes"}},
 	{"daemon/internal/exec/device", []string{"daemon/internal/loop", "daemon/internal/nodes"}},
 	{"daemon/internal/nodes", []string{"daemon/internal/loop", "daemon/internal/exec"}},

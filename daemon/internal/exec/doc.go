@@ -6,7 +6,7 @@
 //   - host (package host): tensors in the clients' shared memory, reduced,
 //     copied or scattered directly between them on one node;
 //     across nodes each node's share goes through the job's engine
-//     (backends.Backend) in the calls host/schedule.go makes, the large
+//     (backends.Backend) in the calls package sched makes, the large
 //     fused allreduce pipelined in chunks.
 //   - device (package device): tensors in the clients' GPU memory, opened
 //     by CUDA IPC handle once per connection (ConnGPU) and
@@ -33,8 +33,11 @@
 // new one.
 //
 // Package exec itself is the Executor, which picks the path of each
-// response. The device path imports the host path (it stages onto it and
-// moves across nodes through it), never the reverse. The executor imports
+// response. Both paths make their engine calls across nodes through
+// package sched (the one schedule of engine calls, the layouts, the
+// engine groups of process sets), which imports neither. The device path
+// imports the host path to stage onto it (and for its host fusion buffer,
+// its batched answers and the timeline names), never the reverse. The executor imports
 // package job (the work rows, the ops and their connections) and none of
 // the loop's or the nodes' packages; it tells the loop it is idle, or that
 // a collective across nodes failed, through the poller's mailbox.

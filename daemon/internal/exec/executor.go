@@ -7,6 +7,7 @@ import (
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/internal/exec/device"
 	"github.com/hvdd/hvdd/daemon/internal/exec/host"
+	"github.com/hvdd/hvdd/daemon/internal/exec/sched"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/internal/poll"
 )
@@ -37,11 +38,14 @@ type Config struct {
 // New returns an executor that posts job.MsgExecIdle (and a failed
 // collective across nodes, job.MsgExecErr) to the loop through p.
 func New(cfg Config, p *poll.Poller) *Executor {
-	host := host.New(cfg.Log, p, cfg.Workers)
+	// One Engines for both paths: a process set's engine group, made on
+	// its first use on every member node, serves either path after.
+	engines := new(sched.Engines)
+	host := host.New(cfg.Log, p, cfg.Workers, engines)
 	return &Executor{
 		p:       p,
 		host:    host,
-		dev:     device.New(cfg.Log, cfg.GPU, host),
+		dev:     device.New(cfg.Log, cfg.GPU, host, engines, p),
 		Work:    make(chan []job.Work, 1),
 		Stopped: make(chan struct{}),
 	}

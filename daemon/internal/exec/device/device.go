@@ -14,7 +14,9 @@ import (
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/backends/nccl"
 	"github.com/hvdd/hvdd/daemon/internal/exec/host"
+	"github.com/hvdd/hvdd/daemon/internal/exec/sched"
 	"github.com/hvdd/hvdd/daemon/internal/job"
+	"github.com/hvdd/hvdd/daemon/internal/poll"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/gpu"
@@ -26,9 +28,11 @@ import (
 // Path runs responses with GPU tensors: natively in device memory,
 // or staged through host memory onto the host path.
 type Path struct {
-	log  *slog.Logger
-	gpu  *GPUs // nil on a CPU-only node
-	host *host.Path
+	log     *slog.Logger
+	gpu     *GPUs // nil on a CPU-only node
+	host    *host.Path
+	engines *sched.Engines // shared with the host path
+	p       *poll.Poller
 	// gpuPaths are the GPU paths used so far (gpuPath).
 	gpuPaths map[string]bool
 }
@@ -59,10 +63,12 @@ func nativeOK(w *job.Work) bool {
 	return len(first) > 0
 }
 
-// New returns the device path over gpus (nil on a CPU-only
-// node), staging onto host.
-func New(log *slog.Logger, gpus *GPUs, host *host.Path) *Path {
-	return &Path{log: log, gpu: gpus, host: host}
+// New returns the device path over gpus (nil on a CPU-only node),
+// staging onto host; it takes the engine of a response across nodes from
+// engines (the host path's) and posts a failed collective across nodes
+// (job.MsgExecErr) to the loop through p.
+func New(log *slog.Logger, gpus *GPUs, host *host.Path, engines *sched.Engines, p *poll.Poller) *Path {
+	return &Path{log: log, gpu: gpus, host: host, engines: engines, p: p}
 }
 
 // Execute runs a response with GPU tensors in it.
@@ -230,7 +236,7 @@ func (x *Path) deviceFailed(w job.Work, err error) {
 // loop closed it).
 func (x *Path) fail(w job.Work, msg string, closed bool) {
 	if w.Engine != nil && len(w.View.Nodes) > 1 {
-		x.host.P.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops, Closed: closed})
+		x.p.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops, Closed: closed})
 		return
 	}
 	for _, row := range w.Ops {
@@ -384,7 +390,7 @@ func deviceOutput(cg *ConnGPU, d *gpuDev, out []byte) (*ipcpb.DeviceBuffer, erro
 func (x *Path) allreduceNative(ctx context.Context, w job.Work, devs []*gpuDev) error {
 	r := &w.Resp
 	es := r.DType.Size()
-	op, pre, post := host.Scales(r, w.Size)
+	op, pre, post := sched.Scales(r, w.Size)
 	if err := waitEvents(&w); err != nil {
 		return err
 	}
@@ -394,7 +400,7 @@ func (x *Path) allreduceNative(ctx context.Context, w job.Work, devs []*gpuDev) 
 	if !r.NCCL && !crossNodes(&w) && pre == 1 && oneRankPerGPU(&w, devs) {
 		return x.allreduceInPlace(&w, devs, op, post)
 	}
-	offs := fusedOffsets(r)
+	offs := sched.FusedOffsets(r)
 	total := offs[len(r.Tensors)]
 	for _, d := range devs {
 		if err := d.ensure(total); err != nil {
@@ -414,7 +420,7 @@ func (x *Path) allreduceNative(ctx context.Context, w job.Work, devs []*gpuDev) 
 			return err
 		}
 	case crossNodes(&w):
-		if err := x.allreduceHierarchical(ctx, &w, devs, total, op, pre); err != nil {
+		if err := x.allreduceHierarchical(ctx, &w, devs, total, op); err != nil {
 			return err
 		}
 	}
@@ -507,24 +513,14 @@ func fanOutFused(w *job.Work, devs []*gpuDev, offs []int, op tensor.ReduceOp, po
 	return nil
 }
 
-// fusedOffsets returns where each tensor of r lies in the concatenation of
-// them all (a fusion buffer): tensor i at [offs[i], offs[i+1]) bytes.
-func fusedOffsets(r *plan.Response) []int {
-	offs := make([]int, len(r.Tensors)+1)
-	for i, t := range r.Tensors {
-		offs[i+1] = offs[i] + int(t.Shape.NumElements())*r.DType.Size()
-	}
-	return offs
-}
-
 // allreduceHierarchical adds up the nodes' results across nodes through
 // the job's engine and host memory: GPU 0's fusion buffer (which holds the
 // node's result, as every GPU's does) copied to the executor's host fusion
-// buffer, the host path's calls on it (host.AllreduceCalls: one, on its
-// lone local buffer, where the host path would have one, so that nodes on
-// either path agree), and the total copied into every GPU's fusion buffer.
-func (x *Path) allreduceHierarchical(ctx context.Context, w *job.Work, devs []*gpuDev, total int, op tensor.ReduceOp, pre float64) error {
-	b, err := x.host.EngineFor(*w)
+// buffer, the calls of the one schedule on it (sched.AllreduceCalls, whole
+// where sched.Whole says, as on the host path, so that nodes on either path
+// agree), and the total copied into every GPU's fusion buffer.
+func (x *Path) allreduceHierarchical(ctx context.Context, w *job.Work, devs []*gpuDev, total int, op tensor.ReduceOp) error {
+	b, err := x.engines.For(w)
 	if err != nil {
 		return err
 	}
@@ -536,8 +532,7 @@ func (x *Path) allreduceHierarchical(ctx context.Context, w *job.Work, devs []*g
 	if err := d0.sync(ctx); err != nil {
 		return err
 	}
-	whole := len(w.Resp.Tensors) == 1 && pre == 1 && len(localBufsN(w.Ops[0])) == 1
-	if err := host.AllreduceCalls(ctx, b, f, w.Resp.DType, op, whole, nil, nil); err != nil {
+	if err := sched.AllreduceCalls(ctx, b, f, w.Resp.DType, op, sched.Whole(w), nil, nil); err != nil {
 		return err
 	}
 	for _, d := range devs {
@@ -588,8 +583,8 @@ func (x *Path) reduceLocal(w *job.Work, devs []*gpuDev, offs []int, op tensor.Re
 // where each tensor lies there, the op and the postscale still to apply.
 func (x *Path) reduceWhole(w *job.Work, devs []*gpuDev) (offs []int, op tensor.ReduceOp, post float64, err error) {
 	r := &w.Resp
-	op, pre, post := host.Scales(r, w.Size)
-	offs = fusedOffsets(r)
+	op, pre, post := sched.Scales(r, w.Size)
+	offs = sched.FusedOffsets(r)
 	for _, d := range devs {
 		if err := d.ensure(offs[len(r.Tensors)]); err != nil {
 			return nil, op, post, err
@@ -653,11 +648,11 @@ func (x *Path) broadcastNative(ctx context.Context, w job.Work, devs []*gpuDev) 
 // broadcastHierarchical is the broadcast across nodes through the job's
 // engine and host memory: the root's node copies the root's tensor to host
 // memory (broadcastIn), the engine broadcasts it (the host path's calls,
-// one per tensor: host.BroadcastCalls, so that nodes on either path
+// one per tensor: sched.BroadcastCalls, so that nodes on either path
 // agree), every GPU without the root's tensor copies it from there
 // (broadcastOut), and each GPU's copy fans out to its other local ranks'.
 func (x *Path) broadcastHierarchical(ctx context.Context, w *job.Work) error {
-	b, err := x.host.EngineFor(*w)
+	b, err := x.engines.For(w)
 	if err != nil {
 		return err
 	}
@@ -674,7 +669,7 @@ func (x *Path) broadcastHierarchical(ctx context.Context, w *job.Work) error {
 		}
 		return fanOut(w.Ops[i], src)
 	}
-	return host.BroadcastCalls(ctx, b, w, in, out)
+	return sched.BroadcastCalls(ctx, b, w, in, out)
 }
 
 // broadcastSources are where a broadcast's tensor is on this node: first[d]
@@ -914,7 +909,7 @@ func (x *Path) allreduceNCCLAcross(devs []*gpuDev, across *nccl.Engine, count in
 //   - OverGPUs: on the node's GPUs, by device copies on each and, over
 //     several, NCCL between them (the node-local engines);
 //   - Hierarchical: across nodes through the job's engine (the host path's
-//     calls, host.*Calls) and host memory;
+//     calls, sched.*Calls) and host memory;
 //   - NCCLAcross: across nodes on NCCL (the engine across nodes), where
 //     the plan says (Resp.NCCL).
 //
@@ -1004,7 +999,7 @@ func (x *Path) buildResults(w *job.Work, devs []*gpuDev, res [][]devResult) erro
 // resultsHierarchical builds an allgather's, alltoall's or reducescatter's
 // results across nodes through the job's engine.
 func (x *Path) resultsHierarchical(w *job.Work, devs []*gpuDev, res [][]devResult) error {
-	b, err := x.host.EngineFor(*w)
+	b, err := x.engines.For(w)
 	if err != nil {
 		return err
 	}
@@ -1090,10 +1085,10 @@ func (x *Path) allgatherOverGPUs(w *job.Work, devs []*gpuDev, res [][]devResult,
 func (x *Path) allgatherTensor(w *job.Work, i int, devs []*gpuDev, res [][]devResult, local []*nccl.Engine, across *nccl.Engine) error {
 	r := &w.Resp
 	ops, t := w.Ops[i], &r.Tensors[i]
-	shape := host.AllgatherShape(t)
+	shape := sched.AllgatherShape(t)
 	offs := make([]int, len(ops)+1) // rank k's piece at offs[k] of the result
 	for k := range ops {
-		offs[k+1] = offs[k] + host.AllgatherRankBytes(t, r.DType, k)
+		offs[k+1] = offs[k] + sched.AllgatherRankBytes(t, r.DType, k)
 	}
 	total := offs[len(ops)]
 	res[i] = make([]devResult, len(ops))
@@ -1185,7 +1180,7 @@ func gatherOnNode(ops []*job.Op, devs []*gpuDev, lead []gpu.DevicePtr, offs []in
 // (contiguous: ranks are ordered by node) over the engine across nodes, in
 // one group call, then the lead spread to the node's other GPUs' leads.
 func (x *Path) allgatherNCCLAcross(w *job.Work, i int, devs []*gpuDev, lead []gpu.DevicePtr, total int, across *nccl.Engine) error {
-	counts, _ := host.AllgatherCounts(w.View.Rows, &w.Resp.Tensors[i], w.Resp.DType)
+	counts, _ := sched.AllgatherCounts(w.View.Rows, &w.Resp.Tensors[i], w.Resp.DType)
 	if err := across.Group(func() error {
 		off := 0
 		for m, n := range counts {
@@ -1210,7 +1205,7 @@ func (x *Path) allgatherNCCLAcross(w *job.Work, i int, devs []*gpuDev, lead []gp
 // allgatherHierarchical builds an allgather's results across nodes through
 // the job's engine: the node's ranks' pieces copied to host memory in rank
 // order, the engine's Allgatherv of the nodes' pieces (the host path's one
-// call per tensor, host.AllgatherCalls, so that nodes on either path
+// call per tensor, sched.AllgatherCalls, so that nodes on either path
 // agree), the result copied to one result on each GPU, which the GPU's
 // other ranks copy.
 func (x *Path) allgatherHierarchical(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, res [][]devResult) error {
@@ -1234,7 +1229,7 @@ func (x *Path) allgatherHierarchical(ctx context.Context, w *job.Work, devs []*g
 	}
 	out := func(i int, all []byte) error {
 		row := w.Ops[i]
-		shape := host.AllgatherShape(&r.Tensors[i])
+		shape := sched.AllgatherShape(&r.Tensors[i])
 		res[i] = make([]devResult, len(row))
 		lead := map[*gpuDev]gpu.DevicePtr{}
 		for k, o := range row {
@@ -1263,7 +1258,7 @@ func (x *Path) allgatherHierarchical(ctx context.Context, w *job.Work, devs []*g
 		// it serves again.
 		return syncAll(ctx, devs)
 	}
-	return host.AllgatherCalls(ctx, b, w, x.host.Fusion, in, out)
+	return sched.AllgatherCalls(ctx, b, w, x.host.Fusion, in, out)
 }
 
 // gpuMove is n bytes from src on one of the node's GPUs to dst on another,
@@ -1369,7 +1364,7 @@ func (x *Path) alltoallOverGPUs(w *job.Work, devs []*gpuDev, res [][]devResult) 
 // result allocated on its rank's GPU, and every run of it (one per node,
 // A2APlan.Segments) put there by put, which copies n bytes at offset src
 // of what was received to dst on GPU d.
-func placeAlltoall(w *job.Work, i int, a *host.A2APlan, res [][]devResult, put func(d *gpuDev, dst gpu.DevicePtr, src, n int) error) error {
+func placeAlltoall(w *job.Work, i int, a *sched.A2APlan, res [][]devResult, put func(d *gpuDev, dst gpu.DevicePtr, src, n int) error) error {
 	row, t := w.Ops[i], &w.Resp.Tensors[i]
 	res[i] = make([]devResult, len(row))
 	for r, o := range row {
@@ -1398,11 +1393,11 @@ func placeAlltoall(w *job.Work, i int, a *host.A2APlan, res [][]devResult, put f
 // alltoallHierarchical builds an alltoall's results across nodes through
 // the job's engine: the pieces the node sends copied to host memory in
 // A2APlan's order, the engine's Alltoallv (the host path's one call per
-// tensor, host.AlltoallCalls), each local rank's result copied to its GPU
+// tensor, sched.AlltoallCalls), each local rank's result copied to its GPU
 // run by run from what was received (placeAlltoall): no assembly on the
 // host.
 func (x *Path) alltoallHierarchical(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, res [][]devResult) error {
-	in := func(i int, a *host.A2APlan, into []byte) error {
+	in := func(i int, a *sched.A2APlan, into []byte) error {
 		row := w.Ops[i]
 		off := 0
 		var err error
@@ -1422,7 +1417,7 @@ func (x *Path) alltoallHierarchical(ctx context.Context, w *job.Work, devs []*gp
 		}
 		return err
 	}
-	out := func(i int, a *host.A2APlan, got []byte) error {
+	out := func(i int, a *sched.A2APlan, got []byte) error {
 		if err := placeAlltoall(w, i, a, res, func(d *gpuDev, dst gpu.DevicePtr, src, n int) error {
 			if err := d.dev.CopyHtoD(d.stream, dst, got[src:src+n]); err != nil {
 				return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
@@ -1433,7 +1428,7 @@ func (x *Path) alltoallHierarchical(ctx context.Context, w *job.Work, devs []*gp
 		}
 		return syncAll(ctx, devs)
 	}
-	return host.AlltoallCalls(ctx, b, w, x.host.Fusion, in, out)
+	return sched.AlltoallCalls(ctx, b, w, x.host.Fusion, in, out)
 }
 
 // alltoallNCCLAcross builds an alltoall's results across nodes on NCCL,
@@ -1450,7 +1445,7 @@ func (x *Path) alltoallNCCLAcross(w *job.Work, devs []*gpuDev, res [][]devResult
 	}
 	d0 := devs[0]
 	for i, row := range w.Ops {
-		a := host.NewA2APlan(w, i)
+		a := sched.NewA2APlan(w, i)
 		nn := len(a.SendCounts)
 		sendOff := make([]int, nn+1) // node m's pieces at sendOff[m] of the send buffer
 		for m, c := range a.SendCounts {
@@ -1492,7 +1487,7 @@ func (x *Path) alltoallNCCLAcross(w *job.Work, devs []*gpuDev, res [][]devResult
 // across nodes, in one group call; its own block goes by a D2D copy on
 // GPU 0 (d0). Between two nodes NCCL matches them in the order issued,
 // which the same loop gives on both sides.
-func alltoallExchange(a *host.A2APlan, me int, d0 *gpuDev, sendBuf gpu.DevicePtr, sendOff []int, recvBuf gpu.DevicePtr, across *nccl.Engine) error {
+func alltoallExchange(a *sched.A2APlan, me int, d0 *gpuDev, sendBuf gpu.DevicePtr, sendOff []int, recvBuf gpu.DevicePtr, across *nccl.Engine) error {
 	if n := a.SendCounts[me]; n > 0 {
 		if err := d0.dev.CopyDtoD(d0.stream, recvBuf.Add(a.BlockStart[me]), sendBuf.Add(sendOff[me]), n); err != nil {
 			return fmt.Errorf("GPU %s: %w", d0.info.UUID, err)
@@ -1528,7 +1523,7 @@ func alltoallExchange(a *host.A2APlan, me int, d0 *gpuDev, sendBuf gpu.DevicePtr
 // as the CPU path scales.
 func reducescatterOneGPU(w *job.Work, d *gpuDev, res [][]devResult) error {
 	r := &w.Resp
-	op, pre, post := host.Scales(r, w.Size)
+	op, pre, post := sched.Scales(r, w.Size)
 	es := r.DType.Size()
 	var segs []kernels.Segment
 	nin := 0
@@ -1537,7 +1532,7 @@ func reducescatterOneGPU(w *job.Work, d *gpuDev, res [][]devResult) error {
 		rowBytes := int(t.Shape.RowElements()) * es
 		res[i] = make([]devResult, len(ops))
 		for k := range ops {
-			start, rows := host.ScatterBlock(t, len(ops), k)
+			start, rows := sched.ScatterBlock(t, len(ops), k)
 			n := int(rows) * rowBytes
 			p, err := newResult(&res[i][k], ops[k], n, &ipcpb.Done{OutputShape: append(tensor.Shape{rows}, t.Shape[1:]...)})
 			if err != nil {
@@ -1584,7 +1579,7 @@ func (x *Path) reducescatterOverGPUs(w *job.Work, devs []*gpuDev, res [][]devRes
 			if o == nil {
 				continue // another node's rank
 			}
-			start, rows := host.ScatterBlock(t, w.Size, k)
+			start, rows := sched.ScatterBlock(t, w.Size, k)
 			d := devOf(o).d
 			if err := scatterResult(&res[i][k], o, t, int(rows), post, r.DType, func(p gpu.DevicePtr, n int) error {
 				return d.dev.CopyDtoD(d.stream, p, d.fuse.Add(offs[i]+int(start)*rowBytes), n)
@@ -1621,7 +1616,7 @@ func scatterResult(res *devResult, o *job.Op, t *plan.Tensor, rows int, post flo
 // through the job's engine: the node's ranks' tensors reduced on its GPUs
 // (reduceWhole, with the prescale), then per tensor GPU 0's result copied
 // to host memory, the engine's ReduceScatter of it into this node's block
-// (the host path's one call per tensor, host.ReducescatterCalls, with its
+// (the host path's one call per tensor, sched.ReducescatterCalls, with its
 // counts), and each local rank's rows of the block copied to its result on
 // its GPU and postscaled there.
 func (x *Path) reducescatterHierarchical(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, res [][]devResult) error {
@@ -1649,7 +1644,7 @@ func (x *Path) reducescatterHierarchical(ctx context.Context, w *job.Work, devs 
 			if o == nil {
 				continue
 			}
-			_, rows := host.ScatterBlock(t, w.Size, rank)
+			_, rows := sched.ScatterBlock(t, w.Size, rank)
 			d := devOf(o).d
 			if err := scatterResult(&res[i][rank], o, t, int(rows), post, r.DType, func(p gpu.DevicePtr, n int) error {
 				return d.dev.CopyHtoD(d.stream, p, block[at[lr]:at[lr]+n])
@@ -1661,5 +1656,5 @@ func (x *Path) reducescatterHierarchical(ctx context.Context, w *job.Work, devs 
 		// already. The copies from block finish before it goes.
 		return syncAll(ctx, devs)
 	}
-	return host.ReducescatterCalls(ctx, b, w, full, out)
+	return sched.ReducescatterCalls(ctx, b, w, full, out)
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/internal/exec/sched"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -33,7 +34,7 @@ func (x *Path) Fusion(n int) []byte {
 func (x *Path) executeMulti(w job.Work) {
 	r := &w.Resp
 	ctx := context.Background()
-	b, err := x.EngineFor(w)
+	b, err := x.engines.For(&w)
 	if err != nil {
 		d := &ipcpb.Done{Code: ipcpb.Code_CODE_UNIMPLEMENTED, Error: err.Error()}
 		job.FinishRows(w.Ops, d)
@@ -91,35 +92,6 @@ func (x *Path) executeMulti(w job.Work) {
 	}
 }
 
-// EngineFor returns the engine that runs w: the job's, or for a process
-// set whose members live on some of the nodes only, the engine's group of
-// those nodes, made on its first use (in plan order on every member node,
-// as backends.Grouper asks) and kept while the job's engine is the same.
-func (x *Path) EngineFor(w job.Work) (backends.Backend, error) {
-	nodes := w.View.Nodes
-	if len(nodes) == w.Engine.Size() {
-		return w.Engine, nil
-	}
-	gr, ok := w.Engine.(backends.Grouper)
-	if !ok {
-		return nil, fmt.Errorf("process set %d lies on nodes %v of %d, and the %s engine cannot run a collective over some of its nodes only: use a set whose ranks span every node, or another --backend",
-			w.Resp.ProcessSet, nodes, w.Engine.Size(), w.Engine.Name())
-	}
-	if x.groupsOf != w.Engine {
-		x.groupsOf, x.groups = w.Engine, make(map[string]backends.Backend)
-	}
-	key := fmt.Sprint(nodes)
-	if g := x.groups[key]; g != nil {
-		return g, nil
-	}
-	g, err := gr.Group(nodes)
-	if err != nil {
-		return nil, fmt.Errorf("engine group of nodes %v (process set %d): %w", nodes, w.Resp.ProcessSet, err)
-	}
-	x.groups[key] = g
-	return g, nil
-}
-
 // localBufs returns the non-empty buffers of a row's ops (the local ranks
 // that submitted the tensor).
 func localBufs(row []*job.Op) [][]byte {
@@ -137,14 +109,15 @@ func (x *Path) allreduceMulti(ctx context.Context, b backends.Backend, w job.Wor
 	if r.ReduceOp == tensor.Adasum {
 		return x.adasumMulti(ctx, b, w)
 	}
-	op, pre, post := Scales(r, w.Size)
+	op, pre, post := sched.Scales(r, w.Size)
 	es := r.DType.Size()
-	if len(r.Tensors) == 1 && pre == 1 {
+	whole := sched.Whole(&w)
+	if whole {
 		if bufs := localBufs(w.Ops[0]); len(bufs) == 1 {
 			// One local rank holds the only buffer: the engine works on the
 			// client's shared memory directly, with no copy in or out.
 			x.ph.begin(crossNode(b, r))
-			if err := AllreduceCalls(ctx, b, bufs[0], r.DType, op, true, nil, nil); err != nil {
+			if err := sched.AllreduceCalls(ctx, b, bufs[0], r.DType, op, true, nil, nil); err != nil {
 				return err
 			}
 			x.ph.End()
@@ -161,8 +134,8 @@ func (x *Path) allreduceMulti(ctx context.Context, b backends.Backend, w job.Wor
 	// Reduce the local ranks' buffers into the fusion buffer, tensor after
 	// tensor; a node whose ranks all joined contributes the neutral element.
 	f := x.Fusion(total)
-	if chunk := PipeChunk(total); chunk < total {
-		return x.allreducePipelined(ctx, b, w, f, chunk, op, pre, post)
+	if sched.Chunks(total, whole) > 1 {
+		return x.allreducePipelined(ctx, b, w, f, sched.PipeChunk(total), op, pre, post)
 	}
 	x.ph.begin(Activity(r))
 	off := 0
@@ -180,7 +153,7 @@ func (x *Path) allreduceMulti(ctx context.Context, b backends.Backend, w job.Wor
 	}
 	x.ph.End()
 	x.ph.begin(crossNode(b, r))
-	if err := AllreduceCalls(ctx, b, f, r.DType, op, false, nil, nil); err != nil {
+	if err := sched.AllreduceCalls(ctx, b, f, r.DType, op, whole, nil, nil); err != nil {
 		return err
 	}
 	x.ph.End()
@@ -200,37 +173,10 @@ func (x *Path) allreduceMulti(ctx context.Context, b backends.Backend, w job.Wor
 	return nil
 }
 
-// Pipelining a large fused allreduce across nodes: the fusion buffer goes
-// through the engine in chunks, and while the engine moves chunk k, one
-// goroutine reduces the local ranks' chunk k+1 into the fusion buffer and
-// another writes chunk k-1's result back to them. Unpipelined, the link
-// idles while the node reduces the whole batch before the first byte leaves
-// and while it writes the whole result back after the last one arrives
-// (for 40 MB, 10-20 ms each way on the 2 cores of docs/BENCHMARKS.md's
-// headline, where the link needed 150-320 ms). Chunks are at least
-// pipeMinChunk and at most total/pipeChunks rounded up, so a batch makes at
-// most pipeChunks engine calls; buffers under 2*pipeMinChunk go whole.
-const (
-	pipeMinChunk = 4 << 20
-	pipeChunks   = 8
-)
-
-// PipeChunk returns the chunk size for a fused allreduce of total bytes:
-// total itself when it is not worth pipelining. Chunks are a multiple of
-// 256 bytes, so of every element size, and start cache-line aligned
-// relative to the fusion buffer.
-func PipeChunk(total int) int {
-	if total < 2*pipeMinChunk {
-		return total
-	}
-	c := max(pipeMinChunk, (total+pipeChunks-1)/pipeChunks)
-	return (c + 255) &^ 255
-}
-
 // allreducePipelined is allreduceMulti's fused path in chunks of chunk bytes
-// of the fusion buffer f (see PipeChunk): the local ranks' buffers are
-// reduced into f and the result written back to them chunk by chunk,
-// around the engine's calls (pipeline).
+// of the fusion buffer f (sched.PipeChunk, which says why): the local
+// ranks' buffers are reduced into f and the result written back to them
+// chunk by chunk, around the engine's calls (pipeline).
 func (x *Path) allreducePipelined(ctx context.Context, b backends.Backend, w job.Work, f []byte, chunk int, op tensor.ReduceOp, pre, post float64) error {
 	r := &w.Resp
 	fz := newFused(&w, f)
@@ -299,7 +245,7 @@ func (fz *fused) each(lo, hi int, fn func(seg []byte, bufs [][]byte) error) erro
 // the engine fails.
 func (x *Path) pipeline(ctx context.Context, b backends.Backend, r *plan.Response, f []byte, chunk int, op tensor.ReduceOp, reduceChunk, writeChunk func(lo, hi int) error) error {
 	total := len(f)
-	n := Chunks(total, false)
+	n := sched.Chunks(total, false)
 	bounds := func(k int) (int, int) { return k * chunk, min((k+1)*chunk, total) }
 	// The reducer runs at most two chunks ahead of the one in the engine
 	// (one waiting in the channel, one being reduced); the writer follows
@@ -355,7 +301,7 @@ func (x *Path) pipeline(ctx context.Context, b backends.Backend, r *plan.Respons
 		}
 		return nil
 	}
-	err := AllreduceCalls(ctx, b, f, r.DType, op, false, ready, func(k int) { written <- k })
+	err := sched.AllreduceCalls(ctx, b, f, r.DType, op, false, ready, func(k int) { written <- k })
 	if err == nil {
 		x.ph.End()
 		x.ph.begin("MEMCPY_OUT_FUSION_BUFFER")
@@ -519,7 +465,7 @@ func (x *Path) broadcastMulti(ctx context.Context, b backends.Backend, w job.Wor
 		}
 		return nil
 	}
-	return BroadcastCalls(ctx, b, &w, in, out)
+	return sched.BroadcastCalls(ctx, b, &w, in, out)
 }
 
 func (x *Path) allgatherMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
@@ -544,10 +490,10 @@ func (x *Path) allgatherMulti(ctx context.Context, b backends.Backend, w job.Wor
 		x.ph.End()
 		x.ph.begin(Activity(r))
 		t := &r.Tensors[i]
-		dones[i] = x.results(w.Ops[i], func(_ int, dst []byte) { copy(dst, all) }, func(int) int { return len(all) }, AllgatherShape(t), nil)
+		dones[i] = x.results(w.Ops[i], func(_ int, dst []byte) { copy(dst, all) }, func(int) int { return len(all) }, sched.AllgatherShape(t), nil)
 		return nil
 	}
-	if err := AllgatherCalls(ctx, b, &w, x.Fusion, in, out); err != nil {
+	if err := sched.AllgatherCalls(ctx, b, &w, x.Fusion, in, out); err != nil {
 		return nil, err
 	}
 	return dones, nil
@@ -580,7 +526,7 @@ func (x *Path) results(row []*job.Op, fill func(rank int, dst []byte), size func
 func (x *Path) alltoallMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
 	r := &w.Resp
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
-	in := func(i int, a *A2APlan, into []byte) error {
+	in := func(i int, a *sched.A2APlan, into []byte) error {
 		off := 0
 		a.Sends(func(s, d int) {
 			if o := w.Ops[i][s]; o != nil {
@@ -591,7 +537,7 @@ func (x *Path) alltoallMulti(ctx context.Context, b backends.Backend, w job.Work
 		x.ph.begin(crossNode(b, r))
 		return nil
 	}
-	out := func(i int, a *A2APlan, got []byte) error {
+	out := func(i int, a *sched.A2APlan, got []byte) error {
 		x.ph.End()
 		x.ph.begin(Activity(r))
 		row, shape := w.Ops[i], r.Tensors[i].Shape
@@ -600,145 +546,22 @@ func (x *Path) alltoallMulti(ctx context.Context, b backends.Backend, w job.Work
 			if o == nil {
 				continue
 			}
-			ds := x.results(row[d:d+1], func(_ int, dst []byte) { a.fill(d, dst, got) }, func(int) int { return a.Rows(d) * a.RowBytes },
+			ds := x.results(row[d:d+1], func(_ int, dst []byte) { a.Fill(d, dst, got) }, func(int) int { return a.Rows(d) * a.RowBytes },
 				a.Shape(d, shape), func(_ int, dn *ipcpb.Done) { dn.ReceivedSplits = a.Received(d) })
 			dones[i][d] = ds[0]
 		}
 		return nil
 	}
-	if err := AlltoallCalls(ctx, b, &w, x.Fusion, in, out); err != nil {
+	if err := sched.AlltoallCalls(ctx, b, &w, x.Fusion, in, out); err != nil {
 		return nil, err
 	}
 	return dones, nil
 }
 
-// A2APlan is how one alltoall tensor's pieces travel across nodes: each
-// node sends node m, for each rank d of m, the pieces of its own ranks s
-// for d, in that order (one Alltoallv), and its ranks' outputs gather
-// their pieces from what every node sent.
-type A2APlan struct {
-	mb         job.Membership
-	sp         [][]int32 // splits: sp[s][d] rows from s to d
-	RowBytes   int
-	myLo, myHi int   // this node's ranks
-	SendCounts []int // bytes to each node
-	RecvCounts []int // bytes from each node
-	BlockStart []int // where node m's bytes begin in the output
-	Total      int   // bytes received
-}
-
-// NewA2APlan plans the alltoall of w's tensor i across nodes.
-func NewA2APlan(w *job.Work, i int) *A2APlan {
-	t := &w.Resp.Tensors[i]
-	mb := w.View.Rows
-	a := &A2APlan{mb: mb, sp: t.Splits, RowBytes: int(t.Shape.RowElements()) * w.Resp.DType.Size()}
-	a.myLo, a.myHi = mb.NodeRanks(mb.Node)
-	nn := mb.Nodes()
-	a.SendCounts, a.RecvCounts, a.BlockStart = make([]int, nn), make([]int, nn), make([]int, nn)
-	for m := range nn {
-		lo, hi := mb.NodeRanks(m)
-		for d := lo; d < hi; d++ {
-			for s := a.myLo; s < a.myHi; s++ {
-				if w.Ops[i][s] != nil {
-					a.SendCounts[m] += a.Piece(s, d)
-				}
-			}
-		}
-		for d := a.myLo; d < a.myHi; d++ {
-			for s := lo; s < hi; s++ {
-				a.RecvCounts[m] += a.Piece(s, d)
-			}
-		}
-		if m > 0 {
-			a.BlockStart[m] = a.BlockStart[m-1] + a.RecvCounts[m-1]
-		}
-		a.Total += a.RecvCounts[m]
-	}
-	return a
-}
-
-// Piece is the bytes rank s sends rank d.
-func (a *A2APlan) Piece(s, d int) int { return int(a.sp[s][d]) * a.RowBytes }
-
-// Start is where the bytes rank s sends rank d begin in s's input.
-func (a *A2APlan) Start(s, d int) int {
-	o := 0
-	for k := range d {
-		o += a.Piece(s, k)
-	}
-	return o
-}
-
-// Sends calls f for the pieces this node sends, in the order they travel.
-func (a *A2APlan) Sends(f func(s, d int)) {
-	for m := range a.mb.Nodes() {
-		lo, hi := a.mb.NodeRanks(m)
-		for d := lo; d < hi; d++ {
-			for s := a.myLo; s < a.myHi; s++ {
-				f(s, d)
-			}
-		}
-	}
-}
-
-// Rows is how many rows rank d receives.
-func (a *A2APlan) Rows(d int) int {
-	n := 0
-	for s := range a.sp {
-		n += int(a.sp[s][d])
-	}
-	return n
-}
-
-// Received is how many rows rank d receives from each rank.
-func (a *A2APlan) Received(d int) []int32 {
-	out := make([]int32, len(a.sp))
-	for s := range a.sp {
-		out[s] = a.sp[s][d]
-	}
-	return out
-}
-
-// Shape is rank d's output shape for an input of shape in.
-func (a *A2APlan) Shape(d int, in tensor.Shape) tensor.Shape {
-	return append(tensor.Shape{int64(a.Rows(d))}, in[1:]...)
-}
-
-// Segments lists where local rank d's output lies in what the Alltoallv
-// received: one run per node (its ranks' pieces for d, in rank order), as
-// {offset, length}.
-func (a *A2APlan) Segments(d int) [][2]int {
-	segs := make([][2]int, 0, a.mb.Nodes())
-	for m := range a.mb.Nodes() {
-		lo, hi := a.mb.NodeRanks(m)
-		off := a.BlockStart[m]
-		for dd := a.myLo; dd < d; dd++ {
-			for s := lo; s < hi; s++ {
-				off += a.Piece(s, dd)
-			}
-		}
-		n := 0
-		for s := lo; s < hi; s++ {
-			n += a.Piece(s, d)
-		}
-		segs = append(segs, [2]int{off, n})
-	}
-	return segs
-}
-
-// fill writes local rank d's output (rows(d) rows) into dst from out, what
-// the Alltoallv received.
-func (a *A2APlan) fill(d int, dst, out []byte) {
-	at := 0
-	for _, sg := range a.Segments(d) {
-		at += copy(dst[at:], out[sg[0]:sg[0]+sg[1]])
-	}
-}
-
 func (x *Path) reducescatterMulti(ctx context.Context, b backends.Backend, w job.Work) ([][]*ipcpb.Done, error) {
 	r := &w.Resp
 	mb := w.View.Rows
-	op, pre, post := Scales(r, w.Size)
+	op, pre, post := sched.Scales(r, w.Size)
 	dones := make([][]*ipcpb.Done, len(r.Tensors))
 	full := func(i int) ([]byte, error) {
 		t := &r.Tensors[i]
@@ -766,7 +589,7 @@ func (x *Path) reducescatterMulti(ctx context.Context, b backends.Backend, w job
 		t := &r.Tensors[i]
 		rowBytes := int(t.Shape.RowElements()) * r.DType.Size()
 		rows := func(rank int) int {
-			_, k := ScatterBlock(t, w.Size, rank)
+			_, k := sched.ScatterBlock(t, w.Size, rank)
 			return int(k)
 		}
 		var ferr error
@@ -782,7 +605,7 @@ func (x *Path) reducescatterMulti(ctx context.Context, b backends.Backend, w job
 		})
 		return ferr
 	}
-	if err := ReducescatterCalls(ctx, b, &w, full, out); err != nil {
+	if err := sched.ReducescatterCalls(ctx, b, &w, full, out); err != nil {
 		return nil, err
 	}
 	return dones, nil

@@ -4,8 +4,9 @@
 // clients' buffers, in place for allreduce and broadcast and into
 // daemon-owned output regions for allgather, alltoall and reducescatter
 // (host.go). Across nodes each node's share goes through the job's engine
-// (backends.Backend) in the engine calls schedule.go makes for each
-// collective, the large fused allreduce pipelined in chunks; the device
-// path makes the same calls when its tensors cross nodes, so that nodes on
-// either path meet in them. trace.go writes the phases on the timeline.
+// (backends.Backend) in the engine calls package sched makes for each
+// collective (in its layouts), the large fused allreduce pipelined in
+// chunks; the device path makes the same calls when its tensors cross
+// nodes, so that nodes on either path meet in them. trace.go writes the
+// phases on the timeline.
 package host

@@ -7,7 +7,7 @@ import (
 	"runtime"
 	"sync"
 
-	"github.com/hvdd/hvdd/backends"
+	"github.com/hvdd/hvdd/daemon/internal/exec/sched"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/internal/poll"
 	"github.com/hvdd/hvdd/daemon/plan"
@@ -35,18 +35,17 @@ type Path struct {
 	traceEnds int
 	// ph: the phases of the response running across nodes.
 	ph phases
-	// groups are the engine groups of process sets that lie on some of
-	// the nodes (backends.Grouper), by their nodes, for groupsOf, the
-	// engine of the job that asked for them last.
-	groups   map[string]backends.Backend
-	groupsOf backends.Backend
+	// engines gives a response across nodes its engine (shared with the
+	// device path).
+	engines *sched.Engines
 }
 
 // New returns the host path; it posts a failed collective across
-// nodes (job.MsgExecErr) to the loop through p, and reduces with workers
-// goroutines.
-func New(log *slog.Logger, p *poll.Poller, workers int) *Path {
-	return &Path{log: log, P: p, ropts: reduce.Options{Workers: workers}}
+// nodes (job.MsgExecErr) to the loop through p, reduces with workers
+// goroutines and takes the engine of a response across nodes from
+// engines.
+func New(log *slog.Logger, p *poll.Poller, workers int, engines *sched.Engines) *Path {
+	return &Path{log: log, P: p, ropts: reduce.Options{Workers: workers}, engines: engines}
 }
 
 // Execute runs w on host memory (GPU tensors staged there already).
@@ -190,17 +189,6 @@ func (x *Path) finishAll(ops []*job.Op, d *ipcpb.Done) error {
 	return nil
 }
 
-// Scales turns Average into Sum with the divisor folded into the postscale, as
-// Horovod does (so integer averages truncate).
-func Scales(r *plan.Response, size int) (tensor.ReduceOp, float64, float64) {
-	op, post := r.ReduceOp, r.Postscale
-	if op == tensor.Average {
-		op = tensor.Sum
-		post /= float64(size)
-	}
-	return op, r.Prescale, post
-}
-
 // allreduceFused reduces every tensor of a fused response: for each, every
 // rank's buffer is read and the result written into all of them in one pass.
 // Joined ranks have no buffer and so contribute nothing (the neutral element);
@@ -229,7 +217,7 @@ func (x *Path) allreduceFused(r *plan.Response, ops [][]*job.Op, size int) error
 		segs = append(segs, seg{bufs, total})
 		total += len(bufs[0])
 	}
-	rop, pre, post := Scales(r, size)
+	rop, pre, post := sched.Scales(r, size)
 	workers := x.ropts.Workers
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
@@ -316,7 +304,7 @@ func (x *Path) broadcast(r *plan.Response, ops []*job.Op) error {
 // each rank's own.
 func (x *Path) allgather(r *plan.Response, t *plan.Tensor, ops []*job.Op) error {
 	rowBytes := t.Shape.RowElements() * int64(r.DType.Size())
-	shape := AllgatherShape(t)
+	shape := sched.AllgatherShape(t)
 	total := shape[0]
 	srcs := make([][]byte, len(ops))
 	for i, o := range ops {
@@ -374,72 +362,13 @@ func (x *Path) alltoall(r *plan.Response, t *plan.Tensor, ops []*job.Op) error {
 	})
 }
 
-// ScatterBlock is rank's block of a reducescatter of t over size ranks: its
-// first row and its number of rows. The first d0%size ranks get one row
-// more than the others, as in Horovod.
-func ScatterBlock(t *plan.Tensor, size, rank int) (start, rows int64) {
-	var d0 int64
-	if len(t.Shape) > 0 {
-		d0 = t.Shape[0]
-	}
-	n, r := int64(size), int64(rank)
-	rows = d0 / n
-	start = r*rows + min(r, d0%n)
-	if r < d0%n {
-		rows++
-	}
-	return start, rows
-}
-
-// AllgatherShape is the output shape of allgather tensor t: the ranks' first
-// dimensions added up.
-func AllgatherShape(t *plan.Tensor) tensor.Shape {
-	var rows int64
-	for _, s := range t.RankShapes {
-		if len(s) > 0 {
-			rows += s[0]
-		}
-	}
-	return append(tensor.Shape{rows}, t.Shape[1:]...)
-}
-
-// AllgatherRankBytes is what rank contributes to an allgather of t.
-func AllgatherRankBytes(t *plan.Tensor, dt tensor.DType, rank int) int {
-	if rank >= len(t.RankShapes) || len(t.RankShapes[rank]) == 0 {
-		return 0
-	}
-	return int(t.RankShapes[rank][0]*t.Shape.RowElements()) * dt.Size()
-}
-
-// AllgatherCounts is what each node of mb contributes to an allgather of t
-// (bytes), and the total.
-func AllgatherCounts(mb job.Membership, t *plan.Tensor, dt tensor.DType) (counts []int, total int) {
-	counts = NodeCounts(mb, func(rank int) int { return AllgatherRankBytes(t, dt, rank) })
-	for _, c := range counts {
-		total += c
-	}
-	return counts, total
-}
-
-// NodeCounts adds up bytes(rank) over each node's ranks of mb.
-func NodeCounts(mb job.Membership, bytes func(rank int) int) []int {
-	counts := make([]int, mb.Nodes())
-	for m := range counts {
-		lo, hi := mb.NodeRanks(m)
-		for rank := lo; rank < hi; rank++ {
-			counts[m] += bytes(rank)
-		}
-	}
-	return counts
-}
-
 // reducescatter reduces the ranks' buffers and hands rank r its block of
-// rows (scatterBlock).
+// rows (sched.ScatterBlock).
 func (x *Path) reducescatter(r *plan.Response, t *plan.Tensor, ops []*job.Op, size int) error {
 	rowBytes := t.Shape.RowElements() * int64(r.DType.Size())
-	rop, pre, post := Scales(r, size)
+	rop, pre, post := sched.Scales(r, size)
 	return x.eachRank(ops, func(rank int, o *job.Op) (*ipcpb.Done, error) {
-		start, rows := ScatterBlock(t, len(ops), rank)
+		start, rows := sched.ScatterBlock(t, len(ops), rank)
 		out, ref, err := o.Conn.AllocOutput(rows * rowBytes)
 		if err != nil {
 			return nil, err

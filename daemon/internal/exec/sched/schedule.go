@@ -1,8 +1,9 @@
-package host
+package sched
 
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/internal/job"
@@ -11,7 +12,7 @@ import (
 
 // The one schedule of engine calls. Across nodes every node must make the
 // same engine calls for a response, in the same order, whichever path its
-// own tensors take: host memory (this package), or GPUs through host memory
+// own tensors take: host memory (package host), or GPUs through host memory
 // (package device, the hierarchical paths). The functions below are those
 // calls, one function per collective, and both paths go through them: a
 // path supplies only what it does around each call, in (the bytes this node
@@ -19,11 +20,68 @@ import (
 // node of host tensors and a node of GPU tensors meet in the same calls by
 // construction.
 
+// Whole reports whether a fused allreduce across nodes goes to the engine
+// as one call on the whole buffer, whatever its size: when it has one
+// tensor, no prescale (Adasum aside), and every node of its set exactly one
+// rank that contributes (a member that did not join). Then the host path
+// hands the engine the lone local rank's buffer itself, with no copy in or
+// out and so nothing to pipeline; otherwise the buffer goes in PipeChunk's
+// chunks. Both paths, host and device, ask this one function, and it reads
+// only what every node knows alike (the response and its set's layout over
+// the nodes, never this node's buffers), so that every node makes the same
+// number of calls with the same sizes: a node of one rank and a node of two
+// must not split the same allreduce differently.
+func Whole(w *job.Work) bool {
+	r := &w.Resp
+	if r.Op != tensor.Allreduce || r.ReduceOp == tensor.Adasum || len(r.Tensors) != 1 || r.Prescale != 1 {
+		return false
+	}
+	mb := w.View.Rows
+	if mb.Nodes() == 0 {
+		return false
+	}
+	// Contributors per node: its members less those that joined.
+	left := make([]int, mb.Nodes())
+	for m := range left {
+		lo, hi := mb.NodeRanks(m)
+		left[m] = hi - lo
+	}
+	for _, g := range r.JoinedRanks {
+		row, ok := setRow(w, g)
+		if !ok {
+			return false
+		}
+		if m := mb.NodeOf(row); m >= 0 {
+			left[m]--
+		}
+	}
+	for _, n := range left {
+		if n != 1 {
+			return false
+		}
+	}
+	return true
+}
+
+// setRow is the row of global rank g in w's process set: g itself in the
+// global set, else its place among the set's members.
+func setRow(w *job.Work, g int) (int, bool) {
+	set := w.Resp.ProcessSet
+	if set == 0 {
+		return g, true
+	}
+	if w.Job == nil {
+		return 0, false
+	}
+	row := slices.Index(w.Job.Sets[set], g)
+	return row, row >= 0
+}
+
 // AllreduceCalls makes a fused allreduce's engine calls on f, this node's
 // share (the local ranks' reduction, or the neutral element): one call on
-// the whole of f when whole (the host path's lone local buffer, reduced in
-// place) or when f is not worth pipelining (PipeChunk), else one call per
-// chunk, in order. ready(k), when set, runs before chunk k's call (the
+// the whole of f when whole (Whole: the host path's lone local buffer,
+// reduced in place) or when f is not worth pipelining (PipeChunk), else one
+// call per chunk, in order. ready(k), when set, runs before chunk k's call (the
 // pipelined host path waits there for the chunk's local reduction) and
 // done(k) after it.
 func AllreduceCalls(ctx context.Context, b backends.Backend, f []byte, dt tensor.DType, op tensor.ReduceOp, whole bool, ready func(k int) error, done func(k int)) error {
@@ -47,7 +105,8 @@ func AllreduceCalls(ctx context.Context, b backends.Backend, f []byte, dt tensor
 	return nil
 }
 
-// Chunks is how many engine calls AllreduceCalls makes on total bytes.
+// Chunks is how many engine calls AllreduceCalls makes on total bytes
+// (whole as given to it).
 func Chunks(total int, whole bool) int {
 	chunk := PipeChunk(total)
 	if whole || chunk >= total {
