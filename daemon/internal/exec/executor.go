@@ -63,8 +63,8 @@ func (x *Executor) Run() {
 	}
 }
 
-// Execute runs one response's work: on NCCL across nodes, on the device
-// path, or on host memory; work with a tensor on a lost GPU fails instead.
+// Execute runs one response's work: on the device path (GPU tensors, or a
+// response the plan runs on NCCL across nodes), or on host memory; work with a tensor on a lost GPU fails instead.
 // The loop calls it itself for small work while the executor's goroutine
 // is idle.
 func (x *Executor) Execute(w job.Work) {
@@ -77,11 +77,8 @@ func (x *Executor) Execute(w job.Work) {
 		x.dev.FailLost(w, err)
 		return
 	}
-	if w.Resp.NCCL {
-		x.dev.ExecuteNCCL(w)
-		return
-	}
-	if job.DeviceWork(&w) {
+	if w.Resp.NCCL || job.DeviceWork(&w) {
+		// The device path decides the route (device/route.go).
 		x.dev.Execute(w)
 		return
 	}

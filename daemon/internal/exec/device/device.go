@@ -71,70 +71,89 @@ func New(log *slog.Logger, gpus *GPUs, host *host.Path, engines *sched.Engines, 
 	return &Path{log: log, gpu: gpus, host: host, engines: engines, p: p}
 }
 
-// Execute runs a response with GPU tensors in it.
+// Execute runs a response with GPU tensors in it, or one the plan runs on
+// NCCL across nodes, on its route: decided once (decide), logged once per
+// route (gpuPath), its phase on the timeline named after it (traceGPU).
 func (x *Path) Execute(w job.Work) {
-	g := x.gpu
-	r := &w.Resp
-	if g != nil && !g.hostOnly && nativeOK(&w) {
-		devs := usedDevs(&w)
-		multiGPU := len(devs) > 1
-		withNCCL := !multiGPU || g.nccl != nil // NCCL where several GPUs need it
-		switch {
-		case r.Op == tensor.Allreduce && r.ReduceOp != tensor.Adasum && withNCCL && (!multiGPU || plan.NCCLReduces(r.DType)):
-			if w.Engine != nil {
-				x.gpuPath("hierarchical allreduce")
-			} else {
-				x.gpuPath("device allreduce")
-			}
-			x.runNative(w, devs, x.allreduceNative)
-			return
-		case r.Op == tensor.Broadcast && crossNodes(&w):
-			// Through the engine and host memory, each GPU fed from there:
-			// no NCCL needed.
-			x.gpuPath("hierarchical broadcast")
-			x.runNative(w, devs, x.broadcastNative)
-			return
-		case r.Op == tensor.Broadcast && withNCCL:
-			x.gpuPath("device broadcast")
-			x.runNative(w, devs, x.broadcastNative)
-			return
-		case (r.Op == tensor.Allgather || r.Op == tensor.Alltoall || r.Op == tensor.Reducescatter) && w.Engine == nil && !multiGPU && noJoined(&w):
-			x.gpuPath("device " + strings.ToLower(r.Op.String()))
-			x.runResults(w, devs)
-			return
-		case r.Op == tensor.Allgather && crossNodes(&w) && len(r.JoinedRanks) == 0:
-			x.gpuPath("hierarchical allgather")
-			x.runResults(w, devs)
-			return
-		case r.Op == tensor.Alltoall && crossNodes(&w) && len(r.JoinedRanks) == 0:
-			x.gpuPath("hierarchical alltoall")
-			x.runResults(w, devs)
-			return
-		case r.Op == tensor.Reducescatter && crossNodes(&w) && len(r.JoinedRanks) == 0 && withNCCL && (!multiGPU || plan.NCCLReduces(r.DType)):
-			x.gpuPath("hierarchical reducescatter")
-			x.runResults(w, devs)
-			return
-		case r.Op == tensor.Allgather && w.Engine == nil && multiGPU && g.nccl != nil && noJoined(&w):
-			x.gpuPath("device allgather over GPUs")
-			x.runResults(w, devs)
-			return
-		case r.Op == tensor.Alltoall && w.Engine == nil && multiGPU && g.nccl != nil && noJoined(&w):
-			x.gpuPath("device alltoall over GPUs")
-			x.runResults(w, devs)
-			return
-		case r.Op == tensor.Reducescatter && w.Engine == nil && multiGPU && g.nccl != nil && noJoined(&w) && plan.NCCLReduces(r.DType):
-			x.gpuPath("device reducescatter over GPUs")
-			x.runResults(w, devs)
+	t, devs := x.topologyOf(&w)
+	rt := decide(&w.Resp, t)
+	if rt.way == ncclAcross {
+		if err := x.ncclAcrossOK(&w); err != nil {
+			x.deviceFailed(w, fmt.Errorf("the plan runs %v on NCCL across nodes, but %w", w.Resp.Op, err))
 			return
 		}
+		devs = usedDevs(&w)
 	}
-	x.gpuPath("staged " + strings.ToLower(r.Op.String()))
-	if err := x.stageIn(&w); err != nil {
-		x.deviceFailed(w, err)
-		return
+	x.gpuPath(rt.label())
+	switch rt {
+	case route{oneGPU, tensor.Allreduce}:
+		x.runNative(w, devs, rt, x.allreduceOneGPU)
+	case route{inPlace, tensor.Allreduce}:
+		x.runNative(w, devs, rt, x.allreduceInPlace)
+	case route{overGPUs, tensor.Allreduce}:
+		x.runNative(w, devs, rt, x.allreduceFused(nil))
+	case route{hierarchical, tensor.Allreduce}:
+		x.runNative(w, devs, rt, x.allreduceFused(x.allreduceHierarchical))
+	case route{ncclAcross, tensor.Allreduce}:
+		x.runNative(w, devs, rt, x.allreduceFused(x.allreduceNCCL))
+
+	case route{oneGPU, tensor.Broadcast}, route{overGPUs, tensor.Broadcast}:
+		x.runNative(w, devs, rt, x.broadcastOnNode)
+	case route{hierarchical, tensor.Broadcast}:
+		x.runNative(w, devs, rt, x.broadcastHierarchical)
+	case route{ncclAcross, tensor.Broadcast}:
+		x.runNative(w, devs, rt, x.broadcastNCCL)
+
+	case route{oneGPU, tensor.Allgather}, route{overGPUs, tensor.Allgather}:
+		x.runResults(w, devs, rt, x.onNode(x.allgatherOverGPUs))
+	case route{hierarchical, tensor.Allgather}:
+		x.runResults(w, devs, rt, x.viaEngine(x.allgatherHierarchical))
+	case route{ncclAcross, tensor.Allgather}:
+		x.runResults(w, devs, rt, x.viaNCCL(x.allgatherOverGPUs))
+
+	case route{oneGPU, tensor.Alltoall}, route{overGPUs, tensor.Alltoall}:
+		x.runResults(w, devs, rt, x.alltoallOverGPUs)
+	case route{hierarchical, tensor.Alltoall}:
+		x.runResults(w, devs, rt, x.viaEngine(x.alltoallHierarchical))
+	case route{ncclAcross, tensor.Alltoall}:
+		x.runResults(w, devs, rt, x.viaNCCL(x.alltoallNCCLAcross))
+
+	case route{oneGPU, tensor.Reducescatter}:
+		x.runResults(w, devs, rt, reducescatterOneGPU)
+	case route{overGPUs, tensor.Reducescatter}:
+		x.runResults(w, devs, rt, x.onNode(x.reducescatterOverGPUs))
+	case route{hierarchical, tensor.Reducescatter}:
+		x.runResults(w, devs, rt, x.viaEngine(x.reducescatterHierarchical))
+	case route{ncclAcross, tensor.Reducescatter}:
+		x.runResults(w, devs, rt, x.viaNCCL(x.reducescatterOverGPUs))
+
+	default: // staged (decide gives no other route)
+		if err := x.stageIn(&w); err != nil {
+			x.deviceFailed(w, err)
+			return
+		}
+		x.host.Execute(w)
 	}
-	x.host.Execute(w)
 }
+
+// topologyOf is what decide needs of this node and of w's ops, and the
+// GPUs they are on (when native).
+func (x *Path) topologyOf(w *job.Work) (topology, []*gpuDev) {
+	t := topology{crossNodes: crossNodes(w)}
+	g := x.gpu
+	if g == nil || g.hostOnly || !nativeOK(w) {
+		return t, nil
+	}
+	devs := usedDevs(w)
+	t.native, t.gpus, t.nccl = true, len(devs), g.nccl != nil
+	t.noJoined = noJoined(w)
+	t.oneRankPerGPU = len(localBufsN(w.Ops[0])) == len(devs)
+	return t, devs
+}
+
+// nativeFn runs a native route that works in the ops' own tensors (an
+// allreduce or a broadcast): it enqueues the work on devs' streams.
+type nativeFn func(ctx context.Context, w *job.Work, devs []*gpuDev) error
 
 // gpuPath logs the first use of each way of running GPU tensors (tests
 // check that the path they mean to exercise ran).
@@ -175,12 +194,16 @@ func usedDevs(w *job.Work) []*gpuDev {
 	return out
 }
 
-// runNative runs a native path that works in the ops' own tensors (an
-// allreduce or a broadcast), waits for the GPUs and answers the ops.
-func (x *Path) runNative(w job.Work, devs []*gpuDev, f func(ctx context.Context, w job.Work, devs []*gpuDev) error) {
-	defer traceGPU(&w)()
+// runNative runs a native route that works in the ops' own tensors (an
+// allreduce or a broadcast): after the clients' events, f; then it waits
+// for the GPUs and answers the ops.
+func (x *Path) runNative(w job.Work, devs []*gpuDev, rt route, f nativeFn) {
+	defer traceGPU(&w, rt)()
 	ctx := context.Background()
-	err := f(ctx, w, devs)
+	err := waitEvents(&w)
+	if err == nil {
+		err = f(ctx, &w, devs)
+	}
 	if werr := x.gpu.waitStreams(ctx, devs); err == nil {
 		err = werr
 	}
@@ -191,15 +214,15 @@ func (x *Path) runNative(w job.Work, devs []*gpuDev, f func(ctx context.Context,
 	x.host.FinishBatched(w.Ops)
 }
 
-// traceGPU begins w's GPU phase on the timeline, if it is traced, and
-// returns what ends it and the response's top-level phase (on one node,
-// its Begin came from tracer.responded too), to run once every rank is
-// answered.
-func traceGPU(w *job.Work) (end func()) {
+// traceGPU begins w's GPU phase on the timeline, named after its route
+// (route.phase), if it is traced, and returns what ends it and the
+// response's top-level phase (on one node, its Begin came from
+// tracer.responded too), to run once every rank is answered.
+func traceGPU(w *job.Work, rt route) (end func()) {
 	if w.Trace == nil {
 		return func() {}
 	}
-	host.TraceAll(w.Trace, &w.Resp, timeline.Begin, "GPU_"+host.Activity(&w.Resp))
+	host.TraceAll(w.Trace, &w.Resp, timeline.Begin, rt.phase())
 	return func() {
 		host.TraceAll(w.Trace, &w.Resp, timeline.End, "")
 		host.TraceAll(w.Trace, &w.Resp, timeline.End, "")
@@ -377,59 +400,41 @@ func deviceOutput(cg *ConnGPU, d *gpuDev, out []byte) (*ipcpb.DeviceBuffer, erro
 	return db, nil
 }
 
-// allreduceNative is the native allreduce, on one node or across nodes.
-// The ranks of one node on one GPU meet in one combine kernel straight
-// from their tensors into their tensors (allreduceOneGPU); one rank on
-// each of several GPUs, in NCCL in place (allreduceInPlace). Otherwise every
-// GPU's fusion buffer gets the node's result (reduceLocal: a combine
-// kernel on each GPU, NCCL over the node's GPUs); across nodes the nodes'
-// results are added up on NCCL across nodes where the plan says
-// (allreduceNCCLAcross), else through the job's engine and host memory
-// (allreduceHierarchical); then every GPU's fusion buffer goes out to its
-// ranks' tensors, postscaled, by one more combine kernel (a fan-out).
-func (x *Path) allreduceNative(ctx context.Context, w job.Work, devs []*gpuDev) error {
-	r := &w.Resp
-	es := r.DType.Size()
-	op, pre, post := sched.Scales(r, w.Size)
-	if err := waitEvents(&w); err != nil {
-		return err
-	}
-	if len(devs) == 1 && !r.NCCL && !crossNodes(&w) {
-		return allreduceOneGPU(&w, devs[0], op, pre, post)
-	}
-	if !r.NCCL && !crossNodes(&w) && pre == 1 && oneRankPerGPU(&w, devs) {
-		return x.allreduceInPlace(&w, devs, op, post)
-	}
-	offs := sched.FusedOffsets(r)
-	total := offs[len(r.Tensors)]
-	for _, d := range devs {
-		if err := d.ensure(total); err != nil {
-			return err
-		}
-	}
-	if err := x.reduceLocal(&w, devs, offs, op, pre); err != nil {
-		return err
-	}
-	switch {
-	case r.NCCL:
-		across, err := x.gpu.acrossEngine(ctx, &w)
-		if err != nil {
-			return err
-		}
-		if err := x.allreduceNCCLAcross(devs, across, total/es, r.DType, op); err != nil {
-			return err
-		}
-	case crossNodes(&w):
-		if err := x.allreduceHierarchical(ctx, &w, devs, total, op); err != nil {
-			return err
-		}
-	}
-	return fanOutFused(&w, devs, offs, op, post)
-}
+// The native allreduce. The ranks of one node on one GPU meet in one
+// combine kernel straight from their tensors into their tensors
+// (allreduceOneGPU); one rank on each of several GPUs, in NCCL in place
+// (allreduceInPlace). Otherwise (allreduceFused) every GPU's fusion buffer
+// gets the node's result (reduceLocal: a combine kernel on each GPU, NCCL
+// over the node's GPUs); across nodes the nodes' results are added up on
+// NCCL across nodes where the plan says (allreduceNCCL), else through the
+// job's engine and host memory (allreduceHierarchical); then every GPU's
+// fusion buffer goes out to its ranks' tensors, postscaled, by one more
+// combine kernel (a fan-out).
 
-// oneRankPerGPU reports whether each GPU of devs holds one of w's ranks.
-func oneRankPerGPU(w *job.Work, devs []*gpuDev) bool {
-	return len(localBufsN(w.Ops[0])) == len(devs)
+// allreduceFused returns the allreduce through the GPUs' fusion buffers,
+// with between adding up the nodes' results (total bytes in every GPU's
+// fusion buffer) across nodes; nil on one node.
+func (x *Path) allreduceFused(between func(ctx context.Context, w *job.Work, devs []*gpuDev, total int, op tensor.ReduceOp) error) nativeFn {
+	return func(ctx context.Context, w *job.Work, devs []*gpuDev) error {
+		r := &w.Resp
+		op, pre, post := sched.Scales(r, w.Size)
+		offs := sched.FusedOffsets(r)
+		total := offs[len(r.Tensors)]
+		for _, d := range devs {
+			if err := d.ensure(total); err != nil {
+				return err
+			}
+		}
+		if err := x.reduceLocal(w, devs, offs, op, pre); err != nil {
+			return err
+		}
+		if between != nil {
+			if err := between(ctx, w, devs, total, op); err != nil {
+				return err
+			}
+		}
+		return fanOutFused(w, devs, offs, op, post)
+	}
 }
 
 // allreduceInPlace is the allreduce of a node's ranks, one on each GPU of
@@ -437,9 +442,9 @@ func oneRankPerGPU(w *job.Work, devs []*gpuDev) bool {
 // engines (one group call, an allreduce per tensor and GPU), then the
 // postscale in place (a combine kernel per GPU): no fusion buffer and no
 // copies.
-func (x *Path) allreduceInPlace(w *job.Work, devs []*gpuDev, op tensor.ReduceOp, post float64) error {
+func (x *Path) allreduceInPlace(_ context.Context, w *job.Work, devs []*gpuDev) error {
 	r := &w.Resp
-	x.gpuPath("device allreduce in place over GPUs")
+	op, _, post := sched.Scales(r, w.Size)
 	local, err := x.gpu.localEngines(devs)
 	if err != nil {
 		return err
@@ -475,11 +480,13 @@ func (x *Path) allreduceInPlace(w *job.Work, devs []*gpuDev, op tensor.ReduceOp,
 	return nil
 }
 
-// allreduceOneGPU is the allreduce of a node's ranks on one GPU, d: one
-// combine kernel, a segment per tensor, that reads every rank's tensor
+// allreduceOneGPU is the allreduce of a node's ranks on one GPU, devs[0]:
+// one combine kernel, a segment per tensor, that reads every rank's tensor
 // and writes the result into every rank's tensor.
-func allreduceOneGPU(w *job.Work, d *gpuDev, op tensor.ReduceOp, pre, post float64) error {
+func (x *Path) allreduceOneGPU(_ context.Context, w *job.Work, devs []*gpuDev) error {
 	r := &w.Resp
+	d := devs[0]
+	op, pre, post := sched.Scales(r, w.Size)
 	segs := make([]kernels.Segment, len(w.Ops))
 	nin := 0
 	for i, row := range w.Ops {
@@ -609,33 +616,43 @@ func localBufsN(row []*job.Op) []*job.Op {
 // process set's), which the engine joins.
 func crossNodes(w *job.Work) bool { return w.Engine != nil && len(w.View.Nodes) > 1 }
 
-// broadcastNative is the native broadcast. On one node the root's GPU
-// feeds the node's other GPUs over NCCL (broadcastOverGPUs); across nodes
-// the nodes join on NCCL where the plan says (broadcastNCCLAcross), else
-// through the job's engine and host memory (broadcastHierarchical). Then
-// each GPU's copy fans out to its other local ranks' tensors.
-func (x *Path) broadcastNative(ctx context.Context, w job.Work, devs []*gpuDev) error {
-	r := &w.Resp
-	if err := waitEvents(&w); err != nil {
-		return err
-	}
-	if crossNodes(&w) && !r.NCCL {
-		return x.broadcastHierarchical(ctx, &w)
-	}
-	for i := range r.Tensors {
-		src, err := sourcesOf(&w, i)
+// The native broadcast. On one node the root's GPU feeds the node's
+// other GPUs over NCCL (broadcastOnNode); across nodes the nodes join on
+// NCCL where the plan says (broadcastNCCL), else through the job's engine
+// and host memory (broadcastHierarchical). Then each GPU's copy fans out
+// to its other local ranks' tensors.
+
+// broadcastOnNode is the broadcast on one node: tensor by tensor, the
+// root's copied to the node's other GPUs over NCCL, then fanned out.
+func (x *Path) broadcastOnNode(_ context.Context, w *job.Work, devs []*gpuDev) error {
+	return eachBroadcast(w, func(src broadcastSources) error {
+		switch {
+		case src.root == nil:
+			return fmt.Errorf("broadcast root %d has no buffer", w.Resp.Root)
+		case len(devs) > 1:
+			return x.broadcastOverGPUs(devs, src.on(devs), src.n, slices.Index(devs, src.root.d))
+		}
+		return nil
+	})
+}
+
+// broadcastNCCL is the broadcast on NCCL across nodes, tensor by tensor
+// (broadcastNCCLAcross), each then fanned out.
+func (x *Path) broadcastNCCL(ctx context.Context, w *job.Work, devs []*gpuDev) error {
+	return eachBroadcast(w, func(src broadcastSources) error {
+		return x.broadcastNCCLAcross(ctx, w, devs, src)
+	})
+}
+
+// eachBroadcast runs move for each tensor of w, given its sources, then
+// fans each GPU's copy out to its other local ranks' tensors.
+func eachBroadcast(w *job.Work, move func(src broadcastSources) error) error {
+	for i := range w.Resp.Tensors {
+		src, err := sourcesOf(w, i)
 		if err != nil {
 			return err
 		}
-		switch {
-		case r.NCCL:
-			err = x.broadcastNCCLAcross(ctx, &w, devs, src)
-		case src.root == nil:
-			err = fmt.Errorf("broadcast root %d has no buffer", r.Root)
-		case len(devs) > 1:
-			err = x.broadcastOverGPUs(devs, src.on(devs), src.n, slices.Index(devs, src.root.d))
-		}
-		if err != nil {
+		if err := move(src); err != nil {
 			return err
 		}
 		if err := fanOut(w.Ops[i], src); err != nil {
@@ -651,7 +668,7 @@ func (x *Path) broadcastNative(ctx context.Context, w job.Work, devs []*gpuDev) 
 // one per tensor: sched.BroadcastCalls, so that nodes on either path
 // agree), every GPU without the root's tensor copies it from there
 // (broadcastOut), and each GPU's copy fans out to its other local ranks'.
-func (x *Path) broadcastHierarchical(ctx context.Context, w *job.Work) error {
+func (x *Path) broadcastHierarchical(ctx context.Context, w *job.Work, _ []*gpuDev) error {
 	b, err := x.engines.For(w)
 	if err != nil {
 		return err
@@ -817,12 +834,12 @@ func (x *Path) broadcastOut(ctx context.Context, src broadcastSources, buf []byt
 // coordinator's decision, once, in the plan (plan.NCCLAcross, Resp.NCCL):
 // every node forwarded its ranks' requests saying whether it can (it runs
 // with NCCL, not host-only, and its ranks' tensors are non-empty, on its
-// GPUs, the first among them), so every node runs what the plan says. An
-// allreduce runs allreduceNative: each node's ranks reduced on its GPUs,
-// then allreduceNCCLAcross (one NCCL allreduce of the fusion buffer of
+// GPUs, the first among them), so every node runs what the plan says (the
+// route ncclAcross). An allreduce runs allreduceFused: each node's ranks
+// reduced on its GPUs, then allreduceNCCL (one NCCL allreduce of the fusion buffer of
 // devs[0] over the engine across nodes, one rank per node, and an NCCL
 // broadcast from there to the node's other GPUs), postscale, write-back; a
-// broadcast runs broadcastNCCLAcross, a reducescatter
+// broadcast runs broadcastNCCL, a reducescatter
 // reducescatterOverGPUs (the nodes' results allreduced as above, each
 // rank's block copied out), an allgather allgatherOverGPUs, an alltoall
 // alltoallNCCLAcross, each with the engine across nodes.
@@ -845,23 +862,6 @@ func (g *GPUs) NCCLUniqueID() ([]byte, error) {
 	return nccl.NewUniqueID(g.nccl)
 }
 
-// ExecuteNCCL runs w on NCCL across nodes, as the plan says.
-func (x *Path) ExecuteNCCL(w job.Work) {
-	if err := x.ncclAcrossOK(&w); err != nil {
-		x.deviceFailed(w, fmt.Errorf("the plan runs %v on NCCL across nodes, but %w", w.Resp.Op, err))
-		return
-	}
-	x.gpuPath("nccl " + strings.ToLower(w.Resp.Op.String()))
-	switch w.Resp.Op {
-	case tensor.Reducescatter, tensor.Allgather, tensor.Alltoall:
-		x.runResults(w, usedDevs(&w))
-	case tensor.Broadcast:
-		x.runNative(w, usedDevs(&w), x.broadcastNative)
-	default:
-		x.runNative(w, usedDevs(&w), x.allreduceNative)
-	}
-}
-
 // ncclAcrossOK reports whether this node can run w as the plan says, on
 // NCCL across nodes: what it told the coordinator when it forwarded the
 // requests.
@@ -878,6 +878,16 @@ func (x *Path) ncclAcrossOK(w *job.Work) error {
 		return fmt.Errorf("no NCCL unique id from the coordinator (%d bytes)", len(w.NCCLID))
 	}
 	return nil
+}
+
+// allreduceNCCL adds up the nodes' results (total bytes in every GPU's
+// fusion buffer) on the engine across nodes (allreduceNCCLAcross).
+func (x *Path) allreduceNCCL(ctx context.Context, w *job.Work, devs []*gpuDev, total int, op tensor.ReduceOp) error {
+	across, err := x.gpu.acrossEngine(ctx, w)
+	if err != nil {
+		return err
+	}
+	return x.allreduceNCCLAcross(devs, across, total/w.Resp.DType.Size(), w.Resp.DType, op)
 }
 
 // allreduceNCCLAcross adds up the nodes' results on NCCL across nodes:
@@ -902,28 +912,66 @@ func (x *Path) allreduceNCCLAcross(devs []*gpuDev, across *nccl.Engine, count in
 
 // Results. An allgather, alltoall or reducescatter leaves each rank a
 // result of a new size, which the daemon allocates on the rank's GPU and
-// exports to the client (Done.device_output, freed on its Release).
-// buildResults enqueues them on the path the topology gives:
+// exports to the client (Done.device_output, freed on its Release). Its
+// route's builder (a resultsFn) enqueues them:
 //
-//   - OneGPU: on one GPU, by device copies and the daemon's kernels;
-//   - OverGPUs: on the node's GPUs, by device copies on each and, over
+//   - oneGPU: on one GPU, by device copies and the daemon's kernels;
+//   - overGPUs: on the node's GPUs, by device copies on each and, over
 //     several, NCCL between them (the node-local engines);
-//   - Hierarchical: across nodes through the job's engine (the host path's
-//     calls, sched.*Calls) and host memory;
-//   - NCCLAcross: across nodes on NCCL (the engine across nodes), where
-//     the plan says (Resp.NCCL).
+//   - hierarchical: across nodes through the job's engine (the calls of
+//     the one schedule, sched.*Calls) and host memory (viaEngine);
+//   - ncclAcross: across nodes on NCCL (the engine across nodes), where
+//     the plan says (Resp.NCCL; viaNCCL).
 //
 // The allgather and the reducescatter on NCCL across nodes are their
-// OverGPUs builders given the engine across nodes.
+// overGPUs builders given the engine across nodes.
+
+// resultsFn enqueues the results of w's ops, on devs, into res
+// (res[i][rank] for tensor i; on an error it holds the results allocated
+// so far).
+type resultsFn func(ctx context.Context, w *job.Work, devs []*gpuDev, res [][]devResult) error
+
+// onNode is a builder that takes the engine across nodes, on one node.
+func (x *Path) onNode(f func(w *job.Work, devs []*gpuDev, res [][]devResult, across *nccl.Engine) error) resultsFn {
+	return func(_ context.Context, w *job.Work, devs []*gpuDev, res [][]devResult) error {
+		return f(w, devs, res, nil)
+	}
+}
+
+// viaEngine is a builder across nodes through the job's engine (the
+// response's: sched.Engines).
+func (x *Path) viaEngine(f func(ctx context.Context, w *job.Work, devs []*gpuDev, b backends.Backend, res [][]devResult) error) resultsFn {
+	return func(ctx context.Context, w *job.Work, devs []*gpuDev, res [][]devResult) error {
+		b, err := x.engines.For(w)
+		if err != nil {
+			return err
+		}
+		return f(ctx, w, devs, b, res)
+	}
+}
+
+// viaNCCL is a builder across nodes on the engine across nodes.
+func (x *Path) viaNCCL(f func(w *job.Work, devs []*gpuDev, res [][]devResult, across *nccl.Engine) error) resultsFn {
+	return func(ctx context.Context, w *job.Work, devs []*gpuDev, res [][]devResult) error {
+		across, err := x.gpu.acrossEngine(ctx, w)
+		if err != nil {
+			return err
+		}
+		return f(w, devs, res, across)
+	}
+}
 
 // runResults runs an allgather, alltoall or reducescatter whose ops of
-// this node are all on devs, waits for the GPUs and answers each op with
-// its result.
-func (x *Path) runResults(w job.Work, devs []*gpuDev) {
-	defer traceGPU(&w)()
+// this node are all on devs: after the clients' events, build; then it
+// waits for the GPUs and answers each op with its result.
+func (x *Path) runResults(w job.Work, devs []*gpuDev, rt route, build resultsFn) {
+	defer traceGPU(&w, rt)()
 	ctx := context.Background()
 	res := make([][]devResult, len(w.Ops))
-	err := x.buildResults(&w, devs, res)
+	err := waitEvents(&w)
+	if err == nil {
+		err = build(ctx, &w, devs, res)
+	}
 	if werr := x.gpu.waitStreams(ctx, devs); err == nil {
 		err = werr
 	}
@@ -959,58 +1007,6 @@ type devResult struct {
 	p    gpu.DevicePtr
 	n    int
 	lent bool // the client holds it (ConnGPU.lend) until it sends Release
-}
-
-// buildResults enqueues every op's result on its GPU's stream, into res
-// (res[i][rank] for tensor i; on an error it holds the results allocated
-// so far).
-func (x *Path) buildResults(w *job.Work, devs []*gpuDev, res [][]devResult) error {
-	if err := waitEvents(w); err != nil {
-		return err
-	}
-	op := w.Resp.Op
-	switch {
-	case w.Resp.NCCL:
-		across, err := x.gpu.acrossEngine(context.Background(), w)
-		if err != nil {
-			return err
-		}
-		switch op {
-		case tensor.Allgather:
-			return x.allgatherOverGPUs(w, devs, res, across)
-		case tensor.Alltoall:
-			return x.alltoallNCCLAcross(w, devs, res, across)
-		}
-		return x.reducescatterOverGPUs(w, devs, res, across)
-	case crossNodes(w):
-		return x.resultsHierarchical(w, devs, res)
-	}
-	switch {
-	case op == tensor.Allgather:
-		return x.allgatherOverGPUs(w, devs, res, nil)
-	case op == tensor.Alltoall:
-		return x.alltoallOverGPUs(w, devs, res)
-	case len(devs) > 1:
-		return x.reducescatterOverGPUs(w, devs, res, nil)
-	}
-	return reducescatterOneGPU(w, devs[0], res)
-}
-
-// resultsHierarchical builds an allgather's, alltoall's or reducescatter's
-// results across nodes through the job's engine.
-func (x *Path) resultsHierarchical(w *job.Work, devs []*gpuDev, res [][]devResult) error {
-	b, err := x.engines.For(w)
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	switch w.Resp.Op {
-	case tensor.Reducescatter:
-		return x.reducescatterHierarchical(ctx, w, devs, b, res)
-	case tensor.Alltoall:
-		return x.alltoallHierarchical(ctx, w, devs, b, res)
-	}
-	return x.allgatherHierarchical(ctx, w, devs, b, res)
 }
 
 // newResult makes *res the result of n bytes of o (on its GPU),
@@ -1314,7 +1310,7 @@ func moveAll(devs []*gpuDev, local []*nccl.Engine, ms []gpuMove) error {
 // rank's result on its GPU receives every rank's piece for it, in rank
 // order (moveAll: D2D copies from the ranks on the same GPU, NCCL sends
 // and receives from the others, one group call per tensor).
-func (x *Path) alltoallOverGPUs(w *job.Work, devs []*gpuDev, res [][]devResult) error {
+func (x *Path) alltoallOverGPUs(_ context.Context, w *job.Work, devs []*gpuDev, res [][]devResult) error {
 	local, err := x.gpu.enginesBetween(devs)
 	if err != nil {
 		return err
@@ -1521,8 +1517,9 @@ func alltoallExchange(a *sched.A2APlan, me int, d0 *gpuDev, sendBuf gpu.DevicePt
 // combine kernel with a segment per tensor and rank, which reads that
 // rank's block of every rank's tensor and writes the rank's result, scaled
 // as the CPU path scales.
-func reducescatterOneGPU(w *job.Work, d *gpuDev, res [][]devResult) error {
+func reducescatterOneGPU(_ context.Context, w *job.Work, devs []*gpuDev, res [][]devResult) error {
 	r := &w.Resp
+	d := devs[0]
 	op, pre, post := sched.Scales(r, w.Size)
 	es := r.DType.Size()
 	var segs []kernels.Segment
