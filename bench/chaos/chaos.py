@@ -220,6 +220,46 @@ def count_fds(pid: int) -> int:
         return -1
 
 
+def fd_kinds(pid: int) -> Dict[str, int]:
+    """What a process's open fds are, by kind: socket, pipe, memfd:NAME
+    (digits dropped, so one pool's regions count together), anon_inode:...,
+    or the file's path, so that a leak says what leaked."""
+    out: Dict[str, int] = collections.Counter()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return dict(out)
+    for n in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{n}")
+        except OSError:
+            continue
+        kind = target.split(":[", 1)[0] if target.startswith(("socket:", "pipe:")) else target
+        if kind.startswith("/memfd:"):
+            kind = "memfd:" + "".join(c for c in kind[len("/memfd:") :] if not c.isdigit()).replace(" (deleted)", "")
+        out[kind] += 1
+    return dict(out)
+
+
+def count_goroutines(pid: int) -> int:
+    """The daemon's goroutines, from its status (``hvdd status --json`` on
+    the --socket of its command line: a Unix socket, reached from any
+    namespace); -1 when it does not answer (stopped, gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        sock = argv[argv.index(b"--socket") + 1].decode()
+        out = subprocess.run(
+            [os.path.join(ROOT, "bin/hvdd"), "status", "--json", "--socket", sock],
+            capture_output=True,
+            text=True,
+            timeout=3,
+        )
+        return int(json.loads(out.stdout).get("goroutines", -1)) if out.returncode == 0 else -1
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return -1
+
+
 def count_threads(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -265,7 +305,9 @@ class Job:
         self.added: Dict[int, float] = {}  # host -> when discovery listed it again
         self.exit0: Optional[float] = None
         self.records: List[dict] = []  # one per fault, filled in by inject/measure
-        self.fd_samples: Dict[int, List[tuple]] = collections.defaultdict(list)  # daemon pid -> (t, fds, threads, host)
+        self.fd_samples: Dict[int, List[tuple]] = collections.defaultdict(
+            list
+        )  # daemon pid -> (t, fds, threads, host, fd kinds, goroutines)
         self.stragglers = 0
         self.terminated = False  # the campaign SIGTERMed hvdd run (its status is then 143)
         self.rc: Optional[int] = None
@@ -343,7 +385,9 @@ class Job:
             for i in range(HOSTS):
                 for pid in self.net.pids(i):
                     if is_daemon(pid):
-                        self.fd_samples[pid].append((now(), count_fds(pid), count_threads(pid), i))
+                        self.fd_samples[pid].append(
+                            (now(), count_fds(pid), count_threads(pid), i, fd_kinds(pid), count_goroutines(pid))
+                        )
             time.sleep(2)
 
     def alive(self) -> bool:
@@ -960,19 +1004,37 @@ def check_leaks(job: Job, shm_before: set, problems: List[str]) -> int:
     # nodes' connections come and go within one); the last such epoch may
     # not hold more than the first
     for pid, samples in job.fd_samples.items():
-        by_m: Dict[tuple, Dict[str, int]] = collections.defaultdict(dict)
-        for t, fds, thr, host in samples:
+        by_m: Dict[tuple, Dict[str, tuple]] = collections.defaultdict(dict)
+        by_g: Dict[tuple, Dict[str, int]] = collections.defaultdict(dict)
+        for t, fds, thr, host, kinds, gor in samples:
             r = epoch_at(t)
             if r is None or fds < 0:
                 continue
             m = tuple(sorted(job.round_hosts(r).items()))
-            by_m[m][r["rid"]] = min(fds, by_m[m].get(r["rid"], fds))
-        for m, per_epoch in by_m.items():
-            mins = list(per_epoch.values())  # in epoch order (dicts keep insertion order)
-            if len(mins) >= 2 and mins[-1] - mins[0] > 12:
+            if r["rid"] not in by_m[m] or fds < by_m[m][r["rid"]][0]:
+                by_m[m][r["rid"]] = (fds, kinds)
+            if gor > 0:
+                by_g[m][r["rid"]] = min(gor, by_g[m].get(r["rid"], gor))
+        for m, per_epoch in by_g.items():
+            gmins = list(per_epoch.values())
+            if len(gmins) >= 2 and gmins[-1] - gmins[0] > 20:
                 leaks += 1
                 problems.append(
-                    f"leak: daemon {pid} holds {mins[0]} fds in an epoch at membership {m}, {mins[-1]} in a later one at the same membership"
+                    f"leak: daemon {pid} runs {gmins[0]} goroutines in an epoch at membership {m}, {gmins[-1]} in a later one at the same membership"
+                )
+                break
+        for m, per_epoch in by_m.items():
+            mins = list(per_epoch.values())  # in epoch order (dicts keep insertion order)
+            if len(mins) >= 2 and mins[-1][0] - mins[0][0] > 12:
+                leaks += 1
+                first, last = mins[0][1], mins[-1][1]
+                grew = ", ".join(
+                    f"{k} {first.get(k, 0)}->{last.get(k, 0)}"
+                    for k in sorted(set(first) | set(last))
+                    if last.get(k, 0) != first.get(k, 0)
+                )
+                problems.append(
+                    f"leak: daemon {pid} holds {mins[0][0]} fds in an epoch at membership {m}, {mins[-1][0]} in a later one at the same membership ({grew})"
                 )
                 break
     return leaks

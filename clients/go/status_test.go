@@ -8,6 +8,9 @@ import (
 	"time"
 
 	hvdd "github.com/hvdd/hvdd/clients/go"
+	"github.com/hvdd/hvdd/daemon"
+	"github.com/hvdd/hvdd/daemon/daemontest"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
 )
 
 // TestStatusAcrossNodes: node 0's daemon (the coordinator) lists every
@@ -94,4 +97,58 @@ func TestStatusAcrossNodes(t *testing.T) {
 	if err := h.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestStatusCountsSettle: the daemon's status counts its goroutines and
+// open fds, and after jobs have come and gone (collectives, with results
+// pooled per connection; a job whose rank dies) both are back where they
+// were after the first job: nothing a job holds outlives it. goleak checks
+// what outlives a stopped daemon; this checks what a running one keeps.
+func TestStatusCountsSettle(t *testing.T) {
+	s := daemontest.Start(t, daemon.Config{Slots: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	sc, err := hvdd.DialStatus(ctx, s.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	// settled waits until only the status connection is left and the
+	// counts are at most want's (want nil: the first such reading).
+	settled := func(want *ipcpb.Status) *ipcpb.Status {
+		t.Helper()
+		var st *ipcpb.Status
+		// Ends of connections and jobs are asynchronous: time to settle.
+		deadline := time.After(30 * time.Second)
+		for {
+			st, err = sc.Status(ctx, 0)
+			if err != nil {
+				t.Fatalf("status: %v (last: %d goroutines, %d fds; want at most %d, %d)",
+					err, st.GetGoroutines(), st.GetOpenFds(), want.GetGoroutines(), want.GetOpenFds())
+			}
+			if st.GetGoroutines() <= 0 || st.GetOpenFds() <= 0 {
+				t.Fatalf("status counts no goroutines or fds: %v", st)
+			}
+			if st.GetClients() == 1 && len(st.GetJobs()) == 0 &&
+				(want == nil || st.GetGoroutines() <= want.GetGoroutines() && st.GetOpenFds() <= want.GetOpenFds()) {
+				return st
+			}
+			select {
+			case <-deadline:
+				t.Fatalf("after the jobs the daemon holds %d goroutines and %d fds, %d and %d after the first",
+					st.GetGoroutines(), st.GetOpenFds(), want.GetGoroutines(), want.GetOpenFds())
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	daemontest.Run(t, s.Socket, "collectives", 2, 60*time.Second)
+	first := settled(nil)
+	for range 3 {
+		daemontest.Run(t, s.Socket, "collectives", 2, 60*time.Second)
+	}
+	ws := daemontest.Spawn(t, s.Socket, "dies", 2, "HVDD_LOCAL_SIZE=2")
+	for _, w := range ws {
+		w.Wait(60 * time.Second) // one rank dies, the other fails naming it
+	}
+	settled(first)
 }

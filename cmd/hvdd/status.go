@@ -129,9 +129,9 @@ func runStatus(ctx context.Context, a statusArgs, out io.Writer) error {
 func formatStatus(st, prev *ipcpb.Status) string {
 	var b strings.Builder
 	up := time.Duration(st.GetNowMs()-st.GetStartedMs()) * time.Millisecond
-	fmt.Fprintf(&b, "hvdd %s on %s (pid %d), node %d of %d, up %s; slots %d, %d in use; %d connections\n",
+	fmt.Fprintf(&b, "hvdd %s on %s (pid %d), node %d of %d, up %s; slots %d, %d in use; %d connections; %d goroutines, %d fds\n",
 		st.GetVersion(), st.GetHost(), st.GetPid(), st.GetNodeRank(), st.GetNodes(), up.Round(time.Second),
-		st.GetSlots(), st.GetSlotsUsed(), st.GetClients())
+		st.GetSlots(), st.GetSlotsUsed(), st.GetClients(), st.GetGoroutines(), st.GetOpenFds())
 	if len(st.GetJobs()) == 0 {
 		b.WriteString("no jobs\n")
 	}

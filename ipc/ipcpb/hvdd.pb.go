@@ -2074,8 +2074,13 @@ type Status struct {
 	// Why the daemon has no GPU figures, or why its last round failed
 	// (NVML could not be opened, a round's error); empty otherwise.
 	GpuSamplingError string `protobuf:"bytes,16,opt,name=gpu_sampling_error,json=gpuSamplingError,proto3" json:"gpu_sampling_error,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The daemon's goroutines and open file descriptors now (0: unknown), so
+	// that a leak across jobs or elastic epochs shows without a metrics
+	// endpoint (hvdd run starts daemons without one).
+	Goroutines    int32 `protobuf:"varint,17,opt,name=goroutines,proto3" json:"goroutines,omitempty"`
+	OpenFds       int32 `protobuf:"varint,18,opt,name=open_fds,json=openFds,proto3" json:"open_fds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Status) Reset() {
@@ -2218,6 +2223,20 @@ func (x *Status) GetGpuSamplingError() string {
 		return x.GpuSamplingError
 	}
 	return ""
+}
+
+func (x *Status) GetGoroutines() int32 {
+	if x != nil {
+		return x.Goroutines
+	}
+	return 0
+}
+
+func (x *Status) GetOpenFds() int32 {
+	if x != nil {
+		return x.OpenFds
+	}
+	return 0
 }
 
 // GPUStatus is one GPU's figures from one sampling round, named and in
@@ -3192,7 +3211,7 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x05fatal\x18\x04 \x01(\v2\x12.hvdd.ipc.v1.FatalH\x00R\x05fatal\x12@\n" +
 	"\rhosts_updated\x18\x05 \x01(\v2\x19.hvdd.ipc.v1.HostsUpdatedH\x00R\fhostsUpdated\x12-\n" +
 	"\x06status\x18\x06 \x01(\v2\x13.hvdd.ipc.v1.StatusH\x00R\x06statusB\x05\n" +
-	"\x03msg\"\x81\x04\n" +
+	"\x03msg\"\xbc\x04\n" +
 	"\x06Status\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1d\n" +
 	"\n" +
@@ -3213,7 +3232,11 @@ const file_hvdd_proto_rawDesc = "" +
 	"hiddenJobs\x12*\n" +
 	"\x04gpus\x18\x0e \x03(\v2\x16.hvdd.ipc.v1.GPUStatusR\x04gpus\x12&\n" +
 	"\x0fgpus_sampled_ms\x18\x0f \x01(\x03R\rgpusSampledMs\x12,\n" +
-	"\x12gpu_sampling_error\x18\x10 \x01(\tR\x10gpuSamplingError\"\xfa\x05\n" +
+	"\x12gpu_sampling_error\x18\x10 \x01(\tR\x10gpuSamplingError\x12\x1e\n" +
+	"\n" +
+	"goroutines\x18\x11 \x01(\x05R\n" +
+	"goroutines\x12\x19\n" +
+	"\bopen_fds\x18\x12 \x01(\x05R\aopenFds\"\xfa\x05\n" +
 	"\tGPUStatus\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x1c\n" +

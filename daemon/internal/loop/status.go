@@ -2,6 +2,7 @@ package loop
 
 import (
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/hvdd/hvdd/backends"
@@ -59,6 +60,7 @@ func (l *Loop) status(uid uint32, maxPending int) *ipcpb.Status {
 		Version: DaemonVersion, StartedMs: l.epoch.UnixMilli(), NowMs: time.Now().UnixMilli(),
 		Slots: int32(l.cfg.Slots), NodeRank: int32(l.cfg.NodeRank), Nodes: int32(max(l.cfg.Nodes, 1)),
 		Host: host, Pid: int32(os.Getpid()), Clients: int32(len(l.clients)),
+		Goroutines: int32(runtime.NumGoroutine()), OpenFds: openFDs(),
 	}
 	for _, ln := range l.order {
 		st.SlotsUsed += int32(ln.taken())
@@ -175,4 +177,19 @@ func (l *Loop) jobStatus(ln *lane, host string, maxPending int) *ipcpb.JobStatus
 		}
 	}
 	return js
+}
+
+// openFDs counts the daemon's open file descriptors (Linux's /proc/self/fd,
+// less the one reading it); 0 where that cannot be read.
+func openFDs() int32 {
+	d, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return 0
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return 0
+	}
+	return int32(len(names) - 1)
 }
