@@ -1,0 +1,1075 @@
+"""``ProcessGroupHvdd``: a ``torch.distributed.ProcessGroup`` whose collectives
+run on the hvdd daemon.
+
+torch matches a group's collectives by their order on each rank; the daemon
+matches them by name. Each group names its collectives from its own
+sequence counter, ``pt.<group>.<n>`` (parts of one collective add
+``.<i>``), taken as the collective is called, so that the n-th collective of
+a group has the same name on every rank. The name carries no kind: ranks
+that call different collectives at the same point get the daemon's mismatch
+error instead of a hang.
+
+Each collective is sent to the daemon when it is called (its input staged
+in shared memory then), and completed by the group's completion thread,
+which waits for the group's collectives in their order, writes their
+results into torch's output tensors and completes the :class:`Work`'s
+future (DDP's reducer and communication hooks chain on it). A collective
+that has not completed within the group's timeout (``init_process_group``'s
+``timeout=``, or the op's own) fails its work. A failed collective (a rank
+lost, tensors that differ across ranks) raises
+``torch.distributed.DistBackendError`` with the daemon's message, which
+names the rank.
+
+What the daemon has no op for is made of those it has: ``reduce`` is an
+allreduce whose result only the root keeps; ``gather`` and ``scatter`` are
+alltoalls with every rank's data going to or coming from the root; the
+bitwise reductions (BAND, BOR, BXOR) allgather and reduce on each rank;
+``barrier`` is a one-byte allreduce. Tensors go flat through the daemon
+(``all_gather`` and the like then take tensors of any shapes); device tensors
+are staged through host memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from datetime import timedelta
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ... import ops as _ops
+from ..._client import Client, Handle
+from ..._proto import hvdd_pb2 as pb
+from ...basics import Average, Max, Min, Product, Sum
+from ...exceptions import HvddInternalError
+from .._async_ops import _DTYPES
+from . import _startup
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ProcessGroupHvdd", "create_process_group"]
+
+_RedOpType = dist.ReduceOp.RedOpType
+
+# torch's reduction -> the daemon's (PREMUL_SUM is a Sum with a prescale).
+_HVDD_OPS = {
+    _RedOpType.SUM: Sum,
+    _RedOpType.AVG: Average,
+    _RedOpType.MIN: Min,
+    _RedOpType.MAX: Max,
+    _RedOpType.PRODUCT: Product,
+    _RedOpType.PREMUL_SUM: Sum,
+}
+
+# The reductions the daemon has no op for, done on each rank after an allgather.
+_LOCAL_OPS: dict = {
+    _RedOpType.BAND: torch.bitwise_and,
+    _RedOpType.BOR: torch.bitwise_or,
+    _RedOpType.BXOR: torch.bitwise_xor,
+}
+
+_BackendError = getattr(dist, "DistBackendError", RuntimeError)
+
+
+def _error(what: str, e: BaseException) -> BaseException:
+    """The exception a failed collective raises in torch: DistBackendError
+    with the daemon's message (which names the lost or disagreeing rank)."""
+    if isinstance(e, _BackendError):
+        return e
+    err = _BackendError(f"hvdd: {what} failed: {e}")
+    err.__cause__ = e
+    return err
+
+
+def _unset(t: Optional[timedelta]) -> bool:
+    """Whether an options object's timeout is torch's "unset" (negative)."""
+    return t is None or t.total_seconds() <= 0
+
+
+# ---------------------------------------------------------------- tensors
+
+
+def _host(t: torch.Tensor) -> Tuple[torch.Tensor, np.ndarray, int]:
+    """(a contiguous CPU tensor with t's values, its numpy view, its wire
+    dtype). It is t itself (sharing its memory) when t is a contiguous CPU
+    tensor; complex tensors as their real view, bfloat16 as its bits."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"hvdd: expected a torch.Tensor, got {type(t).__name__}")
+    x = t.detach()
+    if x.is_complex():
+        x = torch.view_as_real(x)
+    if not x.is_cpu:
+        x = x.cpu()
+    if not x.is_contiguous():
+        x = x.contiguous()
+    dt = _DTYPES.get(x.dtype)
+    if dt is None or x.is_sparse:
+        raise ValueError(f"hvdd: tensors of dtype {t.dtype} are not supported")
+    a = (x.view(torch.int16) if x.dtype is torch.bfloat16 else x).numpy()
+    return x, a, dt[0]
+
+
+def _shares(x: torch.Tensor, t: torch.Tensor) -> bool:
+    """Whether the host tensor x (from _host(t)) is t's own memory."""
+    return t.is_cpu and x.data_ptr() == t.data_ptr() and t.is_contiguous()
+
+
+def _write(dst: torch.Tensor, src: Any) -> None:
+    """Copies src (an array or tensor of dst's bits, any shape of dst's
+    element count) into dst."""
+    if isinstance(src, np.ndarray):
+        src = torch.from_numpy(src)
+    d = dst.detach()
+    if d.is_complex():
+        d = torch.view_as_real(d)
+    if d.dtype is torch.bfloat16 and src.dtype is not torch.bfloat16:
+        src = src.view(torch.bfloat16)
+    with torch.no_grad():
+        d.copy_(src.reshape(d.shape))
+
+
+def _flat(t: torch.Tensor) -> Tuple[np.ndarray, int]:
+    """t's values as a flat array (a view when t is contiguous on the CPU)
+    and its wire dtype."""
+    _, a, wire = _host(t)
+    return a.reshape(-1), wire
+
+
+def _elems(t: torch.Tensor) -> int:
+    """t's element count as the daemon sees it (complex: twice)."""
+    return t.numel() * (2 if t.is_complex() else 1)
+
+
+def _empty_like_flat(t: torch.Tensor) -> Tuple[np.ndarray, int]:
+    """An empty flat array of t's dtype (what a rank without data sends)."""
+    _, a, wire = _host(t.detach().reshape(-1)[:0])
+    return a, wire
+
+
+# ------------------------------------------------------------------- Work
+
+
+class Work(dist.Work):
+    """The work of one collective: done once its results are in torch's
+    output tensors. ``wait()`` raises the collective's error;
+    ``get_future()`` is completed with the output tensors (DDP's reducer and
+    communication hooks chain on it)."""
+
+    def __init__(self, what: str, result: List[torch.Tensor], deadline: float) -> None:
+        super().__init__()
+        self.what = what
+        self._result = result
+        self._fut: torch.futures.Future = torch.futures.Future()
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._error: Optional[BaseException] = None
+        self.deadline = deadline
+
+    def _settle(self, error: Optional[BaseException]) -> bool:
+        """Completes the work (once): with its result, or its error."""
+        with self._lock:
+            if self._event.is_set():
+                return False
+            self._error = error
+            self._event.set()
+        if error is None:
+            self._fut.set_result(self._result)
+        else:
+            self._fut.set_exception(error)
+        return True
+
+    def wait(self, timeout: Optional[timedelta] = None) -> bool:
+        """Blocks until the collective is done (at most ``timeout``) and raises
+        its error, if any. Returns True."""
+        if _unset(timeout):
+            self._event.wait()
+        elif not self._event.wait(timeout.total_seconds()):  # type: ignore[union-attr]
+            raise _BackendError(f"hvdd: {self.what}: not done within {timeout} (Work.wait)")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether the collective is done (successfully or not)."""
+        return self._event.is_set()
+
+    def is_success(self) -> bool:
+        """Whether the collective is done without error."""
+        return self._event.is_set() and self._error is None
+
+    def exception(self) -> Optional[BaseException]:
+        """The collective's error, None while running or after success."""
+        return self._error
+
+    def get_future(self) -> torch.futures.Future:
+        """A future completed with the output tensors when the collective is done."""
+        return self._fut
+
+    def result(self) -> List[torch.Tensor]:
+        """The output tensors (after ``wait()``)."""
+        return self._result
+
+    def synchronize(self) -> None:
+        """Nothing to do: the results are in host memory when the work is done."""
+
+    def source_rank(self) -> int:
+        raise RuntimeError("hvdd: source_rank() is only for the work of recv from any source")
+
+
+class _Pending:
+    """A collective sent to the daemon: its work, its handles and what to do
+    with their results (write them into torch's outputs)."""
+
+    __slots__ = ("work", "handles", "finish")
+
+    def __init__(self, work: Work, handles: List[Handle], finish: Optional[Callable[[List[Any]], None]]) -> None:
+        self.work = work
+        self.handles = handles
+        self.finish = finish
+
+
+class _Completer:
+    """A group's completion thread: completes the group's collectives in their
+    order. A collective past its deadline fails its work (the daemon's op
+    stays pending; later ones wait behind it)."""
+
+    def __init__(self, client: Client, name: str) -> None:
+        self.client = client
+        self.queue: deque = deque()
+        self.cond = threading.Condition()
+        self.closed = False
+        self.thread = threading.Thread(target=self._run, name=f"hvdd-pg-{name}", daemon=True)
+        self.thread.start()
+        _watchdog.add(self)
+
+    def put(self, p: _Pending) -> None:
+        with self.cond:
+            self.queue.append(p)
+            self.cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue and not self.closed:
+                    self.cond.wait()
+                if not self.queue:
+                    return
+                p = self.queue[0]
+            err: Optional[BaseException] = None
+            results: List[Any] = []
+            for h in p.handles:
+                try:
+                    results.append(self.client.complete(h))
+                except BaseException as e:  # wait for every part before failing
+                    err = err or e
+            if err is None and p.finish is not None:
+                try:
+                    p.finish(results)
+                except BaseException as e:
+                    err = e
+            with self.cond:
+                self.queue.popleft()
+            p.work._settle(None if err is None else _error(p.work.what, err))
+
+    def expired(self, now: float) -> None:
+        with self.cond:
+            late = [p.work for p in self.queue if p.work.deadline < now and not p.work.is_completed()]
+        for w in late:
+            w._settle(_BackendError(f"hvdd: {w.what} did not complete within the process group's timeout"))
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify()
+        _watchdog.remove(self)
+
+
+class _Watchdog:
+    """One thread that fails the works of every group that overrun their
+    deadline."""
+
+    def __init__(self) -> None:
+        self.completers: set = set()
+        self.lock = threading.Lock()
+        self.thread: Optional[threading.Thread] = None
+
+    def add(self, c: _Completer) -> None:
+        with self.lock:
+            self.completers.add(c)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="hvdd-pg-watchdog", daemon=True)
+                self.thread.start()
+
+    def remove(self, c: _Completer) -> None:
+        with self.lock:
+            self.completers.discard(c)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(0.05)
+            with self.lock:
+                cs = list(self.completers)
+            now = time.monotonic()
+            for c in cs:
+                c.expired(now)
+
+
+_watchdog = _Watchdog()
+
+
+# ---------------------------------------------------------- the group
+
+
+class ProcessGroupHvdd(dist.ProcessGroup):
+    """A process group whose collectives the hvdd daemon runs. Made by
+    ``init_process_group("hvdd")`` and ``new_group(..., backend="hvdd")``
+    (:func:`create_process_group`), not directly.
+
+    ``rank``/``size`` are the group's; ``global_ranks`` the job's ranks of
+    its members, in group-rank order; ``process_set`` the daemon's id of the
+    set of those ranks (0: every rank)."""
+
+    def __init__(
+        self,
+        conn: "_startup.Connection",
+        store: Any,
+        rank: int,
+        size: int,
+        global_ranks: Sequence[int],
+        group_id: str,
+        timeout: timedelta,
+        process_set: int,
+        is_default: bool,
+    ) -> None:
+        super().__init__(rank, size)
+        self._conn = conn
+        self._client = conn.client
+        self._store = store
+        self._rank = rank
+        self._size = size
+        self.global_ranks = list(global_ranks)
+        self._gid = group_id
+        self._timeout = timeout
+        self._ps = process_set
+        self._is_default = is_default
+        self._seq = itertools.count()
+        self._submit_lock = threading.Lock()
+        self._completer = _Completer(self._client, group_id)
+        self._group_name = group_id
+        self._group_desc = "undefined"
+        self._barriers = itertools.count()
+        self._closed = False
+
+    # ------------------------------------------------------------ identity
+
+    def getBackendName(self) -> str:
+        return "hvdd"
+
+    def name(self) -> str:
+        return "hvdd"
+
+    def size(self) -> int:
+        return self._size
+
+    def getSize(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def getRank(self) -> int:
+        return self._rank
+
+    # The group's name and description stay on the Python side: the C++
+    # getters look for a C++ backend, which a Python group does not have.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]
+        return self._group_name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    @property
+    def group_desc(self) -> str:  # type: ignore[override]
+        return self._group_desc
+
+    @property
+    def _device_types(self) -> List[torch.device]:  # type: ignore[override]
+        # torch reads a group's device types to find its C++ backends, which a
+        # Python group has none of (empty: "a ProcessGroup subclass", skipped),
+        # except monitored_barrier, which wants a CPU-capable group.
+        if sys._getframe(1).f_code.co_name == "monitored_barrier":
+            return [torch.device("cpu"), torch.device("cuda")]
+        return []
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupHvdd(rank={self._rank}, size={self._size}, ranks={self.global_ranks})"
+
+    # ------------------------------------------------------------ plumbing
+
+    def _deadline(self, opts: Any) -> float:
+        t = getattr(opts, "timeout", None)
+        if _unset(t):
+            t = self._timeout
+        return time.monotonic() + t.total_seconds()
+
+    def _run(
+        self,
+        what: str,
+        opts: Any,
+        result: List[torch.Tensor],
+        submit: Callable[[str], List[Handle]],
+        finish: Optional[Callable[[List[Any]], None]] = None,
+    ) -> Work:
+        """Names and sends one collective (``submit(name)`` sends its parts and
+        returns their handles) and queues its completion. A collective that
+        cannot be sent (the job failed, bad arguments) raises here."""
+        if self._closed:
+            raise RuntimeError(f"hvdd: {what} on a destroyed process group")
+        with self._submit_lock:
+            name = f"pt.{self._gid}.{next(self._seq)}"
+            work = Work(f"{what} {name!r}", result, self._deadline(opts))
+            try:
+                handles = submit(name)
+            except HvddInternalError as e:
+                raise _error(work.what, e) from e
+            self._completer.put(_Pending(work, handles, finish))
+        return work
+
+    def _root(self, group_rank: int) -> int:
+        if not 0 <= group_rank < self._size:
+            raise ValueError(f"hvdd: invalid root rank {group_rank} for a group of {self._size}")
+        return self.global_ranks[group_rank]
+
+    @staticmethod
+    def _op(opts: Any) -> Tuple[Any, Optional[int], float]:
+        """(torch's RedOpType, the daemon's op or None for a local one, prescale)."""
+        red = opts.reduceOp
+        kind = red.op if hasattr(red, "op") else red
+        if kind == _RedOpType.PREMUL_SUM:
+            f = red.factor if hasattr(red, "factor") else 1.0
+            if isinstance(f, torch.Tensor):
+                f = float(f.item())
+            return kind, Sum, float(f)
+        if kind in _LOCAL_OPS:
+            return kind, None, 1.0
+        if kind not in _HVDD_OPS:
+            raise ValueError(f"hvdd: reduction {kind} is not supported")
+        return kind, _HVDD_OPS[kind], 1.0
+
+    def _allreduce_parts(self, name: str, tensors: Sequence[torch.Tensor], opts: Any, keep: Sequence[bool]):
+        """Sends the allreduce of tensors (in place; only those with keep
+        take the result); returns (handles, finish)."""
+        kind, op, pre = self._op(opts)
+        c = self._client
+        if op is None:  # bitwise: allgather, reduce here
+            handles, fins = [], []
+            for i, t in enumerate(tensors):
+                a, wire = _flat(t)
+                handles.append(_ops.submit_output(c, pb.OP_ALLGATHER, a, f"{name}.{i}", self._ps, wire=wire))
+            fn = _LOCAL_OPS[kind]
+
+            def finish(results: List[Any]) -> None:
+                for t, k, r in zip(tensors, keep, results):
+                    if not k:
+                        continue
+                    x = torch.from_numpy(r).reshape(self._size, -1)
+                    acc = x[0].clone()
+                    for j in range(1, self._size):
+                        acc = fn(acc, x[j])
+                    _write(t, acc)
+
+            return handles, finish
+        hosts = [_host(t) for t in tensors]
+        handles = []
+        copies = []
+        n = len(tensors)
+        gid = next(_ops._groups) if n > 1 else 0
+        for i, (t, (x, a, wire), k) in enumerate(zip(tensors, hosts, keep)):
+            own = k and _shares(x, t)
+            nm = name if n == 1 else f"{name}_{i + 1}of{n}"
+            handles.append(
+                _ops.submit_allreduce(
+                    c,
+                    a,
+                    nm,
+                    int(op),
+                    pre,
+                    1.0,
+                    self._ps,
+                    out=a if own else None,
+                    wire=wire,
+                    group=gid,
+                    group_size=n if n > 1 else 0,
+                )
+            )
+            copies.append(k and not own)
+
+        def finish(results: List[Any]) -> None:
+            for t, cp, r in zip(tensors, copies, results):
+                if cp:
+                    _write(t, r)
+
+        return handles, finish
+
+    # --------------------------------------------------------- allreduce
+
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        """``torch.distributed.all_reduce``: every tensor reduced in place."""
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        tensors = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+        state: dict = {}
+
+        def submit(name: str) -> List[Handle]:
+            h, state["finish"] = self._allreduce_parts(name, tensors, opts, [True] * len(tensors))
+            return h
+
+        return self._run("all_reduce", opts, tensors, submit, lambda r: state["finish"](r))
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        """``torch.distributed.all_reduce_coalesced``: the tensors reduced as one
+        unit (the daemon fuses them)."""
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        return self.allreduce(list(tensors), opts)
+
+    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        """``torch.distributed.reduce``: the root's tensor gets the reduction;
+        the others' stay as they are."""
+        opts = opts if opts is not None else dist.ReduceOptions()
+        tensors = list(tensors)
+        root = opts.rootRank
+        self._root(root)
+        state: dict = {}
+
+        def submit(name: str) -> List[Handle]:
+            keep = [self._rank == root] * len(tensors)
+            h, state["finish"] = self._allreduce_parts(name, tensors, opts, keep)
+            return h
+
+        return self._run("reduce", opts, tensors, submit, lambda r: state["finish"](r))
+
+    # --------------------------------------------------------- broadcast
+
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        """``torch.distributed.broadcast``: every rank's tensors get the root's."""
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        tensors = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+        root = self._root(opts.rootRank)
+        copies: List[bool] = []
+
+        def submit(name: str) -> List[Handle]:
+            hs = []
+            for i, t in enumerate(tensors):
+                x, a, wire = _host(t)
+                own = _shares(x, t)
+                nm = name if len(tensors) == 1 else f"{name}.{i}"
+                hs.append(_ops.submit_broadcast(self._client, a, nm, root, self._ps, out=a if own else None, wire=wire))
+                copies.append(not own)
+            return hs
+
+        def finish(results: List[Any]) -> None:
+            for t, cp, r in zip(tensors, copies, results):
+                if cp:
+                    _write(t, r)
+
+        return self._run("broadcast", opts, tensors, submit, finish)
+
+    # --------------------------------------------------------- allgather
+
+    def _allgather_into(self, name: str, inp: torch.Tensor, outs: List[torch.Tensor]) -> Tuple[Handle, Callable]:
+        a, wire = _flat(inp)
+        h = _ops.submit_output(self._client, pb.OP_ALLGATHER, a, name, self._ps, wire=wire)
+
+        def finish(r: np.ndarray) -> None:
+            want = sum(_elems(o) for o in outs)
+            if r.size != want:
+                raise ValueError(
+                    f"the ranks' tensors have {r.size} elements in all, the output tensors {want} "
+                    "(all_gather: every rank's input must have the size of its output tensor)"
+                )
+            off = 0
+            for o in outs:
+                n = _elems(o)
+                _write(o, r[off : off + n])
+                off += n
+
+        return h, finish
+
+    def allgather(
+        self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
+    ) -> Work:
+        """``torch.distributed.all_gather``: output_tensors[i][r] gets rank r's
+        input_tensors[i]."""
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        if isinstance(input_tensors, torch.Tensor):
+            input_tensors, output_tensors = [input_tensors], [output_tensors]  # type: ignore[list-item]
+        if len(output_tensors) != len(input_tensors):
+            raise ValueError("hvdd: all_gather: one list of outputs per input tensor")
+        for outs in output_tensors:
+            if len(outs) != self._size:
+                raise ValueError(
+                    f"hvdd: all_gather: the output list has {len(outs)} tensors, the group {self._size} ranks"
+                )
+        fins: List[Callable] = []
+
+        def submit(name: str) -> List[Handle]:
+            hs = []
+            for i, (inp, outs) in enumerate(zip(input_tensors, output_tensors)):
+                h, f = self._allgather_into(name if len(input_tensors) == 1 else f"{name}.{i}", inp, outs)
+                hs.append(h)
+                fins.append(f)
+            return hs
+
+        def finish(results: List[Any]) -> None:
+            for f, r in zip(fins, results):
+                f(r)
+
+        flat = [o for outs in output_tensors for o in outs]
+        return self._run("all_gather", opts, flat, submit, finish)
+
+    def allgather_coalesced(
+        self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor], opts: Any = None
+    ) -> Work:
+        """``torch.distributed.all_gather_coalesced``."""
+        return self.allgather(output_lists, input_list, opts)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        """``torch.distributed.all_gather_into_tensor``: output holds every
+        rank's input, concatenated in rank order."""
+        return self.all_gather_single_coalesced([output], [input], opts)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(
+        self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
+    ) -> Work:
+        """Several ``all_gather_into_tensor`` as one collective."""
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        fins: List[Callable] = []
+
+        def submit(name: str) -> List[Handle]:
+            hs = []
+            for i, (o, inp) in enumerate(zip(outputs, inputs)):
+                h, f = self._allgather_into(name if len(inputs) == 1 else f"{name}.{i}", inp, [o])
+                hs.append(h)
+                fins.append(f)
+            return hs
+
+        def finish(results: List[Any]) -> None:
+            for f, r in zip(fins, results):
+                f(r)
+
+        return self._run("all_gather_into_tensor", opts, list(outputs), submit, finish)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    # ------------------------------------------------------ gather, scatter
+
+    def _to_root(self, name: str, inp: torch.Tensor, root: int) -> Handle:
+        """An alltoall in which every rank sends all of inp to the group rank root."""
+        a, wire = _flat(inp)
+        splits = [0] * self._size
+        splits[root] = a.size
+        return _ops.submit_output(
+            self._client, pb.OP_ALLTOALL, a, name, self._ps, with_splits=True, wire=wire, splits=splits
+        )
+
+    def gather(
+        self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
+    ) -> Work:
+        """``torch.distributed.gather``: on the root, output_tensors[0][r] gets
+        rank r's tensor."""
+        opts = opts if opts is not None else dist.GatherOptions()
+        root = opts.rootRank
+        self._root(root)
+        outs = list(output_tensors[0]) if self._rank == root and output_tensors else []
+        if self._rank == root and len(outs) != self._size:
+            raise ValueError(
+                f"hvdd: gather: the root's output list has {len(outs)} tensors, the group {self._size} ranks"
+            )
+
+        def submit(name: str) -> List[Handle]:
+            return [self._to_root(name, input_tensors[0], root)]
+
+        def finish(results: List[Any]) -> None:
+            r, splits = results[0]
+            if self._rank != root:
+                return
+            off = 0
+            for o, n in zip(outs, splits):
+                if int(n) != _elems(o):
+                    raise ValueError(f"gather: a rank sent {int(n)} elements for an output tensor of {_elems(o)}")
+                _write(o, r[off : off + int(n)])
+                off += int(n)
+
+        return self._run("gather", opts, outs, submit, finish)
+
+    def gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        """``torch.distributed.gather`` into one tensor on the root."""
+        opts = opts if opts is not None else dist.GatherOptions()
+        root = opts.rootRank
+        self._root(root)
+
+        def submit(name: str) -> List[Handle]:
+            return [self._to_root(name, input, root)]
+
+        def finish(results: List[Any]) -> None:
+            r, _ = results[0]
+            if self._rank == root:
+                if r.size != _elems(output):
+                    raise ValueError(f"gather: the ranks sent {r.size} elements for an output of {_elems(output)}")
+                _write(output, r)
+
+        return self._run("gather", opts, [output], submit, finish)
+
+    gather_into_tensor = gather_single
+
+    def scatter(
+        self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts: Any = None
+    ) -> Work:
+        """``torch.distributed.scatter``: rank r's output_tensors[0] gets the
+        root's input_tensors[0][r]."""
+        opts = opts if opts is not None else dist.ScatterOptions()
+        root = opts.rootRank
+        self._root(root)
+        out = output_tensors[0]
+
+        def submit(name: str) -> List[Handle]:
+            if self._rank == root:
+                ins = list(input_tensors[0])
+                if len(ins) != self._size:
+                    raise ValueError(f"hvdd: scatter: {len(ins)} input tensors for a group of {self._size} ranks")
+                parts = [_flat(t) for t in ins]
+                a = np.concatenate([p[0] for p in parts]) if parts else np.empty(0)
+                wire = parts[0][1]
+                splits = [p[0].size for p in parts]
+            else:
+                a, wire = _empty_like_flat(out)
+                splits = [0] * self._size
+            return [
+                _ops.submit_output(
+                    self._client, pb.OP_ALLTOALL, a, name, self._ps, with_splits=True, wire=wire, splits=splits
+                )
+            ]
+
+        def finish(results: List[Any]) -> None:
+            r, _ = results[0]
+            if r.size != _elems(out):
+                raise ValueError(f"scatter: the root sent {r.size} elements for an output of {_elems(out)}")
+            _write(out, r)
+
+        return self._run("scatter", opts, [out], submit, finish)
+
+    # -------------------------------------------------------- reduce_scatter
+
+    def _reduce_scatter_parts(self, name: str, out: torch.Tensor, ins: Sequence[torch.Tensor], opts: Any):
+        kind, op, pre = self._op(opts)
+        c = self._client
+        parts = [_flat(t) for t in ins]
+        if len(parts) != self._size:
+            raise ValueError(f"hvdd: reduce_scatter: {len(parts)} input tensors for a group of {self._size} ranks")
+        n = _elems(out)
+        if any(p[0].size != n for p in parts):
+            raise ValueError("hvdd: reduce_scatter: every input tensor must have the output's size")
+        a = np.concatenate([p[0] for p in parts]) if n else parts[0][0]
+        wire = parts[0][1]
+        if op is not None:
+            h = _ops.submit_output(
+                c, pb.OP_REDUCESCATTER, a, name, self._ps, wire=wire, reduce_op=int(op), prescale=pre, postscale=1.0
+            )
+
+            def finish(r: Any) -> None:
+                _write(out, r)
+
+            return h, finish
+        h = _ops.submit_output(
+            c, pb.OP_ALLTOALL, a, name, self._ps, with_splits=True, wire=wire, splits=[n] * self._size
+        )
+        fn = _LOCAL_OPS[kind]
+
+        def finish_local(r: Any) -> None:
+            x = torch.from_numpy(r[0]).reshape(self._size, -1)
+            acc = x[0].clone()
+            for j in range(1, self._size):
+                acc = fn(acc, x[j])
+            _write(out, acc)
+
+        return h, finish_local
+
+    def reduce_scatter(
+        self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts: Any = None
+    ) -> Work:
+        """``torch.distributed.reduce_scatter``: rank r's output gets the
+        reduction of every rank's input_tensors[0][r]."""
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        fins: List[Callable] = []
+
+        def submit(name: str) -> List[Handle]:
+            hs = []
+            for i, (o, ins) in enumerate(zip(output_tensors, input_tensors)):
+                h, f = self._reduce_scatter_parts(name if len(output_tensors) == 1 else f"{name}.{i}", o, ins, opts)
+                hs.append(h)
+                fins.append(f)
+            return hs
+
+        def finish(results: List[Any]) -> None:
+            for f, r in zip(fins, results):
+                f(r)
+
+        return self._run("reduce_scatter", opts, list(output_tensors), submit, finish)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        """``torch.distributed.reduce_scatter_tensor``: rank r's output gets the
+        reduction of the r-th block of every rank's input."""
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
+    ) -> Work:
+        """Several ``reduce_scatter_tensor`` as one collective."""
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        for o, i in zip(outputs, inputs):
+            if _elems(i) != _elems(o) * self._size:
+                raise ValueError(
+                    f"hvdd: reduce_scatter_tensor: the input has {i.numel()} elements, not the group's size "
+                    f"({self._size}) times the output's ({o.numel()})"
+                )
+        return self.reduce_scatter(
+            list(outputs), [list(i.detach().reshape(self._size, -1).unbind(0)) for i in inputs], opts
+        )
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # --------------------------------------------------------------- alltoall
+
+    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor], opts: Any = None) -> Work:
+        """``torch.distributed.all_to_all``: rank r's output_tensors[s] gets
+        rank s's input_tensors[r]."""
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        outs, ins = list(output_tensors), list(input_tensors)
+        if len(outs) != self._size or len(ins) != self._size:
+            raise ValueError(f"hvdd: all_to_all: {len(ins)} inputs and {len(outs)} outputs for {self._size} ranks")
+
+        def submit(name: str) -> List[Handle]:
+            parts = [_flat(t) for t in ins]
+            a = np.concatenate([p[0] for p in parts])
+            return [
+                _ops.submit_output(
+                    self._client,
+                    pb.OP_ALLTOALL,
+                    a,
+                    name,
+                    self._ps,
+                    with_splits=True,
+                    wire=parts[0][1],
+                    splits=[p[0].size for p in parts],
+                )
+            ]
+
+        def finish(results: List[Any]) -> None:
+            r, splits = results[0]
+            off = 0
+            for o, n in zip(outs, splits):
+                if int(n) != _elems(o):
+                    raise ValueError(f"all_to_all: a rank sent {int(n)} elements for an output tensor of {_elems(o)}")
+                _write(o, r[off : off + int(n)])
+                off += int(n)
+
+        return self._run("all_to_all", opts, outs, submit, finish)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: List[int],
+        input_split_sizes: List[int],
+        opts: Any = None,
+    ) -> Work:
+        """``torch.distributed.all_to_all_single``: the rows of input go to the
+        ranks in input_split_sizes (equal parts when empty); output gets every
+        rank's rows for this one, in rank order."""
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        in_splits = [int(s) for s in input_split_sizes] if input_split_sizes else None
+        out_splits = [int(s) for s in output_split_sizes] if output_split_sizes else None
+
+        def submit(name: str) -> List[Handle]:
+            x, a, wire = _host(input)
+            if a.ndim == 0:
+                a = a.reshape(1)
+            if in_splits is None and a.shape[0] % self._size:
+                raise ValueError(
+                    f"hvdd: all_to_all_single: the input's {a.shape[0]} rows do not split evenly among {self._size} ranks"
+                )
+            return [
+                _ops.submit_output(
+                    self._client, pb.OP_ALLTOALL, a, name, self._ps, with_splits=True, wire=wire, splits=in_splits
+                )
+            ]
+
+        def finish(results: List[Any]) -> None:
+            r, splits = results[0]
+            if out_splits is not None and [int(s) for s in splits] != out_splits:
+                raise ValueError(
+                    f"all_to_all_single: received {[int(s) for s in splits]} rows, output_split_sizes is {out_splits}"
+                )
+            if r.size != _elems(output):
+                raise ValueError(f"all_to_all_single: received {r.size} elements for an output of {_elems(output)}")
+            _write(output, r)
+
+        return self._run("all_to_all_single", opts, [output], submit, finish)
+
+    alltoall_base = all_to_all_single
+
+    # ---------------------------------------------------------------- barrier
+
+    def barrier(self, opts: Any = None) -> Work:
+        """``torch.distributed.barrier``: done once every rank of the group has
+        called it (a one-byte allreduce, so that a rank calling another
+        collective instead is reported, not waited for)."""
+        opts = opts if opts is not None else dist.BarrierOptions()
+        one = np.ones(1, dtype=np.uint8)
+
+        def submit(name: str) -> List[Handle]:
+            return [_ops.submit_allreduce(self._client, one, name, int(Sum), ps=self._ps)]
+
+        return self._run("barrier", opts, [], submit)
+
+    def monitored_barrier(self, timeout: Optional[timedelta] = None, wait_all_ranks: bool = False) -> None:
+        """``torch.distributed.monitored_barrier``: rank 0 waits for every other
+        rank to arrive within timeout and raises naming the first (or with
+        wait_all_ranks, every) rank that did not; the others wait for rank
+        0's release. Through the store, as gloo's goes through its pairs."""
+        t = timeout if not _unset(timeout) else self._timeout
+        k = next(self._barriers)
+        key = f"hvdd/monitored_barrier/{k}"
+        self._store.set(f"{key}/arrived/{self._rank}", "1")
+        start = time.monotonic()
+        if self._rank == 0:
+            missing = []
+            for r in range(1, self._size):
+                left = max(0.001, t.total_seconds() - (time.monotonic() - start))
+                try:
+                    self._store.wait([f"{key}/arrived/{r}"], timedelta(seconds=left))
+                except Exception:
+                    missing.append(r)
+                    if not wait_all_ranks:
+                        break
+            ms = int(t.total_seconds() * 1000)
+            if missing:
+                if wait_all_ranks:
+                    raise _BackendError(
+                        f"hvdd: Ranks {', '.join(map(str, missing))} failed to pass monitoredBarrier in {ms} ms"
+                    )
+                raise _BackendError(f"hvdd: Rank {missing[0]} failed to pass monitoredBarrier in {ms} ms")
+            self._store.set(f"{key}/released", "1")
+            return None
+        try:
+            self._store.wait([f"{key}/released"], t)
+        except Exception as e:
+            raise _BackendError(
+                f"hvdd: Rank {self._rank} was not released by rank 0 from monitoredBarrier within "
+                f"{int(t.total_seconds() * 1000)} ms: {e}"
+            ) from e
+        return None
+
+    # ---------------------------------------------------------- point to point
+
+    def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int = 0) -> Work:
+        raise NotImplementedError(
+            "hvdd: point-to-point send/recv are not supported yet (the daemon has no point-to-point transfers); "
+            "use the collectives, or a gloo group for send/recv"
+        )
+
+    def recv(self, tensors: List[torch.Tensor], srcRank: int, tag: int = 0) -> Work:
+        return self.send(tensors, srcRank, tag)
+
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Work:
+        return self.send(tensors, -1, tag)
+
+    # --------------------------------------------------------------- shutdown
+
+    def shutdown(self) -> None:
+        """Ends the group (destroy_process_group): its completion thread stops;
+        the default group's also closes the connection to the daemon, if the
+        backend made it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._completer.close()
+        if self._is_default:
+            conn = _startup.release()
+            if conn is not None:
+                conn.close()
+
+    def abort(self) -> None:
+        """Like shutdown: pending collectives fail."""
+        self.shutdown()
+
+    def _wait_for_pending_works(self) -> None:
+        pass
+
+
+# ------------------------------------------------------------- creating
+
+
+def create_process_group(dist_backend_opts: Any, backend_options: Any = None) -> ProcessGroupHvdd:
+    """torch's creator of ``hvdd`` groups (``register_backend(...,
+    extended_api=True)``): the default group connects to the daemon; a
+    subgroup runs on the process set registered for its ranks."""
+    o = dist_backend_opts
+    store, rank, size, timeout = o.store, int(o.group_rank), int(o.group_size), o.timeout
+    ranks = [int(r) for r in (o.global_ranks_in_group or [])]
+    is_default = not ranks
+    if is_default:
+        conn = _startup.connect(store, rank, size, timeout)
+        ranks = list(range(size))
+        ps = 0
+    else:
+        conn = _startup.connection()
+        ps = conn.process_set(tuple(sorted(ranks)))
+    return ProcessGroupHvdd(conn, store, rank, size, ranks, str(o.group_id), timeout, ps, is_default)
+
+
+def register_subgroups() -> None:
+    """Makes torch's new_group register the daemon's process set of an hvdd
+    group on every rank, members or not (the daemon registers sets in a
+    collective over the whole job, while torch makes a subgroup's backend
+    on its members only)."""
+    c10d = dist.distributed_c10d
+    orig = c10d._new_process_group_helper
+    if getattr(orig, "_hvdd", False):
+        return
+
+    def helper(group_size: int, group_rank: Any, global_ranks_in_group: List[int], backend: Any, *args: Any, **kw: Any):
+        conn = _startup.current()
+        if global_ranks_in_group and conn is not None and "hvdd" in str(backend).lower():
+            conn.register_group(tuple(sorted(int(r) for r in global_ranks_in_group)))
+        return orig(group_size, group_rank, global_ranks_in_group, backend, *args, **kw)
+
+    helper._hvdd = True  # type: ignore[attr-defined]
+    helper.__wrapped__ = orig  # type: ignore[attr-defined]
+    c10d._new_process_group_helper = helper
