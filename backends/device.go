@@ -69,6 +69,14 @@ type DeviceEngine interface {
 	// or ErrClosed when the engine was ended, before or during the wait.
 	Wait(ctx context.Context, s gpu.Stream) error
 
+	// Err returns nil while the engine is usable, else why it is not: an
+	// error wrapping ErrAborted or ErrClosed and the cause. It looks at the
+	// library's asynchronous errors too (a lost peer, a failed link), and
+	// ends the engines on one, so that a caller keeping engines between
+	// collectives asks it before reusing them. It does not block; safe
+	// concurrently with anything.
+	Err() error
+
 	// Abort ends the engine at once (and those made with it): pending work
 	// on every stream ends without completing, blocked Waits return, later
 	// calls fail with ErrAborted. It is the way out after a failure.
@@ -78,6 +86,31 @@ type DeviceEngine interface {
 	// (that Wait returns an error wrapping ErrClosed). Later calls fail with
 	// ErrClosed; Close after Close or Abort returns nil.
 	Close() error
+}
+
+// DeviceEngines makes one implementation's device engines (backends/nccl's
+// Engines for NCCL): the daemon builds it and hands it to the executor,
+// which holds its engines as DeviceEngine, so that another implementation
+// needs no change there. Its methods may block (communicator set-up);
+// safe for one goroutine at a time.
+type DeviceEngines interface {
+	// Name is the implementation's name ("nccl"), Version its library's
+	// version (0 when unknown).
+	Name() string
+	Version() (int, error)
+	// NewLocal makes the node-local engines over devs, rank i on devs[i],
+	// every rank in this process: made together, they fail together, and
+	// a goroutine driving several of them groups their calls
+	// (DeviceGrouper). Each must be closed.
+	NewLocal(devs []gpu.Device) ([]DeviceEngine, error)
+	// NewUniqueID makes the bootstrap id of an engine across nodes, on the
+	// rank that draws it; the control plane hands its bytes to every rank's
+	// Join.
+	NewUniqueID() ([]byte, error)
+	// Join makes this node's rank of size of the engine across nodes whose
+	// bootstrap id is id, on dev. Every rank calls it concurrently; it
+	// returns once all have joined, or with an error when ctx ends.
+	Join(ctx context.Context, dev gpu.Device, id []byte, rank, size int) (DeviceEngine, error)
 }
 
 // DeviceGrouper is implemented by engines whose calls can be issued as one

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hvdd/hvdd/backends/nccl"
 	"github.com/hvdd/hvdd/daemon/internal/exec"
 	"github.com/hvdd/hvdd/daemon/internal/exec/device"
 	"github.com/hvdd/hvdd/daemon/internal/job"
@@ -64,7 +65,7 @@ func New(cfg Config) (*Server, error) {
 		quit:    make(chan struct{}),
 		started: make(chan struct{}),
 		done:    make(chan struct{}),
-		gpu:     device.OpenGPUs(c.GPU, c.NCCL, c.Logger, c.GPUAllreduce == GPUAllreduceHost),
+		gpu:     device.OpenGPUs(c.GPU, nccl.NewEngines(c.NCCL), c.Logger, c.GPUAllreduce == GPUAllreduceHost),
 	}
 	s.sampling = s.newGPUSampling()
 	return s, nil

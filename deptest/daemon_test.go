@@ -18,10 +18,10 @@ var daemonLayers = []struct {
 }{
 	{"daemon/internal/poll", []string{"daemon", "backends", "cluster", "gpu"}},
 	{"daemon/internal/job", []string{"daemon/internal/loop", "daemon/internal/nodes", "daemon/internal/exec", "daemon/internal/poll"}},
-	{"daemon/internal/exec", []string{"daemon/internal/loop", "daemon/internal/nodes"}},
+	{"daemon/internal/exec", []string{"daemon/internal/loop", "daemon/internal/nodes", "backends/nccl"}},
 	{"daemon/internal/exec/sched", []string{"daemon/internal/exec/host", "daemon/internal/exec/device", "daemon/internal/loop", "daemon/internal/nodes", "backends/nccl", "gpu/cuda"}},
 	{"daemon/internal/exec/host", []string{"daemon/internal/exec/device", "daemon/internal/loop", "daemon/internal/nodes"}},
-	{"daemon/internal/exec/device", []string{"daemon/internal/loop", "daemon/internal/nodes"}},
+	{"daemon/internal/exec/device", []string{"daemon/internal/loop", "daemon/internal/nodes", "backends/nccl"}},
 	{"daemon/internal/nodes", []string{"daemon/internal/loop", "daemon/internal/exec"}},
 	{"daemon/internal/loop", []string{"daemon/internal/nodes"}},
 }

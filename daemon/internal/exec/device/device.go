@@ -12,7 +12,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hvdd/hvdd/backends"
-	"github.com/hvdd/hvdd/backends/nccl"
 	"github.com/hvdd/hvdd/daemon/internal/exec/host"
 	"github.com/hvdd/hvdd/daemon/internal/exec/sched"
 	"github.com/hvdd/hvdd/daemon/internal/job"
@@ -145,7 +144,7 @@ func (x *Path) topologyOf(w *job.Work) (topology, []*gpuDev) {
 		return t, nil
 	}
 	devs := usedDevs(w)
-	t.native, t.gpus, t.nccl = true, len(devs), g.nccl != nil
+	t.native, t.gpus, t.nccl = true, len(devs), g.engines != nil
 	t.noJoined = noJoined(w)
 	t.oneRankPerGPU = len(localBufsN(w.Ops[0])) == len(devs)
 	return t, devs
@@ -455,7 +454,7 @@ func (x *Path) allreduceInPlace(_ context.Context, w *job.Work, devs []*gpuDev) 
 			mine[j] = append(mine[j], gpu.DevicePtr(rankPtrs(row, d, 0)[0]))
 		}
 	}
-	if err := groupEach(local, func(j int, e *nccl.Engine) error {
+	if err := groupEach(local, func(j int, e engine) error {
 		for i, p := range mine[j] {
 			if err := e.Allreduce(devs[j].stream, p, p, int(r.Tensors[i].Shape.NumElements()), r.DType, op); err != nil {
 				return err
@@ -577,7 +576,7 @@ func (x *Path) reduceLocal(w *job.Work, devs []*gpuDev, offs []int, op tensor.Re
 		return err
 	}
 	count := offs[len(offs)-1] / dt.Size()
-	if err := groupEach(local, func(i int, e *nccl.Engine) error {
+	if err := groupEach(local, func(i int, e engine) error {
 		return e.Allreduce(devs[i].stream, devs[i].fuse, devs[i].fuse, count, dt, op)
 	}); err != nil {
 		return fmt.Errorf("NCCL allreduce over %d GPUs: %w", len(devs), err)
@@ -761,7 +760,7 @@ func (x *Path) broadcastOverGPUs(devs []*gpuDev, bufs []gpu.DevicePtr, n, from i
 	if err != nil {
 		return err
 	}
-	if err := groupEach(local, func(k int, e *nccl.Engine) error {
+	if err := groupEach(local, func(k int, e engine) error {
 		return e.Broadcast(devs[k].stream, bufs[k], bufs[k], n, tensor.Uint8, from)
 	}); err != nil {
 		return fmt.Errorf("NCCL broadcast over %d GPUs: %w", len(devs), err)
@@ -847,11 +846,11 @@ func (x *Path) broadcastOut(ctx context.Context, src broadcastSources, buf []byt
 // The engine across nodes is made on the job's first such response
 // (GPUs.acrossEngine): the coordinator drew the NCCL unique id and sent it
 // in that plan, over the control links (Work.NCCLID); every node joins
-// (nccl.Join) on its devs[0].
+// (backends.DeviceEngines.Join) on its devs[0].
 
 // CanNCCLAcross reports whether this node can join NCCL communicators
 // across nodes: it has GPUs, NCCL, and does not stage every device tensor.
-func (g *GPUs) CanNCCLAcross() bool { return g != nil && !g.hostOnly && g.nccl != nil }
+func (g *GPUs) CanNCCLAcross() bool { return g != nil && !g.hostOnly && g.engines != nil }
 
 // NCCLUniqueID draws an NCCL unique id for a communicator across nodes
 // (the coordinator's, sent in its plan).
@@ -859,7 +858,7 @@ func (g *GPUs) NCCLUniqueID() ([]byte, error) {
 	if !g.CanNCCLAcross() {
 		return nil, errors.New("this node runs without NCCL")
 	}
-	return nccl.NewUniqueID(g.nccl)
+	return g.engines.NewUniqueID()
 }
 
 // ncclAcrossOK reports whether this node can run w as the plan says, on
@@ -895,7 +894,7 @@ func (x *Path) allreduceNCCL(ctx context.Context, w *job.Work, devs []*gpuDev, t
 // GPU's does: count elements of dt) joins one NCCL allreduce over the
 // engine across nodes, and the total goes from there to the node's other
 // GPUs by an NCCL broadcast (broadcastOverGPUs).
-func (x *Path) allreduceNCCLAcross(devs []*gpuDev, across *nccl.Engine, count int, dt tensor.DType, op tensor.ReduceOp) error {
+func (x *Path) allreduceNCCLAcross(devs []*gpuDev, across engine, count int, dt tensor.DType, op tensor.ReduceOp) error {
 	d0 := devs[0]
 	if err := across.Allreduce(d0.stream, d0.fuse, d0.fuse, count, dt, op); err != nil {
 		return fmt.Errorf("NCCL allreduce across %d nodes: %w", across.Size(), err)
@@ -932,7 +931,7 @@ func (x *Path) allreduceNCCLAcross(devs []*gpuDev, across *nccl.Engine, count in
 type resultsFn func(ctx context.Context, w *job.Work, devs []*gpuDev, res [][]devResult) error
 
 // onNode is a builder that takes the engine across nodes, on one node.
-func (x *Path) onNode(f func(w *job.Work, devs []*gpuDev, res [][]devResult, across *nccl.Engine) error) resultsFn {
+func (x *Path) onNode(f func(w *job.Work, devs []*gpuDev, res [][]devResult, across engine) error) resultsFn {
 	return func(_ context.Context, w *job.Work, devs []*gpuDev, res [][]devResult) error {
 		return f(w, devs, res, nil)
 	}
@@ -951,7 +950,7 @@ func (x *Path) viaEngine(f func(ctx context.Context, w *job.Work, devs []*gpuDev
 }
 
 // viaNCCL is a builder across nodes on the engine across nodes.
-func (x *Path) viaNCCL(f func(w *job.Work, devs []*gpuDev, res [][]devResult, across *nccl.Engine) error) resultsFn {
+func (x *Path) viaNCCL(f func(w *job.Work, devs []*gpuDev, res [][]devResult, across engine) error) resultsFn {
 	return func(ctx context.Context, w *job.Work, devs []*gpuDev, res [][]devResult) error {
 		across, err := x.gpu.acrossEngine(ctx, w)
 		if err != nil {
@@ -1059,7 +1058,7 @@ func exportResults(w *job.Work, res [][]devResult) error {
 // allgatherOverGPUs builds an allgather's results on the node's GPUs and,
 // given the engine across nodes (across; nil on one node), across nodes on
 // NCCL, tensor by tensor (allgatherTensor).
-func (x *Path) allgatherOverGPUs(w *job.Work, devs []*gpuDev, res [][]devResult, across *nccl.Engine) error {
+func (x *Path) allgatherOverGPUs(w *job.Work, devs []*gpuDev, res [][]devResult, across engine) error {
 	local, err := x.gpu.enginesBetween(devs)
 	if err != nil {
 		return err
@@ -1078,7 +1077,7 @@ func (x *Path) allgatherOverGPUs(w *job.Work, devs []*gpuDev, res [][]devResult,
 // (gatherOnNode) and, across nodes, from the others (allgatherNCCLAcross,
 // which completes GPU 0's lead and spreads it to the node's other GPUs).
 // The GPU's other ranks then copy its lead.
-func (x *Path) allgatherTensor(w *job.Work, i int, devs []*gpuDev, res [][]devResult, local []*nccl.Engine, across *nccl.Engine) error {
+func (x *Path) allgatherTensor(w *job.Work, i int, devs []*gpuDev, res [][]devResult, local []engine, across engine) error {
 	r := &w.Resp
 	ops, t := w.Ops[i], &r.Tensors[i]
 	shape := sched.AllgatherShape(t)
@@ -1141,7 +1140,7 @@ func (x *Path) allgatherTensor(w *job.Work, i int, devs []*gpuDev, res [][]devRe
 // (local, the node-local engines over devs), NCCL broadcasts from its GPU
 // into the others', one group call for all, each piece in place at its
 // offset.
-func gatherOnNode(ops []*job.Op, devs []*gpuDev, lead []gpu.DevicePtr, offs []int, local []*nccl.Engine) error {
+func gatherOnNode(ops []*job.Op, devs []*gpuDev, lead []gpu.DevicePtr, offs []int, local []engine) error {
 	for k, o := range ops {
 		if o == nil || devOf(o).n == 0 {
 			continue
@@ -1154,7 +1153,7 @@ func gatherOnNode(ops []*job.Op, devs []*gpuDev, lead []gpu.DevicePtr, offs []in
 	if local == nil {
 		return nil
 	}
-	if err := groupEach(local, func(j int, e *nccl.Engine) error {
+	if err := groupEach(local, func(j int, e engine) error {
 		for k, o := range ops {
 			if o == nil || devOf(o).n == 0 {
 				continue
@@ -1175,7 +1174,7 @@ func gatherOnNode(ops []*job.Op, devs []*gpuDev, lead []gpu.DevicePtr, offs []in
 // i across nodes on NCCL: one broadcast per node of that node's pieces
 // (contiguous: ranks are ordered by node) over the engine across nodes, in
 // one group call, then the lead spread to the node's other GPUs' leads.
-func (x *Path) allgatherNCCLAcross(w *job.Work, i int, devs []*gpuDev, lead []gpu.DevicePtr, total int, across *nccl.Engine) error {
+func (x *Path) allgatherNCCLAcross(w *job.Work, i int, devs []*gpuDev, lead []gpu.DevicePtr, total int, across engine) error {
 	counts, _ := sched.AllgatherCounts(w.View.Rows, &w.Resp.Tensors[i], w.Resp.DType)
 	if err := across.Group(func() error {
 		off := 0
@@ -1270,7 +1269,7 @@ type gpuMove struct {
 // (the node-local engines over devs; nil with one GPU), all of those in
 // one group call. Between two GPUs NCCL matches sends and receives in the
 // order issued, which the one walk over ms gives on both sides.
-func moveAll(devs []*gpuDev, local []*nccl.Engine, ms []gpuMove) error {
+func moveAll(devs []*gpuDev, local []engine, ms []gpuMove) error {
 	between := false
 	for _, m := range ms {
 		if m.from != m.to {
@@ -1284,7 +1283,7 @@ func moveAll(devs []*gpuDev, local []*nccl.Engine, ms []gpuMove) error {
 	if !between {
 		return nil
 	}
-	if err := groupEach(local, func(j int, e *nccl.Engine) error {
+	if err := groupEach(local, func(j int, e engine) error {
 		d := devs[j]
 		for _, m := range ms {
 			var err error
@@ -1434,7 +1433,7 @@ func (x *Path) alltoallHierarchical(ctx context.Context, w *job.Work, devs []*gp
 // from the other GPUs'), exchanged with the other nodes into a receive
 // buffer there (alltoallExchange), and each local rank's result assembled
 // from its runs in it (placeAlltoall, moveAll from GPU 0).
-func (x *Path) alltoallNCCLAcross(w *job.Work, devs []*gpuDev, res [][]devResult, across *nccl.Engine) error {
+func (x *Path) alltoallNCCLAcross(w *job.Work, devs []*gpuDev, res [][]devResult, across engine) error {
 	local, err := x.gpu.enginesBetween(devs)
 	if err != nil {
 		return err
@@ -1483,7 +1482,7 @@ func (x *Path) alltoallNCCLAcross(w *job.Work, devs []*gpuDev, res [][]devResult
 // across nodes, in one group call; its own block goes by a D2D copy on
 // GPU 0 (d0). Between two nodes NCCL matches them in the order issued,
 // which the same loop gives on both sides.
-func alltoallExchange(a *sched.A2APlan, me int, d0 *gpuDev, sendBuf gpu.DevicePtr, sendOff []int, recvBuf gpu.DevicePtr, across *nccl.Engine) error {
+func alltoallExchange(a *sched.A2APlan, me int, d0 *gpuDev, sendBuf gpu.DevicePtr, sendOff []int, recvBuf gpu.DevicePtr, across engine) error {
 	if n := a.SendCounts[me]; n > 0 {
 		if err := d0.dev.CopyDtoD(d0.stream, recvBuf.Add(a.BlockStart[me]), sendBuf.Add(sendOff[me]), n); err != nil {
 			return fmt.Errorf("GPU %s: %w", d0.info.UUID, err)
@@ -1556,7 +1555,7 @@ func reducescatterOneGPU(_ context.Context, w *job.Work, devs []*gpuDev, res [][
 // over the node's GPUs; across nodes then allreduceNCCLAcross), then each
 // local rank's block copied out into its result on its GPU and postscaled
 // there.
-func (x *Path) reducescatterOverGPUs(w *job.Work, devs []*gpuDev, res [][]devResult, across *nccl.Engine) error {
+func (x *Path) reducescatterOverGPUs(w *job.Work, devs []*gpuDev, res [][]devResult, across engine) error {
 	r := &w.Resp
 	es := r.DType.Size()
 	offs, op, post, err := x.reduceWhole(w, devs)

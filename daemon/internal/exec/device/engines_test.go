@@ -21,7 +21,7 @@ import (
 // are drained; Close closes what is kept.
 func TestLocalEngines(t *testing.T) {
 	var logs bytes.Buffer
-	g := OpenGPUs(fake.New(fake.Options{Devices: 2}), fake.NewNCCL(), slog.New(slog.NewTextHandler(&logs, nil)), false)
+	g := OpenGPUs(fake.New(fake.Options{Devices: 2}), nccl.NewEngines(fake.NewNCCL()), slog.New(slog.NewTextHandler(&logs, nil)), false)
 	if g == nil {
 		t.Fatal("no fake GPU")
 	}
@@ -44,7 +44,7 @@ func TestLocalEngines(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := groupEach(es, func(i int, e *nccl.Engine) error {
+	if err := groupEach(es, func(i int, e engine) error {
 		d := g.devs[i]
 		return e.Allreduce(d.stream, d.fuse, d.fuse, 16, tensor.Float32, tensor.Sum)
 	}); err != nil {

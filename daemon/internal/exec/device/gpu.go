@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 
 	"github.com/hvdd/hvdd/backends"
-	"github.com/hvdd/hvdd/backends/nccl"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/gpu"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -60,7 +59,7 @@ type GPUs struct {
 	// check costs one atomic load while none is.
 	anyLost atomic.Bool
 	drv     gpu.Driver
-	nccl    gpu.NCCL // nil without NCCL: several GPUs then stage through host
+	engines backends.DeviceEngines // the daemon's factory of device engines (NCCL's); nil without NCCL: several GPUs then stage through host
 	log     *slog.Logger
 	devs    []*gpuDev
 	by      map[string]*gpuDev // by UUID
@@ -72,14 +71,14 @@ type GPUs struct {
 	// when processes come to share a GPU without it).
 	mps gpu.MPS
 
-	// The NCCL engines (backends/nccl), used by the executor goroutine
-	// only. local holds the node-local engines by the GPUs they span
-	// (commKey), rank i on the i-th of them; across is this node's engine
+	// The device engines made by engines (NCCL's), used by the executor
+	// goroutine only. local holds the node-local engines by the GPUs they
+	// span (commKey), rank i on the i-th of them; across is this node's engine
 	// across nodes (GPUAllreduceNCCL): one rank per node, on devs[0],
 	// joined for the job engine acrossOf. Each is made on first use and
 	// kept while it is healthy.
-	local    map[string][]*nccl.Engine
-	across   *nccl.Engine
+	local    map[string][]engine
+	across   engine
 	acrossOf backends.Backend
 	// used lists the engines the running response enqueued work with, for
 	// the wait at its end (waitStreams).
@@ -171,7 +170,7 @@ func (d *gpuDev) opened() bool {
 // OpenGPUs lists the GPUs drv has, opening none (gpuDev.open does, on first
 // use); a driver that fails, or lists none, leaves the daemon CPU-only
 // (nil), saying so once.
-func OpenGPUs(drv gpu.Driver, ncclLib gpu.NCCL, log *slog.Logger, hostOnly bool) *GPUs {
+func OpenGPUs(drv gpu.Driver, engines backends.DeviceEngines, log *slog.Logger, hostOnly bool) *GPUs {
 	if drv == nil {
 		return nil
 	}
@@ -183,20 +182,20 @@ func OpenGPUs(drv gpu.Driver, ncclLib gpu.NCCL, log *slog.Logger, hostOnly bool)
 		log.Info("no CUDA driver: CPU-only", "driver", drv.Name(), "why", err)
 		return nil
 	}
-	g := &GPUs{drv: drv, nccl: ncclLib, log: log, by: make(map[string]*gpuDev), hostOnly: hostOnly, local: make(map[string][]*nccl.Engine), mps: gpu.DetectMPS()}
+	g := &GPUs{drv: drv, engines: engines, log: log, by: make(map[string]*gpuDev), hostOnly: hostOnly, local: make(map[string][]engine), mps: gpu.DetectMPS()}
 	for _, in := range infos {
 		gd := &gpuDev{idx: len(g.devs), info: in, g: g}
 		g.devs = append(g.devs, gd)
 		g.by[in.UUID] = gd
 		log.Info("GPU found", "index", in.Index, "uuid", in.UUID, "name", in.Name, "pci", in.PCIBusID, "memory", in.MemoryBytes, "driver", drv.Name())
 	}
-	if ncclLib == nil && len(g.devs) > 1 {
+	if engines == nil && len(g.devs) > 1 {
 		log.Info("no NCCL: tensors on different GPUs are reduced through host memory")
 	}
 	cudaV, _ := drv.Version()
 	ncclV := 0
-	if ncclLib != nil {
-		ncclV, _ = ncclLib.Version()
+	if engines != nil {
+		ncclV, _ = engines.Version()
 	}
 	log.Info("GPU path ready (each GPU's context opened on first use)", "gpus", len(g.devs), "driver", drv.Name(), "cuda_version", cudaV, "nccl_version", ncclV, "host_only", hostOnly, "mps", g.mps.Running)
 	return g
@@ -221,7 +220,7 @@ func (g *GPUs) Close() {
 		return
 	}
 	g.Settle()
-	g.dropEngines((*nccl.Engine).Close)
+	g.dropEngines(engine.Close)
 	for _, d := range g.devs {
 		d.mu.Lock()
 		if d.dev == nil {
@@ -859,8 +858,10 @@ func (d *gpuDev) sync(ctx context.Context) error {
 	return nil
 }
 
-// The NCCL engines. The device path drives NCCL through backends/nccl: the
-// node-local engines over a set of GPUs (one communicator, ncclCommInitAll)
+// The NCCL engines. The device path drives NCCL through the interface
+// backends.DeviceEngine (engine), made by the backends.DeviceEngines the
+// daemon wires (backends/nccl's, which no package of the executor imports):
+// the node-local engines over a set of GPUs (one communicator, ncclCommInitAll)
 // and, where the plan runs a response on NCCL across nodes, this node's
 // engine across nodes (joined with the coordinator's unique id). The
 // collectives only enqueue; a response ends with waitStreams, which waits
@@ -868,16 +869,43 @@ func (d *gpuDev) sync(ctx context.Context) error {
 // ncclCommGetAsyncError, never in the stream) ends the wait. After an NCCL
 // error every engine is aborted and the next use makes new ones.
 
+// engine is what the device path needs of a device engine
+// (backends.DeviceEngine, made by the daemon's backends.DeviceEngines): its
+// collectives, grouped calls (several GPUs driven by one goroutine) and
+// point-to-point calls (alltoall).
+type engine interface {
+	backends.DeviceEngine
+	backends.DeviceGrouper
+	backends.DevicePeer
+}
+
+// asEngines checks that the engines made have what the device path needs
+// (engine), closing them if not.
+func asEngines(made []backends.DeviceEngine) ([]engine, error) {
+	es := make([]engine, len(made))
+	for i, de := range made {
+		e, ok := de.(engine)
+		if !ok {
+			for _, de := range made {
+				de.Close()
+			}
+			return nil, fmt.Errorf("the %s engine has no grouped or point-to-point calls, which the device path needs", de.Name())
+		}
+		es[i] = e
+	}
+	return es, nil
+}
+
 // engineUse is an engine a response enqueued work with, and the GPU whose
 // stream that work is on.
 type engineUse struct {
-	e      *nccl.Engine
+	e      engine
 	d      *gpuDev
 	across bool // the engine across nodes
 }
 
 // use notes that the running response enqueues work with e on d's stream.
-func (g *GPUs) use(e *nccl.Engine, d *gpuDev, across bool) {
+func (g *GPUs) use(e engine, d *gpuDev, across bool) {
 	for _, u := range g.used {
 		if u.e == e {
 			return
@@ -898,7 +926,7 @@ func commKey(devs []*gpuDev) string {
 // localEngines returns the node-local NCCL engines over devs (rank i on
 // devs[i]), made on first use, and made again when the kept ones have
 // failed since their last use.
-func (g *GPUs) localEngines(devs []*gpuDev) ([]*nccl.Engine, error) {
+func (g *GPUs) localEngines(devs []*gpuDev) ([]engine, error) {
 	k := commKey(devs)
 	es := g.local[k]
 	if es != nil {
@@ -917,7 +945,11 @@ func (g *GPUs) localEngines(devs []*gpuDev) ([]*nccl.Engine, error) {
 			ds[i] = d.dev
 		}
 		var err error
-		if es, err = nccl.NewLocal(g.nccl, ds); err != nil {
+		made, err := g.engines.NewLocal(ds)
+		if err != nil {
+			return nil, err
+		}
+		if es, err = asEngines(made); err != nil {
 			return nil, err
 		}
 		g.local[k] = es
@@ -931,7 +963,7 @@ func (g *GPUs) localEngines(devs []*gpuDev) ([]*nccl.Engine, error) {
 
 // enginesBetween returns the node-local engines over devs where there are
 // several GPUs to join, nil for one.
-func (g *GPUs) enginesBetween(devs []*gpuDev) ([]*nccl.Engine, error) {
+func (g *GPUs) enginesBetween(devs []*gpuDev) ([]engine, error) {
 	if len(devs) == 1 {
 		return nil, nil
 	}
@@ -942,7 +974,7 @@ func (g *GPUs) enginesBetween(devs []*gpuDev) ([]*nccl.Engine, error) {
 // engine, joined with the coordinator's unique id (w.NCCLID) on the job's
 // first use (and the previous job's closed). A kept engine that failed
 // fails the response: the nodes cannot make a new one without a new id.
-func (g *GPUs) acrossEngine(ctx context.Context, w *job.Work) (*nccl.Engine, error) {
+func (g *GPUs) acrossEngine(ctx context.Context, w *job.Work) (engine, error) {
 	b := w.Engine
 	if g.across != nil && g.acrossOf == b {
 		if err := g.across.Err(); err != nil {
@@ -958,10 +990,15 @@ func (g *GPUs) acrossEngine(ctx context.Context, w *job.Work) (*nccl.Engine, err
 		if err := g.devs[0].open("NCCL communicator across nodes"); err != nil {
 			return nil, err
 		}
-		e, err := nccl.Join(ctx, g.nccl, g.devs[0].dev, w.NCCLID, b.Rank(), b.Size())
+		de, err := g.engines.Join(ctx, g.devs[0].dev, w.NCCLID, b.Rank(), b.Size())
 		if err != nil {
 			return nil, fmt.Errorf("NCCL communicator across %d nodes: %w", b.Size(), err)
 		}
+		es, err := asEngines([]backends.DeviceEngine{de})
+		if err != nil {
+			return nil, err
+		}
+		e := es[0]
 		g.across, g.acrossOf = e, b
 		g.log.Info("NCCL communicator across nodes created", "nodes", b.Size(), "rank", b.Rank(), "gpu", g.devs[0].info.UUID)
 	}
@@ -971,7 +1008,7 @@ func (g *GPUs) acrossEngine(ctx context.Context, w *job.Work) (*nccl.Engine, err
 
 // groupEach makes f's calls for every engine of es (rank i on devs[i], as
 // localEngines returns them) as one NCCL group; a failure aborts them.
-func groupEach(es []*nccl.Engine, f func(i int, e *nccl.Engine) error) error {
+func groupEach(es []engine, f func(i int, e engine) error) error {
 	return es[0].Group(func() error {
 		for i, e := range es {
 			if err := f(i, e); err != nil {
@@ -1015,11 +1052,11 @@ func (g *GPUs) waitStreams(ctx context.Context, devs []*gpuDev) error {
 
 // abortEngines aborts every NCCL engine after an error (ncclCommAbort):
 // the next use makes new ones.
-func (g *GPUs) abortEngines() { g.dropEngines((*nccl.Engine).Abort) }
+func (g *GPUs) abortEngines() { g.dropEngines(engine.Abort) }
 
 // dropEngines ends every engine kept with end (Abort, or Close when the
 // daemon stops) and forgets them.
-func (g *GPUs) dropEngines(end func(*nccl.Engine) error) {
+func (g *GPUs) dropEngines(end func(engine) error) {
 	for k, es := range g.local {
 		for _, e := range es {
 			end(e)
