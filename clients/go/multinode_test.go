@@ -16,6 +16,7 @@ import (
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/backends/tcp"
+	hvdd "github.com/hvdd/hvdd/clients/go"
 	"github.com/hvdd/hvdd/daemon"
 	"github.com/hvdd/hvdd/daemon/daemontest"
 )
@@ -423,6 +424,43 @@ func TestMultiNodeEngineFails(t *testing.T) {
 				if err := w.Wait(60 * time.Second); err == nil || !strings.Contains(w.Output(), "engine refused to start") {
 					t.Errorf("round %d: rank %d: %v, want an init error naming the engine's failure:\n%s", round, w.Rank, err, w.Output())
 				}
+			}
+		}
+	}
+}
+
+func init() {
+	scenarios["unevenwhole"] = func(ctx context.Context, c *hvdd.Client) error {
+		n := 3_000_000 // 12 MB: pipelined in chunks where two ranks share a node
+		x := input[float32](c.Rank(), n)
+		if err := hvdd.Allreduce(ctx, c, x, hvdd.WithName("whole"), hvdd.WithOp(hvdd.Sum)); err != nil {
+			return err
+		}
+		for i := range x {
+			var want float32
+			for r := 0; r < c.Size(); r++ {
+				want += float32(val(r, i))
+			}
+			if x[i] != want {
+				return fmt.Errorf("element %d = %v, want %v", i, x[i], want)
+			}
+		}
+		return nil
+	}
+}
+
+// TestMultiNodeUnevenLargeAllreduce: a large single-tensor allreduce on
+// nodes of 1 and 2 ranks. Each node used to decide alone whether the
+// engine took it in one call or in chunks (the one-rank node: whole, the
+// two-rank node: chunked), and the result was wrong from the first chunk
+// on ("element 262144 = 3, want 10"); sched.Whole now decides it from what
+// every node knows alike.
+func TestMultiNodeUnevenLargeAllreduce(t *testing.T) {
+	ss := startNodes(t, 1, 2)
+	for n, node := range spawnNodes(t, ss, "unevenwhole", 1, 2) {
+		for _, w := range node {
+			if err := w.Wait(60 * time.Second); err != nil {
+				t.Errorf("node %d rank %d: %v; output:\n%s", n, w.Rank, err, w.Output())
 			}
 		}
 	}
