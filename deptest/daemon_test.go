@@ -1,6 +1,8 @@
 package deptest
 
 import (
+	"bytes"
+	"os/exec"
 	"strings"
 	"testing"
 )
@@ -24,6 +26,17 @@ var daemonLayers = []struct {
 	{"daemon/internal/exec/device", []string{"daemon/internal/loop", "daemon/internal/nodes", "backends/nccl"}},
 	{"daemon/internal/nodes", []string{"daemon/internal/loop", "daemon/internal/exec"}},
 	{"daemon/internal/loop", []string{"daemon/internal/nodes"}},
+}
+
+// daemonDirect are rules on what a daemon package imports itself, where its
+// build still pulls the package in through another: the loop hands work to
+// the executor, which runs the host path, but names nothing of that path
+// (the timeline's row and phase names it writes are package job's).
+var daemonDirect = []struct {
+	pkg    string
+	denied []string // packages of the module it must not import itself
+}{
+	{"daemon/internal/loop", []string{"daemon/internal/exec/host"}},
 }
 
 // deniedBy returns the package of denied that path is or lies below, or "".
@@ -78,4 +91,32 @@ func TestDaemonLayersCover(t *testing.T) {
 			t.Errorf("%s has no rule in daemonLayers: say what it may not import", rel)
 		}
 	}
+}
+
+// TestDaemonDirectImports checks the rules of daemonDirect: no package
+// there imports, in its own (non-test) files, what its rule denies.
+func TestDaemonDirectImports(t *testing.T) {
+	for _, l := range daemonDirect {
+		t.Run(l.pkg, func(t *testing.T) {
+			for _, imp := range imports(t, l.pkg) {
+				if by := deniedBy(imp, l.denied); by != "" {
+					t.Errorf("%s must not import %s itself, but it imports %s", l.pkg, by, imp)
+				}
+			}
+		})
+	}
+}
+
+// imports lists the packages that pkg (a path inside the module) imports
+// in its own files, test files left out.
+func imports(t *testing.T, pkg string) []string {
+	t.Helper()
+	cmd := exec.Command(goBin(t), "list", "-f", `{{join .Imports "\n"}}`, module+"/"+pkg)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list %s: %v\n%s", pkg, err, stderr.Bytes())
+	}
+	return strings.Fields(string(out))
 }

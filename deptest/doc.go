@@ -20,7 +20,9 @@
 //   - a package of the daemon's (daemon/internal/...) imports package daemon
 //     or breaks its layer (daemon_test.go): loop and nodes import each
 //     other, exec imports either, job a sibling, poll the daemon, an
-//     engine, the control links or the GPU seam;
+//     engine, the control links or the GPU seam; or the loop imports the
+//     executor's host path (exec/host) itself, which its build still pulls
+//     in through the executor (the timeline's names it writes are job's);
 //   - the default build of cmd/hvdd (no build tags) compiles cgo outside
 //     the standard library and the dlopen loaders
 //     (github.com/ebitengine/purego for CUDA and NCCL,

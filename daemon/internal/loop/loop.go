@@ -15,7 +15,6 @@ import (
 
 	"github.com/hvdd/hvdd/daemon/internal/exec"
 	"github.com/hvdd/hvdd/daemon/internal/exec/device"
-	"github.com/hvdd/hvdd/daemon/internal/exec/host"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/internal/poll"
 	"github.com/hvdd/hvdd/daemon/metrics"
@@ -989,7 +988,7 @@ func (l *Loop) work(j *job.Job, r plan.Response) (job.Work, bool) {
 			if tl != nil {
 				tl.responded(&r)
 				if r.Err == nil {
-					host.TraceAll(tl.w, &r, timeline.End, "")
+					job.TraceAll(tl.w, &r, timeline.End, "")
 				}
 			}
 			return w, false
@@ -1004,7 +1003,7 @@ func (l *Loop) work(j *job.Job, r plan.Response) (job.Work, bool) {
 	} else if sink := j.Coord.TraceSink(); sink != nil && r.Err == nil {
 		// The coordinator's timeline: this node's phases of the
 		// response, on its own track there.
-		host.TraceAll(sink, &r, timeline.Begin, host.TopName(&r))
+		job.TraceAll(sink, &r, timeline.Begin, job.TopName(&r))
 		w.Trace = sink
 	}
 	w.Resp.Root = root

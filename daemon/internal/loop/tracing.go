@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 
 	"github.com/hvdd/hvdd/cluster/clusterpb"
-	"github.com/hvdd/hvdd/daemon/internal/exec/host"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
@@ -58,7 +57,7 @@ func negotiationName(r *plan.Request) string {
 // rank, and every global rank ticks.
 func (t *tracer) submitted(r *plan.Request) {
 	k := job.OpKey{Rank: -1, Set: r.ProcessSet, Name: r.Name}
-	name := host.Row(k.Set, k.Name)
+	name := job.Row(k.Set, k.Name)
 	if _, ok := t.negotiating[k]; !ok {
 		t.negotiating[k] = struct{}{}
 		t.w.Event(name, timeline.Begin, negotiationName(r))
@@ -85,10 +84,10 @@ func (l *Loop) TraceSubmitted(r *plan.Request) {
 // responded ends the negotiation of r's tensors and, for a response that
 // runs, starts their top-level phase.
 func (t *tracer) responded(r *plan.Response) {
-	top := host.TopName(r)
+	top := job.TopName(r)
 	for _, tn := range r.Tensors {
 		k := job.OpKey{Rank: -1, Set: r.ProcessSet, Name: tn.Name}
-		name := host.Row(k.Set, k.Name)
+		name := job.Row(k.Set, k.Name)
 		if _, ok := t.negotiating[k]; ok {
 			delete(t.negotiating, k)
 			t.w.Event(name, timeline.End, "")

@@ -221,10 +221,10 @@ func traceGPU(w *job.Work, rt route) (end func()) {
 	if w.Trace == nil {
 		return func() {}
 	}
-	host.TraceAll(w.Trace, &w.Resp, timeline.Begin, rt.phase())
+	job.TraceAll(w.Trace, &w.Resp, timeline.Begin, rt.phase())
 	return func() {
-		host.TraceAll(w.Trace, &w.Resp, timeline.End, "")
-		host.TraceAll(w.Trace, &w.Resp, timeline.End, "")
+		job.TraceAll(w.Trace, &w.Resp, timeline.End, "")
+		job.TraceAll(w.Trace, &w.Resp, timeline.End, "")
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/hvdd/hvdd/daemon/internal/exec/host"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/timeline"
 )
@@ -147,7 +146,7 @@ func (x *Path) FailLost(w job.Work, err error) {
 	if w.Trace != nil {
 		// The response's top-level phase (tracer.responded) ends once
 		// every rank has its answer.
-		defer host.TraceAll(w.Trace, r, timeline.End, "")
+		defer job.TraceAll(w.Trace, r, timeline.End, "")
 	}
 	x.fail(w, msg, false)
 }

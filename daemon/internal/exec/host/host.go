@@ -54,7 +54,7 @@ func (x *Path) Execute(w job.Work) {
 		if w.Trace != nil {
 			// The response's top-level phase (tracer.responded) ends
 			// once every rank has its answer.
-			defer TraceAll(w.Trace, &w.Resp, timeline.End, "")
+			defer job.TraceAll(w.Trace, &w.Resp, timeline.End, "")
 		}
 		x.executeMulti(w)
 		return
@@ -62,15 +62,15 @@ func (x *Path) Execute(w job.Work) {
 	r := &w.Resp
 	if r.Op == tensor.Allreduce {
 		if w.Trace != nil {
-			TraceAll(w.Trace, r, timeline.Begin, Activity(r))
+			job.TraceAll(w.Trace, r, timeline.Begin, Activity(r))
 		}
 		err := x.allreduceFused(r, w.Ops, w.Size)
 		if w.Trace != nil {
 			// The activity and the response's top-level phase
 			// (tracer.responded) end before the ranks hear, so that a
 			// rank's next request of a name opens its negotiation after.
-			TraceAll(w.Trace, r, timeline.End, "")
-			TraceAll(w.Trace, r, timeline.End, "")
+			job.TraceAll(w.Trace, r, timeline.End, "")
+			job.TraceAll(w.Trace, r, timeline.End, "")
 		}
 		if err != nil {
 			x.log.Error("allreduce failed", "tensors", len(r.Tensors), "err", err)
@@ -84,7 +84,7 @@ func (x *Path) Execute(w job.Work) {
 	for i, t := range r.Tensors {
 		ops := w.Ops[i]
 		if w.Trace != nil {
-			x.traceW, x.traceRow, x.traceEnds = w.Trace, Row(r.ProcessSet, t.Name), 1
+			x.traceW, x.traceRow, x.traceEnds = w.Trace, job.Row(r.ProcessSet, t.Name), 1
 			if r.Op != tensor.Barrier && r.Op != tensor.Join {
 				w.Trace.Event(x.traceRow, timeline.Begin, Activity(r))
 				x.traceEnds = 2

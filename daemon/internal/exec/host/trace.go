@@ -1,33 +1,13 @@
 package host
 
 import (
-	"fmt"
 	"strings"
 
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
-	"github.com/hvdd/hvdd/tensor"
 )
-
-// Row names a tensor's timeline row: its name, and its process set's id
-// when not the global set.
-func Row(set int32, name string) string {
-	if set == 0 {
-		return name
-	}
-	return fmt.Sprintf("%s (process set %d)", name, set)
-}
-
-// TopName is the name of r's top-level phase: its collective, as Horovod
-// names the row's phase after negotiation.
-func TopName(r *plan.Response) string {
-	if r.Op == tensor.Allreduce && r.ReduceOp == tensor.Adasum {
-		return "ADASUM"
-	}
-	return r.Op.String()
-}
 
 // Activity is the executor's phase name for r on one node, and for the
 // local step (reduction or copy through shared memory) of r across nodes.
@@ -61,10 +41,10 @@ type phases struct {
 
 func (p *phases) event(ph timeline.Phase, name string) {
 	if p.one {
-		p.w.Event(Row(p.r.ProcessSet, p.r.Tensors[p.i].Name), ph, name)
+		p.w.Event(job.Row(p.r.ProcessSet, p.r.Tensors[p.i].Name), ph, name)
 		return
 	}
-	TraceAll(p.w, p.r, ph, name)
+	job.TraceAll(p.w, p.r, ph, name)
 }
 
 // at makes the next phases those of tensor i's row alone (collectives run
@@ -94,12 +74,5 @@ func (p *phases) End() {
 func (p *phases) endAll() {
 	for p.open > 0 {
 		p.End()
-	}
-}
-
-// TraceAll writes ph (named name, for Begin) on every tensor row of r.
-func TraceAll(w job.EventSink, r *plan.Response, ph timeline.Phase, name string) {
-	for _, tn := range r.Tensors {
-		w.Event(Row(r.ProcessSet, tn.Name), ph, name)
 	}
 }
