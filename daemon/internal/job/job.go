@@ -120,7 +120,10 @@ type Job struct {
 	Open    int          // connections of the job still open
 	Formed  bool
 	Members Membership   // who the ranks are; set when the job forms
-	Coord   Coordination // set once every local client is here
+	Coord   Coordination // set once every local client is here (SetCoord)
+	// Across is Coord's part across nodes, probed by SetCoord: nil for a
+	// coordination without one (on one node).
+	Across  CoordinationAcross
 	Pending map[OpKey]*Op
 	Failed  *ipcpb.Done // non-nil once the job failed: every op answers with it
 
@@ -159,6 +162,22 @@ type jobStats struct {
 	Responses int64 // fused responses run (each: one collective on one buffer)
 	Tensors   int64 // tensors in them
 	Bytes     int64 // their bytes
+}
+
+// SetCoord makes c the job's coordination, once every local client is here,
+// and probes it, this once, for its part across nodes (Across).
+func (j *Job) SetCoord(c Coordination) {
+	j.Coord = c
+	j.Across, _ = c.(CoordinationAcross)
+}
+
+// Engine is the job's cross-node data engine (CoordinationAcross.Engine):
+// nil on one node, and until the job's engine across nodes is there.
+func (j *Job) Engine() backends.Backend {
+	if j.Across == nil {
+		return nil
+	}
+	return j.Across.Engine()
 }
 
 // PIDs lists the pids of the job's local ranks, for logs.

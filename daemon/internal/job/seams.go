@@ -50,25 +50,17 @@ type LinkStats struct {
 
 // Coordination negotiates the tensors of one job: it takes its local ranks'
 // requests and decides which responses run, in which order, on every node.
+// A coordination across nodes is a CoordinationAcross too; the one of a job
+// on one node need not be.
 type Coordination interface {
 	// Submit takes a local rank's request. It adds an accepted op to the
 	// job's pending ops; a non-nil Done refuses it, and the loop answers the
 	// op with it.
 	Submit(o *Op) *ipcpb.Done
-	// Flush sends what this pass of the loop made ready (to the other
-	// nodes); the loop calls it before dispatching.
-	Flush()
 	// Next returns the next responses to run, called while the executor is
 	// idle and until it returns nil: the responses in the job's pending ops
 	// that every node runs in the same order.
 	Next() []plan.Response
-	// Expect says whether local requests are pending, after each pass.
-	Expect(pending bool)
-	// Engine is the job's cross-node data engine; nil on one node.
-	Engine() backends.Backend
-	// NCCLID is the job's NCCL unique id for the communicator across
-	// nodes, once a plan brought it; nil until then, and on one node.
-	NCCLID() []byte
 	// Stalls reports the tensors waiting longer than olderThan ms for some
 	// ranks, where this node negotiates them (plan.Table.Stalls).
 	Stalls(now, olderThan int64) []plan.Stall
@@ -76,6 +68,34 @@ type Coordination interface {
 	// (Job.QueueSet): the coordination decides its round once every rank has
 	// reached it, or passes it to the node that decides, and answers it.
 	SetRequest(r SetReq)
+	// Coordinates reports whether this node decides the job's plans (and
+	// so runs its autotuner).
+	Coordinates() bool
+	// Retune applies the autotuner's settings on the deciding node: the
+	// fusion threshold to its table at once; across nodes every setting
+	// travels in the next plan, and each node applies it (LoopHooks.Tuned,
+	// the engine's) before that plan's responses.
+	Retune(s Settings)
+}
+
+// CoordinationAcross is what a coordination has only across nodes: the
+// links to the other nodes (what to send them, when, and their end), the
+// data engine between the nodes, and the timeline's phases recorded here
+// for another node's file. Job.SetCoord probes a job's coordination for it
+// once, as the job forms; a job whose coordination is none (on one node)
+// has a nil Job.Across, and the loop then does nothing of these.
+type CoordinationAcross interface {
+	// Flush sends what this pass of the loop made ready to the other
+	// nodes; the loop calls it before dispatching.
+	Flush()
+	// Expect says whether local requests are pending, after each pass.
+	Expect(pending bool)
+	// Engine is the job's cross-node data engine; nil while the job forms,
+	// and when it has none.
+	Engine() backends.Backend
+	// NCCLID is the job's NCCL unique id for the communicator across
+	// nodes, once a plan brought it; nil until then.
+	NCCLID() []byte
 	// Abort is called as the job fails with code and msg, before its pending
 	// ops are answered. With notify it tells the other nodes; it closes the
 	// engine, so that a blocked collective returns.
@@ -85,20 +105,12 @@ type Coordination interface {
 	// HostsUpdated passes a host-update notification on to global rank 0's
 	// node; only a node without rank 0 is asked to.
 	HostsUpdated(u *ipcpb.HostsUpdated)
-	// TraceSink is where the phases of the responses next() last returned
+	// TraceSink is where the phases of the responses Next last returned
 	// go, on a node that records them for another's timeline; nil if none.
 	TraceSink() EventSink
 	// TraceSent hands the phases recorded so far to the node that writes
 	// the timeline; called while the executor is idle.
 	TraceSent()
-	// Coordinates reports whether this node decides the job's plans (and
-	// so runs its autotuner).
-	Coordinates() bool
-	// Retune applies the autotuner's settings on the deciding node: the
-	// fusion threshold to its table at once; across nodes every setting
-	// travels in the next plan, and each node applies it (LoopHooks.Tuned,
-	// the engine's) before that plan's responses.
-	Retune(s Settings)
 }
 
 // SetRegistry registers and removes process sets; *plan.Table is one.
@@ -116,9 +128,10 @@ type LoopHooks interface {
 	Executing() bool
 	// Current reports whether j is the daemon's job still.
 	Current(j *Job) bool
-	// Start begins a formed job: it welcomes the local clients.
-	Start(j *Job, m Membership, c Coordination)
-	// Abort fails j with a cause (see Coordination.Abort for notify).
+	// Start begins a formed job, whose coordination the formation set
+	// (Job.SetCoord): it welcomes the local clients.
+	Start(j *Job, m Membership)
+	// Abort fails j with a cause (see CoordinationAcross.Abort for notify).
 	Abort(j *Job, code ipcpb.Code, msg string, notify bool)
 	// FormFailed ends a job that could not form: its clients get msg.
 	FormFailed(j *Job, msg string)

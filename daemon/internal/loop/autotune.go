@@ -245,7 +245,7 @@ func (l *Loop) startTuner(j *job.Job) {
 		cfg.Autotune.Fix(KnobSpin)
 	}
 	base := job.Settings{Fusion: l.cfg.FusionThreshold, Cycle: l.cfg.CycleTime, Spin: l.cfg.Spin}
-	t, err := newTuner(cfg, base, j.Coord.Engine(), l.cfg.Log.With("job", j.ID))
+	t, err := newTuner(cfg, base, j.Engine(), l.cfg.Log.With("job", j.ID))
 	if err != nil {
 		l.cfg.Log.Error("autotune: cannot tune this job; it runs with the configured settings", "job", j.ID, "err", err)
 		return

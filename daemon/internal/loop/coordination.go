@@ -3,7 +3,6 @@ package loop
 import (
 	"fmt"
 
-	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -31,9 +30,8 @@ func (f *oneNode) Complete(j *job.Job) {
 		f.hooks.FormFailed(j, fmt.Sprintf("cannot start the job: %v", err))
 		return
 	}
-	c := &localCoord{j: j, t: t, hooks: f.hooks}
-	j.Coord = c
-	f.hooks.Start(j, job.NewMembership([]int{len(j.Slots)}, 0), c)
+	j.SetCoord(&localCoord{j: j, t: t, hooks: f.hooks})
+	f.hooks.Start(j, job.NewMembership([]int{len(j.Slots)}, 0))
 }
 
 // Ended implements job.Formation.
@@ -57,7 +55,9 @@ func (f *oneNode) Links([]*job.Job) map[int]*job.LinkStats { return nil }
 // Removed implements job.Formation.
 func (f *oneNode) Removed() string { return "" }
 
-// localCoord negotiates a job of one node over a plan table.
+// localCoord negotiates a job of one node over a plan table. It has no part
+// across nodes (job.CoordinationAcross): no links, no engine, no timeline
+// of another node's.
 type localCoord struct {
 	j     *job.Job
 	t     *plan.Table
@@ -77,34 +77,6 @@ func (c *localCoord) Stalls(now, olderThan int64) []plan.Stall { return c.t.Stal
 
 // SetRequest implements job.Coordination.
 func (c *localCoord) SetRequest(r job.SetReq) { c.j.SettleLocal(r, c.t) }
-
-// Abort implements job.Coordination.
-func (c *localCoord) Abort(ipcpb.Code, string, bool) {}
-
-// Flush implements job.Coordination.
-func (c *localCoord) Flush() {}
-
-// Expect implements job.Coordination.
-func (c *localCoord) Expect(bool) {}
-
-// End implements job.Coordination.
-func (c *localCoord) End() {}
-
-// HostsUpdated implements job.Coordination.
-func (c *localCoord) HostsUpdated(*ipcpb.HostsUpdated) {}
-
-// Engine implements job.Coordination.
-func (c *localCoord) Engine() backends.Backend { return nil }
-
-// NCCLID implements job.Coordination: one node needs no communicator
-// across nodes.
-func (c *localCoord) NCCLID() []byte { return nil }
-
-// TraceSink implements job.Coordination.
-func (c *localCoord) TraceSink() job.EventSink { return nil }
-
-// TraceSent implements job.Coordination.
-func (c *localCoord) TraceSent() {}
 
 // Coordinates implements job.Coordination.
 func (c *localCoord) Coordinates() bool { return true }

@@ -204,7 +204,9 @@ func (l *Loop) laneHostsUpdated(ln *lane, result int32) {
 		j.Slots[0].SendBatch([]uint32{0}, []*ipcpb.ServerMessage{{Msg: &ipcpb.ServerMessage_HostsUpdated{HostsUpdated: u}}})
 		return
 	}
-	j.Coord.HostsUpdated(u)
+	if j.Across != nil {
+		j.Across.HostsUpdated(u)
+	}
 }
 
 // hostsUpdatedCause ends the message of an epoch that ends because its ranks

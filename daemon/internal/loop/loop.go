@@ -302,14 +302,14 @@ func (l *Loop) endPass() {
 		l.tl.w.Mark("CYCLE_START")
 	}
 	for _, j := range l.jobs() {
-		if j.Coord != nil {
-			j.Coord.Flush()
+		if j.Across != nil {
+			j.Across.Flush()
 		}
 	}
 	l.dispatch()
 	for _, j := range l.jobs() {
-		if j.Coord != nil {
-			j.Coord.Expect(len(j.Pending) > 0)
+		if j.Across != nil {
+			j.Across.Expect(len(j.Pending) > 0)
 		}
 	}
 	l.armStallTimer()
@@ -378,8 +378,8 @@ func (l *Loop) message(m any) {
 	case job.MsgExecIdle:
 		l.execBusy = false
 		for _, j := range l.jobs() {
-			if j.Coord != nil {
-				j.Coord.TraceSent()
+			if j.Across != nil {
+				j.Across.TraceSent()
 			}
 		}
 		l.closeDead()
@@ -488,10 +488,10 @@ func (l *Loop) closeDead() {
 // shutdown fails the running jobs and closes every connection.
 func (l *Loop) shutdown() {
 	for _, j := range l.jobs() {
-		if j.Formed && j.Failed == nil && j.Members.Nodes() > 1 {
+		if j.Formed && j.Failed == nil && j.Members.Nodes() > 1 && j.Across != nil {
 			// To the other nodes this node is lost: their ranks cannot go
 			// on with its ranks gone (an elastic job re-forms without it).
-			j.Coord.Abort(ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node %d%s was lost: its hvdd daemon is shutting down",
+			j.Across.Abort(ipcpb.Code_CODE_ABORTED, fmt.Sprintf("node %d%s was lost: its hvdd daemon is shutting down",
 				l.cfg.NodeRank, j.Members.RankRange(j.Members.Node)), true)
 		}
 		l.fail(j, ipcpb.Code_CODE_SHUT_DOWN, l.s.ShutdownNote())
@@ -617,11 +617,11 @@ func (l *Loop) openJob(ln *lane, elastic bool) *job.Job {
 	return j
 }
 
-// Start begins a formed job (loopHooks): it sends every local client its
-// Welcome.
-func (l *Loop) Start(j *job.Job, m job.Membership, c job.Coordination) {
+// Start begins a formed job (loopHooks), whose coordination its formation
+// set (Job.SetCoord): it sends every local client its Welcome.
+func (l *Loop) Start(j *job.Job, m job.Membership) {
 	m.Epoch = j.Epoch
-	j.Members, j.Coord = m, c
+	j.Members = m
 	j.Formed = true
 	j.FormedAt = time.Now()
 	j.GlobalRows = make([]int, m.Size)
@@ -633,7 +633,7 @@ func (l *Loop) Start(j *job.Job, m job.Membership, c job.Coordination) {
 	}
 	j.Barriers = map[int32][]int{0: make([]int, m.Size)}
 	backendNames := []string{"shm"}
-	if b := c.Engine(); b != nil {
+	if b := j.Engine(); b != nil {
 		backendNames = append(backendNames, b.Name())
 	}
 	l.cfg.Log.Info("job formed", "job", j.ID, "size", m.Size, "node", m.Node, "nodes", m.Nodes(), "pids", j.PIDs(), "elastic", j.Elastic, "epoch", m.Epoch)
@@ -752,8 +752,8 @@ func (l *Loop) jobEnded(j *job.Job) {
 	st := j.Stats
 	l.cfg.Log.Info("job ended", "job", j.ID, "name", ln.key.name, "batches", st.Batches, "responses", st.Responses, "tensors", st.Tensors, "bytes", st.Bytes)
 	l.nodes.Ended(j)
-	if j.Coord != nil {
-		j.Coord.End()
+	if j.Across != nil {
+		j.Across.End()
 	}
 	ln.job = nil
 	l.reformAfter(j)
@@ -946,13 +946,15 @@ func (l *Loop) runResponses(j *job.Job, resps []plan.Response) {
 	if ln := l.laneOf(j); ln != nil && ln.tune != nil {
 		l.tuneBatch(j, resps)
 	}
-	b := j.Coord.Engine()
+	b := j.Engine()
 	if (b == nil && bytes <= job.InlineBytes || exec.LoopRunnable(b, bytes)) && !job.DeviceBatch(batch) {
 		// Small work costs less than the hand-off to the executor.
 		for _, w := range batch {
 			l.x.Execute(w)
 		}
-		j.Coord.TraceSent()
+		if j.Across != nil {
+			j.Across.TraceSent()
+		}
 		return
 	}
 	l.execBusy = true
@@ -973,11 +975,11 @@ func (l *Loop) work(j *job.Job, r plan.Response) (job.Work, bool) {
 		r.Tensors = []plan.Tensor{{Name: "join"}}
 	}
 	rows, root := j.RowRanks(r.ProcessSet, r.Root)
-	b := j.Coord.Engine()
+	b := j.Engine()
 	tl := l.tracerOf(j)
 	w := job.Work{Resp: r, Job: j, Engine: b, Size: len(rows), Ops: make([][]*job.Op, len(names))}
-	if r.NCCL {
-		w.NCCLID = j.Coord.NCCLID()
+	if r.NCCL && j.Across != nil {
+		w.NCCLID = j.Across.NCCLID()
 	}
 	if b != nil {
 		// Across nodes a process set runs on the nodes of its members.
@@ -1000,7 +1002,7 @@ func (l *Loop) work(j *job.Job, r plan.Response) (job.Work, bool) {
 	if tl != nil {
 		tl.responded(&r)
 		w.Trace = tl.w
-	} else if sink := j.Coord.TraceSink(); sink != nil && r.Err == nil {
+	} else if sink := l.traceSink(j); sink != nil && r.Err == nil {
 		// The coordinator's timeline: this node's phases of the
 		// response, on its own track there.
 		job.TraceAll(sink, &r, timeline.Begin, job.TopName(&r))
@@ -1038,8 +1040,8 @@ func (l *Loop) Abort(j *job.Job, code ipcpb.Code, msg string, notify bool) {
 	if j.Failed != nil {
 		return
 	}
-	if j.Coord != nil {
-		j.Coord.Abort(code, msg, notify)
+	if j.Across != nil {
+		j.Across.Abort(code, msg, notify)
 	}
 	switch {
 	case j.Formed:

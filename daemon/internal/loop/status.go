@@ -163,7 +163,7 @@ func (l *Loop) jobStatus(ln *lane, host string, maxPending int) *ipcpb.JobStatus
 			}
 			js.Pending = append(js.Pending, pt)
 		}
-		if b := j.Coord.Engine(); b != nil {
+		if b := j.Engine(); b != nil {
 			js.Engine = b.Name()
 			if sr, ok := b.(backends.StatsReporter); ok {
 				s := sr.Stats()

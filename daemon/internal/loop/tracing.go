@@ -73,6 +73,16 @@ func (l *Loop) tracerOf(j *job.Job) *tracer {
 	return nil
 }
 
+// traceSink is where j's coordination records the phases of the responses
+// it last returned for another node's timeline (CoordinationAcross.TraceSink),
+// or nil.
+func (l *Loop) traceSink(j *job.Job) job.EventSink {
+	if j.Across == nil {
+		return nil
+	}
+	return j.Across.TraceSink()
+}
+
 // TraceSubmitted records on the timeline, if one runs, a request another
 // node forwarded to the coordinator (loopHooks).
 func (l *Loop) TraceSubmitted(r *plan.Request) {

@@ -397,7 +397,7 @@ func (c *multiNode) takeJoin(link *cluster.Link, who string) {
 // Complete is called when every local client of j has said hello: the job
 // forms with the other nodes (formation).
 func (c *multiNode) Complete(j *job.Job) {
-	j.Coord = newMultiCoord(c, j)
+	j.SetCoord(newMultiCoord(c, j))
 	if j.Epoch > 0 {
 		c.completeEpoch(j)
 		return
@@ -787,7 +787,7 @@ func (c *multiNode) backendUp(m msgBackendUp) {
 	if j.Elastic {
 		c.running = j
 	}
-	c.hooks.Start(j, job.NewMembership(m.slots, m.node), mc)
+	c.hooks.Start(j, job.NewMembership(m.slots, m.node))
 	c.reportFormed(j)
 	if j.Elastic && c.leads() && len(c.elasticJoins()) > 0 {
 		// Nodes came while the epoch formed and were not in it: the

@@ -73,6 +73,10 @@ type multiCoord struct {
 	ncclFailed bool
 }
 
+// A multiCoord has the part of a coordination across nodes too: the loop
+// finds it by Job.SetCoord's probe.
+var _ job.CoordinationAcross = (*multiCoord)(nil)
+
 // cacheEntry is a tensor's requests as last forwarded, under a cache slot.
 type cacheEntry struct {
 	slot int32
@@ -126,7 +130,7 @@ func (mc *multiCoord) applyTuning(s job.Settings) bool {
 func (mc *multiCoord) Engine() backends.Backend { return mc.b }
 
 // NCCLID is the job's NCCL unique id once a plan brought it
-// (job.Coordination).
+// (job.CoordinationAcross).
 func (mc *multiCoord) NCCLID() []byte { return mc.ncclID }
 
 // ncclReady reports whether a node's ranks' requests of one tensor can
