@@ -75,6 +75,15 @@ _LOCAL_OPS: dict = {
     _RedOpType.BXOR: torch.bitwise_xor,
 }
 
+# Every reduction done on each rank: the bitwise ones (all collectives), and
+# those the daemon's reducescatter lacks (it has Sum and Average).
+_LOCAL_FNS: dict = {
+    **_LOCAL_OPS,
+    _RedOpType.MIN: torch.minimum,
+    _RedOpType.MAX: torch.maximum,
+    _RedOpType.PRODUCT: torch.mul,
+}
+
 _BackendError = getattr(dist, "DistBackendError", RuntimeError)
 
 
@@ -135,6 +144,14 @@ def _write(dst: torch.Tensor, src: Any) -> None:
         d.copy_(src.reshape(d.shape))
 
 
+def _tensor(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """A result array as a tensor of like's dtype (bfloat16 arrives as its
+    int16 bits; complex as pairs of reals)."""
+    t = torch.from_numpy(a)
+    real = like.real.dtype if like.is_complex() else like.dtype
+    return t.view(torch.bfloat16) if real is torch.bfloat16 else t
+
+
 def _flat(t: torch.Tensor) -> Tuple[np.ndarray, int]:
     """t's values as a flat array (a view when t is contiguous on the CPU)
     and its wire dtype."""
@@ -170,19 +187,23 @@ class Work(dist.Work):
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._error: Optional[BaseException] = None
+        self._settled = False
         self.deadline = deadline
 
     def _settle(self, error: Optional[BaseException]) -> bool:
         """Completes the work (once): with its result, or its error."""
         with self._lock:
-            if self._event.is_set():
+            if self._settled:
                 return False
+            self._settled = True
             self._error = error
-            self._event.set()
+        # The future first: once wait() returns, get_future() is done (and
+        # the callbacks chained on it have run, as torch's works do).
         if error is None:
             self._fut.set_result(self._result)
         else:
             self._fut.set_exception(error)
+        self._event.set()
         return True
 
     def wait(self, timeout: Optional[timedelta] = None) -> bool:
@@ -495,7 +516,7 @@ class ProcessGroupHvdd(dist.ProcessGroup):
                 for t, k, r in zip(tensors, keep, results):
                     if not k:
                         continue
-                    x = torch.from_numpy(r).reshape(self._size, -1)
+                    x = _tensor(r, t).reshape(self._size, -1)
                     acc = x[0].clone()
                     for j in range(1, self._size):
                         acc = fn(acc, x[j])
@@ -795,7 +816,7 @@ class ProcessGroupHvdd(dist.ProcessGroup):
             raise ValueError("hvdd: reduce_scatter: every input tensor must have the output's size")
         a = np.concatenate([p[0] for p in parts]) if n else parts[0][0]
         wire = parts[0][1]
-        if op is not None:
+        if op is not None and kind not in _LOCAL_FNS:
             h = _ops.submit_output(
                 c, pb.OP_REDUCESCATTER, a, name, self._ps, wire=wire, reduce_op=int(op), prescale=pre, postscale=1.0
             )
@@ -807,10 +828,10 @@ class ProcessGroupHvdd(dist.ProcessGroup):
         h = _ops.submit_output(
             c, pb.OP_ALLTOALL, a, name, self._ps, with_splits=True, wire=wire, splits=[n] * self._size
         )
-        fn = _LOCAL_OPS[kind]
+        fn = _LOCAL_FNS[kind]
 
         def finish_local(r: Any) -> None:
-            x = torch.from_numpy(r[0]).reshape(self._size, -1)
+            x = _tensor(r[0], out).reshape(self._size, -1)
             acc = x[0].clone()
             for j in range(1, self._size):
                 acc = fn(acc, x[j])
@@ -1014,10 +1035,20 @@ class ProcessGroupHvdd(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Ends the group (destroy_process_group): its completion thread stops;
-        the default group's also closes the connection to the daemon, if the
-        backend made it."""
+        the default group's waits for every rank to destroy it (a barrier,
+        at most the group's timeout) and closes the connection to the
+        daemon, if the backend made it."""
         if self._closed:
             return
+        if self._is_default and self._conn.owned:
+            # The daemon ends the job when a rank leaves it: wait until every
+            # rank has come to destroy_process_group, so that a rank's last
+            # collectives on its subgroups are not cut short by another
+            # leaving first (a rank that is lost or gone ends the wait).
+            try:
+                self.barrier().wait(self._timeout)
+            except Exception as e:  # the job failed already: nothing to wait for
+                log.debug("hvdd: the barrier of destroy_process_group: %s", e)
         self._closed = True
         self._completer.close()
         if self._is_default:
@@ -1026,8 +1057,13 @@ class ProcessGroupHvdd(dist.ProcessGroup):
                 conn.close()
 
     def abort(self) -> None:
-        """Like shutdown: pending collectives fail."""
-        self.shutdown()
+        """Ends the group at once: pending collectives fail."""
+        self._closed = True
+        self._completer.close()
+        if self._is_default:
+            conn = _startup.release()
+            if conn is not None:
+                conn.close()
 
     def _wait_for_pending_works(self) -> None:
         pass

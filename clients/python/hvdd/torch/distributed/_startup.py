@@ -133,7 +133,7 @@ def _key(name: str) -> str:
     return f"hvdd/r{restart}/i{_inits}/{name}"
 
 
-def _placement(store: Any, rank: int, size: int) -> Tuple[str, int, int, int]:
+def _placement(store: Any, rank: int, size: int, timeout: timedelta) -> Tuple[str, int, int, int]:
     """(job name, local rank, local size, hosts) of this rank, from every
     rank's host name in the store. RuntimeError when the ranks are not
     placed host by host."""
@@ -141,6 +141,15 @@ def _placement(store: Any, rank: int, size: int) -> Tuple[str, int, int, int]:
     if rank == 0:
         store.set(_key("job"), uuid.uuid4().hex)
     store.set(_key(f"host/{rank}"), host)
+    keys = [_key("job")] + [_key(f"host/{r}") for r in range(size)]
+    try:
+        store.wait(keys, timeout)
+    except Exception as e:
+        missing = [r for r in range(size) if not store.check([_key(f"host/{r}")])]
+        raise RuntimeError(
+            f"hvdd: init_process_group: rank(s) {missing or [0]} of {size} did not arrive within "
+            f"{timeout.total_seconds():g} s (init_process_group's timeout): {e}"
+        ) from e
     job = store.get(_key("job")).decode()
     hosts = [store.get(_key(f"host/{r}")).decode() for r in range(size)]
     order: list = []
@@ -190,7 +199,7 @@ def _open(store: Any, rank: int, size: int, timeout: Optional[timedelta]) -> Cli
     if _under_hvdd_run():
         c = Client(start_timeout=seconds, client_name="python-torch.distributed")
     else:
-        job, lrank, lsize, nodes = _placement(store, rank, size)
+        job, lrank, lsize, nodes = _placement(store, rank, size, timeout or timedelta(seconds=seconds))
         sock = _env.socket_override()
         if not sock:
             if nodes > 1:
