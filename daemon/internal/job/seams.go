@@ -11,12 +11,24 @@ import (
 )
 
 // Formation is how the daemon forms a job once its local clients are there.
+// A formation across nodes is a FormationAcross too; the loop probes it
+// once, when it is made.
 type Formation interface {
 	// Complete is called when every local client of j has said hello. The
-	// formation ends in LoopHooks.Start, or in FormFailed.
+	// formation sets j's coordination (Job.SetCoord) and ends in
+	// LoopHooks.Start, or in FormFailed.
 	Complete(j *Job)
 	// Ended is called when the last client of j has left.
 	Ended(j *Job)
+	// Close releases what the formation holds when the daemon stops.
+	Close()
+}
+
+// FormationAcross is what a formation has only across nodes: its control
+// links, which post to the loop and which the loop polls, the elastic
+// re-forming it takes part in with the other nodes, and the links'
+// figures. A formation without it (on one node) has none of these.
+type FormationAcross interface {
 	// Message handles a message the formation posted to the loop; it
 	// reports false for one that is not its own.
 	Message(m any) bool
@@ -24,9 +36,9 @@ type Formation interface {
 	// control link); it reports false for one that is not its own.
 	Readable(fd int) bool
 	// NextReady is told, when the failed epoch of an elastic job has ended
-	// here, how many local ranks will re-initialise into epoch, the next one
-	// (the loop's elastic re-forming): none when every local rank is gone or the re-formation
-	// gave up (why says why).
+	// here, how many local ranks will re-initialise into epoch, the next
+	// one (the loop's elastic re-forming): none when every local rank is
+	// gone or the re-formation gave up (why says why).
 	NextReady(epoch uint64, local int, why string)
 	// Removed returns the name of this node's host once hvdd run's elastic
 	// driver removed it from the elastic job, else "".
@@ -34,10 +46,8 @@ type Formation interface {
 	// Links reports this node's links to the other nodes, by their
 	// --node-rank, for the metrics: what every job's engine (jobs, the
 	// running ones; the ended ones' counts are kept) exchanged with each,
-	// and the control links' round-trip times. Nil on one node.
+	// and the control links' round-trip times.
 	Links(jobs []*Job) map[int]*LinkStats
-	// Close releases what the formation holds when the daemon stops.
-	Close()
 }
 
 // LinkStats is this node's link to another node: the engines' bytes (every
@@ -121,6 +131,8 @@ type SetRegistry interface {
 }
 
 // LoopHooks is what a formation or a coordination may ask of the loop.
+// The loop's hooks are LoopHooksAcross too, which a formation across nodes
+// probes for once, when it is made.
 type LoopHooks interface {
 	// Now is the plan's logical clock (ms).
 	Now() int64
@@ -135,6 +147,15 @@ type LoopHooks interface {
 	Abort(j *Job, code ipcpb.Code, msg string, notify bool)
 	// FormFailed ends a job that could not form: its clients get msg.
 	FormFailed(j *Job, msg string)
+}
+
+// LoopHooksAcross is what only a formation or coordination across nodes
+// asks of the loop besides LoopHooks: to give up an elastic epoch the
+// other nodes cannot form, to pass on another node's host update, to
+// write another node's requests and phases into the timeline, and to apply
+// the settings a plan of the coordinator's brought.
+type LoopHooksAcross interface {
+	LoopHooks
 	// ReformFailed gives up the forming epoch of an elastic job: the
 	// survivors get msg.
 	ReformFailed(epoch uint64, msg string)

@@ -13,11 +13,20 @@ import (
 // multinode.go). A formed job negotiates its tensors through a coordination:
 // over a plan.Table on one node (localCoord, below), or across nodes as
 // coordinator or follower (multiCoord, multinode_job.go). The loop calls
-// both from its goroutine only, and they reach the loop only through
-// loopHooks. Whatever differs between one node and several lives behind
-// these two interfaces; the loop itself has no multi-node branch.
+// both from its goroutine only, and they reach the loop only through its
+// hooks (job.LoopHooks; across nodes job.LoopHooksAcross). Whatever differs
+// between one node and several lives behind these two interfaces and their
+// parts across nodes (job.FormationAcross, job.CoordinationAcross), which
+// the one-node ones lack: the loop probes for them once (New,
+// Job.SetCoord), and a nil part is its only multi-node branch.
 
-// oneNode forms every job on this node alone.
+// The loop's hooks are those of a formation across nodes too, which
+// nodes.New probes for.
+var _ job.LoopHooksAcross = (*Loop)(nil)
+
+// oneNode forms every job on this node alone: it has no part across nodes
+// (job.FormationAcross), no control links, no elastic re-forming with other
+// nodes.
 type oneNode struct {
 	hooks           job.LoopHooks
 	fusionThreshold int64
@@ -37,23 +46,8 @@ func (f *oneNode) Complete(j *job.Job) {
 // Ended implements job.Formation.
 func (f *oneNode) Ended(*job.Job) {}
 
-// Message implements job.Formation.
-func (f *oneNode) Message(any) bool { return false }
-
-// Readable implements job.Formation.
-func (f *oneNode) Readable(int) bool { return false }
-
 // Close implements job.Formation.
 func (f *oneNode) Close() {}
-
-// NextReady implements job.Formation.
-func (f *oneNode) NextReady(uint64, int, string) {}
-
-// Links implements job.Formation.
-func (f *oneNode) Links([]*job.Job) map[int]*job.LinkStats { return nil }
-
-// Removed implements job.Formation.
-func (f *oneNode) Removed() string { return "" }
 
 // localCoord negotiates a job of one node over a plan table. It has no part
 // across nodes (job.CoordinationAcross): no links, no engine, no timeline

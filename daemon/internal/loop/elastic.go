@@ -92,7 +92,7 @@ func (l *Loop) reformAfter(j *job.Job) {
 		if job.IsRankExited(j.Failed.GetError()) {
 			why = job.RanksExitedWhy
 		}
-		l.nodes.NextReady(j.Epoch+1, 0, why)
+		l.nextReady(j.Epoch+1, 0, why)
 		return
 	}
 	ln := l.laneOf(j)
@@ -121,13 +121,13 @@ func (l *Loop) reformAfter(j *job.Job) {
 	ln.reform = r
 	// Warn, not Info: a membership change is what the daemon a job starts
 	// for itself (hvdd run, --log-level warning) must still show.
-	if host := l.nodes.Removed(); host != "" {
+	if host := l.removedHost(); host != "" {
 		// Horovod's removed workers fail their re-initialisation.
 		r.removed = host
 		r.dead = fmt.Sprintf("%s has been removed from elastic job", host)
 		l.cfg.Log.Warn("elastic job: this host was removed; its ranks leave the job at its next epoch", "job", j.ID, "epoch", r.epoch,
 			"pids", pidList(r.survivors))
-		l.nodes.NextReady(r.epoch, 0, r.dead)
+		l.nextReady(r.epoch, 0, r.dead)
 		return
 	}
 	what := "elastic job lost ranks; its next epoch waits for the survivors"
@@ -136,7 +136,24 @@ func (l *Loop) reformAfter(j *job.Job) {
 	}
 	l.cfg.Log.Warn(what, "job", j.ID, "epoch", r.epoch,
 		"survivors", len(r.survivors)-r.joiners, "joining", r.joiners, "pids", pidList(r.survivors), "cause", r.cause)
-	l.nodes.NextReady(r.epoch, len(r.survivors), "")
+	l.nextReady(r.epoch, len(r.survivors), "")
+}
+
+// nextReady tells the formation across nodes, if the daemon has one, how
+// many local ranks will re-initialise into epoch (FormationAcross.NextReady).
+func (l *Loop) nextReady(epoch uint64, local int, why string) {
+	if l.across != nil {
+		l.across.NextReady(epoch, local, why)
+	}
+}
+
+// removedHost is this node's host once hvdd run's elastic driver removed it
+// from the elastic job (FormationAcross.Removed), else "".
+func (l *Loop) removedHost() string {
+	if l.across == nil {
+		return ""
+	}
+	return l.across.Removed()
 }
 
 // reformUnformed fails an epoch of an elastic job that was laid out across
@@ -324,7 +341,7 @@ func (l *Loop) reformTimeout(r *reform) {
 	} else {
 		l.cfg.Log.Warn(msg)
 	}
-	l.nodes.NextReady(r.epoch, 0, msg)
+	l.nextReady(r.epoch, 0, msg)
 	l.seatJoiners(ln)
 	l.endLane(ln)
 }
@@ -364,7 +381,7 @@ func (l *Loop) reformCheck(r *reform) {
 	if len(alive) == 0 {
 		r.stop()
 		ln.reform = nil
-		l.nodes.NextReady(r.epoch, 0, "its surviving ranks exited instead of re-initialising")
+		l.nextReady(r.epoch, 0, "its surviving ranks exited instead of re-initialising")
 		l.seatJoiners(ln)
 		l.endLane(ln)
 		return

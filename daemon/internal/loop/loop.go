@@ -62,8 +62,11 @@ type Loop struct {
 	dead     []*client // closed clients whose outputs wait for an idle executor
 
 	nodes job.Formation // how jobs form: on this node alone, or across nodes
-	again []*client     // clients with frames left over from the last pass
-	chans []*client     // clients with a shared-memory channel
+	// across is nodes' part across nodes, probed once in New: nil on one
+	// node.
+	across job.FormationAcross
+	again  []*client // clients with frames left over from the last pass
+	chans  []*client // clients with a shared-memory channel
 
 	stall        *time.Timer
 	cycle        *time.Timer
@@ -140,6 +143,7 @@ func New(cfg Config, s Server, p *poll.Poller, x *exec.Executor, newFormation fu
 		return nil, err
 	}
 	l.nodes = f
+	l.across, _ = f.(job.FormationAcross)
 	return l, nil
 }
 
@@ -258,7 +262,9 @@ func (l *Loop) serveEvents(events []unix.EpollEvent) {
 		}
 		c := l.clients[fd]
 		if c == nil {
-			l.nodes.Readable(fd)
+			if l.across != nil {
+				l.across.Readable(fd)
+			}
 			continue
 		}
 		l.serveClient(c, ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0, true)
@@ -415,7 +421,7 @@ func (l *Loop) message(m any) {
 			l.Abort(m.Job, ipcpb.Code_CODE_ABORTED, m.Err.Error(), true)
 		}
 	default:
-		if !l.nodes.Message(m) {
+		if l.across == nil || !l.across.Message(m) {
 			l.cfg.Log.Error("unknown message to the loop", "type", fmt.Sprintf("%T", m))
 		}
 	}

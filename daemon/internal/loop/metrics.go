@@ -186,7 +186,9 @@ func (l *Loop) fillSnapshot(m msgMetrics) {
 			s.jobs[1]++
 		}
 	}
-	s.links = l.nodes.Links(l.jobs())
+	if l.across != nil {
+		s.links = l.across.Links(l.jobs())
+	}
 }
 
 // snapshotTimeout bounds how long a scrape waits for the loop.

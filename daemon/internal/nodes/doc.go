@@ -7,7 +7,8 @@
 // a lost node, joining nodes, removal by hvdd run's driver) and the
 // election of a new coordinator.
 //
-// It implements package job's Formation and Coordination and reaches the
-// loop only through job.LoopHooks and the poller's mailbox; it imports
+// It implements package job's Formation and Coordination with their parts
+// across nodes (FormationAcross, CoordinationAcross) and reaches the loop
+// only through job.LoopHooksAcross and the poller's mailbox; it imports
 // neither the loop nor the executor.
 package nodes

@@ -67,11 +67,15 @@ type ControlTransport interface {
 // at about the same time, and it returns once the engine is connected.
 type BackendFactory func(ctx context.Context, j MultiNodeJob) (backends.Backend, error)
 
+// A multiNode has the part of a formation across nodes too: the loop finds
+// it by its probe in loop.New.
+var _ job.FormationAcross = (*multiNode)(nil)
+
 // multiNode forms jobs with the daemons of the other nodes (the loop's
 // formation on several nodes) and watches the running job's control links.
 // Only the loop goroutine touches it, except where noted.
 type multiNode struct {
-	hooks job.LoopHooks
+	hooks job.LoopHooksAcross
 	p     *poll.Poller
 	log   *slog.Logger
 	cfg   Config
@@ -227,9 +231,14 @@ type Config struct {
 
 // New returns the formation across nodes: it joins this daemon's jobs with
 // the other nodes' daemons (through the rendezvous, or cfg.Control), and
-// reaches the loop through hooks and p.
+// reaches the loop through hooks, which must be job.LoopHooksAcross too (the
+// loop's are), and p.
 func New(hooks job.LoopHooks, p *poll.Poller, cfg Config, log *slog.Logger) (job.Formation, error) {
-	c := &multiNode{hooks: hooks, p: p, log: log, cfg: cfg, nodes: cfg.Nodes, rank: cfg.NodeRank, host: cfg.Advertise, joins: make(map[int]nodeJoin),
+	h, ok := hooks.(job.LoopHooksAcross)
+	if !ok {
+		return nil, fmt.Errorf("nodes: the loop's hooks (%T) lack those of a formation across nodes (job.LoopHooksAcross)", hooks)
+	}
+	c := &multiNode{hooks: h, p: p, log: log, cfg: cfg, nodes: cfg.Nodes, rank: cfg.NodeRank, host: cfg.Advertise, joins: make(map[int]nodeJoin),
 		watched: make(map[int]*watchedLink),
 		ccfg:    cluster.Config{Secret: cfg.Secret, Heartbeat: cfg.Heartbeat, PeerTimeout: cfg.PeerTimeout}.WithDefaults()}
 	c.life, c.endLife = context.WithCancel(context.Background())

@@ -33,7 +33,7 @@ import (
 // (node 0) or follower.
 type multiCoord struct {
 	n     *multiNode
-	hooks job.LoopHooks
+	hooks job.LoopHooksAcross
 	j     *job.Job
 	b     backends.Backend // the data engine, once connected
 	table *plan.Table      // coordinator: the table over every global rank
