@@ -83,8 +83,8 @@ type Coordination interface {
 	Coordinates() bool
 	// Retune applies the autotuner's settings on the deciding node: the
 	// fusion threshold to its table at once; across nodes every setting
-	// travels in the next plan, and each node applies it (LoopHooks.Tuned,
-	// the engine's) before that plan's responses.
+	// travels in the next plan, and each node applies it
+	// (LoopHooksAcross.Tuned, the engine's) before that plan's responses.
 	Retune(s Settings)
 }
 

@@ -17,8 +17,8 @@ type Work struct {
 	Size   int
 	Ops    [][]*Op
 	// NCCLID is the job's NCCL unique id for the communicator across
-	// nodes (Coordination.NCCLID), for a response the plan runs on NCCL
-	// across nodes (Resp.NCCL).
+	// nodes (CoordinationAcross.NCCLID), for a response the plan runs on
+	// NCCL across nodes (Resp.NCCL).
 	NCCLID []byte
 }
 
