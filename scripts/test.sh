@@ -41,6 +41,9 @@ rm -f /tmp/hvdd-mpich.$$.test
 # every scenario, a lost node, hvdd run over 8 hosts (too slow under -race,
 # where these tests skip saying so).
 go test -tags mpi -count=1 -timeout 10m -run 'TestMPIMultiNode|TestMPICHMultiNode|TestMultiNodeWide|TestScaleNetns8|TestScaleRun8' ./clients/go/
+# The layouts of TestMultiNodeCollectives and TestMultiNodeLargeFused that
+# -race above skips (it runs [1 2], [1 1 1 1] and [2 2] of them).
+go test -tags mpi -count=1 -timeout 10m -run 'TestMultiNode(Collectives|LargeFused)$/^.(1_1|2_2|1_1_1).$' ./clients/go/
 # The tcp engine's conformance matrix with wire compression (minutes under -race).
 go test -count=1 -timeout 10m -run 'TestConformanceCompressed' ./backends/tcp/
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -108,7 +109,15 @@ func TestMultiNodeCollectives(t *testing.T) {
 		t.Skip("multi-node suite is long")
 	}
 	for _, slots := range [][]int{{1, 1}, {2, 2}, {1, 1, 1}, {1, 2}, {1, 1, 1, 1}} {
-		t.Run(fmt.Sprint(slots), func(t *testing.T) { runScenarios(t, slots...) })
+		t.Run(fmt.Sprint(slots), func(t *testing.T) {
+			if raceEnabled && !slices.Equal(slots, []int{1, 2}) && len(slots) != 4 {
+				// Under the race detector the uneven and the widest layouts
+				// cover every code path (a CI run's long pole was this
+				// matrix: 104 s); scripts/test.sh runs all five without it.
+				t.Skip("under -race only [1 2] and [1 1 1 1]; scripts/test.sh runs this layout without -race")
+			}
+			runScenarios(t, slots...)
+		})
 	}
 }
 
@@ -145,6 +154,9 @@ func TestMultiNodeLargeFused(t *testing.T) {
 	}
 	for _, slots := range [][]int{{2, 2}, {1, 1, 1}} {
 		t.Run(fmt.Sprint(slots), func(t *testing.T) {
+			if raceEnabled && len(slots) == 3 {
+				t.Skip("under -race only [2 2]; scripts/test.sh runs this layout without -race")
+			}
 			ss := startNodes(t, slots...)
 			for _, node := range spawnNodes(t, ss, "bigfused", slots...) {
 				for _, w := range node {
