@@ -214,7 +214,7 @@ def test_new_group_runs_on_process_sets(env: dict) -> None:
 
 @new_torch
 def test_ddp_losses_match_gloo(env: dict) -> None:
-    variants = "default,bucket_view,find_unused,no_sync,allreduce_hook,fp16_hook"
+    variants = "default,bucket_view,find_unused,static_graph,no_sync,allreduce_hook,fp16_hook,bf16_hook"
     p = torchrun(env, ["ddp", variants], nproc=2)
     _oks(p.stdout, "ddp", 2)
     for v in variants.split(","):
@@ -291,6 +291,18 @@ def test_init_timeout_is_honoured(env: dict, tmp_path) -> None:
     assert m, p.stdout + p.stderr
     assert 3 <= float(m.group(1)) < 30, m.group(0)
     assert "rank(s) [1] of 2 did not arrive within 3 s" in m.group(2), m.group(0)
+
+
+@new_torch
+def test_collective_timeout_is_honoured(env: dict) -> None:
+    """A collective that a rank does not join within the process group's
+    timeout (3 s) fails with an error saying so."""
+    p = torchrun(env, ["op_timeout"], nproc=2)
+    _oks(p.stdout, "op_timeout", 2)
+    m = re.search(r"RAISED after ([\d.]+) s: (.*)", p.stdout)
+    assert m, p.stdout
+    assert 3 <= float(m.group(1)) < 10, m.group(0)
+    assert m.group(2).startswith("DistBackendError") and "did not complete within" in m.group(2), m.group(0)
 
 
 # --------------------------------------------------------------- failures

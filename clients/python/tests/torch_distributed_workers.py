@@ -406,11 +406,20 @@ def _train(pg: Any, variant: str, steps: int = 6) -> List[float]:
         kw["gradient_as_bucket_view"] = True
     if variant == "find_unused":
         kw["find_unused_parameters"] = True
+    if variant == "static_graph":
+        kw["static_graph"] = True
     ddp = DDP(model, **kw)
     if variant == "allreduce_hook":
         ddp.register_comm_hook(pg, default_hooks.allreduce_hook)
     if variant == "fp16_hook":
         ddp.register_comm_hook(pg, default_hooks.fp16_compress_hook)
+    if variant == "bf16_hook":
+        ddp.register_comm_hook(pg, default_hooks.bf16_compress_hook)
+    if variant == "powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+        state = psgd.PowerSGDState(process_group=pg, matrix_approximation_rank=2, start_powerSGD_iter=2)
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(99 + me)
     losses = []
@@ -440,7 +449,7 @@ def ddp() -> None:
     for v in variants:
         ours = _train(dist.group.WORLD, v)
         ref = _train(gloo, v)
-        t = 1e-3 if v == "fp16_hook" else 1e-5
+        t = {"fp16_hook": 1e-3, "bf16_hook": 1e-2, "powersgd": 1e-4}.get(v, 1e-5)
         for k, (a, b) in enumerate(zip(ours, ref)):
             if abs(a - b) > t * max(1.0, abs(b)):
                 raise AssertionError(f"DDP {v}: value {k} is {a} on hvdd, {b} on gloo\nhvdd {ours}\ngloo {ref}")
@@ -523,6 +532,28 @@ def init_timeout(where: str, seconds: str) -> None:
     raise AssertionError("init_process_group did not raise")
 
 
+def op_timeout() -> None:
+    """A collective that rank 1 joins late: rank 0's fails after the group's
+    timeout (init_process_group's, 3 s), then rank 1 comes."""
+    dist.init_process_group("hvdd", timeout=timedelta(seconds=3))
+    me = dist.get_rank()
+    store = dist.distributed_c10d._get_default_store()
+    if me == 0:
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(2))
+        except Exception as e:
+            print(f"RAISED after {time.monotonic() - t0:.2f} s: {type(e).__name__}: {e}", flush=True)
+        else:
+            raise AssertionError("all_reduce did not time out")
+        store.set("op_timeout/raised", "1")
+    else:
+        store.wait(["op_timeout/raised"], timedelta(seconds=60))
+        dist.all_reduce(torch.ones(2))  # completes the daemon's op, whose work rank 0 gave up on
+    print(f"OK op_timeout {me}", flush=True)
+    os._exit(0)
+
+
 # --------------------------------------------------------------- failures
 
 
@@ -583,6 +614,7 @@ SCENARIOS = {
     "reinit": reinit,
     "hvdd_run": hvdd_run,
     "mismatch": mismatch,
+    "op_timeout": op_timeout,
 }
 
 if __name__ == "__main__":

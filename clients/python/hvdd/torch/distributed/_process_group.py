@@ -20,6 +20,12 @@ lost, tensors that differ across ranks) raises
 ``torch.distributed.DistBackendError`` with the daemon's message, which
 names the rank.
 
+Known limit: a collective that a future's callback calls (PowerSGD's
+communication hook does) runs on whichever thread completes the future
+first, the completion thread or the caller's, so its place in the group's
+order can differ between ranks; such hooks fail with the daemon's mismatch
+error. The stock allreduce, fp16 and bf16 hooks call none.
+
 What the daemon has no op for is made of those it has: ``reduce`` is an
 allreduce whose result only the root keeps; ``gather`` and ``scatter`` are
 alltoalls with every rank's data going to or coming from the root; the
@@ -444,6 +450,10 @@ class ProcessGroupHvdd(dist.ProcessGroup):
         if sys._getframe(1).f_code.co_name == "monitored_barrier":
             return [torch.device("cpu"), torch.device("cuda")]
         return []
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """The timeout of the group's later collectives (torch's _set_pg_timeout)."""
+        self._timeout = timeout
 
     def __repr__(self) -> str:
         return f"ProcessGroupHvdd(rank={self._rank}, size={self._size}, ranks={self.global_ranks})"
