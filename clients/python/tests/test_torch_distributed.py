@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -55,9 +56,11 @@ def env(hvdd_bin: str, tmp_path) -> dict:
 
 
 def _daemon_logs(env: dict) -> str:
-    d = env["XDG_RUNTIME_DIR"]
+    # The job's daemon logs beside the default socket: $XDG_RUNTIME_DIR's, or
+    # /run/hvdd's for root (hvdd._env.default_socket_path).
+    d = "/run/hvdd" if os.geteuid() == 0 else env["XDG_RUNTIME_DIR"]
     out = []
-    for f in sorted(os.listdir(d)):
+    for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
         if f.endswith(".log"):
             with open(os.path.join(d, f), errors="replace") as fh:
                 out.append(f"--- {f}\n{fh.read()[-3000:]}")
@@ -77,9 +80,18 @@ def torchrun(
     """Runs ``torchrun --standalone --nproc-per-node nproc script args``."""
     exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = [exe, "--standalone", f"--nproc-per-node={nproc}", *flags, script, *args]
-    p = subprocess.run(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, cwd=cwd
+    # In a session of its own: a job that overruns is killed whole (torchrun,
+    # its workers and the daemon they started), not torchrun alone.
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, start_new_session=True
     )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        out += f"\n[TIMED OUT after {timeout:g} s]"
+    p = subprocess.CompletedProcess(cmd, proc.returncode, out)
     if check:
         assert p.returncode == 0, f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}\n{_daemon_logs(env)}"
     return p

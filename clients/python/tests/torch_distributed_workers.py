@@ -31,8 +31,14 @@ FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 ALL_DTYPES = INT_DTYPES + FLOAT_DTYPES + [torch.bool]
 
 
+def say(msg: str) -> None:
+    """Writes one line in one write(2), whole even when the ranks share a pipe
+    (print writes the line and its newline apart)."""
+    os.write(1, (msg + "\n").encode())
+
+
 def log(*a: Any) -> None:
-    print(f"[rank {os.environ.get('RANK', '?')}]", *a, flush=True)
+    say(" ".join([f"[rank {os.environ.get('RANK', '?')}]", *map(str, a)]))
 
 
 def data(rank: int, dtype: torch.dtype, shape=(5, 3), seed: int = 0) -> torch.Tensor:
@@ -166,7 +172,7 @@ def allreduce_matrix() -> None:
     assert checked_gloo > 20, f"only {checked_gloo} combinations checked against gloo"
     log(f"checked {checked_gloo} dtype x op combinations against gloo")
     dist.destroy_process_group()
-    print(f"OK allreduce_matrix {me}")
+    say(f"OK allreduce_matrix {me}")
 
 
 # ---------------------------------------------------------- the others
@@ -283,7 +289,7 @@ def collectives() -> None:
     dist.monitored_barrier(timeout=timedelta(seconds=30))
     dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=True)
     dist.destroy_process_group()
-    print(f"OK collectives {me}")
+    say(f"OK collectives {me}")
 
 
 def async_ops() -> None:
@@ -332,7 +338,7 @@ def async_ops() -> None:
         dist.all_reduce(x)
     assert x.item() == n, x
     dist.destroy_process_group()
-    print(f"OK async_ops {me}")
+    say(f"OK async_ops {me}")
 
 
 def subgroups() -> None:
@@ -376,7 +382,7 @@ def subgroups() -> None:
     dist.all_reduce(t)
     assert t.item() == n
     dist.destroy_process_group()
-    print(f"OK subgroups {me}")
+    say(f"OK subgroups {me}")
 
 
 # ------------------------------------------------------------------ DDP
@@ -459,7 +465,7 @@ def ddp() -> None:
         assert all(abs(o[0] - objs[0][0]) < 1e-5 for o in objs), objs
         log(f"DDP {v}: losses {[round(x, 5) for x in ours[:-2]]} match gloo's")
     dist.destroy_process_group()
-    print(f"OK ddp {me}")
+    say(f"OK ddp {me}")
 
 
 # ------------------------------------------------------------ start-up
@@ -478,7 +484,7 @@ def reinit() -> None:
             dist.all_reduce(torch.ones(1), group=g)
         dist.destroy_process_group()
         assert not dist.is_initialized()
-    print(f"OK reinit {me}")
+    say(f"OK reinit {me}")
 
 
 def launched(mode: str, rank: int, size: int, where: str) -> None:
@@ -500,7 +506,7 @@ def launched(mode: str, rank: int, size: int, where: str) -> None:
     dist.all_reduce(t)
     same(t, torch.full((4,), float(sum(range(size)))), f"all_reduce after {mode} init")
     dist.destroy_process_group()
-    print(f"OK launched {mode} {rank} ({time.monotonic() - t0:.2f} s)")
+    say(f"OK launched {mode} {rank} ({time.monotonic() - t0:.2f} s)")
 
 
 def hvdd_run() -> None:
@@ -515,7 +521,7 @@ def hvdd_run() -> None:
     dist.all_gather_object(objs, me)
     assert objs == list(range(n))
     dist.destroy_process_group()
-    print(f"OK hvdd_run {me}")
+    say(f"OK hvdd_run {me}")
 
 
 def init_timeout(where: str, seconds: str) -> None:
@@ -527,7 +533,7 @@ def init_timeout(where: str, seconds: str) -> None:
             "hvdd", init_method=f"file://{where}", rank=0, world_size=2, timeout=timedelta(seconds=float(seconds))
         )
     except Exception as e:
-        print(f"RAISED after {time.monotonic() - t0:.2f} s: {type(e).__name__}: {e}", flush=True)
+        say(f"RAISED after {time.monotonic() - t0:.2f} s: {type(e).__name__}: {e}")
         return
     raise AssertionError("init_process_group did not raise")
 
@@ -543,14 +549,14 @@ def op_timeout() -> None:
         try:
             dist.all_reduce(torch.ones(2))
         except Exception as e:
-            print(f"RAISED after {time.monotonic() - t0:.2f} s: {type(e).__name__}: {e}", flush=True)
+            say(f"RAISED after {time.monotonic() - t0:.2f} s: {type(e).__name__}: {e}")
         else:
             raise AssertionError("all_reduce did not time out")
         store.set("op_timeout/raised", "1")
     else:
         store.wait(["op_timeout/raised"], timedelta(seconds=60))
         dist.all_reduce(torch.ones(2))  # completes the daemon's op, whose work rank 0 gave up on
-    print(f"OK op_timeout {me}", flush=True)
+    say(f"OK op_timeout {me}")
     os._exit(0)
 
 
@@ -573,12 +579,12 @@ def fault(how: str) -> None:
         w = dist.all_reduce(torch.ones(1 << 16), async_op=True)
         w.wait()
     except Exception as e:
-        print(f"RAISED after {time.monotonic() - t0:.2f} s: {type(e).__name__}: {e}", flush=True)
+        say(f"RAISED after {time.monotonic() - t0:.2f} s: {type(e).__name__}: {e}")
         # The next collective raises too.
         try:
             dist.all_reduce(torch.ones(1))
         except Exception as e2:
-            print(f"NEXT RAISED: {type(e2).__name__}: {e2}", flush=True)
+            say(f"NEXT RAISED: {type(e2).__name__}: {e2}")
         os._exit(0)
     raise AssertionError("all_reduce did not raise")
 
@@ -590,7 +596,7 @@ def mismatch() -> None:
     try:
         dist.all_reduce(torch.ones(3 + me))
     except Exception as e:
-        print(f"RAISED: {type(e).__name__}: {e}", flush=True)
+        say(f"RAISED: {type(e).__name__}: {e}")
     else:
         raise AssertionError("all_reduce of different shapes did not raise")
     try:
@@ -599,7 +605,7 @@ def mismatch() -> None:
         else:
             dist.broadcast(torch.ones(2), 0)
     except Exception as e:
-        print(f"RAISED OP: {type(e).__name__}: {e}", flush=True)
+        say(f"RAISED OP: {type(e).__name__}: {e}")
     else:
         raise AssertionError("all_reduce against broadcast did not raise")
     os._exit(0)
