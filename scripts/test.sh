@@ -76,7 +76,7 @@ if [ -d clients/python/tests ]; then
   # run once, on the newest torch from PyPI (.venv-torch, what users
   # install); every other test (TensorFlow, Keras, launching, elastic jobs,
   # the timeline; their torch workers use Debian's torch) runs once, on .venv.
-  torch_tests=($t/test_torch.py $t/test_units.py $t/test_elastic_units.py $t/test_gpu_units.py $t/test_gpu_ipc.py $t/test_gpu_steady.py)
+  torch_tests=($t/test_torch.py $t/test_torch_distributed.py $t/test_units.py $t/test_elastic_units.py $t/test_gpu_units.py $t/test_gpu_ipc.py $t/test_gpu_steady.py)
   stage "python client: TensorFlow, Keras, launchers, elastic jobs (.venv, Debian's $(torch_of .venv/bin/python))"
   # tests/gpu needs a real GPU: scripts/gpu-check.sh runs it on the GPU
   # machine; here it would only be skipped.
