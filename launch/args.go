@@ -54,6 +54,15 @@ Each rank gets its place in the job through the environment:
   HOROVOD_CROSS_RANK (0), HOROVOD_CROSS_SIZE (1)
 Across hosts also HVDD_CROSS_RANK and HVDD_CROSS_SIZE, and the cross rank
 and size are Horovod's: among the hosts that have that local rank.
+And torch.distributed's, as torchrun sets them, so that a program that calls
+init_process_group("hvdd") (or "gloo") needs no import of hvdd first:
+  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the host's
+  index), MASTER_ADDR and MASTER_PORT (where rank 0's store listens:
+  127.0.0.1 and a free port on one machine; across hosts host 0 and a free
+  port there, or the rendezvous port + 1 when host 0 is another machine)
+Each is left alone when set in this environment or with -x. Elastic ranks
+get their values at start (and no MASTER_ADDR or MASTER_PORT when hosts are
+given or discovered): after a reset, use hvd's (hvd.rank(), hvd.size(), ...).
 
 Every line a rank writes is tagged with its (global) rank, as mpirun
 --tag-output does:

@@ -255,7 +255,7 @@ func (drv *driver) startRanksOn(i, k int) {
 			s = infos[have+x]
 		}
 		tag := len(j.workers)
-		if err := j.startRankAs(drv.path, i, tag, j.rankVars(j.nodes[i], s, "-1")); err != nil {
+		if err := j.startRankAs(drv.path, i, tag, j.rankVars(i, s, "-1")); err != nil {
 			failed = err
 			break
 		}

@@ -49,6 +49,10 @@ type job struct {
 	// stopDaemons removes.
 	dirs []string
 
+	// torchMaster is torch's MASTER_ADDR and MASTER_PORT for the ranks
+	// (torch.go); empty in jobs the elastic driver runs.
+	torchMaster [2]string
+
 	// daemons are the daemons this Run started (none if the shared one was
 	// already running), ready or not; stopDaemons stops them.
 	daemons []*daemonProc
@@ -90,6 +94,9 @@ func newJob(cfg *Config) (*job, int, error) {
 	if len(j.nodes) == 1 && j.nodes[0].Local {
 		j.nodes[0].Shared = true
 		j.nodes[0].Socket = cfg.Socket
+		if code, err := j.setTorchMaster(); err != nil {
+			return nil, code, err
+		}
 		return j, 0, nil
 	}
 
@@ -100,6 +107,9 @@ func newJob(cfg *Config) (*job, int, error) {
 		j.nodes[i].Socket = j.socketPath(i)
 	}
 	if code, err := j.setRendezvous(); err != nil {
+		return nil, code, err
+	}
+	if code, err := j.setTorchMaster(); err != nil {
 		return nil, code, err
 	}
 	return j, 0, nil

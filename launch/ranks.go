@@ -121,13 +121,14 @@ func (j *job) startRemoteRank(i, rank int, rankEnv []string) error {
 func (j *job) rankEnv(i, lr int) []string {
 	n := j.nodes[i]
 	cr, cs := crossRank(j.nodes, i, lr)
-	return j.rankVars(n, slotInfo{n.Offset + lr, j.size, lr, n.Slots, cr, cs}, strconv.Itoa(lr))
+	return j.rankVars(i, slotInfo{n.Offset + lr, j.size, lr, n.Slots, cr, cs}, strconv.Itoa(lr))
 }
 
-// rankVars is the rank variables of a rank on node n at slot s;
-// requestLR is its HVDD_LOCAL_RANK, the local rank its client asks the
-// daemon for ("-1": any).
-func (j *job) rankVars(n node, s slotInfo, requestLR string) []string {
+// rankVars is the rank variables of a rank on node i at slot s, torch's
+// among them (torchVars); requestLR is its HVDD_LOCAL_RANK, the local rank
+// its client asks the daemon for ("-1": any).
+func (j *job) rankVars(i int, s slotInfo, requestLR string) []string {
+	n := j.nodes[i]
 	r, size := strconv.Itoa(s.rank), strconv.Itoa(s.size)
 	l, ls := strconv.Itoa(s.local), strconv.Itoa(s.localSize)
 	c, csz := strconv.Itoa(s.cross), strconv.Itoa(s.crossSize)
@@ -149,11 +150,12 @@ func (j *job) rankVars(n node, s slotInfo, requestLR string) []string {
 			env = append(env, "HOROVOD_ELASTIC_TIMEOUT="+strconv.FormatFloat(t.Seconds(), 'f', -1, 64))
 		}
 	}
-	return append(env,
+	env = append(env,
 		"HOROVOD_RANK="+r, "HOROVOD_SIZE="+size,
 		"HOROVOD_LOCAL_RANK="+l, "HOROVOD_LOCAL_SIZE="+ls,
 		"HOROVOD_CROSS_RANK="+c, "HOROVOD_CROSS_SIZE="+csz,
 	)
+	return append(env, j.torchVars(i, s)...)
 }
 
 // workerEnv names a worker of a job the elastic driver runs (Hello.worker).

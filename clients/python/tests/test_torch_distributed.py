@@ -288,6 +288,46 @@ def test_under_hvdd_run(env: dict, hvdd_bin: str, tmp_path) -> None:
 
 
 @new_torch
+def test_hvdd_run_without_an_import(env: dict, hvdd_bin: str, tmp_path) -> None:
+    """Under hvdd run a program that never imports hvdd names the backend:
+    hvdd run's RANK, WORLD_SIZE, MASTER_ADDR, ... serve torch's env://
+    rendezvous, and torch loads the backend through its entry point."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        textwrap.dedent(
+            """
+            import os, sys, torch, torch.distributed as dist
+            assert not any(m.startswith("hvdd") for m in sys.modules)
+            dist.init_process_group("hvdd")
+            assert "hvdd.torch.distributed" in sys.modules and dist.get_backend() == "hvdd"
+            rank = dist.get_rank()
+            assert rank == int(os.environ["RANK"]) == int(os.environ["HVDD_RANK"]), rank
+            assert dist.get_world_size() == int(os.environ["WORLD_SIZE"]) == 2
+            assert os.environ["LOCAL_RANK"] == str(rank) and os.environ["LOCAL_WORLD_SIZE"] == "2"
+            assert os.environ["GROUP_RANK"] == "0"
+            t = torch.full((4,), float(rank + 1))
+            dist.all_reduce(t)
+            assert t.tolist() == [3.0] * 4, t
+            dist.destroy_process_group()
+            sys.stdout.write(f"OK noimport {rank}\\n")
+            """
+        )
+    )
+    p = subprocess.run(
+        [hvdd_bin, "run", "-np", "2", "--", sys.executable, str(worker)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+        cwd=str(tmp_path),
+    )
+    assert p.returncode == 0, p.stdout + _daemon_logs(env)
+    for r in range(2):
+        assert f"OK noimport {r}" in p.stdout, p.stdout
+
+
+@new_torch
 def test_init_timeout_is_honoured(env: dict, tmp_path) -> None:
     """A job whose second rank never comes: init_process_group raises after
     its timeout (3 s), naming the rank, not after the default 30 minutes."""

@@ -20,10 +20,13 @@ Registration: importing this module registers the backend, for ``cpu`` and
 ``cuda`` tensors. Where the package is installed, torch also finds it
 without the import, through the ``torch.distributed.backends`` entry point
 ``hvdd`` (torch 2.15 and later load it when ``init_process_group("hvdd")``
-names a backend it does not know). Under ``hvdd run``, import the module
-before ``init_process_group``: it sets torch's ``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` from hvdd run's, and finds the
-store through the daemon when ``MASTER_ADDR`` is unset.
+names a backend it does not know). ``hvdd run`` sets torch's ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
+``MASTER_ADDR`` and ``MASTER_PORT`` for every rank, as torchrun does, so no
+import is needed there either; where ``MASTER_ADDR`` is missing (an elastic
+job across hosts), import the module before ``init_process_group``: it then
+finds the store through the daemon. Elastic ranks get the values at start;
+after a reset, hvd's (``hvd.rank()``, ...) are the current ones.
 
 Supported: torch 2.15 and later (:data:`SUPPORTED_TORCH`), the versions
 it is tested on; importing it with an older torch raises ImportError saying

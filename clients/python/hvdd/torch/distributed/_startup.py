@@ -18,11 +18,16 @@ rank's host, from which each rank's local rank and the host's process count
 follow. hvdd's ranks are node-major; the backend requires torch's rank to
 be hvdd's and says so when they differ.
 
-Under ``hvdd run`` torch's ``env://`` rendezvous lacks ``RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``: importing the backend
-sets the first from hvdd run's variables, and its ``env://`` handler, when
-``MASTER_ADDR`` or ``MASTER_PORT`` is unset, has global rank 0 open the
-store on a free port and broadcasts that port over the daemon.
+``hvdd run`` sets torch's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``
+itself (``hvdd run --help``), so that torch's own ``env://`` rendezvous
+works before torch loads the backend through its entry point (which it
+does only after the rendezvous). Where they are missing (an elastic job
+that the driver runs has no ``MASTER_ADDR``; a user may unset them),
+importing the backend sets the first four from hvdd run's variables, and
+its ``env://`` handler, when ``MASTER_ADDR`` or ``MASTER_PORT`` is unset,
+has global rank 0 open the store on a free port and broadcasts that port
+over the daemon.
 """
 
 from __future__ import annotations
@@ -254,7 +259,8 @@ def release() -> Optional[Connection]:
 
 def set_hvdd_run_env() -> None:
     """Under hvdd run, sets torch's rank variables (RANK, WORLD_SIZE,
-    LOCAL_RANK, LOCAL_WORLD_SIZE) from hvdd run's, where they are unset."""
+    LOCAL_RANK, LOCAL_WORLD_SIZE) from hvdd run's, where they are unset
+    (hvdd run sets them itself; this serves when they are not)."""
     if not _under_hvdd_run():
         return
     env = os.environ
