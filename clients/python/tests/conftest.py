@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import pytest
+from elastic_helpers import communicate_all
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
@@ -118,16 +119,7 @@ class Job:
                         c, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=self.tmp
                     )
                 )
-            outs = []
-            for p in procs:
-                try:
-                    o, _ = p.communicate(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    for q in procs:
-                        q.kill()
-                    o, _ = p.communicate()
-                    o += "\n[TIMED OUT]"
-                outs.append(o)
+            outs = communicate_all(procs, timeout)
         finally:
             for p in procs:
                 if p.poll() is None:

@@ -1,5 +1,6 @@
-"""Helpers of the elastic end-to-end tests: run ``hvdd run`` and SIGKILL one
-of its workers once the output shows training under way."""
+"""Helpers of the end-to-end tests: wait for a job's processes
+(``communicate_all``), run ``hvdd run`` and SIGKILL one of its workers once
+the output shows training under way."""
 
 from __future__ import annotations
 
@@ -75,3 +76,20 @@ def run_killing(
     the given rank as soon as ready(the output lines so far) holds. Returns
     hvdd run's exit status, its whole output and whether the kill happened."""
     return run_acting(cmd, env, cwd, ready, lambda pid: os.kill(child_with_rank(pid, rank), signal.SIGKILL), timeout)
+
+
+def communicate_all(procs: Sequence[subprocess.Popen], timeout: float) -> List[str]:
+    """Each process's output, in order, once it exits; if one is still
+    running after timeout seconds, every process is killed (so none waits on
+    a peer that is gone) and its output ends with "[TIMED OUT]"."""
+    outs = []
+    for p in procs:
+        try:
+            o, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            o, _ = p.communicate()
+            o += "\n[TIMED OUT]"
+        outs.append(o)
+    return outs

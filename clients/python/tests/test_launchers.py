@@ -18,6 +18,7 @@ import tempfile
 from typing import Optional
 
 import pytest
+from elastic_helpers import communicate_all
 
 from hvdd import _launcher as L
 
@@ -384,15 +385,7 @@ def _srun(hvdd_bin: str, out: str, hosts: list[str], per: int, extra: Optional[d
                 [sys.executable, WORKER], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
         )
-    outs = []
-    for p in procs:
-        try:
-            o, _ = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            o, _ = p.communicate()
-        outs.append(o)
+    outs = communicate_all(procs, 120)
     assert all(p.returncode == 0 for p in procs), "\n".join(outs)
 
 

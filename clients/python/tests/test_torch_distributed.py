@@ -20,6 +20,7 @@ import textwrap
 from typing import Optional, Sequence
 
 import pytest
+from elastic_helpers import communicate_all
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
@@ -258,15 +259,7 @@ def test_init_methods(env: dict, tmp_path, mode: str) -> None:
         )
         for r in range(2)
     ]
-    outs = []
-    for p in procs:
-        try:
-            o, _ = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            o, _ = p.communicate()
-        outs.append(o)
+    outs = communicate_all(procs, 120)
     for r, (p, o) in enumerate(zip(procs, outs)):
         assert p.returncode == 0 and f"OK launched {mode} {r}" in o, f"rank {r} exited {p.returncode}:\n{o}"
 
