@@ -48,7 +48,7 @@ from ._env import (
 from ._proto import hvdd_pb2 as pb
 from ._reader import Handle, Reader
 from ._shm import Region, Staging
-from ._wire import DUPLICATE_NAME_ERROR, HEADER, KIND_CLIENT, PROTOCOL_VERSION, WAKE, encode_enqueue, error_for
+from ._wire import HEADER, KIND_CLIENT, PROTOCOL_VERSION, WAKE, encode_enqueue, error_for
 from .exceptions import HvddInternalError
 
 __all__ = ["Client", "Handle", "PROTOCOL_VERSION", "default_socket_path"]
@@ -86,7 +86,8 @@ class Client:
         self.welcome: Any = None
         self._sock: Optional[socket.socket] = None
         self._wlock = threading.Lock()  # serialises writes
-        # Guards _next_id, the staging and the reader's handle table and state.
+        # Guards _next_id, the staging and the reader's handle table and state
+        # (which only the reader writes: the client calls its methods).
         self._lock = threading.Lock()
         self._next_id = 0
         self._staging = Staging(arena_size, self._register_region)
@@ -108,7 +109,8 @@ class Client:
         deadline = time.monotonic() + self.start_timeout
         rx = self._rx
         sock = self._dial(deadline)
-        self._sock = rx.sock = sock
+        self._sock = sock
+        rx.attach(sock=sock)
         try:
             hello = pb.ClientMessage()
             h = hello.hello
@@ -209,7 +211,8 @@ class Client:
             r.close()
             raise
         r.close_fd()
-        self._ch = self._rx.ch = ch
+        self._ch = ch
+        self._rx.attach(ch=ch)
 
     def _raise_refusal(self) -> None:
         """Raises the daemon's reason for refusing this process, if it sent one
@@ -292,8 +295,7 @@ class Client:
     def stage(self, nbytes: int) -> tuple[Region, int]:
         """Reserves ``nbytes`` of shared memory; returns (region, offset)."""
         with self._lock:
-            if self._rx.failed is not None:
-                raise self._rx.failed
+            self._rx.check()
             for region, arena in self._staging.regions:  # first fit (Staging's, inline: the per-op path)
                 off = arena.alloc(nbytes)
                 if off >= 0:
@@ -313,7 +315,7 @@ class Client:
         if buf.length == 0:
             return np.empty(0, dtype=np.uint8)
         with self._lock:
-            r = self._rx.granted.get(buf.region)
+            r = self._rx.region(buf.region)
         if r is None:
             raise HvddInternalError(f"hvdd: output in unknown region {buf.region:#x}", pb.CODE_PROTOCOL)
         return r.array[buf.offset : buf.offset + buf.length]
@@ -355,21 +357,17 @@ class Client:
         sent instead of a staged buffer."""
         rx = self._rx
         with self._lock:
-            err = rx.failed
-            if err is None and name and name in rx.names:
-                err = ValueError(DUPLICATE_NAME_ERROR + f" (tensor {name!r})")
-            if err is not None:
-                if owns_staging and region is not None:
-                    self._staging.free(region, offset)
-                raise err
             self._next_id = fid = (self._next_id + 1) & 0xFFFFFFFF or 1
             h = Handle(fid, name)
+            try:
+                rx.expect(h)  # raises the connection's failure, or a duplicate name's error
+            except BaseException:
+                if owns_staging and region is not None:
+                    self._staging.free(region, offset)
+                raise
             if owns_staging and region is not None:
                 h.region, h.offset = region, offset
                 h.free_on_done = op == pb.OP_ALLGATHER or op == pb.OP_ALLTOALL or op == pb.OP_REDUCESCATTER
-            rx.pending[fid] = h
-            if name:
-                rx.names.add(name)
         try:
             body = encode_enqueue(
                 op,
@@ -393,8 +391,7 @@ class Client:
                 self._send_locked(HEADER.pack(b"HV", KIND_CLIENT, 0, fid, len(body)) + body)
         except BaseException as ex:
             with self._lock:
-                if rx.pending.pop(fid, None) is not None:
-                    rx.names.discard(name)
+                rx.forget(h)
                 if h.region is not None:
                     self._staging.free(h.region, h.offset)
                     h.region = None
@@ -446,16 +443,15 @@ class Client:
         for a plain OK). Raises the daemon's error."""
         rx = self._rx
         with self._lock:
-            if rx.failed is not None:
-                raise rx.failed
+            rx.check()
             self._next_id = fid = (self._next_id + 1) & 0xFFFFFFFF or 1
             h = Handle(fid, "")
-            rx.pending[fid] = h
+            rx.expect(h)
         try:
             self._write(fid, m.SerializeToString())
         except BaseException as ex:
             with self._lock:
-                rx.pending.pop(fid, None)
+                rx.forget(h)
             if isinstance(ex, OSError):
                 raise HvddInternalError(f"hvdd: request failed: {ex}", pb.CODE_SHUT_DOWN) from ex
             raise
@@ -502,9 +498,8 @@ class Client:
         the process exits (the shutdown at exit): in an elastic job that
         still runs, the other ranks reset and go on without this one."""
         with self._lock:
-            if self._rx.closed:
+            if not self._rx.begin_close():
                 return
-            self._rx.closed = True
         # The daemon frees its output buffers once the connection closes:
         # no mapping of them may outlive it.
         for s in list(self.device_sessions.values()):
@@ -536,12 +531,11 @@ class Client:
             except OSError:
                 pass
         ch, self._ch = self._ch, None
-        rx.ch = None
+        rx.detach_channel()
         if ch is not None:
             ch.close()
             ch.region.close()
         with self._lock:
             self._staging.close()
-            if rx.failed is None:
-                rx.failed = HvddInternalError("hvdd: client closed", pb.CODE_SHUT_DOWN)
+            rx.shut(HvddInternalError("hvdd: client closed", pb.CODE_SHUT_DOWN))
         rx.close()

@@ -15,8 +15,13 @@ and a wake-up pipe (a second at a time), so that handles still complete for
 ``poll`` and a lost daemon is noticed. A waiter that finds it there writes to
 the pipe, and takes the lock when it lets go.
 
-The handle table (``pending``, ``names``) and ``failed`` are shared with the
-client, which adds a handle under ``lock`` before it sends the request.
+The reader's state (the handle table ``pending`` and ``names``, ``failed``,
+``closed``, the granted regions, the socket and channel it reads) is
+written only here: the client reads it, and changes it through the
+reader's methods (:meth:`Reader.expect` adds a handle, under ``lock``,
+before the request is sent; :meth:`Reader.forget` takes it back when the
+send fails; :meth:`Reader.attach`, :meth:`Reader.begin_close`,
+:meth:`Reader.shut`).
 """
 
 from __future__ import annotations
@@ -34,7 +39,17 @@ from typing import Any, Callable, Optional
 from ._channel import Channel, ChannelError, fence
 from ._proto import hvdd_pb2 as pb
 from ._shm import Region, Staging
-from ._wire import ANC_SIZE, DONE_OK, HEADER, HEADER_SIZE, KIND_SERVER, KIND_WAKE, MAX_BODY, error_for
+from ._wire import (
+    ANC_SIZE,
+    DONE_OK,
+    DUPLICATE_NAME_ERROR,
+    HEADER,
+    HEADER_SIZE,
+    KIND_SERVER,
+    KIND_WAKE,
+    MAX_BODY,
+    error_for,
+)
 from ._notifications import HostUpdateResult, notification_manager
 from .exceptions import HvddInternalError
 
@@ -128,6 +143,64 @@ class Reader:
         # and adapts (see _adapt_spin).
         self._spin_base = spin
         self._spin = spin
+
+    # ------------------------------------------------- the client's requests
+
+    def attach(self, sock: Optional[socket.socket] = None, ch: Optional[Channel] = None) -> None:
+        """What the client connected: the socket (before :meth:`start`), then
+        the channel once registered."""
+        if sock is not None:
+            self.sock = sock
+        if ch is not None:
+            self.ch = ch
+
+    def detach_channel(self) -> None:
+        """The client closes the channel: nothing reads it any more."""
+        self.ch = None
+
+    def check(self) -> None:
+        """Raises the connection's failure, if any (caller holds lock)."""
+        if self.failed is not None:
+            raise self.failed
+
+    def expect(self, h: Handle) -> None:
+        """Adds h to the handle table before its request is sent (caller holds
+        lock): its Done completes it. Raises instead the connection's
+        failure, or Horovod's duplicate-name ValueError when a pending
+        handle has h's name."""
+        err = self.failed
+        name = h.name
+        if err is None and name and name in self.names:
+            err = ValueError(DUPLICATE_NAME_ERROR + f" (tensor {name!r})")
+        if err is not None:
+            raise err
+        self.pending[h.id] = h
+        if name:
+            self.names.add(name)
+
+    def forget(self, h: Handle) -> None:
+        """Takes h back out of the table: its request could not be sent
+        (caller holds lock). Nothing when it is gone already (failed)."""
+        if self.pending.pop(h.id, None) is not None and h.name:
+            self.names.discard(h.name)
+
+    def region(self, rid: int) -> Optional[Region]:
+        """The granted region rid, or None (caller holds lock)."""
+        return self.granted.get(rid)
+
+    def begin_close(self) -> bool:
+        """Marks the connection closed by the client (caller holds lock):
+        what is pending then fails as shut down. False when it was already."""
+        if self.closed:
+            return False
+        self.closed = True
+        return True
+
+    def shut(self, err: Exception) -> None:
+        """The client tore the connection down: every later request raises
+        err, unless a failure was recorded before (caller holds lock)."""
+        if self.failed is None:
+            self.failed = err
 
     # ------------------------------------------------------------ the socket
 
