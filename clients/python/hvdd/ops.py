@@ -11,8 +11,9 @@ framework module converts.
 
 Every collective of every framework reaches the client through here, host
 or device tensor: a device tensor that the daemon takes through CUDA IPC is
-sent by :func:`submit_device` or :func:`submit_device_output`, with its
-DeviceBuffer (:mod:`hvdd._cuda`) in place of staged bytes.
+sent by :func:`submit_device`, with its DeviceBuffer (:mod:`hvdd._cuda`) in
+place of staged bytes: it decides, for every framework, between CUDA IPC and
+staging, in place or in a slot of the session's pool.
 
 Names follow Horovod: ``"<op>.<name>"`` when the caller names the
 collective, else ``"<op>.noname.<n>"``, so unnamed collectives match
@@ -34,6 +35,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _cuda
 from . import basics as _basics
 from ._client import Client, Handle
 from ._proto import hvdd_pb2 as pb
@@ -61,7 +63,6 @@ __all__ = [
     "submit_broadcast",
     "submit_output",
     "submit_device",
-    "submit_device_output",
     "group",
     "allreduce",
     "grouped_allreduce",
@@ -476,63 +477,141 @@ def submit_output(
 #
 # A device tensor the daemon takes in place travels as an encoded
 # DeviceBuffer (hvdd._cuda.DeviceSession.buffer: a CUDA IPC handle of its
-# memory, not its bytes) instead of staged bytes. The framework module decides
-# whether a tensor can (hvdd._cuda) and makes the buffer and the tensors; these
-# send it and read the daemon's answer, as the functions above do for arrays.
+# memory, not its bytes) instead of staged bytes. submit_device decides,
+# through the tensor's exporter and the connection's session (hvdd._cuda),
+# whether it can and how; a framework module only adapts its tensors, and
+# stages what submit_device hands back (None) as it stages host tensors.
 
 
 def submit_device(
-    c: Client, kind: int, name: str, wire: int, shape: Sequence[int], device: bytes, result: Any, **kw: Any
-) -> Handle:
-    """Sends a collective whose result the daemon writes over the device
-    buffer ``device`` (allreduce, broadcast; ``kw`` as for
-    :meth:`Client.submit`). The handle's result is ``result``, the tensor
-    whose memory the buffer is, which the handle holds until the Done."""
-    h = c.submit(kind, name, wire, tuple(shape), device=device, **kw)
-    h.finish = lambda _h: result
-    return h
-
-
-def submit_device_output(
     c: Client,
     kind: int,
+    tensor: Any,
     name: str,
     wire: int,
-    source: Any,
-    device: bytes,
-    session: Any,
-    dtype: Any,
-    from_host: Callable[[np.ndarray], Any],
-    ps: int = 0,
+    output: Any = None,
+    dtype: Any = None,
+    from_host: Optional[Callable[[np.ndarray, Any], Any]] = None,
     with_splits: bool = False,
     convert_splits: Optional[Callable[[np.ndarray], Any]] = None,
     **kw: Any,
+) -> Optional[Handle]:
+    """Sends a collective of kind on a device tensor through CUDA IPC, or
+    returns None: the tensor is not device memory an exporter claims, is
+    empty, or must be staged (hvdd._cuda warned why), and the caller stages
+    it. ``kw`` as for :meth:`Client.submit` (reduce_op, scales, root_rank,
+    splits, group, process_set).
+
+    Allreduce and broadcast run in place: on ``output`` (tensor itself for
+    the in-place forms; another tensor of the exporter's takes a copy of
+    tensor first), or, out of place (output None), on a copy of tensor in a
+    slot of the session's pool (``DeviceSession.slot``), copied out into a
+    new tensor, the result, when the op completes; where no slot serves, on
+    a device copy of tensor of its own that becomes the result.
+
+    Allgather, alltoall and reducescatter get their output as the daemon's
+    device memory (``Done.device_output``), copied into a new tensor like
+    tensor in the exporter's memory; should the daemon answer in host
+    memory, an array of numpy ``dtype``, which ``from_host(array, tensor)``
+    makes a tensor on tensor's device. Their result is that tensor, or (tensor, received
+    splits as int32, through ``convert_splits``) when with_splits."""
+    ex = _cuda.exporter_for(tensor)
+    if ex is None or ex.nbytes(tensor) == 0:
+        return None
+    s = _cuda.session(c, ex)
+    if not s.usable(tensor):
+        return None
+    if kind == pb.OP_ALLREDUCE or kind == pb.OP_BROADCAST:
+        return _device_in_place(c, s, kind, tensor, output, name, wire, kw)
+    dev = s.buffer(tensor)
+    if dev is None:
+        return None
+    return _device_output(c, s, kind, tensor, dev, name, wire, dtype, from_host, with_splits, convert_splits, kw)
+
+
+def _device_in_place(
+    c: Client, s: Any, kind: int, tensor: Any, output: Any, name: str, wire: int, kw: dict
+) -> Optional[Handle]:
+    """submit_device's allreduce and broadcast."""
+    ex = s.exporter
+    if output is None:
+        slot = s.slot(tensor)
+        if slot is not None:
+            h = _slot_submit(c, s, slot, kind, tensor, name, wire, kw)
+            if h is not None:
+                return h
+        buf = ex.empty_like(tensor)  # a copy of its own, as without a pool
+        ex.copy(buf, tensor)
+    elif output is tensor:
+        buf = tensor
+    elif ex.claims(output) and ex.fits(output, tensor):
+        ex.copy(output, tensor)
+        buf = output
+    else:
+        return None
+    dev = s.buffer(buf)
+    if dev is None:
+        return None
+    h = c.submit(kind, name, wire, tensor.shape, device=dev, **kw)
+    h.finish = lambda _h: buf  # the tensor whose memory the buffer is, held until the Done
+    return h
+
+
+def _slot_submit(
+    c: Client, s: Any, slot: Any, kind: int, tensor: Any, name: str, wire: int, kw: dict
+) -> Optional[Handle]:
+    """Sends an out-of-place collective on a copy of tensor in slot; the
+    result is copied out of it when the op completes. None (the slot freed,
+    the session's pools off) when the pool's memory cannot be exported
+    (warned once)."""
+    try:
+        s.exporter.copy(slot.view, tensor)
+        dev = s.buffer(slot.view)
+        if dev is None:
+            s.pool_refused()
+            slot.free()
+            return None
+        h = c.submit(kind, name, wire, tensor.shape, device=dev, **kw)
+    except BaseException:
+        slot.free()
+        raise
+    # The slot is the daemon's until the Done: freed by the result's copy,
+    # or, should the op fail (no finish runs), once its handle is gone.
+    slot.lend(h)
+    h.finish = lambda _h, slot=slot: slot.result()
+    return h
+
+
+def _device_output(
+    c: Client,
+    s: Any,
+    kind: int,
+    source: Any,
+    device: bytes,
+    name: str,
+    wire: int,
+    dtype: Any,
+    from_host: Optional[Callable[[np.ndarray, Any], Any]],
+    with_splits: bool,
+    convert_splits: Optional[Callable[[np.ndarray], Any]],
+    kw: dict,
 ) -> Handle:
-    """Sends a collective whose result the daemon allocates (allgather,
-    alltoall, reducescatter; ``kw`` carries splits, reduce_op, scales,
-    group) on the device tensor ``source``, sent as ``device`` (its encoded
-    DeviceBuffer); the handle holds source until the Done. The daemon
-    answers with its own device memory (``Done.device_output``), copied into
-    a new tensor like source in the memory of ``session``'s exporter (an
-    :class:`hvdd._cuda.DeviceSession`, which keeps the daemon's output
-    buffers mapped: they come back op after op) and released once the copy
-    is done; or, should it answer in host memory, with an array of numpy
-    dtype, which ``from_host`` makes a tensor on source's device. The result
-    is that tensor, or (tensor, received splits as int32, converted) when
-    with_splits."""
-    h = c.submit(kind, name, wire, tuple(source.shape), process_set=ps, device=device, **kw)
+    """submit_device's allgather, alltoall and reducescatter: source sent as
+    device (its encoded DeviceBuffer), held by the handle until the Done.
+    The session keeps the daemon's output buffers mapped: they come back op
+    after op; each is released once copied."""
+    h = c.submit(kind, name, wire, source.shape, device=device, **kw)
     rest = tuple(source.shape[1:])
-    exporter = session.exporter
+    ex = s.exporter
 
     def finish(h: Handle) -> Any:
-        _ = source  # its memory lives until the Done
         d = h.done
         shape = tuple(d.output_shape) if d is not None and len(d.output_shape) else (0,) + rest
         if d is not None and d.HasField("device_output") and d.device_output.length:
             o = d.device_output
             try:
-                out = exporter.new_empty(source, shape)
-                session.read_output(out, o.mem_handle, o.alloc_size, o.offset, o.length)
+                out = ex.new_empty(source, shape)
+                s.read_output(out, o.mem_handle, o.alloc_size, o.offset, o.length)
             finally:
                 c.release_device_output(o.mem_handle)
         elif d is not None and d.HasField("output") and d.output.length:
@@ -540,9 +619,13 @@ def submit_device_output(
                 a = _new_array(c.output(d.output), dtype, shape)
             finally:
                 c.release(d.output)
-            out = from_host(a)
+            out = from_host(a, source) if from_host is not None else a
+            if not ex.claims(out):
+                o2 = ex.new_empty(source, shape)
+                ex.copy(o2, out)
+                out = o2
         else:
-            out = exporter.new_empty(source, shape)
+            out = ex.new_empty(source, shape)
         if with_splits:
             rs = np.array(list(d.received_splits) if d is not None else [], dtype=np.int32)
             return out, (convert_splits(rs) if convert_splits is not None else rs)

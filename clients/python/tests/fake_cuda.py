@@ -170,7 +170,7 @@ class FakeDevice(_cuda.Exporter):
 
     @staticmethod
     def _storage(tensor: torch.Tensor) -> Any:
-        return _cuda.TorchCudaExporter._storage(tensor)
+        return tensor.untyped_storage()
 
     def storage_key(self, tensor: Any) -> Tuple[int, int]:
         s = self._storage(tensor)
@@ -223,7 +223,7 @@ class FakeDevice(_cuda.Exporter):
         data = os.pread(f, length, offset)
         assert len(data) == length
         self.outputs_read += 1
-        dst = _cuda.TorchCudaExporter._storage(out)
+        dst = self._storage(out)
         seg = self._segment(dst.data_ptr())
         assert seg is not None and out.is_contiguous()
         off = out.data_ptr() - seg.base

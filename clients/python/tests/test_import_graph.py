@@ -100,8 +100,10 @@ LAYERS = [
     # Nothing of hvdd but each other: errors, the wire format, the protocol's
     # messages, every environment read, host-update notifications.
     ("leaves", ["hvdd.exceptions", "hvdd._wire", "hvdd._proto", "hvdd._env", "hvdd._notifications"]),
-    # The connection to the daemon, the GPU path's CUDA IPC (_cuda), and for
-    # jobs under mpirun or srun the daemon the job starts (_launcher).
+    # The connection to the daemon, the GPU path's CUDA IPC (the _cuda
+    # package: its seam, libcuda binding, pools and sessions; the frameworks'
+    # exporters live in their packages), and for jobs under mpirun or srun
+    # the daemon the job starts (_launcher).
     ("transport", ["hvdd._shm", "hvdd._channel", "hvdd._cuda", "hvdd._reader", "hvdd._client", "hvdd._launcher"]),
     # init, ranks, process sets (hvdd itself re-exports them).
     ("state", ["hvdd.basics", "hvdd"]),
@@ -135,6 +137,53 @@ def _upward(graph: dict) -> list:
 def _graph() -> tuple:
     mods = _modules()
     return mods, {m: _imports(m, p, mods) for m, p in mods.items()}
+
+
+# The frameworks' own imports, which only their layers (and Keras's above
+# them) may make, anywhere in a module: the GPU path's seam, its session and
+# the ops every framework shares stay framework-neutral (a torch exporter
+# lives in hvdd.torch, never in hvdd._cuda).
+FRAMEWORKS = {"torch", "tensorflow", "keras", "tf_keras", "jax"}
+
+
+def _foreign(path: str) -> set:
+    """The top-level names of the packages outside hvdd that the module at
+    path imports, anywhere in its source (relative imports are hvdd's)."""
+    out: set = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def _framework_imports(mods: dict) -> list:
+    """(module, framework) for each framework import of a module below the
+    frameworks' layer."""
+    low = [n for n, _ in LAYERS].index("frameworks")
+    return sorted((m, f) for m, p in mods.items() if 0 <= _layer(m) < low for f in _foreign(p) & FRAMEWORKS)
+
+
+def test_framework_neutral_layers_import_no_framework() -> None:
+    mods = _modules()
+    found = [f"{m} imports {f}" for m, f in _framework_imports(mods)]
+    assert found == [], "a framework imported below the frameworks' layer:\n" + "\n".join(found)
+    # The GPU path's parts are where this test looks.
+    assert {"hvdd._cuda", "hvdd._cuda._session", "hvdd._cuda._driver", "hvdd._cuda._pool"} <= set(mods)
+    assert _layer("hvdd._cuda._exporter") < _layer("hvdd.ops") < _layer("hvdd.torch._cuda_export")
+
+
+def test_the_check_finds_a_framework_import() -> None:
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hvdd_import_graph_fw_{os.getpid()}.py")
+    with open(path, "w") as f:
+        f.write("import numpy\nfrom . import _wire\ndef f():\n    from torch.cuda import Event\n")
+    try:
+        assert _foreign(path) == {"numpy", "torch"}
+        mods = {"hvdd._cuda._session": path, "hvdd.torch._cuda_export": path}
+        assert _framework_imports(mods) == [("hvdd._cuda._session", "torch")]
+    finally:
+        os.remove(path)
 
 
 def test_no_import_circles() -> None:

@@ -7,17 +7,17 @@ these in their forward and backward passes) and :mod:`hvdd.torch.mpi_ops`
 (the public module, which re-exports them next to the blocking, in-place and
 differentiable forms). It imports neither.
 
-CUDA tensors: allreduce, grouped allreduce and broadcast run in place on the
-device, the tensor handed to the daemon through CUDA IPC (:mod:`hvdd._cuda`);
-an out-of-place op reduces a device copy of its input in a slot of the
-session's pool (exported once), and its result is copied out of the slot
-into a new tensor when it completes. Where that cannot be (a CPU-only
-daemon, another GPU, an allocator legacy CUDA IPC cannot share) they are
-staged through host memory with one warning. Allgather, alltoall and
-reducescatter hand the daemon the input the same way and get their output
-as daemon device memory (Done.device_output), copied into a new tensor on
-the input's device. Device tensors and host ones alike reach the client
-through :mod:`hvdd.ops`.
+CUDA tensors go to :func:`hvdd.ops.submit_device`, which decides (through
+:mod:`hvdd._cuda` and this package's exporter, :mod:`._cuda_export`)
+whether the daemon takes them through CUDA IPC and how: allreduce, grouped
+allreduce and broadcast in place on the device, an out-of-place op on a
+device copy of its input in a slot of the session's pool; allgather,
+alltoall and reducescatter with their output in daemon device memory,
+copied into a new tensor on the input's device. Where that cannot be (a
+CPU-only daemon, another GPU, an allocator legacy CUDA IPC cannot share)
+it returns None, and they are staged through host memory as CPU tensors
+are, with one warning. This module only adapts torch tensors: dtypes,
+numpy views, results back into tensors.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch
 
 from .. import _cuda
 from .. import basics as _basics
+from . import _cuda_export  # noqa: F401 (registers torch's CUDA exporter)
 from .. import ops as _ops
 from .._client import Client, Handle
 from .._proto import hvdd_pb2 as pb
@@ -99,6 +100,12 @@ def _to_torch(dtype: torch.dtype) -> Callable[[np.ndarray], torch.Tensor]:
     return torch.from_numpy
 
 
+def _from_host(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """A device op's result the daemon answered in host memory: a tensor on
+    like's device (``ops.submit_device``'s from_host)."""
+    return _to_torch(like.dtype)(a).to(like.device)
+
+
 def _into(output: torch.Tensor) -> Tuple[Optional[np.ndarray], Callable[[np.ndarray], torch.Tensor]]:
     """The (out, convert) pair that makes an in-place result land in output:
     a CPU tensor's own bytes take it directly; a device tensor is copied to."""
@@ -148,90 +155,6 @@ def _register(h: Handle) -> int:
     return _ops.register(_ops.next_handle(), h)
 
 
-class _PoolRefused(Exception):
-    """The pool's memory cannot go through CUDA IPC."""
-
-
-def _device_submit(
-    c: Client,
-    kind: int,
-    tensor: torch.Tensor,
-    output: Optional[torch.Tensor],
-    full_name: str,
-    wire: int,
-    **kw: Any,
-) -> Optional[Handle]:
-    """Submits an in-place collective (allreduce, broadcast) of a device
-    tensor through CUDA IPC: on output (tensor itself for the in-place
-    forms), or, out of place, on a copy of tensor in a slot of the session's
-    pool (``DeviceSession.slot``), copied out into a new tensor, the result,
-    when the op completes; or, where no slot serves, on a device copy of
-    tensor of its own that becomes the result. None when the tensor is not
-    device memory an exporter claims, or must be staged (hvdd._cuda warned
-    why); the caller then stages it. Sent by ``ops.submit_device``, as host
-    tensors are by ``ops.submit_allreduce`` and ``ops.submit_broadcast``."""
-    ex = _cuda.exporter_for(tensor)
-    if ex is None or tensor.numel() == 0:
-        return None
-    s = _cuda.session(c, ex)
-    if not s.usable(tensor):
-        return None
-    if output is None:
-        slot = s.slot(tensor)
-        if slot is not None:
-            try:
-                return _slot_submit(c, s, slot, kind, tensor, full_name, wire, **kw)
-            except _PoolRefused:
-                pass  # a copy of its own, as without a pool
-    with torch.no_grad():
-        if output is None:
-            buf = ex.empty_like(tensor)
-            buf.copy_(tensor)
-        elif output is tensor:
-            buf = tensor.detach()
-        elif ex.claims(output) and output.is_contiguous() and output.dtype == tensor.dtype:
-            output.copy_(tensor)
-            buf = output.detach()
-        else:
-            return None
-    dev = s.buffer(buf)
-    if dev is None:
-        return None
-    return _ops.submit_device(c, kind, full_name, wire, tensor.shape, dev, output if output is not None else buf, **kw)
-
-
-def _slot_submit(
-    c: Client,
-    s: _cuda.DeviceSession,
-    slot: _cuda.Slot,
-    kind: int,
-    tensor: torch.Tensor,
-    full_name: str,
-    wire: int,
-    **kw: Any,
-) -> Handle:
-    """Submits an out-of-place collective on a copy of tensor in slot; the
-    result is copied out of it when the op completes. Raises _PoolRefused
-    (the slot freed, the session's pools off) when the pool's memory
-    cannot be exported (warned once)."""
-    try:
-        with torch.no_grad():
-            slot.view.copy_(tensor)
-        dev = s.buffer(slot.view)
-        if dev is None:
-            s.pool_refused()
-            raise _PoolRefused()  # the slot is freed below
-        h = _ops.submit_device(c, kind, full_name, wire, tensor.shape, dev, None, **kw)
-    except BaseException:
-        slot.free()
-        raise
-    # The slot is the daemon's until the Done: freed by the result's copy,
-    # or, should the op fail (no finish runs), once its handle is gone.
-    slot.lend(h)
-    h.finish = lambda _h, slot=slot: slot.result()
-    return h
-
-
 # ------------------------------------------------------------------- allreduce
 
 
@@ -249,13 +172,13 @@ def _allreduce_submit(
 ) -> Handle:
     wire_dt = _check(tensor)[0]
     if not tensor.is_cpu or _cuda.has_exporters():
-        h = _device_submit(
+        h = _ops.submit_device(
             c,
             pb.OP_ALLREDUCE,
             tensor,
-            output,
             full_name,
             wire_dt,
+            output,
             reduce_op=op,
             prescale=float(prescale_factor),
             postscale=float(postscale_factor),
@@ -451,7 +374,19 @@ def _output_submit(
     alltoall, reducescatter)."""
     wire_dt = _check(tensor)[0]
     if not tensor.is_cpu or _cuda.has_exporters():
-        h = _device_output_submit(c, kind, tensor, full_name, ps, with_splits, wire_dt, **kw)
+        h = _ops.submit_device(
+            c,
+            kind,
+            tensor,
+            full_name,
+            wire_dt,
+            dtype=_DTYPES[tensor.dtype][1],
+            from_host=_from_host,
+            with_splits=with_splits,
+            convert_splits=torch.from_numpy,
+            process_set=ps,
+            **kw,
+        )
         if h is not None:
             return h
     return _ops.submit_output(
@@ -463,59 +398,6 @@ def _output_submit(
         with_splits=with_splits,
         wire=wire_dt,
         convert=_to_torch(tensor.dtype),
-        convert_splits=torch.from_numpy,
-        **kw,
-    )
-
-
-def _device_output_submit(
-    c: Client,
-    kind: int,
-    tensor: torch.Tensor,
-    full_name: str,
-    ps: int,
-    with_splits: bool,
-    wire: int,
-    **kw: Any,
-) -> Optional[Handle]:
-    """A collective with a daemon-allocated output on a device tensor through
-    CUDA IPC: the daemon answers with its own device memory
-    (Done.device_output), which is copied into a new tensor on the input's
-    device and released (``ops.submit_device_output``). None when the tensor
-    is to be staged."""
-    ex = _cuda.exporter_for(tensor)
-    if ex is None or tensor.numel() == 0:
-        return None
-    s = _cuda.session(c, ex)
-    if not s.usable(tensor):
-        return None
-    buf = tensor.detach()
-    dev = s.buffer(buf)
-    if dev is None:
-        return None
-
-    def from_host(a: np.ndarray) -> torch.Tensor:
-        """A host answer (a daemon without device outputs) as a tensor in
-        the exporter's memory on the input's device."""
-        out = _to_torch(tensor.dtype)(a).to(tensor.device)
-        if not ex.claims(out):
-            o2 = ex.new_empty(tensor, tuple(a.shape))
-            o2.copy_(out)
-            out = o2
-        return out
-
-    return _ops.submit_device_output(
-        c,
-        kind,
-        full_name,
-        wire,
-        buf,
-        dev,
-        s,
-        _DTYPES[tensor.dtype][1],
-        from_host,
-        ps,
-        with_splits,
         convert_splits=torch.from_numpy,
         **kw,
     )
@@ -563,8 +445,8 @@ def _broadcast_async(
     wire_dt = _DTYPES[tensor.dtype][0]
     full_name = _name("broadcast", name)
     if not tensor.is_cpu or _cuda.has_exporters():
-        h = _device_submit(
-            c, pb.OP_BROADCAST, tensor, output, full_name, wire_dt, root_rank=int(root_rank), process_set=ps
+        h = _ops.submit_device(
+            c, pb.OP_BROADCAST, tensor, full_name, wire_dt, output, root_rank=int(root_rank), process_set=ps
         )
         if h is not None:
             return _register(h)

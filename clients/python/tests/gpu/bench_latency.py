@@ -79,9 +79,10 @@ def _parts(x: torch.Tensor, a: argparse.Namespace, results: dict) -> None:
     events = getattr(ex, "_events", None)
     if events is None:
         return
-    stream = torch.cuda.current_stream(x.device).cuda_stream
+    cur = torch.cuda.current_stream(x.device)
+    stream = cur.cuda_stream
     kept = events.get(stream)
-    events[stream] = (None, b"")
+    events[stream] = (None, b"", cur)  # (event, its handle, the stream): no event, a sync
     try:
         results["hvdd, stream sync, no event"] = _times(
             lambda: hvd.allreduce_(x, op=hvd.Sum, name="latsync"), a.iters, a.warmup
