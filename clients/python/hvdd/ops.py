@@ -137,9 +137,19 @@ _wire_cache: dict = {}
 def reduce_op(op: Any) -> int:
     """Validates a reduction op (hvd.Average, Sum, Adasum, Min, Max, Product)."""
     try:
+        r = _reduce_ops.get(op)  # the per-op path: a lookup, not an enum's call
+    except TypeError:  # unhashable: the enum's error below
+        r = None
+    if r is not None:
+        return r
+    try:
         return int(ReduceOp(op))
     except ValueError:
         raise ValueError(f"Unknown reduction op {op!r}: use hvd.Average, Sum, Adasum, Min, Max or Product") from None
+
+
+# every op's value (and member: IntEnum members hash as their values) -> int
+_reduce_ops: dict = {int(m): int(m) for m in ReduceOp}
 
 
 def check_adasum(op: int, process_set: ProcessSet) -> None:

@@ -10,11 +10,12 @@ output mapped or unmapped per op, while every result stays right.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
 import warnings
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import torch
 
@@ -190,7 +191,175 @@ def burst() -> None:
     assert s.outputs_mapped() == 0 and dev.output_closes == dev.output_opens
 
 
-SCENARIOS = {f.__name__: f for f in (steady, burst)}
+# ------------------------------------------------------- per-op work, counted
+#
+# What the real exporter (hvdd/torch/_cuda_export.py) calls in libcuda for
+# each exporter call the fake device gets (cudaMalloc'd memory comes from
+# torch's caching allocator: no driver call in a steady state, so tensors
+# made are not counted; a new pool is).
+LIBCUDA = {
+    "record_event": ("cuEventRecord",),
+    "export": ("cuIpcGetMemHandle", "cuMemGetAddressRange"),
+    "open_output": ("cuIpcOpenMemHandle",),
+    "copy_output": ("cuMemcpyDtoDAsync", "cuStreamSynchronize"),
+    "close_output": ("cuIpcCloseMemHandle",),
+    "copy": ("cuMemcpyDtoDAsync",),
+    "copy_out": ("cuMemcpyDtoDAsync",),
+    "new_pool": ("cuMemAlloc",),
+}
+
+
+def _count_libcuda(dev) -> Dict[str, int]:
+    """Wraps dev's exporter methods to count the libcuda calls they stand
+    for (LIBCUDA); returns the counts, by call."""
+    counts: Dict[str, int] = {}
+    for meth, calls in LIBCUDA.items():
+        f = getattr(dev, meth, None)
+        if f is None:
+            continue
+
+        def wrapped(*a, _f=f, _calls=calls, **kw):
+            for c in _calls:
+                counts[c] = counts.get(c, 0) + 1
+            return _f(*a, **kw)
+
+        setattr(dev, meth, wrapped)
+    return counts
+
+
+def _hvdd_only(snap) -> Any:
+    """A tracemalloc snapshot's allocations by hvdd's own code (its files
+    only: not torch's, numpy's or the fake device's)."""
+    import tracemalloc
+
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(hvd.__file__)))  # hvd is .../hvdd/torch
+    return snap.filter_traces([tracemalloc.Filter(True, pkg + os.sep + "*")])
+
+
+def counted() -> None:
+    """The per-op Python work of the device path (issue 33 item 5, GPU-PATH
+    D10), on the fake GPU: for each kind of op, after HVDD_COUNT_WARM (50)
+    ops, HVDD_COUNT_OPS (300) ops and then twice as many, counting the
+    libcuda calls they stand for (LIBCUDA), the Python calls (functions and
+    builtins, sys.setprofile) of the submit (the ``*_async`` call), and
+    with tracemalloc the bytes hvdd's code keeps live and each op's peak.
+    Per op, the counts must not grow with the number of ops (flat), and
+    hvdd keeps nothing per op. Prints one ``counts`` line per kind."""
+    import json
+    import tracemalloc
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    dev, s = _device()
+    libcuda = _count_libcuda(dev)
+    ops = int(os.environ.get("HVDD_COUNT_OPS", "300"))
+    warm = int(os.environ.get("HVDD_COUNT_WARM", "50"))
+    f32 = torch.float32
+    a = dev.tensor(_values(r, 0, (1024,), f32))  # 4 KiB, GPU-PATH's small op
+    x = dev.tensor(_values(r, 0, (1024,), f32))
+    ag = dev.tensor(_values(r, 0, (r + 1, 256), f32))
+    bc = dev.tensor(_values(r, 0, (1024,), f32))
+    kinds = {
+        "allreduce_ (in place)": lambda: hvd.allreduce_async_(a, op=hvd.Sum, name="count.ar_"),
+        "allreduce (out of place, a slot)": lambda: hvd.allreduce_async(x, op=hvd.Sum, name="count.ar"),
+        "allgather (a device output)": lambda: hvd.allgather_async(ag, name="count.ag"),
+        "broadcast (out of place, a slot)": lambda: hvd.broadcast_async(bc, 0, name="count.bc"),
+    }
+    calls = [0]
+
+    def prof(frame, event, arg):
+        if event == "call" or event == "c_call":
+            calls[0] += 1
+
+    def run(submit, k: int) -> Dict[str, float]:
+        """k ops: libcuda calls, submit's Python calls, the median peak."""
+        lib0 = sum(libcuda.values())
+        calls[0] = 0
+        peaks = []
+        for _ in range(k):
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            sys.setprofile(prof)
+            h = submit()
+            sys.setprofile(None)
+            hvd.synchronize(h)
+            peaks.append(tracemalloc.get_traced_memory()[1] - base)
+        peaks.sort()
+        return {
+            "libcuda": (sum(libcuda.values()) - lib0) / k,
+            "python": calls[0] / k,
+            "peak": float(peaks[len(peaks) // 2]),
+        }
+
+    failures: List[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", _cuda.HvddStagingWarning)
+        for kind, submit in kinds.items():
+            for _ in range(warm):
+                hvd.synchronize(submit())
+            before = dict(libcuda)
+            tracemalloc.start()
+            one = run(submit, ops)
+            s.flush()
+            gc.collect()  # what is kept, not garbage that a collection would free
+            snap1 = _hvdd_only(tracemalloc.take_snapshot())
+            two = run(submit, 2 * ops)
+            s.flush()
+            gc.collect()
+            snap2 = _hvdd_only(tracemalloc.take_snapshot())
+            tracemalloc.stop()
+            live1 = sum(st.size for st in snap1.statistics("filename"))
+            live2 = sum(st.size for st in snap2.statistics("filename"))
+            blocks = sum(st.count for st in snap2.statistics("filename")) - sum(
+                st.count for st in snap1.statistics("filename")
+            )
+            if os.environ.get("HVDD_COUNT_DEBUG"):
+                seen: List[str] = []
+
+                def trace(frame, event, arg):
+                    if event == "call":
+                        seen.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}")
+                    elif event == "c_call":
+                        seen.append(f"  c {getattr(arg, '__qualname__', arg)}")
+
+                sys.setprofile(trace)
+                h = submit()
+                sys.setprofile(None)
+                hvd.synchronize(h)
+                print(f"rank {r}: {kind}: one submit's calls: {seen}", flush=True)
+                for st in snap2.compare_to(snap1, "lineno")[:5]:
+                    print(f"rank {r}: {kind}: {st}", flush=True)
+            per_op = {c: (libcuda.get(c, 0) - before.get(c, 0)) / (3 * ops) for c in libcuda}
+            per_op = {c: v for c, v in per_op.items() if v}
+            fig = {
+                "kind": kind,
+                "libcuda per op": one["libcuda"],
+                "libcuda by call": per_op,
+                "python calls per submit": round(two["python"], 1),
+                "peak bytes per op": two["peak"],
+                f"hvdd blocks (bytes) kept over {2 * ops} more ops": f"{blocks} ({live2 - live1})",
+            }
+            print(f"rank {r}: counts {json.dumps(fig)}", flush=True)
+            if one["libcuda"] != two["libcuda"]:
+                failures.append(
+                    f"{kind}: libcuda calls per op {one['libcuda']} over {ops}, {two['libcuda']} over {2 * ops}"
+                )
+            if two["python"] > one["python"] * 1.05 + 2:
+                failures.append(
+                    f"{kind}: Python calls per submit {one['python']} over {ops}, {two['python']} over {2 * ops}"
+                )
+            # An object kept per op is a block per op; CPython's free lists
+            # keep a bounded few (tens) live where they were allocated.
+            if blocks >= 2 * ops // 4:
+                failures.append(
+                    f"{kind}: hvdd kept {blocks} blocks ({live2 - live1} bytes) more over {2 * ops} more ops"
+                )
+    assert not failures, f"rank {r}: per-op work grows with the ops: " + "; ".join(failures)
+    assert staged["n"] == 0, f"{staged['n']} device ops were staged through host memory"
+    hvd.shutdown()
+
+
+SCENARIOS = {f.__name__: f for f in (steady, burst, counted)}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]]()

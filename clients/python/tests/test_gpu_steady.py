@@ -413,3 +413,17 @@ def test_outputs_beyond_the_daemon_s_pool(job, fake_gpus):
     for o in res.outputs:
         assert o.rstrip().endswith("OK"), o
         print(o.strip().splitlines()[-2])
+
+
+def test_per_op_work_is_flat(job, fake_gpus):
+    """Issue 33 item 5: per steady-state device op (allreduce_ in place,
+    allreduce and broadcast out of place, allgather), the libcuda calls it
+    stands for, the Python calls of its submit and hvdd's allocations kept
+    (tracemalloc) do not grow with the number of ops. The figures
+    (docs/BENCHMARKS.md) are the ``counts`` lines printed."""
+    res = job.run("counted", np=2, timeout=300, cmd=[sys.executable, STEADY_WORKERS, "counted"])
+    for o in res.outputs:
+        assert o.rstrip().endswith("OK"), o
+        for line in o.splitlines():
+            if line.startswith("rank "):
+                print(line.strip())

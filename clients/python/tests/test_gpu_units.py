@@ -290,3 +290,58 @@ def test_driver_maps_and_counts():
     with pytest.raises(RuntimeError, match="cuMemcpyDtoDAsync failed: CUDA error 700"):
         d.copy_from_ipc(b"HVDD" + bytes(60), 0, 0x3000, 8, 9)
     assert (d.opens, d.closes) == (3, 3)
+
+
+def test_torch_exporter_records_per_stream_without_a_stream_object_per_op(monkeypatch):
+    """TorchCudaExporter (hvdd/torch/_cuda_export.py) per op, without a GPU
+    (torch's CUDA calls stood in for): the stream found by its raw handle,
+    its torch.cuda.Stream made once, one interprocess event per stream made
+    once and re-recorded on it; where no event can be made, the stream is
+    synchronised each op instead."""
+    from hvdd.torch import _cuda_export
+
+    made, records, syncs = [], [], []
+
+    class Stream:
+        def __init__(self, raw):
+            self.raw = raw
+            made.append(raw)
+
+        def synchronize(self):
+            syncs.append(self.raw)
+
+    class Event:
+        refuse = False
+
+        def __init__(self, interprocess=False):
+            assert interprocess
+            if Event.refuse:
+                raise RuntimeError("no interprocess events here")
+
+        def record(self, stream):
+            records.append(stream.raw)
+
+        def ipc_handle(self):
+            return b"E" * 64
+
+    class T:  # a CUDA tensor's device
+        def __init__(self, dev):
+            self.dev = dev
+
+        def get_device(self):
+            return self.dev
+
+    current = {0: 0x70, 1: 0x71}
+    monkeypatch.setattr(_cuda_export, "_raw_stream", lambda i: current[i])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda i=None: Stream(current[i]))
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    ex = _cuda_export.TorchCudaExporter()
+    for _ in range(5):
+        assert ex.record_event(T(0)) == b"E" * 64
+        assert ex.record_event(T(1)) == b"E" * 64
+    assert made == [0x70, 0x71] and records == [0x70, 0x71] * 5
+    assert ex.pool_key(T(0)) is ex.pool_key(T(0)) and made == [0x70, 0x71]
+    current[0] = 0x80  # another stream made current on device 0
+    Event.refuse = True
+    assert ex.record_event(T(0)) == b"" and ex.record_event(T(0)) == b""
+    assert made == [0x70, 0x71, 0x80] and syncs == [0x80, 0x80] and records == [0x70, 0x71] * 5

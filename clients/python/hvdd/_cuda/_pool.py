@@ -9,7 +9,6 @@ exporter touches.
 from __future__ import annotations
 
 import bisect
-import queue
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -96,10 +95,28 @@ class SlotAllocator:
 @dataclass
 class _Pool:
     """One pool: a uint8 tensor of exporter memory, exported once (the
-    session's cache keeps its storage's export), and its slots."""
+    session's cache keeps its storage's export), and its slots; the views
+    of its slots made so far (``Exporter.slot_view``) by (offset, dtype,
+    shape), reused op after op: a training step's ops take the same slots
+    for the same tensors (first fit), so a view is made once, not per op."""
 
     tensor: Any
     slots: SlotAllocator
+    views: Dict[Tuple[int, Any, Any], Any] = field(default_factory=dict)
+
+    #: The views kept, at most (beyond it they are made anew).
+    MAX_VIEWS = 256
+
+    def view(self, ex: Any, offset: int, like: Any) -> Any:
+        """The view of the slot at offset for like (its dtype and shape)."""
+        k = (offset, like.dtype, like.shape)
+        v = self.views.get(k)
+        if v is None:
+            v = ex.slot_view(self.tensor, offset, like)
+            if len(self.views) >= self.MAX_VIEWS:
+                self.views.clear()
+            self.views[k] = v
+        return v
 
 
 @dataclass
@@ -109,6 +126,19 @@ class _StreamPools:
 
     stream: Any
     pools: List[_Pool] = field(default_factory=list)
+
+
+# The slots lent to handles: weak reference to the handle -> (the session's
+# queue of slots freed, the slot's entry in it). dict.pop is atomic: a slot
+# goes back once, by Slot.free or by the handle's going (_gone, which may
+# run in any thread, in a garbage collection: it only queues).
+_lent: Dict[Any, Tuple[Any, Tuple[Any, Any, int]]] = {}
+
+
+def _gone(r: Any) -> None:
+    e = _lent.pop(r, None)
+    if e is not None:
+        e[0].put(e[1])
 
 
 class Slot:
@@ -131,30 +161,30 @@ class Slot:
         self._sp = sp
         self._pool = pool
         self._offset = offset
-        self._fin: Optional[weakref.finalize] = None
+        self._fin: Optional[weakref.ref] = None
         self._freed = False
 
     def lend(self, owner: Any) -> None:
         """Frees the slot when owner (the op's handle) is gone, should the
-        slot not have been freed before."""
+        slot not have been freed before: a weak reference to owner whose
+        callback gives the slot back (cheaper per op than a
+        ``weakref.finalize``), kept in ``_lent`` until one of the two runs."""
         if not self._freed and self._fin is None:
-            self._fin = weakref.finalize(
-                owner, Slot._give_back, self._session._slots_freed, self._sp, self._pool, self._offset
-            )
-
-    @staticmethod
-    def _give_back(
-        q: "queue.SimpleQueue[Tuple[_StreamPools, _Pool, int]]", sp: _StreamPools, pool: _Pool, off: int
-    ) -> None:
-        q.put((sp, pool, off))
+            r = weakref.ref(owner, _gone)
+            _lent[r] = (self._session._slots_freed, (self._sp, self._pool, self._offset))
+            self._fin = r
 
     def free(self) -> None:
         """Gives the slot back (once; later calls do nothing)."""
-        if self._fin is not None:
-            self._fin()  # a finalizer runs once: neither a later call nor the handle's going runs it again
+        r = self._fin
+        if r is not None:
+            # the handle's going or this: whichever takes the entry first
+            e = _lent.pop(r, None)
+            if e is not None:
+                e[0].put(e[1])
         elif not self._freed:
             self._freed = True
-            Slot._give_back(self._session._slots_freed, self._sp, self._pool, self._offset)
+            self._session._slots_freed.put((self._sp, self._pool, self._offset))
 
     def result(self) -> Any:
         """The op's result: a new tensor of the framework's own with the

@@ -406,7 +406,8 @@ class DeviceSession:
                     return None
                 off = pool.slots.alloc(nbytes)
                 assert off is not None
-        return Slot(self, sp, pool, off, ex.slot_view(pool.tensor, off, tensor))
+            view = pool.view(ex, off, tensor)
+        return Slot(self, sp, pool, off, view)
 
     def _grow(self, sp: _StreamPools, like: Any, nbytes: int) -> Optional[_Pool]:
         """A new pool for sp, twice the last one's size (at least pool_min,

@@ -157,9 +157,20 @@ class TorchCudaExporter(Exporter):
             alloc = r[1]
         else:
             alloc = self._segment_size(base, offset_bytes + size_bytes)
-        ref = self._weakref(s) if self._weakref is not None else None
-        alive = (lambda: not ref.expired()) if ref is not None else None
-        return Export(mem, alloc, offset_bytes, alive)
+        return Export(mem, alloc, offset_bytes, self._alive(s))
+
+    def _alive(self, s: Any) -> Optional[Callable[[], bool]]:
+        """Whether storage s still lives, asked at every op on it: torch's
+        weak reference to it, checked by the C call StorageWeakRef.expired
+        makes (two Python calls fewer per op), the reference held."""
+        if self._weakref is None:
+            return None
+        ref = self._weakref(s)
+        expired = getattr(torch.UntypedStorage, "_expired", None)
+        cdata = getattr(ref, "cdata", None)
+        if expired is None or cdata is None:
+            return lambda: not ref.expired()
+        return lambda ref=ref: not expired(cdata)
 
     def _segment_size(self, base: int, at_least: int) -> int:
         """The caching allocator's segment at base, from its snapshot (when
