@@ -47,7 +47,7 @@ go test -tags mpi -count=1 -timeout 10m -run 'TestMultiNode(Collectives|LargeFus
 # The tcp engine's conformance matrix with wire compression (minutes under -race).
 go test -count=1 -timeout 10m -run 'TestConformanceCompressed' ./backends/tcp/
 
-stage "fuzz (${FUZZTIME:=10s} per target)"
+stage "fuzz (${FUZZTIME:=5s} per target)"
 for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon/internal/loop FuzzResolve" "./daemon/internal/exec/device FuzzResolveDevice" "./shm FuzzSlice" "./reduce FuzzReduce" "./reduce FuzzWire" "./daemon/plan FuzzTable" \
          "./backends/tcp FuzzParse" "./backends/tcp FuzzHandshakeServer" "./backends/tcp FuzzWireMessage" "./cluster FuzzFrames"; do
   set -- $t
@@ -70,24 +70,14 @@ for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon/internal/loop Fuzz
 done
 
 if [ -d clients/python/tests ]; then
-  torch_of() { "$1" -c 'import torch; print("torch", torch.__version__)'; }
-  t=clients/python/tests
-  # The torch client's own tests (its API, units, elastic state, GPU path)
-  # run once, on the newest torch from PyPI (.venv-torch, what users
-  # install); every other test (TensorFlow, Keras, launching, elastic jobs,
-  # the timeline; their torch workers use Debian's torch) runs once, on .venv.
-  torch_tests=($t/test_torch.py $t/test_torch_distributed.py $t/test_units.py $t/test_elastic_units.py $t/test_gpu_units.py $t/test_gpu_ipc.py $t/test_gpu_steady.py)
-  stage "python client: TensorFlow, Keras, launchers, elastic jobs (.venv, Debian's $(torch_of .venv/bin/python))"
-  # tests/gpu needs a real GPU: scripts/gpu-check.sh runs it on the GPU
-  # machine; here it would only be skipped.
-  HVDD_BIN="$PWD/bin/hvdd" .venv/bin/python -m pytest -q --durations=15 $t --ignore=$t/gpu \
-    $(printf -- '--ignore=%s ' "${torch_tests[@]}")
   if ! wait $torch_setup; then
     cat "$torch_log"; echo "scripts/setup-torch.sh failed"; exit 1
   fi
-  stage "python client: the torch client's tests, on PyPI's $(torch_of .venv-torch/bin/python) (.venv-torch)"
-  HVDD_BIN="$PWD/bin/hvdd" .venv-torch/bin/python -m pytest -q --durations=10 "${torch_tests[@]}"
-  stage "the GPU machine's scripts, checked without a GPU (scripts/gpu_bench_test.sh)"
-  HVDD_BIN="$PWD/bin/hvdd" GPU_BENCH_PYTHON="$PWD/.venv-torch/bin/python" scripts/gpu_bench_test.sh
+  # Each Python test once, in two streams at once (scripts/test-python.sh
+  # --help): the torch client's on the newest PyPI torch in .venv-torch,
+  # every other one on .venv; then the GPU machine's scripts, checked
+  # without a GPU.
+  stage "python client (scripts/test-python.sh: two streams at once)"
+  HVDD_BIN="$PWD/bin/hvdd" scripts/test-python.sh
 fi
 stage "all tests passed"
