@@ -165,10 +165,13 @@ const (
 	Reducescatter
 	Barrier
 	Join
+	// Send and Recv are point to point: two ranks take part (daemon/p2p).
+	Send
+	Recv
 	numOpTypes
 )
 
-var opNames = [numOpTypes]string{"INVALID", "ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER", "BARRIER", "JOIN"}
+var opNames = [numOpTypes]string{"INVALID", "ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER", "BARRIER", "JOIN", "SEND", "RECV"}
 
 // String returns Horovod's upper-case name ("ALLREDUCE").
 func (o OpType) String() string {
@@ -192,7 +195,7 @@ func ParseOpType(s string) (OpType, error) {
 			return o, nil
 		}
 	}
-	return OpInvalid, fmt.Errorf("unknown collective %q (want allreduce, allgather, broadcast, alltoall, reducescatter, barrier or join)", s)
+	return OpInvalid, fmt.Errorf("unknown collective %q (want allreduce, allgather, broadcast, alltoall, reducescatter, barrier, join, send or recv)", s)
 }
 
 // Shape is a tensor shape.

@@ -75,8 +75,8 @@ func SizeClass(n int64) int {
 // SizeClassName returns the size label of class k.
 func SizeClassName(k int) string { return sizeNames[k] }
 
-// numOps bounds tensor.OpType values (INVALID..JOIN).
-const numOps = 8
+// numOps bounds tensor.OpType values (INVALID..RECV).
+const numOps = 10
 
 // opNames are the collective label's values, by tensor.OpType.
 var opNames = func() (n [numOps]string) {

@@ -115,6 +115,12 @@ const (
 	OpType_OP_REDUCESCATTER OpType = 5
 	OpType_OP_BARRIER       OpType = 6
 	OpType_OP_JOIN          OpType = 7
+	// Point to point: the two ranks of a transfer take part, no other. A send
+	// (its buffer the input) and a recv (its buffer the output, written in
+	// place) match by (process_set, sender, receiver, tag), in the order each
+	// side sent them; see Enqueue.peer_rank and tag.
+	OpType_OP_SEND OpType = 8
+	OpType_OP_RECV OpType = 9
 )
 
 // Enum value maps for OpType.
@@ -128,6 +134,8 @@ var (
 		5: "OP_REDUCESCATTER",
 		6: "OP_BARRIER",
 		7: "OP_JOIN",
+		8: "OP_SEND",
+		9: "OP_RECV",
 	}
 	OpType_value = map[string]int32{
 		"OP_UNSPECIFIED":   0,
@@ -138,6 +146,8 @@ var (
 		"OP_REDUCESCATTER": 5,
 		"OP_BARRIER":       6,
 		"OP_JOIN":          7,
+		"OP_SEND":          8,
+		"OP_RECV":          9,
 	}
 )
 
@@ -640,7 +650,14 @@ type Enqueue struct {
 	ProcessSet int32 `protobuf:"varint,13,opt,name=process_set,json=processSet,proto3" json:"process_set,omitempty"`
 	// A GPU tensor: set instead of buffer (see DeviceBuffer). Its result
 	// (allreduce, broadcast: in place) is written to the same device memory.
-	DeviceBuffer  *DeviceBuffer `protobuf:"bytes,14,opt,name=device_buffer,json=deviceBuffer,proto3" json:"device_buffer,omitempty"`
+	DeviceBuffer *DeviceBuffer `protobuf:"bytes,14,opt,name=device_buffer,json=deviceBuffer,proto3" json:"device_buffer,omitempty"`
+	// OP_SEND, OP_RECV: the other rank of the transfer (a global rank, a
+	// member of process_set), and the tag both sides give. Ops are matched
+	// by (process_set, sender, receiver, tag) in their order on each side,
+	// not by name (the name only has to be unique among the client's ops in
+	// flight); the two buffers must have the same dtype and byte length.
+	PeerRank      int32 `protobuf:"varint,15,opt,name=peer_rank,json=peerRank,proto3" json:"peer_rank,omitempty"`
+	Tag           int64 `protobuf:"varint,16,opt,name=tag,proto3" json:"tag,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -771,6 +788,20 @@ func (x *Enqueue) GetDeviceBuffer() *DeviceBuffer {
 		return x.DeviceBuffer
 	}
 	return nil
+}
+
+func (x *Enqueue) GetPeerRank() int32 {
+	if x != nil {
+		return x.PeerRank
+	}
+	return 0
+}
+
+func (x *Enqueue) GetTag() int64 {
+	if x != nil {
+		return x.Tag
+	}
+	return 0
 }
 
 // DeviceBuffer names bytes in a CUDA allocation of the client's, shared with
@@ -3103,7 +3134,7 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"*\n" +
 	"\x10UnregisterRegion\x12\x16\n" +
-	"\x06region\x18\x01 \x01(\rR\x06region\"\xe8\x03\n" +
+	"\x06region\x18\x01 \x01(\rR\x06region\"\x97\x04\n" +
 	"\aEnqueue\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12#\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x13.hvdd.ipc.v1.OpTypeR\x02op\x12(\n" +
@@ -3121,7 +3152,9 @@ const file_hvdd_proto_rawDesc = "" +
 	"group_size\x18\f \x01(\rR\tgroupSize\x12\x1f\n" +
 	"\vprocess_set\x18\r \x01(\x05R\n" +
 	"processSet\x12>\n" +
-	"\rdevice_buffer\x18\x0e \x01(\v2\x19.hvdd.ipc.v1.DeviceBufferR\fdeviceBuffer\"\xc0\x01\n" +
+	"\rdevice_buffer\x18\x0e \x01(\v2\x19.hvdd.ipc.v1.DeviceBufferR\fdeviceBuffer\x12\x1b\n" +
+	"\tpeer_rank\x18\x0f \x01(\x05R\bpeerRank\x12\x10\n" +
+	"\x03tag\x18\x10 \x01(\x03R\x03tag\"\xc0\x01\n" +
 	"\fDeviceBuffer\x12\x1f\n" +
 	"\vdevice_uuid\x18\x01 \x01(\tR\n" +
 	"deviceUuid\x12\x1d\n" +
@@ -3337,7 +3370,7 @@ const file_hvdd_proto_rawDesc = "" +
 	"\rDTYPE_FLOAT64\x10\n" +
 	"\x12\x0e\n" +
 	"\n" +
-	"DTYPE_BOOL\x10\v*\x96\x01\n" +
+	"DTYPE_BOOL\x10\v*\xb0\x01\n" +
 	"\x06OpType\x12\x12\n" +
 	"\x0eOP_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fOP_ALLREDUCE\x10\x01\x12\x10\n" +
@@ -3347,7 +3380,9 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x10OP_REDUCESCATTER\x10\x05\x12\x0e\n" +
 	"\n" +
 	"OP_BARRIER\x10\x06\x12\v\n" +
-	"\aOP_JOIN\x10\a*u\n" +
+	"\aOP_JOIN\x10\a\x12\v\n" +
+	"\aOP_SEND\x10\b\x12\v\n" +
+	"\aOP_RECV\x10\t*u\n" +
 	"\bReduceOp\x12\x12\n" +
 	"\x0eREDUCE_AVERAGE\x10\x00\x12\x0e\n" +
 	"\n" +

@@ -8,6 +8,7 @@ import (
 	"github.com/hvdd/hvdd/backends"
 	"github.com/hvdd/hvdd/cluster/clusterpb"
 	"github.com/hvdd/hvdd/daemon/metrics"
+	"github.com/hvdd/hvdd/daemon/p2p"
 	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/daemon/timeline"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
@@ -26,6 +27,9 @@ type Op struct {
 	Reg       Mapping      // holds a reference while the op is in flight
 	Buf       []byte       // the input (and in-place output) bytes
 	Dev       DeviceTensor // a GPU tensor: holds its mapping while in flight
+	// Send, Recv: the other rank (global; -1 any source) and the tag.
+	Peer int
+	Tag  int64
 
 	// Metrics: its collective's children in its job (nil when off), when
 	// it arrived (the loop's monotonic clock), its size class.
@@ -125,7 +129,10 @@ type Job struct {
 	// coordination without one (on one node).
 	Across  CoordinationAcross
 	Pending map[OpKey]*Op
-	Failed  *ipcpb.Done // non-nil once the job failed: every op answers with it
+	// P2P holds the sends and recvs waiting for their other side (made at
+	// the first; nil before).
+	P2P    *p2p.Table[*Op]
+	Failed *ipcpb.Done // non-nil once the job failed: every op answers with it
 
 	// An elastic job is re-formed from its survivors after a
 	// lost rank: epoch numbers its memberships.

@@ -478,6 +478,7 @@ func (c *client) Resolve(id uint32, e *ipcpb.Enqueue) (*job.Op, error) {
 	o.Req.Prescale, o.Req.Postscale = pre, post
 	o.Req.Root = int(e.GetRootRank())
 	o.Req.Splits = e.GetSplits()
+	o.Peer, o.Tag = int(e.GetPeerRank()), e.GetTag()
 	if !o.Req.ReduceOp.Valid() {
 		o.Release()
 		return nil, fmt.Errorf("tensor %q: unknown reduce op %d", o.Name, e.GetReduceOp())

@@ -391,6 +391,8 @@ func (l *Loop) message(m any) {
 		l.closeDead()
 	case msgOpened:
 		l.opened(m)
+	case msgP2PDone:
+		l.p2pDone(m)
 	case msgStall:
 		l.stall = nil
 		l.checkStalls()
@@ -808,6 +810,7 @@ func (l *Loop) fail(j *job.Job, code ipcpb.Code, msg string) {
 		o.Finish(j.Failed)
 		delete(j.Pending, k)
 	}
+	failP2P(j)
 	for i, q := range j.SetQueue {
 		for _, r := range q {
 			if r.Conn != nil {
@@ -844,6 +847,9 @@ func (l *Loop) enqueue(o *job.Op) {
 	}
 	o.Req.Rank = c.rank
 	switch o.Type {
+	case tensor.Send, tensor.Recv:
+		l.p2p(j, o)
+		return
 	case tensor.Barrier:
 		n := j.Barriers[o.Req.ProcessSet]
 		if n == nil {

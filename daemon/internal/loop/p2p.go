@@ -1,0 +1,114 @@
+package loop
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/hvdd/hvdd/daemon/internal/job"
+	"github.com/hvdd/hvdd/daemon/p2p"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+// copyInline is the largest transfer the loop copies itself; larger ones
+// copy on a goroutine of their own, which posts msgP2PDone back, so that
+// the loop goes on negotiating meanwhile.
+const copyInline = 1 << 20
+
+// msgP2PDone says that a transfer's bytes are in the recv's buffer.
+type msgP2PDone struct{ send, recv *job.Op }
+
+// p2p takes a send or recv (tensor.Send, tensor.Recv) of a formed job: it
+// waits in the job's table (package p2p) for the other side, and once both
+// are here the daemon copies the send's bytes into the recv's buffer, from
+// one client's shared memory into the other's, and answers both. No other
+// rank takes part. Across nodes it is refused for now.
+func (l *Loop) p2p(j *job.Job, o *job.Op) {
+	me := o.Req.Rank
+	peer := o.Peer
+	set := o.Req.ProcessSet
+	kind := o.Type.Lower()
+	bad := func(code ipcpb.Code, format string, a ...any) {
+		o.Finish(&ipcpb.Done{Code: code, Error: fmt.Sprintf("%s %q of rank %d: ", kind, o.Name, me) + fmt.Sprintf(format, a...)})
+	}
+	switch {
+	case peer < 0:
+		bad(ipcpb.Code_CODE_UNIMPLEMENTED, "a recv from any source is not supported: name the sending rank")
+		return
+	case peer >= j.Members.Size:
+		bad(ipcpb.Code_CODE_INVALID_ARGUMENT, "peer rank %d is not in the job of %d ranks", peer, j.Members.Size)
+		return
+	case peer == me:
+		bad(ipcpb.Code_CODE_INVALID_ARGUMENT, "a rank cannot %s to itself", kind)
+		return
+	case o.Dev != nil:
+		bad(ipcpb.Code_CODE_UNIMPLEMENTED, "send/recv of GPU tensors through CUDA IPC is not supported: stage them through host memory")
+		return
+	}
+	if set != 0 {
+		members, ok := j.Sets[set]
+		switch {
+		case !ok:
+			bad(ipcpb.Code_CODE_INVALID_ARGUMENT, "unknown process set %d", set)
+			return
+		case !slices.Contains(members, me) || !slices.Contains(members, peer):
+			bad(ipcpb.Code_CODE_INVALID_ARGUMENT, "ranks %d and %d must both be members of process set %d %v", me, peer, set, members)
+			return
+		}
+	}
+	if n := j.Members.Nodes(); n > 1 && j.Members.NodeOf(peer) != j.Members.Node {
+		bad(ipcpb.Code_CODE_UNIMPLEMENTED, "rank %d is on node %d, this rank on node %d: send/recv across nodes is not supported yet", peer, j.Members.NodeOf(peer), j.Members.Node)
+		return
+	}
+	if j.P2P == nil {
+		j.P2P = p2p.New[*job.Op]()
+	}
+	d := p2p.Desc{DType: o.Req.DType, Bytes: len(o.Buf)}
+	var pr p2p.Pair[*job.Op]
+	var ok bool
+	if o.Type == tensor.Send {
+		pr, ok = j.P2P.Send(p2p.Key{Set: set, Src: me, Dst: peer, Tag: o.Tag}, d, o)
+	} else {
+		pr, ok = j.P2P.Recv(p2p.Key{Set: set, Src: peer, Dst: me, Tag: o.Tag}, d, o)
+	}
+	if !ok {
+		return
+	}
+	s, r := pr.Send.V, pr.Recv.V
+	if pr.Err != nil {
+		msg := pr.Err.Error()
+		l.noteError(j, msg)
+		d := &ipcpb.Done{Code: ipcpb.Code_CODE_MISMATCH, Error: msg}
+		s.Finish(d)
+		r.Finish(d)
+		return
+	}
+	if len(s.Buf) <= copyInline {
+		copy(r.Buf, s.Buf)
+		l.p2pDone(msgP2PDone{s, r})
+		return
+	}
+	// The ops hold their regions' references until they are answered.
+	go func() {
+		copy(r.Buf, s.Buf)
+		l.p.Post(msgP2PDone{s, r})
+	}()
+}
+
+// p2pDone answers a transfer's two ranks.
+func (l *Loop) p2pDone(m msgP2PDone) {
+	ok := &ipcpb.Done{}
+	m.send.Finish(ok)
+	m.recv.Finish(ok)
+}
+
+// failP2P answers every send and recv of a failed job that waits for its
+// other side.
+func failP2P(j *job.Job) {
+	if j.P2P == nil {
+		return
+	}
+	for _, o := range j.P2P.Drain() {
+		o.Finish(j.Failed)
+	}
+}
