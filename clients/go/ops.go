@@ -73,6 +73,7 @@ type opts struct {
 	postscale float64
 	shape     []int64
 	set       int32
+	tag       int64 // send, recv: WithTag
 }
 
 // WithName names the tensor; ranks match tensors by name. Unnamed ops are
