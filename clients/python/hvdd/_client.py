@@ -350,11 +350,14 @@ class Client:
         process_set: int = 0,
         owns_staging: bool = True,
         device: bytes = b"",
+        peer_rank: int = 0,
+        tag: int = 0,
     ) -> Handle:
         """Sends one Enqueue. On failure to send, the staging is freed (when
         ``owns_staging``) and the error raised. ``device`` is an encoded
         DeviceBuffer (a GPU tensor shared through CUDA IPC, :mod:`hvdd._cuda`),
-        sent instead of a staged buffer."""
+        sent instead of a staged buffer. ``peer_rank`` and ``tag`` are a send's
+        or recv's (OP_SEND, OP_RECV: the other rank, global, and the tag)."""
         rx = self._rx
         with self._lock:
             self._next_id = fid = (self._next_id + 1) & 0xFFFFFFFF or 1
@@ -386,6 +389,8 @@ class Client:
                 group_size,
                 process_set,
                 device,
+                peer_rank,
+                tag,
             )
             with self._wlock:  # the frame is _write's, inline: this is the per-op path
                 self._send_locked(HEADER.pack(b"HV", KIND_CLIENT, 0, fid, len(body)) + body)

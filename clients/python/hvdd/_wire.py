@@ -65,6 +65,8 @@ OP_NAMES = {
     pb.OP_REDUCESCATTER: "reducescatter",
     pb.OP_BARRIER: "barrier",
     pb.OP_JOIN: "join",
+    pb.OP_SEND: "send",
+    pb.OP_RECV: "recv",
 }
 
 DUPLICATE_NAME_ERROR = (
@@ -118,6 +120,8 @@ def encode_enqueue(
     group_size: int,
     process_set: int,
     device: bytes = b"",
+    peer_rank: int = 0,
+    tag: int = 0,
 ) -> bytes:
     """The body of ``ClientMessage{enqueue: Enqueue{...}}``, encoded by hand:
     the same bytes protobuf writes (fields in number order, defaults left
@@ -125,7 +129,9 @@ def encode_enqueue(
     against the generated code in tests/test_units.py. A training loop sends
     the same tensors every step: the fields around the buffer are cached.
     ``device`` is an encoded DeviceBuffer (:func:`encode_device_buffer`) for
-    a GPU tensor, sent instead of a buffer (nbytes 0)."""
+    a GPU tensor, sent instead of a buffer (nbytes 0). ``peer_rank`` and
+    ``tag`` are a send's or recv's (fields 15 and 16, after the device
+    buffer)."""
     v = _varint
     key = (
         op,
@@ -155,6 +161,10 @@ def encode_enqueue(
         e = head + tail
     if device:
         e = b"".join((e, b"\x72", v(len(device)), device))
+    if peer_rank:
+        e += b"\x78" + v(peer_rank)
+    if tag:
+        e += b"\x80\x01" + v(tag)
     return b"\x22" + v(len(e)) + e
 
 

@@ -399,6 +399,60 @@ def submit_broadcast(
     return _submit_in_arena(c, pb.OP_BROADCAST, a, name, out, wire, convert, root_rank=int(root_rank), process_set=ps)
 
 
+def submit_send(
+    c: Client, a: np.ndarray, name: str, peer: int, tag: int = 0, ps: int = 0, wire: Optional[int] = None
+) -> Handle:
+    """Sends a point-to-point send of a to the global rank ``peer``: a is
+    staged now (the caller may change it at once); the handle's result is
+    None once ``peer`` has received it (the matching recv: this rank as its
+    source, the same tag and process set). The name plays no part in
+    matching; it only has to be unique among the client's ops in flight."""
+    if wire is None:
+        wire = wire_dtype(a.dtype)
+    region, off, nbytes = _stage(c, _bytes(a))
+    return c.submit(
+        pb.OP_SEND, name, wire, a.shape, region, off, nbytes, process_set=ps, peer_rank=int(peer), tag=int(tag)
+    )
+
+
+def submit_recv(
+    c: Client,
+    a: np.ndarray,
+    name: str,
+    peer: int,
+    tag: int = 0,
+    ps: int = 0,
+    out: Optional[np.ndarray] = None,
+    wire: Optional[int] = None,
+) -> Handle:
+    """Sends a point-to-point recv, from the global rank ``peer``, of a
+    tensor of a's dtype and size (what peer sends must agree, else both
+    fail with a mismatch); a's values are not read. The daemon writes the
+    bytes into staging; the handle's result is as
+    :func:`submit_allreduce`'s (``out`` with them copied in, else a new
+    array)."""
+    if wire is None:
+        wire = wire_dtype(a.dtype)
+    nbytes = a.nbytes
+    region, off = c.stage(nbytes) if nbytes else (None, 0)
+    h = c.submit(
+        pb.OP_RECV, name, wire, a.shape, region, off, nbytes, process_set=ps, peer_rank=int(peer), tag=int(tag)
+    )
+    dtype, shape = a.dtype, a.shape
+
+    def finish(h: Handle) -> Any:
+        if out is not None:
+            if h.region is not None:
+                out.reshape(-1).view(np.uint8)[:] = h.region.array[h.offset : h.offset + nbytes]
+            return out
+        if h.region is None:
+            return np.empty(shape, dtype=dtype)
+        return _new_array(h.region.array[h.offset : h.offset + nbytes], dtype, shape)
+
+    h.finish = finish
+    return h
+
+
 def _submit_in_arena(
     c: Client,
     kind: int,
