@@ -19,6 +19,7 @@ func init() {
 	scenarios["p2p"] = p2pScenario
 	scenarios["p2perrors"] = p2pErrors
 	scenarios["p2pvictim"] = p2pVictim
+	scenarios["p2pnodes"] = p2pNodes
 }
 
 // TestSendRecv runs sends and recvs between the ranks of one node: a ring in
@@ -67,6 +68,21 @@ func TestSendRecvKilledPeer(t *testing.T) {
 	}
 	// The daemon takes the next job.
 	daemontest.Run(t, s.Socket, "p2p", n, 60*time.Second)
+}
+
+// TestSendRecvMultiNode runs 2 nodes of 2 ranks: transfers between the ranks
+// of one node work in the multi-node job, beside its collectives; across
+// nodes they are refused with ErrUnimplemented, on both sides, and the job
+// goes on (see p2pNodes).
+func TestSendRecvMultiNode(t *testing.T) {
+	ss := startNodes(t, 2, 2)
+	for _, node := range spawnNodes(t, ss, "p2pnodes", 2, 2) {
+		for _, w := range node {
+			if err := w.Wait(120 * time.Second); err != nil {
+				t.Errorf("rank %d: %v\n%s", w.Rank, err, w.Output())
+			}
+		}
+	}
 }
 
 // p2pFill is rank r's message number k, element i.
@@ -375,4 +391,43 @@ func p2pVictim(ctx context.Context, c *hvdd.Client) error {
 		return err
 	}
 	return waitAborted(ctx, h)
+}
+
+// p2pNodes runs on 2 nodes of 2 ranks (ranks 0, 1 on node 0; 2, 3 on node 1).
+func p2pNodes(ctx context.Context, c *hvdd.Client) error {
+	rank := c.Rank()
+	mate := rank ^ 1 // the other rank of this node
+	in := make([]float32, 5)
+	rh, err := hvdd.RecvAsync(c, in, mate)
+	if err != nil {
+		return err
+	}
+	out := []float32{float32(rank), 1, 2, 3, 4}
+	if err := hvdd.Send(ctx, c, out, mate); err != nil {
+		return fmt.Errorf("send to rank %d on this node: %w", mate, err)
+	}
+	if err := rh.Wait(ctx); err != nil {
+		return fmt.Errorf("recv from rank %d on this node: %w", mate, err)
+	}
+	if in[0] != float32(mate) || in[4] != 4 {
+		return fmt.Errorf("recv from rank %d on this node: %v", mate, in)
+	}
+	// Across nodes: refused, naming the nodes, on both sides.
+	other := (rank + 2) % 4
+	if rank < 2 {
+		err = hvdd.Send(ctx, c, out, other)
+	} else {
+		err = hvdd.Recv(ctx, c, in, other)
+	}
+	if !errors.Is(err, hvdd.ErrUnimplemented) || !strings.Contains(err.Error(), "across nodes") {
+		return fmt.Errorf("transfer with rank %d on the other node: want ErrUnimplemented saying across nodes, got %v", other, err)
+	}
+	v := []float32{1}
+	if err := hvdd.Allreduce(ctx, c, v, hvdd.WithOp(hvdd.Sum)); err != nil {
+		return err
+	}
+	if v[0] != 4 {
+		return fmt.Errorf("allreduce after the transfers: %v, want 4", v[0])
+	}
+	return nil
 }
