@@ -188,14 +188,15 @@ func (o OpType) Lower() string { return strings.ToLower(o.String()) }
 // Valid reports whether o names a real collective.
 func (o OpType) Valid() bool { return o > OpInvalid && o < numOpTypes }
 
-// ParseOpType parses a collective name, case-insensitively ("allreduce").
+// ParseOpType parses a collective's name, case-insensitively ("allreduce"):
+// one of the ops every rank of a set takes part in (not Send or Recv).
 func ParseOpType(s string) (OpType, error) {
-	for o := Allreduce; o < numOpTypes; o++ {
+	for o := Allreduce; o <= Join; o++ {
 		if strings.EqualFold(opNames[o], s) {
 			return o, nil
 		}
 	}
-	return OpInvalid, fmt.Errorf("unknown collective %q (want allreduce, allgather, broadcast, alltoall, reducescatter, barrier, join, send or recv)", s)
+	return OpInvalid, fmt.Errorf("unknown collective %q (want allreduce, allgather, broadcast, alltoall, reducescatter, barrier or join)", s)
 }
 
 // Shape is a tensor shape.
