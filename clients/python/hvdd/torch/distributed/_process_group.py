@@ -20,11 +20,18 @@ lost, tensors that differ across ranks) raises
 ``torch.distributed.DistBackendError`` with the daemon's message, which
 names the rank.
 
-Known limit: a collective that a future's callback calls (PowerSGD's
-communication hook does) runs on whichever thread completes the future
-first, the completion thread or the caller's, so its place in the group's
-order can differ between ranks; such hooks fail with the daemon's mismatch
-error. The stock allreduce, fp16 and bf16 hooks call none.
+Collectives called by a future's callbacks (PowerSGD's communication hook
+calls them, and waits for them, in the callbacks it chains with ``then``)
+run on whichever thread completes the future, the completion thread or, when
+the future was already done, the caller's; their place in the group's order
+would differ between ranks. Such a collective is named after the work whose
+future's callback calls it instead, ``<that work's name>.c<i>`` for the i-th
+call of the callbacks chained on it (:class:`_Future` keeps the work along its
+``then`` chain), the same on every rank whichever thread runs it. A callback
+that waits for a collective on the completion thread hands the thread's
+role to a new thread first (:meth:`_Completer.hand_off`), which completes
+the group's later collectives, the awaited one among them, while the old
+thread finishes the callback and ends.
 
 What the daemon has no op for is made of those it has: ``reduce`` is an
 allreduce whose result only the root keeps; ``gather`` and ``scatter`` are
@@ -114,20 +121,26 @@ def _unset(t: Optional[timedelta]) -> bool:
 def _host(t: torch.Tensor) -> Tuple[torch.Tensor, np.ndarray, int]:
     """(a contiguous CPU tensor with t's values, its numpy view, its wire
     dtype). It is t itself (sharing its memory) when t is a contiguous CPU
-    tensor; complex tensors as their real view, bfloat16 as its bits."""
+    tensor; complex tensors as their real view, bfloat16 as its bits.
+
+    The view of t's own memory is made through DLPack, not ``.numpy()``,
+    which makes the storage unresizable for good (batched_powerSGD_hook
+    resizes the bucket's buffer that DDP's allreduces ran on)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"hvdd: expected a torch.Tensor, got {type(t).__name__}")
     x = t.detach()
     if x.is_complex():
         x = torch.view_as_real(x)
+    own = False  # whether x is a copy of hvdd's own
     if not x.is_cpu:
-        x = x.cpu()
+        x, own = x.cpu(), True
     if not x.is_contiguous():
-        x = x.contiguous()
+        x, own = x.contiguous(), True
     dt = _DTYPES.get(x.dtype)
     if dt is None or x.is_sparse:
         raise ValueError(f"hvdd: tensors of dtype {t.dtype} are not supported")
-    a = (x.view(torch.int16) if x.dtype is torch.bfloat16 else x).numpy()
+    bits = x.view(torch.int16) if x.dtype is torch.bfloat16 else x
+    a = bits.numpy() if own else np.from_dlpack(bits)
     return x, a, dt[0]
 
 
@@ -179,17 +192,91 @@ def _empty_like_flat(t: torch.Tensor) -> Tuple[np.ndarray, int]:
 # ------------------------------------------------------------------- Work
 
 
+# The thread's state: ``ctx``, the stack of _Contexts of the callbacks
+# running on it; ``completer``, the _Completer whose thread it is (or was).
+_tls = threading.local()
+
+
+class _Context:
+    """Names the collectives that the callbacks chained on one work's future
+    call: ``<the work's name>.c<i>``, in the order they call them (callbacks
+    of one chain run one after another), whichever thread runs them."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self._n = itertools.count()
+
+    def name(self) -> str:
+        return f"{self.base}.c{next(self._n)}"
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        stack = _tls.__dict__.setdefault("ctx", [])
+        stack.append(self)
+        try:
+            return fn(*args)
+        finally:
+            stack.pop()
+
+
+def _context() -> Optional[_Context]:
+    """The context of the callback running on this thread, if any."""
+    stack = getattr(_tls, "ctx", None)
+    return stack[-1] if stack else None
+
+
+def _before_blocking() -> None:
+    """Called before a wait for a collective: on a completion thread (in a
+    callback of a future it completes), hands its role to a new thread, which
+    completes the collective waited for (this thread would never)."""
+    c = getattr(_tls, "completer", None)
+    if c is not None:
+        c.hand_off()
+
+
+class _Future(torch.futures.Future):
+    """A work's future, and the futures chained on it with ``then``: their
+    callbacks run in the work's :class:`_Context` (the collectives they call
+    are named after the work), and their ``wait()`` on a completion thread
+    hands the thread's role over first (:func:`_before_blocking`)."""
+
+    def __init__(self, ctx: _Context) -> None:
+        super().__init__()
+        self._ctx = ctx
+
+    def then(self, callback: Callable[["torch.futures.Future"], Any]) -> "torch.futures.Future":  # type: ignore[override]
+        child = _Future(self._ctx)
+
+        def run(_: Any) -> None:
+            try:
+                value = self._ctx.run(callback, self)
+            except BaseException as e:
+                child.set_exception(e)
+            else:
+                child.set_result(value)
+
+        super().add_done_callback(run)
+        return child
+
+    def add_done_callback(self, callback: Callable[["torch.futures.Future"], None]) -> None:
+        super().add_done_callback(lambda _: self._ctx.run(callback, self))
+
+    def wait(self) -> Any:
+        if not self.done():
+            _before_blocking()
+        return super().wait()
+
+
 class Work(dist.Work):
     """The work of one collective: done once its results are in torch's
     output tensors. ``wait()`` raises the collective's error;
     ``get_future()`` is completed with the output tensors (DDP's reducer and
     communication hooks chain on it)."""
 
-    def __init__(self, what: str, result: List[torch.Tensor], deadline: float) -> None:
+    def __init__(self, what: str, name: str, result: List[torch.Tensor], deadline: float) -> None:
         super().__init__()
         self.what = what
         self._result = result
-        self._fut: torch.futures.Future = torch.futures.Future()
+        self._fut: torch.futures.Future = _Future(_Context(name))
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._error: Optional[BaseException] = None
@@ -215,6 +302,8 @@ class Work(dist.Work):
     def wait(self, timeout: Optional[timedelta] = None) -> bool:
         """Blocks until the collective is done (at most ``timeout``) and raises
         its error, if any. Returns True."""
+        if not self._event.is_set():
+            _before_blocking()
         if _unset(timeout):
             self._event.wait()
         elif not self._event.wait(timeout.total_seconds()):  # type: ignore[union-attr]
@@ -269,9 +358,13 @@ class _Completer:
 
     def __init__(self, client: Client, name: str) -> None:
         self.client = client
+        self.name = name
         self.queue: deque = deque()
         self.cond = threading.Condition()
         self.closed = False
+        self.handoffs = 0
+        # The thread that completes the group's collectives now (another
+        # takes over when a callback on it waits: hand_off).
         self.thread = threading.Thread(target=self._run, name=f"hvdd-pg-{name}", daemon=True)
         self.thread.start()
         _watchdog.add(self)
@@ -279,14 +372,29 @@ class _Completer:
     def put(self, p: _Pending) -> None:
         with self.cond:
             self.queue.append(p)
-            self.cond.notify()
+            self.cond.notify_all()
+
+    def hand_off(self) -> None:
+        """Called on this completer's thread by a callback about to wait for
+        a collective: a new thread takes over completing the group's
+        collectives; this one ends once its callback returns."""
+        with self.cond:
+            if self.thread is not threading.current_thread():
+                return
+            self.handoffs += 1
+            t = threading.Thread(target=self._run, name=f"hvdd-pg-{self.name}-{self.handoffs}", daemon=True)
+            self.thread = t
+            self.cond.notify_all()
+        t.start()
 
     def _run(self) -> None:
+        _tls.completer = self
+        me = threading.current_thread()
         while True:
             with self.cond:
-                while not self.queue and not self.closed:
+                while not self.queue and not self.closed and self.thread is me:
                     self.cond.wait()
-                if not self.queue:
+                if not self.queue or self.thread is not me:
                     return
                 p = self.queue[0]
             err: Optional[BaseException] = None
@@ -314,7 +422,7 @@ class _Completer:
     def close(self) -> None:
         with self.cond:
             self.closed = True
-            self.cond.notify()
+            self.cond.notify_all()
         _watchdog.remove(self)
 
 
@@ -479,9 +587,12 @@ class ProcessGroupHvdd(dist.ProcessGroup):
         cannot be sent (the job failed, bad arguments) raises here."""
         if self._closed:
             raise RuntimeError(f"hvdd: {what} on a destroyed process group")
+        ctx = _context()
         with self._submit_lock:
-            name = f"pt.{self._gid}.{next(self._seq)}"
-            work = Work(f"{what} {name!r}", result, self._deadline(opts))
+            # In a future's callback: named after that future's work, not by
+            # the group's order, which the callback's thread does not keep.
+            name = ctx.name() if ctx is not None else f"pt.{self._gid}.{next(self._seq)}"
+            work = Work(f"{what} {name!r}", name, result, self._deadline(opts))
             try:
                 handles = submit(name)
             except HvddInternalError as e:
