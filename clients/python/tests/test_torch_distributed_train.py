@@ -1,8 +1,8 @@
 """Training with torch.distributed's own parallelism on the ``hvdd`` backend
 (issue 32 items 3-4): FSDP2, ZeroRedundancyOptimizer, DDP's PowerSGD hooks,
-SyncBatchNorm, each against gloo in the same processes (or a single-process
-reference), in real torchrun jobs on real daemons
-(torch_distributed_train_workers.py runs the scenarios).
+SyncBatchNorm, new_subgroups and DeviceMesh/DTensor, each against gloo in the
+same processes (or a single-process reference), in real torchrun and hvdd run
+jobs on real daemons (torch_distributed_train_workers.py runs the scenarios).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 
 import pytest
 from test_torch_distributed import _daemon_logs, _free_port, _oks, env, new_torch, torchrun  # noqa: F401
@@ -80,3 +81,33 @@ def test_train_against_gloo(daemon: dict, tmp_path) -> None:
         assert len(re.findall(one, p.stdout)) == 2, p.stdout
     assert len(re.findall(r"SyncBatchNorm: refused on CPU .* on hvdd as on gloo", p.stdout)) == 2, p.stdout
     assert re.search(r"hvdd status lists job torch-\w+ with pids .*; /metrics counts its ops", p.stdout), p.stdout
+
+
+@new_torch
+def test_mesh_under_hvdd_run(env: dict, hvdd_bin: str, tmp_path) -> None:
+    """4 ranks under hvdd run: new_subgroups and new_subgroups_by_enumeration,
+    DeviceMesh (2, 2) on process sets, DTensor, and HSDP on the mesh, each
+    against the same on gloo."""
+    proc = subprocess.Popen(
+        [hvdd_bin, "run", "-np", "4", sys.executable, TRAIN, "mesh"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=str(tmp_path),
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        out += "\n[TIMED OUT after 600 s]"
+    assert proc.returncode == 0, out + _daemon_logs(env)
+    # hvdd run prefixes the ranks' lines with "[<rank>]<stdout>:"; torch's
+    # rank is hvdd run's.
+    for r in range(4):
+        assert f"[{r}]<stdout>:OK mesh {r}\n" in out, out
+    out = re.sub(r"^\[\d+\]<(?:stdout|stderr)>:", "", out, flags=re.M)
+    _oks(out, "mesh", 4)
+    assert len(re.findall(r"HSDP on DeviceMesh \(2, 2\): losses .* match gloo's and the reference", out)) == 4, out

@@ -1,7 +1,8 @@
 """Scenarios of test_torch_distributed_train.py: training with torch.distributed's
 own parallelism (FSDP2, ZeroRedundancyOptimizer, DDP's PowerSGD hook,
-SyncBatchNorm) on the ``hvdd`` backend, run on every rank (``python
-torch_distributed_train_workers.py NAME`` under torchrun or hvdd run).
+SyncBatchNorm, new_subgroups, DeviceMesh and DTensor) on the ``hvdd``
+backend, run on every rank (``python torch_distributed_train_workers.py NAME``
+under torchrun or hvdd run).
 
 The reference is gloo, the same program on a gloo group (or a gloo
 DeviceMesh) of the same ranks in the same process, from the same seeds; and
@@ -392,7 +393,102 @@ def train() -> None:
     say(f"OK train {me}")
 
 
-SCENARIOS: Dict[str, Callable[[], None]] = {"train": train}
+def rank_data(rank: int, shape: Tuple[int, ...] = (4, 3)) -> torch.Tensor:
+    return torch.arange(float(torch.Size(shape).numel())).reshape(shape) + 100.0 * rank
+
+
+def group_ops(pg: Any, ref: Any, what: str) -> None:
+    """all_reduce, all_gather_into_tensor, reduce_scatter_tensor and broadcast
+    on pg give what they give on ref (a gloo group of the same ranks)."""
+    me = dist.get_rank()
+    ranks = dist.get_process_group_ranks(pg)
+    assert ranks == dist.get_process_group_ranks(ref), (ranks, dist.get_process_group_ranks(ref))
+    n = len(ranks)
+    x = rank_data(me)
+    results = []
+    for g in (pg, ref):
+        a = x.clone()
+        dist.all_reduce(a, group=g)
+        ag = torch.empty(n * 4, 3)
+        dist.all_gather_into_tensor(ag, x, group=g)
+        rs = torch.empty(4 // n, 3)
+        dist.reduce_scatter_tensor(rs, x.clone(), group=g)
+        b = x.clone()
+        dist.broadcast(b, group_src=n - 1, group=g)
+        results.append((a, ag, rs, b))
+    for name, got, want in zip(
+        ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast"), *results
+    ):
+        close_t(got, want, 0.0, f"{what}: {name} against gloo")
+    close_t(results[0][0], sum(rank_data(r) for r in ranks), 0.0, f"{what}: all_reduce (reference)")
+
+
+def mesh() -> None:
+    """4 ranks under hvdd run: new_subgroups, DeviceMesh (2, 2) with the
+    collectives over each dim, DTensor, and HSDP (FSDP2 on the 2-D mesh),
+    each against the same on gloo."""
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    dist.init_process_group("hvdd")
+    me, world = dist.get_rank(), dist.get_world_size()
+    assert world == 4, world
+    # new_subgroups: consecutive pairs; new_subgroups_by_enumeration: any.
+    sub, subs = dist.new_subgroups(group_size=2)
+    gsub, _ = dist.new_subgroups(group_size=2, backend="gloo")
+    assert len(subs) == 2 and dist.get_process_group_ranks(sub) == [me - me % 2, me - me % 2 + 1]
+    group_ops(sub, gsub, "new_subgroups(group_size=2)")
+    enum, _ = dist.new_subgroups_by_enumeration([[0, 3], [1, 2]])
+    genum, _ = dist.new_subgroups_by_enumeration([[0, 3], [1, 2]], backend="gloo")
+    group_ops(enum, genum, "new_subgroups_by_enumeration([[0, 3], [1, 2]])")
+    sets = {sub._ps, enum._ps}
+    assert all(isinstance(g, ProcessGroupHvdd) for g in (sub, enum)) and len(sets) == 2 and 0 not in sets, sets
+    # DeviceMesh: the groups of each dim are process sets; their collectives match gloo's.
+    names = ("dp", "tp")
+    m = init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
+    gm = init_device_mesh("cpu", (2, 2), mesh_dim_names=names, backend_override={0: "gloo", 1: "gloo"})
+    assert m.mesh.tolist() == gm.mesh.tolist() == [[0, 1], [2, 3]], m.mesh
+    for d in names:
+        g = m.get_group(d)
+        assert isinstance(g, ProcessGroupHvdd) and g._ps != 0, (d, g)
+        assert gm.get_group(d).name() == "gloo", gm.get_group(d).name()
+        assert dist.get_process_group_ranks(g) == m.mesh[(slice(None), me % 2) if d == "dp" else (me // 2,)].tolist()
+        group_ops(g, gm.get_group(d), f"DeviceMesh dim {d}")
+    # DTensor on the mesh: sharding, gathering and reducing run on the dims' groups.
+    full = torch.arange(48.0).reshape(8, 6)
+    for mm, backend in ((m, "hvdd"), (gm, "gloo")):
+        dt = distribute_tensor(full, mm, [Shard(0), Shard(1)])
+        assert dt.to_local().shape == (4, 3), dt.to_local().shape
+        close_t(dt.full_tensor(), full, 0.0, f"DTensor on {backend}: full_tensor of [Shard(0), Shard(1)]")
+        close_t(
+            dt.redistribute(mm, [Replicate(), Shard(0)]).to_local(),
+            full.chunk(2, 0)[me % 2],
+            0.0,
+            f"DTensor on {backend}: redistribute to [Replicate(), Shard(0)]",
+        )
+        s = (dt * 2).sum()  # a Partial sum over both dims, reduced
+        close_t(s.full_tensor(), full.sum() * 2, 0.0, f"DTensor on {backend}: sum")
+        part = torch.distributed.tensor.DTensor.from_local(rank_data(me), mm, [Partial(), Partial()])
+        close_t(
+            part.redistribute(mm, [Replicate(), Replicate()]).to_local(),
+            sum(rank_data(r) for r in range(world)),
+            0.0,
+            f"DTensor on {backend}: Partial to Replicate",
+        )
+    # HSDP: FSDP2 on the 2-D mesh (replicated over dp, sharded over tp).
+    ref_losses, ref_p = fsdp_reference(world, None)
+    ours, ours_p = fsdp_train(m, True, None, me)
+    theirs, theirs_p = fsdp_train(gm, True, None, me)
+    close(ours, theirs, 1e-6, "HSDP: losses against gloo's")
+    close(ours, ref_losses[me], 1e-5, "HSDP: losses against the reference")
+    for k in ref_p:
+        close_t(ours_p[k], theirs_p[k], 1e-6, f"HSDP: {k} against gloo's")
+        close_t(ours_p[k], ref_p[k], 1e-5, f"HSDP: {k} against the reference")
+    log(f"HSDP on DeviceMesh (2, 2): losses {[round(v, 5) for v in ours]} match gloo's and the reference")
+    dist.destroy_process_group()
+    say(f"OK mesh {me}")
+
+
+SCENARIOS: Dict[str, Callable[[], None]] = {"train": train, "mesh": mesh}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]]()
