@@ -65,7 +65,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="timed loops per figure (the median is reported)")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--image-size", type=int, default=64)
-    ap.add_argument("--gloo-ifname", help="gloo's GLOO_SOCKET_IFNAME (the namespaces' link: a namespace's host name resolves to loopback)")
+    ap.add_argument(
+        "--gloo-ifname",
+        help="gloo's GLOO_SOCKET_IFNAME (the namespaces' link: a namespace's host name resolves to loopback)",
+    )
     a = ap.parse_args()
     if a.gloo_ifname:
         os.environ["GLOO_SOCKET_IFNAME"] = a.gloo_ifname
@@ -85,7 +88,11 @@ def main() -> None:
         t = torch.ones(16 << 20)
         s = timed(lambda: dist.all_reduce(t), 3, a.reps)
         algbw = (64 << 20) / s / 1e9
-        out.append(dict(base, figure="allreduce_64MiB", median_us=s * 1e6, algbw_gbps=algbw, busbw_gbps=algbw * 2 * (n - 1) / n))
+        out.append(
+            dict(
+                base, figure="allreduce_64MiB", median_us=s * 1e6, algbw_gbps=algbw, busbw_gbps=algbw * 2 * (n - 1) / n
+            )
+        )
     if "ddp" in what:
         torch.manual_seed(42)
         model = torch.nn.parallel.DistributedDataParallel(small_resnet())
