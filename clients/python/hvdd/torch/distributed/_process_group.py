@@ -459,7 +459,68 @@ class _Watchdog:
 _watchdog = _Watchdog()
 
 
+class _Channel:
+    """The point-to-point works of one channel of a group (a direction, a
+    peer, a tag), completed in their order on a thread of the channel's own
+    while any is in flight (it ends when none is). The daemon matches a
+    channel's sends and recvs in their order, so waiting for them in that
+    order holds none up; works of other channels, and the group's
+    collectives, complete on their own threads: a recv posted before a
+    collective whose completion the sender waits for does not hold that
+    collective up. A work past its deadline fails (the watchdog)."""
+
+    def __init__(self, client: Client, name: str) -> None:
+        self.client = client
+        self.name = name
+        self.queue: deque = deque()
+        self.lock = threading.Lock()
+        self.running = False
+
+    def put(self, p: _Pending) -> None:
+        with self.lock:
+            self.queue.append(p)
+            if self.running:
+                return
+            self.running = True
+        threading.Thread(target=self._run, name=f"hvdd-p2p-{self.name}", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                if not self.queue:
+                    self.running = False
+                    return
+                p = self.queue[0]
+            err: Optional[BaseException] = None
+            try:
+                results = [self.client.complete(h) for h in p.handles]
+                if p.finish is not None:
+                    p.finish(results)
+            except BaseException as e:
+                err = e
+            with self.lock:
+                self.queue.popleft()
+            p.work._settle(None if err is None else _error(p.work.what, err))
+
+    def expired(self, now: float) -> None:
+        with self.lock:
+            late = [p.work for p in self.queue if p.work.deadline < now and not p.work.is_completed()]
+        for w in late:
+            w._settle(_BackendError(f"hvdd: {w.what} did not complete within the process group's timeout"))
+
+
 # ---------------------------------------------------------- the group
+
+
+class _NoCoalescing:
+    """What batch_isend_irecv sees as an hvdd group's backend: one that does
+    not coalesce, so that it sends the batch's ops one by one (the daemon
+    matches each on its own; their order in the batch does not matter)."""
+
+    supports_coalescing = False
+
+
+_NO_COALESCING = _NoCoalescing()
 
 
 class ProcessGroupHvdd(dist.ProcessGroup):
@@ -501,6 +562,12 @@ class ProcessGroupHvdd(dist.ProcessGroup):
         self._group_desc = "undefined"
         self._barriers = itertools.count()
         self._closed = False
+        # Point to point: the channels (recv?, global peer, tag) -> _Channel,
+        # and the names of their ops (unique among the client's in flight;
+        # the daemon matches sends and recvs by channel and order, not name).
+        self._p2p: dict = {}
+        self._p2p_seq = itertools.count()
+        self._p2p_lock = threading.Lock()
 
     # ------------------------------------------------------------ identity
 
@@ -558,6 +625,17 @@ class ProcessGroupHvdd(dist.ProcessGroup):
         if sys._getframe(1).f_code.co_name == "monitored_barrier":
             return [torch.device("cpu"), torch.device("cuda")]
         return []
+
+    def _get_backend(self, device: Any) -> Any:  # type: ignore[override]
+        # A Python group has no C++ backend for torch to find (see
+        # _device_types); batch_isend_irecv only asks whether it coalesces
+        # (no: each op is sent as it comes, which is all a batch needs).
+        try:
+            return super()._get_backend(device)
+        except RuntimeError:
+            if sys._getframe(1).f_code.co_name == "batch_isend_irecv":
+                return _NO_COALESCING
+            raise
 
     def set_timeout(self, timeout: timedelta) -> None:
         """The timeout of the group's later collectives (torch's _set_pg_timeout)."""
@@ -1140,17 +1218,68 @@ class ProcessGroupHvdd(dist.ProcessGroup):
 
     # ---------------------------------------------------------- point to point
 
+    def _p2p_work(self, what: str, tensors: Any, group_peer: int, tag: int, recv: bool) -> Work:
+        """Sends one send or recv (``what``) of the group's rank group_peer
+        and queues its completion on its channel (:class:`_Channel`). Bad
+        arguments and a failed job raise here; the daemon's refusals (a peer
+        on another node, a send to this rank itself) and failures (the two
+        tensors differ in dtype or size, the peer was lost) fail the work."""
+        if self._closed:
+            raise RuntimeError(f"hvdd: {what} on a destroyed process group")
+        tensors = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+        if len(tensors) != 1:
+            raise ValueError(f"hvdd: {what} takes one tensor, got {len(tensors)}")
+        if not 0 <= group_peer < self._size:
+            raise ValueError(
+                f"hvdd: {what}: invalid peer rank {group_peer} for a group of {self._size} "
+                f"(group ranks are 0..{self._size - 1})"
+            )
+        t = tensors[0]
+        peer = self.global_ranks[group_peer]
+        x, a, wire = _host(t)
+        name = f"pt.{self._gid}.p2p.{next(self._p2p_seq)}"
+        where = f"rank {peer}" if self._ps == 0 else f"group rank {group_peer} (global rank {peer})"
+        desc = f"{what} {name!r} {'from' if recv else 'to'} {where}, tag {tag}"
+        work = Work(desc, name, tensors, self._deadline(None))
+        c = self._client
+        with self._p2p_lock:
+            key = (recv, peer, int(tag))
+            ch = self._p2p.get(key)
+            if ch is None:
+                ch = self._p2p[key] = _Channel(c, f"{self._gid}-{'r' if recv else 's'}{peer}-{tag}")
+                _watchdog.add(ch)
+            try:
+                if recv:
+                    own = _shares(x, t)
+                    h = _ops.submit_recv(c, a, name, peer, tag, self._ps, out=a if own else None, wire=wire)
+                    finish = None if own else (lambda r: _write(t, r[0]))
+                else:
+                    h = _ops.submit_send(c, a, name, peer, tag, self._ps, wire=wire)
+                    finish = None
+            except HvddInternalError as e:
+                raise _error(desc, e) from e
+            ch.put(_Pending(work, [h], finish))
+        return work
+
     def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int = 0) -> Work:
-        raise NotImplementedError(
-            "hvdd: point-to-point send/recv are not supported yet (the daemon has no point-to-point transfers); "
-            "use the collectives, or a gloo group for send/recv"
-        )
+        """``torch.distributed.send``/``isend``: the tensor to the group's
+        rank dstRank, matched there with the recv from this rank of the same
+        tag, in their order. The tensor is copied when this is called; the
+        work is done once the peer has it."""
+        return self._p2p_work("send", tensors, dstRank, tag, recv=False)
 
     def recv(self, tensors: List[torch.Tensor], srcRank: int, tag: int = 0) -> Work:
-        return self.send(tensors, srcRank, tag)
+        """``torch.distributed.recv``/``irecv``: the tensor filled in place with
+        what the group's rank srcRank sends with the same tag (the same dtype
+        and size, else both sides fail)."""
+        return self._p2p_work("recv", tensors, srcRank, tag, recv=True)
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Work:
-        return self.send(tensors, -1, tag)
+        """A recv from any source: not supported (the daemon matches a recv
+        with one named sender)."""
+        raise NotImplementedError(
+            "hvdd: recv/irecv from any source (without src=) is not supported: name the sending rank with src="
+        )
 
     # --------------------------------------------------------------- shutdown
 
@@ -1172,6 +1301,7 @@ class ProcessGroupHvdd(dist.ProcessGroup):
                 log.debug("hvdd: the barrier of destroy_process_group: %s", e)
         self._closed = True
         self._completer.close()
+        self._close_p2p()
         if self._is_default:
             conn = _startup.release()
             if conn is not None:
@@ -1181,10 +1311,19 @@ class ProcessGroupHvdd(dist.ProcessGroup):
         """Ends the group at once: pending collectives fail."""
         self._closed = True
         self._completer.close()
+        self._close_p2p()
         if self._is_default:
             conn = _startup.release()
             if conn is not None:
                 conn.close()
+
+    def _close_p2p(self) -> None:
+        """Takes the group's point-to-point channels off the watchdog (works
+        still in flight fail as the connection closes)."""
+        with self._p2p_lock:
+            for ch in self._p2p.values():
+                _watchdog.remove(ch)
+            self._p2p.clear()
 
     def _wait_for_pending_works(self) -> None:
         pass
