@@ -27,7 +27,9 @@ func p2pEnqueue[T Elem](op tensor.OpType, data []T, peer int, o *opts) *ipcpb.En
 // daemon has copied the bytes. data must not change until Wait returns.
 // Unnamed sends are named from this client's call order; the name only has
 // to be unique among this client's ops in flight, it plays no part in
-// matching. Across nodes it fails with ErrUnimplemented for now.
+// matching. A dst on another node works the same (the daemons negotiate the
+// transfer as a broadcast from this rank to dst alone); GPU memory is not
+// supported (ErrUnimplemented).
 func SendAsync[T Elem](c *Client, data []T, dst int, options ...Option) (*Handle, error) {
 	o := apply(options)
 	return c.submit(p2pEnqueue(tensor.Send, data, dst, &o), bytesOf(data), false)

@@ -70,18 +70,39 @@ func TestSendRecvKilledPeer(t *testing.T) {
 	daemontest.Run(t, s.Socket, "p2p", n, 60*time.Second)
 }
 
-// TestSendRecvMultiNode runs 2 nodes of 2 ranks: transfers between the ranks
-// of one node work in the multi-node job, beside its collectives; across
-// nodes they are refused with ErrUnimplemented, on both sides, and the job
-// goes on (see p2pNodes).
+// TestSendRecvMultiNode runs sends and recvs in jobs across nodes (see
+// p2pNodes): 2 nodes of 2 ranks, and 3 nodes of 1 (where each transfer
+// leaves a node out).
 func TestSendRecvMultiNode(t *testing.T) {
-	ss := startNodes(t, 2, 2)
-	for _, node := range spawnNodes(t, ss, "p2pnodes", 2, 2) {
-		for _, w := range node {
-			if err := w.Wait(120 * time.Second); err != nil {
-				t.Errorf("rank %d: %v\n%s", w.Rank, err, w.Output())
+	for _, slots := range [][]int{{2, 2}, {1, 1, 1}} {
+		t.Run(fmt.Sprint(slots), func(t *testing.T) {
+			ss := startNodes(t, slots...)
+			for _, node := range spawnNodes(t, ss, "p2pnodes", slots...) {
+				for _, w := range node {
+					if err := w.Wait(120 * time.Second); err != nil {
+						t.Errorf("rank %d: %v\n%s", w.Rank, err, w.Output())
+					}
+				}
 			}
-		}
+		})
+	}
+}
+
+// TestSendRecvMultiNodeKilledPeer kills rank 1 on node 1 while rank 0 on
+// node 0 waits in a recv from it: the recv fails promptly naming it.
+func TestSendRecvMultiNodeKilledPeer(t *testing.T) {
+	ss := startNodes(t, 1, 1)
+	ws := spawnNodes(t, ss, "p2pvictim", 1, 1)
+	victim := ws[1][0]
+	victim.WaitOutput(t, "VICTIM READY", 60*time.Second)
+	ws[0][0].WaitOutput(t, "WAITING", 60*time.Second)
+	victim.Cmd.Process.Signal(syscall.SIGKILL)
+	failsWithin(t, ws[0][0], time.Now(), "rank 1 was killed")
+	if err := ws[0][0].Wait(30 * time.Second); err != nil {
+		t.Fatalf("survivor: %v\n%s", err, ws[0][0].Output())
+	}
+	if out := ws[0][0].Output(); !strings.Contains(out, "rank 1 (pid") || !strings.Contains(out, "was lost") {
+		t.Errorf("the survivor's error does not name the lost rank:\n%s", out)
 	}
 }
 
@@ -393,41 +414,174 @@ func p2pVictim(ctx context.Context, c *hvdd.Client) error {
 	return waitAborted(ctx, h)
 }
 
-// p2pNodes runs on 2 nodes of 2 ranks (ranks 0, 1 on node 0; 2, 3 on node 1).
+// p2pNodes runs on 2 nodes of 2 ranks (ranks 0, 1 on node 0; 2, 3 on node
+// 1) or 3 nodes of 1.
 func p2pNodes(ctx context.Context, c *hvdd.Client) error {
-	rank := c.Rank()
-	mate := rank ^ 1 // the other rank of this node
-	in := make([]float32, 5)
-	rh, err := hvdd.RecvAsync(c, in, mate)
+	rank, size := c.Rank(), c.Size()
+	local := c.LocalSize()
+	if local > 1 {
+		// The other rank of this node, beside the transfers across nodes.
+		mate := rank ^ 1
+		in := make([]float32, 5)
+		rh, err := hvdd.RecvAsync(c, in, mate)
+		if err != nil {
+			return err
+		}
+		if err := hvdd.Send(ctx, c, []float32{float32(rank), 1, 2, 3, 4}, mate); err != nil {
+			return fmt.Errorf("send to rank %d on this node: %w", mate, err)
+		}
+		if err := rh.Wait(ctx); err != nil {
+			return fmt.Errorf("recv from rank %d on this node: %w", mate, err)
+		}
+		if in[0] != float32(mate) || in[4] != 4 {
+			return fmt.Errorf("recv from rank %d on this node: %v", mate, in)
+		}
+	}
+	// A ring over the nodes, a step of one node: in several dtypes, empty,
+	// above 1 MiB, with a tag.
+	step := func(err error) error {
+		if err != nil {
+			return fmt.Errorf("ring across nodes: %w", err)
+		}
+		return nil
+	}
+	ringAcross := func(n int) error {
+		// ringOf's ring is rank+1; across nodes with local > 1 it is
+		// rank+local: rotate by sending to rank+local and receiving from
+		// rank-local.
+		next, prev := (rank+local)%size, (rank+size-local)%size
+		out := make([]int64, n)
+		for i := range out {
+			out[i] = p2pFill(rank, 2, i)
+		}
+		in := make([]int64, n)
+		rh, err := hvdd.RecvAsync(c, in, prev, hvdd.WithTag(int64(n)))
+		if err != nil {
+			return err
+		}
+		if err := hvdd.Send(ctx, c, out, next, hvdd.WithTag(int64(n))); err != nil {
+			return fmt.Errorf("send of %d to rank %d: %w", n, next, err)
+		}
+		if err := rh.Wait(ctx); err != nil {
+			return fmt.Errorf("recv of %d from rank %d: %w", n, prev, err)
+		}
+		for i := range in {
+			if in[i] != p2pFill(prev, 2, i) {
+				return fmt.Errorf("recv of %d from rank %d: element %d is %d, want %d", n, prev, i, in[i], p2pFill(prev, 2, i))
+			}
+		}
+		return nil
+	}
+	for _, n := range []int{3, 0, 1<<17 + 3} {
+		if err := step(ringAcross(n)); err != nil {
+			return err
+		}
+	}
+	if local == 1 {
+		for _, err := range []error{
+			ringOf(ctx, c, 7, func(v int64) hvdd.BFloat16 { return hvdd.BFloat16(0x3f80 + v) }),
+			ringOf(ctx, c, 5, func(v int64) float64 { return float64(v) / 8 }),
+		} {
+			if err := step(err); err != nil {
+				return err
+			}
+		}
+	}
+
+	// Between the first and the last rank (on the first and last nodes):
+	// order on one channel, tags apart, a process set, mismatches. The
+	// other ranks run none of it (with 3 nodes, node 1 is left out).
+	last := size - 1
+	ps, err := c.AddProcessSet(ctx, []int{0, last})
 	if err != nil {
 		return err
 	}
-	out := []float32{float32(rank), 1, 2, 3, 4}
-	if err := hvdd.Send(ctx, c, out, mate); err != nil {
-		return fmt.Errorf("send to rank %d on this node: %w", mate, err)
+	mismatch := func(err error, what string) error {
+		if !errors.Is(err, hvdd.ErrMismatch) || !strings.Contains(err.Error(), what) {
+			return fmt.Errorf("across nodes: want ErrMismatch containing %q, got %v", what, err)
+		}
+		return nil
 	}
-	if err := rh.Wait(ctx); err != nil {
-		return fmt.Errorf("recv from rank %d on this node: %w", mate, err)
+	switch rank {
+	case 0:
+		var hs []*hvdd.Handle
+		for m := 0; m < 4; m++ {
+			h, err := hvdd.SendAsync(c, []int32{int32(m), 7}, last)
+			if err != nil {
+				return err
+			}
+			hs = append(hs, h)
+		}
+		h1, err := hvdd.SendAsync(c, []float32{1}, last, hvdd.WithTag(1))
+		if err != nil {
+			return err
+		}
+		h2, err := hvdd.SendAsync(c, []float32{2}, last, hvdd.WithTag(2))
+		if err != nil {
+			return err
+		}
+		hp, err := hvdd.SendAsync(c, []float32{3}, last, hvdd.WithProcessSet(ps))
+		if err != nil {
+			return err
+		}
+		for _, h := range append(hs, h1, h2, hp) {
+			if err := h.Wait(ctx); err != nil {
+				return err
+			}
+		}
+		if err := mismatch(hvdd.Send(ctx, c, make([]float32, 4), last, hvdd.WithTag(8)), "the send has 4 elements, the recv 8 elements (the two tensors must have the same size)"); err != nil {
+			return fmt.Errorf("send of 4 elements to a recv of 8: %w", err)
+		}
+		if err := mismatch(hvdd.Send(ctx, c, make([]float32, 4), last, hvdd.WithTag(9)), "the send has float32, the recv int32 (the two tensors must have the same dtype)"); err != nil {
+			return fmt.Errorf("send of float32 to a recv of int32: %w", err)
+		}
+	case last:
+		// The set's channel and the tags first: they must not take the
+		// untagged sends, which then come in their order.
+		p, t2, t1 := make([]float32, 1), make([]float32, 1), make([]float32, 1)
+		if err := hvdd.Recv(ctx, c, p, 0, hvdd.WithProcessSet(ps)); err != nil {
+			return err
+		}
+		if err := hvdd.Recv(ctx, c, t2, 0, hvdd.WithTag(2)); err != nil {
+			return err
+		}
+		if err := hvdd.Recv(ctx, c, t1, 0, hvdd.WithTag(1)); err != nil {
+			return err
+		}
+		if p[0] != 3 || t2[0] != 2 || t1[0] != 1 {
+			return fmt.Errorf("across nodes: the set's recv got %v (want 3), tag 2 %v, tag 1 %v", p[0], t2[0], t1[0])
+		}
+		for m := 0; m < 4; m++ {
+			b := make([]int32, 2)
+			if err := hvdd.Recv(ctx, c, b, 0); err != nil {
+				return err
+			}
+			if b[0] != int32(m) || b[1] != 7 {
+				return fmt.Errorf("across nodes: recv %d from rank 0 got %v, want [%d 7] (out of order?)", m, b, m)
+			}
+		}
+		if err := mismatch(hvdd.Recv(ctx, c, make([]float32, 8), 0, hvdd.WithTag(8)), "same size"); err != nil {
+			return fmt.Errorf("recv of 8 elements from a send of 4: %w", err)
+		}
+		if err := mismatch(hvdd.Recv(ctx, c, make([]int32, 4), 0, hvdd.WithTag(9)), "same dtype"); err != nil {
+			return fmt.Errorf("recv of int32 from a send of float32: %w", err)
+		}
 	}
-	if in[0] != float32(mate) || in[4] != 4 {
-		return fmt.Errorf("recv from rank %d on this node: %v", mate, in)
+	if err := c.RemoveProcessSet(ctx, ps); err != nil {
+		return err
 	}
-	// Across nodes: refused, naming the nodes, on both sides.
-	other := (rank + 2) % 4
-	if rank < 2 {
-		err = hvdd.Send(ctx, c, out, other)
-	} else {
-		err = hvdd.Recv(ctx, c, in, other)
-	}
-	if !errors.Is(err, hvdd.ErrUnimplemented) || !strings.Contains(err.Error(), "across nodes") {
-		return fmt.Errorf("transfer with rank %d on the other node: want ErrUnimplemented saying across nodes, got %v", other, err)
+	// The job goes on, and the same ranks' set registers anew (a pair's
+	// set is no registered set).
+	ps, err = c.AddProcessSet(ctx, []int{0, last})
+	if err != nil {
+		return fmt.Errorf("the set of the two ranks after their transfers: %w", err)
 	}
 	v := []float32{1}
 	if err := hvdd.Allreduce(ctx, c, v, hvdd.WithOp(hvdd.Sum)); err != nil {
 		return err
 	}
-	if v[0] != 4 {
-		return fmt.Errorf("allreduce after the transfers: %v, want 4", v[0])
+	if v[0] != float32(size) {
+		return fmt.Errorf("allreduce after the transfers: %v, want %d", v[0], size)
 	}
-	return nil
+	return c.RemoveProcessSet(ctx, ps)
 }

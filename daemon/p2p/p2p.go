@@ -53,6 +53,7 @@ type Table[T any] struct {
 	sends map[Key][]Entry[T]
 	recvs map[Key][]Entry[T]
 	n     int
+	seq   map[Key]int // Next's numbers
 }
 
 // New returns an empty table.
@@ -80,6 +81,21 @@ func (t *Table[T]) Recv(k Key, d Desc, v T) (Pair[T], bool) {
 		return Pair[T]{}, false
 	}
 	return pair(k, s, e), true
+}
+
+// Next numbers a rank's transfers on a channel k whose other side is on
+// another node: it returns how many it numbered on k before (0 for the
+// first). Each side numbers its own (the sender its sends, the receiver its
+// recvs) in the order it made them, so the n-th send and the n-th recv of a
+// channel get the same number on their two nodes: across nodes a transfer
+// is negotiated by the name that number makes (loop/p2p.go).
+func (t *Table[T]) Next(k Key) int {
+	if t.seq == nil {
+		t.seq = map[Key]int{}
+	}
+	n := t.seq[k]
+	t.seq[k] = n + 1
+	return n
 }
 
 // Len is how many sends and recvs wait.

@@ -89,3 +89,21 @@ func TestKeyString(t *testing.T) {
 		t.Fatal(s)
 	}
 }
+
+func TestNext(t *testing.T) {
+	tb := New[string]()
+	k01, k01t, k10 := Key{Src: 0, Dst: 1}, Key{Src: 0, Dst: 1, Tag: 3}, Key{Src: 1, Dst: 0}
+	for i, c := range []struct {
+		k    Key
+		want int
+	}{{k01, 0}, {k01, 1}, {k01t, 0}, {k10, 0}, {k01, 2}, {k01t, 1}} {
+		if got := tb.Next(c.k); got != c.want {
+			t.Fatalf("step %d: Next(%v) = %d, want %d", i, c.k, got, c.want)
+		}
+	}
+	// Draining the waiting transfers (a failed job) keeps the numbers.
+	tb.Drain()
+	if got := tb.Next(k01); got != 3 {
+		t.Fatalf("Next after Drain = %d, want 3", got)
+	}
+}

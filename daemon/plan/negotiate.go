@@ -73,6 +73,9 @@ func (t *Table) Submit(r Request, now int64) error {
 	}
 	ps, ok := t.sets[r.ProcessSet]
 	if !ok {
+		ps, ok = t.pairSet(r.ProcessSet, r.Op)
+	}
+	if !ok {
 		return errUnknownSet(r.Op, r.ProcessSet)
 	}
 	si := ps.index[r.Rank]

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 )
 
@@ -158,8 +159,18 @@ func (j *Job) RowRanks(set int32, root int) ([]int, int) {
 	if set == 0 {
 		return j.GlobalRows, root
 	}
-	members := j.Sets[set]
+	members, _ := j.SetRanks(set)
 	return members, slices.Index(members, root)
+}
+
+// SetRanks returns the global ranks, ascending, of process set set (not
+// 0): a registered set's, or a pair set's (plan.PairSet: the two ranks of a
+// transfer across nodes), or false for neither.
+func (j *Job) SetRanks(set int32) ([]int, bool) {
+	if rs, ok := j.Sets[set]; ok {
+		return rs, true
+	}
+	return plan.PairRanks(set, j.Members.Size)
 }
 
 // setView is how the rows of a process set lie over the job's nodes, for
@@ -186,7 +197,8 @@ func (j *Job) View(set int32) setView {
 			v.Nodes = append(v.Nodes, n)
 		}
 	} else {
-		for row, rank := range j.Sets[set] {
+		members, _ := j.SetRanks(set)
+		for row, rank := range members {
 			n := j.Members.NodeOf(rank)
 			if len(v.Nodes) == 0 || v.Nodes[len(v.Nodes)-1] != n {
 				v.Nodes = append(v.Nodes, n)

@@ -410,6 +410,10 @@ func (c *client) Resolve(id uint32, e *ipcpb.Enqueue) (*job.Op, error) {
 	o.Req.Op = t
 	o.Req.Name = e.GetName()
 	o.Req.ProcessSet = e.GetProcessSet()
+	if o.Req.ProcessSet < 0 {
+		// Negative ids are the daemon's own (plan.PairSet).
+		return nil, fmt.Errorf("%v %q: process set %d does not exist: use an id that AddProcessSet returned", t, o.Name, o.Req.ProcessSet)
+	}
 	if t == tensor.Barrier || t == tensor.Join {
 		return o, nil
 	}

@@ -1037,8 +1037,12 @@ func (l *Loop) work(j *job.Job, r plan.Response) (job.Work, bool) {
 		l.negotiated(j, row)
 	}
 	if r.Err != nil {
-		l.noteError(j, r.Err.Error())
-		d := &ipcpb.Done{Code: errorCode(r.Err), Error: r.Err.Error()}
+		msg := r.Err.Error()
+		if r.ProcessSet < 0 {
+			msg = p2pError(&r)
+		}
+		l.noteError(j, msg)
+		d := &ipcpb.Done{Code: errorCode(r.Err), Error: msg}
 		job.FinishRows(w.Ops, d)
 		return w, false
 	}

@@ -3,9 +3,11 @@ package loop
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/hvdd/hvdd/daemon/internal/job"
 	"github.com/hvdd/hvdd/daemon/p2p"
+	"github.com/hvdd/hvdd/daemon/plan"
 	"github.com/hvdd/hvdd/ipc/ipcpb"
 	"github.com/hvdd/hvdd/tensor"
 )
@@ -22,7 +24,8 @@ type msgP2PDone struct{ send, recv *job.Op }
 // waits in the job's table (package p2p) for the other side, and once both
 // are here the daemon copies the send's bytes into the recv's buffer, from
 // one client's shared memory into the other's, and answers both. No other
-// rank takes part. Across nodes it is refused for now.
+// rank takes part. With the other side on another node it goes to the
+// job's coordination instead (p2pAcross).
 func (l *Loop) p2p(j *job.Job, o *job.Op) {
 	me := o.Req.Rank
 	peer := o.Peer
@@ -56,12 +59,16 @@ func (l *Loop) p2p(j *job.Job, o *job.Op) {
 			return
 		}
 	}
-	if n := j.Members.Nodes(); n > 1 && j.Members.NodeOf(peer) != j.Members.Node {
-		bad(ipcpb.Code_CODE_UNIMPLEMENTED, "rank %d is on node %d, this rank on node %d: send/recv across nodes is not supported yet", peer, j.Members.NodeOf(peer), j.Members.Node)
-		return
-	}
 	if j.P2P == nil {
 		j.P2P = p2p.New[*job.Op]()
+	}
+	if n := j.Members.Nodes(); n > 1 && j.Members.NodeOf(peer) != j.Members.Node {
+		if j.Members.Size > plan.MaxPairRanks {
+			bad(ipcpb.Code_CODE_UNIMPLEMENTED, "send/recv across nodes is limited to jobs of %d ranks (this one has %d)", plan.MaxPairRanks, j.Members.Size)
+			return
+		}
+		l.p2pAcross(j, o)
+		return
 	}
 	d := p2p.Desc{DType: o.Req.DType, Bytes: len(o.Buf)}
 	var pr p2p.Pair[*job.Op]
@@ -93,6 +100,59 @@ func (l *Loop) p2p(j *job.Job, o *job.Op) {
 		copy(r.Buf, s.Buf)
 		l.p.Post(msgP2PDone{s, r})
 	}()
+}
+
+// p2pAcross sends a transfer whose other side is on another node through
+// the job's coordination, as the broadcast from the sender over the pair
+// set of the two ranks (plan.PairSet), which the coordinator negotiates
+// like any collective and both nodes run in plan order on the engine's
+// group of their two nodes. Its name, the same on both sides, carries the
+// channel and the transfer's number on it (p2p.Table.Next), so that the
+// n-th send of a channel meets its n-th recv. The shape is flattened: the
+// two sides must agree on dtype and size only, as on one node.
+func (l *Loop) p2pAcross(j *job.Job, o *job.Op) {
+	me, peer := o.Req.Rank, o.Peer
+	src, dst := me, peer
+	if o.Type == tensor.Recv {
+		src, dst = peer, me
+	}
+	k := p2p.Key{Set: o.Req.ProcessSet, Src: src, Dst: dst, Tag: o.Tag}
+	n := j.P2P.Next(k)
+	numel := int64(0)
+	if sz := o.Req.DType.Size(); sz > 0 {
+		numel = int64(len(o.Buf) / sz)
+	}
+	o.Type, o.Req.Op = tensor.Broadcast, tensor.Broadcast
+	o.Req.Root = src
+	o.Req.Shape = tensor.Shape{numel}
+	o.Req.ProcessSet = plan.PairSet(src, dst, j.Members.Size)
+	o.Name = fmt.Sprintf("send/recv from %v, #%d", k, n)
+	o.Req.Name = o.Name
+	l.submit(j, o)
+}
+
+// p2pError is the error of a transfer across nodes whose two sides
+// disagree (r: the pair set's broadcast, r.Root the sender) in the words of
+// send and recv, as on one node (p2p.Check), not of a broadcast.
+func p2pError(r *plan.Response) string {
+	e := r.Err
+	what := map[string]string{"dtype": "dtype", "shape": "size"}[e.Attr]
+	if what == "" || len(e.Sides) != 2 {
+		return e.Error()
+	}
+	var send, recv string
+	for _, s := range e.Sides {
+		v := s.Value
+		if e.Attr == "shape" {
+			v = strings.Trim(v, "[]") + " elements"
+		}
+		if slices.Contains(s.Ranks, r.Root) {
+			send = v
+		} else {
+			recv = v
+		}
+	}
+	return fmt.Sprintf("%s: the send has %s, the recv %s (the two tensors must have the same %s)", e.Tensor, send, recv, what)
 }
 
 // p2pDone answers a transfer's two ranks.

@@ -260,7 +260,7 @@ func (mc *multiCoord) localNeed(set int32) int {
 		if mc.joined[rank] {
 			continue
 		}
-		if set == 0 || slices.Contains(j.Sets[set], rank) {
+		if members, _ := j.SetRanks(set); set == 0 || slices.Contains(members, rank) {
 			n++
 		}
 	}
@@ -445,7 +445,7 @@ func (mc *multiCoord) Submit(o *job.Op) *ipcpb.Done {
 	if set := o.Req.ProcessSet; set != 0 && o.Type != tensor.Join {
 		// The coordinator's table would refuse it; say so here, as on
 		// one node.
-		members, ok := j.Sets[set]
+		members, ok := j.SetRanks(set)
 		var err error
 		switch {
 		case !ok:
@@ -511,8 +511,9 @@ func (mc *multiCoord) Flush() {
 	mc.setOut = nil
 	for i, group := range mn.out {
 		sn := mn.outKey[i]
-		if sn == (setName{}) {
-			// A join: never cached.
+		if sn == (setName{}) || sn.set < 0 {
+			// A join, or a transfer across nodes (a pair set's broadcast,
+			// its name used once): never cached.
 			rd.GroupStart = append(rd.GroupStart, int32(len(rd.Requests)))
 			rd.Slot = append(rd.Slot, -1)
 			rd.Requests = append(rd.Requests, group...)

@@ -73,7 +73,8 @@ func setRow(w *job.Work, g int) (int, bool) {
 	if w.Job == nil {
 		return 0, false
 	}
-	row := slices.Index(w.Job.Sets[set], g)
+	members, _ := w.Job.SetRanks(set)
+	row := slices.Index(members, g)
 	return row, row >= 0
 }
 

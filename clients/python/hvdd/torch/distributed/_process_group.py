@@ -1221,9 +1221,10 @@ class ProcessGroupHvdd(dist.ProcessGroup):
     def _p2p_work(self, what: str, tensors: Any, group_peer: int, tag: int, recv: bool) -> Work:
         """Sends one send or recv (``what``) of the group's rank group_peer
         and queues its completion on its channel (:class:`_Channel`). Bad
-        arguments and a failed job raise here; the daemon's refusals (a peer
-        on another node, a send to this rank itself) and failures (the two
-        tensors differ in dtype or size, the peer was lost) fail the work."""
+        arguments and a failed job raise here; the daemon's refusals (a send
+        to this rank itself) and failures (the two tensors differ in dtype or
+        size, the peer was lost) fail the work. The peer may be on another
+        node."""
         if self._closed:
             raise RuntimeError(f"hvdd: {what} on a destroyed process group")
         tensors = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
