@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -73,3 +75,27 @@ def test_send_recv_enqueue_matches_protobuf(peer: int, tag: int) -> None:
             tag=tag,
         )
         assert got == pb.ClientMessage(enqueue=e).SerializeToString()
+
+
+@new_torch
+def test_send_recv_across_nodes(env: dict, hvdd_bin: str, tmp_path) -> None:  # noqa: F811
+    """Under hvdd run on two "hosts" (loopback addresses, a daemon each, the
+    tcp engine between them): transfers across the nodes and on each (see
+    torch_p2p_workers.p2p_nodes)."""
+    env = dict(env, HVDD_START_TIMEOUT="60")
+    p = subprocess.run(
+        [hvdd_bin, "run", "-np", "4", "-H", "127.0.0.1:2,127.0.0.2:2", "--", sys.executable, WORKERS, "p2p_nodes"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+        cwd=str(tmp_path),
+    )
+    assert p.returncode == 0, p.stdout
+    for r in range(4):
+        assert f"OK p2p_nodes {r}" in p.stdout, p.stdout
+    raised = re.findall(r"RAISED \d: (.*)$", p.stdout, re.M)
+    assert len(raised) == 2, p.stdout
+    for msg in raised:
+        assert msg.startswith("DistBackendError") and "the send has 4 elements, the recv 8 elements" in msg, msg

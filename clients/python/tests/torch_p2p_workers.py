@@ -247,7 +247,72 @@ def p2p_fault() -> None:
     raise AssertionError("the transfer with the killed rank did not raise")
 
 
-SCENARIOS = {"p2p": p2p, "p2p_mismatch": p2p_mismatch, "p2p_fault": p2p_fault}
+def p2p_nodes() -> None:
+    """Under hvdd run on 2 nodes of 2 ranks (0, 1 | 2, 3): transfers
+    across nodes (rank r with r+2) and on one node, against each rank's
+    deterministic data: isend/irecv of several dtypes, batch_isend_irecv,
+    tags apart, a subgroup across the nodes, a size mismatch raising on
+    both sides."""
+    dist.init_process_group("hvdd")
+    n, me = dist.get_world_size(), dist.get_rank()
+    assert n == 4, n
+    # Two ranks on each of two nodes, node-major.
+    where = (os.environ.get("HVDD_CROSS_RANK"), os.environ.get("HVDD_CROSS_SIZE"), os.environ.get("HVDD_LOCAL_SIZE"))
+    assert where == (str(me // 2), "2", "2"), where
+    far, mate = (me + 2) % n, me ^ 1
+    for dt in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool):
+        for peer in (far, mate):
+            into = torch.zeros(5, 3, dtype=dt)
+            r = dist.irecv(into, peer)
+            dist.isend(data(me, dt, seed=7), peer).wait()
+            r.wait()
+            same(into, data(peer, dt, seed=7), f"irecv of {dt} from rank {peer}")
+    a, b = torch.zeros(1 << 18), torch.zeros(3)
+    reqs = dist.batch_isend_irecv(
+        [
+            dist.P2POp(dist.irecv, a, far),
+            dist.P2POp(dist.isend, torch.full((1 << 18,), float(me)), far),
+            dist.P2POp(dist.isend, torch.full((3,), float(me)), mate, tag=2),
+            dist.P2POp(dist.irecv, b, mate, tag=2),
+        ]
+    )
+    for w in reqs:
+        w.wait()
+    same(a, torch.full((1 << 18,), float(far)), "batch_isend_irecv across nodes (1 MiB)")
+    same(b, torch.full((3,), float(mate)), "batch_isend_irecv on the node")
+    if me in (0, 2):
+        w1 = dist.isend(torch.tensor([1.0]), far, tag=1)
+        w2 = dist.isend(torch.tensor([2.0]), far, tag=2)
+        x2, x1 = torch.zeros(1), torch.zeros(1)
+        dist.recv(x2, far, tag=2)
+        dist.recv(x1, far, tag=1)
+        w1.wait()
+        w2.wait()
+        same(torch.cat([x1, x2]), torch.tensor([1.0, 2.0]), "tags apart across nodes")
+    sub = dist.new_group([1, 2], backend="hvdd")
+    if me in (1, 2):
+        other = 3 - me
+        x = torch.zeros(4, dtype=torch.int32)
+        r = dist.irecv(x, other, group=sub)
+        dist.send(torch.arange(4, dtype=torch.int32) + me, other, group=sub)
+        r.wait()
+        same(x, torch.arange(4, dtype=torch.int32) + other, "recv in a subgroup across nodes")
+    try:
+        if me == 0:
+            dist.send(torch.ones(4), 2, tag=9)
+        elif me == 2:
+            dist.recv(torch.zeros(8), 0, tag=9)
+    except Exception as e:
+        say(f"RAISED {me}: {type(e).__name__}: {e}")
+    else:
+        if me in (0, 2):
+            raise AssertionError("a send and recv of different sizes across nodes did not raise")
+    dist.barrier()
+    dist.destroy_process_group()
+    say(f"OK p2p_nodes {me}")
+
+
+SCENARIOS = {"p2p": p2p, "p2p_mismatch": p2p_mismatch, "p2p_fault": p2p_fault, "p2p_nodes": p2p_nodes}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]]()
