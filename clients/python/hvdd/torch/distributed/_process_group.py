@@ -425,6 +425,16 @@ class _Completer:
             self.cond.notify_all()
         _watchdog.remove(self)
 
+    def join(self, timeout: float) -> None:
+        """Waits, at most timeout seconds, for the closed completer's thread
+        to end. A daemon thread still inside torch's C++ code (completing a
+        future) when the interpreter exits is ended there by the
+        interpreter, which aborts the process ("terminate called without an
+        active exception"); destroy_process_group joins it first."""
+        t = self.thread
+        if t is not threading.current_thread() and t.is_alive():
+            t.join(timeout)
+
 
 class _Watchdog:
     """One thread that fails the works of every group that overrun their
@@ -1307,6 +1317,7 @@ class ProcessGroupHvdd(dist.ProcessGroup):
             conn = _startup.release()
             if conn is not None:
                 conn.close()
+        self._completer.join(5.0)
 
     def abort(self) -> None:
         """Ends the group at once: pending collectives fail."""
