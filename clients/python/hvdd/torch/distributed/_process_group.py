@@ -40,6 +40,14 @@ bitwise reductions (BAND, BOR, BXOR) allgather and reduce on each rank;
 ``barrier`` is a one-byte allreduce. Tensors go flat through the daemon
 (``all_gather`` and the like then take tensors of any shapes); device tensors
 are staged through host memory.
+
+Point-to-point transfers (``send``, ``recv``, their ``i`` forms and
+``batch_isend_irecv``) take no place in the group's order (only two ranks
+make one): they are named ``pt.<group>.p2p.<n>`` from a counter of their
+own, which only has to keep the names unique, and the daemon matches them by
+channel (peer, tag, group) and order. Each channel's works complete in their
+order on a thread of the channel's own (:class:`_Channel`), apart from the
+group's collectives: a recv posted before a collective does not hold it up.
 """
 
 from __future__ import annotations
