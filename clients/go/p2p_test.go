@@ -20,6 +20,7 @@ func init() {
 	scenarios["p2perrors"] = p2pErrors
 	scenarios["p2pvictim"] = p2pVictim
 	scenarios["p2pnodes"] = p2pNodes
+	scenarios["p2pstall"] = p2pStall
 }
 
 // TestSendRecv runs sends and recvs between the ranks of one node: a ring in
@@ -104,6 +105,51 @@ func TestSendRecvMultiNodeKilledPeer(t *testing.T) {
 	if out := ws[0][0].Output(); !strings.Contains(out, "rank 1 (pid") || !strings.Contains(out, "was lost") {
 		t.Errorf("the survivor's error does not name the lost rank:\n%s", out)
 	}
+}
+
+// TestSendRecvMultiNodeNoStallShutdown: a recv across nodes that waits
+// past the stall shutdown time is no stall that stops the job; an
+// allreduce that only rank 0 submits, after it, is (see p2pStall).
+func TestSendRecvMultiNodeNoStallShutdown(t *testing.T) {
+	ss := startNodesCfg(t, func(_ int, cfg *daemon.Config) {
+		cfg.StallCheck, cfg.StallShutdown = 300*time.Millisecond, time.Second
+	}, 1, 1)
+	for _, node := range spawnNodes(t, ss, "p2pstall", 1, 1) {
+		for _, w := range node {
+			if err := w.Wait(60 * time.Second); err != nil {
+				t.Errorf("rank %d: %v\n%s", w.Rank, err, w.Output())
+			}
+		}
+	}
+}
+
+// p2pStall runs on 2 nodes of 1 rank.
+func p2pStall(ctx context.Context, c *hvdd.Client) error {
+	var err error
+	if c.Rank() == 0 {
+		rh, rerr := hvdd.RecvAsync(c, make([]float32, 2), 1)
+		if rerr != nil {
+			return rerr
+		}
+		err = hvdd.Allreduce(ctx, c, []float32{1}, hvdd.WithName("lonely"))
+		if rerr := rh.Wait(ctx); !errors.Is(rerr, hvdd.ErrAborted) {
+			return fmt.Errorf("the recv: %v, want it failed with the job", rerr)
+		}
+	} else {
+		// Never met: rank 0 is in "lonely". (This node hears of the
+		// coordinator's stall shutdown as the loss of node 0.)
+		if err := c.Barrier(ctx); !errors.Is(err, hvdd.ErrAborted) {
+			return fmt.Errorf("rank 1: %v, want the job aborted", err)
+		}
+		return nil
+	}
+	if !errors.Is(err, hvdd.ErrAborted) || !strings.Contains(err.Error(), "stall") {
+		return fmt.Errorf("rank 0: %v, want the stall shutdown", err)
+	}
+	if !strings.Contains(err.Error(), `"lonely"`) || strings.Contains(err.Error(), "send/recv") {
+		return fmt.Errorf("the stall shutdown must name the allreduce, not the recv that waits: %v", err)
+	}
+	return nil
 }
 
 // p2pFill is rank r's message number k, element i.

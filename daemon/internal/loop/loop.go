@@ -1133,7 +1133,11 @@ func (l *Loop) checkJobStalls(j *job.Job) {
 	var stalled []int
 	if shutdown {
 		for _, st := range stalls {
-			if now-st.FirstSubmit >= l.cfg.StallShutdown.Milliseconds() {
+			// A transfer across nodes (a pair set's) that waits for its
+			// other side is warned about, but stops no job: a recv may
+			// wait for its send as long as the program means it to
+			// (torch's timeout bounds it), as on one node.
+			if st.ProcessSet >= 0 && now-st.FirstSubmit >= l.cfg.StallShutdown.Milliseconds() {
 				over = append(over, st)
 				stalled = append(stalled, st.Missing...)
 			}
