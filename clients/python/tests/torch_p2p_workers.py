@@ -146,6 +146,21 @@ def p2p() -> None:
     if me == 1:
         same(got, torch.tensor([2.0, 2, 1, 1, 30, 30, 31, 31, 32, 32]), "tags apart, in order on tag 3")
 
+    # A tag per transfer (a step number): the group keeps a bounded number
+    # of channels.
+    if me < 2:
+        for step in range(150):
+            x = torch.zeros(1)
+            if me == 0:
+                dist.send(torch.tensor([float(step)]), 1, tag=1000 + step)
+                dist.recv(x, 1, tag=1000 + step)
+            else:
+                dist.recv(x, 0, tag=1000 + step)
+                dist.send(x, 0, tag=1000 + step)
+            same(x, torch.tensor([float(step)]), f"a transfer tagged {1000 + step}")
+        pg = dist.distributed_c10d._get_default_group()
+        assert len(pg._p2p) <= 64, f"{len(pg._p2p)} channels kept"
+
     # A recv posted before a collective that its sender's send waits for:
     # the collective completes regardless (p2p works complete apart from
     # the group's collectives).

@@ -540,6 +540,9 @@ class _NoCoalescing:
 
 _NO_COALESCING = _NoCoalescing()
 
+# A group prunes its idle point-to-point channels when it has this many.
+_P2P_CHANNELS = 64
+
 
 class ProcessGroupHvdd(dist.ProcessGroup):
     """A process group whose collectives the hvdd daemon runs. Made by
@@ -1265,6 +1268,8 @@ class ProcessGroupHvdd(dist.ProcessGroup):
             key = (recv, peer, int(tag))
             ch = self._p2p.get(key)
             if ch is None:
+                if len(self._p2p) >= _P2P_CHANNELS:
+                    self._prune_p2p()
                 ch = self._p2p[key] = _Channel(c, f"{self._gid}-{'r' if recv else 's'}{peer}-{tag}")
                 _watchdog.add(ch)
             try:
@@ -1336,6 +1341,18 @@ class ProcessGroupHvdd(dist.ProcessGroup):
             conn = _startup.release()
             if conn is not None:
                 conn.close()
+
+    def _prune_p2p(self) -> None:
+        """Drops the idle channels (nothing in flight, their thread gone),
+        under _p2p_lock: a program that gives every transfer a tag of its
+        own (a step number) keeps a bounded number (a later transfer on a
+        dropped channel makes it anew)."""
+        for key, ch in list(self._p2p.items()):
+            with ch.lock:
+                idle = not ch.running and not ch.queue
+            if idle:
+                del self._p2p[key]
+                _watchdog.remove(ch)
 
     def _close_p2p(self) -> None:
         """Takes the group's point-to-point channels off the watchdog (works
