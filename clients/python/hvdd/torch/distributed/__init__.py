@@ -30,9 +30,10 @@ after a reset, hvd's (``hvd.rank()``, ...) are the current ones.
 
 Supported: torch 2.15 and later (:data:`SUPPORTED_TORCH`), the versions
 it is tested on; importing it with an older torch raises ImportError saying
-so (use ``hvdd.torch``, Horovod's API, there). Every c10d collective but
-point-to-point ``send``/``recv`` (not yet: the daemon has no point-to-point
-transfers); init methods ``env://``, ``tcp://``, ``file://`` and an explicit
+so (use ``hvdd.torch``, Horovod's API, there). Every c10d collective, and
+point-to-point ``send``/``recv``/``isend``/``irecv``/``batch_isend_irecv``
+(on one node and across nodes; a recv from any source is refused: name
+``src``); init methods ``env://``, ``tcp://``, ``file://`` and an explicit
 ``store``; one host per job unless ``hvdd run`` or daemons of your own
 (``HVDD_SOCKET``) span the hosts.
 """
