@@ -827,13 +827,54 @@ func TestDriverRendezvousListens(t *testing.T) {
 			if err := dial("127.0.0.2"); (err == nil) != tt.allIfcs {
 				t.Errorf("dial the rendezvous on 127.0.0.2: %v; want it reachable there: %v", err, tt.allIfcs)
 			}
+			port, _ := strconv.Atoi(m[1])
+			if !listensHere(t, port) {
+				t.Errorf("no socket of this process listens on the rendezvous's port %d while the job runs", port)
+			}
 			fj.exit(0, 0)
 			if r := fj.wait(); r.code != 0 || r.err != nil {
 				t.Errorf("Run = %d, %v; want 0, nil", r.code, r.err)
 			}
-			if err := dial("127.0.0.1"); err == nil {
-				t.Error("the rendezvous still answers after Run returned")
+			// Another process (a test beside this one) may listen on the
+			// port by now: what must be gone is this process's listener.
+			if listensHere(t, port) {
+				t.Error("the rendezvous still listens after Run returned")
 			}
 		})
 	}
+}
+
+// listensHere reports whether a socket of this process listens on TCP port
+// port (from /proc/net/tcp{,6} and /proc/self/fd).
+func listensHere(t *testing.T, port int) bool {
+	t.Helper()
+	inodes := map[string]bool{}
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(line)
+			// local_address is ADDR:PORT in hex; st 0A is LISTEN; field 9 the inode.
+			if len(fs) < 10 || fs[3] != "0A" {
+				continue
+			}
+			i := strings.LastIndexByte(fs[1], ':')
+			if p, err := strconv.ParseInt(fs[1][i+1:], 16, 32); err == nil && int(p) == port {
+				inodes[fs[9]] = true
+			}
+		}
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatalf("list this process's fds: %v", err)
+	}
+	for _, fd := range fds {
+		l, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name()))
+		if err == nil && strings.HasPrefix(l, "socket:[") && inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] {
+			return true
+		}
+	}
+	return false
 }
