@@ -64,9 +64,8 @@ func New[T any]() *Table[T] {
 // Send adds a send: matched with the oldest recv waiting on k, if any.
 func (t *Table[T]) Send(k Key, d Desc, v T) (Pair[T], bool) {
 	e := Entry[T]{Desc: d, V: v}
-	r, ok := t.take(t.recvs, k)
+	r, ok := t.add(t.sends, t.recvs, k, e)
 	if !ok {
-		t.put(t.sends, k, e)
 		return Pair[T]{}, false
 	}
 	return pair(k, e, r), true
@@ -75,12 +74,21 @@ func (t *Table[T]) Send(k Key, d Desc, v T) (Pair[T], bool) {
 // Recv adds a recv: matched with the oldest send waiting on k, if any.
 func (t *Table[T]) Recv(k Key, d Desc, v T) (Pair[T], bool) {
 	e := Entry[T]{Desc: d, V: v}
-	s, ok := t.take(t.sends, k)
+	s, ok := t.add(t.recvs, t.sends, k, e)
 	if !ok {
-		t.put(t.recvs, k, e)
 		return Pair[T]{}, false
 	}
 	return pair(k, s, e), true
+}
+
+// add takes the oldest entry waiting on k in other (the other side's
+// queue), or else queues e in mine: the matched entry and true, or false.
+func (t *Table[T]) add(mine, other map[Key][]Entry[T], k Key, e Entry[T]) (Entry[T], bool) {
+	if o, ok := t.take(other, k); ok {
+		return o, true
+	}
+	t.put(mine, k, e)
+	return Entry[T]{}, false
 }
 
 // Next numbers a rank's transfers on a channel k whose other side is on
