@@ -63,9 +63,16 @@ func (j *job) watch(pre, cmd, whileRunning, post string) string {
 	g := strconv.Itoa(max(j.grace, 1))
 	s := pre + "exec 3<&0; " +
 		cmd + " 3<&- & p=$!; " +
-		// The watcher's grace sleep dies with it (kill $w below), not
-		// left behind for the grace.
-		"( cat <&3 >/dev/null 2>&1; exec 3<&-; kill -TERM $p; s=; trap 'kill $s 2>/dev/null; exit 0' TERM; sleep " + g + " & s=$!; wait $s; kill -KILL $p ) >/dev/null 2>&1 & w=$!; " +
+		// The watcher waits out the grace in steps of 0.1 s (1 s where
+		// sleep takes whole seconds only) while the command runs, so that
+		// nothing of it outlives the command by more than a step. A single
+		// grace sleep, killed by the watcher's trap, could stay behind: a
+		// TERM that lands between the sleep's fork and its exec is caught
+		// by the copy of the trap and lost at the exec (the fault campaign
+		// found such a sleep left after a job).
+		"( cat <&3 >/dev/null 2>&1; exec 3<&-; kill -TERM $p; n=0; " +
+		"while [ $n -lt " + g + "0 ] && kill -0 $p; do if sleep 0.1; then n=$((n+1)); else sleep 1; n=$((n+10)); fi; done; " +
+		"kill -KILL $p ) >/dev/null 2>&1 & w=$!; " +
 		"exec 3<&-; " + whileRunning +
 		"wait $p; r=$?; kill $w 2>/dev/null; " + post + "exit $r"
 	return s
