@@ -10,7 +10,9 @@
 #       path on the fake driver, torch.distributed) on .venv-torch (the
 #       newest torch from PyPI, what users install), then the Keras elastic
 #       examples on .venv, then the GPU machine's scripts checked without a
-#       GPU (scripts/gpu_bench_test.sh)
+#       GPU (scripts/gpu_bench_test.sh), then, with HVDD_TEST_CHAOS=1 (as
+#       root), the elastic fault campaign's short run
+#       (bench/chaos/chaos.py --quick)
 #
 # Stream b runs in a mount namespace of its own whose /run/hvdd is a private
 # tmpfs, when run as root: jobs that start a daemon on the default socket
@@ -19,13 +21,13 @@
 # shown after stream a's, each with its `==` stage lines.
 #
 # Usage: scripts/test-python.sh [a|b|all]     (default: all)
-# Environment: HVDD_BIN (default: bin/hvdd). The venvs must exist
+# Environment: HVDD_BIN (default: bin/hvdd), HVDD_TEST_CHAOS (default 0). The venvs must exist
 # (scripts/setup.sh, scripts/setup-torch.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-all}" in
   -h | --help)
-    sed -n '2,23s/^# \{0,1\}//p' "$0"
+    sed -n '2,26s/^# \{0,1\}//p' "$0"
     exit 0
     ;;
   a | b | all) which=${1:-all} ;;
@@ -61,6 +63,12 @@ stream_b() {
   .venv/bin/python -m pytest -q --durations=5 "${b_venv_tests[@]}"
   stage "stream b: the GPU machine's scripts, checked without a GPU (scripts/gpu_bench_test.sh)"
   GPU_BENCH_PYTHON="$PWD/.venv-torch/bin/python" scripts/gpu_bench_test.sh
+  if [ "${HVDD_TEST_CHAOS:-0}" = 1 ]; then
+    # Stream b ends minutes before stream a: the campaign takes that time
+    # (it needs root: its hosts are network namespaces).
+    stage "stream b: the elastic fault campaign, one fault of every kind (bench/chaos/chaos.py --quick)"
+    .venv/bin/python bench/chaos/chaos.py --quick
+  fi
   stage "stream b: passed"
 }
 
