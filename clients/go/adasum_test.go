@@ -38,13 +38,7 @@ func TestMultiNodeAdasum(t *testing.T) {
 	for _, slots := range [][]int{{1, 1}, {2, 2}, {3, 1}, {1, 2, 1}} {
 		t.Run(fmt.Sprint(slots), func(t *testing.T) {
 			ss := startNodes(t, slots...)
-			for _, node := range spawnNodes(t, ss, "adasum", slots...) {
-				for _, w := range node {
-					if err := w.Wait(120 * time.Second); err != nil {
-						t.Errorf("rank %d: %v\n%s", w.Rank, err, w.Output())
-					}
-				}
-			}
+			runNodes(t, ss, "adasum", 120*time.Second, slots...)
 		})
 	}
 }

@@ -68,6 +68,20 @@ func spawnNodes(t *testing.T, ss []*daemontest.Server, scenario string, slots ..
 	return spawnNodesEnv(t, ss, scenario, nil, slots...)
 }
 
+// runNodes runs scenario's ranks on the daemons ss (slots ranks on each) and
+// waits up to timeout for each of them, failing the test for every rank that
+// does not exit 0.
+func runNodes(t *testing.T, ss []*daemontest.Server, scenario string, timeout time.Duration, slots ...int) {
+	t.Helper()
+	for n, node := range spawnNodes(t, ss, scenario, slots...) {
+		for _, w := range node {
+			if err := w.Wait(timeout); err != nil {
+				t.Errorf("%s: node %d rank %d: %v\n%s", scenario, n, w.Rank, err, w.Output())
+			}
+		}
+	}
+}
+
 // spawnNodesEnv is spawnNodes with extra environment entries.
 func spawnNodesEnv(t *testing.T, ss []*daemontest.Server, scenario string, env []string, slots ...int) [][]*daemontest.Worker {
 	sockets := make([]string, len(ss))
@@ -158,13 +172,7 @@ func TestMultiNodeLargeFused(t *testing.T) {
 				t.Skip("under -race only [2 2]; scripts/test.sh runs this layout without -race")
 			}
 			ss := startNodes(t, slots...)
-			for _, node := range spawnNodes(t, ss, "bigfused", slots...) {
-				for _, w := range node {
-					if err := w.Wait(180 * time.Second); err != nil {
-						t.Errorf("rank %d: %v\n%s", w.Rank, err, w.Output())
-					}
-				}
-			}
+			runNodes(t, ss, "bigfused", 180*time.Second, slots...)
 		})
 	}
 }
@@ -185,13 +193,7 @@ func TestMultiNodeLostRank(t *testing.T) {
 	if out := ws[0][0].Output(); !strings.Contains(out, "rank 1 (pid") || !strings.Contains(out, "was lost") {
 		t.Errorf("the survivor's error does not name the lost rank:\n%s", out)
 	}
-	for _, node := range spawnNodes(t, ss, "async", 1, 1) {
-		for _, w := range node {
-			if err := w.Wait(60 * time.Second); err != nil {
-				t.Errorf("next job: rank %d: %v\n%s", w.Rank, err, w.Output())
-			}
-		}
-	}
+	runNodes(t, ss, "async", 60*time.Second, 1, 1)
 }
 
 var (
@@ -469,11 +471,5 @@ func init() {
 // every node knows alike.
 func TestMultiNodeUnevenLargeAllreduce(t *testing.T) {
 	ss := startNodes(t, 1, 2)
-	for n, node := range spawnNodes(t, ss, "unevenwhole", 1, 2) {
-		for _, w := range node {
-			if err := w.Wait(60 * time.Second); err != nil {
-				t.Errorf("node %d rank %d: %v; output:\n%s", n, w.Rank, err, w.Output())
-			}
-		}
-	}
+	runNodes(t, ss, "unevenwhole", 60*time.Second, 1, 2)
 }

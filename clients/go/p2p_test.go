@@ -78,13 +78,7 @@ func TestSendRecvMultiNode(t *testing.T) {
 	for _, slots := range [][]int{{2, 2}, {1, 1, 1}} {
 		t.Run(fmt.Sprint(slots), func(t *testing.T) {
 			ss := startNodes(t, slots...)
-			for _, node := range spawnNodes(t, ss, "p2pnodes", slots...) {
-				for _, w := range node {
-					if err := w.Wait(120 * time.Second); err != nil {
-						t.Errorf("rank %d: %v\n%s", w.Rank, err, w.Output())
-					}
-				}
-			}
+			runNodes(t, ss, "p2pnodes", 120*time.Second, slots...)
 		})
 	}
 }
@@ -114,13 +108,7 @@ func TestSendRecvMultiNodeNoStallShutdown(t *testing.T) {
 	ss := startNodesCfg(t, func(_ int, cfg *daemon.Config) {
 		cfg.StallCheck, cfg.StallShutdown = 300*time.Millisecond, time.Second
 	}, 1, 1)
-	for _, node := range spawnNodes(t, ss, "p2pstall", 1, 1) {
-		for _, w := range node {
-			if err := w.Wait(60 * time.Second); err != nil {
-				t.Errorf("rank %d: %v\n%s", w.Rank, err, w.Output())
-			}
-		}
-	}
+	runNodes(t, ss, "p2pstall", 60*time.Second, 1, 1)
 }
 
 // p2pStall runs on 2 nodes of 1 rank.

@@ -397,12 +397,9 @@ func TestMultiNodeSetTraffic(t *testing.T) {
 		t.Skip("multi-node suite is long")
 	}
 	ss := startNodes(t, 1, 1, 1)
-	for _, node := range spawnNodes(t, ss, "settraffic", 1, 1, 1) {
-		for _, w := range node {
-			if err := w.Wait(120 * time.Second); err != nil {
-				t.Fatalf("rank %d: %v\n%s", w.Rank, err, w.Output())
-			}
-		}
+	runNodes(t, ss, "settraffic", 120*time.Second, 1, 1, 1)
+	if t.Failed() {
+		return
 	}
 	bytesOf := func(n int) (sent, recv []int64) {
 		ss[n].WaitLog(t, "cross-node bytes of the job", 30*time.Second)
