@@ -73,7 +73,7 @@ class LauncherError(ValueError):
 class Placement:
     """This process's place in a job, as its launcher tells it."""
 
-    launcher: str  # "Open MPI", "MPICH" or "SLURM"
+    launcher: str  # "Open MPI", "MPICH", "SLURM" or "torch.distributed"
     rank: int
     size: int
     local_rank: int
@@ -319,6 +319,7 @@ def check_multinode(p: Placement) -> None:
         "Open MPI": "mpirun -x HVDD_RENDEZVOUS=HOST0:PORT",
         "MPICH": "HVDD_RENDEZVOUS=HOST0:PORT HVDD_SECRET=... mpiexec (Hydra passes the environment on)",
         "SLURM": "export HVDD_SECRET before srun (srun passes the environment on)",
+        "torch.distributed": "HVDD_RENDEZVOUS=HOST0:PORT and HVDD_SECRET=... for every rank",
     }[p.launcher]
     if not p.rendezvous:
         raise LauncherError(

@@ -378,6 +378,77 @@ def test_mismatched_tensors_raise_on_every_rank(env: dict) -> None:
     assert len(ops) == 2 and all("Mismatched operations" in m for m in ops), p.stdout
 
 
+# ------------------------------------------------------- across two nodes
+
+
+def torchrun_nodes(
+    env: dict,
+    args: Sequence[str],
+    nprocs: Sequence[int],
+    flags: Sequence[str] = (),
+    timeout: float = 300,
+    stop_after: Optional[int] = None,
+) -> list:
+    """Runs one ``torchrun --nnodes N --node-rank I`` agent per node (static
+    rendezvous on 127.0.0.1, each agent its own --local-addr 127.0.0.I+1),
+    nprocs[I] workers each, and returns their CompletedProcess objects.
+    With stop_after, the other agents are killed once that node's exits."""
+    exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    port = _free_port()
+    procs = []
+    for i, n in enumerate(nprocs):
+        cmd = [exe, f"--nnodes={len(nprocs)}", f"--node-rank={i}", f"--nproc-per-node={n}"]
+        cmd += ["--master-addr=127.0.0.1", f"--master-port={port}", f"--local-addr=127.0.0.{i + 1}", *flags]
+        cmd += [WORKERS, *args]
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            )
+        )
+    if stop_after is not None:
+        # torchrun's agents wait at an exit barrier (5 minutes) for an agent
+        # that failed: once node stop_after's agent exits, the rest are
+        # stopped (their session: the agent, its workers, their daemon).
+        try:
+            procs[stop_after].wait(timeout)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+    outs = communicate_all(procs, timeout)
+    return [subprocess.CompletedProcess(p.args, p.returncode, out) for p, out in zip(procs, outs)]
+
+
+@new_torch
+def test_torchrun_across_two_nodes(env: dict) -> None:
+    """torchrun --nnodes 2 (one agent per "host"), no daemon running: each
+    node's ranks start their node's daemon, which meet at a rendezvous on
+    rank 0's host; every collective matches gloo's in the same processes,
+    and the job ran as one job of 2 nodes."""
+    ps = torchrun_nodes(env, ["collectives"], [2, 2])
+    out = "\n".join(p.stdout for p in ps)
+    for p in ps:
+        assert p.returncode == 0, f"{' '.join(p.args)} exited {p.returncode}:\n{out}\n{_daemon_logs(env)}"
+    _oks(out, "collectives", 4)
+    places = sorted(re.findall(r"^PLACE (\d+) (.*)$", out, re.M))
+    want = [(str(r), f"nodes 2 local {r % 2}/2") for r in range(4)]
+    assert places == want, out
+
+
+@new_torch
+def test_torchrun_across_two_nodes_names_a_lost_rank(env: dict) -> None:
+    """Rank 1 of 3 (node 0 runs rank 0, node 1 ranks 1 and 2) is SIGKILLed:
+    rank 0 on the other node and rank 2 beside it raise within 2 s, naming
+    rank 1 (gloo would wait out the 300 s timeout)."""
+    ps = torchrun_nodes(env, ["fault", "kill"], [1, 2], flags=["--monitor-interval=10"], stop_after=1)
+    out = "\n".join(p.stdout for p in ps)
+    raised = re.findall(r"^RAISED after ([\d.]+) s: (.*)$", out, re.M)
+    assert len(raised) == 2, out + _daemon_logs(env)
+    for secs, msg in raised:
+        assert float(secs) < 2.0, (secs, msg)
+        assert msg.startswith("DistBackendError") and "rank 1 " in msg, msg
+
+
 # --------------------------------------------------------------- example
 
 

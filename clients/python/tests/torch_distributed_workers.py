@@ -181,6 +181,10 @@ def allreduce_matrix() -> None:
 def collectives() -> None:
     gloo = init()
     n, me = dist.get_world_size(), dist.get_rank()
+    from hvdd.torch.distributed import _startup
+
+    w = _startup.current().client.welcome  # the daemon's placement of this rank
+    say(f"PLACE {me} nodes {w.cross_size} local {w.local_rank}/{w.local_size}")
     assert n >= 2
     for dt in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8):
         x = data(me, dt)

@@ -14,9 +14,18 @@ Where the daemon comes from:
 
 torch's store tells the ranks what the launcher does not: a name for the
 job, unique to this ``init_process_group`` (rank 0 draws it), and every
-rank's host, from which each rank's local rank and the host's process count
-follow. hvdd's ranks are node-major; the backend requires torch's rank to
-be hvdd's and says so when they differ.
+rank's host (under torchrun, its agent's: ``GROUP_RANK``), from which each
+rank's local rank and the host's process count follow. hvdd's ranks are
+node-major; the backend requires torch's rank to be hvdd's and says so when
+they differ.
+
+Across hosts (``torchrun --nnodes N``), each host's ranks start that host's
+daemon for the job (``hvdd serve --nodes N --node-rank I``) and the daemons
+meet at a rendezvous on rank 0's host: ``HVDD_RENDEZVOUS`` where set, else a
+free port on ``MASTER_ADDR`` that rank 0 picks; their shared secret is
+``HVDD_SECRET`` where set, else one rank 0 draws. Both pass through torch's
+store, which anyone who can reach it can read: on a network that is not
+trusted, set ``HVDD_SECRET`` on every rank.
 
 ``hvdd run`` sets torch's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``
@@ -34,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import threading
 import uuid
@@ -138,15 +148,49 @@ def _key(name: str) -> str:
     return f"hvdd/r{restart}/i{_inits}/{name}"
 
 
-def _placement(store: Any, rank: int, size: int, timeout: timedelta) -> Tuple[str, int, int, int]:
-    """(job name, local rank, local size, hosts) of this rank, from every
-    rank's host name in the store. RuntimeError when the ranks are not
-    placed host by host."""
+def _host_key() -> str:
+    """This process's host as the job's placement sees it: the host name, and
+    under torchrun its node's group rank too (``GROUP_RANK``, one per
+    torchrun agent: ``--node-rank``), so that the nodes of a job that share a
+    host name (agents in containers, or several on one machine) stay apart."""
     host = socket.gethostname()
+    if os.environ.get("TORCHELASTIC_RUN_ID") and os.environ.get("GROUP_RANK", "").isdigit():
+        return f"{host}/node{os.environ['GROUP_RANK']}"
+    return host
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class _Place:
+    """Where a rank is in the job, from every rank's host in the store."""
+
+    def __init__(self, job: str, local_rank: int, local_size: int, nodes: int, node_rank: int, node_key: str) -> None:
+        self.job, self.local_rank, self.local_size = job, local_rank, local_size
+        self.nodes, self.node_rank, self.node_key = nodes, node_rank, node_key
+        self.rendezvous = ""  # node 0's HOST:PORT for the daemons (nodes > 1)
+        self.secret = ""  # the daemons' shared secret (nodes > 1)
+        self.rendezvous_from = ""
+
+
+def _placement(store: Any, rank: int, size: int, timeout: timedelta) -> _Place:
+    """This rank's place, from every rank's host in the store, and, for a
+    job across hosts, the daemons' rendezvous and secret: ``HVDD_RENDEZVOUS``
+    and ``HVDD_SECRET`` where set, else a free port on rank 0's host
+    (``MASTER_ADDR``, torch's own rendezvous host) and a random secret that
+    rank 0 draws and passes through the store. RuntimeError when the ranks
+    are not placed host by host."""
+    host = _host_key()
     if rank == 0:
         store.set(_key("job"), uuid.uuid4().hex)
+        addr = os.environ.get("MASTER_ADDR") or socket.getfqdn()
+        store.set(_key("rendezvous"), f"[{addr}]:{_free_port()}" if ":" in addr else f"{addr}:{_free_port()}")
+        store.set(_key("secret"), secrets.token_hex(32))
     store.set(_key(f"host/{rank}"), host)
-    keys = [_key("job")] + [_key(f"host/{r}") for r in range(size)]
+    keys = [_key("job"), _key("rendezvous"), _key("secret")] + [_key(f"host/{r}") for r in range(size)]
     try:
         store.wait(keys, timeout)
     except Exception as e:
@@ -167,7 +211,15 @@ def _placement(store: Any, rank: int, size: int, timeout: timedelta) -> Tuple[st
                 )
             order.append(h)
     first = hosts.index(host)
-    return f"torch-{job}", rank - first, hosts.count(host), len(order)
+    place = _Place(f"torch-{job}", rank - first, hosts.count(host), len(order), order.index(host), host)
+    if place.nodes > 1:
+        place.rendezvous = os.environ.get("HVDD_RENDEZVOUS", "")
+        place.rendezvous_from = "HVDD_RENDEZVOUS"
+        if not place.rendezvous:
+            place.rendezvous = store.get(_key("rendezvous")).decode()
+            place.rendezvous_from = "a free port on rank 0's host (MASTER_ADDR), through torch's store"
+        place.secret = os.environ.get("HVDD_SECRET", "") or store.get(_key("secret")).decode()
+    return place
 
 
 def connect(store: Any, rank: int, size: int, timeout: Optional[timedelta]) -> Connection:
@@ -204,17 +256,25 @@ def _open(store: Any, rank: int, size: int, timeout: Optional[timedelta]) -> Cli
     if _under_hvdd_run():
         c = Client(start_timeout=seconds, client_name="python-torch.distributed")
     else:
-        job, lrank, lsize, nodes = _placement(store, rank, size, timeout or timedelta(seconds=seconds))
+        pl = _placement(store, rank, size, timeout or timedelta(seconds=seconds))
         sock = _env.socket_override()
         if not sock:
-            if nodes > 1:
-                raise RuntimeError(
-                    f"hvdd: this job spans {nodes} hosts and no hvdd daemon serves it: start the job with "
-                    "hvdd run, or run `hvdd serve --nodes N --node-rank I --rendezvous HOST0:PORT` on every host "
-                    "and set HVDD_SOCKET to its socket"
-                )
-            p = _launcher.Placement("torch.distributed", rank, size, lrank, lsize, 1, 0, job, socket.gethostname())
+            p = _launcher.Placement(
+                "torch.distributed",
+                rank,
+                size,
+                pl.local_rank,
+                pl.local_size,
+                pl.nodes,
+                pl.node_rank,
+                pl.job,
+                pl.node_key,
+                pl.rendezvous,
+                pl.secret,
+                pl.rendezvous_from,
+            )
             sock = _launcher.ensure_daemon(p, _env.default_socket_path(), _basics._hvdd_binary(), seconds)
+        lrank, lsize, job = pl.local_rank, pl.local_size, pl.job
         c = Client(
             socket_path=sock,
             local_rank=lrank,
