@@ -449,6 +449,58 @@ def test_torchrun_across_two_nodes_names_a_lost_rank(env: dict) -> None:
         assert msg.startswith("DistBackendError") and "rank 1 " in msg, msg
 
 
+# ------------------------------------------------------------ restarts
+
+
+def _attempts(out: str) -> dict:
+    """{attempt: {rank: (job, socket)}} from the restart scenario's lines."""
+    got: dict = {}
+    for a, r, job, sock in re.findall(r"^ATTEMPT (\d+) rank (\d+) job (\S+) socket (\S+)$", out, re.M):
+        got.setdefault(int(a), {})[int(r)] = (job, sock)
+    return got
+
+
+@new_torch
+def test_torchrun_max_restarts_forms_again(env: dict) -> None:
+    """torchrun --max-restarts 1: rank 1 raises in the first attempt; torchrun
+    restarts the workers, whose new group forms (a new job, on daemons the
+    ranks start again) and computes; the first attempt's other ranks saw
+    their next collective raise."""
+    p = torchrun(env, ["restart"], nproc=3, flags=["--max-restarts=1", "--monitor-interval=1"])
+    got = _attempts(p.stdout)
+    assert sorted(got) == [0, 1] and all(sorted(v) == [0, 1, 2] for v in got.values()), p.stdout
+    assert len({j for j, _ in got[0].values()}) == 1 and len({j for j, _ in got[1].values()}) == 1, got
+    assert got[0][0][0] != got[1][0][0], got  # a new job
+    assert len(re.findall(r"^ATTEMPT 0 rank \d raised: DistBackendError", p.stdout, re.M)) == 2, p.stdout
+    _oks(p.stdout, "restart", 3)
+
+
+@new_torch
+def test_torchrun_max_restarts_on_the_node_daemon(env: dict, hvdd_bin: str, tmp_path) -> None:
+    """The same restart with a daemon serving the node (as systemd runs it):
+    both attempts' groups form on that daemon, which stays up, serving, after
+    the job."""
+    sock = str(tmp_path / "node.sock")
+    dlog = open(tmp_path / "node-daemon.log", "w")
+    d = subprocess.Popen([hvdd_bin, "serve", "--slots", "3", "--socket", sock], env=env, stdout=dlog, stderr=dlog)
+    try:
+        # the ranks wait for the socket (their start timeout)
+        p = torchrun(
+            {**env, "HVDD_SOCKET": sock}, ["restart"], nproc=3, flags=["--max-restarts=1", "--monitor-interval=1"]
+        )
+        got = _attempts(p.stdout)
+        assert sorted(got) == [0, 1], p.stdout
+        assert {s for a in got.values() for _, s in a.values()} == {sock}, got
+        _oks(p.stdout, "restart", 3)
+        assert d.poll() is None, "the node's daemon exited"
+        st = subprocess.run([hvdd_bin, "status", "--socket", sock], env=env, capture_output=True, text=True)
+        assert st.returncode == 0, st
+    finally:
+        d.terminate()
+        d.wait(30)
+        dlog.close()
+
+
 # --------------------------------------------------------------- example
 
 

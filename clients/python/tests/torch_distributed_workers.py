@@ -615,7 +615,34 @@ def mismatch() -> None:
     os._exit(0)
 
 
+def restart() -> None:
+    """Under torchrun --max-restarts: in the first attempt rank 1 raises after
+    one all_reduce; torchrun restarts every worker, and the second attempt's
+    group forms and computes. Each rank prints the daemon it joined."""
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    dist.init_process_group("hvdd", timeout=timedelta(seconds=120))
+    from hvdd.torch.distributed import _startup
+
+    me, n = dist.get_rank(), dist.get_world_size()
+    t = torch.full((3,), float(me + attempt))
+    dist.all_reduce(t)
+    same(t, torch.full((3,), float(sum(range(n)) + n * attempt)), f"all_reduce in attempt {attempt}")
+    c = _startup.current().client
+    say(f"ATTEMPT {attempt} rank {me} job {c.job} socket {c.socket_path}")
+    if attempt == 0 and me == 1:
+        raise RuntimeError("rank 1 fails in the first attempt, on purpose")
+    if attempt == 0:
+        try:
+            dist.all_reduce(torch.ones(4))  # raises: rank 1 is gone
+        except Exception as e:
+            say(f"ATTEMPT 0 rank {me} raised: {type(e).__name__}")
+        signal.pause()  # until torchrun stops this worker to restart the group
+    dist.destroy_process_group()
+    say(f"OK restart {me}")
+
+
 SCENARIOS = {
+    "restart": restart,
     "allreduce_matrix": allreduce_matrix,
     "collectives": collectives,
     "async_ops": async_ops,
