@@ -545,10 +545,22 @@ func isNaN(dt tensor.DType, b []byte) bool {
 	return false
 }
 
+// skipUnderRace skips a simulator test under -race: the interpreter is
+// this test file's own single-threaded code, which the race detector slows
+// eightfold and has nothing to check in; scripts/test.sh runs these tests
+// without -race, after the -race stage.
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("the PTX interpreter is single-threaded test code: scripts/test.sh runs it without -race")
+	}
+}
+
 // TestSimulate runs every kernel of the PTX in the interpreter against
 // package reduce: bit for bit, except that a NaN made by an add or a
 // multiply may be any NaN.
 func TestSimulate(t *testing.T) {
+	skipUnderRace(t)
 	src, err := os.ReadFile("../kernels.ptx")
 	if err != nil {
 		t.Fatal(err)
@@ -764,6 +776,7 @@ func combineWant(t *testing.T, ins [][]byte, dt tensor.DType, op tensor.ReduceOp
 // must also have done the elements it did by vector and by element as
 // checkPaths says.
 func TestSimulateCombine(t *testing.T) {
+	skipUnderRace(t)
 	src, err := os.ReadFile("../kernels.ptx")
 	if err != nil {
 		t.Fatal(err)
@@ -824,6 +837,7 @@ func TestSimulateCombine(t *testing.T) {
 // float16 step by step (2049 is a tie, rounded to even), 2050 at once;
 // 256 + 1 + 1 likewise in bfloat16.
 func TestSimulateCombineRounding(t *testing.T) {
+	skipUnderRace(t)
 	src, err := os.ReadFile("../kernels.ptx")
 	if err != nil {
 		t.Fatal(err)
