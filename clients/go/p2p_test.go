@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -21,6 +23,7 @@ func init() {
 	scenarios["p2pvictim"] = p2pVictim
 	scenarios["p2pnodes"] = p2pNodes
 	scenarios["p2pstall"] = p2pStall
+	scenarios["p2pwaiting"] = p2pWaiting
 }
 
 // TestSendRecv runs sends and recvs between the ranks of one node: a ring in
@@ -618,4 +621,76 @@ func p2pNodes(ctx context.Context, c *hvdd.Client) error {
 		return fmt.Errorf("allreduce after the transfers: %v, want %d", v[0], size)
 	}
 	return c.RemoveProcessSet(ctx, ps)
+}
+
+// TestSendRecvWaitingShown: a send on one node whose recv has not come is
+// in hvdd status (named by its channel, the waiting rank submitted, the
+// other missing) and in the stall warning, and stops no job: the recv
+// that comes after both completes it (see p2pWaiting).
+func TestSendRecvWaitingShown(t *testing.T) {
+	s := daemontest.Start(t, daemon.Config{Slots: 2, StallCheck: 200 * time.Millisecond, StallShutdown: time.Second})
+	goFile := filepath.Join(t.TempDir(), "go")
+	ws := daemontest.Spawn(t, s.Socket, "p2pwaiting", 2, "HVDD_TEST_GO="+goFile)
+	const name = "send rank 0 to rank 1, tag 3"
+	s.WaitLog(t, name, 30*time.Second) // the stall warning
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sc, err := hvdd.DialStatus(ctx, s.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	st, err := sc.Status(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, j := range st.GetJobs() {
+		for _, p := range j.GetPending() {
+			if p.GetName() == name {
+				found = true
+				if !slices.Equal(p.GetSubmitted(), []int32{0}) || !slices.Equal(p.GetMissing(), []int32{1}) || p.GetWaitingMs() < 200 {
+					t.Errorf("status lists %v, want rank 0 submitted, rank 1 missing, waiting 200 ms or more", p)
+				}
+			}
+		}
+	}
+	if !found {
+		t.Errorf("status does not list the waiting send %q: %v", name, st.GetJobs())
+	}
+	// Past the stall shutdown, the job still runs: the recv completes it.
+	if err := os.WriteFile(goFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range ws {
+		if err := w.Wait(60 * time.Second); err != nil {
+			t.Errorf("rank %d: %v\n%s", w.Rank, err, w.Output())
+		}
+	}
+}
+
+// p2pWaiting: rank 0 sends to rank 1 on tag 3; rank 1 receives only once
+// the test has seen the send waiting (the file $HVDD_TEST_GO exists).
+func p2pWaiting(ctx context.Context, c *hvdd.Client) error {
+	if c.Rank() == 0 {
+		return hvdd.Send(ctx, c, []float32{1, 2}, 1, hvdd.WithTag(3))
+	}
+	for {
+		if _, err := os.Stat(os.Getenv("HVDD_TEST_GO")); err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	got := make([]float32, 2)
+	if err := hvdd.Recv(ctx, c, got, 0, hvdd.WithTag(3)); err != nil {
+		return err
+	}
+	if got[0] != 1 || got[1] != 2 {
+		return fmt.Errorf("received %v, want [1 2]", got)
+	}
+	return nil
 }

@@ -6,7 +6,9 @@
 package p2p
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	"github.com/hvdd/hvdd/tensor"
 )
@@ -124,21 +126,48 @@ func (t *Table[T]) Drain() []T {
 	return out
 }
 
-// Waiting lists the channels with sends or recvs waiting, for status and
-// stall reports: each key with how many sends and recvs wait on it.
-func (t *Table[T]) Waiting() map[Key][2]int {
-	w := map[Key][2]int{}
-	for k, q := range t.sends {
-		c := w[k]
-		c[0] = len(q)
-		w[k] = c
+// Queue is a channel's waiting sends or recvs, oldest first.
+type Queue[T any] struct {
+	Key  Key
+	Send bool // sends wait (else recvs)
+	Ops  []T
+}
+
+// Queues returns every channel's waiting sends and recvs, ordered by key
+// (sends before recvs), for status and stall reports.
+func (t *Table[T]) Queues() []Queue[T] {
+	var out []Queue[T]
+	for send, m := range []map[Key][]Entry[T]{t.recvs, t.sends} {
+		for k, q := range m {
+			ops := make([]T, len(q))
+			for i, e := range q {
+				ops[i] = e.V
+			}
+			out = append(out, Queue[T]{Key: k, Send: send == 1, Ops: ops})
+		}
 	}
-	for k, q := range t.recvs {
-		c := w[k]
-		c[1] = len(q)
-		w[k] = c
-	}
-	return w
+	slices.SortFunc(out, func(a, b Queue[T]) int {
+		if c := cmp.Compare(a.Key.Set, b.Key.Set); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Key.Src, b.Key.Src); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Key.Dst, b.Key.Dst); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Key.Tag, b.Key.Tag); c != 0 {
+			return c
+		}
+		if a.Send == b.Send {
+			return 0
+		}
+		if a.Send {
+			return -1
+		}
+		return 1
+	})
+	return out
 }
 
 func (t *Table[T]) take(m map[Key][]Entry[T], k Key) (Entry[T], bool) {

@@ -1,6 +1,8 @@
 package p2p
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -77,10 +79,47 @@ func TestTable(t *testing.T) {
 			if tb.Len() != c.left {
 				t.Fatalf("%d left, want %d", tb.Len(), c.left)
 			}
+			n := 0
+			for _, q := range tb.Queues() {
+				n += len(q.Ops)
+				for _, v := range q.Ops {
+					if q.Send != strings.HasPrefix(v, "s") {
+						t.Fatalf("queue %v (send %v) holds %q", q.Key, q.Send, v)
+					}
+				}
+			}
+			if n != c.left {
+				t.Fatalf("Queues holds %d, want %d", n, c.left)
+			}
 			if d := tb.Drain(); len(d) != c.left || tb.Len() != 0 {
 				t.Fatalf("drained %v (left %d), want %d", d, tb.Len(), c.left)
 			}
 		})
+	}
+}
+
+// TestQueues checks the waiting queues' order: by key, sends first, each
+// queue oldest first.
+func TestQueues(t *testing.T) {
+	tb := New[string]()
+	f4 := Desc{DType: tensor.Float32, Bytes: 4}
+	tb.Recv(Key{Src: 1, Dst: 0}, f4, "r10")
+	tb.Send(Key{Src: 0, Dst: 1, Tag: 2}, f4, "s2a")
+	tb.Send(Key{Src: 0, Dst: 1, Tag: 2}, f4, "s2b")
+	tb.Recv(Key{Src: 0, Dst: 1}, f4, "r01")
+	tb.Send(Key{Set: 1, Src: 0, Dst: 1}, f4, "set")
+	var got []string
+	for _, q := range tb.Queues() {
+		got = append(got, fmt.Sprintf("%v send=%v %v", q.Key, q.Send, q.Ops))
+	}
+	want := []string{
+		"rank 0 to rank 1, tag 0 send=false [r01]",
+		"rank 0 to rank 1, tag 2 send=true [s2a s2b]",
+		"rank 1 to rank 0, tag 0 send=false [r10]",
+		"rank 0 to rank 1, tag 0, process set 1 send=true [set]",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("Queues:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 

@@ -75,7 +75,7 @@ func StallMessage(stalls []Stall, opts StallOptions) string {
 	var ranks []int
 	for _, s := range stalls {
 		name := s.Name
-		if s.ProcessSet != 0 {
+		if s.ProcessSet > 0 { // a pair's (< 0) is named by its transfer
 			name += " (process set " + strconv.Itoa(int(s.ProcessSet)) + ")"
 		}
 		for _, r := range s.Missing {

@@ -30,6 +30,9 @@ type Op struct {
 	// Send, Recv: the other rank (global; -1 any source) and the tag.
 	Peer int
 	Tag  int64
+	// Send, Recv on one node: when it began waiting for its other side
+	// (the loop's Now), for status and stall reports.
+	Queued int64
 
 	// Metrics: its collective's children in its job (nil when off), when
 	// it arrived (the loop's monotonic clock), its size class.

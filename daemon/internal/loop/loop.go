@@ -1103,15 +1103,15 @@ func (l *Loop) armStallTimer() {
 		return
 	}
 	for _, j := range l.jobs() {
-		if len(j.Pending) > 0 {
+		if len(j.Pending) > 0 || j.P2P != nil && j.P2P.Len() > 0 {
 			l.stall = time.AfterFunc(l.cfg.StallCheck, func() { l.p.Post(msgStall{}) })
 			return
 		}
 	}
 }
 
-// checkStalls logs, for every job, the tensors that some ranks wait on
-// longer than the stall check, and fails a job whose stall outlasted the
+// checkStalls logs, for every job, the tensors (and the sends and recvs on
+// this node, p2pStalls) that some ranks wait on longer than the stall check, and fails a job whose stall outlasted the
 // stall shutdown; the other jobs go on.
 func (l *Loop) checkStalls() {
 	for _, j := range l.jobs() {
@@ -1125,6 +1125,7 @@ func (l *Loop) checkJobStalls(j *job.Job) {
 	}
 	now := l.Now()
 	stalls := j.Coord.Stalls(now, l.cfg.StallCheck.Milliseconds())
+	stalls = append(stalls, l.p2pStalls(j, now, l.cfg.StallCheck.Milliseconds())...)
 	if len(stalls) == 0 {
 		return
 	}

@@ -71,6 +71,7 @@ func (l *Loop) p2p(j *job.Job, o *job.Op) {
 		return
 	}
 	d := p2p.Desc{DType: o.Req.DType, Bytes: len(o.Buf)}
+	o.Queued = l.Now()
 	var pr p2p.Pair[*job.Op]
 	var ok bool
 	if o.Type == tensor.Send {
@@ -171,4 +172,32 @@ func failP2P(j *job.Job) {
 	for _, o := range j.P2P.Drain() {
 		o.Finish(j.Failed)
 	}
+}
+
+// p2pStalls lists j's transfers on this node whose oldest side has waited
+// for its other side more than olderThan ms (every one when negative), as
+// stalls of no process set (a pair's, as across nodes): what hvdd status
+// shows and the stall check warns about. A send or recv that waits stops
+// no job: torch's timeout bounds it.
+func (l *Loop) p2pStalls(j *job.Job, now, olderThan int64) []plan.Stall {
+	if j.P2P == nil || j.P2P.Len() == 0 {
+		return nil
+	}
+	var out []plan.Stall
+	for _, q := range j.P2P.Queues() {
+		first := q.Ops[0].Queued
+		if olderThan >= 0 && now-first <= olderThan {
+			continue
+		}
+		side, waiting, missing := "recv", q.Key.Dst, q.Key.Src
+		if q.Send {
+			side, waiting, missing = "send", q.Key.Src, q.Key.Dst
+		}
+		name := side + " " + q.Key.String()
+		if len(q.Ops) > 1 {
+			name += fmt.Sprintf(" (%d waiting)", len(q.Ops))
+		}
+		out = append(out, plan.Stall{ProcessSet: -1, Name: name, Submitted: []int{waiting}, Missing: []int{missing}, FirstSubmit: first})
+	}
+	return out
 }

@@ -147,9 +147,9 @@ func (l *Loop) jobStatus(ln *lane, host string, maxPending int) *ipcpb.JobStatus
 		}
 	}
 	if j.Coord != nil && j.Formed && j.Failed == nil {
-		pend := j.Coord.Stalls(l.Now(), -1)
-		js.PendingTotal = int32(len(pend))
 		now := l.Now()
+		pend := append(j.Coord.Stalls(now, -1), l.p2pStalls(j, now, -1)...)
+		js.PendingTotal = int32(len(pend))
 		for i, p := range pend {
 			if i == maxPending {
 				break
