@@ -1299,8 +1299,11 @@ class ProcessGroupHvdd(dist.ProcessGroup):
         return self._p2p_work("recv", tensors, srcRank, tag, recv=True)
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Work:
-        """A recv from any source: not supported (the daemon matches a recv
-        with one named sender)."""
+        """A recv from any source: not supported. torch learns the sender
+        from the work's C++ ``sourceRank()``, and the holder torch wraps a
+        Python backend's work in (``PyProcessGroup::PyWorkHolder``, torch
+        2.15) forwards only ``wait`` and ``get_future``: a pure-Python
+        backend cannot tell torch which rank sent."""
         raise NotImplementedError(
             "hvdd: recv/irecv from any source (without src=) is not supported: name the sending rank with src="
         )
