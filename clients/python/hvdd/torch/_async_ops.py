@@ -84,12 +84,25 @@ def _check(tensor: torch.Tensor) -> Tuple[int, Any]:
 
 def _array(tensor: torch.Tensor) -> np.ndarray:
     """A numpy view of a contiguous tensor's values (a CPU copy of a device
-    tensor's); bfloat16 as its int16 bits, which the wire dtype names."""
+    tensor's); bfloat16 as its int16 bits, which the wire dtype names.
+
+    A CPU tensor's own memory is viewed through DLPack where numpy gives a
+    writable view (numpy 2), not through ``.numpy()``, which makes the
+    tensor's storage unresizable for good (FSDP and DDP's hooks resize
+    storages)."""
     t = tensor.detach()
-    if not t.is_cpu:
+    own = not t.is_cpu
+    if own:
         t = t.cpu()
     if t.dtype is torch.bfloat16:
         t = t.view(torch.int16)
+    if not own:
+        try:
+            a = np.from_dlpack(t)
+        except (AttributeError, TypeError, BufferError, RuntimeError):
+            a = None
+        if a is not None and a.flags.writeable:
+            return a
     return t.numpy()
 
 
