@@ -4,15 +4,15 @@
 # processes they start, so two streams keep both cores of a small machine
 # busy where one leaves them idle half the time):
 #
-#   a   the TensorFlow, Keras, launcher and elastic-job tests on .venv
-#       (Debian's torch, PyPI's TensorFlow and Keras)
+#   a   the TensorFlow, Keras (their elastic examples too), launcher and
+#       elastic-job tests on .venv (Debian's torch, PyPI's TensorFlow and
+#       Keras)
 #   b   the torch client's own tests (its API, units, elastic state, GPU
 #       path on the fake driver, torch.distributed) on .venv-torch (the
-#       newest torch from PyPI, what users install), then the Keras elastic
-#       examples on .venv, then the GPU machine's scripts checked without a
-#       GPU (scripts/gpu_bench_test.sh), then, with HVDD_TEST_CHAOS=1 (as
-#       root), the elastic fault campaign's short run
-#       (bench/chaos/chaos.py --quick)
+#       newest torch from PyPI, what users install), then the GPU
+#       machine's scripts checked without a GPU (scripts/gpu_bench_test.sh),
+#       then, with HVDD_TEST_CHAOS=1 (as root), the elastic fault
+#       campaign's short run (bench/chaos/chaos.py --quick)
 #
 # Stream b runs in a mount namespace of its own whose /run/hvdd is a private
 # tmpfs, when run as root: jobs that start a daemon on the default socket
@@ -47,20 +47,17 @@ torch_of() { "$1" -c 'import torch; print("torch", torch.__version__)'; }
 # GPU: scripts/gpu-check.sh runs it on the GPU machine).
 torch_tests=($t/test_torch*.py $t/test_units.py $t/test_elastic_units.py
   $t/test_gpu_units.py $t/test_gpu_ipc.py $t/test_gpu_steady.py)
-b_venv_tests=($t/test_elastic_keras_job.py)
 
 stream_a() {
   stage "stream a: TensorFlow, Keras, launchers, elastic jobs (.venv, Debian's $(torch_of .venv/bin/python))"
   .venv/bin/python -m pytest -q --durations=15 $t --ignore=$t/gpu \
-    $(printf -- '--ignore=%s ' "${torch_tests[@]}" "${b_venv_tests[@]}")
+    $(printf -- '--ignore=%s ' "${torch_tests[@]}")
   stage "stream a: passed"
 }
 
 stream_b() {
   stage "stream b: the torch client's tests, on PyPI's $(torch_of .venv-torch/bin/python) (.venv-torch)"
   .venv-torch/bin/python -m pytest -q --durations=10 "${torch_tests[@]}"
-  stage "stream b: the Keras elastic examples (.venv)"
-  .venv/bin/python -m pytest -q --durations=5 "${b_venv_tests[@]}"
   stage "stream b: the GPU machine's scripts, checked without a GPU (scripts/gpu_bench_test.sh)"
   GPU_BENCH_PYTHON="$PWD/.venv-torch/bin/python" scripts/gpu_bench_test.sh
   if [ "${HVDD_TEST_CHAOS:-0}" = 1 ]; then
