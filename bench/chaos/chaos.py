@@ -608,6 +608,7 @@ class Job:
             # The job's only host loses contact with nobody (its agent is
             # no network connection here): no failure, the job trains on.
             alone = rec["hosts_before"] == [vhost]
+            rec["alone"] = alone
             rec["failed"] = [vhost] if dur > SHORT and not alone else []
             rec["note"] = f"host {vhost}'s link {'down' if 'down' in kind else 'dropping'} {dur:g} s"
             if alone:
@@ -1126,7 +1127,9 @@ class Campaign:
             if rec.get("hang"):
                 problems.append(f"hang: no step within {self.args.bound}s after {f['kind']} ({rec['note']})")
                 break
-            if rec["kind"].endswith("_long") and rec.get("recovery", 0) > DETECT:
+            # (the job's only host cut off: nothing to go on without; it
+            # trains on during the fault or after it, as a short fault)
+            if rec["kind"].endswith("_long") and not rec.get("alone") and rec.get("recovery", 0) > DETECT:
                 rec["late"] = True
                 problems.append(
                     f"hang: {f['kind']} ({rec['note']}): the job trained again only {rec['recovery']:.1f}s after the"
