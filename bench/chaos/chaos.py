@@ -943,7 +943,13 @@ def check_membership(job: Job, problems: List[str]) -> int:
         if h not in job.listed:
             continue
         back = [r for r in rounds if r["start"] > b + COOLDOWN[0] and h in job.round_hosts(r)]
-        if back and back[0]["start"] > b + COOLDOWN[1] + RETURN_S:
+        # A host joins through the job's hosts: while the job's only host is
+        # cut off, none can join; its return is due that much later.
+        free = b + COOLDOWN[1]
+        for rec in job.records:
+            if rec.get("alone") and rec["t"] < free + RETURN_S and rec.get("t_end", rec["t"]) > b:
+                free = max(free, rec.get("t_end", rec["t"]))
+        if back and back[0]["start"] > free + RETURN_S:
             bad += 1
             problems.append(
                 f"membership: host {h} failed at +{b - job.t0:.1f}s, back only {back[0]['start'] - b:.1f}s later"
