@@ -27,66 +27,28 @@ black --config clients/python/pyproject.toml --check -q $(git ls-files '*.py') \
   || { echo "black needed: black --config clients/python/pyproject.toml \$(git ls-files '*.py')"; exit 1; }
 
 stage "go test -race"
-# clients/go is the long pole (9 minutes alone): its tests run in two go
-# tests of their own (the GPU and multi-node ones, and the rest), started
-# first, with every other package beside them, where one go test started it
-# late and left a core idle at the end. Their output follows the others'.
-cg='^Test(GPU|MultiNode)'
-race_log1=$(mktemp)
-race_log2=$(mktemp)
-HVDD_REQUIRE_PTXAS=1 go test -race -count=1 -timeout 20m -run "$cg" ./clients/go > "$race_log1" 2>&1 &
-race_c1=$!
-HVDD_REQUIRE_PTXAS=1 go test -race -count=1 -timeout 20m -skip "$cg" ./clients/go > "$race_log2" 2>&1 &
-race_c2=$!
+# clients/go is the long pole (9 minutes alone): it runs in a go test of its
+# own, started first, with every other package beside it, where one go test
+# started it late and left a core idle at the end. Its output follows the
+# others'.
+race_log=$(mktemp)
+HVDD_REQUIRE_PTXAS=1 go test -race -count=1 -timeout 20m ./clients/go > "$race_log" 2>&1 &
+race_clients=$!
 race_rc=0
 HVDD_REQUIRE_PTXAS=1 go test -race -count=1 -timeout 20m $(go list ./... | grep -v '/clients/go$') || race_rc=$?
-c1_rc=0
-wait $race_c1 || c1_rc=$?
-c2_rc=0
-wait $race_c2 || c2_rc=$?
-echo "-- ./clients/go -run '$cg'"
-cat "$race_log1"
-echo "-- ./clients/go -skip '$cg'"
-cat "$race_log2"
-rm -f "$race_log1" "$race_log2"
-if [ $race_rc -ne 0 ] || [ $c1_rc -ne 0 ] || [ $c2_rc -ne 0 ]; then
-  echo "go test -race failed: the other packages exited $race_rc, ./clients/go's two parts $c1_rc and $c2_rc"
+clients_rc=0
+wait $race_clients || clients_rc=$?
+cat "$race_log"
+rm -f "$race_log"
+if [ $race_rc -ne 0 ] || [ $clients_rc -ne 0 ]; then
+  echo "go test -race failed: the other packages exited $race_rc, ./clients/go $clients_rc"
   exit 1
 fi
 # The PTX interpreter's tests, which skip under -race (single-threaded test
 # code that the detector only slows down).
 go test -count=1 -timeout 10m -run 'TestSimulate' ./gpu/kernels/gen/
 
-# fuzz_all runs every fuzz target briefly; it runs beside the MPI stage,
-# which leaves a third of the CPU idle.
-fuzz_all() {
-  for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon/internal/loop FuzzResolve" "./daemon/internal/exec/device FuzzResolveDevice" "./shm FuzzSlice" "./reduce FuzzReduce" "./reduce FuzzWire" "./daemon/plan FuzzTable" \
-           "./backends/tcp FuzzParse" "./backends/tcp FuzzHandshakeServer" "./backends/tcp FuzzWireMessage" "./cluster FuzzFrames"; do
-    set -- $t
-    # Go's fuzzer sometimes fails with "context deadline exceeded" and no
-    # failing input when -fuzztime runs out on a slow, loaded machine (while
-    # gathering baseline coverage, or with a worker mid-input); that is not a
-    # finding, so such a run is repeated once, and its output (a FAIL line)
-    # is not shown, only said.
-    if go test -run '^$' -fuzz "^$2\$" -fuzztime "$FUZZTIME" "$1" > /tmp/hvdd-fuzz.$$.log 2>&1; then
-      cat /tmp/hvdd-fuzz.$$.log
-    elif grep -q 'context deadline exceeded' /tmp/hvdd-fuzz.$$.log && ! grep -q 'Failing input\|failing input' /tmp/hvdd-fuzz.$$.log; then
-      echo "== $2: 'context deadline exceeded' as fuzz time ran out, no failing input: once more"
-      go test -run '^$' -fuzz "^$2\$" -fuzztime "$FUZZTIME" "$1"
-    else
-      cat /tmp/hvdd-fuzz.$$.log
-      rm -f /tmp/hvdd-fuzz.$$.log
-      return 1
-    fi
-    rm -f /tmp/hvdd-fuzz.$$.log
-  done
-}
-: "${FUZZTIME:=5s}"
-fuzz_log=$(mktemp)
-fuzz_all > "$fuzz_log" 2>&1 &
-fuzz_pid=$!
-
-stage "MPI engine under a real mpirun (build tag mpi), with the fuzz targets (${FUZZTIME} each) beside it"
+stage "MPI engine under a real mpirun (build tag mpi)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 go test -tags mpi -count=1 -timeout 10m ./backends/mpi/
 # cmd/hvdd's other tests ran above (-race); here only those an MPI build
@@ -106,12 +68,27 @@ go test -tags mpi -count=1 -timeout 10m -run 'TestMultiNode(Collectives|LargeFus
 # The tcp engine's conformance matrix with wire compression (minutes under -race).
 go test -count=1 -timeout 10m -run 'TestConformanceCompressed' ./backends/tcp/
 
-stage "fuzz (${FUZZTIME} per target; it ran beside the MPI stage)"
-fuzz_rc=0
-wait $fuzz_pid || fuzz_rc=$?
-cat "$fuzz_log"
-rm -f "$fuzz_log"
-if [ $fuzz_rc -ne 0 ]; then echo "a fuzz target failed (above)"; exit 1; fi
+stage "fuzz (${FUZZTIME:=5s} per target)"
+for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon/internal/loop FuzzResolve" "./daemon/internal/exec/device FuzzResolveDevice" "./shm FuzzSlice" "./reduce FuzzReduce" "./reduce FuzzWire" "./daemon/plan FuzzTable" \
+         "./backends/tcp FuzzParse" "./backends/tcp FuzzHandshakeServer" "./backends/tcp FuzzWireMessage" "./cluster FuzzFrames"; do
+  set -- $t
+  # Go's fuzzer sometimes fails with "context deadline exceeded" and no
+  # failing input when -fuzztime runs out on a slow, loaded machine (while
+  # gathering baseline coverage, or with a worker mid-input); that is not a
+  # finding, so such a run is repeated once, and its output (a FAIL line)
+  # is not shown, only said.
+  if go test -run '^$' -fuzz "^$2\$" -fuzztime "$FUZZTIME" "$1" > /tmp/hvdd-fuzz.$$.log 2>&1; then
+    cat /tmp/hvdd-fuzz.$$.log
+  elif grep -q 'context deadline exceeded' /tmp/hvdd-fuzz.$$.log && ! grep -q 'Failing input\|failing input' /tmp/hvdd-fuzz.$$.log; then
+    echo "== $2: 'context deadline exceeded' as fuzz time ran out, no failing input: once more"
+    go test -run '^$' -fuzz "^$2\$" -fuzztime "$FUZZTIME" "$1"
+  else
+    cat /tmp/hvdd-fuzz.$$.log
+    rm -f /tmp/hvdd-fuzz.$$.log
+    exit 1
+  fi
+  rm -f /tmp/hvdd-fuzz.$$.log
+done
 
 if [ -d clients/python/tests ]; then
   if ! wait $torch_setup; then
