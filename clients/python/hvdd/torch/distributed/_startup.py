@@ -165,19 +165,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class _Place:
-    """Where a rank is in the job, from every rank's host in the store."""
-
-    def __init__(self, job: str, local_rank: int, local_size: int, nodes: int, node_rank: int, node_key: str) -> None:
-        self.job, self.local_rank, self.local_size = job, local_rank, local_size
-        self.nodes, self.node_rank, self.node_key = nodes, node_rank, node_key
-        self.rendezvous = ""  # node 0's HOST:PORT for the daemons (nodes > 1)
-        self.secret = ""  # the daemons' shared secret (nodes > 1)
-        self.rendezvous_from = ""
-
-
-def _placement(store: Any, rank: int, size: int, timeout: timedelta) -> _Place:
-    """This rank's place, from every rank's host in the store, and, for a
+def _placement(store: Any, rank: int, size: int, timeout: timedelta) -> _launcher.Placement:
+    """This rank's place (as a launcher's, ``_launcher.Placement``), from every rank's host in the store, and, for a
     job across hosts, the daemons' rendezvous and secret: ``HVDD_RENDEZVOUS``
     and ``HVDD_SECRET`` where set, else a free port on rank 0's host
     (``MASTER_ADDR``, torch's own rendezvous host) and a random secret that
@@ -211,15 +200,27 @@ def _placement(store: Any, rank: int, size: int, timeout: timedelta) -> _Place:
                 )
             order.append(h)
     first = hosts.index(host)
-    place = _Place(f"torch-{job}", rank - first, hosts.count(host), len(order), order.index(host), host)
-    if place.nodes > 1:
-        place.rendezvous = os.environ.get("HVDD_RENDEZVOUS", "")
-        place.rendezvous_from = "HVDD_RENDEZVOUS"
-        if not place.rendezvous:
-            place.rendezvous = store.get(_key("rendezvous")).decode()
-            place.rendezvous_from = "a free port on rank 0's host (MASTER_ADDR), through torch's store"
-        place.secret = os.environ.get("HVDD_SECRET", "") or store.get(_key("secret")).decode()
-    return place
+    rdv = secret = src = ""
+    if len(order) > 1:
+        rdv, src = os.environ.get("HVDD_RENDEZVOUS", ""), "HVDD_RENDEZVOUS"
+        if not rdv:
+            rdv = store.get(_key("rendezvous")).decode()
+            src = "a free port on rank 0's host (MASTER_ADDR), through torch's store"
+        secret = os.environ.get("HVDD_SECRET", "") or store.get(_key("secret")).decode()
+    return _launcher.Placement(
+        "torch.distributed",
+        rank,
+        size,
+        rank - first,
+        hosts.count(host),
+        len(order),
+        order.index(host),
+        f"torch-{job}",
+        host,
+        rdv,
+        secret,
+        src,
+    )
 
 
 def connect(store: Any, rank: int, size: int, timeout: Optional[timedelta]) -> Connection:
@@ -256,25 +257,11 @@ def _open(store: Any, rank: int, size: int, timeout: Optional[timedelta]) -> Cli
     if _under_hvdd_run():
         c = Client(start_timeout=seconds, client_name="python-torch.distributed")
     else:
-        pl = _placement(store, rank, size, timeout or timedelta(seconds=seconds))
+        p = _placement(store, rank, size, timeout or timedelta(seconds=seconds))
         sock = _env.socket_override()
         if not sock:
-            p = _launcher.Placement(
-                "torch.distributed",
-                rank,
-                size,
-                pl.local_rank,
-                pl.local_size,
-                pl.nodes,
-                pl.node_rank,
-                pl.job,
-                pl.node_key,
-                pl.rendezvous,
-                pl.secret,
-                pl.rendezvous_from,
-            )
             sock = _launcher.ensure_daemon(p, _env.default_socket_path(), _basics._hvdd_binary(), seconds)
-        lrank, lsize, job = pl.local_rank, pl.local_size, pl.job
+        lrank, lsize, job = p.local_rank, p.local_size, p.job
         c = Client(
             socket_path=sock,
             local_rank=lrank,
