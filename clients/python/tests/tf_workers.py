@@ -1,11 +1,16 @@
 """TensorFlow worker scenarios run on every rank by test_tensorflow.py
-(``python tf_workers.py NAME [MODE]``).
+(``python tf_workers.py NAME [MODE[,MODE...]]``).
 
 Each scenario builds its collectives once and runs them in one of three
 modes: ``eager``, ``function`` (inside ``tf.function``) or ``graph`` (a TF1
 graph run by a ``tf.compat.v1.Session``). Results are checked against
 references computed here from every rank's deterministic inputs; the first
 failure exits non-zero. Nothing here imports torch.
+
+``eager,function`` runs the scenario in eager mode, then again inside
+``tf.function``, in one process (one TensorFlow import per rank where two
+jobs took two); ``graph`` disables eager execution for the whole process, so
+it runs alone.
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-MODE = sys.argv[2] if len(sys.argv) > 2 else "eager"
+MODES = (sys.argv[2] if len(sys.argv) > 2 else "eager").split(",")
+if "graph" in MODES and len(MODES) > 1:
+    raise SystemExit(f"tf_workers.py: graph mode runs alone (TF1 graphs disable eager execution), not in {MODES}")
+MODE = MODES[0]
 if MODE == "graph":
     tf.compat.v1.disable_eager_execution()
 
@@ -926,4 +934,5 @@ def imports() -> None:
 
 
 if __name__ == "__main__":
-    globals()[sys.argv[1]]()
+    for MODE in MODES:
+        globals()[sys.argv[1]]()
