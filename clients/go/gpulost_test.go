@@ -46,6 +46,11 @@ func TestGPULost(t *testing.T) {
 			w.WaitOutput(t, "READY", 60*time.Second)
 		}
 	}
+	// READY follows the queued allreduce's send, not the daemon's reading
+	// of it: lost before then, the GPU refuses the tensor as new (rank 1's
+	// host half then waits for a rank 0 that has gone on). The test waits
+	// until the daemon lists it as pending.
+	waitPending(t, s.Socket, "queued")
 	smp.Lose(1)
 	s.WaitLog(t, "GPU lost", 30*time.Second)
 	for _, ws := range jobs {
@@ -72,6 +77,33 @@ func TestGPULost(t *testing.T) {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the daemon's log lacks %s", want)
 		}
+	}
+}
+
+// waitPending polls the daemon's status until a job has a pending tensor
+// of this name, failing the test after a minute.
+func waitPending(t *testing.T, socket, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sc, err := hvdd.DialStatus(ctx, socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	for {
+		st, err := sc.Status(ctx, 0)
+		if err != nil {
+			t.Fatalf("waiting for %q to be pending: %v", name, err)
+		}
+		for _, j := range st.GetJobs() {
+			for _, p := range j.GetPending() {
+				if p.GetName() == name {
+					return
+				}
+			}
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition, bounded by ctx
 	}
 }
 
