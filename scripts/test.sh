@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # The whole hvdd test suite: formatting (gofmt, black) and vet, the Go tests under the race
-# detector (the MPI engine's tests under a real mpirun beside the longest package's), a short
-# run of every fuzz target, and the Python client's tests, each once, in two streams at once
-# (scripts/test-python.sh): the torch client's on the newest PyPI torch in .venv-torch, the
-# others in .venv (Debian's torch, PyPI's TF); then the scripts the GPU machine runs, checked
-# without a GPU (scripts/gpu_bench_test.sh). As root, a short elastic fault campaign
-# (bench/chaos/chaos.py --quick) runs beside the fuzz targets and the Python tests.
+# detector, a short run of every fuzz target, and the Python client's tests, each once, in two
+# streams at once (scripts/test-python.sh): the torch client's on the newest PyPI torch in
+# .venv-torch, the others in .venv (Debian's torch, PyPI's TF); then the scripts the GPU machine
+# runs, checked without a GPU (scripts/gpu_bench_test.sh), and, as root, a short elastic fault
+# campaign (bench/chaos/chaos.py --quick) at the end of the second stream.
 # It installs what it needs first (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,26 +27,28 @@ black --config clients/python/pyproject.toml --check -q $(git ls-files '*.py') \
   || { echo "black needed: black --config clients/python/pyproject.toml \$(git ls-files '*.py')"; exit 1; }
 
 stage "go test -race"
-# clients/go is the long pole (9-11 minutes alone): it runs in a go test of
-# its own, started first, with every other package beside it; once those
-# are done, the MPI stage runs beside clients/go's rest (where a core was
-# idle a third of the time while clients/go ran alone). Its output follows.
+# clients/go is the long pole (9 minutes alone): it runs in a go test of its
+# own, started first, with every other package beside it, where one go test
+# started it late and left a core idle at the end. Its output follows the
+# others'.
 race_log=$(mktemp)
 HVDD_REQUIRE_PTXAS=1 go test -race -count=1 -timeout 20m ./clients/go > "$race_log" 2>&1 &
 race_clients=$!
 race_rc=0
 HVDD_REQUIRE_PTXAS=1 go test -race -count=1 -timeout 20m $(go list ./... | grep -v '/clients/go$') || race_rc=$?
-if [ $race_rc -ne 0 ]; then
-  wait $race_clients || true
-  cat "$race_log"
-  echo "go test -race failed: the packages other than ./clients/go exited $race_rc"
+clients_rc=0
+wait $race_clients || clients_rc=$?
+cat "$race_log"
+rm -f "$race_log"
+if [ $race_rc -ne 0 ] || [ $clients_rc -ne 0 ]; then
+  echo "go test -race failed: the other packages exited $race_rc, ./clients/go $clients_rc"
   exit 1
 fi
 # The PTX interpreter's tests, which skip under -race (single-threaded test
 # code that the detector only slows down).
 go test -count=1 -timeout 10m -run 'TestSimulate' ./gpu/kernels/gen/
 
-stage "MPI engine under a real mpirun (build tag mpi), beside clients/go's -race tests"
+stage "MPI engine under a real mpirun (build tag mpi)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 go test -tags mpi -count=1 -timeout 10m ./backends/mpi/
 # cmd/hvdd's other tests ran above (-race); here only those an MPI build
@@ -66,34 +67,6 @@ go test -tags mpi -count=1 -timeout 10m -run 'TestMPIMultiNode|TestMPICHMultiNod
 go test -tags mpi -count=1 -timeout 10m -run 'TestMultiNode(Collectives|LargeFused)$/^.(1_1|2_2|1_1_1).$' ./clients/go/
 # The tcp engine's conformance matrix with wire compression (minutes under -race).
 go test -count=1 -timeout 10m -run 'TestConformanceCompressed' ./backends/tcp/
-
-stage "go test -race ./clients/go: waiting for it"
-clients_rc=0
-wait $race_clients || clients_rc=$?
-cat "$race_log"
-rm -f "$race_log"
-if [ $clients_rc -ne 0 ]; then
-  echo "go test -race ./clients/go failed (exit $clients_rc; its output is above)"
-  exit 1
-fi
-
-# As root, the elastic fault campaign's short run (bench/chaos/chaos.py
-# --help): one fault of every kind, from a seed it draws and prints (a
-# failure prints the command that replays it), on 4 network-namespace
-# hosts. It waits on its faults more than it computes, so it runs beside the
-# fuzz targets and the start of the Python tests, in a mount namespace of
-# its own (a private /run/hvdd, as stream b's). Its output comes after the
-# Python tests'.
-chaos=""
-if [ "$(id -u)" -eq 0 ]; then
-  chaos_log=$(mktemp)
-  mkdir -p /run/hvdd
-  # shellcheck disable=SC2016 # expanded by the inner shell
-  unshare --mount --propagation private \
-    bash -c 'mount -t tmpfs -o mode=0755 hvdd-chaos /run/hvdd && exec "$@"' _ .venv/bin/python bench/chaos/chaos.py --quick > "$chaos_log" 2>&1 &
-  chaos=$!
-  stage "the elastic fault campaign (bench/chaos/chaos.py --quick) started, beside what follows"
-fi
 
 stage "fuzz (${FUZZTIME:=5s} per target)"
 for t in "./ipc FuzzReadClient" "./ipc FuzzChannel" "./daemon/internal/loop FuzzResolve" "./daemon/internal/exec/device FuzzResolveDevice" "./shm FuzzSlice" "./reduce FuzzReduce" "./reduce FuzzWire" "./daemon/plan FuzzTable" \
@@ -125,24 +98,17 @@ if [ -d clients/python/tests ]; then
   # --help): the torch client's on the newest PyPI torch in .venv-torch,
   # every other one on .venv; then the GPU machine's scripts, checked
   # without a GPU.
+  # As root, stream b ends with the elastic fault campaign's short run
+  # (bench/chaos/chaos.py --help): one fault of every kind, from a seed it
+  # draws and prints (a failure prints the command that replays it), on 4
+  # network-namespace hosts.
   if [ "$(id -u)" -eq 0 ]; then
-    stage "python client (scripts/test-python.sh: two streams at once)"
+    stage "python client (scripts/test-python.sh: two streams at once), then the elastic fault campaign (bench/chaos/chaos.py --quick)"
+    HVDD_TEST_CHAOS=1 HVDD_BIN="$PWD/bin/hvdd" scripts/test-python.sh
   else
     stage "python client (scripts/test-python.sh, one stream after the other)"
+    HVDD_BIN="$PWD/bin/hvdd" scripts/test-python.sh
+    stage "NOT RUN: the elastic fault campaign (bench/chaos/chaos.py --quick) needs root for its network namespaces"
   fi
-  HVDD_BIN="$PWD/bin/hvdd" scripts/test-python.sh
-fi
-if [ -n "$chaos" ]; then
-  stage "the elastic fault campaign: its output"
-  chaos_rc=0
-  wait $chaos || chaos_rc=$?
-  cat "$chaos_log"
-  rm -f "$chaos_log"
-  if [ $chaos_rc -ne 0 ]; then
-    echo "the elastic fault campaign failed (exit $chaos_rc; its output, with the command that replays it, is above)"
-    exit 1
-  fi
-else
-  stage "NOT RUN: the elastic fault campaign (bench/chaos/chaos.py --quick) needs root for its network namespaces"
 fi
 stage "all tests passed"
