@@ -33,7 +33,7 @@ parser.add_argument("--lr", type=float, default=0.001, help="learning rate (scal
 parser.add_argument("--data-dir", help="directory holding the MNIST idx files")
 parser.add_argument("--synthetic-size", type=int, default=30000, help="examples of the synthetic stand-in")
 parser.add_argument("--checkpoint-dir", default="./checkpoints", help="where rank 0 writes its checkpoint")
-parser.add_argument("--seed", type=int, help="seed of the initial weights (default: unseeded, as Horovod's example)")
+parser.add_argument("--seed", type=int, help="seed of the initial weights, and deterministic ops (default: unseeded, as Horovod's example)")
 args = parser.parse_args()
 
 # Initialize Horovod
@@ -56,7 +56,12 @@ dataset = tf.data.Dataset.from_tensor_slices(
 dataset = dataset.repeat().shuffle(10000, seed=hvd.rank()).batch(args.batch_size)
 
 if args.seed is not None:
-    tf.random.set_seed(args.seed)
+    # Keras 3's initializers draw from Keras's own seed, which
+    # tf.random.set_seed alone leaves unset (Python's, NumPy's, TF's and
+    # Keras's at once); and deterministic ops: TensorFlow's CPU kernels
+    # otherwise sum in a thread-dependent order. A seeded run repeats.
+    tf.keras.utils.set_random_seed(args.seed)
+    tf.config.experimental.enable_op_determinism()
 mnist_model = tf.keras.Sequential(
     [
         tf.keras.layers.Input((28, 28, 1)),
