@@ -33,7 +33,11 @@ parser.add_argument("--lr", type=float, default=0.001, help="learning rate (scal
 parser.add_argument("--data-dir", help="directory holding the MNIST idx files")
 parser.add_argument("--synthetic-size", type=int, default=30000, help="examples of the synthetic stand-in")
 parser.add_argument("--checkpoint-dir", default="./checkpoints", help="where rank 0 writes its checkpoint")
-parser.add_argument("--seed", type=int, help="seed of the initial weights, and deterministic ops (default: unseeded, as Horovod's example)")
+parser.add_argument(
+    "--seed",
+    type=int,
+    help="seed of the initial weights, and deterministic ops (default: unseeded, as Horovod's example)",
+)
 args = parser.parse_args()
 
 # Initialize Horovod
