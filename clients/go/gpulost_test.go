@@ -80,33 +80,6 @@ func TestGPULost(t *testing.T) {
 	}
 }
 
-// waitPending polls the daemon's status until a job has a pending tensor
-// of this name, failing the test after a minute.
-func waitPending(t *testing.T, socket, name string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	sc, err := hvdd.DialStatus(ctx, socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sc.Close()
-	for {
-		st, err := sc.Status(ctx, 0)
-		if err != nil {
-			t.Fatalf("waiting for %q to be pending: %v", name, err)
-		}
-		for _, j := range st.GetJobs() {
-			for _, p := range j.GetPending() {
-				if p.GetName() == name {
-					return
-				}
-			}
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition, bounded by ctx
-	}
-}
-
 // gpuLost is a rank of TestGPULost on GPU $HVDD_TEST_GPU: a device and a
 // host allreduce; on GPU 1, rank 0 queues a device allreduce; READY; then,
 // after SIGINT (the test saw the loss), the checks the test describes.

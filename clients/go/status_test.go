@@ -41,43 +41,29 @@ func TestStatusAcrossNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc, err := hvdd.DialStatus(ctx, ss[0].Socket)
-	if err != nil {
-		t.Fatal(err)
+	// The forwarded request reaches node 0's table.
+	st := waitPending(t, ss[0].Socket, "late")
+	if len(st.GetJobs()) != 1 || len(st.GetJobs()[0].GetPending()) != 1 {
+		t.Fatalf("node 0's status: %v, want one job with one pending tensor", st)
 	}
-	defer sc.Close()
-	// Poll until the forwarded request has reached node 0's table.
-	for {
-		st, err := sc.Status(ctx, 0)
-		if err != nil {
-			t.Fatal(err)
+	j := st.GetJobs()[0]
+	if st.GetNodes() != 2 || st.GetNodeRank() != 0 || j.GetSize() != 2 || len(j.GetRanks()) != 2 || j.GetEngine() != "tcp" {
+		t.Fatalf("node 0's status: %v", st)
+	}
+	for r, rs := range j.GetRanks() {
+		if rs.GetRank() != int32(r) || rs.GetNode() != int32(r) || rs.GetPid() != int32(os.Getpid()) {
+			t.Errorf("rank %d: %v", r, rs)
 		}
-		if len(st.GetJobs()) == 1 && len(st.GetJobs()[0].GetPending()) == 1 {
-			j := st.GetJobs()[0]
-			if st.GetNodes() != 2 || st.GetNodeRank() != 0 || j.GetSize() != 2 || len(j.GetRanks()) != 2 || j.GetEngine() != "tcp" {
-				t.Fatalf("node 0's status: %v", st)
-			}
-			for r, rs := range j.GetRanks() {
-				if rs.GetRank() != int32(r) || rs.GetNode() != int32(r) || rs.GetPid() != int32(os.Getpid()) {
-					t.Errorf("rank %d: %v", r, rs)
-				}
-			}
-			if j.GetRanks()[1].GetHost() != "127.0.0.3" || j.GetRanks()[1].GetUidKnown() {
-				t.Errorf("node 1's rank: %v, want host 127.0.0.3 (its advertised address), uid unknown", j.GetRanks()[1])
-			}
-			p := j.GetPending()[0]
-			if p.GetName() != "late" || !slices.Equal(p.GetSubmitted(), []int32{1}) || !slices.Equal(p.GetMissing(), []int32{0}) {
-				t.Errorf("pending: %v, want late submitted by 1, missing 0", p)
-			}
-			if len(j.GetLinks()) != 1 || j.GetLinks()[0].GetPeerNode() != 1 {
-				t.Errorf("links: %v, want the link to node 1", j.GetLinks())
-			}
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("node 0 never listed the pending tensor: %v", st)
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition, with the test's deadline
+	}
+	if j.GetRanks()[1].GetHost() != "127.0.0.3" || j.GetRanks()[1].GetUidKnown() {
+		t.Errorf("node 1's rank: %v, want host 127.0.0.3 (its advertised address), uid unknown", j.GetRanks()[1])
+	}
+	p := j.GetPending()[0]
+	if p.GetName() != "late" || !slices.Equal(p.GetSubmitted(), []int32{1}) || !slices.Equal(p.GetMissing(), []int32{0}) {
+		t.Errorf("pending: %v, want late submitted by 1, missing 0", p)
+	}
+	if len(j.GetLinks()) != 1 || j.GetLinks()[0].GetPeerNode() != 1 {
+		t.Errorf("links: %v, want the link to node 1", j.GetLinks())
 	}
 	sc1, err := hvdd.DialStatus(ctx, ss[1].Socket)
 	if err != nil {
@@ -96,6 +82,34 @@ func TestStatusAcrossNodes(t *testing.T) {
 	}
 	if err := h.Wait(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// waitPending polls the daemon's status at socket until a job there has a
+// pending tensor of this name, and returns that status; it fails the test
+// after a minute.
+func waitPending(t *testing.T, socket, name string) *ipcpb.Status {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sc, err := hvdd.DialStatus(ctx, socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	for {
+		st, err := sc.Status(ctx, 0)
+		if err != nil {
+			t.Fatalf("waiting for %q to be pending: %v", name, err)
+		}
+		for _, j := range st.GetJobs() {
+			for _, p := range j.GetPending() {
+				if p.GetName() == name {
+					return st
+				}
+			}
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition, bounded by ctx
 	}
 }
 
