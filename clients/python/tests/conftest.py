@@ -142,6 +142,23 @@ class Job:
         return res
 
 
+def run_batch(
+    hvdd_bin: str, cmd: Sequence[str], np: int = 2, env: Optional[dict] = None, timeout: float = 600
+) -> Result:
+    """Runs one job of several scenarios (cmd names them all) and returns
+    whatever its ranks did, any exit code: a module-scoped fixture's job,
+    whose tests each read their own scenario's lines from the outputs (one
+    framework import per rank for all of them; TensorFlow's costs 3-4
+    CPU-seconds)."""
+    tmp = tempfile.mkdtemp(prefix="hvdd-test-")
+    try:
+        return Job(hvdd_bin, tmp).run(
+            "batch", np=np, cmd=cmd, env=env, timeout=timeout, expect=lambda r: tuple(range(-64, 256))
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 @pytest.fixture
 def job(hvdd_bin: str):
     tmp = tempfile.mkdtemp(prefix="hvdd-test-")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_batch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
@@ -23,12 +24,51 @@ def run(job, scenario: str, np: int = 2, env: dict | None = None, timeout: float
     )
 
 
-def result(res) -> dict:
-    """The RESULT line rank 0 printed."""
-    for line in res.outputs[0].splitlines():
+def result(res, scenario: str) -> dict:
+    """The RESULT line rank 0 printed in scenario."""
+    lines = res.outputs[0].splitlines()
+    start = lines.index(f"BEGIN {scenario}") if f"BEGIN {scenario}" in lines else len(lines)
+    for line in lines[start:]:
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
-    raise AssertionError("no RESULT line:\n" + res.outputs[0])
+        if line.startswith("SCENARIO "):
+            break
+    raise AssertionError(f"no RESULT line in {scenario}:\n" + res.outputs[0][-6000:])
+
+
+# The scenarios that need no process of their own (no environment of their
+# own, no failure on purpose) run in one 2-rank job, one after the other:
+# each rank imports TensorFlow once instead of once per scenario. Each test
+# checks its scenario's "SCENARIO NAME OK" line on every rank; a failure
+# ends the job, and the scenarios after it fail as not reached.
+BATCH = [
+    "optimizer",
+    "aggregation",
+    "sparse",
+    "compression",
+    "broadcast",
+    "metric_average",
+    "lr_schedule",
+    "lr_warmup",
+    "checkpoint",
+    "load_model",
+    "keras_package",
+]
+
+
+@pytest.fixture(scope="module")
+def batch(hvdd_bin: str):
+    return run_batch(hvdd_bin, [sys.executable, KERAS_WORKERS, ",".join(BATCH)], env=ENV)
+
+
+def passed(res, scenario: str):
+    """Asserts that every rank of the batch job finished scenario."""
+    for r, out in enumerate(res.outputs):
+        assert f"SCENARIO {scenario} OK" in out.splitlines(), (
+            f"rank {r} (exit {res.returncodes[r]}) did not finish {scenario}:\n{out[-8000:]}\n"
+            f"--- daemon log ---\n{res.daemon_log[-4000:]}"
+        )
+    return res
 
 
 def test_import_does_not_import_torch():
@@ -37,35 +77,35 @@ def test_import_does_not_import_torch():
     assert p.returncode == 0, p.stderr[-3000:]
 
 
-def test_distributed_optimizer_matches_reference(job):
+def test_distributed_optimizer_matches_reference(batch):
     # model.fit on 2 ranks == plain Keras on both ranks' batches; also
     # predivide, groups, op=Sum, a custom apply_gradients loop, argument checks.
-    run(job, "optimizer")
+    passed(batch, "optimizer")
 
 
-def test_backward_passes_per_step(job):
-    run(job, "aggregation")
+def test_backward_passes_per_step(batch):
+    passed(batch, "aggregation")
 
 
-def test_sparse_gradients(job):
+def test_sparse_gradients(batch):
     # Embedding: IndexedSlices (allgather) and sparse_as_dense (allreduce).
-    run(job, "sparse")
+    passed(batch, "sparse")
 
 
-def test_fp16_compression(job):
-    run(job, "compression")
+def test_fp16_compression(batch):
+    passed(batch, "compression")
 
 
-def test_broadcast_callback_and_value_helpers(job):
-    run(job, "broadcast")
+def test_broadcast_callback_and_value_helpers(batch):
+    passed(batch, "broadcast")
 
 
-def test_metric_average_callback(job):
-    run(job, "metric_average")
+def test_metric_average_callback(batch):
+    passed(batch, "metric_average")
 
 
-def test_learning_rate_schedule_callback(job):
-    out = result(run(job, "lr_schedule"))
+def test_learning_rate_schedule_callback(batch):
+    out = result(passed(batch, "lr_schedule"), "lr_schedule")
     steps = 4
     # staircase: compile lr 0.3 until start_epoch=1, then 0.1 * 0.5**(epoch-1)
     # until end_epoch=3 (exclusive), then unchanged; momentum 0.9 scaled by
@@ -91,9 +131,9 @@ def test_learning_rate_schedule_callback(job):
     assert [x for _, x, _ in out["smooth"]] == [pytest.approx(x, rel=1e-6) for x in want]
 
 
-def test_learning_rate_warmup_callback(job):
-    res = run(job, "lr_warmup")
-    out = result(res)
+def test_learning_rate_warmup_callback(batch):
+    res = passed(batch, "lr_warmup")
+    out = result(res, "lr_warmup")
     size, steps, warmup, lr0 = 2, 4, 2, 0.2
     want = []
     for e in range(3):
@@ -114,12 +154,12 @@ def test_learning_rate_warmup_callback(job):
     assert "finished gradual" not in res.outputs[1]
 
 
-def test_best_model_checkpoint(job):
-    run(job, "checkpoint")
+def test_best_model_checkpoint(batch):
+    passed(batch, "checkpoint")
 
 
-def test_load_model(job):
-    run(job, "load_model")
+def test_load_model(batch):
+    passed(batch, "load_model")
 
 
 def test_legacy_tf_keras(job):
@@ -144,8 +184,8 @@ def test_killed_rank_during_fit(job):
     assert sum("LOST " in o for o in res.outputs) == 2, res.outputs
 
 
-def test_keras_package(job):
-    run(job, "keras_package")
+def test_keras_package(batch):
+    passed(batch, "keras_package")
 
 
 def test_elastic(job):

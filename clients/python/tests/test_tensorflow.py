@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_batch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
@@ -21,11 +22,34 @@ def tf_job(job, scenario: str, mode: str = "eager", np: int = 2, **kw):
     return job.run(scenario, np=np, cmd=[sys.executable, TF_WORKERS, scenario, mode], env=ENV, timeout=180, **kw)
 
 
-# "eager,function": both modes, one after the other, in one job (one
-# TensorFlow import per rank where two jobs took two: about 4 CPU-seconds
-# each); a TF1 graph disables eager execution for its process, so "graph" is
-# a job of its own.
+# "eager,function": both modes, one after the other, in one job; a TF1 graph
+# disables eager execution for its process, so "graph" is a job of its own.
 MODES = ["eager,function", "graph"]
+
+# The scenarios that need no job of their own run in one job per mode and
+# rank count (module-scoped fixtures), one after the other: each rank
+# imports TensorFlow (about 4 CPU-seconds) once for all of them. A failure
+# ends that job; its later scenarios fail as not reached. "errors" goes last:
+# it fails collectives on purpose.
+BATCHES = {
+    "eager,function": "ops,grads,allgather_grads,adasum,tape@eager,errors",
+    "graph": "ops,grads,adasum,tf1_optimizer,errors",
+}
+
+
+@pytest.fixture(scope="module")
+def batches(hvdd_bin: str):
+    """The batch jobs, each run once, when a test first asks for it."""
+    done: dict = {}
+
+    def get(mode: str, np: int = 2):
+        key = (mode, np)
+        if key not in done:
+            names = BATCHES[mode] if np == 2 else "ops,adasum"
+            done[key] = run_batch(hvdd_bin, [sys.executable, TF_WORKERS, names, mode], np=np, env=ENV)
+        return done[key]
+
+    return get
 
 
 def said_by_all(res, what: str, mode: str) -> bool:
@@ -33,60 +57,74 @@ def said_by_all(res, what: str, mode: str) -> bool:
     return all(f"{m} {what}" in o for o in res.outputs for m in mode.split(","))
 
 
+def shown(res) -> str:
+    """A batch job's exit codes, outputs' tails and daemon log, for a failure."""
+    outs = "".join(
+        f"\n--- rank {r} exited {rc}:\n{o[-6000:]}" for r, (rc, o) in enumerate(zip(res.returncodes, res.outputs))
+    )
+    return outs + f"\n--- daemon log ---\n{res.daemon_log[-3000:]}"
+
+
 @pytest.mark.parametrize("mode", MODES)
-def test_ops(job, mode):
-    res = tf_job(job, "ops", mode)
-    assert said_by_all(res, "ops ok", mode), res.outputs
+def test_ops(batches, mode):
+    res = batches(mode)
+    assert said_by_all(res, "ops ok", mode), shown(res)
 
 
-def test_ops_three_ranks(job):
+def test_ops_three_ranks(batches):
     # Eager: three ranks (an odd count, uneven allgathers) test the daemon,
     # the same in every mode; test_ops traces the ops in tf.function.
-    res = tf_job(job, "ops", "eager", np=3)
-    assert said_by_all(res, "ops ok", "eager"), res.outputs
+    res = batches("eager", 3)
+    assert said_by_all(res, "ops ok", "eager"), shown(res)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_gradients(job, mode):
-    res = tf_job(job, "grads", mode)
-    assert said_by_all(res, "grads ok", mode), res.outputs
+def test_gradients(batches, mode):
+    res = batches(mode)
+    assert said_by_all(res, "grads ok", mode), shown(res)
 
 
-@pytest.mark.parametrize("np_", [2, 4])
-def test_allgather_gradient_averaged(job, np_):
+def test_allgather_gradient_averaged(batches):
     """allgather's and grouped_allgather's gradients are Horovod 0.28.1's:
     the upstream gradient averaged over the ranks, this rank's rows (not
     summed, which is N times too large), with first dimensions that differ
-    per rank."""
-    res = tf_job(job, "allgather_grads", "eager,function", np=np_)
+    per rank; at 2 ranks here, at 4 below."""
+    res = batches("eager,function")
+    assert said_by_all(res, "allgather grads ok", "eager,function"), shown(res)
+
+
+def test_allgather_gradient_averaged_four_ranks(job):
+    res = tf_job(job, "allgather_grads", "eager,function", np=4)
     assert said_by_all(res, "allgather grads ok", "eager,function"), res.outputs
 
 
-def test_distributed_gradient_tape(job):
-    tf_job(job, "tape")
+def test_distributed_gradient_tape(batches):
+    res = batches("eager,function")
+    assert all("tape ok" in o for o in res.outputs), shown(res)
 
 
-def test_tf1_distributed_optimizer_and_hook(job):
-    tf_job(job, "tf1_optimizer", "graph")
+def test_tf1_distributed_optimizer_and_hook(batches):
+    res = batches("graph")
+    assert all("tf1 optimizer ok" in o for o in res.outputs), shown(res)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_adasum(job, mode):
+def test_adasum(batches, mode):
     """op=Adasum on 2 ranks: allreduce, DistributedGradientTape and the TF1
     delta optimizer match the Adasum formula; Keras refuses it."""
-    res = tf_job(job, "adasum", mode)
-    assert said_by_all(res, "adasum ok", mode), res.outputs
+    res = batches(mode)
+    assert said_by_all(res, "adasum ok", mode), shown(res)
 
 
-def test_adasum_three_ranks_refused(job):
-    res = tf_job(job, "adasum", "eager", np=3)
-    assert all("adasum refused on 3 ranks" in o for o in res.outputs), res.outputs
+def test_adasum_three_ranks_refused(batches):
+    res = batches("eager", 3)
+    assert all("adasum refused on 3 ranks" in o for o in res.outputs), shown(res)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_errors(job, mode):
-    res = tf_job(job, "errors", mode)
-    assert said_by_all(res, "errors ok", mode), res.outputs
+def test_errors(batches, mode):
+    res = batches(mode)
+    assert said_by_all(res, "errors ok", mode), shown(res)
 
 
 @pytest.mark.parametrize("mode", ["eager", "function", "graph"])

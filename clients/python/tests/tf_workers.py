@@ -1,5 +1,5 @@
 """TensorFlow worker scenarios run on every rank by test_tensorflow.py
-(``python tf_workers.py NAME [MODE[,MODE...]]``).
+(``python tf_workers.py NAME[,NAME...] [MODE[,MODE...]]``).
 
 Each scenario builds its collectives once and runs them in one of three
 modes: ``eager``, ``function`` (inside ``tf.function``) or ``graph`` (a TF1
@@ -934,5 +934,15 @@ def imports() -> None:
 
 
 if __name__ == "__main__":
-    for MODE in MODES:
-        globals()[sys.argv[1]]()
+    # NAME[,NAME...]: several scenarios one after the other in one job (one
+    # TensorFlow import per rank for all); NAME@MODE runs that one in MODE
+    # only (one of MODES). Each starts with a "BEGIN NAME MODE" line.
+    for spec in sys.argv[1].split(","):
+        name, _, only = spec.partition("@")
+        if only and only not in MODES:
+            raise SystemExit(f"tf_workers.py: {spec}: {only} is not one of this job's modes {MODES}")
+        for MODE in [only] if only else MODES:
+            print(f"BEGIN {name} {MODE}", flush=True)
+            globals()[name]()
+            if MODE == "graph":
+                tf.compat.v1.reset_default_graph()
