@@ -23,7 +23,7 @@ EPOCH = re.compile(r"^\[0\]<stdout>:Epoch (\d+): loss=(\d+\.\d+) accuracy=\S+ \(
 def _cmd(hvdd_bin: str, tmp, np: int, *extra: str) -> list:
     return [
         hvdd_bin, "run", "-np", str(np), *extra, "--socket", str(tmp / "hvdd.sock"), "--",
-        sys.executable, SCRIPT, "--epochs", "2", "--steps", "160", "--batch-size", "64", "--lr", "0.0005",
+        sys.executable, SCRIPT, "--epochs", "2", "--steps", "160", "--batch-size", "32", "--lr", "0.0005",
         "--synthetic-size", "2048", "--log-interval", "5", "--checkpoint-dir", str(tmp / "ckpt"),
     ]  # fmt: skip
 
