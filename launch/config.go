@@ -239,6 +239,8 @@ type Config struct {
 	discoverEvery time.Duration
 	// reportWait, if positive, replaces DefaultReportWait (tests).
 	reportWait time.Duration
+	// formWait, if positive, replaces DefaultFormWait (tests).
+	formWait time.Duration
 }
 
 // ServeFlags is the `hvdd serve` flags that pass the job's settings to

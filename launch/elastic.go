@@ -74,11 +74,13 @@ type driver struct {
 	quit    chan struct{}
 
 	// ms decides each epoch's members (elastic_members.go); storeC
-	// signals a change of the job's rendezvous store, and reportWait
-	// bounds the wait for the daemons' reports.
+	// signals a change of the job's rendezvous store, reportWait bounds
+	// the wait for the daemons' reports, and formWait that for an epoch
+	// decided to form.
 	ms         membership
 	storeC     chan struct{}
 	reportWait time.Duration
+	formWait   time.Duration
 }
 
 // driverRank is a rank the driver started.
@@ -133,9 +135,13 @@ func newDriver(j *job) *driver {
 
 		storeC:     make(chan struct{}, 1),
 		reportWait: DefaultReportWait,
+		formWait:   DefaultFormWait,
 	}
 	if cfg.reportWait > 0 {
 		drv.reportWait = cfg.reportWait
+	}
+	if cfg.formWait > 0 {
+		drv.formWait = cfg.formWait
 	}
 	if cfg.discoverEvery > 0 {
 		drv.every = cfg.discoverEvery

@@ -73,6 +73,9 @@ func (drv *driver) supervise(ctx context.Context, sigs <-chan os.Signal) (int, e
 		case <-drv.storeC:
 		case <-drv.reportWaitC():
 			drv.ms.wait, drv.ms.overdue = nil, true
+		case <-drv.formWaitC():
+			drv.decide() // an epoch that formed in the meantime is done
+			drv.formOverdue()
 		}
 		drv.decide()
 	}

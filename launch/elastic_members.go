@@ -43,6 +43,14 @@ var (
 // out that still runs is stopped.
 const DefaultReportWait = 10 * time.Second
 
+// DefaultFormWait bounds the wait, from a decision's publication, for the
+// daemons to form the epoch it decides: the decided nodes have all reported
+// and their ranks wait in init(), so forming takes them a few network round
+// trips; an epoch still not formed then (its coordinator hung, a decided
+// node gone in a way no daemon or exit reports) ends the job with that
+// error, where it would otherwise wait for the daemons without end.
+const DefaultFormWait = 60 * time.Second
+
 // membership is the driver's state in deciding epochs.
 type membership struct {
 	// epoch is the epoch being decided: the first after the last that
@@ -63,6 +71,10 @@ type membership struct {
 	since   time.Time
 	wait    *time.Timer
 	overdue bool
+	// published is when the latest decision with members was published;
+	// formWait fires DefaultFormWait later (see formOverdue).
+	published time.Time
+	formWait  *time.Timer
 }
 
 // startMembership records the job's first ranks as its first epoch's.
@@ -118,6 +130,32 @@ func (drv *driver) nextEpoch(formedWith int) {
 		ms.wait.Stop()
 		ms.wait = nil
 	}
+	if ms.formWait != nil {
+		ms.formWait.Stop()
+		ms.formWait = nil
+	}
+}
+
+// formWaitC fires when the latest decision has waited its bound to form
+// (nil: none).
+func (drv *driver) formWaitC() <-chan time.Time {
+	if drv.ms.formWait == nil {
+		return nil
+	}
+	return drv.ms.formWait.C
+}
+
+// formOverdue ends the job when the epoch the driver decided has not
+// formed within the form wait of the decision (decide, called first, has
+// moved on from an epoch that formed).
+func (drv *driver) formOverdue() {
+	ms := &drv.ms
+	ms.formWait = nil
+	if ms.decided == nil || drv.state != jobRunning {
+		return
+	}
+	drv.fail(drv.lastFail, fmt.Errorf("the elastic job's epoch %d, decided %v ago (%s), has not formed: its daemons did not lay it out (a coordinator that hangs, or a decided host lost without a report; see the daemons' logs)",
+		ms.epoch, time.Since(ms.published).Round(time.Millisecond), ms.last))
 }
 
 // get reads key from the job's store: nil, false when it is not there.
@@ -288,6 +326,11 @@ func (drv *driver) publish(value string, decided map[int][]int) {
 		ms.versions = map[int]map[int][]int{}
 	}
 	ms.versions[ms.version] = decided
+	ms.published = time.Now()
+	if ms.formWait != nil {
+		ms.formWait.Stop()
+	}
+	ms.formWait = time.NewTimer(drv.formWait)
 	var hosts []string
 	size := 0
 	for _, i := range slices.Sorted(maps.Keys(decided)) {

@@ -37,7 +37,7 @@ func newDecideRig(t *testing.T, minNP int, ranksOf ...[]int) *decideRig {
 	t.Cleanup(cancel)
 	r := &decideRig{t: t, st: srv.Store()}
 	j := &job{cfg: &Config{MinNP: minNP}, o: &output{stdout: &r.stderr, stderr: &r.stderr}, rdv: &driverRendezvous{srv: srv}}
-	drv := &driver{j: j, ctx: ctx, state: jobRunning, reportWait: time.Hour}
+	drv := &driver{j: j, ctx: ctx, state: jobRunning, reportWait: time.Hour, formWait: time.Hour}
 	for i, tags := range ranksOf {
 		j.nodes = append(j.nodes, node{Host: "host" + strconv.Itoa(i)})
 		drv.nodes = append(drv.nodes, driverNode{ready: true})
@@ -171,5 +171,41 @@ func TestDecideFormedWithEarlierVersion(t *testing.T) {
 	}
 	if strings.Contains(r.stderr.String(), "taking it as failed") {
 		t.Fatalf("a healthy host was taken as failed:\n%s", r.stderr.String())
+	}
+}
+
+// TestDecidedEpochThatNeverFormsEndsTheJob: a decision whose epoch the
+// daemons never form (no formed mark, no report of a later epoch) ends the
+// job with an error once the form wait is over, where the driver waited
+// without end; an epoch that formed before the wait ran out is not failed.
+func TestDecidedEpochThatNeverFormsEndsTheJob(t *testing.T) {
+	for _, formed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "never formed", true: "formed"}[formed], func(t *testing.T) {
+			r := newDecideRig(t, 1, []int{0, 1}, []int{2, 3})
+			r.drv.j.exited[0] = true
+			r.set(reportKey(1, 0), "1")
+			r.set(reportKey(1, 1), "2 3")
+			if got, want := r.published(1), []string{"0:1 1:2"}; !slices.Equal(got, want) {
+				t.Fatalf("epoch 1's decisions = %q, want %q", got, want)
+			}
+			if r.drv.formWaitC() == nil {
+				t.Fatal("no form wait armed by the decision")
+			}
+			if formed {
+				r.set(formedKey(1), "1")
+			}
+			// What the supervise loop does when the form wait fires.
+			r.drv.decide()
+			r.drv.formOverdue()
+			if formed {
+				if r.drv.state != jobRunning || r.drv.formWaitC() != nil {
+					t.Fatalf("a formed epoch failed the job (state %v, err %v) or kept its form wait", r.drv.state, r.drv.err)
+				}
+				return
+			}
+			if r.drv.state != jobFailed || r.drv.err == nil || !strings.Contains(r.drv.err.Error(), "epoch 1, decided") || !strings.Contains(r.drv.err.Error(), "has not formed") {
+				t.Fatalf("state %v, err %v; want the job failed naming the unformed epoch 1", r.drv.state, r.drv.err)
+			}
+		})
 	}
 }
