@@ -148,6 +148,7 @@ func envRank(name string) int {
 // survivors re-initialise into the next one, on the same daemon, at the
 // smaller size, with their ranks in order and the job id kept.
 func TestElasticReform(t *testing.T) {
+	daemontest.RaceCheckedWorkers(t)
 	for _, n := range []int{2, 3} {
 		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
 			s := daemontest.Start(t, daemon.Config{Slots: n})
@@ -174,6 +175,7 @@ func TestElasticReform(t *testing.T) {
 // TestElasticDeserter: a survivor that exits instead of re-initialising is
 // dropped, and the others form the next epoch without it.
 func TestElasticDeserter(t *testing.T) {
+	daemontest.RaceCheckedWorkers(t)
 	s := daemontest.Start(t, daemon.Config{Slots: 4})
 	ws := daemontest.Spawn(t, s.Socket, "elastic", 4, "HVDD_TEST_DESERT=1")
 	for _, w := range []*daemontest.Worker{ws[0], ws[2]} {
@@ -669,6 +671,7 @@ func elasticJoinWorker() int {
 // and the next epoch takes them in, after the old ranks: on one node, on
 // an existing node of a multi-node job, and on a node that joins the job.
 func TestElasticJoin(t *testing.T) {
+	daemontest.RaceCheckedWorkers(t)
 	for _, tc := range []struct {
 		name    string
 		slots   []int // the nodes at the start

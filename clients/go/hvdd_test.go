@@ -101,6 +101,7 @@ func worker(name string) int {
 }
 
 func TestCollectives(t *testing.T) {
+	daemontest.RaceCheckedWorkers(t)
 	for _, n := range []int{1, 2, 4} {
 		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
 			s := daemontest.Start(t, daemon.Config{Slots: n, FusionThreshold: 1 << 16})
@@ -110,6 +111,7 @@ func TestCollectives(t *testing.T) {
 }
 
 func TestAsyncAndFusion(t *testing.T) {
+	daemontest.RaceCheckedWorkers(t)
 	s := daemontest.Start(t, daemon.Config{Slots: 2})
 	// A small ring, so that the burst fills it and the long name overflows it.
 	daemontest.Run(t, s.Socket, "async", 2, 60*time.Second, "HVDD_RING_BYTES=4096")
@@ -118,6 +120,7 @@ func TestAsyncAndFusion(t *testing.T) {
 // TestProcessSets registers process sets on 4 ranks and runs collectives in
 // them (see procSets).
 func TestProcessSets(t *testing.T) {
+	daemontest.RaceCheckedWorkers(t)
 	s := daemontest.Start(t, daemon.Config{Slots: 4})
 	daemontest.Run(t, s.Socket, "procsets", 4, 60*time.Second)
 }
@@ -126,6 +129,7 @@ func TestProcessSets(t *testing.T) {
 // with it (HVDD_TEST_CHANNEL=odd turns it off on odd local ranks): the socket
 // path must give the same results, in the same job.
 func TestSocketOnly(t *testing.T) {
+	daemontest.RaceCheckedWorkers(t)
 	for _, sc := range []string{"collectives", "async"} {
 		t.Run(sc, func(t *testing.T) {
 			s := daemontest.Start(t, daemon.Config{Slots: 2, FusionThreshold: 1 << 16})
@@ -144,6 +148,7 @@ func TestSocketOnly(t *testing.T) {
 }
 
 func TestErrors(t *testing.T) {
+	daemontest.RaceCheckedWorkers(t)
 	for _, n := range []int{2, 3, 4} {
 		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
 			s := daemontest.Start(t, daemon.Config{Slots: n})
@@ -153,6 +158,7 @@ func TestErrors(t *testing.T) {
 }
 
 func TestJoin(t *testing.T) {
+	daemontest.RaceCheckedWorkers(t)
 	for _, n := range []int{2, 4} {
 		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
 			s := daemontest.Start(t, daemon.Config{Slots: n})
@@ -165,6 +171,7 @@ func TestJoin(t *testing.T) {
 // a collective: they must fail promptly with an error naming it, and the
 // daemon must then run the next job.
 func TestKilledRank(t *testing.T) {
+	daemontest.RaceCheckedWorkers(t)
 	for _, n := range []int{2, 4} {
 		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
 			s := daemontest.Start(t, daemon.Config{Slots: n})

@@ -30,6 +30,7 @@ func init() {
 // several dtypes, ordering on one channel, tags apart, transfers above the
 // loop's inline copy, zero bytes, a process set (see p2pScenario).
 func TestSendRecv(t *testing.T) {
+	daemontest.RaceCheckedWorkers(t)
 	for _, n := range []int{2, 3} {
 		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
 			s := daemontest.Start(t, daemon.Config{Slots: n})
@@ -41,6 +42,7 @@ func TestSendRecv(t *testing.T) {
 // TestSendRecvErrors: mismatched dtype or size fail both sides with
 // ErrMismatch, bad peers are refused, and the job goes on (see p2pErrors).
 func TestSendRecvErrors(t *testing.T) {
+	daemontest.RaceCheckedWorkers(t)
 	s := daemontest.Start(t, daemon.Config{Slots: 3})
 	daemontest.Run(t, s.Socket, "p2perrors", 3, 60*time.Second)
 }

@@ -199,6 +199,45 @@ func (w *Worker) Wait(timeout time.Duration) error {
 	}
 }
 
+// WorkerBinaryEnv names a build of the same test package for workers to
+// run in place of the test binary itself. scripts/test.sh gives clients/go's
+// -race run a build without -race: the daemons, in the test process, are
+// still checked for races, and the workers run at full speed (under -race
+// they took four fifths of TestCollectives' CPU time), except in the tests
+// that check the client itself (RaceCheckedWorkers).
+const WorkerBinaryEnv = "HVDD_TEST_WORKER_BINARY"
+
+var raceChecked sync.Map // test names that RaceCheckedWorkers marked
+
+// RaceCheckedWorkers makes tb's workers, and its subtests', run the test
+// binary itself even where $HVDD_TEST_WORKER_BINARY names another: the
+// tests of the client's own paths (its API, async handles, channel,
+// elastic state), whose races only the workers' detector can see.
+func RaceCheckedWorkers(tb testing.TB) {
+	raceChecked.Store(tb.Name(), true)
+	tb.Cleanup(func() { raceChecked.Delete(tb.Name()) })
+}
+
+// WorkerBinary is the program tb's workers run: the test binary, or
+// $HVDD_TEST_WORKER_BINARY where it is set and tb (or a test it is a
+// subtest of) did not ask for RaceCheckedWorkers.
+func WorkerBinary(tb testing.TB) string {
+	b := os.Getenv(WorkerBinaryEnv)
+	if b == "" {
+		return os.Args[0]
+	}
+	for name := tb.Name(); ; {
+		if _, ok := raceChecked.Load(name); ok {
+			return os.Args[0]
+		}
+		i := strings.LastIndex(name, "/")
+		if i < 0 {
+			return b
+		}
+		name = name[:i]
+	}
+}
+
 // Spawn starts n workers running scenario against socket, with local ranks
 // 0..n-1 and extra environment entries.
 func Spawn(tb testing.TB, socket, scenario string, n int, env ...string) []*Worker {
@@ -212,7 +251,7 @@ func SpawnWith(tb testing.TB, socket, scenario string, n int, edit func(*exec.Cm
 	tb.Helper()
 	ws := make([]*Worker, n)
 	for i := range ws {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd := exec.Command(WorkerBinary(tb), "-test.run=^$")
 		cmd.Env = append(os.Environ(), WorkerEnv+"="+scenario, "HVDD_SOCKET="+socket,
 			"HVDD_LOCAL_RANK="+strconv.Itoa(i), "HVDD_TEST_SIZE="+strconv.Itoa(n))
 		cmd.Env = append(cmd.Env, env...)
