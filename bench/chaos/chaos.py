@@ -345,6 +345,10 @@ class Job:
             "--host-discovery-script", disc, "--agent", self.camp.agent,
             "--blacklist-cooldown-range", str(COOLDOWN[0]), str(COOLDOWN[1]),
             "--elastic-timeout", str(ELASTIC_TIMEOUT), "--start-timeout", "60",
+            # the daemons' Info lines (each epoch's decision, layout and
+            # re-formation, a few per fault) in the job's stderr, for the
+            # time from hvdd run's decision to the next step
+            "--log-level", "info",
             "--", os.path.join(ROOT, ".venv/bin/python"), os.path.join(HERE, "worker.py"),
         ]  # fmt: skip
         self.cmd = cmd
