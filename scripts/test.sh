@@ -145,6 +145,7 @@ if [ -d clients/python/tests ]; then
     HVDD_TEST_CHAOS=1 HVDD_BIN="$PWD/bin/hvdd" in_private_run scripts/test-python.sh b || b_rc=$?
     a_rc=0
     wait $a_started || a_rc=$?
+    trap - EXIT
     stage "python client: stream a's output (it started after the other packages' -race tests)"
     cat "$a_log"
     rm -f "$a_log"
