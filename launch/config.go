@@ -241,6 +241,8 @@ type Config struct {
 	reportWait time.Duration
 	// formWait, if positive, replaces DefaultFormWait (tests).
 	formWait time.Duration
+	// exitWait, if positive, replaces DefaultExitWait (tests).
+	exitWait time.Duration
 }
 
 // ServeFlags is the `hvdd serve` flags that pass the job's settings to

@@ -32,7 +32,9 @@ import (
 // ("<host>[<local_rank>] has been removed from elastic job") prints a
 // REMOVED line and exits with exitRemoved. On node $HVDD_TEST_FAIL_NODE
 // it exits with 127 at once, before Init, as a command that cannot start
-// there.
+// there. With $HVDD_TEST_LINGER (a duration) it ends the job as Python's
+// atexit shutdown does (CloseAtExit) and exits that long after, as a
+// process whose teardown is slow on a loaded machine.
 func driverRankHelper() int {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -88,6 +90,11 @@ func driverRankHelper() int {
 				fmt.Fprintf(os.Stderr, "sum %g over %d ranks\n", x[0], c.Size())
 				return 1
 			case x[2] > 0:
+				if linger, err := time.ParseDuration(os.Getenv(envLinger)); err == nil {
+					c.CloseAtExit()
+					time.Sleep(linger)
+					return 0
+				}
 				c.Close()
 				return 0
 			case x[1] > 0:
@@ -484,5 +491,34 @@ func TestDriverE2EHost0RankLost(t *testing.T) {
 	rj.stderr.waitFor(t, "blacklisting host 127.0.0.57 for good", 20*time.Second)
 	rj.epoch(1, 1)
 	rj.finish()
+	rj.checkCleanedUp()
+}
+
+// TestDriverE2EFinishSlowExit is run 11's failure of the test command: the
+// ranks end the job together, saying their processes exit (Python's atexit
+// shutdown), and take longer to exit than the report wait, as an
+// interpreter's teardown can on a loaded machine. Their daemons report the
+// next epoch empty. hvdd run must wait for their exit statuses (0: the job
+// finished) rather than stop them as ranks that left an epoch but still
+// run, judge their signal exits failures and end the finished job with an
+// error.
+func TestDriverE2EFinishSlowExit(t *testing.T) {
+	t.Parallel()
+	bin := buildHvdd(t)
+	dir := testDir(t)
+	rj := startReal(t, dir, bin, Config{
+		NP: 4, MinNP: 2, Hosts: []Host{{"127.0.0.92", 2}, {"127.0.0.93", 2}},
+		Env: []string{envLinger + "=2s"}, reportWait: 200 * time.Millisecond,
+	})
+	rj.epoch(4, 0, 1, 2, 3)
+	r := rj.finish()
+	if !strings.Contains(r.stderr, "saying its process exits") {
+		t.Errorf("hvdd run did not say it waits for the ranks that said they exit:\n%s", r.stderr)
+	}
+	for _, bad := range []string{"stopping it", "blacklisting"} {
+		if strings.Contains(r.stderr, bad) {
+			t.Errorf("hvdd run's log has %q: it judged ranks of a finished job:\n%s", bad, r.stderr)
+		}
+	}
 	rj.checkCleanedUp()
 }

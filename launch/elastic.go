@@ -75,12 +75,14 @@ type driver struct {
 
 	// ms decides each epoch's members (elastic_members.go); storeC
 	// signals a change of the job's rendezvous store, reportWait bounds
-	// the wait for the daemons' reports, and formWait that for an epoch
-	// decided to form.
+	// the wait for the daemons' reports, formWait that for an epoch
+	// decided to form, and exitWait that for the exit of a rank that said
+	// its process exits.
 	ms         membership
 	storeC     chan struct{}
 	reportWait time.Duration
 	formWait   time.Duration
+	exitWait   time.Duration
 }
 
 // driverRank is a rank the driver started.
@@ -136,12 +138,16 @@ func newDriver(j *job) *driver {
 		storeC:     make(chan struct{}, 1),
 		reportWait: DefaultReportWait,
 		formWait:   DefaultFormWait,
+		exitWait:   DefaultExitWait,
 	}
 	if cfg.reportWait > 0 {
 		drv.reportWait = cfg.reportWait
 	}
 	if cfg.formWait > 0 {
 		drv.formWait = cfg.formWait
+	}
+	if cfg.exitWait > 0 {
+		drv.exitWait = cfg.exitWait
 	}
 	if cfg.discoverEvery > 0 {
 		drv.every = cfg.discoverEvery

@@ -35,6 +35,7 @@ var (
 	joiningKey = elastickeys.Joining
 	membersKey = elastickeys.Members
 	formedKey  = elastickeys.Formed
+	exitingKey = elastickeys.Exiting
 )
 
 // DefaultReportWait bounds the driver's wait for the daemons' reports of a
@@ -50,6 +51,16 @@ const DefaultReportWait = 10 * time.Second
 // node gone in a way no daemon or exit reports) ends the job with that
 // error, where it would otherwise wait for the daemons without end.
 const DefaultFormWait = 60 * time.Second
+
+// DefaultExitWait bounds the wait, from the first report of a forming
+// epoch, for the exit of a rank its daemon left out after a Goodbye that
+// said its process exits (elastickeys.Exiting): such a rank is not stopped
+// at the report wait, as one that still runs in the job would be, since a
+// process may take seconds to end after its Goodbye on a loaded machine,
+// and a rank stopped then exits with a signal, judged failed: the job that
+// finished would end with an error. One still running after this wait is
+// stopped (and judged by the status it then exits with).
+const DefaultExitWait = 60 * time.Second
 
 // membership is the driver's state in deciding epochs.
 type membership struct {
@@ -71,6 +82,9 @@ type membership struct {
 	since   time.Time
 	wait    *time.Timer
 	overdue bool
+	// waitedFor are the ranks left out that said they exit whose exit the
+	// driver has said it waits for (logged once).
+	waitedFor map[int]bool
 	// published is when the latest decision with members was published;
 	// formWait fires DefaultFormWait later (see formOverdue).
 	published time.Time
@@ -125,7 +139,7 @@ func (drv *driver) nextEpoch(formedWith int) {
 	}
 	ms.epoch++
 	ms.version, ms.last, ms.decided, ms.versions = 0, "", nil, nil
-	ms.since, ms.overdue = time.Time{}, false
+	ms.since, ms.overdue, ms.waitedFor = time.Time{}, false, nil
 	if ms.wait != nil {
 		ms.wait.Stop()
 		ms.wait = nil
@@ -355,11 +369,29 @@ func (drv *driver) overdue(silent, leftOut []int) {
 		j.o.logf("host %s's daemon (node %d) did not report its ranks for the elastic job's epoch %d within %v of the first report; taking it as failed: %s",
 			host, i, drv.ms.epoch, drv.reportWait, blacklistedFailedPhrase(host, cool, stopped))
 	}
+	ms := &drv.ms
 	for _, t := range leftOut {
-		if drv.goesOn(t) {
-			j.o.logf("rank %d left its daemon's part of the elastic job's epoch %d but still runs %v later; stopping it", t, drv.ms.epoch, drv.reportWait)
-			drv.stopRank(t)
+		if !drv.goesOn(t) {
+			continue
 		}
+		if _, exiting := drv.get(exitingKey(strconv.Itoa(t))); exiting {
+			waited := time.Since(ms.since)
+			if waited < drv.exitWait {
+				if !ms.waitedFor[t] {
+					if ms.waitedFor == nil {
+						ms.waitedFor = map[int]bool{}
+					}
+					ms.waitedFor[t] = true
+					j.o.logf("rank %d left the elastic job's epoch %d saying its process exits, but still runs %v later; waiting up to %v for its exit status", t, ms.epoch, waited.Round(time.Millisecond), drv.exitWait)
+				}
+				continue
+			}
+			j.o.logf("rank %d said its process exits but still runs %v after the elastic job's epoch %d began to form; stopping it", t, waited.Round(time.Millisecond), ms.epoch)
+			drv.stopRank(t)
+			continue
+		}
+		j.o.logf("rank %d left its daemon's part of the elastic job's epoch %d but still runs %v later; stopping it", t, ms.epoch, drv.reportWait)
+		drv.stopRank(t)
 	}
 	if drv.hm.allBlacklisted() {
 		drv.fail(drv.lastFail, fmt.Errorf("%s", drv.allBlacklistedMessage()))

@@ -37,7 +37,8 @@ func newDecideRig(t *testing.T, minNP int, ranksOf ...[]int) *decideRig {
 	t.Cleanup(cancel)
 	r := &decideRig{t: t, st: srv.Store()}
 	j := &job{cfg: &Config{MinNP: minNP}, o: &output{stdout: &r.stderr, stderr: &r.stderr}, rdv: &driverRendezvous{srv: srv}}
-	drv := &driver{j: j, ctx: ctx, state: jobRunning, reportWait: time.Hour, formWait: time.Hour}
+	drv := &driver{j: j, ctx: ctx, state: jobRunning, reportWait: time.Hour, formWait: time.Hour,
+		hm: newHostManager(CooldownRange{}, time.Now, func() float64 { return 0 })}
 	for i, tags := range ranksOf {
 		j.nodes = append(j.nodes, node{Host: "host" + strconv.Itoa(i)})
 		drv.nodes = append(drv.nodes, driverNode{ready: true})
@@ -207,5 +208,53 @@ func TestDecidedEpochThatNeverFormsEndsTheJob(t *testing.T) {
 				t.Fatalf("state %v, err %v; want the job failed naming the unformed epoch 1", r.drv.state, r.drv.err)
 			}
 		})
+	}
+}
+
+// TestDecideWaitsForRanksThatSayTheyExit is run 11's failure of the test
+// command: at the job's end every rank said Goodbye with exiting set, their
+// daemons reported empty parts for the next epoch, and on the loaded
+// machine the processes still ran at the report wait. The driver stopped
+// them as ranks left out that still run, their signal exits were judged
+// failures, and the job that finished ended with "No hosts from previous
+// set remaining". A rank whose daemon says it exits is waited for, up to
+// the exit wait; one that said nothing is stopped at the report wait.
+func TestDecideWaitsForRanksThatSayTheyExit(t *testing.T) {
+	r := newDecideRig(t, 1, []int{0, 1}, []int{2, 3})
+	r.drv.exitWait = time.Hour
+	for _, tag := range []int{0, 1, 2} {
+		if err := r.st.Set(context.Background(), exitingKey(strconv.Itoa(tag)), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.set(reportKey(1, 0), "")
+	r.set(reportKey(1, 1), "")
+	r.drv.ms.overdue = true // the report wait is over
+	r.drv.decide()
+	for tag, want := range []bool{false, false, false, true} {
+		if got := r.drv.ranks[tag].stopping; got != want {
+			t.Errorf("rank %d stopping = %v, want %v (exiting keys for 0, 1, 2; stderr:\n%s)", tag, got, want, r.stderr.String())
+		}
+	}
+	if n := strings.Count(r.stderr.String(), "waiting up to"); n != 3 {
+		t.Errorf("the driver said it waits %d times, want once for each of ranks 0, 1, 2:\n%s", n, r.stderr.String())
+	}
+	r.drv.decide() // another event: the wait is not logged again
+	if n := strings.Count(r.stderr.String(), "waiting up to"); n != 3 {
+		t.Errorf("the wait was logged %d times after a second decision, want 3:\n%s", n, r.stderr.String())
+	}
+
+	// Ranks 0 and 1 exit (status 0); rank 2 still runs past the exit wait.
+	r.drv.j.exited[0], r.drv.j.exited[1] = true, true
+	r.drv.ms.since = time.Now().Add(-2 * time.Hour)
+	r.drv.decide()
+	if !r.drv.ranks[2].stopping {
+		t.Errorf("rank 2 still runs after the exit wait but was not stopped:\n%s", r.stderr.String())
+	}
+	if !strings.Contains(r.stderr.String(), "rank 2 said its process exits but still runs") {
+		t.Errorf("stderr does not say why rank 2 was stopped:\n%s", r.stderr.String())
+	}
+	if got := r.published(1); len(got) != 0 {
+		t.Errorf("decided %q while ranks 2 and 3 have not exited", got)
 	}
 }

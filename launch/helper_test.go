@@ -50,6 +50,7 @@ const (
 	envFailSignal = "HVDD_TEST_FAIL_SIGNAL" // ...or by killing itself with this signal
 	envStubborn   = "HVDD_TEST_STUBBORN"    // "job": record signals but never exit
 	envFailNode   = "HVDD_TEST_FAIL_NODE"   // "driver-rank": exit 127 at once on this node
+	envLinger     = "HVDD_TEST_LINGER"      // "driver-rank": at the finish, CloseAtExit, then run this long
 )
 
 func helper(mode string, args []string) int {

@@ -719,15 +719,21 @@ func (c *Client) progress() {
 
 // Close says goodbye to the daemon (an orderly shutdown, not a lost rank),
 // closes the connection and releases the shared memory. Pending operations fail.
-func (c *Client) Close() error { return c.close(false) }
+func (c *Client) Close() error { return c.close(false, false) }
 
 // CloseToReset is Close for a rank of an elastic job that re-initialises at
 // once into the job's next epoch (Horovod's reset after a host update): the
 // daemon ends the epoch for every rank, and the next one takes in the
 // workers waiting to join.
-func (c *Client) CloseToReset() error { return c.close(true) }
+func (c *Client) CloseToReset() error { return c.close(true, false) }
 
-func (c *Client) close(reset bool) error {
+// CloseAtExit is Close for a process about to exit (Python's atexit
+// shutdown): the daemon tells hvdd run's elastic driver, which then waits
+// for the process's exit status rather than stopping it as a rank that left
+// the job but still runs.
+func (c *Client) CloseAtExit() error { return c.close(false, true) }
+
+func (c *Client) close(reset, exiting bool) error {
 	if c.ic == nil {
 		return nil
 	}
@@ -738,7 +744,7 @@ func (c *Client) close(reset bool) error {
 	}
 	c.closed = true
 	c.mu.Unlock()
-	c.send(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Goodbye{Goodbye: &ipcpb.Goodbye{ElasticReset: reset}}}, -1)
+	c.send(0, &ipcpb.ClientMessage{Msg: &ipcpb.ClientMessage_Goodbye{Goodbye: &ipcpb.Goodbye{ElasticReset: reset, Exiting: exiting}}}, -1)
 	err := c.ic.Close()
 	// A goroutine blocked reading sees the close; then fail what is left.
 	c.readMu.Lock()

@@ -23,3 +23,9 @@ func Members(epoch uint64, version int) string {
 // the decision it formed with (Members), which need not be the latest: the
 // driver may have published another while the epoch formed.
 func Formed(epoch uint64) string { return "elastic/" + strconv.FormatUint(epoch, 10) + "/formed" }
+
+// Exiting marks a worker (its HVDD_WORKER name) whose Goodbye said that its
+// process exits while the elastic job ran: its daemon saw it leave, so the
+// driver waits for its exit status, however long the process takes to end,
+// rather than stopping it as a rank left out of an epoch that still runs.
+func Exiting(worker string) string { return "elastic/exiting/" + worker }

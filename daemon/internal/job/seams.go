@@ -43,6 +43,10 @@ type FormationAcross interface {
 	// Removed returns the name of this node's host once hvdd run's elastic
 	// driver removed it from the elastic job, else "".
 	Removed() string
+	// RankExiting is told that a local rank of the running elastic job,
+	// the worker named worker (its HVDD_WORKER), left it with a Goodbye that
+	// says its process exits (Goodbye.exiting).
+	RankExiting(worker string)
 	// Links reports this node's links to the other nodes, by their
 	// --node-rank, for the metrics: what every job's engine (jobs, the
 	// running ones; the ended ones' counts are kept) exchanged with each,

@@ -713,6 +713,12 @@ func (l *Loop) closed(c *client, bye bool, err error) {
 	if j.Formed && j.Elastic && bye && !c.exiting {
 		j.NoteSurvivor(c)
 	}
+	if j.Formed && j.Elastic && bye && c.exiting && l.across != nil {
+		// hvdd run waits for the exit status of a rank that says its
+		// process exits (each such rank: the first ends the epoch, the
+		// others follow it).
+		l.across.RankExiting(c.Worker())
+	}
 	if !j.Formed {
 		j.Slots[c.localRank] = nil
 		j.Joined--

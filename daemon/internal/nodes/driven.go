@@ -153,6 +153,18 @@ func (c *multiNode) reportEpoch(epoch uint64, workers []string) {
 	c.tell(reportKey(epoch, c.rank), []byte(strings.Join(workers, " ")))
 }
 
+// RankExiting tells the driver that worker's process exits (Goodbye.exiting):
+// it waits for the exit status of a rank that said so, where it stops one
+// its daemon left out that still runs after the report wait. Under load a
+// process can take seconds to end after its Goodbye (the interpreter's
+// teardown), and one stopped then would be judged failed: its host
+// blacklisted, a job that finished ended with an error.
+func (c *multiNode) RankExiting(worker string) {
+	if c.driven() && worker != "" {
+		c.tell(elastickeys.Exiting(worker), nil)
+	}
+}
+
 // reportJoining reports the workers of this node, which joins the running
 // elastic job.
 func (c *multiNode) reportJoining(j *job.Job) {
