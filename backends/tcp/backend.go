@@ -64,8 +64,10 @@ type engine struct {
 	refusal error                 // the last refused handshake, for New's error
 	groups  map[string]*Backend   // Group's views, by their engine ranks
 
-	failed    chan struct{} // closed when err is set
-	noBeat    chan struct{} // closed by tests to stop heartbeats
+	failed    chan struct{}  // closed when err is set
+	byesSent  chan struct{}  // closed once fail has sent its byes
+	byeHold   func(peer int) // tests: called before the bye to peer is sent
+	noBeat    chan struct{}  // closed by tests to stop heartbeats
 	closeOnce sync.Once
 	wg        sync.WaitGroup // control readers, heartbeat, acceptor
 }
@@ -126,6 +128,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		verdictWait: min(cfg.PeerTimeout/2, time.Second),
 		pending:     make(map[net.Conn]struct{}),
 		failed:      make(chan struct{}),
+		byesSent:    make(chan struct{}),
 		noBeat:      make(chan struct{}),
 	}
 	e.tune.Store(&backends.Tuning{Streams: cfg.Streams, ChunkBytes: cfg.ChunkBytes, SmallBytes: cfg.SmallBytes})
@@ -442,6 +445,11 @@ func (b *engine) close() { b.closeWith(backends.ErrClosed) }
 func (b *engine) closeWith(err error) {
 	b.closeOnce.Do(func() {
 		b.fail(err)
+		// A failure recorded by another goroutine (a control reader's
+		// missed heartbeat) may still be sending its byes: closing the
+		// control connections under it would leave the peers an EOF that
+		// blames this rank, not the one it lost.
+		<-b.byesSent
 		b.mu.Lock()
 		if b.ln != nil {
 			b.ln.Close()
@@ -487,11 +495,22 @@ func (b *engine) fail(err error) error {
 	default:
 		b.log.Warn("backend failed", "err", err)
 	}
+	// Every peer at once: one whose link is cut must not hold up the
+	// others' byes by its write deadline.
+	var sent sync.WaitGroup
 	for _, p := range b.peers {
 		if p != nil {
-			p.sendCtrl(b.byeFor(err, p).marshal(), 500*time.Millisecond)
+			bye := b.byeFor(err, p).marshal()
+			sent.Go(func() {
+				if b.byeHold != nil {
+					b.byeHold(p.rank)
+				}
+				p.sendCtrl(bye, 500*time.Millisecond)
+			})
 		}
 	}
+	sent.Wait()
+	close(b.byesSent)
 	for _, p := range b.peers {
 		if p != nil {
 			p.closeData()
@@ -559,6 +578,7 @@ func (b *engine) kill() {
 	if b.err == nil {
 		b.err = errors.New("killed")
 		close(b.failed)
+		close(b.byesSent) // none: a crash sends none
 	}
 	b.mu.Unlock()
 	for _, p := range b.peers {

@@ -266,3 +266,49 @@ func TestOrderlyCloseAfterGroup(t *testing.T) {
 		t.Errorf("rank 2's next collective: want a PeerError naming rank 0")
 	}
 }
+
+// TestCloseWaitsForTheByes is run 13's failure of the test command
+// (clients/go's TestScaleNetns8Failures/coordinator-cut, 8 nodes in
+// network namespaces): node 1 missed node 0's heartbeats and failed naming
+// it; while it was still sending its byes, its daemon closed the engine
+// (CloseLost), which closed the control connections under them, and node 2
+// read an EOF where the bye would have been: it blamed node 1, not node 0.
+// Here rank 1 fails having lost rank 2 and its byes are held; a
+// CloseLost meanwhile must not close the connections before that bye has
+// gone, and rank 0 must fail naming rank 2.
+func TestCloseWaitsForTheByes(t *testing.T) {
+	g := group(t, 3, nil)
+	const waiter, closer, lost = 0, 1, 2
+	held, release := make(chan struct{}), make(chan struct{})
+	var entered sync.WaitGroup
+	entered.Add(2)
+	g[closer].byeHold = func(peer int) {
+		entered.Done()
+		<-release
+	}
+	go func() { entered.Wait(); close(held) }()
+	go g[closer].fail(&backends.PeerError{Rank: lost, Err: errors.New("no heartbeat for 3s")})
+	<-held
+	closed := make(chan struct{})
+	go func() {
+		g[closer].CloseLost(lost, errors.New("its control link broke"))
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		t.Error("CloseLost returned while a bye of the failure before it was still unsent")
+	case <-g[waiter].failed:
+		t.Errorf("rank %d failed before the bye came: %v", waiter, g[waiter].failure())
+	case <-time.After(300 * time.Millisecond): // the window the bug needs
+	}
+	close(release)
+	select {
+	case <-g[waiter].failed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter never failed")
+	}
+	if r, ok := backends.LostRank(g[waiter].failure()); !ok || r != lost {
+		t.Errorf("the waiter's failure is %v, want a PeerError naming rank %d", g[waiter].failure(), lost)
+	}
+	<-closed
+}
