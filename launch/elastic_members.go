@@ -354,6 +354,31 @@ func (drv *driver) publish(value string, decided map[int][]int) {
 	j.o.logf("the elastic job's epoch %d forms with %s: %s", ms.epoch, ranks(size), strings.Join(hosts, ", "))
 }
 
+// leftOutRuns acts on rank t, which its daemon left out of the forming
+// epoch but still runs after the report wait: one that said its process
+// exits is waited for up to drv.exitWait (its exit status is judged), any
+// other is stopped.
+func (drv *driver) leftOutRuns(t int) {
+	j, ms := drv.j, &drv.ms
+	if _, exiting := drv.get(exitingKey(strconv.Itoa(t))); !exiting {
+		j.o.logf("rank %d left its daemon's part of the elastic job's epoch %d but still runs %v later; stopping it", t, ms.epoch, drv.reportWait)
+		drv.stopRank(t)
+		return
+	}
+	waited := time.Since(ms.since)
+	switch {
+	case waited >= drv.exitWait:
+		j.o.logf("rank %d said its process exits but still runs %v after the elastic job's epoch %d began to form; stopping it", t, waited.Round(time.Millisecond), ms.epoch)
+		drv.stopRank(t)
+	case !ms.waitedFor[t]:
+		if ms.waitedFor == nil {
+			ms.waitedFor = map[int]bool{}
+		}
+		ms.waitedFor[t] = true
+		j.o.logf("rank %d left the elastic job's epoch %d saying its process exits, but still runs %v later; waiting up to %v for its exit status", t, ms.epoch, waited.Round(time.Millisecond), drv.exitWait)
+	}
+}
+
 // overdue acts on a forming epoch whose reports did not all come within
 // the report wait: the silent nodes' hosts are blacklisted as failed (their
 // daemons cannot reach the rendezvous, or hang), and ranks their daemons
@@ -369,29 +394,10 @@ func (drv *driver) overdue(silent, leftOut []int) {
 		j.o.logf("host %s's daemon (node %d) did not report its ranks for the elastic job's epoch %d within %v of the first report; taking it as failed: %s",
 			host, i, drv.ms.epoch, drv.reportWait, blacklistedFailedPhrase(host, cool, stopped))
 	}
-	ms := &drv.ms
 	for _, t := range leftOut {
-		if !drv.goesOn(t) {
-			continue
+		if drv.goesOn(t) {
+			drv.leftOutRuns(t)
 		}
-		if _, exiting := drv.get(exitingKey(strconv.Itoa(t))); exiting {
-			waited := time.Since(ms.since)
-			if waited < drv.exitWait {
-				if !ms.waitedFor[t] {
-					if ms.waitedFor == nil {
-						ms.waitedFor = map[int]bool{}
-					}
-					ms.waitedFor[t] = true
-					j.o.logf("rank %d left the elastic job's epoch %d saying its process exits, but still runs %v later; waiting up to %v for its exit status", t, ms.epoch, waited.Round(time.Millisecond), drv.exitWait)
-				}
-				continue
-			}
-			j.o.logf("rank %d said its process exits but still runs %v after the elastic job's epoch %d began to form; stopping it", t, waited.Round(time.Millisecond), ms.epoch)
-			drv.stopRank(t)
-			continue
-		}
-		j.o.logf("rank %d left its daemon's part of the elastic job's epoch %d but still runs %v later; stopping it", t, ms.epoch, drv.reportWait)
-		drv.stopRank(t)
 	}
 	if drv.hm.allBlacklisted() {
 		drv.fail(drv.lastFail, fmt.Errorf("%s", drv.allBlacklistedMessage()))

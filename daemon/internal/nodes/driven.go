@@ -27,6 +27,10 @@ import (
 //     HVDD_WORKER names, space-separated; empty when none of its ranks goes
 //     on), and a node that joins the running job reports its workers once
 //     ("elastic/joining/K");
+//   - every node marks each of its ranks that leaves the running job with a
+//     Goodbye saying its process exits ("elastic/exiting/WORKER"): the
+//     driver waits for that rank's exit status, where it stops a rank left
+//     out that still runs after its report wait;
 //   - the driver, once it has every node's report and the exit status of
 //     every rank the reports leave out, applies Horovod's rules and
 //     publishes the epoch's members ("elastic/E/members/V", V = 1, 2, ...:
