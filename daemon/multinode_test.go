@@ -48,17 +48,22 @@ func (p pairTransport) Accept() (net.Conn, int, error) { return nil, 0, net.ErrC
 // contributes nothing). Like the tcp engine it runs small buffers in the
 // daemon's loop. An allreduce larger than the loop takes (so on the
 // executor) first says so on entered and waits for release, or for Close,
-// which fails it as a real engine's Close does.
+// which fails it as a real engine's Close does, or for an error on fail,
+// which it returns (the engine failed by itself).
 type stubBackend struct {
 	entered, release chan struct{}
 	closed           chan struct{}
+	fail             chan error
 	once             sync.Once
 	// closedLost is the rank CloseLost named, +1 (0: closed by Close).
 	closedLost atomic.Int32
+	// closedErr is what a blocked allreduce returns once the engine is
+	// closed; nil: backends.ErrClosed. Set before the daemon starts.
+	closedErr error
 }
 
 func newStubBackend() *stubBackend {
-	return &stubBackend{entered: make(chan struct{}, 1), release: make(chan struct{}), closed: make(chan struct{})}
+	return &stubBackend{entered: make(chan struct{}, 1), release: make(chan struct{}), closed: make(chan struct{}), fail: make(chan error)}
 }
 
 func (*stubBackend) Name() string { return "stub" }
@@ -72,7 +77,12 @@ func (b *stubBackend) Allreduce(_ context.Context, buf []byte, _ tensor.DType, _
 	select {
 	case <-b.release:
 		return nil
+	case err := <-b.fail:
+		return err
 	case <-b.closed:
+		if b.closedErr != nil {
+			return b.closedErr
+		}
 		return backends.ErrClosed
 	}
 }
@@ -136,13 +146,12 @@ type coordinator struct {
 
 // startAsCoordinator starts node 1's daemon, joins its two clients and
 // forms the job with node 0's single (absent) rank.
-func startAsCoordinator(t *testing.T) *coordinator { return startWrapped(t, nil) }
+func startAsCoordinator(t *testing.T) *coordinator { return startWrapped(t, newStubBackend(), nil) }
 
-// startWrapped is startAsCoordinator with node 1's end of the control
-// stream passed through wrap, if set.
-func startWrapped(t *testing.T, wrap func(net.Conn) net.Conn) *coordinator {
+// startWrapped is startAsCoordinator with backend as node 1's engine and
+// node 1's end of the control stream passed through wrap, if set.
+func startWrapped(t *testing.T, backend *stubBackend, wrap func(net.Conn) net.Conn) *coordinator {
 	secret := []byte("fake coordinator secret, 32 B...")
-	backend := newStubBackend()
 	mine, theirs := socketPair(t)
 	if wrap != nil {
 		theirs = wrap(theirs)
@@ -385,7 +394,7 @@ func (e *expectRecorder) Expect(on bool) { e.told <- on }
 // the request is done (over MPI the bridge probes often only in between).
 func TestLinksExpectWhilePending(t *testing.T) {
 	rec := &expectRecorder{told: make(chan bool, 16)}
-	co := startWrapped(t, func(c net.Conn) net.Conn {
+	co := startWrapped(t, newStubBackend(), func(c net.Conn) net.Conn {
 		rec.UnixConn = c.(*net.UnixConn)
 		return rec
 	})
@@ -435,6 +444,89 @@ func TestAbortDuringPlan(t *testing.T) {
 		if !errors.As(err, &herr) || herr.Code != ipcpb.Code_CODE_ABORTED || !strings.Contains(herr.Msg, why) {
 			t.Errorf("rank %d's collective under the abort: %v; want CODE_ABORTED with the abort's reason %q", r+1, err, why)
 		}
+	}
+}
+
+// TestAbortDuringPlanAfterAPeersClose is TestAbortDuringPlan where node
+// 1's engine, as node 1 closes it for the Abort, has already failed from a
+// peer's close: the coordinator's, which relayed the Abort and closed its
+// engine, and whose bye reached node 1's engine before the Abort reached
+// node 1's loop. The engine's error names that survivor as lost; the ranks
+// must hear the Abort's reason, the job's first cause, all the same
+// (TestScaleNetns8Failures/daemon-killed: node 6's rank said "node 0
+// (rank 0) was lost during ALLREDUCE: tcp: Allreduce: node rank 0 lost:
+// peer closed its backend", though its daemon's job failed for node 5).
+func TestAbortDuringPlanAfterAPeersClose(t *testing.T) {
+	backend := newStubBackend()
+	backend.closedErr = fmt.Errorf("tcp: Allreduce: %w", &backends.PeerError{Rank: 0, Err: errors.New("peer closed its backend")})
+	co := startWrapped(t, backend, nil)
+	hs, _ := co.planRunning(t, "running")
+	const why = "node 5 (rank 5) was lost during ALLREDUCE: tcp: Allreduce: node rank 5 lost: control connection: EOF"
+	co.write(controlFrame(t, &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{
+		Code: int32(ipcpb.Code_CODE_ABORTED), Msg: why}}}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for r, h := range hs {
+		err := h.Wait(ctx)
+		var herr *hvdd.Error
+		if !errors.As(err, &herr) || herr.Code != ipcpb.Code_CODE_ABORTED || !strings.Contains(herr.Msg, why) {
+			t.Errorf("rank %d's collective under the abort: %v; want CODE_ABORTED with the abort's reason %q", r+1, err, why)
+		}
+	}
+}
+
+// TestEngineLossNamesLostNode: node 1's engine fails by itself in a
+// collective, naming the node it lost (a *backends.PeerError). The Abort
+// node 1 sends names that node (lost_node), and node 1 closes its engine
+// naming it (backends.LostCloser), as for a lost control link: the
+// coordinator, relaying the Abort, then closes its own engine naming the
+// lost node too, so that a node still in the collective is not told that
+// the coordinator closed (a survivor) before it hears the Abort.
+func TestEngineLossNamesLostNode(t *testing.T) {
+	co := startAsCoordinator(t)
+	hs, _ := co.planRunning(t, "running")
+	aborts := make(chan *clusterpb.Abort, 1)
+	go func() {
+		defer close(aborts)
+		for {
+			m, err := co.link.Recv()
+			if err != nil {
+				return
+			}
+			if a := m.GetAbort(); a != nil {
+				aborts <- a
+				return
+			}
+		}
+	}()
+	co.backend.fail <- fmt.Errorf("tcp: Allreduce: %w", &backends.PeerError{Rank: 0, Err: errors.New("control connection: EOF")})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for r, h := range hs {
+		err := h.Wait(ctx)
+		var herr *hvdd.Error
+		if !errors.As(err, &herr) || herr.Code != ipcpb.Code_CODE_ABORTED || !strings.Contains(herr.Msg, "node 0 (rank 0) was lost during ALLREDUCE") {
+			t.Errorf("rank %d's collective: %v; want CODE_ABORTED naming node 0", r+1, err)
+		}
+	}
+	select {
+	case a := <-aborts:
+		if a == nil {
+			t.Fatal("node 1's link closed without an Abort")
+		}
+		if a.LostNode == nil || a.GetLostNode() != 0 {
+			t.Errorf("node 1's Abort names lost node %v, want 0 (%q)", a.LostNode, a.GetMsg())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("node 1 sent no Abort")
+	}
+	select {
+	case <-co.backend.closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("node 1 did not close its engine")
+	}
+	if got := co.backend.closedLost.Load(); got != 1 {
+		t.Errorf("the engine was closed naming rank %d (+1; 0: Close), want node 0's (1)", got)
 	}
 }
 

@@ -114,6 +114,12 @@ type CoordinationAcross interface {
 	// ops are answered. With notify it tells the other nodes; it closes the
 	// engine, so that a blocked collective returns.
 	Abort(code ipcpb.Code, msg string, notify bool)
+	// Lost is told, before the Abort that follows, that the job fails for
+	// the loss of node (its place in the job), which the engine reported:
+	// the Abort then names it to the other nodes, and every node closes its
+	// engine naming it (backends.LostCloser), as for a lost control link.
+	// It does nothing once the job failed, or for a node outside the job.
+	Lost(node int)
 	// End releases the job's links and engine once its last client left.
 	End()
 	// HostsUpdated passes a host-update notification on to global rank 0's

@@ -29,6 +29,7 @@ func (acrossCoord) Expect(bool)                      {}
 func (c acrossCoord) Engine() backends.Backend       { return c.b }
 func (acrossCoord) NCCLID() []byte                   { return nil }
 func (acrossCoord) Abort(ipcpb.Code, string, bool)   {}
+func (acrossCoord) Lost(int)                         {}
 func (acrossCoord) End()                             {}
 func (acrossCoord) HostsUpdated(*ipcpb.HostsUpdated) {}
 func (acrossCoord) TraceSink() EventSink             { return nil }

@@ -75,8 +75,13 @@ type MsgExecErr struct {
 	Err error
 	// Ops are the failed collective's local ops, for the loop to
 	// answer (nil when the executor answered them): with the job's
-	// failure when the engine failed only because the loop closed it
-	// for that failure (closed), else with err.
-	Ops    [][]*Op
+	// failure when the job failed before (the engine was closed for it,
+	// here or on another node), else with Err.
+	Ops [][]*Op
+	// Closed: the engine failed because this node closed it
+	// (backends.ErrClosed).
 	Closed bool
+	// Lost is the node (its place in the job) whose loss the engine
+	// reported (backends.PeerError), +1; 0 when it named none.
+	Lost int
 }

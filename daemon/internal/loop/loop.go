@@ -411,22 +411,46 @@ func (l *Loop) message(m any) {
 	case msgMetrics:
 		l.fillSnapshot(m)
 	case job.MsgExecErr:
-		if m.Closed && m.Job.Failed != nil && m.Job.Failed.GetCode() == ipcpb.Code_CODE_ABORTED {
-			// The job failed first (a node lost, an abort from another node)
-			// and its engine was closed for it: the ranks hear why, not
-			// that the engine was closed.
-			job.FinishRows(m.Ops, m.Job.Failed)
-			return
-		}
-		job.FinishRows(m.Ops, &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: m.Err.Error()})
-		if l.Current(m.Job) && m.Job.Failed == nil {
-			l.Abort(m.Job, ipcpb.Code_CODE_ABORTED, m.Err.Error(), true)
-		}
+		l.execErr(m)
 	default:
 		if l.across == nil || !l.across.Message(m) {
 			l.cfg.Log.Error("unknown message to the loop", "type", fmt.Sprintf("%T", m))
 		}
 	}
+}
+
+// execErr answers the ops of a collective across nodes that failed, and
+// fails the job with the engine's error unless it failed before.
+//
+// A job that failed first (a node lost, an abort from another node) had
+// its engine closed for it, here and on the other nodes: the collective's
+// error is then an echo of that failure, and the ranks hear its cause, as
+// its pending ops did. The echo is this node's own close
+// (backends.ErrClosed), or a peer's close that the engine saw first, and
+// which names that peer, a survivor, as lost (the tcp engine's "peer
+// closed its backend"): an 8-node job's ranks behind the lost node's ring
+// neighbours hear of the loss from the coordinator, whose close may reach
+// their engine before their own.
+func (l *Loop) execErr(m job.MsgExecErr) {
+	j := m.Job
+	if f := j.Failed; f != nil && f.GetCode() == ipcpb.Code_CODE_ABORTED {
+		if !m.Closed {
+			l.cfg.Log.Debug("a collective failed after its job: its ranks get the job's failure", "job", j.ID, "err", m.Err, "job_err", f.GetError())
+		}
+		job.FinishRows(m.Ops, f)
+		return
+	}
+	job.FinishRows(m.Ops, &ipcpb.Done{Code: ipcpb.Code_CODE_ABORTED, Error: m.Err.Error()})
+	if !l.Current(j) || j.Failed != nil {
+		return
+	}
+	if m.Lost > 0 && j.Across != nil {
+		// The engine named the node it lost: the Abort names it too, so
+		// that every node closes its engine naming it (see
+		// CoordinationAcross.Lost).
+		j.Across.Lost(m.Lost - 1)
+	}
+	l.Abort(j, ipcpb.Code_CODE_ABORTED, m.Err.Error(), true)
 }
 
 // opened goes on with an op whose device tensor's handles were opened off

@@ -408,10 +408,16 @@ func (mc *multiCoord) linkLost(node int, err error) {
 // naming it, so that a node still in a collective blames the lost node
 // rather than a neighbour that closed its engine first.
 func (mc *multiCoord) abortLost(node int, msg string, notify bool) {
+	mc.Lost(node)
+	mc.hooks.Abort(mc.j, ipcpb.Code_CODE_ABORTED, msg, notify)
+}
+
+// Lost records node (its place in the job) as the one whose loss fails the
+// job, for the Abort that follows (coordination; abortLost).
+func (mc *multiCoord) Lost(node int) {
 	if mc.j.Failed == nil && mc.lost == 0 && node >= 0 && node < len(mc.ids) {
 		mc.lost = node + 1
 	}
-	mc.hooks.Abort(mc.j, ipcpb.Code_CODE_ABORTED, msg, notify)
 }
 
 // name names the node at a place in the job by its --node-rank.

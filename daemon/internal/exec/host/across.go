@@ -67,12 +67,14 @@ func (x *Path) executeMulti(w job.Work) {
 	x.ph.endAll()
 	if err != nil {
 		msg := fmt.Sprintf("%v across nodes failed: %v", r.Op, err)
+		lost := 0
 		if n, ok := backends.LostRank(err); ok {
 			msg = fmt.Sprintf("node %d%s was lost during %v: %v", n, w.Job.Members.RankRange(n), r.Op, err)
+			lost = n + 1
 		}
 		// The loop answers the ops: it knows whether the job had already
 		// failed, and the engine was closed for that.
-		x.P.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops, Closed: errors.Is(err, backends.ErrClosed)})
+		x.P.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops, Closed: errors.Is(err, backends.ErrClosed), Lost: lost})
 		return
 	}
 	for i, row := range w.Ops {
