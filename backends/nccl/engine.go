@@ -341,10 +341,22 @@ func moveArgs(count int, dt tensor.DType) error {
 	return nil
 }
 
+// oneRankAverage is op as NCCL gets it: an average over one rank, which is
+// the sum, goes as ncclSum. On one NVIDIA H200 (NCCL 2.28.3, driver 580)
+// ncclAvg out of place at world size 1 left the last elements of an odd
+// count (527,374 float32s: those from 527,360 on) unwritten, where ncclSum
+// writes them all (scripts/gpu-check.sh, test:nccl-engine.test).
+func (e *Engine) oneRankAverage(op tensor.ReduceOp) tensor.ReduceOp {
+	if e.size == 1 && op == tensor.Average {
+		return tensor.Sum
+	}
+	return op
+}
+
 // Allreduce enqueues ncclAllReduce.
 func (e *Engine) Allreduce(s gpu.Stream, send, recv gpu.DevicePtr, count int, dt tensor.DType, op tensor.ReduceOp) error {
 	return e.call("allreduce", func() error { return e.reduceArgs(count, dt, op) }, func() error {
-		return e.comm.Allreduce(s, send, recv, count, dt, op)
+		return e.comm.Allreduce(s, send, recv, count, dt, e.oneRankAverage(op))
 	})
 }
 
@@ -370,7 +382,7 @@ func (e *Engine) Allgather(s gpu.Stream, send, recv gpu.DevicePtr, count int, dt
 // ReduceScatter enqueues ncclReduceScatter.
 func (e *Engine) ReduceScatter(s gpu.Stream, send, recv gpu.DevicePtr, count int, dt tensor.DType, op tensor.ReduceOp) error {
 	return e.call("reducescatter", func() error { return e.reduceArgs(count, dt, op) }, func() error {
-		return e.comm.ReduceScatter(s, send, recv, count, dt, op)
+		return e.comm.ReduceScatter(s, send, recv, count, dt, e.oneRankAverage(op))
 	})
 }
 
