@@ -167,6 +167,14 @@ type Config struct {
 	// every GPU tensor through host memory and runs the CPU path, on one
 	// node too.
 	GPUAllreduce string
+	// GPUCompletion is how a GPU op's completion reaches its client (hvdd
+	// serve --gpu-completion, $HVDD_GPU_COMPLETION): GPUCompletionHost
+	// (also "") synchronises with the GPU before each Done;
+	// GPUCompletionStream sends the Done once the work is enqueued, with an
+	// event the client's stream waits on, where the op's route allows it
+	// (one GPU, on one node) and its client waits so (the Python client's
+	// device ops).
+	GPUCompletion string
 
 	// OpenGPUSampler opens the sampler of the node's GPUs. Each of its
 	// rounds (every GPUSampleInterval, on a goroutine of the Server's own,
@@ -191,6 +199,12 @@ type Config struct {
 	// Metrics serves one Server at a time.
 	Metrics *metrics.Metrics
 }
+
+// The GPUCompletion modes.
+const (
+	GPUCompletionHost   = "host"
+	GPUCompletionStream = "stream"
+)
 
 // The GPUAllreduce modes.
 const (
@@ -225,6 +239,11 @@ func (c *Config) Validate() error {
 	case "", GPUAllreduceHierarchical, GPUAllreduceHost, GPUAllreduceNCCL:
 	default:
 		errs = append(errs, fmt.Errorf("GPU allreduce mode %q: want %q, %q or %q", c.GPUAllreduce, GPUAllreduceHierarchical, GPUAllreduceNCCL, GPUAllreduceHost))
+	}
+	switch c.GPUCompletion {
+	case "", GPUCompletionHost, GPUCompletionStream:
+	default:
+		errs = append(errs, fmt.Errorf("GPU completion mode %q: want %q or %q", c.GPUCompletion, GPUCompletionHost, GPUCompletionStream))
 	}
 	if c.Workers < 0 {
 		errs = append(errs, fmt.Errorf("workers must not be negative, got %d", c.Workers))

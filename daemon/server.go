@@ -67,6 +67,7 @@ func New(cfg Config) (*Server, error) {
 		done:    make(chan struct{}),
 		gpu:     device.OpenGPUs(c.GPU, nccl.NewEngines(c.NCCL), c.Logger, c.GPUAllreduce == GPUAllreduceHost),
 	}
+	s.gpu.OrderOnGPU(c.GPUCompletion == GPUCompletionStream)
 	s.sampling = s.newGPUSampling()
 	return s, nil
 }

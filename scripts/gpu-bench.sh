@@ -27,6 +27,11 @@
 #   gloo-npN       torch.distributed gloo with CUDA tensors, N = 2 and 4
 #                  ranks: 4 KiB latency, 64 MiB busbw (peer_bench.py gloo)
 #                                                           -> gloo-npN.json
+#   latency-npN-stream, latency-npN-inhost
+#                  the same as latency-npN with the daemon's completion
+#                  ordered on the GPU (HVDD_GPU_COMPLETION=stream), and with
+#                  that and the client's event waited for on the daemon's
+#                  host (HVDD_GPU_INPUT_WAIT=host), right after it
 #   *-base         with --base (bin/hvdd-base, from scripts/gpu-build.sh
 #                  --baseline REV): hvdd-bench-np2 and latency-np1/np2 run
 #                  with the baseline binary too, each just before the same
@@ -270,6 +275,17 @@ latency() {
     "$py" "$gpu/bench_latency.py" --json "$out/$1.json" "${lat_args[@]}"
 }
 
+# latency_modes NAME NP: latency NAME (the daemon's default, host-
+# synchronised completion), then NAME-stream (--gpu-completion stream:
+# completion ordered on the GPU) and NAME-inhost (stream, with the client's
+# event waited for on the daemon's host: HVDD_GPU_INPUT_WAIT=host),
+# alternated in one run.
+latency_modes() {
+  based latency "$1" "$2"
+  HVDD_GPU_COMPLETION=stream latency "$1-stream" "$2"
+  HVDD_GPU_COMPLETION=stream HVDD_GPU_INPUT_WAIT=host latency "$1-inhost" "$2"
+}
+
 # based KIND NAME NP: with --base, KIND (bench or latency) NAME-base with
 # bin/hvdd-base first, then NAME with bin/hvdd.
 based() {
@@ -330,8 +346,8 @@ step nccl-world1 90 "$py" "$gpu/peer_bench.py" nccl1 --json "$out/nccl1.json" "$
 based bench hvdd-bench-np2 2
 bench hvdd-bench-np4 4
 bench hvdd-bench-np1 1
-based latency latency-np1 1
-based latency latency-np2 2
+latency_modes latency-np1 1
+latency_modes latency-np2 2
 train ""
 for n in 2 4; do
   step "gloo-np$n" 120 "$py" "$gpu/peer_bench.py" gloo --np "$n" --device "$pydev" --json "$out/gloo-np$n.json" "${gloo_args[@]}"
@@ -350,6 +366,8 @@ elif ! wanted latency-np2-mps && ! wanted hvdd-bench-np2-mps && ! wanted train-h
   note SKIP mps "no MPS step matched by --only '$only'"
 elif mps_start; then
   latency latency-np2-mps 2
+  HVDD_GPU_COMPLETION=stream latency latency-np2-mps-stream 2
+  HVDD_GPU_COMPLETION=stream HVDD_GPU_INPUT_WAIT=host latency latency-np2-mps-inhost 2
   bench hvdd-bench-np2-mps 2
   # The control daemon starts a server for the first client and logs each
   # client (control.log: "NEW CLIENT"): neither means the steps above ran

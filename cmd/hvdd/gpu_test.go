@@ -94,7 +94,7 @@ func TestServeGPU(t *testing.T) {
 			}
 		})
 	}
-	for _, args := range [][]string{{"--gpu", "tpu"}, {"--gpu-allreduce", "ring"}} {
+	for _, args := range [][]string{{"--gpu", "tpu"}, {"--gpu-allreduce", "ring"}, {"--gpu-completion", "later"}} {
 		out, err := exec.Command(hvddBin, append([]string{"serve", "--slots", "1", "--socket", filepath.Join(t.TempDir(), "s")}, args...)...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), args[1]) {
 			t.Errorf("hvdd serve %v: %v, want an error naming %q:\n%s", args, err, args[1], out)

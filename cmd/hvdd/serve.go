@@ -48,6 +48,8 @@ Environment (Horovod's knobs, honoured when the flag is not given):
   HVDD_WIRE_COMPRESSION                --wire-compression (none, fp16 or bf16)
   HVDD_CONTROL                         --control (auto, tcp or mpi)
   HVDD_GPU_DRIVER                      --gpu (auto, cuda, fake or off)
+  HVDD_GPU_COMPLETION                  --gpu-completion (host or stream)
+  HVDD_GPU_INPUT_WAIT                  host: wait for a client's GPU event on the host, not on the daemon's stream (an experiment)
   HOROVOD_GPU_ALLREDUCE                --gpu-allreduce: NCCL nccl, MPI or GLOO host
   HOROVOD_HIERARCHICAL_ALLREDUCE       1: --gpu-allreduce hierarchical (also the default)
   HOROVOD_FUSION_THRESHOLD             bytes per fused response (0 disables fusion)
@@ -110,7 +112,7 @@ type serveArgs struct {
 	idleExit, stopTimeout                      time.Duration
 	logFile, removeOnExit                      string
 	metricsAddr                                string
-	gpuDriver, gpuAllreduce                    string
+	gpuDriver, gpuAllreduce, gpuCompletion     string
 	gpuSampleInterval                          time.Duration
 
 	// Autotuning (HOROVOD_AUTOTUNE and its details when not given).
@@ -206,6 +208,10 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 	fs.StringVar(&args.iface, "network-interface", "", "NAME[,NAME...]: advertise and bind the address of the first of these network interfaces that this host has, instead of --advertise (horovodrun --network-interface)")
 	fs.StringVar(&args.secretFile, "secret-file", "", "file holding the job's shared secret (default $HVDD_SECRET); required with --nodes > 1")
 	fs.StringVar(&args.backend, "backend", "tcp", "cross-node engine: tcp (embedded) or mpi (needs a build with -tags mpi)")
+	defGPUCompletion := os.Getenv("HVDD_GPU_COMPLETION")
+	if defGPUCompletion == "" {
+		defGPUCompletion = daemon.GPUCompletionHost
+	}
 	defControl := os.Getenv("HVDD_CONTROL")
 	if defControl == "" {
 		defControl = "auto"
@@ -246,6 +252,7 @@ func parseServeArgs(argv []string) (serveArgs, error) {
 		return args, err
 	}
 	fs.StringVar(&args.gpuAllreduce, "gpu-allreduce", defGPUAllreduce, "how GPU tensors are reduced: hierarchical (on the GPUs, NCCL between a node's GPUs, the node's result through the cross-node engine in host memory), nccl (the same, with the nodes joined on NCCL, one GPU per node, for each collective every node can run so: a node with another mode keeps the job off NCCL) or host (staged through host memory, the CPU path) (default: $HOROVOD_HIERARCHICAL_ALLREDUCE=1 hierarchical, else $HOROVOD_GPU_ALLREDUCE: NCCL nccl, MPI or GLOO host; else hierarchical)")
+	fs.StringVar(&args.gpuCompletion, "gpu-completion", defGPUCompletion, "how a GPU op's completion reaches its client: host (the daemon waits for the GPU before each reply) or stream (the reply goes out once the work is enqueued, and the client's stream waits on the daemon's event: no host wait per op; for one GPU's ops on one node, from clients that wait so, the Python client's; others stay host)")
 	fs.DurationVar(&args.gpuSampleInterval, "gpu-sample-interval", daemon.DefaultGPUSampleInterval, "how often to sample the GPUs through NVML (utilization, memory, temperature, power, PCIe/NVLink throughput, ECC and XID errors) for /metrics and hvdd status; a GPU found lost (XID 79) fails the GPU tensors on it; 0 turns sampling off")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
@@ -304,6 +311,12 @@ func serveConfig(args serveArgs) (daemon.Config, string, error) {
 	}
 	if err := gpuConfig(&cfg, args.gpuDriver, args.gpuAllreduce); err != nil { // gpu.go
 		return cfg, "", err
+	}
+	switch args.gpuCompletion {
+	case daemon.GPUCompletionHost, daemon.GPUCompletionStream:
+		cfg.GPUCompletion = args.gpuCompletion
+	default:
+		return cfg, "", fmt.Errorf("--gpu-completion %q: want %s or %s", args.gpuCompletion, daemon.GPUCompletionHost, daemon.GPUCompletionStream)
 	}
 	cfg.GPUSampleInterval = args.gpuSampleInterval
 	if args.gpuSampleInterval <= 0 {

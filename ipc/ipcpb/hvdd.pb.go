@@ -828,7 +828,12 @@ type DeviceBuffer struct {
 	// cuIpcGetEventHandle's 64 bytes for an interprocess event the client
 	// recorded after the tensor was produced; empty when the client
 	// synchronised its stream itself.
-	EventHandle   []byte `protobuf:"bytes,6,opt,name=event_handle,json=eventHandle,proto3" json:"event_handle,omitempty"`
+	EventHandle []byte `protobuf:"bytes,6,opt,name=event_handle,json=eventHandle,proto3" json:"event_handle,omitempty"`
+	// The client orders its own use of the result after Done.device_event
+	// when the daemon sends one (GPU-ordered completion, hvdd serve
+	// --gpu-completion stream): its stream waits on that event. Unset, the
+	// daemon synchronises before the Done, whatever its flag.
+	ClientWaits   bool `protobuf:"varint,7,opt,name=client_waits,json=clientWaits,proto3" json:"client_waits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -903,6 +908,13 @@ func (x *DeviceBuffer) GetEventHandle() []byte {
 		return x.EventHandle
 	}
 	return nil
+}
+
+func (x *DeviceBuffer) GetClientWaits() bool {
+	if x != nil {
+		return x.ClientWaits
+	}
+	return false
 }
 
 // ReleaseDeviceMemory tells the daemon that the client freed allocations it
@@ -1784,7 +1796,15 @@ type Done struct {
 	// reducescatter on DeviceBuffers): daemon device memory exported through
 	// CUDA IPC; the client copies it out, then sends Release with output
 	// unset and this mem_handle in Release.device_output.
-	DeviceOutput  *DeviceBuffer `protobuf:"bytes,8,opt,name=device_output,json=deviceOutput,proto3" json:"device_output,omitempty"`
+	DeviceOutput *DeviceBuffer `protobuf:"bytes,8,opt,name=device_output,json=deviceOutput,proto3" json:"device_output,omitempty"`
+	// GPU-ordered completion (an op whose DeviceBuffer said client_waits, on
+	// a daemon run with --gpu-completion stream): cuIpcGetEventHandle's 64
+	// bytes for the daemon's interprocess event, recorded on its stream after
+	// the op's work. The Done goes out once the work is enqueued, not run: the
+	// result is there once this event completes, so the client makes its
+	// stream wait on it (cuStreamWaitEvent) before it uses the tensor. The
+	// same handle op after op on one GPU: open it once.
+	DeviceEvent   []byte `protobuf:"bytes,9,opt,name=device_event,json=deviceEvent,proto3" json:"device_event,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1871,6 +1891,13 @@ func (x *Done) GetProcessSetId() int32 {
 func (x *Done) GetDeviceOutput() *DeviceBuffer {
 	if x != nil {
 		return x.DeviceOutput
+	}
+	return nil
+}
+
+func (x *Done) GetDeviceEvent() []byte {
+	if x != nil {
+		return x.DeviceEvent
 	}
 	return nil
 }
@@ -3154,7 +3181,7 @@ const file_hvdd_proto_rawDesc = "" +
 	"processSet\x12>\n" +
 	"\rdevice_buffer\x18\x0e \x01(\v2\x19.hvdd.ipc.v1.DeviceBufferR\fdeviceBuffer\x12\x1b\n" +
 	"\tpeer_rank\x18\x0f \x01(\x05R\bpeerRank\x12\x10\n" +
-	"\x03tag\x18\x10 \x01(\x03R\x03tag\"\xc0\x01\n" +
+	"\x03tag\x18\x10 \x01(\x03R\x03tag\"\xe3\x01\n" +
 	"\fDeviceBuffer\x12\x1f\n" +
 	"\vdevice_uuid\x18\x01 \x01(\tR\n" +
 	"deviceUuid\x12\x1d\n" +
@@ -3164,7 +3191,8 @@ const file_hvdd_proto_rawDesc = "" +
 	"alloc_size\x18\x03 \x01(\x04R\tallocSize\x12\x16\n" +
 	"\x06offset\x18\x04 \x01(\x04R\x06offset\x12\x16\n" +
 	"\x06length\x18\x05 \x01(\x04R\x06length\x12!\n" +
-	"\fevent_handle\x18\x06 \x01(\fR\veventHandle\"6\n" +
+	"\fevent_handle\x18\x06 \x01(\fR\veventHandle\x12!\n" +
+	"\fclient_waits\x18\a \x01(\bR\vclientWaits\"6\n" +
 	"\x13ReleaseDeviceMemory\x12\x1f\n" +
 	"\vmem_handles\x18\x01 \x03(\fR\n" +
 	"memHandles\"[\n" +
@@ -3224,7 +3252,7 @@ const file_hvdd_proto_rawDesc = "" +
 	"\tgpu_uuids\x18\r \x03(\tR\bgpuUuids\"9\n" +
 	"\vGrantRegion\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\"\xcc\x02\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"\xef\x02\n" +
 	"\x04Done\x12%\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x11.hvdd.ipc.v1.CodeR\x04code\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12+\n" +
@@ -3233,7 +3261,8 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x0freceived_splits\x18\x05 \x03(\x05R\x0ereceivedSplits\x12(\n" +
 	"\x10last_joined_rank\x18\x06 \x01(\x05R\x0elastJoinedRank\x12$\n" +
 	"\x0eprocess_set_id\x18\a \x01(\x05R\fprocessSetId\x12>\n" +
-	"\rdevice_output\x18\b \x01(\v2\x19.hvdd.ipc.v1.DeviceBufferR\fdeviceOutput\"D\n" +
+	"\rdevice_output\x18\b \x01(\v2\x19.hvdd.ipc.v1.DeviceBufferR\fdeviceOutput\x12!\n" +
+	"\fdevice_event\x18\t \x01(\fR\vdeviceEvent\"D\n" +
 	"\x05Fatal\x12%\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x11.hvdd.ipc.v1.CodeR\x04code\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"\xcd\x02\n" +

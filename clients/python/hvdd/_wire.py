@@ -169,7 +169,13 @@ def encode_enqueue(
 
 
 def encode_device_buffer(
-    device_uuid: str, mem_handle: bytes, alloc_size: int, offset: int, length: int, event_handle: bytes
+    device_uuid: str,
+    mem_handle: bytes,
+    alloc_size: int,
+    offset: int,
+    length: int,
+    event_handle: bytes,
+    client_waits: bool = False,
 ) -> bytes:
     """The bytes of a ``DeviceBuffer`` message (Enqueue field 14), by hand as
     :func:`encode_enqueue`: fields in number order, defaults left out."""
@@ -188,6 +194,8 @@ def encode_device_buffer(
         parts += (b"\x28", v(length))
     if event_handle:
         parts += (b"\x32", v(len(event_handle)), event_handle)
+    if client_waits:
+        parts.append(b"\x38\x01")
     return b"".join(parts)
 
 

@@ -617,7 +617,12 @@ def _device_in_place(
     if dev is None:
         return None
     h = c.submit(kind, name, wire, tensor.shape, device=dev, **kw)
-    h.finish = lambda _h: buf  # the tensor whose memory the buffer is, held until the Done
+
+    def finish(h: Handle) -> Any:
+        s.wait_done(h, buf)  # GPU-ordered completion: the current stream after the daemon's work
+        return buf  # the tensor whose memory the buffer is, held until the Done
+
+    h.finish = finish
     return h
 
 
@@ -642,7 +647,12 @@ def _slot_submit(
     # The slot is the daemon's until the Done: freed by the result's copy,
     # or, should the op fail (no finish runs), once its handle is gone.
     slot.lend(h)
-    h.finish = lambda _h, slot=slot: slot.result()
+
+    def finish(h: Handle, slot: Any = slot) -> Any:
+        s.wait_done(h, slot.view)  # before the copy out of the slot
+        return slot.result()
+
+    h.finish = finish
     return h
 
 

@@ -84,6 +84,7 @@ class Job:
         env: Optional[dict] = None,
         cmd: Optional[Sequence[str]] = None,
         log_level: str = "info",
+        daemon_args: Sequence[str] = (),
     ) -> Result:
         """Runs `workers.py scenario` (or cmd) on np ranks and asserts every
         rank exits 0 (or with a code in expect(rank))."""
@@ -92,7 +93,7 @@ class Job:
         dlog_path = os.path.join(self.tmp, f"daemon{self.n}.log")
         with open(dlog_path, "w") as dlog:
             daemon = subprocess.Popen(
-                [self.hvdd_bin, "serve", "--slots", str(np), "--socket", sock, "--log-level", log_level],
+                [self.hvdd_bin, "serve", "--slots", str(np), "--socket", sock, "--log-level", log_level, *daemon_args],
                 stdout=dlog,
                 stderr=subprocess.STDOUT,
             )

@@ -35,6 +35,7 @@ import mmap
 import os
 import struct
 import threading
+import time
 import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -119,6 +120,11 @@ class FakeDevice(_cuda.Exporter):
         self._seq = np.frombuffer(self._emap, dtype=np.uint64)
         self._ehandle = event_handle(os.getpid(), efd)
         self._lock = threading.Lock()
+        # The daemon's completion events (wait_event), mapped once each.
+        self._done: dict = {}
+        self.event_waits = 0
+        # wait_event off: the daemon then always waits for the GPU itself.
+        self.can_wait = True
 
     # ---------------------------------------------------------- allocation
 
@@ -250,6 +256,28 @@ class FakeDevice(_cuda.Exporter):
             if not self.hold_events:
                 self._seq[1] = self._seq[0]
         return self._ehandle
+
+    def wait_event(self, handle: bytes, tensor: Any) -> None:
+        """The "stream" waits for the daemon's event's last record: here the
+        host, since this device's work runs on the host (the fake driver's
+        words: [recorded][completed], completed raised as its stream runs)."""
+        words = self._done.get(handle)
+        if words is None:
+            if handle[:8] != b"HVDDFEVT":
+                raise RuntimeError(f"not a fake event handle: {handle[:8]!r}")
+            pid, fd = struct.unpack("<Ii", handle[8:16])
+            efd = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
+            try:
+                m = mmap.mmap(efd, 16)
+            finally:
+                os.close(efd)
+            words = self._done[handle] = np.frombuffer(m, dtype=np.uint64)
+        self.event_waits += 1
+        want = int(words[0])
+        pause = 1e-5
+        while int(words[1]) < want:
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
 
     def complete(self) -> None:
         """Completes the event's last record (the producer's work is done)."""

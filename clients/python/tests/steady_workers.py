@@ -359,7 +359,68 @@ def counted() -> None:
     hvd.shutdown()
 
 
-SCENARIOS = {f.__name__: f for f in (steady, burst, counted)}
+def _host_syncs() -> float:
+    """The daemon's hvdd_gpu_host_syncs_total (HVDD_TEST_METRICS: its
+    /metrics URL)."""
+    import re
+    import urllib.request
+
+    body = urllib.request.urlopen(os.environ["HVDD_TEST_METRICS"], timeout=10).read().decode()
+    m = re.search(r"^hvdd_gpu_host_syncs_total (\S+)$", body, re.M)
+    assert m, "the daemon has no hvdd_gpu_host_syncs_total"
+    return float(m.group(1))
+
+
+def completion() -> None:
+    """Issue 33 item 4: HVDD_TEST_OPS (200) iterations, after 20 of warm-up,
+    of allreduce_ in place, allreduce out of place (through the pool's
+    slot) and broadcast_ in place, each result checked at once, on a daemon
+    whose fake GPU runs its work late (HVDD_FAKE_GPU_DELAY): a result read
+    before the daemon's work ran is stale. With HVDD_TEST_ORDERED=1 (the
+    daemon run with --gpu-completion stream) every op must have come back
+    ordered on the GPU (its Done named the daemon's event, which this
+    rank's "stream" waited on) and the daemon's host must not have waited
+    for the GPU once over the measured ops (hvdd_gpu_host_syncs_total
+    flat); else no op comes back so and the host waits once per response at
+    least."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    dev, s = _device()
+    ordered = os.environ.get("HVDD_TEST_ORDERED") == "1"
+    ops = int(os.environ.get("HVDD_TEST_OPS", "200"))
+    warm = 20
+    f32 = torch.float32
+    a = dev.empty((1000,), f32)
+    x = dev.empty((300,), f32)
+    bc = dev.empty((77,), torch.int32)
+    syncs0 = ordered0 = waits0 = 0.0
+    for i in range(warm + ops):
+        if i == warm:
+            hvd.barrier()  # every rank's warm-up done before the count starts
+            syncs0, ordered0, waits0 = _host_syncs(), s.ordered, dev.event_waits
+        a.copy_(_values(r, i, (1000,), f32))
+        assert hvd.allreduce_(a, op=hvd.Sum, name="completion.ar_") is a
+        expect_equal(a, _sum(i, (1000,), f32, n), f"op {i}: allreduce_")
+        x.copy_(_values(r, i, (300,), f32))
+        got = hvd.allreduce(x, op=hvd.Sum, name="completion.ar")
+        expect_equal(got, _sum(i, (300,), f32, n), f"op {i}: allreduce")
+        bc.copy_(_values(r, i, (77,), torch.int32))
+        assert hvd.broadcast_(bc, root_rank=1, name="completion.bc") is bc
+        expect_equal(bc, _values(1, i, (77,), torch.int32), f"op {i}: broadcast_")
+    hvd.barrier()  # every rank's ops answered (the daemon's count settled)
+    syncs = _host_syncs() - syncs0
+    got_ordered, waits = s.ordered - ordered0, dev.event_waits - waits0
+    print(f"rank {r}: {3 * ops} ops: ordered {got_ordered}, event waits {waits}, daemon host syncs {syncs:.0f}")
+    if ordered:
+        assert got_ordered == 3 * ops and waits == 3 * ops, (got_ordered, waits)
+        assert syncs == 0, f"the daemon waited for the GPU {syncs:.0f} times over {3 * ops} ops completed on the GPU"
+    else:
+        assert got_ordered == 0 and waits == 0, (got_ordered, waits)
+        assert syncs >= 3 * ops, f"host-synchronised completion: {syncs:.0f} host syncs over {3 * ops} ops"
+    hvd.shutdown()
+
+
+SCENARIOS = {f.__name__: f for f in (steady, burst, counted, completion)}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]]()

@@ -29,6 +29,7 @@ def test_encode_device_buffer_matches_protobuf():
             offset=rnd.choice([0, 256, 1 << 33]),
             length=rnd.choice([0, 4, 1 << 30]),
             event_handle=rnd.choice([b"", bytes(range(1, 65))]),
+            client_waits=rnd.choice([False, True]),
         )
         want = pb.DeviceBuffer(**kw)
         got = encode_device_buffer(**kw)

@@ -217,20 +217,21 @@ func (l *Loop) snapshot(timeout time.Duration) (*stateSnapshot, error) {
 type stateCollector struct{ l *Loop }
 
 var (
-	clientsDesc = prometheus.NewDesc("hvdd_clients", "Client connections, by state: handshake (no Hello yet), waiting (for a job to end or an elastic epoch), forming (their job waits for its ranks or nodes), running, failed (their job failed; on their way out).", []string{"state"}, nil)
-	jobsDesc    = prometheus.NewDesc("hvdd_jobs", "Jobs on this daemon, by state: forming, running, failed (its connections not all closed yet), reforming (an elastic job between epochs).", []string{"state"}, nil)
-	slotsDesc   = prometheus.NewDesc("hvdd_slots", "The daemon's --slots: local processes its jobs may have in all.", nil, nil)
-	usedDesc    = prometheus.NewDesc("hvdd_slots_used", "Slots the jobs forming and running hold.", nil, nil)
-	sentDesc    = prometheus.NewDesc("hvdd_link_sent_bytes_total", "Payload bytes the cross-node engine sent to a peer node (every job so far), by the peer's --node-rank.", []string{"peer_node"}, nil)
-	recvDesc    = prometheus.NewDesc("hvdd_link_received_bytes_total", "Payload bytes the cross-node engine received from a peer node (every job so far), by the peer's --node-rank.", []string{"peer_node"}, nil)
-	rttDesc     = prometheus.NewDesc("hvdd_link_rtt_seconds", "The last round-trip time of the control link to a peer node (heartbeat echoes, once per heartbeat period), by the peer's --node-rank.", []string{"peer_node"}, nil)
-	devOpsDesc  = prometheus.NewDesc("hvdd_gpu_device_ops_total", "What the device path did to GPU memory since the daemon started, by kind: allocation (cuMemAlloc: fusion and scratch buffers as they grow, results, device outputs), export (IPC handles exported to clients), open and close (clients' IPC memory handles and events), staging (device tensors copied to host memory for the host path). A training job's steady state should add nothing.", []string{"kind"}, nil)
-	shmDesc     = prometheus.NewDesc("hvdd_shm_mapped_bytes", "Shared memory the daemon has mapped, by kind: client (regions clients registered), channel (their shared-memory channels), output (regions the daemon granted for results).", []string{"kind"}, nil)
+	clientsDesc   = prometheus.NewDesc("hvdd_clients", "Client connections, by state: handshake (no Hello yet), waiting (for a job to end or an elastic epoch), forming (their job waits for its ranks or nodes), running, failed (their job failed; on their way out).", []string{"state"}, nil)
+	jobsDesc      = prometheus.NewDesc("hvdd_jobs", "Jobs on this daemon, by state: forming, running, failed (its connections not all closed yet), reforming (an elastic job between epochs).", []string{"state"}, nil)
+	slotsDesc     = prometheus.NewDesc("hvdd_slots", "The daemon's --slots: local processes its jobs may have in all.", nil, nil)
+	usedDesc      = prometheus.NewDesc("hvdd_slots_used", "Slots the jobs forming and running hold.", nil, nil)
+	sentDesc      = prometheus.NewDesc("hvdd_link_sent_bytes_total", "Payload bytes the cross-node engine sent to a peer node (every job so far), by the peer's --node-rank.", []string{"peer_node"}, nil)
+	recvDesc      = prometheus.NewDesc("hvdd_link_received_bytes_total", "Payload bytes the cross-node engine received from a peer node (every job so far), by the peer's --node-rank.", []string{"peer_node"}, nil)
+	rttDesc       = prometheus.NewDesc("hvdd_link_rtt_seconds", "The last round-trip time of the control link to a peer node (heartbeat echoes, once per heartbeat period), by the peer's --node-rank.", []string{"peer_node"}, nil)
+	devOpsDesc    = prometheus.NewDesc("hvdd_gpu_device_ops_total", "What the device path did to GPU memory since the daemon started, by kind: allocation (cuMemAlloc: fusion and scratch buffers as they grow, results, device outputs), export (IPC handles exported to clients), open and close (clients' IPC memory handles and events), staging (device tensors copied to host memory for the host path). A training job's steady state should add nothing.", []string{"kind"}, nil)
+	hostSyncsDesc = prometheus.NewDesc("hvdd_gpu_host_syncs_total", "How often the daemon's host waited for a GPU since it started (a stream synchronised, NCCL's work waited for, the completion event waited on before client memory is unmapped): one or more per response completed host-synchronised, none per response completed ordered on the GPU (hvdd serve --gpu-completion stream).", nil, nil)
+	shmDesc       = prometheus.NewDesc("hvdd_shm_mapped_bytes", "Shared memory the daemon has mapped, by kind: client (regions clients registered), channel (their shared-memory channels), output (regions the daemon granted for results).", []string{"kind"}, nil)
 )
 
 // Describe sends the collector's descriptors.
 func (sc stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{clientsDesc, jobsDesc, slotsDesc, usedDesc, sentDesc, recvDesc, rttDesc, shmDesc, devOpsDesc} {
+	for _, d := range []*prometheus.Desc{clientsDesc, jobsDesc, slotsDesc, usedDesc, sentDesc, recvDesc, rttDesc, shmDesc, devOpsDesc, hostSyncsDesc} {
 		ch <- d
 	}
 }
@@ -247,6 +248,7 @@ func (sc stateCollector) Collect(ch chan<- prometheus.Metric) {
 		for kind, v := range map[string]int64{"allocation": c.Allocs, "export": c.Exports, "open": c.Opens, "close": c.Closes, "staging": c.Stagings} {
 			ch <- prometheus.MustNewConstMetric(devOpsDesc, prometheus.CounterValue, float64(v), kind)
 		}
+		ch <- prometheus.MustNewConstMetric(hostSyncsDesc, prometheus.CounterValue, float64(c.HostSyncs))
 	}
 	ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(sc.l.cfg.Slots))
 	snap, err := sc.l.snapshot(snapshotTimeout)

@@ -176,6 +176,19 @@ class Exporter:
         instead."""
         raise NotImplementedError
 
+    #: Whether :meth:`wait_event` works: the session then tells the daemon
+    #: that this client orders its use of results after the daemon's
+    #: completion event (DeviceBuffer.client_waits), and a daemon run with
+    #: ``--gpu-completion stream`` answers without waiting for the GPU.
+    can_wait = False
+
+    def wait_event(self, handle: bytes, tensor: Any) -> None:
+        """Orders what the current stream of tensor's device runs next after
+        the last record of the daemon's interprocess event named by handle
+        (Done.device_event; the same handle op after op: open it once), as
+        ProcessGroupNCCL's work.wait() orders the current stream."""
+        raise NotImplementedError
+
 
 # ------------------------------------------------------------- exporters
 

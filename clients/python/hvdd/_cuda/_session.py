@@ -86,11 +86,14 @@ class DeviceSession:
     ``exports`` counts the allocations exported (a cache miss each);
     ``released`` lists the handles sent in ReleaseDeviceMemory, in order;
     ``output_opens`` and ``output_closes`` count the device outputs' mappings
-    opened and closed; ``pools_made`` counts the pools allocated."""
+    opened and closed; ``pools_made`` counts the pools allocated;
+    ``ordered`` the ops the daemon completed ordered on the GPU
+    (:meth:`wait_done`)."""
 
     client: Any
     exporter: Exporter
     exports: int = 0
+    ordered: int = 0
     released: List[bytes] = field(default_factory=list)
     output_opens: int = 0
     output_closes: int = 0
@@ -227,7 +230,7 @@ class DeviceSession:
         last = e.last
         if last is not None and last[0] == offset and last[1] == length and last[2] == ev:
             return last[3]
-        b = encode_device_buffer(e.uuid, exp.mem_handle, exp.alloc_size, offset, length, ev)
+        b = encode_device_buffer(e.uuid, exp.mem_handle, exp.alloc_size, offset, length, ev, ex.can_wait)
         e.last = (offset, length, ev, b)
         return b
 
@@ -297,6 +300,17 @@ class DeviceSession:
                     self._retire(k, e)
 
     # ----------------------------------------------------- device outputs
+
+    def wait_done(self, h: Any, tensor: Any) -> None:
+        """After handle h's Done: where the daemon completed the op ordered on
+        the GPU (Done.device_event), the current stream of tensor's device
+        waits on its event, so that the result is there for what that stream
+        runs next (reading it on the host included: that synchronises the
+        stream); else nothing (the daemon waited for the GPU)."""
+        d = h.done
+        if d is not None and d.device_event:
+            self.ordered += 1
+            self.exporter.wait_event(d.device_event, tensor)
 
     def read_output(self, out: Any, mem_handle: bytes, alloc_size: int, offset: int, length: int) -> None:
         """Copies length bytes at offset of the daemon's device output of

@@ -76,6 +76,9 @@ class TorchCudaExporter(Exporter):
         self._events: Dict[int, Tuple[Any, bytes, Any]] = {}
         # raw stream -> its torch.cuda.Stream, made once
         self._streams: Dict[int, Any] = {}
+        # (device index, the daemon's completion event's handle) -> the
+        # event opened here (wait_event), once
+        self._done: Dict[Tuple[int, bytes], Any] = {}
         self._driver: Optional[_cuda.Driver] = None
         self._problem: Optional[Tuple[Optional[str]]] = None
         try:
@@ -266,6 +269,15 @@ class TorchCudaExporter(Exporter):
             return b""
         ev.record(stream)
         return h
+
+    can_wait = True
+
+    def wait_event(self, handle: bytes, tensor: Any) -> None:
+        i = self._index(tensor)
+        ev = self._done.get((i, handle))
+        if ev is None:
+            ev = self._done[(i, handle)] = torch.cuda.Event.from_ipc_handle(i, handle)
+        ev.wait(self._stream(i)[1])
 
 
 _cuda.register_framework_exporter(lambda t: getattr(t, "is_cuda", False), TorchCudaExporter)

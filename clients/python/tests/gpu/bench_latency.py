@@ -10,9 +10,11 @@ reason printed). torch.distributed starts with init_method env:// from
 hvdd's rank and size (MASTER_ADDR: 127.0.0.1 on one node, else rank 0's
 host, unless set; MASTER_PORT: a free port rank 0 picks, unless set). Rank 0
 prints the medians (and 10th/90th percentiles) in microseconds, and the
-ratio. A "blocking" op returns once the result is in device memory: hvdd's
-allreduce_ returns at the daemon's Done; NCCL's is followed by a stream
-synchronisation.
+ratio. A "blocking" op returns once the result is in device memory: each
+op, hvdd's and NCCL's, is followed by a synchronisation of the current
+stream (hvdd's allreduce_ returns at the daemon's Done, which, with the
+daemon's --gpu-completion stream, only orders the stream after the
+daemon's work).
 
 --json PATH: rank 0 also writes the figures there as one JSON object
 (scripts/gpu-bench.sh reads it). --parts: also where the time goes (the
@@ -67,6 +69,7 @@ def _parts(x: torch.Tensor, a: argparse.Namespace, results: dict) -> None:
         h = hvd.allreduce_async_(x, op=hvd.Sum, name="latparts")
         t1 = time.perf_counter()
         hvd.synchronize(h)
+        torch.cuda.current_stream(x.device).synchronize()
         t2 = time.perf_counter()
         if i >= a.warmup:
             sub.append(t1 - t0)
@@ -85,7 +88,7 @@ def _parts(x: torch.Tensor, a: argparse.Namespace, results: dict) -> None:
     events[stream] = (None, b"", cur)  # (event, its handle, the stream): no event, a sync
     try:
         results["hvdd, stream sync, no event"] = _times(
-            lambda: hvd.allreduce_(x, op=hvd.Sum, name="latsync"), a.iters, a.warmup
+            lambda: (hvd.allreduce_(x, op=hvd.Sum, name="latsync"), cur.synchronize()), a.iters, a.warmup
         )
     finally:
         if kept is None:
@@ -121,7 +124,13 @@ def main() -> None:
     x = torch.ones(max(1, a.bytes // 4), dtype=torch.float32, device=dev)
     results = {}
 
-    results["hvdd (CUDA IPC)"] = _times(lambda: hvd.allreduce_(x, op=hvd.Sum, name="lat"), a.iters, a.warmup)
+    cur = torch.cuda.current_stream(dev)
+
+    def hvdd_op() -> None:
+        hvd.allreduce_(x, op=hvd.Sum, name="lat")
+        cur.synchronize()
+
+    results["hvdd (CUDA IPC)"] = _times(hvdd_op, a.iters, a.warmup)
     xc = torch.ones_like(x, device="cpu")
     results["hvdd (CPU tensor)"] = _times(lambda: hvd.allreduce_(xc, op=hvd.Sum, name="latcpu"), a.iters, a.warmup)
     if a.parts:

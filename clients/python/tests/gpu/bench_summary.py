@@ -70,8 +70,8 @@ def _bench(d: str, np: int, mps: bool, nbytes: int, key: str):
     return None
 
 
-def _lat(d: str, np: int, mps: bool, which: str = HVDD_CUDA):
-    j = _load(d, f"latency-np{np}{'-mps' if mps else ''}.json")
+def _lat(d: str, np: int, mps: bool, which: str = HVDD_CUDA, mode: str = ""):
+    j = _load(d, f"latency-np{np}{'-mps' if mps else ''}{mode}.json")
     try:
         return j["results"][which]["median_us"]
     except (TypeError, KeyError):
@@ -171,6 +171,30 @@ def build(d: str) -> Table:
     )
     t.add(f"↳ the same under MPS vs {nccl_src} (µs)", _lat(d, 2, True), nccl, "µs", "≤ 3x", judge=ok3)
     t.add("↳ MPS effect: 2 ranks with MPS / without (µs)", _lat(d, 2, True), _lat(d, 2, False), "µs", info=True)
+    for np, mps, ok in ((1, False, ok2), (2, False, ok3), (2, True, ok3)):
+        where = f"{np} rank{'s on the GPU' if np > 1 else ''}{' under MPS' if mps else ''}"
+        t.add(
+            f"4 KiB allreduce_, hvdd.torch {where}, completion ordered on the GPU (--gpu-completion stream) vs {nccl_src} (µs)",
+            _lat(d, np, mps, mode="-stream"),
+            nccl,
+            "µs",
+            "≤ 3x" if np > 1 else "≤ 2x",
+            judge=ok,
+        )
+        t.add(
+            f"↳ {where}: ordered on the GPU / host-synchronised (µs)",
+            _lat(d, np, mps, mode="-stream"),
+            _lat(d, np, mps),
+            "µs",
+            info=True,
+        )
+        t.add(
+            f"↳ {where}: ordered, the client's event waited for on the daemon's host (HVDD_GPU_INPUT_WAIT=host) vs {nccl_src} (µs)",
+            _lat(d, np, mps, mode="-inhost"),
+            nccl,
+            "µs",
+            info=True,
+        )
     t.add(
         "↳ hvdd.torch 1 rank vs NCCL world 1 in the same process (bench_latency.py, µs)",
         _lat(d, 1, False),

@@ -17,11 +17,16 @@ type Counts struct {
 	Opens, Closes int64
 	// Stagings are device tensors copied to host memory for the host path.
 	Stagings int64
+	// HostSyncs are the host's waits for a GPU (a stream synchronised, an
+	// engine's work waited for, a completion event waited on before an
+	// unmapping): one or more per response completed host-synchronised,
+	// none per response completed ordered on the GPU (ordered.go).
+	HostSyncs int64
 }
 
 // counters are Counts as the executor and the loop add to them.
 type counters struct {
-	allocs, exports, opens, closes, stagings atomic.Int64
+	allocs, exports, opens, closes, stagings, syncs atomic.Int64
 }
 
 // Counts returns what the device path has done so far; zero on a CPU-only
@@ -31,5 +36,5 @@ func (g *GPUs) Counts() Counts {
 		return Counts{}
 	}
 	c := &g.counts
-	return Counts{Allocs: c.allocs.Load(), Exports: c.exports.Load(), Opens: c.opens.Load(), Closes: c.closes.Load(), Stagings: c.stagings.Load()}
+	return Counts{Allocs: c.allocs.Load(), Exports: c.exports.Load(), Opens: c.opens.Load(), Closes: c.closes.Load(), Stagings: c.stagings.Load(), HostSyncs: c.syncs.Load()}
 }

@@ -34,6 +34,9 @@ type Path struct {
 	p       *poll.Poller
 	// gpuPaths are the GPU paths used so far (gpuPath).
 	gpuPaths map[string]bool
+	// watchCh feeds the watchdog of GPU-ordered completion (ordered.go),
+	// made on first use.
+	watchCh chan watchItem
 }
 
 // nativeOK reports whether w can run on a native path: every op of this
@@ -195,13 +198,28 @@ func usedDevs(w *job.Work) []*gpuDev {
 
 // runNative runs a native route that works in the ops' own tensors (an
 // allreduce or a broadcast): after the clients' events, f; then it waits
-// for the GPUs and answers the ops.
+// for the GPUs and answers the ops, or, where the work may complete
+// ordered on the GPU (orderedOK), answers them at once (finishOrdered).
 func (x *Path) runNative(w job.Work, devs []*gpuDev, rt route, f nativeFn) {
 	defer traceGPU(&w, rt)()
 	ctx := context.Background()
-	err := waitEvents(&w)
+	var err error
+	for _, d := range devs {
+		if err = d.asyncFailed(); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		err = waitEvents(&w)
+	}
 	if err == nil {
 		err = f(ctx, &w, devs)
+	}
+	if err == nil && orderedOK(x.gpu.ordered, rt, clientsWait(&w)) {
+		if err = x.finishOrdered(&w, devs); err != nil {
+			x.deviceFailed(w, err)
+		}
+		return
 	}
 	if werr := x.gpu.waitStreams(ctx, devs); err == nil {
 		err = werr
@@ -281,6 +299,16 @@ func waitEvents(w *job.Work) error {
 				continue
 			}
 			seen[devOf(o).ev] = true
+			if devOf(o).d.g.inputHostWait {
+				// An experiment (HVDD_GPU_INPUT_WAIT=host): the host waits
+				// for the client's event, so that no GPU-side wait across
+				// contexts sits on the daemon's stream.
+				devOf(o).d.g.counts.syncs.Add(1)
+				if err := devOf(o).ev.ev.Synchronize(context.Background()); err != nil {
+					return fmt.Errorf("GPU %s: wait for the client's event: %w", devOf(o).d.info.UUID, err)
+				}
+				continue
+			}
 			if err := devOf(o).d.stream.WaitEvent(devOf(o).ev.ev); err != nil {
 				return fmt.Errorf("GPU %s: wait for the client's event: %w", devOf(o).d.info.UUID, err)
 			}

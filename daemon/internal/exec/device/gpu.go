@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/bits"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -64,6 +65,12 @@ type GPUs struct {
 	devs    []*gpuDev
 	by      map[string]*gpuDev // by UUID
 
+	// ordered completes what it can on the GPU (OrderOnGPU, ordered.go).
+	ordered bool
+	// inputHostWait waits for clients' events on the host instead of on
+	// the daemon's stream ($HVDD_GPU_INPUT_WAIT=host: an experiment of
+	// GPU-PATH D11, measured by scripts/gpu-bench.sh).
+	inputHostWait bool
 	// hostOnly stages every device tensor through host memory and runs it
 	// on the CPU path (Config.GPUAllreduce "host").
 	hostOnly bool
@@ -115,6 +122,18 @@ type gpuDev struct {
 	fuse    gpu.DevicePtr
 	fuseN   int
 	tab     tables // the combine kernel's (combine.go)
+
+	// GPU-ordered completion (ordered.go): the interprocess completion
+	// event (made by the executor on first use; the housekeeping goroutine
+	// waits on it before unmapping), its handle (executor only), the
+	// responses completed so (orderedSeq, the executor's count) and those
+	// the watchdog saw run (doneSeen), and an error it saw that the
+	// executor has not yet failed a response with.
+	done       atomic.Pointer[doneEv]
+	doneH      []byte
+	orderedSeq atomic.Int64
+	doneSeen   atomic.Int64
+	asyncErr   atomic.Pointer[error]
 }
 
 // ErrGPUOpen marks a GPU whose context could not be opened: the op that
@@ -182,7 +201,8 @@ func OpenGPUs(drv gpu.Driver, engines backends.DeviceEngines, log *slog.Logger, 
 		log.Info("no CUDA driver: CPU-only", "driver", drv.Name(), "why", err)
 		return nil
 	}
-	g := &GPUs{drv: drv, engines: engines, log: log, by: make(map[string]*gpuDev), hostOnly: hostOnly, local: make(map[string][]engine), mps: gpu.DetectMPS()}
+	g := &GPUs{drv: drv, engines: engines, log: log, by: make(map[string]*gpuDev), hostOnly: hostOnly, local: make(map[string][]engine), mps: gpu.DetectMPS(),
+		inputHostWait: os.Getenv("HVDD_GPU_INPUT_WAIT") == "host"}
 	for _, in := range infos {
 		gd := &gpuDev{idx: len(g.devs), info: in, g: g}
 		g.devs = append(g.devs, gd)
@@ -277,6 +297,7 @@ func (m *devMapping) Unref() {
 			if m.err != nil {
 				return
 			}
+			m.d.waitOrdered() // work the client was told is done may still run on it
 			m.d.dev.CloseMemHandle(m.base)
 			g.counts.closes.Add(1)
 		})
@@ -324,7 +345,10 @@ type devOp struct {
 	name string      // the tensor's, for errors
 	m    *devMapping // nil for an empty tensor
 	ev   *devEvent   // nil when the client synchronised its stream itself
-	off  int         // the tensor's offset in m's allocation
+	// waits is set when the client orders its use of the result after
+	// Done.device_event (DeviceBuffer.client_waits; ordered.go).
+	waits bool
+	off   int // the tensor's offset in m's allocation
 	// ctx is the GPU's context being opened for an empty tensor (whose
 	// op has no mapping to wait for); nil when it was open.
 	ctx *opening
@@ -464,7 +488,7 @@ func (g *GPUs) Resolve(cg *ConnGPU, name string, b *ipcpb.DeviceBuffer, n uint64
 	if err != nil {
 		return nil, err
 	}
-	o := &devOp{d: d, cg: cg, name: name, m: m, off: int(b.GetOffset()), n: int(n)}
+	o := &devOp{d: d, cg: cg, name: name, m: m, off: int(b.GetOffset()), n: int(n), waits: b.GetClientWaits()}
 	m.refs.Add(1)
 	if eh := b.GetEventHandle(); len(eh) != 0 {
 		e, err := cg.event(d, name, eh)
@@ -852,6 +876,7 @@ func (d *gpuDev) recover() {
 
 // sync waits for d's stream.
 func (d *gpuDev) sync(ctx context.Context) error {
+	d.g.counts.syncs.Add(1)
 	if err := d.stream.Synchronize(ctx); err != nil {
 		return fmt.Errorf("GPU %s: %w", d.info.UUID, err)
 	}
@@ -1037,6 +1062,7 @@ func (g *GPUs) waitStreams(ctx context.Context, devs []*gpuDev) error {
 				if u.d != d || u.across != across {
 					continue
 				}
+				g.counts.syncs.Add(1)
 				if werr := u.e.Wait(ctx, d.stream); werr != nil && err == nil {
 					err = fmt.Errorf("GPU %s: waiting for NCCL: %w", d.info.UUID, werr)
 					g.abortEngines()

@@ -1,0 +1,214 @@
+package device
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hvdd/hvdd/daemon/internal/job"
+	"github.com/hvdd/hvdd/gpu"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+	"github.com/hvdd/hvdd/tensor"
+)
+
+// GPU-ordered completion (issue 33 item 4; ../shared/GPU-PATH.md D1/D2).
+//
+// Host-synchronised completion, the default, waits for the GPU before each
+// Done (waitStreams): the op's GPU latency, the host's wake-up and the
+// client's round trip run one after another. Ordered on the GPU
+// (OrderOnGPU, hvdd serve --gpu-completion stream), the executor records
+// the GPU's interprocess completion event on its stream once the
+// response's work is enqueued and sends the Done at once, with the event's
+// handle (Done.device_event); the client's stream waits on that event
+// before the result is used (as ProcessGroupNCCL's work.wait()), so no host
+// synchronisation runs on the success path. Only what cannot fail for a
+// remote reason completes so (orderedOK): one GPU, kernels and copies, no
+// engine; and only for clients that said they wait
+// (DeviceBuffer.client_waits). Failures the GPU reports later (a sticky
+// CUDA error) reach the job through the watchdog, which polls the
+// completion event while ordered work is outstanding and fails the job:
+// the ranks' next ops get the error. Mappings of client memory close only
+// after the ordered work before them has run (devMapping.Unref).
+
+// orderedOK reports whether a response on route rt may complete ordered on
+// the GPU: the mode is on, the route is one GPU's (a combine kernel or
+// copies on its stream, nothing across nodes or through an engine, whose
+// failures only a host wait sees), and every op's client waits on the
+// event itself.
+func orderedOK(on bool, rt route, clientsWait bool) bool {
+	if !on || !clientsWait || rt.way != oneGPU {
+		return false
+	}
+	return rt.op == tensor.Allreduce || rt.op == tensor.Broadcast
+}
+
+// clientsWait reports whether every local op of w said that its client
+// orders its use of the result after Done.device_event.
+func clientsWait(w *job.Work) bool {
+	some := false
+	for _, row := range w.Ops {
+		for _, o := range row {
+			if o == nil {
+				continue
+			}
+			if o.Dev == nil || !devOf(o).waits {
+				return false
+			}
+			some = true
+		}
+	}
+	return some
+}
+
+// OrderOnGPU turns GPU-ordered completion on or off (hvdd serve
+// --gpu-completion); call it before the first op. Nil-safe.
+func (g *GPUs) OrderOnGPU(on bool) {
+	if g != nil {
+		g.ordered = on
+		g.log.Info("GPU op completion", "mode", map[bool]string{false: "host", true: "stream"}[on], "input_wait", map[bool]string{false: "stream", true: "host"}[g.inputHostWait])
+	}
+}
+
+// doneEvent returns d's interprocess completion event and its handle, made
+// on first use (executor goroutine).
+func (d *gpuDev) doneEvent() ([]byte, error) {
+	if d.doneH != nil {
+		return d.doneH, nil
+	}
+	ev, err := d.dev.NewEvent(true)
+	if err != nil {
+		return nil, fmt.Errorf("GPU %s: completion event: %w", d.info.UUID, err)
+	}
+	h, err := ev.IpcHandle()
+	if err != nil {
+		ev.Destroy()
+		return nil, fmt.Errorf("GPU %s: export the completion event: %w", d.info.UUID, err)
+	}
+	d.g.counts.exports.Add(1)
+	d.done.Store(&doneEv{ev: ev})
+	d.doneH = h[:]
+	return d.doneH, nil
+}
+
+// doneEv holds a GPU's completion event, published once made
+// (gpuDev.done) for the watchdog and the housekeeping goroutine.
+type doneEv struct {
+	ev gpu.Event
+}
+
+// finishOrdered ends a response whose work is enqueued on devs[0]'s stream
+// (orderedOK): the completion event recorded after it, the watchdog told,
+// each op answered with the event's handle. A response that cannot record
+// the event falls back to the host wait.
+func (x *Path) finishOrdered(w *job.Work, devs []*gpuDev) error {
+	d := devs[0]
+	h, err := d.doneEvent()
+	if err == nil {
+		err = d.done.Load().ev.Record(d.stream)
+	}
+	if err != nil || len(d.tab.retired) > 0 {
+		// Freed tables must not be reused under queued work: wait, as
+		// host-synchronised completion does.
+		if werr := x.gpu.waitStreams(context.Background(), devs); err == nil {
+			err = werr
+		}
+		if err != nil {
+			return err
+		}
+		x.host.FinishBatched(w.Ops)
+		return nil
+	}
+	d.endResponse()
+	seq := d.orderedSeq.Add(1)
+	x.watch(watchItem{d: d, job: w.Job, seq: seq})
+	dn := &ipcpb.Done{DeviceEvent: h}
+	for _, row := range w.Ops {
+		for _, o := range row {
+			if o != nil {
+				o.Finish(dn)
+			}
+		}
+	}
+	return nil
+}
+
+// watchItem is a response completed ordered on d's GPU, seq its number
+// there, for the watchdog.
+type watchItem struct {
+	d   *gpuDev
+	job *job.Job
+	seq int64
+}
+
+// watchQueue bounds the responses waiting for the watchdog; past it the
+// executor waits.
+const watchQueue = 4096
+
+// watch hands it to the watchdog, started on first use.
+func (x *Path) watch(it watchItem) {
+	if x.watchCh == nil {
+		x.watchCh = make(chan watchItem, watchQueue)
+		go x.watchdog(x.watchCh)
+	}
+	x.watchCh <- it
+}
+
+// The watchdog's polling: from watchFirst, doubling up to watchMax, while
+// the GPU has not run the work it watches.
+const (
+	watchFirst = 20 * time.Microsecond
+	watchMax   = time.Millisecond
+)
+
+// watchdog polls each GPU's completion event (Query, never a blocking
+// wait) until the ordered work it was told about has run; a CUDA error
+// fails that work's job through the loop (job.MsgExecErr), so that its
+// ranks' next ops get it. It sleeps while nothing is outstanding.
+func (x *Path) watchdog(ch <-chan watchItem) {
+	for it := range ch {
+		d := it.d
+		pause := watchFirst
+		for d.doneSeen.Load() < it.seq {
+			upTo := d.orderedSeq.Load()
+			ok, err := d.done.Load().ev.Query()
+			if err != nil {
+				x.log.Error("GPU work completed on the GPU failed", "gpu", d.info.UUID, "err", err)
+				d.asyncErr.Store(&err)
+				x.p.Post(job.MsgExecErr{Job: it.job, Err: fmt.Errorf("GPU %s: work of an op completed on the GPU failed: %w", d.info.UUID, err)})
+				d.doneSeen.Store(upTo)
+				break
+			}
+			if ok {
+				if upTo > d.doneSeen.Load() {
+					d.doneSeen.Store(upTo)
+				}
+				break
+			}
+			time.Sleep(pause)
+			pause = min(2*pause, watchMax)
+		}
+	}
+}
+
+// asyncFailed returns, once, the error the watchdog saw on d since the
+// last response (the executor then recovers d's stream).
+func (d *gpuDev) asyncFailed() error {
+	if p := d.asyncErr.Swap(nil); p != nil {
+		return errors.Join(errors.New("an earlier op completed on the GPU failed"), *p)
+	}
+	return nil
+}
+
+// waitOrdered waits, on the housekeeping goroutine, for the ordered work
+// queued on d so far, before client memory it may use is unmapped.
+func (d *gpuDev) waitOrdered() {
+	de := d.done.Load()
+	if de == nil || d.doneSeen.Load() >= d.orderedSeq.Load() {
+		return
+	}
+	d.g.counts.syncs.Add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	de.ev.Synchronize(ctx)
+}
