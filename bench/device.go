@@ -28,6 +28,9 @@ type deviceEnv struct {
 	name string
 	ev   gpu.Event
 	eh   gpu.IpcEventHandle
+	// done are the daemon's completion events this rank opened (GPU-ordered
+	// completion: orderAfter), by handle.
+	done map[string]gpu.Event
 }
 
 // openDevice opens the GPU for this rank through the driver called name.
@@ -67,7 +70,32 @@ func openDevice(c *hvdd.Client, name string) (*deviceEnv, error) {
 	return nil, fmt.Errorf("--device %s: the daemon's GPU %s is not visible to this rank", name, uuid)
 }
 
+// orderAfter is a DeviceTensor's OrderAfter: the bench's ops are blocking,
+// so the host waits for the daemon's completion event (opened once).
+func (e *deviceEnv) orderAfter(h []byte) error {
+	ev := e.done[string(h)]
+	if ev == nil {
+		if len(h) != gpu.IpcEventHandleSize {
+			return fmt.Errorf("the daemon's completion event handle has %d bytes, want %d", len(h), gpu.IpcEventHandleSize)
+		}
+		var eh gpu.IpcEventHandle
+		copy(eh[:], h)
+		var err error
+		if ev, err = e.dev.OpenEventHandle(eh); err != nil {
+			return err
+		}
+		if e.done == nil {
+			e.done = make(map[string]gpu.Event)
+		}
+		e.done[string(h)] = ev
+	}
+	return ev.Synchronize(context.Background())
+}
+
 func (e *deviceEnv) close() {
+	for _, ev := range e.done {
+		ev.Destroy()
+	}
 	e.ev.Destroy()
 	e.s.Destroy()
 	e.dev.Close()
@@ -112,7 +140,7 @@ func (b *devBuffer) upload(src []byte) error {
 
 func (b *devBuffer) tensor(dt tensor.DType) hvdd.DeviceTensor {
 	return hvdd.DeviceTensor{UUID: b.e.uuid, Handle: b.h[:], AllocSize: uint64(max(b.n, 1)),
-		Length: uint64(b.n), Event: b.e.eh[:], DType: dt}
+		Length: uint64(b.n), Event: b.e.eh[:], DType: dt, OrderAfter: b.e.orderAfter}
 }
 
 // read copies n bytes at p of the rank's context out.

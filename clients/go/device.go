@@ -34,6 +34,16 @@ type DeviceTensor struct {
 	Event []byte
 	// DType is the element type.
 	DType tensor.DType
+	// OrderAfter, when set, takes part in GPU-ordered completion (hvdd
+	// serve --gpu-completion stream) for AllreduceDevice and
+	// BroadcastDevice: the daemon may answer once its work is enqueued,
+	// with the handle of its interprocess event (cuIpcGetEventHandle's 64
+	// bytes, the same op after op on one GPU), and Wait calls OrderAfter
+	// with it before returning; it must order every later use of the
+	// tensor after that event (a stream's cuStreamWaitEvent, or the host's
+	// cuEventSynchronize). An error from it is Wait's. Nil: the daemon
+	// waits for the GPU before it answers.
+	OrderAfter func(event []byte) error
 }
 
 // DeviceOutput is a result the daemon wrote to device memory of its own
@@ -75,8 +85,33 @@ func deviceEnqueue(op tensor.OpType, t DeviceTensor, o *opts) (*ipcpb.Enqueue, e
 		DeviceBuffer: &ipcpb.DeviceBuffer{
 			DeviceUuid: t.UUID, MemHandle: t.Handle, AllocSize: t.AllocSize,
 			Offset: t.Offset, Length: t.Length, EventHandle: t.Event,
+			ClientWaits: t.OrderAfter != nil && (op == tensor.Allreduce || op == tensor.Broadcast),
 		},
 	}, nil
+}
+
+// submitInPlace sends an in-place device op and, where the daemon answers
+// it ordered on the GPU (Done.device_event), has Wait call t.OrderAfter.
+func (c *Client) submitInPlace(e *ipcpb.Enqueue, t DeviceTensor) (*Handle, error) {
+	h, err := c.submit(e, nil, false)
+	if err != nil || t.OrderAfter == nil {
+		return h, err
+	}
+	prev := h.after
+	h.after = func(d *ipcpb.Done) error {
+		if prev != nil {
+			if err := prev(d); err != nil {
+				return err
+			}
+		}
+		if ev := d.GetDeviceEvent(); len(ev) > 0 {
+			if err := t.OrderAfter(ev); err != nil {
+				return fmt.Errorf("hvdd: %q: order after the daemon's completion event: %w", e.Name, err)
+			}
+		}
+		return nil
+	}
+	return h, nil
 }
 
 // AllreduceDeviceAsync starts an in-place allreduce of a GPU tensor: once
@@ -88,7 +123,7 @@ func (c *Client) AllreduceDeviceAsync(t DeviceTensor, options ...Option) (*Handl
 	if err != nil {
 		return nil, err
 	}
-	return c.submit(e, nil, false)
+	return c.submitInPlace(e, t)
 }
 
 // AllreduceDevice is AllreduceDeviceAsync and Wait.
@@ -109,7 +144,7 @@ func (c *Client) BroadcastDeviceAsync(t DeviceTensor, root int, options ...Optio
 		return nil, err
 	}
 	e.RootRank = int32(root)
-	return c.submit(e, nil, false)
+	return c.submitInPlace(e, t)
 }
 
 // BroadcastDevice is BroadcastDeviceAsync and Wait.

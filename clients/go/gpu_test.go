@@ -373,6 +373,34 @@ type devEnv struct {
 	// client records one per stream): the daemon opens it once.
 	ev gpu.Event
 	eh gpu.IpcEventHandle
+	// ordered ($HVDD_TEST_ORDERED=1) gives in-place ops an OrderAfter
+	// (orderAfter): the stream waits on the daemon's completion event,
+	// each opened once (done); orderedOps counts the ops answered so.
+	ordered    bool
+	done       map[string]gpu.Event
+	orderedOps int
+}
+
+// orderAfter orders the worker's stream (which every later read and write
+// of its tensors uses) after the daemon's completion event.
+func (e *devEnv) orderAfter(h []byte) error {
+	ev := e.done[string(h)]
+	if ev == nil {
+		var eh gpu.IpcEventHandle
+		if copy(eh[:], h) != len(eh) {
+			return fmt.Errorf("completion event handle of %d bytes", len(h))
+		}
+		var err error
+		if ev, err = e.dev.OpenEventHandle(eh); err != nil {
+			return err
+		}
+		if e.done == nil {
+			e.done = map[string]gpu.Event{}
+		}
+		e.done[string(h)] = ev
+	}
+	e.orderedOps++
+	return e.s.WaitEvent(ev)
 }
 
 func openDev(c *hvdd.Client) (*devEnv, error) {
@@ -407,7 +435,7 @@ func openDev(c *hvdd.Client) (*devEnv, error) {
 			if err != nil {
 				return nil, err
 			}
-			return &devEnv{dev: d, s: s, uuid: uuid, ev: ev, eh: eh}, nil
+			return &devEnv{dev: d, s: s, uuid: uuid, ev: ev, eh: eh, ordered: os.Getenv("HVDD_TEST_ORDERED") == "1"}, nil
 		}
 	}
 	return nil, fmt.Errorf("GPU %s of the daemon is not among this process's %v", uuid, infos)
@@ -450,8 +478,12 @@ func (b *devBuf) write(data []byte) error {
 }
 
 func (b *devBuf) tensor(dt tensor.DType) hvdd.DeviceTensor {
-	return hvdd.DeviceTensor{UUID: b.e.uuid, Handle: b.h[:], AllocSize: uint64(b.size),
+	t := hvdd.DeviceTensor{UUID: b.e.uuid, Handle: b.h[:], AllocSize: uint64(b.size),
 		Offset: uint64(b.off), Length: uint64(b.n), Event: b.e.eh[:], DType: dt}
+	if b.e.ordered {
+		t.OrderAfter = b.e.orderAfter
+	}
+	return t
 }
 
 func (b *devBuf) read(ctx context.Context) ([]byte, error) {

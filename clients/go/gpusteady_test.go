@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +19,128 @@ import (
 
 func init() {
 	scenarios["gpusteady"] = gpuSteady
+	scenarios["gpuordered"] = gpuOrdered
+}
+
+// TestGPUOrderedCompletion (issue 33 item 4): with --gpu-completion stream
+// (Config.GPUCompletion) one GPU's fused allreduces and broadcast come back
+// ordered on the GPU to a client that waits so (DeviceTensor.OrderAfter:
+// its stream waits on the daemon's event), right although the fake GPU
+// runs every piece of work up to 2 ms late; and the daemon's host waits for
+// the GPU no more in a job of 3 + 200 iterations than in one of 3
+// (hvdd_gpu_host_syncs_total flat: none per op), give or take the waits
+// before unmapping the job's 4 tensors per rank at its end, where the GPU
+// has not yet run the last op. A client that does not wait so is answered
+// host-synchronised on the same daemon.
+func TestGPUOrderedCompletion(t *testing.T) {
+	m := metrics.New(metrics.Options{NoProcess: true})
+	cfg := daemon.Config{Slots: 2, FusionThreshold: 1 << 20, GPUCompletion: daemon.GPUCompletionStream}
+	cfg.GPU = fake.New(fake.Options{Devices: 1, MaxDelay: 2 * time.Millisecond})
+	cfg.NCCL = fake.NewNCCL()
+	cfg.Metrics = m
+	s := daemontest.Start(t, cfg)
+	var added [3]float64
+	before := hostSyncs(t, m)
+	for i, tc := range []struct {
+		iters   int
+		ordered string
+	}{{0, "1"}, {200, "1"}, {20, "0"}} {
+		ws := daemontest.Run(t, s.Socket, "gpuordered", 2, 300*time.Second, "HVDD_FAKE_GPUS=1",
+			"HVDD_TEST_STEADY_ITERS="+strconv.Itoa(tc.iters), "HVDD_TEST_ORDERED="+tc.ordered)
+		s.WaitLog(t, "job ended", 30*time.Second)
+		settledDeviceOps(t, s, m, 2*(i+1))
+		after := hostSyncs(t, m)
+		added[i] = after - before
+		before = after
+		want := fmt.Sprintf("ordered %d of %d", 4*(3+tc.iters), 4*(3+tc.iters))
+		if tc.ordered == "0" {
+			want = fmt.Sprintf("ordered 0 of %d", 4*(3+tc.iters))
+		}
+		for r, out := range ws {
+			if !strings.Contains(out, want) {
+				t.Errorf("job %d, rank %d: want %q in its output:\n%s", i, r, want, out)
+			}
+		}
+		t.Logf("job %d (%d iterations after 3, ordered %s): hvdd_gpu_host_syncs_total added %v", i, tc.iters, tc.ordered, added[i])
+	}
+	if unmaps := 2.0 * 4; added[1] > added[0]+unmaps || added[0] > unmaps {
+		t.Errorf("the job with 200 more iterations ordered on the GPU added %v host syncs, the one without them %v (%v unmappings each): not flat", added[1], added[0], unmaps)
+	}
+	if added[2] < 2*(3+20) {
+		t.Errorf("host-synchronised completion: %v host syncs over %d iterations of 2 responses, want one per response at least", added[2], 3+20)
+	}
+}
+
+// TestGPUOrderedAsyncError (issue 33 item 4): an error the GPU reports
+// after the daemon answered ordered on the GPU (the watchdog's poll of the
+// completion event fails: CUDA_ERROR_UNKNOWN injected into the daemon's
+// fake) fails the job, so that the ranks' next ops return it instead of
+// running on: each rank exits with the watchdog's error, well within its
+// op timeout.
+func TestGPUOrderedAsyncError(t *testing.T) {
+	cfg := daemon.Config{Slots: 2, FusionThreshold: 1 << 20, GPUCompletion: daemon.GPUCompletionStream}
+	cfg.GPU = fake.New(fake.Options{Devices: 1})
+	cfg.NCCL = fake.NewNCCL()
+	s := daemontest.Start(t, cfg)
+	fake.FailNext("cuEventQuery", 1, 0)
+	defer fake.Reset()
+	ws := daemontest.Spawn(t, s.Socket, "gpuordered", 2, "HVDD_FAKE_GPUS=1", "HVDD_TEST_STEADY_ITERS=100000", "HVDD_TEST_ORDERED=1")
+	for r, w := range ws {
+		err := w.Wait(120 * time.Second)
+		if err == nil {
+			t.Fatalf("rank %d ran every op although the GPU failed:\n%s", r, w.Output())
+		}
+		t.Logf("rank %d: %v: %s", r, err, w.Output())
+		if !strings.Contains(w.Output(), "completed on the GPU failed") {
+			t.Errorf("rank %d: %v; want the watchdog's error in its output:\n%s", r, err, w.Output())
+		}
+	}
+	s.WaitLog(t, "GPU work completed on the GPU failed", 30*time.Second)
+}
+
+// hostSyncs reads hvdd_gpu_host_syncs_total; 0 before the daemon's first
+// device tensor, when its GPU metrics are not yet served.
+func hostSyncs(t *testing.T, m *metrics.Metrics) float64 {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "hvdd_gpu_host_syncs_total" {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+// gpuOrdered runs 3 + $HVDD_TEST_STEADY_ITERS iterations of gpuSteady's
+// fused allreduces and broadcast, checking each, and prints how many of
+// its in-place ops came back ordered on the GPU: "ordered N of M".
+func gpuOrdered(ctx context.Context, c *hvdd.Client) error {
+	e, err := openDev(c)
+	if err != nil {
+		return err
+	}
+	extra, err := strconv.Atoi(os.Getenv("HVDD_TEST_STEADY_ITERS"))
+	if err != nil {
+		return fmt.Errorf("HVDD_TEST_STEADY_ITERS: %w", err)
+	}
+	st, err := newSteady(e, c.Rank(), c.Size())
+	if err != nil {
+		return err
+	}
+	defer st.free(c)
+	for i := range 3 + extra {
+		if err := st.allreduces(ctx, c, i); err != nil {
+			return fmt.Errorf("iteration %d: %w", i, err)
+		}
+		if err := st.broadcast(ctx, c, i); err != nil {
+			return fmt.Errorf("iteration %d: %w", i, err)
+		}
+	}
+	fmt.Printf("ordered %d of %d\n", e.orderedOps, 4*(3+extra))
+	return nil
 }
 
 // TestGPUSteadyState (issue 26): after warm-up a device op costs the device

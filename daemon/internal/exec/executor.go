@@ -61,6 +61,7 @@ func (x *Executor) Run() {
 		}
 		x.p.Post(job.MsgExecIdle{})
 	}
+	x.dev.Stop()
 }
 
 // Execute runs one response's work: on the device path (GPU tensors, or a

@@ -33,6 +33,10 @@ type tables struct {
 	used    int                      // bytes of dev holding tables
 	cached  map[string]gpu.DevicePtr // table bytes -> where in dev
 	retired []gpu.DevicePtr          // outgrown areas a queued launch may still read
+	// copied is set once the running response queued a table copy from
+	// host: completed ordered on the GPU (no synchronisation), the
+	// response then leaves its host bytes to that copy (finishOrdered).
+	copied bool
 }
 
 // minTable is the first table area's size (room for a fused response of
@@ -135,6 +139,7 @@ func (d *gpuDev) tableAt(b []byte) (gpu.DevicePtr, error) {
 		return 0, fmt.Errorf("GPU %s: combine table: %w", d.info.UUID, err)
 	}
 	t.used += need
+	t.copied = true
 	t.cached[string(b)] = at
 	return at, nil
 }
@@ -144,6 +149,7 @@ func (d *gpuDev) tableAt(b []byte) (gpu.DevicePtr, error) {
 func (d *gpuDev) endResponse() {
 	t := &d.tab
 	t.next = 0
+	t.copied = false
 	for _, p := range t.retired {
 		d.dev.Free(p)
 	}

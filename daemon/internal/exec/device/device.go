@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 
 	"google.golang.org/protobuf/proto"
 
@@ -36,7 +37,9 @@ type Path struct {
 	gpuPaths map[string]bool
 	// watchCh feeds the watchdog of GPU-ordered completion (ordered.go),
 	// made on first use.
-	watchCh chan watchItem
+	watchCh   chan watchItem
+	watchDone chan struct{} // closed as the watchdog returns (Stop)
+	stopping  atomic.Bool   // set by Stop
 }
 
 // nativeOK reports whether w can run on a native path: every op of this

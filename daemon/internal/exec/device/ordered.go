@@ -119,6 +119,12 @@ func (x *Path) finishOrdered(w *job.Work, devs []*gpuDev) error {
 		x.host.FinishBatched(w.Ops)
 		return nil
 	}
+	if d.tab.copied {
+		// A queued copy may still read the host bytes of this response's
+		// new tables: the next response writes fresh ones (steady state:
+		// the tables are cached on the GPU and nothing is copied).
+		d.tab.host = nil
+	}
 	d.endResponse()
 	seq := d.orderedSeq.Add(1)
 	x.watch(watchItem{d: d, job: w.Job, seq: seq})
@@ -149,9 +155,24 @@ const watchQueue = 4096
 func (x *Path) watch(it watchItem) {
 	if x.watchCh == nil {
 		x.watchCh = make(chan watchItem, watchQueue)
-		go x.watchdog(x.watchCh)
+		x.watchDone = make(chan struct{})
+		go func() {
+			defer close(x.watchDone)
+			x.watchdog(x.watchCh)
+		}()
 	}
 	x.watchCh <- it
+}
+
+// Stop ends the watchdog; the executor calls it as it stops, before the
+// GPUs close (which ends whatever still runs on them).
+func (x *Path) Stop() {
+	if x.watchCh != nil {
+		x.stopping.Store(true) // a GPU that never finishes must not hold the daemon's stop
+		close(x.watchCh)
+		<-x.watchDone
+		x.watchCh = nil
+	}
 }
 
 // The watchdog's polling: from watchFirst, doubling up to watchMax, while
@@ -169,7 +190,7 @@ func (x *Path) watchdog(ch <-chan watchItem) {
 	for it := range ch {
 		d := it.d
 		pause := watchFirst
-		for d.doneSeen.Load() < it.seq {
+		for d.doneSeen.Load() < it.seq && !x.stopping.Load() {
 			upTo := d.orderedSeq.Load()
 			ok, err := d.done.Load().ev.Query()
 			if err != nil {
@@ -206,6 +227,9 @@ func (d *gpuDev) waitOrdered() {
 	de := d.done.Load()
 	if de == nil || d.doneSeen.Load() >= d.orderedSeq.Load() {
 		return
+	}
+	if ok, err := de.ev.Query(); ok || err != nil {
+		return // run already (an error is the watchdog's to report)
 	}
 	d.g.counts.syncs.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
