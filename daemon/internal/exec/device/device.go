@@ -266,20 +266,22 @@ func (x *Path) deviceFailed(w job.Work, err error) {
 		}
 	}
 	msg := fmt.Sprintf("%v of %d GPU tensor(s) failed: %v", r.Op, len(r.Tensors), err)
+	lost := 0
 	if n, ok := backends.LostRank(err); ok {
 		msg = fmt.Sprintf("node %d%s was lost during %v: %v", n, w.Job.Members.RankRange(n), r.Op, err)
+		lost = n + 1
 	}
 	x.log.Error("GPU collective failed", "op", r.Op, "tensors", len(r.Tensors), "err", err)
-	x.fail(w, msg, errors.Is(err, backends.ErrClosed))
+	x.fail(w, msg, errors.Is(err, backends.ErrClosed), lost)
 }
 
 // fail answers w's ops with msg (CODE_INTERNAL), copying nothing back;
 // across nodes it fails the job instead, through the loop, whose other
 // nodes wait in the engine (closed: the engine failed only because the
-// loop closed it).
-func (x *Path) fail(w job.Work, msg string, closed bool) {
+// loop closed it; lost: the node the engine lost, +1, or 0).
+func (x *Path) fail(w job.Work, msg string, closed bool, lost int) {
 	if w.Engine != nil && len(w.View.Nodes) > 1 {
-		x.p.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops, Closed: closed})
+		x.p.Post(job.MsgExecErr{Job: w.Job, Err: errors.New(msg), Ops: w.Ops, Closed: closed, Lost: lost})
 		return
 	}
 	for _, row := range w.Ops {

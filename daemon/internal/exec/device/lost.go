@@ -148,5 +148,5 @@ func (x *Path) FailLost(w job.Work, err error) {
 		// every rank has its answer.
 		defer job.TraceAll(w.Trace, r, timeline.End, "")
 	}
-	x.fail(w, msg, false)
+	x.fail(w, msg, false, 0)
 }
