@@ -434,6 +434,13 @@ func TestAbortDuringPlan(t *testing.T) {
 	co := startAsCoordinator(t)
 	hs, _ := co.planRunning(t, "running")
 	const why = "node 2 (rank 3) was lost: cluster: 10.0.0.3:4242 closed the connection"
+	abortRunning(t, co, hs, why)
+}
+
+// abortRunning sends node 1 the coordinator's Abort for why while hs run,
+// and checks that each fails with CODE_ABORTED and why.
+func abortRunning(t *testing.T, co *coordinator, hs []*hvdd.Handle, why string) {
+	t.Helper()
 	co.write(controlFrame(t, &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{
 		Code: int32(ipcpb.Code_CODE_ABORTED), Msg: why}}}))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -462,17 +469,7 @@ func TestAbortDuringPlanAfterAPeersClose(t *testing.T) {
 	co := startWrapped(t, backend, nil)
 	hs, _ := co.planRunning(t, "running")
 	const why = "node 5 (rank 5) was lost during ALLREDUCE: tcp: Allreduce: node rank 5 lost: control connection: EOF"
-	co.write(controlFrame(t, &clusterpb.Message{Msg: &clusterpb.Message_Abort{Abort: &clusterpb.Abort{
-		Code: int32(ipcpb.Code_CODE_ABORTED), Msg: why}}}))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for r, h := range hs {
-		err := h.Wait(ctx)
-		var herr *hvdd.Error
-		if !errors.As(err, &herr) || herr.Code != ipcpb.Code_CODE_ABORTED || !strings.Contains(herr.Msg, why) {
-			t.Errorf("rank %d's collective under the abort: %v; want CODE_ABORTED with the abort's reason %q", r+1, err, why)
-		}
-	}
+	abortRunning(t, co, hs, why)
 }
 
 // TestEngineLossNamesLostNode: node 1's engine fails by itself in a

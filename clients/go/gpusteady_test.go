@@ -118,28 +118,16 @@ func hostSyncs(t *testing.T, m *metrics.Metrics) float64 {
 // fused allreduces and broadcast, checking each, and prints how many of
 // its in-place ops came back ordered on the GPU: "ordered N of M".
 func gpuOrdered(ctx context.Context, c *hvdd.Client) error {
-	e, err := openDev(c)
-	if err != nil {
-		return err
-	}
-	extra, err := strconv.Atoi(os.Getenv("HVDD_TEST_STEADY_ITERS"))
-	if err != nil {
-		return fmt.Errorf("HVDD_TEST_STEADY_ITERS: %w", err)
-	}
-	st, err := newSteady(e, c.Rank(), c.Size())
-	if err != nil {
-		return err
-	}
-	defer st.free(c)
-	for i := range 3 + extra {
+	e, n, err := steadyRun(ctx, c, func(st *steady, i int) error {
 		if err := st.allreduces(ctx, c, i); err != nil {
-			return fmt.Errorf("iteration %d: %w", i, err)
+			return err
 		}
-		if err := st.broadcast(ctx, c, i); err != nil {
-			return fmt.Errorf("iteration %d: %w", i, err)
-		}
+		return st.broadcast(ctx, c, i)
+	})
+	if err != nil {
+		return err
 	}
-	fmt.Printf("ordered %d of %d\n", e.orderedOps, 4*(3+extra))
+	fmt.Printf("ordered %d of %d\n", e.orderedOps, 4*n)
 	return nil
 }
 
@@ -217,25 +205,33 @@ func TestGPUSlowOpen(t *testing.T) {
 // gpuSteady runs the warm-up (3 iterations) and then
 // $HVDD_TEST_STEADY_ITERS more of every device collective, checking each.
 func gpuSteady(ctx context.Context, c *hvdd.Client) error {
+	_, _, err := steadyRun(ctx, c, func(st *steady, i int) error { return st.iteration(ctx, c, i) })
+	return err
+}
+
+// steadyRun runs iter over a rank's steady tensors for 3 +
+// $HVDD_TEST_STEADY_ITERS iterations; it returns the rank's GPU and the
+// iterations run.
+func steadyRun(ctx context.Context, c *hvdd.Client, iter func(st *steady, i int) error) (*devEnv, int, error) {
 	e, err := openDev(c)
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	extra, err := strconv.Atoi(os.Getenv("HVDD_TEST_STEADY_ITERS"))
 	if err != nil {
-		return fmt.Errorf("HVDD_TEST_STEADY_ITERS: %w", err)
+		return nil, 0, fmt.Errorf("HVDD_TEST_STEADY_ITERS: %w", err)
 	}
 	st, err := newSteady(e, c.Rank(), c.Size())
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	defer st.free(c)
 	for i := range 3 + extra {
-		if err := st.iteration(ctx, c, i); err != nil {
-			return fmt.Errorf("iteration %d: %w", i, err)
+		if err := iter(st, i); err != nil {
+			return nil, 0, fmt.Errorf("iteration %d: %w", i, err)
 		}
 	}
-	return nil
+	return e, 3 + extra, nil
 }
 
 // steady is the tensors a gpuSteady rank reuses, as a training loop reuses
