@@ -36,6 +36,7 @@ const (
 	byeClosed  = 1 // Close was called
 	byeAborted = 2 // a collective was cancelled or called with bad arguments
 	byeLost    = 3 // the sender lost the rank named in the frame
+	byeDropped = 4 // the rank named in the frame declared the sender lost
 )
 
 type ctrlMsg struct {
@@ -61,7 +62,7 @@ func parseCtrl(f []byte) (ctrlMsg, error) {
 		return ctrlMsg{}, errors.New("control frame padding is not zero")
 	case m.kind == ctrlHeartbeat && (m.reason != 0 || m.rank != 0):
 		return ctrlMsg{}, errors.New("malformed heartbeat")
-	case m.kind == ctrlBye && (m.reason < byeClosed || m.reason > byeLost):
+	case m.kind == ctrlBye && (m.reason < byeClosed || m.reason > byeDropped):
 		return ctrlMsg{}, fmt.Errorf("bye with unknown reason %d", m.reason)
 	case m.kind != ctrlHeartbeat && m.kind != ctrlBye:
 		return ctrlMsg{}, fmt.Errorf("unknown control frame kind %d", m.kind)
@@ -78,7 +79,12 @@ func (b *engine) byeFor(err error, p *peer) ctrlMsg {
 	switch {
 	case errors.Is(err, errDropped):
 		// The group gave up on us (a hung or partitioned rank); we must
-		// not pass our view of who failed on as if it were news.
+		// not pass our view of who failed on as if it were news, only who
+		// dropped us, so that a peer that hears of it from us first blames
+		// us as the dropper's own bye would ("reported lost by").
+		if errors.As(err, &pe) {
+			return ctrlMsg{kind: ctrlBye, reason: byeDropped, rank: pe.Rank}
+		}
 		return ctrlMsg{kind: ctrlBye, reason: byeAborted}
 	case errors.As(err, &pe):
 		// A rank we lost, or one whose loss made us close (CloseLost).
@@ -99,6 +105,8 @@ func (b *engine) byeError(from int, m ctrlMsg) error {
 		return &backends.PeerError{Rank: from, Err: fmt.Errorf("%w (rank %d lost rank %d)", errDropped, from, m.rank)}
 	case m.reason == byeClosed:
 		return &backends.PeerError{Rank: from, Err: errPeerClosed}
+	case m.reason == byeDropped && m.rank >= 0 && m.rank < b.size && m.rank != from:
+		return &backends.PeerError{Rank: from, Err: fmt.Errorf("reported lost by rank %d", m.rank)}
 	}
 	return &backends.PeerError{Rank: from, Err: errors.New("peer aborted a collective")}
 }

@@ -60,7 +60,9 @@
 // closes a connection, exits, sends a bye, or stays silent for
 // Config.PeerTimeout fails the backend with a *backends.PeerError naming it;
 // a rank that fails tells every peer which rank it lost, so survivors blame
-// the rank that really failed. A failed backend fails every later call with
+// the rank that really failed; a rank that a peer declared lost tells every
+// other peer who declared it, so that they blame it for the same reason
+// ("reported lost by rank N") whichever bye reaches them first. A failed backend fails every later call with
 // the same error, and so does a cancelled call (its peers see it as lost):
 // after a collective stops half way the byte streams are out of step, and
 // the daemon re-forms the group rather than resynchronise it. An orderly

@@ -312,3 +312,31 @@ func TestCloseWaitsForTheByes(t *testing.T) {
 	}
 	<-closed
 }
+
+// TestDroppedRankNamesWhoDroppedIt is run 15's failure of the test command
+// (TestCloseLostBlamesTheLostRank under -race): rank 1 declares rank 2
+// lost, and rank 2's own bye, saying it was dropped, reaches rank 0 before
+// rank 1's does. Rank 0 must blame rank 2 for the same reason either way:
+// reported lost by rank 1 (rank 2's bye once said only that it aborted).
+// Here rank 1's bye to rank 0 is held until rank 0 has failed.
+func TestDroppedRankNamesWhoDroppedIt(t *testing.T) {
+	g := group(t, 3, nil)
+	const waiter, closer, lost = 0, 1, 2
+	release := make(chan struct{})
+	g[closer].byeHold = func(peer int) {
+		if peer == waiter {
+			<-release
+		}
+	}
+	defer close(release)
+	go g[closer].CloseLost(lost, errors.New("its control link broke"))
+	select {
+	case <-g[waiter].failed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("rank 0 never heard of rank 2's loss from rank 2")
+	}
+	err := g[waiter].failure()
+	if r, ok := backends.LostRank(err); !ok || r != lost || !strings.Contains(err.Error(), "reported lost by rank 1") {
+		t.Errorf("rank 0 failed with %v; want rank %d named, reported lost by rank %d", err, lost, closer)
+	}
+}

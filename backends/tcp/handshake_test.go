@@ -358,6 +358,7 @@ func FuzzParse(f *testing.F) {
 	h := hello{Version: protoVersion, Size: 4, From: 1, To: 3, Prefix: "job"}
 	f.Add(h.marshal())
 	f.Add(ctrlMsg{kind: ctrlBye, reason: byeLost, rank: 2}.marshal())
+	f.Add(ctrlMsg{kind: ctrlBye, reason: byeDropped, rank: 1}.marshal())
 	f.Add([]byte("HVDT\x04\x00\x00"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if h, err := parseHello(data); err == nil {
