@@ -98,6 +98,25 @@ func TestGPUOrderedAsyncError(t *testing.T) {
 	s.WaitLog(t, "GPU work completed on the GPU failed", 30*time.Second)
 }
 
+// TestGPUOrderedRecordFails: a completion event that cannot be recorded
+// (CUDA_ERROR_UNKNOWN injected into the daemon's cuEventRecord) fails the
+// response it ends, naming the call, as any CUDA error does; the ranks get
+// the error, not a Done for work nobody can order after.
+func TestGPUOrderedRecordFails(t *testing.T) {
+	cfg := daemon.Config{Slots: 2, FusionThreshold: 1 << 20, GPUCompletion: daemon.GPUCompletionStream}
+	cfg.GPU = fake.New(fake.Options{Devices: 1})
+	cfg.NCCL = fake.NewNCCL()
+	s := daemontest.Start(t, cfg)
+	fake.FailNext("cuEventRecord", 1, 0)
+	defer fake.Reset()
+	ws := daemontest.Spawn(t, s.Socket, "gpuordered", 2, "HVDD_FAKE_GPUS=1", "HVDD_TEST_STEADY_ITERS=10", "HVDD_TEST_ORDERED=1")
+	for r, w := range ws {
+		if err := w.Wait(120 * time.Second); err == nil || !strings.Contains(w.Output(), "cuEventRecord") {
+			t.Errorf("rank %d: %v; want it to fail with the daemon's cuEventRecord error:\n%s", r, err, w.Output())
+		}
+	}
+}
+
 // hostSyncs reads hvdd_gpu_host_syncs_total; 0 before the daemon's first
 // device tensor, when its GPU metrics are not yet served.
 func hostSyncs(t *testing.T, m *metrics.Metrics) float64 {

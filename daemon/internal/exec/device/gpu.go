@@ -124,13 +124,12 @@ type gpuDev struct {
 	tab     tables // the combine kernel's (combine.go)
 
 	// GPU-ordered completion (ordered.go): the interprocess completion
-	// event (made by the executor on first use; the housekeeping goroutine
-	// waits on it before unmapping), its handle (executor only), the
+	// event and its handle (made by the executor on first use; the
+	// housekeeping goroutine waits on it before unmapping), the
 	// responses completed so (orderedSeq, the executor's count) and those
 	// the watchdog saw run (doneSeen), and an error it saw that the
 	// executor has not yet failed a response with.
 	done       atomic.Pointer[doneEv]
-	doneH      []byte
 	orderedSeq atomic.Int64
 	doneSeen   atomic.Int64
 	asyncErr   atomic.Pointer[error]

@@ -66,15 +66,22 @@ func clientsWait(w *job.Work) bool {
 func (g *GPUs) OrderOnGPU(on bool) {
 	if g != nil {
 		g.ordered = on
-		g.log.Info("GPU op completion", "mode", map[bool]string{false: "host", true: "stream"}[on], "input_wait", map[bool]string{false: "stream", true: "host"}[g.inputHostWait])
+		mode, input := "host", "stream"
+		if on {
+			mode = "stream"
+		}
+		if g.inputHostWait {
+			input = "host"
+		}
+		g.log.Info("GPU op completion", "mode", mode, "input_wait", input)
 	}
 }
 
-// doneEvent returns d's interprocess completion event and its handle, made
+// doneEvent returns d's interprocess completion event, made and exported
 // on first use (executor goroutine).
-func (d *gpuDev) doneEvent() ([]byte, error) {
-	if d.doneH != nil {
-		return d.doneH, nil
+func (d *gpuDev) doneEvent() (*doneEv, error) {
+	if de := d.done.Load(); de != nil {
+		return de, nil
 	}
 	ev, err := d.dev.NewEvent(true)
 	if err != nil {
@@ -86,30 +93,31 @@ func (d *gpuDev) doneEvent() ([]byte, error) {
 		return nil, fmt.Errorf("GPU %s: export the completion event: %w", d.info.UUID, err)
 	}
 	d.g.counts.exports.Add(1)
-	d.done.Store(&doneEv{ev: ev})
-	d.doneH = h[:]
-	return d.doneH, nil
+	de := &doneEv{ev: ev, h: h[:]}
+	d.done.Store(de)
+	return de, nil
 }
 
-// doneEv holds a GPU's completion event, published once made
-// (gpuDev.done) for the watchdog and the housekeeping goroutine.
+// doneEv is a GPU's completion event and its IPC handle, published once
+// made (gpuDev.done) for the watchdog and the housekeeping goroutine.
 type doneEv struct {
 	ev gpu.Event
+	h  []byte
 }
 
 // finishOrdered ends a response whose work is enqueued on devs[0]'s stream
 // (orderedOK): the completion event recorded after it, the watchdog told,
-// each op answered with the event's handle. A response that cannot record
-// the event falls back to the host wait.
+// each op answered with the event's handle. A response that outgrew its
+// combine tables waits on the host, as host-synchronised completion does
+// (the outgrown areas are freed at its end); one whose event cannot be
+// made or recorded (a CUDA error) drains the GPU and fails.
 func (x *Path) finishOrdered(w *job.Work, devs []*gpuDev) error {
 	d := devs[0]
-	h, err := d.doneEvent()
+	de, err := d.doneEvent()
 	if err == nil {
-		err = d.done.Load().ev.Record(d.stream)
+		err = de.ev.Record(d.stream)
 	}
 	if err != nil || len(d.tab.retired) > 0 {
-		// Freed tables must not be reused under queued work: wait, as
-		// host-synchronised completion does.
 		if werr := x.gpu.waitStreams(context.Background(), devs); err == nil {
 			err = werr
 		}
@@ -128,7 +136,7 @@ func (x *Path) finishOrdered(w *job.Work, devs []*gpuDev) error {
 	d.endResponse()
 	seq := d.orderedSeq.Add(1)
 	x.watch(watchItem{d: d, job: w.Job, seq: seq})
-	dn := &ipcpb.Done{DeviceEvent: h}
+	dn := &ipcpb.Done{DeviceEvent: de.h}
 	for _, row := range w.Ops {
 		for _, o := range row {
 			if o != nil {
