@@ -24,7 +24,7 @@ type Executor struct {
 	Stopped chan struct{}
 
 	// Dispatched is when the loop dispatched the batch running now, for
-	// the latency metrics (ObserveLatency); set only while it is idle.
+	// the latency metrics (MarkLatency); set only while it is idle.
 	Dispatched time.Time
 }
 
@@ -70,7 +70,7 @@ func (x *Executor) Run() {
 // is idle.
 func (x *Executor) Execute(w job.Work) {
 	if Timed(&w) {
-		defer ObserveLatency(&w, x.Dispatched)
+		MarkLatency(&w, x.Dispatched)
 	}
 	if err := x.dev.Lost(&w); err != nil {
 		// A tensor of w is on a GPU the sampler found lost: fail it
@@ -107,16 +107,17 @@ func Timed(w *job.Work) bool {
 	return false
 }
 
-// ObserveLatency records, for each tensor of w, the time since its batch
-// was dispatched in its collective's latency histogram, in the size class
-// of its first local rank's op.
-func ObserveLatency(w *job.Work, dispatched time.Time) {
-	d := time.Since(dispatched).Seconds()
+// MarkLatency makes each tensor of w's first local rank's op carry the
+// tensor's latency sample: as that op is counted (job.Op.Count), the time
+// since its batch was dispatched goes into its collective's latency
+// histogram, in that op's size class. Observed as the op is answered, not
+// after Execute returns, a client that has its answer scrapes the sample.
+func MarkLatency(w *job.Work, dispatched time.Time) {
 	for _, row := range w.Ops {
 		for _, o := range row {
 			if o != nil {
 				if o.M != nil {
-					o.M.Latency(int(o.Class)).Observe(d)
+					o.Since = dispatched
 				}
 				break
 			}

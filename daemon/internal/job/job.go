@@ -39,6 +39,10 @@ type Op struct {
 	M     *metrics.Collective
 	At    int64
 	Class uint8
+	// Since is when its batch was dispatched, on the op that carries its
+	// tensor's latency sample (its first local rank's; MarkLatency), and
+	// zero on the others: Count observes it.
+	Since time.Time
 }
 
 // Release drops the op's hold on its buffer: its mapping's reference, or
@@ -61,8 +65,10 @@ func (o *Op) Finish(d *ipcpb.Done) {
 	if o.Dev != nil {
 		d = o.Dev.Done(o, d)
 	}
-	o.Conn.Reply(o.ID, d)
+	// Counted before the answer goes out, so that a scrape by a client
+	// that has its answer sees the op.
 	o.Count(d.GetCode())
+	o.Conn.Reply(o.ID, d)
 	o.Release()
 }
 
@@ -353,8 +359,9 @@ const (
 	HostsAdded   = 2
 )
 
-// Count counts o as answered with code; before release, which drops its
-// buffer.
+// Count counts o as answered with code, and observes its tensor's latency
+// if o carries it; before the answer goes out, so that a client holding it
+// scrapes the op, and before release, which drops its buffer.
 func (o *Op) Count(code ipcpb.Code) {
 	if o.M != nil {
 		n := len(o.Buf)
@@ -362,6 +369,10 @@ func (o *Op) Count(code ipcpb.Code) {
 			n = o.Dev.Bytes() // a GPU tensor
 		}
 		o.M.Done(code, n)
+		if !o.Since.IsZero() {
+			o.M.Latency(int(o.Class)).Observe(time.Since(o.Since).Seconds())
+			o.Since = time.Time{}
+		}
 	}
 }
 

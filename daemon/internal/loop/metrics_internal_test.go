@@ -24,12 +24,11 @@ func opHooks(l *Loop, j *job.Job, ops []*job.Op, batch []job.Work) {
 	l.lastDispatch = time.Now() // the loop reads the clock as it dispatches anyway
 	l.fused(j, batch)
 	w := &batch[0]
-	on := exec.Timed(w)
+	if exec.Timed(w) {
+		exec.MarkLatency(w, l.x.Dispatched)
+	}
 	for _, o := range ops {
 		o.Count(ipcpb.Code_CODE_OK)
-	}
-	if on {
-		exec.ObserveLatency(w, l.x.Dispatched)
 	}
 }
 

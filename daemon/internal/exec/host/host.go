@@ -167,9 +167,11 @@ func (x *Path) FinishBatched(ops [][]*job.Op) {
 	}
 	for _, c := range order {
 		b := by[c]
+		for _, o := range b.ops {
+			o.Count(ipcpb.Code_CODE_OK) // before the answer: Op.Count
+		}
 		c.SendBatch(b.ids, b.ms)
 		for _, o := range b.ops {
-			o.Count(ipcpb.Code_CODE_OK)
 			o.Release()
 		}
 	}

@@ -1,0 +1,73 @@
+// Package jobtest has test doubles for the job package's interfaces.
+package jobtest
+
+import (
+	"errors"
+
+	"github.com/hvdd/hvdd/daemon/metrics"
+	"github.com/hvdd/hvdd/ipc/ipcpb"
+)
+
+// Seen is what a scrape of the daemon's metrics saw as an answer went out:
+// hvdd_ops_total summed over its series, and the number of
+// hvdd_op_duration_seconds samples.
+type Seen struct {
+	Ops, Latency float64
+}
+
+// ScrapingConn is a job.Conn that, as each answer goes out (Reply, or each
+// id of a SendBatch), gathers M's registry and records what it saw: what a
+// client that scrapes the daemon once it has its answer would see.
+type ScrapingConn struct {
+	M    *metrics.Metrics
+	Seen []Seen
+}
+
+// PID implements job.Conn.
+func (c *ScrapingConn) PID() int32 { return 1 }
+
+// Rank implements job.Conn.
+func (c *ScrapingConn) Rank() int { return 0 }
+
+// Reply implements job.Conn.
+func (c *ScrapingConn) Reply(uint32, *ipcpb.Done) { c.scrape() }
+
+// SendBatch implements job.Conn.
+func (c *ScrapingConn) SendBatch(ids []uint32, _ []*ipcpb.ServerMessage) error {
+	for range ids {
+		c.scrape()
+	}
+	return nil
+}
+
+// AllocOutput implements job.Conn: the double has no output region.
+func (c *ScrapingConn) AllocOutput(int64) ([]byte, *ipcpb.Buffer, error) {
+	return nil, nil, errors.New("jobtest: no output region")
+}
+
+// OutputBytes implements job.Conn.
+func (c *ScrapingConn) OutputBytes(*ipcpb.Buffer) ([]byte, error) {
+	return nil, errors.New("jobtest: no output region")
+}
+
+// ReleaseOutput implements job.Conn.
+func (c *ScrapingConn) ReleaseOutput(*ipcpb.Buffer) error { return nil }
+
+func (c *ScrapingConn) scrape() {
+	var s Seen
+	fams, err := c.M.Registry().Gather()
+	if err != nil {
+		panic(err)
+	}
+	for _, f := range fams {
+		for _, mt := range f.GetMetric() {
+			switch f.GetName() {
+			case "hvdd_ops_total":
+				s.Ops += mt.GetCounter().GetValue()
+			case "hvdd_op_duration_seconds":
+				s.Latency += float64(mt.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	c.Seen = append(c.Seen, s)
+}
