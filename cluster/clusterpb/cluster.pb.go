@@ -458,7 +458,9 @@ type SetRequest struct {
 	// AddProcessSet: the members, as the rank sent them.
 	Ranks []int32 `protobuf:"varint,3,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
 	// RemoveProcessSet: the set.
-	ProcessSet    int32 `protobuf:"varint,4,opt,name=process_set,json=processSet,proto3" json:"process_set,omitempty"`
+	ProcessSet int32 `protobuf:"varint,4,opt,name=process_set,json=processSet,proto3" json:"process_set,omitempty"`
+	// AddProcessSet from the set's members only (ipc AddProcessSet.local).
+	Local         bool `protobuf:"varint,5,opt,name=local,proto3" json:"local,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -521,6 +523,13 @@ func (x *SetRequest) GetProcessSet() int32 {
 	return 0
 }
 
+func (x *SetRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
 // SetChange is the coordinator's decision on one round of process set
 // requests (every rank's next one): a set registered or removed, or the
 // error that every rank's request of the round answers with.
@@ -532,7 +541,10 @@ type SetChange struct {
 	// A registered set's members, ascending.
 	Ranks []int32 `protobuf:"varint,3,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
 	// Non-empty: the round failed with this text (INVALID_ARGUMENT).
-	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// A round of local requests (SetRequest.local): it answers the requests
+	// for ranks of the set's members, not every rank's next request.
+	Local         bool `protobuf:"varint,5,opt,name=local,proto3" json:"local,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -593,6 +605,13 @@ func (x *SetChange) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *SetChange) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
 }
 
 type Side struct {
@@ -1906,20 +1925,22 @@ const file_cluster_proto_rawDesc = "" +
 	"groupStart\x12\x12\n" +
 	"\x04slot\x18\x03 \x03(\x05R\x04slot\x12\x16\n" +
 	"\x06cached\x18\x04 \x01(\fR\x06cached\x12>\n" +
-	"\fset_requests\x18\x05 \x03(\v2\x1b.hvdd.cluster.v1.SetRequestR\vsetRequests\"i\n" +
+	"\fset_requests\x18\x05 \x03(\v2\x1b.hvdd.cluster.v1.SetRequestR\vsetRequests\"\x7f\n" +
 	"\n" +
 	"SetRequest\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x10\n" +
 	"\x03add\x18\x02 \x01(\bR\x03add\x12\x14\n" +
 	"\x05ranks\x18\x03 \x03(\x05R\x05ranks\x12\x1f\n" +
 	"\vprocess_set\x18\x04 \x01(\x05R\n" +
-	"processSet\"j\n" +
+	"processSet\x12\x14\n" +
+	"\x05local\x18\x05 \x01(\bR\x05local\"\x80\x01\n" +
 	"\tSetChange\x12\x10\n" +
 	"\x03add\x18\x01 \x01(\bR\x03add\x12\x1f\n" +
 	"\vprocess_set\x18\x02 \x01(\x05R\n" +
 	"processSet\x12\x14\n" +
 	"\x05ranks\x18\x03 \x03(\x05R\x05ranks\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"2\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12\x14\n" +
+	"\x05local\x18\x05 \x01(\bR\x05local\"2\n" +
 	"\x04Side\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\tR\x05value\x12\x14\n" +
 	"\x05ranks\x18\x02 \x03(\x05R\x05ranks\"\x88\x01\n" +

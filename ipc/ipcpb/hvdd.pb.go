@@ -1073,8 +1073,13 @@ func (x *RegisterChannel) GetSize() uint64 {
 // order, and each gets a Done carrying the new set's id (ids count up from 1;
 // 0 is the global set).
 type AddProcessSet struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ranks         []int32                `protobuf:"varint,1,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ranks []int32                `protobuf:"varint,1,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
+	// Only the set's members send it (torch.distributed's
+	// new_group(use_local_synchronization=True)): each member's k-th local
+	// request for these ranks pairs with the other members' k-th, apart from
+	// the job's collective rounds; a rank outside the set may not send it.
+	Local         bool `protobuf:"varint,2,opt,name=local,proto3" json:"local,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1114,6 +1119,13 @@ func (x *AddProcessSet) GetRanks() []int32 {
 		return x.Ranks
 	}
 	return nil
+}
+
+func (x *AddProcessSet) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
 }
 
 // RemoveProcessSet drops a registered set, collectively like AddProcessSet.
@@ -3200,9 +3212,10 @@ const file_hvdd_proto_rawDesc = "" +
 	"\x06buffer\x18\x01 \x01(\v2\x13.hvdd.ipc.v1.BufferR\x06buffer\x12#\n" +
 	"\rdevice_output\x18\x02 \x01(\fR\fdeviceOutput\"%\n" +
 	"\x0fRegisterChannel\x12\x12\n" +
-	"\x04size\x18\x01 \x01(\x04R\x04size\"%\n" +
+	"\x04size\x18\x01 \x01(\x04R\x04size\";\n" +
 	"\rAddProcessSet\x12\x14\n" +
-	"\x05ranks\x18\x01 \x03(\x05R\x05ranks\"3\n" +
+	"\x05ranks\x18\x01 \x03(\x05R\x05ranks\x12\x14\n" +
+	"\x05local\x18\x02 \x01(\bR\x05local\"3\n" +
 	"\x10RemoveProcessSet\x12\x1f\n" +
 	"\vprocess_set\x18\x01 \x01(\x05R\n" +
 	"processSet\"H\n" +

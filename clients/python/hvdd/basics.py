@@ -179,12 +179,14 @@ def process_set_id(process_set: ProcessSet) -> int:
     return pid
 
 
-def _register(c: Client, ps: ProcessSet) -> None:
-    """Registers ps with the daemon (a collective over every rank)."""
+def _register(c: Client, ps: ProcessSet, local: bool = False) -> None:
+    """Registers ps with the daemon (a collective over every rank; with
+    ``local``, over ps's members only, which alone call it)."""
     if ps.ranks is None:
         raise NotImplementedError("hvdd: process sets from an MPI communicator are not supported; give the ranks")
     m = _pb.ClientMessage()
     m.add_process_set.ranks.extend(ps.ranks)
+    m.add_process_set.local = local
     try:
         done = c.call(m)
     except HvddInternalError as e:

@@ -51,6 +51,14 @@ def test_mixed_device_and_host_tensors(job, fake_gpus, np):
     _run(job, "mixed", np)
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_torch_distributed_device_tensors(job, fake_gpus, np):
+    """torch.distributed's backend hvdd takes device tensors as device
+    memory (CUDA IPC), not staged through host memory: gpu_workers.py's
+    pg_collectives."""
+    _run(job, "pg_collectives", np)
+
+
 def test_ipc_release(job, fake_gpus):
     _run(job, "ipc_release")
 

@@ -222,6 +222,26 @@ def test_new_group_runs_on_process_sets(env: dict) -> None:
     _oks(p.stdout, "subgroups", 3)
 
 
+@new_torch
+def test_new_group_with_local_synchronization(env: dict) -> None:
+    """new_group(use_local_synchronization=True), called by the group's
+    members only, on one node: the daemon registers the set among them."""
+    p = torchrun(env, ["local_groups"], nproc=4)
+    _oks(p.stdout, "local_groups", 4)
+
+
+@new_torch
+def test_new_group_with_local_synchronization_across_nodes(env: dict) -> None:
+    """The same on two "hosts" of 2 ranks: the pairs' sets are decided by the
+    coordinator, one of them from the other node's requests alone, and
+    [1, 2] spans the nodes."""
+    ps = torchrun_nodes(env, ["local_groups"], [2, 2])
+    out = "\n".join(p.stdout for p in ps)
+    for p in ps:
+        assert p.returncode == 0, f"{' '.join(p.args)} exited {p.returncode}:\n{out}\n{_daemon_logs(env)}"
+    _oks(out, "local_groups", 4)
+
+
 # ------------------------------------------------------------------- DDP
 
 

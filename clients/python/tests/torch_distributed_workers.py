@@ -389,6 +389,46 @@ def subgroups() -> None:
     say(f"OK subgroups {me}")
 
 
+def local_groups() -> None:
+    """new_group(use_local_synchronization=True): only a group's members
+    call it; the daemon registers each group's process set among its
+    members, and their collectives match gloo's groups made the same way.
+    Each rank makes its pair's group ([0, 1] or [2, 3], the two pairs' at
+    once), then ranks 1 and 2 alone make [1, 2]: the other two never call
+    new_group for it. (Torch names such a group from the members' count of
+    groups made so far, so members must have made as many before it.)"""
+    init()
+    n, me = dist.get_world_size(), dist.get_rank()
+    assert n == 4
+    order = [[0, 1] if me < 2 else [2, 3]] + ([[1, 2]] if me in (1, 2) else [])
+    groups = {}
+    for ranks in order:
+        groups[tuple(ranks)] = (
+            dist.new_group(ranks, use_local_synchronization=True),
+            dist.new_group(ranks, backend="gloo", use_local_synchronization=True),
+        )
+    for ranks, (g, ref) in groups.items():
+        assert dist.get_world_size(g) == len(ranks) and dist.get_rank(g) == ranks.index(me), (ranks, me)
+        for dt in (torch.float32, torch.int64):
+            t, r = data(me, dt, seed=len(ranks) + ranks[0]), data(me, dt, seed=len(ranks) + ranks[0])
+            dist.all_reduce(t, group=g)
+            dist.all_reduce(r, group=ref)
+            same(t, r, f"all_reduce {dt} on local group {list(ranks)} against gloo")
+        b = data(me, torch.float32, seed=9)
+        dist.broadcast(b, src=ranks[-1], group=g)
+        same(b, data(ranks[-1], torch.float32, seed=9), f"broadcast from {ranks[-1]} on local group {list(ranks)}")
+        outs = [torch.empty(5, 3) for _ in ranks]
+        dist.all_gather(outs, data(me, torch.float32), group=g)
+        for k, o in zip(ranks, outs):
+            same(o, data(k, torch.float32), f"all_gather on local group {list(ranks)}: rank {k}'s part")
+    # The world, after every group's ops.
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == n
+    dist.destroy_process_group()
+    say(f"OK local_groups {me}")
+
+
 # ------------------------------------------------------------------ DDP
 
 
@@ -647,6 +687,7 @@ SCENARIOS = {
     "collectives": collectives,
     "async_ops": async_ops,
     "subgroups": subgroups,
+    "local_groups": local_groups,
     "ddp": ddp,
     "reinit": reinit,
     "hvdd_run": hvdd_run,

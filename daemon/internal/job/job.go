@@ -159,6 +159,9 @@ type Job struct {
 	Sets     map[int32][]int   // registered process sets other than 0: members
 	nextSet  int32             // the last process set id given out
 	views    map[int32]setView // how sets lie over the nodes, as the executor asks
+	// LocalSets: local set requests (SetReq.Local) waiting for the other
+	// members, by the set's ranks, then by member index (QueueLocalSet).
+	LocalSets map[string][][]SetReq
 	// GlobalRows maps the executor's row index for the global set (the
 	// global rank) to the local rank there, or -1 for another node's.
 	GlobalRows []int

@@ -16,6 +16,10 @@ type SetReq struct {
 	Add   bool
 	Ranks []int // AddProcessSet: the members, as sent
 	Set   int32 // RemoveProcessSet: the set
+	// Local: an AddProcessSet from the set's members only (torch's
+	// new_group(use_local_synchronization=True)): its round is the
+	// members' k-th local request for these ranks (QueueLocalSet).
+	Local bool
 }
 
 // String says what r asks, for errors and logs.
@@ -31,8 +35,93 @@ func (r SetReq) String() string {
 type SetChange struct {
 	Add   bool
 	Set   int32 // the id added or removed
-	Ranks []int // add: the members, ascending
+	Ranks []int // add: the members, ascending (a local round's, failed or not)
 	Err   string
+	// Local: the round of local requests for Ranks (SetReq.Local), which
+	// answers those of the members, not every rank's next request.
+	Local bool
+}
+
+// LocalErr checks a local set request (SetReq.Local) of a job of size
+// ranks where the rank lives, before it waits for the other members: its
+// ranks must be a valid set that holds the requesting rank. It returns
+// the error to answer it with at once, or "".
+func (r SetReq) LocalErr(size int) string {
+	if len(r.Ranks) == 0 {
+		return "a process set needs at least one rank"
+	}
+	for i, k := range r.Ranks {
+		if k < 0 || k >= size || i > 0 && k <= r.Ranks[i-1] {
+			return fmt.Sprintf("process set %v: ranks must be distinct, sorted and in 0..%d", r.Ranks, size-1)
+		}
+	}
+	if !slices.Contains(r.Ranks, r.Rank) {
+		return fmt.Sprintf("rank %d asked to add process set %v with only its members (use_local_synchronization), but is not one of them", r.Rank, r.Ranks)
+	}
+	return ""
+}
+
+// localKey names the queue of local requests for ranks.
+func localKey(ranks []int) string { return fmt.Sprint(ranks) }
+
+// QueueLocalSet queues a member's local set request (checked: LocalErr)
+// until every member of its set has made one.
+func (j *Job) QueueLocalSet(r SetReq) {
+	if j.LocalSets == nil {
+		j.LocalSets = make(map[string][][]SetReq)
+	}
+	k := localKey(r.Ranks)
+	q := j.LocalSets[k]
+	if q == nil {
+		q = make([][]SetReq, len(r.Ranks))
+		j.LocalSets[k] = q
+	}
+	i := slices.Index(r.Ranks, r.Rank)
+	q[i] = append(q[i], r)
+}
+
+// localRound takes the round of local requests for ranks that every
+// member has reached (each one's first), or nil.
+func (j *Job) localRound(ranks []int) []SetReq {
+	k := localKey(ranks)
+	q := j.LocalSets[k]
+	for _, m := range q {
+		if len(m) == 0 {
+			return nil
+		}
+	}
+	round := make([]SetReq, len(q))
+	for i := range q {
+		round[i] = q[i][0]
+		q[i] = q[i][1:]
+	}
+	j.dropEmptyLocal(k)
+	return round
+}
+
+// TakeLocalSet takes member rank's first local request for ranks, which a
+// coordinator's decision (SetChange.Local) answers; false when it made
+// none.
+func (j *Job) TakeLocalSet(ranks []int, rank int) (SetReq, bool) {
+	k := localKey(ranks)
+	q := j.LocalSets[k]
+	i := slices.Index(ranks, rank)
+	if q == nil || i < 0 || len(q[i]) == 0 {
+		return SetReq{}, false
+	}
+	r := q[i][0]
+	q[i] = q[i][1:]
+	j.dropEmptyLocal(k)
+	return r, true
+}
+
+func (j *Job) dropEmptyLocal(k string) {
+	for _, m := range j.LocalSets[k] {
+		if len(m) > 0 {
+			return
+		}
+	}
+	delete(j.LocalSets, k)
 }
 
 // queueSet queues a rank's set request (by global rank, of size) and
@@ -138,6 +227,17 @@ func (j *Job) ApplySet(ch SetChange, local []SetReq) {
 // job's table is reg (one node, or the coordinator), and returns the
 // changes.
 func (j *Job) SettleLocal(r SetReq, reg SetRegistry) []SetChange {
+	if r.Local {
+		j.QueueLocalSet(r)
+		round := j.localRound(r.Ranks)
+		if round == nil {
+			return nil
+		}
+		ch := j.decide(round, reg)
+		ch.Local, ch.Ranks = true, slices.Clone(r.Ranks)
+		j.ApplySet(ch, round)
+		return []SetChange{ch}
+	}
 	var out []SetChange
 	for _, round := range j.queueSet(r, reg.Size()) {
 		ch := j.decide(round, reg)

@@ -248,7 +248,7 @@ func (l *Loop) handle(c *client, id uint32, m *ipcpb.ClientMessage) error {
 		for i, r := range m.AddProcessSet.GetRanks() {
 			ranks[i] = int(r)
 		}
-		l.processSetReq(job.SetReq{Conn: c, ID: id, Add: true, Ranks: ranks})
+		l.processSetReq(job.SetReq{Conn: c, ID: id, Add: true, Ranks: ranks, Local: m.AddProcessSet.GetLocal()})
 	case *ipcpb.ClientMessage_RemoveProcessSet:
 		if !c.hello {
 			return &ipc.ProtocolError{Msg: "RemoveProcessSet before Hello"}

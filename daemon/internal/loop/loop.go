@@ -849,6 +849,16 @@ func (l *Loop) fail(j *job.Job, code ipcpb.Code, msg string) {
 		}
 		j.SetQueue[i] = nil
 	}
+	for _, q := range j.LocalSets {
+		for _, m := range q {
+			for _, r := range m {
+				if r.Conn != nil {
+					r.Conn.Reply(r.ID, j.Failed)
+				}
+			}
+		}
+	}
+	j.LocalSets = nil
 	for _, s := range j.Slots {
 		c := clientOf(s)
 		if c == nil {

@@ -18,6 +18,11 @@ import (
 // responses, and every node applies the decisions in plan order, so every
 // node has the same sets under the same ids before a response of a set
 // runs, and a removed set's responses never run after its removal.
+//
+// A local AddProcessSet (torch's new_group(use_local_synchronization=True))
+// is sent by the set's members only: its round is the members' k-th local
+// request for those ranks, decided where the table lives as the others are,
+// apart from the job's rounds, and applied on every node.
 
 // processSetReq takes a local rank's set request to the job's coordination.
 func (l *Loop) processSetReq(r job.SetReq) {
@@ -32,5 +37,11 @@ func (l *Loop) processSetReq(r job.SetReq) {
 		return
 	}
 	r.Rank = c.rank
+	if r.Local {
+		if msg := r.LocalErr(j.Members.Size); msg != "" {
+			c.Reply(r.ID, &ipcpb.Done{Code: ipcpb.Code_CODE_INVALID_ARGUMENT, Error: msg})
+			return
+		}
+	}
 	j.Coord.SetRequest(r)
 }

@@ -208,6 +208,11 @@ func (mc *multiCoord) SetRequest(r job.SetReq) {
 		mc.decided(j.SettleLocal(r, mc.table))
 		return
 	}
+	if r.Local {
+		j.QueueLocalSet(r)
+		mc.setOut = append(mc.setOut, &clusterpb.SetRequest{Rank: int32(r.Rank), Add: true, Ranks: ints32(r.Ranks), Local: true})
+		return
+	}
 	if j.SetQueue == nil {
 		j.SetQueue = make([][]job.SetReq, j.Members.Size)
 	}
@@ -218,7 +223,7 @@ func (mc *multiCoord) SetRequest(r job.SetReq) {
 // decided queues set decisions for the coordinator's next plan.
 func (mc *multiCoord) decided(chs []job.SetChange) {
 	for _, ch := range chs {
-		mc.sets = append(mc.sets, &clusterpb.SetChange{Add: ch.Add, ProcessSet: ch.Set, Ranks: ints32(ch.Ranks), Error: ch.Err})
+		mc.sets = append(mc.sets, &clusterpb.SetChange{Add: ch.Add, ProcessSet: ch.Set, Ranks: ints32(ch.Ranks), Error: ch.Err, Local: ch.Local})
 	}
 }
 
@@ -231,6 +236,20 @@ func (mc *multiCoord) applySets(chs []*clusterpb.SetChange) error {
 		var local []job.SetReq
 		for lr := range j.Slots {
 			rank := j.Members.Offset + lr
+			if pc.GetLocal() {
+				// A round of the set's members: this node's members
+				// made one local request each.
+				ranks := ints(pc.GetRanks())
+				if !slices.Contains(ranks, rank) {
+					continue
+				}
+				r, ok := j.TakeLocalSet(ranks, rank)
+				if !ok {
+					return fmt.Errorf("the coordinator decided a local round of process set %v that rank %d has not reached", ranks, rank)
+				}
+				local = append(local, r)
+				continue
+			}
 			if j.SetQueue == nil || len(j.SetQueue[rank]) == 0 {
 				return fmt.Errorf("the coordinator decided a process set round that rank %d has not reached", rank)
 			}
@@ -389,7 +408,13 @@ func (mc *multiCoord) ready(node int, rd *clusterpb.Ready) error {
 		if rank < 0 || rank >= mc.table.Size() {
 			return fmt.Errorf("node %d sent a process set request for rank %d of %d", node, rank, mc.table.Size())
 		}
-		mc.decided(mc.j.SettleLocal(job.SetReq{Rank: rank, Add: sr.GetAdd(), Ranks: ints(sr.GetRanks()), Set: sr.GetProcessSet()}, mc.table))
+		r := job.SetReq{Rank: rank, Add: sr.GetAdd(), Ranks: ints(sr.GetRanks()), Set: sr.GetProcessSet(), Local: sr.GetLocal()}
+		if r.Local {
+			if msg := r.LocalErr(mc.table.Size()); msg != "" || !r.Add {
+				return fmt.Errorf("node %d sent a local process set request the node should have refused: %s", node, msg)
+			}
+		}
+		mc.decided(mc.j.SettleLocal(r, mc.table))
 	}
 	return nil
 }

@@ -71,3 +71,44 @@ func (c *ScrapingConn) scrape() {
 	}
 	c.Seen = append(c.Seen, s)
 }
+
+// AnswerConn is a job.Conn that keeps the answer to each request id.
+type AnswerConn struct {
+	R       int
+	Answers map[uint32]*ipcpb.Done
+}
+
+// PID implements job.Conn.
+func (c *AnswerConn) PID() int32 { return int32(100 + c.R) }
+
+// Rank implements job.Conn.
+func (c *AnswerConn) Rank() int { return c.R }
+
+// Reply implements job.Conn.
+func (c *AnswerConn) Reply(id uint32, d *ipcpb.Done) {
+	if c.Answers == nil {
+		c.Answers = map[uint32]*ipcpb.Done{}
+	}
+	c.Answers[id] = d
+}
+
+// SendBatch implements job.Conn.
+func (c *AnswerConn) SendBatch(ids []uint32, ms []*ipcpb.ServerMessage) error {
+	for i, id := range ids {
+		c.Reply(id, ms[i].GetDone())
+	}
+	return nil
+}
+
+// AllocOutput implements job.Conn: the double has no output region.
+func (c *AnswerConn) AllocOutput(int64) ([]byte, *ipcpb.Buffer, error) {
+	return nil, nil, errors.New("jobtest: no output region")
+}
+
+// OutputBytes implements job.Conn.
+func (c *AnswerConn) OutputBytes(*ipcpb.Buffer) ([]byte, error) {
+	return nil, errors.New("jobtest: no output region")
+}
+
+// ReleaseOutput implements job.Conn.
+func (c *AnswerConn) ReleaseOutput(*ipcpb.Buffer) error { return nil }

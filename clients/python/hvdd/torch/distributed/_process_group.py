@@ -52,6 +52,7 @@ group's collectives: a recv posted before a collective does not hold it up.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import sys
@@ -65,12 +66,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ... import _cuda
 from ... import ops as _ops
 from ..._client import Client, Handle
 from ..._proto import hvdd_pb2 as pb
 from ...basics import Average, Max, Min, Product, Sum
 from ...exceptions import HvddInternalError
-from .._async_ops import _DTYPES
+from .._async_ops import _DTYPES, _from_host
 from . import _startup
 
 log = logging.getLogger(__name__)
@@ -150,6 +152,32 @@ def _host(t: torch.Tensor) -> Tuple[torch.Tensor, np.ndarray, int]:
     bits = x.view(torch.int16) if x.dtype is torch.bfloat16 else x
     a = bits.numpy() if own else np.from_dlpack(bits)
     return x, a, dt[0]
+
+
+def _device_wire(t: torch.Tensor) -> Optional[int]:
+    """t's wire dtype where the daemon may take t as device memory, through
+    CUDA IPC (``ops.submit_device``: a CUDA tensor, or one an installed
+    exporter claims, as the tests' fake GPU); None where it goes through host
+    memory: a CPU tensor, a complex, sparse or non-contiguous one."""
+    if t.is_cpu and not _cuda.has_exporters():
+        return None
+    if t.is_complex() or t.is_sparse or not t.is_contiguous():
+        return None
+    dt = _DTYPES.get(t.dtype)
+    return None if dt is None else dt[0]
+
+
+def _device_output(c: Client, kind: int, t: torch.Tensor, name: str, ps: int, **kw: Any) -> Optional[Handle]:
+    """A collective whose output the daemon allocates (allgather,
+    reducescatter), on t flattened, as device memory; its result is a
+    tensor on t's device. None: stage it."""
+    wire = _device_wire(t)
+    if wire is None:
+        return None
+    x = t.detach().reshape(-1)
+    return _ops.submit_device(
+        c, kind, x, name, wire, dtype=_DTYPES[x.dtype][1], from_host=_from_host, process_set=ps, **kw
+    )
 
 
 def _shares(x: torch.Tensor, t: torch.Tensor) -> bool:
@@ -743,14 +771,37 @@ class ProcessGroupHvdd(dist.ProcessGroup):
                     _write(t, acc)
 
             return handles, finish
-        hosts = [_host(t) for t in tensors]
         handles = []
         copies = []
         n = len(tensors)
         gid = next(_ops._groups) if n > 1 else 0
-        for i, (t, (x, a, wire), k) in enumerate(zip(tensors, hosts, keep)):
-            own = k and _shares(x, t)
+        for i, (t, k) in enumerate(zip(tensors, keep)):
             nm = name if n == 1 else f"{name}_{i + 1}of{n}"
+            wire = _device_wire(t)
+            if wire is not None:
+                # In place on t's device memory; a rank that keeps nothing
+                # (reduce's others) sends a copy, whose result it drops.
+                d = t.detach()
+                h = _ops.submit_device(
+                    c,
+                    pb.OP_ALLREDUCE,
+                    d,
+                    nm,
+                    wire,
+                    d if k else None,
+                    reduce_op=int(op),
+                    prescale=pre,
+                    postscale=1.0,
+                    process_set=self._ps,
+                    group=gid,
+                    group_size=n if n > 1 else 0,
+                )
+                if h is not None:
+                    handles.append(h)
+                    copies.append(False)
+                    continue
+            x, a, wire = _host(t)
+            own = k and _shares(x, t)
             handles.append(
                 _ops.submit_allreduce(
                     c,
@@ -823,9 +874,19 @@ class ProcessGroupHvdd(dist.ProcessGroup):
         def submit(name: str) -> List[Handle]:
             hs = []
             for i, t in enumerate(tensors):
+                nm = name if len(tensors) == 1 else f"{name}.{i}"
+                wire = _device_wire(t)
+                if wire is not None:
+                    d = t.detach()
+                    h = _ops.submit_device(
+                        self._client, pb.OP_BROADCAST, d, nm, wire, d, root_rank=root, process_set=self._ps
+                    )
+                    if h is not None:  # in place on t's device memory
+                        hs.append(h)
+                        copies.append(False)
+                        continue
                 x, a, wire = _host(t)
                 own = _shares(x, t)
-                nm = name if len(tensors) == 1 else f"{name}.{i}"
                 hs.append(_ops.submit_broadcast(self._client, a, nm, root, self._ps, out=a if own else None, wire=wire))
                 copies.append(not own)
             return hs
@@ -840,12 +901,15 @@ class ProcessGroupHvdd(dist.ProcessGroup):
     # --------------------------------------------------------- allgather
 
     def _allgather_into(self, name: str, inp: torch.Tensor, outs: List[torch.Tensor]) -> Tuple[Handle, Callable]:
-        a, wire = _flat(inp)
-        h = _ops.submit_output(self._client, pb.OP_ALLGATHER, a, name, self._ps, wire=wire)
+        h = _device_output(self._client, pb.OP_ALLGATHER, inp, name, self._ps)
+        if h is None:
+            a, wire = _flat(inp)
+            h = _ops.submit_output(self._client, pb.OP_ALLGATHER, a, name, self._ps, wire=wire)
 
-        def finish(r: np.ndarray) -> None:
+        def finish(r: Any) -> None:
+            # r: an array of host memory, or a flat tensor on inp's device
             want = sum(_elems(o) for o in outs)
-            if r.size != want:
+            if int(r.numel() if isinstance(r, torch.Tensor) else r.size) != want:
                 raise ValueError(
                     f"the ranks' tensors have {r.size} elements in all, the output tensors {want} "
                     "(all_gather: every rank's input must have the size of its output tensor)"
@@ -1099,9 +1163,42 @@ class ProcessGroupHvdd(dist.ProcessGroup):
                     f"hvdd: reduce_scatter_tensor: the input has {i.numel()} elements, not the group's size "
                     f"({self._size}) times the output's ({o.numel()})"
                 )
+        kind, op, _ = self._op(opts)
+        if op is not None and kind not in _LOCAL_FNS and all(_device_wire(i) is not None for i in inputs):
+            return self._reduce_scatter_device(outputs, inputs, opts)
         return self.reduce_scatter(
             list(outputs), [list(i.detach().reshape(self._size, -1).unbind(0)) for i in inputs], opts
         )
+
+    def _reduce_scatter_device(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any) -> Work:
+        """``reduce_scatter_tensor`` of device tensors with a reduction the
+        daemon's reducescatter has: each input, flat, goes as device memory
+        (its n equal blocks, one per rank), and this rank's block of the
+        result is copied into the output on the device; an input the daemon
+        cannot take so goes through host memory."""
+        _, op, pre = self._op(opts)
+        fins: List[Callable] = []
+
+        def submit(name: str) -> List[Handle]:
+            hs = []
+            for i, (o, inp) in enumerate(zip(outputs, inputs)):
+                nm = name if len(inputs) == 1 else f"{name}.{i}"
+                h = _device_output(
+                    self._client, pb.OP_REDUCESCATTER, inp, nm, self._ps, reduce_op=int(op), prescale=pre, postscale=1.0
+                )
+                if h is None:
+                    h, f = self._reduce_scatter_parts(nm, o, list(inp.detach().reshape(self._size, -1).unbind(0)), opts)
+                else:
+                    f = lambda r, o=o: _write(o, r)
+                hs.append(h)
+                fins.append(f)
+            return hs
+
+        def finish(results: List[Any]) -> None:
+            for f, r in zip(fins, results):
+                f(r)
+
+        return self._run("reduce_scatter_tensor", opts, list(outputs), submit, finish)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -1403,9 +1500,35 @@ def register_subgroups() -> None:
     def helper(group_size: int, group_rank: Any, global_ranks_in_group: List[int], backend: Any, *args: Any, **kw: Any):
         conn = _startup.current()
         if global_ranks_in_group and conn is not None and "hvdd" in str(backend).lower():
-            conn.register_group(tuple(sorted(int(r) for r in global_ranks_in_group)))
+            local = bool(getattr(_local_sync, "on", False))
+            conn.register_group(tuple(sorted(int(r) for r in global_ranks_in_group)), local=local)
         return orig(group_size, group_rank, global_ranks_in_group, backend, *args, **kw)
 
     helper._hvdd = True  # type: ignore[attr-defined]
     helper.__wrapped__ = orig  # type: ignore[attr-defined]
     c10d._new_process_group_helper = helper
+
+    # new_group(use_local_synchronization=True) calls the helper on the
+    # group's members only: they register the set among themselves.
+    with_tag = c10d._new_group_with_tag
+    sig = inspect.signature(with_tag)
+
+    def new_group_with_tag(*args: Any, **kw: Any) -> Any:
+        try:
+            local = bool(sig.bind_partial(*args, **kw).arguments.get("use_local_synchronization", False))
+        except TypeError:
+            local = False  # torch reports the bad call itself
+        before = getattr(_local_sync, "on", False)
+        _local_sync.on = local
+        try:
+            return with_tag(*args, **kw)
+        finally:
+            _local_sync.on = before
+
+    new_group_with_tag.__wrapped__ = with_tag  # type: ignore[attr-defined]
+    c10d._new_group_with_tag = new_group_with_tag
+
+
+# Whether the new_group running on this thread synchronises its members only
+# (use_local_synchronization=True): register_subgroups.
+_local_sync = threading.local()

@@ -90,22 +90,23 @@ class Connection:
         if pid is None:
             raise RuntimeError(
                 f"hvdd: no process set for the group of ranks {list(ranks)}: the group must be made by "
-                "torch.distributed.new_group (and the like) called on every rank of the job, in the same order "
-                "(use_local_synchronization=True is not supported)"
+                "torch.distributed.new_group (and the like), called on every rank of the job in the same order, "
+                "or on the group's members with use_local_synchronization=True"
             )
         return pid
 
-    def register_group(self, ranks: Tuple[int, ...]) -> None:
+    def register_group(self, ranks: Tuple[int, ...], local: bool = False) -> None:
         """Registers the process set of a new group on every rank (a collective
-        over the whole job, as new_group is); a group of ranks already
-        registered keeps its set."""
+        over the whole job, as new_group is), or with ``local`` among its
+        members only (new_group(use_local_synchronization=True)); a group of
+        ranks already registered keeps its set."""
         if list(ranks) == list(range(self.size)):
             return
         with self.lock:
             if ranks in self.sets:
                 return
         ps = ProcessSet(list(ranks))
-        _basics._register(self.client, ps)
+        _basics._register(self.client, ps, local=local)
         with self.lock:
             self.sets[ranks] = int(ps.process_set_id or 0)
 
