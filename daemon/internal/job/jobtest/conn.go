@@ -19,6 +19,7 @@ type Seen struct {
 // id of a SendBatch), gathers M's registry and records what it saw: what a
 // client that scrapes the daemon once it has its answer would see.
 type ScrapingConn struct {
+	noOutput
 	M    *metrics.Metrics
 	Seen []Seen
 }
@@ -40,18 +41,21 @@ func (c *ScrapingConn) SendBatch(ids []uint32, _ []*ipcpb.ServerMessage) error {
 	return nil
 }
 
-// AllocOutput implements job.Conn: the double has no output region.
-func (c *ScrapingConn) AllocOutput(int64) ([]byte, *ipcpb.Buffer, error) {
+// noOutput is the output region of the doubles: none.
+type noOutput struct{}
+
+// AllocOutput implements job.Conn: the doubles have no output region.
+func (noOutput) AllocOutput(int64) ([]byte, *ipcpb.Buffer, error) {
 	return nil, nil, errors.New("jobtest: no output region")
 }
 
 // OutputBytes implements job.Conn.
-func (c *ScrapingConn) OutputBytes(*ipcpb.Buffer) ([]byte, error) {
+func (noOutput) OutputBytes(*ipcpb.Buffer) ([]byte, error) {
 	return nil, errors.New("jobtest: no output region")
 }
 
 // ReleaseOutput implements job.Conn.
-func (c *ScrapingConn) ReleaseOutput(*ipcpb.Buffer) error { return nil }
+func (noOutput) ReleaseOutput(*ipcpb.Buffer) error { return nil }
 
 func (c *ScrapingConn) scrape() {
 	var s Seen
@@ -74,6 +78,7 @@ func (c *ScrapingConn) scrape() {
 
 // AnswerConn is a job.Conn that keeps the answer to each request id.
 type AnswerConn struct {
+	noOutput
 	R       int
 	Answers map[uint32]*ipcpb.Done
 }
@@ -99,16 +104,3 @@ func (c *AnswerConn) SendBatch(ids []uint32, ms []*ipcpb.ServerMessage) error {
 	}
 	return nil
 }
-
-// AllocOutput implements job.Conn: the double has no output region.
-func (c *AnswerConn) AllocOutput(int64) ([]byte, *ipcpb.Buffer, error) {
-	return nil, nil, errors.New("jobtest: no output region")
-}
-
-// OutputBytes implements job.Conn.
-func (c *AnswerConn) OutputBytes(*ipcpb.Buffer) ([]byte, error) {
-	return nil, errors.New("jobtest: no output region")
-}
-
-// ReleaseOutput implements job.Conn.
-func (c *AnswerConn) ReleaseOutput(*ipcpb.Buffer) error { return nil }

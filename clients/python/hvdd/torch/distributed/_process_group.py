@@ -727,6 +727,28 @@ class ProcessGroupHvdd(dist.ProcessGroup):
             self._completer.put(_Pending(work, handles, finish))
         return work
 
+    def _run_parts(
+        self, what: str, opts: Any, result: List[torch.Tensor], n: int, part: Callable[[str, int], Tuple[Handle, Any]]
+    ) -> Work:
+        """A collective of n parts sent together: ``part(name, i)`` sends part
+        i (named name when n is 1, else name.i) and returns its handle and
+        the function that takes its result."""
+        fins: List[Callable] = []
+
+        def submit(name: str) -> List[Handle]:
+            hs = []
+            for i in range(n):
+                h, f = part(name if n == 1 else f"{name}.{i}", i)
+                hs.append(h)
+                fins.append(f)
+            return hs
+
+        def finish(results: List[Any]) -> None:
+            for f, r in zip(fins, results):
+                f(r)
+
+        return self._run(what, opts, result, submit, finish)
+
     def _root(self, group_rank: int) -> int:
         if not 0 <= group_rank < self._size:
             raise ValueError(f"hvdd: invalid root rank {group_rank} for a group of {self._size}")
@@ -937,22 +959,14 @@ class ProcessGroupHvdd(dist.ProcessGroup):
                 raise ValueError(
                     f"hvdd: all_gather: the output list has {len(outs)} tensors, the group {self._size} ranks"
                 )
-        fins: List[Callable] = []
-
-        def submit(name: str) -> List[Handle]:
-            hs = []
-            for i, (inp, outs) in enumerate(zip(input_tensors, output_tensors)):
-                h, f = self._allgather_into(name if len(input_tensors) == 1 else f"{name}.{i}", inp, outs)
-                hs.append(h)
-                fins.append(f)
-            return hs
-
-        def finish(results: List[Any]) -> None:
-            for f, r in zip(fins, results):
-                f(r)
-
         flat = [o for outs in output_tensors for o in outs]
-        return self._run("all_gather", opts, flat, submit, finish)
+        return self._run_parts(
+            "all_gather",
+            opts,
+            flat,
+            len(input_tensors),
+            lambda name, i: self._allgather_into(name, input_tensors[i], output_tensors[i]),
+        )
 
     def allgather_coalesced(
         self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor], opts: Any = None
@@ -972,21 +986,13 @@ class ProcessGroupHvdd(dist.ProcessGroup):
     ) -> Work:
         """Several ``all_gather_into_tensor`` as one collective."""
         opts = opts if opts is not None else dist.AllgatherOptions()
-        fins: List[Callable] = []
-
-        def submit(name: str) -> List[Handle]:
-            hs = []
-            for i, (o, inp) in enumerate(zip(outputs, inputs)):
-                h, f = self._allgather_into(name if len(inputs) == 1 else f"{name}.{i}", inp, [o])
-                hs.append(h)
-                fins.append(f)
-            return hs
-
-        def finish(results: List[Any]) -> None:
-            for f, r in zip(fins, results):
-                f(r)
-
-        return self._run("all_gather_into_tensor", opts, list(outputs), submit, finish)
+        return self._run_parts(
+            "all_gather_into_tensor",
+            opts,
+            list(outputs),
+            len(inputs),
+            lambda name, i: self._allgather_into(name, inputs[i], [outputs[i]]),
+        )
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -1129,21 +1135,13 @@ class ProcessGroupHvdd(dist.ProcessGroup):
         """``torch.distributed.reduce_scatter``: rank r's output gets the
         reduction of every rank's input_tensors[0][r]."""
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        fins: List[Callable] = []
-
-        def submit(name: str) -> List[Handle]:
-            hs = []
-            for i, (o, ins) in enumerate(zip(output_tensors, input_tensors)):
-                h, f = self._reduce_scatter_parts(name if len(output_tensors) == 1 else f"{name}.{i}", o, ins, opts)
-                hs.append(h)
-                fins.append(f)
-            return hs
-
-        def finish(results: List[Any]) -> None:
-            for f, r in zip(fins, results):
-                f(r)
-
-        return self._run("reduce_scatter", opts, list(output_tensors), submit, finish)
+        return self._run_parts(
+            "reduce_scatter",
+            opts,
+            list(output_tensors),
+            len(output_tensors),
+            lambda name, i: self._reduce_scatter_parts(name, output_tensors[i], input_tensors[i], opts),
+        )
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         """``torch.distributed.reduce_scatter_tensor``: rank r's output gets the
@@ -1177,28 +1175,17 @@ class ProcessGroupHvdd(dist.ProcessGroup):
         result is copied into the output on the device; an input the daemon
         cannot take so goes through host memory."""
         _, op, pre = self._op(opts)
-        fins: List[Callable] = []
 
-        def submit(name: str) -> List[Handle]:
-            hs = []
-            for i, (o, inp) in enumerate(zip(outputs, inputs)):
-                nm = name if len(inputs) == 1 else f"{name}.{i}"
-                h = _device_output(
-                    self._client, pb.OP_REDUCESCATTER, inp, nm, self._ps, reduce_op=int(op), prescale=pre, postscale=1.0
-                )
-                if h is None:
-                    h, f = self._reduce_scatter_parts(nm, o, list(inp.detach().reshape(self._size, -1).unbind(0)), opts)
-                else:
-                    f = lambda r, o=o: _write(o, r)
-                hs.append(h)
-                fins.append(f)
-            return hs
+        def part(name: str, i: int) -> Tuple[Handle, Any]:
+            o, inp = outputs[i], inputs[i]
+            h = _device_output(
+                self._client, pb.OP_REDUCESCATTER, inp, name, self._ps, reduce_op=int(op), prescale=pre, postscale=1.0
+            )
+            if h is None:
+                return self._reduce_scatter_parts(name, o, list(inp.detach().reshape(self._size, -1).unbind(0)), opts)
+            return h, lambda r: _write(o, r)
 
-        def finish(results: List[Any]) -> None:
-            for f, r in zip(fins, results):
-                f(r)
-
-        return self._run("reduce_scatter_tensor", opts, list(outputs), submit, finish)
+        return self._run_parts("reduce_scatter_tensor", opts, list(outputs), len(inputs), part)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
